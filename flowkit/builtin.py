@@ -1,0 +1,72 @@
+"""Built-in plugin: the ``random`` algorithm, the Gymnasium env runner, the default policy
+specs and the default one-algorithm plan (all ``trylast`` so plugins can take over)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict
+
+import gymnasium as gym
+
+from flowkit.config import F
+from flowkit.core import batch as sb
+from flowkit.core.algorithm import Algorithm
+from flowkit.core.flow import NOT_READY
+from flowkit.core.ops import ParallelRollouts
+from flowkit.core.policy import RandomPolicy
+from flowkit.core.workers import GymEnvRunner, PolicySpec
+from flowkit.hooks.manager import hookimpl
+
+
+@dataclass
+class RandomConfig:
+    """random: uniform over the legal actions, learns nothing (baselines, opponents)."""
+    report_every_env_steps: int = F(1000, "env steps per reported iteration")
+
+
+class RandomAlgorithm(Algorithm):
+    """Non-learning baseline: acts uniformly over legal actions."""
+    name = "random"
+    config_class = RandomConfig
+    policy_class = RandomPolicy
+    off_policy = True
+
+    def training_flow(self, experiences, ctx):
+        def count(b):
+            ctx.counters["env_steps_trained"] += 0
+            return {"batch": b, "stats": {}}
+        return experiences.for_each(count)
+
+
+@hookimpl
+def flowkit_add_algorithms():
+    return [RandomAlgorithm]
+
+
+@hookimpl(trylast=True)
+def flowkit_make_env_runner(env, context, config, policies):
+    if isinstance(env, gym.Env):
+        return GymEnvRunner
+    return None
+
+
+@hookimpl(trylast=True)
+def flowkit_make_policy_specs(config, env, algorithms):
+    """One policy (``default``) trained by ``algo`` for a Gymnasium env."""
+    if not isinstance(env, gym.Env):
+        return None
+    algo_cls = algorithms[config.algo]
+    from flowkit.config import section_object
+    sec = section_object(config, algo_cls.name, algo_cls.config_class) if algo_cls.config_class else None
+    return {sb.DEFAULT_POLICY_ID: PolicySpec(algo_cls.policy_class, env.observation_space,
+                                             env.action_space, sec, algo_cls.name)}
+
+
+@hookimpl(trylast=True)
+def flowkit_build_plan(ctx):
+    """The one algorithm of ``algo`` over all policies."""
+    algo = ctx.algorithms[ctx.config.algo]
+    mode = algo.get_rollout_mode()
+    experiences = ParallelRollouts(ctx, mode=mode, prefetch=ctx.prefetch)
+    if mode == "async":
+        experiences = experiences.zip_with_source_actor()
+    return algo.training_flow(experiences, ctx)

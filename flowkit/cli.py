@@ -1,0 +1,103 @@
+"""The ``flowkit`` command: train, plan, plugins.
+
+Exit status: 0 success, 1 a failed run, 2 a config error (short message, no traceback).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import List, Optional
+
+USAGE = """flowkit train [-c FILE] [--dry-run] [key=value ...]
+flowkit plan [-c FILE] [key=value ...]
+flowkit plugins"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="flowkit", description="Reinforcement learning as dataflow, on Ray.",
+                                usage=USAGE, add_help=False)
+    p.add_argument("command", nargs="?", choices=["train", "plan", "plugins"])
+    p.add_argument("-c", "--config", dest="config_file", default=None, help="YAML config file")
+    p.add_argument("--dry-run", action="store_true", help="validate the config and print the plan; start nothing")
+    p.add_argument("--mermaid", action="store_true", help="plan: print only the Mermaid graph")
+    p.add_argument("-h", "--help", action="store_true")
+    p.add_argument("overrides", nargs="*", help="config overrides key=value")
+    return p
+
+
+def _help(overrides: List[str]) -> str:
+    from flowkit.config import help_text, plugin_modules_from
+    from flowkit.hooks import get_plugin_manager
+    try:
+        pm = get_plugin_manager(plugin_modules_from(overrides))
+        secs = pm.config_sections()
+    except Exception:
+        secs = {}
+    return (f"usage:\n  {USAGE.replace(chr(10), chr(10) + '  ')}\n\n"
+            "Config keys (override with key=value; `env=ID` is short for env.id=ID):" + help_text(secs))
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args, unknown = _parser().parse_known_args(argv)
+    overrides = list(args.overrides) + [u for u in unknown if "=" in u]
+    bad = [u for u in unknown if "=" not in u]
+    if args.help or args.command is None:
+        print(_help(overrides))
+        return 0 if args.help else 2
+    if bad:
+        print(f"flowkit: error: unrecognised arguments {bad}", file=sys.stderr)
+        return 2
+    from flowkit.config import ConfigError
+    from flowkit.hooks import PluginError
+    try:
+        if args.command == "plugins":
+            return _plugins()
+        if args.command == "plan" or args.dry_run:
+            from flowkit.engine import describe_plan
+            d = describe_plan(overrides, args.config_file)
+            if args.mermaid:
+                print(d["mermaid"])
+            else:
+                if args.dry_run:
+                    print("config OK\n")
+                print(d["text"])
+                print("\n```mermaid\n" + d["mermaid"] + "\n```")
+            return 0
+        from flowkit.engine import train
+        res = train(overrides, args.config_file)
+        m = res.metrics
+        print(f"\nrun folder: {res.run_dir}")
+        print(f"stopped: {res.stop_reason}")
+        keys = ["iteration", "env_steps_sampled", "episode_return_mean", "evaluation_return_mean", "time_total_s"]
+        print("  " + "  ".join(f"{k}={m[k]:.4g}" if isinstance(m.get(k), float) else f"{k}={m.get(k)}"
+                                for k in keys if k in m))
+        if res.checkpoint:
+            print(f"checkpoint: {res.checkpoint}")
+        return 0
+    except ConfigError as e:
+        print(f"flowkit: config error: {e}", file=sys.stderr)
+        return 2
+    except PluginError as e:
+        print(f"flowkit: plugin error: {e}", file=sys.stderr)
+        return 2
+
+
+def _plugins() -> int:
+    from flowkit.hooks import get_plugin_manager
+    pm = get_plugin_manager()
+    algos = pm.algorithms()
+    owner = {}
+    for impl in pm.hook.flowkit_add_algorithms.get_hookimpls():
+        for cls in impl.function() or []:
+            owner[cls.name] = impl.plugin_name
+    print(f"{'algorithm':<12} {'plugin':<18} {'distribution':<28} rollout mode")
+    for name, cls in sorted(algos.items()):
+        plug = owner.get(name, "?")
+        dist = pm.dists.get(plug, "flowkit (built-in)" if plug.startswith("flowkit") else "-")
+        print(f"{name:<12} {plug:<18} {dist:<28} {cls.rollout_mode}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,388 @@
+"""flowkit's configuration: a closed, typed OmegaConf schema built from dataclasses.
+
+Sources, merged in this order: the schema's defaults, an optional YAML file (``-c FILE``),
+then dotlist overrides (``ppo.lr=3e-4``). Each algorithm adds its own section keyed by its
+name (``ppo.*``); plugins may add further sections (``multiagent.*``) through the
+``flowkit_add_config_sections`` hook. ``env=ID`` is a shorthand for ``env.id=ID``.
+
+Every problem is a :class:`ConfigError` raised before anything starts: it names the key, what
+was expected and what was given, and for an unknown key the closest valid one.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import re
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import yaml
+from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+
+class ConfigError(ValueError):
+    """A configuration problem; the message names the key(s) and value(s) involved."""
+
+
+def F(default: Any = None, help: str = "", factory: Any = None) -> Any:  # noqa: A002
+    """A dataclass field with a help text (shown by ``flowkit train --help``)."""
+    if factory is not None:
+        return field(default_factory=factory, metadata={"help": help})
+    return field(default=default, metadata={"help": help})
+
+
+@dataclass
+class EnvConfig:
+    id: Optional[str] = F(None, "Gymnasium env id (also `env=ID`), e.g. CartPole-v1 or pkg:Id-v0")
+    factory: Optional[str] = F(None, "`module:callable` returning an env; gets `context=EnvContext` if it accepts it")
+    kwargs: Dict[str, Any] = F(help="keyword arguments for gym.make / the factory", factory=dict)
+    autoreset_mode: str = F("next_step", "vector-env autoreset: next_step (Gymnasium default) or same_step")
+    max_episode_steps: Optional[int] = F(None, "wrap each env in a TimeLimit of this many steps")
+    check_spaces_steps: int = F(2, "env steps per worker whose outputs are checked against the spaces")
+
+
+@dataclass
+class RuntimeConfig:
+    backend: str = F("ray", "ray (actors) or local (in-process, same code path)")
+    num_workers: int = F(2, "rollout workers")
+    num_envs_per_worker: int = F(8, "sub-envs in each worker's vector env")
+    rollout_fragment_length: int = F(64, "env steps per sub-env in each sample batch")
+    num_cpus_per_worker: float = F(1.0, "CPUs each rollout worker reserves (Ray)")
+    address: Optional[str] = F(None, "Ray cluster address (`auto` for an existing cluster); None starts a local one")
+    prefetch: Optional[bool] = F(None, "keep one sample request in flight while learning; None: on iff every algorithm is off-policy")
+    restart_failed_workers: bool = F(True, "rebuild a rollout worker whose env or process failed")
+    max_worker_restarts: int = F(3, "consecutive failures of one worker slot before the run stops")
+    torch_threads: int = F(1, "torch threads per rollout worker")
+
+
+@dataclass
+class ModelConfig:
+    hidden_sizes: List[int] = F(help="hidden layer sizes of the MLP", factory=lambda: [64, 64])
+    activation: str = F("tanh", "tanh, relu, elu, gelu or silu")
+    shared_value_network: bool = F(False, "share the trunk between policy and value heads")
+
+
+@dataclass
+class LearnerConfig:
+    device: str = F("cpu", "learner device: cpu or cuda")
+    num_threads: int = F(1, "torch threads of the learner (driver)")
+
+
+@dataclass
+class StopConfig:
+    env_steps: Optional[int] = F(None, "stop after this many sampled env steps")
+    iterations: Optional[int] = F(None, "stop after this many iterations")
+    episode_return_mean: Optional[float] = F(None, "stop when episode_return_mean reaches this")
+    time_s: Optional[float] = F(None, "stop after this many seconds of training")
+
+
+@dataclass
+class EvaluationConfig:
+    interval: int = F(0, "greedy evaluation every N iterations (0: never, except with final=True)")
+    episodes: int = F(10, "episodes per evaluation")
+    final: bool = F(False, "evaluate once at the end of the run")
+    explore: bool = F(False, "sample actions instead of acting greedily")
+
+
+@dataclass
+class CheckpointConfig:
+    every_iters: int = F(0, "write a checkpoint every N iterations (0: never)")
+    at_end: bool = F(True, "write a checkpoint when the run ends")
+    keep: int = F(3, "checkpoints to keep (newest)")
+    include_replay: bool = F(True, "store replay buffers in checkpoints")
+
+
+@dataclass
+class RunConfig:
+    dir: Optional[str] = F(None, "run folder; default runs/<algo>-<env>-<timestamp>")
+    progress: bool = F(True, "show a progress bar")
+    min_iter_time_s: float = F(0.0, "merge train steps into one reported iteration until this much time passed")
+    min_iter_env_steps: int = F(0, "merge train steps into one reported iteration until this many env steps")
+    plot: bool = F(True, "write learning_curve.png")
+    tensorboard: bool = F(False, "also write TensorBoard event files")
+
+
+@dataclass
+class Config:
+    algo: str = F("ppo", "algorithm name (see `flowkit plugins`)")
+    seed: int = F(0, "one seed for torch, numpy, env resets and exploration")
+    env: EnvConfig = F(help="environment", factory=EnvConfig)
+    runtime: RuntimeConfig = F(help="rollout workers and backend", factory=RuntimeConfig)
+    model: ModelConfig = F(help="networks", factory=ModelConfig)
+    learner: LearnerConfig = F(help="learner", factory=LearnerConfig)
+    stop: StopConfig = F(help="stop conditions (first reached wins)", factory=StopConfig)
+    evaluation: EvaluationConfig = F(help="greedy evaluation", factory=EvaluationConfig)
+    checkpoint: CheckpointConfig = F(help="checkpoints", factory=CheckpointConfig)
+    run: RunConfig = F(help="output", factory=RunConfig)
+    plugins: List[str] = F(help="extra plugin modules to load (importable paths)", factory=list)
+    resume: Optional[str] = F(None, "run folder or checkpoint to continue from")
+
+
+# ---- schema --------------------------------------------------------------------------------
+def make_schema_class(sections: Dict[str, type]) -> type:
+    """The Config dataclass extended with one field per extra section."""
+    extra = [(name, cls, F(help=(cls.__doc__ or name).strip().splitlines()[0], factory=cls))
+             for name, cls in sections.items()]
+    for name, _ in sections.items():
+        if name in {f.name for f in dataclasses.fields(Config)}:
+            raise ConfigError(f"plugin config section {name!r} clashes with a core section")
+    return dataclasses.make_dataclass("FlowkitConfig", extra, bases=(Config,))
+
+
+def _unwrap_optional(tp):
+    if typing.get_origin(tp) is Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return tp, False
+
+
+def schema_keys(cls: type, prefix: str = "") -> Dict[str, Tuple[Any, str, Any]]:
+    """Flat ``{dotted key: (type, help, default)}`` of a dataclass schema; ``Dict`` fields are
+    open (any sub-key)."""
+    out: Dict[str, Tuple[Any, str, Any]] = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        tp = hints[f.name]
+        key = prefix + f.name
+        base, _ = _unwrap_optional(tp)
+        if dataclasses.is_dataclass(base):
+            out.update(schema_keys(base, key + "."))
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else (
+            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+        out[key] = (tp, f.metadata.get("help", ""), default)
+    return out
+
+
+def _type_name(tp) -> str:
+    base, opt = _unwrap_optional(tp)
+    name = getattr(base, "__name__", None) or str(base).replace("typing.", "")
+    return f"{name} or null" if opt else name
+
+
+def _check_key(key: str, keys: Dict[str, Any]) -> None:
+    if key in keys:
+        return
+    # inside an open Dict field?
+    for k, (tp, _, _) in keys.items():
+        base, _ = _unwrap_optional(tp)
+        if typing.get_origin(base) in (dict, Dict) and key.startswith(k + "."):
+            return
+    # a section name given as a whole (e.g. a YAML mapping) is fine
+    if any(k.startswith(key + ".") for k in keys):
+        return
+    close = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.6)
+    hint = f"; did you mean `{close[0]}`?" if close else ""
+    raise ConfigError(f"unknown config key `{key}`{hint}")
+
+
+def _flatten(d: Any, prefix: str = "") -> List[Tuple[str, Any]]:
+    if isinstance(d, dict) and d:
+        out = []
+        for k, v in d.items():
+            out += _flatten(v, f"{prefix}{k}.")
+        return out
+    return [(prefix[:-1], d)]
+
+
+_DOTLIST_RE = re.compile(r"^[A-Za-z_][\w\-]*(\.[\w\-\*\?\[\]]+)*$")
+
+
+def parse_overrides(overrides: Sequence[str]) -> Dict[str, Any]:
+    """``["a.b=1", ...]`` -> nested dict with YAML-typed values. ``env=ID`` becomes
+    ``env.id``. Raises ConfigError on a malformed item or a key given twice."""
+    flat: Dict[str, Tuple[str, Any]] = {}
+    for item in overrides:
+        if not isinstance(item, str) or "=" not in item:
+            raise ConfigError(f"override {item!r} is not of the form key=value")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        if not _DOTLIST_RE.match(key):
+            raise ConfigError(f"override {item!r}: `{key}` is not a valid config key")
+        try:
+            val = yaml.safe_load(raw) if raw.strip() != "" else ""
+        except yaml.YAMLError:
+            val = raw
+        if key == "env" and not isinstance(val, dict):
+            key = "env.id"
+            val = None if val is None else str(raw)
+        if key in flat:
+            raise ConfigError(f"`{key}` is given twice: `{flat[key][0]}` and `{item}`")
+        flat[key] = (item, val)
+    return _nest({k: v for k, (_, v) in flat.items()}, {k: i for k, (i, _) in flat.items()})
+
+
+def _nest(flat: Dict[str, Any], origin: Dict[str, str]) -> Dict[str, Any]:
+    out: Dict[str, Any] = {}
+    for key, val in flat.items():
+        parts = key.split(".")
+        d = out
+        for p in parts[:-1]:
+            nxt = d.setdefault(p, {})
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"`{key}` conflicts with `{'.'.join(parts[:parts.index(p) + 1])}`")
+            d = nxt
+        if isinstance(d.get(parts[-1]), dict) or (parts[-1] in d and isinstance(val, dict)):
+            raise ConfigError(f"`{origin.get(key, key)}` conflicts with another override of `{key}`")
+        d[parts[-1]] = val
+    return out
+
+
+def _coerce(flat: List[Tuple[str, Any]], keys: Dict[str, Tuple[Any, str, Any]]) -> Dict[str, Any]:
+    """Type-check leaf values against the schema; integral floats (``1e4``) become ints."""
+    fixed: Dict[str, Any] = {}
+    for key, val in flat:
+        _check_key(key, keys)
+        if key not in keys:
+            fixed[key] = val
+            continue
+        tp, _, _ = keys[key]
+        base, opt = _unwrap_optional(tp)
+        if val is None:
+            if not opt:
+                raise ConfigError(f"`{key}` must be {_type_name(tp)}, got null")
+        elif base is int and isinstance(val, float):
+            if not val.is_integer():
+                raise ConfigError(f"`{key}` must be an int, got {val!r}")
+            val = int(val)
+        elif base is int and (isinstance(val, bool) or not isinstance(val, int)):
+            raise ConfigError(f"`{key}` must be an int, got {val!r} ({type(val).__name__})")
+        elif base is float and (isinstance(val, bool) or not isinstance(val, (int, float))):
+            raise ConfigError(f"`{key}` must be a float, got {val!r} ({type(val).__name__})")
+        elif base is bool and not isinstance(val, bool):
+            raise ConfigError(f"`{key}` must be true or false, got {val!r}")
+        elif base is str and isinstance(val, (dict, list)):
+            raise ConfigError(f"`{key}` must be a string, got {val!r}")
+        elif base is str and not isinstance(val, str):
+            val = str(val)
+        elif typing.get_origin(base) in (list, List) and not isinstance(val, (list, tuple)):
+            raise ConfigError(f"`{key}` must be a list, e.g. {key}=[1,2], got {val!r}")
+        elif typing.get_origin(base) in (list, List):
+            (item_tp,) = typing.get_args(base) or (Any,)
+            for v in val:
+                if item_tp is int and (isinstance(v, bool) or not isinstance(v, int)):
+                    raise ConfigError(f"`{key}` must be a list of ints, got {val!r}")
+                if item_tp is str and not isinstance(v, str):
+                    raise ConfigError(f"`{key}` must be a list of strings, got {val!r}")
+        elif typing.get_origin(base) in (dict, Dict) and not isinstance(val, dict):
+            raise ConfigError(f"`{key}` must be a mapping, got {val!r}")
+        fixed[key] = val
+    return fixed
+
+
+def _load_yaml(path: str) -> Dict[str, Any]:
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path!r} does not exist") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {path!r} is not valid YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path!r} must hold a mapping at the top, got {type(data).__name__}")
+    if isinstance(data.get("env"), str):
+        data = dict(data)
+        data["env"] = {"id": data["env"]}
+    return data
+
+
+def _as_source(user: Any) -> Tuple[Dict[str, Any], List[str]]:
+    if user is None:
+        return {}, []
+    if isinstance(user, (DictConfig, ListConfig)):
+        user = OmegaConf.to_container(user, resolve=True)
+    if isinstance(user, dict):
+        user = dict(user)
+        if isinstance(user.get("env"), str):
+            user["env"] = {"id": user["env"]}
+        return user, []
+    if isinstance(user, (list, tuple)):
+        return parse_overrides(list(user)), list(user)
+    if isinstance(user, str):
+        return parse_overrides(user.split()), user.split()
+    raise ConfigError(f"config must be a dict, a DictConfig or a list of overrides, got {type(user).__name__}")
+
+
+def plugin_modules_from(user: Any, config_file: Optional[str] = None) -> List[str]:
+    """The ``plugins`` list of a config source (needed before the schema can be built)."""
+    mods: List[str] = []
+    if config_file:
+        mods += list(_load_yaml(config_file).get("plugins") or [])
+    src, _ = _as_source(user)
+    mods += list(src.get("plugins") or [])
+    if not all(isinstance(m, str) for m in mods):
+        raise ConfigError(f"`plugins` must be a list of module paths, got {mods!r}")
+    return mods
+
+
+def build_config(user: Any = None, config_file: Optional[str] = None,
+                 sections: Optional[Dict[str, type]] = None) -> DictConfig:
+    """Merge defaults, YAML file and overrides into a typed DictConfig (struct mode).
+
+    Args:
+        user: dotlist overrides (list of ``key=value``), a dict, or a DictConfig.
+        config_file: optional YAML file, applied before ``user``.
+        sections: extra sections ``{name: dataclass}`` (algorithm and plugin sections).
+    Raises:
+        ConfigError: unknown key (with the closest valid one), wrong type, a key given twice
+            (``env=`` and ``env.id=`` included), or invalid YAML.
+    """
+    schema_cls = make_schema_class(sections or {})
+    keys = schema_keys(schema_cls)
+    schema = OmegaConf.structured(schema_cls)
+    merged = schema
+    layers: List[Dict[str, Any]] = []
+    if config_file:
+        layers.append(_load_yaml(config_file))
+    src, dotlist = _as_source(user)
+    layers.append(src)
+    file_flat = dict(_flatten(layers[0])) if config_file else {}
+    for i, layer in enumerate(layers):
+        flat = _flatten(layer) if layer else []
+        flat = [(k, v) for k, v in flat if k != ""]
+        fixed = _coerce(flat, keys)
+        try:
+            merged = OmegaConf.merge(merged, OmegaConf.create(_nest(fixed, {})))
+        except OmegaConfBaseException as e:
+            raise ConfigError(_omegaconf_message(e)) from None
+    del file_flat, dotlist
+    OmegaConf.set_struct(merged, True)
+    return merged
+
+
+def _omegaconf_message(e: OmegaConfBaseException) -> str:
+    key = getattr(e, "full_key", None) or "?"
+    msg = str(e).splitlines()[0]
+    return f"config key `{key}`: {msg}"
+
+
+def section_view(cfg: DictConfig, name: str) -> DictConfig:
+    """A read-only, struct-mode copy of section ``name``: reading an undeclared key raises."""
+    sec = OmegaConf.create(OmegaConf.to_container(cfg[name], resolve=True))
+    OmegaConf.set_struct(sec, True)
+    OmegaConf.set_readonly(sec, True)
+    return sec
+
+
+def section_object(cfg: DictConfig, name: str, cls: type) -> Any:
+    """Section ``name`` as an instance of its dataclass ``cls`` (fast attribute access)."""
+    data = OmegaConf.to_container(cfg[name], resolve=True)
+    return cls(**data)
+
+
+def help_text(sections: Optional[Dict[str, type]] = None) -> str:
+    """Every config key with its type, default and help, grouped by section."""
+    keys = schema_keys(make_schema_class(sections or {}))
+    lines, last = [], None
+    for key, (tp, hlp, default) in keys.items():
+        sec = key.split(".")[0] if "." in key else ""
+        if sec != last:
+            lines.append(f"\n[{sec or 'top level'}]")
+            last = sec
+        lines.append(f"  {key} ({_type_name(tp)}, default {default!r}): {hlp}")
+    return "\n".join(lines)

@@ -1,0 +1,1 @@
+"""The core: batches, the dataflow substrate, workers, operators, policies."""

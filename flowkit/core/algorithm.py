@@ -1,0 +1,96 @@
+"""The Algorithm base class (Lightning style): a name, a config dataclass, a policy class,
+a rollout mode and one method that matters, :meth:`Algorithm.training_flow`."""
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional
+
+from flowkit.core import batch as sb
+
+
+class Algorithm:
+    """Base class of every algorithm plugin.
+
+    Class attributes:
+        name: registry name and config section (``ppo`` -> ``ppo.*``).
+        config_class: dataclass of the section (a docstring per field).
+        policy_class: the :class:`flowkit.Policy` subclass it trains.
+        rollout_mode: ``bulk_sync`` (experiences are MultiAgentBatches) or ``async``
+            (experiences are ``(source_actor, MultiAgentBatch)``).
+        off_policy: True if it can learn from stale samples (turns ``runtime.prefetch`` on
+            by default when every algorithm of the run is off-policy).
+        requires_discrete: refuse non-Discrete action spaces at set-up (DQN).
+
+    Instances hold ``config`` (a read-only, struct-mode view of their own section: reading an
+    undeclared key raises) and ``run_config`` (the whole config). ``training_flow`` must not
+    report metrics or read other policies' data; the engine wraps it.
+    """
+
+    name: str = ""
+    config_class: Optional[type] = None
+    policy_class: Optional[type] = None
+    rollout_mode: str = "bulk_sync"
+    off_policy: bool = False
+
+    def __init__(self, run_config: Any, config: Any = None):
+        from flowkit.config import section_view
+        self.run_config = run_config
+        self.config = config if config is not None else (
+            section_view(run_config, self.name) if self.name in run_config else None)
+        self.policies: Dict[str, Any] = {}
+
+    # ---- set-up ----------------------------------------------------------------------------
+    @classmethod
+    def validate_config(cls, run_config: Any, section: Any) -> List[str]:
+        """Check this algorithm's section (and its fit with ``runtime.*``) before anything
+        starts. Raise :class:`flowkit.ConfigError` naming keys and values; return warnings."""
+        return []
+
+    @classmethod
+    def check_spaces(cls, policy_id: str, observation_space: Any, action_space: Any) -> None:
+        """Raise ConfigError if this algorithm cannot handle the spaces of ``policy_id``."""
+
+    def get_rollout_mode(self) -> str:
+        return self.rollout_mode
+
+    # ---- the dataflow ------------------------------------------------------------------------
+    def training_flow(self, experiences: Any, ctx: Any) -> Any:
+        """From this algorithm's experiences to train steps (one item per train step).
+
+        Args:
+            experiences: a Flow of MultiAgentBatch (bulk_sync) or of (actor, MultiAgentBatch)
+                (async), already restricted to this algorithm's policies.
+            ctx: the RunContext (restricted to those policies): ``ctx.learner``,
+                ``ctx.workers``, ``ctx.counters``, ``ctx.add_stateful``.
+        """
+        raise NotImplementedError
+
+    # ---- state (for exact resume) --------------------------------------------------------------
+    def get_state(self) -> Dict[str, Any]:
+        return {}
+
+    def set_state(self, state: Dict[str, Any]) -> None:
+        pass
+
+    # ---- using a trained algorithm -----------------------------------------------------------
+    @classmethod
+    def from_checkpoint(cls, path: str) -> "Algorithm":
+        """Rebuild a trained algorithm (policies with their weights) from a checkpoint folder,
+        a run folder (its latest checkpoint) or a ``state.pt`` file. Starts no worker.
+
+        Raises:
+            FileNotFoundError: no checkpoint at ``path``.
+        """
+        from flowkit.engine import load_trained
+        return load_trained(path, cls if cls is not Algorithm else None)
+
+    def get_policy(self, policy_id: Optional[str] = None) -> Any:
+        if policy_id is None:
+            if len(self.policies) != 1:
+                raise KeyError(f"several policies {sorted(self.policies)}: name one")
+            return next(iter(self.policies.values()))
+        return self.policies[policy_id]
+
+    def compute_actions(self, obs: Any, explore: bool = False, policy_id: Optional[str] = None) -> Any:
+        """Env-ready actions for raw observations (see :meth:`Policy.compute_actions`)."""
+        return self.get_policy(policy_id).compute_actions(obs, explore=explore)

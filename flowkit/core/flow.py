@@ -1,0 +1,545 @@
+"""The dataflow substrate: lazy, pull-based streams, local and sharded over actors.
+
+After *RLlib Flow* (Liang, Wu et al., NeurIPS 2021, arXiv 2011.12719), section 4.
+
+- :class:`Flow` is a driver-local stream. Nothing runs until an item is pulled. A stage that
+  cannot produce now yields :data:`NOT_READY`; transforms pass it through untouched, unions
+  move on to their next branch, and sources that wait on something (actors, queues) block
+  briefly before they say not-ready, so a driver whose every branch is waiting sleeps instead
+  of spinning.
+- :class:`ParallelFlow` is one shard per actor; its transforms run on the actors.
+  ``gather_sync()`` yields one item per shard per round (bulk-synchronous);
+  ``gather_async(num_async)`` yields items in completion order and records the source actor
+  in the context (``zip_with_source_actor`` reads it).
+- :class:`FlowContext` is the shared per-plan state: counters, timers, the current source
+  actor.
+
+Every stream describes itself (``describe()``, ``to_text()``, ``to_mermaid()``) without
+running anything. An exception raised inside an operator keeps its type and message; a note
+naming the operator (and the worker for actor-side errors) is attached (PEP 678).
+"""
+from __future__ import annotations
+
+import collections
+import time
+from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence
+
+
+class _NotReady:
+    """Sentinel: "nothing now, ask again later". Never a real item."""
+
+    _inst = None
+
+    def __new__(cls):
+        if cls._inst is None:
+            cls._inst = super().__new__(cls)
+        return cls._inst
+
+    def __repr__(self) -> str:
+        return "NOT_READY"
+
+    def __reduce__(self):
+        return (_NotReady, ())
+
+
+NOT_READY = _NotReady()
+NotReady = _NotReady
+
+
+class TimerStat:
+    """Accumulates wall time of a code region (``with ctx.timers["learn"]: ...``), seconds."""
+
+    __slots__ = ("total_s", "count", "_t0", "last_s")
+
+    def __init__(self):
+        self.total_s, self.count, self._t0, self.last_s = 0.0, 0, 0.0, 0.0
+
+    def __enter__(self):
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.last_s = time.perf_counter() - self._t0
+        self.total_s += self.last_s
+        self.count += 1
+
+    @property
+    def mean_s(self) -> float:
+        return self.total_s / self.count if self.count else 0.0
+
+
+class FlowContext:
+    """Shared state of one plan: ``counters`` (env_steps_sampled, env_steps_trained,
+    agent_steps_sampled, ...), ``timers`` and the ``current_actor`` of the last item an async
+    gather produced."""
+
+    def __init__(self):
+        self.counters: Dict[str, int] = collections.Counter()
+        self.timers: Dict[str, TimerStat] = collections.defaultdict(TimerStat)
+        self.current_actor: Any = None
+        self.info: Dict[str, Any] = {}
+
+
+def _op_name(fn: Any) -> str:
+    return getattr(fn, "name", None) or getattr(fn, "__name__", None) or type(fn).__name__
+
+
+def _annotate(exc: BaseException, where: str) -> None:
+    note = f"[flowkit] raised in {where}"
+    if note not in getattr(exc, "__notes__", []):
+        exc.add_note(note)
+
+
+class Flow:
+    """A lazy driver-local stream.
+
+    Args:
+        source: a zero-argument callable returning an iterator (called on first pull).
+        name: the operator name shown by ``describe()``.
+        parents: upstream flows (for the graph description).
+        ctx: the shared :class:`FlowContext`.
+    """
+
+    def __init__(self, source: Callable[[], Iterator[Any]], name: str,
+                 parents: Sequence["Flow"] = (), ctx: Optional[FlowContext] = None):
+        self._source = source
+        self._it: Optional[Iterator[Any]] = None
+        self.name = name
+        self.parents = list(parents)
+        self.ctx = ctx if ctx is not None else (parents[0].ctx if parents else FlowContext())
+
+    # ---- iteration -----------------------------------------------------------------------
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        if self._it is None:
+            self._it = iter(self._source())
+        return next(self._it)
+
+    def take(self, n: int, skip_not_ready: bool = True) -> List[Any]:
+        """Pull ``n`` real items (NOT_READY is skipped unless ``skip_not_ready=False``)."""
+        out: List[Any] = []
+        while len(out) < n:
+            try:
+                x = next(self)
+            except StopIteration:
+                break
+            if x is NOT_READY and skip_not_ready:
+                continue
+            out.append(x)
+        return out
+
+    # ---- combinators ---------------------------------------------------------------------
+    def _derive(self, gen: Callable[[], Iterator[Any]], name: str) -> "Flow":
+        return Flow(gen, name, [self], self.ctx)
+
+    def for_each(self, fn: Callable[[Any], Any]) -> "Flow":
+        """Apply ``fn`` to every item (one output per input)."""
+        name = _op_name(fn)
+
+        def gen():
+            for x in self:
+                if x is NOT_READY:
+                    yield x
+                    continue
+                try:
+                    y = fn(x)
+                except Exception as e:
+                    _annotate(e, f"operator {name}")
+                    raise
+                yield y
+        return self._derive(gen, name)
+
+    def combine(self, fn: Callable[[Any], Iterable[Any]]) -> "Flow":
+        """Flat-map: ``fn(item)`` returns a list of zero or more outputs."""
+        name = _op_name(fn)
+
+        def gen():
+            for x in self:
+                if x is NOT_READY:
+                    yield x
+                    continue
+                try:
+                    ys = fn(x)
+                except Exception as e:
+                    _annotate(e, f"operator {name}")
+                    raise
+                if not ys:
+                    yield NOT_READY  # nothing yet: let unions move on
+                for y in ys:
+                    yield y
+        return self._derive(gen, name)
+
+    def filter(self, pred: Callable[[Any], bool]) -> "Flow":
+        name = f"filter({_op_name(pred)})"
+
+        def gen():
+            for x in self:
+                if x is NOT_READY or pred(x):
+                    yield x
+                else:
+                    yield NOT_READY
+        return self._derive(gen, name)
+
+    def batch(self, n: int) -> "Flow":
+        """Group ``n`` consecutive items into a list."""
+        def gen():
+            buf: List[Any] = []
+            for x in self:
+                if x is NOT_READY:
+                    yield x
+                    continue
+                buf.append(x)
+                if len(buf) >= n:
+                    yield buf
+                    buf = []
+        return self._derive(gen, f"batch({n})")
+
+    def flatten(self) -> "Flow":
+        def gen():
+            for x in self:
+                if x is NOT_READY:
+                    yield x
+                    continue
+                yield from x
+        return self._derive(gen, "flatten")
+
+    def zip_with_source_actor(self) -> "Flow":
+        """Items become ``(source_actor, item)``, the actor read from the context as set by
+        the async gather that produced the item."""
+        def gen():
+            for x in self:
+                yield x if x is NOT_READY else (self.ctx.current_actor, x)
+        return self._derive(gen, "zip_with_source_actor")
+
+    def duplicate(self, n: int, max_buffer: int = 4) -> List["Flow"]:
+        """``n`` flows that each see every item of this one.
+
+        Buffers are bounded: when a branch lags ``max_buffer`` items behind, the branches
+        ahead of it yield NOT_READY (back-pressure) until it catches up.
+        """
+        bufs: List[Deque[Any]] = [collections.deque() for _ in range(n)]
+        src = self
+
+        def make(i: int):
+            def gen():
+                while True:
+                    if bufs[i]:
+                        yield bufs[i].popleft()
+                        continue
+                    if any(len(b) >= max_buffer for j, b in enumerate(bufs) if j != i):
+                        yield NOT_READY
+                        continue
+                    try:
+                        x = next(src)
+                    except StopIteration:
+                        return
+                    if x is NOT_READY:
+                        yield x
+                        continue
+                    for j, b in enumerate(bufs):
+                        if j != i:
+                            b.append(x)
+                    yield x
+            return gen
+        return [Flow(make(i), f"duplicate[{i}/{n}]", [self], self.ctx) for i in range(n)]
+
+    def union(self, *others: "Flow", deterministic: bool = True,
+              weights: Optional[Sequence[float]] = None) -> "Flow":
+        """Interleave this flow with ``others``; see :func:`union_tagged` for the order."""
+        tagged = union_tagged([self, *others], deterministic=deterministic, weights=weights)
+
+        def gen():
+            for x in tagged:
+                yield x if x is NOT_READY else x[1]
+        return Flow(gen, "union", [tagged], self.ctx)
+
+    # ---- description ---------------------------------------------------------------------
+    def describe(self) -> Dict[str, Any]:
+        """The graph up to this flow: ``{"nodes": [(id, name)], "edges": [(from, to)]}``."""
+        ids: Dict[int, str] = {}
+        nodes: List[tuple] = []
+        edges: List[tuple] = []
+
+        def visit(f: "Flow") -> str:
+            if id(f) in ids:
+                return ids[id(f)]
+            nid = f"n{len(ids)}"
+            ids[id(f)] = nid
+            nodes.append((nid, f.name))
+            for p in f.parents:
+                edges.append((visit(p), nid))
+            return nid
+        visit(self)
+        return {"nodes": nodes, "edges": edges}
+
+    def to_text(self) -> str:
+        """An indented tree, sink first, each line ``<- upstream``."""
+        lines: List[str] = []
+        seen: Dict[int, int] = {}
+
+        def walk(f: "Flow", depth: int):
+            tag = ""
+            if id(f) in seen:
+                lines.append("  " * depth + f"<- {f.name} (shared, see above)")
+                return
+            seen[id(f)] = 1
+            lines.append("  " * depth + ("" if depth == 0 else "<- ") + f.name + tag)
+            for p in f.parents:
+                walk(p, depth + 1)
+        walk(self, 0)
+        return "\n".join(lines)
+
+    def to_mermaid(self) -> str:
+        g = self.describe()
+        out = ["flowchart LR"]
+        for nid, name in g["nodes"]:
+            out.append(f'    {nid}["{name}"]')
+        for a, b in g["edges"]:
+            out.append(f"    {a} --> {b}")
+        return "\n".join(out)
+
+    def __repr__(self) -> str:
+        return f"Flow({self.name})"
+
+
+def from_items(items: Iterable[Any], name: str = "from_items", repeat: bool = False,
+               ctx: Optional[FlowContext] = None) -> Flow:
+    """A flow over a fixed list of items (tests, replay of recorded batches)."""
+    items = list(items)
+
+    def gen():
+        while True:
+            yield from items
+            if not repeat:
+                return
+    return Flow(gen, name, (), ctx)
+
+
+def from_callable(fn: Callable[[], Any], name: str, ctx: Optional[FlowContext] = None) -> Flow:
+    """An endless source calling ``fn()`` on each pull (it may return NOT_READY)."""
+    def gen():
+        while True:
+            yield fn()
+    return Flow(gen, name, (), ctx)
+
+
+def union_tagged(flows: Sequence[Flow], deterministic: bool = True,
+                 weights: Optional[Sequence[float]] = None) -> Flow:
+    """Interleave ``flows``, yielding ``(branch_index, item)``.
+
+    Round-robin: in each cycle branch ``i`` is asked for ``weights[i]`` items (fractional
+    weights accumulate as credit across cycles; ``"*"`` means "as many as it has ready").
+    A branch that answers NOT_READY ends its turn early. ``deterministic=True`` keeps the
+    strict cycle order; ``deterministic=False`` (async) starts each cycle at the branch after
+    the one that produced last, so no branch is favoured. When a whole cycle produced nothing
+    the union yields NOT_READY (its sources have already blocked briefly). The union ends
+    when every branch has ended.
+    """
+    flows = list(flows)
+    n = len(flows)
+    w: List[Any] = list(weights) if weights is not None else [1] * n
+    if len(w) != n:
+        raise ValueError(f"union: {len(w)} weights for {n} flows")
+    ctx = flows[0].ctx
+
+    def gen():
+        credit = [0.0] * n
+        alive = [True] * n
+        start = 0
+        while any(alive):
+            produced = False
+            order = list(range(n)) if deterministic else [(start + k) % n for k in range(n)]
+            for i in order:
+                if not alive[i]:
+                    continue
+                if w[i] == "*":
+                    quota = None
+                else:
+                    credit[i] += float(w[i])
+                    quota = int(credit[i] + 1e-9)
+                    credit[i] -= quota
+                taken = 0
+                while quota is None or taken < quota:
+                    try:
+                        x = next(flows[i])
+                    except StopIteration:
+                        alive[i] = False
+                        break
+                    if x is NOT_READY:
+                        if quota is not None:
+                            credit[i] += quota - taken  # keep the unused turn
+                            credit[i] = min(credit[i], float(w[i]) + 1.0)
+                        break
+                    taken += 1
+                    produced = True
+                    start = (i + 1) % n
+                    yield (i, x)
+            if not produced and any(alive):
+                yield NOT_READY
+    return Flow(gen, "union" + ("" if weights is None else f"(weights={list(w)})"), flows, ctx)
+
+
+# ---- actors ----------------------------------------------------------------------------
+class LocalFuture:
+    """A finished result (or error) of a call on a :class:`LocalActor`."""
+
+    __slots__ = ("value", "error")
+
+    def __init__(self, value=None, error: Optional[BaseException] = None):
+        self.value, self.error = value, error
+
+
+class LocalActor:
+    """In-process stand-in for a Ray actor: ``submit`` runs the method at once."""
+
+    is_remote = False
+
+    def __init__(self, obj: Any, index: int = 0):
+        self.obj, self.index = obj, index
+
+    def submit(self, method: str, *args, **kwargs) -> LocalFuture:
+        try:
+            return LocalFuture(getattr(self.obj, method)(*args, **kwargs))
+        except Exception as e:
+            return LocalFuture(error=e)
+
+    def __repr__(self) -> str:
+        return f"LocalActor({self.index})"
+
+
+class RayActor:
+    """A Ray actor handle plus its index."""
+
+    is_remote = True
+
+    def __init__(self, handle: Any, index: int = 0):
+        self.handle, self.index = handle, index
+
+    def submit(self, method: str, *args, **kwargs):
+        return getattr(self.handle, method).remote(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"RayActor({self.index})"
+
+
+def get_result(fut: Any) -> Any:
+    """The value of a future from :meth:`LocalActor.submit` or :meth:`RayActor.submit`;
+    re-raises the actor's exception with its original type."""
+    if isinstance(fut, LocalFuture):
+        if fut.error is not None:
+            raise fut.error
+        return fut.value
+    import ray
+    try:
+        return ray.get(fut)
+    except ray.exceptions.RayTaskError as e:
+        cause = e.as_instanceof_cause()
+        raise cause from None
+
+
+def wait_any(futs: List[Any], timeout_s: float) -> List[Any]:
+    """Futures among ``futs`` that are done, waiting up to ``timeout_s`` for at least one."""
+    local = [f for f in futs if isinstance(f, LocalFuture)]
+    if local:
+        return local
+    if not futs:
+        return []
+    import ray
+    ready, _ = ray.wait(list(futs), num_returns=1, timeout=timeout_s)
+    return ready
+
+
+class ParallelFlow:
+    """One shard per actor. ``actors_fn()`` gives the current actors (it may change between
+    rounds when workers are restarted); each shard item is ``actor.<method>()`` followed by
+    the shard transforms, run on the actor through its ``apply_flow`` method.
+
+    ``on_failure(actor, exc) -> bool`` decides what a failed shard call means: True = handled
+    (item dropped, the actor replaced), False = re-raise with a note naming the actor.
+    """
+
+    def __init__(self, actors_fn: Callable[[], List[Any]], method: str, name: str,
+                 ctx: Optional[FlowContext] = None,
+                 on_failure: Optional[Callable[[Any, BaseException], bool]] = None,
+                 transforms: Sequence[Callable] = (), method_args: Sequence[Any] = ()):
+        self.actors_fn, self.method, self.name = actors_fn, method, name
+        self.ctx = ctx or FlowContext()
+        self.on_failure = on_failure
+        self.transforms = list(transforms)
+        self.method_args = tuple(method_args)
+
+    def for_each(self, fn: Callable) -> "ParallelFlow":
+        """Apply ``fn`` on the actor to each shard item (``fn`` must be picklable)."""
+        return ParallelFlow(self.actors_fn, self.method, f"{self.name}.for_each({_op_name(fn)})",
+                            self.ctx, self.on_failure, self.transforms + [fn], self.method_args)
+
+    def _submit(self, actor):
+        if self.transforms:
+            return actor.submit("apply_flow", self.method, self.transforms, *self.method_args)
+        return actor.submit(self.method, *self.method_args)
+
+    def _failed(self, actor, exc: BaseException):
+        if self.on_failure is not None and self.on_failure(actor, exc):
+            return
+        _annotate(exc, f"{self.name} on worker {getattr(actor, 'index', '?')}")
+        raise exc
+
+    def gather_sync(self, per_round: bool = False, prefetch: bool = False) -> Flow:
+        """Each round: call every actor, wait for all, yield their items in actor order
+        (``per_round=True``: one list of ``(actor, item)`` per round). ``prefetch`` submits
+        the next round before the current one is handed on (sampling overlaps learning, one
+        round stale)."""
+        def gen():
+            nxt = None
+            while True:
+                futs = nxt if nxt is not None else [(a, self._submit(a)) for a in self.actors_fn()]
+                got = []
+                for a, f in futs:
+                    try:
+                        got.append((a, get_result(f)))
+                    except Exception as e:
+                        self._failed(a, e)
+                nxt = [(a, self._submit(a)) for a in self.actors_fn()] if prefetch else None
+                if per_round:
+                    yield got
+                    continue
+                for a, x in got:
+                    self.ctx.current_actor = a
+                    yield x
+        return Flow(gen, f"{self.name}.gather_sync" + ("(prefetch)" if prefetch else ""), (), self.ctx)
+
+    def gather_async(self, num_async: int = 1, wait_s: float = 0.05) -> Flow:
+        """Keep ``num_async`` calls in flight per actor; yield items as they complete and set
+        ``ctx.current_actor`` to their source. NOT_READY after ``wait_s`` seconds of nothing."""
+        def gen():
+            inflight: Dict[Any, Any] = {}  # future -> actor
+
+            def refill():
+                actors = list(self.actors_fn())
+                per = collections.Counter(id(a) for a in inflight.values())
+                for a in actors:
+                    for _ in range(num_async - per[id(a)]):
+                        inflight[self._submit(a)] = a
+            while True:
+                refill()
+                ready = wait_any(list(inflight.keys()), wait_s)
+                if not ready:
+                    yield NOT_READY
+                    continue
+                for f in ready:
+                    a = inflight.pop(f)
+                    try:
+                        x = get_result(f)
+                    except Exception as e:
+                        self._failed(a, e)
+                        continue
+                    # resubmit before handing the item on, so the actor never idles
+                    # while the driver works on it
+                    if any(a is b for b in self.actors_fn()):
+                        inflight[self._submit(a)] = a
+                    self.ctx.current_actor = a
+                    yield x
+        return Flow(gen, f"{self.name}.gather_async(num_async={num_async})", (), self.ctx)
+

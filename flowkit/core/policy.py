@@ -1,0 +1,521 @@
+"""Policies, observation encoders, networks and action distributions (torch).
+
+Observation encoding by space (``ObsEncoder``):
+    Box (1-D or any shape that is not image-like) -> flattened float32;
+    Box of shape (H, W, C) or (C, H, W) with C <= 4 -> image (C, H, W) for a small CNN,
+    uint8 scaled to [0, 1]; Discrete(n) -> one-hot n; MultiDiscrete(nvec) -> concatenated
+    one-hots; MultiBinary(n) -> n floats; Dict / Tuple -> their parts encoded and
+    concatenated in the space's key order, with ``action_mask`` taken out and returned as the
+    action mask.
+
+Action distributions by space (``ActionDist``): Discrete -> categorical (masked logits),
+MultiDiscrete -> independent categoricals, MultiBinary -> independent Bernoullis, Box ->
+diagonal Gaussian with a state-independent log-std; the sampled (unbounded) value is what the
+loss sees, the env receives it scaled from [-1, 1] to the bounds and then clipped.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from flowkit.core import batch as sb
+
+ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "gelu": nn.GELU, "silu": nn.SiLU}
+MASK_KEY = "action_mask"
+
+
+class SpaceError(ValueError):
+    """A space flowkit cannot handle, or a value outside its space."""
+
+
+# ---- observation encoding --------------------------------------------------------------
+class ObsEncoder:
+    """Turns batched raw observations into ``float32[B, *shape]`` plus an optional
+    ``int8[B, n]`` action mask.
+
+    Attributes:
+        shape: the encoded shape per observation; ``(D,)`` or ``(C, H, W)`` for images.
+        is_image: whether the encoded observation goes through a CNN.
+        has_mask: whether observations carry an ``action_mask`` (Dict spaces only).
+    """
+
+    def __init__(self, space: gym.Space):
+        self.space = space
+        self.has_mask = isinstance(space, gym.spaces.Dict) and MASK_KEY in space.spaces
+        self.is_image = False
+        self._transpose = False
+        if isinstance(space, gym.spaces.Box) and len(space.shape) == 3:
+            h, w, c = space.shape
+            if c <= 4 < min(h, w):
+                self.is_image, self._transpose, self.shape = True, True, (c, h, w)
+            elif space.shape[0] <= 4 < min(space.shape[1:]):
+                self.is_image, self.shape = True, tuple(space.shape)
+        if self.is_image:
+            self._scale = 1.0 / 255.0 if space.dtype == np.uint8 else 1.0
+        else:
+            self.shape = (self._flat_size(space),)
+        self.fast_box = isinstance(space, gym.spaces.Box) and not self.is_image
+
+    def _flat_size(self, s: gym.Space) -> int:
+        if isinstance(s, gym.spaces.Box):
+            return int(np.prod(s.shape))
+        if isinstance(s, gym.spaces.Discrete):
+            return int(s.n)
+        if isinstance(s, gym.spaces.MultiDiscrete):
+            return int(np.sum(s.nvec))
+        if isinstance(s, gym.spaces.MultiBinary):
+            return int(np.prod(s.n))
+        if isinstance(s, gym.spaces.Dict):
+            return sum(self._flat_size(v) for k, v in s.spaces.items() if k != MASK_KEY)
+        if isinstance(s, gym.spaces.Tuple):
+            return sum(self._flat_size(v) for v in s.spaces)
+        raise SpaceError(f"observation space {s} is not supported "
+                         "(Box, Discrete, MultiDiscrete, MultiBinary, Dict, Tuple are)")
+
+    def _encode(self, s: gym.Space, x: Any, b: int) -> List[np.ndarray]:
+        if isinstance(s, gym.spaces.Box):
+            return [np.asarray(x, dtype=np.float32).reshape(b, -1)]
+        if isinstance(s, gym.spaces.Discrete):
+            out = np.zeros((b, int(s.n)), np.float32)
+            out[np.arange(b), np.asarray(x, dtype=np.int64).reshape(b) - int(s.start)] = 1.0
+            return [out]
+        if isinstance(s, gym.spaces.MultiDiscrete):
+            x = np.asarray(x, dtype=np.int64).reshape(b, -1)
+            parts = []
+            for i, n in enumerate(np.asarray(s.nvec).reshape(-1)):
+                o = np.zeros((b, int(n)), np.float32)
+                o[np.arange(b), x[:, i]] = 1.0
+                parts.append(o)
+            return parts
+        if isinstance(s, gym.spaces.MultiBinary):
+            return [np.asarray(x, dtype=np.float32).reshape(b, -1)]
+        if isinstance(s, gym.spaces.Dict):
+            parts = []
+            for k, v in s.spaces.items():
+                if k != MASK_KEY:
+                    parts += self._encode(v, x[k], b)
+            return parts
+        if isinstance(s, gym.spaces.Tuple):
+            parts = []
+            for i, v in enumerate(s.spaces):
+                parts += self._encode(v, x[i], b)
+            return parts
+        raise SpaceError(f"observation space {s} is not supported")
+
+    def __call__(self, obs: Any, batch_size: int) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+        """Encode ``batch_size`` observations (as a vector env returns them)."""
+        if self.fast_box:
+            return np.asarray(obs, dtype=np.float32).reshape(batch_size, -1), None
+        if self.is_image:
+            x = np.asarray(obs, dtype=np.float32).reshape(batch_size, *self.space.shape)
+            if self._transpose:
+                x = x.transpose(0, 3, 1, 2)
+            return np.ascontiguousarray(x * self._scale), None
+        parts = self._encode(self.space, obs, batch_size)
+        enc = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+        mask = None
+        if self.has_mask:
+            mask = np.asarray(obs[MASK_KEY], dtype=np.int8).reshape(batch_size, -1)
+        return enc, mask
+
+    def is_batched(self, obs: Any) -> bool:
+        """Whether ``obs`` already has a leading batch axis (for user-facing calls)."""
+        s = self.space
+        if isinstance(s, gym.spaces.Dict):
+            k = next(iter(s.spaces))
+            return np.ndim(obs[k]) > len(s.spaces[k].shape or ())
+        if isinstance(s, gym.spaces.Tuple):
+            return np.ndim(obs[0]) > len(s.spaces[0].shape or ())
+        return np.ndim(obs) > len(s.shape or ())
+
+
+class RunningMeanStd(nn.Module):
+    """Running mean and variance of encoded observations (Chan et al. parallel update);
+    ``normalize(x) = clip((x - mean) / sqrt(var + 1e-8), -clip, clip)``."""
+
+    def __init__(self, shape: Sequence[int], clip: float = 10.0):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(shape))
+        self.register_buffer("var", torch.ones(shape))
+        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
+        self.clip = clip
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        bm, bv, bc = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        delta, tot = bm - self.mean, self.count + bc
+        self.mean += delta * (bc / tot).float()
+        m2 = self.var * self.count.float() + bv * bc + delta.pow(2) * (self.count * bc / tot).float()
+        self.var.copy_(m2 / tot.float())
+        self.count.copy_(tot)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.clamp((x - self.mean) / torch.sqrt(self.var + 1e-8), -self.clip, self.clip)
+
+
+# ---- networks --------------------------------------------------------------------------
+def build_mlp(in_dim: int, hidden: Sequence[int], activation: str, out_dim: Optional[int] = None,
+              out_gain: float = 1.0) -> nn.Sequential:
+    """Linear layers with orthogonal init (gain sqrt(2) hidden, ``out_gain`` last)."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"model.activation={activation!r} is not one of {sorted(ACTIVATIONS)}")
+    layers: List[nn.Module] = []
+    d = in_dim
+    for h in hidden:
+        lin = nn.Linear(d, h)
+        nn.init.orthogonal_(lin.weight, math.sqrt(2))
+        nn.init.zeros_(lin.bias)
+        layers += [lin, ACTIVATIONS[activation]()]
+        d = h
+    if out_dim is not None:
+        lin = nn.Linear(d, out_dim)
+        nn.init.orthogonal_(lin.weight, out_gain)
+        nn.init.zeros_(lin.bias)
+        layers.append(lin)
+    return nn.Sequential(*layers)
+
+
+class SmallCNN(nn.Module):
+    """Conv(32, 8, s4) -> Conv(64, 4, s2) -> Conv(64, 3, s1) -> flatten (Mnih et al. 2015),
+    with kernels shrunk for small images."""
+
+    def __init__(self, shape: Sequence[int]):
+        super().__init__()
+        c, h, w = shape
+        big = min(h, w) >= 36
+        self.net = nn.Sequential(
+            nn.Conv2d(c, 32, 8 if big else 3, 4 if big else 1), nn.ReLU(),
+            nn.Conv2d(32, 64, 4 if big else 3, 2 if big else 1), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, 1), nn.ReLU(), nn.Flatten())
+        with torch.no_grad():
+            self.out_dim = int(self.net(torch.zeros(1, c, h, w)).shape[1])
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def build_trunk(encoder: ObsEncoder, hidden: Sequence[int], activation: str) -> Tuple[nn.Module, int]:
+    """Encoded observation -> features: CNN (images) then MLP ``hidden``. Returns (module, dim)."""
+    mods: List[nn.Module] = []
+    d = encoder.shape[0]
+    if encoder.is_image:
+        cnn = SmallCNN(encoder.shape)
+        mods.append(cnn)
+        d = cnn.out_dim
+    mlp = build_mlp(d, hidden, activation)
+    mods.append(mlp)
+    return nn.Sequential(*mods), (hidden[-1] if hidden else d)
+
+
+# ---- action distributions --------------------------------------------------------------
+class ActionDist:
+    """Distribution family for an action space, over the network's ``inputs``
+    (float32[B, num_inputs]): logits, or Gaussian ``(mean, log_std)``.
+
+    ``sample``/``logp``/``entropy``/``kl`` work on torch tensors; ``to_env`` maps sampled
+    actions (numpy) into the env's space (Box: scale [-1,1] to [low, high], then clip).
+    """
+
+    def __init__(self, space: gym.Space):
+        self.space = space
+        if isinstance(space, gym.spaces.Discrete):
+            self.kind, self.num_outputs, self.nvec = "cat", int(space.n), [int(space.n)]
+        elif isinstance(space, gym.spaces.MultiDiscrete):
+            self.nvec = [int(n) for n in np.asarray(space.nvec).reshape(-1)]
+            self.kind, self.num_outputs = "multicat", int(sum(self.nvec))
+        elif isinstance(space, gym.spaces.MultiBinary):
+            self.kind, self.num_outputs = "bern", int(np.prod(space.n))
+        elif isinstance(space, gym.spaces.Box):
+            if not np.all(np.isfinite(space.low)) or not np.all(np.isfinite(space.high)):
+                self.kind = "gauss_unbounded"
+            else:
+                self.kind = "gauss"
+            self.dim = int(np.prod(space.shape))
+            self.num_outputs = self.dim  # the mean; log_std is a separate parameter
+            self.low = np.asarray(space.low, np.float32).reshape(-1)
+            self.high = np.asarray(space.high, np.float32).reshape(-1)
+            self.is_int = np.issubdtype(space.dtype, np.integer)
+        else:
+            raise SpaceError(f"action space {space} is not supported "
+                             "(Discrete, MultiDiscrete, MultiBinary, Box are)")
+        self.is_gauss = self.kind.startswith("gauss")
+
+    # masks apply to Discrete only (PettingZoo's convention)
+    @staticmethod
+    def masked(logits: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+        if mask is None:
+            return logits
+        return logits.masked_fill(mask == 0, torch.finfo(logits.dtype).min)
+
+    def _split(self, inputs):
+        return torch.split(inputs, self.nvec, dim=-1)
+
+    def sample(self, inputs: torch.Tensor, mask=None, explore=True, generator=None) -> torch.Tensor:
+        if self.kind == "cat":
+            logits = self.masked(inputs, mask)
+            if not explore:
+                return logits.argmax(-1)
+            u = torch.rand(logits.shape, generator=generator).clamp_(1e-20, 1.0)
+            return (logits - torch.log(-torch.log(u))).argmax(-1)  # Gumbel-max
+        if self.kind == "multicat":
+            outs = []
+            for lg in self._split(inputs):
+                if explore:
+                    u = torch.rand(lg.shape, generator=generator).clamp_(1e-20, 1.0)
+                    lg = lg - torch.log(-torch.log(u))
+                outs.append(lg.argmax(-1))
+            return torch.stack(outs, -1)
+        if self.kind == "bern":
+            if not explore:
+                return (inputs > 0).to(torch.int64)
+            return (torch.rand(inputs.shape, generator=generator) < torch.sigmoid(inputs)).to(torch.int64)
+        mean, log_std = inputs[..., :self.dim], inputs[..., self.dim:]
+        if not explore:
+            return mean
+        return mean + torch.exp(log_std) * torch.randn(mean.shape, generator=generator)
+
+    def logp(self, inputs, actions, mask=None) -> torch.Tensor:
+        if self.kind == "cat":
+            lp = torch.log_softmax(self.masked(inputs, mask), -1)
+            return lp.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+        if self.kind == "multicat":
+            a = actions.long()
+            return sum(torch.log_softmax(lg, -1).gather(-1, a[..., i:i + 1]).squeeze(-1)
+                       for i, lg in enumerate(self._split(inputs)))
+        if self.kind == "bern":
+            a = actions.float()
+            return -(nn.functional.binary_cross_entropy_with_logits(inputs, a, reduction="none")).sum(-1)
+        mean, log_std = inputs[..., :self.dim], inputs[..., self.dim:]
+        z = (actions - mean) / torch.exp(log_std)
+        return (-0.5 * z.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+    def entropy(self, inputs, mask=None) -> torch.Tensor:
+        if self.kind in ("cat", "multicat"):
+            parts = [self.masked(inputs, mask)] if self.kind == "cat" else self._split(inputs)
+            ent = 0
+            for lg in parts:
+                lp = torch.log_softmax(lg, -1)
+                ent = ent - (lp.exp() * lp).sum(-1)
+            return ent
+        if self.kind == "bern":
+            p = torch.sigmoid(inputs)
+            return nn.functional.binary_cross_entropy_with_logits(inputs, p, reduction="none").sum(-1)
+        log_std = inputs[..., self.dim:]
+        return (log_std + 0.5 * math.log(2 * math.pi * math.e)).sum(-1)
+
+    def kl(self, old, new, mask=None) -> torch.Tensor:
+        """KL(old || new) per row."""
+        if self.kind in ("cat", "multicat"):
+            po = [self.masked(old, mask)] if self.kind == "cat" else self._split(old)
+            pn = [self.masked(new, mask)] if self.kind == "cat" else self._split(new)
+            kl = 0
+            for a, b in zip(po, pn):
+                la, lb = torch.log_softmax(a, -1), torch.log_softmax(b, -1)
+                kl = kl + (la.exp() * (la - lb)).sum(-1)
+            return kl
+        if self.kind == "bern":
+            pa, pb = torch.sigmoid(old), torch.sigmoid(new)
+            eps = 1e-8
+            return (pa * (torch.log(pa + eps) - torch.log(pb + eps))
+                    + (1 - pa) * (torch.log(1 - pa + eps) - torch.log(1 - pb + eps))).sum(-1)
+        mo, lo = old[..., :self.dim], old[..., self.dim:]
+        mn, ln = new[..., :self.dim], new[..., self.dim:]
+        return (ln - lo + (torch.exp(2 * lo) + (mo - mn).pow(2)) / (2 * torch.exp(2 * ln)) - 0.5).sum(-1)
+
+    def to_env(self, actions: np.ndarray) -> np.ndarray:
+        """Sampled actions (numpy, batched) -> values inside the env's action space."""
+        if self.kind == "cat":
+            return actions.astype(np.int64, copy=False) + int(self.space.start)
+        if self.kind == "multicat":
+            return actions.astype(self.space.dtype, copy=False)
+        if self.kind == "bern":
+            return actions.astype(self.space.dtype, copy=False)
+        a = actions.reshape(actions.shape[0], -1)
+        if self.kind == "gauss":
+            a = self.low + (a + 1.0) * 0.5 * (self.high - self.low)  # scale first...
+        a = np.clip(a, self.low, self.high)                          # ...then clip
+        if self.is_int:
+            a = np.rint(a)
+        return a.astype(self.space.dtype).reshape(actions.shape[0], *self.space.shape)
+
+
+# ---- the Policy base class -------------------------------------------------------------
+class Policy:
+    """Base class of every policy: owns the network and the math of one algorithm.
+
+    Lifecycle: built on the driver (learner copy, with optimizer) and on every rollout
+    worker (inference copy, ``inference_only=True``). Workers call
+    :meth:`compute_actions_encoded` each env step and :meth:`postprocess_trajectory` on each
+    finished fragment; the learner calls :meth:`learn_on_batch`; weights travel as
+    ``{name: np.ndarray}`` (:meth:`get_weights` / :meth:`set_weights`).
+
+    Subclass and override :meth:`loss` (or any other method) to make a variant.
+
+    Args:
+        observation_space: the raw observation space of the agents mapped to this policy.
+        action_space: their action space.
+        config: the algorithm's config section (a dataclass instance, read-only by convention).
+        model_config: the ``model.*`` section.
+        device: ``"cpu"`` or ``"cuda"`` (the learner's; workers always use cpu).
+        seed: seeds this policy's sampling RNG.
+        inference_only: build no optimizer (rollout workers).
+    """
+
+    def __init__(self, observation_space: gym.Space, action_space: gym.Space, config: Any,
+                 model_config: Any = None, device: str = "cpu", seed: int = 0,
+                 inference_only: bool = False):
+        self.observation_space, self.action_space = observation_space, action_space
+        self.config, self.model_config = config, model_config
+        self.device = torch.device(device)
+        self.encoder = ObsEncoder(observation_space)
+        self.dist = ActionDist(action_space)
+        self.inference_only = inference_only
+        self.generator = torch.Generator().manual_seed(int(seed) % (2 ** 63))
+        self.np_random = np.random.default_rng(seed)
+        self.model: Optional[nn.Module] = None
+        self.optimizer: Optional[torch.optim.Optimizer] = None
+        self.num_updates = 0  # learner updates applied to these weights (policy lag)
+
+    # ---- acting ---------------------------------------------------------------------------
+    def compute_actions_encoded(self, obs: np.ndarray, mask: Optional[np.ndarray] = None,
+                                explore: bool = True) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
+        """Actions for encoded observations ``float32[B, *shape]``.
+
+        Returns:
+            ``(actions, extras)``: actions as sampled (numpy, ``[B]`` or ``[B, k]``) and
+            per-row extras to store in the batch (e.g. ``action_logp``, ``vf_preds``).
+        Raises:
+            ValueError: if a row of ``mask`` allows no action.
+        """
+        raise NotImplementedError
+
+    def compute_actions(self, obs: Any, explore: bool = False) -> np.ndarray:
+        """Env-ready actions for raw observations (one, or a batch with a leading axis).
+
+        Raises:
+            ValueError: an observation whose action mask allows nothing.
+        """
+        batched = self.encoder.is_batched(obs)
+        if not batched:
+            obs = _add_batch_axis(obs)
+        b = _batch_len(obs)
+        enc, mask = self.encoder(obs, b)
+        actions, _ = self.compute_actions_encoded(enc, mask, explore)
+        env_actions = self.dist.to_env(actions)
+        return env_actions if batched else env_actions[0]
+
+    @staticmethod
+    def check_mask(mask: Optional[np.ndarray], where: str = "") -> None:
+        if mask is not None and mask.shape[0] and not mask.any(axis=1).all():
+            rows = np.flatnonzero(~mask.any(axis=1)).tolist()
+            raise ValueError(f"action_mask allows no action in rows {rows}{where}: "
+                             "an agent asked to act needs at least one legal action")
+
+    # ---- learning ---------------------------------------------------------------------------
+    def postprocess_trajectory(self, batch: sb.SampleBatch) -> sb.SampleBatch:
+        """Per-trajectory processing on the worker (GAE, n-step). Default: unchanged.
+
+        ``batch`` holds one or more contiguous trajectory pieces (see :mod:`batch`)."""
+        return batch
+
+    def prepare_batch(self, batch: sb.SampleBatch) -> Dict[str, torch.Tensor]:
+        """Columns as tensors on the learner device (once per train batch)."""
+        return {k: torch.as_tensor(np.asarray(v), device=self.device) for k, v in batch.items()}
+
+    def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
+        """Return ``(loss, stats)`` for one minibatch of tensors."""
+        raise NotImplementedError
+
+    def learn_on_batch(self, batch: Any) -> Dict[str, float]:
+        """One gradient step on ``batch`` (SampleBatch or prepared tensors); returns stats."""
+        if isinstance(batch, sb.SampleBatch):
+            batch = self.prepare_batch(batch)
+        loss, stats = self.loss(batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        max_norm = getattr(self.config, "max_grad_norm", None)
+        if max_norm:
+            stats["grad_norm"] = float(nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        self.optimizer.step()
+        self.num_updates += 1
+        return stats
+
+    def on_train_batch_end(self, batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
+        """Called by TrainOneStep after all epochs on a train batch (schedules, stats)."""
+        return {}
+
+    # ---- weights and state ----------------------------------------------------------------
+    def get_weights(self) -> Dict[str, np.ndarray]:
+        if self.model is None:
+            return {}
+        return {k: v.detach().cpu().numpy().copy() for k, v in self.model.state_dict().items()}
+
+    def set_weights(self, weights: Dict[str, np.ndarray]) -> None:
+        if self.model is None:
+            return
+        self.model.load_state_dict({k: torch.as_tensor(np.array(v)) for k, v in weights.items()})
+
+    def get_state(self) -> Dict[str, Any]:
+        """Weights, optimizer state, update count and RNG states (for exact resume)."""
+        return {"weights": self.get_weights(),
+                "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
+                "num_updates": self.num_updates,
+                "generator": self.generator.get_state(),
+                "np_random": self.np_random.bit_generator.state}
+
+    def set_state(self, state: Dict[str, Any]) -> None:
+        self.set_weights(state["weights"])
+        if self.optimizer is not None and state.get("optimizer") is not None:
+            self.optimizer.load_state_dict(state["optimizer"])
+        self.num_updates = int(state.get("num_updates", 0))
+        if state.get("generator") is not None:
+            self.generator.set_state(state["generator"])
+        if state.get("np_random") is not None:
+            self.np_random.bit_generator.state = state["np_random"]
+
+
+def _add_batch_axis(obs: Any) -> Any:
+    if isinstance(obs, dict):
+        return {k: _add_batch_axis(v) for k, v in obs.items()}
+    if isinstance(obs, tuple):
+        return tuple(_add_batch_axis(v) for v in obs)
+    return np.asarray(obs)[None]
+
+
+def _batch_len(obs: Any) -> int:
+    if isinstance(obs, dict):
+        return _batch_len(next(iter(obs.values())))
+    if isinstance(obs, tuple):
+        return _batch_len(obs[0])
+    return int(np.shape(obs)[0])
+
+
+class RandomPolicy(Policy):
+    """Uniform over the legal actions (masks respected); learns nothing."""
+
+    def compute_actions_encoded(self, obs, mask=None, explore=True):
+        b = obs.shape[0]
+        if self.dist.kind == "cat":
+            n = self.dist.num_outputs
+            if mask is not None:
+                self.check_mask(mask)
+                scores = self.np_random.random((b, n)) * mask + mask
+                acts = scores.argmax(1)
+            else:
+                acts = self.np_random.integers(0, n, size=b)
+            return acts.astype(np.int64), {}
+        if self.dist.kind == "multicat":
+            return np.stack([self.np_random.integers(0, n, size=b) for n in self.dist.nvec], 1), {}
+        if self.dist.kind == "bern":
+            return self.np_random.integers(0, 2, size=(b, self.dist.num_outputs)), {}
+        if self.dist.kind == "gauss":
+            return self.np_random.uniform(-1, 1, size=(b, self.dist.dim)).astype(np.float32), {}
+        return self.np_random.standard_normal((b, self.dist.dim)).astype(np.float32), {}
+
+    def loss(self, batch):
+        raise RuntimeError("the random policy does not learn")

@@ -1,0 +1,138 @@
+"""The plugin manager: built-ins, the ``flowkit`` entry points, ``plugins=[...]`` from the
+config, and objects registered in code; ``check_pending()`` so a misspelt hook fails."""
+from __future__ import annotations
+
+import importlib
+import importlib.metadata as md
+import inspect
+from typing import Any, Dict, List, Optional, Sequence
+
+import pluggy
+
+from flowkit.hooks import specs
+
+hookimpl = pluggy.HookimplMarker("flowkit")
+_REGISTERED: List[Any] = []  # objects registered in code (driver only)
+
+
+class PluginError(RuntimeError):
+    """A plugin failed to load or misbehaved; the message names it (and its distribution)."""
+
+
+class PluginManager(pluggy.PluginManager):
+    """pluggy's manager, where an undecorated ``flowkit_*`` method also counts as a hookimpl
+    (so a subclass overriding a decorated method keeps the hook, as pytest does)."""
+
+    def __init__(self):
+        super().__init__("flowkit")
+        self.add_hookspecs(specs)
+        self.dists: Dict[str, str] = {}  # plugin name -> "dist version"
+
+    def parse_hookimpl_opts(self, plugin, name):
+        opts = super().parse_hookimpl_opts(plugin, name)
+        if opts is None and name.startswith("flowkit_"):
+            meth = getattr(plugin, name, None)
+            if inspect.isroutine(meth):
+                return {}
+        return opts
+
+    # ---- algorithms --------------------------------------------------------------------------
+    def algorithms(self) -> Dict[str, type]:
+        """``{name: Algorithm class}``; a name contributed twice is an error naming both."""
+        out: Dict[str, type] = {}
+        owner: Dict[str, str] = {}
+        for impl in self.hook.flowkit_add_algorithms.get_hookimpls():
+            for cls in impl.function() or []:
+                name = getattr(cls, "name", None)
+                if not name:
+                    raise PluginError(f"plugin {impl.plugin_name!r} returned {cls!r} without a `name`")
+                if name in out and out[name] is not cls:
+                    raise PluginError(f"algorithm {name!r} is contributed twice: by plugin "
+                                      f"{owner[name]!r} and by plugin {impl.plugin_name!r}")
+                out[name], owner[name] = cls, impl.plugin_name
+        return out
+
+    def config_sections(self) -> Dict[str, type]:
+        """Algorithm sections (keyed by algorithm name) plus plugin sections."""
+        secs = {name: cls.config_class for name, cls in self.algorithms().items()
+                if getattr(cls, "config_class", None) is not None}
+        for d in self.hook.flowkit_add_config_sections():
+            for k, v in (d or {}).items():
+                if k in secs and secs[k] is not v:
+                    raise PluginError(f"config section {k!r} is contributed twice")
+                secs[k] = v
+        return secs
+
+    def state_dict(self) -> Dict[str, Any]:
+        out = {}
+        for impl in self.hook.flowkit_state_dict.get_hookimpls():
+            st = impl.function()
+            if st is not None:
+                out[impl.plugin_name] = st
+        return out
+
+    def load_state_dict(self, states: Dict[str, Any]) -> None:
+        for impl in self.hook.flowkit_load_state_dict.get_hookimpls():
+            if impl.plugin_name in states:
+                impl.function(state=states[impl.plugin_name])
+
+
+def _builtin_modules() -> List[str]:
+    return ["flowkit.builtin"]
+
+
+def get_plugin_manager(plugin_modules: Sequence[str] = (), include_registered: bool = True,
+                       extra: Sequence[Any] = ()) -> PluginManager:
+    """Build a plugin manager.
+
+    Args:
+        plugin_modules: importable module paths from the config (``plugins=[...]``).
+        include_registered: add objects registered in code with :func:`register`.
+        extra: further plugin objects.
+    Raises:
+        PluginError: a module or entry point that does not import (naming it and its
+            distribution), or an unknown ``flowkit_*`` hook name.
+    """
+    pm = PluginManager()
+    for mod in _builtin_modules():
+        pm.register(importlib.import_module(mod), name=mod)
+    for ep in md.entry_points(group="flowkit"):
+        if pm.get_plugin(ep.name) is not None or pm.is_blocked(ep.name):
+            continue
+        dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist else "unknown distribution"
+        try:
+            obj = ep.load()
+        except Exception as e:
+            raise PluginError(f"plugin {ep.name!r} from distribution {dist} failed to load: "
+                              f"{type(e).__name__}: {e}") from e
+        pm.register(obj, name=ep.name)
+        pm.dists[ep.name] = dist
+    for mod in plugin_modules:
+        if pm.get_plugin(mod) is not None:
+            continue
+        try:
+            obj = importlib.import_module(mod)
+        except Exception as e:
+            raise PluginError(f"plugin module {mod!r} (from `plugins`) failed to import: "
+                              f"{type(e).__name__}: {e}") from e
+        pm.register(obj, name=mod)
+    for obj in list(extra) + (list(_REGISTERED) if include_registered else []):
+        if not pm.is_registered(obj):
+            pm.register(obj)
+    try:
+        pm.check_pending()
+    except pluggy.PluginValidationError as e:
+        raise PluginError(f"unknown hook: {e}") from None
+    return pm
+
+
+def register(obj: Any) -> Any:
+    """Register a plugin object in code (driver; workers only on the local backend)."""
+    if obj not in _REGISTERED:
+        _REGISTERED.append(obj)
+    return obj
+
+
+def unregister(obj: Any) -> None:
+    if obj in _REGISTERED:
+        _REGISTERED.remove(obj)

@@ -1,0 +1,11 @@
+"""flowkit-ppo: the PPO algorithm plugin (entry point group ``flowkit``)."""
+import flowkit
+
+from flowkit_ppo.ppo import PPO, PPOConfig, PPOPolicy, compute_gae
+
+__all__ = ["PPO", "PPOConfig", "PPOPolicy", "compute_gae"]
+
+
+@flowkit.hookimpl
+def flowkit_add_algorithms():
+    return [PPO]

@@ -1,0 +1,339 @@
+"""Proximal Policy Optimization (Schulman et al. 2017, arXiv 1707.06347) as a flowkit plugin.
+
+Math, top to bottom:
+    GAE (Schulman et al. 2016, arXiv 1506.02438, eq. 16):
+        delta_t = r_t + gamma * V(s_{t+1}) * (1 - terminated_t) - V(s_t)
+        A_t     = delta_t + gamma * lambda * nextnonterminal_t * A_{t+1}
+    where V(s_{t+1}) at a truncation or a fragment cut is V(final / next observation), and
+    nextnonterminal_t = 0 where the trajectory ends (terminated, truncated) or is cut.
+    value_targets = A + V(s).
+    Clipped surrogate (eq. 7): L_clip = -E[min(r_t A_t, clip(r_t, 1-eps, 1+eps) A_t)],
+        r_t = exp(logp_new - logp_old), logp of the sampled (unclipped) action.
+    Value loss: 0.5 * (V - value_targets)^2, optionally clipped around vf_preds.
+    Loss = L_clip + vf_coef * L_vf - ent_coef * entropy (+ kl_coeff * KL, adaptive).
+Advantages are normalised per minibatch, only for minibatches of >= 2 rows, and only
+centred when their std is below 1e-8 (case C07).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+from torch import nn
+
+import flowkit
+from flowkit import ConfigError
+from flowkit.config import F
+from flowkit.core import batch as sb
+from flowkit.core.ops import BroadcastWeights, ConcatBatches, StandardizeFields, TrainOneStep
+from flowkit.core.policy import ActionDist, ObsEncoder, Policy, RunningMeanStd, build_mlp, build_trunk
+
+
+@dataclass
+class PPOConfig:
+    """ppo: Proximal Policy Optimization (clipped surrogate, GAE)."""
+    lr: float = F(3e-4, "Adam learning rate")
+    lr_schedule: str = F("constant", "constant, or linear (to 0 at schedule_env_steps)")
+    gamma: float = F(0.99, "discount factor")
+    gae_lambda: float = F(0.95, "GAE lambda")
+    clip_param: float = F(0.2, "surrogate clip range epsilon")
+    clip_schedule: str = F("constant", "constant, or linear (to 0 at schedule_env_steps)")
+    schedule_env_steps: Optional[int] = F(None, "horizon of linear schedules in env steps (default stop.env_steps)")
+    vf_clip_param: Optional[float] = F(None, "clip value updates to +-this around vf_preds (null: off)")
+    vf_coef: float = F(0.5, "value-loss coefficient")
+    ent_coef: float = F(0.0, "entropy bonus coefficient")
+    kl_coeff: float = F(0.0, "initial KL-penalty coefficient (0: no penalty, KL is only reported)")
+    kl_target: float = F(0.01, "target KL for the adaptive penalty")
+    num_epochs: int = F(10, "passes over each train batch")
+    minibatch_size: int = F(64, "rows per SGD minibatch")
+    train_batch_size: Optional[int] = F(None, "env steps per train batch (null: one sampling round)")
+    max_grad_norm: Optional[float] = F(0.5, "clip the gradient norm (null: off)")
+    normalize_advantages: str = F("minibatch", "minibatch, batch or none")
+    normalize_observations: bool = F(False, "running mean/std observation normalisation")
+    log_std_init: float = F(0.0, "initial log-std of the Gaussian (Box actions)")
+    adam_eps: float = F(1e-5, "Adam epsilon")
+
+
+# ---- GAE -----------------------------------------------------------------------------------
+def compute_gae(rewards: np.ndarray, values: np.ndarray, next_values: np.ndarray,
+                nextnonterminal: np.ndarray, gamma: float, gae_lambda: float) -> Tuple[np.ndarray, np.ndarray]:
+    """Generalized advantage estimation over a flat sequence of trajectory pieces.
+
+    Args:
+        rewards, values: float32[L]. next_values: float32[L], V of the next state (0 after a
+            termination). nextnonterminal: float32[L], 0 where the trajectory ends or is cut.
+    Returns:
+        ``(advantages, value_targets)``, float32[L].
+    """
+    n = len(rewards)
+    adv = [0.0] * n
+    r, v, nv, nn_ = rewards.tolist(), values.tolist(), next_values.tolist(), nextnonterminal.tolist()
+    gl = gamma * gae_lambda
+    lastgaelam = 0.0
+    for t in range(n - 1, -1, -1):
+        delta = r[t] + gamma * nv[t] - v[t]
+        lastgaelam = delta + gl * nn_[t] * lastgaelam
+        adv[t] = lastgaelam
+    a = np.asarray(adv, np.float32)
+    return a, a + np.asarray(values, np.float32)
+
+
+# ---- the model -----------------------------------------------------------------------------
+class ActorCritic(nn.Module):
+    """Policy and value networks (separate, or a shared trunk with ``model.shared_value_network``)."""
+
+    def __init__(self, encoder: ObsEncoder, dist: ActionDist, model_cfg: Any, normalize_obs: bool,
+                 log_std_init: float):
+        super().__init__()
+        hidden, act = list(model_cfg.hidden_sizes), model_cfg.activation
+        self.obs_rms = RunningMeanStd(encoder.shape) if normalize_obs else None
+        self.shared = bool(model_cfg.shared_value_network)
+        if self.shared:
+            self.trunk, d = build_trunk(encoder, hidden, act)
+            self.pi_head = build_mlp(d, [], act, dist.num_outputs, 0.01)
+            self.vf_head = build_mlp(d, [], act, 1, 1.0)
+        else:
+            pt, d = build_trunk(encoder, hidden, act)
+            self.pi = nn.Sequential(pt, build_mlp(d, [], act, dist.num_outputs, 0.01))
+            vt, d = build_trunk(encoder, hidden, act)
+            self.vf = nn.Sequential(vt, build_mlp(d, [], act, 1, 1.0))
+        self.log_std = nn.Parameter(torch.full((dist.num_outputs,), float(log_std_init))) if dist.is_gauss else None
+
+    def _norm(self, obs):
+        return self.obs_rms(obs) if self.obs_rms is not None else obs
+
+    def forward(self, obs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """obs: float32[B, *shape] -> (dist_inputs float32[B, k], value float32[B])."""
+        x = self._norm(obs)
+        if self.shared:
+            h = self.trunk(x)
+            logits, value = self.pi_head(h), self.vf_head(h)
+        else:
+            logits, value = self.pi(x), self.vf(x)
+        if self.log_std is not None:
+            logits = torch.cat([logits, self.log_std.expand_as(logits)], -1)
+        return logits, value.squeeze(-1)
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        x = self._norm(obs)
+        return (self.vf_head(self.trunk(x)) if self.shared else self.vf(x)).squeeze(-1)
+
+
+# ---- the policy ----------------------------------------------------------------------------
+_TRAIN_COLS = (sb.OBS, sb.ACTIONS, sb.ACTION_LOGP, sb.VF_PREDS, sb.ADVANTAGES, sb.VALUE_TARGETS,
+               sb.ACTION_DIST_INPUTS, sb.ACTION_MASK)
+
+
+class PPOPolicy(Policy):
+    """PPO's actor-critic policy. Override :meth:`loss` to make a variant."""
+
+    def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
+                 seed=0, inference_only=False):
+        super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
+        torch.manual_seed(seed)
+        self.model = ActorCritic(self.encoder, self.dist, model_config, config.normalize_observations,
+                                 config.log_std_init).to(self.device)
+        self.lr, self.clip_param, self.kl_coeff = config.lr, config.clip_param, config.kl_coeff
+        self._kl_sum, self._kl_n = 0.0, 0
+        if not inference_only:
+            self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, eps=config.adam_eps)
+
+    # -- acting (worker) --
+    @torch.inference_mode()
+    def compute_actions_encoded(self, obs, mask=None, explore=True):
+        x = torch.from_numpy(obs)
+        inputs, value = self.model(x)
+        m = None
+        if mask is not None:
+            self.check_mask(mask)
+            m = torch.from_numpy(mask)
+        a = self.dist.sample(inputs, m, explore, self.generator)
+        logp = self.dist.logp(inputs, a, m)
+        return a.numpy(), {sb.ACTION_LOGP: logp.numpy(), sb.VF_PREDS: value.numpy(),
+                           sb.ACTION_DIST_INPUTS: inputs.numpy()}
+
+    @torch.inference_mode()
+    def compute_values(self, obs: np.ndarray) -> np.ndarray:
+        """V(obs) for encoded observations float32[B, *shape] -> float32[B]."""
+        return self.model.value(torch.from_numpy(np.ascontiguousarray(obs, np.float32))).numpy()
+
+    def postprocess_trajectory(self, batch: sb.SampleBatch) -> sb.SampleBatch:
+        """Add ``advantages`` and ``value_targets`` (GAE) to a batch of trajectory pieces."""
+        out = sb.SampleBatch(batch)
+        n = len(out)
+        if n == 0:
+            return out
+        term = np.asarray(out[sb.TERMINATEDS], bool)
+        ends = term | np.asarray(out[sb.TRUNCATEDS], bool)
+        ends = ends.copy()
+        ends[-1] = True
+        if sb.EPS_ID in out:
+            e = np.asarray(out[sb.EPS_ID])
+            ends[:-1] |= e[1:] != e[:-1]
+        v = np.asarray(out[sb.VF_PREDS], np.float32)
+        next_v = np.empty(n, np.float32)
+        next_v[:-1] = v[1:]
+        boot = np.flatnonzero(ends & ~term)  # truncated or cut: bootstrap from V(next_obs)
+        if len(boot):
+            next_v[boot] = self.compute_values(np.asarray(out[sb.NEXT_OBS])[boot])
+        next_v[term] = 0.0
+        nextnonterminal = (~ends).astype(np.float32)
+        adv, vt = compute_gae(np.asarray(out[sb.REWARDS], np.float32), v, next_v, nextnonterminal,
+                              self.config.gamma, self.config.gae_lambda)
+        out[sb.ADVANTAGES], out[sb.VALUE_TARGETS] = adv, vt
+        return out
+
+    # -- learning (driver) --
+    def prepare_batch(self, batch):
+        return {k: torch.as_tensor(np.asarray(batch[k]), device=self.device) for k in _TRAIN_COLS if k in batch}
+
+    def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
+        cfg = self.config
+        mask = batch.get(sb.ACTION_MASK)
+        inputs, values = self.model(batch[sb.OBS])
+        logp = self.dist.logp(inputs, batch[sb.ACTIONS], mask)
+        logratio = logp - batch[sb.ACTION_LOGP]
+        ratio = torch.exp(logratio)
+        adv = batch[sb.ADVANTAGES]
+        if cfg.normalize_advantages == "minibatch" and adv.shape[0] >= 2:
+            adv = adv - adv.mean()
+            std = adv.std(unbiased=False)
+            if std >= 1e-8:
+                adv = adv / std
+        clip = self.clip_param
+        pg_loss = -torch.min(adv * ratio, adv * torch.clamp(ratio, 1 - clip, 1 + clip)).mean()
+        vt = batch[sb.VALUE_TARGETS]
+        if cfg.vf_clip_param is not None:
+            old_v = batch[sb.VF_PREDS]
+            v_clipped = old_v + torch.clamp(values - old_v, -cfg.vf_clip_param, cfg.vf_clip_param)
+            vf_loss = 0.5 * torch.max((values - vt).pow(2), (v_clipped - vt).pow(2)).mean()
+        else:
+            vf_loss = 0.5 * (values - vt).pow(2).mean()
+        entropy = self.dist.entropy(inputs, mask).mean()
+        kl = self.dist.kl(batch[sb.ACTION_DIST_INPUTS], inputs, mask).mean()
+        loss = pg_loss + cfg.vf_coef * vf_loss - cfg.ent_coef * entropy
+        if self.kl_coeff > 0:
+            loss = loss + self.kl_coeff * kl
+        with torch.no_grad():
+            clip_frac = ((ratio - 1.0).abs() > clip).float().mean()
+        self._kl_sum += float(kl)
+        self._kl_n += 1
+        return loss, {"pg_loss": float(pg_loss), "vf_loss": float(vf_loss), "entropy": float(entropy),
+                      "kl": float(kl), "clip_frac": float(clip_frac), "total_loss": float(loss)}
+
+    def on_train_batch_end(self, batch):
+        stats = {"lr": self.lr, "clip_param": self.clip_param}
+        kl = self._kl_sum / max(self._kl_n, 1)
+        self._kl_sum, self._kl_n = 0.0, 0
+        if self.config.kl_coeff > 0:  # adaptive KL penalty (Schulman et al. 2017, sec. 4)
+            if kl > 2.0 * self.config.kl_target:
+                self.kl_coeff *= 1.5
+            elif kl < 0.5 * self.config.kl_target:
+                self.kl_coeff *= 0.5
+            stats["kl_coeff"] = self.kl_coeff
+        if self.model.obs_rms is not None:
+            self.model.obs_rms.update(batch[sb.OBS].float())
+        return stats
+
+    def set_progress(self, frac: float) -> None:
+        """Linear schedules: ``frac`` in [0, 1] of ``schedule_env_steps`` done."""
+        frac = min(max(frac, 0.0), 1.0)
+        if self.config.lr_schedule == "linear":
+            self.lr = self.config.lr * (1.0 - frac)
+            for g in self.optimizer.param_groups:
+                g["lr"] = self.lr
+        if self.config.clip_schedule == "linear":
+            self.clip_param = max(self.config.clip_param * (1.0 - frac), 1e-8)
+
+    def get_state(self):
+        st = super().get_state()
+        st.update(lr=self.lr, clip_param=self.clip_param, kl_coeff=self.kl_coeff)
+        return st
+
+    def set_state(self, state):
+        super().set_state(state)
+        self.lr = state.get("lr", self.lr)
+        self.clip_param = state.get("clip_param", self.clip_param)
+        self.kl_coeff = state.get("kl_coeff", self.kl_coeff)
+
+
+# ---- the algorithm --------------------------------------------------------------------------
+class PPO(flowkit.Algorithm):
+    """PPO: bulk-sync rollouts -> ConcatBatches -> TrainOneStep(epochs x minibatches) ->
+    BroadcastWeights."""
+
+    name = "ppo"
+    config_class = PPOConfig
+    policy_class = PPOPolicy
+    rollout_mode = "bulk_sync"
+    off_policy = False
+
+    @classmethod
+    def round_size(cls, run_config) -> int:
+        rt = run_config.runtime
+        return max(1, int(rt.num_workers)) * int(rt.num_envs_per_worker) * int(rt.rollout_fragment_length)
+
+    @classmethod
+    def validate_config(cls, run_config, section) -> List[str]:
+        s, warns = section, []
+        n = cls.name
+        if s.minibatch_size < 1:
+            raise ConfigError(f"{n}.minibatch_size={s.minibatch_size} must be >= 1")
+        if s.train_batch_size is not None:
+            if s.train_batch_size < 1:
+                raise ConfigError(f"{n}.train_batch_size={s.train_batch_size} must be >= 1")
+            if s.minibatch_size > s.train_batch_size:
+                raise ConfigError(f"{n}.minibatch_size={s.minibatch_size} is larger than "
+                                  f"{n}.train_batch_size={s.train_batch_size}; make minibatch_size <= train_batch_size")
+            rs = cls.round_size(run_config)
+            if s.train_batch_size % rs:
+                actual = -(-s.train_batch_size // rs) * rs
+                warns.append(f"{n}.train_batch_size={s.train_batch_size} is not a multiple of one sampling round "
+                             f"(runtime.num_workers x num_envs_per_worker x rollout_fragment_length = {rs}); "
+                             f"each train batch will hold {actual} env steps (reported as "
+                             f"learner/<policy>/train_batch_size)")
+        if s.num_epochs < 1:
+            raise ConfigError(f"{n}.num_epochs={s.num_epochs} must be >= 1")
+        for key in ("gamma", "gae_lambda"):
+            if not 0.0 <= s[key] <= 1.0:
+                raise ConfigError(f"{n}.{key}={s[key]} must be in [0, 1]")
+        if s.clip_param <= 0:
+            raise ConfigError(f"{n}.clip_param={s.clip_param} must be > 0")
+        if s.lr <= 0:
+            raise ConfigError(f"{n}.lr={s.lr} must be > 0")
+        if s.normalize_advantages not in ("minibatch", "batch", "none"):
+            raise ConfigError(f"{n}.normalize_advantages={s.normalize_advantages!r} must be minibatch, batch or none")
+        for key in ("lr_schedule", "clip_schedule"):
+            if s[key] not in ("constant", "linear"):
+                raise ConfigError(f"{n}.{key}={s[key]!r} must be constant or linear")
+            if s[key] == "linear" and s.schedule_env_steps is None and run_config.stop.env_steps is None:
+                raise ConfigError(f"{n}.{key}=linear needs a horizon: set {n}.schedule_env_steps or stop.env_steps")
+        return warns
+
+    def training_flow(self, experiences, ctx):
+        cfg = self.config
+        flow = experiences.combine(ConcatBatches(cfg.train_batch_size or self.round_size(self.run_config)))
+        if cfg.normalize_advantages == "batch":
+            flow = flow.for_each(StandardizeFields([sb.ADVANTAGES]))
+        if "linear" in (cfg.lr_schedule, cfg.clip_schedule):
+            horizon = cfg.schedule_env_steps or self.run_config.stop.env_steps
+            flow = flow.for_each(UpdateSchedules(ctx, horizon))
+        return (flow.for_each(TrainOneStep(ctx, cfg.num_epochs, cfg.minibatch_size))
+                    .for_each(BroadcastWeights(ctx)))
+
+
+class UpdateSchedules:
+    """Set each learner policy's schedule progress from env steps sampled / ``horizon``."""
+
+    def __init__(self, ctx, horizon: int):
+        self.ctx, self.horizon, self.name = ctx, int(horizon), f"UpdateSchedules(horizon={horizon})"
+
+    def __call__(self, b):
+        frac = self.ctx.counters["env_steps_sampled"] / self.horizon
+        for pid in b.policy_batches:
+            pol = self.ctx.learner.get(pid)
+            if hasattr(pol, "set_progress"):
+                pol.set_progress(frac)
+        return b
