@@ -138,7 +138,7 @@ class PPOPolicy(Policy):
         self.lr, self.clip_param, self.kl_coeff = config.lr, config.clip_param, config.kl_coeff
         self._kl_sum, self._kl_n = 0.0, 0
         if not inference_only:
-            self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.lr, eps=config.adam_eps)
+            self.optimizer = self.make_optimizer(config.lr, config.adam_eps)
 
     # -- acting (worker) --
     @torch.inference_mode()
@@ -193,7 +193,8 @@ class PPOPolicy(Policy):
         cfg = self.config
         mask = batch.get(sb.ACTION_MASK)
         inputs, values = self.model(batch[sb.OBS])
-        logp = self.dist.logp(inputs, batch[sb.ACTIONS], mask)
+        logp, entropy = self.dist.logp_entropy(inputs, batch[sb.ACTIONS], mask, entropy_grad=cfg.ent_coef != 0)
+        entropy = entropy.mean()
         logratio = logp - batch[sb.ACTION_LOGP]
         ratio = torch.exp(logratio)
         adv = batch[sb.ADVANTAGES]
@@ -211,17 +212,21 @@ class PPOPolicy(Policy):
             vf_loss = 0.5 * torch.max((values - vt).pow(2), (v_clipped - vt).pow(2)).mean()
         else:
             vf_loss = 0.5 * (values - vt).pow(2).mean()
-        entropy = self.dist.entropy(inputs, mask).mean()
-        kl = self.dist.kl(batch[sb.ACTION_DIST_INPUTS], inputs, mask).mean()
-        loss = pg_loss + cfg.vf_coef * vf_loss - cfg.ent_coef * entropy
+        loss = pg_loss + cfg.vf_coef * vf_loss
+        if cfg.ent_coef != 0:
+            loss = loss - cfg.ent_coef * entropy
         if self.kl_coeff > 0:
+            kl = self.dist.kl(batch[sb.ACTION_DIST_INPUTS], inputs, mask).mean()
             loss = loss + self.kl_coeff * kl
+        else:  # reported only: keep it out of the backward graph
+            with torch.no_grad():
+                kl = self.dist.kl(batch[sb.ACTION_DIST_INPUTS], inputs.detach(), mask).mean()
         with torch.no_grad():
             clip_frac = ((ratio - 1.0).abs() > clip).float().mean()
-        self._kl_sum += float(kl)
+            vals = torch.stack([pg_loss, vf_loss, entropy, kl, clip_frac, loss]).tolist()
+        self._kl_sum += vals[3]
         self._kl_n += 1
-        return loss, {"pg_loss": float(pg_loss), "vf_loss": float(vf_loss), "entropy": float(entropy),
-                      "kl": float(kl), "clip_frac": float(clip_frac), "total_loss": float(loss)}
+        return loss, dict(zip(("pg_loss", "vf_loss", "entropy", "kl", "clip_frac", "total_loss"), vals))
 
     def on_train_batch_end(self, batch):
         stats = {"lr": self.lr, "clip_param": self.clip_param}
