@@ -1,0 +1,11 @@
+"""flowkit-impala: the IMPALA algorithm plugin (entry point group ``flowkit``)."""
+import flowkit
+
+from flowkit_impala.impala import IMPALA, IMPALAConfig, IMPALAPolicy, MixInReplay, trajectory_ends, vtrace
+
+__all__ = ["IMPALA", "IMPALAConfig", "IMPALAPolicy", "MixInReplay", "trajectory_ends", "vtrace"]
+
+
+@flowkit.hookimpl
+def flowkit_add_algorithms():
+    return [IMPALA]

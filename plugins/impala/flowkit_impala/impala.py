@@ -1,0 +1,376 @@
+"""IMPALA (Espeholt et al. 2018, arXiv 1802.01561) as a flowkit plugin: asynchronous
+rollouts, a learner thread on the driver, V-trace off-policy correction.
+
+Math, top to bottom (section 4 of the paper). For a trajectory piece x_s, ..., x_{s+n}
+sampled with behaviour policy mu and trained with target policy pi:
+    rho_t   = min(rho_bar, pi(a_t|x_t) / mu(a_t|x_t))                (clip_rho_threshold)
+    c_t     = lambda * min(c_bar, pi(a_t|x_t) / mu(a_t|x_t))         (clip_c_threshold, vtrace_lambda)
+    delta_t = rho_t * (r_t + gamma * V(x_{t+1}) - V(x_t))
+    v_s     = V(x_s) + sum_{t=s}^{s+n-1} gamma^{t-s} (prod_{i=s}^{t-1} c_i) delta_t      (eq. 1)
+computed backwards with the recursion  v_s - V(x_s) = delta_s + gamma c_s (v_{s+1} - V(x_{s+1})).
+    policy-gradient advantage  A_s = rho^pg_s * (r_s + gamma * v_{s+1} - V(x_s))
+                                 (rho^pg_s clipped at clip_pg_rho_threshold)
+Trajectory ends inside a train batch are handled per trajectory: after a termination
+V(x_{t+1}) = v_{t+1} = 0; after a truncation (time limit) or a fragment cut,
+V(x_{t+1}) = v_{t+1} = V(final / next observation) (bootstrap, no further correction).
+Losses (means over the batch):
+    pg_loss = -mean(log pi(a_s|x_s) * A_s)      vf_loss = 0.5 * mean((v_s - V(x_s))^2)
+    loss    = pg_loss + vf_coef * vf_loss - ent_coef * entropy
+Discrete actions: categorical; Box actions: diagonal Gaussian whose log-prob is that of the
+sampled (unclipped) action, as for the behaviour log-prob stored by the worker.
+
+Plan (async): rollouts -> PushWeightsToSource -> [MixInReplay] -> ConcatBatches ->
+Enqueue(learner thread); Dequeue counts trained steps; Concurrently(async).
+Plan (``impala.rollout_mode=bulk_sync``): rollouts -> [MixInReplay] -> ConcatBatches ->
+the same learner update in the driver -> BroadcastWeights.
+"""
+from __future__ import annotations
+
+import collections
+import threading
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+from torch import nn
+
+import flowkit
+from flowkit import ConfigError
+from flowkit.config import F
+from flowkit.core import batch as sb
+from flowkit.core.learner_thread import (Dequeue, Enqueue, LearnerThread, PerfMonitor,
+                                         PushWeightsToSource, record_learner_result)
+from flowkit.core.ops import BroadcastWeights, Concurrently, ConcatBatches
+from flowkit.core.policy import ActionDist, ObsEncoder, Policy, build_mlp, build_trunk
+from flowkit.core.workers import derive_seed
+
+
+@dataclass
+class IMPALAConfig:
+    """impala: asynchronous actor-learner with V-trace (Espeholt et al. 2018)."""
+    lr: float = F(5e-4, "Adam learning rate")
+    adam_eps: float = F(1e-7, "Adam epsilon")
+    gamma: float = F(0.99, "discount factor")
+    clip_rho_threshold: float = F(1.0, "V-trace rho_bar: clip of the importance ratio in delta_t")
+    clip_c_threshold: float = F(1.0, "V-trace c_bar: clip of the trace-cutting ratio c_t")
+    clip_pg_rho_threshold: float = F(1.0, "clip of the importance ratio in the policy-gradient advantage")
+    vtrace_lambda: float = F(1.0, "lambda multiplying c_t (paper's remark 2; 1.0 = plain V-trace)")
+    vf_coef: float = F(0.5, "value-loss coefficient")
+    ent_coef: float = F(0.01, "entropy bonus coefficient")
+    max_grad_norm: Optional[float] = F(40.0, "clip the gradient norm (null: off)")
+    train_batch_size: int = F(500, "env steps per train batch (worker fragments are concatenated)")
+    num_epochs: int = F(1, "passes of the learner over each train batch")
+    minibatch_size: Optional[int] = F(None, "rows per SGD step, contiguous slices (null: the whole train batch)")
+    learner_queue_size: int = F(2, "train batches waiting for the learner thread at most")
+    broadcast_interval: int = F(1, "batches from one worker between two weight pushes to that worker")
+    replay_proportion: float = F(0.0, "replayed fragments mixed in per new fragment, on average (0: off)")
+    replay_buffer_num_slots: int = F(100, "fragments kept for replay (FIFO)")
+    rollout_mode: str = F("async", "async (learner thread) or bulk_sync (for comparison)")
+    log_std_init: float = F(0.0, "initial log-std of the Gaussian (Box actions)")
+
+
+# ---- V-trace -------------------------------------------------------------------------------------
+def vtrace(log_rhos: np.ndarray, rewards: np.ndarray, values: np.ndarray, next_values: np.ndarray,
+           nextnonterminal: np.ndarray, gamma: float, clip_rho_threshold: float = 1.0,
+           clip_c_threshold: float = 1.0, clip_pg_rho_threshold: float = 1.0,
+           vtrace_lambda: float = 1.0) -> Tuple[np.ndarray, np.ndarray]:
+    """V-trace targets and policy-gradient advantages over a flat sequence of trajectory
+    pieces (Espeholt et al. 2018, eq. 1 and section 4.2).
+
+    Args:
+        log_rhos: float[L], log pi(a_t|x_t) - log mu(a_t|x_t).
+        rewards: float[L]. values: float[L], V(x_t).
+        next_values: float[L], V(x_{t+1}): 0 after a termination, V(final observation) after
+            a truncation or a fragment cut.
+        nextnonterminal: float[L], 1 where row t+1 continues row t's trajectory, 0 where it
+            ends (terminated, truncated or cut) -- the recursion restarts there.
+    Returns:
+        ``(vs, pg_advantages)``, float32[L].
+    """
+    rhos = np.exp(np.asarray(log_rhos, np.float64))
+    clipped_rhos = np.minimum(clip_rho_threshold, rhos)
+    cs = vtrace_lambda * np.minimum(clip_c_threshold, rhos)
+    r = np.asarray(rewards, np.float64)
+    v = np.asarray(values, np.float64)
+    nv = np.asarray(next_values, np.float64)
+    cont = np.asarray(nextnonterminal, np.float64)
+    deltas = clipped_rhos * (r + gamma * nv - v)
+    n = len(r)
+    vs_minus_v = [0.0] * n
+    d, gc = deltas.tolist(), (gamma * cs * cont).tolist()
+    acc = 0.0
+    for t in range(n - 1, -1, -1):
+        acc = d[t] + gc[t] * acc
+        vs_minus_v[t] = acc
+    vs = np.asarray(vs_minus_v) + v
+    vs_next = nv.copy()                     # v_{t+1} = V(x_{t+1}) where the piece ends
+    vs_next[:-1] = np.where(cont[:-1] > 0, vs[1:], nv[:-1])
+    pg_adv = np.minimum(clip_pg_rho_threshold, rhos) * (r + gamma * vs_next - v)
+    return vs.astype(np.float32), pg_adv.astype(np.float32)
+
+
+def trajectory_ends(b: sb.SampleBatch) -> Tuple[np.ndarray, np.ndarray]:
+    """``(ends, terminated)``, bool[L]: where each trajectory piece of ``b`` ends (terminated,
+    truncated, ``eps_id`` change, or the last row) and which of those are terminations."""
+    term = np.asarray(b[sb.TERMINATEDS], bool)
+    ends = term | np.asarray(b[sb.TRUNCATEDS], bool)
+    if sb.EPS_ID in b:
+        e = np.asarray(b[sb.EPS_ID])
+        ends[:-1] |= e[1:] != e[:-1]
+    if len(ends):
+        ends[-1] = True
+    return ends, term
+
+
+# ---- the model ------------------------------------------------------------------------------------
+class ActorCritic(nn.Module):
+    """Policy and value networks (separate, or a shared trunk with ``model.shared_value_network``)."""
+
+    def __init__(self, encoder: ObsEncoder, dist: ActionDist, model_cfg: Any, log_std_init: float):
+        super().__init__()
+        hidden, act = list(model_cfg.hidden_sizes), model_cfg.activation
+        self.shared = bool(model_cfg.shared_value_network)
+        if self.shared:
+            self.trunk, d = build_trunk(encoder, hidden, act)
+            self.pi_head = build_mlp(d, [], act, dist.num_outputs, 0.01)
+            self.vf_head = build_mlp(d, [], act, 1, 1.0)
+        else:
+            pt, d = build_trunk(encoder, hidden, act)
+            self.pi = nn.Sequential(pt, build_mlp(d, [], act, dist.num_outputs, 0.01))
+            vt, d = build_trunk(encoder, hidden, act)
+            self.vf = nn.Sequential(vt, build_mlp(d, [], act, 1, 1.0))
+        self.log_std = nn.Parameter(torch.full((dist.num_outputs,), float(log_std_init))) if dist.is_gauss else None
+
+    def _dist_inputs(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.log_std is not None:
+            logits = torch.cat([logits, self.log_std.expand_as(logits)], -1)
+        return logits
+
+    def forward(self, obs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """obs: float32[B, *shape] -> (dist_inputs float32[B, k], value float32[B])."""
+        if self.shared:
+            h = self.trunk(obs)
+            logits, value = self.pi_head(h), self.vf_head(h)
+        else:
+            logits, value = self.pi(obs), self.vf(obs)
+        return self._dist_inputs(logits), value.squeeze(-1)
+
+    def policy(self, obs: torch.Tensor) -> torch.Tensor:
+        return self._dist_inputs(self.pi_head(self.trunk(obs)) if self.shared else self.pi(obs))
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        return (self.vf_head(self.trunk(obs)) if self.shared else self.vf(obs)).squeeze(-1)
+
+
+# ---- the policy -----------------------------------------------------------------------------------
+class IMPALAPolicy(Policy):
+    """IMPALA's actor-critic with V-trace. Workers only act (and store the behaviour
+    log-prob); all the math runs on the learner. ``update_lock`` is held while the learner
+    thread updates the weights, and by every read or write of weights and state, so the
+    driver never sees half-updated weights. Override :meth:`loss` to make a variant."""
+
+    def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
+                 seed=0, inference_only=False):
+        super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
+        torch.manual_seed(seed)
+        self.model = ActorCritic(self.encoder, self.dist, model_config, config.log_std_init).to(self.device)
+        self.update_lock = threading.RLock()
+        if not inference_only:
+            self.optimizer = self.make_optimizer(config.lr, config.adam_eps)
+
+    # -- acting (worker) --
+    @torch.inference_mode()
+    def compute_actions_encoded(self, obs, mask=None, explore=True):
+        inputs = self.model.policy(torch.from_numpy(obs))
+        m = None
+        if mask is not None:
+            self.check_mask(mask)
+            m = torch.from_numpy(mask)
+        a = self.dist.sample(inputs, m, explore, self.generator)
+        return a.numpy(), {sb.ACTION_LOGP: self.dist.logp(inputs, a, m).numpy()}
+
+    # -- learning (learner) --
+    def train_on_batch(self, pb: sb.SampleBatch) -> Dict[str, float]:
+        """``num_epochs`` passes over contiguous minibatches of ``pb`` (trajectories stay in
+        order; a minibatch boundary is a cut, bootstrapped). Returns mean stats."""
+        cfg = self.config
+        n = len(pb)
+        mbs = min(int(cfg.minibatch_size or n), n)
+        chunks = [self.prepare_batch(pb.slice(s, min(s + mbs, n))) for s in range(0, n, mbs)]
+        sums: Dict[str, float] = collections.defaultdict(float)
+        steps = 0
+        for _ in range(int(cfg.num_epochs)):
+            for tb in chunks:
+                for k, v in self.learn_on_batch(tb).items():
+                    sums[k] += float(v)
+                steps += 1
+        stats = {k: v / max(steps, 1) for k, v in sums.items()}
+        stats.update(train_batch_size=n, num_sgd_steps=steps)
+        return stats
+
+    def prepare_batch(self, batch: sb.SampleBatch) -> Dict[str, torch.Tensor]:
+        """Tensors for :meth:`loss`: the columns it reads plus ``nextnonterminal`` (float[L]),
+        ``terminated`` (float[L]) and ``boot_idx``/``boot_obs`` (rows that bootstrap from
+        V(next_obs): truncations and cuts)."""
+        ends, term = trajectory_ends(batch)
+        boot = np.flatnonzero(ends & ~term)
+        dev = self.device
+        out = {k: torch.as_tensor(np.asarray(batch[k]), device=dev)
+               for k in (sb.OBS, sb.ACTIONS, sb.ACTION_LOGP, sb.REWARDS, sb.ACTION_MASK) if k in batch}
+        out["nextnonterminal"] = torch.as_tensor((~ends).astype(np.float32), device=dev)
+        out["terminated"] = torch.as_tensor(term.astype(np.float32), device=dev)
+        out["boot_idx"] = torch.as_tensor(boot, device=dev)
+        out["boot_obs"] = torch.as_tensor(np.asarray(batch[sb.NEXT_OBS])[boot], device=dev)
+        return out
+
+    def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
+        cfg = self.config
+        mask = batch.get(sb.ACTION_MASK)
+        inputs, values = self.model(batch[sb.OBS])
+        logp, entropy = self.dist.logp_entropy(inputs, batch[sb.ACTIONS], mask, entropy_grad=cfg.ent_coef != 0)
+        with torch.no_grad():
+            v = values.detach()
+            cont = batch["nextnonterminal"]
+            next_v = torch.zeros_like(v)
+            next_v[:-1] = v[1:]
+            next_v = next_v * cont                            # 0 at every end ...
+            if len(batch["boot_idx"]):                        # ... V(final obs) at truncations/cuts
+                next_v[batch["boot_idx"]] = self.model.value(batch["boot_obs"])
+            log_rhos = logp.detach() - batch[sb.ACTION_LOGP]
+            vs, pg_adv = vtrace(log_rhos.cpu().numpy(), batch[sb.REWARDS].cpu().numpy(), v.cpu().numpy(),
+                                next_v.cpu().numpy(), cont.cpu().numpy(), cfg.gamma, cfg.clip_rho_threshold,
+                                cfg.clip_c_threshold, cfg.clip_pg_rho_threshold, cfg.vtrace_lambda)
+            vs_t = torch.as_tensor(vs, device=self.device)
+            pg_t = torch.as_tensor(pg_adv, device=self.device)
+        pg_loss = -(logp * pg_t).mean()
+        vf_loss = 0.5 * (vs_t - values).pow(2).mean()
+        entropy = entropy.mean()
+        loss = pg_loss + cfg.vf_coef * vf_loss - cfg.ent_coef * entropy
+        with torch.no_grad():
+            rhos = torch.exp(log_rhos)
+            vals = torch.stack([pg_loss, vf_loss, entropy, loss, rhos.mean(), rhos.max(),
+                                (rhos > cfg.clip_rho_threshold).float().mean()]).tolist()
+        return loss, dict(zip(("pg_loss", "vf_loss", "entropy", "total_loss", "rho_mean", "rho_max",
+                               "rho_clip_frac"), vals))
+
+    # -- weights and state, under the update lock --
+    def get_weights(self):
+        with self.update_lock:
+            return super().get_weights()
+
+    def set_weights(self, weights):
+        with self.update_lock:
+            super().set_weights(weights)
+
+    def get_state(self):
+        with self.update_lock:
+            return super().get_state()
+
+    def set_state(self, state):
+        with self.update_lock:
+            super().set_state(state)
+
+
+# ---- replay mix-in --------------------------------------------------------------------------------
+class MixInReplay:
+    """Emit each new batch together with ``k`` batches replayed from a FIFO buffer of the last
+    ``capacity`` batches; ``k = floor(p) + Bernoulli(p - floor(p))`` with
+    ``p = replay_proportion`` (IMPALA's experience replay, paper section 5.3.1). Replayed
+    copies carry no episode summaries (they were counted when sampled) and count as trained,
+    not sampled, env steps."""
+
+    def __init__(self, ctx: Any, replay_proportion: float, capacity: int, seed: int):
+        self.ctx, self.p, self.capacity = ctx, float(replay_proportion), int(capacity)
+        self.buffer: collections.deque = collections.deque(maxlen=self.capacity)
+        self.rng = np.random.default_rng(seed)
+        self.name = f"MixInReplay(replay_proportion={self.p}, capacity={self.capacity})"
+
+    def __call__(self, b: sb.MultiAgentBatch) -> List[sb.MultiAgentBatch]:
+        out = [b]
+        if self.buffer:
+            k = int(self.p) + int(self.rng.random() < self.p - int(self.p))
+            for i in self.rng.integers(0, len(self.buffer), size=k):
+                old = self.buffer[int(i)]
+                out.append(sb.MultiAgentBatch(old.policy_batches, old.env_steps, old.agent_steps, [],
+                                              old.worker_index, old.meta))
+                self.ctx.counters["env_steps_replayed"] += old.env_steps
+        self.buffer.append(b)
+        return out
+
+    def get_state(self, include_replay: bool = True) -> Dict[str, Any]:
+        return {"rng": self.rng.bit_generator.state, "buffer": list(self.buffer) if include_replay else None}
+
+    def set_state(self, state: Dict[str, Any]) -> None:
+        self.rng.bit_generator.state = state["rng"]
+        if state.get("buffer") is not None:
+            self.buffer.clear()
+            self.buffer.extend(state["buffer"])
+
+
+# ---- the algorithm --------------------------------------------------------------------------------
+class IMPALA(flowkit.Algorithm):
+    """IMPALA: async rollouts -> weights to the producing worker -> train batches -> learner
+    thread (V-trace); ``impala.rollout_mode=bulk_sync`` drives the same learner synchronously."""
+
+    name = "impala"
+    config_class = IMPALAConfig
+    policy_class = IMPALAPolicy
+    rollout_mode = "async"
+    off_policy = True
+
+    @classmethod
+    def validate_config(cls, run_config, section) -> List[str]:
+        s, n = section, cls.name
+        if s.rollout_mode not in ("async", "bulk_sync"):
+            raise ConfigError(f"{n}.rollout_mode={s.rollout_mode!r} must be async or bulk_sync")
+        for key in ("train_batch_size", "num_epochs", "learner_queue_size", "broadcast_interval",
+                    "replay_buffer_num_slots"):
+            if s[key] < 1:
+                raise ConfigError(f"{n}.{key}={s[key]} must be >= 1")
+        if s.minibatch_size is not None and not 1 <= s.minibatch_size <= s.train_batch_size:
+            raise ConfigError(f"{n}.minibatch_size={s.minibatch_size} must be in [1, {n}.train_batch_size="
+                              f"{s.train_batch_size}] (or null: the whole train batch)")
+        for key in ("gamma", "vtrace_lambda"):
+            if not 0.0 <= s[key] <= 1.0:
+                raise ConfigError(f"{n}.{key}={s[key]} must be in [0, 1]")
+        for key in ("clip_rho_threshold", "clip_c_threshold", "clip_pg_rho_threshold", "lr"):
+            if s[key] <= 0:
+                raise ConfigError(f"{n}.{key}={s[key]} must be > 0")
+        if s.replay_proportion < 0:
+            raise ConfigError(f"{n}.replay_proportion={s.replay_proportion} must be >= 0")
+        return []
+
+    def get_rollout_mode(self) -> str:
+        return self.config.rollout_mode
+
+    def make_learner(self, ctx) -> LearnerThread:
+        """The learner thread, registered with ``ctx`` (checkpointed, stopped at shutdown)."""
+        lt = LearnerThread(ctx, lambda pol, pb: pol.train_on_batch(pb), policy_ids=list(ctx.learner),
+                           inqueue_size=self.config.learner_queue_size, name=f"{self.name}-learner")
+        return ctx.add_stateful(f"{self.name}_learner", lt)
+
+    def training_flow(self, experiences, ctx):
+        cfg = self.config
+        learner = self.make_learner(ctx)
+        replay = None
+        if cfg.replay_proportion > 0:
+            replay = ctx.add_stateful(f"{self.name}_replay", MixInReplay(
+                ctx, cfg.replay_proportion, cfg.replay_buffer_num_slots,
+                derive_seed(int(self.run_config.seed), self.name, "replay")))
+        if self.get_rollout_mode() == "bulk_sync":
+            flow = experiences if replay is None else experiences.combine(replay)
+            perf = PerfMonitor(ctx, learner)
+
+            def learn(b):
+                return record_learner_result(ctx, learner.step(b), perf)
+            learn.name = "LearnOnBatch(learner, in the driver)"
+            return (flow.combine(ConcatBatches(cfg.train_batch_size))
+                        .for_each(learn)
+                        .for_each(BroadcastWeights(ctx)))
+        batches = experiences.for_each(PushWeightsToSource(ctx, learner, cfg.broadcast_interval))
+        if replay is not None:
+            batches = batches.combine(replay)
+        enqueue = Enqueue(batches.combine(ConcatBatches(cfg.train_batch_size)), learner)
+        dequeue = Dequeue(learner, ctx)
+        return Concurrently([enqueue, dequeue], mode="async", output_indexes=[1])
