@@ -40,6 +40,8 @@ class EnvConfig:
     kwargs: Dict[str, Any] = F(help="keyword arguments for gym.make / the factory", factory=dict)
     autoreset_mode: str = F("next_step", "vector-env autoreset: next_step (Gymnasium default) or same_step")
     max_episode_steps: Optional[int] = F(None, "wrap each env in a TimeLimit of this many steps")
+    vectorization: str = F("auto", "auto: the env's own vectorized implementation when it registers one "
+                           "(e.g. CartPole), else sync; sync: always a SyncVectorEnv of single envs")
     check_spaces_steps: int = F(2, "env steps per worker whose outputs are checked against the spaces")
 
 
@@ -203,7 +205,7 @@ def parse_overrides(overrides: Sequence[str]) -> Dict[str, Any]:
         if not _DOTLIST_RE.match(key):
             raise ConfigError(f"override {item!r}: `{key}` is not a valid config key")
         try:
-            val = yaml.safe_load(raw) if raw.strip() != "" else ""
+            val = _yaml_load(raw) if raw.strip() != "" else ""
         except yaml.YAMLError:
             val = raw
         if key == "env" and not isinstance(val, dict):
@@ -273,10 +275,29 @@ def _coerce(flat: List[Tuple[str, Any]], keys: Dict[str, Tuple[Any, str, Any]]) 
     return fixed
 
 
+class _Loader(yaml.SafeLoader):
+    """SafeLoader where ``1e-5`` and ``1E4`` are floats (YAML 1.1 needs a dot)."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+                 |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
+                 |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+                 |[-+]?\.(?:inf|Inf|INF)
+                 |\.(?:nan|NaN|NAN))$""", re.X),
+    list("-+0123456789."))
+
+
+def _yaml_load(text: str) -> Any:
+    """YAML where ``1e-5`` is a float (plain YAML 1.1 reads it as a string)."""
+    return yaml.load(text, Loader=_Loader)
+
+
 def _load_yaml(path: str) -> Dict[str, Any]:
     try:
         with open(path) as f:
-            data = yaml.safe_load(f)
+            data = _yaml_load(f.read())
     except FileNotFoundError:
         raise ConfigError(f"config file {path!r} does not exist") from None
     except yaml.YAMLError as e:

@@ -34,6 +34,9 @@ EPS_ID = "eps_id"                # int64[B], unique episode id
 AGENT_INDEX = "agent_index"      # int64[B], index of the agent (multi-agent) or sub-env
 T = "t"                          # int64[B], step index within the episode
 WEIGHTS_VERSION = "weights_version"  # int64[B], learner update count of the sampling weights
+N_STEPS = "n_steps"              # int64[B], steps an n-step return covers (reward is discounted sum)
+BATCH_INDEXES = "batch_indexes"  # int64[B], replay-buffer slots of replayed rows
+PRIO_WEIGHTS = "weights"         # float32[B], importance weights of replayed rows (prioritized replay)
 
 DEFAULT_POLICY_ID = "default"
 

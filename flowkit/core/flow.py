@@ -21,6 +21,7 @@ naming the operator (and the worker for actor-side errors) is attached (PEP 678)
 from __future__ import annotations
 
 import collections
+import re
 import time
 from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence
 
@@ -435,7 +436,15 @@ def get_result(fut: Any) -> Any:
     try:
         return ray.get(fut)
     except ray.exceptions.RayTaskError as e:
-        cause = e.as_instanceof_cause()
+        cause = e.cause if isinstance(getattr(e, "cause", None), Exception) else None
+        if cause is None:
+            raise e.as_instanceof_cause() from None
+        # the actor's own exception object (exact type, message and notes), plus the
+        # remote frames, which its unpickled copy has lost
+        lines = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).splitlines()
+        last = max((k for k, ln in enumerate(lines) if ln.startswith("  ")), default=-1)
+        if last >= 0:
+            cause.add_note("[flowkit] remote traceback, " + "\n".join(lines[:last + 1]))
         raise cause from None
 
 

@@ -16,6 +16,7 @@ import dataclasses
 import importlib
 import inspect
 import itertools
+import logging
 import os
 import time
 import zlib
@@ -27,6 +28,8 @@ import numpy as np
 from flowkit.core import batch as sb
 from flowkit.core.flow import LocalActor, RayActor, get_result
 from flowkit.core.policy import MASK_KEY, ObsEncoder, Policy
+
+_log = logging.getLogger("flowkit")
 
 
 class EnvError(RuntimeError):
@@ -149,7 +152,10 @@ def find_mismatch(space: gym.Space, x: Any, path: str = "obs") -> Optional[Tuple
 
 class SpaceCheck(gym.Wrapper):
     """Checks the first ``steps`` outputs of one env against its declared spaces, then gets
-    out of the way. Raises EnvError naming env, worker, sub-env, key path, expected, received."""
+    out of the way. Raises EnvError naming env, worker, sub-env, agent, key path, expected,
+    received. Any exception the env itself raises keeps its type and message and gets a note
+    naming env, worker, sub-env and restart count (every sub-env is wrapped, ``steps=0``
+    included)."""
 
     def __init__(self, env: gym.Env, name: str, context: EnvContext, steps: int):
         super().__init__(env)
@@ -157,11 +163,21 @@ class SpaceCheck(gym.Wrapper):
 
     def _fail(self, what: str, m: Tuple[str, str, str]):
         raise EnvError(f"env {self._name!r} (worker {self._ctx.worker_index}, sub-env "
-                       f"{self._ctx.vector_index}) returned a bad {what}: at `{m[0]}` expected "
-                       f"{m[1]}, received {m[2]}")
+                       f"{self._ctx.vector_index}, agent 'agent0') returned a bad {what}: at `{m[0]}` "
+                       f"expected {m[1]}, received {m[2]}")
+
+    def _note(self, e: BaseException, call: str) -> None:
+        if not isinstance(e, EnvError):
+            e.add_note(f"[flowkit] raised by {call} of env {self._name!r} in worker "
+                       f"{self._ctx.worker_index}, sub-env {self._ctx.vector_index} "
+                       f"(restart {self._ctx.restart_count})")
 
     def reset(self, **kw):
-        obs, info = self.env.reset(**kw)
+        try:
+            obs, info = self.env.reset(**kw)
+        except Exception as e:
+            self._note(e, "reset()")
+            raise
         if self._left > 0:
             m = find_mismatch(self.observation_space, obs)
             if m:
@@ -169,7 +185,11 @@ class SpaceCheck(gym.Wrapper):
         return obs, info
 
     def step(self, action):
-        out = self.env.step(action)
+        try:
+            out = self.env.step(action)
+        except Exception as e:
+            self._note(e, "step()")
+            raise
         if self._left > 0:
             self._left -= 1
             if len(out) != 5:
@@ -242,9 +262,19 @@ class GymEnvRunner:
         if mode not in AUTORESET_MODES:
             raise ValueError(f"env.autoreset_mode={mode!r} is not supported; use one of {sorted(AUTORESET_MODES)}")
         self.same_step = mode == "same_step"
-        self.vec = gym.vector.SyncVectorEnv([(lambda e=e: e) for e in envs],
-                                            autoreset_mode=AUTORESET_MODES[mode])
         self.n = len(envs)
+        self.native = self._use_native(cfg)
+        if self.native:
+            # the env's own vectorized implementation: one numpy step for all sub-envs
+            for e in envs:
+                e.close()
+            self.vec = gym.make_vec(cfg.env.id, num_envs=self.n, vectorization_mode="vector_entry_point",
+                                    **dict(cfg.env.kwargs or {}))
+            self._check_left = int(cfg.env.check_spaces_steps)
+        else:
+            self.vec = gym.vector.SyncVectorEnv([(lambda e=e: e) for e in envs],
+                                                autoreset_mode=AUTORESET_MODES[mode])
+            self._check_left = 0  # SpaceCheck wraps each sub-env
         self.T = int(cfg.runtime.rollout_fragment_length)
         if len(worker.policies) != 1:
             raise ValueError("the Gymnasium runner serves exactly one policy; got "
@@ -255,9 +285,38 @@ class GymEnvRunner:
         self._eps_counter = itertools.count(worker.index * 10_000_000 + worker.restart_count * 1_000_000_000)
         self._reset_all()
 
+    @staticmethod
+    def _use_native(cfg) -> bool:
+        env = cfg.env
+        if env.vectorization not in ("auto", "sync"):
+            raise ValueError(f"env.vectorization={env.vectorization!r} must be auto or sync")
+        if env.vectorization != "auto" or not env.id or env.factory or env.max_episode_steps:
+            return False
+        if env.autoreset_mode != "next_step":
+            return False
+        try:
+            return bool(gym.spec(env.id).vector_entry_point)
+        except Exception:
+            return False
+
+    def _check_rows(self, raw: Any, where: str) -> None:
+        """Space checks for the native vector env (SpaceCheck wraps single envs instead)."""
+        self._check_left -= 1
+        space = self.vec.single_observation_space
+        arr = np.asarray(raw)
+        for j in range(self.n):
+            m = find_mismatch(space, arr[j])
+            if m:
+                raise EnvError(f"env {self.worker.config.env.id!r} (worker {self.worker.index}, sub-env {j}) "
+                               f"returned a bad observation from {where}: at `{m[0]}` expected {m[1]}, "
+                               f"received {m[2]}")
+
     def _reset_all(self):
         seeds = [ctx.seed for ctx in self.worker.sub_env_contexts]
-        raw, _ = self.vec.reset(seed=seeds)
+        # a native vector env takes one seed for its single RNG (sub-envs still differ)
+        raw, _ = self.vec.reset(seed=seeds[0] if self.native else seeds)
+        if self._check_left > 0:
+            self._check_rows(raw, "reset()")
         self.raw_obs = raw
         self.obs_enc, self.mask = self.encoder(raw, self.n)
         self.reset_pending = np.zeros(self.n, bool)
@@ -286,6 +345,8 @@ class GymEnvRunner:
             obs_enc, mask = self.obs_enc, self.mask
             actions, extras = pol.compute_actions_encoded(obs_enc, mask, explore)
             raw_next, rew, term, trunc, infos = self.vec.step(dist.to_env(actions))
+            if self._check_left > 0:
+                self._check_rows(raw_next, "step()")
             valid = ~self.reset_pending
             next_enc, next_mask = enc(raw_next, n)
             rec_next, rec_next_mask = next_enc, next_mask
@@ -467,7 +528,7 @@ class RolloutWorker:
         envs = []
         for ctx in self.sub_env_contexts:
             e = make_env(env_cfg, ctx)
-            if isinstance(e, gym.Env) and checks > 0:
+            if isinstance(e, gym.Env):
                 e = SpaceCheck(e, name, ctx, checks)
             envs.append(e)
         self.env_context = self.sub_env_contexts[0]
@@ -510,6 +571,12 @@ class RolloutWorker:
     def get_pid(self) -> int:
         return os.getpid()
 
+    def pending_env_steps(self) -> int:
+        """Transitions sampled but not yet returned (carried into the next fragment); they
+        are lost if this worker dies."""
+        carry = getattr(self.runner, "carry", None) or []
+        return int(sum(len(c) for c in carry if c is not None))
+
     def ping(self) -> bool:
         return True
 
@@ -540,6 +607,7 @@ class WorkerSet:
         self.restart_counts = [0] * self.num_workers
         self.consecutive_failures = [0] * self.num_workers
         self.num_restarts = 0
+        self.restart_log: List[Dict[str, Any]] = []
         self.weights_version = 0
         self._last_weights_ref = None
         self._container = None
@@ -566,9 +634,14 @@ class WorkerSet:
         if self._actors is not None:
             return
         self._actors = [self._make(i) for i in range(self.num_workers)]
-        # surface construction errors (bad env, bad spaces) now, with their own type
-        for a in self._actors:
-            get_result(a.submit("ping"))
+        # surface construction errors (bad env, bad spaces) now, with their own type; a
+        # worker whose env fails at start is rebuilt like one that fails while sampling
+        for a in list(self._actors):
+            try:
+                get_result(a.submit("ping"))
+            except Exception as e:
+                if not self.on_failure(a, e):
+                    raise
         if self.weights_fn is not None:
             self.sync_weights(self.weights_fn())
 
@@ -623,13 +696,21 @@ class WorkerSet:
 
     def on_failure(self, actor: Any, exc: BaseException) -> bool:
         """Handle a failed call on ``actor``: rebuild it (True) or let the error stop the run
-        (False). The error is annotated with the worker index either way."""
+        (False). The error is annotated with the worker index either way.
+
+        Not restarted: a space mismatch (:class:`EnvError` from :class:`SpaceCheck`: a bug
+        in the env, the same after a restart), and any failure once
+        ``runtime.max_worker_restarts`` consecutive restarts of the slot did not help. A
+        failure reported by an actor that was already replaced (a stale request) is dropped.
+        """
         i = actor.index
         rt = self.config.runtime
+        if self._actors is not None and not any(a is actor for a in self._actors):
+            return True  # stale: this actor was already rebuilt
         exc_note = f"[flowkit] rollout worker {i} failed"
         if exc_note not in getattr(exc, "__notes__", []):
             exc.add_note(exc_note)
-        if not rt.restart_failed_workers or self._actors is None:
+        if not rt.restart_failed_workers or self._actors is None or isinstance(exc, EnvError):
             return False
         self.consecutive_failures[i] += 1
         if self.consecutive_failures[i] > int(rt.max_worker_restarts):
@@ -644,6 +725,11 @@ class WorkerSet:
             pass
         self.restart_counts[i] += 1
         self.num_restarts += 1
+        self.restart_log.append({"worker_index": i, "restart_count": self.restart_counts[i],
+                                 "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
+        _log.warning("rollout worker %d failed (%s); rebuilding it (restart %d, %d/%d in a row)", i,
+                     self.restart_log[-1]["error"], self.restart_counts[i], self.consecutive_failures[i],
+                     int(rt.max_worker_restarts))
         try:
             new = self._make(i)
             get_result(new.submit("ping"))

@@ -28,7 +28,8 @@ from flowkit import ConfigError
 from flowkit.config import F
 from flowkit.core import batch as sb
 from flowkit.core.ops import BroadcastWeights, ConcatBatches, StandardizeFields, TrainOneStep
-from flowkit.core.policy import ActionDist, ObsEncoder, Policy, RunningMeanStd, build_mlp, build_trunk
+from flowkit.core.policy import (ActionDist, ObsEncoder, Policy, RunningMeanStd, TwinMLP, build_mlp,
+                                  build_trunk)
 
 
 @dataclass
@@ -90,7 +91,11 @@ class ActorCritic(nn.Module):
         hidden, act = list(model_cfg.hidden_sizes), model_cfg.activation
         self.obs_rms = RunningMeanStd(encoder.shape) if normalize_obs else None
         self.shared = bool(model_cfg.shared_value_network)
-        if self.shared:
+        self.twin = None
+        if not self.shared and not encoder.is_image:
+            # separate policy and value MLPs, evaluated as one TwinMLP (fewer kernel launches)
+            self.twin = TwinMLP(encoder.shape[0], hidden, act, dist.num_outputs, 1, 0.01, 1.0)
+        elif self.shared:
             self.trunk, d = build_trunk(encoder, hidden, act)
             self.pi_head = build_mlp(d, [], act, dist.num_outputs, 0.01)
             self.vf_head = build_mlp(d, [], act, 1, 1.0)
@@ -107,7 +112,9 @@ class ActorCritic(nn.Module):
     def forward(self, obs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """obs: float32[B, *shape] -> (dist_inputs float32[B, k], value float32[B])."""
         x = self._norm(obs)
-        if self.shared:
+        if self.twin is not None:
+            logits, value = self.twin(x)
+        elif self.shared:
             h = self.trunk(x)
             logits, value = self.pi_head(h), self.vf_head(h)
         else:
@@ -118,6 +125,8 @@ class ActorCritic(nn.Module):
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         x = self._norm(obs)
+        if self.twin is not None:
+            return self.twin(x)[1].squeeze(-1)
         return (self.vf_head(self.trunk(x)) if self.shared else self.vf(x)).squeeze(-1)
 
 
@@ -149,8 +158,7 @@ class PPOPolicy(Policy):
         if mask is not None:
             self.check_mask(mask)
             m = torch.from_numpy(mask)
-        a = self.dist.sample(inputs, m, explore, self.generator)
-        logp = self.dist.logp(inputs, a, m)
+        a, logp = self.dist.sample_logp(inputs, m, explore, self.generator)
         return a.numpy(), {sb.ACTION_LOGP: logp.numpy(), sb.VF_PREDS: value.numpy(),
                            sb.ACTION_DIST_INPUTS: inputs.numpy()}
 

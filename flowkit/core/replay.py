@@ -1,0 +1,615 @@
+"""Replay buffers and the replay operators (DQN; Ape-X replay shards).
+
+A :class:`ReplayBuffer` is composed from a :class:`Storage` (a ring of preallocated numpy
+columns, capacity in transitions) and a sampler that owns its own seeded RNG:
+:class:`UniformSampler`, or :class:`PrioritizedSampler` (proportional prioritized replay,
+Schaul et al. 2016, arXiv 1511.05952, section 3.3 and eq. 1-2; sum and min segment trees).
+:class:`MultiAgentReplayBuffer` holds one ReplayBuffer per policy id and is what the operators
+use. Everything here is checkpointable: ``get_state(include_replay=...)`` / ``set_state``
+restore the stored rows, the ring position, the priorities and the sampler's RNG exactly.
+
+Operators (dataflow, after RLlib Flow, arXiv 2011.12719, figure 6):
+
+- :class:`StoreToReplayBuffer` -- stores each MultiAgentBatch, passes it on.
+- :func:`Replay` -- a source of replayed MultiAgentBatches; NOT_READY until
+  ``learning_starts`` env steps were sampled and a buffer holds a whole train batch.
+- :class:`UpdateTargetNetwork` -- ``policy.update_target()`` every N gradient steps.
+- :class:`UpdatePriorities` -- new priorities (``policy.td_error``) back to the buffer, or, for
+  ``(shard, result)`` items, to the replay shard that served the batch.
+- Ape-X (Horgan et al. 2018, arXiv 1803.00933): :class:`ReplayShard` (a Ray actor asking for
+  ``num_cpus=0``), :class:`ReplayShards` (the set, started lazily, checkpointable),
+  :class:`StoreToReplayShards`, :func:`ReplayFromShards` (``gather_async`` over the shards),
+  :class:`PushWeightsToSource` and :class:`WithSource`.
+"""
+from __future__ import annotations
+
+import time
+import warnings
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from flowkit.core import batch as sb
+from flowkit.core.flow import NOT_READY, Flow, LocalActor, ParallelFlow, RayActor, get_result
+
+
+# ---- storage ----------------------------------------------------------------------------------
+class Storage:
+    """A ring buffer of ``capacity`` transitions, one preallocated numpy array per column.
+
+    The columns are fixed by the first batch added; later batches must have the same columns
+    (ValueError naming the difference). When full, the oldest rows are overwritten.
+    """
+
+    def __init__(self, capacity: int):
+        if int(capacity) < 1:
+            raise ValueError(f"replay capacity must be >= 1, got {capacity}")
+        self.capacity = int(capacity)
+        self.cols: Optional[Dict[str, np.ndarray]] = None
+        self.next_idx = 0
+        self.size = 0
+        self.num_added = 0
+
+    def __len__(self) -> int:
+        return self.size
+
+    def add(self, batch: sb.SampleBatch) -> np.ndarray:
+        """Copy the rows of ``batch`` in; returns their slot indexes int64[n]."""
+        n = len(batch)
+        if n == 0:
+            return np.zeros(0, np.int64)
+        if self.cols is None:
+            self.cols = {k: np.zeros((self.capacity, *np.shape(v)[1:]), np.asarray(v).dtype)
+                         for k, v in batch.items()}
+        elif set(batch.keys()) != set(self.cols):
+            raise ValueError(f"replay buffer: batch columns {sorted(batch.keys())} differ from the "
+                             f"stored columns {sorted(self.cols)}")
+        start = 0
+        if n > self.capacity:  # only the newest `capacity` rows survive anyway
+            start, n = n - self.capacity, self.capacity
+        idx = (self.next_idx + np.arange(n)) % self.capacity
+        for k, col in self.cols.items():
+            col[idx] = np.asarray(batch[k])[start:]
+        self.next_idx = int((self.next_idx + n) % self.capacity)
+        self.size = min(self.size + n, self.capacity)
+        self.num_added += n
+        return idx
+
+    def get(self, idx: np.ndarray) -> sb.SampleBatch:
+        return sb.SampleBatch({k: v[idx] for k, v in self.cols.items()})
+
+    def get_state(self, include_replay: bool = True) -> Dict[str, Any]:
+        st: Dict[str, Any] = {"next_idx": self.next_idx, "size": self.size, "num_added": self.num_added,
+                              "capacity": self.capacity, "has_data": include_replay}
+        if include_replay and self.cols is not None:
+            st["cols"] = {k: v[:self.size].copy() for k, v in self.cols.items()}
+        return st
+
+    def set_state(self, st: Dict[str, Any]) -> None:
+        if not st.get("has_data", True):
+            self.cols, self.next_idx, self.size = None, 0, 0
+            self.num_added = int(st["num_added"])
+            return
+        cols = st.get("cols")
+        if cols is not None:
+            if int(st["size"]) > self.capacity:
+                raise ValueError(f"checkpointed replay buffer holds {st['size']} rows, more than the "
+                                 f"capacity {self.capacity}")
+            self.cols = {k: np.zeros((self.capacity, *v.shape[1:]), v.dtype) for k, v in cols.items()}
+            for k, v in cols.items():
+                self.cols[k][:len(v)] = v
+        self.next_idx, self.size, self.num_added = int(st["next_idx"]), int(st["size"]), int(st["num_added"])
+
+
+# ---- samplers ----------------------------------------------------------------------------------
+class UniformSampler:
+    """Uniform sampling with replacement; importance weights are all 1."""
+
+    prioritized = False
+
+    def __init__(self, capacity: int, seed: int):
+        self.rng = np.random.default_rng(seed)
+
+    def on_add(self, idx: np.ndarray) -> None:
+        pass
+
+    def sample(self, size: int, n: int) -> Tuple[np.ndarray, np.ndarray]:
+        """``n`` slot indexes among the ``size`` filled ones, and weights float32[n]."""
+        return self.rng.integers(0, size, size=n), np.ones(n, np.float32)
+
+    def update(self, idx: np.ndarray, td_error: np.ndarray) -> None:
+        pass
+
+    def get_state(self, include_replay: bool = True) -> Dict[str, Any]:
+        return {"rng": self.rng.bit_generator.state}
+
+    def set_state(self, st: Dict[str, Any]) -> None:
+        self.rng.bit_generator.state = st["rng"]
+
+
+class _SegmentTree:
+    """A complete binary tree over ``capacity`` leaves (rounded up to a power of two) whose
+    nodes hold ``op`` (np.add or np.minimum) of their children; vectorised updates."""
+
+    def __init__(self, capacity: int, op: Any, neutral: float):
+        self.cap = 1 << max(0, int(capacity - 1).bit_length())
+        self.op, self.neutral = op, neutral
+        self.t = np.full(2 * self.cap, neutral, np.float64)
+
+    def set(self, idx: np.ndarray, values: np.ndarray) -> None:
+        pos = np.asarray(idx, np.int64) + self.cap
+        self.t[pos] = values
+        pos = np.unique(pos // 2)
+        while len(pos) and pos[0] >= 1:
+            self.t[pos] = self.op(self.t[2 * pos], self.t[2 * pos + 1])
+            if pos[0] == 1:
+                break
+            pos = np.unique(pos // 2)
+
+    def root(self) -> float:
+        return float(self.t[1])
+
+    def leaves(self, n: int) -> np.ndarray:
+        return self.t[self.cap:self.cap + n]
+
+    def find_prefixsum(self, mass: np.ndarray) -> np.ndarray:
+        """For a sum tree: the leaf ``i`` with ``sum(p[:i]) <= mass < sum(p[:i+1])``, per row."""
+        idx = np.ones(len(mass), np.int64)
+        mass = np.asarray(mass, np.float64).copy()
+        while idx[0] < self.cap:
+            left = 2 * idx
+            lv = self.t[left]
+            right = mass >= lv
+            mass = np.where(right, mass - lv, mass)
+            idx = left + right
+        return idx - self.cap
+
+
+class PrioritizedSampler:
+    """Proportional prioritized replay (Schaul et al. 2016, arXiv 1511.05952).
+
+    Each slot has priority ``p_i = |td_error_i| + eps`` (new rows get the largest priority
+    seen so far, initially 1). Sampling probability (eq. 1): ``P(i) = p_i^alpha / sum_k
+    p_k^alpha``, drawn stratified: one draw in each of ``n`` equal slices of the total mass.
+    Importance weights (section 3.4): ``w_i = (N * P(i))^-beta / max_j w_j`` with ``N`` the
+    filled slots and ``max_j w_j = (N * min_k P(k))^-beta`` over the whole buffer, so weights
+    are in (0, 1].
+    """
+
+    prioritized = True
+
+    def __init__(self, capacity: int, seed: int, alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6):
+        if alpha < 0 or beta < 0 or eps <= 0:
+            raise ValueError(f"prioritized replay: need alpha >= 0, beta >= 0, eps > 0; got "
+                             f"alpha={alpha}, beta={beta}, eps={eps}")
+        self.alpha, self.beta, self.eps = float(alpha), float(beta), float(eps)
+        self.rng = np.random.default_rng(seed)
+        self.sum = _SegmentTree(capacity, np.add, 0.0)
+        self.min = _SegmentTree(capacity, np.minimum, np.inf)
+        self.max_priority = 1.0
+
+    def _set(self, idx: np.ndarray, priorities: np.ndarray) -> None:
+        pa = np.asarray(priorities, np.float64) ** self.alpha
+        self.sum.set(idx, pa)
+        self.min.set(idx, pa)
+
+    def on_add(self, idx: np.ndarray) -> None:
+        self._set(idx, np.full(len(idx), self.max_priority))
+
+    def probabilities(self, size: int) -> np.ndarray:
+        """P(i) of the ``size`` filled slots, float64[size] (for tests and inspection)."""
+        return self.sum.leaves(size) / self.sum.root()
+
+    def sample(self, size: int, n: int) -> Tuple[np.ndarray, np.ndarray]:
+        total = self.sum.root()
+        mass = (np.arange(n) + self.rng.random(n)) * (total / n)
+        idx = np.minimum(self.sum.find_prefixsum(mass), size - 1)
+        p = self.sum.t[idx + self.sum.cap] / total
+        p_min = self.min.root() / total
+        weights = (p / p_min) ** (-self.beta)  # == (N p)^-beta / (N p_min)^-beta
+        return idx, weights.astype(np.float32)
+
+    def update(self, idx: np.ndarray, td_error: np.ndarray) -> None:
+        """Set ``p = |td_error| + eps`` for slots ``idx`` (int64[B], float32[B])."""
+        p = np.abs(np.asarray(td_error, np.float64)) + self.eps
+        self._set(np.asarray(idx, np.int64), p)
+        self.max_priority = max(self.max_priority, float(p.max()) if len(p) else 0.0)
+
+    def get_state(self, include_replay: bool = True) -> Dict[str, Any]:
+        st = {"rng": self.rng.bit_generator.state, "max_priority": self.max_priority}
+        if include_replay:
+            st["sum"], st["min"] = self.sum.t.copy(), self.min.t.copy()
+        return st
+
+    def set_state(self, st: Dict[str, Any]) -> None:
+        self.rng.bit_generator.state = st["rng"]
+        self.max_priority = float(st["max_priority"])
+        if "sum" in st:
+            self.sum.t[:], self.min.t[:] = st["sum"], st["min"]
+        else:
+            self.sum.t[:], self.min.t[:] = 0.0, np.inf
+
+
+# ---- buffers ----------------------------------------------------------------------------------
+class ReplayBuffer:
+    """Storage + sampler for one policy's transitions.
+
+    ``sample(n)`` returns a SampleBatch of ``n`` rows with the stored columns plus
+    ``batch_indexes`` (int64[n], slots, for :meth:`update_priorities`) and ``weights``
+    (float32[n], importance weights; 1 for uniform sampling).
+    """
+
+    def __init__(self, capacity: int, sampler: Any):
+        self.storage = Storage(capacity)
+        self.sampler = sampler
+
+    def __len__(self) -> int:
+        return len(self.storage)
+
+    def add(self, batch: sb.SampleBatch) -> None:
+        self.sampler.on_add(self.storage.add(batch))
+
+    def sample(self, n: int) -> sb.SampleBatch:
+        if len(self.storage) == 0:
+            raise ValueError("cannot sample from an empty replay buffer")
+        idx, w = self.sampler.sample(len(self.storage), int(n))
+        out = self.storage.get(idx)
+        out[sb.BATCH_INDEXES] = np.asarray(idx, np.int64)
+        out[sb.PRIO_WEIGHTS] = w
+        return out
+
+    def update_priorities(self, idx: np.ndarray, td_error: np.ndarray) -> None:
+        self.sampler.update(idx, td_error)
+
+    def get_state(self, include_replay: bool = True) -> Dict[str, Any]:
+        return {"storage": self.storage.get_state(include_replay),
+                "sampler": self.sampler.get_state(include_replay)}
+
+    def set_state(self, st: Dict[str, Any]) -> None:
+        self.storage.set_state(st["storage"])
+        self.sampler.set_state(st["sampler"])
+
+
+class MultiAgentReplayBuffer:
+    """One :class:`ReplayBuffer` per policy id (created on first use), each with its own RNG
+    seeded from ``seed`` and the policy id.
+
+    Args:
+        capacity: transitions per policy.
+        prioritized: proportional prioritized replay instead of uniform.
+        alpha, beta, eps: prioritized replay's exponent, importance-weight exponent, and the
+            constant added to |td_error|.
+        seed: base seed (the run's derived replay seed).
+    """
+
+    def __init__(self, capacity: int, prioritized: bool = False, alpha: float = 0.6, beta: float = 0.4,
+                 eps: float = 1e-6, seed: int = 0):
+        self.capacity, self.prioritized = int(capacity), bool(prioritized)
+        self.alpha, self.beta, self.eps, self.seed = alpha, beta, eps, int(seed)
+        self.buffers: Dict[str, ReplayBuffer] = {}
+        self.num_env_steps_added = 0
+
+    def buffer(self, policy_id: str) -> ReplayBuffer:
+        if policy_id not in self.buffers:
+            from flowkit.core.workers import derive_seed
+            s = derive_seed(self.seed, "replay", policy_id)
+            sampler = (PrioritizedSampler(self.capacity, s, self.alpha, self.beta, self.eps)
+                       if self.prioritized else UniformSampler(self.capacity, s))
+            self.buffers[policy_id] = ReplayBuffer(self.capacity, sampler)
+        return self.buffers[policy_id]
+
+    def add(self, batch: sb.MultiAgentBatch) -> None:
+        for pid, pb in batch.policy_batches.items():
+            if len(pb):
+                self.buffer(pid).add(pb)
+        self.num_env_steps_added += batch.env_steps
+
+    def sizes(self) -> Dict[str, int]:
+        return {pid: len(b) for pid, b in self.buffers.items()}
+
+    def can_sample(self, n: int) -> bool:
+        return any(len(b) >= n for b in self.buffers.values())
+
+    def sample(self, n: int) -> Optional[sb.MultiAgentBatch]:
+        """``n`` rows from each policy buffer that holds at least ``n`` (None if none does);
+        ``env_steps`` of the result is ``n``."""
+        out = {pid: b.sample(n) for pid, b in self.buffers.items() if len(b) >= n}
+        if not out:
+            return None
+        return sb.MultiAgentBatch(out, env_steps=n)
+
+    def update_priorities(self, prios: Dict[str, Tuple[np.ndarray, np.ndarray]]) -> None:
+        """``{policy_id: (batch_indexes int64[B], td_error float32[B])}``."""
+        for pid, (idx, td) in prios.items():
+            if pid in self.buffers:
+                self.buffers[pid].update_priorities(idx, td)
+
+    def get_state(self, include_replay: bool = True) -> Dict[str, Any]:
+        return {"buffers": {pid: b.get_state(include_replay) for pid, b in self.buffers.items()},
+                "num_env_steps_added": self.num_env_steps_added, "include_replay": include_replay}
+
+    def set_state(self, st: Dict[str, Any]) -> None:
+        if not st.get("include_replay", True):
+            warnings.warn("this checkpoint holds no replay buffer (checkpoint.include_replay=false): "
+                          "replay restarts empty and the sampler RNG and counters are restored", stacklevel=2)
+        for pid, bst in st["buffers"].items():
+            self.buffer(pid).set_state(bst)
+        self.num_env_steps_added = int(st["num_env_steps_added"])
+
+
+# ---- operators ----------------------------------------------------------------------------------
+class StoreToReplayBuffer:
+    """Store each MultiAgentBatch (or ``(actor, batch)`` item) in ``buffer``; pass it on."""
+
+    def __init__(self, buffer: MultiAgentReplayBuffer):
+        self.buffer = buffer
+        self.name = "StoreToReplayBuffer"
+
+    def __call__(self, item: Any) -> Any:
+        b = item[1] if isinstance(item, tuple) else item
+        self.buffer.add(b)
+        return item
+
+
+def Replay(ctx: Any, buffer: MultiAgentReplayBuffer, batch_size: int, learning_starts: int,
+           wait_s: float = 0.01) -> Flow:
+    """A source of replayed MultiAgentBatches of ``batch_size`` rows per policy.
+
+    NOT_READY until ``ctx.counters["env_steps_sampled"] >= learning_starts`` and a policy
+    buffer holds ``batch_size`` rows. When it is not ready and the buffer has not grown since
+    it last said so, it sleeps ``wait_s`` seconds first, so a driver whose every branch is
+    waiting does not spin (in a round-robin with the store branch the buffer grows between
+    two asks, and it never sleeps).
+    """
+    def gen():
+        last_added = -1
+        while True:
+            if ctx.counters["env_steps_sampled"] < learning_starts or not buffer.can_sample(batch_size):
+                if buffer.num_env_steps_added == last_added:
+                    time.sleep(wait_s)
+                last_added = buffer.num_env_steps_added
+                yield NOT_READY
+                continue
+            with ctx.timers["replay"]:
+                b = buffer.sample(batch_size)
+            yield b
+    return Flow(gen, f"Replay(batch_size={batch_size}, learning_starts={learning_starts})", (), ctx)
+
+
+def _result_of(item: Any) -> Any:
+    return item[1] if isinstance(item, tuple) else item
+
+
+class UpdateTargetNetwork:
+    """Call ``policy.update_target()`` of each policy trained in a train result whenever its
+    gradient-step count ``policy.num_updates`` crosses a multiple of ``freq`` (so the timing
+    survives checkpoint/restore: it depends only on ``num_updates``). Passes items on."""
+
+    def __init__(self, ctx: Any, freq: int):
+        if int(freq) < 1:
+            raise ValueError(f"UpdateTargetNetwork: freq must be >= 1, got {freq}")
+        self.ctx, self.freq = ctx, int(freq)
+        self.name = f"UpdateTargetNetwork(every {self.freq} gradient steps)"
+
+    def __call__(self, item: Any) -> Any:
+        res = _result_of(item)
+        for pid, st in res["stats"].items():
+            pol = self.ctx.learner[pid]
+            now = pol.num_updates
+            before = now - int(st.get("num_sgd_steps", 1))
+            if now // self.freq > before // self.freq:
+                pol.update_target()
+                self.ctx.counters["num_target_updates"] += 1
+        return item
+
+
+class UpdatePriorities:
+    """Send new priorities (each trained policy's ``td_error``, float32[B], set by its
+    ``learn_on_batch``) for the rows of a replay batch back to where the batch came from:
+    ``buffer`` for plain train results, or the shard actor of ``(shard, result)`` items (Ape-X).
+    A no-op unless replay is prioritized."""
+
+    def __init__(self, ctx: Any, buffer: Any = None, prioritized: bool = True):
+        self.ctx, self.buffer, self.prioritized = ctx, buffer, prioritized
+        self.name = "UpdatePriorities"
+
+    def __call__(self, item: Any) -> Any:
+        if not self.prioritized:
+            return item
+        shard, res = item if isinstance(item, tuple) else (None, item)
+        prios = {}
+        for pid in res["stats"]:
+            td = getattr(self.ctx.learner[pid], "td_error", None)
+            pb = res["batch"].policy_batches[pid]
+            if td is not None and sb.BATCH_INDEXES in pb:
+                prios[pid] = (np.asarray(pb[sb.BATCH_INDEXES]), np.asarray(td))
+        if prios:
+            if shard is not None:
+                shard.submit("update_priorities", prios)  # fire and forget; ordered per actor
+            else:
+                self.buffer.update_priorities(prios)
+        return item
+
+
+class WithSource:
+    """Apply ``op`` to the item of ``(source, item)`` pairs, keeping the source."""
+
+    def __init__(self, op: Any):
+        self.op = op
+        self.name = f"{getattr(op, 'name', type(op).__name__)} (with source)"
+
+    def __call__(self, item: Tuple[Any, Any]) -> Tuple[Any, Any]:
+        return item[0], self.op(item[1])
+
+
+# ---- Ape-X: replay shards ---------------------------------------------------------------------
+class ReplayShard:
+    """One replay shard (an actor): a :class:`MultiAgentReplayBuffer` of ``capacity``
+    transitions per policy. ``replay()`` returns ``batch_size`` rows per policy, or None until
+    the shard has received ``learning_starts`` env steps and holds a whole batch."""
+
+    def __init__(self, index: int, capacity: int, batch_size: int, learning_starts: int,
+                 prioritized: bool, alpha: float, beta: float, eps: float, seed: int):
+        self.index = index
+        self.batch_size, self.learning_starts = int(batch_size), int(learning_starts)
+        self.buffer = MultiAgentReplayBuffer(capacity, prioritized, alpha, beta, eps, seed)
+
+    def add(self, batch: sb.MultiAgentBatch) -> int:
+        self.buffer.add(batch)
+        return self.buffer.num_env_steps_added
+
+    def replay(self) -> Optional[sb.MultiAgentBatch]:
+        if self.buffer.num_env_steps_added < self.learning_starts or not self.buffer.can_sample(self.batch_size):
+            return None
+        return self.buffer.sample(self.batch_size)
+
+    def update_priorities(self, prios: Dict[str, Tuple[np.ndarray, np.ndarray]]) -> None:
+        self.buffer.update_priorities(prios)
+
+    def sizes(self) -> Dict[str, int]:
+        return self.buffer.sizes()
+
+    def get_state(self, include_replay: bool = True) -> Dict[str, Any]:
+        return self.buffer.get_state(include_replay)
+
+    def set_state(self, st: Dict[str, Any]) -> None:
+        self.buffer.set_state(st)
+
+    def ping(self) -> bool:
+        return True
+
+
+class ReplayShards:
+    """``num_shards`` :class:`ReplayShard` actors (Ray actors with ``num_cpus=0``, or
+    in-process objects on the local backend), started on first use so ``flowkit plan`` starts
+    nothing. Each shard gets ``capacity // num_shards`` transitions per policy and
+    ``learning_starts // num_shards`` env steps before it serves batches; shard ``i`` seeds its
+    sampler from ``derive_seed(seed, "replay_shard", i)``. Checkpointable (register with
+    ``ctx.add_stateful``): a state set before the shards start is applied when they do."""
+
+    def __init__(self, backend: str, num_shards: int, capacity: int, batch_size: int, learning_starts: int,
+                 prioritized: bool, alpha: float, beta: float, eps: float, seed: int):
+        if int(num_shards) < 1:
+            raise ValueError(f"ReplayShards: num_shards must be >= 1, got {num_shards}")
+        self.backend, self.num_shards = backend, int(num_shards)
+        self.kw = dict(capacity=max(1, int(capacity) // self.num_shards), batch_size=int(batch_size),
+                       learning_starts=int(learning_starts) // self.num_shards, prioritized=bool(prioritized),
+                       alpha=alpha, beta=beta, eps=eps)
+        self.seed = int(seed)
+        self._actors: Optional[List[Any]] = None
+        self._pending: Optional[List[Dict[str, Any]]] = None
+        self.next_shard = 0
+
+    @property
+    def actors(self) -> List[Any]:
+        if self._actors is None:
+            self._start()
+        return list(self._actors)
+
+    def _start(self) -> None:
+        from flowkit.core.workers import derive_seed
+        out = []
+        for i in range(self.num_shards):
+            args = dict(self.kw, index=i, seed=derive_seed(self.seed, "replay_shard", i))
+            if self.backend == "local":
+                out.append(LocalActor(ReplayShard(**args), i))
+            else:
+                import ray
+                cls = ray.remote(num_cpus=0, max_restarts=0)(ReplayShard)
+                out.append(RayActor(cls.remote(**args), i))
+        for a in out:
+            get_result(a.submit("ping"))
+        self._actors = out
+        if self._pending is not None:
+            for a, st in zip(out, self._pending):
+                get_result(a.submit("set_state", st))
+            self._pending = None
+
+    def get_state(self, include_replay: bool = True) -> Dict[str, Any]:
+        if self._actors is None:
+            shards = self._pending or []
+        else:
+            shards = [get_result(a.submit("get_state", include_replay)) for a in self._actors]
+        return {"shards": shards, "next_shard": self.next_shard}
+
+    def set_state(self, st: Dict[str, Any]) -> None:
+        if len(st["shards"]) not in (0, self.num_shards):
+            raise ValueError(f"checkpoint has {len(st['shards'])} replay shards, this run has "
+                             f"{self.num_shards} (dqn.num_replay_shards)")
+        self.next_shard = int(st["next_shard"])
+        if not st["shards"]:
+            return
+        if self._actors is None:
+            self._pending = list(st["shards"])
+        else:
+            for a, s in zip(self._actors, st["shards"]):
+                get_result(a.submit("set_state", s))
+
+    def stop(self) -> None:
+        if self._actors is None:
+            return
+        for a in self._actors:
+            if a.is_remote:
+                import ray
+                try:
+                    ray.kill(a.handle)
+                except Exception:
+                    pass
+        self._actors = None
+
+
+class StoreToReplayShards:
+    """Send each experience (``(worker, MultiAgentBatch)`` or a batch) to the next shard in
+    round-robin order (fire and forget; calls to one actor run in order). Passes items on."""
+
+    def __init__(self, shards: ReplayShards):
+        self.shards = shards
+        self.name = f"StoreToReplayShards({shards.num_shards})"
+
+    def __call__(self, item: Any) -> Any:
+        b = item[1] if isinstance(item, tuple) else item
+        actors = self.shards.actors
+        a = actors[self.shards.next_shard % len(actors)]
+        self.shards.next_shard = (self.shards.next_shard + 1) % len(actors)
+        fut = a.submit("add", b)
+        if not a.is_remote:
+            get_result(fut)  # surface errors at once on the local backend
+        return item
+
+
+def ReplayFromShards(ctx: Any, shards: ReplayShards, num_async: int = 2) -> Flow:
+    """Replayed batches from the shards in completion order (``gather_async``), with
+    ``ctx.current_actor`` set to the serving shard (follow with ``zip_with_source_actor``).
+    A shard that is not ready yet answers None, which becomes NOT_READY."""
+    pf = ParallelFlow(lambda: shards.actors, "replay", "ReplayShards", ctx)
+    src = pf.gather_async(num_async=num_async)
+
+    def gen():
+        for x in src:
+            yield NOT_READY if x is None else x
+    return Flow(gen, f"ReplayFromShards({shards.num_shards} shards, num_async={num_async})", [src], ctx)
+
+
+class PushWeightsToSource:
+    """For ``(worker, batch)`` items: send the learner's weights to that worker when it has
+    not had them for ``every`` env steps trained (and at once for a worker never synced, e.g. a
+    restarted one). Passes items on."""
+
+    def __init__(self, ctx: Any, every: int = 0):
+        self.ctx, self.every = ctx, int(every)
+        self.last: Dict[int, int] = {}
+        self.name = f"PushWeightsToSource(every={self.every})"
+
+    def __call__(self, item: Tuple[Any, Any]) -> Tuple[Any, Any]:
+        actor = item[0]
+        trained = self.ctx.counters["env_steps_trained"]
+        key = id(actor)
+        if key in self.last and trained - self.last[key] < self.every:
+            return item
+        if trained == 0 and key in self.last:
+            return item
+        self.last[key] = trained
+        with self.ctx.timers["broadcast"]:
+            self.ctx.workers.sync_weights(self.ctx.get_weights(None), [actor],
+                                          version=self.ctx.counters["num_updates"])
+        return item
