@@ -218,6 +218,11 @@ class RunContext(FlowContext):
         if len(self.policy_ids) > 1:
             for pid, vs in pol.items():
                 out[f"evaluation/{pid}/episode_return_mean"] = float(np.mean(vs))
+        extra: Dict[str, List[float]] = collections.defaultdict(list)  # runner metrics (win_rate, ...)
+        for e in eps:
+            for key, v in e.get("eval_metrics", {}).items():
+                extra[key].append(v)
+        out.update({f"evaluation/{k}": float(np.mean(vs)) for k, vs in extra.items()})
         return out
 
     def shutdown(self) -> None:

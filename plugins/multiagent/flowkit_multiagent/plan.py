@@ -1,0 +1,123 @@
+"""The mixing plan: one dataflow fragment per algorithm over the same rollouts (RLlib Flow,
+Liang et al. 2021, sec. 5.3, multi-agent composition)::
+
+    rollouts = ParallelRollouts(ctx.workers, mode)              # shared by every algorithm
+    branches = rollouts.duplicate(len(groups))                  # bounded buffers
+    flows = [g.algorithm.training_flow(b.for_each(SelectExperiences(g.policy_ids)),
+                                       ctx.restricted_to(g.policy_ids))
+             for g, b in zip(groups, branches)]
+    Concurrently(flows, mode="round_robin", round_robin_weights=...)
+
+A group is the trained policies of one algorithm (a policy with its own config overrides is a
+group of its own, with its own Algorithm instance). Frozen and random policies act in the
+rollouts but belong to no group.
+"""
+from __future__ import annotations
+
+import difflib
+from typing import Any, Dict, List
+
+from flowkit.config import ConfigError
+from flowkit.core import batch as sb
+from flowkit.core.ops import Concurrently, ParallelRollouts
+
+from flowkit_multiagent.specs import MAPolicySpec, section_view_of
+
+
+class SelectPolicies:
+    """Keep only ``policy_ids``' batches of a MultiAgentBatch, or of an ``(actor, batch)``
+    item of an async stream (a new batch; the input is not changed)."""
+
+    def __init__(self, policy_ids: List[str]):
+        self.policy_ids = list(policy_ids)
+        self.name = f"SelectExperiences({self.policy_ids})"
+
+    def __call__(self, item: Any) -> Any:
+        if isinstance(item, tuple):
+            return item[0], item[1].select(self.policy_ids)
+        return item.select(self.policy_ids)
+
+
+class NoTraining:
+    """The plan of a run without trainable policies: every round is one (empty) train step."""
+
+    name = "NoTraining"
+
+    def __call__(self, item: Any) -> Dict[str, Any]:
+        return {"batch": item, "stats": {}}
+
+
+def training_groups(specs: Dict[str, Any]) -> Dict[str, List[str]]:
+    """``{group name: [policy ids]}`` of the trained policies, in policy order."""
+    groups: Dict[str, List[str]] = {}
+    for pid, s in specs.items():
+        if s.trainable and s.group:
+            groups.setdefault(s.group, []).append(pid)
+    return groups
+
+
+def build_plan(ctx: Any) -> Any:
+    """The mixing plan of a multi-agent run, or None for other runs.
+
+    Raises:
+        ConfigError: algorithms whose rollout modes cannot share one stream (bulk_sync and
+            async), or a ``multiagent.round_robin_weights`` key naming no algorithm or policy.
+    """
+    specs = ctx.policy_specs
+    if not any(isinstance(s, MAPolicySpec) for s in specs.values()):
+        return None
+    for pid, s in specs.items():
+        if getattr(s, "init_state", None) is not None:
+            ctx.learner[pid].set_weights(s.init_state["weights"])
+        if not getattr(s, "trainable", True):
+            ctx.trainable_policies.discard(pid)
+    groups = training_groups(specs)
+    algos: Dict[str, Any] = {}
+    for g, pids in groups.items():
+        s = specs[pids[0]]
+        if g == s.algo:
+            algos[g] = ctx.algorithms[s.algo]
+        else:  # a policy with its own config overrides: its own Algorithm instance
+            cls = type(ctx.algorithms[s.algo])
+            algos[g] = ctx.add_stateful(f"multiagent/{g}", cls(ctx.config, config=section_view_of(s.section)))
+    modes = {g: a.get_rollout_mode() for g, a in algos.items()}
+    if len(set(modes.values())) > 1:
+        desc = ", ".join(f"{g} ({'policies ' + ', '.join(groups[g])}): {m}" for g, m in modes.items())
+        raise ConfigError("these algorithms cannot share one rollout stream: bulk_sync and async rollout "
+                          f"modes are mixed ({desc}); train them in separate runs, or set the async one to "
+                          "bulk_sync (e.g. impala.rollout_mode=bulk_sync) if it supports it")
+    mode = next(iter(modes.values()), "bulk_sync")
+    rollouts = ParallelRollouts(ctx, mode=mode, prefetch=ctx.prefetch)
+    if mode == "async":
+        rollouts = rollouts.zip_with_source_actor()
+    if not groups:
+        return rollouts.for_each(NoTraining())
+    weights = _weights(ctx.config, groups, specs)
+    branches = [rollouts] if len(groups) == 1 else rollouts.duplicate(len(groups))
+    flows = [algos[g].training_flow(b.for_each(SelectPolicies(pids)), ctx.restricted_to(pids))
+             for (g, pids), b in zip(groups.items(), branches)]
+    if len(flows) == 1:
+        return flows[0]
+    return Concurrently(flows, mode="round_robin", round_robin_weights=weights)
+
+
+def _weights(config: Any, groups: Dict[str, List[str]], specs: Dict[str, Any]) -> List[float]:
+    rr = {str(k): float(v) for k, v in (config.multiagent.round_robin_weights or {}).items()}
+    known = set(groups) | {specs[p].algo for ps in groups.values() for p in ps} | {p for ps in groups.values() for p in ps}
+    for k, v in rr.items():
+        if k not in known:
+            close = difflib.get_close_matches(k, sorted(known), n=1)
+            hint = f"; did you mean `{close[0]}`?" if close else ""
+            raise ConfigError(f"multiagent.round_robin_weights.{k}: no trained algorithm or policy {k!r} "
+                              f"(known: {', '.join(sorted(known))}){hint}")
+        if v <= 0:
+            raise ConfigError(f"multiagent.round_robin_weights.{k}={v} must be > 0")
+    out = []
+    for g, pids in groups.items():
+        w = rr.get(g)
+        if w is None:
+            w = next((rr[p] for p in pids if p in rr), None)
+        if w is None:
+            w = rr.get(specs[pids[0]].algo, 1.0)
+        out.append(w)
+    return out

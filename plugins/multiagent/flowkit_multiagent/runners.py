@@ -1,0 +1,457 @@
+"""Env runners for PettingZoo games: :class:`ParallelEnvRunner` (simultaneous moves) and
+:class:`AECEnvRunner` (turn-based, action masks).
+
+Both step ``runtime.num_envs_per_worker`` sub-envs, make one batched policy call per policy per
+step (the acting agents of every sub-env together), and return a :class:`MultiAgentBatch`
+keyed by policy id holding whole or cut trajectory pieces of each agent (rows of one agent's
+piece contiguous and in time order).
+
+Counting (DESIGN.md): a fragment is exactly ``runtime.rollout_fragment_length`` real env steps
+per sub-env. A Parallel env step is one ``step(actions)`` call; an AEC env step is one
+``step(action)`` of the agent on move (the "dead" ``step(None)`` calls that remove finished
+agents are not transitions). ``agent_steps`` count one per acting agent, so for AEC games
+``agent_steps == env_steps``.
+
+Rewards (the AEC attribution rule): an agent's transition ``(obs_t, a_t) -> next_obs`` is
+complete when the agent is on move again or is finished; its reward is everything it received
+since it acted: ``env.last()``'s cumulative reward, which includes rewards that arrived while
+other agents moved and the final reward at game end. Rewards an agent gets before its first
+action count in its episode return but belong to no transition. ``next_obs`` is the agent's
+own next observation (at its next turn, or its final one); a trajectory cut at a fragment
+boundary bootstraps from it. In an AEC game a transition whose next turn has not come yet at
+the fragment boundary is carried into the next fragment, never lost or duplicated (case C03).
+"""
+from __future__ import annotations
+
+import itertools
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import gymnasium as gym
+import numpy as np
+
+from flowkit.core import batch as sb
+from flowkit.core.workers import EnvError, Episode, env_name, find_mismatch, _describe
+
+from flowkit_multiagent.specs import build_mapping, build_opponent, is_aec
+
+_BASE_COLS = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.TRUNCATEDS, sb.NEXT_OBS, sb.EPS_ID,
+              sb.T, sb.AGENT_INDEX)
+
+
+def stack_raw(space: gym.Space, xs: Sequence[Any]) -> Any:
+    """Stack single raw observations into the batched form ObsEncoder takes."""
+    if isinstance(space, gym.spaces.Dict):
+        return {k: stack_raw(s, [x[k] for x in xs]) for k, s in space.spaces.items()}
+    if isinstance(space, gym.spaces.Tuple):
+        return tuple(stack_raw(s, [x[i] for x in xs]) for i, s in enumerate(space.spaces))
+    return np.stack([np.asarray(x) for x in xs])
+
+
+class _Traj:
+    """One agent in one episode of one sub-env: complete rows not yet emitted, the pending
+    transition (acted, waiting for its reward and next observation), and its return."""
+
+    __slots__ = ("agent", "policy_id", "agent_index", "episode", "rows", "pending", "acc", "t", "ret",
+                 "done", "last_enc")
+
+    def __init__(self, agent: str, policy_id: str, agent_index: int, episode: Episode):
+        self.agent, self.policy_id, self.agent_index, self.episode = agent, policy_id, agent_index, episode
+        self.rows: List[tuple] = []
+        self.pending: Optional[tuple] = None   # (obs_enc, mask, action, extras, t)
+        self.acc = 0.0                          # reward received since the pending action
+        self.t = 0                              # transitions made so far
+        self.ret = 0.0
+        self.done = False
+        self.last_enc: Optional[tuple] = None  # (enc row, mask row) of the newest observation
+
+    def complete(self, terminated: bool, truncated: bool, next_enc: np.ndarray, next_mask: Optional[np.ndarray]):
+        if self.pending is None:
+            return
+        o, m, a, ex, t = self.pending
+        self.rows.append((o, m, a, ex, self.acc, terminated, truncated and not terminated, next_enc, next_mask, t))
+        self.pending = None
+        self.acc = 0.0
+
+
+class _Slot:
+    """One sub-env and its current episode."""
+
+    __slots__ = ("j", "env", "ctx", "episode", "trajs", "rotation", "episodes_started", "checks_left",
+                 "steps", "quota", "need_reset")
+
+    def __init__(self, j, env, ctx, checks):
+        self.j, self.env, self.ctx = j, env, ctx
+        self.episode: Optional[Episode] = None
+        self.trajs: Dict[str, _Traj] = {}
+        self.rotation = 0
+        self.episodes_started = 0
+        self.checks_left = checks
+        self.steps = 0
+        self.quota: Optional[int] = None
+        self.need_reset = True
+
+
+class _MultiAgentRunner:
+    """Shared machinery of the PettingZoo runners (see module docstring)."""
+
+    def __init__(self, worker: Any, envs: List[Any]):
+        self.worker = worker
+        cfg = worker.config
+        self.config = cfg
+        self.name = env_name(cfg.env)
+        self.envs = envs
+        self.n = len(envs)
+        self.T = int(cfg.runtime.rollout_fragment_length)
+        self.policies = worker.policies
+        self.possible_agents = list(envs[0].possible_agents)
+        self.agent_index = {a: i for i, a in enumerate(self.possible_agents)}
+        self.mapping = build_mapping(cfg, self.possible_agents)
+        self.alternate = bool(cfg.multiagent.alternate_seats)
+        self.check_steps = int(cfg.env.check_spaces_steps)
+        self._eps_counter = itertools.count(worker.index * 10_000_000 + worker.restart_count * 1_000_000_000)
+        self._opponents: Dict[str, Any] = {}
+        self._state: Optional[List[_Slot]] = None
+        self._acting = self.policies       # policy id -> Policy used to act (evaluation swaps some)
+        self._explore = True
+
+    # ---- helpers ----------------------------------------------------------------------------
+    def _new_slots(self) -> List[_Slot]:
+        return [_Slot(j, e, c, self.check_steps) for j, (e, c) in
+                enumerate(zip(self.envs, self.worker.sub_env_contexts))]
+
+    def _fail(self, slot: _Slot, what: str, agent: str, m: Tuple[str, str, str]):
+        raise EnvError(f"env {self.name!r} (worker {self.worker.index}, sub-env {slot.j}) returned a bad "
+                       f"{what} for agent {agent!r}: at `{m[0]}` expected {m[1]}, received {m[2]}")
+
+    def _check_obs(self, slot: _Slot, agent: str, obs: Any, what: str):
+        if slot.checks_left > 0:
+            if agent not in self.agent_index:
+                raise EnvError(f"env {self.name!r} (worker {self.worker.index}, sub-env {slot.j}): agent "
+                               f"{agent!r} is not in possible_agents {self.possible_agents}")
+            m = find_mismatch(slot.env.observation_space(agent), obs, f"obs[{agent}]")
+            if m:
+                self._fail(slot, f"observation from {what}", agent, m)
+
+    def _check_reward(self, slot: _Slot, agent: str, r: Any):
+        if slot.checks_left > 0 and (np.ndim(r) != 0 or not np.isfinite(float(np.asarray(r)))):
+            self._fail(slot, "reward", agent, (f"reward[{agent}]", "a finite float scalar", _describe(np.asarray(r))))
+
+    def _start_episode(self, slot: _Slot, reset: bool = True):
+        slot.episode = Episode(next(self._eps_counter), slot.j, self.worker.index)
+        slot.trajs = {}
+        slot.rotation = slot.episodes_started + slot.j
+        slot.episodes_started += 1
+        slot.need_reset = False
+
+    def _traj(self, slot: _Slot, agent: str) -> _Traj:
+        tr = slot.trajs.get(agent)
+        if tr is None:
+            pid = self.mapping.policy_for(agent, slot.rotation, self._alternate_now)
+            tr = _Traj(agent, pid, self.agent_index.get(agent, -1), slot.episode)
+            slot.trajs[agent] = tr
+        return tr
+
+    def _encode(self, pid: str, raws: List[Any]) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+        pol = self.policies[pid]
+        return pol.encoder(stack_raw(pol.observation_space, raws), len(raws))
+
+    def _act(self, requests: List[Tuple[_Traj, np.ndarray, Optional[np.ndarray]]]) -> List[Any]:
+        """One batched policy call per policy; sets each traj's pending transition and returns
+        the env actions in request order."""
+        out: List[Any] = [None] * len(requests)
+        by_pid: Dict[str, List[int]] = {}
+        for i, (tr, _, _) in enumerate(requests):
+            by_pid.setdefault(tr.policy_id, []).append(i)
+        for pid, idx in by_pid.items():
+            pol = self._acting[pid]
+            obs = np.stack([requests[i][1] for i in idx])
+            mask = None if requests[idx[0]][2] is None else np.stack([requests[i][2] for i in idx])
+            actions, extras = pol.compute_actions_encoded(obs, mask, self._explore)
+            env_actions = pol.dist.to_env(actions)
+            if pol.dist.kind == "cat":
+                env_actions = env_actions.tolist()
+            for k, i in enumerate(idx):
+                tr = requests[i][0]
+                tr.pending = (obs[k], None if mask is None else mask[k], actions[k],
+                              {key: v[k] for key, v in extras.items()}, tr.t)
+                tr.acc = 0.0
+                tr.t += 1
+                out[i] = env_actions[k]
+        return out
+
+    def _end_episode(self, slot: _Slot, finished: List[Dict[str, Any]], done_trajs: List[_Traj], hook: bool):
+        ep = slot.episode
+        for tr in slot.trajs.values():
+            ep.agent_rewards[(tr.agent, tr.policy_id)] = tr.ret
+            tr.done = True
+            if tr.rows:
+                done_trajs.append(tr)
+        ep.total_reward = float(sum(tr.ret for tr in slot.trajs.values()))
+        ep.terminated = any(t.rows and t.rows[-1][5] for t in slot.trajs.values())
+        ep.truncated = not ep.terminated
+        if hook:
+            self.worker.pm.hook.flowkit_on_episode_end(episode=ep, worker=self.worker)
+        s = ep.summary()
+        if self._eval:
+            s["eval_metrics"] = self._outcomes(slot)
+        finished.append(s)
+        slot.need_reset = True
+
+    def _outcomes(self, slot: _Slot) -> Dict[str, float]:
+        """Win / draw / loss of each learning policy in a turn-based game: the side with the
+        higher return wins; equal returns are a draw."""
+        if not self.turn_based:
+            return {}
+        out: Dict[str, float] = {}
+        by_pid: Dict[str, float] = {}
+        for tr in slot.trajs.values():
+            by_pid[tr.policy_id] = max(by_pid.get(tr.policy_id, -np.inf), tr.ret)
+        for pid, r in by_pid.items():
+            if pid in self._opponents:
+                continue
+            others = [v for p, v in by_pid.items() if p != pid]
+            if not others:
+                continue
+            o = max(others)
+            out[f"{pid}/win_rate"] = float(r > o)
+            out[f"{pid}/draw_rate"] = float(r == o)
+            out[f"{pid}/loss_rate"] = float(r < o)
+        return out
+
+    # ---- building the batch -------------------------------------------------------------------
+    def _piece(self, tr: _Traj) -> sb.SampleBatch:
+        rows = tr.rows
+        n = len(rows)
+        b = sb.SampleBatch()
+        b[sb.OBS] = np.stack([r[0] for r in rows])
+        b[sb.ACTIONS] = np.stack([r[2] for r in rows])
+        b[sb.REWARDS] = np.fromiter((r[4] for r in rows), np.float32, n)
+        b[sb.TERMINATEDS] = np.fromiter((r[5] for r in rows), bool, n)
+        b[sb.TRUNCATEDS] = np.fromiter((r[6] for r in rows), bool, n)
+        b[sb.NEXT_OBS] = np.stack([r[7] for r in rows])
+        b[sb.EPS_ID] = np.full(n, tr.episode.episode_id, np.int64)
+        b[sb.T] = np.fromiter((r[9] for r in rows), np.int64, n)
+        b[sb.AGENT_INDEX] = np.full(n, tr.agent_index, np.int64)
+        if rows[0][1] is not None:
+            b[sb.ACTION_MASK] = np.stack([r[1] for r in rows])
+            b[sb.NEXT_ACTION_MASK] = np.stack([r[8] for r in rows])
+        for k in rows[0][3]:
+            b[k] = np.stack([r[3][k] for r in rows])
+        tr.rows = []
+        return b
+
+    def _build(self, trajs: List[_Traj], finished, agent_steps: int) -> sb.MultiAgentBatch:
+        pm = self.worker.pm
+        hook = bool(pm.hook.flowkit_on_trajectory.get_hookimpls())
+        pieces: Dict[str, List[sb.SampleBatch]] = {}
+        for tr in trajs:
+            if not tr.rows:
+                continue
+            piece = self._piece(tr)
+            if hook:
+                pm.hook.flowkit_on_trajectory(policy_id=tr.policy_id, batch=piece, episode=tr.episode)
+            pieces.setdefault(tr.policy_id, []).append(self.policies[tr.policy_id].postprocess_trajectory(piece))
+        batches = {pid: sb.concat_samples(ps) for pid, ps in pieces.items()}
+        return sb.MultiAgentBatch(batches, env_steps=self.n * self.T, agent_steps=agent_steps, episodes=finished,
+                                  worker_index=self.worker.index,
+                                  meta={"weights_version": self.worker.weights_version})
+
+    # ---- the public API ------------------------------------------------------------------------
+    _eval = False
+    turn_based = False
+
+    @property
+    def _alternate_now(self) -> bool:
+        if self._eval:
+            return bool(self.config.evaluation.get("alternate_seats", False))
+        return self.alternate
+
+    def sample(self, explore: bool = True) -> sb.MultiAgentBatch:
+        if self._state is None:
+            self._state = self._new_slots()
+        self._explore = explore
+        finished: List[Dict[str, Any]] = []
+        done_trajs: List[_Traj] = []
+        agent_steps = self._run(self._state, finished, done_trajs, ticks=self.T)
+        live = [tr for s in self._state for tr in s.trajs.values() if not tr.done]
+        return self._build(done_trajs + live, finished, agent_steps)
+
+    def evaluate(self, num_episodes: int, explore: bool = False) -> List[Dict[str, Any]]:
+        """``num_episodes`` whole episodes from fresh resets (spread over the sub-envs), with the
+        policies named in ``evaluation.opponents`` replaced by fixed ones and, with
+        ``evaluation.alternate_seats``, the seats rotated every episode. Summaries of turn-based
+        games carry ``eval_metrics`` (``<policy>/win_rate``, ``draw_rate``, ``loss_rate``)."""
+        opp = self.config.evaluation.get("opponents") or {}
+        for pid in opp:
+            if pid not in self._opponents:
+                self._opponents[pid] = build_opponent(self.config, pid, self.worker.policies[pid],
+                                                      self.worker.index + 7919)
+        self._acting = dict(self.policies)
+        self._acting.update(self._opponents)
+        self._eval, self._explore = True, explore
+        try:
+            slots = self._new_slots()
+            for j, s in enumerate(slots):
+                s.quota = num_episodes // self.n + (1 if j < num_episodes % self.n else 0)
+                s.checks_left = 0
+            finished: List[Dict[str, Any]] = []
+            while len(finished) < num_episodes:
+                self._run(slots, finished, [], ticks=1)
+            return finished
+        finally:
+            self._eval, self._acting = False, self.policies
+            self._state = None  # the envs were reset: sampling starts fresh episodes
+
+    def close(self):
+        for e in self.envs:
+            try:
+                e.close()
+            except Exception:
+                pass
+
+    def _run(self, slots: List[_Slot], finished, done_trajs, ticks: int) -> int:
+        raise NotImplementedError
+
+
+class ParallelEnvRunner(_MultiAgentRunner):
+    """PettingZoo ParallelEnv: every live agent acts each step. Actions are asked only for
+    agents in the current observation dict that have not terminated or been truncated; agents
+    may join late (first seen in an observation dict) and leave early."""
+
+    def _reset(self, slot: _Slot):
+        seed = slot.ctx.seed if slot.episodes_started == 0 else None
+        obs, _ = slot.env.reset(seed=seed)
+        self._start_episode(slot)
+        self._receive(slot, obs, {}, {}, "reset()")
+
+    def _receive(self, slot: _Slot, obs: Dict[str, Any], term: Dict[str, bool], trunc: Dict[str, bool], what: str):
+        by_pid: Dict[str, List[Tuple[_Traj, Any]]] = {}
+        for agent, o in obs.items():
+            self._check_obs(slot, agent, o, what)
+            tr = self._traj(slot, agent)
+            by_pid.setdefault(tr.policy_id, []).append((tr, o))
+        for pid, items in by_pid.items():
+            enc, mask = self._encode(pid, [o for _, o in items])
+            for k, (tr, _) in enumerate(items):
+                m = None if mask is None else mask[k]
+                te, tu = bool(term.get(tr.agent, False)), bool(trunc.get(tr.agent, False))
+                tr.complete(te, tu, enc[k], m)
+                tr.last_enc = (enc[k], m)
+                if te or tu:
+                    tr.done = True
+
+    def _run(self, slots, finished, done_trajs, ticks):
+        hook = not self._eval and bool(self.worker.pm.hook.flowkit_on_episode_end.get_hookimpls())
+        agent_steps = 0
+        for _ in range(ticks):
+            active = [s for s in slots if s.quota is None or s.quota > 0]
+            if not active:
+                break
+            requests, owners = [], []
+            for s in active:
+                if s.need_reset:
+                    self._reset(s)
+                for tr in s.trajs.values():
+                    if not tr.done and tr.last_enc is not None:
+                        requests.append((tr, tr.last_enc[0], tr.last_enc[1]))
+                        owners.append(s)
+            actions = self._act(requests)
+            agent_steps += len(requests)
+            per_slot: Dict[int, Dict[str, Any]] = {s.j: {} for s in active}
+            for (tr, _, _), s, a in zip(requests, owners, actions):
+                per_slot[s.j][tr.agent] = a
+            for s in active:
+                acted = per_slot[s.j]
+                obs, rew, term, trunc, _ = s.env.step(acted)
+                s.steps += 1
+                s.episode.length += 1
+                for agent, r in rew.items():
+                    self._check_reward(s, agent, r)
+                    tr = self._traj(s, agent)
+                    r = float(r)
+                    tr.ret += r
+                    if tr.pending is not None:
+                        tr.acc += r
+                self._receive(s, obs, term, trunc, "step()")
+                for agent in acted:  # acted but no observation came back: it left the game
+                    tr = s.trajs[agent]
+                    if tr.pending is not None:
+                        tr.complete(True, False, tr.pending[0], tr.pending[1])
+                        tr.done = True
+                if s.checks_left > 0:
+                    s.checks_left -= 1
+                if all(tr.done for tr in s.trajs.values()):
+                    self._end_episode(s, finished, done_trajs, hook)
+                    if s.quota is not None:
+                        s.quota -= 1
+        return agent_steps
+
+
+class AECEnvRunner(_MultiAgentRunner):
+    """PettingZoo AECEnv (turn-based): one agent on move per sub-env per step; action masks
+    come from the observation dict (``action_mask``). Finished agents get their dead step
+    (``step(None)``), which completes their last transition with its final reward."""
+
+    turn_based = True
+
+    def _advance(self, s: _Slot, finished, done_trajs, hook) -> Optional[_Traj]:
+        """Run dead steps and resets until an agent of ``s`` is on move; return its traj with
+        its observation encoded (and its previous transition completed)."""
+        env = s.env
+        while True:
+            if s.need_reset:
+                env.reset(seed=s.ctx.seed if s.episodes_started == 0 else None)
+                self._start_episode(s)
+            if not env.agents:
+                self._end_episode(s, finished, done_trajs, hook)
+                if s.quota is not None:
+                    s.quota -= 1
+                    if s.quota <= 0:
+                        return None
+                continue
+            agent = env.agent_selection
+            obs, r, term, trunc, _ = env.last()
+            self._check_obs(s, agent, obs, "last()")
+            self._check_reward(s, agent, r)
+            tr = self._traj(s, agent)
+            r = float(r)
+            tr.ret += r
+            if tr.pending is not None:
+                tr.acc += r
+            enc, mask = self._encode(tr.policy_id, [obs])
+            m = None if mask is None else mask[0]
+            tr.complete(bool(term), bool(trunc), enc[0], m)
+            if term or trunc:
+                tr.done = True
+                env.step(None)
+                continue
+            tr.last_enc = (enc[0], m)
+            return tr
+
+    def _run(self, slots, finished, done_trajs, ticks):
+        hook = not self._eval and bool(self.worker.pm.hook.flowkit_on_episode_end.get_hookimpls())
+        agent_steps = 0
+        for _ in range(ticks):
+            requests, owners = [], []
+            for s in slots:
+                if s.quota is not None and s.quota <= 0:
+                    continue
+                tr = self._advance(s, finished, done_trajs, hook)
+                if tr is not None:
+                    requests.append((tr, tr.last_enc[0], tr.last_enc[1]))
+                    owners.append(s)
+            if not requests:
+                break
+            actions = self._act(requests)
+            agent_steps += len(requests)
+            for (tr, _, _), s, a in zip(requests, owners, actions):
+                s.env.step(a)
+                s.steps += 1
+                s.episode.length += 1
+                if s.checks_left > 0:
+                    s.checks_left -= 1
+        return agent_steps
+
+
+def runner_for(env: Any) -> type:
+    return AECEnvRunner if is_aec(env) else ParallelEnvRunner

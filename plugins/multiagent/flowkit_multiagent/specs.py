@@ -1,0 +1,318 @@
+"""From a PettingZoo env and the ``multiagent.*`` section to policies: the agent -> policy
+mapping, spaces inferred per policy, per-policy algorithm configs, frozen and checkpointed
+policies (case C04).
+
+Everything here runs on the driver at set-up and raises :class:`flowkit.ConfigError` naming
+the key, policy, agents and spaces involved.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import fnmatch
+import os
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+import gymnasium as gym
+from omegaconf import DictConfig, OmegaConf
+
+from flowkit.config import ConfigError, _coerce, _flatten, _nest, schema_keys
+from flowkit.core.workers import PolicySpec
+
+SHARED_POLICY_ID = "shared"
+RANDOM = "random"
+
+
+def is_pettingzoo(env: Any) -> bool:
+    """Whether ``env`` is a PettingZoo ParallelEnv or AECEnv (wrappers included)."""
+    try:
+        from pettingzoo.utils.env import AECEnv, ParallelEnv
+    except ImportError:  # pragma: no cover - pettingzoo is a dependency of this plugin
+        return False
+    return isinstance(env, (ParallelEnv, AECEnv))
+
+
+def is_aec(env: Any) -> bool:
+    from pettingzoo.utils.env import AECEnv
+    return isinstance(env, AECEnv)
+
+
+@dataclasses.dataclass
+class MAPolicySpec(PolicySpec):
+    """A :class:`PolicySpec` of a multi-agent run.
+
+    Attributes:
+        agents: the agent ids mapped to this policy (at set-up, ``possible_agents`` order).
+        trainable: False for frozen policies (``trainable: false``, ``algo: random``).
+        group: the training group: the algorithm name, or ``<algo>[<policy id>]`` for a
+            policy with its own config overrides ("" when not trained).
+        section: the algorithm section this policy's group runs with (a plain dict).
+        init_state: policy state loaded from ``checkpoint`` (weights set before sampling).
+    """
+    agents: Tuple[str, ...] = ()
+    trainable: bool = True
+    group: str = ""
+    section: Optional[Dict[str, Any]] = None
+    init_state: Optional[Dict[str, Any]] = None
+
+
+# ---- the mapping ------------------------------------------------------------------------------
+class AgentMapping:
+    """Agent id -> policy id: exact keys of ``patterns`` first, then glob patterns in the order
+    given (``fnmatch``, case-sensitive), then an agent whose id is a policy id, then (only
+    without patterns) the single policy. Picklable; results are cached.
+
+    With ``alternate_seats``, episode ``k`` gives agent ``possible_agents[i]`` the policy of
+    ``possible_agents[(i + k) % n]`` (every policy plays every seat).
+
+    Raises:
+        ConfigError: an agent no rule maps, or a pattern naming an unknown policy.
+    """
+
+    def __init__(self, patterns: Dict[str, str], policy_ids: Sequence[str],
+                 possible_agents: Sequence[str] = ()):
+        self.patterns = dict(patterns)
+        self.policy_ids = list(policy_ids)
+        self.possible_agents = list(possible_agents)
+        for pat, pid in self.patterns.items():
+            if pid not in self.policy_ids:
+                close = difflib.get_close_matches(str(pid), self.policy_ids, n=1)
+                hint = f"; did you mean `{close[0]}`?" if close else ""
+                raise ConfigError(f"multiagent.mapping.{pat}={pid!r}: no policy {pid!r} "
+                                  f"(policies: {', '.join(self.policy_ids)}){hint}")
+        self._cache: Dict[str, str] = {}
+
+    def base(self, agent_id: str) -> str:
+        pid = self._cache.get(agent_id)
+        if pid is not None:
+            return pid
+        if agent_id in self.patterns:
+            pid = self.patterns[agent_id]
+        else:
+            for pat, p in self.patterns.items():
+                if fnmatch.fnmatchcase(agent_id, pat):
+                    pid = p
+                    break
+        if pid is None and agent_id in self.policy_ids:
+            pid = agent_id
+        if pid is None and not self.patterns and len(self.policy_ids) == 1:
+            pid = self.policy_ids[0]
+        if pid is None:
+            pats = ", ".join(f"{k!r}->{v!r}" for k, v in self.patterns.items()) or "none"
+            raise ConfigError(f"agent {agent_id!r} is not mapped to a policy: no multiagent.mapping "
+                              f"pattern matches it (patterns: {pats}) and it is not a policy id "
+                              f"(policies: {', '.join(self.policy_ids)})")
+        self._cache[agent_id] = pid
+        return pid
+
+    def policy_for(self, agent_id: str, episode_index: int = 0, alternate: bool = False) -> str:
+        if alternate and self.possible_agents and agent_id in self.possible_agents:
+            n = len(self.possible_agents)
+            i = self.possible_agents.index(agent_id)
+            return self.base(self.possible_agents[(i + episode_index) % n])
+        return self.base(agent_id)
+
+
+def build_mapping(config: Any, possible_agents: Sequence[str]) -> AgentMapping:
+    """The run's :class:`AgentMapping` from ``multiagent.*``."""
+    ma = config.multiagent
+    patterns = {str(k): str(v) for k, v in (ma.mapping or {}).items()}
+    return AgentMapping(patterns, policy_ids_of(config), possible_agents)
+
+
+def policy_ids_of(config: Any) -> List[str]:
+    """Policy ids: ``multiagent.policies`` keys, else the mapping's targets, else ``shared``."""
+    ma = config.multiagent
+    if ma.policies:
+        return [str(k) for k in ma.policies]
+    if ma.mapping:
+        out: List[str] = []
+        for v in ma.mapping.values():
+            if str(v) not in out:
+                out.append(str(v))
+        return out
+    return [SHARED_POLICY_ID]
+
+
+# ---- per-policy algorithm sections --------------------------------------------------------------
+def policy_section(config: Any, pid: str, algo_cls: type, overrides: Any) -> Tuple[Any, Dict[str, Any]]:
+    """The algorithm section of policy ``pid``: ``<algo>.*`` with
+    ``multiagent.policies.<pid>.config.*`` applied.
+
+    Returns:
+        ``(config dataclass instance, the section as a plain dict)``.
+    Raises:
+        ConfigError: an unknown or mistyped override, named in full
+            (``multiagent.policies.<pid>.config.<key>``), with the closest valid key.
+    """
+    cls = algo_cls.config_class
+    if cls is None:
+        return None, {}
+    base = OmegaConf.structured(cls)
+    if algo_cls.name in config:
+        base = OmegaConf.merge(base, config[algo_cls.name])
+    ov = OmegaConf.to_container(overrides, resolve=True) if isinstance(overrides, DictConfig) else dict(overrides or {})
+    if ov:
+        prefix = f"multiagent.policies.{pid}.config."
+        try:
+            fixed = _coerce([(k, v) for k, v in _flatten(ov) if k], schema_keys(cls))
+            base = OmegaConf.merge(base, OmegaConf.create(_nest(fixed, {})))
+        except ConfigError as e:
+            raise ConfigError(str(e).replace("`", "`" + prefix, 1).replace("did you mean `", "did you mean `" + prefix)) from None
+        except Exception as e:  # OmegaConf validation
+            key = getattr(e, "full_key", "?")
+            raise ConfigError(f"`{prefix}{key}`: {str(e).splitlines()[0]}") from None
+    data = OmegaConf.to_container(base, resolve=True)
+    return cls(**data), data
+
+
+def section_view_of(data: Dict[str, Any]) -> DictConfig:
+    """A read-only, struct-mode DictConfig of a section dict (what Algorithm.config is)."""
+    sec = OmegaConf.create(data)
+    OmegaConf.set_struct(sec, True)
+    OmegaConf.set_readonly(sec, True)
+    return sec
+
+
+# ---- checkpoints ------------------------------------------------------------------------------
+def load_checkpoint_policy(path: str, pid: str, want: Optional[str] = None, key: str = "") -> Tuple[Any, Dict[str, Any]]:
+    """``(PolicySpec, policy state)`` of one policy stored in a flowkit checkpoint.
+
+    Picks ``want``, else the policy of the same id ``pid``, else the checkpoint's only policy.
+
+    Raises:
+        ConfigError: no checkpoint at ``path`` or no such policy in it (naming ``key``).
+    """
+    import torch
+    from flowkit.engine import find_checkpoint
+    try:
+        ck = find_checkpoint(path)
+    except FileNotFoundError as e:
+        raise ConfigError(f"{key}={path!r}: {e}") from None
+    st = torch.load(os.path.join(ck, "state.pt"), weights_only=False, map_location="cpu")
+    pols = st["policies"]
+    pick = want or (pid if pid in pols else (next(iter(pols)) if len(pols) == 1 else None))
+    if pick not in pols:
+        raise ConfigError(f"{key}={path!r}: the checkpoint holds policies {sorted(pols)}, not "
+                          f"{(want or pid)!r}; name one with multiagent.policies.{pid}.checkpoint_policy")
+    return st["policy_specs"][pick], pols[pick]
+
+
+def check_same_spaces(what: str, spec: Any, obs_space: gym.Space, act_space: gym.Space) -> None:
+    if spec.observation_space != obs_space or spec.action_space != act_space:
+        raise ConfigError(f"{what}: its policy has spaces obs={spec.observation_space}, "
+                          f"actions={spec.action_space}, but the agents it plays have obs={obs_space}, "
+                          f"actions={act_space}")
+
+
+# ---- the hook's work -------------------------------------------------------------------------------
+def agent_spaces(env: Any) -> Tuple[List[str], Dict[str, gym.Space], Dict[str, gym.Space]]:
+    agents = list(getattr(env, "possible_agents", None) or [])
+    if not agents:
+        raise ConfigError(f"PettingZoo env {type(env).__name__} declares no possible_agents")
+    return (agents, {a: env.observation_space(a) for a in agents}, {a: env.action_space(a) for a in agents})
+
+
+def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, type]) -> Dict[str, MAPolicySpec]:
+    """``{policy_id: MAPolicySpec}`` for a PettingZoo env (see module docstring)."""
+    agents, obs_sp, act_sp = agent_spaces(env)
+    ma = config.multiagent
+    mapping = build_mapping(config, agents)
+    pids = mapping.policy_ids
+    members: Dict[str, List[str]] = {p: [] for p in pids}
+    for a in agents:
+        members[mapping.base(a)].append(a)
+    for pid, ags in members.items():
+        if not ags:
+            raise ConfigError(f"multiagent.policies.{pid}: no agent is mapped to policy {pid!r} "
+                              f"(agents: {', '.join(agents)}; see multiagent.mapping)")
+        first = ags[0]
+        for a in ags[1:]:
+            if obs_sp[a] != obs_sp[first] or act_sp[a] != act_sp[first]:
+                raise ConfigError(
+                    f"policy {pid!r}: agents mapped to one policy must share their spaces, but agent "
+                    f"{first!r} has obs={obs_sp[first]}, actions={act_sp[first]} and agent {a!r} has "
+                    f"obs={obs_sp[a]}, actions={act_sp[a]}; map them to different policies")
+    if bool(ma.alternate_seats) or bool(config.evaluation.get("alternate_seats", False)):
+        a0 = agents[0]
+        for a in agents[1:]:
+            if obs_sp[a] != obs_sp[a0] or act_sp[a] != act_sp[a0]:
+                raise ConfigError(f"alternate_seats needs every agent to have the same spaces; agent {a0!r} "
+                                  f"has obs={obs_sp[a0]}, actions={act_sp[a0]}, agent {a!r} has "
+                                  f"obs={obs_sp[a]}, actions={act_sp[a]}")
+    specs: Dict[str, MAPolicySpec] = {}
+    for pid in pids:
+        pc = ma.policies.get(pid) if ma.policies else None
+        algo = (pc.algo if pc is not None else None)
+        trainable = bool(pc.trainable) if pc is not None else True
+        ck_path = pc.checkpoint if pc is not None else None
+        o, a = obs_sp[members[pid][0]], act_sp[members[pid][0]]
+        init_state = None
+        ck_spec = None
+        if ck_path:
+            key = f"multiagent.policies.{pid}.checkpoint"
+            ck_spec, init_state = load_checkpoint_policy(ck_path, pid, pc.checkpoint_policy, key)
+            check_same_spaces(f"{key}={ck_path!r}", ck_spec, o, a)
+            algo = algo or ck_spec.algo
+        algo = algo or config.algo
+        if algo not in algorithms:
+            close = difflib.get_close_matches(algo, list(algorithms), n=1)
+            hint = f"; did you mean `{close[0]}`?" if close else ""
+            raise ConfigError(f"multiagent.policies.{pid}.algo={algo!r} is not an installed algorithm "
+                              f"({', '.join(sorted(algorithms))}){hint}")
+        cls = algorithms[algo]
+        overrides = pc.config if pc is not None else {}
+        cfg_obj, data = policy_section(config, pid, cls, overrides)
+        if overrides:
+            for w in cls.validate_config(config, section_view_of(data)) or []:
+                import warnings
+                warnings.warn(f"policy {pid!r}: {w}", stacklevel=2)
+        policy_class = cls.policy_class
+        if ck_spec is not None and ck_spec.algo == algo:
+            policy_class = ck_spec.policy_class
+        if init_state is not None:
+            _check_loadable(pid, policy_class, o, a, cfg_obj, config, init_state, ck_path)
+        trained = trainable and algo != RANDOM
+        group = "" if not trained else (algo if not overrides else f"{algo}[{pid}]")
+        specs[pid] = MAPolicySpec(policy_class, o, a, cfg_obj, algo, agents=tuple(members[pid]),
+                                  trainable=trained, group=group, section=data, init_state=init_state)
+    _check_opponents(config, specs, algorithms)
+    return specs
+
+
+def _check_loadable(pid, policy_class, o, a, cfg_obj, config, state, path) -> None:
+    try:
+        pol = policy_class(o, a, cfg_obj, config.model, "cpu", 0, inference_only=True)
+        pol.set_weights(state["weights"])
+    except Exception as e:
+        raise ConfigError(f"multiagent.policies.{pid}.checkpoint={path!r}: its weights do not fit this "
+                          f"run's network (model.* must match the run that wrote it): "
+                          f"{type(e).__name__}: {str(e).splitlines()[0]}") from None
+
+
+def _check_opponents(config: Any, specs: Dict[str, MAPolicySpec], algorithms: Dict[str, type]) -> None:
+    opp = config.evaluation.get("opponents") or {}
+    for pid, what in opp.items():
+        key = f"evaluation.opponents.{pid}"
+        if pid not in specs:
+            close = difflib.get_close_matches(str(pid), list(specs), n=1)
+            hint = f"; did you mean `evaluation.opponents.{close[0]}`?" if close else ""
+            raise ConfigError(f"{key}: no policy {pid!r} in this run (policies: {', '.join(specs)}){hint}")
+        if str(what) == RANDOM:
+            continue
+        ck_spec, _ = load_checkpoint_policy(str(what), pid, None, key)
+        check_same_spaces(f"{key}={what!r}", ck_spec, specs[pid].observation_space, specs[pid].action_space)
+
+
+def build_opponent(config: Any, pid: str, spec: PolicySpec, seed: int) -> Any:
+    """The fixed policy that replaces ``pid`` in evaluation (``random`` or a checkpoint)."""
+    from flowkit.core.policy import RandomPolicy
+    what = str(config.evaluation.opponents[pid])
+    if what == RANDOM:
+        return RandomPolicy(spec.observation_space, spec.action_space, None, config.model, "cpu", seed,
+                            inference_only=True)
+    ck_spec, state = load_checkpoint_policy(what, pid, None, f"evaluation.opponents.{pid}")
+    pol = ck_spec.policy_class(ck_spec.observation_space, ck_spec.action_space, ck_spec.config, config.model,
+                               "cpu", seed, inference_only=True)
+    pol.set_weights(state["weights"])
+    return pol
