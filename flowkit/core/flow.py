@@ -368,10 +368,7 @@ def union_tagged(flows: Sequence[Flow], deterministic: bool = True,
                     except StopIteration:
                         alive[i] = False
                         break
-                    if x is NOT_READY:
-                        if quota is not None:
-                            credit[i] += quota - taken  # keep the unused turn
-                            credit[i] = min(credit[i], float(w[i]) + 1.0)
+                    if x is NOT_READY:  # the rest of this turn is forfeit
                         break
                     taken += 1
                     produced = True

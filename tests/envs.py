@@ -1,0 +1,135 @@
+"""Tiny envs for the tests (importable as ``env.factory=envs:Name``; Ray workers see this
+folder through the test session's PYTHONPATH)."""
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+
+class ConstantEnv(gym.Env):
+    """C01: obs 0.5 (reset obs configurable), reward +1, never terminates by itself; a
+    TimeLimit is added by the factory."""
+
+    def __init__(self, reset_obs=0.5, terminate_at=None):
+        self.observation_space = spaces.Box(0.0, 1.0, (1,), np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.reset_obs, self.terminate_at, self.t = reset_obs, terminate_at, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([self.reset_obs], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        term = self.terminate_at is not None and self.t >= self.terminate_at
+        return np.array([0.5], np.float32), 1.0, term, False, {}
+
+
+def constant(limit=5, reset_obs=0.5, terminate_at=None):
+    return gym.wrappers.TimeLimit(ConstantEnv(reset_obs, terminate_at), limit)
+
+
+class FixedLenEnv(gym.Env):
+    """Episodes of exactly ``length`` steps (terminated), obs = step / length."""
+
+    def __init__(self, length=3):
+        self.observation_space = spaces.Box(0.0, 1.0, (1,), np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.length, self.t = length, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.array([0.0], np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.array([self.t / self.length], np.float32), 1.0, self.t >= self.length, False, {}
+
+
+class CounterEnv(gym.Env):
+    """C02: obs Discrete(10) = step count from 0, reward 1, never terminates."""
+
+    def __init__(self):
+        self.observation_space = spaces.Discrete(10)
+        self.action_space = spaces.Discrete(2)
+        self.t = 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return 0, {}
+
+    def step(self, action):
+        self.t += 1
+        return self.t, 1.0, False, False, {}
+
+
+def counter(context=None):
+    """Sub-env j gets TimeLimit(3 + j)."""
+    j = 0 if context is None else context.vector_index
+    return gym.wrappers.TimeLimit(CounterEnv(), 3 + j)
+
+
+class BoxTargetEnv(gym.Env):
+    """C06: action Box(0,1,(1,)), obs fixed 0, reward -(a - 0.1)^2, episode length 1; step()
+    asserts the action is inside the space."""
+
+    received = []
+
+    def __init__(self, low=0.0, high=1.0, dtype=np.float32):
+        self.observation_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self.action_space = spaces.Box(low, high, (1,), dtype)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(1, np.float32), {}
+
+    def step(self, action):
+        assert self.action_space.contains(np.asarray(action, self.action_space.dtype)), action
+        a = float(np.asarray(action).reshape(-1)[0])
+        BoxTargetEnv.received.append(a)
+        return np.zeros(1, np.float32), -(a - 0.1) ** 2, True, False, {}
+
+
+class RandomRewardEnv(gym.Env):
+    """C07: obs Box(-1,1,(2,)), Discrete(2), reward uniform in [0,1], length 10."""
+
+    def __init__(self, equal_reward=None):
+        self.observation_space = spaces.Box(-1.0, 1.0, (2,), np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.equal_reward, self.t = equal_reward, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self.np_random.uniform(-1, 1, 2).astype(np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        r = self.equal_reward if self.equal_reward is not None else float(self.np_random.uniform())
+        return self.np_random.uniform(-1, 1, 2).astype(np.float32), r, self.t >= 10, False, {}
+
+
+class BadObsEnv(gym.Env):
+    """Returns an observation of the wrong shape on step 2 (for the space checks)."""
+
+    def __init__(self, mode="shape"):
+        self.observation_space = spaces.Dict({"pos": spaces.Box(-1.0, 1.0, (3,), np.float32)})
+        self.action_space = spaces.Discrete(2)
+        self.mode, self.t = mode, 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return {"pos": np.zeros(3, np.float32)}, {}
+
+    def step(self, action):
+        self.t += 1
+        if self.t >= 2 and self.mode == "shape":
+            return {"pos": np.zeros(2, np.float32)}, 0.0, False, False, {}
+        if self.t >= 2 and self.mode == "bounds":
+            return {"pos": np.full(3, 5.0, np.float32)}, 0.0, False, False, {}
+        if self.t >= 2 and self.mode == "reward":
+            return {"pos": np.zeros(3, np.float32)}, float("nan"), False, False, {}
+        return {"pos": np.zeros(3, np.float32)}, 0.0, False, False, {}
