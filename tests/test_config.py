@@ -1,0 +1,144 @@
+"""Config: cases C08, C09, C10; CLI exit statuses, --help, --dry-run, plan."""
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+import yaml
+
+import flowkit
+from conftest import local_overrides
+from flowkit import ConfigError
+from flowkit.engine import describe_plan, load_config, setup
+
+
+def cfg_of(*overrides, file=None):
+    return load_config(list(overrides), file)[1]
+
+
+def validate(*overrides):
+    pm, cfg = load_config(list(overrides))
+    return setup(cfg, pm)
+
+
+# ---- C08 -------------------------------------------------------------------------------------
+def test_c08_minibatch_larger_than_train_batch_fails_naming_both():
+    with pytest.raises(ConfigError) as ei:
+        validate("env=CartPole-v1", "ppo.train_batch_size=4", "ppo.minibatch_size=16")
+    msg = str(ei.value)
+    assert "ppo.minibatch_size=16" in msg and "ppo.train_batch_size=4" in msg
+
+
+def test_c08_minibatch_zero_fails():
+    with pytest.raises(ConfigError, match=r"ppo.minibatch_size=0 must be >= 1"):
+        validate("env=CartPole-v1", "ppo.minibatch_size=0")
+
+
+def test_c08_uneven_train_batch_warns_and_reports_actual_size(run_dir):
+    ov = local_overrides(run_dir, "env=CartPole-v1", "runtime.num_workers=3", "runtime.num_envs_per_worker=1",
+                         "runtime.rollout_fragment_length=3", "ppo.train_batch_size=10", "ppo.minibatch_size=4",
+                         "stop.iterations=2")
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        res = flowkit.train(ov)
+    assert any("each train batch will hold 18 env steps" in str(x.message) for x in w)
+    assert all(r["learner/default/train_batch_size"] == 18 for r in res.history)
+    assert res.metrics["env_steps_trained"] == 36
+
+
+# ---- C09 -------------------------------------------------------------------------------------
+def test_c09_override_types(run_dir):
+    cfg = cfg_of("env=CartPole-v1", "ppo.lr=1e-5", "ppo.gamma=1", "stop.env_steps=1e4", "stop.iterations=null")
+    assert cfg.ppo.lr == 1e-05 and isinstance(cfg.ppo.lr, float)
+    assert cfg.ppo.gamma == 1.0 and isinstance(cfg.ppo.gamma, float)
+    assert cfg.stop.env_steps == 10000 and isinstance(cfg.stop.env_steps, int)
+    assert cfg.stop.iterations is None
+    res = flowkit.train(local_overrides(run_dir, "env=CartPole-v1", "ppo.lr=1e-5", "ppo.gamma=1",
+                                        "stop.env_steps=1e4", "stop.iterations=1", "runtime.num_envs_per_worker=2",
+                                        "runtime.rollout_fragment_length=8"))
+    saved = yaml.safe_load(open(os.path.join(res.run_dir, "config.yaml")))
+    assert saved["ppo"]["lr"] == 1e-05 and saved["ppo"]["gamma"] == 1.0
+    assert saved["stop"]["env_steps"] == 10000 and saved["evaluation"]["interval"] == 0
+    assert saved["stop"]["time_s"] is None
+
+
+def test_c09_bad_value_names_key_type_and_value():
+    with pytest.raises(ConfigError) as ei:
+        cfg_of("env=CartPole-v1", "ppo.lr=abc")
+    assert "ppo.lr" in str(ei.value) and "float" in str(ei.value) and "abc" in str(ei.value)
+    with pytest.raises(ConfigError, match=r"`stop.env_steps` must be an int, got 1.5"):
+        cfg_of("stop.env_steps=1.5")
+
+
+# ---- C10 -------------------------------------------------------------------------------------
+def test_c10_misspelt_key_suggests_the_right_one():
+    with pytest.raises(ConfigError, match=r"unknown config key `ppo.clip_parm`; did you mean `ppo.clip_param`\?"):
+        cfg_of("env=CartPole-v1", "ppo.clip_parm=0.1")
+
+
+def test_c10_two_keys_for_one_thing_name_both():
+    with pytest.raises(ConfigError) as ei:
+        cfg_of("env=CartPole-v1", "env.id=Acrobot-v1")
+    assert "env=CartPole-v1" in str(ei.value) and "env.id=Acrobot-v1" in str(ei.value)
+
+
+class SneakyPPOPlugin:
+    @flowkit.hookimpl
+    def flowkit_add_algorithms(self):
+        from flowkit_ppo import PPO
+
+        class Sneaky(PPO):
+            name = "sneaky"
+
+            def training_flow(self, experiences, ctx):
+                _ = self.config.learning_rate_that_does_not_exist
+                return super().training_flow(experiences, ctx)
+        return [Sneaky]
+
+
+def test_c10_plugin_reading_undeclared_key_fails_at_plan_time():
+    plugin = SneakyPPOPlugin()
+    flowkit.register(plugin)
+    try:
+        with pytest.raises(ConfigError, match="learning_rate_that_does_not_exist"):
+            describe_plan(["algo=sneaky", "env=CartPole-v1"])
+    finally:
+        flowkit.unregister(plugin)
+
+
+def test_unknown_algorithm_and_env_are_config_errors():
+    with pytest.raises(ConfigError, match=r"algo='ppp' is not an installed algorithm.*did you mean `ppo`"):
+        validate("algo=ppp", "env=CartPole-v1")
+    with pytest.raises(ConfigError, match=r"env.id='NoSuchEnv-v0': cannot build the env"):
+        validate("env=NoSuchEnv-v0")
+
+
+def test_yaml_file_then_overrides(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("env: Acrobot-v1\nppo:\n  lr: 1e-3\nruntime:\n  num_workers: 3\n")
+    cfg = cfg_of("runtime.num_workers=1", file=str(f))
+    assert cfg.env.id == "Acrobot-v1" and cfg.ppo.lr == 1e-3 and cfg.runtime.num_workers == 1
+    f.write_text("ppo:\n  lrr: 1\n")
+    with pytest.raises(ConfigError, match="ppo.lrr"):
+        cfg_of(file=str(f))
+
+
+# ---- CLI -------------------------------------------------------------------------------------
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "flowkit.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_cli_config_error_exit_2_short_message_no_traceback():
+    p = run_cli("train", "env=CartPole-v1", "ppo.clip_parm=0.1")
+    assert p.returncode == 2
+    assert "did you mean `ppo.clip_param`" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_cli_dry_run_plan_plugins_help():
+    p = run_cli("train", "--dry-run", "env=CartPole-v1")
+    assert p.returncode == 0 and "config OK" in p.stdout and "TrainOneStep" in p.stdout and "flowchart LR" in p.stdout
+    p = run_cli("plugins")
+    assert p.returncode == 0 and "ppo" in p.stdout and "flowkit-ppo" in p.stdout and "random" in p.stdout
+    p = run_cli("train", "--help")
+    assert p.returncode == 0 and "ppo.clip_param (float, default 0.2)" in p.stdout and "runtime.num_workers" in p.stdout
