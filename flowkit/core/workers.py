@@ -26,7 +26,7 @@ import gymnasium as gym
 import numpy as np
 
 from flowkit.core import batch as sb
-from flowkit.core.flow import LocalActor, RayActor, get_result
+from flowkit.core.flow import LocalActor, LocalFuture, RayActor, get_result
 from flowkit.core.policy import MASK_KEY, ObsEncoder, Policy
 
 _log = logging.getLogger("flowkit")
@@ -587,6 +587,17 @@ class RolloutWorker:
 
 
 # ---- the worker set ----------------------------------------------------------------------------
+class _FailedActor(LocalActor):
+    """A local worker whose constructor raised: every call answers with that error."""
+
+    def __init__(self, error: BaseException, index: int):
+        super().__init__(None, index)
+        self.error = error
+
+    def submit(self, method: str, *args, **kwargs) -> Any:
+        return LocalFuture(error=self.error)
+
+
 class WorkerSet:
     """The rollout workers of a run, started lazily (``flowkit plan`` starts none).
 
@@ -630,10 +641,16 @@ class WorkerSet:
         h = cls.remote(self._container, index, self.num_workers, self.policy_specs, rc)
         return RayActor(h, index)
 
+    def _make_or_failed(self, index: int) -> Any:
+        try:
+            return self._make(index)
+        except Exception as e:  # local backend: the constructor ran here, not in an actor
+            return _FailedActor(e, index)
+
     def start(self) -> None:
         if self._actors is not None:
             return
-        self._actors = [self._make(i) for i in range(self.num_workers)]
+        self._actors = [self._make_or_failed(i) for i in range(self.num_workers)]
         # surface construction errors (bad env, bad spaces) now, with their own type; a
         # worker whose env fails at start is rebuilt like one that fails while sampling
         for a in list(self._actors):
@@ -733,9 +750,11 @@ class WorkerSet:
         try:
             new = self._make(i)
             get_result(new.submit("ping"))
-        except Exception as e2:  # the rebuild itself failed: count it and retry later
+        except Exception as e2:  # the rebuild itself failed: count it and retry
             e2.add_note(f"[flowkit] while rebuilding worker {i}")
-            return self.on_failure(actor, e2)
+            if self.on_failure(actor, e2):
+                return True
+            raise e2 from exc  # the latest failure, chained to the one before it
         pos = [k for k, a in enumerate(self._actors) if a is actor]
         if pos:
             self._actors[pos[0]] = new
