@@ -273,8 +273,10 @@ class _MultiAgentRunner:
         finished: List[Dict[str, Any]] = []
         done_trajs: List[_Traj] = []
         agent_steps = self._run(self._state, finished, done_trajs, ticks=self.T)
-        live = [tr for s in self._state for tr in s.trajs.values() if not tr.done]
-        return self._build(done_trajs + live, finished, agent_steps)
+        # every agent of the current episodes, finished or not (a traj emitted already by an
+        # episode that ended has no rows left, so nothing is sent twice)
+        current = [tr for s in self._state for tr in s.trajs.values()]
+        return self._build(done_trajs + current, finished, agent_steps)
 
     def evaluate(self, num_episodes: int, explore: bool = False) -> List[Dict[str, Any]]:
         """``num_episodes`` whole episodes from fresh resets (spread over the sub-envs), with the

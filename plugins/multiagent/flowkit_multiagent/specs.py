@@ -121,17 +121,14 @@ def build_mapping(config: Any, possible_agents: Sequence[str]) -> AgentMapping:
 
 
 def policy_ids_of(config: Any) -> List[str]:
-    """Policy ids: ``multiagent.policies`` keys, else the mapping's targets, else ``shared``."""
+    """Policy ids: ``multiagent.policies`` keys, then the mapping's other targets (trained by
+    ``algo``); ``shared`` when both are empty."""
     ma = config.multiagent
-    if ma.policies:
-        return [str(k) for k in ma.policies]
-    if ma.mapping:
-        out: List[str] = []
-        for v in ma.mapping.values():
-            if str(v) not in out:
-                out.append(str(v))
-        return out
-    return [SHARED_POLICY_ID]
+    out: List[str] = [str(k) for k in (ma.policies or {})]
+    for v in (ma.mapping or {}).values():
+        if str(v) not in out:
+            out.append(str(v))
+    return out or [SHARED_POLICY_ID]
 
 
 # ---- per-policy algorithm sections --------------------------------------------------------------

@@ -1,0 +1,329 @@
+"""The multi-agent plugin: C03, C04, the mixing plan, AEC reward attribution, frozen policies,
+evaluation against fixed opponents, and short smoke runs of the acceptance games."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import flowkit
+from flowkit import ConfigError
+from flowkit.core import batch as sb
+from flowkit.core.policy import RandomPolicy
+from flowkit.engine import build_plan, load_config, setup
+from conftest import local_overrides
+
+LATE = "env.factory=ma_envs:LateEarlyEnv"
+SCOUT = "env.factory=ma_envs:ScoutTankEnv"
+TINY = "env.factory=ma_envs:TinyTurnGame"
+QUIET = ["run.progress=false", "run.plot=false"]
+
+
+def make_ctx(*overrides):
+    pm, cfg = load_config(["runtime.backend=local", "runtime.num_workers=1", "runtime.num_envs_per_worker=1",
+                           *overrides])
+    return setup(cfg, pm)
+
+
+def rows_by_agent(batches, eps_id):
+    """{agent_index: SampleBatch} of one episode, across fragments, in time order."""
+    out = {}
+    for mb in batches:
+        for pb in mb.policy_batches.values():
+            sel = pb[sb.EPS_ID] == eps_id
+            for ai in np.unique(pb[sb.AGENT_INDEX][sel]):
+                m = sel & (pb[sb.AGENT_INDEX] == ai)
+                out.setdefault(int(ai), []).append(pb.take(np.flatnonzero(m)))
+    return {k: sb.concat_samples(v) for k, v in out.items()}
+
+
+# ---- C03 -------------------------------------------------------------------------------------
+def test_c03_agents_join_late_leave_early_and_end_on_fragment_boundary():
+    ctx = make_ctx(LATE, "runtime.rollout_fragment_length=2", "ppo.gamma=0.9", "ppo.gae_lambda=1.0")
+    w = ctx.workers.local_worker()
+    frags = [w.sample() for _ in range(3)]  # 3 x 2 env steps = the whole first episode
+    assert [f.env_steps for f in frags] == [2, 2, 2]
+    # acting agents per step: (a,b) (a,b) (a) (a,c) (a) (a) -> 4, 3, 2 agent steps
+    assert [f.agent_steps for f in frags] == [4, 3, 2]
+    # fragment 1 ends on b's last step: b's two rows are all in it, terminated on the last
+    b1 = frags[0]["shared"].take(np.flatnonzero(frags[0]["shared"][sb.AGENT_INDEX] == 1))
+    assert len(b1) == 2 and b1[sb.TERMINATEDS].tolist() == [False, True]
+    assert not any((f["shared"][sb.AGENT_INDEX] == 1).any() for f in frags[1:])
+    eps = [e for f in frags for e in f.episodes]
+    assert len(eps) == 1 and eps[0]["length"] == 6
+    assert eps[0]["agent_returns"] == {"a|shared": 6.0, "b|shared": 2.0, "c|shared": 1.0}
+    eid = int(frags[0]["shared"][sb.EPS_ID][0])
+    tr = rows_by_agent(frags, eid)
+    assert {k: len(v) for k, v in tr.items()} == {0: 6, 1: 2, 2: 1}      # a=6, b=2, c=1: 9 agent steps
+    assert tr[0][sb.T].tolist() == list(range(6))
+    assert tr[0][sb.TRUNCATEDS].tolist() == [False] * 5 + [True] and not tr[0][sb.TERMINATEDS].any()
+    assert tr[2][sb.TERMINATEDS].tolist() == [True]
+    # value targets: terminated -> r; truncated and fragment cuts -> r + gamma * V(next_obs)
+    pol = w.policies["shared"]
+    v_next = pol.compute_values(tr[0][sb.NEXT_OBS])
+    assert tr[2][sb.VALUE_TARGETS][0] == pytest.approx(1.0)
+    assert tr[1][sb.VALUE_TARGETS][1] == pytest.approx(1.0)
+    for k in (1, 3, 5):  # a's last row of each fragment (cut, cut, truncated)
+        assert tr[0][sb.VALUE_TARGETS][k] == pytest.approx(1.0 + 0.9 * v_next[k], rel=1e-5)
+    # a's next_obs at the truncation is its real final observation (t = 6)
+    assert tr[0][sb.NEXT_OBS][5][0] == pytest.approx(0.6)
+    ctx.shutdown()
+
+
+def test_c03_two_iterations_train(run_dir):
+    res = flowkit.train(local_overrides(run_dir, LATE, "runtime.num_workers=1", "runtime.num_envs_per_worker=1",
+                                        "runtime.rollout_fragment_length=2", "ppo.train_batch_size=6",
+                                        "ppo.minibatch_size=4", "stop.iterations=2"))
+    m = res.metrics
+    assert m["iteration"] == 2 and m["env_steps_sampled"] == 12 and m["agent_steps_sampled"] == 18
+    assert m["agent_steps_trained"] == 18 and m["episodes_total"] == 2
+    assert m["policy/shared/episode_return_mean"] == pytest.approx(3.0)  # (6 + 2 + 1) / 3
+
+
+# ---- C04 -------------------------------------------------------------------------------------
+C04_MAP = ["multiagent.mapping.scout=scout_pol", "multiagent.mapping.tank=tank_pol"]
+
+
+def test_c04_spaces_inferred_per_policy_and_ppo_trains(run_dir):
+    ctx = make_ctx(SCOUT, *C04_MAP)
+    assert ctx.learner["scout_pol"].encoder.shape == (3,) and ctx.learner["tank_pol"].encoder.shape == (5,)
+    for pid, d in (("scout_pol", 3), ("tank_pol", 5)):  # network input = the first weight's columns
+        assert next(p for p in ctx.learner[pid].model.parameters() if p.ndim == 2).shape[1] == d
+    assert ctx.learner["tank_pol"].dist.is_gauss and ctx.learner["scout_pol"].dist.kind == "cat"
+    ctx.shutdown()
+    res = flowkit.train(local_overrides(run_dir, SCOUT, *C04_MAP, "runtime.num_workers=1",
+                                        "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=5",
+                                        "stop.iterations=1"))
+    assert res.metrics["learner/scout_pol/num_sgd_steps"] > 0 and res.metrics["learner/tank_pol/num_sgd_steps"] > 0
+
+
+def test_c04_dqn_for_scout_ppo_for_tank(run_dir):
+    if "dqn" not in flowkit.get_plugin_manager().algorithms():
+        pytest.skip("the dqn plugin is not installed")
+    res = flowkit.train(local_overrides(run_dir, SCOUT, *C04_MAP, "multiagent.policies.scout_pol.algo=dqn",
+                                        "multiagent.policies.tank_pol.algo=ppo", "dqn.learning_starts=10",
+                                        "runtime.num_workers=1", "runtime.num_envs_per_worker=2",
+                                        "runtime.rollout_fragment_length=5", "stop.env_steps=60"))
+    m = res.metrics
+    assert m["env_steps_sampled"] >= 60
+    assert "learner/tank_pol/pg_loss" in m and any(k.startswith("learner/scout_pol/") for k in m)
+
+
+def test_c04_one_policy_for_different_spaces_fails_naming_both():
+    with pytest.raises(ConfigError) as ei:
+        make_ctx(SCOUT, "multiagent.mapping.*=both")
+    msg = str(ei.value)
+    for part in ("'both'", "'scout'", "'tank'", "(3,)", "(5,)", "Discrete(4)"):
+        assert part in msg
+
+
+def test_c04_box_actions_to_dqn_fail_at_setup():
+    if "dqn" not in flowkit.get_plugin_manager().algorithms():
+        pytest.skip("the dqn plugin is not installed")
+    with pytest.raises(ConfigError) as ei:
+        make_ctx(SCOUT, *C04_MAP, "multiagent.policies.scout_pol.algo=ppo", "multiagent.policies.tank_pol.algo=dqn")
+    assert "tank_pol" in str(ei.value) and "Discrete" in str(ei.value)
+
+
+def test_mapping_errors_are_named():
+    with pytest.raises(ConfigError, match=r"agent 'tank' is not mapped"):
+        make_ctx(SCOUT, "multiagent.mapping.scout=scout_pol")
+    with pytest.raises(ConfigError, match=r"no agent is mapped to policy 'tank_pol'"):
+        make_ctx(SCOUT, "multiagent.policies.scout_pol.algo=ppo", "multiagent.policies.tank_pol.algo=ppo",
+                 "multiagent.mapping.scout=scout_pol", "multiagent.mapping.tank=tnak_pol")
+    with pytest.raises(ConfigError, match=r"multiagent.policies.scout_pol.config.clip_parm.*"
+                                          r"did you mean `multiagent.policies.scout_pol.config.clip_param`"):
+        make_ctx(SCOUT, *C04_MAP, "multiagent.policies.scout_pol.config.clip_parm=0.1")
+    with pytest.raises(ConfigError, match=r"multiagent.policies.scout_pol.algo='ppp'.*did you mean `ppo`"):
+        make_ctx(SCOUT, *C04_MAP, "multiagent.policies.scout_pol.algo=ppp")
+
+
+# ---- the mixing plan --------------------------------------------------------------------------
+class _Recorder(flowkit.Algorithm):
+    """Records which policies each train step of its fragment saw."""
+    name = "rec_a"
+    policy_class = RandomPolicy
+    seen: list = []
+
+    def training_flow(self, experiences, ctx):
+        tag = self.name
+
+        def step(b):
+            type(self).seen.append((tag, sorted(b.policy_batches), sorted(ctx.learner)))
+            return {"batch": b, "stats": {}}
+        step.name = f"Record({tag})"
+        return experiences.for_each(step)
+
+
+class _RecorderB(_Recorder):
+    name = "rec_b"
+
+
+class _AsyncRecorder(_Recorder):
+    name = "rec_async"
+    rollout_mode = "async"
+
+
+class _RecPlugin:
+    @staticmethod
+    @flowkit.hookimpl
+    def flowkit_add_algorithms():
+        return [_Recorder, _RecorderB, _AsyncRecorder]
+
+
+@pytest.fixture
+def recorders():
+    flowkit.register(_RecPlugin)
+    _Recorder.seen = []
+    yield _Recorder
+    flowkit.unregister(_RecPlugin)
+
+
+def test_mixing_plan_composition(recorders):
+    ctx = make_ctx(SCOUT, *C04_MAP, "multiagent.policies.scout_pol.algo=rec_a",
+                   "multiagent.policies.tank_pol.algo=rec_b", "multiagent.round_robin_weights.rec_a=2",
+                   "runtime.rollout_fragment_length=5")
+    plan = build_plan(ctx)
+    text = plan.to_text()
+    for part in ("Concurrently(round_robin)", "union(weights=[2.0, 1.0])", "Record(rec_a)", "Record(rec_b)",
+                 "SelectExperiences(['scout_pol'])", "SelectExperiences(['tank_pol'])", "duplicate[0/2]",
+                 "duplicate[1/2]", "ParallelRollouts(bulk_sync)"):
+        assert part in text, part
+    assert not ctx.workers.started
+    items = plan.take(6)
+    assert len(items) == 6
+    # round robin with weights 2:1; each fragment sees only its own policies (data and learner)
+    assert [s[0] for s in recorders.seen] == ["rec_a", "rec_a", "rec_b"] * 2
+    for tag, pids, learner in recorders.seen:
+        want = ["scout_pol"] if tag == "rec_a" else ["tank_pol"]
+        assert pids == want and learner == want
+    # 2 rounds for rec_a per cycle, rec_b reads the same rounds from its duplicate
+    assert ctx.counters["env_steps_sampled"] == 4 * 5
+    ctx.shutdown()
+
+
+def test_mixing_refuses_async_with_bulk_sync(recorders):
+    ctx = make_ctx(SCOUT, *C04_MAP, "multiagent.policies.scout_pol.algo=rec_a",
+                   "multiagent.policies.tank_pol.algo=rec_async")
+    with pytest.raises(ConfigError, match=r"bulk_sync and async.*rec_async"):
+        build_plan(ctx)
+
+
+def test_per_policy_config_override_is_its_own_group():
+    ctx = make_ctx(SCOUT, *C04_MAP, "multiagent.policies.scout_pol.config.lr=1e-3",
+                   "multiagent.policies.scout_pol.config.num_epochs=2", "multiagent.policies.tank_pol.algo=ppo")
+    specs = ctx.policy_specs
+    assert specs["scout_pol"].config.lr == pytest.approx(1e-3) and specs["scout_pol"].config.num_epochs == 2
+    assert specs["tank_pol"].config.lr == pytest.approx(3e-4) and specs["tank_pol"].config.num_epochs == 10
+    assert specs["scout_pol"].group == "ppo[scout_pol]" and specs["tank_pol"].group == "ppo"
+    text = build_plan(ctx).to_text()
+    assert "TrainOneStep(num_epochs=2" in text and "TrainOneStep(num_epochs=10" in text
+    ctx.shutdown()
+
+
+# ---- AEC reward attribution -------------------------------------------------------------------
+def test_aec_reward_attribution_tiny_game():
+    ctx = make_ctx(TINY, "algo=random", "runtime.rollout_fragment_length=2")
+    w = ctx.workers.local_worker()
+    f1, f2 = w.sample(), w.sample()
+    assert (f1.env_steps, f1.agent_steps, f2.env_steps, f2.agent_steps) == (2, 2, 2, 2)
+    # nothing of the first episode is complete after moves 1-2: p0's reward is still arriving
+    assert len(f1.policy_batches.get("shared", [])) == 0
+    eid = int(f2["shared"][sb.EPS_ID][0])
+    tr = rows_by_agent([f1, f2], eid)
+    p0, p1 = tr[0], tr[1]
+    assert p0[sb.REWARDS].tolist() == [2.0, 10.0] and p0[sb.TERMINATEDS].tolist() == [False, True]
+    assert p1[sb.REWARDS].tolist() == [-11.0] and p1[sb.TERMINATEDS].tolist() == [True]
+    assert p0[sb.ACTIONS][1] == 1 and p0[sb.ACTION_MASK][1].tolist() == [0, 1]   # the mask was respected
+    assert p0[sb.NEXT_OBS][0][0] == pytest.approx(2 / 3)  # p0's own next turn, after two moves
+    assert p0[sb.NEXT_ACTION_MASK][0].tolist() == [0, 1] and p0[sb.NEXT_ACTION_MASK][1].tolist() == [0, 0]
+    (ep,) = f2.episodes
+    assert ep["agent_returns"] == {"p0|shared": 12.0, "p1|shared": -10.5}
+    assert ep["length"] == 3 and ep["return"] == pytest.approx(1.5)
+    ctx.shutdown()
+
+
+def test_aec_evaluation_win_rates_and_alternating_seats(run_dir):
+    """The tiny game is always won by whoever moves first (p0 +12 vs -10.5): with seats
+    alternated, the learner wins exactly half of the games against a random opponent."""
+    res = flowkit.train(local_overrides(run_dir, TINY, "runtime.num_workers=1", "runtime.num_envs_per_worker=2",
+                                        "runtime.rollout_fragment_length=4", "stop.iterations=1",
+                                        "multiagent.policies.learner.algo=ppo", "multiagent.policies.opp.algo=random",
+                                        "multiagent.mapping.p0=learner", "multiagent.mapping.p1=opp",
+                                        "multiagent.alternate_seats=true", "evaluation.final=true",
+                                        "evaluation.episodes=10", "evaluation.opponents.opp=random",
+                                        "evaluation.alternate_seats=true"))
+    m = res.metrics
+    assert m["evaluation/learner/win_rate"] == pytest.approx(0.5)
+    assert m["evaluation/learner/loss_rate"] == pytest.approx(0.5)
+    assert m["evaluation/learner/draw_rate"] == 0.0
+    assert m["evaluation/learner/episode_return_mean"] == pytest.approx((12.0 - 10.5) / 2)
+    # in training both seats were played by both policies too
+    assert m["policy/learner/episode_return_mean"] == pytest.approx((12.0 - 10.5) / 2)
+
+
+def test_frozen_policy_from_checkpoint(run_dir, tmp_path):
+    first = flowkit.train(local_overrides(run_dir, SCOUT, *C04_MAP, "runtime.num_workers=1",
+                                          "runtime.num_envs_per_worker=1", "runtime.rollout_fragment_length=5",
+                                          "stop.iterations=1"))
+    import torch
+    from flowkit.engine import find_checkpoint
+    import os
+    st = torch.load(os.path.join(find_checkpoint(first.run_dir), "state.pt"), weights_only=False)
+    saved = st["policies"]["tank_pol"]["weights"]
+    pm, cfg = load_config(local_overrides(str(tmp_path / "r2"), SCOUT, *C04_MAP, "runtime.num_workers=1",
+                                          "runtime.num_envs_per_worker=1", "runtime.rollout_fragment_length=5",
+                                          "multiagent.policies.scout_pol.algo=ppo",
+                                          "multiagent.policies.tank_pol.trainable=false",
+                                          f"multiagent.policies.tank_pol.checkpoint={first.run_dir}"))
+    ctx = setup(cfg, pm)
+    plan = build_plan(ctx)
+    assert "tank_pol" not in ctx.trainable_policies
+    plan.take(2)
+    now = ctx.learner["tank_pol"].get_weights()
+    assert all(np.array_equal(now[k], saved[k]) for k in saved)
+    worker_w = ctx.workers.local_worker().policies["tank_pol"].get_weights()
+    assert all(np.array_equal(worker_w[k], saved[k]) for k in saved)
+    assert ctx.learner_stats.keys() == {"scout_pol"}
+    ctx.shutdown()
+
+
+# ---- smoke versions of the acceptance runs (full runs: bench/multiagent_acceptance.py) -----------
+def test_smoke_simple_spread_shared_ppo(run_dir):
+    res = flowkit.train(local_overrides(run_dir, "env.factory=mpe2.simple_spread_v3:parallel_env",
+                                        "runtime.num_workers=1", "runtime.num_envs_per_worker=2",
+                                        "runtime.rollout_fragment_length=25", "stop.iterations=2",
+                                        "ppo.num_epochs=1"))
+    m = res.metrics
+    assert m["env_steps_sampled"] == 100 and m["agent_steps_sampled"] == 300
+    assert m["episodes_total"] == 4 and m["episode_len_mean"] == 25
+    assert np.isfinite(m["policy/shared/episode_return_mean"])
+
+
+def test_smoke_simple_tag_ppo_and_dqn_on_ray(ray_session, run_dir):
+    if "dqn" not in flowkit.get_plugin_manager().algorithms():
+        pytest.skip("the dqn plugin is not installed")
+    res = flowkit.train(["runtime.backend=ray", f"run.dir={run_dir}", *QUIET,
+                         "env.factory=mpe2.simple_tag_v3:parallel_env", "runtime.num_workers=2",
+                         "runtime.num_envs_per_worker=1", "runtime.rollout_fragment_length=25",
+                         "multiagent.policies.adversaries.algo=ppo", "multiagent.policies.prey.algo=dqn",
+                         "multiagent.mapping.adversary_*=adversaries", "multiagent.mapping.agent_*=prey",
+                         "dqn.learning_starts=50", "ppo.num_epochs=1", "stop.env_steps=200"])
+    m = res.metrics
+    assert m["env_steps_sampled"] >= 200
+    assert "learner/adversaries/pg_loss" in m and any(k.startswith("learner/prey/") for k in m)
+    assert np.isfinite(m["policy/adversaries/episode_return_mean"]) and np.isfinite(m["policy/prey/episode_return_mean"])
+
+
+def test_smoke_tictactoe_aec_against_random(run_dir):
+    res = flowkit.train(local_overrides(run_dir, "env.factory=pettingzoo.classic.tictactoe_v3:env",
+                                        "runtime.num_workers=1", "runtime.num_envs_per_worker=4",
+                                        "runtime.rollout_fragment_length=16", "stop.iterations=2",
+                                        "multiagent.policies.learner.algo=ppo", "multiagent.policies.opponent.algo=random",
+                                        "multiagent.mapping.player_1=learner", "multiagent.mapping.player_2=opponent",
+                                        "multiagent.alternate_seats=true", "evaluation.final=true",
+                                        "evaluation.episodes=8", "evaluation.opponents.opponent=random",
+                                        "evaluation.alternate_seats=true"))
+    m = res.metrics
+    assert m["env_steps_sampled"] == 128 and m["agent_steps_sampled"] == 128
+    rates = [m[f"evaluation/learner/{k}"] for k in ("win_rate", "draw_rate", "loss_rate")]
+    assert sum(rates) == pytest.approx(1.0)
