@@ -187,8 +187,8 @@ class IMPALAPolicy(Policy):
         if mask is not None:
             self.check_mask(mask)
             m = torch.from_numpy(mask)
-        a = self.dist.sample(inputs, m, explore, self.generator)
-        return a.numpy(), {sb.ACTION_LOGP: self.dist.logp(inputs, a, m).numpy()}
+        a, logp = self.dist.sample_logp(inputs, m, explore, self.generator)
+        return a.numpy(), {sb.ACTION_LOGP: logp.numpy()}
 
     # -- learning (learner) --
     def train_on_batch(self, pb: sb.SampleBatch) -> Dict[str, float]:
@@ -216,12 +216,12 @@ class IMPALAPolicy(Policy):
         ends, term = trajectory_ends(batch)
         boot = np.flatnonzero(ends & ~term)
         dev = self.device
-        out = {k: torch.as_tensor(np.asarray(batch[k]), device=dev)
+        out = {k: torch.as_tensor(np.array(batch[k]), device=dev)  # a copy: Ray's arrays are read-only
                for k in (sb.OBS, sb.ACTIONS, sb.ACTION_LOGP, sb.REWARDS, sb.ACTION_MASK) if k in batch}
         out["nextnonterminal"] = torch.as_tensor((~ends).astype(np.float32), device=dev)
         out["terminated"] = torch.as_tensor(term.astype(np.float32), device=dev)
         out["boot_idx"] = torch.as_tensor(boot, device=dev)
-        out["boot_obs"] = torch.as_tensor(np.asarray(batch[sb.NEXT_OBS])[boot], device=dev)
+        out["boot_obs"] = torch.as_tensor(np.asarray(batch[sb.NEXT_OBS])[boot], device=dev)  # fancy index: a copy
         return out
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
@@ -229,20 +229,8 @@ class IMPALAPolicy(Policy):
         mask = batch.get(sb.ACTION_MASK)
         inputs, values = self.model(batch[sb.OBS])
         logp, entropy = self.dist.logp_entropy(inputs, batch[sb.ACTIONS], mask, entropy_grad=cfg.ent_coef != 0)
-        with torch.no_grad():
-            v = values.detach()
-            cont = batch["nextnonterminal"]
-            next_v = torch.zeros_like(v)
-            next_v[:-1] = v[1:]
-            next_v = next_v * cont                            # 0 at every end ...
-            if len(batch["boot_idx"]):                        # ... V(final obs) at truncations/cuts
-                next_v[batch["boot_idx"]] = self.model.value(batch["boot_obs"])
-            log_rhos = logp.detach() - batch[sb.ACTION_LOGP]
-            vs, pg_adv = vtrace(log_rhos.cpu().numpy(), batch[sb.REWARDS].cpu().numpy(), v.cpu().numpy(),
-                                next_v.cpu().numpy(), cont.cpu().numpy(), cfg.gamma, cfg.clip_rho_threshold,
-                                cfg.clip_c_threshold, cfg.clip_pg_rho_threshold, cfg.vtrace_lambda)
-            vs_t = torch.as_tensor(vs, device=self.device)
-            pg_t = torch.as_tensor(pg_adv, device=self.device)
+        log_rhos = logp.detach() - batch[sb.ACTION_LOGP]
+        vs_t, pg_t = self.vtrace_targets(batch, log_rhos, values.detach())
         pg_loss = -(logp * pg_t).mean()
         vf_loss = 0.5 * (vs_t - values).pow(2).mean()
         entropy = entropy.mean()
@@ -253,6 +241,24 @@ class IMPALAPolicy(Policy):
                                 (rhos > cfg.clip_rho_threshold).float().mean()]).tolist()
         return loss, dict(zip(("pg_loss", "vf_loss", "entropy", "total_loss", "rho_mean", "rho_max",
                                "rho_clip_frac"), vals))
+
+    @torch.no_grad()
+    def vtrace_targets(self, batch: Dict[str, torch.Tensor], log_rhos: torch.Tensor,
+                       values: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(vs, pg_advantages)`` float32[L] for a prepared batch, per trajectory:
+        V(x_{t+1}) is the next row's value inside a trajectory, 0 after a termination and
+        V(next_obs) after a truncation or a cut (the only extra forward pass)."""
+        cfg = self.config
+        cont = batch["nextnonterminal"]
+        next_v = torch.zeros_like(values)
+        next_v[:-1] = values[1:]
+        next_v = next_v * cont                                # 0 at every end ...
+        if len(batch["boot_idx"]):                            # ... V(final obs) at truncations/cuts
+            next_v[batch["boot_idx"]] = self.model.value(batch["boot_obs"])
+        vs, pg_adv = vtrace(log_rhos.cpu().numpy(), batch[sb.REWARDS].cpu().numpy(), values.cpu().numpy(),
+                            next_v.cpu().numpy(), cont.cpu().numpy(), cfg.gamma, cfg.clip_rho_threshold,
+                            cfg.clip_c_threshold, cfg.clip_pg_rho_threshold, cfg.vtrace_lambda)
+        return torch.as_tensor(vs, device=self.device), torch.as_tensor(pg_adv, device=self.device)
 
     # -- weights and state, under the update lock --
     def get_weights(self):

@@ -1,0 +1,393 @@
+"""IMPALA: hand-computed V-trace, V-trace against the paper's sum, per-trajectory ends inside
+a batch, the learner thread and its operators (Enqueue, Dequeue, PushWeightsToSource), the
+replay mix-in, both plans, and learning CartPole on Ray with 2 workers."""
+import collections
+import os
+import queue
+import threading
+import time
+import traceback
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import flowkit
+from conftest import local_overrides
+from flowkit.core import batch as sb
+from flowkit.core.flow import NOT_READY, FlowContext, TimerStat, from_items
+from flowkit.core.learner_thread import (Dequeue, Enqueue, LearnerThread, PushWeightsToSource,
+                                         weights_versions)
+from flowkit.engine import load_config, setup
+from flowkit_impala import IMPALAPolicy, MixInReplay, vtrace
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---- V-trace ---------------------------------------------------------------------------------
+def test_vtrace_two_steps_by_hand():
+    """gamma=0.9, r=[1,2], V(x0)=0.5, V(x1)=1, bootstrap V(x2)=2, pi/mu=[2, 0.5], rho_bar=c_bar=1.
+    rho=[1, 0.5], c=[1, 0.5]
+    delta1 = 0.5*(2 + 0.9*2 - 1) = 1.4          v1 = 1 + 1.4 = 2.4
+    delta0 = 1*(1 + 0.9*1 - 0.5) = 1.4          v0 = 0.5 + 1.4 + 0.9*1*1.4 = 3.16
+    A0 = 1*(1 + 0.9*v1 - 0.5) = 2.66            A1 = 0.5*(2 + 0.9*2 - 1) = 1.4
+    Terminated at step 2 instead (V(x2) = v2 = 0):
+    delta1 = 0.5*(2 - 1) = 0.5 -> v1 = 1.5;  v0 = 0.5 + 1.4 + 0.9*0.5 = 2.35
+    A1 = 0.5*(2 - 1) = 0.5;  A0 = 1 + 0.9*1.5 - 0.5 = 1.85"""
+    log_rhos = np.log([2.0, 0.5])
+    r, v = np.array([1.0, 2.0]), np.array([0.5, 1.0])
+    vs, adv = vtrace(log_rhos, r, v, next_values=np.array([1.0, 2.0]), nextnonterminal=np.array([1.0, 0.0]),
+                     gamma=0.9)
+    np.testing.assert_allclose(vs, [3.16, 2.4], atol=1e-6)
+    np.testing.assert_allclose(adv, [2.66, 1.4], atol=1e-6)
+    vs, adv = vtrace(log_rhos, r, v, next_values=np.array([1.0, 0.0]), nextnonterminal=np.array([1.0, 0.0]),
+                     gamma=0.9)
+    np.testing.assert_allclose(vs, [2.35, 1.5], atol=1e-6)
+    np.testing.assert_allclose(adv, [1.85, 0.5], atol=1e-6)
+
+
+def paper_vtrace(log_rhos, r, values, bootstrap, gamma, rho_bar, c_bar, pg_rho_bar):
+    """One trajectory, straight from eq. 1: v_s = V(x_s) + sum_{t>=s} gamma^(t-s)
+    (prod_{i=s}^{t-1} c_i) delta_t, with V(x_n) = bootstrap; A_s = rho^pg_s (r_s + gamma
+    v_{s+1} - V(x_s)) with v_n = bootstrap."""
+    n = len(r)
+    ratio = np.exp(log_rhos)
+    V = list(values) + [bootstrap]
+    vs = []
+    for s in range(n):
+        total = V[s]
+        for t in range(s, n):
+            prod_c = 1.0
+            for i in range(s, t):
+                prod_c *= min(c_bar, ratio[i])
+            delta = min(rho_bar, ratio[t]) * (r[t] + gamma * V[t + 1] - V[t])
+            total += gamma ** (t - s) * prod_c * delta
+        vs.append(total)
+    vs_next = vs[1:] + [bootstrap]
+    adv = [min(pg_rho_bar, ratio[s]) * (r[s] + gamma * vs_next[s] - V[s]) for s in range(n)]
+    return np.array(vs), np.array(adv)
+
+
+def test_vtrace_four_steps_clipping_matches_the_papers_sum():
+    """Ratios above and below the thresholds: rho_bar=1.0, c_bar=0.9, pg_rho_bar=1.2."""
+    ratios = np.array([2.0, 0.5, 1.5, 0.8])
+    r = np.array([1.0, -0.5, 2.0, 0.3])
+    v = np.array([0.2, 1.1, -0.4, 0.7])
+    boot = 1.3
+    kw = dict(gamma=0.95, clip_rho_threshold=1.0, clip_c_threshold=0.9, clip_pg_rho_threshold=1.2)
+    vs, adv = vtrace(np.log(ratios), r, v, next_values=np.array([1.1, -0.4, 0.7, boot]),
+                     nextnonterminal=np.array([1.0, 1.0, 1.0, 0.0]), **kw)
+    ref_vs, ref_adv = paper_vtrace(np.log(ratios), r, v, boot, 0.95, 1.0, 0.9, 1.2)
+    np.testing.assert_allclose(vs, ref_vs, atol=1e-5)
+    np.testing.assert_allclose(adv, ref_adv, atol=1e-5)
+    # clipping really happened: unclipped traces give a different answer
+    vs_unclipped, _ = vtrace(np.log(ratios), r, v, np.array([1.1, -0.4, 0.7, boot]),
+                             np.array([1.0, 1.0, 1.0, 0.0]), gamma=0.95, clip_rho_threshold=10.0,
+                             clip_c_threshold=10.0, clip_pg_rho_threshold=10.0)
+    assert np.abs(vs_unclipped - vs).max() > 0.1
+    # on-policy (all ratios 1) V-trace is the n-step bootstrapped return
+    vs1, _ = vtrace(np.zeros(4), r, v, np.array([1.1, -0.4, 0.7, boot]), np.array([1.0, 1.0, 1.0, 0.0]), gamma=0.95)
+    g = [boot]
+    for t in range(3, -1, -1):
+        g.insert(0, r[t] + 0.95 * g[0])
+    np.testing.assert_allclose(vs1, g[:4], atol=1e-5)
+
+
+def _policy(gamma=0.9, **kw):
+    _, cfg = load_config(["algo=impala", "env=CartPole-v1", f"impala.gamma={gamma}",
+                          *[f"impala.{k}={v}" for k, v in kw.items()]])
+    from flowkit.config import section_object
+    from flowkit_impala import IMPALAConfig
+    sec = section_object(cfg, "impala", IMPALAConfig)
+    obs_space = gym.spaces.Box(-10.0, 10.0, (1,), np.float32)
+    return IMPALAPolicy(obs_space, gym.spaces.Discrete(2), sec, cfg.model, "cpu", 0)
+
+
+def test_trajectory_ends_inside_a_batch_are_handled_per_trajectory():
+    """Three pieces in one batch, V(x) = 10 * obs (value net replaced): rows 0-1 truncated
+    (bootstrap V(next_obs)=7), rows 2-3 terminated (no bootstrap), row 4 cut by the fragment
+    end with another eps_id (bootstrap V(next_obs)=9). Ratios off 1, so traces matter."""
+    pol = _policy(gamma=0.9, clip_c_threshold=0.8)
+    pol.model.value = lambda obs: 10.0 * obs[:, 0]
+    obs = np.array([[0.1], [0.2], [0.3], [0.4], [0.5]], np.float32)
+    nxt = np.array([[0.2], [0.7], [0.4], [0.6], [0.9]], np.float32)
+    b = sb.SampleBatch({sb.OBS: obs, sb.NEXT_OBS: nxt, sb.ACTIONS: np.zeros(5, np.int64),
+                        sb.REWARDS: np.array([1, 2, 3, 4, 5], np.float32),
+                        sb.TERMINATEDS: np.array([0, 0, 0, 1, 0], bool),
+                        sb.TRUNCATEDS: np.array([0, 1, 0, 0, 0], bool),
+                        sb.EPS_ID: np.array([7, 7, 8, 8, 9]), sb.ACTION_LOGP: np.zeros(5, np.float32)})
+    tb = pol.prepare_batch(b)
+    log_rhos = torch.log(torch.tensor([1.5, 0.6, 0.9, 2.0, 0.7]))
+    values = pol.model.value(tb[sb.OBS])
+    vs, adv = pol.vtrace_targets(tb, log_rhos, values)
+    lr, r, v = log_rhos.numpy(), b[sb.REWARDS], values.numpy()
+    refs = [paper_vtrace(lr[0:2], r[0:2], v[0:2], 7.0, 0.9, 1.0, 0.8, 1.0),
+            paper_vtrace(lr[2:4], r[2:4], v[2:4], 0.0, 0.9, 1.0, 0.8, 1.0),
+            paper_vtrace(lr[4:5], r[4:5], v[4:5], 9.0, 0.9, 1.0, 0.8, 1.0)]
+    np.testing.assert_allclose(vs.numpy(), np.concatenate([x[0] for x in refs]), atol=1e-5)
+    np.testing.assert_allclose(adv.numpy(), np.concatenate([x[1] for x in refs]), atol=1e-5)
+    assert tb["boot_idx"].tolist() == [1, 4]
+
+
+def test_loss_is_finite_and_minibatches_are_contiguous_cuts():
+    pol = _policy(minibatch_size=3, num_epochs=2, train_batch_size=8)
+    rng = np.random.default_rng(0)
+    n = 8
+    b = sb.SampleBatch({sb.OBS: rng.normal(size=(n, 1)).astype(np.float32),
+                        sb.NEXT_OBS: rng.normal(size=(n, 1)).astype(np.float32),
+                        sb.ACTIONS: rng.integers(0, 2, n), sb.REWARDS: np.ones(n, np.float32),
+                        sb.TERMINATEDS: np.zeros(n, bool), sb.TRUNCATEDS: np.zeros(n, bool),
+                        sb.EPS_ID: np.zeros(n, np.int64), sb.ACTION_LOGP: np.full(n, np.log(0.5), np.float32)})
+    before = {k: v.clone() for k, v in pol.model.state_dict().items()}
+    st = pol.train_on_batch(b)
+    assert st["num_sgd_steps"] == 2 * 3 and st["train_batch_size"] == 8
+    assert all(np.isfinite(v) for v in st.values())
+    assert any(not torch.equal(before[k], v) for k, v in pol.model.state_dict().items())
+
+
+# ---- the learner thread and its operators ------------------------------------------------------
+class FakePolicy:
+    def __init__(self):
+        self.num_updates = 0
+        self.update_lock = threading.RLock()
+        self.w = 0
+
+    def get_weights(self):
+        return {"w": np.array([self.w])}
+
+
+class FakeWorkers:
+    backend = "local"
+
+    def __init__(self):
+        self.calls = []
+
+    def sync_weights(self, weights, actors=None, version=None):
+        self.calls.append(([a.index for a in actors], version, int(weights["default"]["w"][0])))
+
+
+class FakeCtx(FlowContext):
+    def __init__(self):
+        super().__init__()
+        self.learner = {"default": FakePolicy()}
+        self.trainable_policies = {"default"}
+        self.learner_stats = {}
+        self.extra_metrics = {}
+        self.workers = FakeWorkers()
+
+    def get_weights(self, pids):
+        return {p: self.learner[p].get_weights() for p in pids}
+
+
+def _mab(n=4, version=0, worker=0):
+    pb = sb.SampleBatch({sb.REWARDS: np.ones(n, np.float32)})
+    return sb.MultiAgentBatch({"default": pb}, n, worker_index=worker, meta={"weights_version": version})
+
+
+def _train_fn(pol, pb):
+    pol.num_updates += 1
+    pol.w += 1
+    return {"rows": float(len(pb))}
+
+
+def _pull_until(flow, pred, timeout_s=5.0):
+    t0 = time.time()
+    while time.time() - t0 < timeout_s:
+        x = next(flow)
+        if x is not NOT_READY and pred(x):
+            return x
+    raise AssertionError("timed out")
+
+
+def test_learner_thread_enqueue_dequeue_counts_and_policy_lag():
+    ctx = FakeCtx()
+    lt = LearnerThread(ctx, _train_fn, inqueue_size=1)
+    ctx.stateful = {"lt": lt}
+    batches = [_mab(4, version=0), sb.MultiAgentBatch.concat([_mab(3, 0), _mab(5, 1)])]
+    enq = Enqueue(from_items(batches, ctx=ctx), lt)
+    deq = Dequeue(lt, ctx)
+    try:
+        assert [x for x in enq.take(2)] == batches
+        outs = [_pull_until(deq, lambda x: True) for _ in range(2)]
+    finally:
+        lt.stop()
+    assert ctx.counters["env_steps_trained"] == 12 and ctx.counters["num_updates"] == 2
+    # lag = learner updates when training starts - the fragment's weights version
+    assert outs[0]["policy_lag"] == [0]
+    assert outs[1]["policy_lag"] == [1, 0]
+    assert ctx.learner_stats["default"]["policy_lag_max"] == 1.0
+    assert lt.get_state() == {"num_updates": 2, "env_steps_trained": 12}
+    assert not lt.is_alive()
+
+
+def test_enqueue_on_a_full_queue_is_not_ready_and_keeps_the_item():
+    ctx = FakeCtx()
+    lt = LearnerThread(ctx, _train_fn, inqueue_size=1)
+    lt.ensure_started = lambda: None          # no consumer: the queue stays full
+    items = [_mab(1), _mab(2), _mab(3)]
+    enq = Enqueue(from_items(items, ctx=ctx), lt, wait_s=0.001)
+    assert next(enq) is items[0]
+    t0 = time.perf_counter()
+    assert next(enq) is NOT_READY             # blocked briefly, then not-ready
+    assert time.perf_counter() - t0 >= 0.001
+    assert next(enq) is NOT_READY
+    assert lt.inqueue.get_nowait() is items[0]
+    assert next(enq) is items[1]              # the same item, retried: nothing dropped
+    assert lt.inqueue.get_nowait() is items[1]
+    assert ctx.counters["learner_queue_full"] == 2
+
+
+def test_dequeue_on_an_empty_queue_blocks_briefly_then_is_not_ready():
+    ctx = FakeCtx()
+    lt = LearnerThread(ctx, _train_fn)
+    try:
+        deq = Dequeue(lt, ctx, wait_s=0.02)
+        t0 = time.perf_counter()
+        assert next(deq) is NOT_READY
+        assert time.perf_counter() - t0 >= 0.02
+    finally:
+        lt.stop()
+
+
+def _explode_in_learner(pol, pb):
+    raise ValueError("bad batch in the loss")
+
+
+def test_learner_thread_crash_surfaces_in_the_driver_with_its_traceback():
+    ctx = FakeCtx()
+    lt = LearnerThread(ctx, _explode_in_learner)
+    enq = Enqueue(from_items([_mab(), _mab()], ctx=ctx), lt)
+    deq = Dequeue(lt, ctx, wait_s=0.01)
+    assert next(enq) is not NOT_READY
+    with pytest.raises(ValueError, match="bad batch in the loss") as ei:
+        for _ in range(500):
+            next(deq)
+    frames = [f.name for f in traceback.extract_tb(ei.value.__traceback__)]
+    assert "_explode_in_learner" in frames and "run" in frames
+    assert any("learner thread" in n for n in ei.value.__notes__)
+    with pytest.raises(ValueError):                 # the enqueue branch sees it too
+        next(enq)
+
+
+class _Actor:
+    def __init__(self, index):
+        self.index = index
+
+
+def test_push_weights_to_source_updates_every_contributing_worker():
+    """Fragments of workers 0, 1, 0 make one train batch: both workers get weights (not only
+    the last one); a worker that already has the newest version gets nothing."""
+    ctx = FakeCtx()
+    lt = LearnerThread(ctx, _train_fn)
+    a0, a1 = _Actor(0), _Actor(1)
+    push = PushWeightsToSource(ctx, lt, broadcast_interval=1)
+    out = push((a0, _mab(worker=0)))
+    assert isinstance(out, sb.MultiAgentBatch)
+    push((a1, _mab(worker=1)))
+    push((a0, _mab(worker=0)))                     # version unchanged: no resend
+    assert ctx.workers.calls == [([0], 0, 0), ([1], 0, 0)]
+    lt.step(_mab())                                # one update -> version 1, w = 1
+    push((a0, _mab(worker=0)))
+    push((a1, _mab(worker=1)))
+    assert ctx.workers.calls[2:] == [([0], 1, 1), ([1], 1, 1)]
+
+
+def test_push_weights_every_broadcast_interval_batches_per_worker():
+    ctx = FakeCtx()
+    lt = LearnerThread(ctx, _train_fn)
+    push = PushWeightsToSource(ctx, lt, broadcast_interval=2)
+    a0, a1 = _Actor(0), _Actor(1)
+    for k in range(4):
+        lt.step(_mab())
+        push((a0, _mab()))
+        push((a1, _mab()))
+    # each worker's 2nd and 4th batch trigger a push, with the version at that time
+    assert ctx.workers.calls == [([0], 2, 2), ([1], 2, 2), ([0], 4, 4), ([1], 4, 4)]
+
+
+def test_weights_versions_of_nested_concats():
+    b = sb.MultiAgentBatch.concat([sb.MultiAgentBatch.concat([_mab(1, 3), _mab(1, 4)]), _mab(1, 5)])
+    assert weights_versions(b) == [3, 4, 5]
+
+
+def test_mix_in_replay_proportion_and_no_double_counted_episodes():
+    ctx = FakeCtx()
+    rep = MixInReplay(ctx, replay_proportion=1.5, capacity=3, seed=0)
+    total = 0
+    for i in range(200):
+        b = _mab(2, worker=i)
+        b.episodes.append({"return": 1.0})
+        out = rep(b)
+        assert out[0] is b
+        assert all(o.episodes == [] for o in out[1:])
+        total += len(out) - 1
+    assert len(rep.buffer) == 3
+    assert 1.3 * 199 < total < 1.7 * 199            # 1 or 2 per batch, 1.5 on average
+    assert ctx.counters["env_steps_replayed"] == 2 * total
+
+
+# ---- runs --------------------------------------------------------------------------------------
+def test_plan_shows_the_impala_graph():
+    d = flowkit.describe_plan(["algo=impala", "env=CartPole-v1"])
+    text = d["text"]
+    for op in ("Concurrently(async", "Enqueue(learner inqueue)", "Dequeue(learner outqueue)",
+               "ConcatBatches(500)", "PushWeightsToSource(broadcast_interval=1)", "zip_with_source_actor",
+               "ParallelRollouts(async"):
+        assert op in text, text
+    d = flowkit.describe_plan(["algo=impala", "env=CartPole-v1", "impala.rollout_mode=bulk_sync"])
+    assert "LearnOnBatch" in d["text"] and "BroadcastWeights" in d["text"] and "Enqueue" not in d["text"]
+
+
+def test_bad_impala_config_fails_naming_the_key():
+    with pytest.raises(flowkit.ConfigError, match="impala.rollout_mode"):
+        flowkit.describe_plan(["algo=impala", "env=CartPole-v1", "impala.rollout_mode=sync"])
+    with pytest.raises(flowkit.ConfigError, match="impala.minibatch_size"):
+        flowkit.describe_plan(["algo=impala", "env=CartPole-v1", "impala.minibatch_size=1000"])
+
+
+@pytest.mark.parametrize("mode", ["async", "bulk_sync"])
+def test_local_run_reports_lag_queue_and_cpu_and_checkpoints(run_dir, mode):
+    res = flowkit.train(local_overrides(run_dir, "algo=impala", "env=CartPole-v1", f"impala.rollout_mode={mode}",
+                                        "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=16",
+                                        "impala.train_batch_size=64", "impala.replay_proportion=0.5",
+                                        "stop.env_steps=2000", "run.min_iter_time_s=0.3"))
+    m = res.metrics
+    assert m["env_steps_sampled"] >= 2000
+    assert m["env_steps_trained"] > 0 and np.isfinite(m["learner/default/total_loss"])
+    assert m["learner/default/policy_lag_mean"] >= 0
+    assert "perf/cpu_util_driver" in m and "perf/learner_queue_size" in m
+    st = torch.load(os.path.join(res.checkpoint, "state.pt"), weights_only=False)
+    assert st["stateful"]["impala_learner"]["num_updates"] == st["counters"]["num_updates"]
+    assert st["stateful"]["impala_replay"]["buffer"]
+
+
+def test_box_actions_train(run_dir):
+    res = flowkit.train(local_overrides(run_dir, "algo=impala", "env=Pendulum-v1", "runtime.num_envs_per_worker=2",
+                                        "runtime.rollout_fragment_length=32", "impala.train_batch_size=128",
+                                        "stop.env_steps=1000"))
+    assert np.isfinite(res.metrics["learner/default/total_loss"])
+    assert np.isfinite(res.metrics["learner/default/entropy"])
+
+
+def test_learner_thread_crash_stops_the_run_with_the_original_error(run_dir, monkeypatch):
+    def boom(self, batch):
+        raise FloatingPointError("loss exploded")
+    monkeypatch.setattr(IMPALAPolicy, "loss", boom)
+    with pytest.raises(FloatingPointError, match="loss exploded") as ei:
+        flowkit.train(local_overrides(run_dir, "algo=impala", "env=CartPole-v1", "runtime.num_envs_per_worker=2",
+                                      "runtime.rollout_fragment_length=16", "impala.train_batch_size=32",
+                                      "stop.env_steps=5000", "checkpoint.at_end=false"))
+    assert "boom" in [f.name for f in traceback.extract_tb(ei.value.__traceback__)]
+
+
+def test_impala_solves_cartpole_two_ray_workers(run_dir, ray_session):
+    """configs/impala_cartpole.yaml: 2 Ray workers, episode_return_mean >= 450 within 500,000
+    env steps."""
+    res = flowkit.train([f"run.dir={run_dir}", "run.progress=false", "run.plot=false", "seed=0",
+                         "checkpoint.at_end=false"],
+                        config_file=os.path.join(REPO, "configs", "impala_cartpole.yaml"))
+    assert res.metrics["episode_return_mean"] >= 450, res.metrics
+    assert res.metrics["env_steps_sampled"] <= 500_000
+    assert res.metrics["learner/default/policy_lag_mean"] >= 0
+    assert res.metrics["perf/cpu_util_workers"] > 0
