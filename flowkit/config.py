@@ -211,12 +211,14 @@ def parse_overrides(overrides: Sequence[str]) -> Dict[str, Any]:
             val = _yaml_load(raw) if raw.strip() != "" else ""
         except yaml.YAMLError:
             val = raw
+        spelling = key
         if key == "env" and not isinstance(val, dict):
             key = "env.id"
             val = None if val is None else str(raw)
-        if key in flat:
+        if key in flat and flat[key][0].split("=", 1)[0].strip() != spelling:
+            # two spellings of one key (env= and env.id=): no silent winner
             raise ConfigError(f"`{key}` is given twice: `{flat[key][0]}` and `{item}`")
-        flat[key] = (item, val)
+        flat[key] = (item, val)  # the same key repeated: the last one wins
     return _nest({k: v for k, (_, v) in flat.items()}, {k: i for k, (i, _) in flat.items()})
 
 

@@ -506,7 +506,7 @@ class Policy:
 
     def prepare_batch(self, batch: sb.SampleBatch) -> Dict[str, torch.Tensor]:
         """Columns as tensors on the learner device (once per train batch)."""
-        return {k: torch.as_tensor(np.asarray(v), device=self.device) for k, v in batch.items()}
+        return {k: to_tensor(v, self.device) for k, v in batch.items()}
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         """Return ``(loss, stats)`` for one minibatch of tensors."""
@@ -588,6 +588,14 @@ class Policy:
             self.generator.set_state(state["generator"])
         if state.get("np_random") is not None:
             self.np_random.bit_generator.state = state["np_random"]
+
+
+def to_tensor(x: Any, device: Any = "cpu") -> torch.Tensor:
+    """A tensor of ``x`` on ``device``; read-only arrays (as Ray returns them) are copied."""
+    a = np.asarray(x)
+    if not a.flags.writeable:
+        a = a.copy()
+    return torch.as_tensor(a, device=device)
 
 
 def _add_batch_axis(obs: Any) -> Any:

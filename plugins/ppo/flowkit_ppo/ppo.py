@@ -29,7 +29,7 @@ from flowkit.config import F
 from flowkit.core import batch as sb
 from flowkit.core.ops import BroadcastWeights, ConcatBatches, StandardizeFields, TrainOneStep
 from flowkit.core.policy import (ActionDist, ObsEncoder, Policy, RunningMeanStd, TwinMLP, build_mlp,
-                                  build_trunk)
+                                  build_trunk, to_tensor)
 
 
 @dataclass
@@ -195,7 +195,7 @@ class PPOPolicy(Policy):
 
     # -- learning (driver) --
     def prepare_batch(self, batch):
-        return {k: torch.as_tensor(np.asarray(batch[k]), device=self.device) for k in _TRAIN_COLS if k in batch}
+        return {k: to_tensor(batch[k], self.device) for k in _TRAIN_COLS if k in batch}
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg = self.config

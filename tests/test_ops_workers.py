@@ -1,0 +1,183 @@
+"""Operators on both backends (never mutating their input, read-only Ray arrays included),
+the Gymnasium runner's counting and autoreset handling, env checks, observation encoding."""
+import numpy as np
+import pytest
+import torch
+from gymnasium import spaces
+
+from flowkit.core import batch as sb
+from flowkit.core.flow import NOT_READY
+from flowkit.core.ops import (BroadcastWeights, ConcatBatches, ParallelRollouts, SelectExperiences,
+                              StandardizeFields, TrainOneStep, standardize)
+from flowkit.core.policy import ActionDist, ObsEncoder
+from flowkit.core.workers import EnvError, derive_seed
+from flowkit.engine import load_config, setup
+
+
+def make_ctx(backend, *overrides):
+    env = [] if any(o.startswith("env.factory=") for o in overrides) else ["env=CartPole-v1"]
+    pm, cfg = load_config([f"runtime.backend={backend}", "run.progress=false", *env,
+                           "runtime.num_workers=2", "runtime.num_envs_per_worker=2",
+                           "runtime.rollout_fragment_length=8", *overrides])
+    return setup(cfg, pm)
+
+
+@pytest.fixture(params=["local", "ray"])
+def ctx(request):
+    if request.param == "ray":
+        request.getfixturevalue("ray_session")
+    c = make_ctx(request.param)
+    yield c
+    c.shutdown()
+
+
+def test_operators_on_both_backends_do_not_mutate(ctx):
+    from flowkit.core.flow import get_result
+    rollouts = ParallelRollouts(ctx, "bulk_sync")
+    assert next(rollouts).env_steps == 2 * 2 * 8 and ctx.counters["env_steps_sampled"] == 32
+    b = get_result(ctx.workers.actors[0].submit("sample"))  # one worker's batch, as it arrives
+    pb = b["default"]
+    if ctx.workers.backend == "ray":
+        assert not pb[sb.ADVANTAGES].flags.writeable  # what Ray hands back is read-only
+    before = {k: np.array(v, copy=True) for k, v in pb.items()}
+    merged = ConcatBatches(32)(b)
+    assert merged == []
+    (merged,) = ConcatBatches(16)(b)
+    std = StandardizeFields([sb.ADVANTAGES])(merged)
+    assert abs(float(std["default"][sb.ADVANTAGES].mean())) < 1e-5
+    sel = SelectExperiences(["default"])(std)
+    assert sel.select(["other"]).policy_batches == {}
+    w0 = ctx.learner["default"].get_weights()
+    out = TrainOneStep(ctx, num_epochs=2, minibatch_size=8)(sel)
+    assert out["stats"]["default"]["num_sgd_steps"] == 4 and ctx.counters["env_steps_trained"] == 16
+    w1 = ctx.learner["default"].get_weights()
+    assert any(not np.array_equal(w0[k], w1[k]) for k in w0)
+    BroadcastWeights(ctx)(out)
+    remote = ctx.workers.foreach_worker("get_weights")
+    for r in remote:
+        for k in w1:
+            np.testing.assert_array_equal(r["default"][k], w1[k])
+    for k, v in before.items():  # nothing above touched the sampled batch
+        np.testing.assert_array_equal(pb[k], v)
+
+
+def test_async_rollouts_record_source_worker(ctx):
+    f = ParallelRollouts(ctx, "async").zip_with_source_actor()
+    seen = set()
+    for item in f.take(6):
+        actor, b = item
+        assert b.worker_index == actor.index
+        seen.add(actor.index)
+    assert seen == {0, 1}
+
+
+def test_standardize_guards():
+    assert standardize(np.array([3.0])).tolist() == [3.0]
+    assert standardize(np.array([2.0, 2.0, 2.0])).tolist() == [0.0, 0.0, 0.0]
+    np.testing.assert_allclose(standardize(np.array([1.0, 3.0])), [-1.0, 1.0])
+
+
+def test_env_steps_are_real_transitions_and_fragments_exact():
+    """Counter env, sub-env j has TimeLimit(3 + j): the reset step of next-step autoreset is
+    never a transition; each sub-env gives exactly rollout_fragment_length rows."""
+    got = {}
+    for mode in ("next_step", "same_step"):
+        c = make_ctx("local", "env.factory=envs:counter", f"env.autoreset_mode={mode}",
+                     "runtime.num_workers=1", "runtime.rollout_fragment_length=12")
+        w = c.workers.actors[0].obj
+        b1, b2 = w.sample(), w.sample()
+        assert b1.env_steps == 24 and len(b1["default"]) == 24
+        got[mode] = [b1["default"], b2["default"]]
+        c.shutdown()
+    for a, b in zip(got["next_step"], got["same_step"]):
+        for col in (sb.OBS, sb.NEXT_OBS, sb.REWARDS, sb.TERMINATEDS, sb.TRUNCATEDS):
+            np.testing.assert_array_equal(a[col], b[col])
+    first = got["next_step"][0]
+    obs = first[sb.OBS].argmax(1)
+    nxt = first[sb.NEXT_OBS].argmax(1)
+    assert obs[:12].tolist() == [0, 1, 2] * 4 and obs[12:].tolist() == [0, 1, 2, 3] * 3
+    assert (nxt == obs + 1).all()  # never a final -> reset transition
+    assert first[sb.TRUNCATEDS].sum() == 4 + 3 and not first[sb.TERMINATEDS].any()
+
+
+def test_unsupported_autoreset_mode_fails_at_setup():
+    from flowkit import ConfigError
+    with pytest.raises(ConfigError, match="env.autoreset_mode='disabled' is not supported"):
+        make_ctx("local", "env.autoreset_mode=disabled")
+
+
+@pytest.mark.parametrize("mode,where,expected", [
+    ("shape", "obs.pos", "Box(shape=(3,)"),
+    ("bounds", "obs.pos", "out of bounds"),
+    ("reward", "reward", "a finite float scalar"),
+])
+def test_bad_env_output_names_env_worker_key_expected_received(mode, where, expected):
+    c = make_ctx("local", "env.factory=envs:BadObsEnv", f"env.kwargs.mode={mode}",
+                 "runtime.num_workers=1", "env.check_spaces_steps=5")
+    with pytest.raises(EnvError) as ei:
+        c.workers.start()
+        c.workers.actors[0].obj.sample()
+    msg = str(ei.value)
+    assert "env 'envs:BadObsEnv'" in msg and "worker 0, sub-env 0" in msg
+    assert f"at `{where}`" in msg and expected in msg and "received" in msg
+
+
+def test_env_factory_receives_context_and_seeds_differ():
+    seen = []
+
+    def factory(context):
+        seen.append(context)
+        return __import__("envs").constant()
+    import envs
+    envs.recording_factory = factory
+    c = make_ctx("local", "env.factory=envs:recording_factory", "runtime.num_workers=2", "seed=3")
+    c.workers.start()
+    ctxs = [s for s in seen if s.worker_index >= 0]
+    assert sorted((s.worker_index, s.vector_index) for s in ctxs) == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert len({s.seed for s in ctxs}) == 4
+    assert ctxs[0].seed == derive_seed(3, "env", ctxs[0].worker_index, ctxs[0].vector_index, 0)
+    assert all(s.num_workers == 2 and s.restart_count == 0 for s in ctxs)
+    c.shutdown()
+
+
+def test_obs_encoding_by_space():
+    d = spaces.Dict({"b": spaces.Discrete(3), "a": spaces.Box(-1, 1, (2,)),
+                     "action_mask": spaces.MultiBinary(3)})
+    enc = ObsEncoder(d)
+    assert enc.shape == (5,) and enc.has_mask
+    x, m = enc({"b": np.array([2]), "a": np.array([[0.5, -0.5]]), "action_mask": np.array([[1, 0, 1]])}, 1)
+    order = list(d.spaces)  # the space's own key order
+    assert order == ["a", "action_mask", "b"]  # gymnasium sorts Dict keys
+    assert x.tolist() == [[0.5, -0.5, 0, 0, 1]] and m.tolist() == [[1, 0, 1]]
+    t = ObsEncoder(spaces.Tuple((spaces.MultiDiscrete([2, 3]), spaces.MultiBinary(2))))
+    x, _ = t((np.array([[1, 2]]), np.array([[1, 0]])), 1)
+    assert x.tolist() == [[0, 1, 0, 0, 1, 1, 0]]
+    img = ObsEncoder(spaces.Box(0, 255, (84, 84, 3), np.uint8))
+    assert img.is_image and img.shape == (3, 84, 84)
+    x, _ = img(np.full((2, 84, 84, 3), 255, np.uint8), 2)
+    assert x.shape == (2, 3, 84, 84) and x.max() == 1.0
+
+
+def test_action_distributions_match_torch():
+    md = ActionDist(spaces.MultiDiscrete([2, 3]))
+    logits = torch.randn(4, 5)
+    a = md.sample(logits)
+    ref = (torch.distributions.Categorical(logits=logits[:, :2]).log_prob(a[:, 0])
+           + torch.distributions.Categorical(logits=logits[:, 2:]).log_prob(a[:, 1]))
+    torch.testing.assert_close(md.logp(logits, a), ref)
+    mb = ActionDist(spaces.MultiBinary(3))
+    a = mb.sample(logits[:, :3])
+    ref = torch.distributions.Bernoulli(logits=logits[:, :3]).log_prob(a.float()).sum(-1)
+    torch.testing.assert_close(mb.logp(logits[:, :3], a), ref)
+    torch.testing.assert_close(mb.entropy(logits[:, :3]),
+                               torch.distributions.Bernoulli(logits=logits[:, :3]).entropy().sum(-1))
+    g = ActionDist(spaces.Box(-2, 2, (2,)))
+    inp = torch.cat([torch.randn(4, 2), torch.full((4, 2), -0.3)], -1)
+    a = g.sample(inp)
+    ref = torch.distributions.Normal(inp[:, :2], torch.exp(inp[:, 2:])).log_prob(a).sum(-1)
+    torch.testing.assert_close(g.logp(inp, a), ref)
+    assert g.to_env(np.array([[-1.0, 3.0]], np.float32)).tolist() == [[-2.0, 2.0]]
+    cat = ActionDist(spaces.Discrete(3))
+    mask = torch.tensor([[1, 0, 1]])
+    for _ in range(20):
+        assert cat.sample(torch.zeros(1, 3), mask).item() != 1
