@@ -327,3 +327,37 @@ def test_smoke_tictactoe_aec_against_random(run_dir):
     assert m["env_steps_sampled"] == 128 and m["agent_steps_sampled"] == 128
     rates = [m[f"evaluation/learner/{k}"] for k in ("win_rate", "draw_rate", "loss_rate")]
     assert sum(rates) == pytest.approx(1.0)
+
+
+def test_two_groups_of_one_algorithm_keep_separate_state():
+    if "dqn" not in flowkit.get_plugin_manager().algorithms():
+        pytest.skip("the dqn plugin is not installed")
+    ctx = make_ctx(TINY, "multiagent.mapping.p0=a", "multiagent.mapping.p1=b", "multiagent.policies.a.algo=dqn",
+                   "multiagent.policies.b.algo=dqn", "multiagent.policies.b.config.lr=1e-3")
+    build_plan(ctx)
+    names = sorted(ctx.stateful)
+    assert "dqn/replay_buffer" in names and "multiagent/dqn[b]/dqn/replay_buffer" in names
+    assert ctx.policy_specs["b"].config.lr == pytest.approx(1e-3)
+    ctx.shutdown()
+
+
+def test_evaluation_opponent_from_checkpoint(run_dir, tmp_path):
+    base = ["runtime.num_workers=1", "runtime.num_envs_per_worker=1", "runtime.rollout_fragment_length=4",
+            "multiagent.mapping.p0=learner", "multiagent.mapping.p1=opp"]
+    first = flowkit.train(local_overrides(run_dir, TINY, *base, "stop.iterations=1"))
+    pm, cfg = load_config(local_overrides(str(tmp_path / "r2"), TINY, *base, "evaluation.episodes=4",
+                                          f"evaluation.opponents.opp={first.run_dir}"))
+    ctx = setup(cfg, pm)
+    out = ctx.evaluate()
+    assert out["evaluation/learner/win_rate"] == 1.0 and out["evaluation_episodes"] == 4  # p0 always wins
+    import os
+    import torch
+    from flowkit.engine import find_checkpoint
+    saved = torch.load(os.path.join(find_checkpoint(first.run_dir), "state.pt"), weights_only=False)
+    opp = ctx._eval_worker.runner._opponents["opp"]
+    assert all(np.array_equal(opp.get_weights()[k], v) for k, v in saved["policies"]["opp"]["weights"].items())
+    ctx.shutdown()
+    with pytest.raises(ConfigError, match=r"evaluation.opponents.opp='/nonexistent'"):
+        make_ctx(TINY, *base, "evaluation.opponents.opp=/nonexistent")
+    with pytest.raises(ConfigError, match=r"evaluation.opponents.oop: no policy 'oop'.*did you mean"):
+        make_ctx(TINY, *base, "evaluation.opponents.oop=random")

@@ -94,11 +94,34 @@ def build_plan(ctx: Any) -> Any:
         return rollouts.for_each(NoTraining())
     weights = _weights(ctx.config, groups, specs)
     branches = [rollouts] if len(groups) == 1 else rollouts.duplicate(len(groups))
-    flows = [algos[g].training_flow(b.for_each(SelectPolicies(pids)), ctx.restricted_to(pids))
+    flows = [algos[g].training_flow(b.for_each(SelectPolicies(pids)), _group_ctx(ctx, g, specs[pids[0]].algo, pids))
              for (g, pids), b in zip(groups.items(), branches)]
     if len(flows) == 1:
         return flows[0]
     return Concurrently(flows, mode="round_robin", round_robin_weights=weights)
+
+
+class _GroupContext:
+    """``ctx.restricted_to(policy_ids)`` whose ``add_stateful`` names are prefixed with the
+    group, so two groups of one algorithm (e.g. two DQN policies with different configs) keep
+    separate replay buffers and learner threads in checkpoints."""
+
+    def __init__(self, inner: Any, prefix: str):
+        self._inner, self._prefix = inner, prefix
+
+    def add_stateful(self, name: str, obj: Any) -> Any:
+        return self._inner.add_stateful(self._prefix + name, obj)
+
+    def restricted_to(self, policy_ids):
+        return _GroupContext(self._inner.restricted_to(policy_ids), self._prefix)
+
+    def __getattr__(self, name):
+        return getattr(self._inner, name)
+
+
+def _group_ctx(ctx: Any, group: str, algo: str, pids: List[str]) -> Any:
+    sub = ctx.restricted_to(pids)
+    return sub if group == algo else _GroupContext(sub, f"multiagent/{group}/")
 
 
 def _weights(config: Any, groups: Dict[str, List[str]], specs: Dict[str, Any]) -> List[float]:
