@@ -24,12 +24,14 @@ def make_ctx(*overrides):
     return setup(cfg, pm)
 
 
-def rows_by_agent(batches, eps_id):
-    """{agent_index: SampleBatch} of one episode, across fragments, in time order."""
+def rows_by_agent(batches, episode_id, n_agents):
+    """{agent_index: SampleBatch} of one episode, across fragments, in time order. A multi-agent
+    eps_id names one agent's trajectory: episode_id * n_agents + agent_index."""
     out = {}
     for mb in batches:
         for pb in mb.policy_batches.values():
-            sel = pb[sb.EPS_ID] == eps_id
+            sel = pb[sb.EPS_ID] // n_agents == episode_id
+            assert (pb[sb.EPS_ID][sel] % n_agents == pb[sb.AGENT_INDEX][sel]).all()
             for ai in np.unique(pb[sb.AGENT_INDEX][sel]):
                 m = sel & (pb[sb.AGENT_INDEX] == ai)
                 out.setdefault(int(ai), []).append(pb.take(np.flatnonzero(m)))
@@ -48,11 +50,13 @@ def test_c03_agents_join_late_leave_early_and_end_on_fragment_boundary():
     b1 = frags[0]["shared"].take(np.flatnonzero(frags[0]["shared"][sb.AGENT_INDEX] == 1))
     assert len(b1) == 2 and b1[sb.TERMINATEDS].tolist() == [False, True]
     assert not any((f["shared"][sb.AGENT_INDEX] == 1).any() for f in frags[1:])
+    # one trajectory per agent: a consumer splitting on eps_id never joins a's cut piece to b's
+    assert [len(p) for p in frags[0]["shared"].split_by_episode()] == [2, 2]
     eps = [e for f in frags for e in f.episodes]
     assert len(eps) == 1 and eps[0]["length"] == 6
     assert eps[0]["agent_returns"] == {"a|shared": 6.0, "b|shared": 2.0, "c|shared": 1.0}
-    eid = int(frags[0]["shared"][sb.EPS_ID][0])
-    tr = rows_by_agent(frags, eid)
+    eid = int(frags[0]["shared"][sb.EPS_ID][0]) // 3
+    tr = rows_by_agent(frags, eid, 3)
     assert {k: len(v) for k, v in tr.items()} == {0: 6, 1: 2, 2: 1}      # a=6, b=2, c=1: 9 agent steps
     assert tr[0][sb.T].tolist() == list(range(6))
     assert tr[0][sb.TRUNCATEDS].tolist() == [False] * 5 + [True] and not tr[0][sb.TERMINATEDS].any()
@@ -202,10 +206,9 @@ def test_mixing_plan_composition(recorders):
 
 
 def test_mixing_refuses_async_with_bulk_sync(recorders):
-    ctx = make_ctx(SCOUT, *C04_MAP, "multiagent.policies.scout_pol.algo=rec_a",
-                   "multiagent.policies.tank_pol.algo=rec_async")
-    with pytest.raises(ConfigError, match=r"bulk_sync and async.*rec_async"):
-        build_plan(ctx)
+    with pytest.raises(ConfigError, match=r"bulk_sync and async.*rec_async \(policies tank_pol\): async"):
+        make_ctx(SCOUT, *C04_MAP, "multiagent.policies.scout_pol.algo=rec_a",
+                 "multiagent.policies.tank_pol.algo=rec_async")
 
 
 def test_per_policy_config_override_is_its_own_group():
@@ -228,8 +231,8 @@ def test_aec_reward_attribution_tiny_game():
     assert (f1.env_steps, f1.agent_steps, f2.env_steps, f2.agent_steps) == (2, 2, 2, 2)
     # nothing of the first episode is complete after moves 1-2: p0's reward is still arriving
     assert len(f1.policy_batches.get("shared", [])) == 0
-    eid = int(f2["shared"][sb.EPS_ID][0])
-    tr = rows_by_agent([f1, f2], eid)
+    eid = int(f2["shared"][sb.EPS_ID][0]) // 2
+    tr = rows_by_agent([f1, f2], eid, 2)
     p0, p1 = tr[0], tr[1]
     assert p0[sb.REWARDS].tolist() == [2.0, 10.0] and p0[sb.TERMINATEDS].tolist() == [False, True]
     assert p1[sb.REWARDS].tolist() == [-11.0] and p1[sb.TERMINATEDS].tolist() == [True]

@@ -20,6 +20,11 @@ action count in its episode return but belong to no transition. ``next_obs`` is 
 own next observation (at its next turn, or its final one); a trajectory cut at a fragment
 boundary bootstraps from it. In an AEC game a transition whose next turn has not come yet at
 the fragment boundary is carried into the next fragment, never lost or duplicated (case C03).
+
+Batch columns are GymEnvRunner's plus ``agent_index`` (the agent's index in
+``possible_agents``). ``eps_id`` identifies one agent's trajectory in one episode:
+``episode_id * len(possible_agents) + agent_index``, so that every consumer that splits
+trajectories where ``eps_id`` changes (GAE, V-trace, n-step) never joins two agents' pieces.
 """
 from __future__ import annotations
 
@@ -146,8 +151,11 @@ class _MultiAgentRunner:
     def _traj(self, slot: _Slot, agent: str) -> _Traj:
         tr = slot.trajs.get(agent)
         if tr is None:
+            if agent not in self.agent_index:
+                raise EnvError(f"env {self.name!r} (worker {self.worker.index}, sub-env {slot.j}): agent "
+                               f"{agent!r} is not in possible_agents {self.possible_agents}")
             pid = self.mapping.policy_for(agent, slot.rotation, self._alternate_now)
-            tr = _Traj(agent, pid, self.agent_index.get(agent, -1), slot.episode)
+            tr = _Traj(agent, pid, self.agent_index[agent], slot.episode)
             slot.trajs[agent] = tr
         return tr
 
@@ -229,7 +237,7 @@ class _MultiAgentRunner:
         b[sb.TERMINATEDS] = np.fromiter((r[5] for r in rows), bool, n)
         b[sb.TRUNCATEDS] = np.fromiter((r[6] for r in rows), bool, n)
         b[sb.NEXT_OBS] = np.stack([r[7] for r in rows])
-        b[sb.EPS_ID] = np.full(n, tr.episode.episode_id, np.int64)
+        b[sb.EPS_ID] = np.full(n, tr.episode.episode_id * len(self.possible_agents) + tr.agent_index, np.int64)
         b[sb.T] = np.fromiter((r[9] for r in rows), np.int64, n)
         b[sb.AGENT_INDEX] = np.full(n, tr.agent_index, np.int64)
         if rows[0][1] is not None:
