@@ -374,19 +374,24 @@ class MetricsWriter:
         if tensorboard:
             from torch.utils.tensorboard import SummaryWriter
             self.tb = SummaryWriter(os.path.join(run_dir, "tb"))
+        if append_rows is not None:  # resume: drop rows after the checkpoint, torn rows
+            self._rewrite()
+
+    def _rewrite(self) -> None:
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, self.columns)
+            w.writeheader()
+            for r in self.rows:
+                w.writerow(r)
+        os.replace(tmp, self.path)
 
     def write(self, row: Dict[str, Any]) -> None:
         self.rows.append(row)
         new = [k for k in row if k not in self.columns]
         if new or not os.path.exists(self.path):
             self.columns += new
-            tmp = self.path + ".tmp"
-            with open(tmp, "w", newline="") as f:
-                w = csv.DictWriter(f, self.columns)
-                w.writeheader()
-                for r in self.rows:
-                    w.writerow(r)
-            os.replace(tmp, self.path)
+            self._rewrite()
         else:
             with open(self.path, "a", newline="") as f:
                 csv.DictWriter(f, self.columns).writerow(row)
@@ -402,10 +407,13 @@ class MetricsWriter:
 
 
 def read_metrics(path: str) -> List[Dict[str, Any]]:
-    """Rows of a metrics.csv with numbers parsed."""
+    """Rows of a metrics.csv with numbers parsed; a torn row (too few or too many fields,
+    as a killed process may leave at the end) is skipped."""
     out = []
     with open(path) as f:
         for r in csv.DictReader(f):
+            if None in r or None in r.values():
+                continue
             row = {}
             for k, v in r.items():
                 if v in ("", None):
@@ -490,6 +498,9 @@ def save_checkpoint(ctx: RunContext, run_dir: str, tag: Optional[str] = None) ->
     if os.path.exists(final):
         shutil.rmtree(final)
     os.replace(tmp, final)
+    for stale in os.listdir(ck_root):  # left by a process killed while saving
+        if stale.startswith(".tmp-"):
+            shutil.rmtree(os.path.join(ck_root, stale), ignore_errors=True)
     keep = int(ctx.config.checkpoint.keep)
     existing = sorted(d for d in os.listdir(ck_root) if d.startswith("iter_"))
     for old in existing[:-keep] if keep > 0 else []:
@@ -668,6 +679,7 @@ def train(config: Any = None, config_file: Optional[str] = None, plugins: Sequen
         Exception: the original exception of a failed env/worker (with notes naming the
             worker and operator), after a best-effort checkpoint of what was learned.
     """
+    t_entry = time.perf_counter()
     pm = get_plugin_manager(plugin_modules_from(config, config_file), extra=plugins)
     user = config
     resume_from = None
@@ -687,8 +699,10 @@ def train(config: Any = None, config_file: Optional[str] = None, plugins: Sequen
         mpath = os.path.join(run_dir, "metrics.csv")
         st_iter = torch.load(os.path.join(resume_from, "state.pt"), weights_only=False,
                              map_location="cpu")["iteration"]
-        if os.path.exists(mpath):
-            run_rows = [r for r in read_metrics(mpath) if int(r.get("iteration", 0)) <= st_iter]
+        if os.path.exists(mpath):  # rows up to the checkpoint, each iteration once
+            by_iter = {int(r["iteration"]): r for r in read_metrics(mpath)
+                       if isinstance(r.get("iteration"), int) and 1 <= r["iteration"] <= st_iter}
+            run_rows = [by_iter[k] for k in sorted(by_iter)]
     else:
         cfg = pre
         run_dir = cfg.run.dir or _default_run_dir(cfg)
@@ -702,11 +716,11 @@ def train(config: Any = None, config_file: Optional[str] = None, plugins: Sequen
     with open(os.path.join(run_dir, "config.yaml"), "w") as f:
         f.write(OmegaConf.to_yaml(cfg))
     with _ray_session(cfg):
-        return _run(ctx, cfg, pm, run_dir, resume_from, run_rows)
+        return _run(ctx, cfg, pm, run_dir, resume_from, run_rows, t_entry)
 
 
 def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: Optional[str],
-         run_rows: List[Dict[str, Any]]) -> Result:
+         run_rows: List[Dict[str, Any]], t_entry: float) -> Result:
     plan = build_plan(ctx)
     if resume_from:
         restore(ctx, resume_from)
@@ -723,6 +737,8 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
     reason: Optional[str] = None
     ev = cfg.evaluation
     ctx.start_clock()
+    # start-up: from train() to the first sample request (config, Ray, actors ready)
+    ctx.extra_metrics["time_startup_s"] = ctx._t_start - t_entry
     try:
         for r in reporting:
             if r is NOT_READY:
