@@ -1,0 +1,469 @@
+"""Deep Q-Networks (Mnih et al. 2015, Nature 518) as a flowkit plugin, with double-Q (van
+Hasselt et al. 2016, arXiv 1509.06461), dueling heads (Wang et al. 2016, arXiv 1511.06581),
+n-step returns, prioritized replay (Schaul et al. 2016) and Ape-X replay shards with
+per-worker epsilons (Horgan et al. 2018, arXiv 1803.00933).
+
+Math, top to bottom:
+    n-step return (postprocess, on the worker), for a window that stops at the trajectory's
+    end (termination, truncation or fragment cut):
+        R_t = sum_{k<m} gamma^k r_{t+k},   m = min(n, steps left in the piece)   (n_steps)
+        next_obs_t <- next_obs_{t+m-1},  terminated_t <- terminated_{t+m-1}
+    Target (with action masks, the max and argmax run over legal actions of next_obs only):
+        a*  = argmax_a Q_online(s', a)   (double-Q)   or   argmax_a Q_target(s', a)
+        y   = R_t + gamma^m * (1 - terminated_t) * Q_target(s', a*)
+    Loss: mean_i w_i * huber(Q(s_t, a_t) - y_i), w_i the importance weights (1 without
+        prioritized replay); new priorities |Q(s_t, a_t) - y_i| + eps.
+    Dueling: Q(s, a) = V(s) + A(s, a) - mean_a A(s, a).
+    Exploration: epsilon-greedy over legal actions; epsilon linear from initial_epsilon to
+        final_epsilon over epsilon_timesteps env steps sampled. Ape-X: worker i of N keeps
+        epsilon_i = base^(1 + alpha * i / (N - 1)) (base 0.4, alpha 7).
+
+Dataflow (``flowkit plan algo=dqn``)::
+
+    store = rollouts -> StoreToReplayBuffer -> UpdateExploration
+    train = Replay -> TrainOneStep -> UpdatePriorities -> UpdateTargetNetwork -> BroadcastWeights
+    Concurrently([store, train], round_robin, output_indexes=[1],
+                 weights=[1, training_intensity * round_env_steps / train_batch_size])
+
+Ape-X (``dqn.num_replay_shards=k``): async rollouts -> StoreToReplayShards -> per-worker
+epsilon -> PushWeightsToSource; ReplayFromShards (gather_async) -> zip_with_source_actor ->
+TrainOneStep -> UpdatePriorities (to the serving shard) -> UpdateTargetNetwork.
+"""
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Tuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+import flowkit
+from flowkit import ConfigError
+from flowkit.config import F
+from flowkit.core import batch as sb
+from flowkit.core.flow import get_result
+from flowkit.core.ops import BroadcastWeights, Concurrently, TrainOneStep
+from flowkit.core.policy import ObsEncoder, Policy, build_mlp, build_trunk
+from flowkit.core.replay import (MultiAgentReplayBuffer, PushWeightsToSource, Replay, ReplayFromShards,
+                                 ReplayShards, StoreToReplayBuffer, StoreToReplayShards, UpdatePriorities,
+                                 UpdateTargetNetwork, WithSource)
+from flowkit.core.workers import derive_seed
+
+
+@dataclass
+class DQNConfig:
+    """dqn: Deep Q-Networks (double-Q, dueling, n-step, prioritized replay, Ape-X shards)."""
+    lr: float = F(5e-4, "Adam learning rate")
+    adam_eps: float = F(1e-8, "Adam epsilon")
+    gamma: float = F(0.99, "discount factor")
+    n_step: int = F(1, "n-step returns (1: one-step TD)")
+    double_q: bool = F(True, "double-Q target: argmax by the online network, value by the target network")
+    dueling: bool = F(True, "dueling heads: Q = V + A - mean(A)")
+    train_batch_size: int = F(32, "replayed transitions per gradient step")
+    buffer_size: int = F(50_000, "replay capacity in transitions (per policy; split over shards in Ape-X)")
+    learning_starts: int = F(1_000, "env steps sampled before the first gradient step")
+    training_intensity: Optional[float] = F(None, "transitions trained per transition sampled (null: one "
+                                                  "gradient step per sampling round)")
+    target_network_update_freq: int = F(500, "gradient steps between target-network updates")
+    weight_sync_freq: int = F(16, "gradient steps between weight broadcasts to the rollout workers")
+    max_grad_norm: Optional[float] = F(10.0, "clip the gradient norm (null: off)")
+    huber_delta: float = F(1.0, "Huber loss threshold")
+    initial_epsilon: float = F(1.0, "epsilon-greedy: epsilon at the start")
+    final_epsilon: float = F(0.02, "epsilon-greedy: epsilon after epsilon_timesteps")
+    epsilon_timesteps: int = F(10_000, "env steps sampled over which epsilon decays linearly")
+    prioritized_replay: Optional[bool] = F(None, "proportional prioritized replay (Schaul et al. 2016); "
+                                                 "null: on in Ape-X mode, off otherwise")
+    prioritized_replay_alpha: float = F(0.6, "priority exponent alpha")
+    prioritized_replay_beta: float = F(0.4, "importance-weight exponent beta")
+    prioritized_replay_eps: float = F(1e-6, "added to |td_error| for the priority")
+    num_replay_shards: int = F(0, "Ape-X: replay shards held by Ray actors (0: one local buffer)")
+    replay_num_async: int = F(2, "Ape-X: replay requests in flight per shard")
+    apex_epsilon_base: float = F(0.4, "Ape-X: per-worker epsilon_i = base^(1 + alpha*i/(N-1))")
+    apex_epsilon_alpha: float = F(7.0, "Ape-X: per-worker epsilon exponent alpha")
+
+
+# ---- exploration schedules ----------------------------------------------------------------
+def epsilon_at(cfg: Any, env_steps: int) -> float:
+    """Linear schedule: ``initial_epsilon`` -> ``final_epsilon`` over ``epsilon_timesteps``
+    env steps sampled, constant after."""
+    if cfg.epsilon_timesteps <= 0:
+        return float(cfg.final_epsilon)
+    frac = min(1.0, env_steps / cfg.epsilon_timesteps)
+    return float(cfg.initial_epsilon + frac * (cfg.final_epsilon - cfg.initial_epsilon))
+
+
+def apex_epsilon(worker_index: int, num_workers: int, base: float = 0.4, alpha: float = 7.0) -> float:
+    """Ape-X's fixed per-worker epsilon (Horgan et al. 2018, section 4.1):
+    ``base^(1 + alpha * i / (N - 1))``; ``base`` when N == 1."""
+    if num_workers <= 1:
+        return float(base)
+    return float(base ** (1.0 + alpha * max(worker_index, 0) / (num_workers - 1)))
+
+
+# ---- n-step returns and targets -----------------------------------------------------------------
+def compute_n_step(rewards: np.ndarray, ends: np.ndarray, gamma: float, n: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """n-step discounted returns over a flat sequence of trajectory pieces.
+
+    Args:
+        rewards: float32[L]. ends: bool[L], True where a piece ends (terminated, truncated or
+            cut; the last row must be True). gamma: discount. n: window length >= 1.
+    Returns:
+        ``(returns float32[L], last int64[L], n_steps int64[L])``: the window of row ``t``
+        covers rows ``t .. last[t]`` (``n_steps = last - t + 1 <= n``), never past a piece end.
+    """
+    L = len(rewards)
+    r = np.asarray(rewards, np.float64)
+    ends = np.asarray(ends, bool)
+    t = np.arange(L)
+    ret = np.zeros(L, np.float64)
+    last = t.copy()
+    active = np.ones(L, bool)
+    for i in range(n):
+        idx = np.minimum(t + i, L - 1)
+        ret += np.where(active, (gamma ** i) * r[idx], 0.0)
+        last = np.where(active, idx, last)
+        active = active & ~ends[idx] & (t + i + 1 < L)
+    return ret.astype(np.float32), last.astype(np.int64), (last - t + 1).astype(np.int64)
+
+
+def compute_q_targets(rewards: torch.Tensor, terminateds: torch.Tensor, discounts: torch.Tensor,
+                      q_next_target: torch.Tensor, q_next_online: Optional[torch.Tensor] = None,
+                      next_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """TD targets ``y = r + discount * (1 - terminated) * Q_target(s', a*)``.
+
+    Args:
+        rewards, discounts: float32[B] (discount = gamma^n_steps). terminateds: bool[B].
+        q_next_target: float32[B, A], target network at next_obs.
+        q_next_online: float32[B, A], online network at next_obs (double-Q picks a* with it);
+            None: a* = argmax of the target network (vanilla DQN).
+        next_mask: int8[B, A] legal actions at next_obs; a* is taken over legal actions only.
+            A row with no legal action (a terminal observation) is treated as unmasked.
+    Returns:
+        float32[B].
+    """
+    sel = q_next_online if q_next_online is not None else q_next_target
+    if next_mask is not None:
+        legal = next_mask.bool()
+        legal = legal | ~legal.any(-1, keepdim=True)
+        sel = sel.masked_fill(~legal, float("-inf"))
+    a_star = sel.argmax(-1, keepdim=True)
+    q_next = q_next_target.gather(-1, a_star).squeeze(-1)
+    return rewards + discounts * (~terminateds.bool()).float() * q_next
+
+
+# ---- the model ---------------------------------------------------------------------------------
+class QNetwork(nn.Module):
+    """Encoded observation float32[B, *shape] -> Q-values float32[B, num_actions]; a dueling
+    head computes V + A - mean(A)."""
+
+    def __init__(self, encoder: ObsEncoder, num_actions: int, model_cfg: Any, dueling: bool):
+        super().__init__()
+        hidden, act = list(model_cfg.hidden_sizes), model_cfg.activation
+        self.trunk, d = build_trunk(encoder, hidden, act)
+        self.dueling = bool(dueling)
+        if self.dueling:
+            self.value_head = build_mlp(d, [], act, 1, 1.0)
+            self.advantage_head = build_mlp(d, [], act, num_actions, 1.0)
+        else:
+            self.q_head = build_mlp(d, [], act, num_actions, 1.0)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        h = self.trunk(obs)
+        if not self.dueling:
+            return self.q_head(h)
+        a = self.advantage_head(h)
+        return self.value_head(h) + a - a.mean(-1, keepdim=True)
+
+
+# ---- the policy ---------------------------------------------------------------------------------
+_TRAIN_COLS = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.NEXT_OBS, sb.N_STEPS, sb.PRIO_WEIGHTS,
+               sb.NEXT_ACTION_MASK)
+
+
+class DQNPolicy(Policy):
+    """Q-network, target network (learner only), epsilon-greedy acting and the TD loss.
+
+    ``epsilon`` is set from outside (the UpdateExploration operator, on the learner and on
+    every worker). After each ``learn_on_batch``, ``td_error`` holds float32[B] for
+    prioritized replay. Override :meth:`loss` to make a variant.
+    """
+
+    def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
+                 seed=0, inference_only=False):
+        super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
+        if self.dist.kind != "cat":
+            raise ConfigError(f"DQN needs a Discrete action space, got {action_space}")
+        torch.manual_seed(seed)
+        self.num_actions = self.dist.num_outputs
+        self.model = QNetwork(self.encoder, self.num_actions, model_config, config.dueling).to(self.device)
+        self.epsilon = float(config.initial_epsilon)
+        self.td_error: Optional[np.ndarray] = None
+        self.target_model: Optional[nn.Module] = None
+        if not inference_only:
+            self.target_model = copy.deepcopy(self.model)
+            for p in self.target_model.parameters():
+                p.requires_grad_(False)
+            self.optimizer = self.make_optimizer(config.lr, config.adam_eps)
+
+    # -- acting (worker) --
+    def compute_actions_encoded(self, obs, mask=None, explore=True):
+        with torch.inference_mode():
+            q = self.model(torch.from_numpy(obs)).numpy()
+        if mask is not None:
+            self.check_mask(mask)
+            legal = mask.astype(bool)
+            q = np.where(legal, q, -np.inf)
+        actions = q.argmax(1)
+        if explore and self.epsilon > 0:
+            b = q.shape[0]
+            u = self.np_random.random(b)
+            scores = self.np_random.random((b, self.num_actions))
+            if mask is not None:
+                scores = np.where(legal, scores, -1.0)
+            actions = np.where(u < self.epsilon, scores.argmax(1), actions)
+        return actions.astype(np.int64), {}
+
+    def postprocess_trajectory(self, batch: sb.SampleBatch) -> sb.SampleBatch:
+        """Add ``n_steps`` and, for ``n_step > 1``, fold rewards into n-step returns with
+        next_obs / terminated / truncated / next_action_mask taken from the window's last row."""
+        out = sb.SampleBatch(batch)
+        L = len(out)
+        n = int(self.config.n_step)
+        if L == 0 or n == 1:
+            out[sb.N_STEPS] = np.ones(L, np.int64)
+            return out
+        term = np.asarray(out[sb.TERMINATEDS], bool)
+        ends = term | np.asarray(out[sb.TRUNCATEDS], bool)
+        ends = ends.copy()
+        ends[-1] = True
+        if sb.EPS_ID in out:
+            e = np.asarray(out[sb.EPS_ID])
+            ends[:-1] |= e[1:] != e[:-1]
+        ret, last, steps = compute_n_step(np.asarray(out[sb.REWARDS]), ends, self.config.gamma, n)
+        out[sb.REWARDS] = ret
+        for k in (sb.NEXT_OBS, sb.TERMINATEDS, sb.TRUNCATEDS, sb.NEXT_ACTION_MASK):
+            if k in out:
+                out[k] = np.asarray(out[k])[last]
+        out[sb.N_STEPS] = steps
+        return out
+
+    # -- learning (driver) --
+    def prepare_batch(self, batch):
+        out = {}
+        for k in _TRAIN_COLS:
+            if k in batch:
+                v = np.asarray(batch[k])
+                out[k] = torch.from_numpy(v) if v.flags.writeable else torch.tensor(v)
+        return out
+
+    def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
+        cfg = self.config
+        q = self.model(batch[sb.OBS])
+        q_taken = q.gather(-1, batch[sb.ACTIONS].long().unsqueeze(-1)).squeeze(-1)
+        with torch.no_grad():
+            next_obs = batch[sb.NEXT_OBS]
+            q_next_target = self.target_model(next_obs)
+            q_next_online = self.model(next_obs) if cfg.double_q else None
+            n_steps = batch.get(sb.N_STEPS)
+            discounts = (torch.full_like(q_taken, cfg.gamma) if n_steps is None
+                         else torch.pow(torch.tensor(cfg.gamma), n_steps.float()))
+            y = compute_q_targets(batch[sb.REWARDS].float(), batch[sb.TERMINATEDS], discounts,
+                                  q_next_target, q_next_online, batch.get(sb.NEXT_ACTION_MASK))
+        td = q_taken - y
+        per_row = nn.functional.huber_loss(q_taken, y, reduction="none", delta=cfg.huber_delta)
+        w = batch.get(sb.PRIO_WEIGHTS)
+        loss = (per_row * w).mean() if w is not None else per_row.mean()
+        with torch.no_grad():
+            self.td_error = td.detach().cpu().numpy()
+            vals = torch.stack([loss, q_taken.mean(), td.abs().mean(), y.mean()]).tolist()
+        return loss, dict(zip(("loss", "mean_q", "mean_abs_td_error", "mean_target"), vals))
+
+    def on_train_batch_end(self, batch):
+        return {"epsilon": self.epsilon}
+
+    def update_target(self) -> None:
+        """Copy the online network's weights into the target network."""
+        self.target_model.load_state_dict(self.model.state_dict())
+
+    # -- state --
+    def get_state(self):
+        st = super().get_state()
+        st["epsilon"] = self.epsilon
+        if self.target_model is not None:
+            st["target_weights"] = {k: v.detach().cpu().numpy().copy()
+                                    for k, v in self.target_model.state_dict().items()}
+        return st
+
+    def set_state(self, state):
+        super().set_state(state)
+        self.epsilon = float(state.get("epsilon", self.epsilon))
+        if self.target_model is not None and state.get("target_weights") is not None:
+            self.target_model.load_state_dict({k: torch.as_tensor(np.array(v))
+                                               for k, v in state["target_weights"].items()})
+
+
+# ---- operators --------------------------------------------------------------------------------
+class SetEpsilon:
+    """Worker-side (picklable, sent with ``RolloutWorker.apply``): set the epsilon of this
+    worker's DQN policies to ``epsilon``, or to Ape-X's per-worker value when ``apex`` holds
+    ``(base, alpha)``. Returns the epsilon set."""
+
+    def __init__(self, policy_ids: List[str], epsilon: float = 0.0, apex: Optional[Tuple[float, float]] = None):
+        self.policy_ids, self.epsilon, self.apex = list(policy_ids), float(epsilon), apex
+
+    def __call__(self, worker: Any) -> float:
+        eps = self.epsilon if self.apex is None else apex_epsilon(worker.index, worker.num_workers, *self.apex)
+        for pid in self.policy_ids:
+            if pid in worker.policies:
+                worker.policies[pid].epsilon = eps
+        return eps
+
+
+class UpdateExploration:
+    """Set epsilon from env steps sampled on the learner policies and on every worker whose
+    value is out of date (fire and forget: a prefetched sample request is not waited for).
+    Ape-X: each new worker (also a restarted one) gets its fixed per-worker epsilon once."""
+
+    def __init__(self, ctx: Any, cfg: Any, policy_ids: List[str], apex: bool = False):
+        self.ctx, self.cfg, self.policy_ids, self.apex = ctx, cfg, list(policy_ids), apex
+        self.sent: Dict[int, float] = {}
+        self.name = "UpdateExploration(" + ("per-worker epsilon" if apex else
+                                            f"epsilon {cfg.initial_epsilon} -> {cfg.final_epsilon} over "
+                                            f"{cfg.epsilon_timesteps} env steps") + ")"
+
+    @staticmethod
+    def _send(actor: Any, fn: SetEpsilon) -> None:
+        fut = actor.submit("apply", fn)
+        if not actor.is_remote:
+            get_result(fut)
+
+    def __call__(self, item: Any) -> Any:
+        if self.apex:
+            actor = item[0]
+            if id(actor) not in self.sent:
+                self._send(actor, SetEpsilon(self.policy_ids, apex=(self.cfg.apex_epsilon_base,
+                                                                    self.cfg.apex_epsilon_alpha)))
+                self.sent[id(actor)] = -1.0
+            return item
+        eps = epsilon_at(self.cfg, self.ctx.counters["env_steps_sampled"])
+        for pid in self.policy_ids:
+            self.ctx.learner[pid].epsilon = eps
+        fn = None
+        for a in self.ctx.workers.actors:
+            if self.sent.get(id(a)) != eps:
+                fn = fn or SetEpsilon(self.policy_ids, eps)
+                self._send(a, fn)
+                self.sent[id(a)] = eps
+        return item
+
+
+def _unwrap(item: Tuple[Any, Any]) -> Any:
+    return item[1]
+
+
+# ---- the algorithm --------------------------------------------------------------------------
+class DQN(flowkit.Algorithm):
+    """DQN: store and replay-train branches run concurrently, round-robin with a ratio from
+    ``training_intensity``; Ape-X with ``num_replay_shards > 0``."""
+
+    name = "dqn"
+    config_class = DQNConfig
+    policy_class = DQNPolicy
+    rollout_mode = "bulk_sync"
+    off_policy = True
+
+    @classmethod
+    def check_spaces(cls, policy_id, observation_space, action_space) -> None:
+        if not isinstance(action_space, gym.spaces.Discrete):
+            raise ConfigError(f"policy {policy_id!r}: DQN needs a Discrete action space, got {action_space} "
+                              f"(use an algorithm for {type(action_space).__name__} actions, e.g. ppo)")
+
+    @classmethod
+    def validate_config(cls, run_config, section) -> List[str]:
+        s, n = section, cls.name
+        positive = ("lr", "train_batch_size", "buffer_size", "n_step", "target_network_update_freq",
+                    "huber_delta", "replay_num_async")
+        for key in positive:
+            if s[key] <= 0:
+                raise ConfigError(f"{n}.{key}={s[key]} must be > 0")
+        for key in ("learning_starts", "weight_sync_freq", "epsilon_timesteps", "num_replay_shards"):
+            if s[key] < 0:
+                raise ConfigError(f"{n}.{key}={s[key]} must be >= 0")
+        for key in ("gamma", "initial_epsilon", "final_epsilon", "apex_epsilon_base"):
+            if not 0.0 <= s[key] <= 1.0:
+                raise ConfigError(f"{n}.{key}={s[key]} must be in [0, 1]")
+        if s.training_intensity is not None and s.training_intensity <= 0:
+            raise ConfigError(f"{n}.training_intensity={s.training_intensity} must be > 0 (or null)")
+        if s.train_batch_size > s.buffer_size:
+            raise ConfigError(f"{n}.train_batch_size={s.train_batch_size} is larger than "
+                              f"{n}.buffer_size={s.buffer_size}")
+        if s.num_replay_shards > 0 and s.buffer_size // s.num_replay_shards < s.train_batch_size:
+            raise ConfigError(f"{n}.buffer_size={s.buffer_size} split over {n}.num_replay_shards="
+                              f"{s.num_replay_shards} leaves fewer than {n}.train_batch_size="
+                              f"{s.train_batch_size} transitions per shard")
+        return []
+
+    @property
+    def prioritized(self) -> bool:
+        p = self.config.prioritized_replay
+        return bool(self.config.num_replay_shards > 0 if p is None else p)
+
+    def get_rollout_mode(self) -> str:
+        return "async" if self.config.num_replay_shards > 0 else self.rollout_mode
+
+    def round_robin_weights(self, round_env_steps: int) -> List[float]:
+        """``[1, k]``: k train steps (``train_batch_size`` transitions each) per sampled item
+        of ``round_env_steps``, so trained/sampled = ``training_intensity``."""
+        ti = self.config.training_intensity
+        if ti is None:
+            return [1, 1]
+        return [1, float(ti) * round_env_steps / self.config.train_batch_size]
+
+    def training_flow(self, experiences, ctx):
+        cfg = self.config
+        pids = [p for p in ctx.policy_ids if ctx.policy_specs[p].algo == self.name]
+        rt = self.run_config.runtime
+        fragment = int(rt.num_envs_per_worker) * int(rt.rollout_fragment_length)
+        seed = derive_seed(int(self.run_config.seed), "replay", self.name)
+        prio = (cfg.prioritized_replay_alpha, cfg.prioritized_replay_beta, cfg.prioritized_replay_eps)
+        if cfg.num_replay_shards > 0:
+            return self._apex_flow(experiences, ctx, pids, fragment, seed, prio)
+        buffer = ctx.add_stateful(f"{self.name}/replay_buffer",
+                                  MultiAgentReplayBuffer(cfg.buffer_size, self.prioritized, *prio, seed=seed))
+        store = (experiences
+                 .for_each(StoreToReplayBuffer(buffer))
+                 .for_each(UpdateExploration(ctx, cfg, pids)))
+        train = Replay(ctx, buffer, cfg.train_batch_size, cfg.learning_starts).for_each(
+            TrainOneStep(ctx, policy_ids=pids))
+        if self.prioritized:
+            train = train.for_each(UpdatePriorities(ctx, buffer))
+        train = (train
+                 .for_each(UpdateTargetNetwork(ctx, cfg.target_network_update_freq))
+                 .for_each(BroadcastWeights(ctx, every=cfg.weight_sync_freq * cfg.train_batch_size,
+                                            policy_ids=pids)))
+        round_steps = max(1, int(rt.num_workers)) * fragment
+        return Concurrently([store, train], mode="round_robin", output_indexes=[1],
+                            round_robin_weights=self.round_robin_weights(round_steps))
+
+    def _apex_flow(self, experiences, ctx, pids, fragment, seed, prio):
+        cfg = self.config
+        shards = ctx.add_stateful(f"{self.name}/replay_shards", ReplayShards(
+            self.run_config.runtime.backend, cfg.num_replay_shards, cfg.buffer_size, cfg.train_batch_size,
+            cfg.learning_starts, self.prioritized, *prio, seed=seed))
+        store = (experiences
+                 .for_each(StoreToReplayShards(shards))
+                 .for_each(UpdateExploration(ctx, cfg, pids, apex=True))
+                 .for_each(PushWeightsToSource(ctx, every=cfg.weight_sync_freq * cfg.train_batch_size)))
+        train = (ReplayFromShards(ctx, shards, cfg.replay_num_async)
+                 .zip_with_source_actor()
+                 .for_each(WithSource(TrainOneStep(ctx, policy_ids=pids))))
+        if self.prioritized:
+            train = train.for_each(UpdatePriorities(ctx))
+        train = (train
+                 .for_each(WithSource(UpdateTargetNetwork(ctx, cfg.target_network_update_freq)))
+                 .for_each(_unwrap))
+        return Concurrently([store, train], mode="round_robin", output_indexes=[1],
+                            round_robin_weights=self.round_robin_weights(fragment))

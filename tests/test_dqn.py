@@ -1,0 +1,266 @@
+"""DQN plugin (issue 3): hand-computed n-step returns and double-Q targets, action masks (C05),
+next-step autoreset in collection (C02), Box refusal, the Ape-X plan and a local Ape-X run,
+exact checkpoint/restore for DQN and PPO (C11), and `train resume=`."""
+import os
+import subprocess
+import sys
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import flowkit
+from conftest import local_overrides
+from flowkit import ConfigError
+from flowkit.core import batch as sb
+from flowkit.core.flow import NOT_READY
+from flowkit.engine import build_plan, load_config, setup
+from flowkit_dqn import DQNPolicy, DQNConfig, apex_epsilon, compute_n_step, compute_q_targets, epsilon_at
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def model_cfg(hidden=()):
+    from omegaconf import OmegaConf
+    return OmegaConf.create({"hidden_sizes": list(hidden), "activation": "relu", "shared_value_network": False})
+
+
+# ---- n-step returns -------------------------------------------------------------------------
+def test_n_step_return_with_termination_inside_window():
+    # rewards 1, 2, 3, 4; the episode terminates at row 1; rows 2-3 are a second episode cut
+    # (truncated) at row 3. gamma = 0.5, n = 3.
+    ret, last, steps = compute_n_step(np.array([1, 2, 3, 4], np.float32), np.array([0, 1, 0, 1], bool), 0.5, 3)
+    np.testing.assert_allclose(ret, [1 + 0.5 * 2, 2, 3 + 0.5 * 4, 4])
+    assert last.tolist() == [1, 1, 3, 3] and steps.tolist() == [2, 1, 2, 1]
+    # the policy's postprocess takes next_obs / terminated from the window's last row
+    cfg = DQNConfig(n_step=3, gamma=0.5)
+    pol = DQNPolicy(gym.spaces.Box(-10, 10, (1,)), gym.spaces.Discrete(2), cfg, model_cfg([8]), inference_only=True)
+    b = sb.SampleBatch({sb.OBS: np.array([[0], [1], [10], [11]], np.float32),
+                        sb.NEXT_OBS: np.array([[1], [2], [11], [12]], np.float32),
+                        sb.ACTIONS: np.zeros(4, np.int64), sb.REWARDS: np.array([1, 2, 3, 4], np.float32),
+                        sb.TERMINATEDS: np.array([0, 1, 0, 0], bool), sb.TRUNCATEDS: np.array([0, 0, 0, 1], bool),
+                        sb.EPS_ID: np.array([7, 7, 8, 8])})
+    out = pol.postprocess_trajectory(b)
+    np.testing.assert_allclose(out[sb.REWARDS], [2.0, 2.0, 5.0, 4.0])
+    assert out[sb.NEXT_OBS][:, 0].tolist() == [2, 2, 12, 12]
+    assert out[sb.TERMINATEDS].tolist() == [True, True, False, False]
+    assert out[sb.TRUNCATEDS].tolist() == [False, False, True, True]
+    assert out[sb.N_STEPS].tolist() == [2, 1, 2, 1]
+    assert b[sb.REWARDS].tolist() == [1, 2, 3, 4]  # input untouched
+
+
+def test_double_q_target_hand_computed():
+    r = torch.tensor([1.0, 1.0, 2.0])
+    term = torch.tensor([False, True, False])
+    disc = torch.tensor([0.9, 0.9, 0.81])  # gamma^n_steps
+    q_online = torch.tensor([[5.0, 1.0], [3.0, 2.0], [0.0, 1.0]])
+    q_target = torch.tensor([[10.0, 20.0], [30.0, 40.0], [4.0, 8.0]])
+    # double-Q: a* from the online net = [0, 0, 1] -> Q_target = [10, 30, 8]
+    y = compute_q_targets(r, term, disc, q_target, q_online)
+    np.testing.assert_allclose(y.numpy(), [1 + 0.9 * 10, 1.0, 2 + 0.81 * 8])
+    # vanilla: max of the target net = [20, 40, 8]
+    y = compute_q_targets(r, term, disc, q_target, None)
+    np.testing.assert_allclose(y.numpy(), [1 + 0.9 * 20, 1.0, 2 + 0.81 * 8])
+
+
+def test_epsilon_schedules():
+    cfg = DQNConfig(initial_epsilon=1.0, final_epsilon=0.05, epsilon_timesteps=500)
+    assert epsilon_at(cfg, 300) == pytest.approx(0.43)
+    assert epsilon_at(cfg, 10_000) == pytest.approx(0.05)
+    assert apex_epsilon(0, 2) == pytest.approx(0.4) and apex_epsilon(1, 2) == pytest.approx(0.4 ** 8)
+    assert apex_epsilon(1, 3) == pytest.approx(0.4 ** 4.5) and apex_epsilon(0, 1) == pytest.approx(0.4)
+
+
+# ---- C05: action masks -------------------------------------------------------------------------
+def masked_policy(double_q):
+    from dqn_envs import MaskedTwoState
+    env = MaskedTwoState()
+    cfg = DQNConfig(gamma=0.9, dueling=False, double_q=double_q, n_step=1)
+    pol = DQNPolicy(env.observation_space, env.action_space, cfg, model_cfg(), seed=0)
+    # no hidden layer: Q = W one_hot(s) + b; Q(s0) = [0, 0], Q(s1) = [0, 10]
+    w = {"q_head.0.weight": np.array([[0.0, 0.0], [0.0, 10.0]], np.float32), "q_head.0.bias": np.zeros(2, np.float32)}
+    pol.set_weights(w)
+    pol.update_target()
+    return env, pol
+
+
+@pytest.mark.parametrize("double_q", [False, True])
+def test_c05_masked_target_is_max_over_legal_actions(double_q):
+    env, pol = masked_policy(double_q)
+    s0, s1 = np.array([[1, 0]], np.float32), np.array([[0, 1]], np.float32)
+    batch = {sb.OBS: torch.tensor(s0), sb.ACTIONS: torch.tensor([1]), sb.REWARDS: torch.tensor([0.0]),
+             sb.TERMINATEDS: torch.tensor([False]), sb.NEXT_OBS: torch.tensor(s1),
+             sb.N_STEPS: torch.tensor([1]), sb.NEXT_ACTION_MASK: torch.tensor([[1, 0]], dtype=torch.int8)}
+    pol.loss(batch)
+    # Q(s0, 1) = 0 and the target is 0 + 0.9 * max_{legal} Q(s1) = 0 (not 0.9 * 10 = 9)
+    assert pol.td_error.tolist() == [0.0]
+    batch[sb.NEXT_ACTION_MASK] = torch.tensor([[1, 1]], dtype=torch.int8)
+    pol.loss(batch)
+    assert pol.td_error[0] == pytest.approx(-9.0)
+    # an all-zero mask at a terminal next observation is not an error, and adds nothing
+    batch[sb.NEXT_ACTION_MASK] = torch.tensor([[0, 0]], dtype=torch.int8)
+    batch[sb.TERMINATEDS] = torch.tensor([True])
+    pol.loss(batch)
+    assert pol.td_error.tolist() == [0.0]
+
+
+def test_c05_acting_respects_masks():
+    env, pol = masked_policy(True)
+    obs1 = {"observation": 1, "action_mask": np.array([1, 0], np.int8)}
+    assert pol.compute_actions(obs1, explore=False) == 0  # greedy: Q(s1, 1) = 10 is illegal
+    pol.epsilon = 1.0
+    many = {"observation": np.ones(1000, np.int64), "action_mask": np.tile(np.array([1, 0], np.int8), (1000, 1))}
+    assert (pol.compute_actions(many, explore=True) == 0).all()
+    obs0 = {"observation": np.zeros(1000, np.int64), "action_mask": np.ones((1000, 2), np.int8)}
+    acts = pol.compute_actions(obs0, explore=True)
+    assert 400 < (acts == 1).sum() < 600  # both legal actions explored
+    with pytest.raises(ValueError, match="action_mask allows no action"):
+        pol.compute_actions({"observation": 1, "action_mask": np.array([0, 0], np.int8)}, explore=True)
+
+
+def test_c05_training_run_never_takes_an_illegal_action(run_dir):
+    # the env asserts on an illegal action; the buffer stores both masks
+    res = flowkit.train(local_overrides(run_dir, "algo=dqn", "env.factory=dqn_envs:masked_two_state",
+                                        "runtime.num_workers=1", "runtime.num_envs_per_worker=2",
+                                        "runtime.rollout_fragment_length=8", "dqn.learning_starts=32",
+                                        "dqn.train_batch_size=8", "model.hidden_sizes=[8]", "stop.env_steps=160",
+                                        "checkpoint.at_end=false"))
+    assert res.metrics["env_steps_sampled"] == 160 and res.metrics["num_updates"] > 0
+
+
+# ---- C02: next-step autoreset -------------------------------------------------------------------
+def collect_counter(run_dir, mode):
+    pm, cfg = load_config(local_overrides(run_dir, "algo=dqn", "env.factory=dqn_envs:counter",
+                                          f"env.autoreset_mode={mode}", "runtime.num_workers=1",
+                                          "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=4",
+                                          "dqn.learning_starts=1000", "model.hidden_sizes=[8]"))
+    ctx = setup(cfg, pm, run_dir)
+    plan = build_plan(ctx)
+    while ctx.counters["env_steps_sampled"] < 24:
+        assert next(plan) is NOT_READY  # nothing trains before learning_starts
+    st = ctx.stateful["dqn/replay_buffer"].buffers["default"].storage
+    ctx.shutdown()
+    return {k: v[:st.size].copy() for k, v in st.cols.items()}
+
+
+def test_c02_autoreset_steps_never_enter_the_buffer(run_dir):
+    bufs = {m: collect_counter(run_dir + m, m) for m in ("next_step", "same_step")}
+    for mode, c in bufs.items():
+        assert len(c[sb.OBS]) == 24, mode
+        obs, nxt = c[sb.OBS].argmax(1), c[sb.NEXT_OBS].argmax(1)
+        assert (nxt == obs + 1).all(), mode  # never final -> reset observation
+        assert not c[sb.TERMINATEDS].any()
+        trunc = c[sb.TRUNCATEDS]
+        # sub-env 0 (TimeLimit 3) truncates 4 times in 12 steps, sub-env 1 (TimeLimit 4) 3 times
+        assert sorted(nxt[trunc].tolist()) == [3] * 4 + [4] * 3, mode
+        assert (nxt[~trunc] < 4).all()
+    # the same transitions in both modes; actions are random draws (epsilon = 1) and next_step
+    # mode also acts (unrecorded) on its reset steps, so only their RNG streams differ
+    for k in bufs["next_step"]:
+        if k not in (sb.EPS_ID, sb.ACTIONS):
+            np.testing.assert_array_equal(bufs["next_step"][k], bufs["same_step"][k], err_msg=k)
+
+
+def test_c02_unsupported_autoreset_mode_fails_at_setup(run_dir):
+    with pytest.raises(ConfigError, match="autoreset_mode='disabled'"):
+        flowkit.train(local_overrides(run_dir, "algo=dqn", "env.factory=dqn_envs:counter",
+                                      "env.autoreset_mode=disabled"))
+
+
+# ---- set-up errors and plans -------------------------------------------------------------------------
+def test_box_actions_refused_at_setup(run_dir):
+    with pytest.raises(ConfigError, match="policy 'default': DQN needs a Discrete action space, got Box"):
+        flowkit.train(local_overrides(run_dir, "algo=dqn", "env.factory=dqn_envs:box_actions"))
+
+
+def test_bad_dqn_keys_fail_naming_the_key():
+    with pytest.raises(ConfigError, match="dqn.n_step=0 must be > 0"):
+        load_and_setup(["dqn.n_step=0"])
+    with pytest.raises(ConfigError, match="dqn.train_batch_size=64 is larger than dqn.buffer_size=32"):
+        load_and_setup(["dqn.train_batch_size=64", "dqn.buffer_size=32"])
+
+
+def load_and_setup(extra):
+    pm, cfg = load_config(["algo=dqn", "env=CartPole-v1", "runtime.backend=local", *extra])
+    return setup(cfg, pm)
+
+
+def test_plans_show_both_branches_and_the_apex_graph():
+    plain = flowkit.describe_plan(["algo=dqn", "env=CartPole-v1", "dqn.training_intensity=8",
+                                   "runtime.num_workers=1", "runtime.num_envs_per_worker=4",
+                                   "runtime.rollout_fragment_length=16"])["text"]
+    for op in ("StoreToReplayBuffer", "Replay(batch_size=32", "TrainOneStep", "UpdateTargetNetwork",
+               "BroadcastWeights(every=512)", "union(weights=[1, 16.0])", "gather_sync(prefetch)"):
+        assert op in plain, op
+    apex = flowkit.describe_plan(["algo=dqn", "env=CartPole-v1", "dqn.num_replay_shards=2",
+                                  "dqn.prioritized_replay=true"])["text"]
+    for op in ("ParallelRollouts(async", "StoreToReplayShards(2)", "PushWeightsToSource",
+               "ReplayFromShards(2 shards", "zip_with_source_actor", "UpdatePriorities",
+               "UpdateExploration(per-worker epsilon)"):
+        assert op in apex, op
+
+
+def test_apex_local_run_trains_from_shards_with_per_worker_epsilon(run_dir):
+    pm, cfg = load_config(local_overrides(run_dir, "algo=dqn", "env=CartPole-v1", "runtime.num_workers=2",
+                                          "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=8",
+                                          "dqn.num_replay_shards=2", "dqn.prioritized_replay=true",
+                                          "dqn.learning_starts=64", "dqn.train_batch_size=16",
+                                          "model.hidden_sizes=[16]"))
+    ctx = setup(cfg, pm, run_dir)
+    plan = build_plan(ctx)
+    got = [x for x in plan.take(20)]
+    assert all(set(r["stats"]) == {"default"} for r in got)
+    eps = [a.obj.policies["default"].epsilon for a in ctx.workers.actors]
+    assert eps == pytest.approx([0.4, 0.4 ** 8])
+    shards = ctx.stateful["dqn/replay_shards"]
+    sizes = [a.obj.sizes()["default"] for a in shards.actors]
+    assert min(sizes) > 0 and sum(sizes) == ctx.counters["env_steps_sampled"]
+    # priorities came back: some slot has a priority other than the initial 1
+    trees = [a.obj.buffer.buffers["default"].sampler.sum for a in shards.actors]
+    assert any(np.any(np.abs(t.leaves(s) - 1.0) > 1e-6) for t, s in zip(trees, sizes))
+    ctx.shutdown()
+
+
+# ---- C11: exact checkpoint / restore ---------------------------------------------------------------
+def test_c11_checkpoint_restore_continues_the_same_run(tmp_path):
+    import c11_helper as h
+    work = {a: str(tmp_path / a) for a in ("dqn", "ppo")}
+    r1 = {}
+    for algo, w in work.items():
+        os.makedirs(w)
+        r1[algo] = h.run1(algo, w)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "c11_helper.py"), "run2",
+                           "dqn", work["dqn"], "ppo", work["ppo"]], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    for algo, w in work.items():
+        ck, s1, w1 = r1[algo]
+        out = torch.load(f"{w}/run2.pt", weights_only=False)
+        s2, w2 = out["snap"], out["weights"]
+        assert s2["counters"] == s1["counters"]
+        assert s2["num_updates"] == s1["num_updates"] > 0
+        assert s2["opt_step"] == s1["opt_step"] > 0
+        assert torch.equal(s2["exp_avg"], s1["exp_avg"]) and torch.equal(s2["exp_avg_sq"], s1["exp_avg_sq"])
+        for k in w1:
+            np.testing.assert_array_equal(w1[k], w2[k], err_msg=f"{algo}: {k}")
+    assert r1["dqn"][1]["counters"]["env_steps_sampled"] == 300
+    assert r1["dqn"][1]["epsilon"] == pytest.approx(1 - 0.95 * 300 / 500) == pytest.approx(0.43)
+    out = torch.load(f"{work['dqn']}/run2.pt", weights_only=False)
+    assert out["snap"]["epsilon"] == pytest.approx(0.43)
+
+
+def test_train_resume_continues_counters_and_replay(run_dir):
+    base = local_overrides(run_dir, "algo=dqn", "env.factory=dqn_envs:chain5", "runtime.num_workers=1",
+                           "runtime.num_envs_per_worker=1", "runtime.rollout_fragment_length=10",
+                           "dqn.learning_starts=50", "dqn.train_batch_size=8", "model.hidden_sizes=[8]",
+                           "dqn.epsilon_timesteps=500")
+    r1 = flowkit.train(base + ["stop.env_steps=200"])
+    assert r1.metrics["env_steps_sampled"] == 200
+    r2 = flowkit.train(["resume=" + run_dir, "stop.env_steps=300", "run.progress=false"])
+    assert r2.run_dir == run_dir
+    assert r2.metrics["env_steps_sampled"] == 300
+    assert r2.metrics["iteration"] > r1.metrics["iteration"]
+    assert r2.metrics["learner/default/epsilon"] == pytest.approx(1 - 0.98 * 300 / 500)
+    st = torch.load(os.path.join(r2.checkpoint, "state.pt"), weights_only=False)
+    assert st["stateful"]["dqn/replay_buffer"]["buffers"]["default"]["storage"]["size"] == 300
