@@ -33,7 +33,7 @@ COMMON = ["run.progress=false", "run.plot=true", "runtime.num_workers=2", "runti
 
 GAMES = {
     "tictactoe": dict(
-        steps=300_000,
+        steps=300_000, iter_env_steps=8192,
         overrides=["env.factory=pettingzoo.classic.tictactoe_v3:env", "runtime.rollout_fragment_length=32",
                    "multiagent.policies.learner.algo=ppo", "multiagent.policies.opponent.algo=random",
                    "multiagent.mapping.player_1=learner", "multiagent.mapping.player_2=opponent",
@@ -44,7 +44,7 @@ GAMES = {
                 lambda r: r["evaluation/learner/win_rate"] + r["evaluation/learner/draw_rate"], 0.90,
                 "win+draw")]),
     "spread": dict(
-        steps=600_000,
+        steps=600_000, iter_env_steps=10_000,
         overrides=["env.factory=mpe2.simple_spread_v3:parallel_env", "runtime.rollout_fragment_length=25",
                    "ppo.train_batch_size=2000", "ppo.minibatch_size=500", "ppo.num_epochs=10",
                    "ppo.ent_coef=0.01", "ppo.lr=7e-4", "stop.episode_return_mean=-57",
@@ -52,7 +52,7 @@ GAMES = {
         evals=[("shared PPO, greedy", ["evaluation.episodes=100"],
                 lambda r: r["evaluation/shared/episode_return_mean"], -20.0, "per agent")]),
     "tag": dict(
-        steps=1_000_000,
+        steps=1_000_000, iter_env_steps=20_000,
         overrides=["env.factory=mpe2.simple_tag_v3:parallel_env", "runtime.rollout_fragment_length=25",
                    "runtime.backend=ray",
                    "multiagent.policies.adversaries.algo=ppo", "multiagent.policies.prey.algo=dqn",
@@ -96,7 +96,9 @@ def run_game(game: str, seed: int, env_steps: int, out_root: str):
     import flowkit
     g = GAMES[game]
     run_dir = os.path.join(out_root, f"{game}-seed{seed}")
-    over = list(COMMON) + list(g["overrides"]) + [f"seed={seed}", f"stop.env_steps={env_steps}", f"run.dir={run_dir}"]
+    # stop is checked once per reported iteration: stop at the last whole iteration within the budget
+    stop = max(1, env_steps - g["iter_env_steps"] + 1)
+    over = list(COMMON) + list(g["overrides"]) + [f"seed={seed}", f"stop.env_steps={stop}", f"run.dir={run_dir}"]
     if not any(o.startswith("runtime.backend=") for o in over):
         over.append("runtime.backend=ray")
     t0 = time.perf_counter()

@@ -364,3 +364,14 @@ def test_evaluation_opponent_from_checkpoint(run_dir, tmp_path):
         make_ctx(TINY, *base, "evaluation.opponents.opp=/nonexistent")
     with pytest.raises(ConfigError, match=r"evaluation.opponents.oop: no policy 'oop'.*did you mean"):
         make_ctx(TINY, *base, "evaluation.opponents.oop=random")
+
+
+def test_resume_multiagent_run(run_dir):
+    base = [SCOUT, *C04_MAP, "runtime.num_workers=1", "runtime.num_envs_per_worker=1",
+            "runtime.rollout_fragment_length=5"]
+    first = flowkit.train(local_overrides(run_dir, *base, "stop.iterations=1"))
+    res = flowkit.train(local_overrides(run_dir, *base, f"resume={first.run_dir}", "stop.iterations=2"))
+    assert res.metrics["iteration"] == 2 and res.metrics["env_steps_sampled"] == 10
+    algo = flowkit.Algorithm.from_checkpoint(res.run_dir)
+    a = algo.compute_actions(np.zeros(5, np.float32), policy_id="tank_pol")
+    assert a.shape == (2,) and np.all(np.abs(a) <= 1.0)
