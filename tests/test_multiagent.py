@@ -139,6 +139,8 @@ def test_mapping_errors_are_named():
         make_ctx(SCOUT, *C04_MAP, "multiagent.policies.scout_pol.config.clip_parm=0.1")
     with pytest.raises(ConfigError, match=r"multiagent.policies.scout_pol.algo='ppp'.*did you mean `ppo`"):
         make_ctx(SCOUT, *C04_MAP, "multiagent.policies.scout_pol.algo=ppp")
+    with pytest.raises(ConfigError, match=r"env.max_episode_steps=5.*env.kwargs"):
+        make_ctx(SCOUT, *C04_MAP, "env.max_episode_steps=5")
 
 
 # ---- the mixing plan --------------------------------------------------------------------------

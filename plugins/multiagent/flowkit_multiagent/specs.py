@@ -213,6 +213,10 @@ def agent_spaces(env: Any) -> Tuple[List[str], Dict[str, gym.Space], Dict[str, g
 def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, type]) -> Dict[str, MAPolicySpec]:
     """``{policy_id: MAPolicySpec}`` for a PettingZoo env (see module docstring)."""
     agents, obs_sp, act_sp = agent_spaces(env)
+    if config.env.max_episode_steps is not None:
+        raise ConfigError(f"env.max_episode_steps={config.env.max_episode_steps}: the TimeLimit wrapper is for "
+                          "Gymnasium envs; give a PettingZoo env its own limit through env.kwargs "
+                          "(e.g. env.kwargs.max_cycles=25 for MPE)")
     ma = config.multiagent
     mapping = build_mapping(config, agents)
     pids = mapping.policy_ids
