@@ -130,6 +130,15 @@ def test_trajectory_ends_inside_a_batch_are_handled_per_trajectory():
     assert tb["boot_idx"].tolist() == [1, 4]
 
 
+def test_a_gap_in_the_step_index_is_a_trajectory_end():
+    """A replayed fragment (t = 0, 1) next to a newer one of the same episode (t = 5, 6)."""
+    from flowkit_impala import trajectory_ends
+    b = sb.SampleBatch({sb.TERMINATEDS: np.zeros(4, bool), sb.TRUNCATEDS: np.zeros(4, bool),
+                        sb.EPS_ID: np.full(4, 3), sb.T: np.array([0, 1, 5, 6])})
+    ends, term = trajectory_ends(b)
+    assert ends.tolist() == [False, True, False, True] and not term.any()
+
+
 def test_loss_is_finite_and_minibatches_are_contiguous_cuts():
     pol = _policy(minibatch_size=3, num_epochs=2, train_batch_size=8)
     rng = np.random.default_rng(0)
@@ -162,6 +171,7 @@ class FakeWorkers:
 
     def __init__(self):
         self.calls = []
+        self.weights_version = 0
 
     def sync_weights(self, weights, actors=None, version=None):
         self.calls.append(([a.index for a in actors], version, int(weights["default"]["w"][0])))
@@ -219,6 +229,13 @@ def test_learner_thread_enqueue_dequeue_counts_and_policy_lag():
     assert ctx.learner_stats["default"]["policy_lag_max"] == 1.0
     assert lt.get_state() == {"num_updates": 2, "env_steps_trained": 12}
     assert not lt.is_alive()
+
+
+def test_restored_learner_thread_versions_the_workers_first_weights():
+    ctx = FakeCtx()
+    lt = LearnerThread(ctx, _train_fn)
+    lt.set_state({"num_updates": 37, "env_steps_trained": 1000})
+    assert ctx.workers.weights_version == 37 and lt.get_weights()[0] == 37
 
 
 def test_enqueue_on_a_full_queue_is_not_ready_and_keeps_the_item():

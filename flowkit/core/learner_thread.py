@@ -186,10 +186,15 @@ class LearnerThread(threading.Thread):
             return {"num_updates": self.num_updates, "env_steps_trained": self.env_steps_trained}
 
     def set_state(self, state: Dict[str, Any]) -> None:
+        """Restore the update count; the workers' first weights then carry it as their
+        version (no policy-lag spike after a resume)."""
         with self._state_lock:
             self.num_updates = int(state.get("num_updates", 0))
             self.env_steps_trained = int(state.get("env_steps_trained", 0))
             self._weights_cache = None
+        workers = getattr(self.ctx, "workers", None)
+        if workers is not None and hasattr(workers, "weights_version"):
+            workers.weights_version = self.num_updates
 
 
 # ---- operators ------------------------------------------------------------------------------
@@ -336,6 +341,7 @@ class PerfMonitor:
         self._t: Optional[float] = None
         self._cpu: Dict[int, Optional[float]] = {}
         self._pids: Optional[List[int]] = None
+        self._restarts = 0
         self._busy = 0.0
         self._trained = 0
         self._qsizes: List[int] = []
@@ -344,7 +350,8 @@ class PerfMonitor:
         ws = self.ctx.workers
         if ws.backend != "ray":
             return []
-        if self._pids is None:
+        if self._pids is None or self._restarts != ws.num_restarts:
+            self._restarts = ws.num_restarts      # a rebuilt worker is a new process
             try:
                 self._pids = [int(p) for p in ws.foreach_worker("get_pid")]
             except Exception:
