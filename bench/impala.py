@@ -4,7 +4,7 @@ the same workers, env and learner settings; optionally RLlib's IMPALA on the sam
 worker count.
 
 Setting: CartPole-v1, 2 Ray rollout workers x 8 sub-envs, rollout_fragment_length 32,
-train_batch_size 512, lr 2e-3, one learner thread (torch 1 thread), Ray with num_cpus=2.
+train_batch_size 512, lr 1e-3, one learner thread (torch 1 thread), Ray with num_cpus=2.
 Each plan runs ``--time-s`` seconds, ``--repeats`` times, alternating (the median is shown);
 the first reported iteration (start-up) is left out of the rates.
 
@@ -36,7 +36,7 @@ import time
 
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
-ENV, WORKERS, ENVS, FRAGMENT, BATCH, LR = "CartPole-v1", 2, 8, 32, 512, 2e-3
+ENV, WORKERS, ENVS, FRAGMENT, BATCH, LR = "CartPole-v1", 2, 8, 32, 512, 1e-3
 
 
 def steady_rate(rows, key_steps, key_time):
