@@ -99,5 +99,13 @@ def _plugins() -> int:
     return 0
 
 
+def _entry() -> int:
+    try:
+        return main()
+    except BrokenPipeError:  # `flowkit train --help | head`
+        sys.stderr.close()
+        return 0
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(_entry())
