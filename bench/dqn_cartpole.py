@@ -10,7 +10,7 @@ Prints a table (and writes it as JSON with --json PATH):
   (b) seconds from the first sample request to the mean of the last 20 training episodes
       >= 450, each side at its best config (flowkit: configs/dqn_cartpole.yaml; SB3: RL Zoo's,
       200,000 steps), median over seeds, an unsolved seed counted as 300 s.
-Every seed's figure is printed.
+Every seed's figure is printed. Both learners use one torch thread.
 
 Run: python bench/dqn_cartpole.py [--seeds 0 1 2] [--json out.json] [--skip a|b]
 (needs the `bench` extra: pip install -e .[bench])
@@ -67,7 +67,9 @@ def flowkit_solve(seed: int) -> dict:
 
 # ---- Stable-Baselines3 -------------------------------------------------------------------------
 def _sb3_model(seed: int, total: int):
+    import torch
     from stable_baselines3 import DQN
+    torch.set_num_threads(1)  # as flowkit's learner (learner.num_threads=1); 2 threads on 2 busy cores was ~10x slower
     return DQN("MlpPolicy", "CartPole-v1", seed=seed, verbose=0, **ZOO_SB3)
 
 

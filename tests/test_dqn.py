@@ -264,3 +264,30 @@ def test_train_resume_continues_counters_and_replay(run_dir):
     assert r2.metrics["learner/default/epsilon"] == pytest.approx(1 - 0.98 * 300 / 500)
     st = torch.load(os.path.join(r2.checkpoint, "state.pt"), weights_only=False)
     assert st["stateful"]["dqn/replay_buffer"]["buffers"]["default"]["storage"]["size"] == 300
+
+
+@pytest.mark.ray
+def test_exploration_reaches_ray_workers_in_both_modes(ray_session, run_dir):
+    from flowkit_dqn import epsilon_at as eps_at
+
+    def run(extra, steps):
+        pm, cfg = load_config(["algo=dqn", "env=CartPole-v1", "runtime.backend=ray", "runtime.num_workers=2",
+                               "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=8",
+                               "dqn.learning_starts=64", "dqn.train_batch_size=16", "model.hidden_sizes=[16]",
+                               "dqn.epsilon_timesteps=1000", f"run.dir={run_dir}", *extra])
+        ctx = setup(cfg, pm, run_dir)
+        plan = build_plan(ctx)
+        try:
+            while ctx.counters["env_steps_sampled"] < steps:
+                next(plan)
+            eps = ctx.workers.foreach_worker("apply", lambda w: w.policies["default"].epsilon)
+            return ctx, cfg, eps
+        finally:
+            ctx.shutdown()
+    ctx, cfg, eps = run([], 320)
+    assert ctx.prefetch  # off-policy: sampling runs ahead of learning
+    assert ctx.counters["num_updates"] > 0
+    assert eps == pytest.approx([eps_at(cfg.dqn, ctx.counters["env_steps_sampled"])] * 2)
+    ctx, cfg, eps = run(["dqn.num_replay_shards=2"], 320)
+    assert ctx.counters["num_updates"] > 0
+    assert eps == pytest.approx([0.4, 0.4 ** 8])
