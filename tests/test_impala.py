@@ -368,14 +368,15 @@ def test_local_run_reports_lag_queue_and_cpu_and_checkpoints(run_dir, mode):
     res = flowkit.train(local_overrides(run_dir, "algo=impala", "env=CartPole-v1", f"impala.rollout_mode={mode}",
                                         "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=16",
                                         "impala.train_batch_size=64", "impala.replay_proportion=0.5",
-                                        "stop.env_steps=2000", "run.min_iter_time_s=0.3"))
-    m = res.metrics
-    assert m["env_steps_sampled"] >= 2000
+                                        "stop.time_s=2.5", "run.min_iter_time_s=0.5"))
+    m = res.metrics                          # perf/* figures are refreshed once a second
+    assert m["env_steps_sampled"] > 0
     assert m["env_steps_trained"] > 0 and np.isfinite(m["learner/default/total_loss"])
     assert m["learner/default/policy_lag_mean"] >= 0
     assert "perf/cpu_util_driver" in m and "perf/learner_queue_size" in m
     st = torch.load(os.path.join(res.checkpoint, "state.pt"), weights_only=False)
-    assert st["stateful"]["impala_learner"]["num_updates"] == st["counters"]["num_updates"]
+    # the learner may have finished updates the Dequeue branch has not counted yet
+    assert st["stateful"]["impala_learner"]["num_updates"] >= st["counters"]["num_updates"] > 0
     assert st["stateful"]["impala_replay"]["buffer"]
 
 
