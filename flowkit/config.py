@@ -243,6 +243,11 @@ def _coerce(flat: List[Tuple[str, Any]], keys: Dict[str, Tuple[Any, str, Any]]) 
     fixed: Dict[str, Any] = {}
     for key, val in flat:
         _check_key(key, keys)
+        if key not in keys and any(k.startswith(key + ".") for k in keys):  # a whole section
+            if val is None or val == {}:  # `ppo:` with every key commented out
+                continue
+            raise ConfigError(f"`{key}` is a config section: give a mapping of its keys "
+                              f"(e.g. `{key}.<key>=value`), got {val!r}")
         if key not in keys:
             fixed[key] = val
             continue

@@ -23,3 +23,129 @@ class _BadObsEnv(gym.Env):
 
 def wrong_shape_env():
     return _BadObsEnv(lambda t: np.zeros(4, np.float32))
+
+
+def wrong_dtype_env():
+    return _BadObsEnv(lambda t: np.array(["a", "b", "c"]))
+
+
+def out_of_space_env():
+    """In the space at reset, out of it at step 1 (obs[2] = 7.5 > high 1)."""
+    return _BadObsEnv(lambda t: np.array([0.0, 0.5, 7.5 if t else 0.0], np.float32))
+
+
+# ---- env outputs ------------------------------------------------------------------------------
+import os  # noqa: E402
+import re  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+
+import pytest  # noqa: E402
+import yaml  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+import flowkit  # noqa: E402
+from conftest import local_overrides  # noqa: E402
+from flowkit.config import ConfigError, make_schema_class, schema_keys  # noqa: E402
+from flowkit.engine import describe_plan, load_config  # noqa: E402
+
+
+@pytest.mark.parametrize("factory,where,expected,received", [
+    ("wrong_shape_env", "observation from reset()", "Box(shape=(3,), dtype=float32, low=-1, high=1)",
+     "array(shape=(4,), dtype=float32"),
+    ("wrong_dtype_env", "observation from reset()", "Box(shape=(3,), dtype=float32",
+     "array(shape=(3,), dtype=<U1, values=['a', 'b', 'c'])"),
+    ("out_of_space_env", "observation from step()", "high=1) (values out of bounds)",
+     "array(shape=(3,), dtype=float32, values=[0. , 0.5, 7.5])"),
+])
+def test_bad_env_output_names_env_agent_key_expected_received(run_dir, factory, where, expected, received):
+    with pytest.raises(flowkit.EnvError) as ei:
+        flowkit.train(local_overrides(run_dir, f"env.factory=test_bad_input:{factory}", "runtime.num_workers=1",
+                                      "runtime.num_envs_per_worker=2", "stop.iterations=1"))
+    msg = str(ei.value)
+    assert msg.startswith(f"env 'test_bad_input:{factory}' (worker 0, sub-env 0, agent 'agent0') returned a bad {where}: "
+                          "at `obs` expected ")
+    assert expected in msg and f"received {received}" in msg
+
+
+# ---- config: property-based ------------------------------------------------------------------
+_PM, _ = load_config(["env=CartPole-v1"])
+KEYS = sorted(schema_keys(make_schema_class(_PM.config_sections())))
+SAFE = [k for k in KEYS if k not in ("run.dir", "resume", "env.id", "env.factory", "plugins", "runtime.address")]
+
+
+def _typo(k: str, i: int) -> str:
+    i %= len(k)
+    return k[:i] + k[i + 1:] if i % 2 else k[:i] + "x" + k[i:]
+
+
+small_int = st.integers(-3, 300).map(str)
+value = st.one_of(small_int, st.floats(-1e3, 1e3, allow_nan=False).map(repr),
+                  st.sampled_from(["null", "true", "false", "abc", "1e-5", "1e4", "[1,2]", "[]", "{a: 1}", "[", "'",
+                                   "{", "nan", "inf", "-inf", "~", "ppo", "dqn", "impala", "local", "ray", "x: [",
+                                   "CartPole-v1", "[64, 64]", "relu", "\t", "", "0x10", "1_000"]),
+                  st.text(max_size=8))
+key = st.one_of(st.sampled_from(SAFE), st.builds(_typo, st.sampled_from(SAFE), st.integers(0, 40)),
+                st.text("abcdefghijklmnopqrstuvwxyz._-0123", min_size=1, max_size=12))
+override = st.one_of(st.builds(lambda k, v: f"{k}={v}", key, value), st.text(max_size=10))
+
+
+def _check(overrides, config_file=None):
+    try:
+        describe_plan(["env=CartPole-v1", "runtime.backend=local", *overrides], config_file)
+    except ConfigError as e:
+        msg = str(e)
+        if config_file:  # a key of the file (`key` or key=value), or the file itself
+            assert re.search(r"`[\w.\-]+`|[\w.]+=", msg) or config_file in msg, msg
+            return
+        named = [o.split("=", 1)[0].strip() for o in overrides] + [repr(o) for o in overrides]
+        assert any(n and n in msg for n in named), f"{msg!r} names none of {overrides}"
+
+
+@settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.lists(override, min_size=1, max_size=3))
+def test_random_overrides_succeed_or_raise_config_error_naming_the_key(overrides):
+    _check(overrides)
+
+
+yaml_value = st.one_of(st.integers(-3, 300), st.floats(-1e3, 1e3, allow_nan=False), st.booleans(), st.none(),
+                       st.text(max_size=6), st.lists(st.integers(1, 64), max_size=3))
+yaml_doc = st.dictionaries(st.sampled_from(SAFE + ["ppo", "runtime", "nope", "env"]), yaml_value, max_size=4).map(
+    lambda d: yaml.safe_dump(_nest(d)))
+
+
+def _nest(flat):
+    out = {}
+    for k, v in flat.items():
+        d = out
+        *head, last = k.split(".")
+        for h in head:
+            d = d.setdefault(h, {}) if isinstance(d.get(h, {}), dict) else {}
+        d[last] = v
+    return out
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.one_of(yaml_doc, st.text(max_size=40)))
+def test_random_yaml_files_succeed_or_raise_config_error(tmp_path_factory, text):
+    path = str(tmp_path_factory.mktemp("yaml") / "c.yaml")
+    with open(path, "w") as f:
+        f.write(text)
+    _check([], path)
+
+
+@pytest.mark.parametrize("args,says", [
+    (["ppo.clip_parm=0.1"], "unknown config key `ppo.clip_parm`; did you mean `ppo.clip_param`?"),
+    (["ppo.lr=abc"], "`ppo.lr` must be a float, got 'abc'"),
+    (["-c", "{CFG}"], "is not valid YAML"),
+])
+def test_cli_config_error_exit_2_without_traceback(tmp_path, args, says):
+    cfg = tmp_path / "bad.yaml"
+    cfg.write_text("ppo: [\n")
+    args = [a.replace("{CFG}", str(cfg)) for a in args]
+    out = subprocess.run([sys.executable, "-m", "flowkit.cli", "train", "--dry-run", "env=CartPole-v1", *args],
+                         capture_output=True, text=True, timeout=120, env=dict(os.environ))
+    assert out.returncode == 2
+    assert out.stderr.startswith("flowkit: config error: ") and says in out.stderr
+    assert "Traceback" not in out.stderr

@@ -587,6 +587,24 @@ class RolloutWorker:
 
 
 # ---- the worker set ----------------------------------------------------------------------------
+class _RayRolloutWorker(RolloutWorker):
+    """The Ray actor class: an error in the constructor is kept and raised by ``ping`` (the
+    first call the WorkerSet makes), so it reaches the driver with its own type, message and
+    notes; Ray would turn it into a bare ActorDiedError."""
+
+    def __init__(self, *args, **kwargs):
+        self._init_error: Optional[BaseException] = None
+        try:
+            super().__init__(*args, **kwargs)
+        except Exception as e:
+            self._init_error = e
+
+    def ping(self) -> bool:
+        if self._init_error is not None:
+            raise self._init_error
+        return True
+
+
 class _FailedActor(LocalActor):
     """A local worker whose constructor raised: every call answers with that error."""
 
@@ -637,7 +655,7 @@ class WorkerSet:
         from omegaconf import OmegaConf
         if self._container is None:
             self._container = OmegaConf.to_container(self.config, resolve=True)
-        cls = ray.remote(num_cpus=float(self.config.runtime.num_cpus_per_worker), max_restarts=0)(RolloutWorker)
+        cls = ray.remote(num_cpus=float(self.config.runtime.num_cpus_per_worker), max_restarts=0)(_RayRolloutWorker)
         h = cls.remote(self._container, index, self.num_workers, self.policy_specs, rc)
         return RayActor(h, index)
 
