@@ -407,5 +407,7 @@ def test_impala_solves_cartpole_two_ray_workers(run_dir, ray_session):
                         config_file=os.path.join(REPO, "configs", "impala_cartpole.yaml"))
     assert res.metrics["episode_return_mean"] >= 450, res.metrics
     assert res.metrics["env_steps_sampled"] <= 500_000
-    assert res.metrics["learner/default/policy_lag_mean"] >= 0
+    # weights reach the producing workers: the lag stays bounded by the queues (without the
+    # pushes it would grow with every update)
+    assert 0 <= res.metrics["learner/default/policy_lag_max"] <= 20
     assert res.metrics["perf/cpu_util_workers"] > 0
