@@ -352,6 +352,7 @@ def test_plan_shows_the_impala_graph():
                "ConcatBatches(500)", "PushWeightsToSource(broadcast_interval=1)", "zip_with_source_actor",
                "ParallelRollouts(async"):
         assert op in text, text
+    assert not any(t.name.startswith("impala-learner") for t in threading.enumerate())  # nothing started
     d = flowkit.describe_plan(["algo=impala", "env=CartPole-v1", "impala.rollout_mode=bulk_sync"])
     assert "LearnOnBatch" in d["text"] and "BroadcastWeights" in d["text"] and "Enqueue" not in d["text"]
 
