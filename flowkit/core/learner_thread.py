@@ -170,7 +170,8 @@ class LearnerThread(threading.Thread):
     # ---- weights ---------------------------------------------------------------------------
     def get_weights(self) -> tuple:
         """``(version, {policy_id: weights})`` of the trained policies, consistent (taken
-        under each policy's ``update_lock``), cached per version."""
+        under each policy's ``update_lock``), cached per version. The version is read first,
+        so it never exceeds the weights' true update count (policy lag is never understated)."""
         version = self.num_updates
         cache = self._weights_cache
         if cache is not None and cache[0] == version:
