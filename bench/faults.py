@@ -25,7 +25,9 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 def run(args, kill_every):
     import flowkit
     from flowkit.testing import KillWorkers
-    plugins = [KillWorkers(kill_every)] if kill_every else []
+    # kills at kill_every, 2 kill_every, ... strictly before the end (a kill at the last
+    # iteration would only stop a run that is over)
+    plugins = [KillWorkers(kill_every, max_kills=(args.env_steps - 1) // kill_every)] if kill_every else []
     here = os.path.dirname(os.path.abspath(__file__))
     cfg = os.path.join(here, "..", "configs", "ppo_cartpole.yaml")
     run_dir = tempfile.mkdtemp(prefix="flowkit-bench-faults-")
