@@ -16,7 +16,16 @@ learner's busy fraction; the final episode_return_mean.
 
 RLlib runs in a separate virtualenv (it pins another gymnasium): give its python with
 ``--rllib-python`` (default ``/tmp/rllib_venv/bin/python`` when it exists; ``--no-rllib`` to
-skip). RLlib 2.60's new-API-stack IMPALA sampled nothing on this 2-core machine (its requests
+skip). How that one was made, leaving ``.venv`` untouched (RLlib ships inside the ray wheel;
+only its extras go into the new venv, ray and torch are reused from ``.venv`` through a path
+appended last)::
+
+    python3.11 -m venv /tmp/rllib_venv
+    echo "import sys; sys.path.append('$PWD/.venv/lib/python3.11/site-packages')" \
+        > /tmp/rllib_venv/lib/python3.11/site-packages/zz_main_venv.pth
+    /tmp/rllib_venv/bin/pip install "gymnasium==1.2.2" pandas "pyarrow>=17" dm_tree lz4 \
+        "ormsgpack>=1.7" scipy "tensorboardX>=1.9" "pydantic>=2.5,<3" fsspec
+ RLlib 2.60's new-API-stack IMPALA sampled nothing on this 2-core machine (its requests
 to the env runners never completed), so the old API stack (IMPALA with a learner thread, the
 one the RLlib Flow paper measured) is used.
 
