@@ -31,6 +31,8 @@ one the RLlib Flow paper measured) is used.
 
     python bench/impala.py                    # 2 x 30 s per plan
     python bench/impala.py --time-s 10 --repeats 1 --no-rllib      # a quick look
+    python bench/impala.py --acceptance 0 1 2 3 4    # configs/impala_cartpole.yaml per seed:
+                                                     # env steps to episode_return_mean >= 450
 """
 from __future__ import annotations
 
@@ -115,6 +117,22 @@ def run_rllib(python: str, time_s: float, seed: int):
     return json.loads(lines[-1])
 
 
+def acceptance(seeds) -> None:
+    """The acceptance run (tests/test_impala.py) over several seeds, as a table."""
+    import flowkit
+    here = os.path.dirname(os.path.abspath(__file__))
+    cfg = os.path.join(here, "..", "configs", "impala_cartpole.yaml")
+    print("\n| seed | env steps | episode_return_mean | wall time (s) | policy lag max | reached 450 |")
+    print("|---|---|---|---|---|---|")
+    for seed in seeds:
+        run_dir = tempfile.mkdtemp(prefix="flowkit-bench-impala-acc-")
+        t0 = time.perf_counter()
+        m = flowkit.train([f"seed={seed}", f"run.dir={run_dir}", "run.progress=false", "run.plot=false",
+                           "checkpoint.at_end=false"], cfg).metrics
+        print(f"| {seed} | {m['env_steps_sampled']} | {m['episode_return_mean']:.1f} | {time.perf_counter() - t0:.1f} "
+              f"| {m['learner/default/policy_lag_max']:.0f} | {m['episode_return_mean'] >= 450} |", flush=True)
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--time-s", type=float, default=30.0)
@@ -122,6 +140,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rllib-python", default="/tmp/rllib_venv/bin/python")
     p.add_argument("--no-rllib", action="store_true")
+    p.add_argument("--acceptance", type=int, nargs="+", metavar="SEED",
+                   help="run configs/impala_cartpole.yaml for these seeds instead")
     p.add_argument("--rllib-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.rllib_child:
@@ -129,6 +149,12 @@ def main(argv=None) -> int:
         return 0
     import ray
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="error")
+    if args.acceptance:
+        try:
+            acceptance(args.acceptance)
+        finally:
+            ray.shutdown()
+        return 0
     plans = [("async (learner thread)", "async", False), ("bulk_sync", "bulk_sync", False),
              ("bulk_sync + prefetch", "bulk_sync", True)]
     runs = {name: [] for name, _, _ in plans}
