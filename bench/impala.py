@@ -62,7 +62,7 @@ def _mean(rows, key):
     return statistics.fmean(vals) if vals else float("nan")
 
 
-def run_flowkit(mode: str, prefetch: bool, time_s: float, seed: int):
+def run_flowkit(mode: str, prefetch: bool, time_s: float, seed: int, hidden: str = "64,64"):
     import flowkit
     from flowkit.engine import read_metrics
     run_dir = tempfile.mkdtemp(prefix="flowkit-bench-impala-")
@@ -70,6 +70,7 @@ def run_flowkit(mode: str, prefetch: bool, time_s: float, seed: int):
                          f"runtime.num_workers={WORKERS}", f"runtime.num_envs_per_worker={ENVS}",
                          f"runtime.rollout_fragment_length={FRAGMENT}", f"runtime.prefetch={str(prefetch).lower()}",
                          f"impala.rollout_mode={mode}", f"impala.train_batch_size={BATCH}", f"impala.lr={LR}",
+                         f"model.hidden_sizes=[{hidden}]",
                          f"stop.time_s={time_s}", "run.min_iter_time_s=1", f"run.dir={run_dir}",
                          "run.progress=false", "run.plot=false", "checkpoint.at_end=false"])
     rows = read_metrics(os.path.join(run_dir, "metrics.csv"))
@@ -140,6 +141,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--rllib-python", default="/tmp/rllib_venv/bin/python")
     p.add_argument("--no-rllib", action="store_true")
+    p.add_argument("--hidden", default="64,64", help="model.hidden_sizes of both plans (a heavier learner: 256,256)")
     p.add_argument("--acceptance", type=int, nargs="+", metavar="SEED",
                    help="run configs/impala_cartpole.yaml for these seeds instead")
     p.add_argument("--rllib-child", action="store_true", help=argparse.SUPPRESS)
@@ -161,7 +163,7 @@ def main(argv=None) -> int:
     try:
         for _ in range(args.repeats):
             for name, mode, prefetch in plans:
-                runs[name].append(run_flowkit(mode, prefetch, args.time_s, args.seed))
+                runs[name].append(run_flowkit(mode, prefetch, args.time_s, args.seed, args.hidden))
     finally:
         ray.shutdown()
     rllib = None
@@ -172,6 +174,7 @@ def main(argv=None) -> int:
         return statistics.median(r[key] for r in runs[name])
     base = med("bulk_sync", "rate")
     print(f"\nIMPALA, {ENV}, {WORKERS} Ray workers x {ENVS} envs, fragment {FRAGMENT}, train batch {BATCH}, "
+          f"hidden [{args.hidden}], "
           f"{args.time_s:.0f} s per run, median of {args.repeats}; 2 shared CPU cores (figures disturbed "
           f"by other jobs on the machine)\n")
     print("| plan | env steps/s | vs bulk_sync | policy lag mean | policy lag max | CPU driver | CPU per worker "
