@@ -110,6 +110,23 @@ def sb3_solve(seed: int, total: int = 200_000) -> dict:
 
 
 # ---- main --------------------------------------------------------------------------------------
+def _child(fn_name: str, args: tuple, q) -> None:
+    q.put(globals()[fn_name](*args))
+
+
+def isolated(fn_name: str, *args) -> dict:
+    """Run one measurement in a fresh (spawned) process: its own Ray session and torch state."""
+    import multiprocessing as mp
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_child, args=(fn_name, args, q))
+    p.start()
+    out = q.get()
+    p.join()
+    print(f"  {fn_name}{args}: {out}", file=sys.stderr, flush=True)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -119,11 +136,11 @@ def main() -> int:
     args = ap.parse_args()
     out: dict = {"seeds": args.seeds}
     if "a" not in args.skip:
-        out["a"] = {"flowkit": [flowkit_throughput(s, args.throughput_steps) for s in args.seeds],
-                    "sb3": [sb3_throughput(s, args.throughput_steps) for s in args.seeds]}
+        out["a"] = {"flowkit": [isolated("flowkit_throughput", s, args.throughput_steps) for s in args.seeds],
+                    "sb3": [isolated("sb3_throughput", s, args.throughput_steps) for s in args.seeds]}
     if "b" not in args.skip:
-        out["b"] = {"flowkit": [flowkit_solve(s) for s in args.seeds],
-                    "sb3": [sb3_solve(s) for s in args.seeds]}
+        out["b"] = {"flowkit": [isolated("flowkit_solve", s) for s in args.seeds],
+                    "sb3": [isolated("sb3_solve", s) for s in args.seeds]}
     print(table(out))
     if args.json:
         with open(args.json, "w") as f:

@@ -365,7 +365,8 @@ class UpdateExploration:
         return item
 
 
-def _unwrap(item: Tuple[Any, Any]) -> Any:
+def DropSource(item: Tuple[Any, Any]) -> Any:
+    """``(source, item) -> item``."""
     return item[1]
 
 
@@ -469,6 +470,6 @@ class DQN(flowkit.Algorithm):
             train = train.for_each(UpdatePriorities(ctx))
         train = (train
                  .for_each(WithSource(UpdateTargetNetwork(ctx, cfg.target_network_update_freq)))
-                 .for_each(_unwrap))
+                 .for_each(DropSource))
         return Concurrently([store, train], mode="round_robin", output_indexes=[1],
                             round_robin_weights=self.round_robin_weights(fragment))
