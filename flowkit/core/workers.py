@@ -765,11 +765,15 @@ class WorkerSet:
         _log.warning("rollout worker %d failed (%s); rebuilding it (restart %d, %d/%d in a row)", i,
                      self.restart_log[-1]["error"], self.restart_counts[i], self.consecutive_failures[i],
                      int(rt.max_worker_restarts))
+        new = None
         try:
             new = self._make(i)
             get_result(new.submit("ping"))
         except Exception as e2:  # the rebuild itself failed: count it and retry
             e2.add_note(f"[flowkit] while rebuilding worker {i}")
+            if new is not None and new.is_remote:  # it holds its CPUs until killed
+                import ray
+                ray.kill(new.handle)
             if self.on_failure(actor, e2):
                 return True
             raise e2 from exc  # the latest failure, chained to the one before it
