@@ -181,7 +181,8 @@ def _check_key(key: str, keys: Dict[str, Any]) -> None:
         return
     close = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.6)
     hint = f"; did you mean `{close[0]}`?" if close else ""
-    raise ConfigError(f"unknown config key `{key}`{hint}")
+    shown = key if key.isprintable() and key.strip() == key else repr(key)  # e.g. a stray '\xa0'
+    raise ConfigError(f"unknown config key `{shown}`{hint}")
 
 
 def _flatten(d: Any, prefix: str = "") -> List[Tuple[str, Any]]:

@@ -98,7 +98,7 @@ def _check(overrides, config_file=None):
     except ConfigError as e:
         msg = str(e)
         if config_file:  # a key of the file (`key` or key=value), or the file itself
-            assert re.search(r"`[\w.\-]+`|[\w.]+=", msg) or config_file in msg, msg
+            assert re.search(r"`[^`]+`|[\w.]+=", msg) or config_file in msg, msg
             return
         named = [o.split("=", 1)[0].strip() for o in overrides] + [repr(o) for o in overrides]
         assert any(n and n in msg for n in named), f"{msg!r} names none of {overrides}"
