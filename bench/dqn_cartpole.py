@@ -114,17 +114,31 @@ def _child(fn_name: str, args: tuple, q) -> None:
     q.put(globals()[fn_name](*args))
 
 
-def isolated(fn_name: str, *args) -> dict:
-    """Run one measurement in a fresh (spawned) process: its own Ray session and torch state."""
+def isolated(fn_name: str, *args, tries: int = 2) -> dict:
+    """Run one measurement in a fresh (spawned) process: its own Ray session and torch state.
+    A child that dies without a result (e.g. Ray failing to start on a busy machine) is
+    retried once."""
     import multiprocessing as mp
+    import queue
     ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    p = ctx.Process(target=_child, args=(fn_name, args, q))
-    p.start()
-    out = q.get()
-    p.join()
-    print(f"  {fn_name}{args}: {out}", file=sys.stderr, flush=True)
-    return out
+    for attempt in range(tries):
+        q = ctx.Queue()
+        p = ctx.Process(target=_child, args=(fn_name, args, q))
+        p.start()
+        out = None
+        while out is None:
+            try:
+                out = q.get(timeout=5.0)
+            except queue.Empty:
+                if not p.is_alive():
+                    break
+        p.join()
+        if out is not None:
+            print(f"  {fn_name}{args}: {out}", file=sys.stderr, flush=True)
+            return out
+        print(f"  {fn_name}{args}: child died (exit code {p.exitcode}), attempt {attempt + 1}/{tries}",
+              file=sys.stderr, flush=True)
+    raise RuntimeError(f"{fn_name}{args} failed {tries} times")
 
 
 def main() -> int:
