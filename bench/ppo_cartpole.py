@@ -166,19 +166,28 @@ def main() -> int:
     ap.add_argument("--skip", nargs="*", default=[], choices=["a", "b", "c"])
     args = ap.parse_args()
     out: dict = {"seeds": args.seeds}
+
+    def save():  # after every measurement, so a crash keeps what was measured
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(out, f, indent=2)
     if "a" not in args.skip:
-        out["a"] = {"flowkit": [flowkit_throughput(s, args.throughput_steps) for s in args.seeds],
-                    "sb3": [sb3_throughput(s, args.throughput_steps) for s in args.seeds]}
+        out["a"] = {"flowkit": [], "sb3": []}
+        for s in args.seeds:
+            out["a"]["flowkit"].append(flowkit_throughput(s, args.throughput_steps))
+            out["a"]["sb3"].append(sb3_throughput(s, args.throughput_steps))
+            save()
     if "b" not in args.skip:
-        out["b"] = {"flowkit": [flowkit_solve(s) for s in args.seeds],
-                    "sb3": [sb3_solve(s) for s in args.seeds]}
+        out["b"] = {"flowkit": [], "sb3": []}
+        for s in args.seeds:
+            out["b"]["flowkit"].append(flowkit_solve(s))
+            out["b"]["sb3"].append(sb3_solve(s))
+            save()
     if "c" not in args.skip:
         out["c"] = {"flowkit": flowkit_sampling(args.sampling_seconds),
                     "raw": raw_sampling(args.sampling_seconds)}
+        save()
     print(table(out))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(out, f, indent=2)
     return 0
 
 
