@@ -104,7 +104,7 @@ def _check(overrides, config_file=None):
         assert any(n and n in msg for n in named), f"{msg!r} names none of {overrides}"
 
 
-@settings(max_examples=50, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=50, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(st.lists(override, min_size=1, max_size=3))
 def test_random_overrides_succeed_or_raise_config_error_naming_the_key(overrides):
     _check(overrides)
@@ -127,7 +127,7 @@ def _nest(flat):
     return out
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(st.one_of(yaml_doc, st.text(max_size=40)))
 def test_random_yaml_files_succeed_or_raise_config_error(tmp_path_factory, text):
     path = str(tmp_path_factory.mktemp("yaml") / "c.yaml")
