@@ -45,11 +45,11 @@ def flowkit_throughput(seed: int, steps: int) -> dict:
             "steps_per_s": m["env_steps_sampled"] / m["time_total_s"]}
 
 
-def flowkit_solve(seed: int) -> dict:
+def flowkit_solve(seed: int, *extra: str) -> dict:
     import flowkit
     t0 = time.perf_counter()
     res = flowkit.train([f"seed={seed}", "run.progress=false", "run.plot=false", "checkpoint.at_end=false",
-                         f"run.dir=/tmp/flowkit-bench/solve-{seed}"],
+                         f"run.dir=/tmp/flowkit-bench/solve-{seed}{'-'.join(('',) + extra)}", *extra],
                         config_file=os.path.join(REPO, "configs", "ppo_cartpole.yaml"))
     wall = time.perf_counter() - t0
     m = res.metrics
@@ -181,6 +181,7 @@ def main() -> int:
         out["b"] = {"flowkit": [], "sb3": []}
         for s in args.seeds:
             out["b"]["flowkit"].append(flowkit_solve(s))
+            out["b"].setdefault("flowkit_on_policy", []).append(flowkit_solve(s, "runtime.prefetch=false"))
             out["b"]["sb3"].append(sb3_solve(s))
             save()
     if "c" not in args.skip:
@@ -207,6 +208,9 @@ def table(out: dict) -> str:
                      + " | ".join(f"{a['seconds']:.1f}/{b['seconds']:.1f}" for a, b in zip(out['b']['flowkit'], out['b']['sb3'])))
         lines.append(f"{'    env steps to solve: flowkit / tuned SB3':<58} "
                      + " | ".join(f"{a['env_steps']}/{b['env_steps']}" for a, b in zip(out['b']['flowkit'], out['b']['sb3'])))
+        if "flowkit_on_policy" in out["b"]:
+            f2 = med(r["seconds"] for r in out["b"]["flowkit_on_policy"])
+            lines.append(f"{'    the same config, strictly on-policy (runtime.prefetch=false)':<58} {f2:>10.2f} {s:>10.2f} {f2 / s:>6.2f}x")
         fs = med(r["startup_s"] for r in out["b"]["flowkit"])
         ss = med(r["startup_s"] for r in out["b"]["sb3"])
         lines.append(f"{'    start-up (flowkit: config+Ray+actors; SB3: model+envs)':<58} {fs:>10.2f} {ss:>10.2f}")
