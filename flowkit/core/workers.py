@@ -322,6 +322,10 @@ class GymEnvRunner:
         self.reset_pending = np.zeros(self.n, bool)
         self.episodes = [self._new_episode(j) for j in range(self.n)]
         self.t = np.zeros(self.n, np.int64)
+        # per-sub-env running figures, kept as arrays (no Python loop per env step)
+        self.eps_ids = np.array([e.episode_id for e in self.episodes], np.int64)
+        self.ep_len = np.zeros(self.n, np.int64)
+        self.ep_ret = np.zeros(self.n, np.float64)
         self.carry: List[Optional[sb.SampleBatch]] = [None] * self.n
 
     def _new_episode(self, j: int) -> Episode:
@@ -359,14 +363,13 @@ class GymEnvRunner:
                     rec_next[j] = fe[0]
                     if rec_next_mask is not None:
                         rec_next_mask[j] = fm[0]
-            eps_ids = np.fromiter((e.episode_id for e in self.episodes), np.int64, n)
             cols[sb.OBS].append(obs_enc)
             cols[sb.ACTIONS].append(actions)
             cols[sb.REWARDS].append(np.asarray(rew, np.float32))
             cols[sb.TERMINATEDS].append(term)
             cols[sb.TRUNCATEDS].append(trunc & ~term)
             cols[sb.NEXT_OBS].append(rec_next)
-            cols[sb.EPS_ID].append(eps_ids)
+            cols[sb.EPS_ID].append(self.eps_ids.copy())
             cols[sb.T].append(self.t.copy())
             if mask is not None:
                 cols[sb.ACTION_MASK].append(mask)
@@ -375,10 +378,8 @@ class GymEnvRunner:
                 extras_l.setdefault(k, []).append(v)
             valid_l.append(valid)
             # episode bookkeeping (real transitions only)
-            for j in np.flatnonzero(valid):
-                ep = self.episodes[j]
-                ep.length += 1
-                ep.total_reward += float(rew[j])
+            self.ep_len += valid
+            self.ep_ret += np.where(valid, rew, 0.0)
             self.t += valid
             have += valid
             if self.same_step:
@@ -387,16 +388,21 @@ class GymEnvRunner:
                 ended = done & valid
             for j in np.flatnonzero(ended):
                 ep = self.episodes[j]
+                ep.length, ep.total_reward = int(self.ep_len[j]), float(self.ep_ret[j])
+                self.ep_len[j], self.ep_ret[j] = 0, 0.0
                 ep.terminated, ep.truncated = bool(term[j]), bool(trunc[j] and not term[j])
                 ep.agent_rewards[("agent0", self.policy_id)] = ep.total_reward
                 if ep_hook:
                     pm.hook.flowkit_on_episode_end(episode=ep, worker=self.worker)
                 finished.append(ep.summary())
                 self.episodes[j] = self._new_episode(j)
+                self.eps_ids[j] = self.episodes[j].episode_id
                 live_eps[self.episodes[j].episode_id] = self.episodes[j]
                 self.t[j] = 0
             self.reset_pending = ended if not self.same_step else np.zeros(n, bool)
             self.raw_obs, self.obs_enc, self.mask = raw_next, next_enc, next_mask
+        for j, ep in enumerate(self.episodes):  # running episodes, as hooks see them
+            ep.length, ep.total_reward = int(self.ep_len[j]), float(self.ep_ret[j])
         batch = self._cut(cols, extras_l, valid_l)
         batch = self._postprocess(batch, live_eps)
         return sb.MultiAgentBatch({self.policy_id: batch}, env_steps=n * T, agent_steps=n * T,
