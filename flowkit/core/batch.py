@@ -41,6 +41,24 @@ PRIO_WEIGHTS = "weights"         # float32[B], importance weights of replayed ro
 DEFAULT_POLICY_ID = "default"
 
 
+def trajectory_ends(b: Mapping[str, np.ndarray]):
+    """``(ends, terminated)``, bool[L]: where each trajectory piece of ``b`` ends (terminated,
+    truncated, an ``eps_id`` change, a gap in the step index ``t`` -- e.g. a replayed fragment
+    next to a newer one of the same episode -- or the last row) and which rows terminated.
+    A piece that ends without terminating bootstraps from V(next_obs)."""
+    term = np.asarray(b[TERMINATEDS], bool)
+    ends = term | np.asarray(b[TRUNCATEDS], bool)
+    if EPS_ID in b:
+        e = np.asarray(b[EPS_ID])
+        ends[:-1] |= e[1:] != e[:-1]
+    if T in b:
+        t = np.asarray(b[T])
+        ends[:-1] |= t[1:] != t[:-1] + 1
+    if len(ends):
+        ends[-1] = True
+    return ends, term
+
+
 class SampleBatch(dict):
     """A dict of columns ``name -> np.ndarray`` of equal length (the batch size)."""
 
@@ -68,11 +86,7 @@ class SampleBatch(dict):
         n = len(self)
         if n == 0:
             return []
-        ends = np.asarray(self[TERMINATEDS]) | np.asarray(self[TRUNCATEDS])
-        if EPS_ID in self:
-            e = np.asarray(self[EPS_ID])
-            ends = ends.copy()
-            ends[:-1] |= e[1:] != e[:-1]
+        ends, _ = trajectory_ends(self)
         cuts = np.flatnonzero(ends[:-1]) + 1
         bounds = [0, *cuts.tolist(), n]
         return [self.slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]

@@ -240,13 +240,7 @@ class DQNPolicy(Policy):
         if L == 0 or n == 1:
             out[sb.N_STEPS] = np.ones(L, np.int64)
             return out
-        term = np.asarray(out[sb.TERMINATEDS], bool)
-        ends = term | np.asarray(out[sb.TRUNCATEDS], bool)
-        ends = ends.copy()
-        ends[-1] = True
-        if sb.EPS_ID in out:
-            e = np.asarray(out[sb.EPS_ID])
-            ends[:-1] |= e[1:] != e[:-1]
+        ends, term = sb.trajectory_ends(out)
         ret, last, steps = compute_n_step(np.asarray(out[sb.REWARDS]), ends, self.config.gamma, n)
         out[sb.REWARDS] = ret
         for k in (sb.NEXT_OBS, sb.TERMINATEDS, sb.TRUNCATEDS, sb.NEXT_ACTION_MASK):

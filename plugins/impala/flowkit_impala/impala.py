@@ -110,22 +110,7 @@ def vtrace(log_rhos: np.ndarray, rewards: np.ndarray, values: np.ndarray, next_v
     return vs.astype(np.float32), pg_adv.astype(np.float32)
 
 
-def trajectory_ends(b: sb.SampleBatch) -> Tuple[np.ndarray, np.ndarray]:
-    """``(ends, terminated)``, bool[L]: where each trajectory piece of ``b`` ends (terminated,
-    truncated, ``eps_id`` change, a gap in the step index ``t`` -- e.g. a replayed fragment
-    next to a newer one of the same episode -- or the last row) and which of those are
-    terminations."""
-    term = np.asarray(b[sb.TERMINATEDS], bool)
-    ends = term | np.asarray(b[sb.TRUNCATEDS], bool)
-    if sb.EPS_ID in b:
-        e = np.asarray(b[sb.EPS_ID])
-        ends[:-1] |= e[1:] != e[:-1]
-    if sb.T in b:
-        t = np.asarray(b[sb.T])
-        ends[:-1] |= t[1:] != t[:-1] + 1
-    if len(ends):
-        ends[-1] = True
-    return ends, term
+trajectory_ends = sb.trajectory_ends  # where pieces end (core; shared with PPO and DQN)
 
 
 # ---- the model ------------------------------------------------------------------------------------

@@ -173,13 +173,7 @@ class PPOPolicy(Policy):
         n = len(out)
         if n == 0:
             return out
-        term = np.asarray(out[sb.TERMINATEDS], bool)
-        ends = term | np.asarray(out[sb.TRUNCATEDS], bool)
-        ends = ends.copy()
-        ends[-1] = True
-        if sb.EPS_ID in out:
-            e = np.asarray(out[sb.EPS_ID])
-            ends[:-1] |= e[1:] != e[:-1]
+        ends, term = sb.trajectory_ends(out)
         v = np.asarray(out[sb.VF_PREDS], np.float32)
         next_v = np.empty(n, np.float32)
         next_v[:-1] = v[1:]
