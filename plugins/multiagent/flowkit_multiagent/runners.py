@@ -159,6 +159,17 @@ class _MultiAgentRunner:
             slot.trajs[agent] = tr
         return tr
 
+    def _credit(self, slot: _Slot, agent: str, r: Any) -> _Traj:
+        """Check ``agent``'s reward and add it to its return and, while it waits for its next
+        observation, to the pending transition's reward. Returns its trajectory."""
+        self._check_reward(slot, agent, r)
+        tr = self._traj(slot, agent)
+        r = float(r)
+        tr.ret += r
+        if tr.pending is not None:
+            tr.acc += r
+        return tr
+
     def _encode(self, pid: str, raws: List[Any]) -> Tuple[np.ndarray, Optional[np.ndarray]]:
         pol = self.policies[pid]
         return pol.encoder(stack_raw(pol.observation_space, raws), len(raws))
@@ -376,12 +387,7 @@ class ParallelEnvRunner(_MultiAgentRunner):
                 s.steps += 1
                 s.episode.length += 1
                 for agent, r in rew.items():
-                    self._check_reward(s, agent, r)
-                    tr = self._traj(s, agent)
-                    r = float(r)
-                    tr.ret += r
-                    if tr.pending is not None:
-                        tr.acc += r
+                    self._credit(s, agent, r)
                 self._receive(s, obs, term, trunc, "step()")
                 for agent in acted:  # acted but no observation came back: it left the game
                     tr = s.trajs[agent]
@@ -422,12 +428,7 @@ class AECEnvRunner(_MultiAgentRunner):
             agent = env.agent_selection
             obs, r, term, trunc, _ = env.last()
             self._check_obs(s, agent, obs, "last()")
-            self._check_reward(s, agent, r)
-            tr = self._traj(s, agent)
-            r = float(r)
-            tr.ret += r
-            if tr.pending is not None:
-                tr.acc += r
+            tr = self._credit(s, agent, r)
             enc, mask = self._encode(tr.policy_id, [obs])
             m = None if mask is None else mask[0]
             tr.complete(bool(term), bool(trunc), enc[0], m)
