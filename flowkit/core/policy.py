@@ -425,6 +425,68 @@ class ActionDist:
         return a.astype(self.space.dtype).reshape(actions.shape[0], *self.space.shape)
 
 
+class ActorCritic(nn.Module):
+    """Policy and value networks for actor-critic algorithms (PPO, IMPALA): separate MLPs
+    (evaluated as one :class:`TwinMLP` when ``twin``), or a shared trunk with
+    ``model.shared_value_network``; images go through a CNN trunk; optional running
+    observation normalisation; a state-independent log-std for Gaussian actions.
+
+    ``forward(obs float32[B, *shape]) -> (dist_inputs float32[B, k], value float32[B])``."""
+
+    def __init__(self, encoder: ObsEncoder, dist: ActionDist, model_cfg: Any, normalize_obs: bool = False,
+                 log_std_init: float = 0.0, twin: bool = True):
+        super().__init__()
+        hidden, act = list(model_cfg.hidden_sizes), model_cfg.activation
+        self.obs_rms = RunningMeanStd(encoder.shape) if normalize_obs else None
+        self.shared = bool(model_cfg.shared_value_network)
+        self.twin = None
+        if twin and not self.shared and not encoder.is_image:
+            # separate policy and value MLPs, evaluated as one TwinMLP (fewer kernel launches)
+            self.twin = TwinMLP(encoder.shape[0], hidden, act, dist.num_outputs, 1, 0.01, 1.0)
+        elif self.shared:
+            self.trunk, d = build_trunk(encoder, hidden, act)
+            self.pi_head = build_mlp(d, [], act, dist.num_outputs, 0.01)
+            self.vf_head = build_mlp(d, [], act, 1, 1.0)
+        else:
+            pt, d = build_trunk(encoder, hidden, act)
+            self.pi = nn.Sequential(pt, build_mlp(d, [], act, dist.num_outputs, 0.01))
+            vt, d = build_trunk(encoder, hidden, act)
+            self.vf = nn.Sequential(vt, build_mlp(d, [], act, 1, 1.0))
+        self.log_std = nn.Parameter(torch.full((dist.num_outputs,), float(log_std_init))) if dist.is_gauss else None
+
+    def _norm(self, obs):
+        return self.obs_rms(obs) if self.obs_rms is not None else obs
+
+    def forward(self, obs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """obs: float32[B, *shape] -> (dist_inputs float32[B, k], value float32[B])."""
+        x = self._norm(obs)
+        if self.twin is not None:
+            logits, value = self.twin(x)
+        elif self.shared:
+            h = self.trunk(x)
+            logits, value = self.pi_head(h), self.vf_head(h)
+        else:
+            logits, value = self.pi(x), self.vf(x)
+        if self.log_std is not None:
+            logits = torch.cat([logits, self.log_std.expand_as(logits)], -1)
+        return logits, value.squeeze(-1)
+
+    def policy(self, obs: torch.Tensor) -> torch.Tensor:
+        """dist_inputs only: float32[B, k] (skips the value network where it is separate)."""
+        if self.twin is not None or self.shared:
+            return self.forward(obs)[0]
+        logits = self.pi(self._norm(obs))
+        if self.log_std is not None:
+            logits = torch.cat([logits, self.log_std.expand_as(logits)], -1)
+        return logits
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        x = self._norm(obs)
+        if self.twin is not None:
+            return self.twin(x)[1].squeeze(-1)
+        return (self.vf_head(self.trunk(x)) if self.shared else self.vf(x)).squeeze(-1)
+
+
 # ---- the Policy base class -------------------------------------------------------------
 class Policy:
     """Base class of every policy: owns the network and the math of one algorithm.

@@ -33,7 +33,6 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
-from torch import nn
 
 import flowkit
 from flowkit import ConfigError
@@ -42,7 +41,7 @@ from flowkit.core import batch as sb
 from flowkit.core.learner_thread import (Dequeue, Enqueue, LearnerThread, PerfMonitor,
                                          PushWeightsToSource, record_learner_result)
 from flowkit.core.ops import BroadcastWeights, Concurrently, ConcatBatches
-from flowkit.core.policy import ActionDist, ObsEncoder, Policy, build_mlp, build_trunk
+from flowkit.core.policy import ActorCritic, Policy
 from flowkit.core.workers import derive_seed
 
 
@@ -113,46 +112,6 @@ def vtrace(log_rhos: np.ndarray, rewards: np.ndarray, values: np.ndarray, next_v
 trajectory_ends = sb.trajectory_ends  # where pieces end (core; shared with PPO and DQN)
 
 
-# ---- the model ------------------------------------------------------------------------------------
-class ActorCritic(nn.Module):
-    """Policy and value networks (separate, or a shared trunk with ``model.shared_value_network``)."""
-
-    def __init__(self, encoder: ObsEncoder, dist: ActionDist, model_cfg: Any, log_std_init: float):
-        super().__init__()
-        hidden, act = list(model_cfg.hidden_sizes), model_cfg.activation
-        self.shared = bool(model_cfg.shared_value_network)
-        if self.shared:
-            self.trunk, d = build_trunk(encoder, hidden, act)
-            self.pi_head = build_mlp(d, [], act, dist.num_outputs, 0.01)
-            self.vf_head = build_mlp(d, [], act, 1, 1.0)
-        else:
-            pt, d = build_trunk(encoder, hidden, act)
-            self.pi = nn.Sequential(pt, build_mlp(d, [], act, dist.num_outputs, 0.01))
-            vt, d = build_trunk(encoder, hidden, act)
-            self.vf = nn.Sequential(vt, build_mlp(d, [], act, 1, 1.0))
-        self.log_std = nn.Parameter(torch.full((dist.num_outputs,), float(log_std_init))) if dist.is_gauss else None
-
-    def _dist_inputs(self, logits: torch.Tensor) -> torch.Tensor:
-        if self.log_std is not None:
-            logits = torch.cat([logits, self.log_std.expand_as(logits)], -1)
-        return logits
-
-    def forward(self, obs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """obs: float32[B, *shape] -> (dist_inputs float32[B, k], value float32[B])."""
-        if self.shared:
-            h = self.trunk(obs)
-            logits, value = self.pi_head(h), self.vf_head(h)
-        else:
-            logits, value = self.pi(obs), self.vf(obs)
-        return self._dist_inputs(logits), value.squeeze(-1)
-
-    def policy(self, obs: torch.Tensor) -> torch.Tensor:
-        return self._dist_inputs(self.pi_head(self.trunk(obs)) if self.shared else self.pi(obs))
-
-    def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return (self.vf_head(self.trunk(obs)) if self.shared else self.vf(obs)).squeeze(-1)
-
-
 # ---- the policy -----------------------------------------------------------------------------------
 class IMPALAPolicy(Policy):
     """IMPALA's actor-critic with V-trace. Workers only act (and store the behaviour
@@ -164,7 +123,8 @@ class IMPALAPolicy(Policy):
                  seed=0, inference_only=False):
         super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
         torch.manual_seed(seed)
-        self.model = ActorCritic(self.encoder, self.dist, model_config, config.log_std_init).to(self.device)
+        self.model = ActorCritic(self.encoder, self.dist, model_config, log_std_init=config.log_std_init,
+                                 twin=False).to(self.device)
         self.update_lock = threading.RLock()
         if not inference_only:
             self.optimizer = self.make_optimizer(config.lr, config.adam_eps)

@@ -17,19 +17,17 @@ centred when their std is below 1e-8 (case C07).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
-from torch import nn
 
 import flowkit
 from flowkit import ConfigError
 from flowkit.config import F
 from flowkit.core import batch as sb
 from flowkit.core.ops import BroadcastWeights, ConcatBatches, StandardizeFields, TrainOneStep
-from flowkit.core.policy import (ActionDist, ObsEncoder, Policy, RunningMeanStd, TwinMLP, build_mlp,
-                                  build_trunk, to_tensor)
+from flowkit.core.policy import ActorCritic, Policy, to_tensor
 
 
 @dataclass
@@ -79,55 +77,6 @@ def compute_gae(rewards: np.ndarray, values: np.ndarray, next_values: np.ndarray
         adv[t] = lastgaelam
     a = np.asarray(adv, np.float32)
     return a, a + np.asarray(values, np.float32)
-
-
-# ---- the model -----------------------------------------------------------------------------
-class ActorCritic(nn.Module):
-    """Policy and value networks (separate, or a shared trunk with ``model.shared_value_network``)."""
-
-    def __init__(self, encoder: ObsEncoder, dist: ActionDist, model_cfg: Any, normalize_obs: bool,
-                 log_std_init: float):
-        super().__init__()
-        hidden, act = list(model_cfg.hidden_sizes), model_cfg.activation
-        self.obs_rms = RunningMeanStd(encoder.shape) if normalize_obs else None
-        self.shared = bool(model_cfg.shared_value_network)
-        self.twin = None
-        if not self.shared and not encoder.is_image:
-            # separate policy and value MLPs, evaluated as one TwinMLP (fewer kernel launches)
-            self.twin = TwinMLP(encoder.shape[0], hidden, act, dist.num_outputs, 1, 0.01, 1.0)
-        elif self.shared:
-            self.trunk, d = build_trunk(encoder, hidden, act)
-            self.pi_head = build_mlp(d, [], act, dist.num_outputs, 0.01)
-            self.vf_head = build_mlp(d, [], act, 1, 1.0)
-        else:
-            pt, d = build_trunk(encoder, hidden, act)
-            self.pi = nn.Sequential(pt, build_mlp(d, [], act, dist.num_outputs, 0.01))
-            vt, d = build_trunk(encoder, hidden, act)
-            self.vf = nn.Sequential(vt, build_mlp(d, [], act, 1, 1.0))
-        self.log_std = nn.Parameter(torch.full((dist.num_outputs,), float(log_std_init))) if dist.is_gauss else None
-
-    def _norm(self, obs):
-        return self.obs_rms(obs) if self.obs_rms is not None else obs
-
-    def forward(self, obs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """obs: float32[B, *shape] -> (dist_inputs float32[B, k], value float32[B])."""
-        x = self._norm(obs)
-        if self.twin is not None:
-            logits, value = self.twin(x)
-        elif self.shared:
-            h = self.trunk(x)
-            logits, value = self.pi_head(h), self.vf_head(h)
-        else:
-            logits, value = self.pi(x), self.vf(x)
-        if self.log_std is not None:
-            logits = torch.cat([logits, self.log_std.expand_as(logits)], -1)
-        return logits, value.squeeze(-1)
-
-    def value(self, obs: torch.Tensor) -> torch.Tensor:
-        x = self._norm(obs)
-        if self.twin is not None:
-            return self.twin(x)[1].squeeze(-1)
-        return (self.vf_head(self.trunk(x)) if self.shared else self.vf(x)).squeeze(-1)
 
 
 # ---- the policy ----------------------------------------------------------------------------
