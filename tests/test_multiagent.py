@@ -377,3 +377,46 @@ def test_resume_multiagent_run(run_dir):
     algo = flowkit.Algorithm.from_checkpoint(res.run_dir)
     a = algo.compute_actions(np.zeros(5, np.float32), policy_id="tank_pol")
     assert a.shape == (2,) and np.all(np.abs(a) <= 1.0)
+
+
+# ---- opponent sampling: weighted mapping drawn per episode --------------------------------------
+def test_weighted_mapping_draws_once_per_episode_and_rule():
+    from flowkit_multiagent.specs import AgentMapping
+    m = AgentMapping({"adv_*": {"a": 3, "r": 1}, "prey": "p"}, ["a", "r", "p"], ["adv_0", "adv_1", "prey"], seed=7)
+    draws = [(m.policy_for("adv_0", episode_id=e), m.policy_for("adv_1", episode_id=e)) for e in range(4000)]
+    assert all(x == y for x, y in draws)                       # one draw per episode and rule
+    share = sum(x == "r" for x, _ in draws) / len(draws)
+    assert 0.22 < share < 0.28                                  # weights 3:1
+    assert {m.policy_for("prey", episode_id=e) for e in range(50)} == {"p"}
+    assert m.policy_for("adv_0") == "a" and m.options("adv_1") == ["a", "r"]   # no episode: the first
+    again = AgentMapping({"adv_*": {"a": 3, "r": 1}, "prey": "p"}, ["a", "r", "p"], seed=7)
+    assert [again.policy_for("adv_0", episode_id=e) for e in range(4000)] == [x for x, _ in draws]
+    other = AgentMapping({"adv_*": {"a": 3, "r": 1}, "prey": "p"}, ["a", "r", "p"], seed=8)
+    assert [other.policy_for("adv_0", episode_id=e) for e in range(200)] != [x for x, _ in draws[:200]]
+    with pytest.raises(ConfigError, match=r"multiagent.mapping.adv_\*.r=0: a weight must be a positive number"):
+        AgentMapping({"adv_*": {"a": 1, "r": 0}}, ["a", "r"])
+    with pytest.raises(ConfigError, match=r"multiagent.mapping.adv_\*.q=1: no policy 'q'"):
+        AgentMapping({"adv_*": {"a": 1, "q": 1}}, ["a", "r"])
+
+
+def test_opponent_sampling_in_a_run_and_first_policy_in_evaluation():
+    ctx = make_ctx(LATE, "runtime.rollout_fragment_length=6", "runtime.num_envs_per_worker=2",
+                   "multiagent.policies.learner.algo=ppo", "multiagent.policies.rand.algo=random",
+                   "multiagent.mapping.*={learner: 1, rand: 1}", "evaluation.episodes=4")
+    assert list(ctx.trainable_policies) == ["learner"]
+    w = ctx.workers.local_worker()
+    frags = [w.sample() for _ in range(5)]                      # 10 episodes of 6 steps
+    eps = [e for f in frags for e in f.episodes]
+    assert len(eps) == 10
+    per_episode = [{k.split("|")[1] for k in e["agent_returns"]} for e in eps]
+    assert all(len(p) == 1 for p in per_episode)                # every agent of an episode: one policy
+    assert {next(iter(p)) for p in per_episode} == {"learner", "rand"}
+    for f in frags:                     # an agent's trajectory goes to its episode's policy only
+        owner = {}
+        for pid, pb in f.policy_batches.items():
+            for eid in np.unique(pb[sb.EPS_ID] // 3).tolist():
+                assert owner.setdefault(eid, pid) == pid
+        assert sum(len(pb) for pb in f.policy_batches.values()) == f.agent_steps
+    out = ctx.evaluate()
+    assert "evaluation/learner/episode_return_mean" in out and "evaluation/rand/episode_return_mean" not in out
+    ctx.shutdown()

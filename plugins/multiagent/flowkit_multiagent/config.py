@@ -8,6 +8,9 @@ Example (simple_tag: PPO for the adversaries, DQN for the prey)::
     multiagent.policies.prey.config.lr=1e-3          # overrides dqn.lr for this policy only
     multiagent.mapping.adversary_*=adversaries       # agent-id glob -> policy id
     multiagent.mapping.agent_*=prey
+    # opponent sampling: in half of the episodes (drawn per episode) the adversaries act at random
+    multiagent.policies.random_adversaries.algo=random
+    multiagent.mapping.adversary_*={adversaries: 1, random_adversaries: 1}
 """
 from __future__ import annotations
 
@@ -35,9 +38,10 @@ class MultiAgentConfig:
     policies: Dict[str, PolicyConfig] = F(help="policy id -> its algorithm, config overrides, trainable, "
                                                "checkpoint (empty: every agent shares one policy `shared` "
                                                "trained by `algo`)", factory=dict)
-    mapping: Dict[str, str] = F(help="agent-id glob pattern -> policy id; exact ids first, then patterns "
-                                     "in the order given (empty: an agent whose id is a policy id maps to "
-                                     "it, else the only policy)", factory=dict)
+    mapping: Dict[str, Any] = F(help="agent-id glob pattern -> policy id, or {policy id: weight} drawn once "
+                                     "per episode (opponent sampling; evaluation uses the first); exact ids "
+                                     "first, then patterns in the order given (empty: an agent whose id is a "
+                                     "policy id maps to it, else the only policy)", factory=dict)
     round_robin_weights: Dict[str, float] = F(help="train steps per round-robin cycle of each algorithm's "
                                                    "fragment, keyed by algorithm name or policy id (default 1)",
                                               factory=dict)

@@ -154,7 +154,8 @@ class _MultiAgentRunner:
             if agent not in self.agent_index:
                 raise EnvError(f"env {self.name!r} (worker {self.worker.index}, sub-env {slot.j}): agent "
                                f"{agent!r} is not in possible_agents {self.possible_agents}")
-            pid = self.mapping.policy_for(agent, slot.rotation, self._alternate_now)
+            pid = self.mapping.policy_for(agent, slot.rotation, self._alternate_now,
+                                          None if self._eval else slot.episode.episode_id)
             tr = _Traj(agent, pid, self.agent_index[agent], slot.episode)
             slot.trajs[agent] = tr
         return tr

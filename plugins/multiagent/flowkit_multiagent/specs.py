@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import fnmatch
 import os
+import random
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import gymnasium as gym
@@ -60,64 +61,124 @@ class MAPolicySpec(PolicySpec):
 class AgentMapping:
     """Agent id -> policy id: exact keys of ``patterns`` first, then glob patterns in the order
     given (``fnmatch``, case-sensitive), then an agent whose id is a policy id, then (only
-    without patterns) the single policy. Picklable; results are cached.
+    without patterns) the single policy. Picklable; rule lookups are cached.
+
+    A rule maps to one policy id, or to a weighted choice ``{policy_id: weight, ...}`` drawn
+    once per episode and rule (every agent the rule matches in that episode gets the same
+    policy; the draw depends only on ``seed``, the episode id and the rule, so runs and
+    restarts are reproducible). This is opponent sampling, as RLlib's ``policy_mapping_fn``
+    does it with the episode: e.g. ``adversary_*: {adversaries: 0.5, random_adversaries: 0.5}``
+    makes the other policies train against a mix of learning and random opponents. In
+    evaluation (``evaluation=True``) a weighted rule always picks its first policy.
 
     With ``alternate_seats``, episode ``k`` gives agent ``possible_agents[i]`` the policy of
     ``possible_agents[(i + k) % n]`` (every policy plays every seat).
 
     Raises:
-        ConfigError: an agent no rule maps, or a pattern naming an unknown policy.
+        ConfigError: an agent no rule maps, a rule naming an unknown policy, or weights that
+            are not positive numbers.
     """
 
-    def __init__(self, patterns: Dict[str, str], policy_ids: Sequence[str],
-                 possible_agents: Sequence[str] = ()):
-        self.patterns = dict(patterns)
+    def __init__(self, patterns: Dict[str, Any], policy_ids: Sequence[str],
+                 possible_agents: Sequence[str] = (), seed: int = 0):
         self.policy_ids = list(policy_ids)
         self.possible_agents = list(possible_agents)
-        for pat, pid in self.patterns.items():
-            if pid not in self.policy_ids:
-                close = difflib.get_close_matches(str(pid), self.policy_ids, n=1)
-                hint = f"; did you mean `{close[0]}`?" if close else ""
-                raise ConfigError(f"multiagent.mapping.{pat}={pid!r}: no policy {pid!r} "
-                                  f"(policies: {', '.join(self.policy_ids)}){hint}")
+        self.seed = int(seed)
+        # rule -> [(policy id, cumulative probability)]
+        self.rules: Dict[str, List[Tuple[str, float]]] = {}
+        for pat, target in dict(patterns).items():
+            opts = dict(target) if isinstance(target, dict) else {str(target): 1.0}
+            if not opts:
+                raise ConfigError(f"multiagent.mapping.{pat}: an empty choice; give a policy id or "
+                                  "{policy_id: weight, ...}")
+            for pid, w in opts.items():
+                if pid not in self.policy_ids:
+                    close = difflib.get_close_matches(str(pid), self.policy_ids, n=1)
+                    hint = f"; did you mean `{close[0]}`?" if close else ""
+                    key = f"multiagent.mapping.{pat}" + (f".{pid}" if isinstance(target, dict) else "")
+                    raise ConfigError(f"{key}={target if not isinstance(target, dict) else w!r}: no policy "
+                                      f"{pid!r} (policies: {', '.join(self.policy_ids)}){hint}")
+                try:
+                    ok = float(w) > 0
+                except (TypeError, ValueError):
+                    ok = False
+                if not ok:
+                    raise ConfigError(f"multiagent.mapping.{pat}.{pid}={w!r}: a weight must be a positive "
+                                      "number")
+            total = sum(float(w) for w in opts.values())
+            acc, cum = 0.0, []
+            for pid, w in opts.items():
+                acc += float(w) / total
+                cum.append((str(pid), acc))
+            self.rules[str(pat)] = cum
         self._cache: Dict[str, str] = {}
 
-    def base(self, agent_id: str) -> str:
-        pid = self._cache.get(agent_id)
-        if pid is not None:
-            return pid
-        if agent_id in self.patterns:
-            pid = self.patterns[agent_id]
+    def rule(self, agent_id: str) -> str:
+        """The mapping rule that applies to ``agent_id`` ("" for the fallbacks)."""
+        r = self._cache.get(agent_id)
+        if r is not None:
+            return r
+        if agent_id in self.rules:
+            r = agent_id
         else:
-            for pat, p in self.patterns.items():
-                if fnmatch.fnmatchcase(agent_id, pat):
-                    pid = p
-                    break
-        if pid is None and agent_id in self.policy_ids:
-            pid = agent_id
-        if pid is None and not self.patterns and len(self.policy_ids) == 1:
-            pid = self.policy_ids[0]
-        if pid is None:
-            pats = ", ".join(f"{k!r}->{v!r}" for k, v in self.patterns.items()) or "none"
+            r = next((pat for pat in self.rules if fnmatch.fnmatchcase(agent_id, pat)), None)
+        if r is None and (agent_id in self.policy_ids or (not self.rules and len(self.policy_ids) == 1)):
+            r = ""
+        if r is None:
+            pats = ", ".join(f"{k!r}->{[p for p, _ in v]}" for k, v in self.rules.items()) or "none"
             raise ConfigError(f"agent {agent_id!r} is not mapped to a policy: no multiagent.mapping "
                               f"pattern matches it (patterns: {pats}) and it is not a policy id "
                               f"(policies: {', '.join(self.policy_ids)})")
-        self._cache[agent_id] = pid
-        return pid
+        self._cache[agent_id] = r
+        return r
 
-    def policy_for(self, agent_id: str, episode_index: int = 0, alternate: bool = False) -> str:
+    def options(self, agent_id: str) -> List[str]:
+        """Every policy ``agent_id`` can be mapped to (the first is the evaluation choice)."""
+        r = self.rule(agent_id)
+        if r:
+            return [p for p, _ in self.rules[r]]
+        return [agent_id if agent_id in self.policy_ids else self.policy_ids[0]]
+
+    def base(self, agent_id: str) -> str:
+        """``agent_id``'s policy outside any episode draw (a weighted rule's first policy)."""
+        return self.options(agent_id)[0]
+
+    def _draw(self, agent_id: str, episode_id: int) -> str:
+        r = self.rule(agent_id)
+        cum = self.rules.get(r) if r else None
+        if not cum or len(cum) == 1:
+            return self.base(agent_id)
+        u = random.Random(f"{self.seed}/{episode_id}/{r}").random()
+        return next((p for p, c in cum if u < c), cum[-1][0])
+
+    def policy_for(self, agent_id: str, episode_index: int = 0, alternate: bool = False,
+                   episode_id: Optional[int] = None) -> str:
+        """The policy of ``agent_id`` in an episode: seats rotated by ``episode_index`` when
+        ``alternate``; weighted rules drawn by ``episode_id`` (None: the first policy)."""
         if alternate and self.possible_agents and agent_id in self.possible_agents:
             n = len(self.possible_agents)
             i = self.possible_agents.index(agent_id)
-            return self.base(self.possible_agents[(i + episode_index) % n])
-        return self.base(agent_id)
+            agent_id = self.possible_agents[(i + episode_index) % n]
+        if episode_id is None:
+            return self.base(agent_id)
+        return self._draw(agent_id, episode_id)
+
+
+def _mapping_targets(target: Any) -> List[str]:
+    if isinstance(target, (dict, DictConfig)):
+        return [str(k) for k in target]
+    return [str(target)]
 
 
 def build_mapping(config: Any, possible_agents: Sequence[str]) -> AgentMapping:
-    """The run's :class:`AgentMapping` from ``multiagent.*``."""
+    """The run's :class:`AgentMapping` from ``multiagent.*`` (weighted draws seeded by ``seed``)."""
     ma = config.multiagent
-    patterns = {str(k): str(v) for k, v in (ma.mapping or {}).items()}
-    return AgentMapping(patterns, policy_ids_of(config), possible_agents)
+    patterns: Dict[str, Any] = {}
+    for k, v in (ma.mapping or {}).items():
+        if isinstance(v, DictConfig):
+            v = OmegaConf.to_container(v, resolve=True)
+        patterns[str(k)] = {str(p): w for p, w in v.items()} if isinstance(v, dict) else str(v)
+    return AgentMapping(patterns, policy_ids_of(config), possible_agents, seed=int(config.get("seed") or 0))
 
 
 def policy_ids_of(config: Any) -> List[str]:
@@ -126,8 +187,9 @@ def policy_ids_of(config: Any) -> List[str]:
     ma = config.multiagent
     out: List[str] = [str(k) for k in (ma.policies or {})]
     for v in (ma.mapping or {}).values():
-        if str(v) not in out:
-            out.append(str(v))
+        for p in _mapping_targets(v):
+            if p not in out:
+                out.append(p)
     return out or [SHARED_POLICY_ID]
 
 
@@ -222,7 +284,8 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, type]) -> Dic
     pids = mapping.policy_ids
     members: Dict[str, List[str]] = {p: [] for p in pids}
     for a in agents:
-        members[mapping.base(a)].append(a)
+        for p in mapping.options(a):
+            members[p].append(a)
     for pid, ags in members.items():
         if not ags:
             raise ConfigError(f"multiagent.policies.{pid}: no agent is mapped to policy {pid!r} "
