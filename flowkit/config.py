@@ -64,6 +64,8 @@ class ModelConfig:
     hidden_sizes: List[int] = F(help="hidden layer sizes of the MLP", factory=lambda: [64, 64])
     activation: str = F("tanh", "tanh, relu, elu, gelu or silu")
     shared_value_network: bool = F(False, "share the trunk between policy and value heads")
+    numpy_inference: bool = F(True, "act with a numpy copy of the network on CPU (MLP actor-critics: "
+                                    "same math, less per-call overhead); false: torch")
 
 
 @dataclass

@@ -181,3 +181,81 @@ def test_action_distributions_match_torch():
     mask = torch.tensor([[1, 0, 1]])
     for _ in range(20):
         assert cat.sample(torch.zeros(1, 3), mask).item() != 1
+
+
+# ---- acting in numpy: the same function as the torch model ---------------------------------------
+@pytest.mark.parametrize("algo,space,over", [
+    ("ppo", spaces.Discrete(3), {}),
+    ("ppo", spaces.Box(-2.0, 3.0, (2,)), {"normalize_observations": True}),
+    ("ppo", spaces.Discrete(4), {"activation": "relu", "hidden": [16]}),
+    ("impala", spaces.Discrete(3), {}),
+    ("impala", spaces.Box(-1.0, 1.0, (2,)), {"hidden": [8, 8, 8]}),
+])
+def test_numpy_inference_matches_torch(algo, space, over):
+    from types import SimpleNamespace
+    import flowkit
+    from flowkit.core.policy import ActorCritic
+    cls = flowkit.get_plugin_manager().algorithms()[algo]
+    cfg = cls.config_class()
+    if "normalize_observations" in over:
+        cfg.normalize_observations = True
+    model_cfg = SimpleNamespace(hidden_sizes=over.get("hidden", [32, 32]), activation=over.get("activation", "tanh"),
+                                shared_value_network=False, numpy_inference=True)
+    obs_space = spaces.Box(-5.0, 5.0, (6,))
+    pol = cls.policy_class(obs_space, space, cfg, model_cfg, "cpu", seed=3, inference_only=True)
+    npm = pol.numpy_model()
+    assert npm is not None
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(9, 6)).astype(np.float32)
+    if pol.model.obs_rms is not None:
+        pol.model.obs_rms.update(torch.from_numpy(rng.normal(2.0, 3.0, size=(50, 6)).astype(np.float32)))
+    with torch.no_grad():
+        t_inputs, t_value = pol.model(torch.from_numpy(x))
+    n_inputs, n_value = npm.forward(x)
+    np.testing.assert_allclose(n_inputs, t_inputs.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(n_value, t_value.numpy(), rtol=1e-5, atol=1e-6)
+    # sampled actions: logp equals the torch distribution's log-prob of the same actions
+    a, extras = pol.compute_actions_encoded(x, None, True)
+    t_logp = pol.dist.logp(t_inputs, torch.from_numpy(a))
+    np.testing.assert_allclose(extras[sb.ACTION_LOGP], t_logp.numpy(), rtol=1e-5, atol=1e-5)
+    greedy, _ = pol.compute_actions_encoded(x, None, False)
+    want = t_inputs.argmax(-1).numpy() if pol.dist.kind == "cat" else t_inputs[:, :pol.dist.dim].numpy()
+    np.testing.assert_allclose(greedy, want, rtol=1e-5, atol=1e-6)
+    # new weights are seen without rebuilding anything by hand
+    w = {k: v + 0.1 for k, v in pol.get_weights().items()}
+    pol.set_weights(w)
+    with torch.no_grad():
+        t_inputs2, _ = pol.model(torch.from_numpy(x))
+    np.testing.assert_allclose(npm.forward(x)[0], t_inputs2.numpy(), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(t_inputs2.numpy(), t_inputs.numpy())
+    assert type(pol.model) is ActorCritic
+
+
+def test_numpy_inference_masks_and_fallbacks():
+    import flowkit
+    from types import SimpleNamespace
+    from flowkit.core.policy import ActorCritic
+    ppo = flowkit.get_plugin_manager().algorithms()["ppo"]
+    mc = SimpleNamespace(hidden_sizes=[16], activation="tanh", shared_value_network=False, numpy_inference=True)
+    pol = ppo.policy_class(spaces.Box(-1.0, 1.0, (3,)), spaces.Discrete(4), ppo.config_class(), mc, "cpu", 0, True)
+    x = np.random.default_rng(1).normal(size=(200, 3)).astype(np.float32)
+    mask = np.zeros((200, 4), np.int8)
+    mask[:, 1] = 1
+    mask[::2, 3] = 1
+    a, ex = pol.compute_actions_encoded(x, mask, True)
+    assert set(a[1::2].tolist()) == {1} and set(a[::2].tolist()) == {1, 3}
+    assert np.isfinite(ex[sb.ACTION_LOGP]).all() and (ex[sb.ACTION_LOGP][1::2] == 0).all()
+    with pytest.raises(ValueError, match="allows no action in rows"):
+        pol.compute_actions_encoded(x[:2], np.zeros((2, 4), np.int8), True)
+    # not mirrored: a shared trunk, other activations, switched off, a subclassed model
+    for over in (dict(shared_value_network=True), dict(activation="elu"), dict(numpy_inference=False)):
+        p = ppo.policy_class(spaces.Box(-1.0, 1.0, (3,)), spaces.Discrete(4), ppo.config_class(),
+                             SimpleNamespace(**{**vars(mc), **over}), "cpu", 0, True)
+        assert p.numpy_model() is None
+        assert p.compute_actions_encoded(x[:5], None, True)[0].shape == (5,)
+
+    class MyAC(ActorCritic):
+        pass
+    p = ppo.policy_class(spaces.Box(-1.0, 1.0, (3,)), spaces.Discrete(4), ppo.config_class(), mc, "cpu", 0, True)
+    p.model.__class__ = MyAC
+    assert p.numpy_model() is None

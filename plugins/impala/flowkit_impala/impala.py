@@ -41,7 +41,7 @@ from flowkit.core import batch as sb
 from flowkit.core.learner_thread import (Dequeue, Enqueue, LearnerThread, PerfMonitor,
                                          PushWeightsToSource, record_learner_result)
 from flowkit.core.ops import BroadcastWeights, Concurrently, ConcatBatches
-from flowkit.core.policy import ActorCritic, Policy
+from flowkit.core.policy import ActorCritic, Policy, sample_logp_numpy
 from flowkit.core.workers import derive_seed
 
 
@@ -130,8 +130,18 @@ class IMPALAPolicy(Policy):
             self.optimizer = self.make_optimizer(config.lr, config.adam_eps)
 
     # -- acting (worker) --
-    @torch.inference_mode()
     def compute_actions_encoded(self, obs, mask=None, explore=True):
+        npm = self.numpy_model()
+        if npm is not None:  # the same network in numpy (cheaper per call on a few rows)
+            if mask is not None:
+                self.check_mask(mask)
+            inputs, _ = npm.forward(obs, value=False)
+            a, logp = sample_logp_numpy(self.dist, inputs, mask, explore, self.np_random)
+            return a, {sb.ACTION_LOGP: logp}
+        return self._compute_actions_torch(obs, mask, explore)
+
+    @torch.inference_mode()
+    def _compute_actions_torch(self, obs, mask=None, explore=True):
         inputs = self.model.policy(torch.from_numpy(obs))
         m = None
         if mask is not None:

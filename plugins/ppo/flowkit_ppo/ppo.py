@@ -27,7 +27,7 @@ from flowkit import ConfigError
 from flowkit.config import F
 from flowkit.core import batch as sb
 from flowkit.core.ops import BroadcastWeights, ConcatBatches, StandardizeFields, TrainOneStep
-from flowkit.core.policy import ActorCritic, Policy, to_tensor
+from flowkit.core.policy import ActorCritic, Policy, sample_logp_numpy, to_tensor
 
 
 @dataclass
@@ -99,8 +99,18 @@ class PPOPolicy(Policy):
             self.optimizer = self.make_optimizer(config.lr, config.adam_eps)
 
     # -- acting (worker) --
-    @torch.inference_mode()
     def compute_actions_encoded(self, obs, mask=None, explore=True):
+        npm = self.numpy_model()
+        if npm is not None:  # the same network in numpy (cheaper per call on a few rows)
+            if mask is not None:
+                self.check_mask(mask)
+            inputs, value = npm.forward(obs)
+            a, logp = sample_logp_numpy(self.dist, inputs, mask, explore, self.np_random)
+            return a, {sb.ACTION_LOGP: logp, sb.VF_PREDS: value, sb.ACTION_DIST_INPUTS: inputs}
+        return self._compute_actions_torch(obs, mask, explore)
+
+    @torch.inference_mode()
+    def _compute_actions_torch(self, obs, mask=None, explore=True):
         x = torch.from_numpy(obs)
         inputs, value = self.model(x)
         m = None
