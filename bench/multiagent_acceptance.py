@@ -61,7 +61,7 @@ GAMES = {
                    "multiagent.mapping.agent_*=prey",
                    "ppo.train_batch_size=2000", "ppo.minibatch_size=500", "ppo.num_epochs=10",
                    "ppo.ent_coef=0.01", "ppo.lr=7e-4",
-                   "dqn.training_intensity=1.0", "dqn.lr=5e-4", "dqn.epsilon_timesteps=200000",
+                   "dqn.training_intensity=8.0", "dqn.lr=5e-4", "dqn.epsilon_timesteps=200000",
                    "dqn.buffer_size=200000", "dqn.learning_starts=5000", "dqn.n_step=3",
                    "run.min_iter_env_steps=20000"],
         evals=[("adversaries vs random prey", ["evaluation.opponents.prey=random", "evaluation.episodes=100"],
