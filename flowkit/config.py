@@ -53,6 +53,9 @@ class RuntimeConfig:
     rollout_fragment_length: int = F(64, "env steps per sub-env in each sample batch")
     num_cpus_per_worker: float = F(1.0, "CPUs each rollout worker reserves (Ray)")
     address: Optional[str] = F(None, "Ray cluster address (`auto` for an existing cluster); None starts a local one")
+    async_requests_per_worker: int = F(2, "async rollout mode (IMPALA): sample requests in flight per "
+                                          "worker, so a worker starts its next fragment while the driver "
+                                          "takes the last one (RLlib: max_requests_in_flight_per_env_runner)")
     prefetch: Optional[bool] = F(None, "keep one sample request in flight while learning; None: on iff every algorithm is off-policy")
     restart_failed_workers: bool = F(True, "rebuild a rollout worker whose env or process failed")
     max_worker_restarts: int = F(3, "consecutive failures of one worker slot before the run stops")

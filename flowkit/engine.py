@@ -276,7 +276,7 @@ def _validate(cfg: DictConfig, pm: Any) -> Dict[str, type]:
     rt = cfg.runtime
     if rt.backend not in ("ray", "local"):
         raise ConfigError(f"runtime.backend={rt.backend!r} must be ray or local")
-    for key in ("num_envs_per_worker", "rollout_fragment_length"):
+    for key in ("num_envs_per_worker", "rollout_fragment_length", "async_requests_per_worker"):
         if int(rt[key]) < 1:
             raise ConfigError(f"runtime.{key}={rt[key]} must be >= 1")
     if int(rt.num_workers) < 0:

@@ -173,7 +173,8 @@ class FakeWorkers:
         self.calls = []
         self.weights_version = 0
 
-    def sync_weights(self, weights, actors=None, version=None):
+    def sync_weights(self, weights, actors=None, version=None, with_next_sample=False):
+        assert with_next_sample
         self.calls.append(([a.index for a in actors], version, int(weights["default"]["w"][0])))
 
 

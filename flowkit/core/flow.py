@@ -469,8 +469,10 @@ class ParallelFlow:
     def __init__(self, actors_fn: Callable[[], List[Any]], method: str, name: str,
                  ctx: Optional[FlowContext] = None,
                  on_failure: Optional[Callable[[Any, BaseException], bool]] = None,
-                 transforms: Sequence[Callable] = (), method_args: Sequence[Any] = ()):
+                 transforms: Sequence[Callable] = (), method_args: Sequence[Any] = (),
+                 args_fn: Optional[Callable[[Any], tuple]] = None):
         self.actors_fn, self.method, self.name = actors_fn, method, name
+        self.args_fn = args_fn  # actor -> extra arguments of its next call (e.g. weights to apply)
         self.ctx = ctx or FlowContext()
         self.on_failure = on_failure
         self.transforms = list(transforms)
@@ -479,12 +481,13 @@ class ParallelFlow:
     def for_each(self, fn: Callable) -> "ParallelFlow":
         """Apply ``fn`` on the actor to each shard item (``fn`` must be picklable)."""
         return ParallelFlow(self.actors_fn, self.method, f"{self.name}.for_each({_op_name(fn)})",
-                            self.ctx, self.on_failure, self.transforms + [fn], self.method_args)
+                            self.ctx, self.on_failure, self.transforms + [fn], self.method_args, self.args_fn)
 
     def _submit(self, actor):
+        args = self.method_args + (self.args_fn(actor) if self.args_fn is not None else ())
         if self.transforms:
-            return actor.submit("apply_flow", self.method, self.transforms, *self.method_args)
-        return actor.submit(self.method, *self.method_args)
+            return actor.submit("apply_flow", self.method, self.transforms, *args)
+        return actor.submit(self.method, *args)
 
     def _failed(self, actor, exc: BaseException):
         if self.on_failure is not None and self.on_failure(actor, exc):

@@ -270,7 +270,8 @@ def record_learner_result(ctx: Any, out: Dict[str, Any], perf: Optional["PerfMon
 
 class PushWeightsToSource:
     """On ``(source actor, batch)`` items: every ``broadcast_interval`` batches from one
-    worker, send that worker the learner's newest weights (if it does not have them yet).
+    worker, send that worker the learner's newest weights (if it does not have them yet),
+    with its next sample request (one call, not two).
     Every worker whose fragment is consumed gets its update, not only the last one of a
     train batch. Outputs the batch alone.
 
@@ -299,7 +300,8 @@ class PushWeightsToSource:
             last = self.sent.get(i)
             if last is None or last[0] is not actor or last[1] != version:
                 with self.ctx.timers["push_weights"]:
-                    self.ctx.workers.sync_weights(weights, actors=[actor], version=version)
+                    self.ctx.workers.sync_weights(weights, actors=[actor], version=version,
+                                                  with_next_sample=True)
                 self.sent[i] = (actor, version)
                 self.ctx.counters["num_weight_pushes"] += 1
         return b

@@ -16,7 +16,7 @@ from flowkit.core.flow import NOT_READY, Flow, ParallelFlow, union_tagged
 
 
 # ---- sources ---------------------------------------------------------------------------------
-def ParallelRollouts(ctx: Any, mode: str = "bulk_sync", num_async: int = 1,
+def ParallelRollouts(ctx: Any, mode: str = "bulk_sync", num_async: Optional[int] = None,
                      prefetch: bool = False) -> Flow:
     """Experiences from the rollout workers of ``ctx.workers``.
 
@@ -24,13 +24,17 @@ def ParallelRollouts(ctx: Any, mode: str = "bulk_sync", num_async: int = 1,
         mode: ``bulk_sync`` (one MultiAgentBatch per round: every worker's fragment,
             concatenated) or ``async`` (one per worker fragment, in completion order, with
             ``ctx.current_actor`` set to the producing worker).
-        num_async: async mode: sample requests in flight per worker.
+        num_async: async mode: sample requests in flight per worker (default
+            ``runtime.async_requests_per_worker``).
         prefetch: bulk_sync mode: request the next round before handing this one on.
     Counts ``env_steps_sampled`` and ``agent_steps_sampled`` and records finished episodes
     in ``ctx`` for StandardMetricsReporting.
     """
+    def sample_args(actor):  # weights waiting to travel with this actor's next request
+        f = getattr(ctx.workers, "sample_args", None)
+        return f(actor) if f is not None else ()
     pf = ParallelFlow(lambda: ctx.workers.actors, "sample", "ParallelRollouts", ctx,
-                      on_failure=lambda a, e: ctx.workers.on_failure(a, e))
+                      on_failure=lambda a, e: ctx.workers.on_failure(a, e), args_fn=sample_args)
 
     def account(a, b: sb.MultiAgentBatch) -> sb.MultiAgentBatch:
         ctx.workers.mark_success(a)
@@ -52,6 +56,10 @@ def ParallelRollouts(ctx: Any, mode: str = "bulk_sync", num_async: int = 1,
                 yield sb.MultiAgentBatch.concat(batches)
         return Flow(gen, f"ParallelRollouts(bulk_sync{', prefetch' if prefetch else ''})", [rounds], ctx)
     if mode == "async":
+        if num_async is None:
+            num_async = int(ctx.config.runtime.get("async_requests_per_worker", 2))
+        if num_async < 1:
+            raise ValueError(f"runtime.async_requests_per_worker must be >= 1, got {num_async}")
         src = pf.gather_async(num_async=num_async)
 
         def agen():

@@ -545,7 +545,12 @@ class RolloutWorker:
         self.runner = runner_cls(self, envs)
 
     # -- remote API --
-    def sample(self) -> sb.MultiAgentBatch:
+    def sample(self, weights: Optional[Dict[str, Dict[str, np.ndarray]]] = None,
+               version: int = 0) -> sb.MultiAgentBatch:
+        """One fragment (see the env runner); ``weights`` (with their ``version``), when
+        given, are set first."""
+        if weights is not None:
+            self.set_weights(weights, version)
         try:
             return self.runner.sample()
         except Exception as e:
@@ -645,6 +650,9 @@ class WorkerSet:
         self.restart_log: List[Dict[str, Any]] = []
         self.weights_version = 0
         self._last_weights_ref = None
+        self._last_weights_key: Optional[tuple] = None
+        self._last_weights_obj: Any = None
+        self._next_sample_weights: Dict[int, tuple] = {}   # worker index -> (actor, weights, version)
         self._container = None
 
     # -- lifecycle --
@@ -712,20 +720,47 @@ class WorkerSet:
 
     # -- weights --
     def sync_weights(self, weights: Dict[str, Any], actors: Optional[Sequence[Any]] = None,
-                     version: Optional[int] = None) -> None:
-        """Send ``{policy_id: weights}`` to ``actors`` (default: all): one ``ray.put``."""
+                     version: Optional[int] = None, with_next_sample: bool = False) -> None:
+        """Send ``{policy_id: weights}`` to ``actors`` (default: all): one ``ray.put`` per
+        weights object (pushing the same ``weights`` of the same ``version`` to several
+        workers one after another, as IMPALA's push to each producing worker does, reuses it).
+
+        ``with_next_sample``: no call of its own; the weights travel with the next ``sample``
+        request to each of ``actors`` (see :meth:`sample_args`), which applies them before it
+        samples. An async pipeline that keeps a request queued per worker gets its weights at
+        the same point as with a separate call, with half the calls."""
         if version is not None:
             self.weights_version = version
         targets = self.actors if actors is None else list(actors)
         if self.backend == "ray":
             import ray
-            ref = ray.put(weights)
-            self._last_weights_ref = ref
+            key = (id(weights), version)
+            if version is not None and self._last_weights_key == key and self._last_weights_ref is not None:
+                ref = self._last_weights_ref
+            else:
+                ref = ray.put(weights)
+                self._last_weights_ref, self._last_weights_key = ref, key
+                self._last_weights_obj = weights   # keeps id(weights) from being reused
+        else:
+            ref = weights
+        if with_next_sample:
+            for a in targets:
+                self._next_sample_weights[a.index] = (a, ref, self.weights_version)
+            return
+        if self.backend == "ray":
             futs = [a.submit("set_weights", ref, self.weights_version) for a in targets]
             self._pending_weight_futs = futs
         else:
             for a in targets:
                 a.obj.set_weights(weights, self.weights_version)
+
+    def sample_args(self, actor: Any) -> tuple:
+        """Arguments of the next ``sample`` request to ``actor``: ``(weights, version)`` when
+        weights wait to travel with it (``sync_weights(..., with_next_sample=True)``), else ()."""
+        item = self._next_sample_weights.pop(getattr(actor, "index", None), None)
+        if item is None or item[0] is not actor:
+            return ()
+        return item[1], item[2]
 
     def foreach_worker(self, method: str, *args) -> List[Any]:
         futs = [a.submit(method, *args) for a in self.actors]
