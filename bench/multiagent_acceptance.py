@@ -37,7 +37,8 @@ GAMES = {
                    "multiagent.policies.learner.algo=ppo", "multiagent.policies.opponent.algo=random",
                    "multiagent.mapping.player_1=learner", "multiagent.mapping.player_2=opponent",
                    "multiagent.alternate_seats=true", "ppo.train_batch_size=2048", "ppo.minibatch_size=256",
-                   "ppo.num_epochs=6", "ppo.ent_coef=0.01", "ppo.lr=5e-4", "run.min_iter_env_steps=8000"],
+                   "ppo.num_epochs=10", "ppo.ent_coef=0.01", "ppo.lr=1e-3", "model.hidden_sizes=[128,128]",
+                   "run.min_iter_env_steps=8000"],
         evals=[("vs random, seats alternated",
                 ["evaluation.opponents.opponent=random", "evaluation.alternate_seats=true", "evaluation.episodes=200"],
                 lambda r: r["evaluation/learner/win_rate"] + r["evaluation/learner/draw_rate"], 0.90,
@@ -94,13 +95,14 @@ def evaluate_run(run_dir: str, overrides):
         ctx.shutdown()
 
 
-def run_game(game: str, seed: int, env_steps: int, out_root: str):
+def run_game(game: str, seed: int, env_steps: int, out_root: str, extra=()):
     import flowkit
     g = GAMES[game]
     run_dir = os.path.join(out_root, f"{game}-seed{seed}")
     # stop is checked once per reported iteration: stop at the last whole iteration within the budget
     stop = max(1, env_steps - g["iter_env_steps"] + 1)
-    over = list(COMMON) + list(g["overrides"]) + [f"seed={seed}", f"stop.env_steps={stop}", f"run.dir={run_dir}"]
+    over = (list(COMMON) + list(g["overrides"]) + list(extra)
+            + [f"seed={seed}", f"stop.env_steps={stop}", f"run.dir={run_dir}"])
     if not any(o.startswith("runtime.backend=") for o in over):
         over.append("runtime.backend=ray")
     t0 = time.perf_counter()
@@ -124,11 +126,13 @@ def main():
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
     ap.add_argument("--env-steps", type=int, default=None, help="budget (default: the acceptance budget)")
     ap.add_argument("--out", default="runs/bench-multiagent")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="extra config overrides (after the game's own), e.g. ppo.lr=1e-3")
     args = ap.parse_args()
     steps = args.env_steps or GAMES[args.game]["steps"]
     rows = []
     for s in args.seeds:
-        rows += run_game(args.game, s, steps, args.out)
+        rows += run_game(args.game, s, steps, args.out, args.set)
     print(f"\n{args.game}: budget {steps:,} env steps\n")
     print("| seed | env steps | wall s | evaluation | value | threshold | pass | training returns (last 20 episodes) |")
     print("|---|---|---|---|---|---|---|---|")
