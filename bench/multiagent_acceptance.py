@@ -55,10 +55,10 @@ GAMES = {
         overrides=["env.factory=mpe2.simple_tag_v3:parallel_env", "runtime.rollout_fragment_length=25",
                    "runtime.backend=ray",
                    "multiagent.policies.adversaries.algo=ppo", "multiagent.policies.prey.algo=dqn",
-                   # opponent sampling: the adversaries act at random in half of the episodes (drawn
-                   # per episode), so the prey also learns what to do when it is not chased
+                   # opponent sampling: the adversaries act at random in 3 of 4 episodes (drawn per
+                   # episode), so the prey also learns what to do when it is not chased
                    "multiagent.policies.random_adversaries.algo=random",
-                   "multiagent.mapping.adversary_*={adversaries: 1, random_adversaries: 1}",
+                   "multiagent.mapping.adversary_*={adversaries: 1, random_adversaries: 3}",
                    "multiagent.mapping.agent_*=prey",
                    "ppo.train_batch_size=2000", "ppo.minibatch_size=500", "ppo.num_epochs=10",
                    "ppo.ent_coef=0.01", "ppo.lr=7e-4",
