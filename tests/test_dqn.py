@@ -129,6 +129,21 @@ def test_c05_training_run_never_takes_an_illegal_action(run_dir):
     assert res.metrics["env_steps_sampled"] == 160 and res.metrics["num_updates"] > 0
 
 
+def test_linear_lr_schedule_follows_env_steps_sampled(run_dir):
+    # lr = 1e-3 * (1 - sampled / 320): the last train step of 160 sampled env steps ran at 5e-4
+    res = flowkit.train(local_overrides(run_dir, "algo=dqn", "env.factory=dqn_envs:masked_two_state",
+                                        "runtime.num_workers=1", "runtime.num_envs_per_worker=2",
+                                        "runtime.rollout_fragment_length=8", "dqn.learning_starts=32",
+                                        "dqn.train_batch_size=8", "model.hidden_sizes=[8]", "stop.env_steps=160",
+                                        "dqn.lr=1e-3", "dqn.lr_schedule=linear", "dqn.schedule_env_steps=320",
+                                        "checkpoint.at_end=false"))
+    assert res.metrics["learner/default/lr"] == pytest.approx(5e-4)
+    with pytest.raises(ConfigError, match="dqn.lr_schedule='cosine' must be 'constant' or 'linear'"):
+        load_and_setup(["dqn.lr_schedule=cosine"])
+    with pytest.raises(ConfigError, match="dqn.lr_schedule=linear needs a horizon"):
+        load_and_setup(["dqn.lr_schedule=linear"])
+
+
 # ---- C02: next-step autoreset -------------------------------------------------------------------
 def collect_counter(run_dir, mode):
     pm, cfg = load_config(local_overrides(run_dir, "algo=dqn", "env.factory=dqn_envs:counter",

@@ -57,6 +57,9 @@ from flowkit.core.workers import derive_seed
 class DQNConfig:
     """dqn: Deep Q-Networks (double-Q, dueling, n-step, prioritized replay, Ape-X shards)."""
     lr: float = F(5e-4, "Adam learning rate")
+    lr_schedule: str = F("constant", "constant, or linear (from lr to 0 at schedule_env_steps)")
+    schedule_env_steps: Optional[int] = F(None, "horizon of the linear lr schedule in env steps "
+                                                "(default stop.env_steps)")
     adam_eps: float = F(1e-8, "Adam epsilon")
     gamma: float = F(0.99, "discount factor")
     n_step: int = F(1, "n-step returns (1: one-step TD)")
@@ -281,7 +284,15 @@ class DQNPolicy(Policy):
         return loss, dict(zip(("loss", "mean_q", "mean_abs_td_error", "mean_target"), vals))
 
     def on_train_batch_end(self, batch):
-        return {"epsilon": self.epsilon}
+        return {"epsilon": self.epsilon, "lr": self.optimizer.param_groups[0]["lr"]}
+
+    def set_progress(self, frac: float) -> None:
+        """``lr_schedule=linear``: lr = ``lr * (1 - frac)``, ``frac`` in [0, 1] of
+        ``schedule_env_steps`` sampled (clipped)."""
+        if self.config.lr_schedule == "linear":
+            lr = self.config.lr * (1.0 - min(max(frac, 0.0), 1.0))
+            for g in self.optimizer.param_groups:
+                g["lr"] = lr
 
     def update_target(self) -> None:
         """Copy the online network's weights into the target network."""
@@ -347,9 +358,13 @@ class UpdateExploration:
                                                                     self.cfg.apex_epsilon_alpha)))
                 self.sent[id(actor)] = -1.0
             return item
-        eps = epsilon_at(self.cfg, self.ctx.counters["env_steps_sampled"])
+        sampled = self.ctx.counters["env_steps_sampled"]
+        eps = epsilon_at(self.cfg, sampled)
+        horizon = self.cfg.schedule_env_steps or self.ctx.config.stop.env_steps
         for pid in self.policy_ids:
             self.ctx.learner[pid].epsilon = eps
+            if self.cfg.lr_schedule == "linear":
+                self.ctx.learner[pid].set_progress(sampled / horizon)
         fn = None
         for a in self.ctx.workers.actors:
             if self.sent.get(id(a)) != eps:
@@ -395,6 +410,12 @@ class DQN(flowkit.Algorithm):
         for key in ("gamma", "initial_epsilon", "final_epsilon", "apex_epsilon_base"):
             if not 0.0 <= s[key] <= 1.0:
                 raise ConfigError(f"{n}.{key}={s[key]} must be in [0, 1]")
+        if s.lr_schedule not in ("constant", "linear"):
+            raise ConfigError(f"{n}.lr_schedule={s.lr_schedule!r} must be 'constant' or 'linear'")
+        if s.lr_schedule == "linear" and s.schedule_env_steps is None and run_config.stop.env_steps is None:
+            raise ConfigError(f"{n}.lr_schedule=linear needs a horizon: set {n}.schedule_env_steps or stop.env_steps")
+        if s.schedule_env_steps is not None and s.schedule_env_steps <= 0:
+            raise ConfigError(f"{n}.schedule_env_steps={s.schedule_env_steps} must be > 0")
         if s.training_intensity is not None and s.training_intensity <= 0:
             raise ConfigError(f"{n}.training_intensity={s.training_intensity} must be > 0 (or null)")
         if s.train_batch_size > s.buffer_size:
