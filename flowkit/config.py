@@ -26,6 +26,19 @@ class ConfigError(ValueError):
     """A configuration problem; the message names the key(s) and value(s) involved."""
 
 
+def check_schedules(section: Any, name: str, keys: Sequence[str], run_config: Any) -> None:
+    """Validate ``<name>.<key>`` in ``keys`` (each ``constant`` or ``linear``) and
+    ``<name>.schedule_env_steps``; a linear schedule needs that or ``stop.env_steps`` as its
+    horizon. Raises ConfigError naming the key."""
+    for key in keys:
+        if section[key] not in ("constant", "linear"):
+            raise ConfigError(f"{name}.{key}={section[key]!r} must be 'constant' or 'linear'")
+        if section[key] == "linear" and section.schedule_env_steps is None and run_config.stop.env_steps is None:
+            raise ConfigError(f"{name}.{key}=linear needs a horizon: set {name}.schedule_env_steps or stop.env_steps")
+    if section.schedule_env_steps is not None and section.schedule_env_steps <= 0:
+        raise ConfigError(f"{name}.schedule_env_steps={section.schedule_env_steps} must be > 0")
+
+
 def F(default: Any = None, help: str = "", factory: Any = None) -> Any:  # noqa: A002
     """A dataclass field with a help text (shown by ``flowkit train --help``)."""
     if factory is not None:

@@ -160,6 +160,19 @@ def test_c07_no_nan_from_advantage_normalisation(run_dir, fragment, minibatch):
         assert torch.isfinite(p).all()
 
 
+def test_linear_lr_and_clip_schedules_follow_env_steps_sampled(run_dir):
+    # one train batch per 32 env steps, set from the env steps sampled before it: the last of
+    # 64 sampled trains at frac 64/128, so lr and clip are half their initial values
+    res = flowkit.train(local_overrides(
+        run_dir, "env=CartPole-v1", "runtime.num_workers=1", "runtime.num_envs_per_worker=2",
+        "runtime.rollout_fragment_length=16", "ppo.train_batch_size=32", "ppo.minibatch_size=32",
+        "ppo.num_epochs=1", "ppo.lr=1e-3", "ppo.lr_schedule=linear", "ppo.clip_schedule=linear",
+        "ppo.schedule_env_steps=128", "stop.env_steps=64", "checkpoint.at_end=false"))
+    assert res.metrics["env_steps_sampled"] == 64
+    assert res.metrics["learner/default/lr"] == pytest.approx(5e-4)
+    assert res.metrics["learner/default/clip_param"] == pytest.approx(0.1)
+
+
 def test_c07_equal_advantages_are_only_centred_and_single_rows_kept():
     ctx = make_ctx("env=CartPole-v1")
     pol = ctx.learner["default"]

@@ -212,6 +212,25 @@ class BroadcastWeights:
         return item
 
 
+class UpdateSchedules:
+    """Set the learner policies' schedule progress (``Policy.set_progress``) to env steps
+    sampled / ``horizon``: ``policy_ids``, or (None) the policies in each batch. Passes its
+    input through."""
+
+    def __init__(self, ctx: Any, horizon: int, policy_ids: Optional[Sequence[str]] = None):
+        self.ctx, self.horizon = ctx, int(horizon)
+        self.policy_ids = None if policy_ids is None else list(policy_ids)
+        self.name = f"UpdateSchedules(horizon={horizon})"
+
+    def __call__(self, item: Any) -> Any:
+        frac = self.ctx.counters["env_steps_sampled"] / self.horizon
+        for pid in self.policy_ids if self.policy_ids is not None else item.policy_batches:
+            pol = self.ctx.learner.get(pid)  # None: not trained here (e.g. a frozen opponent)
+            if pol is not None:
+                pol.set_progress(frac)
+        return item
+
+
 # ---- composition -----------------------------------------------------------------------------
 def Concurrently(flows: Sequence[Flow], mode: str = "round_robin",
                  output_indexes: Optional[Sequence[int]] = None,

@@ -762,6 +762,15 @@ class Policy:
         """Called by TrainOneStep after all epochs on a train batch (schedules, stats)."""
         return {}
 
+    def set_progress(self, frac: float) -> None:
+        """Schedules (set by the UpdateSchedules operator): ``frac`` in [0, 1] of the horizon
+        done (clipped). With ``<algo>.lr_schedule=linear`` the learning rate becomes
+        ``<algo>.lr * (1 - frac)``; other schedules are the algorithm's own."""
+        if getattr(self.config, "lr_schedule", "constant") == "linear":
+            lr = self.config.lr * (1.0 - min(max(frac, 0.0), 1.0))
+            for g in self.optimizer.param_groups:
+                g["lr"] = lr
+
     # ---- weights and state ----------------------------------------------------------------
     def get_weights(self) -> Dict[str, np.ndarray]:
         if self.model is None:

@@ -42,10 +42,10 @@ from torch import nn
 
 import flowkit
 from flowkit import ConfigError
-from flowkit.config import F
+from flowkit.config import F, check_schedules
 from flowkit.core import batch as sb
 from flowkit.core.flow import get_result
-from flowkit.core.ops import BroadcastWeights, Concurrently, TrainOneStep
+from flowkit.core.ops import BroadcastWeights, Concurrently, TrainOneStep, UpdateSchedules
 from flowkit.core.policy import ObsEncoder, Policy, build_mlp, build_trunk
 from flowkit.core.replay import (MultiAgentReplayBuffer, PushWeightsToSource, Replay, ReplayFromShards,
                                  ReplayShards, StoreToReplayBuffer, StoreToReplayShards, UpdatePriorities,
@@ -286,14 +286,6 @@ class DQNPolicy(Policy):
     def on_train_batch_end(self, batch):
         return {"epsilon": self.epsilon, "lr": self.optimizer.param_groups[0]["lr"]}
 
-    def set_progress(self, frac: float) -> None:
-        """``lr_schedule=linear``: lr = ``lr * (1 - frac)``, ``frac`` in [0, 1] of
-        ``schedule_env_steps`` sampled (clipped)."""
-        if self.config.lr_schedule == "linear":
-            lr = self.config.lr * (1.0 - min(max(frac, 0.0), 1.0))
-            for g in self.optimizer.param_groups:
-                g["lr"] = lr
-
     def update_target(self) -> None:
         """Copy the online network's weights into the target network."""
         self.target_model.load_state_dict(self.model.state_dict())
@@ -358,13 +350,9 @@ class UpdateExploration:
                                                                     self.cfg.apex_epsilon_alpha)))
                 self.sent[id(actor)] = -1.0
             return item
-        sampled = self.ctx.counters["env_steps_sampled"]
-        eps = epsilon_at(self.cfg, sampled)
-        horizon = self.cfg.schedule_env_steps or self.ctx.config.stop.env_steps
+        eps = epsilon_at(self.cfg, self.ctx.counters["env_steps_sampled"])
         for pid in self.policy_ids:
             self.ctx.learner[pid].epsilon = eps
-            if self.cfg.lr_schedule == "linear":
-                self.ctx.learner[pid].set_progress(sampled / horizon)
         fn = None
         for a in self.ctx.workers.actors:
             if self.sent.get(id(a)) != eps:
@@ -410,12 +398,7 @@ class DQN(flowkit.Algorithm):
         for key in ("gamma", "initial_epsilon", "final_epsilon", "apex_epsilon_base"):
             if not 0.0 <= s[key] <= 1.0:
                 raise ConfigError(f"{n}.{key}={s[key]} must be in [0, 1]")
-        if s.lr_schedule not in ("constant", "linear"):
-            raise ConfigError(f"{n}.lr_schedule={s.lr_schedule!r} must be 'constant' or 'linear'")
-        if s.lr_schedule == "linear" and s.schedule_env_steps is None and run_config.stop.env_steps is None:
-            raise ConfigError(f"{n}.lr_schedule=linear needs a horizon: set {n}.schedule_env_steps or stop.env_steps")
-        if s.schedule_env_steps is not None and s.schedule_env_steps <= 0:
-            raise ConfigError(f"{n}.schedule_env_steps={s.schedule_env_steps} must be > 0")
+        check_schedules(s, n, ("lr_schedule",), run_config)
         if s.training_intensity is not None and s.training_intensity <= 0:
             raise ConfigError(f"{n}.training_intensity={s.training_intensity} must be > 0 (or null)")
         if s.train_batch_size > s.buffer_size:
@@ -454,9 +437,8 @@ class DQN(flowkit.Algorithm):
             return self._apex_flow(experiences, ctx, pids, fragment, seed, prio)
         buffer = ctx.add_stateful(f"{self.name}/replay_buffer",
                                   MultiAgentReplayBuffer(cfg.buffer_size, self.prioritized, *prio, seed=seed))
-        store = (experiences
-                 .for_each(StoreToReplayBuffer(buffer))
-                 .for_each(UpdateExploration(ctx, cfg, pids)))
+        store = self._update_schedules(experiences.for_each(StoreToReplayBuffer(buffer))
+                                       .for_each(UpdateExploration(ctx, cfg, pids)), ctx, pids)
         train = Replay(ctx, buffer, cfg.train_batch_size, cfg.learning_starts).for_each(
             TrainOneStep(ctx, policy_ids=pids))
         if self.prioritized:
@@ -469,14 +451,20 @@ class DQN(flowkit.Algorithm):
         return Concurrently([store, train], mode="round_robin", output_indexes=[1],
                             round_robin_weights=self.round_robin_weights(round_steps))
 
+    def _update_schedules(self, flow, ctx, pids):
+        """The lr schedule follows env steps sampled, set on each stored sample."""
+        if self.config.lr_schedule != "linear":
+            return flow
+        return flow.for_each(UpdateSchedules(ctx, self.config.schedule_env_steps or self.run_config.stop.env_steps,
+                                             pids))
+
     def _apex_flow(self, experiences, ctx, pids, fragment, seed, prio):
         cfg = self.config
         shards = ctx.add_stateful(f"{self.name}/replay_shards", ReplayShards(
             self.run_config.runtime.backend, cfg.num_replay_shards, cfg.buffer_size, cfg.train_batch_size,
             cfg.learning_starts, self.prioritized, *prio, seed=seed))
-        store = (experiences
-                 .for_each(StoreToReplayShards(shards))
-                 .for_each(UpdateExploration(ctx, cfg, pids, apex=True))
+        store = (self._update_schedules(experiences.for_each(StoreToReplayShards(shards))
+                                        .for_each(UpdateExploration(ctx, cfg, pids, apex=True)), ctx, pids)
                  .for_each(PushWeightsToSource(ctx, every=cfg.weight_sync_freq * cfg.train_batch_size)))
         train = (ReplayFromShards(ctx, shards, cfg.replay_num_async)
                  .zip_with_source_actor()

@@ -24,9 +24,9 @@ import torch
 
 import flowkit
 from flowkit import ConfigError
-from flowkit.config import F
+from flowkit.config import F, check_schedules
 from flowkit.core import batch as sb
-from flowkit.core.ops import BroadcastWeights, ConcatBatches, StandardizeFields, TrainOneStep
+from flowkit.core.ops import BroadcastWeights, ConcatBatches, StandardizeFields, TrainOneStep, UpdateSchedules
 from flowkit.core.policy import ActorCritic, Policy, sample_logp_numpy, to_tensor
 
 
@@ -204,12 +204,10 @@ class PPOPolicy(Policy):
         return stats
 
     def set_progress(self, frac: float) -> None:
-        """Linear schedules: ``frac`` in [0, 1] of ``schedule_env_steps`` done."""
+        """Linear schedules: ``frac`` in [0, 1] of ``schedule_env_steps`` done (lr: see Policy)."""
+        super().set_progress(frac)
+        self.lr = self.optimizer.param_groups[0]["lr"]
         frac = min(max(frac, 0.0), 1.0)
-        if self.config.lr_schedule == "linear":
-            self.lr = self.config.lr * (1.0 - frac)
-            for g in self.optimizer.param_groups:
-                g["lr"] = self.lr
         if self.config.clip_schedule == "linear":
             self.clip_param = max(self.config.clip_param * (1.0 - frac), 1e-8)
 
@@ -271,11 +269,7 @@ class PPO(flowkit.Algorithm):
             raise ConfigError(f"{n}.lr={s.lr} must be > 0")
         if s.normalize_advantages not in ("minibatch", "batch", "none"):
             raise ConfigError(f"{n}.normalize_advantages={s.normalize_advantages!r} must be minibatch, batch or none")
-        for key in ("lr_schedule", "clip_schedule"):
-            if s[key] not in ("constant", "linear"):
-                raise ConfigError(f"{n}.{key}={s[key]!r} must be constant or linear")
-            if s[key] == "linear" and s.schedule_env_steps is None and run_config.stop.env_steps is None:
-                raise ConfigError(f"{n}.{key}=linear needs a horizon: set {n}.schedule_env_steps or stop.env_steps")
+        check_schedules(s, n, ("lr_schedule", "clip_schedule"), run_config)
         return warns
 
     def training_flow(self, experiences, ctx):
@@ -289,17 +283,3 @@ class PPO(flowkit.Algorithm):
         return (flow.for_each(TrainOneStep(ctx, cfg.num_epochs, cfg.minibatch_size))
                     .for_each(BroadcastWeights(ctx)))
 
-
-class UpdateSchedules:
-    """Set each learner policy's schedule progress from env steps sampled / ``horizon``."""
-
-    def __init__(self, ctx, horizon: int):
-        self.ctx, self.horizon, self.name = ctx, int(horizon), f"UpdateSchedules(horizon={horizon})"
-
-    def __call__(self, b):
-        frac = self.ctx.counters["env_steps_sampled"] / self.horizon
-        for pid in b.policy_batches:
-            pol = self.ctx.learner.get(pid)
-            if hasattr(pol, "set_progress"):
-                pol.set_progress(frac)
-        return b
