@@ -39,18 +39,27 @@ class PluginManager(pluggy.PluginManager):
     # ---- algorithms --------------------------------------------------------------------------
     def algorithms(self) -> Dict[str, type]:
         """``{name: Algorithm class}``; a name contributed twice is an error naming both."""
+        return self._named("algorithm", self.hook.flowkit_add_algorithms.get_hookimpls())
+
+    @staticmethod
+    def _named(kind: str, impls: Sequence[Any]) -> Dict[str, type]:
         out: Dict[str, type] = {}
         owner: Dict[str, str] = {}
-        for impl in self.hook.flowkit_add_algorithms.get_hookimpls():
+        for impl in impls:
             for cls in impl.function() or []:
                 name = getattr(cls, "name", None)
                 if not name:
                     raise PluginError(f"plugin {impl.plugin_name!r} returned {cls!r} without a `name`")
                 if name in out and out[name] is not cls:
-                    raise PluginError(f"algorithm {name!r} is contributed twice: by plugin "
+                    raise PluginError(f"{kind} {name!r} is contributed twice: by plugin "
                                       f"{owner[name]!r} and by plugin {impl.plugin_name!r}")
                 out[name], owner[name] = cls, impl.plugin_name
         return out
+
+    def reporters(self) -> Dict[str, type]:
+        """``{name: reporter class}`` from ``flowkit_add_reporters``; a name contributed
+        twice is an error naming both plugins."""
+        return self._named("reporter", self.hook.flowkit_add_reporters.get_hookimpls())
 
     def config_sections(self) -> Dict[str, type]:
         """Algorithm sections (keyed by algorithm name) plus plugin sections."""
@@ -78,7 +87,7 @@ class PluginManager(pluggy.PluginManager):
 
 
 def _builtin_modules() -> List[str]:
-    return ["flowkit.builtin"]
+    return ["flowkit.builtin", "flowkit.reporters"]
 
 
 def get_plugin_manager(plugin_modules: Sequence[str] = (), include_registered: bool = True,
