@@ -320,6 +320,9 @@ def _validate(cfg: DictConfig, pm: Any) -> Dict[str, type]:
     for name in cfg.run.reporters:
         if name not in known:
             raise ConfigError(f"run.reporters: unknown reporter {name!r} (known: {', '.join(sorted(known))})")
+        check = getattr(known[name], "validate_config", None)
+        if callable(check):
+            check(cfg)
     return algos
 
 
@@ -635,12 +638,12 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
     t0 = time.perf_counter()
     ctx.workers.start()
     ctx.extra_metrics["time_setup_s"] = time.perf_counter() - t0
-    pm.hook.flowkit_on_run_start(ctx=ctx, run_dir=run_dir, history=list(history))
     reason: Optional[str] = None
-    ctx.start_clock()
-    # start-up: from train() to the first sample request (config, Ray, actors ready)
-    ctx.extra_metrics["time_startup_s"] = ctx._t_start - t_entry
     try:
+        pm.hook.flowkit_on_run_start(ctx=ctx, run_dir=run_dir, history=list(history))
+        ctx.start_clock()
+        # start-up: from train() to the first sample request (config, Ray, actors ready)
+        ctx.extra_metrics["time_startup_s"] = ctx._t_start - t_entry
         while True:
             r = pm.hook.flowkit_train_iteration(ctx=ctx, results=results)
             if r is None:

@@ -40,6 +40,8 @@ from flowkit.core.flow import NOT_READY
 from flowkit.hooks.manager import hookimpl
 
 if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
     from flowkit.engine import Result, RunContext
 
 Row = Dict[str, Any]
@@ -49,8 +51,14 @@ DEFAULT_REPORTERS = ["progress", "csv", "plot", "checkpoint", "evaluation"]
 class Reporter:
     """Base of the built-in reporters (optional for user ones): a ``name`` for
     ``run.reporters``; hooks are plain ``flowkit_*`` methods. Built with no arguments, once per
-    run; ``flowkit_on_run_start`` gives it the run folder, the config and the kept rows."""
+    run; ``flowkit_on_run_start`` gives it the run folder, the config and the kept rows.
+    ``flowkit_on_train_end`` may come without a ``flowkit_on_run_start`` (a failed start)."""
     name = ""
+
+    @classmethod
+    def validate_config(cls, config: "DictConfig") -> None:
+        """Raise :class:`flowkit.ConfigError` if this reporter cannot run with ``config``
+        (checked before anything starts, when the reporter is in ``run.reporters``)."""
 
 
 # ---- the engine's default iteration (a wrapper point) ----------------------------------------
@@ -153,6 +161,13 @@ class TensorBoardReporter(Reporter):
     """TensorBoard scalars in ``run_dir/tb`` (x axis: env_steps_sampled)."""
     name = "tensorboard"
 
+    @classmethod
+    def validate_config(cls, config: "DictConfig") -> None:
+        import importlib.util
+        if importlib.util.find_spec("tensorboard") is None:
+            from flowkit.config import ConfigError
+            raise ConfigError("run.reporters: `tensorboard` needs the tensorboard package (pip install tensorboard)")
+
     def flowkit_on_run_start(self, run_dir: str) -> None:
         from torch.utils.tensorboard import SummaryWriter
         self.tb = SummaryWriter(os.path.join(run_dir, "tb"))
@@ -165,7 +180,8 @@ class TensorBoardReporter(Reporter):
 
     @hookimpl(trylast=True)
     def flowkit_on_train_end(self) -> None:
-        self.tb.close()
+        if hasattr(self, "tb"):
+            self.tb.close()
 
 
 # ---- progress bar ----------------------------------------------------------------------------
@@ -191,7 +207,8 @@ class ProgressReporter(Reporter):
 
     @hookimpl(tryfirst=True)
     def flowkit_on_train_end(self) -> None:  # before the final evaluation, as the bar ends there
-        self.bar.close()
+        if hasattr(self, "bar"):
+            self.bar.close()
 
 
 # ---- learning curve ----------------------------------------------------------------------------
@@ -251,6 +268,8 @@ class CheckpointReporter(Reporter):
             _save(ctx, self.run_dir, None)
 
     def flowkit_on_train_end(self, ctx: "RunContext", error: Optional[BaseException]) -> None:
+        if not hasattr(self, "run_dir"):
+            return
         if error is not None:
             try:  # best effort: keep what was learned
                 _save(ctx, self.run_dir, "crash")
