@@ -64,7 +64,9 @@ class Reporter:
 # ---- the engine's default iteration (a wrapper point) ----------------------------------------
 def _elapsed_s(ctx: "RunContext") -> float:
     """Seconds of training so far, a resumed run's earlier time included."""
-    return ctx._time_offset + time.perf_counter() - ctx._t_start  # type: ignore[operator]  # set by start_clock
+    t_start = ctx._t_start
+    assert t_start is not None, "ctx.start_clock() comes before the first iteration"
+    return ctx._time_offset + time.perf_counter() - t_start
 
 
 @hookimpl(trylast=True)

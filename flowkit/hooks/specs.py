@@ -1,3 +1,4 @@
+# mypy: disable-error-code="empty-body"
 """Every flowkit hook, grouped by stage (pluggy hookspecs, project name ``flowkit``).
 
 Hooks are called with keyword arguments; an implementation may take any subset of them.
