@@ -1,40 +1,44 @@
-"""The engine: set-up and the run loop. Reporting lives in :mod:`flowkit.reporters` (built-in
-plugins on the hooks below), checkpoints in :mod:`flowkit.checkpoint`.
+"""The engine: set-up and the run loop. The run's outputs are reporters, built-in plugins in
+:mod:`flowkit.reporters`; checkpoints are written by :mod:`flowkit.checkpoint`.
 
-The run loop, with every hook in order (D: driver, W: worker; ``[name]`` is the built-in
-reporter of ``run.reporters`` that implements the hook)::
+The run loop, with every hook in order (D: runs on the driver, W: on a worker; ``[name]``: the
+built-in reporter of ``run.reporters`` that implements the hook; tests/test_hooks.py asserts
+the exact sequence)::
 
-    pm = plugin manager: built-ins (flowkit.builtin, flowkit.reporters), entry points,
+    pm = plugins: built-ins (flowkit.builtin, flowkit.reporters), entry points,
          plugins=[...], registered objects; check_pending()
-        flowkit_add_algorithms()                                        D (and W at set-up)
-        flowkit_add_config_sections()                                   D
-        flowkit_add_reporters()                                         D
-    cfg = config; run.reporters checked against the reporters' names
-    specs = flowkit_make_policy_specs(config, env, algorithms)          D firstresult, probe env
-    ctx = RunContext(...); WorkerSet (not started)
-    plan = flowkit_build_plan(ctx)                                      D firstresult, wrappable
-    resume: restore(ctx, checkpoint) -> flowkit_load_state_dict(state)  D each saver
-    reporters of run.reporters built and registered (in list order)
-    workers start                                                       W: flowkit_make_env_runner(
-                                                                            env, context, config, policies)
-    flowkit_on_run_start(ctx, run_dir, history)                         D [progress][csv][tensorboard][checkpoint]
-    loop:
-        row = flowkit_train_iteration(ctx, results)                     D firstresult; wrappers [timing]
-            # pulls StandardMetricsReporting(plan); on workers, while sampling:
-            #   flowkit_on_trajectory(policy_id, batch, episode)        W before postprocess (GAE)
-            #   flowkit_on_episode_end(episode, worker)                 W
-            # None: the plan ended, or stop.time_s passed while waiting
-        flowkit_on_train_result(result=row, ctx)                        D [evaluation] tryfirst, then users
-        flowkit_report(result=row, ctx)                                 D [progress][csv][tensorboard],
-                                                                          then [checkpoint] trylast:
-            every checkpoint.every_iters: save_checkpoint -> flowkit_state_dict(), flowkit_on_checkpoint(path, ctx)
-        stop: ctx.stop_reason or stop.* reached
-    flowkit_on_train_end(summary, error, ctx)                           D [evaluation] tryfirst (final),
-        [checkpoint]: at_end (or the crash checkpoint when error) -> flowkit_state_dict(), flowkit_on_checkpoint,
-        [progress][csv][tensorboard] close
-    error: workers stop, the exception is re-raised (nothing below runs)
+    cfg = config                   D flowkit_add_algorithms(), flowkit_add_config_sections()
+    validate (run.reporters known) D flowkit_add_algorithms(), flowkit_add_reporters()
+    specs                          D flowkit_make_policy_specs(config, env, algorithms)   firstresult
+    ctx = RunContext(...)            (learner policies, WorkerSet not started)
+    reporters registered           D flowkit_add_reporters(); one instance each, in list order
+    plan                           D flowkit_build_plan(ctx)                 firstresult, wrappable
+    resume: restore                D flowkit_load_state_dict(state)           for each saver
+    workers start                  W flowkit_make_env_runner(env, context, config, policies)
+    try:
+        run start                  D flowkit_on_run_start(ctx, run_dir, history)
+                                     [progress] [csv] [tensorboard] [checkpoint] open
+        loop:
+            row                    D flowkit_train_iteration(ctx, results)   firstresult; wrapped
+                                     by [timing]; pulls StandardMetricsReporting(plan), while
+                                   W   flowkit_on_episode_end(episode, worker)
+                                   W   flowkit_on_trajectory(policy_id, batch, episode)  (before GAE)
+                                     None: the plan ended, or stop.time_s passed while waiting
+            row may change         D flowkit_on_train_result(result, ctx)
+                                     [evaluation] first (every evaluation.interval), then users
+            row is reported        D flowkit_report(result, ctx)
+                                     [progress] [csv] [tensorboard], then [checkpoint] last:
+                                     every checkpoint.every_iters save_checkpoint ->
+                                   D   flowkit_state_dict(), flowkit_on_checkpoint(path, ctx)
+            stop?                    ctx.stop_reason, or stop.* reached
+    loop ended (or error)          D flowkit_on_train_end(summary, error, ctx)
+                                     [progress] closes, [evaluation] final (evaluation.final),
+                                     [checkpoint] at_end, or "crash" on error ->
+                                   D   flowkit_state_dict(), flowkit_on_checkpoint(path, ctx)
+                                     [csv] [tensorboard] close
+    error: workers stop, the exception is re-raised; nothing below runs
     workers stop; result.json = summary + stop_reason
-    flowkit_on_run_end(result, ctx)                                     D [plot]
+    run end                        D flowkit_on_run_end(result, ctx)          [plot]
     return Result(metrics=summary, history=rows, run_dir, checkpoint, stop_reason, config)
 """
 from __future__ import annotations
@@ -323,6 +327,12 @@ def _validate(cfg: DictConfig, pm: Any) -> Dict[str, type]:
         check = getattr(known[name], "validate_config", None)
         if callable(check):
             check(cfg)
+    for key, on, rep in (("evaluation.interval", int(cfg.evaluation.interval) > 0, "evaluation"),
+                         ("evaluation.final", bool(cfg.evaluation.final), "evaluation"),
+                         ("checkpoint.every_iters", int(cfg.checkpoint.every_iters) > 0, "checkpoint")):
+        if on and rep not in cfg.run.reporters:
+            warnings.warn(f"{key}={OmegaConf.select(cfg, key)} has no effect: `{rep}` is not in run.reporters",
+                          stacklevel=3)
     return algos
 
 
@@ -628,13 +638,13 @@ def train(config: Any = None, config_file: Optional[str] = None, plugins: Sequen
 
 def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: Optional[str],
          history: List[Dict[str, Any]], t_entry: float) -> Result:
+    last_ckpt = _LastCheckpoint()
+    pm.register(last_ckpt)
+    register_reporters(pm, cfg)  # before the plan and the restore: they may wrap one, keep state
     plan = build_plan(ctx)
     if resume_from:
         restore(ctx, resume_from)
     results = iter(StandardMetricsReporting(plan, ctx))
-    last_ckpt = _LastCheckpoint()
-    pm.register(last_ckpt)
-    register_reporters(pm, cfg)
     t0 = time.perf_counter()
     ctx.workers.start()
     ctx.extra_metrics["time_setup_s"] = time.perf_counter() - t0

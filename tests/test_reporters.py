@@ -164,3 +164,43 @@ def test_wrapper_hooks_around_the_plan_and_iterations(run_dir):
     res = flowkit.train(TINY + [f"run.dir={run_dir}", "stop.iterations=3", "run.reporters=[]"], plugins=[w])
     assert (w.steps, w.iterations) == (3, 3) and res.metrics["iteration"] == 3
     assert sorted(os.listdir(run_dir)) == ["config.yaml", "result.json"]
+
+
+class CountingReporter:
+    """Keeps a count across a resume: a reporter is plugin ``reporter:<name>``, so its state
+    is checkpointed under that name (a logger would keep its run id this way)."""
+    name = "counting"
+    seen: list = []
+
+    def __init__(self):
+        self.n = 0
+
+    def flowkit_report(self, result):
+        self.n += 1
+        CountingReporter.seen.append((result["iteration"], self.n))
+
+    def flowkit_state_dict(self):
+        return {"n": self.n}
+
+    def flowkit_load_state_dict(self, state):
+        self.n = state["n"]
+
+
+class CountingPlugin:
+    @flowkit.hookimpl
+    def flowkit_add_reporters(self):
+        return [CountingReporter]
+
+
+def test_reporter_state_survives_a_resume(run_dir):
+    CountingReporter.seen = []
+    common = TINY + ["run.reporters=[csv,checkpoint,counting]"]
+    flowkit.train(common + [f"run.dir={run_dir}", "stop.iterations=2"], plugins=[CountingPlugin()])
+    flowkit.train(common + [f"resume={run_dir}", "stop.iterations=3"], plugins=[CountingPlugin()])
+    assert CountingReporter.seen == [(1, 1), (2, 2), (3, 3)]
+
+
+def test_settings_without_their_reporter_warn(run_dir):
+    with pytest.warns(UserWarning, match=r"evaluation.interval=2 has no effect: `evaluation` is not in run.reporters"):
+        flowkit.train(TINY + [f"run.dir={run_dir}", "stop.iterations=1", "evaluation.interval=2",
+                              "run.reporters=[csv]"])
