@@ -1,10 +1,10 @@
 """The engine's own outputs as built-in plugins on flowkit's reporting hooks.
 
 Each reporter is a small class with a ``name``, contributed by ``flowkit_add_reporters`` and
-chosen by ``run.reporters`` (default ``[progress, csv, plot, checkpoint, evaluation]``). The
-engine builds one instance of each chosen reporter per run and registers it in the run's
-plugin manager, in list order (so ``flowkit_report`` reaches them in that order); a reporter
-that is not chosen is never registered and sees no hook.
+chosen by ``run.reporters`` (default ``[progress, csv, plot, checkpoint, evaluation]``, set
+in flowkit/config.py). The engine builds one instance of each chosen reporter per run and
+registers it in the run's plugin manager, in list order (so ``flowkit_report`` reaches them in
+that order); a reporter that is not chosen is never registered and sees no hook.
 
 =============  ==================================================================  =========
 name           what                                                                 default
@@ -45,7 +45,6 @@ if TYPE_CHECKING:
     from flowkit.engine import Result, RunContext
 
 Row = Dict[str, Any]
-DEFAULT_REPORTERS = ["progress", "csv", "plot", "checkpoint", "evaluation"]
 
 
 class Reporter:
