@@ -44,8 +44,7 @@ ZOO_SB3 = dict(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learnin
 # ---- flowkit ---------------------------------------------------------------------------------
 def flowkit_throughput(seed: int, steps: int) -> dict:
     import flowkit
-    res = flowkit.train(ZOO_FLOWKIT + [f"seed={seed}", f"stop.env_steps={steps}", "run.progress=false",
-                                       "run.plot=false", "checkpoint.at_end=false",
+    res = flowkit.train(ZOO_FLOWKIT + [f"seed={seed}", f"stop.env_steps={steps}", "run.reporters=[csv,checkpoint,evaluation]", "checkpoint.at_end=false",
                                        f"run.dir=/tmp/flowkit-bench/dqn-thr-{seed}"])
     m = res.metrics
     return {"env_steps": m["env_steps_sampled"], "seconds": m["time_total_s"],
@@ -54,7 +53,7 @@ def flowkit_throughput(seed: int, steps: int) -> dict:
 
 def flowkit_solve(seed: int) -> dict:
     import flowkit
-    res = flowkit.train([f"seed={seed}", "run.progress=false", "run.plot=false", "checkpoint.at_end=false",
+    res = flowkit.train([f"seed={seed}", "run.reporters=[csv,checkpoint,evaluation]", "checkpoint.at_end=false",
                          f"stop.episode_return_mean={SOLVE}", f"stop.time_s={UNSOLVED_S}",
                          f"run.dir=/tmp/flowkit-bench/dqn-solve-{seed}"],
                         config_file=os.path.join(REPO, "configs", "dqn_cartpole.yaml"))

@@ -33,7 +33,7 @@ def run(args, kill_every):
     run_dir = tempfile.mkdtemp(prefix="flowkit-bench-faults-")
     t0 = time.perf_counter()
     res = flowkit.train([f"seed={args.seed}", f"stop.env_steps={args.env_steps}", "stop.episode_return_mean=null",
-                         f"run.dir={run_dir}", "run.progress=false", "run.plot=false", "evaluation.final=true",
+                         f"run.dir={run_dir}", "run.reporters=[csv,checkpoint,evaluation]", "evaluation.final=true",
                          "evaluation.episodes=20", "checkpoint.at_end=false"], cfg, plugins=plugins)
     wall = time.perf_counter() - t0
     m = res.metrics

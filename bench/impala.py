@@ -72,7 +72,7 @@ def run_flowkit(mode: str, prefetch: bool, time_s: float, seed: int, hidden: str
                          f"impala.rollout_mode={mode}", f"impala.train_batch_size={BATCH}", f"impala.lr={LR}",
                          f"model.hidden_sizes=[{hidden}]",
                          f"stop.time_s={time_s}", "run.min_iter_time_s=1", f"run.dir={run_dir}",
-                         "run.progress=false", "run.plot=false", "checkpoint.at_end=false"])
+                         "run.reporters=[csv,checkpoint,evaluation]", "checkpoint.at_end=false"])
     rows = read_metrics(os.path.join(run_dir, "metrics.csv"))
     return {"rate": steady_rate(rows, "env_steps_sampled", "time_total_s"),
             "lag": _mean(rows, "learner/default/policy_lag_mean"),
@@ -128,7 +128,7 @@ def acceptance(seeds) -> None:
     for seed in seeds:
         run_dir = tempfile.mkdtemp(prefix="flowkit-bench-impala-acc-")
         t0 = time.perf_counter()
-        m = flowkit.train([f"seed={seed}", f"run.dir={run_dir}", "run.progress=false", "run.plot=false",
+        m = flowkit.train([f"seed={seed}", f"run.dir={run_dir}", "run.reporters=[csv,checkpoint,evaluation]",
                            "checkpoint.at_end=false"], cfg).metrics
         print(f"| {seed} | {m['env_steps_sampled']} | {m['episode_return_mean']:.1f} | {time.perf_counter() - t0:.1f} "
               f"| {m['learner/default/policy_lag_max']:.0f} | {m['episode_return_mean'] >= 450} |", flush=True)

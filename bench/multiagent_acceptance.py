@@ -28,7 +28,7 @@ os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 import torch
 from omegaconf import OmegaConf
 
-COMMON = ["run.progress=false", "run.plot=true", "runtime.num_workers=2", "runtime.num_envs_per_worker=8"]
+COMMON = ["run.reporters=[csv,plot,checkpoint,evaluation]", "runtime.num_workers=2", "runtime.num_envs_per_worker=8"]
 
 GAMES = {
     "tictactoe": dict(

@@ -38,7 +38,7 @@ def flowkit_throughput(seed: int, steps: int) -> dict:
                          "runtime.num_workers=2", "runtime.num_envs_per_worker=8",
                          "runtime.rollout_fragment_length=128", "ppo.train_batch_size=2048",
                          "ppo.num_epochs=10", "ppo.minibatch_size=64", "ppo.lr=3e-4",
-                         f"stop.env_steps={steps}", "run.progress=false", "run.plot=false",
+                         f"stop.env_steps={steps}", "run.reporters=[csv,checkpoint,evaluation]",
                          "checkpoint.at_end=false", f"run.dir=/tmp/flowkit-bench/thr-{seed}"])
     m = res.metrics
     return {"env_steps": m["env_steps_sampled"], "seconds": m["time_total_s"],
@@ -48,7 +48,7 @@ def flowkit_throughput(seed: int, steps: int) -> dict:
 def flowkit_solve(seed: int, *extra: str) -> dict:
     import flowkit
     t0 = time.perf_counter()
-    res = flowkit.train([f"seed={seed}", "run.progress=false", "run.plot=false", "checkpoint.at_end=false",
+    res = flowkit.train([f"seed={seed}", "run.reporters=[csv,checkpoint,evaluation]", "checkpoint.at_end=false",
                          f"run.dir=/tmp/flowkit-bench/solve-{seed}{'-'.join(('',) + extra)}", *extra],
                         config_file=os.path.join(REPO, "configs", "ppo_cartpole.yaml"))
     wall = time.perf_counter() - t0

@@ -120,11 +120,11 @@ class CheckpointConfig:
 @dataclass
 class RunConfig:
     dir: Optional[str] = F(None, "run folder; default runs/<algo>-<env>-<timestamp>")
-    progress: bool = F(True, "show a progress bar")
     min_iter_time_s: float = F(0.0, "merge train steps into one reported iteration until this much time passed")
     min_iter_env_steps: int = F(0, "merge train steps into one reported iteration until this many env steps")
-    plot: bool = F(True, "write learning_curve.png")
-    tensorboard: bool = F(False, "also write TensorBoard event files")
+    reporters: List[str] = F(help="reporters of the run, called in this order (built-in: progress, csv, plot, "
+                                  "checkpoint, evaluation, tensorboard, timing; plugins add more)",
+                             factory=lambda: ["progress", "csv", "plot", "checkpoint", "evaluation"])
 
 
 @dataclass

@@ -1,39 +1,55 @@
-"""The engine: set-up, the run loop, reporting, evaluation and checkpoints.
+"""The engine: set-up and the run loop. The run's outputs are reporters, built-in plugins in
+:mod:`flowkit.reporters`; checkpoints are written by :mod:`flowkit.checkpoint`.
 
-The run loop, with every hook in order::
+The run loop, with every hook in order (D: runs on the driver, W: on a worker; ``[name]``: the
+built-in reporter of ``run.reporters`` that implements the hook; tests/test_hooks.py asserts
+the exact sequence)::
 
-    pm = plugin manager (built-ins, entry points, plugins=[...], registered objects)
-    cfg = config (schema from flowkit_add_algorithms + flowkit_add_config_sections)
-    specs = flowkit_make_policy_specs(config, env, algorithms)     # driver, probe env
-    ctx = RunContext(...)                                          # learner policies
-    plan = flowkit_build_plan(ctx)                                 # driver
-    workers start (actors ready: start-up ends here)
-    flowkit_on_run_start(ctx)
-    for each iteration (StandardMetricsReporting(plan)):
-        # on workers, while sampling:
-        #   flowkit_on_trajectory(policy_id, batch, episode)  before postprocess (GAE)
-        #   flowkit_on_episode_end(episode, worker)
-        evaluation (every evaluation.interval iterations)
-        flowkit_on_train_result(result, ctx)
-        metrics.csv row, progress bar
-        checkpoint (every checkpoint.every_iters) -> flowkit_on_checkpoint(path, ctx)
-        stop conditions (stop.*, ctx.request_stop)
-    final evaluation (evaluation.final), checkpoint (checkpoint.at_end) -> flowkit_on_checkpoint
-    result.json, learning_curve.png
-    flowkit_on_run_end(result, ctx)
+    pm = plugins: built-ins (flowkit.builtin, flowkit.reporters), entry points,
+         plugins=[...], registered objects; check_pending()
+    cfg = config                   D flowkit_add_algorithms(), flowkit_add_config_sections()
+    validate (run.reporters known) D flowkit_add_algorithms(), flowkit_add_reporters()
+    specs                          D flowkit_make_policy_specs(config, env, algorithms)   firstresult
+    ctx = RunContext(...)            (learner policies, WorkerSet not started)
+    reporters registered           D flowkit_add_reporters(); one instance each, in list order
+    plan                           D flowkit_build_plan(ctx)                 firstresult, wrappable
+    resume: restore                D flowkit_load_state_dict(state)           for each saver
+    workers start                  W flowkit_make_env_runner(env, context, config, policies)
+    try:
+        run start                  D flowkit_on_run_start(ctx, run_dir, history)
+                                     [progress] [csv] [tensorboard] [checkpoint] open
+        loop:
+            row                    D flowkit_train_iteration(ctx, results)   firstresult; wrapped
+                                     by [timing]; pulls StandardMetricsReporting(plan), while
+                                   W   flowkit_on_episode_end(episode, worker)
+                                   W   flowkit_on_trajectory(policy_id, batch, episode)  (before GAE)
+                                     None: the plan ended, or stop.time_s passed while waiting
+            row may change         D flowkit_on_train_result(result, ctx)
+                                     [evaluation] first (every evaluation.interval), then users
+            row is reported        D flowkit_report(result, ctx)
+                                     [progress] [csv] [tensorboard], then [checkpoint] last:
+                                     every checkpoint.every_iters save_checkpoint ->
+                                   D   flowkit_state_dict(), flowkit_on_checkpoint(path, ctx)
+            stop?                    ctx.stop_reason, or stop.* reached
+    loop ended (or error)          D flowkit_on_train_end(summary, error, ctx)
+                                     [progress] closes, [evaluation] final (evaluation.final),
+                                     [checkpoint] at_end, or "crash" on error ->
+                                   D   flowkit_state_dict(), flowkit_on_checkpoint(path, ctx)
+                                     [csv] [tensorboard] close
+    error: workers stop, the exception is re-raised; nothing below runs
+    workers stop; result.json = summary + stop_reason
+    run end                        D flowkit_on_run_end(result, ctx)          [plot]
+    return Result(metrics=summary, history=rows, run_dir, checkpoint, stop_reason, config)
 """
 from __future__ import annotations
 
 import collections
 import contextlib
-import csv
 import datetime
 import json
-import math
 import os
 import random
 import shutil
-import sys
 import tempfile
 import time
 import warnings
@@ -46,11 +62,12 @@ from omegaconf.errors import OmegaConfBaseException
 
 from flowkit.config import ConfigError, build_config, plugin_modules_from, section_view
 from flowkit.core import batch as sb
-from flowkit.core.flow import NOT_READY, FlowContext
+from flowkit.core.flow import FlowContext
 from flowkit.core.ops import StandardMetricsReporting
 from flowkit.core.workers import (EnvContext, EnvError, PolicySpec, RolloutWorker, WorkerSet,
                                   derive_seed, env_name, make_env)
-from flowkit.hooks import get_plugin_manager
+from flowkit.hooks import PluginError, get_plugin_manager
+from flowkit.reporters import kept_rows, read_metrics  # noqa: F401  (read_metrics: public here too)
 
 EPISODE_WINDOW = 20
 
@@ -303,6 +320,19 @@ def _validate(cfg: DictConfig, pm: Any) -> Dict[str, type]:
     for key, v in (("learner.num_threads", cfg.learner.num_threads), ("runtime.torch_threads", rt.torch_threads)):
         if int(v) < 1:
             raise ConfigError(f"{key}={v} must be >= 1")
+    known = pm.reporters()
+    for name in cfg.run.reporters:
+        if name not in known:
+            raise ConfigError(f"run.reporters: unknown reporter {name!r} (known: {', '.join(sorted(known))})")
+        check = getattr(known[name], "validate_config", None)
+        if callable(check):
+            check(cfg)
+    for key, on, rep in (("evaluation.interval", int(cfg.evaluation.interval) > 0, "evaluation"),
+                         ("evaluation.final", bool(cfg.evaluation.final), "evaluation"),
+                         ("checkpoint.every_iters", int(cfg.checkpoint.every_iters) > 0, "checkpoint")):
+        if on and rep not in cfg.run.reporters:
+            warnings.warn(f"{key}={OmegaConf.select(cfg, key)} has no effect: `{rep}` is not in run.reporters",
+                          stacklevel=3)
     return algos
 
 
@@ -364,99 +394,6 @@ def describe_plan(user: Any = None, config_file: Optional[str] = None) -> Dict[s
     plan = StandardMetricsReporting(build_plan(ctx), ctx)
     assert not ctx.workers.started
     return {"text": plan.to_text(), "mermaid": plan.to_mermaid()}
-
-
-# ---- output ---------------------------------------------------------------------------------
-class MetricsWriter:
-    """metrics.csv (one row per iteration; rewritten when new columns appear) and optionally
-    TensorBoard event files."""
-
-    def __init__(self, run_dir: str, append_rows: Optional[List[Dict[str, Any]]] = None,
-                 tensorboard: bool = False):
-        self.path = os.path.join(run_dir, "metrics.csv")
-        self.rows: List[Dict[str, Any]] = list(append_rows or [])
-        self.columns: List[str] = []
-        for r in self.rows:
-            self.columns += [k for k in r if k not in self.columns]
-        self.tb = None
-        if tensorboard:
-            from torch.utils.tensorboard import SummaryWriter
-            self.tb = SummaryWriter(os.path.join(run_dir, "tb"))
-        if append_rows is not None:  # resume: drop rows after the checkpoint, torn rows
-            self._rewrite()
-
-    def _rewrite(self) -> None:
-        tmp = self.path + ".tmp"
-        with open(tmp, "w", newline="") as f:
-            w = csv.DictWriter(f, self.columns)
-            w.writeheader()
-            for r in self.rows:
-                w.writerow(r)
-        os.replace(tmp, self.path)
-
-    def write(self, row: Dict[str, Any]) -> None:
-        self.rows.append(row)
-        new = [k for k in row if k not in self.columns]
-        if new or not os.path.exists(self.path):
-            self.columns += new
-            self._rewrite()
-        else:
-            with open(self.path, "a", newline="") as f:
-                csv.DictWriter(f, self.columns).writerow(row)
-        if self.tb is not None:
-            step = int(row.get("env_steps_sampled", 0))
-            for k, v in row.items():
-                if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                    self.tb.add_scalar(k, v, step)
-
-    def close(self):
-        if self.tb is not None:
-            self.tb.close()
-
-
-def read_metrics(path: str) -> List[Dict[str, Any]]:
-    """Rows of a metrics.csv with numbers parsed; a torn row (too few or too many fields,
-    as a killed process may leave at the end) is skipped."""
-    out = []
-    with open(path) as f:
-        for r in csv.DictReader(f):
-            if None in r or None in r.values():
-                continue
-            row = {}
-            for k, v in r.items():
-                if v in ("", None):
-                    continue
-                try:
-                    fv = float(v)
-                    row[k] = int(fv) if fv.is_integer() and "." not in v and "e" not in v.lower() else fv
-                except ValueError:
-                    row[k] = v
-            out.append(row)
-    return out
-
-
-def plot_learning_curve(rows: List[Dict[str, Any]], path: str, title: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(7, 4))
-    xs = [r["env_steps_sampled"] for r in rows]
-    ax.plot(xs, [r.get("episode_return_mean", float("nan")) for r in rows], label="episode_return_mean (last 20)")
-    ev = [(r["env_steps_sampled"], r["evaluation_return_mean"]) for r in rows if "evaluation_return_mean" in r]
-    if ev:
-        ax.plot(*zip(*ev), "o-", label="evaluation_return_mean")
-    for key in sorted({k for r in rows for k in r if k.startswith("policy/") and k.endswith("episode_return_mean")}):
-        ax.plot(xs, [r.get(key, float("nan")) for r in rows], label=key)
-    ax.set_xlabel("env steps sampled")
-    ax.set_ylabel("return")
-    ax.set_title(title)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    tmp = path + ".tmp.png"
-    fig.savefig(tmp, dpi=100)
-    plt.close(fig)
-    os.replace(tmp, path)
 
 
 # ---- checkpoints ------------------------------------------------------------------------------
@@ -656,29 +593,6 @@ def _stop_reason(cfg: DictConfig, r: Dict[str, Any]) -> Optional[str]:
     return None
 
 
-class _Progress:
-    def __init__(self, enabled: bool, total: Optional[int], desc: str):
-        self.bar = None
-        if enabled:
-            from tqdm.auto import tqdm
-            self.bar = tqdm(total=total, desc=desc, unit="step", dynamic_ncols=True,
-                            mininterval=0.5 if sys.stderr.isatty() else 5.0, file=sys.stderr)
-
-    def update(self, r: Dict[str, Any]) -> None:
-        if self.bar is None:
-            return
-        self.bar.n = r["env_steps_sampled"]
-        post = {"return": f"{r['episode_return_mean']:.1f}", "steps/s": f"{r['env_steps_per_s']:.0f}"}
-        if "evaluation_return_mean" in r:
-            post["eval"] = f"{r['evaluation_return_mean']:.1f}"
-        self.bar.set_postfix(post, refresh=False)
-        self.bar.update(0)
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.close()
-
-
 def train(config: Any = None, config_file: Optional[str] = None, plugins: Sequence[Any] = ()) -> Result:
     """Train from a config (dotlist list, dict or DictConfig) and return a :class:`Result`.
 
@@ -696,7 +610,6 @@ def train(config: Any = None, config_file: Optional[str] = None, plugins: Sequen
     if pre.resume:
         resume_from = find_checkpoint(pre.resume)
         saved = OmegaConf.load(os.path.join(resume_from, "config.yaml"))
-        src, _ = (user, None)
         from flowkit.config import _as_source
         over, _ = _as_source(user)
         over.pop("resume", None)
@@ -704,13 +617,9 @@ def train(config: Any = None, config_file: Optional[str] = None, plugins: Sequen
                                  OmegaConf.create(over))
         cfg = build_config(OmegaConf.to_container(merged, resolve=True), None, pm.config_sections())
         run_dir = os.path.dirname(os.path.dirname(resume_from))
-        mpath = os.path.join(run_dir, "metrics.csv")
         st_iter = torch.load(os.path.join(resume_from, "state.pt"), weights_only=False,
                              map_location="cpu")["iteration"]
-        if os.path.exists(mpath):  # rows up to the checkpoint, each iteration once
-            by_iter = {int(r["iteration"]): r for r in read_metrics(mpath)
-                       if isinstance(r.get("iteration"), int) and 1 <= r["iteration"] <= st_iter}
-            run_rows = [by_iter[k] for k in sorted(by_iter)]
+        run_rows = kept_rows(run_dir, st_iter)  # rows up to the checkpoint, each iteration once
     else:
         cfg = pre
         run_dir = cfg.run.dir or _default_run_dir(cfg)
@@ -728,71 +637,72 @@ def train(config: Any = None, config_file: Optional[str] = None, plugins: Sequen
 
 
 def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: Optional[str],
-         run_rows: List[Dict[str, Any]], t_entry: float) -> Result:
+         history: List[Dict[str, Any]], t_entry: float) -> Result:
+    last_ckpt = _LastCheckpoint()
+    pm.register(last_ckpt)
+    register_reporters(pm, cfg)  # before the plan and the restore: they may wrap one, keep state
     plan = build_plan(ctx)
     if resume_from:
         restore(ctx, resume_from)
-    reporting = StandardMetricsReporting(plan, ctx)
-    writer = MetricsWriter(run_dir, run_rows, bool(cfg.run.tensorboard))
+    results = iter(StandardMetricsReporting(plan, ctx))
     t0 = time.perf_counter()
     ctx.workers.start()
     ctx.extra_metrics["time_setup_s"] = time.perf_counter() - t0
-    pm.hook.flowkit_on_run_start(ctx=ctx)
-    progress = _Progress(bool(cfg.run.progress), cfg.stop.env_steps,
-                         f"{cfg.algo} {env_name(cfg.env)}")
-    last: Dict[str, Any] = dict(run_rows[-1]) if run_rows else {}
-    ckpt: Optional[str] = None
     reason: Optional[str] = None
-    ev = cfg.evaluation
-    ctx.start_clock()
-    # start-up: from train() to the first sample request (config, Ray, actors ready)
-    ctx.extra_metrics["time_startup_s"] = ctx._t_start - t_entry
     try:
-        for r in reporting:
-            if r is NOT_READY:
-                if cfg.stop.time_s is not None and ctx._time_offset + time.perf_counter() - ctx._t_start >= cfg.stop.time_s:
-                    reason = f"stop.time_s={cfg.stop.time_s} reached"
-                    break
-                continue
-            if int(ev.interval) > 0 and r["iteration"] % int(ev.interval) == 0:
-                r.update(ctx.evaluate())
+        pm.hook.flowkit_on_run_start(ctx=ctx, run_dir=run_dir, history=list(history))
+        ctx.start_clock()
+        # start-up: from train() to the first sample request (config, Ray, actors ready)
+        ctx.extra_metrics["time_startup_s"] = ctx._t_start - t_entry
+        while True:
+            r = pm.hook.flowkit_train_iteration(ctx=ctx, results=results)
+            if r is None:
+                reason = ctx.stop_reason
+                break
             pm.hook.flowkit_on_train_result(result=r, ctx=ctx)
-            writer.write(r)
-            last = r
-            progress.update(r)
-            if int(cfg.checkpoint.every_iters) > 0 and r["iteration"] % int(cfg.checkpoint.every_iters) == 0:
-                ckpt = save_checkpoint(ctx, run_dir)
+            history.append(r)
+            pm.hook.flowkit_report(result=r, ctx=ctx)
             reason = ctx.stop_reason or _stop_reason(cfg, r)
             if reason:
                 break
     except KeyboardInterrupt:
         reason = "interrupted"
-    except BaseException:
-        progress.close()
+    except BaseException as e:
         with contextlib.suppress(Exception):
-            save_checkpoint(ctx, run_dir, "crash")
+            pm.hook.flowkit_on_train_end(summary=dict(history[-1]) if history else {}, error=e, ctx=ctx)
         ctx.shutdown()
-        writer.close()
         raise
-    progress.close()
+    summary = dict(history[-1]) if history else {}
     try:
-        if bool(ev.final) and last:
-            last = dict(last)
-            last.update(ctx.evaluate())
-            last["final_evaluation"] = True
-        if bool(cfg.checkpoint.at_end) and ctx.iteration > 0:
-            ckpt = save_checkpoint(ctx, run_dir, f"iter_{ctx.iteration:06d}")
+        pm.hook.flowkit_on_train_end(summary=summary, error=None, ctx=ctx)
     finally:
         ctx.shutdown()
-        writer.close()
-    summary = dict(last)
     summary["stop_reason"] = reason or "plan ended"
     with open(os.path.join(run_dir, "result.json"), "w") as f:
         json.dump(summary, f, indent=2, default=float)
-    if bool(cfg.run.plot) and writer.rows:
-        with contextlib.suppress(Exception):
-            plot_learning_curve(writer.rows, os.path.join(run_dir, "learning_curve.png"),
-                                f"{cfg.algo} on {env_name(cfg.env)} (seed {cfg.seed})")
-    result = Result(summary, writer.rows, run_dir, ckpt, summary["stop_reason"], cfg)
+    result = Result(summary, history, run_dir, last_ckpt.path, summary["stop_reason"], cfg)
     pm.hook.flowkit_on_run_end(result=result, ctx=ctx)
     return result
+
+
+class _LastCheckpoint:
+    """The engine's own listener: the newest checkpoint of the run, for ``Result.checkpoint``."""
+    path: Optional[str] = None
+
+    def flowkit_on_checkpoint(self, path: str) -> None:
+        self.path = path
+
+
+def register_reporters(pm: Any, cfg: DictConfig) -> List[Any]:
+    """One instance of each reporter in ``run.reporters``, registered so that hooks reach
+    them in list order (pluggy calls the last registered first). Returns them."""
+    import pluggy
+    known = pm.reporters()
+    objs = [known[name]() for name in cfg.run.reporters]
+    try:
+        for name, obj in reversed(list(zip(cfg.run.reporters, objs))):
+            pm.register(obj, name=f"reporter:{name}")
+        pm.check_pending()
+    except pluggy.PluginValidationError as e:
+        raise PluginError(f"reporter: {e}") from None
+    return objs

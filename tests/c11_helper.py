@@ -12,11 +12,10 @@ DQN_OVERRIDES = ["algo=dqn", "env.factory=dqn_envs:chain5", "seed=0", "runtime.b
                  "runtime.num_workers=1", "runtime.num_envs_per_worker=1", "runtime.rollout_fragment_length=10",
                  "model.hidden_sizes=[32,32]", "dqn.lr=1e-3", "dqn.buffer_size=1000", "dqn.initial_epsilon=1.0",
                  "dqn.final_epsilon=0.05", "dqn.epsilon_timesteps=500", "dqn.learning_starts=100",
-                 "dqn.train_batch_size=32", "dqn.target_network_update_freq=20", "run.progress=false",
-                 "run.plot=false"]
+                 "dqn.train_batch_size=32", "dqn.target_network_update_freq=20", "run.reporters=[csv,checkpoint,evaluation]"]
 PPO_OVERRIDES = ["algo=ppo", "env=CartPole-v1", "seed=0", "runtime.backend=local", "runtime.num_workers=1",
                  "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=16", "ppo.minibatch_size=16",
-                 "ppo.num_epochs=2", "run.progress=false", "run.plot=false"]
+                 "ppo.num_epochs=2", "run.reporters=[csv,checkpoint,evaluation]"]
 STEPS = {"dqn": 300, "ppo": 64}
 
 

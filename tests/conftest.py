@@ -32,5 +32,5 @@ def run_dir(tmp_path):
 
 def local_overrides(run_dir, *extra):
     """Overrides for a fast, quiet in-process run."""
-    return ["runtime.backend=local", f"run.dir={run_dir}", "run.progress=false", "run.plot=false",
+    return ["runtime.backend=local", f"run.dir={run_dir}", "run.reporters=[csv,checkpoint,evaluation]",
             *extra]

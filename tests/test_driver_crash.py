@@ -19,8 +19,7 @@ FLOWKIT = [sys.executable, "-m", "flowkit.cli"]
 
 
 def _overrides(run_dir):
-    return ["env=CartPole-v1", "runtime.backend=local", f"run.dir={run_dir}", "run.progress=false",
-            "run.plot=false", "runtime.num_workers=1", "runtime.num_envs_per_worker=2",
+    return ["env=CartPole-v1", "runtime.backend=local", f"run.dir={run_dir}", "run.reporters=[csv,checkpoint,evaluation]", "runtime.num_workers=1", "runtime.num_envs_per_worker=2",
             "runtime.rollout_fragment_length=16", "ppo.minibatch_size=16", "ppo.num_epochs=1",
             "checkpoint.every_iters=1", "checkpoint.keep=2"]
 
@@ -56,7 +55,7 @@ def test_driver_sigkill_then_resume(tmp_path):
     n = torch.load(os.path.join(ck, "state.pt"), weights_only=False)["iteration"]
     assert n >= 3 and os.path.basename(ck) == f"iter_{n:06d}"
 
-    out = subprocess.run(FLOWKIT + ["train", f"resume={run_dir}", f"stop.iterations={n + 2}", "run.progress=false"],
+    out = subprocess.run(FLOWKIT + ["train", f"resume={run_dir}", f"stop.iterations={n + 2}", "run.reporters=[csv,plot,checkpoint,evaluation]"],
                          capture_output=True, text=True, env=env, timeout=180)
     assert out.returncode == 0, out.stderr
     rows = read_metrics(os.path.join(run_dir, "metrics.csv"))

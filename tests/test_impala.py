@@ -404,7 +404,7 @@ def test_learner_thread_crash_stops_the_run_with_the_original_error(run_dir, mon
 def test_async_plan_on_ray_workers(run_dir, ray_session):
     """The operators on the Ray backend (read-only arrays, RayActor weight pushes, remote
     worker CPU figures), a few seconds."""
-    res = flowkit.train([f"run.dir={run_dir}", "run.progress=false", "run.plot=false", "algo=impala",
+    res = flowkit.train([f"run.dir={run_dir}", "run.reporters=[csv,checkpoint,evaluation]", "algo=impala",
                          "env=CartPole-v1", "runtime.backend=ray", "runtime.num_workers=2",
                          "runtime.num_envs_per_worker=4", "runtime.rollout_fragment_length=16",
                          "impala.train_batch_size=64", "stop.time_s=3", "run.min_iter_time_s=0.5",
@@ -419,7 +419,7 @@ def test_async_plan_on_ray_workers(run_dir, ray_session):
 def test_impala_solves_cartpole_two_ray_workers(run_dir, ray_session):
     """configs/impala_cartpole.yaml: 2 Ray workers, episode_return_mean >= 450 within 500,000
     env steps (20-55 s on 2 shared cores; more seeds: bench/impala.py --acceptance)."""
-    res = flowkit.train([f"run.dir={run_dir}", "run.progress=false", "run.plot=false", "seed=0",
+    res = flowkit.train([f"run.dir={run_dir}", "run.reporters=[csv,checkpoint,evaluation]", "seed=0",
                          "checkpoint.at_end=false"],
                         config_file=os.path.join(REPO, "configs", "impala_cartpole.yaml"))
     assert res.metrics["episode_return_mean"] >= 450, res.metrics

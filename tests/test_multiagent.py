@@ -15,7 +15,7 @@ from conftest import local_overrides
 LATE = "env.factory=ma_envs:LateEarlyEnv"
 SCOUT = "env.factory=ma_envs:ScoutTankEnv"
 TINY = "env.factory=ma_envs:TinyTurnGame"
-QUIET = ["run.progress=false", "run.plot=false"]
+QUIET = ["run.reporters=[csv,checkpoint,evaluation]"]
 
 
 def make_ctx(*overrides):

@@ -62,7 +62,7 @@ SCRIPT = textwrap.dedent('''
     res = flowkit.train(["env=CartPole-v1", f"runtime.address={cluster.address}", "runtime.num_workers=2",
                          "runtime.num_cpus_per_worker=0.5", "runtime.num_envs_per_worker=2",
                          "runtime.rollout_fragment_length=50", "stop.iterations=5", "ppo.num_epochs=1",
-                         "run.dir=" + sys.argv[1], "run.progress=false", "run.plot=false",
+                         "run.dir=" + sys.argv[1], "run.reporters=[csv,checkpoint,evaluation]",
                          "checkpoint.at_end=false"], plugins=[hook])
     print("RESULT " + json.dumps({"head": head_id, "node2": node2.node_id, "before": hook.before,
                                   "after": hook.after, "files": hook.files,

@@ -16,7 +16,7 @@ from flowkit.engine import load_config, setup
 
 def make_ctx(backend, *overrides):
     env = [] if any(o.startswith("env.factory=") for o in overrides) else ["env=CartPole-v1"]
-    pm, cfg = load_config([f"runtime.backend={backend}", "run.progress=false", *env,
+    pm, cfg = load_config([f"runtime.backend={backend}", "run.reporters=[csv,plot,checkpoint,evaluation]", *env,
                            "runtime.num_workers=2", "runtime.num_envs_per_worker=2",
                            "runtime.rollout_fragment_length=8", *overrides])
     return setup(cfg, pm)

@@ -15,7 +15,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def make_ctx(*overrides):
-    pm, cfg = load_config(["runtime.backend=local", "runtime.num_workers=1", "run.progress=false", *overrides])
+    pm, cfg = load_config(["runtime.backend=local", "runtime.num_workers=1", "run.reporters=[csv,plot,checkpoint,evaluation]", *overrides])
     return setup(cfg, pm)
 
 
@@ -225,7 +225,7 @@ def test_subclassing_the_policy_loss_makes_a_registered_variant(run_dir):
 # ---- learning --------------------------------------------------------------------------------
 def test_ppo_solves_cartpole_local_backend(run_dir):
     """The main job's config on the local backend, seed 0: >= 475 within 100,000 env steps."""
-    res = flowkit.train(["runtime.backend=local", f"run.dir={run_dir}", "run.progress=false", "seed=0"],
+    res = flowkit.train(["runtime.backend=local", f"run.dir={run_dir}", "run.reporters=[csv,plot,checkpoint,evaluation]", "seed=0"],
                         config_file=os.path.join(REPO, "configs", "ppo_cartpole.yaml"))
     assert res.metrics["episode_return_mean"] >= 475, res.metrics
     assert res.metrics["env_steps_sampled"] <= 100_000

@@ -15,7 +15,7 @@ def test_run_folder_contents_and_evaluation(run_dir):
     res = flowkit.train(local_overrides(run_dir, "env=CartPole-v1", "runtime.num_envs_per_worker=2",
                                         "runtime.rollout_fragment_length=32", "stop.iterations=4",
                                         "evaluation.interval=2", "evaluation.episodes=3", "checkpoint.every_iters=2",
-                                        "run.plot=true"))
+                                        "run.reporters=[csv,plot,checkpoint,evaluation]"))
     files = set(os.listdir(run_dir))
     assert {"config.yaml", "metrics.csv", "result.json", "learning_curve.png", "checkpoints"} <= files
     assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == ["iter_000002", "iter_000004"]
@@ -71,7 +71,7 @@ def test_image_observations_go_through_a_cnn():
 def test_ray_backend_end_to_end(run_dir):
     res = flowkit.train(["env=CartPole-v1", "runtime.backend=ray", "runtime.num_workers=2",
                          "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=64",
-                         "stop.iterations=3", f"run.dir={run_dir}", "run.progress=false"])
+                         "stop.iterations=3", f"run.dir={run_dir}", "run.reporters=[csv,plot,checkpoint,evaluation]"])
     assert res.metrics["env_steps_sampled"] == 3 * 2 * 2 * 64
     assert res.metrics["num_worker_restarts"] == 0
     algo = flowkit.Algorithm.from_checkpoint(run_dir)

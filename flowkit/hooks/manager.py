@@ -5,11 +5,14 @@ from __future__ import annotations
 import importlib
 import importlib.metadata as md
 import inspect
-from typing import Any, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Type
 
 import pluggy
 
 from flowkit.hooks import specs
+
+if TYPE_CHECKING:
+    from flowkit.core.algorithm import Algorithm
 
 hookimpl = pluggy.HookimplMarker("flowkit")
 _REGISTERED: List[Any] = []  # objects registered in code (driver only)
@@ -37,25 +40,34 @@ class PluginManager(pluggy.PluginManager):
         return opts
 
     # ---- algorithms --------------------------------------------------------------------------
-    def algorithms(self) -> Dict[str, type]:
+    def algorithms(self) -> Dict[str, Type[Algorithm]]:
         """``{name: Algorithm class}``; a name contributed twice is an error naming both."""
-        out: Dict[str, type] = {}
+        return self._named("algorithm", self.hook.flowkit_add_algorithms.get_hookimpls())
+
+    @staticmethod
+    def _named(kind: str, impls: Sequence[Any]) -> Dict[str, Any]:
+        out: Dict[str, Any] = {}
         owner: Dict[str, str] = {}
-        for impl in self.hook.flowkit_add_algorithms.get_hookimpls():
+        for impl in impls:
             for cls in impl.function() or []:
                 name = getattr(cls, "name", None)
                 if not name:
                     raise PluginError(f"plugin {impl.plugin_name!r} returned {cls!r} without a `name`")
                 if name in out and out[name] is not cls:
-                    raise PluginError(f"algorithm {name!r} is contributed twice: by plugin "
+                    raise PluginError(f"{kind} {name!r} is contributed twice: by plugin "
                                       f"{owner[name]!r} and by plugin {impl.plugin_name!r}")
                 out[name], owner[name] = cls, impl.plugin_name
         return out
 
+    def reporters(self) -> Dict[str, type]:
+        """``{name: reporter class}`` from ``flowkit_add_reporters``; a name contributed
+        twice is an error naming both plugins."""
+        return self._named("reporter", self.hook.flowkit_add_reporters.get_hookimpls())
+
     def config_sections(self) -> Dict[str, type]:
         """Algorithm sections (keyed by algorithm name) plus plugin sections."""
-        secs = {name: cls.config_class for name, cls in self.algorithms().items()
-                if getattr(cls, "config_class", None) is not None}
+        secs: Dict[str, type] = {name: cls.config_class for name, cls in self.algorithms().items()
+                                 if cls.config_class is not None}
         for d in self.hook.flowkit_add_config_sections():
             for k, v in (d or {}).items():
                 if k in secs and secs[k] is not v:
@@ -78,7 +90,7 @@ class PluginManager(pluggy.PluginManager):
 
 
 def _builtin_modules() -> List[str]:
-    return ["flowkit.builtin"]
+    return ["flowkit.builtin", "flowkit.reporters"]
 
 
 def get_plugin_manager(plugin_modules: Sequence[str] = (), include_registered: bool = True,

@@ -1,0 +1,335 @@
+"""The engine's own outputs as built-in plugins on flowkit's reporting hooks.
+
+Each reporter is a small class with a ``name``, contributed by ``flowkit_add_reporters`` and
+chosen by ``run.reporters`` (default ``[progress, csv, plot, checkpoint, evaluation]``, set
+in flowkit/config.py). The engine builds one instance of each chosen reporter per run and
+registers it in the run's plugin manager, in list order (so ``flowkit_report`` reaches them in
+that order); a reporter that is not chosen is never registered and sees no hook.
+
+=============  ==================================================================  =========
+name           what                                                                 default
+=============  ==================================================================  =========
+progress       tqdm progress bar on stderr (env steps, return, steps/s, eval)       yes
+csv            ``metrics.csv``: one row per iteration; on resume cut back to the    yes
+               checkpoint's iteration (torn rows skipped)
+plot           ``learning_curve.png`` at the end of the run                         yes
+checkpoint     ``checkpoint.every_iters``, ``checkpoint.at_end``, the crash          yes
+               checkpoint (``checkpoints/crash``)
+evaluation     greedy evaluation every ``evaluation.interval`` iterations and        yes
+               ``evaluation.final``, merged into the row before anyone reports it
+tensorboard    TensorBoard event files in ``tb/``                                   no
+timing         ``perf/iteration_ms`` and ``perf/driver_overhead_ms`` columns from a  no
+               wrapper around each iteration
+=============  ==================================================================  =========
+
+A user reporter is any class with a ``name`` and ``flowkit_*`` hook methods, contributed by a
+plugin's ``flowkit_add_reporters``; list its name in ``run.reporters`` (e.g. in place of
+``csv`` to replace the CSV writer). ``result.json`` is not a reporter: it is the engine's own
+record of the run (the :class:`flowkit.engine.Result` ``flowkit.train`` returns).
+"""
+from __future__ import annotations
+
+import csv
+import math
+import os
+import sys
+import time
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Type
+
+from flowkit.core.flow import NOT_READY
+from flowkit.hooks.manager import hookimpl
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+    from flowkit.engine import Result, RunContext
+
+Row = Dict[str, Any]
+
+
+class Reporter:
+    """Base of the built-in reporters (optional for user ones): a ``name`` for
+    ``run.reporters``; hooks are plain ``flowkit_*`` methods. Built with no arguments, once per
+    run; ``flowkit_on_run_start`` gives it the run folder, the config and the kept rows.
+    ``flowkit_on_train_end`` may come without a ``flowkit_on_run_start`` (a failed start).
+    A reporter is registered as plugin ``reporter:<name>`` before the plan is built, so it may
+    wrap ``flowkit_build_plan`` and keep state across a resume (``flowkit_state_dict``)."""
+    name = ""
+
+    @classmethod
+    def validate_config(cls, config: "DictConfig") -> None:
+        """Raise :class:`flowkit.ConfigError` if this reporter cannot run with ``config``
+        (checked before anything starts, when the reporter is in ``run.reporters``)."""
+
+
+# ---- the engine's default iteration (a wrapper point) ----------------------------------------
+def _elapsed_s(ctx: "RunContext") -> float:
+    """Seconds of training so far, a resumed run's earlier time included."""
+    t_start = ctx._t_start
+    assert t_start is not None, "ctx.start_clock() comes before the first iteration"
+    return ctx._time_offset + time.perf_counter() - t_start
+
+
+@hookimpl(trylast=True)
+def flowkit_train_iteration(ctx: "RunContext", results: Iterator[Any]) -> Optional[Row]:
+    """Pull the plan until it yields a row; None when it ends or ``stop.time_s`` passes while
+    waiting (then ``ctx.stop_reason`` says so)."""
+    limit = ctx.config.stop.time_s
+    for r in results:
+        if r is not NOT_READY:
+            return r
+        if limit is not None and _elapsed_s(ctx) >= limit:
+            ctx.request_stop(f"stop.time_s={limit} reached")
+            return None
+    return None
+
+
+# ---- metrics.csv -----------------------------------------------------------------------------
+class MetricsWriter:
+    """metrics.csv (one row per iteration; rewritten when new columns appear)."""
+
+    def __init__(self, run_dir: str, append_rows: Optional[List[Row]] = None):
+        self.path = os.path.join(run_dir, "metrics.csv")
+        self.rows: List[Row] = list(append_rows or [])
+        self.columns: List[str] = []
+        for r in self.rows:
+            self.columns += [k for k in r if k not in self.columns]
+        if append_rows is not None:  # resume: drop rows after the checkpoint, torn rows
+            self._rewrite()
+
+    def _rewrite(self) -> None:
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, self.columns)
+            w.writeheader()
+            for r in self.rows:
+                w.writerow(r)
+        os.replace(tmp, self.path)
+
+    def write(self, row: Row) -> None:
+        self.rows.append(row)
+        new = [k for k in row if k not in self.columns]
+        if new or not os.path.exists(self.path):
+            self.columns += new
+            self._rewrite()
+        else:
+            with open(self.path, "a", newline="") as f:
+                csv.DictWriter(f, self.columns).writerow(row)
+
+
+def read_metrics(path: str) -> List[Row]:
+    """Rows of a metrics.csv with numbers parsed; a torn row (too few or too many fields,
+    as a killed process may leave at the end) is skipped."""
+    out = []
+    with open(path) as f:
+        for r in csv.DictReader(f):
+            if None in r or None in r.values():
+                continue
+            row: Row = {}
+            for k, v in r.items():
+                if v in ("", None):
+                    continue
+                try:
+                    fv = float(v)
+                    row[k] = int(fv) if fv.is_integer() and "." not in v and "e" not in v.lower() else fv
+                except ValueError:
+                    row[k] = v
+            out.append(row)
+    return out
+
+
+def kept_rows(run_dir: str, iteration: int) -> List[Row]:
+    """The rows of ``run_dir/metrics.csv`` up to ``iteration``, each iteration once (the last
+    copy wins), torn rows skipped; [] without a metrics.csv. What a resume keeps."""
+    path = os.path.join(run_dir, "metrics.csv")
+    if not os.path.exists(path):
+        return []
+    by_iter = {int(r["iteration"]): r for r in read_metrics(path)
+               if isinstance(r.get("iteration"), int) and 1 <= r["iteration"] <= iteration}
+    return [by_iter[k] for k in sorted(by_iter)]
+
+
+class CSVReporter(Reporter):
+    """``metrics.csv``, one row per iteration."""
+    name = "csv"
+
+    def flowkit_on_run_start(self, run_dir: str, history: List[Row]) -> None:
+        self.writer = MetricsWriter(run_dir, history)
+
+    def flowkit_report(self, result: Row) -> None:
+        self.writer.write(result)
+
+
+class TensorBoardReporter(Reporter):
+    """TensorBoard scalars in ``run_dir/tb`` (x axis: env_steps_sampled)."""
+    name = "tensorboard"
+
+    @classmethod
+    def validate_config(cls, config: "DictConfig") -> None:
+        import importlib.util
+        if importlib.util.find_spec("tensorboard") is None:
+            from flowkit.config import ConfigError
+            raise ConfigError("run.reporters: `tensorboard` needs the tensorboard package (pip install tensorboard)")
+
+    def flowkit_on_run_start(self, run_dir: str) -> None:
+        from torch.utils.tensorboard import SummaryWriter
+        self.tb = SummaryWriter(os.path.join(run_dir, "tb"))
+
+    def flowkit_report(self, result: Row) -> None:
+        step = int(result.get("env_steps_sampled", 0))
+        for k, v in result.items():
+            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
+                self.tb.add_scalar(k, v, step)
+
+    @hookimpl(trylast=True)
+    def flowkit_on_train_end(self) -> None:
+        if hasattr(self, "tb"):
+            self.tb.close()
+
+
+# ---- progress bar ----------------------------------------------------------------------------
+class ProgressReporter(Reporter):
+    """A tqdm bar on stderr: env steps (of ``stop.env_steps``), return, steps/s, eval."""
+    name = "progress"
+
+    def flowkit_on_run_start(self, ctx: "RunContext") -> None:
+        from tqdm.auto import tqdm
+
+        from flowkit.core.workers import env_name
+        cfg = ctx.config
+        self.bar = tqdm(total=cfg.stop.env_steps, desc=f"{cfg.algo} {env_name(cfg.env)}", unit="step",
+                        dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 5.0, file=sys.stderr)
+
+    def flowkit_report(self, result: Row) -> None:
+        self.bar.n = result["env_steps_sampled"]
+        post = {"return": f"{result['episode_return_mean']:.1f}", "steps/s": f"{result['env_steps_per_s']:.0f}"}
+        if "evaluation_return_mean" in result:
+            post["eval"] = f"{result['evaluation_return_mean']:.1f}"
+        self.bar.set_postfix(post, refresh=False)
+        self.bar.update(0)
+
+    @hookimpl(tryfirst=True)
+    def flowkit_on_train_end(self) -> None:  # before the final evaluation, as the bar ends there
+        if hasattr(self, "bar"):
+            self.bar.close()
+
+
+# ---- learning curve ----------------------------------------------------------------------------
+def plot_learning_curve(rows: List[Row], path: str, title: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs = [r["env_steps_sampled"] for r in rows]
+    ax.plot(xs, [r.get("episode_return_mean", float("nan")) for r in rows], label="episode_return_mean (last 20)")
+    ev = [(r["env_steps_sampled"], r["evaluation_return_mean"]) for r in rows if "evaluation_return_mean" in r]
+    if ev:
+        ax.plot(*zip(*ev), "o-", label="evaluation_return_mean")
+    for key in sorted({k for r in rows for k in r if k.startswith("policy/") and k.endswith("episode_return_mean")}):
+        ax.plot(xs, [r.get(key, float("nan")) for r in rows], label=key)
+    ax.set_xlabel("env steps sampled")
+    ax.set_ylabel("return")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    tmp = path + ".tmp.png"
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+class PlotReporter(Reporter):
+    """``learning_curve.png`` from the run's history, once at the end (errors ignored)."""
+    name = "plot"
+
+    def flowkit_on_run_end(self, result: "Result") -> None:
+        if not result.history:
+            return
+        from flowkit.core.workers import env_name
+        cfg = result.config
+        try:
+            plot_learning_curve(result.history, os.path.join(result.run_dir, "learning_curve.png"),
+                                f"{cfg.algo} on {env_name(cfg.env)} (seed {cfg.seed})")
+        except Exception:  # a plot never fails a run
+            pass
+
+
+# ---- checkpoints and evaluation ------------------------------------------------------------------
+class CheckpointReporter(Reporter):
+    """``checkpoint.every_iters`` (after the row is written), ``checkpoint.at_end`` and the
+    crash checkpoint; each calls ``save_checkpoint`` (which calls ``flowkit_on_checkpoint``)."""
+    name = "checkpoint"
+
+    def flowkit_on_run_start(self, run_dir: str) -> None:
+        self.run_dir = run_dir
+
+    @hookimpl(trylast=True)
+    def flowkit_report(self, result: Row, ctx: "RunContext") -> None:
+        every = int(ctx.config.checkpoint.every_iters)
+        if every > 0 and result["iteration"] % every == 0:
+            _save(ctx, self.run_dir, None)
+
+    def flowkit_on_train_end(self, ctx: "RunContext", error: Optional[BaseException]) -> None:
+        if not hasattr(self, "run_dir"):
+            return
+        if error is not None:
+            try:  # best effort: keep what was learned
+                _save(ctx, self.run_dir, "crash")
+            except Exception:
+                pass
+        elif bool(ctx.config.checkpoint.at_end) and ctx.iteration > 0:
+            _save(ctx, self.run_dir, f"iter_{ctx.iteration:06d}")
+
+
+def _save(ctx: "RunContext", run_dir: str, tag: Optional[str]) -> str:
+    from flowkit.engine import save_checkpoint  # H2: flowkit.checkpoint
+    return save_checkpoint(ctx, run_dir, tag)
+
+
+class EvaluationReporter(Reporter):
+    """Greedy evaluation (``ctx.evaluate()``) merged into the row: every
+    ``evaluation.interval`` iterations (before other ``flowkit_on_train_result`` hooks) and,
+    with ``evaluation.final``, into the run's summary (marked ``final_evaluation``)."""
+    name = "evaluation"
+
+    @hookimpl(tryfirst=True)
+    def flowkit_on_train_result(self, result: Row, ctx: "RunContext") -> None:
+        every = int(ctx.config.evaluation.interval)
+        if every > 0 and result["iteration"] % every == 0:
+            result.update(ctx.evaluate())
+
+    @hookimpl(tryfirst=True)
+    def flowkit_on_train_end(self, summary: Row, ctx: "RunContext", error: Optional[BaseException]) -> None:
+        if error is None and bool(ctx.config.evaluation.final) and summary:
+            summary.update(ctx.evaluate())
+            summary["final_evaluation"] = True
+
+
+# ---- timing (a wrapper) ------------------------------------------------------------------------
+class TimingReporter(Reporter):
+    """Wraps each iteration: ``perf/iteration_ms`` (pulling the plan: sampling and learning)
+    and ``perf/driver_overhead_ms`` (the driver's time between two pulls: hooks, reporters,
+    evaluation, checkpoints)."""
+    name = "timing"
+    _end: Optional[float] = None
+
+    @hookimpl(wrapper=True)
+    def flowkit_train_iteration(self) -> Any:
+        t0 = time.perf_counter()
+        r = yield
+        if r is not None:
+            r["perf/iteration_ms"] = 1000.0 * (time.perf_counter() - t0)
+            if self._end is not None:
+                r["perf/driver_overhead_ms"] = 1000.0 * (t0 - self._end)
+        self._end = time.perf_counter()
+        return r
+
+
+BUILTIN_REPORTERS: List[Type[Reporter]] = [ProgressReporter, CSVReporter, PlotReporter, CheckpointReporter,
+                                            EvaluationReporter, TensorBoardReporter, TimingReporter]
+
+
+@hookimpl
+def flowkit_add_reporters() -> List[type]:
+    return list(BUILTIN_REPORTERS)
