@@ -54,8 +54,9 @@ class Allowed:
     pattern: Optional[str] = None
     finite: bool = True
 
-    def describe(self, is_float: bool = False) -> str:
-        """``> 0``, ``in [0, 1]``, ``'a' or 'b'``, ``finite and >= 0``; "" when anything goes."""
+    def describe(self, is_float: bool = False, say_finite: bool = True) -> str:
+        """``> 0``, ``in [0, 1]``, ``'a' or 'b'``, ``finite and >= 0`` (``say_finite``: name
+        the finiteness of a float); "" when anything goes."""
         if self.choices is not None:
             c = [repr(x) for x in self.choices]
             return c[0] if len(c) == 1 else f"{', '.join(c[:-1])} or {c[-1]}"
@@ -70,7 +71,7 @@ class Allowed:
             text = ""
         if self.pattern is not None:
             text = f"matching {self.pattern}"
-        if is_float and self.finite and not (lo and hi):
+        if is_float and self.finite and say_finite and not (lo and hi):
             text = f"finite and {text}" if text else "finite"
         return text
 
@@ -587,7 +588,8 @@ def section_object(cfg: DictConfig, name: str, cls: type) -> Any:
 
 
 def help_text(sections: Optional[Dict[str, type]] = None) -> str:
-    """Every config key with its type, default and help, grouped by section."""
+    """Every config key with its type, allowed values, default and help, grouped by section
+    (floats must also be finite)."""
     schema_cls = make_schema_class(sections or {})
     keys, allowed_values = schema_keys(schema_cls), schema_allowed(schema_cls)
     lines, last = [], None
@@ -597,7 +599,7 @@ def help_text(sections: Optional[Dict[str, type]] = None) -> str:
             lines.append(f"\n[{sec or 'top level'}]")
             last = sec
         allowed = allowed_values.get(key)
-        rng = allowed.describe(_leaf_type(tp) is float) if allowed else ""
+        rng = allowed.describe(_leaf_type(tp) is float, say_finite=False) if allowed else ""
         if rng and typing.get_origin(_unwrap_optional(tp)[0]) in (list, List, dict, Dict):
             rng = f"each {rng}"
         lines.append(f"  {key} ({_type_name(tp)}{', ' + rng if rng else ''}, default {default!r}): {hlp}")
