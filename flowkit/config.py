@@ -5,8 +5,12 @@ then dotlist overrides (``ppo.lr=3e-4``). Each algorithm adds its own section ke
 name (``ppo.*``); plugins may add further sections (``multiagent.*``) through the
 ``flowkit_add_config_sections`` hook. ``env=ID`` is a shorthand for ``env.id=ID``.
 
-Every problem is a :class:`ConfigError` raised before anything starts: it names the key, what
-was expected and what was given, and for an unknown key the closest valid one.
+Each field declares the values it allows where it is declared (``F(3e-4, "Adam learning
+rate", gt=0)``; floats must be finite, ints fit in 64 bits) and :func:`check_values` checks
+them all once the config is built; an algorithm's ``validate_config`` keeps only checks that
+relate several keys. Every problem is a :class:`ConfigError` raised before anything starts:
+one line naming the key, what was expected and what was given, and for an unknown key the
+closest valid one.
 """
 from __future__ import annotations
 
