@@ -74,7 +74,7 @@ class Allowed:
         else:
             text = ""
         if self.pattern is not None:
-            text = f"matching {self.pattern}"
+            return f"matching {self.pattern}"
         if is_float and self.finite and say_finite and not (lo and hi):
             text = f"finite and {text}" if text else "finite"
         return text
@@ -172,8 +172,8 @@ def check_values(cfg: Any, schema_cls: type, prefix: str = "") -> None:
                                     or (v < INT64_MIN and allowed.ge is None and allowed.gt is None)):
                     what = f"{what} and " if what else ""
                     what += f"fit in 64 bits ([{INT64_MIN}, {INT64_MAX}])"
-                verb = "match" if allowed.pattern is not None else "be"
-                raise ConfigError(f"{k}={v!r} must {verb} {what.replace('matching ', '', 1)}")
+                need = f"match {allowed.pattern}" if allowed.pattern is not None else f"be {what}"
+                raise ConfigError(f"{k}={v!r} must {need}")
 
 
 ACTIVATIONS = ("tanh", "relu", "elu", "gelu", "silu")  # flowkit.core.policy._ACT_FN
