@@ -68,9 +68,10 @@ class Allowed:
         hi = ("<", self.lt) if self.lt is not None else ("<=", self.le) if self.le is not None else None
         if lo and hi:
             text = f"in {'(' if lo[0] == '>' else '['}{_num(lo[1])}, {_num(hi[1])}{')' if hi[0] == '<' else ']'}"
-        elif lo or hi:
-            op, x = lo or hi
-            text = f"{op} {_num(x)}"
+        elif lo is not None:
+            text = f"{lo[0]} {_num(lo[1])}"
+        elif hi is not None:
+            text = f"{hi[0]} {_num(hi[1])}"
         else:
             text = ""
         if self.pattern is not None:
@@ -130,7 +131,7 @@ def _leaf_type(tp: Any) -> Any:
     return base
 
 
-def check_values(cfg: Any, schema_cls: type, prefix: str = "") -> None:
+def check_values(cfg: Any, schema_cls: Any, prefix: str = "") -> None:
     """Check every value of ``cfg`` (a DictConfig or dict shaped like the dataclass
     ``schema_cls``) against what its field allows (see :func:`F`); nested sections and
     ``Dict[str, <dataclass>]`` fields are walked.
@@ -144,13 +145,13 @@ def check_values(cfg: Any, schema_cls: type, prefix: str = "") -> None:
         if f.name not in cfg:
             continue
         key, tp, val = prefix + f.name, hints[f.name], cfg[f.name]
-        base, _ = _unwrap_optional(tp)
+        base: Any = _unwrap_optional(tp)[0]
         if val is None:
             continue
         if dataclasses.is_dataclass(base):
             check_values(val, base, key + ".")
             continue
-        leaf = _leaf_type(tp)
+        leaf: Any = _leaf_type(tp)
         if typing.get_origin(base) in (dict, Dict) and dataclasses.is_dataclass(leaf):
             for k in val:
                 check_values(val[k], leaf, f"{key}.{k}.")
@@ -319,13 +320,13 @@ def schema_keys(cls: type, prefix: str = "") -> Dict[str, Tuple[Any, str, Any]]:
     return out
 
 
-def schema_allowed(cls: type, prefix: str = "") -> Dict[str, Allowed]:
+def schema_allowed(cls: Any, prefix: str = "") -> Dict[str, Allowed]:
     """Flat ``{dotted key: Allowed}`` of a dataclass schema (the keys of :func:`schema_keys`
     whose field declares anything)."""
     out: Dict[str, Allowed] = {}
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        base, _ = _unwrap_optional(hints[f.name])
+        base: Any = _unwrap_optional(hints[f.name])[0]
         if dataclasses.is_dataclass(base):
             out.update(schema_allowed(base, f"{prefix}{f.name}."))
         elif "allowed" in f.metadata:
