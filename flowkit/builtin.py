@@ -20,7 +20,7 @@ from flowkit.hooks.manager import hookimpl
 @dataclass
 class RandomConfig:
     """random: uniform over the legal actions, learns nothing (baselines, opponents)."""
-    report_every_env_steps: int = F(1000, "env steps per reported iteration")
+    report_every_env_steps: int = F(1000, "env steps per reported iteration", ge=1)
 
 
 class RandomAlgorithm(Algorithm):

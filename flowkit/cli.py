@@ -34,7 +34,7 @@ def _help(overrides: List[str]) -> str:
     except Exception:
         secs = {}
     return (f"usage:\n  {USAGE.replace(chr(10), chr(10) + '  ')}\n\n"
-            "Config keys (override with key=value; `env=ID` is short for env.id=ID):" + help_text(secs))
+            "Config keys (override with key=value; `env=ID` is short for env.id=ID; floats must be finite):" + help_text(secs))
 
 
 def main(argv: Optional[List[str]] = None) -> int:

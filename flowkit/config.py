@@ -5,13 +5,18 @@ then dotlist overrides (``ppo.lr=3e-4``). Each algorithm adds its own section ke
 name (``ppo.*``); plugins may add further sections (``multiagent.*``) through the
 ``flowkit_add_config_sections`` hook. ``env=ID`` is a shorthand for ``env.id=ID``.
 
-Every problem is a :class:`ConfigError` raised before anything starts: it names the key, what
-was expected and what was given, and for an unknown key the closest valid one.
+Each field declares the values it allows where it is declared (``F(3e-4, "Adam learning
+rate", gt=0)``; floats must be finite, ints fit in 64 bits) and :func:`check_values` checks
+them all once the config is built; an algorithm's ``validate_config`` keeps only checks that
+relate several keys. Every problem is a :class:`ConfigError` raised before anything starts:
+one line naming the key, what was expected and what was given, and for an unknown key the
+closest valid one.
 """
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import typing
 from dataclasses import dataclass, field
@@ -27,23 +32,152 @@ class ConfigError(ValueError):
 
 
 def check_schedules(section: Any, name: str, keys: Sequence[str], run_config: Any) -> None:
-    """Validate ``<name>.<key>`` in ``keys`` (each ``constant`` or ``linear``) and
-    ``<name>.schedule_env_steps``; a linear schedule needs that or ``stop.env_steps`` as its
-    horizon. Raises ConfigError naming the key."""
+    """A linear schedule ``<name>.<key>=linear`` (``key`` in ``keys``) needs a horizon:
+    ``<name>.schedule_env_steps`` or ``stop.env_steps``. (The choices and the range of
+    ``schedule_env_steps`` are declared in the schema.) Raises ConfigError naming the key."""
     for key in keys:
-        if section[key] not in ("constant", "linear"):
-            raise ConfigError(f"{name}.{key}={section[key]!r} must be 'constant' or 'linear'")
         if section[key] == "linear" and section.schedule_env_steps is None and run_config.stop.env_steps is None:
             raise ConfigError(f"{name}.{key}=linear needs a horizon: set {name}.schedule_env_steps or stop.env_steps")
-    if section.schedule_env_steps is not None and section.schedule_env_steps <= 0:
-        raise ConfigError(f"{name}.schedule_env_steps={section.schedule_env_steps} must be > 0")
 
 
-def F(default: Any = None, help: str = "", factory: Any = None) -> Any:  # noqa: A002
-    """A dataclass field with a help text (shown by ``flowkit train --help``)."""
+# ---- fields: help text and allowed values ----------------------------------------------------
+INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """The values a field allows: bounds (``gt``/``ge``/``lt``/``le``), ``choices``, a
+    ``pattern`` (regular expression a string must match in full), and for floats whether
+    they must be ``finite``. Ints always fit in 64 bits. For a list or a mapping, every
+    item must be allowed."""
+    gt: Optional[float] = None
+    ge: Optional[float] = None
+    lt: Optional[float] = None
+    le: Optional[float] = None
+    choices: Optional[Tuple[Any, ...]] = None
+    pattern: Optional[str] = None
+    finite: bool = True
+
+    def describe(self, is_float: bool = False, say_finite: bool = True) -> str:
+        """``> 0``, ``in [0, 1]``, ``'a' or 'b'``, ``finite and >= 0`` (``say_finite``: name
+        the finiteness of a float); "" when anything goes."""
+        if self.choices is not None:
+            c = [repr(x) for x in self.choices]
+            return c[0] if len(c) == 1 else f"{', '.join(c[:-1])} or {c[-1]}"
+        lo = (">", self.gt) if self.gt is not None else (">=", self.ge) if self.ge is not None else None
+        hi = ("<", self.lt) if self.lt is not None else ("<=", self.le) if self.le is not None else None
+        if lo and hi:
+            text = f"in {'(' if lo[0] == '>' else '['}{_num(lo[1])}, {_num(hi[1])}{')' if hi[0] == '<' else ']'}"
+        elif lo is not None:
+            text = f"{lo[0]} {_num(lo[1])}"
+        elif hi is not None:
+            text = f"{hi[0]} {_num(hi[1])}"
+        else:
+            text = ""
+        if self.pattern is not None:
+            return f"matching {self.pattern}"
+        if is_float and self.finite and say_finite and not (lo and hi):
+            text = f"finite and {text}" if text else "finite"
+        return text
+
+    def ok(self, v: Any, is_float: bool) -> bool:
+        """Whether ``v`` is allowed (``is_float``: the field is a float field)."""
+        if self.choices is not None and v not in self.choices:
+            return False
+        if self.pattern is not None and not (isinstance(v, str) and re.fullmatch(self.pattern, v)):
+            return False
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if isinstance(v, float) and math.isnan(v):
+                return not self.finite and self.gt is self.ge is self.lt is self.le is None
+            if is_float and self.finite and not math.isfinite(v):
+                return False
+            if not is_float and not INT64_MIN <= v <= INT64_MAX:
+                return False
+            return ((self.gt is None or v > self.gt) and (self.ge is None or v >= self.ge)
+                    and (self.lt is None or v < self.lt) and (self.le is None or v <= self.le))
+        return True
+
+
+def _num(x: float) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
+def F(default: Any = None, help: str = "", factory: Any = None, *,  # noqa: A002
+      gt: Optional[float] = None, ge: Optional[float] = None, lt: Optional[float] = None,
+      le: Optional[float] = None, choices: Optional[Sequence[Any]] = None, pattern: Optional[str] = None,
+      finite: bool = True) -> Any:
+    """A dataclass field with a help text and the values it allows (both shown by
+    ``flowkit train --help``), e.g. ``F(3e-4, "Adam learning rate", gt=0)``,
+    ``F("auto", "...", choices=("auto", "sync"))``.
+
+    A float must be finite unless ``finite=False``; an int must fit in 64 bits; the bounds
+    and choices of a list or mapping field apply to each item. :func:`check_values` enforces
+    all of it once the config is built, before anything starts.
+    """
+    allowed = Allowed(gt, ge, lt, le, tuple(choices) if choices is not None else None, pattern, finite)
+    meta = {"help": help, "allowed": allowed}
     if factory is not None:
-        return field(default_factory=factory, metadata={"help": help})
-    return field(default=default, metadata={"help": help})
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _leaf_type(tp: Any) -> Any:
+    """The item type a field's allowed values apply to (``List[int]`` -> int)."""
+    base, _ = _unwrap_optional(tp)
+    if typing.get_origin(base) in (list, List):
+        return (typing.get_args(base) or (Any,))[0]
+    if typing.get_origin(base) in (dict, Dict):
+        return (typing.get_args(base) or (Any, Any))[-1]
+    return base
+
+
+def check_values(cfg: Any, schema_cls: Any, prefix: str = "") -> None:
+    """Check every value of ``cfg`` (a DictConfig or dict shaped like the dataclass
+    ``schema_cls``) against what its field allows (see :func:`F`); nested sections and
+    ``Dict[str, <dataclass>]`` fields are walked.
+
+    Raises:
+        ConfigError: one line naming the full key, the value and what is allowed, e.g.
+            ``ppo.lr=inf must be finite and > 0``.
+    """
+    hints = typing.get_type_hints(schema_cls)
+    for f in dataclasses.fields(schema_cls):
+        if f.name not in cfg:
+            continue
+        key, tp, val = prefix + f.name, hints[f.name], cfg[f.name]
+        base: Any = _unwrap_optional(tp)[0]
+        if val is None:
+            continue
+        if dataclasses.is_dataclass(base):
+            check_values(val, base, key + ".")
+            continue
+        leaf: Any = _leaf_type(tp)
+        if typing.get_origin(base) in (dict, Dict) and dataclasses.is_dataclass(leaf):
+            for k in val:
+                check_values(val[k], leaf, f"{key}.{k}.")
+            continue
+        allowed = f.metadata.get("allowed") or Allowed()
+        if leaf not in (int, float, str):  # e.g. Dict[str, Any]: open, checked by its reader
+            continue
+        is_float = leaf is float
+        if typing.get_origin(base) in (list, List):
+            items = [(f"{key}[{i}]", v) for i, v in enumerate(val)]
+        elif typing.get_origin(base) in (dict, Dict):
+            items = [(f"{key}.{k}", val[k]) for k in val]
+        else:
+            items = [(key, val)]
+        for k, v in items:
+            if not allowed.ok(v, is_float):
+                what = allowed.describe(is_float)
+                if leaf is int and ((v > INT64_MAX and allowed.le is None and allowed.lt is None)
+                                    or (v < INT64_MIN and allowed.ge is None and allowed.gt is None)):
+                    what = f"{what} and " if what else ""
+                    what += f"fit in 64 bits ([{INT64_MIN}, {INT64_MAX}])"
+                need = f"match {allowed.pattern}" if allowed.pattern is not None else f"be {what}"
+                raise ConfigError(f"{k}={v!r} must {need}")
+
+
+ACTIVATIONS = ("tanh", "relu", "elu", "gelu", "silu")  # flowkit.core.policy._ACT_FN
 
 
 @dataclass
@@ -51,34 +185,37 @@ class EnvConfig:
     id: Optional[str] = F(None, "Gymnasium env id (also `env=ID`), e.g. CartPole-v1 or pkg:Id-v0")
     factory: Optional[str] = F(None, "`module:callable` returning an env; gets `context=EnvContext` if it accepts it")
     kwargs: Dict[str, Any] = F(help="keyword arguments for gym.make / the factory", factory=dict)
-    autoreset_mode: str = F("next_step", "vector-env autoreset: next_step (Gymnasium default) or same_step")
-    max_episode_steps: Optional[int] = F(None, "wrap each env in a TimeLimit of this many steps")
+    autoreset_mode: str = F("next_step", "vector-env autoreset: next_step (Gymnasium default) or same_step",
+                             choices=("next_step", "same_step"))
+    max_episode_steps: Optional[int] = F(None, "wrap each env in a TimeLimit of this many steps", ge=1)
     vectorization: str = F("auto", "auto: the env's own vectorized implementation when it registers one "
-                           "(e.g. CartPole), else sync; sync: always a SyncVectorEnv of single envs")
-    check_spaces_steps: int = F(2, "env steps per worker whose outputs are checked against the spaces")
+                           "(e.g. CartPole), else sync; sync: always a SyncVectorEnv of single envs",
+                           choices=("auto", "sync"))
+    check_spaces_steps: int = F(2, "env steps per worker whose outputs are checked against the spaces "
+                                    "(0: none)", ge=0)
 
 
 @dataclass
 class RuntimeConfig:
-    backend: str = F("ray", "ray (actors) or local (in-process, same code path)")
-    num_workers: int = F(2, "rollout workers")
-    num_envs_per_worker: int = F(8, "sub-envs in each worker's vector env")
-    rollout_fragment_length: int = F(64, "env steps per sub-env in each sample batch")
-    num_cpus_per_worker: float = F(1.0, "CPUs each rollout worker reserves (Ray)")
+    backend: str = F("ray", "ray (actors) or local (in-process, same code path)", choices=("ray", "local"))
+    num_workers: int = F(2, "rollout workers (0 counts as 1)", ge=0)
+    num_envs_per_worker: int = F(8, "sub-envs in each worker's vector env", ge=1)
+    rollout_fragment_length: int = F(64, "env steps per sub-env in each sample batch", ge=1)
+    num_cpus_per_worker: float = F(1.0, "CPUs each rollout worker reserves (Ray)", ge=0)
     address: Optional[str] = F(None, "Ray cluster address (`auto` for an existing cluster); None starts a local one")
     async_requests_per_worker: int = F(2, "async rollout mode (IMPALA): sample requests in flight per "
                                           "worker, so a worker starts its next fragment while the driver "
-                                          "takes the last one (RLlib: max_requests_in_flight_per_env_runner)")
+                                          "takes the last one (RLlib: max_requests_in_flight_per_env_runner)", ge=1)
     prefetch: Optional[bool] = F(None, "keep one sample request in flight while learning; None: on iff every algorithm is off-policy")
     restart_failed_workers: bool = F(True, "rebuild a rollout worker whose env or process failed")
-    max_worker_restarts: int = F(3, "consecutive failures of one worker slot before the run stops")
-    torch_threads: int = F(1, "torch threads per rollout worker")
+    max_worker_restarts: int = F(3, "consecutive failures of one worker slot before the run stops", ge=0)
+    torch_threads: int = F(1, "torch threads per rollout worker", ge=1)
 
 
 @dataclass
 class ModelConfig:
-    hidden_sizes: List[int] = F(help="hidden layer sizes of the MLP", factory=lambda: [64, 64])
-    activation: str = F("tanh", "tanh, relu, elu, gelu or silu")
+    hidden_sizes: List[int] = F(help="hidden layer sizes of the MLP", factory=lambda: [64, 64], ge=1)
+    activation: str = F("tanh", "activation of the hidden layers", choices=ACTIVATIONS)
     shared_value_network: bool = F(False, "share the trunk between policy and value heads")
     numpy_inference: bool = F(True, "act with a numpy copy of the network on CPU (MLP actor-critics: "
                                     "same math, less per-call overhead); false: torch")
@@ -86,22 +223,22 @@ class ModelConfig:
 
 @dataclass
 class LearnerConfig:
-    device: str = F("cpu", "learner device: cpu or cuda")
-    num_threads: int = F(1, "torch threads of the learner (driver)")
+    device: str = F("cpu", "learner device: cpu, cuda or cuda:N", pattern=r"cpu|cuda(:[0-9]+)?")
+    num_threads: int = F(1, "torch threads of the learner (driver)", ge=1)
 
 
 @dataclass
 class StopConfig:
-    env_steps: Optional[int] = F(None, "stop after this many sampled env steps")
-    iterations: Optional[int] = F(None, "stop after this many iterations")
+    env_steps: Optional[int] = F(None, "stop after this many sampled env steps", ge=1)
+    iterations: Optional[int] = F(None, "stop after this many iterations", ge=1)
     episode_return_mean: Optional[float] = F(None, "stop when episode_return_mean reaches this")
-    time_s: Optional[float] = F(None, "stop after this many seconds of training")
+    time_s: Optional[float] = F(None, "stop after this many seconds of training", gt=0)
 
 
 @dataclass
 class EvaluationConfig:
-    interval: int = F(0, "greedy evaluation every N iterations (0: never, except with final=True)")
-    episodes: int = F(10, "episodes per evaluation")
+    interval: int = F(0, "greedy evaluation every N iterations (0: never, except with final=True)", ge=0)
+    episodes: int = F(10, "episodes per evaluation", ge=1)
     final: bool = F(False, "evaluate once at the end of the run")
     explore: bool = F(False, "sample actions instead of acting greedily")
     opponents: Dict[str, str] = F(help="multi-agent: policy id -> fixed opponent in evaluation: `random` "
@@ -111,17 +248,19 @@ class EvaluationConfig:
 
 @dataclass
 class CheckpointConfig:
-    every_iters: int = F(0, "write a checkpoint every N iterations (0: never)")
+    every_iters: int = F(0, "write a checkpoint every N iterations (0: never)", ge=0)
     at_end: bool = F(True, "write a checkpoint when the run ends")
-    keep: int = F(3, "checkpoints to keep (newest)")
+    keep: int = F(3, "checkpoints to keep (newest; 0: all)", ge=0)
     include_replay: bool = F(True, "store replay buffers in checkpoints")
 
 
 @dataclass
 class RunConfig:
     dir: Optional[str] = F(None, "run folder; default runs/<algo>-<env>-<timestamp>")
-    min_iter_time_s: float = F(0.0, "merge train steps into one reported iteration until this much time passed")
-    min_iter_env_steps: int = F(0, "merge train steps into one reported iteration until this many env steps")
+    min_iter_time_s: float = F(0.0, "merge train steps into one reported iteration until this much time passed",
+                               ge=0)
+    min_iter_env_steps: int = F(0, "merge train steps into one reported iteration until this many env steps",
+                                 ge=0)
     reporters: List[str] = F(help="reporters of the run, called in this order (built-in: progress, csv, plot, "
                                   "checkpoint, evaluation, tensorboard, timing; plugins add more)",
                              factory=lambda: ["progress", "csv", "plot", "checkpoint", "evaluation"])
@@ -130,7 +269,8 @@ class RunConfig:
 @dataclass
 class Config:
     algo: str = F("ppo", "algorithm name (see `flowkit plugins`)")
-    seed: int = F(0, "one seed for torch, numpy, env resets and exploration")
+    seed: int = F(0, "one seed for torch, numpy, env resets and exploration (32 bits: every derived seed "
+                     "uses only these)", ge=0, le=2 ** 32 - 1)
     env: EnvConfig = F(help="environment", factory=EnvConfig)
     runtime: RuntimeConfig = F(help="rollout workers and backend", factory=RuntimeConfig)
     model: ModelConfig = F(help="networks", factory=ModelConfig)
@@ -177,6 +317,20 @@ def schema_keys(cls: type, prefix: str = "") -> Dict[str, Tuple[Any, str, Any]]:
         default = f.default if f.default is not dataclasses.MISSING else (
             f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
         out[key] = (tp, f.metadata.get("help", ""), default)
+    return out
+
+
+def schema_allowed(cls: Any, prefix: str = "") -> Dict[str, Allowed]:
+    """Flat ``{dotted key: Allowed}`` of a dataclass schema (the keys of :func:`schema_keys`
+    whose field declares anything)."""
+    out: Dict[str, Allowed] = {}
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        base: Any = _unwrap_optional(hints[f.name])[0]
+        if dataclasses.is_dataclass(base):
+            out.update(schema_allowed(base, f"{prefix}{f.name}."))
+        elif "allowed" in f.metadata:
+            out[prefix + f.name] = f.metadata["allowed"]
     return out
 
 
@@ -325,10 +479,17 @@ def _yaml_load(text: str) -> Any:
 
 def _load_yaml(path: str) -> Dict[str, Any]:
     try:
-        with open(path) as f:
+        with open(path, encoding="utf-8") as f:
             data = _yaml_load(f.read())
     except FileNotFoundError:
         raise ConfigError(f"config file {path!r} does not exist") from None
+    except IsADirectoryError:
+        raise ConfigError(f"config file {path!r} is a directory; give a YAML file") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"config file {path!r} is not a UTF-8 text file (byte {e.start}: "
+                          f"{e.object[e.start:e.start + 1]!r}); give a YAML file") from None
+    except OSError as e:
+        raise ConfigError(f"config file {path!r} cannot be read: {e.strerror or e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {path!r} is not valid YAML: {e}") from None
     if data is None:
@@ -361,12 +522,16 @@ def _as_source(user: Any) -> Tuple[Dict[str, Any], List[str]]:
 def plugin_modules_from(user: Any, config_file: Optional[str] = None) -> List[str]:
     """The ``plugins`` list of a config source (needed before the schema can be built)."""
     mods: List[str] = []
-    if config_file:
-        mods += list(_load_yaml(config_file).get("plugins") or [])
-    src, _ = _as_source(user)
-    mods += list(src.get("plugins") or [])
-    if not all(isinstance(m, str) for m in mods):
-        raise ConfigError(f"`plugins` must be a list of module paths, got {mods!r}")
+    sources = [_load_yaml(config_file)] if config_file else []
+    sources.append(_as_source(user)[0])
+    for src in sources:
+        given = src.get("plugins")
+        if given is None:
+            continue
+        if not isinstance(given, (list, tuple)) or not all(isinstance(m, str) for m in given):
+            raise ConfigError(f"`plugins` must be a list of module paths, e.g. plugins=[my_pkg.plugin], "
+                              f"got {given!r}")
+        mods += list(given)
     return mods
 
 
@@ -379,8 +544,9 @@ def build_config(user: Any = None, config_file: Optional[str] = None,
         config_file: optional YAML file, applied before ``user``.
         sections: extra sections ``{name: dataclass}`` (algorithm and plugin sections).
     Raises:
-        ConfigError: unknown key (with the closest valid one), wrong type, a key given twice
-            (``env=`` and ``env.id=`` included), or invalid YAML.
+        ConfigError: unknown key (with the closest valid one), wrong type, a value outside
+            what its field allows (:func:`check_values`), a key given twice (``env=`` and
+            ``env.id=`` included), or a config file that is missing, unreadable or not YAML.
     """
     schema_cls = make_schema_class(sections or {})
     keys = schema_keys(schema_cls)
@@ -402,6 +568,7 @@ def build_config(user: Any = None, config_file: Optional[str] = None,
             raise ConfigError(_omegaconf_message(e)) from None
     del file_flat, dotlist
     OmegaConf.set_struct(merged, True)
+    check_values(merged, schema_cls)
     return merged
 
 
@@ -426,13 +593,19 @@ def section_object(cfg: DictConfig, name: str, cls: type) -> Any:
 
 
 def help_text(sections: Optional[Dict[str, type]] = None) -> str:
-    """Every config key with its type, default and help, grouped by section."""
-    keys = schema_keys(make_schema_class(sections or {}))
+    """Every config key with its type, allowed values, default and help, grouped by section
+    (floats must also be finite)."""
+    schema_cls = make_schema_class(sections or {})
+    keys, allowed_values = schema_keys(schema_cls), schema_allowed(schema_cls)
     lines, last = [], None
     for key, (tp, hlp, default) in keys.items():
         sec = key.split(".")[0] if "." in key else ""
         if sec != last:
             lines.append(f"\n[{sec or 'top level'}]")
             last = sec
-        lines.append(f"  {key} ({_type_name(tp)}, default {default!r}): {hlp}")
+        allowed = allowed_values.get(key)
+        rng = allowed.describe(_leaf_type(tp) is float, say_finite=False) if allowed else ""
+        if rng and typing.get_origin(_unwrap_optional(tp)[0]) in (list, List, dict, Dict):
+            rng = f"each {rng}"
+        lines.append(f"  {key} ({_type_name(tp)}{', ' + rng if rng else ''}, default {default!r}): {hlp}")
     return "\n".join(lines)

@@ -141,4 +141,4 @@ def test_cli_dry_run_plan_plugins_help():
     p = run_cli("plugins")
     assert p.returncode == 0 and "ppo" in p.stdout and "flowkit-ppo" in p.stdout and "random" in p.stdout
     p = run_cli("train", "--help")
-    assert p.returncode == 0 and "ppo.clip_param (float, default 0.2)" in p.stdout and "runtime.num_workers" in p.stdout
+    assert p.returncode == 0 and "ppo.clip_param (float, > 0, default 0.2)" in p.stdout and "runtime.num_workers" in p.stdout

@@ -104,7 +104,7 @@ def test_env_steps_are_real_transitions_and_fragments_exact():
 
 def test_unsupported_autoreset_mode_fails_at_setup():
     from flowkit import ConfigError
-    with pytest.raises(ConfigError, match="env.autoreset_mode='disabled' is not supported"):
+    with pytest.raises(ConfigError, match="env.autoreset_mode='disabled' must be 'next_step' or 'same_step'"):
         make_ctx("local", "env.autoreset_mode=disabled")
 
 

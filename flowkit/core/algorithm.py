@@ -42,8 +42,10 @@ class Algorithm:
     # ---- set-up ----------------------------------------------------------------------------
     @classmethod
     def validate_config(cls, run_config: Any, section: Any) -> List[str]:
-        """Check this algorithm's section (and its fit with ``runtime.*``) before anything
-        starts. Raise :class:`flowkit.ConfigError` naming keys and values; return warnings."""
+        """Check what relates several keys of this algorithm's section (and its fit with
+        ``runtime.*``) before anything starts; each key's own range or choices belong in its
+        field declaration (``F(3e-4, "...", gt=0)``), checked before this is called. Raise
+        :class:`flowkit.ConfigError` naming keys and values; return warnings."""
         return []
 
     @classmethod

@@ -48,25 +48,32 @@ from flowkit.core.workers import derive_seed
 @dataclass
 class IMPALAConfig:
     """impala: asynchronous actor-learner with V-trace (Espeholt et al. 2018)."""
-    lr: float = F(5e-4, "Adam learning rate")
-    adam_eps: float = F(1e-7, "Adam epsilon")
-    gamma: float = F(0.99, "discount factor")
-    clip_rho_threshold: float = F(1.0, "V-trace rho_bar: clip of the importance ratio in delta_t")
-    clip_c_threshold: float = F(1.0, "V-trace c_bar: clip of the trace-cutting ratio c_t")
-    clip_pg_rho_threshold: float = F(1.0, "clip of the importance ratio in the policy-gradient advantage")
-    vtrace_lambda: float = F(1.0, "lambda multiplying c_t (paper's remark 2; 1.0 = plain V-trace)")
-    vf_coef: float = F(0.5, "value-loss coefficient")
-    ent_coef: float = F(0.01, "entropy bonus coefficient")
-    max_grad_norm: Optional[float] = F(40.0, "clip the gradient norm (null: off)")
-    train_batch_size: int = F(500, "env steps per train batch (worker fragments are concatenated)")
-    num_epochs: int = F(1, "passes of the learner over each train batch")
-    minibatch_size: Optional[int] = F(None, "rows per SGD step, contiguous slices (null: the whole train batch)")
-    learner_queue_size: int = F(2, "train batches waiting for the learner thread at most")
-    broadcast_interval: int = F(1, "batches from one worker between two weight pushes to that worker")
-    replay_proportion: float = F(0.0, "replayed fragments mixed in per new fragment, on average (0: off)")
-    replay_buffer_num_slots: int = F(100, "fragments kept for replay (FIFO)")
-    rollout_mode: str = F("async", "async (learner thread) or bulk_sync (for comparison)")
-    log_std_init: float = F(0.0, "initial log-std of the Gaussian (Box actions)")
+    lr: float = F(5e-4, "Adam learning rate", gt=0)
+    adam_eps: float = F(1e-7, "Adam epsilon", gt=0)
+    gamma: float = F(0.99, "discount factor", ge=0, le=1)
+    clip_rho_threshold: float = F(1.0, "V-trace rho_bar: clip of the importance ratio in delta_t", gt=0)
+    clip_c_threshold: float = F(1.0, "V-trace c_bar: clip of the trace-cutting ratio c_t", gt=0)
+    clip_pg_rho_threshold: float = F(1.0, "clip of the importance ratio in the policy-gradient advantage",
+                                          gt=0)
+    vtrace_lambda: float = F(1.0, "lambda multiplying c_t (paper's remark 2; 1.0 = plain V-trace)",
+                                  ge=0, le=1)
+    vf_coef: float = F(0.5, "value-loss coefficient", ge=0)
+    ent_coef: float = F(0.01, "entropy bonus coefficient", ge=0)
+    max_grad_norm: Optional[float] = F(40.0, "clip the gradient norm (null: off)", gt=0)
+    train_batch_size: int = F(500, "env steps per train batch (worker fragments are concatenated)",
+                                 ge=1)
+    num_epochs: int = F(1, "passes of the learner over each train batch", ge=1)
+    minibatch_size: Optional[int] = F(None, "rows per SGD step, contiguous slices (null: the whole "
+                                        "train batch)", ge=1)
+    learner_queue_size: int = F(2, "train batches waiting for the learner thread at most", ge=1)
+    broadcast_interval: int = F(1, "batches from one worker between two weight pushes to that worker",
+                                 ge=1)
+    replay_proportion: float = F(0.0, "replayed fragments mixed in per new fragment, on average (0: off)",
+                                  ge=0)
+    replay_buffer_num_slots: int = F(100, "fragments kept for replay (FIFO)", ge=1)
+    rollout_mode: str = F("async", "async (learner thread) or bulk_sync (for comparison)",
+                          choices=("async", "bulk_sync"))
+    log_std_init: float = F(0.0, "initial log-std of the Gaussian (Box actions)", ge=-20, le=20)
 
 
 # ---- V-trace -------------------------------------------------------------------------------------
@@ -287,24 +294,11 @@ class IMPALA(flowkit.Algorithm):
 
     @classmethod
     def validate_config(cls, run_config, section) -> List[str]:
+        """Cross-field checks (each key's own range is declared in :class:`IMPALAConfig`)."""
         s, n = section, cls.name
-        if s.rollout_mode not in ("async", "bulk_sync"):
-            raise ConfigError(f"{n}.rollout_mode={s.rollout_mode!r} must be async or bulk_sync")
-        for key in ("train_batch_size", "num_epochs", "learner_queue_size", "broadcast_interval",
-                    "replay_buffer_num_slots"):
-            if s[key] < 1:
-                raise ConfigError(f"{n}.{key}={s[key]} must be >= 1")
         if s.minibatch_size is not None and not 1 <= s.minibatch_size <= s.train_batch_size:
             raise ConfigError(f"{n}.minibatch_size={s.minibatch_size} must be in [1, {n}.train_batch_size="
                               f"{s.train_batch_size}] (or null: the whole train batch)")
-        for key in ("gamma", "vtrace_lambda"):
-            if not 0.0 <= s[key] <= 1.0:
-                raise ConfigError(f"{n}.{key}={s[key]} must be in [0, 1]")
-        for key in ("clip_rho_threshold", "clip_c_threshold", "clip_pg_rho_threshold", "lr"):
-            if s[key] <= 0:
-                raise ConfigError(f"{n}.{key}={s[key]} must be > 0")
-        if s.replay_proportion < 0:
-            raise ConfigError(f"{n}.replay_proportion={s.replay_proportion} must be >= 0")
         return []
 
     def get_rollout_mode(self) -> str:

@@ -44,6 +44,6 @@ class MultiAgentConfig:
                                      "policy id maps to it, else the only policy)", factory=dict)
     round_robin_weights: Dict[str, float] = F(help="train steps per round-robin cycle of each algorithm's "
                                                    "fragment, keyed by algorithm name or policy id (default 1)",
-                                              factory=dict)
+                                              factory=dict, gt=0)
     alternate_seats: bool = F(False, "training: rotate the agent -> policy assignment every episode "
                                      "(turn-based games: each policy plays every seat; agents must share spaces)")

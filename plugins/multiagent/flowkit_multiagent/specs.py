@@ -17,7 +17,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import gymnasium as gym
 from omegaconf import DictConfig, OmegaConf
 
-from flowkit.config import ConfigError, _coerce, _flatten, _nest, schema_keys
+from flowkit.config import ConfigError, _coerce, _flatten, _nest, check_values, schema_keys
 from flowkit.core.workers import PolicySpec
 
 SHARED_POLICY_ID = "shared"
@@ -201,7 +201,7 @@ def policy_section(config: Any, pid: str, algo_cls: type, overrides: Any) -> Tup
     Returns:
         ``(config dataclass instance, the section as a plain dict)``.
     Raises:
-        ConfigError: an unknown or mistyped override, named in full
+        ConfigError: an unknown, mistyped or out-of-range override, named in full
             (``multiagent.policies.<pid>.config.<key>``), with the closest valid key.
     """
     cls = algo_cls.config_class
@@ -221,6 +221,7 @@ def policy_section(config: Any, pid: str, algo_cls: type, overrides: Any) -> Tup
         except Exception as e:  # OmegaConf validation
             key = getattr(e, "full_key", "?")
             raise ConfigError(f"`{prefix}{key}`: {str(e).splitlines()[0]}") from None
+        check_values(base, cls, prefix)  # the ranges its fields declare (the base section is checked)
     data = OmegaConf.to_container(base, resolve=True)
     return cls(**data), data
 

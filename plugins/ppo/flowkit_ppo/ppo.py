@@ -33,26 +33,31 @@ from flowkit.core.policy import ActorCritic, Policy, sample_logp_numpy, to_tenso
 @dataclass
 class PPOConfig:
     """ppo: Proximal Policy Optimization (clipped surrogate, GAE)."""
-    lr: float = F(3e-4, "Adam learning rate")
-    lr_schedule: str = F("constant", "constant, or linear (to 0 at schedule_env_steps)")
-    gamma: float = F(0.99, "discount factor")
-    gae_lambda: float = F(0.95, "GAE lambda")
-    clip_param: float = F(0.2, "surrogate clip range epsilon")
-    clip_schedule: str = F("constant", "constant, or linear (to 0 at schedule_env_steps)")
-    schedule_env_steps: Optional[int] = F(None, "horizon of linear schedules in env steps (default stop.env_steps)")
-    vf_clip_param: Optional[float] = F(None, "clip value updates to +-this around vf_preds (null: off)")
-    vf_coef: float = F(0.5, "value-loss coefficient")
-    ent_coef: float = F(0.0, "entropy bonus coefficient")
-    kl_coeff: float = F(0.0, "initial KL-penalty coefficient (0: no penalty, KL is only reported)")
-    kl_target: float = F(0.01, "target KL for the adaptive penalty")
-    num_epochs: int = F(10, "passes over each train batch")
-    minibatch_size: int = F(64, "rows per SGD minibatch")
-    train_batch_size: Optional[int] = F(None, "env steps per train batch (null: one sampling round)")
-    max_grad_norm: Optional[float] = F(0.5, "clip the gradient norm (null: off)")
-    normalize_advantages: str = F("minibatch", "minibatch, batch or none")
+    lr: float = F(3e-4, "Adam learning rate", gt=0)
+    lr_schedule: str = F("constant", "constant, or linear (to 0 at schedule_env_steps)", choices=("constant", "linear"))
+    gamma: float = F(0.99, "discount factor", ge=0, le=1)
+    gae_lambda: float = F(0.95, "GAE lambda", ge=0, le=1)
+    clip_param: float = F(0.2, "surrogate clip range epsilon", gt=0)
+    clip_schedule: str = F("constant", "constant, or linear (to 0 at schedule_env_steps)", choices=("constant", "linear"))
+    schedule_env_steps: Optional[int] = F(None, "horizon of linear schedules in env steps (default stop.env_steps)",
+                                            gt=0)
+    vf_clip_param: Optional[float] = F(None, "clip value updates to +-this around vf_preds (null: off)",
+                                            gt=0)
+    vf_coef: float = F(0.5, "value-loss coefficient", ge=0)
+    ent_coef: float = F(0.0, "entropy bonus coefficient", ge=0)
+    kl_coeff: float = F(0.0, "initial KL-penalty coefficient (0: no penalty, KL is only reported)",
+                             ge=0)
+    kl_target: float = F(0.01, "target KL for the adaptive penalty", gt=0)
+    num_epochs: int = F(10, "passes over each train batch", ge=1)
+    minibatch_size: int = F(64, "rows per SGD minibatch", ge=1)
+    train_batch_size: Optional[int] = F(None, "env steps per train batch (null: one sampling round)",
+                                          ge=1)
+    max_grad_norm: Optional[float] = F(0.5, "clip the gradient norm (null: off)", gt=0)
+    normalize_advantages: str = F("minibatch", "advantage standardisation: per minibatch, per train batch "
+                                  "or none", choices=("minibatch", "batch", "none"))
     normalize_observations: bool = F(False, "running mean/std observation normalisation")
-    log_std_init: float = F(0.0, "initial log-std of the Gaussian (Box actions)")
-    adam_eps: float = F(1e-5, "Adam epsilon")
+    log_std_init: float = F(0.0, "initial log-std of the Gaussian (Box actions)", ge=-20, le=20)
+    adam_eps: float = F(1e-5, "Adam epsilon", gt=0)
 
 
 # ---- GAE -----------------------------------------------------------------------------------
@@ -241,13 +246,10 @@ class PPO(flowkit.Algorithm):
 
     @classmethod
     def validate_config(cls, run_config, section) -> List[str]:
+        """Cross-field checks (each key's own range is declared in :class:`PPOConfig`)."""
         s, warns = section, []
         n = cls.name
-        if s.minibatch_size < 1:
-            raise ConfigError(f"{n}.minibatch_size={s.minibatch_size} must be >= 1")
         if s.train_batch_size is not None:
-            if s.train_batch_size < 1:
-                raise ConfigError(f"{n}.train_batch_size={s.train_batch_size} must be >= 1")
             if s.minibatch_size > s.train_batch_size:
                 raise ConfigError(f"{n}.minibatch_size={s.minibatch_size} is larger than "
                                   f"{n}.train_batch_size={s.train_batch_size}; make minibatch_size <= train_batch_size")
@@ -258,17 +260,6 @@ class PPO(flowkit.Algorithm):
                              f"(runtime.num_workers x num_envs_per_worker x rollout_fragment_length = {rs}); "
                              f"each train batch will hold {actual} env steps (reported as "
                              f"learner/<policy>/train_batch_size)")
-        if s.num_epochs < 1:
-            raise ConfigError(f"{n}.num_epochs={s.num_epochs} must be >= 1")
-        for key in ("gamma", "gae_lambda"):
-            if not 0.0 <= s[key] <= 1.0:
-                raise ConfigError(f"{n}.{key}={s[key]} must be in [0, 1]")
-        if s.clip_param <= 0:
-            raise ConfigError(f"{n}.clip_param={s.clip_param} must be > 0")
-        if s.lr <= 0:
-            raise ConfigError(f"{n}.lr={s.lr} must be > 0")
-        if s.normalize_advantages not in ("minibatch", "batch", "none"):
-            raise ConfigError(f"{n}.normalize_advantages={s.normalize_advantages!r} must be minibatch, batch or none")
         check_schedules(s, n, ("lr_schedule", "clip_schedule"), run_config)
         return warns
 
