@@ -149,8 +149,9 @@ def flowkit_on_run_end(result: Any, ctx: Any) -> None:
 # ---- state ---------------------------------------------------------------------------------
 @hookspec
 def flowkit_state_dict() -> Optional[Dict[str, Any]]:
-    """Plugin state to store in checkpoints (picklable), or None. The manager stores it under
-    the plugin's name. Runs on: driver."""
+    """Plugin state to store in checkpoints, or None: plain data only (tensors, numpy arrays,
+    numbers, strings, None, lists/tuples/dicts of those; an object fails the save, naming it).
+    The manager stores it under the plugin's name. Runs on: driver."""
 
 
 @hookspec
