@@ -34,6 +34,7 @@ run: installed code is trusted, the checkpoint is not.
 from __future__ import annotations
 
 import dataclasses
+import importlib
 import inspect
 import os
 import random
@@ -49,7 +50,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from flowkit.config import Config, ConfigError, build_config
 from flowkit.core.workers import PolicySpec, derive_seed
-from flowkit.hooks import get_plugin_manager
+from flowkit.hooks import PluginError, get_plugin_manager
 
 FORMAT = 2
 STATE_FILE = "state.pt"
@@ -84,7 +85,7 @@ def to_plain(obj: Any, where: str = "state") -> Any:
     elif isinstance(obj, np.ndarray):
         if obj.dtype.hasobject or obj.dtype.kind not in "biufc":
             raise TypeError(f"{where}: a numpy array of dtype {obj.dtype} cannot be stored in a checkpoint")
-        a = np.ascontiguousarray(obj)
+        a = np.ascontiguousarray(obj if obj.dtype.isnative else obj.astype(obj.dtype.newbyteorder("=")))
         return {_ND: torch.from_numpy(a if a.flags.writeable else a.copy())}
     elif isinstance(obj, (list, tuple)) and type(obj) in (list, tuple, torch.Size):
         out = [to_plain(v, f"{where}[{i}]") for i, v in enumerate(obj)]
@@ -206,8 +207,10 @@ def spec_to_dict(spec: PolicySpec, algo_cls: Optional[type] = None) -> Dict[str,
     dataclass as a dict, and the fields of PolicySpec subclasses (``extra``; ``init_state``,
     weights loaded from another checkpoint, is left out)."""
     conf = spec.config
-    if dataclasses.is_dataclass(conf):
+    if dataclasses.is_dataclass(conf) and not isinstance(conf, type):
         conf = dataclasses.asdict(conf)
+    elif isinstance(conf, DictConfig):
+        conf = OmegaConf.to_container(conf, resolve=True)
     extra = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)
              if f.name not in _SPEC_FIELDS and f.name != "init_state"}
     return {"algo": spec.algo, "algo_module": getattr(algo_cls, "__module__", None),
@@ -452,9 +455,17 @@ def resume_config(user: Any, resume: str, pm: Any) -> Tuple[str, DictConfig, Any
     over, _ = _as_source(user)
     over.pop("resume", None)
     merged = OmegaConf.merge(OmegaConf.create(OmegaConf.to_container(saved, resolve=True)), OmegaConf.create(over))
-    mods = [m for m in (merged.get("plugins") or []) if pm.get_plugin(m) is None]
-    if mods:
-        pm = get_plugin_manager(list(merged.plugins))
+    for mod in merged.get("plugins") or []:  # named by the checkpoint's config: installed code
+        if pm.get_plugin(mod) is None:
+            try:
+                pm.register(importlib.import_module(mod), name=mod)
+            except Exception as e:
+                raise PluginError(f"plugin module {mod!r} (from `plugins` in {ck}/config.yaml) failed to "
+                                  f"import: {type(e).__name__}: {e}") from e
+            try:
+                pm.check_pending()
+            except Exception as e:
+                raise PluginError(f"unknown hook: {e}") from None
     check_algorithms(st, pm.algorithms(), os.path.join(ck, STATE_FILE), (str(merged.algo),))
     cfg = build_config(OmegaConf.to_container(merged, resolve=True), None, pm.config_sections())
     return ck, cfg, pm, int(st["iteration"])

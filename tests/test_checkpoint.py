@@ -207,8 +207,12 @@ def test_an_algorithm_that_is_not_registered_fails_in_one_line(tmp_path):
             "print(type(a).__name__, type(a.get_policy()).__name__)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env())
     assert proc.returncode == 0 and proc.stdout.split() == ["MyPPO", "PPOPolicy"], proc.stderr[-3000:]
+    # so does resume, without naming the module again
+    res2 = flowkit.train(["resume=" + run, "stop.iterations=2", "run.progress=false", "run.plot=false"])
+    assert res2.metrics["iteration"] == 2 and res2.config.algo == "my_ppo"
+    text = open(os.path.join(res2.checkpoint, "config.yaml")).read()
     # a checkpoint whose config does not name the module: one line naming the algorithm and the fixes
-    cfg = os.path.join(res.checkpoint, "config.yaml")
+    cfg = os.path.join(res2.checkpoint, "config.yaml")
     with open(cfg, "w") as f:
         f.write(text.replace("- ckpt_algos", "").replace("plugins:\n", "plugins: []\n"))
     for fn in (lambda: flowkit.Algorithm.from_checkpoint(run),
