@@ -170,7 +170,7 @@ def space_to_dict(space: gym.Space) -> Dict[str, Any]:
     if type(space) is s.MultiDiscrete:
         return {"type": "MultiDiscrete", "nvec": space.nvec, "start": space.start, "dtype": np.dtype(space.dtype).name}
     if type(space) is s.MultiBinary:
-        n = space.n
+        n: Any = space.n
         return {"type": "MultiBinary", "n": int(n) if np.ndim(n) == 0 else [int(x) for x in n]}
     if type(space) is s.Dict:
         return {"type": "Dict", "spaces": [[k, space_to_dict(v)] for k, v in space.spaces.items()]}
@@ -243,14 +243,14 @@ def spec_from_dict(d: Dict[str, Any], algorithms: Dict[str, type], path: str = "
         CheckpointError: the algorithm is not registered, or its config no longer fits.
     """
     name = d["algo"]
-    cls = algorithms.get(name)
+    cls: Any = algorithms.get(name)
     if cls is None:
         raise missing_algorithm(name, path, d.get("algo_module"), algorithms)
     conf = d["config"]
     cfg_cls = getattr(cls, "config_class", None)
     if cfg_cls is not None and conf is not None:
         try:
-            data = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(cfg_cls), conf), resolve=True)
+            data: Any = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(cfg_cls), conf), resolve=True)
             conf = cfg_cls(**data)
         except Exception as e:
             raise CheckpointError(f"checkpoint {path!r}: the {name!r} config it stores does not fit the installed "
@@ -264,7 +264,7 @@ def used_config(cfg: DictConfig, specs: Dict[str, PolicySpec], pm: Any) -> Dict[
     """``cfg`` as a plain dict with the core sections, the sections of the algorithms that
     train or act for a policy, and plugin sections that differ from their defaults or whose
     plugin made the policy specs (``multiagent``); other algorithms' sections are left out."""
-    data = OmegaConf.to_container(cfg, resolve=True)
+    data: Any = OmegaConf.to_container(cfg, resolve=True)
     base = {f.name for f in dataclasses.fields(Config)}
     algos = set(pm.algorithms())
     used = {s.algo for s in specs.values()}
@@ -454,7 +454,7 @@ def resume_config(user: Any, resume: str, pm: Any) -> Tuple[str, DictConfig, Any
     saved = OmegaConf.load(os.path.join(ck, "config.yaml"))
     over, _ = _as_source(user)
     over.pop("resume", None)
-    merged = OmegaConf.merge(OmegaConf.create(OmegaConf.to_container(saved, resolve=True)), OmegaConf.create(over))
+    merged: Any = OmegaConf.merge(OmegaConf.create(OmegaConf.to_container(saved, resolve=True)), OmegaConf.create(over))
     for mod in merged.get("plugins") or []:  # named by the checkpoint's config: installed code
         if pm.get_plugin(mod) is None:
             try:
@@ -483,15 +483,16 @@ def load_trained(path: str, expected_cls: Optional[type] = None) -> Any:
     ck = find_checkpoint(path)
     state_path = os.path.join(ck, STATE_FILE)
     st = load_state(state_path)
-    cfg_yaml = OmegaConf.load(os.path.join(ck, "config.yaml"))
+    cfg_yaml: Any = OmegaConf.load(os.path.join(ck, "config.yaml"))
     pm = get_plugin_manager(list(cfg_yaml.get("plugins") or []))
-    algos = dict(pm.algorithms())
+    algos: Dict[str, Any] = dict(pm.algorithms())
     sections = pm.config_sections()
-    if expected_cls is not None:
-        algos[expected_cls.name] = expected_cls
-        if getattr(expected_cls, "config_class", None) is not None:
-            sections.setdefault(expected_cls.name, expected_cls.config_class)
-    check_algorithms(st, algos, state_path, () if expected_cls is not None else (str(cfg_yaml.algo),))
+    exp: Any = expected_cls
+    if exp is not None:
+        algos[exp.name] = exp
+        if getattr(exp, "config_class", None) is not None:
+            sections.setdefault(exp.name, exp.config_class)
+    check_algorithms(st, algos, state_path, () if exp is not None else (str(cfg_yaml.algo),))
     cfg = build_config(OmegaConf.to_container(cfg_yaml, resolve=True), None, sections)
     algo = (expected_cls or algos[cfg.algo])(cfg)
     seed = int(cfg.seed)

@@ -246,3 +246,21 @@ def test_impala_replay_state_is_plain_and_exact():
         assert a.env_steps == b.env_steps and a.meta == b.meta
         assert all(np.array_equal(a["default"][k], b["default"][k]) and a["default"][k].dtype == b["default"][k].dtype
                    for k in a["default"])
+
+
+def test_multiagent_checkpoint_names_every_policy_by_its_algorithm(tmp_path):
+    run = str(tmp_path / "run")
+    res = flowkit.train(local_overrides(run, "env.factory=ma_envs:TinyTurnGame", "runtime.num_workers=1",
+                                        "runtime.num_envs_per_worker=1", "runtime.rollout_fragment_length=4",
+                                        "multiagent.mapping.p0=learner", "multiagent.mapping.p1=opp",
+                                        "multiagent.policies.opp.algo=random", "stop.iterations=1"))
+    specs = torch.load(os.path.join(res.checkpoint, "state.pt"), weights_only=True)["policy_specs"]
+    assert {p: d["algo"] for p, d in specs.items()} == {"learner": "ppo", "opp": "random"}
+    assert specs["opp"]["extra"]["agents"] == ("p1",) and specs["opp"]["extra"]["trainable"] is False
+    text = open(os.path.join(res.checkpoint, "config.yaml")).read()
+    for used in ("ppo:", "random:", "multiagent:"):
+        assert f"\n{used}" in text, used
+    assert "\ndqn:" not in text and "\nimpala:" not in text
+    algo = flowkit.Algorithm.from_checkpoint(run)
+    assert {p: type(pol).__name__ for p, pol in algo.policies.items()} == {"learner": "PPOPolicy",
+                                                                            "opp": "RandomPolicy"}
