@@ -40,8 +40,9 @@ import os
 import random
 import shutil
 import tempfile
+import warnings
 from collections import OrderedDict
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import gymnasium as gym
 import numpy as np
@@ -342,30 +343,42 @@ def save_checkpoint(ctx: Any, run_dir: str, tag: Optional[str] = None) -> str:
 
     Raises:
         TypeError: a ``get_state`` returned something that is not plain data (named).
+        OSError: the files could not be written (disk full, permissions): the message names
+            the folder; the previous checkpoints are kept and no temp folder is left.
     """
     ck_root = os.path.join(run_dir, "checkpoints")
     os.makedirs(ck_root, exist_ok=True)
     tag = tag or f"iter_{ctx.iteration:06d}"
     final = os.path.join(ck_root, tag)
-    state = checkpoint_state(ctx)
+    plain = to_plain(checkpoint_state(ctx))
+    text = config_yaml(ctx.config, ctx.policy_specs, ctx.pm)
     tmp = tempfile.mkdtemp(prefix=".tmp-", dir=ck_root)
-    save_state(state, os.path.join(tmp, STATE_FILE))
-    with open(os.path.join(tmp, "config.yaml"), "w") as f:
-        f.write(config_yaml(ctx.config, ctx.policy_specs, ctx.pm))
-    for name in os.listdir(tmp):
-        with open(os.path.join(tmp, name), "rb") as f:
-            os.fsync(f.fileno())
-    if os.path.exists(final):
-        shutil.rmtree(final)
+    try:
+        torch.save(plain, os.path.join(tmp, STATE_FILE))
+        with open(os.path.join(tmp, "config.yaml"), "w") as f:
+            f.write(text)
+        for name in os.listdir(tmp):
+            with open(os.path.join(tmp, name), "rb") as f:
+                os.fsync(f.fileno())
+    except (OSError, RuntimeError) as e:  # torch reports a full disk as a RuntimeError
+        shutil.rmtree(tmp, ignore_errors=True)
+        free = shutil.disk_usage(ck_root).free
+        msg = (f"cannot write checkpoint {final!r} ({free} bytes free on that disk; earlier checkpoints are "
+               f"kept): {type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
+        errno = getattr(e, "errno", None)
+        raise (OSError(errno, msg) if errno is not None else OSError(msg)) from e
+    if os.path.exists(final):  # same tag again: move the old one aside, then swap
+        old = tempfile.mkdtemp(prefix=".tmp-old-", dir=ck_root)
+        os.replace(final, os.path.join(old, tag))
     os.replace(tmp, final)
-    for stale in os.listdir(ck_root):  # left by a process killed while saving
+    for stale in os.listdir(ck_root):  # left by a process killed while saving, or moved aside
         if stale.startswith(".tmp-"):
             shutil.rmtree(os.path.join(ck_root, stale), ignore_errors=True)
     keep = int(ctx.config.checkpoint.keep)
     existing = sorted(d for d in os.listdir(ck_root) if d.startswith("iter_"))
-    for old in existing[:-keep] if keep > 0 else []:
-        if os.path.join(ck_root, old) != final:
-            shutil.rmtree(os.path.join(ck_root, old), ignore_errors=True)
+    for old_ck in existing[:-keep] if keep > 0 else []:
+        if os.path.join(ck_root, old_ck) != final:
+            shutil.rmtree(os.path.join(ck_root, old_ck), ignore_errors=True)
     ctx.pm.hook.flowkit_on_checkpoint(path=final, ctx=ctx)
     return final
 
@@ -377,12 +390,12 @@ def read_iteration(ck_dir: str) -> int:
 
 
 def find_checkpoint(path: str) -> str:
-    """A checkpoint folder from a run folder (its newest by iteration), a checkpoint folder
-    or a state.pt.
+    """A checkpoint folder from a run folder (its newest readable one by iteration; an
+    unreadable one is skipped with a warning naming it), a checkpoint folder or a state.pt.
 
     Raises:
         FileNotFoundError: no checkpoint at ``path``.
-        CheckpointError: a candidate of a run folder cannot be read safely (named).
+        CheckpointError: no checkpoint of a run folder can be read safely (the newest named).
     """
     if os.path.isfile(path) and path.endswith(STATE_FILE):
         return os.path.dirname(path)
@@ -392,10 +405,19 @@ def find_checkpoint(path: str) -> str:
     if os.path.isdir(ck_root):
         cands = sorted(d for d in os.listdir(ck_root)
                        if not d.startswith(".") and os.path.isfile(os.path.join(ck_root, d, STATE_FILE)))
-        if cands:
-            # "final" and iter_* both count; the newest by iteration inside wins
-            keys = {d: (read_iteration(os.path.join(ck_root, d)), d == "final") for d in cands}
-            return os.path.join(ck_root, max(cands, key=keys.__getitem__))
+        keys: Dict[str, Tuple[int, bool]] = {}
+        errors: List[CheckpointError] = []
+        for d in cands:  # "final" and iter_* both count; the newest by iteration inside wins
+            try:
+                keys[d] = (read_iteration(os.path.join(ck_root, d)), d == "final")
+            except CheckpointError as e:
+                errors.append(e)
+        if keys:
+            for e in errors:
+                warnings.warn(f"skipped an unreadable checkpoint: {e}", stacklevel=2)
+            return os.path.join(ck_root, max(keys, key=keys.__getitem__))
+        if errors:
+            raise errors[-1]
     raise FileNotFoundError(f"no checkpoint at {path!r} (expected a run folder with checkpoints/, "
                             "a checkpoint folder or a state.pt)")
 

@@ -264,3 +264,41 @@ def test_multiagent_checkpoint_names_every_policy_by_its_algorithm(tmp_path):
     algo = flowkit.Algorithm.from_checkpoint(run)
     assert {p: type(pol).__name__ for p, pol in algo.policies.items()} == {"learner": "PPOPolicy",
                                                                             "opp": "RandomPolicy"}
+
+
+# ---- integrity (issue 13, part 7: the parts that live in this module) ------------------------------
+def test_resume_skips_an_unreadable_checkpoint_naming_it(ppo_run, tmp_path):
+    run = str(tmp_path / "run")
+    shutil.copytree(ppo_run.run_dir, run)
+    good = find_checkpoint(run)
+    newer = os.path.join(run, "checkpoints", "iter_000009")
+    shutil.copytree(good, newer)
+    with open(os.path.join(newer, "state.pt"), "r+b") as f:  # truncated, as a full disk leaves it
+        f.truncate(200)
+    with pytest.warns(UserWarning, match=r"skipped an unreadable checkpoint: .*iter_000009/state.pt"):
+        assert find_checkpoint(run) == good
+
+
+def test_a_failed_checkpoint_write_names_the_folder_and_keeps_the_previous(tmp_path, monkeypatch):
+    from flowkit.checkpoint import save_checkpoint
+    from flowkit.engine import build_plan
+    run = str(tmp_path / "run")
+    pm, cfg = load_config(local_overrides(run, "algo=ppo", "env=CartPole-v1", *TINY_PPO))
+    ctx = setup(cfg, pm, run)
+    plan = build_plan(ctx)
+    next(plan)
+    ctx.iteration = 1
+    first = save_checkpoint(ctx, run)
+
+    def full_disk(*a, **k):
+        raise RuntimeError("[enforce fail at inline_container.cc:778] . PytorchStreamWriter failed writing file")
+    monkeypatch.setattr(torch, "save", full_disk)
+    ctx.iteration = 2
+    with pytest.raises(OSError, match=r"cannot write checkpoint '.*iter_000002'.*earlier checkpoints are kept"):
+        save_checkpoint(ctx, run)
+    monkeypatch.undo()
+    assert sorted(os.listdir(os.path.join(run, "checkpoints"))) == ["iter_000001"]
+    assert find_checkpoint(run) == first and load_state(first)["iteration"] == 1
+    ctx.iteration = 1  # the same tag again replaces it
+    assert save_checkpoint(ctx, run) == first and sorted(os.listdir(os.path.join(run, "checkpoints"))) == ["iter_000001"]
+    ctx.shutdown()
