@@ -413,8 +413,8 @@ def find_checkpoint(path: str) -> str:
             except CheckpointError as e:
                 errors.append(e)
         if keys:
-            for e in errors:
-                warnings.warn(f"skipped an unreadable checkpoint: {e}", stacklevel=2)
+            for err in errors:
+                warnings.warn(f"skipped an unreadable checkpoint: {err}", stacklevel=2)
             return os.path.join(ck_root, max(keys, key=keys.__getitem__))
         if errors:
             raise errors[-1]
