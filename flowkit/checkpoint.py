@@ -73,7 +73,7 @@ def to_plain(obj: Any, where: str = "state") -> Any:
 
     Raises:
         TypeError: anything else (a class instance, a set, a space), naming where it is
-            (``state.stateful['x'].buffer[0]``).
+            (``state['stateful']['x']['buffer'][0]``).
     """
     if isinstance(obj, np.generic):  # before the plain types: np.float64 is a float
         obj = obj.item()
