@@ -25,7 +25,6 @@ import time
 
 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
 
-import torch
 from omegaconf import OmegaConf
 
 COMMON = ["run.reporters=[csv,plot,checkpoint,evaluation]", "runtime.num_workers=2", "runtime.num_envs_per_worker=8"]
@@ -78,6 +77,7 @@ GAMES = {
 def evaluate_run(run_dir: str, overrides):
     """Greedy evaluation of a finished run's final checkpoint with extra ``overrides``
     (e.g. ``evaluation.opponents.prey=random``); returns the evaluation metrics."""
+    from flowkit.checkpoint import load_state
     from flowkit.config import build_config
     from flowkit.engine import find_checkpoint, setup
     from flowkit.hooks import get_plugin_manager
@@ -89,7 +89,7 @@ def evaluate_run(run_dir: str, overrides):
     pm = get_plugin_manager(list(merged.plugins))
     cfg = build_config(OmegaConf.to_container(merged, resolve=True), None, pm.config_sections())
     ctx = setup(cfg, pm)
-    st = torch.load(os.path.join(ck, "state.pt"), weights_only=False, map_location="cpu")
+    st = load_state(ck)
     for pid, ps in st["policies"].items():
         ctx.learner[pid].set_weights(ps["weights"])
     try:

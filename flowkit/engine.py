@@ -49,8 +49,6 @@ import datetime
 import json
 import os
 import random
-import shutil
-import tempfile
 import time
 import warnings
 from typing import Any, Dict, List, Optional, Sequence
@@ -60,6 +58,8 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from flowkit.checkpoint import (config_yaml, find_checkpoint, load_trained, restore, resume_config,  # noqa: F401
+                                save_checkpoint)
 from flowkit.config import ConfigError, build_config, plugin_modules_from, section_view
 from flowkit.core import batch as sb
 from flowkit.core.flow import FlowContext
@@ -370,140 +370,6 @@ def describe_plan(user: Any = None, config_file: Optional[str] = None) -> Dict[s
     return {"text": plan.to_text(), "mermaid": plan.to_mermaid()}
 
 
-# ---- checkpoints ------------------------------------------------------------------------------
-def _rng_state() -> Dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
-
-
-def _set_rng_state(st: Dict[str, Any]) -> None:
-    random.setstate(st["python"])
-    np.random.set_state(st["numpy"])
-    torch.set_rng_state(st["torch"])
-
-
-def save_checkpoint(ctx: RunContext, run_dir: str, tag: Optional[str] = None) -> str:
-    """Write ``checkpoints/<tag>/{state.pt,config.yaml}`` atomically (temp folder, fsync,
-    rename) and keep the newest ``checkpoint.keep``. Returns the folder."""
-    ck_root = os.path.join(run_dir, "checkpoints")
-    os.makedirs(ck_root, exist_ok=True)
-    tag = tag or f"iter_{ctx.iteration:06d}"
-    final = os.path.join(ck_root, tag)
-    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=ck_root)
-    include_replay = bool(ctx.config.checkpoint.include_replay)
-    state = {
-        "format": 1,
-        "iteration": ctx.iteration,
-        "time_total_s": ctx.time_total_s,
-        "counters": dict(ctx.counters),
-        "policies": {pid: p.get_state() for pid, p in ctx.learner.items()},
-        "algorithms": {n: a.get_state() for n, a in ctx.algorithms.items()},
-        "stateful": {n: (o.get_state(include_replay=include_replay) if _takes_kw(o.get_state, "include_replay")
-                         else o.get_state()) for n, o in ctx.stateful.items() if hasattr(o, "get_state")},
-        "plugins": ctx.pm.state_dict(),
-        "rng": _rng_state(),
-        "learner_rng": ctx.rng.bit_generator.state,
-        "windows": {"episode": list(ctx.episode_window), "len": list(ctx.len_window),
-                    "policy": {k: list(v) for k, v in ctx.policy_windows.items()}},
-        "restart_counts": list(ctx.workers.restart_counts),
-        "num_restarts": ctx.workers.num_restarts,
-        "policy_specs": ctx.policy_specs,
-    }
-    torch.save(state, os.path.join(tmp, "state.pt"))
-    with open(os.path.join(tmp, "config.yaml"), "w") as f:
-        f.write(OmegaConf.to_yaml(ctx.config))
-    for name in os.listdir(tmp):
-        with open(os.path.join(tmp, name), "rb") as f:
-            os.fsync(f.fileno())
-    if os.path.exists(final):
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    for stale in os.listdir(ck_root):  # left by a process killed while saving
-        if stale.startswith(".tmp-"):
-            shutil.rmtree(os.path.join(ck_root, stale), ignore_errors=True)
-    keep = int(ctx.config.checkpoint.keep)
-    existing = sorted(d for d in os.listdir(ck_root) if d.startswith("iter_"))
-    for old in existing[:-keep] if keep > 0 else []:
-        if os.path.join(ck_root, old) != final:
-            shutil.rmtree(os.path.join(ck_root, old), ignore_errors=True)
-    ctx.pm.hook.flowkit_on_checkpoint(path=final, ctx=ctx)
-    return final
-
-
-def _takes_kw(fn, name: str) -> bool:
-    import inspect
-    try:
-        return name in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-def find_checkpoint(path: str) -> str:
-    """A checkpoint folder from a run folder (its newest), a checkpoint folder or state.pt."""
-    if os.path.isfile(path) and path.endswith("state.pt"):
-        return os.path.dirname(path)
-    if os.path.isfile(os.path.join(path, "state.pt")):
-        return path
-    ck_root = os.path.join(path, "checkpoints")
-    if os.path.isdir(ck_root):
-        cands = sorted(d for d in os.listdir(ck_root)
-                       if not d.startswith(".") and os.path.isfile(os.path.join(ck_root, d, "state.pt")))
-        if cands:
-            # "final" and iter_* both count; the newest by iteration inside wins
-            best = max(cands, key=lambda d: (torch.load(os.path.join(ck_root, d, "state.pt"),
-                                                        weights_only=False, map_location="cpu")["iteration"],
-                                             d == "final"))
-            return os.path.join(ck_root, best)
-    raise FileNotFoundError(f"no checkpoint at {path!r} (expected a run folder with checkpoints/, "
-                            "a checkpoint folder or a state.pt)")
-
-
-def restore(ctx: RunContext, ck_dir: str) -> None:
-    """Load a checkpoint into a freshly set-up context (before the workers start)."""
-    st = torch.load(os.path.join(ck_dir, "state.pt"), weights_only=False, map_location="cpu")
-    for pid, ps in st["policies"].items():
-        if pid in ctx.learner:
-            ctx.learner[pid].set_state(ps)
-    for n, s in st.get("algorithms", {}).items():
-        if n in ctx.algorithms:
-            ctx.algorithms[n].set_state(s)
-    for n, s in st.get("stateful", {}).items():
-        if n in ctx.stateful:
-            ctx.stateful[n].set_state(s)
-    ctx.pm.load_state_dict(st.get("plugins", {}))
-    ctx.counters.update(st["counters"])
-    ctx.iteration = int(st["iteration"])
-    ctx._time_offset = float(st.get("time_total_s", 0.0))
-    _set_rng_state(st["rng"])
-    ctx.rng.bit_generator.state = st["learner_rng"]
-    w = st.get("windows", {})
-    ctx.episode_window.extend(w.get("episode", []))
-    ctx.len_window.extend(w.get("len", []))
-    for k, v in w.get("policy", {}).items():
-        ctx.policy_windows[k].extend(v)
-    ctx.workers.restart_counts = [rc + 1 for rc in st.get("restart_counts", ctx.workers.restart_counts)][:ctx.workers.num_workers] \
-        + [0] * max(0, ctx.workers.num_workers - len(st.get("restart_counts", [])))
-    ctx.workers.num_restarts = int(st.get("num_restarts", 0))
-
-
-def load_trained(path: str, expected_cls: Optional[type] = None) -> Any:
-    """See :meth:`Algorithm.from_checkpoint`."""
-    ck = find_checkpoint(path)
-    cfg_yaml = OmegaConf.load(os.path.join(ck, "config.yaml"))
-    pm = get_plugin_manager(list(cfg_yaml.get("plugins") or []))
-    algos = pm.algorithms()
-    st = torch.load(os.path.join(ck, "state.pt"), weights_only=False, map_location="cpu")
-    name = cfg_yaml.algo
-    cls = expected_cls or algos[name]
-    cfg = build_config(OmegaConf.to_container(cfg_yaml, resolve=True), None, pm.config_sections())
-    algo = cls(cfg)
-    seed = int(cfg.seed)
-    for pid, spec in st["policy_specs"].items():
-        pol = spec.policy_class(spec.observation_space, spec.action_space, spec.config, cfg.model, "cpu",
-                                derive_seed(seed, "learner", pid))
-        pol.set_state(st["policies"][pid])
-        algo.policies[pid] = pol
-    algo.checkpoint_state = st
-    return algo
 
 
 # ---- train -------------------------------------------------------------------------------------
@@ -526,6 +392,8 @@ def _ray_session(cfg: DictConfig):
         if cfg.runtime.address:
             kw["address"] = cfg.runtime.address
             kw["runtime_env"] = _runtime_env(cfg)
+        else:  # a new local cluster, never one another process happens to run here
+            kw["address"] = "local"
         ray.init(**kw)
         started = True
     try:
@@ -582,17 +450,8 @@ def train(config: Any = None, config_file: Optional[str] = None, plugins: Sequen
     pre = build_config(user, config_file, pm.config_sections())
     run_rows: List[Dict[str, Any]] = []
     if pre.resume:
-        resume_from = find_checkpoint(pre.resume)
-        saved = OmegaConf.load(os.path.join(resume_from, "config.yaml"))
-        from flowkit.config import _as_source
-        over, _ = _as_source(user)
-        over.pop("resume", None)
-        merged = OmegaConf.merge(OmegaConf.create(OmegaConf.to_container(saved, resolve=True)),
-                                 OmegaConf.create(over))
-        cfg = build_config(OmegaConf.to_container(merged, resolve=True), None, pm.config_sections())
+        resume_from, cfg, pm, st_iter = resume_config(user, pre.resume, pm)
         run_dir = os.path.dirname(os.path.dirname(resume_from))
-        st_iter = torch.load(os.path.join(resume_from, "state.pt"), weights_only=False,
-                             map_location="cpu")["iteration"]
         run_rows = kept_rows(run_dir, st_iter)  # rows up to the checkpoint, each iteration once
     else:
         cfg = pre
@@ -605,7 +464,7 @@ def train(config: Any = None, config_file: Optional[str] = None, plugins: Sequen
     ctx = setup(cfg, pm, run_dir)
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "config.yaml"), "w") as f:
-        f.write(OmegaConf.to_yaml(cfg))
+        f.write(config_yaml(cfg, ctx.policy_specs, pm))
     with _ray_session(cfg):
         return _run(ctx, cfg, pm, run_dir, resume_from, run_rows, t_entry)
 

@@ -35,7 +35,9 @@ def one_step(algo: str, ctx, work: str):
         batch = ctx.stateful["dqn/replay_buffer"].sample(32)
         TrainOneStep(ctx)(batch)
     else:
-        batch = torch.load(f"{work}/fixed_batch.pt", weights_only=False)
+        from flowkit.checkpoint import from_plain
+        from flowkit.core.batch import MultiAgentBatch
+        batch = MultiAgentBatch.from_dict(from_plain(torch.load(f"{work}/fixed_batch.pt", weights_only=True)))
         TrainOneStep(ctx, num_epochs=2, minibatch_size=16)(batch)
     return {k: v.copy() for k, v in ctx.learner["default"].get_weights().items()}
 
@@ -55,7 +57,8 @@ def run1(algo: str, work: str):
         next(plan)
     ck = save_checkpoint(ctx, f"{work}/run")
     if algo == "ppo":
-        torch.save(ctx.workers.local_worker().sample(), f"{work}/fixed_batch.pt")
+        from flowkit.checkpoint import save_state
+        save_state(ctx.workers.local_worker().sample().to_dict(), f"{work}/fixed_batch.pt")
     snap = snapshot(ctx)
     weights = one_step(algo, ctx, work)
     ctx.shutdown()
@@ -69,7 +72,8 @@ def run2(algo: str, work: str):
     snap = snapshot(ctx)
     weights = one_step(algo, ctx, work)
     assert not ctx.workers.started
-    torch.save({"snap": snap, "weights": weights}, f"{work}/run2.pt")
+    from flowkit.checkpoint import save_state
+    save_state({"snap": snap, "weights": weights}, f"{work}/run2.pt")
 
 
 if __name__ == "__main__":

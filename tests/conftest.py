@@ -18,7 +18,7 @@ def ray_session():
         here = os.path.dirname(os.path.abspath(__file__))
         path = os.pathsep.join([here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")])
         # test modules (envs, actors defined in tests) importable on Ray workers
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False,
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
                  configure_logging=True, logging_level="error",
                  runtime_env={"env_vars": {"PYTHONPATH": path}})
     yield ray

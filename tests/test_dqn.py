@@ -13,6 +13,7 @@ import torch
 import flowkit
 from conftest import local_overrides
 from flowkit import ConfigError
+from flowkit.checkpoint import from_plain, load_state
 from flowkit.core import batch as sb
 from flowkit.core.flow import NOT_READY
 from flowkit.engine import build_plan, load_config, setup
@@ -251,7 +252,7 @@ def test_c11_checkpoint_restore_continues_the_same_run(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     for algo, w in work.items():
         ck, s1, w1 = r1[algo]
-        out = torch.load(f"{w}/run2.pt", weights_only=False)
+        out = from_plain(torch.load(f"{w}/run2.pt", weights_only=True))
         s2, w2 = out["snap"], out["weights"]
         assert s2["counters"] == s1["counters"]
         assert s2["num_updates"] == s1["num_updates"] > 0
@@ -261,7 +262,7 @@ def test_c11_checkpoint_restore_continues_the_same_run(tmp_path):
             np.testing.assert_array_equal(w1[k], w2[k], err_msg=f"{algo}: {k}")
     assert r1["dqn"][1]["counters"]["env_steps_sampled"] == 300
     assert r1["dqn"][1]["epsilon"] == pytest.approx(1 - 0.95 * 300 / 500) == pytest.approx(0.43)
-    out = torch.load(f"{work['dqn']}/run2.pt", weights_only=False)
+    out = from_plain(torch.load(f"{work['dqn']}/run2.pt", weights_only=True))
     assert out["snap"]["epsilon"] == pytest.approx(0.43)
 
 
@@ -277,7 +278,7 @@ def test_train_resume_continues_counters_and_replay(run_dir):
     assert r2.metrics["env_steps_sampled"] == 300
     assert r2.metrics["iteration"] > r1.metrics["iteration"]
     assert r2.metrics["learner/default/epsilon"] == pytest.approx(1 - 0.98 * 300 / 500)
-    st = torch.load(os.path.join(r2.checkpoint, "state.pt"), weights_only=False)
+    st = load_state(r2.checkpoint)
     assert st["stateful"]["dqn/replay_buffer"]["buffers"]["default"]["storage"]["size"] == 300
 
 

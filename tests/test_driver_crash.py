@@ -11,8 +11,8 @@ import subprocess
 import sys
 import time
 
-import torch
 
+from flowkit.checkpoint import load_state
 from flowkit.engine import find_checkpoint, read_metrics
 
 FLOWKIT = [sys.executable, "-m", "flowkit.cli"]
@@ -52,7 +52,7 @@ def test_driver_sigkill_then_resume(tmp_path):
     with open(os.path.join(run_dir, "metrics.csv"), "a") as f:
         f.write("1,3")
     ck = find_checkpoint(run_dir)
-    n = torch.load(os.path.join(ck, "state.pt"), weights_only=False)["iteration"]
+    n = load_state(ck)["iteration"]
     assert n >= 3 and os.path.basename(ck) == f"iter_{n:06d}"
 
     out = subprocess.run(FLOWKIT + ["train", f"resume={run_dir}", f"stop.iterations={n + 2}", "run.reporters=[csv,plot,checkpoint,evaluation]"],
@@ -66,6 +66,6 @@ def test_driver_sigkill_then_resume(tmp_path):
     assert all(len(line) == len(lines[0]) for line in lines)  # no torn row left
     for d in os.listdir(ck_root):  # every checkpoint left loads; no temp folder survives
         assert not d.startswith("."), d
-        st = torch.load(os.path.join(ck_root, d, "state.pt"), weights_only=False)
+        st = load_state(os.path.join(ck_root, d))
         assert st["counters"]["env_steps_sampled"] == 32 * st["iteration"]
     assert find_checkpoint(run_dir).endswith(f"iter_{n + 2:06d}")

@@ -15,6 +15,7 @@ import torch
 
 import flowkit
 from conftest import local_overrides
+from flowkit.checkpoint import load_state
 from flowkit.core import batch as sb
 from flowkit.core.flow import NOT_READY, FlowContext, TimerStat, from_items
 from flowkit.core.learner_thread import (Dequeue, Enqueue, LearnerThread, PushWeightsToSource,
@@ -376,7 +377,7 @@ def test_local_run_reports_lag_queue_and_cpu_and_checkpoints(run_dir, mode):
     assert m["env_steps_trained"] > 0 and np.isfinite(m["learner/default/total_loss"])
     assert m["learner/default/policy_lag_mean"] >= 0
     assert "perf/cpu_util_driver" in m and "perf/learner_queue_size" in m
-    st = torch.load(os.path.join(res.checkpoint, "state.pt"), weights_only=False)
+    st = load_state(res.checkpoint)
     # the learner may have finished updates the Dequeue branch has not counted yet
     assert st["stateful"]["impala_learner"]["num_updates"] >= st["counters"]["num_updates"] > 0
     assert st["stateful"]["impala_replay"]["buffer"]

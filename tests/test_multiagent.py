@@ -7,6 +7,7 @@ import pytest
 
 import flowkit
 from flowkit import ConfigError
+from flowkit.checkpoint import load_state
 from flowkit.core import batch as sb
 from flowkit.core.policy import RandomPolicy
 from flowkit.engine import build_plan, load_config, setup
@@ -270,10 +271,8 @@ def test_frozen_policy_from_checkpoint(run_dir, tmp_path):
     first = flowkit.train(local_overrides(run_dir, SCOUT, *C04_MAP, "runtime.num_workers=1",
                                           "runtime.num_envs_per_worker=1", "runtime.rollout_fragment_length=5",
                                           "stop.iterations=1"))
-    import torch
     from flowkit.engine import find_checkpoint
-    import os
-    st = torch.load(os.path.join(find_checkpoint(first.run_dir), "state.pt"), weights_only=False)
+    st = load_state(find_checkpoint(first.run_dir))
     saved = st["policies"]["tank_pol"]["weights"]
     pm, cfg = load_config(local_overrides(str(tmp_path / "r2"), SCOUT, *C04_MAP, "runtime.num_workers=1",
                                           "runtime.num_envs_per_worker=1", "runtime.rollout_fragment_length=5",
@@ -355,10 +354,8 @@ def test_evaluation_opponent_from_checkpoint(run_dir, tmp_path):
     ctx = setup(cfg, pm)
     out = ctx.evaluate()
     assert out["evaluation/learner/win_rate"] == 1.0 and out["evaluation_episodes"] == 4  # p0 always wins
-    import os
-    import torch
     from flowkit.engine import find_checkpoint
-    saved = torch.load(os.path.join(find_checkpoint(first.run_dir), "state.pt"), weights_only=False)
+    saved = load_state(find_checkpoint(first.run_dir))
     opp = ctx._eval_worker.runner._opponents["opp"]
     assert all(np.array_equal(opp.get_weights()[k], v) for k, v in saved["policies"]["opp"]["weights"].items())
     ctx.shutdown()

@@ -83,7 +83,7 @@ class Algorithm:
         Raises:
             FileNotFoundError: no checkpoint at ``path``.
         """
-        from flowkit.engine import load_trained
+        from flowkit.checkpoint import load_trained
         return load_trained(path, cls if cls is not Algorithm else None)
 
     def get_policy(self, policy_id: Optional[str] = None) -> Any:

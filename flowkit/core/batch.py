@@ -12,7 +12,7 @@ they build new batches (:meth:`SampleBatch.copy`, :func:`concat_samples`).
 """
 from __future__ import annotations
 
-from typing import Dict, Iterable, List, Mapping, Optional
+from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 import numpy as np
 
@@ -148,6 +148,19 @@ class MultiAgentBatch:
         """A new batch with only ``policy_ids`` (env_steps kept, agent_steps recounted)."""
         keep = {p: b for p, b in self.policy_batches.items() if p in set(policy_ids)}
         return MultiAgentBatch(keep, self.env_steps, None, self.episodes, self.worker_index, self.meta)
+
+    def to_dict(self) -> Dict[str, Any]:
+        """Plain data (columns stay numpy arrays, shared, not copied), e.g. for checkpoints."""
+        return {"policy_batches": {p: dict(b) for p, b in self.policy_batches.items()},
+                "env_steps": self.env_steps, "agent_steps": self.agent_steps, "episodes": self.episodes,
+                "worker_index": self.worker_index, "meta": self.meta}
+
+    @staticmethod
+    def from_dict(d: Mapping[str, Any]) -> "MultiAgentBatch":
+        """The batch :meth:`to_dict` described."""
+        pbs = {p: SampleBatch({k: np.asarray(v) for k, v in cols.items()})
+               for p, cols in d["policy_batches"].items()}
+        return MultiAgentBatch(pbs, d["env_steps"], d["agent_steps"], d["episodes"], d["worker_index"], d["meta"])
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{p}: {len(b)}" for p, b in self.policy_batches.items())

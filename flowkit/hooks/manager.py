@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata as md
 import inspect
-from typing import TYPE_CHECKING, Any, Dict, List, Sequence, Type
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Type
 
 import pluggy
 
@@ -30,6 +30,15 @@ class PluginManager(pluggy.PluginManager):
         super().__init__("flowkit")
         self.add_hookspecs(specs)
         self.dists: Dict[str, str] = {}  # plugin name -> "dist version"
+        self._registry: Dict[str, Dict[str, Any]] = {}  # registration results, until the next (un)register
+
+    def register(self, plugin: Any, name: Optional[str] = None) -> Optional[str]:
+        self._registry.clear()
+        return super().register(plugin, name)
+
+    def unregister(self, plugin: Any = None, name: Optional[str] = None) -> Any:
+        self._registry.clear()
+        return super().unregister(plugin, name)
 
     def parse_hookimpl_opts(self, plugin, name):
         opts = super().parse_hookimpl_opts(plugin, name)
@@ -42,10 +51,12 @@ class PluginManager(pluggy.PluginManager):
     # ---- algorithms --------------------------------------------------------------------------
     def algorithms(self) -> Dict[str, Type[Algorithm]]:
         """``{name: Algorithm class}``; a name contributed twice is an error naming both."""
-        return self._named("algorithm", self.hook.flowkit_add_algorithms.get_hookimpls())
+        return self._named("algorithm", self.hook.flowkit_add_algorithms)
 
-    @staticmethod
-    def _named(kind: str, impls: Sequence[Any]) -> Dict[str, Any]:
+    def _named(self, kind: str, hook: Any) -> Dict[str, Any]:
+        if kind in self._registry:
+            return self._registry[kind]
+        impls = hook.get_hookimpls()
         out: Dict[str, Any] = {}
         owner: Dict[str, str] = {}
         for impl in impls:
@@ -57,15 +68,18 @@ class PluginManager(pluggy.PluginManager):
                     raise PluginError(f"{kind} {name!r} is contributed twice: by plugin "
                                       f"{owner[name]!r} and by plugin {impl.plugin_name!r}")
                 out[name], owner[name] = cls, impl.plugin_name
+        self._registry[kind] = out
         return out
 
     def reporters(self) -> Dict[str, type]:
         """``{name: reporter class}`` from ``flowkit_add_reporters``; a name contributed
         twice is an error naming both plugins."""
-        return self._named("reporter", self.hook.flowkit_add_reporters.get_hookimpls())
+        return self._named("reporter", self.hook.flowkit_add_reporters)
 
     def config_sections(self) -> Dict[str, type]:
         """Algorithm sections (keyed by algorithm name) plus plugin sections."""
+        if "section" in self._registry:
+            return self._registry["section"]
         secs: Dict[str, type] = {name: cls.config_class for name, cls in self.algorithms().items()
                                  if cls.config_class is not None}
         for d in self.hook.flowkit_add_config_sections():
@@ -73,6 +87,7 @@ class PluginManager(pluggy.PluginManager):
                 if k in secs and secs[k] is not v:
                     raise PluginError(f"config section {k!r} is contributed twice")
                 secs[k] = v
+        self._registry["section"] = secs
         return secs
 
     def state_dict(self) -> Dict[str, Any]:

@@ -374,7 +374,8 @@ def flowkit_state_dict() -> Optional[Dict[str, Any]]:
     """Plugin state to store in checkpoints.
 
     Returns:
-        plain data (numbers, strings, lists, dicts, arrays), or None for none. The manager
+        plain data only (tensors, numpy arrays, numbers, strings, None, lists/tuples/dicts of
+        those; an object fails the save, naming where it is), or None for none. The manager
         stores it under the plugin's name.
     Runs on: driver (called by ``save_checkpoint``, not through ``pm.hook``).
     Implement in: stateful plugins (curricula, opponent pools).

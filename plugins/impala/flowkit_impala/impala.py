@@ -272,13 +272,14 @@ class MixInReplay:
         return out
 
     def get_state(self, include_replay: bool = True) -> Dict[str, Any]:
-        return {"rng": self.rng.bit_generator.state, "buffer": list(self.buffer) if include_replay else None}
+        return {"rng": self.rng.bit_generator.state,
+                "buffer": [b.to_dict() for b in self.buffer] if include_replay else None}
 
     def set_state(self, state: Dict[str, Any]) -> None:
         self.rng.bit_generator.state = state["rng"]
         if state.get("buffer") is not None:
             self.buffer.clear()
-            self.buffer.extend(state["buffer"])
+            self.buffer.extend(sb.MultiAgentBatch.from_dict(d) for d in state["buffer"])
 
 
 # ---- the algorithm --------------------------------------------------------------------------------

@@ -307,7 +307,7 @@ class _MultiAgentRunner:
         for pid in opp:
             if pid not in self._opponents:
                 self._opponents[pid] = build_opponent(self.config, pid, self.worker.policies[pid],
-                                                      self.worker.index + 7919)
+                                                      self.worker.index + 7919, self.worker.pm.algorithms())
         self._acting = dict(self.policies)
         self._acting.update(self._opponents)
         self._eval, self._explore = True, explore

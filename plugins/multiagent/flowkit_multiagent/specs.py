@@ -235,27 +235,38 @@ def section_view_of(data: Dict[str, Any]) -> DictConfig:
 
 
 # ---- checkpoints ------------------------------------------------------------------------------
-def load_checkpoint_policy(path: str, pid: str, want: Optional[str] = None, key: str = "") -> Tuple[Any, Dict[str, Any]]:
-    """``(PolicySpec, policy state)`` of one policy stored in a flowkit checkpoint.
+def load_checkpoint_policy(path: str, pid: str, want: Optional[str] = None, key: str = "",
+                           algorithms: Optional[Dict[str, type]] = None) -> Tuple[PolicySpec, Dict[str, Any]]:
+    """``(PolicySpec, policy state)`` of one policy stored in a flowkit checkpoint, read as
+    plain data (nothing in the file is run); its policy class is that of the registered
+    algorithm the checkpoint names (``algorithms``, default: every importable one).
 
     Picks ``want``, else the policy of the same id ``pid``, else the checkpoint's only policy.
 
     Raises:
-        ConfigError: no checkpoint at ``path`` or no such policy in it (naming ``key``).
+        ConfigError: no checkpoint at ``path``, a file refused as not plain data, an algorithm
+            that is not registered, or no such policy in it (naming ``key`` and the file).
     """
-    import torch
-    from flowkit.engine import find_checkpoint
+    from flowkit.checkpoint import STATE_FILE, CheckpointError, find_checkpoint, load_state, spec_from_dict
     try:
         ck = find_checkpoint(path)
-    except FileNotFoundError as e:
+        state_path = os.path.join(ck, STATE_FILE)
+        st = load_state(state_path)
+    except (FileNotFoundError, CheckpointError) as e:
         raise ConfigError(f"{key}={path!r}: {e}") from None
-    st = torch.load(os.path.join(ck, "state.pt"), weights_only=False, map_location="cpu")
     pols = st["policies"]
     pick = want or (pid if pid in pols else (next(iter(pols)) if len(pols) == 1 else None))
     if pick not in pols:
         raise ConfigError(f"{key}={path!r}: the checkpoint holds policies {sorted(pols)}, not "
                           f"{(want or pid)!r}; name one with multiagent.policies.{pid}.checkpoint_policy")
-    return st["policy_specs"][pick], pols[pick]
+    if algorithms is None:
+        from flowkit.hooks import get_plugin_manager
+        algorithms = get_plugin_manager().algorithms()
+    try:
+        spec = spec_from_dict(st["policy_specs"][pick], algorithms, state_path)
+    except CheckpointError as e:
+        raise ConfigError(f"{key}={path!r}: {e}") from None
+    return spec, pols[pick]
 
 
 def check_same_spaces(what: str, spec: Any, obs_space: gym.Space, act_space: gym.Space) -> None:
@@ -316,7 +327,7 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, type]) -> Dic
         ck_spec = None
         if ck_path:
             key = f"multiagent.policies.{pid}.checkpoint"
-            ck_spec, init_state = load_checkpoint_policy(ck_path, pid, pc.checkpoint_policy, key)
+            ck_spec, init_state = load_checkpoint_policy(ck_path, pid, pc.checkpoint_policy, key, algorithms)
             check_same_spaces(f"{key}={ck_path!r}", ck_spec, o, a)
             algo = algo or ck_spec.algo
         algo = algo or config.algo
@@ -383,18 +394,20 @@ def _check_opponents(config: Any, specs: Dict[str, MAPolicySpec], algorithms: Di
             raise ConfigError(f"{key}: no policy {pid!r} in this run (policies: {', '.join(specs)}){hint}")
         if str(what) == RANDOM:
             continue
-        ck_spec, _ = load_checkpoint_policy(str(what), pid, None, key)
+        ck_spec, _ = load_checkpoint_policy(str(what), pid, None, key, algorithms)
         check_same_spaces(f"{key}={what!r}", ck_spec, specs[pid].observation_space, specs[pid].action_space)
 
 
-def build_opponent(config: Any, pid: str, spec: PolicySpec, seed: int) -> Any:
-    """The fixed policy that replaces ``pid`` in evaluation (``random`` or a checkpoint)."""
+def build_opponent(config: Any, pid: str, spec: PolicySpec, seed: int,
+                   algorithms: Optional[Dict[str, type]] = None) -> Any:
+    """The fixed policy that replaces ``pid`` in evaluation (``random`` or a checkpoint whose
+    algorithm is in ``algorithms``, default: every importable one)."""
     from flowkit.core.policy import RandomPolicy
     what = str(config.evaluation.opponents[pid])
     if what == RANDOM:
         return RandomPolicy(spec.observation_space, spec.action_space, None, config.model, "cpu", seed,
                             inference_only=True)
-    ck_spec, state = load_checkpoint_policy(what, pid, None, f"evaluation.opponents.{pid}")
+    ck_spec, state = load_checkpoint_policy(what, pid, None, f"evaluation.opponents.{pid}", algorithms)
     pol = ck_spec.policy_class(ck_spec.observation_space, ck_spec.action_space, ck_spec.config, config.model,
                                "cpu", seed, inference_only=True)
     pol.set_weights(state["weights"])

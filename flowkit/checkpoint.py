@@ -1,0 +1,534 @@
+"""Checkpoints are data: writing, finding, restoring and loading them.
+
+A checkpoint is a folder ``<run>/checkpoints/<tag>/`` with two files:
+
+- ``state.pt``: ``torch.save`` of plain data only -- tensors, numbers, strings, bools, None
+  and lists, tuples and dicts of those -- read back with ``torch.load(weights_only=True)``,
+  so loading a checkpoint never runs anything stored in it (a pickled object is refused
+  with a :class:`CheckpointError` naming the file). numpy arrays are stored as a one-key
+  dict ``{"__ndarray__": tensor}`` and come back as numpy arrays (:func:`to_plain`,
+  :func:`from_plain`); ``get_state``/``set_state`` of policies, algorithms, stateful
+  objects and plugins exchange plain data (numpy arrays included) and never objects.
+- ``config.yaml``: the run's config with only the sections the run uses
+  (:func:`config_yaml`); a missing section is filled with its defaults when loaded.
+
+``state.pt`` (format 2)::
+
+    format: 2
+    iteration: int, time_total_s: float, counters: {name: int}
+    policy_specs: {policy_id: {algo, algo_module, observation_space, action_space,
+                               config, extra}}    # spaces: space_to_dict; config: a dict
+    policies: {policy_id: Policy.get_state()}       # weights, optimizer, RNG states
+    algorithms: {name: Algorithm.get_state()}
+    stateful: {name: obj.get_state(include_replay=...)}  # replay buffers, learner threads
+    plugins: {plugin name: flowkit_state_dict()}
+    rng: {python, numpy, torch}, learner_rng: numpy bit-generator state
+    windows: {episode, len, policy}, restart_counts: [int], num_restarts: int
+
+Classes are named, never stored: a policy by the registered name of the algorithm that
+trains it (``ppo``, ``random``), looked up in the plugin registry when loading. A
+checkpoint whose algorithm is not registered fails with one line naming it and how to
+register it. Modules named in ``config.yaml`` (``plugins=[...]``) are imported, as for any
+run: installed code is trusted, the checkpoint is not.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import os
+import random
+import shutil
+import tempfile
+import warnings
+from collections import OrderedDict
+from typing import Any, Dict, List, Optional, Tuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+from omegaconf import DictConfig, OmegaConf
+
+from flowkit.config import Config, ConfigError, build_config
+from flowkit.core.workers import PolicySpec, derive_seed
+from flowkit.hooks import PluginError, get_plugin_manager
+
+FORMAT = 2
+STATE_FILE = "state.pt"
+_ND = "__ndarray__"
+_PLAIN = (int, float, bool, str, type(None))
+_HOW_TO_REGISTER = ("register it before loading: install its package (entry-point group `flowkit`), "
+                    "name its module in `plugins=[module]`, or call flowkit.register(plugin) in this process")
+
+
+class CheckpointError(ConfigError):
+    """A checkpoint that cannot be used: not format 2, not plain data, or naming an algorithm
+    that is not registered. The message is one line and names the file."""
+
+
+# ---- plain data ----------------------------------------------------------------------------------
+def to_plain(obj: Any, where: str = "state") -> Any:
+    """``obj`` as plain data for ``torch.save``: numpy arrays become ``{"__ndarray__": tensor}``,
+    numpy scalars Python numbers, tuples stay tuples.
+
+    Raises:
+        TypeError: anything else (a class instance, a set, a space), naming where it is
+            (``state['stateful']['x']['buffer'][0]``).
+    """
+    if isinstance(obj, np.generic):  # before the plain types: np.float64 is a float
+        obj = obj.item()
+        if type(obj) in _PLAIN:
+            return obj
+    elif type(obj) in _PLAIN:
+        return obj
+    elif isinstance(obj, torch.Tensor):
+        return obj.detach()
+    elif isinstance(obj, np.ndarray):
+        if obj.dtype.hasobject or obj.dtype.kind not in "biufc":
+            raise TypeError(f"{where}: a numpy array of dtype {obj.dtype} cannot be stored in a checkpoint")
+        a = np.ascontiguousarray(obj if obj.dtype.isnative else obj.astype(obj.dtype.newbyteorder("=")))
+        return {_ND: torch.from_numpy(a if a.flags.writeable else a.copy())}
+    elif isinstance(obj, (list, tuple)) and type(obj) in (list, tuple, torch.Size):
+        out = [to_plain(v, f"{where}[{i}]") for i, v in enumerate(obj)]
+        return out if type(obj) is list else tuple(out)
+    elif isinstance(obj, dict) and (type(obj) is dict or type(obj).__module__ == "collections"):
+        out_d: Dict[Any, Any] = OrderedDict() if type(obj) is OrderedDict else {}
+        for k, v in obj.items():
+            if type(k) not in _PLAIN or k == _ND:
+                raise TypeError(f"{where}: key {k!r} cannot be stored in a checkpoint")
+            out_d[k] = to_plain(v, f"{where}[{k!r}]")
+        return out_d
+    raise TypeError(f"{where} is a {type(obj).__module__}.{type(obj).__qualname__}, not plain data "
+                    "(tensors, numpy arrays, numbers, strings, None, lists/tuples/dicts of those): "
+                    "get_state must return plain data")
+
+
+def from_plain(obj: Any) -> Any:
+    """The inverse of :func:`to_plain`: ``{"__ndarray__": tensor}`` back to numpy arrays."""
+    if isinstance(obj, dict):
+        if len(obj) == 1 and _ND in obj:
+            return obj[_ND].numpy()
+        return type(obj)((k, from_plain(v)) for k, v in obj.items())
+    if isinstance(obj, list):
+        return [from_plain(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(from_plain(v) for v in obj)
+    return obj
+
+
+def save_state(state: Dict[str, Any], path: str) -> None:
+    """``torch.save`` of ``to_plain(state)`` (raises TypeError before writing anything)."""
+    torch.save(to_plain(state), path)
+
+
+def _why(e: BaseException) -> str:
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    for ln in lines:
+        if "GLOBAL" in ln or ln.startswith("Unsupported"):
+            return ln
+    return lines[-1] if lines else type(e).__name__
+
+
+def load_state(path: str) -> Dict[str, Any]:
+    """Read a ``state.pt`` (format 2) with ``torch.load(weights_only=True)``: nothing in the
+    file is executed. Numpy arrays come back as numpy arrays.
+
+    Raises:
+        CheckpointError: no such file, a file that is not plain data (an old checkpoint or a
+            pickle payload: refused, never run), or not format 2; the message names the file.
+    """
+    if os.path.isdir(path):
+        path = os.path.join(path, STATE_FILE)
+    try:
+        st = torch.load(path, weights_only=True, map_location="cpu")
+    except FileNotFoundError:
+        raise CheckpointError(f"checkpoint file {path!r} does not exist") from None
+    except Exception as e:
+        raise CheckpointError(f"checkpoint file {path!r} was refused: it holds pickled objects, not plain data "
+                              f"(a checkpoint written before format {FORMAT}, or not a flowkit checkpoint); "
+                              f"nothing in it was run ({_why(e)})") from None
+    if not isinstance(st, dict) or st.get("format") != FORMAT:
+        got = st.get("format") if isinstance(st, dict) else type(st).__name__
+        raise CheckpointError(f"checkpoint file {path!r} is in format {got!r}, not {FORMAT}: checkpoints written "
+                              "before flowkit stored plain data cannot be loaded; train again")
+    return from_plain(st)
+
+
+# ---- spaces and policy specs -------------------------------------------------------------------
+def space_to_dict(space: gym.Space) -> Dict[str, Any]:
+    """A plain description of a Box, Discrete, MultiDiscrete, MultiBinary, Dict or Tuple space
+    (nested); Dict keeps its key order.
+
+    Raises:
+        TypeError: any other space.
+    """
+    s = gym.spaces
+    if type(space) is s.Box:
+        return {"type": "Box", "low": space.low, "high": space.high, "shape": list(space.shape),
+                "dtype": np.dtype(space.dtype).name}
+    if type(space) is s.Discrete:
+        return {"type": "Discrete", "n": int(space.n), "start": int(space.start), "dtype": np.dtype(space.dtype).name}
+    if type(space) is s.MultiDiscrete:
+        return {"type": "MultiDiscrete", "nvec": space.nvec, "start": space.start, "dtype": np.dtype(space.dtype).name}
+    if type(space) is s.MultiBinary:
+        n: Any = space.n
+        return {"type": "MultiBinary", "n": int(n) if np.ndim(n) == 0 else [int(x) for x in n]}
+    if type(space) is s.Dict:
+        return {"type": "Dict", "spaces": [[k, space_to_dict(v)] for k, v in space.spaces.items()]}
+    if type(space) is s.Tuple:
+        return {"type": "Tuple", "spaces": [space_to_dict(v) for v in space.spaces]}
+    raise TypeError(f"cannot store a {type(space).__module__}.{type(space).__name__} space in a checkpoint "
+                    "(supported: Box, Discrete, MultiDiscrete, MultiBinary, Dict, Tuple)")
+
+
+def space_from_dict(d: Dict[str, Any]) -> gym.Space:
+    """The space :func:`space_to_dict` described (ValueError for an unknown ``type``)."""
+    s, kind = gym.spaces, d.get("type")
+    if kind == "Box":
+        return s.Box(np.asarray(d["low"]), np.asarray(d["high"]), tuple(d["shape"]), np.dtype(d["dtype"]))
+    if kind == "Discrete":
+        return s.Discrete(int(d["n"]), start=int(d["start"]), dtype=np.dtype(d["dtype"]))
+    if kind == "MultiDiscrete":
+        return s.MultiDiscrete(np.asarray(d["nvec"]), dtype=np.dtype(d["dtype"]), start=np.asarray(d["start"]))
+    if kind == "MultiBinary":
+        return s.MultiBinary(d["n"])
+    if kind == "Dict":
+        return s.Dict([(k, space_from_dict(v)) for k, v in d["spaces"]], sort_keys=False)
+    if kind == "Tuple":
+        return s.Tuple([space_from_dict(v) for v in d["spaces"]])
+    raise ValueError(f"unknown space type {kind!r} in a checkpoint")
+
+
+_SPEC_FIELDS = {f.name for f in dataclasses.fields(PolicySpec)}
+
+
+def spec_to_dict(spec: PolicySpec, algo_cls: Optional[type] = None) -> Dict[str, Any]:
+    """A policy spec as plain data: its algorithm by registered name (``algo_module``, where
+    the algorithm class was defined, only for error messages), spaces described, the config
+    dataclass as a dict, and the fields of PolicySpec subclasses (``extra``; ``init_state``,
+    weights loaded from another checkpoint, is left out)."""
+    conf = spec.config
+    if dataclasses.is_dataclass(conf) and not isinstance(conf, type):
+        conf = dataclasses.asdict(conf)
+    elif isinstance(conf, DictConfig):
+        conf = OmegaConf.to_container(conf, resolve=True)
+    extra = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)
+             if f.name not in _SPEC_FIELDS and f.name != "init_state"}
+    return {"algo": spec.algo, "algo_module": getattr(algo_cls, "__module__", None),
+            "observation_space": space_to_dict(spec.observation_space),
+            "action_space": space_to_dict(spec.action_space), "config": conf, "extra": extra}
+
+
+def missing_algorithm(name: str, path: str, module: Optional[str], registered: Any) -> CheckpointError:
+    """The one-line error for a checkpoint naming an algorithm that is not registered."""
+    where = f" (it was defined in module `{module}`)" if module else ""
+    return CheckpointError(f"checkpoint {path!r} needs algorithm {name!r}{where}, which is not registered "
+                           f"here (registered: {', '.join(sorted(registered))}); {_HOW_TO_REGISTER}")
+
+
+def check_algorithms(state: Dict[str, Any], algorithms: Dict[str, type], path: str,
+                     extra: Tuple[str, ...] = ()) -> None:
+    """Raise :func:`missing_algorithm` for the first algorithm of ``state`` (or ``extra``)
+    not in ``algorithms``."""
+    need = [(d["algo"], d.get("algo_module")) for d in state["policy_specs"].values()]
+    for name, module in need + [(n, None) for n in extra]:
+        if name not in algorithms:
+            raise missing_algorithm(name, path, module, algorithms)
+
+
+def spec_from_dict(d: Dict[str, Any], algorithms: Dict[str, type], path: str = "?") -> PolicySpec:
+    """The :class:`PolicySpec` of :func:`spec_to_dict`, its policy class that of the registered
+    algorithm named ``d["algo"]`` (``extra`` fields are not restored).
+
+    Raises:
+        CheckpointError: the algorithm is not registered, or its config no longer fits.
+    """
+    name = d["algo"]
+    cls: Any = algorithms.get(name)
+    if cls is None:
+        raise missing_algorithm(name, path, d.get("algo_module"), algorithms)
+    conf = d["config"]
+    cfg_cls = getattr(cls, "config_class", None)
+    if cfg_cls is not None and conf is not None:
+        try:
+            data: Any = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(cfg_cls), conf), resolve=True)
+            conf = cfg_cls(**data)
+        except Exception as e:
+            raise CheckpointError(f"checkpoint {path!r}: the {name!r} config it stores does not fit the installed "
+                                  f"algorithm: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    return PolicySpec(cls.policy_class, space_from_dict(d["observation_space"]),
+                      space_from_dict(d["action_space"]), conf, name)
+
+
+# ---- config.yaml: the sections the run uses -----------------------------------------------------------
+def used_config(cfg: DictConfig, specs: Dict[str, PolicySpec], pm: Any) -> Dict[str, Any]:
+    """``cfg`` as a plain dict with the core sections, the sections of the algorithms that
+    train or act for a policy, and plugin sections that differ from their defaults or whose
+    plugin made the policy specs (``multiagent``); other algorithms' sections are left out."""
+    data: Any = OmegaConf.to_container(cfg, resolve=True)
+    base = {f.name for f in dataclasses.fields(Config)}
+    algos = set(pm.algorithms())
+    used = {s.algo for s in specs.values()}
+    spec_pkgs = {type(s).__module__.split(".")[0] for s in specs.values()}
+    sections = pm.config_sections()
+    out: Dict[str, Any] = {}
+    for k, v in data.items():
+        if k in base or k in used:
+            out[k] = v
+        elif k not in algos and k in sections:
+            default = OmegaConf.to_container(OmegaConf.structured(sections[k]), resolve=True)
+            if v != default or sections[k].__module__.split(".")[0] in spec_pkgs:
+                out[k] = v
+    return out
+
+
+def config_yaml(cfg: DictConfig, specs: Dict[str, PolicySpec], pm: Any) -> str:
+    """The text of a run's or checkpoint's ``config.yaml`` (see :func:`used_config`)."""
+    return OmegaConf.to_yaml(OmegaConf.create(used_config(cfg, specs, pm)))
+
+
+# ---- the run context (one place that reads it) ------------------------------------------------------
+def _policies(ctx: Any) -> Dict[str, Any]:
+    """``{policy_id: Policy}`` of the driver (renamed ``ctx.policies`` by the Learner redesign)."""
+    return ctx.learner
+
+
+def _rng_state() -> Dict[str, Any]:
+    return {"python": random.getstate(), "numpy": np.random.get_state(legacy=False),
+            "torch": torch.get_rng_state()}
+
+
+def _set_rng_state(st: Dict[str, Any]) -> None:
+    py = st["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    np.random.set_state(st["numpy"])
+    torch.set_rng_state(st["torch"])
+
+
+def _takes_kw(fn, name: str) -> bool:
+    try:
+        return name in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+def checkpoint_state(ctx: Any) -> Dict[str, Any]:
+    """Everything exact resume needs, as plain data (numpy arrays not yet converted)."""
+    include_replay = bool(ctx.config.checkpoint.include_replay)
+    registry = ctx.pm.algorithms()
+    return {
+        "format": FORMAT,
+        "iteration": ctx.iteration,
+        "time_total_s": ctx.time_total_s,
+        "counters": dict(ctx.counters),
+        "policy_specs": {pid: spec_to_dict(s, registry.get(s.algo)) for pid, s in ctx.policy_specs.items()},
+        "policies": {pid: p.get_state() for pid, p in _policies(ctx).items()},
+        "algorithms": {n: a.get_state() for n, a in ctx.algorithms.items()},
+        "stateful": {n: (o.get_state(include_replay=include_replay) if _takes_kw(o.get_state, "include_replay")
+                         else o.get_state()) for n, o in ctx.stateful.items() if hasattr(o, "get_state")},
+        "plugins": ctx.pm.state_dict(),
+        "rng": _rng_state(),
+        "learner_rng": ctx.rng.bit_generator.state,
+        "windows": {"episode": list(ctx.episode_window), "len": list(ctx.len_window),
+                    "policy": {k: list(v) for k, v in ctx.policy_windows.items()}},
+        "restart_counts": list(ctx.workers.restart_counts),
+        "num_restarts": ctx.workers.num_restarts,
+    }
+
+
+# ---- write, find, restore, load --------------------------------------------------------------------
+def save_checkpoint(ctx: Any, run_dir: str, tag: Optional[str] = None) -> str:
+    """Write ``checkpoints/<tag>/{state.pt,config.yaml}`` atomically (temp folder, fsync,
+    rename) and keep the newest ``checkpoint.keep``. Returns the folder.
+
+    Raises:
+        TypeError: a ``get_state`` returned something that is not plain data (named).
+        OSError: the files could not be written (disk full, permissions): the message names
+            the folder; the previous checkpoints are kept and no temp folder is left.
+    """
+    ck_root = os.path.join(run_dir, "checkpoints")
+    os.makedirs(ck_root, exist_ok=True)
+    tag = tag or f"iter_{ctx.iteration:06d}"
+    final = os.path.join(ck_root, tag)
+    plain = to_plain(checkpoint_state(ctx))
+    text = config_yaml(ctx.config, ctx.policy_specs, ctx.pm)
+    tmp = tempfile.mkdtemp(prefix=".tmp-", dir=ck_root)
+    try:
+        torch.save(plain, os.path.join(tmp, STATE_FILE))
+        with open(os.path.join(tmp, "config.yaml"), "w") as f:
+            f.write(text)
+        for name in os.listdir(tmp):
+            with open(os.path.join(tmp, name), "rb") as f:
+                os.fsync(f.fileno())
+    except (OSError, RuntimeError) as e:  # torch reports a full disk as a RuntimeError
+        shutil.rmtree(tmp, ignore_errors=True)
+        free = shutil.disk_usage(ck_root).free
+        msg = (f"cannot write checkpoint {final!r} ({free} bytes free on that disk; earlier checkpoints are "
+               f"kept): {type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
+        errno = getattr(e, "errno", None)
+        raise (OSError(errno, msg) if errno is not None else OSError(msg)) from e
+    if os.path.exists(final):  # same tag again: move the old one aside, then swap
+        old = tempfile.mkdtemp(prefix=".tmp-old-", dir=ck_root)
+        os.replace(final, os.path.join(old, tag))
+    os.replace(tmp, final)
+    for stale in os.listdir(ck_root):  # left by a process killed while saving, or moved aside
+        if stale.startswith(".tmp-"):
+            shutil.rmtree(os.path.join(ck_root, stale), ignore_errors=True)
+    keep = int(ctx.config.checkpoint.keep)
+    existing = sorted(d for d in os.listdir(ck_root) if d.startswith("iter_"))
+    for old_ck in existing[:-keep] if keep > 0 else []:
+        if os.path.join(ck_root, old_ck) != final:
+            shutil.rmtree(os.path.join(ck_root, old_ck), ignore_errors=True)
+    ctx.pm.hook.flowkit_on_checkpoint(path=final, ctx=ctx)
+    return final
+
+
+def read_iteration(ck_dir: str) -> int:
+    """The iteration a checkpoint folder was written at (CheckpointError naming the file if
+    it cannot be read safely)."""
+    return int(load_state(os.path.join(ck_dir, STATE_FILE))["iteration"])
+
+
+def find_checkpoint(path: str) -> str:
+    """A checkpoint folder from a run folder (its newest readable one by iteration; an
+    unreadable one is skipped with a warning naming it), a checkpoint folder or a state.pt.
+
+    Raises:
+        FileNotFoundError: no checkpoint at ``path``.
+        CheckpointError: no checkpoint of a run folder can be read safely (the newest named).
+    """
+    if os.path.isfile(path) and path.endswith(STATE_FILE):
+        return os.path.dirname(path)
+    if os.path.isfile(os.path.join(path, STATE_FILE)):
+        return path
+    ck_root = os.path.join(path, "checkpoints")
+    if os.path.isdir(ck_root):
+        cands = sorted(d for d in os.listdir(ck_root)
+                       if not d.startswith(".") and os.path.isfile(os.path.join(ck_root, d, STATE_FILE)))
+        keys: Dict[str, Tuple[int, bool]] = {}
+        errors: List[CheckpointError] = []
+        for d in cands:  # "final" and iter_* both count; the newest by iteration inside wins
+            try:
+                keys[d] = (read_iteration(os.path.join(ck_root, d)), d == "final")
+            except CheckpointError as e:
+                errors.append(e)
+        if keys:
+            for err in errors:
+                warnings.warn(f"skipped an unreadable checkpoint: {err}", stacklevel=2)
+            return os.path.join(ck_root, max(keys, key=keys.__getitem__))
+        if errors:
+            raise errors[-1]
+    raise FileNotFoundError(f"no checkpoint at {path!r} (expected a run folder with checkpoints/, "
+                            "a checkpoint folder or a state.pt)")
+
+
+def restore(ctx: Any, ck_dir: str) -> None:
+    """Load a checkpoint into a freshly set-up context (before the workers start).
+
+    Raises:
+        CheckpointError: unreadable, or a policy trained by another algorithm in this run.
+    """
+    path = os.path.join(ck_dir, STATE_FILE)
+    st = load_state(path)
+    for pid, d in st["policy_specs"].items():
+        mine = ctx.policy_specs.get(pid)
+        if mine is not None and mine.algo != d["algo"]:
+            raise CheckpointError(f"checkpoint {path!r}: policy {pid!r} was trained by {d['algo']!r}, "
+                                  f"this run uses {mine.algo!r}")
+    policies = _policies(ctx)
+    for pid, ps in st["policies"].items():
+        if pid in policies:
+            policies[pid].set_state(ps)
+    for n, s in st.get("algorithms", {}).items():
+        if n in ctx.algorithms:
+            ctx.algorithms[n].set_state(s)
+    for n, s in st.get("stateful", {}).items():
+        if n in ctx.stateful:
+            ctx.stateful[n].set_state(s)
+    ctx.pm.load_state_dict(st.get("plugins", {}))
+    ctx.counters.update(st["counters"])
+    ctx.iteration = int(st["iteration"])
+    ctx._time_offset = float(st.get("time_total_s", 0.0))
+    _set_rng_state(st["rng"])
+    ctx.rng.bit_generator.state = st["learner_rng"]
+    w = st.get("windows", {})
+    ctx.episode_window.extend(w.get("episode", []))
+    ctx.len_window.extend(w.get("len", []))
+    for k, v in w.get("policy", {}).items():
+        ctx.policy_windows[k].extend(v)
+    rcs = list(st.get("restart_counts", []))
+    n = ctx.workers.num_workers
+    ctx.workers.restart_counts = [rc + 1 for rc in rcs][:n] + [0] * max(0, n - len(rcs))
+    ctx.workers.num_restarts = int(st.get("num_restarts", 0))
+
+
+def resume_config(user: Any, resume: str, pm: Any) -> Tuple[str, DictConfig, Any, int]:
+    """For ``resume=PATH``: ``(checkpoint folder, config, plugin manager, iteration)``; the
+    config is the checkpoint's ``config.yaml`` with the user's overrides (``resume`` aside)
+    on top, the plugin manager also loads the ``plugins`` that config names.
+
+    Raises:
+        CheckpointError: unreadable checkpoint, or an algorithm it needs is not registered.
+    """
+    from flowkit.config import _as_source
+    ck = find_checkpoint(resume)
+    st = load_state(os.path.join(ck, STATE_FILE))
+    saved = OmegaConf.load(os.path.join(ck, "config.yaml"))
+    over, _ = _as_source(user)
+    over.pop("resume", None)
+    merged: Any = OmegaConf.merge(OmegaConf.create(OmegaConf.to_container(saved, resolve=True)), OmegaConf.create(over))
+    for mod in merged.get("plugins") or []:  # named by the checkpoint's config: installed code
+        if pm.get_plugin(mod) is None:
+            try:
+                pm.register(importlib.import_module(mod), name=mod)
+            except Exception as e:
+                raise PluginError(f"plugin module {mod!r} (from `plugins` in {ck}/config.yaml) failed to "
+                                  f"import: {type(e).__name__}: {e}") from e
+            try:
+                pm.check_pending()
+            except Exception as e:
+                raise PluginError(f"unknown hook: {e}") from None
+    check_algorithms(st, pm.algorithms(), os.path.join(ck, STATE_FILE), (str(merged.algo),))
+    cfg = build_config(OmegaConf.to_container(merged, resolve=True), None, pm.config_sections())
+    return ck, cfg, pm, int(st["iteration"])
+
+
+def load_trained(path: str, expected_cls: Optional[type] = None) -> Any:
+    """See :meth:`Algorithm.from_checkpoint`: the algorithm of ``config.yaml`` (or
+    ``expected_cls``, which then need not be registered) with every policy of the checkpoint
+    rebuilt from its algorithm's registered policy class and restored. Starts no worker.
+
+    Raises:
+        FileNotFoundError: no checkpoint at ``path``.
+        CheckpointError: unreadable, or an algorithm it needs is not registered (one line).
+    """
+    ck = find_checkpoint(path)
+    state_path = os.path.join(ck, STATE_FILE)
+    st = load_state(state_path)
+    cfg_yaml: Any = OmegaConf.load(os.path.join(ck, "config.yaml"))
+    pm = get_plugin_manager(list(cfg_yaml.get("plugins") or []))
+    algos: Dict[str, Any] = dict(pm.algorithms())
+    sections = pm.config_sections()
+    exp: Any = expected_cls
+    if exp is not None:
+        algos[exp.name] = exp
+        if getattr(exp, "config_class", None) is not None:
+            sections.setdefault(exp.name, exp.config_class)
+    check_algorithms(st, algos, state_path, () if exp is not None else (str(cfg_yaml.algo),))
+    cfg = build_config(OmegaConf.to_container(cfg_yaml, resolve=True), None, sections)
+    algo = (expected_cls or algos[cfg.algo])(cfg)
+    seed = int(cfg.seed)
+    for pid, d in st["policy_specs"].items():
+        spec = spec_from_dict(d, algos, state_path)
+        pol = spec.policy_class(spec.observation_space, spec.action_space, spec.config, cfg.model, "cpu",
+                                derive_seed(seed, "learner", pid))
+        pol.set_state(st["policies"][pid])
+        algo.policies[pid] = pol
+    algo.checkpoint_state = st
+    return algo
+
+
+__all__ = ["CheckpointError", "FORMAT", "STATE_FILE", "check_algorithms", "config_yaml", "find_checkpoint", "from_plain",
+           "load_state", "load_trained", "missing_algorithm", "read_iteration", "restore",
+           "resume_config", "save_checkpoint", "save_state", "space_from_dict", "space_to_dict",
+           "spec_from_dict", "spec_to_dict", "to_plain", "used_config"]
