@@ -12,8 +12,7 @@ from flowkit.core import batch as sb
 from flowkit.core.algorithm import Algorithm
 from flowkit.core.flow import NOT_READY
 from flowkit.core.ops import ParallelRollouts
-from flowkit.core.policy import RandomPolicy
-from flowkit.core.workers import GymEnvRunner, PolicySpec
+from flowkit.core import GymEnvRunner, PolicySpec, RandomPolicy
 from flowkit.hooks.manager import hookimpl
 
 

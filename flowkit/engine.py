@@ -48,8 +48,8 @@ from flowkit.config import ConfigError, build_config, plugin_modules_from, secti
 from flowkit.core import batch as sb
 from flowkit.core.flow import NOT_READY, FlowContext
 from flowkit.core.ops import StandardMetricsReporting
-from flowkit.core.workers import (EnvContext, EnvError, PolicySpec, RolloutWorker, WorkerSet,
-                                  derive_seed, env_name, make_env)
+from flowkit.core import (ACTIVATIONS, EnvContext, PolicySpec, RolloutWorker, WorkerSet, derive_seed,
+                          env_name, make_env)
 from flowkit.hooks import get_plugin_manager
 
 EPISODE_WINDOW = 20
@@ -295,9 +295,8 @@ def _validate(cfg: DictConfig, pm: Any) -> Dict[str, type]:
         raise ConfigError(f"evaluation.episodes={cfg.evaluation.episodes} must be >= 1")
     if cfg.learner.device not in ("cpu",) and not str(cfg.learner.device).startswith("cuda"):
         raise ConfigError(f"learner.device={cfg.learner.device!r} must be cpu or cuda[:N]")
-    from flowkit.core.policy import _ACT_FN
-    if cfg.model.activation not in _ACT_FN:
-        raise ConfigError(f"model.activation={cfg.model.activation!r} must be one of {sorted(_ACT_FN)}")
+    if cfg.model.activation not in ACTIVATIONS:
+        raise ConfigError(f"model.activation={cfg.model.activation!r} must be one of {sorted(ACTIVATIONS)}")
     if any(int(h) < 1 for h in cfg.model.hidden_sizes):
         raise ConfigError(f"model.hidden_sizes={list(cfg.model.hidden_sizes)} must hold sizes >= 1")
     for key, v in (("learner.num_threads", cfg.learner.num_threads), ("runtime.torch_threads", rt.torch_threads)):

@@ -7,7 +7,7 @@ import pytest
 
 import flowkit
 from conftest import local_overrides
-from flowkit.core.workers import WorkerSet
+from flowkit.core import WorkerSet
 from flowkit.hooks import PluginError, get_plugin_manager
 
 

@@ -8,7 +8,7 @@ import pytest
 import flowkit
 from flowkit import ConfigError
 from flowkit.core import batch as sb
-from flowkit.core.policy import RandomPolicy
+from flowkit.core import RandomPolicy
 from flowkit.engine import build_plan, load_config, setup
 from conftest import local_overrides
 

@@ -46,11 +46,10 @@ from flowkit.config import F, check_schedules
 from flowkit.core import batch as sb
 from flowkit.core.flow import get_result
 from flowkit.core.ops import BroadcastWeights, Concurrently, TrainOneStep, UpdateSchedules
-from flowkit.core.policy import ObsEncoder, Policy, build_mlp, build_trunk
 from flowkit.core.replay import (MultiAgentReplayBuffer, PushWeightsToSource, Replay, ReplayFromShards,
                                  ReplayShards, StoreToReplayBuffer, StoreToReplayShards, UpdatePriorities,
                                  UpdateTargetNetwork, WithSource)
-from flowkit.core.workers import derive_seed
+from flowkit.core import ObsEncoder, Policy, build_mlp, build_trunk, derive_seed
 
 
 @dataclass

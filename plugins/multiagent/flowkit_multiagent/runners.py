@@ -35,7 +35,7 @@ import gymnasium as gym
 import numpy as np
 
 from flowkit.core import batch as sb
-from flowkit.core.workers import EnvError, Episode, env_name, find_mismatch, _describe
+from flowkit.core import EnvError, Episode, describe_value, env_name, find_mismatch
 
 from flowkit_multiagent.specs import build_mapping, build_opponent, is_aec
 
@@ -139,7 +139,7 @@ class _MultiAgentRunner:
 
     def _check_reward(self, slot: _Slot, agent: str, r: Any):
         if slot.checks_left > 0 and (np.ndim(r) != 0 or not np.isfinite(float(np.asarray(r)))):
-            self._fail(slot, "reward", agent, (f"reward[{agent}]", "a finite float scalar", _describe(np.asarray(r))))
+            self._fail(slot, "reward", agent, (f"reward[{agent}]", "a finite float scalar", describe_value(np.asarray(r))))
 
     def _start_episode(self, slot: _Slot, reset: bool = True):
         slot.episode = Episode(next(self._eps_counter), slot.j, self.worker.index)

@@ -17,8 +17,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import gymnasium as gym
 from omegaconf import DictConfig, OmegaConf
 
-from flowkit.config import ConfigError, _coerce, _flatten, _nest, schema_keys
-from flowkit.core.workers import PolicySpec
+from flowkit.config import ConfigError, merge_overrides
+from flowkit.core import PolicySpec
 
 SHARED_POLICY_ID = "shared"
 RANDOM = "random"
@@ -214,8 +214,7 @@ def policy_section(config: Any, pid: str, algo_cls: type, overrides: Any) -> Tup
     if ov:
         prefix = f"multiagent.policies.{pid}.config."
         try:
-            fixed = _coerce([(k, v) for k, v in _flatten(ov) if k], schema_keys(cls))
-            base = OmegaConf.merge(base, OmegaConf.create(_nest(fixed, {})))
+            base = merge_overrides(base, ov, cls)
         except ConfigError as e:
             raise ConfigError(str(e).replace("`", "`" + prefix, 1).replace("did you mean `", "did you mean `" + prefix)) from None
         except Exception as e:  # OmegaConf validation
@@ -388,7 +387,7 @@ def _check_opponents(config: Any, specs: Dict[str, MAPolicySpec], algorithms: Di
 
 def build_opponent(config: Any, pid: str, spec: PolicySpec, seed: int) -> Any:
     """The fixed policy that replaces ``pid`` in evaluation (``random`` or a checkpoint)."""
-    from flowkit.core.policy import RandomPolicy
+    from flowkit.core import RandomPolicy
     what = str(config.evaluation.opponents[pid])
     if what == RANDOM:
         return RandomPolicy(spec.observation_space, spec.action_space, None, config.model, "cpu", seed,
