@@ -104,9 +104,6 @@ class EvaluationConfig:
     episodes: int = F(10, "episodes per evaluation")
     final: bool = F(False, "evaluate once at the end of the run")
     explore: bool = F(False, "sample actions instead of acting greedily")
-    opponents: Dict[str, str] = F(help="multi-agent: policy id -> fixed opponent in evaluation: `random` "
-                                       "or a checkpoint path", factory=dict)
-    alternate_seats: bool = F(False, "multi-agent: rotate the seats (agent -> policy) every evaluation episode")
 
 
 @dataclass

@@ -283,7 +283,7 @@ class _MultiAgentRunner:
     @property
     def _alternate_now(self) -> bool:
         if self._eval:
-            return bool(self.config.evaluation.get("alternate_seats", False))
+            return bool(self.config.multiagent.eval_alternate_seats)
         return self.alternate
 
     def sample(self, explore: bool = True) -> sb.MultiAgentBatch:
@@ -300,10 +300,10 @@ class _MultiAgentRunner:
 
     def evaluate(self, num_episodes: int, explore: bool = False) -> List[Dict[str, Any]]:
         """``num_episodes`` whole episodes from fresh resets (spread over the sub-envs), with the
-        policies named in ``evaluation.opponents`` replaced by fixed ones and, with
-        ``evaluation.alternate_seats``, the seats rotated every episode. Summaries of turn-based
+        policies named in ``multiagent.eval_opponents`` replaced by fixed ones and, with
+        ``multiagent.eval_alternate_seats``, the seats rotated every episode. Summaries of turn-based
         games carry ``eval_metrics`` (``<policy>/win_rate``, ``draw_rate``, ``loss_rate``)."""
-        opp = self.config.evaluation.get("opponents") or {}
+        opp = self.config.multiagent.eval_opponents or {}
         for pid in opp:
             if pid not in self._opponents:
                 self._opponents[pid] = build_opponent(self.config, pid, self.worker.policies[pid],

@@ -296,7 +296,7 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, type]) -> Dic
                     f"policy {pid!r}: agents mapped to one policy must share their spaces, but agent "
                     f"{first!r} has obs={obs_sp[first]}, actions={act_sp[first]} and agent {a!r} has "
                     f"obs={obs_sp[a]}, actions={act_sp[a]}; map them to different policies")
-    if bool(ma.alternate_seats) or bool(config.evaluation.get("alternate_seats", False)):
+    if bool(ma.alternate_seats) or bool(ma.eval_alternate_seats):
         a0 = agents[0]
         for a in agents[1:]:
             if obs_sp[a] != obs_sp[a0] or act_sp[a] != act_sp[a0]:
@@ -372,12 +372,12 @@ def _check_loadable(pid, policy_class, o, a, cfg_obj, config, state, path) -> No
 
 
 def _check_opponents(config: Any, specs: Dict[str, MAPolicySpec], algorithms: Dict[str, type]) -> None:
-    opp = config.evaluation.get("opponents") or {}
+    opp = config.multiagent.eval_opponents or {}
     for pid, what in opp.items():
-        key = f"evaluation.opponents.{pid}"
+        key = f"multiagent.eval_opponents.{pid}"
         if pid not in specs:
             close = difflib.get_close_matches(str(pid), list(specs), n=1)
-            hint = f"; did you mean `evaluation.opponents.{close[0]}`?" if close else ""
+            hint = f"; did you mean `multiagent.eval_opponents.{close[0]}`?" if close else ""
             raise ConfigError(f"{key}: no policy {pid!r} in this run (policies: {', '.join(specs)}){hint}")
         if str(what) == RANDOM:
             continue
@@ -388,11 +388,11 @@ def _check_opponents(config: Any, specs: Dict[str, MAPolicySpec], algorithms: Di
 def build_opponent(config: Any, pid: str, spec: PolicySpec, seed: int) -> Any:
     """The fixed policy that replaces ``pid`` in evaluation (``random`` or a checkpoint)."""
     from flowkit.core import RandomPolicy
-    what = str(config.evaluation.opponents[pid])
+    what = str(config.multiagent.eval_opponents[pid])
     if what == RANDOM:
         return RandomPolicy(spec.observation_space, spec.action_space, None, config.model, "cpu", seed,
                             inference_only=True)
-    ck_spec, state = load_checkpoint_policy(what, pid, None, f"evaluation.opponents.{pid}")
+    ck_spec, state = load_checkpoint_policy(what, pid, None, f"multiagent.eval_opponents.{pid}")
     pol = ck_spec.policy_class(ck_spec.observation_space, ck_spec.action_space, ck_spec.config, config.model,
                                "cpu", seed, inference_only=True)
     pol.set_weights(state["weights"])
