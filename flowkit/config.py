@@ -39,6 +39,20 @@ def check_schedules(section: Any, name: str, keys: Sequence[str], run_config: An
         raise ConfigError(f"{name}.schedule_env_steps={section.schedule_env_steps} must be > 0")
 
 
+_RANGES = {"> 0": lambda v: v > 0, ">= 0": lambda v: v >= 0, ">= 1": lambda v: v >= 1,
+           "in [0, 1]": lambda v: 0.0 <= v <= 1.0}
+
+
+def check_ranges(section: Any, name: str, rules: Dict[str, Sequence[str]]) -> None:
+    """Validate numeric keys of an algorithm's section: ``rules`` maps a range (``"> 0"``,
+    ``">= 0"``, ``">= 1"`` or ``"in [0, 1]"``) to the keys that must lie in it; a null value
+    passes. Raises ConfigError ``<name>.<key>=<value> must be <range>``."""
+    for rule, keys in rules.items():
+        for key in keys:
+            if section[key] is not None and not _RANGES[rule](section[key]):
+                raise ConfigError(f"{name}.{key}={section[key]} must be {rule}")
+
+
 def F(default: Any = None, help: str = "", factory: Any = None) -> Any:  # noqa: A002
     """A dataclass field with a help text (shown by ``flowkit train --help``)."""
     if factory is not None:

@@ -20,20 +20,11 @@ from flowkit.core.flow import NOT_READY, Flow, FlowContext, ParallelFlow
 from flowkit.core.policy import Policy, RandomPolicy, to_tensor
 from flowkit.core.workers import PolicySpec, RolloutWorker, WorkerSet
 
-__all__ = [
-    # batches (column names: flowkit.core.batch.OBS, ACTIONS, ...)
-    "batch", "DEFAULT_POLICY_ID", "MultiAgentBatch", "SampleBatch", "trajectory_ends",
-    # dataflow
-    "Flow", "FlowContext", "NOT_READY", "ParallelFlow",
-    # algorithms and policies
-    "Algorithm", "Policy", "RandomPolicy", "ActorCriticPolicy", "to_tensor",
-    # encoders, distributions, networks
-    "MASK_KEY", "ObsEncoder", "SpaceError", "add_batch_axis", "batch_len", "ActionDist",
-    "ACTIVATIONS", "ActorCritic", "RunningMeanStd", "SmallCNN", "TwinMLP", "build_mlp", "build_trunk",
-    "NumpyActorCritic", "sample_logp_numpy",
-    # returns and advantages
-    "bootstrap_rows", "compute_gae", "next_values", "vtrace",
-    # envs and workers
-    "EnvContext", "EnvError", "Episode", "GymEnvRunner", "PolicySpec", "RolloutWorker", "SpaceCheck",
-    "WorkerSet", "derive_seed", "describe_value", "env_name", "find_mismatch", "make_env",
-]
+__all__ = [  # batches (column names: flowkit.core.batch.OBS, ...), dataflow, policies, envs and workers
+    "batch", "DEFAULT_POLICY_ID", "MultiAgentBatch", "SampleBatch", "trajectory_ends", "Flow", "FlowContext",
+    "NOT_READY", "ParallelFlow", "Algorithm", "Policy", "RandomPolicy", "ActorCriticPolicy", "to_tensor", "MASK_KEY",
+    "ObsEncoder", "SpaceError", "add_batch_axis", "batch_len", "ActionDist", "ACTIVATIONS", "ActorCritic",
+    "RunningMeanStd", "SmallCNN", "TwinMLP", "build_mlp", "build_trunk", "NumpyActorCritic", "sample_logp_numpy",
+    "bootstrap_rows", "compute_gae", "next_values", "vtrace", "EnvContext", "EnvError", "Episode", "GymEnvRunner",
+    "PolicySpec", "RolloutWorker", "SpaceCheck", "WorkerSet", "derive_seed", "describe_value", "env_name",
+    "find_mismatch", "make_env"]

@@ -68,10 +68,10 @@ class ActorCriticPolicy(Policy):
         return {sb.ACTION_LOGP: logp, sb.VF_PREDS: value, sb.ACTION_DIST_INPUTS: inputs}
 
     def compute_actions_encoded(self, obs, mask=None, explore=True):
+        if mask is not None:
+            self.check_mask(mask)
         npm = self.numpy_model()
         if npm is not None:  # the same network in numpy (cheaper per call on a few rows)
-            if mask is not None:
-                self.check_mask(mask)
             inputs, value = npm.forward(obs, value=self.store_values)
             a, logp = sample_logp_numpy(self.dist, inputs, mask, explore, self.np_random)
             return a, self._extras(logp, value, inputs)
@@ -84,10 +84,7 @@ class ActorCriticPolicy(Policy):
             inputs, value = self.model(x)
         else:
             inputs, value = self.model.policy(x), None
-        m = None
-        if mask is not None:
-            self.check_mask(mask)
-            m = torch.from_numpy(mask)
+        m = None if mask is None else torch.from_numpy(mask)
         a, logp = self.dist.sample_logp(inputs, m, explore, self.generator)
         return a.numpy(), self._extras(logp.numpy(), None if value is None else value.numpy(), inputs.numpy())
 

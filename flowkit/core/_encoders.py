@@ -20,7 +20,6 @@ class SpaceError(ValueError):
     """A space flowkit cannot handle, or a value outside its space."""
 
 
-# ---- observation encoding --------------------------------------------------------------
 class ObsEncoder:
     """Turns batched raw observations into ``float32[B, *shape]`` plus an optional
     ``int8[B, n]`` action mask.
@@ -82,16 +81,9 @@ class ObsEncoder:
         if isinstance(s, gym.spaces.MultiBinary):
             return [np.asarray(x, dtype=np.float32).reshape(b, -1)]
         if isinstance(s, gym.spaces.Dict):
-            parts = []
-            for k, v in s.spaces.items():
-                if k != MASK_KEY:
-                    parts += self._encode(v, x[k], b)
-            return parts
+            return [p for k, v in s.spaces.items() if k != MASK_KEY for p in self._encode(v, x[k], b)]
         if isinstance(s, gym.spaces.Tuple):
-            parts = []
-            for i, v in enumerate(s.spaces):
-                parts += self._encode(v, x[i], b)
-            return parts
+            return [p for i, v in enumerate(s.spaces) for p in self._encode(v, x[i], b)]
         raise SpaceError(f"observation space {s} is not supported")
 
     def __call__(self, obs: Any, batch_size: int) -> Tuple[np.ndarray, Optional[np.ndarray]]:

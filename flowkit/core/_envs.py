@@ -117,13 +117,9 @@ def find_mismatch(space: gym.Space, x: Any, path: str = "obs") -> Optional[Tuple
     if isinstance(space, gym.spaces.Box):
         a = np.asarray(x)
         exp = f"Box(shape={space.shape}, dtype={space.dtype}, low={space.low.min():g}, high={space.high.max():g})"
-        if a.shape != space.shape:
-            return path, exp, describe_value(a)
-        if a.dtype.kind not in "fiub":
-            return path, exp, describe_value(a)
-        if np.issubdtype(space.dtype, np.integer) and a.dtype.kind == "f":
-            return path, exp, describe_value(a)
-        if a.dtype.kind == "f" and not np.all(np.isfinite(a)) and np.all(np.isfinite(space.low)):
+        if (a.shape != space.shape or a.dtype.kind not in "fiub"
+                or (np.issubdtype(space.dtype, np.integer) and a.dtype.kind == "f")
+                or (a.dtype.kind == "f" and not np.all(np.isfinite(a)) and np.all(np.isfinite(space.low)))):
             return path, exp, describe_value(a)
         tol = 1e-6 * np.maximum(1.0, np.abs(space.high))
         if np.any(a < space.low - tol) or np.any(a > space.high + tol):

@@ -38,7 +38,6 @@ class RunningMeanStd(nn.Module):
         return torch.clamp((x - self.mean) / torch.sqrt(self.var + 1e-8), -self.clip, self.clip)
 
 
-# ---- networks --------------------------------------------------------------------------
 def build_mlp(in_dim: int, hidden: Sequence[int], activation: str, out_dim: Optional[int] = None,
               out_gain: float = 1.0) -> nn.Sequential:
     """Linear layers with orthogonal init (gain sqrt(2) hidden, ``out_gain`` last)."""

@@ -194,10 +194,7 @@ class GymEnvRunner:
             self.ep_ret += np.where(valid, rew, 0.0)
             self.t += valid
             have += valid
-            if self.same_step:
-                ended = done
-            else:
-                ended = done & valid
+            ended = done if self.same_step else done & valid
             for j in np.flatnonzero(ended):
                 ep = self.episodes[j]
                 ep.length, ep.total_reward = int(self.ep_len[j]), float(self.ep_ret[j])

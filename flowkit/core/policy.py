@@ -15,7 +15,6 @@ from flowkit.core._distributions import ActionDist
 from flowkit.core._encoders import ObsEncoder, add_batch_axis, batch_len
 
 
-# ---- the Policy base class -------------------------------------------------------------
 class Policy:
     """Base class of every policy: owns the network and the math of one algorithm.
 

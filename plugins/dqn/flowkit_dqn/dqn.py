@@ -42,14 +42,14 @@ from torch import nn
 
 import flowkit
 from flowkit import ConfigError
-from flowkit.config import F, check_schedules
+from flowkit.config import F, check_ranges, check_schedules
 from flowkit.core import batch as sb
 from flowkit.core.flow import get_result
 from flowkit.core.ops import BroadcastWeights, Concurrently, TrainOneStep, UpdateSchedules
 from flowkit.core.replay import (MultiAgentReplayBuffer, PushWeightsToSource, Replay, ReplayFromShards,
                                  ReplayShards, StoreToReplayBuffer, StoreToReplayShards, UpdatePriorities,
                                  UpdateTargetNetwork, WithSource)
-from flowkit.core import ObsEncoder, Policy, build_mlp, build_trunk, derive_seed
+from flowkit.core import ObsEncoder, Policy, build_mlp, build_trunk, derive_seed, to_tensor
 
 
 @dataclass
@@ -253,12 +253,7 @@ class DQNPolicy(Policy):
 
     # -- learning (driver) --
     def prepare_batch(self, batch):
-        out = {}
-        for k in _TRAIN_COLS:
-            if k in batch:
-                v = np.asarray(batch[k])
-                out[k] = torch.from_numpy(v) if v.flags.writeable else torch.tensor(v)
-        return out
+        return {k: to_tensor(batch[k]) for k in _TRAIN_COLS if k in batch}
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg = self.config
@@ -386,17 +381,10 @@ class DQN(flowkit.Algorithm):
     @classmethod
     def validate_config(cls, run_config, section) -> List[str]:
         s, n = section, cls.name
-        positive = ("lr", "train_batch_size", "buffer_size", "n_step", "target_network_update_freq",
-                    "huber_delta", "replay_num_async")
-        for key in positive:
-            if s[key] <= 0:
-                raise ConfigError(f"{n}.{key}={s[key]} must be > 0")
-        for key in ("learning_starts", "weight_sync_freq", "epsilon_timesteps", "num_replay_shards"):
-            if s[key] < 0:
-                raise ConfigError(f"{n}.{key}={s[key]} must be >= 0")
-        for key in ("gamma", "initial_epsilon", "final_epsilon", "apex_epsilon_base"):
-            if not 0.0 <= s[key] <= 1.0:
-                raise ConfigError(f"{n}.{key}={s[key]} must be in [0, 1]")
+        check_ranges(s, n, {"> 0": ("lr", "train_batch_size", "buffer_size", "n_step", "target_network_update_freq",
+                                    "huber_delta", "replay_num_async"),
+                            ">= 0": ("learning_starts", "weight_sync_freq", "epsilon_timesteps", "num_replay_shards"),
+                            "in [0, 1]": ("gamma", "initial_epsilon", "final_epsilon", "apex_epsilon_base")})
         check_schedules(s, n, ("lr_schedule",), run_config)
         if s.training_intensity is not None and s.training_intensity <= 0:
             raise ConfigError(f"{n}.training_intensity={s.training_intensity} must be > 0 (or null)")

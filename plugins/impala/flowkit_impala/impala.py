@@ -36,7 +36,7 @@ import torch
 
 import flowkit
 from flowkit import ConfigError
-from flowkit.config import F
+from flowkit.config import F, check_ranges
 from flowkit.core import batch as sb
 from flowkit.core.learner_thread import (Dequeue, Enqueue, LearnerThread, PerfMonitor,
                                          PushWeightsToSource, record_learner_result)
@@ -219,21 +219,13 @@ class IMPALA(flowkit.Algorithm):
         s, n = section, cls.name
         if s.rollout_mode not in ("async", "bulk_sync"):
             raise ConfigError(f"{n}.rollout_mode={s.rollout_mode!r} must be async or bulk_sync")
-        for key in ("train_batch_size", "num_epochs", "learner_queue_size", "broadcast_interval",
-                    "replay_buffer_num_slots"):
-            if s[key] < 1:
-                raise ConfigError(f"{n}.{key}={s[key]} must be >= 1")
+        check_ranges(s, n, {">= 1": ("train_batch_size", "num_epochs", "learner_queue_size", "broadcast_interval",
+                                     "replay_buffer_num_slots"), "in [0, 1]": ("gamma", "vtrace_lambda"),
+                            "> 0": ("clip_rho_threshold", "clip_c_threshold", "clip_pg_rho_threshold", "lr"),
+                            ">= 0": ("replay_proportion",)})
         if s.minibatch_size is not None and not 1 <= s.minibatch_size <= s.train_batch_size:
             raise ConfigError(f"{n}.minibatch_size={s.minibatch_size} must be in [1, {n}.train_batch_size="
                               f"{s.train_batch_size}] (or null: the whole train batch)")
-        for key in ("gamma", "vtrace_lambda"):
-            if not 0.0 <= s[key] <= 1.0:
-                raise ConfigError(f"{n}.{key}={s[key]} must be in [0, 1]")
-        for key in ("clip_rho_threshold", "clip_c_threshold", "clip_pg_rho_threshold", "lr"):
-            if s[key] <= 0:
-                raise ConfigError(f"{n}.{key}={s[key]} must be > 0")
-        if s.replay_proportion < 0:
-            raise ConfigError(f"{n}.replay_proportion={s.replay_proportion} must be >= 0")
         return []
 
     def get_rollout_mode(self) -> str:

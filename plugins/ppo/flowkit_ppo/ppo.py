@@ -23,7 +23,7 @@ import torch
 
 import flowkit
 from flowkit import ConfigError
-from flowkit.config import F, check_schedules
+from flowkit.config import F, check_ranges, check_schedules
 from flowkit.core import batch as sb
 from flowkit.core.ops import BroadcastWeights, ConcatBatches, StandardizeFields, TrainOneStep, UpdateSchedules
 from flowkit.core import ActorCriticPolicy, to_tensor
@@ -170,11 +170,9 @@ class PPO(flowkit.Algorithm):
     def validate_config(cls, run_config, section) -> List[str]:
         s, warns = section, []
         n = cls.name
-        if s.minibatch_size < 1:
-            raise ConfigError(f"{n}.minibatch_size={s.minibatch_size} must be >= 1")
+        check_ranges(s, n, {">= 1": ("minibatch_size", "train_batch_size", "num_epochs"),
+                            "in [0, 1]": ("gamma", "gae_lambda"), "> 0": ("clip_param", "lr")})
         if s.train_batch_size is not None:
-            if s.train_batch_size < 1:
-                raise ConfigError(f"{n}.train_batch_size={s.train_batch_size} must be >= 1")
             if s.minibatch_size > s.train_batch_size:
                 raise ConfigError(f"{n}.minibatch_size={s.minibatch_size} is larger than "
                                   f"{n}.train_batch_size={s.train_batch_size}; make minibatch_size <= train_batch_size")
@@ -185,15 +183,6 @@ class PPO(flowkit.Algorithm):
                              f"(runtime.num_workers x num_envs_per_worker x rollout_fragment_length = {rs}); "
                              f"each train batch will hold {actual} env steps (reported as "
                              f"learner/<policy>/train_batch_size)")
-        if s.num_epochs < 1:
-            raise ConfigError(f"{n}.num_epochs={s.num_epochs} must be >= 1")
-        for key in ("gamma", "gae_lambda"):
-            if not 0.0 <= s[key] <= 1.0:
-                raise ConfigError(f"{n}.{key}={s[key]} must be in [0, 1]")
-        if s.clip_param <= 0:
-            raise ConfigError(f"{n}.clip_param={s.clip_param} must be > 0")
-        if s.lr <= 0:
-            raise ConfigError(f"{n}.lr={s.lr} must be > 0")
         if s.normalize_advantages not in ("minibatch", "batch", "none"):
             raise ConfigError(f"{n}.normalize_advantages={s.normalize_advantages!r} must be minibatch, batch or none")
         check_schedules(s, n, ("lr_schedule", "clip_schedule"), run_config)
