@@ -114,3 +114,62 @@ def test_vtrace_four_steps_clipping_matches_the_papers_sum():
     for t in range(3, -1, -1):
         g.insert(0, r[t] + 0.95 * g[0])
     np.testing.assert_allclose(vs1, g[:4], atol=1e-5)
+
+
+# ---- the actor-critic base -------------------------------------------------------------------
+def test_a_new_actor_critic_policy_writes_only_its_loss():
+    """An A2C-style policy: ActorCriticPolicy gives acting (numpy mirror and torch: the same
+    actions and log-probs), V(s) and GAE; the subclass writes its loss."""
+    import dataclasses
+
+    import gymnasium as gym
+    import torch
+
+    from flowkit.core import ActorCriticPolicy
+    from flowkit.engine import load_config
+
+    @dataclasses.dataclass
+    class A2CConfig:
+        lr: float = 1e-3
+        adam_eps: float = 1e-5
+        log_std_init: float = 0.0
+        gamma: float = 0.9
+        gae_lambda: float = 1.0
+        max_grad_norm: float = 0.5
+
+    class A2CPolicy(ActorCriticPolicy):
+        def postprocess_trajectory(self, batch):
+            return self.add_gae(batch)
+
+        def loss(self, batch):
+            inputs, values = self.model(batch[sb.OBS])
+            logp = self.dist.logp(inputs, batch[sb.ACTIONS])
+            pg_loss = -(logp * batch[sb.ADVANTAGES]).mean()
+            vf_loss = 0.5 * (values - batch[sb.VALUE_TARGETS]).pow(2).mean()
+            return pg_loss + vf_loss, {"pg_loss": pg_loss.item(), "vf_loss": vf_loss.item()}
+
+    _, cfg = load_config(["env=CartPole-v1"])
+    obs_space = gym.spaces.Box(-1.0, 1.0, (3,), np.float32)
+    pol = A2CPolicy(obs_space, gym.spaces.Discrete(2), A2CConfig(), cfg.model, "cpu", 0)
+    obs = np.random.default_rng(0).uniform(-1, 1, (4, 3)).astype(np.float32)
+    assert pol.numpy_model() is not None
+    a, extras = pol.compute_actions_encoded(obs, explore=False)
+    ta, textras = pol._compute_actions_torch(obs, explore=False)
+    np.testing.assert_array_equal(a, ta)
+    np.testing.assert_allclose(extras[sb.ACTION_LOGP], textras[sb.ACTION_LOGP], atol=1e-5)
+    np.testing.assert_allclose(extras[sb.VF_PREDS], pol.compute_values(obs), atol=1e-5)
+    batch = sb.SampleBatch({sb.OBS: obs, sb.NEXT_OBS: obs[::-1].copy(), sb.ACTIONS: a,
+                            sb.REWARDS: np.ones(4, np.float32), sb.VF_PREDS: extras[sb.VF_PREDS],
+                            sb.TERMINATEDS: np.array([False, True, False, False]),
+                            sb.TRUNCATEDS: np.zeros(4, bool), sb.EPS_ID: np.array([1, 1, 2, 2])})
+    out = pol.postprocess_trajectory(batch)
+    v = extras[sb.VF_PREDS]
+    # row 3 is a cut: bootstraps from V(next_obs[3]); row 1 terminated: no bootstrap
+    a3 = 1 + 0.9 * pol.compute_values(obs[:1])[0] - v[3]
+    a2 = 1 + 0.9 * v[3] - v[2] + 0.9 * a3
+    np.testing.assert_allclose(out[sb.ADVANTAGES], [1 + 0.9 * v[1] - v[0] + 0.9 * (1 - v[1]), 1 - v[1], a2, a3],
+                               rtol=1e-5, atol=1e-6)
+    before = {k: t.clone() for k, t in pol.model.state_dict().items()}
+    stats = pol.learn_on_batch(out)
+    assert set(stats) >= {"pg_loss", "vf_loss", "grad_norm"}
+    assert any(not torch.equal(before[k], t) for k, t in pol.model.state_dict().items())
