@@ -14,7 +14,7 @@
   and 100 with random adversaries (prey >= -7.4).
 
 Evaluations are run after training, from the final checkpoint, with the opponents replaced
-through ``evaluation.opponents``. Timings are wall-clock on a shared machine.
+through ``multiagent.eval_opponents``. Timings are wall-clock on a shared machine.
 """
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ GAMES = {
                    "ppo.num_epochs=10", "ppo.ent_coef=0.01", "ppo.lr=1e-3", "model.hidden_sizes=[128,128]",
                    "run.min_iter_env_steps=8000"],
         evals=[("vs random, seats alternated",
-                ["evaluation.opponents.opponent=random", "evaluation.alternate_seats=true", "evaluation.episodes=200"],
+                ["multiagent.eval_opponents.opponent=random", "multiagent.eval_alternate_seats=true", "evaluation.episodes=200"],
                 lambda r: r["evaluation/learner/win_rate"] + r["evaluation/learner/draw_rate"], 0.90,
                 "win+draw")]),
     "spread": dict(
@@ -67,16 +67,16 @@ GAMES = {
                    "run.min_iter_env_steps=20000"],
         # 500 episodes: one prey episode's return has a standard deviation of ~12-14 against
         # random adversaries, so 100 would leave a standard error of ~1.3 on the mean
-        evals=[("adversaries vs random prey", ["evaluation.opponents.prey=random", "evaluation.episodes=500"],
+        evals=[("adversaries vs random prey", ["multiagent.eval_opponents.prey=random", "evaluation.episodes=500"],
                 lambda r: r["evaluation/adversaries/episode_return_mean"], 11.0, "each adversary"),
-               ("prey vs random adversaries", ["evaluation.opponents.adversaries=random", "evaluation.episodes=500"],
+               ("prey vs random adversaries", ["multiagent.eval_opponents.adversaries=random", "evaluation.episodes=500"],
                 lambda r: r["evaluation/prey/episode_return_mean"], -7.4, "prey")]),
 }
 
 
 def evaluate_run(run_dir: str, overrides):
     """Greedy evaluation of a finished run's final checkpoint with extra ``overrides``
-    (e.g. ``evaluation.opponents.prey=random``); returns the evaluation metrics."""
+    (e.g. ``multiagent.eval_opponents.prey=random``); returns the evaluation metrics."""
     from flowkit.checkpoint import load_state
     from flowkit.config import build_config
     from flowkit.engine import find_checkpoint, setup
@@ -84,7 +84,7 @@ def evaluate_run(run_dir: str, overrides):
     ck = find_checkpoint(run_dir)
     saved = OmegaConf.load(os.path.join(ck, "config.yaml"))
     saved.runtime.backend = "local"
-    saved.evaluation.opponents = {}
+    saved.multiagent.eval_opponents = {}
     merged = OmegaConf.merge(saved, OmegaConf.from_dotlist(list(overrides)))
     pm = get_plugin_manager(list(merged.plugins))
     cfg = build_config(OmegaConf.to_container(merged, resolve=True), None, pm.config_sections())

@@ -8,17 +8,14 @@ Quick use::
     action = algo.compute_actions(obs, explore=False)
 """
 from flowkit.config import ConfigError
-from flowkit.core.algorithm import Algorithm
-from flowkit.core.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch
-from flowkit.core.flow import NOT_READY, Flow, FlowContext, ParallelFlow
-from flowkit.core.policy import Policy
-from flowkit.core.workers import EnvContext, EnvError, Episode, PolicySpec
+from flowkit.core import (NOT_READY, ActorCriticPolicy, Algorithm, DEFAULT_POLICY_ID, EnvContext, EnvError, Episode,
+                          Flow, FlowContext, MultiAgentBatch, ParallelFlow, Policy, PolicySpec, SampleBatch)
 from flowkit.engine import Result, RunContext, describe_plan, load_config, train
 from flowkit.hooks import PluginError, get_plugin_manager, hookimpl, register, unregister
 
 __version__ = "0.1.0"
 
-__all__ = ["Algorithm", "ConfigError", "DEFAULT_POLICY_ID", "EnvContext", "EnvError", "Episode", "Flow",
+__all__ = ["ActorCriticPolicy", "Algorithm", "ConfigError", "DEFAULT_POLICY_ID", "EnvContext", "EnvError", "Episode", "Flow",
            "FlowContext", "MultiAgentBatch", "NOT_READY", "ParallelFlow", "PluginError", "Policy",
            "PolicySpec", "Result", "RunContext", "SampleBatch", "describe_plan", "get_plugin_manager",
            "hookimpl", "load_config", "register", "train", "unregister", "__version__"]

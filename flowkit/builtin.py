@@ -3,17 +3,13 @@ specs and the default one-algorithm plan (all ``trylast`` so plugins can take ov
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict
-
 import gymnasium as gym
 
 from flowkit.config import F
 from flowkit.core import batch as sb
 from flowkit.core.algorithm import Algorithm
-from flowkit.core.flow import NOT_READY
 from flowkit.core.ops import ParallelRollouts
-from flowkit.core.policy import RandomPolicy
-from flowkit.core.workers import GymEnvRunner, PolicySpec
+from flowkit.core import GymEnvRunner, PolicySpec, RandomPolicy
 from flowkit.hooks.manager import hookimpl
 
 

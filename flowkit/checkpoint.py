@@ -50,7 +50,7 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from flowkit.config import Config, ConfigError, build_config
-from flowkit.core.workers import PolicySpec, derive_seed
+from flowkit.core import PolicySpec, derive_seed
 from flowkit.hooks import PluginError, get_plugin_manager
 
 FORMAT = 2

@@ -241,9 +241,6 @@ class EvaluationConfig:
     episodes: int = F(10, "episodes per evaluation", ge=1)
     final: bool = F(False, "evaluate once at the end of the run")
     explore: bool = F(False, "sample actions instead of acting greedily")
-    opponents: Dict[str, str] = F(help="multi-agent: policy id -> fixed opponent in evaluation: `random` "
-                                       "or a checkpoint path", factory=dict)
-    alternate_seats: bool = F(False, "multi-agent: rotate the seats (agent -> policy) every evaluation episode")
 
 
 @dataclass
@@ -549,27 +546,31 @@ def build_config(user: Any = None, config_file: Optional[str] = None,
             ``env.id=`` included), or a config file that is missing, unreadable or not YAML.
     """
     schema_cls = make_schema_class(sections or {})
-    keys = schema_keys(schema_cls)
-    schema = OmegaConf.structured(schema_cls)
-    merged = schema
+    merged = OmegaConf.structured(schema_cls)
     layers: List[Dict[str, Any]] = []
     if config_file:
         layers.append(_load_yaml(config_file))
-    src, dotlist = _as_source(user)
-    layers.append(src)
-    file_flat = dict(_flatten(layers[0])) if config_file else {}
-    for i, layer in enumerate(layers):
-        flat = _flatten(layer) if layer else []
-        flat = [(k, v) for k, v in flat if k != ""]
-        fixed = _coerce(flat, keys)
+    layers.append(_as_source(user)[0])
+    for layer in layers:
         try:
-            merged = OmegaConf.merge(merged, OmegaConf.create(_nest(fixed, {})))
+            merged = merge_overrides(merged, layer or {}, schema_cls)
         except OmegaConfBaseException as e:
             raise ConfigError(_omegaconf_message(e)) from None
-    del file_flat, dotlist
     OmegaConf.set_struct(merged, True)
     check_values(merged, schema_cls)
     return merged
+
+
+def merge_overrides(base: DictConfig, overrides: Dict[str, Any], schema: type) -> DictConfig:
+    """``base`` with the nested dict ``overrides`` merged in, each leaf type-checked against
+    the dataclass ``schema`` first (integral floats such as ``1e4`` become ints).
+
+    Raises:
+        ConfigError: an unknown key (with the closest valid one) or a value of the wrong type.
+        omegaconf.errors.OmegaConfBaseException: a value OmegaConf's own validation refuses.
+    """
+    fixed = _coerce([(k, v) for k, v in _flatten(overrides) if k], schema_keys(schema))
+    return OmegaConf.merge(base, OmegaConf.create(_nest(fixed, {})))
 
 
 def _omegaconf_message(e: OmegaConfBaseException) -> str:

@@ -64,8 +64,7 @@ from flowkit.config import ConfigError, build_config, plugin_modules_from, secti
 from flowkit.core import batch as sb
 from flowkit.core.flow import FlowContext
 from flowkit.core.ops import StandardMetricsReporting
-from flowkit.core.workers import (EnvContext, EnvError, PolicySpec, RolloutWorker, WorkerSet,
-                                  derive_seed, env_name, make_env)
+from flowkit.core import EnvContext, PolicySpec, RolloutWorker, WorkerSet, derive_seed, env_name, make_env
 from flowkit.hooks import PluginError, get_plugin_manager
 from flowkit.reporters import kept_rows, read_metrics  # noqa: F401  (read_metrics: public here too)
 

@@ -195,7 +195,7 @@ class ProgressReporter(Reporter):
     def flowkit_on_run_start(self, ctx: "RunContext") -> None:
         from tqdm.auto import tqdm
 
-        from flowkit.core.workers import env_name
+        from flowkit.core import env_name
         cfg = ctx.config
         self.bar = tqdm(total=cfg.stop.env_steps, desc=f"{cfg.algo} {env_name(cfg.env)}", unit="step",
                         dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 5.0, file=sys.stderr)
@@ -246,7 +246,7 @@ class PlotReporter(Reporter):
     def flowkit_on_run_end(self, result: "Result") -> None:
         if not result.history:
             return
-        from flowkit.core.workers import env_name
+        from flowkit.core import env_name
         cfg = result.config
         try:
             plot_learning_curve(result.history, os.path.join(result.run_dir, "learning_curve.png"),

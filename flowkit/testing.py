@@ -4,7 +4,7 @@ rollout worker processes from outside.
 Everything here is importable on Ray workers (it lives in the flowkit package), so env
 factories can be named in a config: ``env.factory=flowkit.testing:flaky_env``.
 
-Faults are reproducible: a factory decides from its :class:`~flowkit.core.workers.EnvContext`
+Faults are reproducible: a factory decides from its :class:`~flowkit.core.EnvContext`
 (worker index, sub-env index, restart count) whether and when to fail (case C12).
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 import gymnasium as gym
 import numpy as np
 
-from flowkit.core.workers import EnvContext
+from flowkit.core import EnvContext
 
 __all__ = ["FlakyEnv", "flaky_env", "KillWorkers"]
 

@@ -65,7 +65,7 @@ def test_bad_env_output_names_env_agent_key_expected_received(run_dir, factory, 
         flowkit.train(local_overrides(run_dir, f"env.factory=test_bad_input:{factory}", "runtime.num_workers=1",
                                       "runtime.num_envs_per_worker=2", "stop.iterations=1"))
     msg = str(ei.value)
-    assert msg.startswith(f"env 'test_bad_input:{factory}' (worker 0, sub-env 0, agent 'agent0') returned a bad {where}: "
+    assert msg.startswith(f"env 'test_bad_input:{factory}' (worker 0, sub-env 0) returned a bad {where}: "
                           "at `obs` expected ")
     assert expected in msg and f"received {received}" in msg
 

@@ -171,7 +171,7 @@ def test_a_pickle_payload_in_state_pt_is_refused_not_run(ppo_run, tmp_path, raw_
         assert not os.path.exists(marker), what
     with pytest.raises(flowkit.ConfigError, match="refused"):  # the CLI path of `flowkit plan`
         flowkit.describe_plan(["env.factory=ma_envs:ScoutTankEnv", "multiagent.mapping.scout=scout_pol",
-                               "multiagent.mapping.tank=tank_pol", f"evaluation.opponents.tank_pol={run}"])
+                               "multiagent.mapping.tank=tank_pol", f"multiagent.eval_opponents.tank_pol={run}"])
     assert not os.path.exists(marker)
     pickle.loads(pickle.dumps(_Payload(marker)))  # the payload is real: unpickling runs it
     assert os.path.exists(marker)

@@ -10,7 +10,7 @@ import pytest
 import flowkit
 from conftest import local_overrides
 from flowkit.core import batch as sb
-from flowkit.core.workers import derive_seed
+from flowkit.core import derive_seed
 from flowkit.engine import load_config, setup
 
 

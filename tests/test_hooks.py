@@ -8,8 +8,7 @@ from flowkit_ppo import PPO, PPOPolicy
 
 import flowkit
 from conftest import local_overrides
-from flowkit.core.batch import SampleBatch
-from flowkit.core.workers import Episode, WorkerSet
+from flowkit.core import Episode, SampleBatch, WorkerSet
 from flowkit.hooks import PluginError, get_plugin_manager, specs
 
 

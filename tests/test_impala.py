@@ -1,5 +1,4 @@
-"""IMPALA: hand-computed V-trace, V-trace against the paper's sum, per-trajectory ends inside
-a batch, the learner thread and its operators (Enqueue, Dequeue, PushWeightsToSource), the
+"""IMPALA (V-trace itself: test_returns.py): per-trajectory ends inside a batch, the learner thread and its operators (Enqueue, Dequeue, PushWeightsToSource), the
 replay mix-in, both plans, and learning CartPole on Ray with 2 workers."""
 import collections
 import os
@@ -21,78 +20,10 @@ from flowkit.core.flow import NOT_READY, FlowContext, TimerStat, from_items
 from flowkit.core.learner_thread import (Dequeue, Enqueue, LearnerThread, PushWeightsToSource,
                                          weights_versions)
 from flowkit.engine import load_config, setup
-from flowkit_impala import IMPALAPolicy, MixInReplay, vtrace
+from flowkit_impala import IMPALAPolicy, MixInReplay
+from test_returns import paper_vtrace
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-
-
-# ---- V-trace ---------------------------------------------------------------------------------
-def test_vtrace_two_steps_by_hand():
-    """gamma=0.9, r=[1,2], V(x0)=0.5, V(x1)=1, bootstrap V(x2)=2, pi/mu=[2, 0.5], rho_bar=c_bar=1.
-    rho=[1, 0.5], c=[1, 0.5]
-    delta1 = 0.5*(2 + 0.9*2 - 1) = 1.4          v1 = 1 + 1.4 = 2.4
-    delta0 = 1*(1 + 0.9*1 - 0.5) = 1.4          v0 = 0.5 + 1.4 + 0.9*1*1.4 = 3.16
-    A0 = 1*(1 + 0.9*v1 - 0.5) = 2.66            A1 = 0.5*(2 + 0.9*2 - 1) = 1.4
-    Terminated at step 2 instead (V(x2) = v2 = 0):
-    delta1 = 0.5*(2 - 1) = 0.5 -> v1 = 1.5;  v0 = 0.5 + 1.4 + 0.9*0.5 = 2.35
-    A1 = 0.5*(2 - 1) = 0.5;  A0 = 1 + 0.9*1.5 - 0.5 = 1.85"""
-    log_rhos = np.log([2.0, 0.5])
-    r, v = np.array([1.0, 2.0]), np.array([0.5, 1.0])
-    vs, adv = vtrace(log_rhos, r, v, next_values=np.array([1.0, 2.0]), nextnonterminal=np.array([1.0, 0.0]),
-                     gamma=0.9)
-    np.testing.assert_allclose(vs, [3.16, 2.4], atol=1e-6)
-    np.testing.assert_allclose(adv, [2.66, 1.4], atol=1e-6)
-    vs, adv = vtrace(log_rhos, r, v, next_values=np.array([1.0, 0.0]), nextnonterminal=np.array([1.0, 0.0]),
-                     gamma=0.9)
-    np.testing.assert_allclose(vs, [2.35, 1.5], atol=1e-6)
-    np.testing.assert_allclose(adv, [1.85, 0.5], atol=1e-6)
-
-
-def paper_vtrace(log_rhos, r, values, bootstrap, gamma, rho_bar, c_bar, pg_rho_bar):
-    """One trajectory, straight from eq. 1: v_s = V(x_s) + sum_{t>=s} gamma^(t-s)
-    (prod_{i=s}^{t-1} c_i) delta_t, with V(x_n) = bootstrap; A_s = rho^pg_s (r_s + gamma
-    v_{s+1} - V(x_s)) with v_n = bootstrap."""
-    n = len(r)
-    ratio = np.exp(log_rhos)
-    V = list(values) + [bootstrap]
-    vs = []
-    for s in range(n):
-        total = V[s]
-        for t in range(s, n):
-            prod_c = 1.0
-            for i in range(s, t):
-                prod_c *= min(c_bar, ratio[i])
-            delta = min(rho_bar, ratio[t]) * (r[t] + gamma * V[t + 1] - V[t])
-            total += gamma ** (t - s) * prod_c * delta
-        vs.append(total)
-    vs_next = vs[1:] + [bootstrap]
-    adv = [min(pg_rho_bar, ratio[s]) * (r[s] + gamma * vs_next[s] - V[s]) for s in range(n)]
-    return np.array(vs), np.array(adv)
-
-
-def test_vtrace_four_steps_clipping_matches_the_papers_sum():
-    """Ratios above and below the thresholds: rho_bar=1.0, c_bar=0.9, pg_rho_bar=1.2."""
-    ratios = np.array([2.0, 0.5, 1.5, 0.8])
-    r = np.array([1.0, -0.5, 2.0, 0.3])
-    v = np.array([0.2, 1.1, -0.4, 0.7])
-    boot = 1.3
-    kw = dict(gamma=0.95, clip_rho_threshold=1.0, clip_c_threshold=0.9, clip_pg_rho_threshold=1.2)
-    vs, adv = vtrace(np.log(ratios), r, v, next_values=np.array([1.1, -0.4, 0.7, boot]),
-                     nextnonterminal=np.array([1.0, 1.0, 1.0, 0.0]), **kw)
-    ref_vs, ref_adv = paper_vtrace(np.log(ratios), r, v, boot, 0.95, 1.0, 0.9, 1.2)
-    np.testing.assert_allclose(vs, ref_vs, atol=1e-5)
-    np.testing.assert_allclose(adv, ref_adv, atol=1e-5)
-    # clipping really happened: unclipped traces give a different answer
-    vs_unclipped, _ = vtrace(np.log(ratios), r, v, np.array([1.1, -0.4, 0.7, boot]),
-                             np.array([1.0, 1.0, 1.0, 0.0]), gamma=0.95, clip_rho_threshold=10.0,
-                             clip_c_threshold=10.0, clip_pg_rho_threshold=10.0)
-    assert np.abs(vs_unclipped - vs).max() > 0.1
-    # on-policy (all ratios 1) V-trace is the n-step bootstrapped return
-    vs1, _ = vtrace(np.zeros(4), r, v, np.array([1.1, -0.4, 0.7, boot]), np.array([1.0, 1.0, 1.0, 0.0]), gamma=0.95)
-    g = [boot]
-    for t in range(3, -1, -1):
-        g.insert(0, r[t] + 0.95 * g[0])
-    np.testing.assert_allclose(vs1, g[:4], atol=1e-5)
 
 
 def _policy(gamma=0.9, **kw):
@@ -129,15 +60,6 @@ def test_trajectory_ends_inside_a_batch_are_handled_per_trajectory():
     np.testing.assert_allclose(vs.numpy(), np.concatenate([x[0] for x in refs]), atol=1e-5)
     np.testing.assert_allclose(adv.numpy(), np.concatenate([x[1] for x in refs]), atol=1e-5)
     assert tb["boot_idx"].tolist() == [1, 4]
-
-
-def test_a_gap_in_the_step_index_is_a_trajectory_end():
-    """A replayed fragment (t = 0, 1) next to a newer one of the same episode (t = 5, 6)."""
-    from flowkit_impala import trajectory_ends
-    b = sb.SampleBatch({sb.TERMINATEDS: np.zeros(4, bool), sb.TRUNCATEDS: np.zeros(4, bool),
-                        sb.EPS_ID: np.full(4, 3), sb.T: np.array([0, 1, 5, 6])})
-    ends, term = trajectory_ends(b)
-    assert ends.tolist() == [False, True, False, True] and not term.any()
 
 
 def test_loss_is_finite_and_minibatches_are_contiguous_cuts():

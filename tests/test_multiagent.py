@@ -9,7 +9,7 @@ import flowkit
 from flowkit import ConfigError
 from flowkit.checkpoint import load_state
 from flowkit.core import batch as sb
-from flowkit.core.policy import RandomPolicy
+from flowkit.core import RandomPolicy
 from flowkit.engine import build_plan, load_config, setup
 from conftest import local_overrides
 
@@ -256,8 +256,8 @@ def test_aec_evaluation_win_rates_and_alternating_seats(run_dir):
                                         "multiagent.policies.learner.algo=ppo", "multiagent.policies.opp.algo=random",
                                         "multiagent.mapping.p0=learner", "multiagent.mapping.p1=opp",
                                         "multiagent.alternate_seats=true", "evaluation.final=true",
-                                        "evaluation.episodes=10", "evaluation.opponents.opp=random",
-                                        "evaluation.alternate_seats=true"))
+                                        "evaluation.episodes=10", "multiagent.eval_opponents.opp=random",
+                                        "multiagent.eval_alternate_seats=true"))
     m = res.metrics
     assert m["evaluation/learner/win_rate"] == pytest.approx(0.5)
     assert m["evaluation/learner/loss_rate"] == pytest.approx(0.5)
@@ -325,8 +325,8 @@ def test_smoke_tictactoe_aec_against_random(run_dir):
                                         "multiagent.policies.learner.algo=ppo", "multiagent.policies.opponent.algo=random",
                                         "multiagent.mapping.player_1=learner", "multiagent.mapping.player_2=opponent",
                                         "multiagent.alternate_seats=true", "evaluation.final=true",
-                                        "evaluation.episodes=8", "evaluation.opponents.opponent=random",
-                                        "evaluation.alternate_seats=true"))
+                                        "evaluation.episodes=8", "multiagent.eval_opponents.opponent=random",
+                                        "multiagent.eval_alternate_seats=true"))
     m = res.metrics
     assert m["env_steps_sampled"] == 128 and m["agent_steps_sampled"] == 128
     rates = [m[f"evaluation/learner/{k}"] for k in ("win_rate", "draw_rate", "loss_rate")]
@@ -350,7 +350,7 @@ def test_evaluation_opponent_from_checkpoint(run_dir, tmp_path):
             "multiagent.mapping.p0=learner", "multiagent.mapping.p1=opp"]
     first = flowkit.train(local_overrides(run_dir, TINY, *base, "stop.iterations=1"))
     pm, cfg = load_config(local_overrides(str(tmp_path / "r2"), TINY, *base, "evaluation.episodes=4",
-                                          f"evaluation.opponents.opp={first.run_dir}"))
+                                          f"multiagent.eval_opponents.opp={first.run_dir}"))
     ctx = setup(cfg, pm)
     out = ctx.evaluate()
     assert out["evaluation/learner/win_rate"] == 1.0 and out["evaluation_episodes"] == 4  # p0 always wins
@@ -359,10 +359,10 @@ def test_evaluation_opponent_from_checkpoint(run_dir, tmp_path):
     opp = ctx._eval_worker.runner._opponents["opp"]
     assert all(np.array_equal(opp.get_weights()[k], v) for k, v in saved["policies"]["opp"]["weights"].items())
     ctx.shutdown()
-    with pytest.raises(ConfigError, match=r"evaluation.opponents.opp='/nonexistent'"):
-        make_ctx(TINY, *base, "evaluation.opponents.opp=/nonexistent")
-    with pytest.raises(ConfigError, match=r"evaluation.opponents.oop: no policy 'oop'.*did you mean"):
-        make_ctx(TINY, *base, "evaluation.opponents.oop=random")
+    with pytest.raises(ConfigError, match=r"multiagent.eval_opponents.opp='/nonexistent'"):
+        make_ctx(TINY, *base, "multiagent.eval_opponents.opp=/nonexistent")
+    with pytest.raises(ConfigError, match=r"multiagent.eval_opponents.oop: no policy 'oop'.*did you mean"):
+        make_ctx(TINY, *base, "multiagent.eval_opponents.oop=random")
 
 
 def test_resume_multiagent_run(run_dir):

@@ -9,8 +9,7 @@ from flowkit.core import batch as sb
 from flowkit.core.flow import NOT_READY
 from flowkit.core.ops import (BroadcastWeights, ConcatBatches, ParallelRollouts, SelectExperiences,
                               StandardizeFields, TrainOneStep, standardize)
-from flowkit.core.policy import ActionDist, ObsEncoder
-from flowkit.core.workers import EnvError, derive_seed
+from flowkit.core import ActionDist, EnvError, ObsEncoder, derive_seed
 from flowkit.engine import load_config, setup
 
 
@@ -196,7 +195,7 @@ def test_action_distributions_match_torch():
 def test_numpy_inference_matches_torch(algo, space, over):
     from types import SimpleNamespace
     import flowkit
-    from flowkit.core.policy import ActorCritic
+    from flowkit.core import ActorCritic
     cls = flowkit.get_plugin_manager().algorithms()[algo]
     cfg = cls.config_class()
     if "normalize_observations" in over:
@@ -236,7 +235,7 @@ def test_numpy_inference_matches_torch(algo, space, over):
 def test_numpy_inference_masks_and_fallbacks():
     import flowkit
     from types import SimpleNamespace
-    from flowkit.core.policy import ActorCritic
+    from flowkit.core import ActorCritic
     ppo = flowkit.get_plugin_manager().algorithms()["ppo"]
     mc = SimpleNamespace(hidden_sizes=[16], activation="tanh", shared_value_network=False, numpy_inference=True)
     pol = ppo.policy_class(spaces.Box(-1.0, 1.0, (3,)), spaces.Discrete(4), ppo.config_class(), mc, "cpu", 0, True)

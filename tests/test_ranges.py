@@ -51,7 +51,7 @@ def test_reflection_finds_every_section_and_every_numeric_key_declares_a_range()
 
 
 def test_activation_choices_are_the_networks_activations():
-    from flowkit.core.policy import _ACT_FN
+    from flowkit.core._models import ACTIVATIONS as _ACT_FN
     assert sorted(ACTIVATIONS) == sorted(_ACT_FN)
 
 

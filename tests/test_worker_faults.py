@@ -20,7 +20,7 @@ import pytest
 import flowkit
 from conftest import local_overrides
 from flowkit.core.batch import DEFAULT_POLICY_ID
-from flowkit.core.workers import derive_seed
+from flowkit.core import derive_seed
 from flowkit.engine import load_config, setup
 from flowkit.testing import KillWorkers
 
@@ -103,7 +103,7 @@ def test_c12_always_fails_stops_after_max_restarts(run_dir, caplog):
 
 def test_c12_space_mismatch_is_not_restarted(run_dir):
     """A bad env output is a bug in the env, not a fault: it stops at once (no restart)."""
-    with pytest.raises(flowkit.EnvError, match=r"worker 0, sub-env 0, agent 'agent0'"):
+    with pytest.raises(flowkit.EnvError, match=r"worker 0, sub-env 0\) returned"):
         flowkit.train(local_overrides(run_dir, "env.factory=test_bad_input:wrong_shape_env",
                                       "runtime.num_envs_per_worker=1", "stop.iterations=1"))
 

@@ -1,1 +1,30 @@
-"""The core: batches, the dataflow substrate, workers, operators, policies."""
+"""The core: batches, the dataflow substrate, workers, policies and the shared math.
+
+The names in ``__all__`` are the public API that plugins and users build on; the ``_name``
+modules behind them are private (their layout may change). Operators are in
+:mod:`flowkit.core.ops` (and :mod:`~flowkit.core.replay`, :mod:`~flowkit.core.learner_thread`).
+"""
+from flowkit.core import batch
+from flowkit.core._actor_critic import ActorCriticPolicy
+from flowkit.core._distributions import ActionDist
+from flowkit.core._encoders import MASK_KEY, ObsEncoder, SpaceError, add_batch_axis, batch_len
+from flowkit.core._envs import (EnvContext, EnvError, SpaceCheck, derive_seed, describe_value, env_name,
+                                find_mismatch, make_env)
+from flowkit.core._models import ACTIVATIONS, ActorCritic, RunningMeanStd, SmallCNN, TwinMLP, build_mlp, build_trunk
+from flowkit.core._numpy_model import NumpyActorCritic, sample_logp_numpy
+from flowkit.core._returns import bootstrap_rows, compute_gae, next_values, vtrace
+from flowkit.core._runner import Episode, GymEnvRunner
+from flowkit.core.algorithm import Algorithm
+from flowkit.core.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch, trajectory_ends
+from flowkit.core.flow import NOT_READY, Flow, FlowContext, ParallelFlow
+from flowkit.core.policy import Policy, RandomPolicy, to_tensor
+from flowkit.core.workers import PolicySpec, RolloutWorker, WorkerSet
+
+__all__ = [  # batches (column names: flowkit.core.batch.OBS, ...), dataflow, policies, envs and workers
+    "batch", "DEFAULT_POLICY_ID", "MultiAgentBatch", "SampleBatch", "trajectory_ends", "Flow", "FlowContext",
+    "NOT_READY", "ParallelFlow", "Algorithm", "Policy", "RandomPolicy", "ActorCriticPolicy", "to_tensor", "MASK_KEY",
+    "ObsEncoder", "SpaceError", "add_batch_axis", "batch_len", "ActionDist", "ACTIVATIONS", "ActorCritic",
+    "RunningMeanStd", "SmallCNN", "TwinMLP", "build_mlp", "build_trunk", "NumpyActorCritic", "sample_logp_numpy",
+    "bootstrap_rows", "compute_gae", "next_values", "vtrace", "EnvContext", "EnvError", "Episode", "GymEnvRunner",
+    "PolicySpec", "RolloutWorker", "SpaceCheck", "WorkerSet", "derive_seed", "describe_value", "env_name",
+    "find_mismatch", "make_env"]

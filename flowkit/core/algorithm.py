@@ -2,10 +2,7 @@
 a rollout mode and one method that matters, :meth:`Algorithm.training_flow`."""
 from __future__ import annotations
 
-import os
 from typing import Any, Dict, List, Optional
-
-from flowkit.core import batch as sb
 
 
 class Algorithm:

@@ -291,7 +291,7 @@ class MultiAgentReplayBuffer:
 
     def buffer(self, policy_id: str) -> ReplayBuffer:
         if policy_id not in self.buffers:
-            from flowkit.core.workers import derive_seed
+            from flowkit.core._envs import derive_seed
             s = derive_seed(self.seed, "replay", policy_id)
             sampler = (PrioritizedSampler(self.capacity, s, self.alpha, self.beta, self.eps)
                        if self.prioritized else UniformSampler(self.capacity, s))
@@ -507,7 +507,7 @@ class ReplayShards:
         return list(self._actors)
 
     def _start(self) -> None:
-        from flowkit.core.workers import derive_seed
+        from flowkit.core._envs import derive_seed
         out = []
         for i in range(self.num_shards):
             args = dict(self.kw, index=i, seed=derive_seed(self.seed, "replay_shard", i))

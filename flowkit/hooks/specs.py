@@ -28,8 +28,8 @@ if TYPE_CHECKING:
     from flowkit.core.algorithm import Algorithm
     from flowkit.core.batch import SampleBatch
     from flowkit.core.flow import Flow, _NotReady
-    from flowkit.core.policy import Policy
-    from flowkit.core.workers import EnvContext, Episode, PolicySpec, RolloutWorker
+    from flowkit.core import Policy
+    from flowkit.core import EnvContext, Episode, PolicySpec, RolloutWorker
     from flowkit.engine import Result, RunContext  # lead: flowkit.core.context.RunContext
 
 hookspec = pluggy.HookspecMarker("flowkit")

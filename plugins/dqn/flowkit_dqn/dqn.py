@@ -46,11 +46,10 @@ from flowkit.config import F, check_schedules
 from flowkit.core import batch as sb
 from flowkit.core.flow import get_result
 from flowkit.core.ops import BroadcastWeights, Concurrently, TrainOneStep, UpdateSchedules
-from flowkit.core.policy import ObsEncoder, Policy, build_mlp, build_trunk
 from flowkit.core.replay import (MultiAgentReplayBuffer, PushWeightsToSource, Replay, ReplayFromShards,
                                  ReplayShards, StoreToReplayBuffer, StoreToReplayShards, UpdatePriorities,
                                  UpdateTargetNetwork, WithSource)
-from flowkit.core.workers import derive_seed
+from flowkit.core import ObsEncoder, Policy, build_mlp, build_trunk, derive_seed, to_tensor
 
 
 @dataclass
@@ -258,12 +257,7 @@ class DQNPolicy(Policy):
 
     # -- learning (driver) --
     def prepare_batch(self, batch):
-        out = {}
-        for k in _TRAIN_COLS:
-            if k in batch:
-                v = np.asarray(batch[k])
-                out[k] = torch.from_numpy(v) if v.flags.writeable else torch.tensor(v)
-        return out
+        return {k: to_tensor(batch[k]) for k in _TRAIN_COLS if k in batch}
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg = self.config

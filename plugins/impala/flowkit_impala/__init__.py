@@ -1,9 +1,9 @@
 """flowkit-impala: the IMPALA algorithm plugin (entry point group ``flowkit``)."""
 import flowkit
 
-from flowkit_impala.impala import IMPALA, IMPALAConfig, IMPALAPolicy, MixInReplay, trajectory_ends, vtrace
+from flowkit_impala.impala import IMPALA, IMPALAConfig, IMPALAPolicy, MixInReplay
 
-__all__ = ["IMPALA", "IMPALAConfig", "IMPALAPolicy", "MixInReplay", "trajectory_ends", "vtrace"]
+__all__ = ["IMPALA", "IMPALAConfig", "IMPALAPolicy", "MixInReplay"]
 
 
 @flowkit.hookimpl

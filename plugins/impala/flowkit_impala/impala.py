@@ -41,8 +41,7 @@ from flowkit.core import batch as sb
 from flowkit.core.learner_thread import (Dequeue, Enqueue, LearnerThread, PerfMonitor,
                                          PushWeightsToSource, record_learner_result)
 from flowkit.core.ops import BroadcastWeights, Concurrently, ConcatBatches
-from flowkit.core.policy import ActorCritic, Policy, sample_logp_numpy
-from flowkit.core.workers import derive_seed
+from flowkit.core import ActorCriticPolicy, bootstrap_rows, derive_seed, next_values, vtrace
 
 
 @dataclass
@@ -76,86 +75,21 @@ class IMPALAConfig:
     log_std_init: float = F(0.0, "initial log-std of the Gaussian (Box actions)", ge=-20, le=20)
 
 
-# ---- V-trace -------------------------------------------------------------------------------------
-def vtrace(log_rhos: np.ndarray, rewards: np.ndarray, values: np.ndarray, next_values: np.ndarray,
-           nextnonterminal: np.ndarray, gamma: float, clip_rho_threshold: float = 1.0,
-           clip_c_threshold: float = 1.0, clip_pg_rho_threshold: float = 1.0,
-           vtrace_lambda: float = 1.0) -> Tuple[np.ndarray, np.ndarray]:
-    """V-trace targets and policy-gradient advantages over a flat sequence of trajectory
-    pieces (Espeholt et al. 2018, eq. 1 and section 4.2).
-
-    Args:
-        log_rhos: float[L], log pi(a_t|x_t) - log mu(a_t|x_t).
-        rewards: float[L]. values: float[L], V(x_t).
-        next_values: float[L], V(x_{t+1}): 0 after a termination, V(final observation) after
-            a truncation or a fragment cut.
-        nextnonterminal: float[L], 1 where row t+1 continues row t's trajectory, 0 where it
-            ends (terminated, truncated or cut) -- the recursion restarts there.
-    Returns:
-        ``(vs, pg_advantages)``, float32[L].
-    """
-    rhos = np.exp(np.asarray(log_rhos, np.float64))
-    clipped_rhos = np.minimum(clip_rho_threshold, rhos)
-    cs = vtrace_lambda * np.minimum(clip_c_threshold, rhos)
-    r = np.asarray(rewards, np.float64)
-    v = np.asarray(values, np.float64)
-    nv = np.asarray(next_values, np.float64)
-    cont = np.asarray(nextnonterminal, np.float64)
-    deltas = clipped_rhos * (r + gamma * nv - v)
-    n = len(r)
-    vs_minus_v = [0.0] * n
-    d, gc = deltas.tolist(), (gamma * cs * cont).tolist()
-    acc = 0.0
-    for t in range(n - 1, -1, -1):
-        acc = d[t] + gc[t] * acc
-        vs_minus_v[t] = acc
-    vs = np.asarray(vs_minus_v) + v
-    vs_next = nv.copy()                     # v_{t+1} = V(x_{t+1}) where the piece ends
-    vs_next[:-1] = np.where(cont[:-1] > 0, vs[1:], nv[:-1])
-    pg_adv = np.minimum(clip_pg_rho_threshold, rhos) * (r + gamma * vs_next - v)
-    return vs.astype(np.float32), pg_adv.astype(np.float32)
-
-
-trajectory_ends = sb.trajectory_ends  # where pieces end (core; shared with PPO and DQN)
-
-
 # ---- the policy -----------------------------------------------------------------------------------
-class IMPALAPolicy(Policy):
+class IMPALAPolicy(ActorCriticPolicy):
     """IMPALA's actor-critic with V-trace. Workers only act (and store the behaviour
-    log-prob); all the math runs on the learner. ``update_lock`` is held while the learner
-    thread updates the weights, and by every read or write of weights and state, so the
-    driver never sees half-updated weights. Override :meth:`loss` to make a variant."""
+    log-prob; acting from :class:`ActorCriticPolicy`); all the math runs on the learner.
+    ``update_lock`` is held while the learner thread updates the weights, and by every read
+    or write of weights and state, so the driver never sees half-updated weights. Override
+    :meth:`loss` to make a variant."""
+
+    store_values = False  # act with the policy network only
+    twin = False
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):
         super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
-        torch.manual_seed(seed)
-        self.model = ActorCritic(self.encoder, self.dist, model_config, log_std_init=config.log_std_init,
-                                 twin=False).to(self.device)
         self.update_lock = threading.RLock()
-        if not inference_only:
-            self.optimizer = self.make_optimizer(config.lr, config.adam_eps)
-
-    # -- acting (worker) --
-    def compute_actions_encoded(self, obs, mask=None, explore=True):
-        npm = self.numpy_model()
-        if npm is not None:  # the same network in numpy (cheaper per call on a few rows)
-            if mask is not None:
-                self.check_mask(mask)
-            inputs, _ = npm.forward(obs, value=False)
-            a, logp = sample_logp_numpy(self.dist, inputs, mask, explore, self.np_random)
-            return a, {sb.ACTION_LOGP: logp}
-        return self._compute_actions_torch(obs, mask, explore)
-
-    @torch.inference_mode()
-    def _compute_actions_torch(self, obs, mask=None, explore=True):
-        inputs = self.model.policy(torch.from_numpy(obs))
-        m = None
-        if mask is not None:
-            self.check_mask(mask)
-            m = torch.from_numpy(mask)
-        a, logp = self.dist.sample_logp(inputs, m, explore, self.generator)
-        return a.numpy(), {sb.ACTION_LOGP: logp.numpy()}
 
     # -- learning (learner) --
     def train_on_batch(self, pb: sb.SampleBatch) -> Dict[str, float]:
@@ -177,16 +111,14 @@ class IMPALAPolicy(Policy):
         return stats
 
     def prepare_batch(self, batch: sb.SampleBatch) -> Dict[str, torch.Tensor]:
-        """Tensors for :meth:`loss`: the columns it reads plus ``nextnonterminal`` (float[L]),
-        ``terminated`` (float[L]) and ``boot_idx``/``boot_obs`` (rows that bootstrap from
+        """Tensors for :meth:`loss`: the columns it reads plus ``nextnonterminal`` (float[L])
+        and ``boot_idx``/``boot_obs`` (rows that bootstrap from
         V(next_obs): truncations and cuts)."""
-        ends, term = trajectory_ends(batch)
-        boot = np.flatnonzero(ends & ~term)
+        cont, boot = bootstrap_rows(batch)
         dev = self.device
         out = {k: torch.as_tensor(np.array(batch[k]), device=dev)  # a copy: Ray's arrays are read-only
                for k in (sb.OBS, sb.ACTIONS, sb.ACTION_LOGP, sb.REWARDS, sb.ACTION_MASK) if k in batch}
-        out["nextnonterminal"] = torch.as_tensor((~ends).astype(np.float32), device=dev)
-        out["terminated"] = torch.as_tensor(term.astype(np.float32), device=dev)
+        out["nextnonterminal"] = torch.as_tensor(cont, device=dev)
         out["boot_idx"] = torch.as_tensor(boot, device=dev)
         out["boot_obs"] = torch.as_tensor(np.asarray(batch[sb.NEXT_OBS])[boot], device=dev)  # fancy index: a copy
         return out
@@ -216,14 +148,11 @@ class IMPALAPolicy(Policy):
         V(x_{t+1}) is the next row's value inside a trajectory, 0 after a termination and
         V(next_obs) after a truncation or a cut (the only extra forward pass)."""
         cfg = self.config
-        cont = batch["nextnonterminal"]
-        next_v = torch.zeros_like(values)
-        next_v[:-1] = values[1:]
-        next_v = next_v * cont                                # 0 at every end ...
-        if len(batch["boot_idx"]):                            # ... V(final obs) at truncations/cuts
-            next_v[batch["boot_idx"]] = self.model.value(batch["boot_obs"])
-        vs, pg_adv = vtrace(log_rhos.cpu().numpy(), batch[sb.REWARDS].cpu().numpy(), values.cpu().numpy(),
-                            next_v.cpu().numpy(), cont.cpu().numpy(), cfg.gamma, cfg.clip_rho_threshold,
+        cont, boot_idx = batch["nextnonterminal"].cpu().numpy(), batch["boot_idx"].cpu().numpy()
+        v = values.cpu().numpy()
+        boot_v = self.model.value(batch["boot_obs"]).cpu().numpy() if len(boot_idx) else None
+        vs, pg_adv = vtrace(log_rhos.cpu().numpy(), batch[sb.REWARDS].cpu().numpy(), v,
+                            next_values(v, cont, boot_idx, boot_v), cont, cfg.gamma, cfg.clip_rho_threshold,
                             cfg.clip_c_threshold, cfg.clip_pg_rho_threshold, cfg.vtrace_lambda)
         return torch.as_tensor(vs, device=self.device), torch.as_tensor(pg_adv, device=self.device)
 

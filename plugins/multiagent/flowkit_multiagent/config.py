@@ -45,5 +45,8 @@ class MultiAgentConfig:
     round_robin_weights: Dict[str, float] = F(help="train steps per round-robin cycle of each algorithm's "
                                                    "fragment, keyed by algorithm name or policy id (default 1)",
                                               factory=dict, gt=0)
+    eval_opponents: Dict[str, str] = F(help="policy id -> fixed opponent in evaluation: `random` or a "
+                                            "checkpoint path", factory=dict)
+    eval_alternate_seats: bool = F(False, "rotate the seats (agent -> policy) every evaluation episode")
     alternate_seats: bool = F(False, "training: rotate the agent -> policy assignment every episode "
                                      "(turn-based games: each policy plays every seat; agents must share spaces)")

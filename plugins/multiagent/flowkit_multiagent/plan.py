@@ -18,7 +18,6 @@ import difflib
 from typing import Any, Dict, List
 
 from flowkit.config import ConfigError
-from flowkit.core import batch as sb
 from flowkit.core.ops import Concurrently, ParallelRollouts
 
 from flowkit_multiagent.specs import MAPolicySpec, section_view_of

@@ -35,7 +35,7 @@ import gymnasium as gym
 import numpy as np
 
 from flowkit.core import batch as sb
-from flowkit.core.workers import EnvError, Episode, env_name, find_mismatch, _describe
+from flowkit.core import EnvError, Episode, describe_value, env_name, find_mismatch
 
 from flowkit_multiagent.specs import build_mapping, build_opponent, is_aec
 
@@ -139,7 +139,7 @@ class _MultiAgentRunner:
 
     def _check_reward(self, slot: _Slot, agent: str, r: Any):
         if slot.checks_left > 0 and (np.ndim(r) != 0 or not np.isfinite(float(np.asarray(r)))):
-            self._fail(slot, "reward", agent, (f"reward[{agent}]", "a finite float scalar", _describe(np.asarray(r))))
+            self._fail(slot, "reward", agent, (f"reward[{agent}]", "a finite float scalar", describe_value(np.asarray(r))))
 
     def _start_episode(self, slot: _Slot, reset: bool = True):
         slot.episode = Episode(next(self._eps_counter), slot.j, self.worker.index)
@@ -283,7 +283,7 @@ class _MultiAgentRunner:
     @property
     def _alternate_now(self) -> bool:
         if self._eval:
-            return bool(self.config.evaluation.get("alternate_seats", False))
+            return bool(self.config.multiagent.eval_alternate_seats)
         return self.alternate
 
     def sample(self, explore: bool = True) -> sb.MultiAgentBatch:
@@ -300,10 +300,10 @@ class _MultiAgentRunner:
 
     def evaluate(self, num_episodes: int, explore: bool = False) -> List[Dict[str, Any]]:
         """``num_episodes`` whole episodes from fresh resets (spread over the sub-envs), with the
-        policies named in ``evaluation.opponents`` replaced by fixed ones and, with
-        ``evaluation.alternate_seats``, the seats rotated every episode. Summaries of turn-based
+        policies named in ``multiagent.eval_opponents`` replaced by fixed ones and, with
+        ``multiagent.eval_alternate_seats``, the seats rotated every episode. Summaries of turn-based
         games carry ``eval_metrics`` (``<policy>/win_rate``, ``draw_rate``, ``loss_rate``)."""
-        opp = self.config.evaluation.get("opponents") or {}
+        opp = self.config.multiagent.eval_opponents or {}
         for pid in opp:
             if pid not in self._opponents:
                 self._opponents[pid] = build_opponent(self.config, pid, self.worker.policies[pid],

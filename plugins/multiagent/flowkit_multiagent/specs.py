@@ -17,8 +17,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import gymnasium as gym
 from omegaconf import DictConfig, OmegaConf
 
-from flowkit.config import ConfigError, _coerce, _flatten, _nest, check_values, schema_keys
-from flowkit.core.workers import PolicySpec
+from flowkit.config import ConfigError, check_values, merge_overrides
+from flowkit.core import PolicySpec
 
 SHARED_POLICY_ID = "shared"
 RANDOM = "random"
@@ -214,8 +214,7 @@ def policy_section(config: Any, pid: str, algo_cls: type, overrides: Any) -> Tup
     if ov:
         prefix = f"multiagent.policies.{pid}.config."
         try:
-            fixed = _coerce([(k, v) for k, v in _flatten(ov) if k], schema_keys(cls))
-            base = OmegaConf.merge(base, OmegaConf.create(_nest(fixed, {})))
+            base = merge_overrides(base, ov, cls)
         except ConfigError as e:
             raise ConfigError(str(e).replace("`", "`" + prefix, 1).replace("did you mean `", "did you mean `" + prefix)) from None
         except Exception as e:  # OmegaConf validation
@@ -309,7 +308,7 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, type]) -> Dic
                     f"policy {pid!r}: agents mapped to one policy must share their spaces, but agent "
                     f"{first!r} has obs={obs_sp[first]}, actions={act_sp[first]} and agent {a!r} has "
                     f"obs={obs_sp[a]}, actions={act_sp[a]}; map them to different policies")
-    if bool(ma.alternate_seats) or bool(config.evaluation.get("alternate_seats", False)):
+    if bool(ma.alternate_seats) or bool(ma.eval_alternate_seats):
         a0 = agents[0]
         for a in agents[1:]:
             if obs_sp[a] != obs_sp[a0] or act_sp[a] != act_sp[a0]:
@@ -385,12 +384,12 @@ def _check_loadable(pid, policy_class, o, a, cfg_obj, config, state, path) -> No
 
 
 def _check_opponents(config: Any, specs: Dict[str, MAPolicySpec], algorithms: Dict[str, type]) -> None:
-    opp = config.evaluation.get("opponents") or {}
+    opp = config.multiagent.eval_opponents or {}
     for pid, what in opp.items():
-        key = f"evaluation.opponents.{pid}"
+        key = f"multiagent.eval_opponents.{pid}"
         if pid not in specs:
             close = difflib.get_close_matches(str(pid), list(specs), n=1)
-            hint = f"; did you mean `evaluation.opponents.{close[0]}`?" if close else ""
+            hint = f"; did you mean `multiagent.eval_opponents.{close[0]}`?" if close else ""
             raise ConfigError(f"{key}: no policy {pid!r} in this run (policies: {', '.join(specs)}){hint}")
         if str(what) == RANDOM:
             continue
@@ -402,12 +401,12 @@ def build_opponent(config: Any, pid: str, spec: PolicySpec, seed: int,
                    algorithms: Optional[Dict[str, type]] = None) -> Any:
     """The fixed policy that replaces ``pid`` in evaluation (``random`` or a checkpoint whose
     algorithm is in ``algorithms``, default: every importable one)."""
-    from flowkit.core.policy import RandomPolicy
-    what = str(config.evaluation.opponents[pid])
+    from flowkit.core import RandomPolicy
+    what = str(config.multiagent.eval_opponents[pid])
     if what == RANDOM:
         return RandomPolicy(spec.observation_space, spec.action_space, None, config.model, "cpu", seed,
                             inference_only=True)
-    ck_spec, state = load_checkpoint_policy(what, pid, None, f"evaluation.opponents.{pid}", algorithms)
+    ck_spec, state = load_checkpoint_policy(what, pid, None, f"multiagent.eval_opponents.{pid}", algorithms)
     pol = ck_spec.policy_class(ck_spec.observation_space, ck_spec.action_space, ck_spec.config, config.model,
                                "cpu", seed, inference_only=True)
     pol.set_weights(state["weights"])

@@ -1,9 +1,9 @@
 """flowkit-ppo: the PPO algorithm plugin (entry point group ``flowkit``)."""
 import flowkit
 
-from flowkit_ppo.ppo import PPO, PPOConfig, PPOPolicy, compute_gae
+from flowkit_ppo.ppo import PPO, PPOConfig, PPOPolicy
 
-__all__ = ["PPO", "PPOConfig", "PPOPolicy", "compute_gae"]
+__all__ = ["PPO", "PPOConfig", "PPOPolicy"]
 
 
 @flowkit.hookimpl

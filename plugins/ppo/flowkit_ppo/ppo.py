@@ -1,6 +1,6 @@
 """Proximal Policy Optimization (Schulman et al. 2017, arXiv 1707.06347) as a flowkit plugin.
 
-Math, top to bottom:
+Math, top to bottom (GAE is computed on the workers by core's ``compute_gae``):
     GAE (Schulman et al. 2016, arXiv 1506.02438, eq. 16):
         delta_t = r_t + gamma * V(s_{t+1}) * (1 - terminated_t) - V(s_t)
         A_t     = delta_t + gamma * lambda * nextnonterminal_t * A_{t+1}
@@ -19,7 +19,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
-import numpy as np
 import torch
 
 import flowkit
@@ -27,7 +26,7 @@ from flowkit import ConfigError
 from flowkit.config import F, check_schedules
 from flowkit.core import batch as sb
 from flowkit.core.ops import BroadcastWeights, ConcatBatches, StandardizeFields, TrainOneStep, UpdateSchedules
-from flowkit.core.policy import ActorCritic, Policy, sample_logp_numpy, to_tensor
+from flowkit.core import ActorCriticPolicy, to_tensor
 
 
 @dataclass
@@ -60,96 +59,24 @@ class PPOConfig:
     adam_eps: float = F(1e-5, "Adam epsilon", gt=0)
 
 
-# ---- GAE -----------------------------------------------------------------------------------
-def compute_gae(rewards: np.ndarray, values: np.ndarray, next_values: np.ndarray,
-                nextnonterminal: np.ndarray, gamma: float, gae_lambda: float) -> Tuple[np.ndarray, np.ndarray]:
-    """Generalized advantage estimation over a flat sequence of trajectory pieces.
-
-    Args:
-        rewards, values: float32[L]. next_values: float32[L], V of the next state (0 after a
-            termination). nextnonterminal: float32[L], 0 where the trajectory ends or is cut.
-    Returns:
-        ``(advantages, value_targets)``, float32[L].
-    """
-    n = len(rewards)
-    adv = [0.0] * n
-    r, v, nv, nn_ = rewards.tolist(), values.tolist(), next_values.tolist(), nextnonterminal.tolist()
-    gl = gamma * gae_lambda
-    lastgaelam = 0.0
-    for t in range(n - 1, -1, -1):
-        delta = r[t] + gamma * nv[t] - v[t]
-        lastgaelam = delta + gl * nn_[t] * lastgaelam
-        adv[t] = lastgaelam
-    a = np.asarray(adv, np.float32)
-    return a, a + np.asarray(values, np.float32)
-
-
 # ---- the policy ----------------------------------------------------------------------------
 _TRAIN_COLS = (sb.OBS, sb.ACTIONS, sb.ACTION_LOGP, sb.VF_PREDS, sb.ADVANTAGES, sb.VALUE_TARGETS,
                sb.ACTION_DIST_INPUTS, sb.ACTION_MASK)
 
 
-class PPOPolicy(Policy):
-    """PPO's actor-critic policy. Override :meth:`loss` to make a variant."""
+class PPOPolicy(ActorCriticPolicy):
+    """PPO's actor-critic policy (acting and GAE from :class:`ActorCriticPolicy`). Override
+    :meth:`loss` to make a variant."""
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):
         super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
-        torch.manual_seed(seed)
-        self.model = ActorCritic(self.encoder, self.dist, model_config, config.normalize_observations,
-                                 config.log_std_init).to(self.device)
         self.lr, self.clip_param, self.kl_coeff = config.lr, config.clip_param, config.kl_coeff
         self._kl_sum, self._kl_n = 0.0, 0
-        if not inference_only:
-            self.optimizer = self.make_optimizer(config.lr, config.adam_eps)
-
-    # -- acting (worker) --
-    def compute_actions_encoded(self, obs, mask=None, explore=True):
-        npm = self.numpy_model()
-        if npm is not None:  # the same network in numpy (cheaper per call on a few rows)
-            if mask is not None:
-                self.check_mask(mask)
-            inputs, value = npm.forward(obs)
-            a, logp = sample_logp_numpy(self.dist, inputs, mask, explore, self.np_random)
-            return a, {sb.ACTION_LOGP: logp, sb.VF_PREDS: value, sb.ACTION_DIST_INPUTS: inputs}
-        return self._compute_actions_torch(obs, mask, explore)
-
-    @torch.inference_mode()
-    def _compute_actions_torch(self, obs, mask=None, explore=True):
-        x = torch.from_numpy(obs)
-        inputs, value = self.model(x)
-        m = None
-        if mask is not None:
-            self.check_mask(mask)
-            m = torch.from_numpy(mask)
-        a, logp = self.dist.sample_logp(inputs, m, explore, self.generator)
-        return a.numpy(), {sb.ACTION_LOGP: logp.numpy(), sb.VF_PREDS: value.numpy(),
-                           sb.ACTION_DIST_INPUTS: inputs.numpy()}
-
-    @torch.inference_mode()
-    def compute_values(self, obs: np.ndarray) -> np.ndarray:
-        """V(obs) for encoded observations float32[B, *shape] -> float32[B]."""
-        return self.model.value(torch.from_numpy(np.ascontiguousarray(obs, np.float32))).numpy()
 
     def postprocess_trajectory(self, batch: sb.SampleBatch) -> sb.SampleBatch:
-        """Add ``advantages`` and ``value_targets`` (GAE) to a batch of trajectory pieces."""
-        out = sb.SampleBatch(batch)
-        n = len(out)
-        if n == 0:
-            return out
-        ends, term = sb.trajectory_ends(out)
-        v = np.asarray(out[sb.VF_PREDS], np.float32)
-        next_v = np.empty(n, np.float32)
-        next_v[:-1] = v[1:]
-        boot = np.flatnonzero(ends & ~term)  # truncated or cut: bootstrap from V(next_obs)
-        if len(boot):
-            next_v[boot] = self.compute_values(np.asarray(out[sb.NEXT_OBS])[boot])
-        next_v[term] = 0.0
-        nextnonterminal = (~ends).astype(np.float32)
-        adv, vt = compute_gae(np.asarray(out[sb.REWARDS], np.float32), v, next_v, nextnonterminal,
-                              self.config.gamma, self.config.gae_lambda)
-        out[sb.ADVANTAGES], out[sb.VALUE_TARGETS] = adv, vt
-        return out
+        """Add ``advantages`` and ``value_targets`` (GAE, see the module docstring)."""
+        return self.add_gae(batch)
 
     # -- learning (driver) --
     def prepare_batch(self, batch):

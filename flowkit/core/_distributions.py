@@ -1,0 +1,175 @@
+"""Action distributions by space (:class:`ActionDist`): Discrete -> categorical (masked
+logits), MultiDiscrete -> independent categoricals, MultiBinary -> independent Bernoullis,
+Box -> diagonal Gaussian with a state-independent log-std; the sampled (unbounded) value is
+what the loss sees, the env receives it scaled from [-1, 1] to the bounds and then clipped.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from flowkit.core._encoders import SpaceError
+
+
+class ActionDist:
+    """Distribution family for an action space, over the network's ``inputs``
+    (float32[B, num_inputs]): logits, or Gaussian ``(mean, log_std)``.
+
+    ``sample``/``logp``/``entropy``/``kl`` work on torch tensors; ``to_env`` maps sampled
+    actions (numpy) into the env's space (Box: scale [-1,1] to [low, high], then clip).
+    """
+
+    def __init__(self, space: gym.Space):
+        self.space = space
+        if isinstance(space, gym.spaces.Discrete):
+            self.kind, self.num_outputs, self.nvec = "cat", int(space.n), [int(space.n)]
+        elif isinstance(space, gym.spaces.MultiDiscrete):
+            self.nvec = [int(n) for n in np.asarray(space.nvec).reshape(-1)]
+            self.kind, self.num_outputs = "multicat", int(sum(self.nvec))
+        elif isinstance(space, gym.spaces.MultiBinary):
+            self.kind, self.num_outputs = "bern", int(np.prod(space.n))
+        elif isinstance(space, gym.spaces.Box):
+            if not np.all(np.isfinite(space.low)) or not np.all(np.isfinite(space.high)):
+                self.kind = "gauss_unbounded"
+            else:
+                self.kind = "gauss"
+            self.dim = int(np.prod(space.shape))
+            self.num_outputs = self.dim  # the mean; log_std is a separate parameter
+            self.low = np.asarray(space.low, np.float32).reshape(-1)
+            self.high = np.asarray(space.high, np.float32).reshape(-1)
+            self.is_int = np.issubdtype(space.dtype, np.integer)
+        else:
+            raise SpaceError(f"action space {space} is not supported "
+                             "(Discrete, MultiDiscrete, MultiBinary, Box are)")
+        self.is_gauss = self.kind.startswith("gauss")
+
+    # masks apply to Discrete only (PettingZoo's convention)
+    @staticmethod
+    def masked(logits: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+        if mask is None:
+            return logits
+        return logits.masked_fill(mask == 0, torch.finfo(logits.dtype).min)
+
+    def _split(self, inputs):
+        return torch.split(inputs, self.nvec, dim=-1)
+
+    def sample(self, inputs: torch.Tensor, mask=None, explore=True, generator=None) -> torch.Tensor:
+        if self.kind == "cat":
+            logits = self.masked(inputs, mask)
+            if not explore:
+                return logits.argmax(-1)
+            u = torch.rand(logits.shape, generator=generator).clamp_(1e-20, 1.0)
+            return (logits - torch.log(-torch.log(u))).argmax(-1)  # Gumbel-max
+        if self.kind == "multicat":
+            outs = []
+            for lg in self._split(inputs):
+                if explore:
+                    u = torch.rand(lg.shape, generator=generator).clamp_(1e-20, 1.0)
+                    lg = lg - torch.log(-torch.log(u))
+                outs.append(lg.argmax(-1))
+            return torch.stack(outs, -1)
+        if self.kind == "bern":
+            if not explore:
+                return (inputs > 0).to(torch.int64)
+            return (torch.rand(inputs.shape, generator=generator) < torch.sigmoid(inputs)).to(torch.int64)
+        mean, log_std = inputs[..., :self.dim], inputs[..., self.dim:]
+        if not explore:
+            return mean
+        return mean + torch.exp(log_std) * torch.randn(mean.shape, generator=generator)
+
+    def sample_logp(self, inputs, mask=None, explore=True, generator=None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(actions, logp)``; one log-softmax for categoricals (Gumbel-max sampling)."""
+        if self.kind != "cat":
+            a = self.sample(inputs, mask, explore, generator)
+            return a, self.logp(inputs, a, mask)
+        lp = torch.log_softmax(self.masked(inputs, mask), -1)
+        if explore:
+            u = torch.rand(lp.shape, generator=generator).clamp_(1e-20, 1.0)
+            a = (lp - torch.log(-torch.log(u))).argmax(-1)
+        else:
+            a = lp.argmax(-1)
+        return a, lp.gather(-1, a.unsqueeze(-1)).squeeze(-1)
+
+    def logp(self, inputs, actions, mask=None) -> torch.Tensor:
+        if self.kind == "cat":
+            lp = torch.log_softmax(self.masked(inputs, mask), -1)
+            return lp.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+        if self.kind == "multicat":
+            a = actions.long()
+            return sum(torch.log_softmax(lg, -1).gather(-1, a[..., i:i + 1]).squeeze(-1)
+                       for i, lg in enumerate(self._split(inputs)))
+        if self.kind == "bern":
+            a = actions.float()
+            return -(nn.functional.binary_cross_entropy_with_logits(inputs, a, reduction="none")).sum(-1)
+        mean, log_std = inputs[..., :self.dim], inputs[..., self.dim:]
+        z = (actions - mean) / torch.exp(log_std)
+        return (-0.5 * z.pow(2) - log_std - 0.5 * math.log(2 * math.pi)).sum(-1)
+
+    def logp_entropy(self, inputs, actions, mask=None, entropy_grad: bool = True):
+        """``(logp, entropy)`` per row, sharing one log-softmax for categoricals; the entropy
+        is detached when ``entropy_grad`` is False (cheaper backward)."""
+        if self.kind == "cat":
+            lp = torch.log_softmax(self.masked(inputs, mask), -1)
+            logp = lp.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
+            src = lp if entropy_grad else lp.detach()
+            p = src.exp()
+            ent = -(p * src.masked_fill(p == 0, 0.0)).sum(-1)
+            return logp, ent
+        ent_in = inputs if entropy_grad else inputs.detach()
+        return self.logp(inputs, actions, mask), self.entropy(ent_in, mask)
+
+    def entropy(self, inputs, mask=None) -> torch.Tensor:
+        if self.kind in ("cat", "multicat"):
+            parts = [self.masked(inputs, mask)] if self.kind == "cat" else self._split(inputs)
+            ent = 0
+            for lg in parts:
+                lp = torch.log_softmax(lg, -1)
+                p = lp.exp()
+                ent = ent - (p * lp.masked_fill(p == 0, 0.0)).sum(-1)
+            return ent
+        if self.kind == "bern":
+            p = torch.sigmoid(inputs)
+            return nn.functional.binary_cross_entropy_with_logits(inputs, p, reduction="none").sum(-1)
+        log_std = inputs[..., self.dim:]
+        return (log_std + 0.5 * math.log(2 * math.pi * math.e)).sum(-1)
+
+    def kl(self, old, new, mask=None) -> torch.Tensor:
+        """KL(old || new) per row."""
+        if self.kind in ("cat", "multicat"):
+            po = [self.masked(old, mask)] if self.kind == "cat" else self._split(old)
+            pn = [self.masked(new, mask)] if self.kind == "cat" else self._split(new)
+            kl = 0
+            for a, b in zip(po, pn):
+                la, lb = torch.log_softmax(a, -1), torch.log_softmax(b, -1)
+                kl = kl + (la.exp() * (la - lb)).sum(-1)
+            return kl
+        if self.kind == "bern":
+            pa, pb = torch.sigmoid(old), torch.sigmoid(new)
+            eps = 1e-8
+            return (pa * (torch.log(pa + eps) - torch.log(pb + eps))
+                    + (1 - pa) * (torch.log(1 - pa + eps) - torch.log(1 - pb + eps))).sum(-1)
+        mo, lo = old[..., :self.dim], old[..., self.dim:]
+        mn, ln = new[..., :self.dim], new[..., self.dim:]
+        return (ln - lo + (torch.exp(2 * lo) + (mo - mn).pow(2)) / (2 * torch.exp(2 * ln)) - 0.5).sum(-1)
+
+    def to_env(self, actions: np.ndarray) -> np.ndarray:
+        """Sampled actions (numpy, batched) -> values inside the env's action space."""
+        if self.kind == "cat":
+            return actions.astype(np.int64, copy=False) + int(self.space.start)
+        if self.kind == "multicat":
+            return actions.astype(self.space.dtype, copy=False)
+        if self.kind == "bern":
+            return actions.astype(self.space.dtype, copy=False)
+        a = actions.reshape(actions.shape[0], -1)
+        if self.kind == "gauss":
+            a = self.low + (a + 1.0) * 0.5 * (self.high - self.low)  # scale first...
+        a = np.clip(a, self.low, self.high)                          # ...then clip
+        if self.is_int:
+            a = np.rint(a)
+        return a.astype(self.space.dtype).reshape(actions.shape[0], *self.space.shape)
+

@@ -1,0 +1,132 @@
+"""Observation encoding by space (:class:`ObsEncoder`).
+
+Box (1-D or any shape that is not image-like) -> flattened float32; Box of shape (H, W, C) or
+(C, H, W) with C <= 4 -> image (C, H, W) for a small CNN, uint8 scaled to [0, 1];
+Discrete(n) -> one-hot n; MultiDiscrete(nvec) -> concatenated one-hots; MultiBinary(n) -> n
+floats; Dict / Tuple -> their parts encoded and concatenated in the space's key order, with
+``action_mask`` taken out and returned as the action mask.
+"""
+from __future__ import annotations
+
+from typing import Any, List, Optional, Tuple
+
+import gymnasium as gym
+import numpy as np
+
+MASK_KEY = "action_mask"
+
+
+class SpaceError(ValueError):
+    """A space flowkit cannot handle, or a value outside its space."""
+
+
+class ObsEncoder:
+    """Turns batched raw observations into ``float32[B, *shape]`` plus an optional
+    ``int8[B, n]`` action mask.
+
+    Attributes:
+        shape: the encoded shape per observation; ``(D,)`` or ``(C, H, W)`` for images.
+        is_image: whether the encoded observation goes through a CNN.
+        has_mask: whether observations carry an ``action_mask`` (Dict spaces only).
+    """
+
+    def __init__(self, space: gym.Space):
+        self.space = space
+        self.has_mask = isinstance(space, gym.spaces.Dict) and MASK_KEY in space.spaces
+        self.is_image = False
+        self._transpose = False
+        if isinstance(space, gym.spaces.Box) and len(space.shape) == 3:
+            h, w, c = space.shape
+            if c <= 4 < min(h, w):
+                self.is_image, self._transpose, self.shape = True, True, (c, h, w)
+            elif space.shape[0] <= 4 < min(space.shape[1:]):
+                self.is_image, self.shape = True, tuple(space.shape)
+        if self.is_image:
+            self._scale = 1.0 / 255.0 if space.dtype == np.uint8 else 1.0
+        else:
+            self.shape = (self._flat_size(space),)
+        self.fast_box = isinstance(space, gym.spaces.Box) and not self.is_image
+
+    def _flat_size(self, s: gym.Space) -> int:
+        if isinstance(s, gym.spaces.Box):
+            return int(np.prod(s.shape))
+        if isinstance(s, gym.spaces.Discrete):
+            return int(s.n)
+        if isinstance(s, gym.spaces.MultiDiscrete):
+            return int(np.sum(s.nvec))
+        if isinstance(s, gym.spaces.MultiBinary):
+            return int(np.prod(s.n))
+        if isinstance(s, gym.spaces.Dict):
+            return sum(self._flat_size(v) for k, v in s.spaces.items() if k != MASK_KEY)
+        if isinstance(s, gym.spaces.Tuple):
+            return sum(self._flat_size(v) for v in s.spaces)
+        raise SpaceError(f"observation space {s} is not supported "
+                         "(Box, Discrete, MultiDiscrete, MultiBinary, Dict, Tuple are)")
+
+    def _encode(self, s: gym.Space, x: Any, b: int) -> List[np.ndarray]:
+        if isinstance(s, gym.spaces.Box):
+            return [np.asarray(x, dtype=np.float32).reshape(b, -1)]
+        if isinstance(s, gym.spaces.Discrete):
+            out = np.zeros((b, int(s.n)), np.float32)
+            out[np.arange(b), np.asarray(x, dtype=np.int64).reshape(b) - int(s.start)] = 1.0
+            return [out]
+        if isinstance(s, gym.spaces.MultiDiscrete):
+            x = np.asarray(x, dtype=np.int64).reshape(b, -1)
+            parts = []
+            for i, n in enumerate(np.asarray(s.nvec).reshape(-1)):
+                o = np.zeros((b, int(n)), np.float32)
+                o[np.arange(b), x[:, i]] = 1.0
+                parts.append(o)
+            return parts
+        if isinstance(s, gym.spaces.MultiBinary):
+            return [np.asarray(x, dtype=np.float32).reshape(b, -1)]
+        if isinstance(s, gym.spaces.Dict):
+            return [p for k, v in s.spaces.items() if k != MASK_KEY for p in self._encode(v, x[k], b)]
+        if isinstance(s, gym.spaces.Tuple):
+            return [p for i, v in enumerate(s.spaces) for p in self._encode(v, x[i], b)]
+        raise SpaceError(f"observation space {s} is not supported")
+
+    def __call__(self, obs: Any, batch_size: int) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+        """Encode ``batch_size`` observations (as a vector env returns them)."""
+        if self.fast_box:
+            return np.asarray(obs, dtype=np.float32).reshape(batch_size, -1), None
+        if self.is_image:
+            x = np.asarray(obs, dtype=np.float32).reshape(batch_size, *self.space.shape)
+            if self._transpose:
+                x = x.transpose(0, 3, 1, 2)
+            return np.ascontiguousarray(x * self._scale), None
+        parts = self._encode(self.space, obs, batch_size)
+        enc = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+        mask = None
+        if self.has_mask:
+            mask = np.asarray(obs[MASK_KEY], dtype=np.int8).reshape(batch_size, -1)
+        return enc, mask
+
+    def is_batched(self, obs: Any) -> bool:
+        """Whether ``obs`` already has a leading batch axis (for user-facing calls)."""
+        s = self.space
+        if isinstance(s, gym.spaces.Dict):
+            k = next(iter(s.spaces))
+            return np.ndim(obs[k]) > len(s.spaces[k].shape or ())
+        if isinstance(s, gym.spaces.Tuple):
+            return np.ndim(obs[0]) > len(s.spaces[0].shape or ())
+        return np.ndim(obs) > len(s.shape or ())
+
+
+
+def add_batch_axis(obs: Any) -> Any:
+    """``obs`` (array, or dict / tuple of arrays) with a leading batch axis of 1."""
+    if isinstance(obs, dict):
+        return {k: add_batch_axis(v) for k, v in obs.items()}
+    if isinstance(obs, tuple):
+        return tuple(add_batch_axis(v) for v in obs)
+    return np.asarray(obs)[None]
+
+
+def batch_len(obs: Any) -> int:
+    if isinstance(obs, dict):
+        return batch_len(next(iter(obs.values())))
+    if isinstance(obs, tuple):
+        return batch_len(obs[0])
+    return int(np.shape(obs)[0])
+

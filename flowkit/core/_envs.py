@@ -1,0 +1,193 @@
+"""Env construction (:func:`make_env`, :class:`EnvContext`), seeds (:func:`derive_seed`)
+and space checks (:func:`find_mismatch`, :class:`SpaceCheck`).
+
+Seeds (documented, derived from the one ``seed``): sub-env ``j`` of worker ``i`` after ``r``
+restarts resets first with ``derive_seed(seed, "env", i, j, r)``; worker ``i``'s exploration
+RNG uses ``derive_seed(seed, "policy", i, r)``; the learner uses ``derive_seed(seed,
+"learner")``. ``derive_seed`` hashes its arguments with numpy's SeedSequence, so sub-envs never
+share a seed and a restarted worker does not replay its first episodes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import inspect
+import zlib
+from typing import Any, Callable, Optional, Tuple
+
+import gymnasium as gym
+import numpy as np
+
+
+class EnvError(RuntimeError):
+    """An env misbehaved (bad output, or it raised); names env, worker and sub-env."""
+
+
+@dataclasses.dataclass
+class EnvContext:
+    """What an env factory gets as ``context=`` (if it accepts that keyword).
+
+    Attributes:
+        worker_index: 0-based rollout worker index (-1 for the driver's evaluation worker).
+        vector_index: sub-env index inside the worker's vector env.
+        num_workers: rollout workers in the run.
+        restart_count: how many times this worker slot was rebuilt after a failure.
+        seed: the derived seed of this sub-env (see module docstring).
+    """
+    worker_index: int = 0
+    vector_index: int = 0
+    num_workers: int = 1
+    restart_count: int = 0
+    seed: int = 0
+
+
+def derive_seed(seed: int, *keys: Any) -> int:
+    """A 32-bit seed derived from ``seed`` and ``keys`` (strings hashed with crc32)."""
+    ints = [int(seed) & 0xFFFFFFFF] + [zlib.crc32(k.encode()) if isinstance(k, str) else int(k) & 0xFFFFFFFF
+                                       for k in keys]
+    return int(np.random.SeedSequence(ints).generate_state(1)[0])
+
+
+def env_name(env_cfg: Any) -> str:
+    return env_cfg.get("id") or env_cfg.get("factory") or "<no env>"
+
+
+def _import_callable(path: str) -> Callable:
+    if ":" not in path:
+        raise ValueError(f"env.factory={path!r} must be of the form module:callable")
+    mod, attr = path.split(":", 1)
+    obj = importlib.import_module(mod)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"env.factory={path!r} is not callable")
+    return obj
+
+
+def make_env(env_cfg: Any, context: EnvContext) -> Any:
+    """Build one env from ``env.id`` (gym.make) or ``env.factory`` (called with
+    ``env.kwargs`` and, if it accepts it, ``context=``); wrap in TimeLimit when
+    ``env.max_episode_steps`` is set."""
+    kwargs = dict(env_cfg.get("kwargs") or {})
+    if env_cfg.get("factory"):
+        fn = _import_callable(env_cfg["factory"])
+        try:
+            accepts = "context" in inspect.signature(fn).parameters
+        except (TypeError, ValueError):
+            accepts = False
+        env = fn(context=context, **kwargs) if accepts else fn(**kwargs)
+    else:
+        env = gym.make(env_cfg["id"], **kwargs)
+    if env_cfg.get("max_episode_steps") and isinstance(env, gym.Env):
+        env = gym.wrappers.TimeLimit(env, max_episode_steps=int(env_cfg["max_episode_steps"]))
+    return env
+
+
+# ---- space checks ---------------------------------------------------------------------------
+def describe_value(x: Any) -> str:
+    """A short description of a received value for error messages (arrays: shape, dtype and
+    the first values)."""
+    if isinstance(x, np.ndarray):
+        vals = np.array2string(x.reshape(-1)[:6], precision=4, separator=", ")
+        return f"array(shape={x.shape}, dtype={x.dtype}, values={vals}{'...' if x.size > 6 else ''})"
+    return f"{x!r} ({type(x).__name__})"
+
+
+def find_mismatch(space: gym.Space, x: Any, path: str = "obs") -> Optional[Tuple[str, str, str]]:
+    """The first place where ``x`` is not in ``space``: ``(key path, expected, received)``,
+    or None. float64 values in a float32 Box are accepted (precision, not a bug)."""
+    if isinstance(space, gym.spaces.Dict):
+        if not isinstance(x, dict):
+            return path, f"a dict with keys {list(space.spaces)}", describe_value(x)
+        if set(x) != set(space.spaces):
+            return path, f"keys {sorted(space.spaces)}", f"keys {sorted(x)}"
+        for k, s in space.spaces.items():
+            m = find_mismatch(s, x[k], f"{path}.{k}")
+            if m:
+                return m
+        return None
+    if isinstance(space, gym.spaces.Tuple):
+        if not isinstance(x, (tuple, list)) or len(x) != len(space.spaces):
+            return path, f"a tuple of {len(space.spaces)}", describe_value(x)
+        for i, s in enumerate(space.spaces):
+            m = find_mismatch(s, x[i], f"{path}[{i}]")
+            if m:
+                return m
+        return None
+    if isinstance(space, gym.spaces.Box):
+        a = np.asarray(x)
+        exp = f"Box(shape={space.shape}, dtype={space.dtype}, low={space.low.min():g}, high={space.high.max():g})"
+        if (a.shape != space.shape or a.dtype.kind not in "fiub"
+                or (np.issubdtype(space.dtype, np.integer) and a.dtype.kind == "f")
+                or (a.dtype.kind == "f" and not np.all(np.isfinite(a)) and np.all(np.isfinite(space.low)))):
+            return path, exp, describe_value(a)
+        tol = 1e-6 * np.maximum(1.0, np.abs(space.high))
+        if np.any(a < space.low - tol) or np.any(a > space.high + tol):
+            return path, exp + " (values out of bounds)", describe_value(a)
+        return None
+    if isinstance(space, gym.spaces.Discrete):
+        a = np.asarray(x)
+        if a.shape != () or a.dtype.kind not in "iu" or not space.contains(int(a)):
+            return path, f"Discrete({space.n}, start={space.start}) integer", describe_value(x)
+        return None
+    if not space.contains(x):
+        return path, str(space), describe_value(np.asarray(x))
+    return None
+
+
+class SpaceCheck(gym.Wrapper):
+    """Checks the first ``steps`` outputs of one env against its declared spaces, then gets
+    out of the way. Raises EnvError naming env, worker, sub-env, key path, expected,
+    received. Any exception the env itself raises keeps its type and message and gets a note
+    naming env, worker, sub-env and restart count (every sub-env is wrapped, ``steps=0``
+    included)."""
+
+    def __init__(self, env: gym.Env, name: str, context: EnvContext, steps: int):
+        super().__init__(env)
+        self._name, self._ctx, self._left = name, context, steps
+
+    def _fail(self, what: str, m: Tuple[str, str, str]):
+        raise EnvError(f"env {self._name!r} (worker {self._ctx.worker_index}, sub-env "
+                       f"{self._ctx.vector_index}) returned a bad {what}: at `{m[0]}` "
+                       f"expected {m[1]}, received {m[2]}")
+
+    def _note(self, e: BaseException, call: str) -> None:
+        if not isinstance(e, EnvError):
+            e.add_note(f"[flowkit] raised by {call} of env {self._name!r} in worker "
+                       f"{self._ctx.worker_index}, sub-env {self._ctx.vector_index} "
+                       f"(restart {self._ctx.restart_count})")
+
+    def reset(self, **kw):
+        try:
+            obs, info = self.env.reset(**kw)
+        except Exception as e:
+            self._note(e, "reset()")
+            raise
+        if self._left > 0:
+            m = find_mismatch(self.observation_space, obs)
+            if m:
+                self._fail("observation from reset()", m)
+        return obs, info
+
+    def step(self, action):
+        try:
+            out = self.env.step(action)
+        except Exception as e:
+            self._note(e, "step()")
+            raise
+        if self._left > 0:
+            self._left -= 1
+            if len(out) != 5:
+                raise EnvError(f"env {self._name!r}: step() must return (obs, reward, terminated, "
+                               f"truncated, info), got {len(out)} values")
+            obs, rew, term, trunc, _ = out
+            m = find_mismatch(self.observation_space, obs)
+            if m:
+                self._fail("observation from step()", m)
+            if not np.isscalar(rew) and np.ndim(rew) != 0 or not np.isfinite(float(np.asarray(rew))):
+                self._fail("reward", ("reward", "a finite float scalar", describe_value(np.asarray(rew))))
+            for nm, v in (("terminated", term), ("truncated", trunc)):
+                if not isinstance(v, (bool, np.bool_)):
+                    self._fail(nm, (nm, "a bool", describe_value(v)))
+        return out
+

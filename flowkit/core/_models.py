@@ -1,0 +1,209 @@
+"""Networks: MLPs, the twin policy/value MLP, a small CNN, running observation
+normalisation and the :class:`ActorCritic` model of the actor-critic algorithms."""
+from __future__ import annotations
+
+import math
+from typing import Any, List, Optional, Sequence, Tuple
+
+import torch
+from torch import nn
+
+from flowkit.core._distributions import ActionDist
+from flowkit.core._encoders import ObsEncoder
+
+ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "gelu": nn.GELU, "silu": nn.SiLU}
+
+
+class RunningMeanStd(nn.Module):
+    """Running mean and variance of encoded observations (Chan et al. parallel update);
+    ``normalize(x) = clip((x - mean) / sqrt(var + 1e-8), -clip, clip)``."""
+
+    def __init__(self, shape: Sequence[int], clip: float = 10.0):
+        super().__init__()
+        self.register_buffer("mean", torch.zeros(shape))
+        self.register_buffer("var", torch.ones(shape))
+        self.register_buffer("count", torch.tensor(1e-4, dtype=torch.float64))
+        self.clip = clip
+
+    @torch.no_grad()
+    def update(self, x: torch.Tensor) -> None:
+        bm, bv, bc = x.mean(0), x.var(0, unbiased=False), x.shape[0]
+        delta, tot = bm - self.mean, self.count + bc
+        self.mean += delta * (bc / tot).float()
+        m2 = self.var * self.count.float() + bv * bc + delta.pow(2) * (self.count * bc / tot).float()
+        self.var.copy_(m2 / tot.float())
+        self.count.copy_(tot)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.clamp((x - self.mean) / torch.sqrt(self.var + 1e-8), -self.clip, self.clip)
+
+
+def build_mlp(in_dim: int, hidden: Sequence[int], activation: str, out_dim: Optional[int] = None,
+              out_gain: float = 1.0) -> nn.Sequential:
+    """Linear layers with orthogonal init (gain sqrt(2) hidden, ``out_gain`` last)."""
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"model.activation={activation!r} is not one of {sorted(ACTIVATIONS)}")
+    layers: List[nn.Module] = []
+    d = in_dim
+    for h in hidden:
+        lin = nn.Linear(d, h)
+        nn.init.orthogonal_(lin.weight, math.sqrt(2))
+        nn.init.zeros_(lin.bias)
+        layers += [lin, ACTIVATIONS[activation]()]
+        d = h
+    if out_dim is not None:
+        lin = nn.Linear(d, out_dim)
+        nn.init.orthogonal_(lin.weight, out_gain)
+        nn.init.zeros_(lin.bias)
+        layers.append(lin)
+    return nn.Sequential(*layers)
+
+
+_ACT_FN = {"tanh": torch.tanh, "relu": torch.relu, "elu": nn.functional.elu,
+           "gelu": nn.functional.gelu, "silu": nn.functional.silu}
+
+
+class TwinMLP(nn.Module):
+    """Two MLPs with the same hidden sizes (e.g. policy and value networks) evaluated
+    together: the first layers as one matmul over concatenated weights, deeper layers as one
+    batched matmul (``torch.baddbmm``), then a linear head each. The same functions as two
+    separate ``build_mlp`` networks (orthogonal init, gain sqrt(2) hidden, ``gain_a``/``gain_b``
+    heads), with about half the kernel launches: on a CPU most of a small MLP's time is
+    per-op overhead.
+
+    ``forward(x: float32[B, in_dim]) -> (float32[B, out_a], float32[B, out_b])``.
+    """
+
+    def __init__(self, in_dim: int, hidden: Sequence[int], activation: str, out_a: int, out_b: int,
+                 gain_a: float = 0.01, gain_b: float = 1.0):
+        super().__init__()
+        if activation not in _ACT_FN:
+            raise ValueError(f"model.activation={activation!r} is not one of {sorted(_ACT_FN)}")
+        self.act = _ACT_FN[activation]
+        self.hidden = list(hidden)
+
+        def ortho(rows: int, cols: int, gain: float) -> torch.Tensor:
+            w = torch.empty(rows, cols)
+            nn.init.orthogonal_(w, gain)
+            return w
+        g = math.sqrt(2)
+        d = in_dim
+        if self.hidden:
+            h0 = self.hidden[0]
+            self.w0 = nn.Parameter(torch.cat([ortho(h0, in_dim, g), ortho(h0, in_dim, g)]))
+            self.b0 = nn.Parameter(torch.zeros(2 * h0))
+            d = h0
+        self.ws = nn.ParameterList()
+        self.bs = nn.ParameterList()
+        for h in self.hidden[1:]:
+            # bmm layout: (2, d_in, d_out), i.e. the transposed nn.Linear weight
+            self.ws.append(nn.Parameter(torch.stack([ortho(h, d, g).T, ortho(h, d, g).T]).contiguous()))
+            self.bs.append(nn.Parameter(torch.zeros(2, 1, h)))
+            d = h
+        self.wa, self.ba = nn.Parameter(ortho(out_a, d, gain_a)), nn.Parameter(torch.zeros(out_a))
+        self.wb, self.bb = nn.Parameter(ortho(out_b, d, gain_b)), nn.Parameter(torch.zeros(out_b))
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        if not self.hidden:
+            return nn.functional.linear(x, self.wa, self.ba), nn.functional.linear(x, self.wb, self.bb)
+        h = self.act(nn.functional.linear(x, self.w0, self.b0))
+        h = h.view(x.shape[0], 2, self.hidden[0]).transpose(0, 1)
+        for i in range(len(self.hidden) - 1):
+            h = self.act(torch.baddbmm(self.bs._parameters[str(i)], h, self.ws._parameters[str(i)]))
+        return nn.functional.linear(h[0], self.wa, self.ba), nn.functional.linear(h[1], self.wb, self.bb)
+
+
+class SmallCNN(nn.Module):
+    """Conv(32, 8, s4) -> Conv(64, 4, s2) -> Conv(64, 3, s1) -> flatten (Mnih et al. 2015),
+    with kernels shrunk for small images."""
+
+    def __init__(self, shape: Sequence[int]):
+        super().__init__()
+        c, h, w = shape
+        big = min(h, w) >= 36
+        self.net = nn.Sequential(
+            nn.Conv2d(c, 32, 8 if big else 3, 4 if big else 1), nn.ReLU(),
+            nn.Conv2d(32, 64, 4 if big else 3, 2 if big else 1), nn.ReLU(),
+            nn.Conv2d(64, 64, 3, 1), nn.ReLU(), nn.Flatten())
+        with torch.no_grad():
+            self.out_dim = int(self.net(torch.zeros(1, c, h, w)).shape[1])
+
+    def forward(self, x):
+        return self.net(x)
+
+
+def build_trunk(encoder: ObsEncoder, hidden: Sequence[int], activation: str) -> Tuple[nn.Module, int]:
+    """Encoded observation -> features: CNN (images) then MLP ``hidden``. Returns (module, dim)."""
+    mods: List[nn.Module] = []
+    d = encoder.shape[0]
+    if encoder.is_image:
+        cnn = SmallCNN(encoder.shape)
+        mods.append(cnn)
+        d = cnn.out_dim
+    mlp = build_mlp(d, hidden, activation)
+    mods.append(mlp)
+    return nn.Sequential(*mods), (hidden[-1] if hidden else d)
+
+
+
+class ActorCritic(nn.Module):
+    """Policy and value networks for actor-critic algorithms (PPO, IMPALA): separate MLPs
+    (evaluated as one :class:`TwinMLP` when ``twin``), or a shared trunk with
+    ``model.shared_value_network``; images go through a CNN trunk; optional running
+    observation normalisation; a state-independent log-std for Gaussian actions.
+
+    ``forward(obs float32[B, *shape]) -> (dist_inputs float32[B, k], value float32[B])``."""
+
+    def __init__(self, encoder: ObsEncoder, dist: ActionDist, model_cfg: Any, normalize_obs: bool = False,
+                 log_std_init: float = 0.0, twin: bool = True):
+        super().__init__()
+        hidden, act = list(model_cfg.hidden_sizes), model_cfg.activation
+        self.obs_rms = RunningMeanStd(encoder.shape) if normalize_obs else None
+        self.shared = bool(model_cfg.shared_value_network)
+        self.twin = None
+        if twin and not self.shared and not encoder.is_image:
+            # separate policy and value MLPs, evaluated as one TwinMLP (fewer kernel launches)
+            self.twin = TwinMLP(encoder.shape[0], hidden, act, dist.num_outputs, 1, 0.01, 1.0)
+        elif self.shared:
+            self.trunk, d = build_trunk(encoder, hidden, act)
+            self.pi_head = build_mlp(d, [], act, dist.num_outputs, 0.01)
+            self.vf_head = build_mlp(d, [], act, 1, 1.0)
+        else:
+            pt, d = build_trunk(encoder, hidden, act)
+            self.pi = nn.Sequential(pt, build_mlp(d, [], act, dist.num_outputs, 0.01))
+            vt, d = build_trunk(encoder, hidden, act)
+            self.vf = nn.Sequential(vt, build_mlp(d, [], act, 1, 1.0))
+        self.log_std = nn.Parameter(torch.full((dist.num_outputs,), float(log_std_init))) if dist.is_gauss else None
+
+    def _norm(self, obs):
+        return self.obs_rms(obs) if self.obs_rms is not None else obs
+
+    def forward(self, obs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """obs: float32[B, *shape] -> (dist_inputs float32[B, k], value float32[B])."""
+        x = self._norm(obs)
+        if self.twin is not None:
+            logits, value = self.twin(x)
+        elif self.shared:
+            h = self.trunk(x)
+            logits, value = self.pi_head(h), self.vf_head(h)
+        else:
+            logits, value = self.pi(x), self.vf(x)
+        if self.log_std is not None:
+            logits = torch.cat([logits, self.log_std.expand_as(logits)], -1)
+        return logits, value.squeeze(-1)
+
+    def policy(self, obs: torch.Tensor) -> torch.Tensor:
+        """dist_inputs only: float32[B, k] (skips the value network where it is separate)."""
+        if self.twin is not None or self.shared:
+            return self.forward(obs)[0]
+        logits = self.pi(self._norm(obs))
+        if self.log_std is not None:
+            logits = torch.cat([logits, self.log_std.expand_as(logits)], -1)
+        return logits
+
+    def value(self, obs: torch.Tensor) -> torch.Tensor:
+        x = self._norm(obs)
+        if self.twin is not None:
+            return self.twin(x)[1].squeeze(-1)
+        return (self.vf_head(self.trunk(x)) if self.shared else self.vf(x)).squeeze(-1)
+

@@ -1,0 +1,280 @@
+"""The Gymnasium vector-env runner (the fast single-agent path) and :class:`Episode`.
+
+Counting: a batch's ``env_steps`` are real transitions; the autoreset step of a
+``next_step`` vector env is not one and is not recorded.
+"""
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+import gymnasium as gym
+import numpy as np
+
+from flowkit.core import batch as sb
+from flowkit.core._encoders import ObsEncoder, add_batch_axis
+from flowkit.core._envs import EnvError, find_mismatch
+
+if TYPE_CHECKING:
+    from flowkit.core.workers import RolloutWorker
+
+
+# ---- episodes --------------------------------------------------------------------------------
+class Episode:
+    """One episode as seen by a worker (passed to ``flowkit_on_episode_end`` /
+    ``flowkit_on_trajectory``).
+
+    Attributes:
+        episode_id: unique int. env_index: sub-env index. worker_index.
+        length: env steps so far. total_reward: sum of rewards (all agents).
+        agent_rewards: ``{(agent_id, policy_id): return}``.
+        custom_metrics: set values here; reported as ``custom/<name>`` (iteration mean).
+        user_data: free scratch space.
+    """
+
+    __slots__ = ("episode_id", "env_index", "worker_index", "length", "total_reward",
+                 "agent_rewards", "custom_metrics", "user_data", "terminated", "truncated")
+
+    def __init__(self, episode_id: int, env_index: int, worker_index: int):
+        self.episode_id, self.env_index, self.worker_index = episode_id, env_index, worker_index
+        self.length, self.total_reward = 0, 0.0
+        self.agent_rewards: Dict[Tuple[str, str], float] = {}
+        self.custom_metrics: Dict[str, float] = {}
+        self.user_data: Dict[str, Any] = {}
+        self.terminated = self.truncated = False
+
+    def summary(self) -> Dict[str, Any]:
+        return {"return": float(self.total_reward), "length": int(self.length),
+                "custom": dict(self.custom_metrics),
+                "agent_returns": {f"{a}|{p}": float(r) for (a, p), r in self.agent_rewards.items()}}
+
+
+# ---- the Gymnasium vector-env runner ---------------------------------------------------------
+AUTORESET_MODES = {"next_step": gym.vector.AutoresetMode.NEXT_STEP,
+                   "same_step": gym.vector.AutoresetMode.SAME_STEP}
+
+
+class GymEnvRunner:
+    """Steps a Gymnasium SyncVectorEnv of ``runtime.num_envs_per_worker`` sub-envs with one
+    batched policy call per step, and returns fragments of exactly
+    ``runtime.rollout_fragment_length`` real transitions per sub-env (rows of one sub-env
+    contiguous; transitions a sub-env made beyond that are kept for the next fragment).
+
+    Both autoreset modes give the same transitions: ``next_step`` (the reset step is skipped)
+    and ``same_step`` (the final observation is read from ``info["final_obs"]``). Truncated
+    rows keep ``next_obs`` = the real final observation.
+    """
+
+    policy_id = sb.DEFAULT_POLICY_ID
+
+    def __init__(self, worker: "RolloutWorker", envs: List[gym.Env]):
+        self.worker = worker
+        cfg = worker.config
+        mode = cfg.env.autoreset_mode
+        if mode not in AUTORESET_MODES:
+            raise ValueError(f"env.autoreset_mode={mode!r} is not supported; use one of {sorted(AUTORESET_MODES)}")
+        self.same_step = mode == "same_step"
+        self.n = len(envs)
+        self.native = self._use_native(cfg)
+        if self.native:
+            # the env's own vectorized implementation: one numpy step for all sub-envs
+            for e in envs:
+                e.close()
+            self.vec = gym.make_vec(cfg.env.id, num_envs=self.n, vectorization_mode="vector_entry_point",
+                                    **dict(cfg.env.kwargs or {}))
+            self._check_left = int(cfg.env.check_spaces_steps)
+        else:
+            self.vec = gym.vector.SyncVectorEnv([(lambda e=e: e) for e in envs],
+                                                autoreset_mode=AUTORESET_MODES[mode])
+            self._check_left = 0  # SpaceCheck wraps each sub-env
+        self.T = int(cfg.runtime.rollout_fragment_length)
+        if len(worker.policies) != 1:
+            raise ValueError("the Gymnasium runner serves exactly one policy; got "
+                             f"{sorted(worker.policies)}")
+        self.policy_id, self.policy = next(iter(worker.policies.items()))
+        self.encoder: ObsEncoder = self.policy.encoder
+        self.dist = self.policy.dist
+        self._eps_counter = itertools.count(worker.index * 10_000_000 + worker.restart_count * 1_000_000_000)
+        self._reset_all()
+
+    @staticmethod
+    def _use_native(cfg) -> bool:
+        env = cfg.env
+        if env.vectorization not in ("auto", "sync"):
+            raise ValueError(f"env.vectorization={env.vectorization!r} must be auto or sync")
+        if env.vectorization != "auto" or not env.id or env.factory or env.max_episode_steps:
+            return False
+        if env.autoreset_mode != "next_step":
+            return False
+        try:
+            return bool(gym.spec(env.id).vector_entry_point)
+        except Exception:
+            return False
+
+    def _check_rows(self, raw: Any, where: str) -> None:
+        """Space checks for the native vector env (SpaceCheck wraps single envs instead)."""
+        self._check_left -= 1
+        space = self.vec.single_observation_space
+        arr = np.asarray(raw)
+        for j in range(self.n):
+            m = find_mismatch(space, arr[j])
+            if m:
+                raise EnvError(f"env {self.worker.config.env.id!r} (worker {self.worker.index}, sub-env {j}) "
+                               f"returned a bad observation from {where}: at `{m[0]}` expected {m[1]}, "
+                               f"received {m[2]}")
+
+    def _reset_all(self):
+        seeds = [ctx.seed for ctx in self.worker.sub_env_contexts]
+        # a native vector env takes one seed for its single RNG (sub-envs still differ)
+        raw, _ = self.vec.reset(seed=seeds[0] if self.native else seeds)
+        if self._check_left > 0:
+            self._check_rows(raw, "reset()")
+        self.raw_obs = raw
+        self.obs_enc, self.mask = self.encoder(raw, self.n)
+        self.reset_pending = np.zeros(self.n, bool)
+        self.episodes = [self._new_episode(j) for j in range(self.n)]
+        self.t = np.zeros(self.n, np.int64)
+        # per-sub-env running figures, kept as arrays (no Python loop per env step)
+        self.eps_ids = np.array([e.episode_id for e in self.episodes], np.int64)
+        self.ep_len = np.zeros(self.n, np.int64)
+        self.ep_ret = np.zeros(self.n, np.float64)
+        self.carry: List[Optional[sb.SampleBatch]] = [None] * self.n
+
+    def _new_episode(self, j: int) -> Episode:
+        return Episode(next(self._eps_counter), j, self.worker.index)
+
+    def sample(self, explore: bool = True) -> sb.MultiAgentBatch:
+        n, T = self.n, self.T
+        pol, enc, dist = self.policy, self.encoder, self.dist
+        have = np.array([0 if c is None else len(c) for c in self.carry])
+        cols: Dict[str, List[np.ndarray]] = {k: [] for k in (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS,
+                                                               sb.TRUNCATEDS, sb.NEXT_OBS, sb.EPS_ID, sb.T)}
+        if enc.has_mask:
+            cols[sb.ACTION_MASK], cols[sb.NEXT_ACTION_MASK] = [], []
+        extras_l: Dict[str, List[np.ndarray]] = {}
+        valid_l: List[np.ndarray] = []
+        finished: List[Dict[str, Any]] = []
+        pm = self.worker.pm
+        ep_hook = bool(pm.hook.flowkit_on_episode_end.get_hookimpls())
+        live_eps: Dict[int, Episode] = {e.episode_id: e for e in self.episodes}
+        while (have < T).any():
+            obs_enc, mask = self.obs_enc, self.mask
+            actions, extras = pol.compute_actions_encoded(obs_enc, mask, explore)
+            raw_next, rew, term, trunc, infos = self.vec.step(dist.to_env(actions))
+            if self._check_left > 0:
+                self._check_rows(raw_next, "step()")
+            valid = ~self.reset_pending
+            next_enc, next_mask = enc(raw_next, n)
+            rec_next, rec_next_mask = next_enc, next_mask
+            done = term | trunc
+            if self.same_step and done.any():
+                rec_next = next_enc.copy()
+                rec_next_mask = None if next_mask is None else next_mask.copy()
+                for j in np.flatnonzero(done):
+                    fe, fm = enc(add_batch_axis(infos["final_obs"][j]), 1)
+                    rec_next[j] = fe[0]
+                    if rec_next_mask is not None:
+                        rec_next_mask[j] = fm[0]
+            cols[sb.OBS].append(obs_enc)
+            cols[sb.ACTIONS].append(actions)
+            cols[sb.REWARDS].append(np.asarray(rew, np.float32))
+            cols[sb.TERMINATEDS].append(term)
+            cols[sb.TRUNCATEDS].append(trunc & ~term)
+            cols[sb.NEXT_OBS].append(rec_next)
+            cols[sb.EPS_ID].append(self.eps_ids.copy())
+            cols[sb.T].append(self.t.copy())
+            if mask is not None:
+                cols[sb.ACTION_MASK].append(mask)
+                cols[sb.NEXT_ACTION_MASK].append(rec_next_mask)
+            for k, v in extras.items():
+                extras_l.setdefault(k, []).append(v)
+            valid_l.append(valid)
+            # episode bookkeeping (real transitions only)
+            self.ep_len += valid
+            self.ep_ret += np.where(valid, rew, 0.0)
+            self.t += valid
+            have += valid
+            ended = done if self.same_step else done & valid
+            for j in np.flatnonzero(ended):
+                ep = self.episodes[j]
+                ep.length, ep.total_reward = int(self.ep_len[j]), float(self.ep_ret[j])
+                self.ep_len[j], self.ep_ret[j] = 0, 0.0
+                ep.terminated, ep.truncated = bool(term[j]), bool(trunc[j] and not term[j])
+                if ep_hook:
+                    pm.hook.flowkit_on_episode_end(episode=ep, worker=self.worker)
+                finished.append(ep.summary())
+                self.episodes[j] = self._new_episode(j)
+                self.eps_ids[j] = self.episodes[j].episode_id
+                live_eps[self.episodes[j].episode_id] = self.episodes[j]
+                self.t[j] = 0
+            self.reset_pending = ended if not self.same_step else np.zeros(n, bool)
+            self.raw_obs, self.obs_enc, self.mask = raw_next, next_enc, next_mask
+        for j, ep in enumerate(self.episodes):  # running episodes, as hooks see them
+            ep.length, ep.total_reward = int(self.ep_len[j]), float(self.ep_ret[j])
+        batch = self._cut(cols, extras_l, valid_l)
+        batch = self._postprocess(batch, live_eps)
+        return sb.MultiAgentBatch({self.policy_id: batch}, env_steps=n * T, agent_steps=n * T,
+                                  episodes=finished, worker_index=self.worker.index,
+                                  meta={"weights_version": self.worker.weights_version})
+
+    def _cut(self, cols, extras_l, valid_l) -> sb.SampleBatch:
+        """Stack steps (S, N, ...) and cut exactly T real transitions per sub-env."""
+        T = self.T
+        stacked = {k: np.stack(v) for k, v in cols.items()}
+        stacked.update({k: np.stack(v) for k, v in extras_l.items()})
+        valid = np.stack(valid_l)
+        if valid.all() and all(c is None for c in self.carry) and valid.shape[0] == T:
+            # fast path: every step real, nothing carried -> (N, T) layout
+            return sb.SampleBatch({k: np.ascontiguousarray(np.swapaxes(v, 0, 1)).reshape(-1, *v.shape[2:])
+                                   for k, v in stacked.items()})
+        parts = []
+        for j in range(self.n):
+            rows = np.flatnonzero(valid[:, j])
+            piece = sb.SampleBatch({k: v[rows, j] for k, v in stacked.items()})
+            if self.carry[j] is not None:
+                piece = sb.concat_samples([self.carry[j], piece])
+            parts.append(piece.slice(0, T))
+            self.carry[j] = piece.slice(T, len(piece)) if len(piece) > T else None
+        return sb.concat_samples(parts)
+
+    def _postprocess(self, batch: sb.SampleBatch, live_eps: Dict[int, Episode]) -> sb.SampleBatch:
+        pm = self.worker.pm
+        if pm.hook.flowkit_on_trajectory.get_hookimpls():
+            batch = batch.copy()
+            pieces = batch.split_by_episode()
+            for piece in pieces:
+                ep = live_eps.get(int(piece[sb.EPS_ID][0]))
+                pm.hook.flowkit_on_trajectory(policy_id=self.policy_id, batch=piece, episode=ep)
+            pieces = [self.policy.postprocess_trajectory(p) for p in pieces]
+            return sb.concat_samples(pieces)
+        return self.policy.postprocess_trajectory(batch)
+
+    def evaluate(self, num_episodes: int, explore: bool = False) -> List[Dict[str, Any]]:
+        """Run ``num_episodes`` whole episodes with fresh resets; return their summaries.
+        Episodes are spread over the sub-envs; an episode only counts if it started after the
+        evaluation began (no bias toward short episodes: each sub-env's first episodes)."""
+        self._reset_all()
+        per_env = [num_episodes // self.n + (1 if j < num_episodes % self.n else 0) for j in range(self.n)]
+        done_count = [0] * self.n
+        out: List[Dict[str, Any]] = []
+        while len(out) < num_episodes:
+            actions, _ = self.policy.compute_actions_encoded(self.obs_enc, self.mask, explore)
+            raw_next, rew, term, trunc, infos = self.vec.step(self.dist.to_env(actions))
+            valid = ~self.reset_pending
+            ended = (term | trunc) & (valid if not self.same_step else True)
+            for j in np.flatnonzero(valid):
+                self.episodes[j].length += 1
+                self.episodes[j].total_reward += float(rew[j])
+            for j in np.flatnonzero(ended):
+                if done_count[j] < per_env[j]:
+                    out.append(self.episodes[j].summary())
+                    done_count[j] += 1
+                self.episodes[j] = self._new_episode(j)
+            self.reset_pending = ended if not self.same_step else np.zeros(self.n, bool)
+            self.obs_enc, self.mask = self.encoder(raw_next, self.n)
+        self._reset_all()
+        return out
+
+    def close(self):
+        self.vec.close()
+
