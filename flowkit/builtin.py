@@ -11,7 +11,7 @@ from flowkit.core.algorithm import Algorithm
 from flowkit.core.context import RunContext
 from flowkit.core.flow import Flow
 from flowkit.core.learner import Learner
-from flowkit.core.ops import ParallelRollouts
+from flowkit.core.ops import NoTraining, ParallelRollouts
 from flowkit.core.policy import RandomPolicy
 from flowkit.core.workers import GymEnvRunner, PolicySpec
 from flowkit.hooks.manager import hookimpl
@@ -31,9 +31,7 @@ class RandomAlgorithm(Algorithm):
     off_policy = True
 
     def training_flow(self, experiences: Flow, ctx: RunContext, learner: Learner) -> Flow:
-        def no_training(b):
-            return {"batch": b, "stats": {}}
-        return experiences.for_each(no_training)
+        return experiences.for_each(NoTraining())
 
 
 @hookimpl

@@ -197,13 +197,6 @@ class Learner:
                                                                   for p, pol in self.policies.items()})
             return cache
 
-    def set_weights(self, weights: Dict[str, Any]) -> None:
-        """Load ``{policy_id: weights}`` (e.g. an opponent's initial weights)."""
-        with self.lock:
-            for p, w in weights.items():
-                self.policies[p].set_weights(w)
-            self._weights_cache = None
-
     # ---- state (checkpoints) ---------------------------------------------------------------
     def get_state(self) -> Dict[str, Any]:
         with self.lock:

@@ -206,6 +206,15 @@ class TrainOneStep:
         return Concurrently([put, get], mode="async", output_indexes=[1])
 
 
+class NoTraining:
+    """For policies nobody trains (random, frozen): every batch is one empty train step."""
+
+    name = "NoTraining"
+
+    def __call__(self, b: sb.MultiAgentBatch) -> Dict[str, Any]:
+        return {"batch": b, "stats": {}}
+
+
 class SyncWeights:
     """Send ``learner``'s weights (and their version) to rollout workers. Passes items on.
 

@@ -21,7 +21,7 @@ from typing import Any, Dict, List, Optional
 from flowkit.config import ConfigError
 from flowkit.core.context import RunContext
 from flowkit.core.flow import Flow
-from flowkit.core.ops import Concurrently, ParallelRollouts
+from flowkit.core.ops import Concurrently, NoTraining, ParallelRollouts
 
 from flowkit_multiagent.specs import MAPolicySpec, section_view_of
 
@@ -38,15 +38,6 @@ class SelectPolicies:
         if isinstance(item, tuple):
             return item[0], item[1].select(self.policy_ids)
         return item.select(self.policy_ids)
-
-
-class NoTraining:
-    """The plan of a run without trainable policies: every round is one (empty) train step."""
-
-    name = "NoTraining"
-
-    def __call__(self, item: Any) -> Dict[str, Any]:
-        return {"batch": item, "stats": {}}
 
 
 def training_groups(specs: Dict[str, Any]) -> Dict[str, List[str]]:
