@@ -145,10 +145,10 @@ class Learner:
         for _ in range(self.num_epochs):
             if self.contiguous:
                 mbs_iter: Iterable[Dict[str, torch.Tensor]] = chunks
-            elif mbs < n:
-                perm = torch.from_numpy(self.rng.permutation(n))
-                mbs_iter = ({k: v[idx] for k, v in tb.items()}
-                            for idx in perm.split(mbs))
+            elif mbs < n:  # one gather per epoch; minibatches are slices (views) of it
+                perm = torch.from_numpy(self.rng.permutation(n)).to(policy.device)
+                shuffled = {k: v[perm] for k, v in tb.items()}
+                mbs_iter = ({k: v[s:s + mbs] for k, v in shuffled.items()} for s in range(0, n, mbs))
             else:
                 mbs_iter = (tb,)
             for mb in mbs_iter:
