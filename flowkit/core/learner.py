@@ -183,7 +183,7 @@ class Learner:
             g.mul_(torch.clamp(max_grad_norm / (n + 1e-6), max=1.0))
             norm = float(n)
         policy._flat.grad = g
-        policy.optimizer.step()
+        policy.optimizer.step()  # type: ignore[union-attr]  # trainable policies have one
         return norm
 
     # ---- weights ---------------------------------------------------------------------------
@@ -358,10 +358,10 @@ class PerfMonitor:
         cpu = self._sample()
         m = self.ctx.extra_metrics
         me = os.getpid()
-        if cpu.get(me) is not None and self._cpu.get(me) is not None:
-            m["perf/cpu_util_driver"] = (cpu[me] - self._cpu[me]) / dt
-        ws = [(cpu[p] - self._cpu[p]) / dt for p in cpu
-              if p != me and cpu[p] is not None and self._cpu.get(p) is not None]
+        used = {p: (c - c0) / dt for p, c in cpu.items() if c is not None and (c0 := self._cpu.get(p)) is not None}
+        if me in used:
+            m["perf/cpu_util_driver"] = used.pop(me)
+        ws = list(used.values())
         if ws:
             m["perf/cpu_util_workers"] = float(np.mean(ws))
         if lr is not None:

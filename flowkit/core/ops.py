@@ -308,7 +308,7 @@ class UpdateTargetNetwork:
 
     def __call__(self, item: Any) -> Any:
         for pid, st in _result_of(item)["stats"].items():
-            pol = self.learner.policies[pid]
+            pol: Any = self.learner.policies[pid]  # a policy with a target network (update_target)
             now = pol.num_updates
             before = now - int(st.get("num_sgd_steps", 1))
             if now // self.freq > before // self.freq:
