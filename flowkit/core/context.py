@@ -117,17 +117,20 @@ class RunContext(FlowContext):
 
     def get_weights(self, policy_ids: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         """``{policy_id: weights}`` of the driver policies (default: all)."""
-        pids = self.policy_ids if policy_ids is None else policy_ids
-        return {pid: self.policies[pid].get_weights() for pid in pids if pid in self.policies}
+        return self._read(lambda pol: pol.get_weights(), policy_ids)
 
     def policy_states(self) -> Dict[str, Any]:
-        """``{policy_id: Policy.get_state()}``, each read under its learner's update lock."""
+        """``{policy_id: Policy.get_state()}`` of every driver policy."""
+        return self._read(lambda pol: pol.get_state())
+
+    def _read(self, fn: Any, policy_ids: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        # each learner's policies under its update lock: never half-updated by its thread
+        pids = list(self.policies) if policy_ids is None else [p for p in policy_ids if p in self.policies]
         out = {}
         for lr in self.learners.values():
             with lr.lock:
-                out.update({p: pol.get_state() for p, pol in lr.policies.items()})
-        out.update({p: pol.get_state() for p, pol in self.policies.items() if p not in out})
-        return {p: out[p] for p in self.policies}
+                out.update({p: fn(lr.policies[p]) for p in pids if p in lr.policies})
+        return {p: out[p] if p in out else fn(self.policies[p]) for p in pids}
 
     def _initial_weights(self) -> Dict[str, Any]:
         # the workers' first weights carry the learners' version (no policy-lag spike on resume)
