@@ -313,6 +313,8 @@ class PerfMonitor:
       second (1.0 = one core busy);
     - ``perf/cpu_util_workers``: the same, mean over rollout worker processes (Ray workers on
       this machine; absent on the local backend, where workers run in the driver).
+
+    With several learners (multi-agent groups) the learner figures are ``perf/<group>/learner_*``.
     """
 
     def __init__(self, ctx: "RunContext", learner: Optional[Learner] = None, period_s: float = 1.0):
@@ -366,10 +368,11 @@ class PerfMonitor:
             m["perf/cpu_util_workers"] = float(np.mean(ws))
         if lr is not None:
             busy, trained = lr.busy_s, lr.env_steps_trained
+            k = "perf/learner" if len(getattr(self.ctx, "learners", ())) <= 1 else f"perf/{lr.name}/learner"
             if busy > self._busy:
-                m["perf/learner_throughput_env_steps_per_s"] = (trained - self._trained) / (busy - self._busy)
-            m["perf/learner_busy_frac"] = (busy - self._busy) / dt
-            m["perf/learner_queue_size"] = float(np.mean(self._qsizes)) if self._qsizes else 0.0
+                m[f"{k}_throughput_env_steps_per_s"] = (trained - self._trained) / (busy - self._busy)
+            m[f"{k}_busy_frac"] = (busy - self._busy) / dt
+            m[f"{k}_queue_size"] = float(np.mean(self._qsizes)) if self._qsizes else 0.0
             self._qsizes = []
             self._busy, self._trained = busy, trained
         self._t, self._cpu = now, cpu
