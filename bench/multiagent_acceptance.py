@@ -91,7 +91,7 @@ def evaluate_run(run_dir: str, overrides):
     ctx = setup(cfg, pm)
     st = load_state(ck)
     for pid, ps in st["policies"].items():
-        ctx.learner[pid].set_weights(ps["weights"])
+        ctx.policies[pid].set_weights(ps["weights"])
     try:
         return ctx.evaluate()
     finally:

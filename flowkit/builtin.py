@@ -8,8 +8,11 @@ import gymnasium as gym
 from flowkit.config import F
 from flowkit.core import batch as sb
 from flowkit.core.algorithm import Algorithm
-from flowkit.core.ops import ParallelRollouts
 from flowkit.core import GymEnvRunner, PolicySpec, RandomPolicy
+from flowkit.core.context import RunContext
+from flowkit.core.flow import Flow
+from flowkit.core.learner import Learner
+from flowkit.core.ops import NoTraining, ParallelRollouts
 from flowkit.hooks.manager import hookimpl
 
 
@@ -26,11 +29,8 @@ class RandomAlgorithm(Algorithm):
     policy_class = RandomPolicy
     off_policy = True
 
-    def training_flow(self, experiences, ctx):
-        def count(b):
-            ctx.counters["env_steps_trained"] += 0
-            return {"batch": b, "stats": {}}
-        return experiences.for_each(count)
+    def training_flow(self, experiences: Flow, ctx: RunContext, learner: Learner) -> Flow:
+        return experiences.for_each(NoTraining())
 
 
 @hookimpl
@@ -58,11 +58,11 @@ def flowkit_make_policy_specs(config, env, algorithms):
 
 
 @hookimpl(trylast=True)
-def flowkit_build_plan(ctx):
-    """The one algorithm of ``algo`` over all policies."""
+def flowkit_build_plan(ctx: RunContext) -> Flow:
+    """The one algorithm of ``algo`` over all policies, with one Learner (named after it)."""
     algo = ctx.algorithms[ctx.config.algo]
     mode = algo.get_rollout_mode()
     experiences = ParallelRollouts(ctx, mode=mode, prefetch=ctx.prefetch)
     if mode == "async":
         experiences = experiences.zip_with_source_actor()
-    return algo.training_flow(experiences, ctx)
+    return algo.training_flow(experiences, ctx, ctx.add_learner(algo.name, ctx.policy_ids))

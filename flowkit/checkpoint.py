@@ -287,12 +287,6 @@ def config_yaml(cfg: DictConfig, specs: Dict[str, PolicySpec], pm: Any) -> str:
     return OmegaConf.to_yaml(OmegaConf.create(used_config(cfg, specs, pm)))
 
 
-# ---- the run context (one place that reads it) ------------------------------------------------------
-def _policies(ctx: Any) -> Dict[str, Any]:
-    """``{policy_id: Policy}`` of the driver (renamed ``ctx.policies`` by the Learner redesign)."""
-    return ctx.learner
-
-
 def _rng_state() -> Dict[str, Any]:
     return {"python": random.getstate(), "numpy": np.random.get_state(legacy=False),
             "torch": torch.get_rng_state()}
@@ -322,7 +316,7 @@ def checkpoint_state(ctx: Any) -> Dict[str, Any]:
         "time_total_s": ctx.time_total_s,
         "counters": dict(ctx.counters),
         "policy_specs": {pid: spec_to_dict(s, registry.get(s.algo)) for pid, s in ctx.policy_specs.items()},
-        "policies": {pid: p.get_state() for pid, p in _policies(ctx).items()},
+        "policies": ctx.policy_states(),
         "algorithms": {n: a.get_state() for n, a in ctx.algorithms.items()},
         "stateful": {n: (o.get_state(include_replay=include_replay) if _takes_kw(o.get_state, "include_replay")
                          else o.get_state()) for n, o in ctx.stateful.items() if hasattr(o, "get_state")},
@@ -435,10 +429,9 @@ def restore(ctx: Any, ck_dir: str) -> None:
         if mine is not None and mine.algo != d["algo"]:
             raise CheckpointError(f"checkpoint {path!r}: policy {pid!r} was trained by {d['algo']!r}, "
                                   f"this run uses {mine.algo!r}")
-    policies = _policies(ctx)
     for pid, ps in st["policies"].items():
-        if pid in policies:
-            policies[pid].set_state(ps)
+        if pid in ctx.policies:
+            ctx.policies[pid].set_state(ps)
     for n, s in st.get("algorithms", {}).items():
         if n in ctx.algorithms:
             ctx.algorithms[n].set_state(s)

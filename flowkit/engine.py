@@ -10,7 +10,7 @@ the exact sequence)::
     cfg = config                   D flowkit_add_algorithms(), flowkit_add_config_sections()
     validate (run.reporters known) D flowkit_add_algorithms(), flowkit_add_reporters()
     specs                          D flowkit_make_policy_specs(config, env, algorithms)   firstresult
-    ctx = RunContext(...)            (learner policies, WorkerSet not started)
+    ctx = make_context(...)          (driver policies, learners, WorkerSet not started)
     reporters registered           D flowkit_add_reporters(); one instance each, in list order
     plan                           D flowkit_build_plan(ctx)                 firstresult, wrappable
     resume: restore                D flowkit_load_state_dict(state)           for each saver
@@ -43,7 +43,6 @@ the exact sequence)::
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import datetime
 import json
@@ -61,14 +60,11 @@ from omegaconf.errors import OmegaConfBaseException
 from flowkit.checkpoint import (config_yaml, find_checkpoint, load_trained, restore, resume_config,  # noqa: F401
                                 save_checkpoint)
 from flowkit.config import ConfigError, build_config, plugin_modules_from, section_view
-from flowkit.core import batch as sb
-from flowkit.core.flow import FlowContext
+from flowkit.core import EnvContext, derive_seed, env_name, make_env
+from flowkit.core.context import RunContext, make_context
 from flowkit.core.ops import StandardMetricsReporting
-from flowkit.core import EnvContext, PolicySpec, RolloutWorker, WorkerSet, derive_seed, env_name, make_env
 from flowkit.hooks import PluginError, get_plugin_manager
 from flowkit.reporters import kept_rows, read_metrics  # noqa: F401  (read_metrics: public here too)
-
-EPISODE_WINDOW = 20
 
 
 class Result:
@@ -88,185 +84,6 @@ class Result:
         r = self.metrics.get("episode_return_mean")
         return (f"Result(stop_reason={self.stop_reason!r}, env_steps={self.metrics.get('env_steps_sampled')}, "
                 f"episode_return_mean={r}, run_dir={self.run_dir!r})")
-
-
-# ---- the run context -------------------------------------------------------------------------
-class RunContext(FlowContext):
-    """Everything a plan needs: ``config``, ``pm``, ``algorithms`` ({name: Algorithm}),
-    ``policy_specs``, ``learner`` ({policy_id: Policy} on the driver), ``workers`` (the
-    WorkerSet, started lazily), ``counters``, ``timers``, ``rng`` (seeded numpy Generator for
-    minibatch order), and stateful objects (``add_stateful``) that checkpoints reach."""
-
-    def __init__(self, config: DictConfig, pm: Any, algorithms: Dict[str, Any],
-                 policy_specs: Dict[str, PolicySpec], run_dir: Optional[str] = None):
-        super().__init__()
-        self.config, self.pm, self.algorithms = config, pm, algorithms
-        self.policy_specs = policy_specs
-        self.policy_ids = list(policy_specs)
-        self.run_dir = run_dir
-        seed = int(config.seed)
-        self.rng = np.random.default_rng(derive_seed(seed, "learner"))
-        device = config.learner.device
-        if device.startswith("cuda") and not torch.cuda.is_available():
-            raise ConfigError(f"learner.device={device!r} but torch sees no CUDA device")
-        self.learner = {pid: s.policy_class(s.observation_space, s.action_space, s.config, config.model,
-                                            device, derive_seed(seed, "learner", pid))
-                        for pid, s in policy_specs.items()}
-        self.trainable_policies = {pid for pid, s in policy_specs.items()
-                                   if getattr(self.algorithms.get(s.algo), "trainable", True)
-                                   and self.learner[pid].optimizer is not None}
-        self.workers = WorkerSet(config, policy_specs, pm, weights_fn=lambda: self.get_weights(None))
-        self.stateful: Dict[str, Any] = {}
-        self.learner_stats: Dict[str, Dict[str, float]] = {}
-        self.episode_window = collections.deque(maxlen=EPISODE_WINDOW)
-        self.len_window = collections.deque(maxlen=EPISODE_WINDOW)
-        self.policy_windows: Dict[str, collections.deque] = collections.defaultdict(
-            lambda: collections.deque(maxlen=EPISODE_WINDOW))
-        self.iter_episodes: List[Dict[str, Any]] = []
-        self.iteration = 0
-        self.time_total_s = 0.0
-        self._t_start: Optional[float] = None
-        self.stop_reason: Optional[str] = None
-        rt = config.runtime
-        off = all(getattr(a, "off_policy", False) for a in algorithms.values())
-        self.prefetch = bool(off if rt.prefetch is None else rt.prefetch)
-        self._eval_worker = None
-        self.extra_metrics: Dict[str, Any] = {}
-
-    # -- helpers for plans --
-    def add_stateful(self, name: str, obj: Any) -> Any:
-        """Register an object with ``get_state``/``set_state`` (and optionally ``stop``) so
-        checkpoints and shutdown reach it. Returns ``obj``."""
-        if name in self.stateful and self.stateful[name] is not obj:
-            raise ValueError(f"stateful object {name!r} registered twice")
-        self.stateful[name] = obj
-        return obj
-
-    def get_weights(self, policy_ids: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-        pids = self.policy_ids if policy_ids is None else policy_ids
-        return {pid: self.learner[pid].get_weights() for pid in pids if pid in self.learner}
-
-    def restricted_to(self, policy_ids: Sequence[str]) -> "RunContext":
-        """A view of this context limited to ``policy_ids`` (learner, trainable set,
-        broadcast); counters, timers and workers are shared."""
-        return _Restricted(self, list(policy_ids))
-
-    def request_stop(self, reason: str) -> None:
-        self.stop_reason = reason
-
-    # -- metrics --
-    def record_episodes(self, episodes: List[Dict[str, Any]]) -> None:
-        for e in episodes:
-            self.episode_window.append(e["return"])
-            self.len_window.append(e["length"])
-            for key, r in e.get("agent_returns", {}).items():
-                self.policy_windows[key.split("|", 1)[1]].append(r)
-            self.iter_episodes.append(e)
-        self.counters["episodes_total"] += len(episodes)
-
-    def make_result(self, dt: float, sampled: int, trained: int, n_items: int) -> Dict[str, Any]:
-        self.iteration += 1
-        c = self.counters
-        r: Dict[str, Any] = {
-            "iteration": self.iteration,
-            "env_steps_sampled": int(c["env_steps_sampled"]),
-            "env_steps_trained": int(c["env_steps_trained"]),
-            "agent_steps_sampled": int(c["agent_steps_sampled"]),
-            "agent_steps_trained": int(c["agent_steps_trained"]),
-            "episode_return_mean": float(np.mean(self.episode_window)) if self.episode_window else float("nan"),
-            "episode_len_mean": float(np.mean(self.len_window)) if self.len_window else float("nan"),
-            "episodes_this_iter": len(self.iter_episodes),
-            "episodes_total": int(c["episodes_total"]),
-            "num_updates": int(c["num_updates"]),
-            "num_worker_restarts": int(self.workers.num_restarts),
-        }
-        if len(self.policy_ids) > 1 or any(p != sb.DEFAULT_POLICY_ID for p in self.policy_ids):
-            for pid in self.policy_ids:
-                w = self.policy_windows.get(pid)
-                r[f"policy/{pid}/episode_return_mean"] = float(np.mean(w)) if w else float("nan")
-        for pid, st in self.learner_stats.items():
-            for k, v in st.items():
-                r[f"learner/{pid}/{k}"] = v
-        custom: Dict[str, List[float]] = collections.defaultdict(list)
-        for e in self.iter_episodes:
-            for k, v in e.get("custom", {}).items():
-                custom[k].append(v)
-        for k, vs in custom.items():
-            r[f"custom/{k}"] = float(np.mean(vs))
-        self.iter_episodes = []
-        r.update(self.extra_metrics)
-        now = time.perf_counter()
-        self.time_total_s = self._time_offset + (now - self._t_start)
-        r["time_total_s"] = self.time_total_s
-        r["time_this_iter_s"] = dt
-        r["env_steps_per_s"] = sampled / dt if dt > 0 else float("nan")
-        r["env_steps_trained_per_s"] = trained / dt if dt > 0 else float("nan")
-        for name, t in self.timers.items():
-            r[f"perf/{name}_time_ms"] = 1000.0 * t.mean_s
-        r["perf/train_steps_this_iter"] = n_items
-        return r
-
-    _time_offset = 0.0
-
-    def start_clock(self) -> None:
-        self._t_start = time.perf_counter()
-
-    # -- evaluation --
-    def evaluate(self) -> Dict[str, Any]:
-        """Greedy evaluation on the driver over ``evaluation.episodes`` episodes."""
-        ev = self.config.evaluation
-        if self._eval_worker is None:
-            n = max(1, min(int(ev.episodes), 8))
-            self._eval_worker = RolloutWorker(self.config, -1, self.workers.num_workers, self.policy_specs,
-                                              pm=self.pm, num_envs=n)
-        self._eval_worker.set_weights(self.get_weights(None), self.counters["num_updates"])
-        with self.timers["evaluate"]:
-            eps = self._eval_worker.evaluate(int(ev.episodes), bool(ev.explore))
-        rets = [e["return"] for e in eps]
-        out = {"evaluation_return_mean": float(np.mean(rets)),
-               "evaluation_return_std": float(np.std(rets)),
-               "evaluation_len_mean": float(np.mean([e["length"] for e in eps])),
-               "evaluation_episodes": len(eps)}
-        pol: Dict[str, List[float]] = collections.defaultdict(list)
-        for e in eps:
-            for key, v in e.get("agent_returns", {}).items():
-                pol[key.split("|", 1)[1]].append(v)
-        if len(self.policy_ids) > 1:
-            for pid, vs in pol.items():
-                out[f"evaluation/{pid}/episode_return_mean"] = float(np.mean(vs))
-        extra: Dict[str, List[float]] = collections.defaultdict(list)  # runner metrics (win_rate, ...)
-        for e in eps:
-            for key, v in e.get("eval_metrics", {}).items():
-                extra[key].append(v)
-        out.update({f"evaluation/{k}": float(np.mean(vs)) for k, vs in extra.items()})
-        return out
-
-    def shutdown(self) -> None:
-        for obj in self.stateful.values():
-            stop = getattr(obj, "stop", None)
-            if callable(stop):
-                with contextlib.suppress(Exception):
-                    stop()
-        self.workers.stop()
-        if self._eval_worker is not None:
-            with contextlib.suppress(Exception):
-                self._eval_worker.stop()
-
-
-class _Restricted:
-    def __init__(self, parent: RunContext, policy_ids: List[str]):
-        self._parent, self.policy_ids = parent, policy_ids
-        self.learner = {p: parent.learner[p] for p in policy_ids}
-        self.trainable_policies = {p for p in parent.trainable_policies if p in policy_ids}
-
-    def get_weights(self, policy_ids=None):
-        return self._parent.get_weights(self.policy_ids if policy_ids is None else policy_ids)
-
-    def restricted_to(self, policy_ids):
-        return _Restricted(self._parent, [p for p in policy_ids if p in self.policy_ids])
-
-    def __getattr__(self, name):
-        return getattr(self._parent, name)
 
 
 # ---- set-up ----------------------------------------------------------------------------------
@@ -342,7 +159,7 @@ def setup(cfg: DictConfig, pm: Any, run_dir: Optional[str] = None) -> RunContext
             instances[spec.algo] = cls(cfg)
     for w in warns:
         warnings.warn(w, stacklevel=2)
-    ctx = RunContext(cfg, pm, instances, specs, run_dir)
+    ctx = make_context(cfg, pm, instances, specs, run_dir)
     ctx.config_warnings = warns
     return ctx
 

@@ -33,17 +33,17 @@ def one_step(algo: str, ctx, work: str):
     from flowkit.core.ops import TrainOneStep
     if algo == "dqn":
         batch = ctx.stateful["dqn/replay_buffer"].sample(32)
-        TrainOneStep(ctx)(batch)
+        TrainOneStep(ctx, ctx.learners["dqn"])(batch)
     else:
         from flowkit.checkpoint import from_plain
         from flowkit.core.batch import MultiAgentBatch
         batch = MultiAgentBatch.from_dict(from_plain(torch.load(f"{work}/fixed_batch.pt", weights_only=True)))
-        TrainOneStep(ctx, num_epochs=2, minibatch_size=16)(batch)
-    return {k: v.copy() for k, v in ctx.learner["default"].get_weights().items()}
+        TrainOneStep(ctx, ctx.learners["ppo"], num_epochs=2, minibatch_size=16)(batch)
+    return {k: v.copy() for k, v in ctx.policies["default"].get_weights().items()}
 
 
 def snapshot(ctx):
-    pol = ctx.learner["default"]
+    pol = ctx.policies["default"]
     opt = pol.optimizer.state_dict()["state"][0]
     return {"counters": dict(ctx.counters), "epsilon": getattr(pol, "epsilon", None),
             "opt_step": float(opt["step"]), "exp_avg": opt["exp_avg"].clone(),

@@ -91,9 +91,9 @@ class SneakyPPOPlugin:
         class Sneaky(PPO):
             name = "sneaky"
 
-            def training_flow(self, experiences, ctx):
+            def training_flow(self, experiences, ctx, learner):
                 _ = self.config.learning_rate_that_does_not_exist
-                return super().training_flow(experiences, ctx)
+                return super().training_flow(experiences, ctx, learner)
         return [Sneaky]
 
 

@@ -207,11 +207,12 @@ def test_plans_show_both_branches_and_the_apex_graph():
                                    "runtime.num_workers=1", "runtime.num_envs_per_worker=4",
                                    "runtime.rollout_fragment_length=16"])["text"]
     for op in ("StoreToReplayBuffer", "Replay(batch_size=32", "TrainOneStep", "UpdateTargetNetwork",
-               "BroadcastWeights(every=512)", "union(weights=[1, 16.0])", "gather_sync(prefetch)"):
+               "SyncWeights(to=all, every=512 env_steps)", "union(weights=[1, 16.0])", "gather_sync(prefetch)"):
         assert op in plain, op
     apex = flowkit.describe_plan(["algo=dqn", "env=CartPole-v1", "dqn.num_replay_shards=2",
                                   "dqn.prioritized_replay=true"])["text"]
-    for op in ("ParallelRollouts(async", "StoreToReplayShards(2)", "PushWeightsToSource",
+    for op in ("ParallelRollouts(async", "StoreToReplayShards(2)",
+               "SyncWeights(to=source, every=512 env_steps, with next sample)",
                "ReplayFromShards(2 shards", "zip_with_source_actor", "UpdatePriorities",
                "UpdateExploration(per-worker epsilon)"):
         assert op in apex, op

@@ -20,7 +20,7 @@ HOOKS = sorted(n for n, f in vars(specs).items() if n.startswith("flowkit_") and
 # (a run of consecutive calls becomes "name xN").
 ALGORITHM_METHODS = ["get_rollout_mode", "training_flow", "get_state", "set_state"]
 POLICY_METHODS = ["compute_actions", "compute_actions_encoded", "postprocess_trajectory", "prepare_batch",
-                  "loss", "learn_on_batch", "on_train_batch_end", "set_progress", "get_weights",
+                  "loss", "on_train_batch_end", "set_progress", "get_weights",
                   "set_weights", "get_state", "set_state"]
 PER_STEP = {"RecPolicy.compute_actions_encoded"}
 LOG: list = []
@@ -166,7 +166,6 @@ GOLDEN_FRESH = [
     'RecPolicy.postprocess_trajectory',
     'RecPolicy.postprocess_trajectory',
     'RecPolicy.prepare_batch',
-    'RecPolicy.learn_on_batch',
     'RecPolicy.loss',
     'RecPolicy.on_train_batch_end',
     'RecPolicy.get_weights',
@@ -190,7 +189,6 @@ GOLDEN_FRESH = [
     'RecPolicy.postprocess_trajectory',
     'RecPolicy.postprocess_trajectory',
     'RecPolicy.prepare_batch',
-    'RecPolicy.learn_on_batch',
     'RecPolicy.loss',
     'RecPolicy.on_train_batch_end',
     'RecPolicy.get_weights',
@@ -246,7 +244,6 @@ GOLDEN_RESUME = [
     'RecPolicy.postprocess_trajectory',
     'RecPolicy.postprocess_trajectory',
     'RecPolicy.prepare_batch',
-    'RecPolicy.learn_on_batch',
     'RecPolicy.loss',
     'RecPolicy.on_train_batch_end',
     'RecPolicy.get_weights',

@@ -1,10 +1,9 @@
-"""IMPALA (V-trace itself: test_returns.py): per-trajectory ends inside a batch, the learner thread and its operators (Enqueue, Dequeue, PushWeightsToSource), the
-replay mix-in, both plans, and learning CartPole on Ray with 2 workers."""
-import collections
+"""IMPALA (V-trace itself: test_returns.py): per-trajectory ends inside a batch, contiguous
+minibatches, the replay mix-in, both plans (the learner in its thread, weights to the source
+worker), and learning CartPole on Ray with 2 workers. The Learner and its operators have their
+own tests in test_learner.py."""
 import os
-import queue
 import threading
-import time
 import traceback
 
 import gymnasium as gym
@@ -16,9 +15,8 @@ import flowkit
 from conftest import local_overrides
 from flowkit.checkpoint import load_state
 from flowkit.core import batch as sb
-from flowkit.core.flow import NOT_READY, FlowContext, TimerStat, from_items
-from flowkit.core.learner_thread import (Dequeue, Enqueue, LearnerThread, PushWeightsToSource,
-                                         weights_versions)
+from flowkit.core.flow import FlowContext
+from flowkit.core.learner import Learner, weights_versions
 from flowkit.engine import load_config, setup
 from flowkit_impala import IMPALAPolicy, MixInReplay
 from test_returns import paper_vtrace
@@ -72,179 +70,21 @@ def test_loss_is_finite_and_minibatches_are_contiguous_cuts():
                         sb.TERMINATEDS: np.zeros(n, bool), sb.TRUNCATEDS: np.zeros(n, bool),
                         sb.EPS_ID: np.zeros(n, np.int64), sb.ACTION_LOGP: np.full(n, np.log(0.5), np.float32)})
     before = {k: v.clone() for k, v in pol.model.state_dict().items()}
-    st = pol.train_on_batch(b)
-    assert st["num_sgd_steps"] == 2 * 3 and st["train_batch_size"] == 8
+    learner = Learner("impala", {"default": pol}, num_epochs=2, minibatch_size=3, contiguous=True)
+    st = learner.update(sb.MultiAgentBatch({"default": b}, n))["stats"]["default"]
+    assert st["num_sgd_steps"] == 2 * 3 and st["train_batch_size"] == 8 and learner.num_updates == 6
     assert all(np.isfinite(v) for v in st.values())
     assert any(not torch.equal(before[k], v) for k, v in pol.model.state_dict().items())
 
 
-# ---- the learner thread and its operators ------------------------------------------------------
-class FakePolicy:
-    def __init__(self):
-        self.num_updates = 0
-        self.update_lock = threading.RLock()
-        self.w = 0
-
-    def get_weights(self):
-        return {"w": np.array([self.w])}
-
-
-class FakeWorkers:
-    backend = "local"
-
-    def __init__(self):
-        self.calls = []
-        self.weights_version = 0
-
-    def sync_weights(self, weights, actors=None, version=None, with_next_sample=False):
-        assert with_next_sample
-        self.calls.append(([a.index for a in actors], version, int(weights["default"]["w"][0])))
-
-
+# ---- helpers -----------------------------------------------------------------------------------
 class FakeCtx(FlowContext):
-    def __init__(self):
-        super().__init__()
-        self.learner = {"default": FakePolicy()}
-        self.trainable_policies = {"default"}
-        self.learner_stats = {}
-        self.extra_metrics = {}
-        self.workers = FakeWorkers()
-
-    def get_weights(self, pids):
-        return {p: self.learner[p].get_weights() for p in pids}
+    pass
 
 
 def _mab(n=4, version=0, worker=0):
     pb = sb.SampleBatch({sb.REWARDS: np.ones(n, np.float32)})
     return sb.MultiAgentBatch({"default": pb}, n, worker_index=worker, meta={"weights_version": version})
-
-
-def _train_fn(pol, pb):
-    pol.num_updates += 1
-    pol.w += 1
-    return {"rows": float(len(pb))}
-
-
-def _pull_until(flow, pred, timeout_s=5.0):
-    t0 = time.time()
-    while time.time() - t0 < timeout_s:
-        x = next(flow)
-        if x is not NOT_READY and pred(x):
-            return x
-    raise AssertionError("timed out")
-
-
-def test_learner_thread_enqueue_dequeue_counts_and_policy_lag():
-    ctx = FakeCtx()
-    lt = LearnerThread(ctx, _train_fn, inqueue_size=1)
-    ctx.stateful = {"lt": lt}
-    batches = [_mab(4, version=0), sb.MultiAgentBatch.concat([_mab(3, 0), _mab(5, 1)])]
-    enq = Enqueue(from_items(batches, ctx=ctx), lt)
-    deq = Dequeue(lt, ctx)
-    try:
-        assert [x for x in enq.take(2)] == batches
-        outs = [_pull_until(deq, lambda x: True) for _ in range(2)]
-    finally:
-        lt.stop()
-    assert ctx.counters["env_steps_trained"] == 12 and ctx.counters["num_updates"] == 2
-    # lag = learner updates when training starts - the fragment's weights version
-    assert outs[0]["policy_lag"] == [0]
-    assert outs[1]["policy_lag"] == [1, 0]
-    assert ctx.learner_stats["default"]["policy_lag_max"] == 1.0
-    assert lt.get_state() == {"num_updates": 2, "env_steps_trained": 12}
-    assert not lt.is_alive()
-
-
-def test_restored_learner_thread_versions_the_workers_first_weights():
-    ctx = FakeCtx()
-    lt = LearnerThread(ctx, _train_fn)
-    lt.set_state({"num_updates": 37, "env_steps_trained": 1000})
-    assert ctx.workers.weights_version == 37 and lt.get_weights()[0] == 37
-
-
-def test_enqueue_on_a_full_queue_is_not_ready_and_keeps_the_item():
-    ctx = FakeCtx()
-    lt = LearnerThread(ctx, _train_fn, inqueue_size=1)
-    lt.ensure_started = lambda: None          # no consumer: the queue stays full
-    items = [_mab(1), _mab(2), _mab(3)]
-    enq = Enqueue(from_items(items, ctx=ctx), lt, wait_s=0.001)
-    assert next(enq) is items[0]
-    t0 = time.perf_counter()
-    assert next(enq) is NOT_READY             # blocked briefly, then not-ready
-    assert time.perf_counter() - t0 >= 0.001
-    assert next(enq) is NOT_READY
-    assert lt.inqueue.get_nowait() is items[0]
-    assert next(enq) is items[1]              # the same item, retried: nothing dropped
-    assert lt.inqueue.get_nowait() is items[1]
-    assert ctx.counters["learner_queue_full"] == 2
-
-
-def test_dequeue_on_an_empty_queue_blocks_briefly_then_is_not_ready():
-    ctx = FakeCtx()
-    lt = LearnerThread(ctx, _train_fn)
-    try:
-        deq = Dequeue(lt, ctx, wait_s=0.02)
-        t0 = time.perf_counter()
-        assert next(deq) is NOT_READY
-        assert time.perf_counter() - t0 >= 0.02
-    finally:
-        lt.stop()
-
-
-def _explode_in_learner(pol, pb):
-    raise ValueError("bad batch in the loss")
-
-
-def test_learner_thread_crash_surfaces_in_the_driver_with_its_traceback():
-    ctx = FakeCtx()
-    lt = LearnerThread(ctx, _explode_in_learner)
-    enq = Enqueue(from_items([_mab(), _mab()], ctx=ctx), lt)
-    deq = Dequeue(lt, ctx, wait_s=0.01)
-    assert next(enq) is not NOT_READY
-    with pytest.raises(ValueError, match="bad batch in the loss") as ei:
-        for _ in range(500):
-            next(deq)
-    frames = [f.name for f in traceback.extract_tb(ei.value.__traceback__)]
-    assert "_explode_in_learner" in frames and "run" in frames
-    assert any("learner thread" in n for n in ei.value.__notes__)
-    with pytest.raises(ValueError):                 # the enqueue branch sees it too
-        next(enq)
-
-
-class _Actor:
-    def __init__(self, index):
-        self.index = index
-
-
-def test_push_weights_to_source_updates_every_contributing_worker():
-    """Fragments of workers 0, 1, 0 make one train batch: both workers get weights (not only
-    the last one); a worker that already has the newest version gets nothing."""
-    ctx = FakeCtx()
-    lt = LearnerThread(ctx, _train_fn)
-    a0, a1 = _Actor(0), _Actor(1)
-    push = PushWeightsToSource(ctx, lt, broadcast_interval=1)
-    out = push((a0, _mab(worker=0)))
-    assert isinstance(out, sb.MultiAgentBatch)
-    push((a1, _mab(worker=1)))
-    push((a0, _mab(worker=0)))                     # version unchanged: no resend
-    assert ctx.workers.calls == [([0], 0, 0), ([1], 0, 0)]
-    lt.step(_mab())                                # one update -> version 1, w = 1
-    push((a0, _mab(worker=0)))
-    push((a1, _mab(worker=1)))
-    assert ctx.workers.calls[2:] == [([0], 1, 1), ([1], 1, 1)]
-
-
-def test_push_weights_every_broadcast_interval_batches_per_worker():
-    ctx = FakeCtx()
-    lt = LearnerThread(ctx, _train_fn)
-    push = PushWeightsToSource(ctx, lt, broadcast_interval=2)
-    a0, a1 = _Actor(0), _Actor(1)
-    for k in range(4):
-        lt.step(_mab())
-        push((a0, _mab()))
-        push((a1, _mab()))
-    # each worker's 2nd and 4th batch trigger a push, with the version at that time
-    assert ctx.workers.calls == [([0], 2, 2), ([1], 2, 2), ([0], 4, 4), ([1], 4, 4)]
 
 
 def test_weights_versions_of_nested_concats():
@@ -272,13 +112,15 @@ def test_mix_in_replay_proportion_and_no_double_counted_episodes():
 def test_plan_shows_the_impala_graph():
     d = flowkit.describe_plan(["algo=impala", "env=CartPole-v1"])
     text = d["text"]
-    for op in ("Concurrently(async", "Enqueue(learner inqueue)", "Dequeue(learner outqueue)",
-               "ConcatBatches(500)", "PushWeightsToSource(broadcast_interval=1)", "zip_with_source_actor",
+    for op in ("Concurrently(async", "to the learner thread (queue 2)", "results of the learner thread",
+               "TrainOneStep(num_epochs=1, minibatch_size=None, contiguous)", "ConcatBatches(500)",
+               "SyncWeights(to=source, every=1 batches, with next sample)", "zip_with_source_actor",
                "ParallelRollouts(async"):
         assert op in text, text
     assert not any(t.name.startswith("impala-learner") for t in threading.enumerate())  # nothing started
     d = flowkit.describe_plan(["algo=impala", "env=CartPole-v1", "impala.rollout_mode=bulk_sync"])
-    assert "LearnOnBatch" in d["text"] and "BroadcastWeights" in d["text"] and "Enqueue" not in d["text"]
+    assert "TrainOneStep(num_epochs=1" in d["text"] and "SyncWeights(to=all)" in d["text"]
+    assert "learner thread" not in d["text"]
 
 
 def test_bad_impala_config_fails_naming_the_key():
@@ -300,9 +142,9 @@ def test_local_run_reports_lag_queue_and_cpu_and_checkpoints(run_dir, mode):
     assert m["learner/default/policy_lag_mean"] >= 0
     assert "perf/cpu_util_driver" in m and "perf/learner_queue_size" in m
     st = load_state(res.checkpoint)
-    # the learner may have finished updates the Dequeue branch has not counted yet
-    assert st["stateful"]["impala_learner"]["num_updates"] >= st["counters"]["num_updates"] > 0
-    assert st["stateful"]["impala_replay"]["buffer"]
+    # the learner may have finished updates the results branch has not counted yet
+    assert st["stateful"]["impala/learner"]["num_updates"] >= st["counters"]["num_updates"] > 0
+    assert st["stateful"]["impala/replay"]["buffer"]
 
 
 def test_box_actions_train(run_dir):

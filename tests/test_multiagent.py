@@ -90,10 +90,10 @@ C04_MAP = ["multiagent.mapping.scout=scout_pol", "multiagent.mapping.tank=tank_p
 
 def test_c04_spaces_inferred_per_policy_and_ppo_trains(run_dir):
     ctx = make_ctx(SCOUT, *C04_MAP)
-    assert ctx.learner["scout_pol"].encoder.shape == (3,) and ctx.learner["tank_pol"].encoder.shape == (5,)
+    assert ctx.policies["scout_pol"].encoder.shape == (3,) and ctx.policies["tank_pol"].encoder.shape == (5,)
     for pid, d in (("scout_pol", 3), ("tank_pol", 5)):  # network input = the first weight's columns
-        assert next(p for p in ctx.learner[pid].model.parameters() if p.ndim == 2).shape[1] == d
-    assert ctx.learner["tank_pol"].dist.is_gauss and ctx.learner["scout_pol"].dist.kind == "cat"
+        assert next(p for p in ctx.policies[pid].model.parameters() if p.ndim == 2).shape[1] == d
+    assert ctx.policies["tank_pol"].dist.is_gauss and ctx.policies["scout_pol"].dist.kind == "cat"
     ctx.shutdown()
     res = flowkit.train(local_overrides(run_dir, SCOUT, *C04_MAP, "runtime.num_workers=1",
                                         "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=5",
@@ -151,11 +151,11 @@ class _Recorder(flowkit.Algorithm):
     policy_class = RandomPolicy
     seen: list = []
 
-    def training_flow(self, experiences, ctx):
+    def training_flow(self, experiences, ctx, learner):
         tag = self.name
 
         def step(b):
-            type(self).seen.append((tag, sorted(b.policy_batches), sorted(ctx.learner)))
+            type(self).seen.append((tag, sorted(b.policy_batches), sorted(learner.policies)))
             return {"batch": b, "stats": {}}
         step.name = f"Record({tag})"
         return experiences.for_each(step)
@@ -283,7 +283,7 @@ def test_frozen_policy_from_checkpoint(run_dir, tmp_path):
     plan = build_plan(ctx)
     assert "tank_pol" not in ctx.trainable_policies
     plan.take(2)
-    now = ctx.learner["tank_pol"].get_weights()
+    now = ctx.policies["tank_pol"].get_weights()
     assert all(np.array_equal(now[k], saved[k]) for k in saved)
     worker_w = ctx.workers.local_worker().policies["tank_pol"].get_weights()
     assert all(np.array_equal(worker_w[k], saved[k]) for k in saved)
@@ -340,7 +340,9 @@ def test_two_groups_of_one_algorithm_keep_separate_state():
                    "multiagent.policies.b.algo=dqn", "multiagent.policies.b.config.lr=1e-3")
     build_plan(ctx)
     names = sorted(ctx.stateful)
-    assert "dqn/replay_buffer" in names and "multiagent/dqn[b]/dqn/replay_buffer" in names
+    assert "dqn/replay_buffer" in names and "dqn[b]/replay_buffer" in names
+    assert "dqn/learner" in names and "dqn[b]/learner" in names
+    assert ctx.learners["dqn"].policies.keys() == {"a"} and ctx.learners["dqn[b]"].policies.keys() == {"b"}
     assert ctx.policy_specs["b"].config.lr == pytest.approx(1e-3)
     ctx.shutdown()
 
@@ -400,7 +402,8 @@ def test_opponent_sampling_in_a_run_and_first_policy_in_evaluation():
     ctx = make_ctx(LATE, "runtime.rollout_fragment_length=6", "runtime.num_envs_per_worker=2",
                    "multiagent.policies.learner.algo=ppo", "multiagent.policies.rand.algo=random",
                    "multiagent.mapping.*={learner: 1, rand: 1}", "evaluation.episodes=4")
-    assert list(ctx.trainable_policies) == ["learner"]
+    build_plan(ctx)
+    assert list(ctx.trainable_policies) == ["learner"] and list(ctx.learners) == ["ppo"]
     w = ctx.workers.local_worker()
     frags = [w.sample() for _ in range(5)]                      # 10 episodes of 6 steps
     eps = [e for f in frags for e in f.episodes]

@@ -7,8 +7,8 @@ from gymnasium import spaces
 
 from flowkit.core import batch as sb
 from flowkit.core.flow import NOT_READY
-from flowkit.core.ops import (BroadcastWeights, ConcatBatches, ParallelRollouts, SelectExperiences,
-                              StandardizeFields, TrainOneStep, standardize)
+from flowkit.core.ops import (ConcatBatches, ParallelRollouts, SelectExperiences, StandardizeFields,
+                              SyncWeights, TrainOneStep, standardize)
 from flowkit.core import ActionDist, EnvError, ObsEncoder, derive_seed
 from flowkit.engine import load_config, setup
 
@@ -46,12 +46,13 @@ def test_operators_on_both_backends_do_not_mutate(ctx):
     assert abs(float(std["default"][sb.ADVANTAGES].mean())) < 1e-5
     sel = SelectExperiences(["default"])(std)
     assert sel.select(["other"]).policy_batches == {}
-    w0 = ctx.learner["default"].get_weights()
-    out = TrainOneStep(ctx, num_epochs=2, minibatch_size=8)(sel)
+    w0 = ctx.policies["default"].get_weights()
+    learner = ctx.add_learner("ppo", ["default"])
+    out = TrainOneStep(ctx, learner, num_epochs=2, minibatch_size=8)(sel)
     assert out["stats"]["default"]["num_sgd_steps"] == 4 and ctx.counters["env_steps_trained"] == 16
-    w1 = ctx.learner["default"].get_weights()
+    w1 = ctx.policies["default"].get_weights()
     assert any(not np.array_equal(w0[k], w1[k]) for k in w0)
-    BroadcastWeights(ctx)(out)
+    SyncWeights(ctx, learner)(out)
     remote = ctx.workers.foreach_worker("get_weights")
     for r in remote:
         for k in w1:

@@ -26,7 +26,7 @@ def test_gae_three_steps_with_truncation_and_termination():
     A2 = 3 - 1.5 = 1.5 (no bootstrap); A1 = 2 + 0.9*2.0 - 1.0 = 2.8 (bootstrap from the
     final observation, the trajectory ends); A0 = (1 + 0.9*1.0 - 0.5) + 0.9*0.8*2.8 = 3.416."""
     ctx = make_ctx("env=CartPole-v1", "ppo.gamma=0.9", "ppo.gae_lambda=0.8")
-    pol = ctx.learner["default"]
+    pol = ctx.policies["default"]
     seen = []
 
     def fake_values(obs):
@@ -62,7 +62,7 @@ def _c01_batch(**env_kwargs):
 
 def test_c01_truncation_is_not_termination():
     ctx = _c01_batch(limit=5)
-    _frozen_critic(ctx.learner["default"], 0.0, 10.0)  # V = 10 = 1 / (1 - gamma) everywhere
+    _frozen_critic(ctx.policies["default"], 0.0, 10.0)  # V = 10 = 1 / (1 - gamma) everywhere
     ctx.workers.start()
     b = ctx.workers.actors[0].obj.sample()["default"]
     assert b[sb.TRUNCATEDS].tolist() == [False] * 4 + [True]
@@ -74,7 +74,7 @@ def test_c01_truncation_is_not_termination():
 def test_c01_termination_and_both_flags_do_not_bootstrap():
     for limit in (10, 5):  # terminated at 5 alone; terminated and truncated at 5: termination wins
         ctx = _c01_batch(limit=limit, terminate_at=5)
-        _frozen_critic(ctx.learner["default"], 0.0, 10.0)
+        _frozen_critic(ctx.policies["default"], 0.0, 10.0)
         ctx.workers.start()
         b = ctx.workers.actors[0].obj.sample()["default"]
         assert b[sb.TERMINATEDS].tolist() == [False] * 4 + [True]
@@ -88,7 +88,7 @@ def test_c01_termination_and_both_flags_do_not_bootstrap():
 
 def test_c01_bootstrap_uses_final_observation_not_reset_one():
     ctx = _c01_batch(limit=5, reset_obs=0.0)
-    _frozen_critic(ctx.learner["default"], 20.0, 0.0)  # V(0.5) = 10, V(reset obs 0.0) = 0
+    _frozen_critic(ctx.policies["default"], 20.0, 0.0)  # V(0.5) = 10, V(reset obs 0.0) = 0
     ctx.workers.start()
     w = ctx.workers.actors[0].obj
     b = w.sample()["default"]
@@ -167,7 +167,7 @@ def test_linear_lr_and_clip_schedules_follow_env_steps_sampled(run_dir):
 
 def test_c07_equal_advantages_are_only_centred_and_single_rows_kept():
     ctx = make_ctx("env=CartPole-v1")
-    pol = ctx.learner["default"]
+    pol = ctx.policies["default"]
 
     def batch(n, adv):
         return {sb.OBS: torch.zeros(n, 4), sb.ACTIONS: torch.zeros(n, dtype=torch.long),

@@ -6,9 +6,11 @@ import pytest
 
 from flowkit.core import batch as sb
 from flowkit.core.flow import NOT_READY, FlowContext
+from flowkit.core.learner import Learner
+from flowkit.core.ops import UpdatePriorities, UpdateTargetNetwork
 from flowkit.core.replay import (MultiAgentReplayBuffer, PrioritizedSampler, Replay, ReplayBuffer,
                                  ReplayFromShards, ReplayShards, Storage, StoreToReplayBuffer,
-                                 StoreToReplayShards, UniformSampler, UpdatePriorities, UpdateTargetNetwork)
+                                 StoreToReplayShards, UniformSampler)
 
 
 def rows(start, n):
@@ -97,9 +99,7 @@ def test_prioritized_multiagent_state_roundtrip_and_no_replay_warning():
 
 
 class _Ctx(FlowContext):
-    def __init__(self):
-        super().__init__()
-        self.learner = {}
+    pass
 
 
 def test_replay_source_not_ready_until_learning_starts():
@@ -127,8 +127,8 @@ class _Pol:
 
 def test_update_target_network_every_n_gradient_steps():
     ctx = _Ctx()
-    pol = ctx.learner["p"] = _Pol()
-    op = UpdateTargetNetwork(ctx, 3)
+    pol = _Pol()
+    op = UpdateTargetNetwork(ctx, Learner("dqn", {"p": pol}, ["p"]), 3)
     for _ in range(10):
         pol.num_updates += 1
         op({"stats": {"p": {"num_sgd_steps": 1}}})
@@ -146,7 +146,7 @@ def test_replay_shards_on_ray_priorities_go_back_to_source(ray_session):
 
     class TDPol:
         td_error = None
-    ctx.learner["p"] = TDPol()
+    learner = Learner("dqn", {"p": TDPol()}, ["p"])
     shards = ReplayShards("ray", 2, capacity=40, batch_size=4, learning_starts=8, prioritized=True,
                           alpha=1.0, beta=1.0, eps=1e-6, seed=0)
     try:
@@ -159,8 +159,8 @@ def test_replay_shards_on_ray_priorities_go_back_to_source(ray_session):
         shard, b = got[0]
         pb = b["p"]
         assert not pb[sb.OBS].flags.writeable  # arrays from Ray are read-only; nothing mutates them
-        ctx.learner["p"].td_error = np.full(4, 7.0, np.float32)
-        UpdatePriorities(ctx)((shard, {"batch": b, "stats": {"p": {}}}))
+        learner.policies["p"].td_error = np.full(4, 7.0, np.float32)
+        UpdatePriorities(learner)((shard, {"batch": b, "stats": {"p": {}}}))
         states = shards.get_state()["shards"]
         tree = [PrioritizedSampler(20, 0, 1.0, 1.0, 1e-6) for _ in range(2)]
         for t, s in zip(tree, states):

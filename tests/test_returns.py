@@ -4,6 +4,7 @@ bootstrap."""
 import numpy as np
 
 from flowkit.core import batch as sb
+from flowkit.core.learner import Learner
 from flowkit.core import bootstrap_rows, compute_gae, next_values, trajectory_ends, vtrace
 
 
@@ -170,6 +171,7 @@ def test_a_new_actor_critic_policy_writes_only_its_loss():
     np.testing.assert_allclose(out[sb.ADVANTAGES], [1 + 0.9 * v[1] - v[0] + 0.9 * (1 - v[1]), 1 - v[1], a2, a3],
                                rtol=1e-5, atol=1e-6)
     before = {k: t.clone() for k, t in pol.model.state_dict().items()}
-    stats = pol.learn_on_batch(out)
-    assert set(stats) >= {"pg_loss", "vf_loss", "grad_norm"}
+    res = Learner("a2c", {"default": pol}).update(sb.MultiAgentBatch({"default": out}, 4, 4))
+    stats = res["stats"]["default"]
+    assert set(stats) >= {"pg_loss", "vf_loss", "grad_norm"} and res["num_updates"] == 1
     assert any(not torch.equal(before[k], t) for k, t in pol.model.state_dict().items())

@@ -71,7 +71,7 @@ def test_c12_rebuilt_worker_gets_current_weights_and_derived_seed(run_dir):
     ws = ctx.workers
     ws.start()
     old0, old1 = ws.actors
-    pol = ctx.learner[DEFAULT_POLICY_ID]
+    pol = ctx.policies[DEFAULT_POLICY_ID]
     w = {k: np.full_like(v, 0.125) for k, v in pol.get_weights().items()}
     pol.set_weights(w)
     assert ws.on_failure(old1, RuntimeError("boom")) is True

@@ -2,7 +2,12 @@
 a rollout mode and one method that matters, :meth:`Algorithm.training_flow`."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
+
+if TYPE_CHECKING:
+    from flowkit.core.context import RunContext
+    from flowkit.core.flow import Flow
+    from flowkit.core.learner import Learner
 
 
 class Algorithm:
@@ -53,14 +58,16 @@ class Algorithm:
         return self.rollout_mode
 
     # ---- the dataflow ------------------------------------------------------------------------
-    def training_flow(self, experiences: Any, ctx: Any) -> Any:
+    def training_flow(self, experiences: "Flow", ctx: "RunContext", learner: "Learner") -> "Flow":
         """From this algorithm's experiences to train steps (one item per train step).
 
         Args:
             experiences: a Flow of MultiAgentBatch (bulk_sync) or of (actor, MultiAgentBatch)
                 (async), already restricted to this algorithm's policies.
-            ctx: the RunContext (restricted to those policies): ``ctx.learner``,
-                ``ctx.workers``, ``ctx.counters``, ``ctx.add_stateful``.
+            ctx: the RunContext (``ctx.workers``, ``ctx.counters``, ``ctx.add_stateful``).
+            learner: the Learner of these policies (train through ``TrainOneStep``, send
+                weights through ``SyncWeights``); name stateful parts after ``learner.name``
+                so two groups of one algorithm keep separate state.
         """
         raise NotImplementedError
 

@@ -5,18 +5,21 @@ stream hands the same batch to several branches.
 """
 from __future__ import annotations
 
-import collections
 import time
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
 from flowkit.core import batch as sb
 from flowkit.core.flow import NOT_READY, Flow, ParallelFlow, union_tagged
+from flowkit.core.learner import Learner, PerfMonitor
+
+if TYPE_CHECKING:
+    from flowkit.core.context import RunContext
 
 
 # ---- sources ---------------------------------------------------------------------------------
-def ParallelRollouts(ctx: Any, mode: str = "bulk_sync", num_async: Optional[int] = None,
+def ParallelRollouts(ctx: "RunContext", mode: str = "bulk_sync", num_async: Optional[int] = None,
                      prefetch: bool = False) -> Flow:
     """Experiences from the rollout workers of ``ctx.workers``.
 
@@ -136,97 +139,221 @@ class StandardizeFields:
 
 # ---- learning --------------------------------------------------------------------------------
 class TrainOneStep:
-    """Train each (trainable) policy of a batch: ``num_epochs`` passes over shuffled
-    minibatches of ``minibatch_size`` rows (None: the whole batch, one step per epoch).
+    """Train ``learner``'s policies on each batch: ``num_epochs`` passes over minibatches of
+    ``minibatch_size`` rows (None: the whole batch), shuffled (seeded) or, with
+    ``contiguous``, contiguous slices in order (see :class:`Learner`).
 
-    Output: ``{"batch": batch, "stats": {policy_id: mean stats}}``. Also stores the stats in
-    ``ctx.learner_stats`` and counts ``env_steps_trained``, ``agent_steps_trained`` and
-    ``num_updates``. Minibatch order comes from ``ctx.rng`` (seeded).
+    Inline (``flow.for_each(TrainOneStep(...))``): one update per batch in the driver.
+    Threaded (``TrainOneStep(...).in_thread(flow)``): the learner trains in its background
+    thread; see :meth:`in_thread`.
+
+    Output: the learner's result (``{"batch", "stats": {policy_id: mean stats},
+    "num_updates", ...}``). Counts ``env_steps_trained``, ``agent_steps_trained`` and
+    ``num_updates``, stores ``ctx.learner_stats`` and refreshes the ``perf/*`` figures.
     """
 
-    def __init__(self, ctx: Any, num_epochs: int = 1, minibatch_size: Optional[int] = None,
-                 policy_ids: Optional[Sequence[str]] = None):
-        self.ctx, self.num_epochs, self.minibatch_size = ctx, int(num_epochs), minibatch_size
-        self.policy_ids = None if policy_ids is None else list(policy_ids)
-        self.name = f"TrainOneStep(num_epochs={num_epochs}, minibatch_size={minibatch_size})"
+    def __init__(self, ctx: "RunContext", learner: Learner, num_epochs: int = 1,
+                 minibatch_size: Optional[int] = None, contiguous: bool = False):
+        self.ctx, self.learner = ctx, learner
+        learner.configure(num_epochs, minibatch_size, contiguous)
+        self.perf = PerfMonitor(ctx, learner)
+        self.name = f"TrainOneStep({learner.describe()})"
+
+    def record(self, out: Dict[str, Any]) -> Dict[str, Any]:
+        """Count a learner result into the context (driver thread only)."""
+        c = self.ctx.counters
+        c["env_steps_trained"] += out["env_steps"]
+        c["agent_steps_trained"] += out["agent_steps"]
+        c["num_updates"] += out["num_updates"]
+        self.ctx.learner_stats.update(out["stats"])
+        self.perf.update()
+        return out
 
     def __call__(self, b: sb.MultiAgentBatch) -> Dict[str, Any]:
-        ctx = self.ctx
-        out: Dict[str, Dict[str, float]] = {}
-        with ctx.timers["learn"]:
-            for pid, pb in b.policy_batches.items():
-                if self.policy_ids is not None and pid not in self.policy_ids:
+        with self.ctx.timers["learn"]:
+            out = self.learner.update(b)
+        return self.record(out)
+
+    def in_thread(self, flow: Flow, queue_size: int = 2, wait_s: float = 0.01,
+                  result_wait_s: float = 0.005) -> Flow:
+        """Train in the learner's thread: one branch puts the batches of ``flow`` into its
+        in-queue (at most ``queue_size`` waiting; when full the batch is kept, the branch
+        blocks ``wait_s`` s and yields NOT_READY: back-pressure), the other takes its results
+        (blocking ``result_wait_s`` s when none is ready); ``Concurrently(async)`` of the two
+        yields the results. The thread starts on the first pull; a crash in it is re-raised
+        here with its own type and traceback (:meth:`Learner.check_alive`)."""
+        ctx, learner = self.ctx, self.learner
+
+        def enqueue():
+            learner.start(queue_size)
+            for x in flow:
+                if x is NOT_READY:
+                    learner.check_alive()
+                    yield x
                     continue
-                if pid not in ctx.trainable_policies or len(pb) == 0:
-                    continue
-                out[pid] = self.train_policy(ctx.learner[pid], pb)
-                ctx.learner_stats[pid] = out[pid]
-        ctx.counters["env_steps_trained"] += b.env_steps
-        ctx.counters["agent_steps_trained"] += sum(len(pb) for pid, pb in b.policy_batches.items() if pid in out)
-        return {"batch": b, "stats": out}
+                while not learner.put(x, wait_s):
+                    ctx.counters["learner_queue_full"] += 1
+                    yield NOT_READY
+                yield x
 
-    def train_policy(self, policy: Any, pb: sb.SampleBatch) -> Dict[str, float]:
-        tb = policy.prepare_batch(pb)
-        n = len(pb)
-        mbs = n if not self.minibatch_size else min(int(self.minibatch_size), n)
-        sums: Dict[str, float] = collections.defaultdict(float)
-        steps = 0
-        for _ in range(self.num_epochs):
-            perm = self.ctx.rng.permutation(n) if mbs < n else None
-            for start in range(0, n, mbs):
-                if perm is None:
-                    mb = tb
-                else:
-                    idx = perm[start:start + mbs]
-                    mb = {k: v[idx] for k, v in tb.items()}
-                st = policy.learn_on_batch(mb)
-                for k, v in st.items():
-                    sums[k] += float(v)
-                steps += 1
-                self.ctx.counters["num_updates"] += 1
-        stats = {k: v / max(steps, 1) for k, v in sums.items()}
-        stats.update(policy.on_train_batch_end(tb) or {})
-        stats["train_batch_size"] = n
-        stats["num_sgd_steps"] = steps
-        return stats
+        def dequeue():
+            learner.start(queue_size)
+            while True:
+                out = learner.get(result_wait_s)
+                yield NOT_READY if out is None else self.record(out)
+        put = Flow(enqueue, f"{self.name}: to the learner thread (queue {queue_size})", [flow], ctx)
+        get = Flow(dequeue, f"{self.name}: results of the learner thread", (), ctx)
+        return Concurrently([put, get], mode="async", output_indexes=[1])
 
 
-class BroadcastWeights:
-    """Send the learner's weights to every rollout worker (one ``ray.put``), at most once per
-    ``every`` env steps trained (0: after every train step). Passes its input through."""
+class NoTraining:
+    """For policies nobody trains (random, frozen): every batch is one empty train step."""
 
-    def __init__(self, ctx: Any, every: int = 0, policy_ids: Optional[Sequence[str]] = None):
-        self.ctx, self.every = ctx, int(every)
-        self.policy_ids = None if policy_ids is None else list(policy_ids)
-        self.last = 0
-        self.name = "BroadcastWeights" + (f"(every={every})" if every else "")
+    name = "NoTraining"
+
+    def __call__(self, b: sb.MultiAgentBatch) -> Dict[str, Any]:
+        return {"batch": b, "stats": {}}
+
+
+class SyncWeights:
+    """Send ``learner``'s weights (and their version) to rollout workers. Passes items on.
+
+    Args:
+        to: ``all`` (every worker, one ``ray.put``) or ``source`` (items are ``(worker,
+            item)``: the worker that produced it; a worker never synced, e.g. a restarted
+            one, gets them at once).
+        every: ``unit``s between two syncs (per worker with ``to=source``; 0: every item).
+        unit: ``env_steps`` (trained, ``ctx.counters["env_steps_trained"]``) or ``batches``
+            (items seen).
+        with_next_sample: no call of its own: the weights ride on the worker's next sample
+            request. Weights of a version a worker already has are not sent again.
+    """
+
+    def __init__(self, ctx: "RunContext", learner: Learner, to: str = "all", every: int = 0,
+                 unit: str = "env_steps", with_next_sample: bool = False):
+        if to not in ("all", "source") or unit not in ("env_steps", "batches") or int(every) < 0:
+            raise ValueError(f"SyncWeights: to must be all or source, unit env_steps or batches, every "
+                             f">= 0; got to={to!r}, unit={unit!r}, every={every}")
+        self.ctx, self.learner, self.to, self.every, self.unit = ctx, learner, to, int(every), unit
+        self.with_next_sample = bool(with_next_sample)
+        self.last: Dict[int, Tuple[Any, int]] = {}   # worker index -> (actor, units at its last sync)
+        self.counts: Dict[int, int] = {}             # worker index -> batches since its last sync
+        self.sent: Dict[int, Tuple[Any, int]] = {}   # worker index -> (actor, version sent)
+        self.count = self.last_all = 0
+        self.name = f"SyncWeights(to={to}" + (f", every={every} {unit}" if every else "") + \
+            (", with next sample" if with_next_sample else "") + ")"
 
     def __call__(self, item: Any) -> Any:
-        ctx = self.ctx
-        trained = ctx.counters["env_steps_trained"]
-        if self.every and trained - self.last < self.every:
+        trained = self.ctx.counters["env_steps_trained"]
+        if self.to == "all":
+            self.count += 1
+            now = self.count if self.unit == "batches" else trained
+            if self.every and now - self.last_all < self.every:
+                return item
+            self.last_all = now
+            self._send(None)
             return item
-        self.last = trained
-        with ctx.timers["broadcast"]:
-            ctx.workers.sync_weights(ctx.get_weights(self.policy_ids), version=ctx.counters["num_updates"])
+        actor = item[0]
+        i = getattr(actor, "index", -1)
+        last = self.last.get(i)
+        restarted = last is not None and last[0] is not actor
+        if self.unit == "batches":
+            self.counts[i] = self.counts.get(i, 0) + 1
+            due = self.counts[i] >= self.every or restarted
+        else:
+            due = last is None or restarted or trained - last[1] >= self.every
+        if due:
+            self.counts[i] = 0
+            self.last[i] = (actor, trained)
+            self._send(actor)
+        return item
+
+    def _send(self, actor: Any) -> None:
+        version, w = self.learner.get_weights()
+        if actor is None:
+            with self.ctx.timers["sync_weights"]:
+                self.ctx.workers.sync_weights(w, version=version, with_next_sample=self.with_next_sample)
+            return
+        i = getattr(actor, "index", -1)
+        sent = self.sent.get(i)
+        if sent is not None and sent[0] is actor and sent[1] == version:
+            return  # it has these weights already
+        with self.ctx.timers["sync_weights"]:
+            self.ctx.workers.sync_weights(w, actors=[actor], version=version,
+                                          with_next_sample=self.with_next_sample)
+        self.sent[i] = (actor, version)
+        self.ctx.counters["num_weight_pushes"] += 1
+
+
+def DropSource(item: Tuple[Any, Any]) -> Any:
+    """``(source, item) -> item``."""
+    return item[1]
+
+
+def _result_of(item: Any) -> Any:
+    return item[1] if isinstance(item, tuple) else item
+
+
+class UpdateTargetNetwork:
+    """Call ``policy.update_target()`` of each policy trained in a train result whenever its
+    gradient-step count ``policy.num_updates`` crosses a multiple of ``freq`` (so the timing
+    survives checkpoint/restore: it depends only on ``num_updates``). Passes items on
+    (train results, or ``(source, result)``)."""
+
+    def __init__(self, ctx: "RunContext", learner: Learner, freq: int):
+        if int(freq) < 1:
+            raise ValueError(f"UpdateTargetNetwork: freq must be >= 1, got {freq}")
+        self.ctx, self.learner, self.freq = ctx, learner, int(freq)
+        self.name = f"UpdateTargetNetwork(every {self.freq} gradient steps)"
+
+    def __call__(self, item: Any) -> Any:
+        for pid, st in _result_of(item)["stats"].items():
+            pol: Any = self.learner.policies[pid]  # a policy with a target network (update_target)
+            now = pol.num_updates
+            before = now - int(st.get("num_sgd_steps", 1))
+            if now // self.freq > before // self.freq:
+                pol.update_target()
+                self.ctx.counters["num_target_updates"] += 1
+        return item
+
+
+class UpdatePriorities:
+    """Send new priorities (each trained policy's ``td_error``, float32[B], set by its
+    ``loss``) for the rows of a replay batch back to where the batch came from: ``buffer``
+    for plain train results, or the shard actor of ``(shard, result)`` items (Ape-X)."""
+
+    def __init__(self, learner: Learner, buffer: Any = None):
+        self.learner, self.buffer = learner, buffer
+        self.name = "UpdatePriorities"
+
+    def __call__(self, item: Any) -> Any:
+        shard, res = item if isinstance(item, tuple) else (None, item)
+        prios = {}
+        for pid in res["stats"]:
+            td = getattr(self.learner.policies[pid], "td_error", None)
+            pb = res["batch"].policy_batches[pid]
+            if td is not None and sb.BATCH_INDEXES in pb:
+                prios[pid] = (np.asarray(pb[sb.BATCH_INDEXES]), np.asarray(td))
+        if prios:
+            if shard is not None:
+                shard.submit("update_priorities", prios)  # fire and forget; ordered per actor
+            else:
+                self.buffer.update_priorities(prios)
         return item
 
 
 class UpdateSchedules:
-    """Set the learner policies' schedule progress (``Policy.set_progress``) to env steps
-    sampled / ``horizon``: ``policy_ids``, or (None) the policies in each batch. Passes its
-    input through."""
+    """Set the schedule progress (``Policy.set_progress``) of ``learner``'s trained policies
+    to env steps sampled / ``horizon``. Passes its input through."""
 
-    def __init__(self, ctx: Any, horizon: int, policy_ids: Optional[Sequence[str]] = None):
-        self.ctx, self.horizon = ctx, int(horizon)
-        self.policy_ids = None if policy_ids is None else list(policy_ids)
+    def __init__(self, ctx: "RunContext", learner: Learner, horizon: int):
+        self.ctx, self.learner, self.horizon = ctx, learner, int(horizon)
         self.name = f"UpdateSchedules(horizon={horizon})"
 
     def __call__(self, item: Any) -> Any:
         frac = self.ctx.counters["env_steps_sampled"] / self.horizon
-        for pid in self.policy_ids if self.policy_ids is not None else item.policy_batches:
-            pol = self.ctx.learner.get(pid)  # None: not trained here (e.g. a frozen opponent)
-            if pol is not None:
+        for pid, pol in self.learner.policies.items():
+            if pid in self.learner.trainable:
                 pol.set_progress(frac)
         return item
 
@@ -261,7 +388,7 @@ def _mean(xs: List[float]) -> float:
     return float(np.mean(xs)) if xs else float("nan")
 
 
-def StandardMetricsReporting(train_flow: Flow, ctx: Any) -> Flow:
+def StandardMetricsReporting(train_flow: Flow, ctx: "RunContext") -> Flow:
     """Turn a flow of train steps into one flat result dict per iteration.
 
     An iteration is at least one train step, extended until ``run.min_iter_time_s`` seconds

@@ -21,7 +21,8 @@ class Policy:
     Lifecycle: built on the driver (learner copy, with optimizer) and on every rollout
     worker (inference copy, ``inference_only=True``). Workers call
     :meth:`compute_actions_encoded` each env step and :meth:`postprocess_trajectory` on each
-    finished fragment; the learner calls :meth:`learn_on_batch`; weights travel as
+    finished fragment; the :class:`~flowkit.core.learner.Learner` calls :meth:`prepare_batch`,
+    :meth:`loss` per minibatch and :meth:`on_train_batch_end`; weights travel as
     ``{name: np.ndarray}`` (:meth:`get_weights` / :meth:`set_weights`).
 
     Subclass and override :meth:`loss` (or any other method) to make a variant.
@@ -118,35 +119,8 @@ class Policy:
         self._params, self._flat = params, flat
         return torch.optim.Adam([flat], lr=lr, eps=eps)
 
-    def apply_gradients(self, loss: torch.Tensor, max_grad_norm: Optional[float] = None) -> Optional[float]:
-        """Backward, optional global-norm clipping, optimizer step. Returns the pre-clip norm."""
-        for p in self._params:
-            p.grad = None
-        loss.backward()
-        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self._params]
-        g = torch.cat([x.reshape(-1) for x in grads])
-        norm = None
-        if max_grad_norm:
-            n = torch.linalg.vector_norm(g)
-            g.mul_(torch.clamp(max_grad_norm / (n + 1e-6), max=1.0))
-            norm = float(n)
-        self._flat.grad = g
-        self.optimizer.step()
-        return norm
-
-    def learn_on_batch(self, batch: Any) -> Dict[str, float]:
-        """One gradient step on ``batch`` (SampleBatch or prepared tensors); returns stats."""
-        if isinstance(batch, sb.SampleBatch):
-            batch = self.prepare_batch(batch)
-        loss, stats = self.loss(batch)
-        norm = self.apply_gradients(loss, getattr(self.config, "max_grad_norm", None))
-        if norm is not None:
-            stats["grad_norm"] = norm
-        self.num_updates += 1
-        return stats
-
     def on_train_batch_end(self, batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
-        """Called by TrainOneStep after all epochs on a train batch (schedules, stats)."""
+        """Called by the Learner after all epochs on a train batch (schedules, stats)."""
         return {}
 
     def set_progress(self, frac: float) -> None:

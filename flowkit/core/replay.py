@@ -13,24 +13,25 @@ Operators (dataflow, after RLlib Flow, arXiv 2011.12719, figure 6):
 - :class:`StoreToReplayBuffer` -- stores each MultiAgentBatch, passes it on.
 - :func:`Replay` -- a source of replayed MultiAgentBatches; NOT_READY until
   ``learning_starts`` env steps were sampled and a buffer holds a whole train batch.
-- :class:`UpdateTargetNetwork` -- ``policy.update_target()`` every N gradient steps.
-- :class:`UpdatePriorities` -- new priorities (``policy.td_error``) back to the buffer, or, for
-  ``(shard, result)`` items, to the replay shard that served the batch.
+  (UpdateTargetNetwork and UpdatePriorities are in :mod:`flowkit.core.ops`.)
 - Ape-X (Horgan et al. 2018, arXiv 1803.00933): :class:`ReplayShard` (a Ray actor asking for
   ``num_cpus=0``), :class:`ReplayShards` (the set, started lazily, checkpointable),
-  :class:`StoreToReplayShards`, :func:`ReplayFromShards` (``gather_async`` over the shards),
-  :class:`PushWeightsToSource` and :class:`WithSource`.
+  :class:`StoreToReplayShards`, :func:`ReplayFromShards` (``gather_async`` over the shards)
+  and :class:`WithSource`.
 """
 from __future__ import annotations
 
 import time
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
 from flowkit.core import batch as sb
 from flowkit.core.flow import NOT_READY, Flow, LocalActor, ParallelFlow, RayActor, get_result
+
+if TYPE_CHECKING:
+    from flowkit.core.context import RunContext
 
 
 # ---- storage ----------------------------------------------------------------------------------
@@ -351,7 +352,7 @@ class StoreToReplayBuffer:
         return item
 
 
-def Replay(ctx: Any, buffer: MultiAgentReplayBuffer, batch_size: int, learning_starts: int,
+def Replay(ctx: "RunContext", buffer: MultiAgentReplayBuffer, batch_size: int, learning_starts: int,
            wait_s: float = 0.01) -> Flow:
     """A source of replayed MultiAgentBatches of ``batch_size`` rows per policy.
 
@@ -374,61 +375,6 @@ def Replay(ctx: Any, buffer: MultiAgentReplayBuffer, batch_size: int, learning_s
                 b = buffer.sample(batch_size)
             yield b
     return Flow(gen, f"Replay(batch_size={batch_size}, learning_starts={learning_starts})", (), ctx)
-
-
-def _result_of(item: Any) -> Any:
-    return item[1] if isinstance(item, tuple) else item
-
-
-class UpdateTargetNetwork:
-    """Call ``policy.update_target()`` of each policy trained in a train result whenever its
-    gradient-step count ``policy.num_updates`` crosses a multiple of ``freq`` (so the timing
-    survives checkpoint/restore: it depends only on ``num_updates``). Passes items on."""
-
-    def __init__(self, ctx: Any, freq: int):
-        if int(freq) < 1:
-            raise ValueError(f"UpdateTargetNetwork: freq must be >= 1, got {freq}")
-        self.ctx, self.freq = ctx, int(freq)
-        self.name = f"UpdateTargetNetwork(every {self.freq} gradient steps)"
-
-    def __call__(self, item: Any) -> Any:
-        res = _result_of(item)
-        for pid, st in res["stats"].items():
-            pol = self.ctx.learner[pid]
-            now = pol.num_updates
-            before = now - int(st.get("num_sgd_steps", 1))
-            if now // self.freq > before // self.freq:
-                pol.update_target()
-                self.ctx.counters["num_target_updates"] += 1
-        return item
-
-
-class UpdatePriorities:
-    """Send new priorities (each trained policy's ``td_error``, float32[B], set by its
-    ``learn_on_batch``) for the rows of a replay batch back to where the batch came from:
-    ``buffer`` for plain train results, or the shard actor of ``(shard, result)`` items (Ape-X).
-    A no-op unless replay is prioritized."""
-
-    def __init__(self, ctx: Any, buffer: Any = None, prioritized: bool = True):
-        self.ctx, self.buffer, self.prioritized = ctx, buffer, prioritized
-        self.name = "UpdatePriorities"
-
-    def __call__(self, item: Any) -> Any:
-        if not self.prioritized:
-            return item
-        shard, res = item if isinstance(item, tuple) else (None, item)
-        prios = {}
-        for pid in res["stats"]:
-            td = getattr(self.ctx.learner[pid], "td_error", None)
-            pb = res["batch"].policy_batches[pid]
-            if td is not None and sb.BATCH_INDEXES in pb:
-                prios[pid] = (np.asarray(pb[sb.BATCH_INDEXES]), np.asarray(td))
-        if prios:
-            if shard is not None:
-                shard.submit("update_priorities", prios)  # fire and forget; ordered per actor
-            else:
-                self.buffer.update_priorities(prios)
-        return item
 
 
 class WithSource:
@@ -577,7 +523,7 @@ class StoreToReplayShards:
         return item
 
 
-def ReplayFromShards(ctx: Any, shards: ReplayShards, num_async: int = 2) -> Flow:
+def ReplayFromShards(ctx: "RunContext", shards: ReplayShards, num_async: int = 2) -> Flow:
     """Replayed batches from the shards in completion order (``gather_async``), with
     ``ctx.current_actor`` set to the serving shard (follow with ``zip_with_source_actor``).
     A shard that is not ready yet answers None, which becomes NOT_READY."""
@@ -588,28 +534,3 @@ def ReplayFromShards(ctx: Any, shards: ReplayShards, num_async: int = 2) -> Flow
         for x in src:
             yield NOT_READY if x is None else x
     return Flow(gen, f"ReplayFromShards({shards.num_shards} shards, num_async={num_async})", [src], ctx)
-
-
-class PushWeightsToSource:
-    """For ``(worker, batch)`` items: send the learner's weights to that worker when it has
-    not had them for ``every`` env steps trained (and at once for a worker never synced, e.g. a
-    restarted one). Passes items on."""
-
-    def __init__(self, ctx: Any, every: int = 0):
-        self.ctx, self.every = ctx, int(every)
-        self.last: Dict[int, int] = {}
-        self.name = f"PushWeightsToSource(every={self.every})"
-
-    def __call__(self, item: Tuple[Any, Any]) -> Tuple[Any, Any]:
-        actor = item[0]
-        trained = self.ctx.counters["env_steps_trained"]
-        key = id(actor)
-        if key in self.last and trained - self.last[key] < self.every:
-            return item
-        if trained == 0 and key in self.last:
-            return item
-        self.last[key] = trained
-        with self.ctx.timers["broadcast"]:
-            self.ctx.workers.sync_weights(self.ctx.get_weights(None), [actor],
-                                          version=self.ctx.counters["num_updates"])
-        return item

@@ -21,12 +21,13 @@ Math, top to bottom:
 Dataflow (``flowkit plan algo=dqn``)::
 
     store = rollouts -> StoreToReplayBuffer -> UpdateExploration
-    train = Replay -> TrainOneStep -> UpdatePriorities -> UpdateTargetNetwork -> BroadcastWeights
+    train = Replay -> TrainOneStep -> UpdatePriorities -> UpdateTargetNetwork -> SyncWeights(to all)
     Concurrently([store, train], round_robin, output_indexes=[1],
                  weights=[1, training_intensity * round_env_steps / train_batch_size])
 
 Ape-X (``dqn.num_replay_shards=k``): async rollouts -> StoreToReplayShards -> per-worker
-epsilon -> PushWeightsToSource; ReplayFromShards (gather_async) -> zip_with_source_actor ->
+epsilon -> SyncWeights(to source, with the next sample request); ReplayFromShards (gather_async) ->
+zip_with_source_actor ->
 TrainOneStep -> UpdatePriorities (to the serving shard) -> UpdateTargetNetwork.
 """
 from __future__ import annotations
@@ -45,11 +46,13 @@ from flowkit import ConfigError
 from flowkit.config import F, check_schedules
 from flowkit.core import batch as sb
 from flowkit.core.flow import get_result
-from flowkit.core.ops import BroadcastWeights, Concurrently, TrainOneStep, UpdateSchedules
-from flowkit.core.replay import (MultiAgentReplayBuffer, PushWeightsToSource, Replay, ReplayFromShards,
-                                 ReplayShards, StoreToReplayBuffer, StoreToReplayShards, UpdatePriorities,
-                                 UpdateTargetNetwork, WithSource)
 from flowkit.core import ObsEncoder, Policy, build_mlp, build_trunk, derive_seed, to_tensor
+from flowkit.core.context import RunContext
+from flowkit.core.learner import Learner
+from flowkit.core.ops import (Concurrently, DropSource, SyncWeights, TrainOneStep, UpdatePriorities, UpdateSchedules,
+                              UpdateTargetNetwork)
+from flowkit.core.replay import (MultiAgentReplayBuffer, Replay, ReplayFromShards, ReplayShards,
+                                 StoreToReplayBuffer, StoreToReplayShards, WithSource)
 
 
 @dataclass
@@ -198,7 +201,7 @@ class DQNPolicy(Policy):
     """Q-network, target network (learner only), epsilon-greedy acting and the TD loss.
 
     ``epsilon`` is set from outside (the UpdateExploration operator, on the learner and on
-    every worker). After each ``learn_on_batch``, ``td_error`` holds float32[B] for
+    every worker). After each ``loss``, ``td_error`` holds float32[B] for
     prioritized replay. Override :meth:`loss` to make a variant.
     """
 
@@ -327,8 +330,9 @@ class UpdateExploration:
     value is out of date (fire and forget: a prefetched sample request is not waited for).
     Ape-X: each new worker (also a restarted one) gets its fixed per-worker epsilon once."""
 
-    def __init__(self, ctx: Any, cfg: Any, policy_ids: List[str], apex: bool = False):
-        self.ctx, self.cfg, self.policy_ids, self.apex = ctx, cfg, list(policy_ids), apex
+    def __init__(self, ctx: RunContext, learner: Learner, cfg: Any, apex: bool = False):
+        self.ctx, self.learner, self.cfg, self.apex = ctx, learner, cfg, apex
+        self.policy_ids = list(learner.policies)
         self.sent: Dict[int, float] = {}
         self.name = "UpdateExploration(" + ("per-worker epsilon" if apex else
                                             f"epsilon {cfg.initial_epsilon} -> {cfg.final_epsilon} over "
@@ -350,7 +354,7 @@ class UpdateExploration:
             return item
         eps = epsilon_at(self.cfg, self.ctx.counters["env_steps_sampled"])
         for pid in self.policy_ids:
-            self.ctx.learner[pid].epsilon = eps
+            self.learner.policies[pid].epsilon = eps
         fn = None
         for a in self.ctx.workers.actors:
             if self.sent.get(id(a)) != eps:
@@ -358,11 +362,6 @@ class UpdateExploration:
                 self._send(a, fn)
                 self.sent[id(a)] = eps
         return item
-
-
-def DropSource(item: Tuple[Any, Any]) -> Any:
-    """``(source, item) -> item``."""
-    return item[1]
 
 
 # ---- the algorithm --------------------------------------------------------------------------
@@ -412,53 +411,52 @@ class DQN(flowkit.Algorithm):
             return [1, 1]
         return [1, float(ti) * round_env_steps / self.config.train_batch_size]
 
-    def training_flow(self, experiences, ctx):
+    def training_flow(self, experiences, ctx, learner):
         cfg = self.config
-        pids = [p for p in ctx.policy_ids if ctx.policy_specs[p].algo == self.name]
         rt = self.run_config.runtime
         fragment = int(rt.num_envs_per_worker) * int(rt.rollout_fragment_length)
         seed = derive_seed(int(self.run_config.seed), "replay", self.name)
         prio = (cfg.prioritized_replay_alpha, cfg.prioritized_replay_beta, cfg.prioritized_replay_eps)
         if cfg.num_replay_shards > 0:
-            return self._apex_flow(experiences, ctx, pids, fragment, seed, prio)
-        buffer = ctx.add_stateful(f"{self.name}/replay_buffer",
+            return self._apex_flow(experiences, ctx, learner, fragment, seed, prio)
+        buffer = ctx.add_stateful(f"{learner.name}/replay_buffer",
                                   MultiAgentReplayBuffer(cfg.buffer_size, self.prioritized, *prio, seed=seed))
         store = self._update_schedules(experiences.for_each(StoreToReplayBuffer(buffer))
-                                       .for_each(UpdateExploration(ctx, cfg, pids)), ctx, pids)
+                                       .for_each(UpdateExploration(ctx, learner, cfg)), ctx, learner)
         train = Replay(ctx, buffer, cfg.train_batch_size, cfg.learning_starts).for_each(
-            TrainOneStep(ctx, policy_ids=pids))
+            TrainOneStep(ctx, learner))
         if self.prioritized:
-            train = train.for_each(UpdatePriorities(ctx, buffer))
+            train = train.for_each(UpdatePriorities(learner, buffer))
         train = (train
-                 .for_each(UpdateTargetNetwork(ctx, cfg.target_network_update_freq))
-                 .for_each(BroadcastWeights(ctx, every=cfg.weight_sync_freq * cfg.train_batch_size,
-                                            policy_ids=pids)))
+                 .for_each(UpdateTargetNetwork(ctx, learner, cfg.target_network_update_freq))
+                 .for_each(SyncWeights(ctx, learner, every=cfg.weight_sync_freq * cfg.train_batch_size)))
         round_steps = max(1, int(rt.num_workers)) * fragment
         return Concurrently([store, train], mode="round_robin", output_indexes=[1],
                             round_robin_weights=self.round_robin_weights(round_steps))
 
-    def _update_schedules(self, flow, ctx, pids):
+    def _update_schedules(self, flow, ctx, learner):
         """The lr schedule follows env steps sampled, set on each stored sample."""
         if self.config.lr_schedule != "linear":
             return flow
-        return flow.for_each(UpdateSchedules(ctx, self.config.schedule_env_steps or self.run_config.stop.env_steps,
-                                             pids))
+        return flow.for_each(UpdateSchedules(ctx, learner, self.config.schedule_env_steps
+                                             or self.run_config.stop.env_steps))
 
-    def _apex_flow(self, experiences, ctx, pids, fragment, seed, prio):
+    def _apex_flow(self, experiences, ctx, learner, fragment, seed, prio):
         cfg = self.config
-        shards = ctx.add_stateful(f"{self.name}/replay_shards", ReplayShards(
+        shards = ctx.add_stateful(f"{learner.name}/replay_shards", ReplayShards(
             self.run_config.runtime.backend, cfg.num_replay_shards, cfg.buffer_size, cfg.train_batch_size,
             cfg.learning_starts, self.prioritized, *prio, seed=seed))
         store = (self._update_schedules(experiences.for_each(StoreToReplayShards(shards))
-                                        .for_each(UpdateExploration(ctx, cfg, pids, apex=True)), ctx, pids)
-                 .for_each(PushWeightsToSource(ctx, every=cfg.weight_sync_freq * cfg.train_batch_size)))
+                                        .for_each(UpdateExploration(ctx, learner, cfg, apex=True)), ctx, learner)
+                 .for_each(SyncWeights(ctx, learner, to="source", every=cfg.weight_sync_freq * cfg.train_batch_size,
+                                       with_next_sample=True)))
         train = (ReplayFromShards(ctx, shards, cfg.replay_num_async)
                  .zip_with_source_actor()
-                 .for_each(WithSource(TrainOneStep(ctx, policy_ids=pids))))
+                 .for_each(WithSource(TrainOneStep(ctx, learner))))
         if self.prioritized:
-            train = train.for_each(UpdatePriorities(ctx))
+            train = train.for_each(UpdatePriorities(learner))
         train = (train
-                 .for_each(WithSource(UpdateTargetNetwork(ctx, cfg.target_network_update_freq)))
+                 .for_each(UpdateTargetNetwork(ctx, learner, cfg.target_network_update_freq))
                  .for_each(DropSource))
         return Concurrently([store, train], mode="round_robin", output_indexes=[1],
                             round_robin_weights=self.round_robin_weights(fragment))

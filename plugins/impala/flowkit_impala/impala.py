@@ -19,15 +19,14 @@ Losses (means over the batch):
 Discrete actions: categorical; Box actions: diagonal Gaussian whose log-prob is that of the
 sampled (unclipped) action, as for the behaviour log-prob stored by the worker.
 
-Plan (async): rollouts -> PushWeightsToSource -> [MixInReplay] -> ConcatBatches ->
-Enqueue(learner thread); Dequeue counts trained steps; Concurrently(async).
+Plan (async): rollouts -> SyncWeights(to the source worker, with its next sample request) ->
+[MixInReplay] -> ConcatBatches -> TrainOneStep in the learner's thread.
 Plan (``impala.rollout_mode=bulk_sync``): rollouts -> [MixInReplay] -> ConcatBatches ->
-the same learner update in the driver -> BroadcastWeights.
+TrainOneStep in the driver -> SyncWeights(to all).
 """
 from __future__ import annotations
 
 import collections
-import threading
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -38,10 +37,9 @@ import flowkit
 from flowkit import ConfigError
 from flowkit.config import F
 from flowkit.core import batch as sb
-from flowkit.core.learner_thread import (Dequeue, Enqueue, LearnerThread, PerfMonitor,
-                                         PushWeightsToSource, record_learner_result)
-from flowkit.core.ops import BroadcastWeights, Concurrently, ConcatBatches
 from flowkit.core import ActorCriticPolicy, bootstrap_rows, derive_seed, next_values, vtrace
+from flowkit.core.context import RunContext
+from flowkit.core.ops import ConcatBatches, DropSource, SyncWeights, TrainOneStep
 
 
 @dataclass
@@ -78,38 +76,14 @@ class IMPALAConfig:
 # ---- the policy -----------------------------------------------------------------------------------
 class IMPALAPolicy(ActorCriticPolicy):
     """IMPALA's actor-critic with V-trace. Workers only act (and store the behaviour
-    log-prob; acting from :class:`ActorCriticPolicy`); all the math runs on the learner.
-    ``update_lock`` is held while the learner thread updates the weights, and by every read
-    or write of weights and state, so the driver never sees half-updated weights. Override
+    log-prob; acting from :class:`ActorCriticPolicy`); all the math runs on the learner (the
+    Learner's update lock keeps the driver from reading half-updated weights). Override
     :meth:`loss` to make a variant."""
 
     store_values = False  # act with the policy network only
     twin = False
 
-    def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
-                 seed=0, inference_only=False):
-        super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
-        self.update_lock = threading.RLock()
-
-    # -- learning (learner) --
-    def train_on_batch(self, pb: sb.SampleBatch) -> Dict[str, float]:
-        """``num_epochs`` passes over contiguous minibatches of ``pb`` (trajectories stay in
-        order; a minibatch boundary is a cut, bootstrapped). Returns mean stats."""
-        cfg = self.config
-        n = len(pb)
-        mbs = min(int(cfg.minibatch_size or n), n)
-        chunks = [self.prepare_batch(pb.slice(s, min(s + mbs, n))) for s in range(0, n, mbs)]
-        sums: Dict[str, float] = collections.defaultdict(float)
-        steps = 0
-        for _ in range(int(cfg.num_epochs)):
-            for tb in chunks:
-                for k, v in self.learn_on_batch(tb).items():
-                    sums[k] += float(v)
-                steps += 1
-        stats = {k: v / max(steps, 1) for k, v in sums.items()}
-        stats.update(train_batch_size=n, num_sgd_steps=steps)
-        return stats
-
+    # -- learning (learner; the Learner runs the epochs over contiguous minibatches) --
     def prepare_batch(self, batch: sb.SampleBatch) -> Dict[str, torch.Tensor]:
         """Tensors for :meth:`loss`: the columns it reads plus ``nextnonterminal`` (float[L])
         and ``boot_idx``/``boot_obs`` (rows that bootstrap from
@@ -156,23 +130,6 @@ class IMPALAPolicy(ActorCriticPolicy):
                             cfg.clip_c_threshold, cfg.clip_pg_rho_threshold, cfg.vtrace_lambda)
         return torch.as_tensor(vs, device=self.device), torch.as_tensor(pg_adv, device=self.device)
 
-    # -- weights and state, under the update lock --
-    def get_weights(self):
-        with self.update_lock:
-            return super().get_weights()
-
-    def set_weights(self, weights):
-        with self.update_lock:
-            super().set_weights(weights)
-
-    def get_state(self):
-        with self.update_lock:
-            return super().get_state()
-
-    def set_state(self, state):
-        with self.update_lock:
-            super().set_state(state)
-
 
 # ---- replay mix-in --------------------------------------------------------------------------------
 class MixInReplay:
@@ -182,7 +139,7 @@ class MixInReplay:
     copies carry no episode summaries (they were counted when sampled) and count as trained,
     not sampled, env steps."""
 
-    def __init__(self, ctx: Any, replay_proportion: float, capacity: int, seed: int):
+    def __init__(self, ctx: RunContext, replay_proportion: float, capacity: int, seed: int):
         self.ctx, self.p, self.capacity = ctx, float(replay_proportion), int(capacity)
         self.buffer: collections.deque = collections.deque(maxlen=self.capacity)
         self.rng = np.random.default_rng(seed)
@@ -234,33 +191,21 @@ class IMPALA(flowkit.Algorithm):
     def get_rollout_mode(self) -> str:
         return self.config.rollout_mode
 
-    def make_learner(self, ctx) -> LearnerThread:
-        """The learner thread, registered with ``ctx`` (checkpointed, stopped at shutdown)."""
-        lt = LearnerThread(ctx, lambda pol, pb: pol.train_on_batch(pb), policy_ids=list(ctx.learner),
-                           inqueue_size=self.config.learner_queue_size, name=f"{self.name}-learner")
-        return ctx.add_stateful(f"{self.name}_learner", lt)
-
-    def training_flow(self, experiences, ctx):
+    def training_flow(self, experiences, ctx, learner):
         cfg = self.config
-        learner = self.make_learner(ctx)
         replay = None
         if cfg.replay_proportion > 0:
-            replay = ctx.add_stateful(f"{self.name}_replay", MixInReplay(
+            replay = ctx.add_stateful(f"{learner.name}/replay", MixInReplay(
                 ctx, cfg.replay_proportion, cfg.replay_buffer_num_slots,
                 derive_seed(int(self.run_config.seed), self.name, "replay")))
+        train = TrainOneStep(ctx, learner, cfg.num_epochs, cfg.minibatch_size, contiguous=True)
         if self.get_rollout_mode() == "bulk_sync":
             flow = experiences if replay is None else experiences.combine(replay)
-            perf = PerfMonitor(ctx, learner)
-
-            def learn(b):
-                return record_learner_result(ctx, learner.step(b), perf)
-            learn.name = "LearnOnBatch(learner, in the driver)"
             return (flow.combine(ConcatBatches(cfg.train_batch_size))
-                        .for_each(learn)
-                        .for_each(BroadcastWeights(ctx)))
-        batches = experiences.for_each(PushWeightsToSource(ctx, learner, cfg.broadcast_interval))
+                        .for_each(train)
+                        .for_each(SyncWeights(ctx, learner)))
+        batches = experiences.for_each(SyncWeights(ctx, learner, to="source", every=cfg.broadcast_interval,
+                                                   unit="batches", with_next_sample=True)).for_each(DropSource)
         if replay is not None:
             batches = batches.combine(replay)
-        enqueue = Enqueue(batches.combine(ConcatBatches(cfg.train_batch_size)), learner)
-        dequeue = Dequeue(learner, ctx)
-        return Concurrently([enqueue, dequeue], mode="async", output_indexes=[1])
+        return train.in_thread(batches.combine(ConcatBatches(cfg.train_batch_size)), cfg.learner_queue_size)

@@ -3,22 +3,25 @@ Liang et al. 2021, sec. 5.3, multi-agent composition)::
 
     rollouts = ParallelRollouts(ctx.workers, mode)              # shared by every algorithm
     branches = rollouts.duplicate(len(groups))                  # bounded buffers
-    flows = [g.algorithm.training_flow(b.for_each(SelectExperiences(g.policy_ids)),
-                                       ctx.restricted_to(g.policy_ids))
+    flows = [g.algorithm.training_flow(b.for_each(SelectExperiences(g.policy_ids)), ctx,
+                                       ctx.add_learner(g.name, g.policy_ids))   # a Learner per group
              for g, b in zip(groups, branches)]
     Concurrently(flows, mode="round_robin", round_robin_weights=...)
 
 A group is the trained policies of one algorithm (a policy with its own config overrides is a
-group of its own, with its own Algorithm instance). Frozen and random policies act in the
-rollouts but belong to no group.
+group of its own, with its own Algorithm instance, and its own Learner named after the group,
+which prefixes its stateful parts: two DQN groups keep separate replay buffers). Frozen and
+random policies act in the rollouts but belong to no group.
 """
 from __future__ import annotations
 
 import difflib
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 from flowkit.config import ConfigError
-from flowkit.core.ops import Concurrently, ParallelRollouts
+from flowkit.core.context import RunContext
+from flowkit.core.flow import Flow
+from flowkit.core.ops import Concurrently, NoTraining, ParallelRollouts
 
 from flowkit_multiagent.specs import MAPolicySpec, section_view_of
 
@@ -37,15 +40,6 @@ class SelectPolicies:
         return item.select(self.policy_ids)
 
 
-class NoTraining:
-    """The plan of a run without trainable policies: every round is one (empty) train step."""
-
-    name = "NoTraining"
-
-    def __call__(self, item: Any) -> Dict[str, Any]:
-        return {"batch": item, "stats": {}}
-
-
 def training_groups(specs: Dict[str, Any]) -> Dict[str, List[str]]:
     """``{group name: [policy ids]}`` of the trained policies, in policy order."""
     groups: Dict[str, List[str]] = {}
@@ -55,7 +49,7 @@ def training_groups(specs: Dict[str, Any]) -> Dict[str, List[str]]:
     return groups
 
 
-def build_plan(ctx: Any) -> Any:
+def build_plan(ctx: RunContext) -> Optional[Flow]:
     """The mixing plan of a multi-agent run, or None for other runs.
 
     Raises:
@@ -67,9 +61,7 @@ def build_plan(ctx: Any) -> Any:
         return None
     for pid, s in specs.items():
         if getattr(s, "init_state", None) is not None:
-            ctx.learner[pid].set_weights(s.init_state["weights"])
-        if not getattr(s, "trainable", True):
-            ctx.trainable_policies.discard(pid)
+            ctx.policies[pid].set_weights(s.init_state["weights"])
     groups = training_groups(specs)
     algos: Dict[str, Any] = {}
     for g, pids in groups.items():
@@ -93,34 +85,11 @@ def build_plan(ctx: Any) -> Any:
         return rollouts.for_each(NoTraining())
     weights = _weights(ctx.config, groups, specs)
     branches = [rollouts] if len(groups) == 1 else rollouts.duplicate(len(groups))
-    flows = [algos[g].training_flow(b.for_each(SelectPolicies(pids)), _group_ctx(ctx, g, specs[pids[0]].algo, pids))
+    flows = [algos[g].training_flow(b.for_each(SelectPolicies(pids)), ctx, ctx.add_learner(g, pids))
              for (g, pids), b in zip(groups.items(), branches)]
     if len(flows) == 1:
         return flows[0]
     return Concurrently(flows, mode="round_robin", round_robin_weights=weights)
-
-
-class _GroupContext:
-    """``ctx.restricted_to(policy_ids)`` whose ``add_stateful`` names are prefixed with the
-    group, so two groups of one algorithm (e.g. two DQN policies with different configs) keep
-    separate replay buffers and learner threads in checkpoints."""
-
-    def __init__(self, inner: Any, prefix: str):
-        self._inner, self._prefix = inner, prefix
-
-    def add_stateful(self, name: str, obj: Any) -> Any:
-        return self._inner.add_stateful(self._prefix + name, obj)
-
-    def restricted_to(self, policy_ids):
-        return _GroupContext(self._inner.restricted_to(policy_ids), self._prefix)
-
-    def __getattr__(self, name):
-        return getattr(self._inner, name)
-
-
-def _group_ctx(ctx: Any, group: str, algo: str, pids: List[str]) -> Any:
-    sub = ctx.restricted_to(pids)
-    return sub if group == algo else _GroupContext(sub, f"multiagent/{group}/")
 
 
 def _weights(config: Any, groups: Dict[str, List[str]], specs: Dict[str, Any]) -> List[float]:

@@ -25,8 +25,8 @@ import flowkit
 from flowkit import ConfigError
 from flowkit.config import F, check_schedules
 from flowkit.core import batch as sb
-from flowkit.core.ops import BroadcastWeights, ConcatBatches, StandardizeFields, TrainOneStep, UpdateSchedules
 from flowkit.core import ActorCriticPolicy, to_tensor
+from flowkit.core.ops import ConcatBatches, StandardizeFields, SyncWeights, TrainOneStep, UpdateSchedules
 
 
 @dataclass
@@ -158,7 +158,7 @@ class PPOPolicy(ActorCriticPolicy):
 # ---- the algorithm --------------------------------------------------------------------------
 class PPO(flowkit.Algorithm):
     """PPO: bulk-sync rollouts -> ConcatBatches -> TrainOneStep(epochs x minibatches) ->
-    BroadcastWeights."""
+    SyncWeights(to all workers)."""
 
     name = "ppo"
     config_class = PPOConfig
@@ -190,14 +190,14 @@ class PPO(flowkit.Algorithm):
         check_schedules(s, n, ("lr_schedule", "clip_schedule"), run_config)
         return warns
 
-    def training_flow(self, experiences, ctx):
+    def training_flow(self, experiences, ctx, learner):
         cfg = self.config
         flow = experiences.combine(ConcatBatches(cfg.train_batch_size or self.round_size(self.run_config)))
         if cfg.normalize_advantages == "batch":
             flow = flow.for_each(StandardizeFields([sb.ADVANTAGES]))
         if "linear" in (cfg.lr_schedule, cfg.clip_schedule):
             horizon = cfg.schedule_env_steps or self.run_config.stop.env_steps
-            flow = flow.for_each(UpdateSchedules(ctx, horizon))
-        return (flow.for_each(TrainOneStep(ctx, cfg.num_epochs, cfg.minibatch_size))
-                    .for_each(BroadcastWeights(ctx)))
+            flow = flow.for_each(UpdateSchedules(ctx, learner, horizon))
+        return (flow.for_each(TrainOneStep(ctx, learner, cfg.num_epochs, cfg.minibatch_size))
+                    .for_each(SyncWeights(ctx, learner)))
 

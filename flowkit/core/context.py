@@ -1,0 +1,265 @@
+"""The run context: what a plan, its operators and the engine share, as one typed dataclass.
+
+Built by :func:`make_context` (the engine's set-up); plans add their learners
+(:meth:`RunContext.add_learner`) and stateful parts (:meth:`RunContext.add_stateful`) to it.
+"""
+from __future__ import annotations
+
+import collections
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Deque, Dict, List, Optional, Sequence
+
+import numpy as np
+import torch
+from omegaconf import DictConfig
+
+from flowkit.config import ConfigError
+from flowkit.core import batch as sb
+from flowkit.core.flow import FlowContext, TimerStat
+from flowkit.core.learner import Learner
+from flowkit.core.policy import Policy
+from flowkit.core.workers import PolicySpec, RolloutWorker, WorkerSet, derive_seed
+
+EPISODE_WINDOW = 20
+
+
+def _window() -> Deque[float]:
+    return collections.deque(maxlen=EPISODE_WINDOW)
+
+
+@dataclass(eq=False)
+class RunContext(FlowContext):
+    """Everything a plan needs.
+
+    Fields:
+        config: the run's validated config. pm: the plugin manager.
+        algorithms: ``{name: Algorithm}`` instances of the run.
+        policy_specs: ``{policy_id: PolicySpec}``.
+        policies: ``{policy_id: Policy}``, every driver-side policy (the learners' ones, and
+            frozen or random policies that act but are trained by no learner).
+        workers: the WorkerSet (actors start on first use).
+        learners: ``{group name: Learner}`` added by the plan (:meth:`add_learner`).
+        rng: the seeded Generator of minibatch order, shared by the learners.
+        stateful: ``{name: object with get_state/set_state}`` reached by checkpoints and
+            stopped at shutdown (:meth:`add_stateful`).
+        counters, timers, current_actor: the flow's (env_steps_sampled, ... ; see FlowContext).
+        learner_stats: the latest stats per trained policy (``learner/<id>/<stat>`` columns).
+        episode_window, len_window, policy_windows, iter_episodes: metric windows.
+        run_dir, iteration, time_total_s, stop_reason, prefetch, extra_metrics, config_warnings.
+    """
+
+    config: DictConfig
+    pm: Any
+    algorithms: Dict[str, Any]
+    policy_specs: Dict[str, PolicySpec]
+    policies: Dict[str, Policy]
+    workers: WorkerSet
+    rng: np.random.Generator
+    run_dir: Optional[str] = None
+    prefetch: bool = False
+    learners: Dict[str, Learner] = field(default_factory=dict)
+    stateful: Dict[str, Any] = field(default_factory=dict)
+    counters: Dict[str, int] = field(default_factory=collections.Counter)
+    timers: Dict[str, TimerStat] = field(default_factory=lambda: collections.defaultdict(TimerStat))
+    current_actor: Any = None
+    info: Dict[str, Any] = field(default_factory=dict)
+    learner_stats: Dict[str, Dict[str, float]] = field(default_factory=dict)
+    episode_window: Deque[float] = field(default_factory=_window)
+    len_window: Deque[float] = field(default_factory=_window)
+    policy_windows: Dict[str, Deque[float]] = field(default_factory=lambda: collections.defaultdict(_window))
+    iter_episodes: List[Dict[str, Any]] = field(default_factory=list)
+    iteration: int = 0
+    time_total_s: float = 0.0
+    stop_reason: Optional[str] = None
+    extra_metrics: Dict[str, Any] = field(default_factory=dict)
+    config_warnings: List[str] = field(default_factory=list)
+    _time_offset: float = 0.0
+    _t_start: Optional[float] = None
+    _eval_worker: Optional[RolloutWorker] = None
+
+    @property
+    def policy_ids(self) -> List[str]:
+        return list(self.policy_specs)
+
+    @property
+    def trainable_policies(self) -> set:
+        """Ids of the policies some learner updates."""
+        return set().union(*(lr.trainable for lr in self.learners.values()))
+
+    # -- for plans --
+    def add_stateful(self, name: str, obj: Any) -> Any:
+        """Register an object with ``get_state``/``set_state`` (and optionally ``stop``) so
+        checkpoints and shutdown reach it. Returns ``obj``.
+
+        Raises:
+            ValueError: another object is registered under ``name``.
+        """
+        if name in self.stateful and self.stateful[name] is not obj:
+            raise ValueError(f"stateful object {name!r} registered twice")
+        self.stateful[name] = obj
+        return obj
+
+    def add_learner(self, group: str, policy_ids: Sequence[str]) -> Learner:
+        """The Learner of ``group`` over ``policy_ids`` (created once, registered as
+        ``<group>/learner``). It trains those of them that have an optimizer and whose
+        algorithm and spec are trainable."""
+        if group in self.learners:
+            return self.learners[group]
+        pids = list(policy_ids)
+        trainable = [p for p in pids if self.policies[p].optimizer is not None
+                     and getattr(self.algorithms.get(self.policy_specs[p].algo), "trainable", True)
+                     and getattr(self.policy_specs[p], "trainable", True)]
+        lr = Learner(group, {p: self.policies[p] for p in pids}, trainable, self.rng)
+        self.learners[group] = lr
+        return self.add_stateful(f"{group}/learner", lr)
+
+    def get_weights(self, policy_ids: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        """``{policy_id: weights}`` of the driver policies (default: all)."""
+        return self._read(lambda pol: pol.get_weights(), policy_ids)
+
+    def policy_states(self) -> Dict[str, Any]:
+        """``{policy_id: Policy.get_state()}`` of every driver policy."""
+        return self._read(lambda pol: pol.get_state())
+
+    def _read(self, fn: Any, policy_ids: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+        # each learner's policies under its update lock: never half-updated by its thread
+        pids = list(self.policies) if policy_ids is None else [p for p in policy_ids if p in self.policies]
+        out = {}
+        for lr in self.learners.values():
+            with lr.lock:
+                out.update({p: fn(lr.policies[p]) for p in pids if p in lr.policies})
+        return {p: out[p] if p in out else fn(self.policies[p]) for p in pids}
+
+    def _initial_weights(self) -> Dict[str, Any]:
+        # the workers' first weights carry the learners' version (no policy-lag spike on resume)
+        if self.learners:
+            self.workers.weights_version = max(lr.num_updates for lr in self.learners.values())
+        return self.get_weights(None)
+
+    def request_stop(self, reason: str) -> None:
+        self.stop_reason = reason
+
+    # -- metrics --
+    def record_episodes(self, episodes: List[Dict[str, Any]]) -> None:
+        for e in episodes:
+            self.episode_window.append(e["return"])
+            self.len_window.append(e["length"])
+            for key, r in e.get("agent_returns", {}).items():
+                self.policy_windows[key.split("|", 1)[1]].append(r)
+            self.iter_episodes.append(e)
+        self.counters["episodes_total"] += len(episodes)
+
+    def make_result(self, dt: float, sampled: int, trained: int, n_items: int) -> Dict[str, Any]:
+        self.iteration += 1
+        c = self.counters
+        r: Dict[str, Any] = {
+            "iteration": self.iteration,
+            "env_steps_sampled": int(c["env_steps_sampled"]),
+            "env_steps_trained": int(c["env_steps_trained"]),
+            "agent_steps_sampled": int(c["agent_steps_sampled"]),
+            "agent_steps_trained": int(c["agent_steps_trained"]),
+            "episode_return_mean": float(np.mean(self.episode_window)) if self.episode_window else float("nan"),
+            "episode_len_mean": float(np.mean(self.len_window)) if self.len_window else float("nan"),
+            "episodes_this_iter": len(self.iter_episodes),
+            "episodes_total": int(c["episodes_total"]),
+            "num_updates": int(c["num_updates"]),
+            "num_worker_restarts": int(self.workers.num_restarts),
+        }
+        pids = self.policy_ids
+        if len(pids) > 1 or any(p != sb.DEFAULT_POLICY_ID for p in pids):
+            for pid in pids:
+                w = self.policy_windows.get(pid)
+                r[f"policy/{pid}/episode_return_mean"] = float(np.mean(w)) if w else float("nan")
+        for pid, st in self.learner_stats.items():
+            for k, v in st.items():
+                r[f"learner/{pid}/{k}"] = v
+        custom: Dict[str, List[float]] = collections.defaultdict(list)
+        for e in self.iter_episodes:
+            for k, v in e.get("custom", {}).items():
+                custom[k].append(v)
+        for k, vs in custom.items():
+            r[f"custom/{k}"] = float(np.mean(vs))
+        self.iter_episodes = []
+        r.update(self.extra_metrics)
+        now = time.perf_counter()
+        self.time_total_s = self._time_offset + (now - (self._t_start or now))
+        r["time_total_s"] = self.time_total_s
+        r["time_this_iter_s"] = dt
+        r["env_steps_per_s"] = sampled / dt if dt > 0 else float("nan")
+        r["env_steps_trained_per_s"] = trained / dt if dt > 0 else float("nan")
+        for name, t in self.timers.items():
+            r[f"perf/{name}_time_ms"] = 1000.0 * t.mean_s
+        r["perf/train_steps_this_iter"] = n_items
+        return r
+
+    def start_clock(self) -> None:
+        self._t_start = time.perf_counter()
+
+    # -- evaluation --
+    def evaluate(self) -> Dict[str, Any]:
+        """Greedy evaluation on the driver over ``evaluation.episodes`` episodes."""
+        ev = self.config.evaluation
+        if self._eval_worker is None:
+            n = max(1, min(int(ev.episodes), 8))
+            self._eval_worker = RolloutWorker(self.config, -1, self.workers.num_workers, self.policy_specs,
+                                              pm=self.pm, num_envs=n)
+        self._eval_worker.set_weights(self.get_weights(None), self.counters["num_updates"])
+        with self.timers["evaluate"]:
+            eps = self._eval_worker.evaluate(int(ev.episodes), bool(ev.explore))
+        rets = [e["return"] for e in eps]
+        out = {"evaluation_return_mean": float(np.mean(rets)),
+               "evaluation_return_std": float(np.std(rets)),
+               "evaluation_len_mean": float(np.mean([e["length"] for e in eps])),
+               "evaluation_episodes": len(eps)}
+        pol: Dict[str, List[float]] = collections.defaultdict(list)
+        for e in eps:
+            for key, v in e.get("agent_returns", {}).items():
+                pol[key.split("|", 1)[1]].append(v)
+        if len(self.policy_specs) > 1:
+            for pid, vs in pol.items():
+                out[f"evaluation/{pid}/episode_return_mean"] = float(np.mean(vs))
+        extra: Dict[str, List[float]] = collections.defaultdict(list)  # runner metrics (win_rate, ...)
+        for e in eps:
+            for key, v in e.get("eval_metrics", {}).items():
+                extra[key].append(v)
+        out.update({f"evaluation/{k}": float(np.mean(vs)) for k, vs in extra.items()})
+        return out
+
+    def shutdown(self) -> None:
+        for obj in self.stateful.values():
+            stop = getattr(obj, "stop", None)
+            if callable(stop):
+                with contextlib.suppress(Exception):
+                    stop()
+        self.workers.stop()
+        if self._eval_worker is not None:
+            with contextlib.suppress(Exception):
+                self._eval_worker.stop()
+
+
+def make_context(config: DictConfig, pm: Any, algorithms: Dict[str, Any],
+                 policy_specs: Dict[str, PolicySpec], run_dir: Optional[str] = None) -> RunContext:
+    """The driver-side policies (on ``learner.device``), the unstarted WorkerSet and the
+    context holding them.
+
+    Raises:
+        ConfigError: ``learner.device`` is a CUDA device and torch sees none.
+    """
+    seed = int(config.seed)
+    device = config.learner.device
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"learner.device={device!r} but torch sees no CUDA device")
+    policies = {pid: s.policy_class(s.observation_space, s.action_space, s.config, config.model,
+                                    device, derive_seed(seed, "learner", pid))
+                for pid, s in policy_specs.items()}
+    rt = config.runtime
+    off = all(getattr(a, "off_policy", False) for a in algorithms.values())
+    holder: List[RunContext] = []
+    workers = WorkerSet(config, policy_specs, pm, weights_fn=lambda: holder[0]._initial_weights())
+    ctx = RunContext(config, pm, algorithms, policy_specs, policies, workers,
+                     np.random.default_rng(derive_seed(seed, "learner")), run_dir,
+                     bool(off if rt.prefetch is None else rt.prefetch))
+    holder.append(ctx)
+    return ctx

@@ -1,0 +1,378 @@
+"""The Learner: one per group of policies trained together, inline or in a background thread.
+
+It owns the group's driver-side policies, the epochs x minibatches update loop, the gradient
+step (backward, global-norm clipping, optimizer step on the policy's flat parameter buffer),
+an update lock, versioned weights and learner stats. Plans reach it through one training
+operator (:class:`flowkit.core.ops.TrainOneStep`) and one weight-sync operator
+(:class:`flowkit.core.ops.SyncWeights`).
+
+Thread mode (IMPALA, Espeholt et al. 2018, arXiv 1802.01561, section 3; *RLlib Flow*, Liang,
+Wu et al. 2021, arXiv 2011.12719, figure 3): :meth:`Learner.start` runs :meth:`Learner.update`
+in a daemon thread fed by a bounded in-queue (:meth:`put` blocks at most ``timeout`` seconds:
+back-pressure on the driver) and emptied into an out-queue (:meth:`get`). A crash in the
+thread is re-raised in the driver by :meth:`check_alive` with its own type and traceback and
+a note naming the learner.
+
+Weights versions: ``num_updates`` counts the SGD steps applied; weights sent to a worker
+carry it, the worker stamps it on every batch it samples (``batch.meta["weights_version"]``),
+and the **policy lag** of a fragment is ``num_updates`` when training on it starts minus its
+weights version.
+"""
+from __future__ import annotations
+
+import collections
+import os
+import queue
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from flowkit.core import batch as sb
+
+if TYPE_CHECKING:
+    from flowkit.core.context import RunContext
+    from flowkit.core.policy import Policy
+
+
+def weights_versions(b: sb.MultiAgentBatch) -> List[int]:
+    """The weights version of every worker fragment in ``b`` (``meta["weights_version"]``
+    is an int for one fragment and a (nested) list once batches were concatenated)."""
+    out: List[int] = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+        elif v is not None:
+            out.append(int(v))
+    walk(b.meta.get("weights_version"))
+    return out
+
+
+class Learner:
+    """Trains a group of policies.
+
+    Args:
+        name: the group name (registry names of its stateful parts start with it).
+        policies: ``{policy_id: Policy}``, the driver-side copies (the workers get their
+            weights through :meth:`get_weights`).
+        trainable: the ids it updates (default: every policy with an optimizer).
+        rng: numpy Generator for the minibatch order (seeded; shared by the run's learners).
+        num_epochs, minibatch_size: the update loop: ``num_epochs`` passes over minibatches
+            of ``minibatch_size`` rows (None: the whole batch, one step per epoch).
+        contiguous: minibatches are contiguous slices, each prepared on its own
+            (trajectories stay in order: IMPALA), instead of shuffled rows of the batch
+            prepared once.
+
+    Result of :meth:`update` (also what the thread puts in its out-queue)::
+
+        {"batch": MultiAgentBatch, "stats": {policy_id: mean stats}, "env_steps": int,
+         "agent_steps": int, "num_updates": int (SGD steps of this batch),
+         "policy_lag": [int per fragment], "learn_time_s": float}
+    """
+
+    def __init__(self, name: str, policies: Dict[str, "Policy"], trainable: Optional[Iterable[str]] = None,
+                 rng: Optional[np.random.Generator] = None, num_epochs: int = 1,
+                 minibatch_size: Optional[int] = None, contiguous: bool = False):
+        self.name, self.policies = name, dict(policies)
+        self.trainable = ({p for p, pol in self.policies.items() if pol.optimizer is not None}
+                          if trainable is None else set(trainable))
+        self.rng = rng if rng is not None else np.random.default_rng(0)
+        self.configure(num_epochs, minibatch_size, contiguous)
+        self.lock = threading.RLock()     # held while updating; weights and state read under it
+        self.num_updates = 0              # SGD steps applied: the weights version
+        self.env_steps_trained = 0
+        self.busy_s = 0.0                 # seconds spent updating (throughput)
+        self.stats: Dict[str, Dict[str, float]] = {}
+        self._weights_cache: Optional[Tuple[int, Dict[str, Any]]] = None
+        self._thread: Optional[threading.Thread] = None
+        self._stop_event = threading.Event()
+        self.error: Optional[BaseException] = None
+        self.inqueue: "queue.Queue[sb.MultiAgentBatch]" = queue.Queue(maxsize=2)
+        self.outqueue: "queue.Queue[Dict[str, Any]]" = queue.Queue(maxsize=64)
+
+    def configure(self, num_epochs: int = 1, minibatch_size: Optional[int] = None,
+                  contiguous: bool = False) -> None:
+        """Set the update loop (see the class docstring)."""
+        if int(num_epochs) < 1:
+            raise ValueError(f"Learner {self.name}: num_epochs must be >= 1, got {num_epochs}")
+        self.num_epochs, self.minibatch_size, self.contiguous = int(num_epochs), minibatch_size, bool(contiguous)
+
+    def describe(self) -> str:
+        mode = ", contiguous" if self.contiguous else ""
+        return f"num_epochs={self.num_epochs}, minibatch_size={self.minibatch_size}{mode}"
+
+    # ---- the update ------------------------------------------------------------------------
+    def update(self, b: sb.MultiAgentBatch) -> Dict[str, Any]:
+        """Train every trainable policy of the group on its rows of ``b``."""
+        t0 = time.perf_counter()
+        lag = [self.num_updates - v for v in weights_versions(b)]
+        stats: Dict[str, Dict[str, float]] = {}
+        steps = agent_steps = 0
+        with self.lock:
+            for pid, pb in b.policy_batches.items():
+                if pid not in self.trainable or len(pb) == 0:
+                    continue
+                st, n = self._train_policy(self.policies[pid], pb)
+                steps += n
+                agent_steps += len(pb)
+                if lag:
+                    st["policy_lag_mean"] = float(np.mean(lag))
+                    st["policy_lag_max"] = float(np.max(lag))
+                stats[pid] = st
+            self.num_updates += steps
+            self.env_steps_trained += b.env_steps
+            self.stats.update(stats)
+        dt = time.perf_counter() - t0
+        self.busy_s += dt
+        return {"batch": b, "stats": stats, "env_steps": b.env_steps, "agent_steps": agent_steps,
+                "num_updates": steps, "policy_lag": lag, "learn_time_s": dt}
+
+    def _train_policy(self, policy: "Policy", pb: sb.SampleBatch) -> Tuple[Dict[str, float], int]:
+        n = len(pb)
+        mbs = n if not self.minibatch_size else min(int(self.minibatch_size), n)
+        if self.contiguous:
+            chunks = [policy.prepare_batch(pb.slice(s, min(s + mbs, n))) for s in range(0, n, mbs)]
+            tb = chunks[-1]
+        else:
+            tb = policy.prepare_batch(pb)
+        max_norm = getattr(policy.config, "max_grad_norm", None)
+        sums: Dict[str, float] = collections.defaultdict(float)
+        steps = 0
+        for _ in range(self.num_epochs):
+            if self.contiguous:
+                mbs_iter: Iterable[Dict[str, torch.Tensor]] = chunks
+            elif mbs < n:  # one gather per epoch; minibatches are slices (views) of it
+                perm = torch.from_numpy(self.rng.permutation(n)).to(policy.device)
+                shuffled = {k: v[perm] for k, v in tb.items()}
+                mbs_iter = ({k: v[s:s + mbs] for k, v in shuffled.items()} for s in range(0, n, mbs))
+            else:
+                mbs_iter = (tb,)
+            for mb in mbs_iter:
+                loss, st = policy.loss(mb)
+                norm = self.step(policy, loss, max_norm)
+                for k, v in st.items():
+                    sums[k] += v
+                if norm is not None:
+                    sums["grad_norm"] += norm
+                steps += 1
+        policy.num_updates += steps
+        stats = {k: v / max(steps, 1) for k, v in sums.items()}
+        stats.update(policy.on_train_batch_end(tb) or {})
+        stats["train_batch_size"] = n
+        stats["num_sgd_steps"] = steps
+        return stats, steps
+
+    @staticmethod
+    def step(policy: "Policy", loss: torch.Tensor, max_grad_norm: Optional[float] = None) -> Optional[float]:
+        """Backward, optional global-norm clipping, optimizer step over the policy's flat
+        parameter buffer (:meth:`Policy.make_optimizer`). Returns the pre-clip norm."""
+        params = policy._params
+        for p in params:
+            p.grad = None
+        loss.backward()
+        g = torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=p.dtype,
+                                                                                device=p.device)
+                       for p in params])
+        norm = None
+        if max_grad_norm:
+            n = torch.linalg.vector_norm(g)
+            g.mul_(torch.clamp(max_grad_norm / (n + 1e-6), max=1.0))
+            norm = float(n)
+        policy._flat.grad = g
+        policy.optimizer.step()  # type: ignore[union-attr]  # trainable policies have one
+        return norm
+
+    # ---- weights ---------------------------------------------------------------------------
+    def get_weights(self) -> Tuple[int, Dict[str, Any]]:
+        """``(version, {policy_id: weights})`` of the group's policies, taken under the update
+        lock and cached per version."""
+        with self.lock:
+            cache = self._weights_cache
+            if cache is None or cache[0] != self.num_updates:
+                cache = self._weights_cache = (self.num_updates, {p: pol.get_weights()
+                                                                  for p, pol in self.policies.items()})
+            return cache
+
+    # ---- state (checkpoints) ---------------------------------------------------------------
+    def get_state(self) -> Dict[str, Any]:
+        with self.lock:
+            return {"num_updates": self.num_updates, "env_steps_trained": self.env_steps_trained}
+
+    def set_state(self, state: Dict[str, Any]) -> None:
+        with self.lock:
+            self.num_updates = int(state.get("num_updates", 0))
+            self.env_steps_trained = int(state.get("env_steps_trained", 0))
+            self._weights_cache = None
+
+    # ---- thread mode -----------------------------------------------------------------------
+    @property
+    def threaded(self) -> bool:
+        return self._thread is not None
+
+    def start(self, queue_size: int = 2) -> None:
+        """Run :meth:`update` in a daemon thread on batches given to :meth:`put` (at most
+        ``queue_size`` waiting). A no-op if the thread is running."""
+        if self._thread is not None and self._thread.is_alive():
+            return
+        if int(queue_size) < 1:
+            raise ValueError(f"Learner {self.name}: queue_size must be >= 1, got {queue_size}")
+        self.inqueue = queue.Queue(maxsize=int(queue_size))
+        self.error = None
+        self._stop_event = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"{self.name}-learner", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        stop = self._stop_event
+        try:
+            while not stop.is_set():
+                try:
+                    b = self.inqueue.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                out = self.update(b)
+                while not stop.is_set():
+                    try:
+                        self.outqueue.put(out, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+        except BaseException as e:  # surfaced in the driver by check_alive()
+            self.error = e
+
+    def put(self, b: sb.MultiAgentBatch, timeout: float) -> bool:
+        """Queue ``b`` for the thread; False if the queue stayed full for ``timeout`` s."""
+        self.check_alive()
+        try:
+            self.inqueue.put(b, timeout=timeout)
+            return True
+        except queue.Full:
+            return False
+
+    def get(self, timeout: float) -> Optional[Dict[str, Any]]:
+        """The next result of the thread, or None after ``timeout`` s."""
+        try:
+            return self.outqueue.get(timeout=timeout)
+        except queue.Empty:
+            self.check_alive()
+            return None
+
+    def check_alive(self) -> None:
+        """Raise the thread's exception (its own type, message and traceback) if it crashed;
+        RuntimeError if it stopped otherwise while still in use."""
+        if self.error is not None:
+            e = self.error
+            note = f"[flowkit] raised in the learner thread ({self.name}-learner)"
+            if note not in getattr(e, "__notes__", []):
+                e.add_note(note)
+            raise e  # the same object: its traceback from the learner thread is kept
+        t = self._thread
+        if t is not None and not t.is_alive() and not self._stop_event.is_set():
+            raise RuntimeError(f"the learner thread ({self.name}-learner) is not running")
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Ask the thread to finish its current batch and end; wait up to ``timeout_s``."""
+        self._stop_event.set()
+        t = self._thread
+        if t is not None and t.is_alive() and threading.current_thread() is not t:
+            t.join(timeout_s)
+        self._thread = None
+
+
+# ---- performance figures ----------------------------------------------------------------------
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def process_cpu_s(pid: int) -> Optional[float]:
+    """User + system CPU seconds of process ``pid`` (Linux ``/proc``; None elsewhere or when
+    the process is not on this machine)."""
+    if pid == os.getpid():
+        t = os.times()
+        return t.user + t.system
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class PerfMonitor:
+    """Sets ``ctx.extra_metrics`` (merged into every result) at most every ``period_s``
+    seconds:
+
+    - ``perf/learner_queue_size``: train batches waiting in the learner's in-queue (mean over
+      the train steps of the period);
+    - ``perf/learner_throughput_env_steps_per_s``: env steps trained per second of the
+      learner's busy time (its capacity) and ``perf/learner_busy_frac`` (busy time / wall);
+    - ``perf/cpu_util_driver``: CPU seconds of the driver process (all its threads) per wall
+      second (1.0 = one core busy);
+    - ``perf/cpu_util_workers``: the same, mean over rollout worker processes (Ray workers on
+      this machine; absent on the local backend, where workers run in the driver).
+
+    With several learners (multi-agent groups) the learner figures are ``perf/<group>/learner_*``.
+    """
+
+    def __init__(self, ctx: "RunContext", learner: Optional[Learner] = None, period_s: float = 1.0):
+        self.ctx, self.learner, self.period_s = ctx, learner, float(period_s)
+        self._t: Optional[float] = None
+        self._cpu: Dict[int, Optional[float]] = {}
+        self._pids: Optional[List[int]] = None
+        self._restarts = 0
+        self._busy = 0.0
+        self._trained = 0
+        self._qsizes: List[int] = []
+
+    def _worker_pids(self) -> List[int]:
+        ws = self.ctx.workers
+        if ws.backend != "ray":
+            return []
+        if self._pids is None or self._restarts != ws.num_restarts:
+            self._restarts = ws.num_restarts      # a rebuilt worker is a new process
+            try:
+                self._pids = [int(p) for p in ws.foreach_worker("get_pid")]
+            except Exception:
+                self._pids = []
+        return self._pids
+
+    def _sample(self) -> Dict[int, Optional[float]]:
+        pids = [os.getpid()] + [p for p in self._worker_pids() if p != os.getpid()]
+        return {p: process_cpu_s(p) for p in pids}
+
+    def update(self, force: bool = False) -> None:
+        """Call once per train step; refreshes the figures every ``period_s`` seconds."""
+        now = time.perf_counter()
+        lr = self.learner
+        if lr is not None:
+            self._qsizes.append(lr.inqueue.qsize())
+        if self._t is None:
+            self._t, self._cpu = now, self._sample()
+            if lr is not None:
+                self._busy, self._trained = lr.busy_s, lr.env_steps_trained
+            return
+        dt = now - self._t
+        if dt < self.period_s and not force:
+            return
+        cpu = self._sample()
+        m = self.ctx.extra_metrics
+        me = os.getpid()
+        used = {p: (c - c0) / dt for p, c in cpu.items() if c is not None and (c0 := self._cpu.get(p)) is not None}
+        if me in used:
+            m["perf/cpu_util_driver"] = used.pop(me)
+        ws = list(used.values())
+        if ws:
+            m["perf/cpu_util_workers"] = float(np.mean(ws))
+        if lr is not None:
+            busy, trained = lr.busy_s, lr.env_steps_trained
+            k = "perf/learner" if len(getattr(self.ctx, "learners", ())) <= 1 else f"perf/{lr.name}/learner"
+            if busy > self._busy:
+                m[f"{k}_throughput_env_steps_per_s"] = (trained - self._trained) / (busy - self._busy)
+            m[f"{k}_busy_frac"] = (busy - self._busy) / dt
+            m[f"{k}_queue_size"] = float(np.mean(self._qsizes)) if self._qsizes else 0.0
+            self._qsizes = []
+            self._busy, self._trained = busy, trained
+        self._t, self._cpu = now, cpu
