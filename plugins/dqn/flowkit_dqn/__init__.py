@@ -1,8 +1,15 @@
 """flowkit-dqn: the DQN algorithm plugin (entry point group ``flowkit``)."""
 import flowkit
-
-from flowkit_dqn.dqn import (DQN, DQNConfig, DQNPolicy, QNetwork, apex_epsilon, compute_n_step,
-                             compute_q_targets, epsilon_at)
+from flowkit_dqn.dqn import (
+    DQN,
+    DQNConfig,
+    DQNPolicy,
+    QNetwork,
+    apex_epsilon,
+    compute_n_step,
+    compute_q_targets,
+    epsilon_at,
+)
 
 __all__ = ["DQN", "DQNConfig", "DQNPolicy", "QNetwork", "apex_epsilon", "compute_n_step",
            "compute_q_targets", "epsilon_at"]

@@ -44,15 +44,11 @@ from torch import nn
 import flowkit
 from flowkit import ConfigError
 from flowkit.config import F, check_schedules
+from flowkit.core import ObsEncoder, Policy, build_mlp, build_trunk, derive_seed, ops, replay, to_tensor
 from flowkit.core import batch as sb
-from flowkit.core.flow import get_result
-from flowkit.core import ObsEncoder, Policy, build_mlp, build_trunk, derive_seed, to_tensor
 from flowkit.core.context import RunContext
+from flowkit.core.flow import get_result
 from flowkit.core.learner import Learner
-from flowkit.core.ops import (Concurrently, DropSource, SyncWeights, TrainOneStep, UpdatePriorities, UpdateSchedules,
-                              UpdateTargetNetwork)
-from flowkit.core.replay import (MultiAgentReplayBuffer, Replay, ReplayFromShards, ReplayShards,
-                                 StoreToReplayBuffer, StoreToReplayShards, WithSource)
 
 
 @dataclass
@@ -61,22 +57,21 @@ class DQNConfig:
     lr: float = F(5e-4, "Adam learning rate", gt=0)
     lr_schedule: str = F("constant", "constant, or linear (from lr to 0 at schedule_env_steps)",
                          choices=("constant", "linear"))
-    schedule_env_steps: Optional[int] = F(None, "horizon of the linear lr schedule in env steps "
-                                                "(default stop.env_steps)", gt=0)
+    schedule_env_steps: Optional[int] = F(None, "horizon of the linear lr schedule, env steps (default stop.env_steps)",
+                                          gt=0)
     adam_eps: float = F(1e-8, "Adam epsilon", gt=0)
     gamma: float = F(0.99, "discount factor", ge=0, le=1)
     n_step: int = F(1, "n-step returns (1: one-step TD)", gt=0)
     double_q: bool = F(True, "double-Q target: argmax by the online network, value by the target network")
     dueling: bool = F(True, "dueling heads: Q = V + A - mean(A)")
     train_batch_size: int = F(32, "replayed transitions per gradient step", gt=0)
-    buffer_size: int = F(50_000, "replay capacity in transitions (per policy; split over shards in Ape-X)",
-                         gt=0)
+    buffer_size: int = F(50_000, "replay capacity in transitions (per policy; split over shards in Ape-X)", gt=0)
     learning_starts: int = F(1_000, "env steps sampled before the first gradient step", ge=0)
     training_intensity: Optional[float] = F(None, "transitions trained per transition sampled (null: one "
                                                   "gradient step per sampling round)", gt=0)
     target_network_update_freq: int = F(500, "gradient steps between target-network updates", gt=0)
-    weight_sync_freq: int = F(16, "gradient steps between weight broadcasts to the rollout workers "
-                                  "(0: after every step)", ge=0)
+    weight_sync_freq: int = F(16, "gradient steps between weight broadcasts to the workers (0: after every step)",
+                              ge=0)
     max_grad_norm: Optional[float] = F(10.0, "clip the gradient norm (null: off)", gt=0)
     huber_delta: float = F(1.0, "Huber loss threshold", gt=0)
     initial_epsilon: float = F(1.0, "epsilon-greedy: epsilon at the start", ge=0, le=1)
@@ -113,7 +108,8 @@ def apex_epsilon(worker_index: int, num_workers: int, base: float = 0.4, alpha: 
 
 
 # ---- n-step returns and targets -----------------------------------------------------------------
-def compute_n_step(rewards: np.ndarray, ends: np.ndarray, gamma: float, n: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+def compute_n_step(rewards: np.ndarray, ends: np.ndarray, gamma: float,
+                   n: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
     """n-step discounted returns over a flat sequence of trajectory pieces.
 
     Args:
@@ -205,6 +201,8 @@ class DQNPolicy(Policy):
     prioritized replay. Override :meth:`loss` to make a variant.
     """
 
+    model: QNetwork
+
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):
         super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
@@ -264,6 +262,7 @@ class DQNPolicy(Policy):
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg = self.config
+        assert self.target_model is not None, "loss runs on the learner's policy"
         q = self.model(batch[sb.OBS])
         q_taken = q.gather(-1, batch[sb.ACTIONS].long().unsqueeze(-1)).squeeze(-1)
         with torch.no_grad():
@@ -282,13 +281,15 @@ class DQNPolicy(Policy):
         with torch.no_grad():
             self.td_error = td.detach().cpu().numpy()
             vals = torch.stack([loss, q_taken.mean(), td.abs().mean(), y.mean()]).tolist()
-        return loss, dict(zip(("loss", "mean_q", "mean_abs_td_error", "mean_target"), vals))
+        return loss, dict(zip(("loss", "mean_q", "mean_abs_td_error", "mean_target"), vals, strict=True))
 
     def on_train_batch_end(self, batch):
+        assert self.optimizer is not None
         return {"epsilon": self.epsilon, "lr": self.optimizer.param_groups[0]["lr"]}
 
     def update_target(self) -> None:
         """Copy the online network's weights into the target network."""
+        assert self.target_model is not None
         self.target_model.load_state_dict(self.model.state_dict())
 
     # -- state --
@@ -310,9 +311,9 @@ class DQNPolicy(Policy):
 
 # ---- operators --------------------------------------------------------------------------------
 class SetEpsilon:
-    """Worker-side (picklable, sent with ``RolloutWorker.apply``): set the epsilon of this
-    worker's DQN policies to ``epsilon``, or to Ape-X's per-worker value when ``apex`` holds
-    ``(base, alpha)``. Returns the epsilon set."""
+    """Set the epsilon of the DQN policies of a worker (picklable, sent with
+    ``RolloutWorker.apply``) or of a Learner to ``epsilon``, or to Ape-X's per-worker value
+    when ``apex`` holds ``(base, alpha)``. Returns the epsilon set."""
 
     def __init__(self, policy_ids: List[str], epsilon: float = 0.0, apex: Optional[Tuple[float, float]] = None):
         self.policy_ids, self.epsilon, self.apex = list(policy_ids), float(epsilon), apex
@@ -352,15 +353,12 @@ class UpdateExploration:
                                                                     self.cfg.apex_epsilon_alpha)))
                 self.sent[id(actor)] = -1.0
             return item
-        eps = epsilon_at(self.cfg, self.ctx.counters["env_steps_sampled"])
-        for pid in self.policy_ids:
-            self.learner.policies[pid].epsilon = eps
-        fn = None
+        fn = SetEpsilon(self.policy_ids, epsilon_at(self.cfg, self.ctx.counters["env_steps_sampled"]))
+        fn(self.learner)
         for a in self.ctx.workers.actors:
-            if self.sent.get(id(a)) != eps:
-                fn = fn or SetEpsilon(self.policy_ids, eps)
+            if self.sent.get(id(a)) != fn.epsilon:
                 self._send(a, fn)
-                self.sent[id(a)] = eps
+                self.sent[id(a)] = fn.epsilon
         return item
 
 
@@ -412,51 +410,36 @@ class DQN(flowkit.Algorithm):
         return [1, float(ti) * round_env_steps / self.config.train_batch_size]
 
     def training_flow(self, experiences, ctx, learner):
-        cfg = self.config
-        rt = self.run_config.runtime
+        cfg, rt = self.config, self.run_config.runtime
+        apex = cfg.num_replay_shards > 0
+        prio = dict(alpha=cfg.prioritized_replay_alpha, beta=cfg.prioritized_replay_beta,
+                    eps=cfg.prioritized_replay_eps, seed=derive_seed(int(self.run_config.seed), "replay", self.name))
+        if apex:
+            shards = ctx.add_stateful(f"{learner.name}/replay_shards", replay.ReplayShards(
+                rt.backend, cfg.num_replay_shards, cfg.buffer_size, cfg.train_batch_size, cfg.learning_starts,
+                self.prioritized, **prio))
+            store = experiences.for_each(replay.StoreToReplayShards(shards))
+        else:
+            buffer = ctx.add_stateful(f"{learner.name}/replay_buffer",
+                                      replay.MultiAgentReplayBuffer(cfg.buffer_size, self.prioritized, **prio))
+            store = experiences.for_each(replay.StoreToReplayBuffer(buffer))
+        store = store.for_each(UpdateExploration(ctx, learner, cfg, apex=apex))
+        if cfg.lr_schedule == "linear":  # the lr schedule follows env steps sampled, set on each stored sample
+            horizon = cfg.schedule_env_steps or self.run_config.stop.env_steps
+            store = store.for_each(ops.UpdateSchedules(ctx, learner, horizon))
+        sync_every = cfg.weight_sync_freq * cfg.train_batch_size
+        if apex:
+            store = store.for_each(ops.SyncWeights(ctx, learner, to="source", every=sync_every, with_next_sample=True))
+            train = (replay.ReplayFromShards(ctx, shards, cfg.replay_num_async).zip_with_source_actor()
+                     .for_each(replay.WithSource(ops.TrainOneStep(ctx, learner))))
+        else:
+            train = (replay.Replay(ctx, buffer, cfg.train_batch_size, cfg.learning_starts)
+                     .for_each(ops.TrainOneStep(ctx, learner)))
+        if self.prioritized:
+            train = train.for_each(ops.UpdatePriorities(learner, None if apex else buffer))
+        train = train.for_each(ops.UpdateTargetNetwork(ctx, learner, cfg.target_network_update_freq))
+        train = train.for_each(ops.DropSource if apex else ops.SyncWeights(ctx, learner, every=sync_every))
         fragment = int(rt.num_envs_per_worker) * int(rt.rollout_fragment_length)
-        seed = derive_seed(int(self.run_config.seed), "replay", self.name)
-        prio = (cfg.prioritized_replay_alpha, cfg.prioritized_replay_beta, cfg.prioritized_replay_eps)
-        if cfg.num_replay_shards > 0:
-            return self._apex_flow(experiences, ctx, learner, fragment, seed, prio)
-        buffer = ctx.add_stateful(f"{learner.name}/replay_buffer",
-                                  MultiAgentReplayBuffer(cfg.buffer_size, self.prioritized, *prio, seed=seed))
-        store = self._update_schedules(experiences.for_each(StoreToReplayBuffer(buffer))
-                                       .for_each(UpdateExploration(ctx, learner, cfg)), ctx, learner)
-        train = Replay(ctx, buffer, cfg.train_batch_size, cfg.learning_starts).for_each(
-            TrainOneStep(ctx, learner))
-        if self.prioritized:
-            train = train.for_each(UpdatePriorities(learner, buffer))
-        train = (train
-                 .for_each(UpdateTargetNetwork(ctx, learner, cfg.target_network_update_freq))
-                 .for_each(SyncWeights(ctx, learner, every=cfg.weight_sync_freq * cfg.train_batch_size)))
-        round_steps = max(1, int(rt.num_workers)) * fragment
-        return Concurrently([store, train], mode="round_robin", output_indexes=[1],
+        round_steps = fragment if apex else max(1, int(rt.num_workers)) * fragment
+        return ops.Concurrently([store, train], mode="round_robin", output_indexes=[1],
                             round_robin_weights=self.round_robin_weights(round_steps))
-
-    def _update_schedules(self, flow, ctx, learner):
-        """The lr schedule follows env steps sampled, set on each stored sample."""
-        if self.config.lr_schedule != "linear":
-            return flow
-        return flow.for_each(UpdateSchedules(ctx, learner, self.config.schedule_env_steps
-                                             or self.run_config.stop.env_steps))
-
-    def _apex_flow(self, experiences, ctx, learner, fragment, seed, prio):
-        cfg = self.config
-        shards = ctx.add_stateful(f"{learner.name}/replay_shards", ReplayShards(
-            self.run_config.runtime.backend, cfg.num_replay_shards, cfg.buffer_size, cfg.train_batch_size,
-            cfg.learning_starts, self.prioritized, *prio, seed=seed))
-        store = (self._update_schedules(experiences.for_each(StoreToReplayShards(shards))
-                                        .for_each(UpdateExploration(ctx, learner, cfg, apex=True)), ctx, learner)
-                 .for_each(SyncWeights(ctx, learner, to="source", every=cfg.weight_sync_freq * cfg.train_batch_size,
-                                       with_next_sample=True)))
-        train = (ReplayFromShards(ctx, shards, cfg.replay_num_async)
-                 .zip_with_source_actor()
-                 .for_each(WithSource(TrainOneStep(ctx, learner))))
-        if self.prioritized:
-            train = train.for_each(UpdatePriorities(learner))
-        train = (train
-                 .for_each(UpdateTargetNetwork(ctx, learner, cfg.target_network_update_freq))
-                 .for_each(DropSource))
-        return Concurrently([store, train], mode="round_robin", output_indexes=[1],
-                            round_robin_weights=self.round_robin_weights(fragment))

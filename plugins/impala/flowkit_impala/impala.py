@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -36,8 +36,8 @@ import torch
 import flowkit
 from flowkit import ConfigError
 from flowkit.config import F
+from flowkit.core import ActorCritic, ActorCriticPolicy, bootstrap_rows, derive_seed, next_values, vtrace
 from flowkit.core import batch as sb
-from flowkit.core import ActorCriticPolicy, bootstrap_rows, derive_seed, next_values, vtrace
 from flowkit.core.context import RunContext
 from flowkit.core.ops import ConcatBatches, DropSource, SyncWeights, TrainOneStep
 
@@ -50,23 +50,17 @@ class IMPALAConfig:
     gamma: float = F(0.99, "discount factor", ge=0, le=1)
     clip_rho_threshold: float = F(1.0, "V-trace rho_bar: clip of the importance ratio in delta_t", gt=0)
     clip_c_threshold: float = F(1.0, "V-trace c_bar: clip of the trace-cutting ratio c_t", gt=0)
-    clip_pg_rho_threshold: float = F(1.0, "clip of the importance ratio in the policy-gradient advantage",
-                                          gt=0)
-    vtrace_lambda: float = F(1.0, "lambda multiplying c_t (paper's remark 2; 1.0 = plain V-trace)",
-                                  ge=0, le=1)
+    clip_pg_rho_threshold: float = F(1.0, "clip of the importance ratio in the policy-gradient advantage", gt=0)
+    vtrace_lambda: float = F(1.0, "lambda multiplying c_t (paper's remark 2; 1.0 = plain V-trace)", ge=0, le=1)
     vf_coef: float = F(0.5, "value-loss coefficient", ge=0)
     ent_coef: float = F(0.01, "entropy bonus coefficient", ge=0)
     max_grad_norm: Optional[float] = F(40.0, "clip the gradient norm (null: off)", gt=0)
-    train_batch_size: int = F(500, "env steps per train batch (worker fragments are concatenated)",
-                                 ge=1)
+    train_batch_size: int = F(500, "env steps per train batch (worker fragments are concatenated)", ge=1)
     num_epochs: int = F(1, "passes of the learner over each train batch", ge=1)
-    minibatch_size: Optional[int] = F(None, "rows per SGD step, contiguous slices (null: the whole "
-                                        "train batch)", ge=1)
+    minibatch_size: Optional[int] = F(None, "rows per SGD step, contiguous slices (null: the whole train batch)", ge=1)
     learner_queue_size: int = F(2, "train batches waiting for the learner thread at most", ge=1)
-    broadcast_interval: int = F(1, "batches from one worker between two weight pushes to that worker",
-                                 ge=1)
-    replay_proportion: float = F(0.0, "replayed fragments mixed in per new fragment, on average (0: off)",
-                                  ge=0)
+    broadcast_interval: int = F(1, "batches from one worker between two weight pushes to that worker", ge=1)
+    replay_proportion: float = F(0.0, "replayed fragments mixed in per new fragment, on average (0: off)", ge=0)
     replay_buffer_num_slots: int = F(100, "fragments kept for replay (FIFO)", ge=1)
     rollout_mode: str = F("async", "async (learner thread) or bulk_sync (for comparison)",
                           choices=("async", "bulk_sync"))
@@ -82,6 +76,7 @@ class IMPALAPolicy(ActorCriticPolicy):
 
     store_values = False  # act with the policy network only
     twin = False
+    model: ActorCritic
 
     # -- learning (learner; the Learner runs the epochs over contiguous minibatches) --
     def prepare_batch(self, batch: sb.SampleBatch) -> Dict[str, torch.Tensor]:
@@ -113,7 +108,7 @@ class IMPALAPolicy(ActorCriticPolicy):
             vals = torch.stack([pg_loss, vf_loss, entropy, loss, rhos.mean(), rhos.max(),
                                 (rhos > cfg.clip_rho_threshold).float().mean()]).tolist()
         return loss, dict(zip(("pg_loss", "vf_loss", "entropy", "total_loss", "rho_mean", "rho_max",
-                               "rho_clip_frac"), vals))
+                               "rho_clip_frac"), vals, strict=True))
 
     @torch.no_grad()
     def vtrace_targets(self, batch: Dict[str, torch.Tensor], log_rhos: torch.Tensor,
@@ -124,7 +119,7 @@ class IMPALAPolicy(ActorCriticPolicy):
         cfg = self.config
         cont, boot_idx = batch["nextnonterminal"].cpu().numpy(), batch["boot_idx"].cpu().numpy()
         v = values.cpu().numpy()
-        boot_v = self.model.value(batch["boot_obs"]).cpu().numpy() if len(boot_idx) else None
+        boot_v = self.model.value(batch["boot_obs"]).cpu().numpy() if len(boot_idx) else np.zeros(0, np.float32)
         vs, pg_adv = vtrace(log_rhos.cpu().numpy(), batch[sb.REWARDS].cpu().numpy(), v,
                             next_values(v, cont, boot_idx, boot_v), cont, cfg.gamma, cfg.clip_rho_threshold,
                             cfg.clip_c_threshold, cfg.clip_pg_rho_threshold, cfg.vtrace_lambda)
@@ -141,7 +136,7 @@ class MixInReplay:
 
     def __init__(self, ctx: RunContext, replay_proportion: float, capacity: int, seed: int):
         self.ctx, self.p, self.capacity = ctx, float(replay_proportion), int(capacity)
-        self.buffer: collections.deque = collections.deque(maxlen=self.capacity)
+        self.buffer: Deque[sb.MultiAgentBatch] = collections.deque(maxlen=self.capacity)
         self.rng = np.random.default_rng(seed)
         self.name = f"MixInReplay(replay_proportion={self.p}, capacity={self.capacity})"
 
@@ -182,9 +177,9 @@ class IMPALA(flowkit.Algorithm):
     @classmethod
     def validate_config(cls, run_config, section) -> List[str]:
         """Cross-field checks (each key's own range is declared in :class:`IMPALAConfig`)."""
-        s, n = section, cls.name
+        s = section
         if s.minibatch_size is not None and not 1 <= s.minibatch_size <= s.train_batch_size:
-            raise ConfigError(f"{n}.minibatch_size={s.minibatch_size} must be in [1, {n}.train_batch_size="
+            raise ConfigError(f"{cls.name}.minibatch_size={s.minibatch_size} must be in [1, {cls.name}.train_batch_size="
                               f"{s.train_batch_size}] (or null: the whole train batch)")
         return []
 
@@ -199,13 +194,13 @@ class IMPALA(flowkit.Algorithm):
                 ctx, cfg.replay_proportion, cfg.replay_buffer_num_slots,
                 derive_seed(int(self.run_config.seed), self.name, "replay")))
         train = TrainOneStep(ctx, learner, cfg.num_epochs, cfg.minibatch_size, contiguous=True)
-        if self.get_rollout_mode() == "bulk_sync":
-            flow = experiences if replay is None else experiences.combine(replay)
-            return (flow.combine(ConcatBatches(cfg.train_batch_size))
-                        .for_each(train)
-                        .for_each(SyncWeights(ctx, learner)))
-        batches = experiences.for_each(SyncWeights(ctx, learner, to="source", every=cfg.broadcast_interval,
-                                                   unit="batches", with_next_sample=True)).for_each(DropSource)
+        is_async = self.get_rollout_mode() == "async"
+        if is_async:
+            experiences = experiences.for_each(SyncWeights(ctx, learner, to="source", every=cfg.broadcast_interval,
+                                                           unit="batches", with_next_sample=True)).for_each(DropSource)
         if replay is not None:
-            batches = batches.combine(replay)
-        return train.in_thread(batches.combine(ConcatBatches(cfg.train_batch_size)), cfg.learner_queue_size)
+            experiences = experiences.combine(replay)
+        batches = experiences.combine(ConcatBatches(cfg.train_batch_size))
+        if is_async:
+            return train.in_thread(batches, cfg.learner_queue_size)
+        return batches.for_each(train).for_each(SyncWeights(ctx, learner))

@@ -7,12 +7,10 @@ Hooks: ``flowkit_add_config_sections`` (``multiagent.*``), ``flowkit_make_policy
 multi-agent, so single-agent Gymnasium runs keep the core's fast path.
 """
 import flowkit
-
 from flowkit_multiagent.config import MultiAgentConfig, PolicyConfig
 from flowkit_multiagent.plan import SelectPolicies, build_plan, training_groups
 from flowkit_multiagent.runners import AECEnvRunner, ParallelEnvRunner, runner_for
-from flowkit_multiagent.specs import (SHARED_POLICY_ID, AgentMapping, MAPolicySpec, is_pettingzoo,
-                                      make_policy_specs)
+from flowkit_multiagent.specs import SHARED_POLICY_ID, AgentMapping, MAPolicySpec, is_pettingzoo, make_policy_specs
 
 __all__ = ["AECEnvRunner", "AgentMapping", "MAPolicySpec", "MultiAgentConfig", "ParallelEnvRunner",
            "PolicyConfig", "SHARED_POLICY_ID", "SelectPolicies", "build_plan", "make_policy_specs",

@@ -22,7 +22,6 @@ from flowkit.config import ConfigError
 from flowkit.core.context import RunContext
 from flowkit.core.flow import Flow
 from flowkit.core.ops import Concurrently, NoTraining, ParallelRollouts
-
 from flowkit_multiagent.specs import MAPolicySpec, section_view_of
 
 

@@ -34,9 +34,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import gymnasium as gym
 import numpy as np
 
-from flowkit.core import batch as sb
 from flowkit.core import EnvError, Episode, describe_value, env_name, find_mismatch
-
+from flowkit.core import batch as sb
 from flowkit_multiagent.specs import build_mapping, build_opponent, is_aec
 
 _BASE_COLS = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.TRUNCATEDS, sb.NEXT_OBS, sb.EPS_ID,

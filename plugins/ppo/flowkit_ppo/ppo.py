@@ -24,8 +24,8 @@ import torch
 import flowkit
 from flowkit import ConfigError
 from flowkit.config import F, check_schedules
+from flowkit.core import ActorCritic, ActorCriticPolicy, to_tensor
 from flowkit.core import batch as sb
-from flowkit.core import ActorCriticPolicy, to_tensor
 from flowkit.core.ops import ConcatBatches, StandardizeFields, SyncWeights, TrainOneStep, UpdateSchedules
 
 
@@ -38,19 +38,15 @@ class PPOConfig:
     gae_lambda: float = F(0.95, "GAE lambda", ge=0, le=1)
     clip_param: float = F(0.2, "surrogate clip range epsilon", gt=0)
     clip_schedule: str = F("constant", "constant, or linear (to 0 at schedule_env_steps)", choices=("constant", "linear"))
-    schedule_env_steps: Optional[int] = F(None, "horizon of linear schedules in env steps (default stop.env_steps)",
-                                            gt=0)
-    vf_clip_param: Optional[float] = F(None, "clip value updates to +-this around vf_preds (null: off)",
-                                            gt=0)
+    schedule_env_steps: Optional[int] = F(None, "horizon of linear schedules, env steps (default stop.env_steps)", gt=0)
+    vf_clip_param: Optional[float] = F(None, "clip value updates to +-this around vf_preds (null: off)", gt=0)
     vf_coef: float = F(0.5, "value-loss coefficient", ge=0)
     ent_coef: float = F(0.0, "entropy bonus coefficient", ge=0)
-    kl_coeff: float = F(0.0, "initial KL-penalty coefficient (0: no penalty, KL is only reported)",
-                             ge=0)
+    kl_coeff: float = F(0.0, "initial KL-penalty coefficient (0: no penalty, KL is only reported)", ge=0)
     kl_target: float = F(0.01, "target KL for the adaptive penalty", gt=0)
     num_epochs: int = F(10, "passes over each train batch", ge=1)
     minibatch_size: int = F(64, "rows per SGD minibatch", ge=1)
-    train_batch_size: Optional[int] = F(None, "env steps per train batch (null: one sampling round)",
-                                          ge=1)
+    train_batch_size: Optional[int] = F(None, "env steps per train batch (null: one sampling round)", ge=1)
     max_grad_norm: Optional[float] = F(0.5, "clip the gradient norm (null: off)", gt=0)
     normalize_advantages: str = F("minibatch", "advantage standardisation: per minibatch, per train batch "
                                   "or none", choices=("minibatch", "batch", "none"))
@@ -67,6 +63,8 @@ _TRAIN_COLS = (sb.OBS, sb.ACTIONS, sb.ACTION_LOGP, sb.VF_PREDS, sb.ADVANTAGES, s
 class PPOPolicy(ActorCriticPolicy):
     """PPO's actor-critic policy (acting and GAE from :class:`ActorCriticPolicy`). Override
     :meth:`loss` to make a variant."""
+
+    model: ActorCritic
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):
@@ -119,7 +117,7 @@ class PPOPolicy(ActorCriticPolicy):
             vals = torch.stack([pg_loss, vf_loss, entropy, kl, clip_frac, loss]).tolist()
         self._kl_sum += vals[3]
         self._kl_n += 1
-        return loss, dict(zip(("pg_loss", "vf_loss", "entropy", "kl", "clip_frac", "total_loss"), vals))
+        return loss, dict(zip(("pg_loss", "vf_loss", "entropy", "kl", "clip_frac", "total_loss"), vals, strict=True))
 
     def on_train_batch_end(self, batch):
         stats = {"lr": self.lr, "clip_param": self.clip_param}
@@ -138,6 +136,7 @@ class PPOPolicy(ActorCriticPolicy):
     def set_progress(self, frac: float) -> None:
         """Linear schedules: ``frac`` in [0, 1] of ``schedule_env_steps`` done (lr: see Policy)."""
         super().set_progress(frac)
+        assert self.optimizer is not None, "set_progress runs on the learner's policy"
         self.lr = self.optimizer.param_groups[0]["lr"]
         frac = min(max(frac, 0.0), 1.0)
         if self.config.clip_schedule == "linear":
