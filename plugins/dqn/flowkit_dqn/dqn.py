@@ -70,8 +70,7 @@ class DQNConfig:
     training_intensity: Optional[float] = F(None, "transitions trained per transition sampled (null: one "
                                                   "gradient step per sampling round)", gt=0)
     target_network_update_freq: int = F(500, "gradient steps between target-network updates", gt=0)
-    weight_sync_freq: int = F(16, "gradient steps between weight broadcasts to the workers (0: after every step)",
-                              ge=0)
+    weight_sync_freq: int = F(16, "gradient steps between weight broadcasts to the workers (0: after every step)", ge=0)
     max_grad_norm: Optional[float] = F(10.0, "clip the gradient norm (null: off)", gt=0)
     huber_delta: float = F(1.0, "Huber loss threshold", gt=0)
     initial_epsilon: float = F(1.0, "epsilon-greedy: epsilon at the start", ge=0, le=1)

@@ -13,8 +13,7 @@ from flowkit_multiagent.runners import AECEnvRunner, ParallelEnvRunner, runner_f
 from flowkit_multiagent.specs import SHARED_POLICY_ID, AgentMapping, MAPolicySpec, is_pettingzoo, make_policy_specs
 
 __all__ = ["AECEnvRunner", "AgentMapping", "MAPolicySpec", "MultiAgentConfig", "ParallelEnvRunner",
-           "PolicyConfig", "SHARED_POLICY_ID", "SelectPolicies", "build_plan", "make_policy_specs",
-           "training_groups"]
+           "PolicyConfig", "SHARED_POLICY_ID", "SelectPolicies", "build_plan", "make_policy_specs", "training_groups"]
 
 
 @flowkit.hookimpl

@@ -39,7 +39,7 @@ class SelectPolicies:
         return item.select(self.policy_ids)
 
 
-def training_groups(specs: Dict[str, Any]) -> Dict[str, List[str]]:
+def training_groups(specs: Dict[str, MAPolicySpec]) -> Dict[str, List[str]]:
     """``{group name: [policy ids]}`` of the trained policies, in policy order."""
     groups: Dict[str, List[str]] = {}
     for pid, s in specs.items():
@@ -52,14 +52,15 @@ def build_plan(ctx: RunContext) -> Optional[Flow]:
     """The mixing plan of a multi-agent run, or None for other runs.
 
     Raises:
-        ConfigError: algorithms whose rollout modes cannot share one stream (bulk_sync and
-            async), or a ``multiagent.round_robin_weights`` key naming no algorithm or policy.
+        ConfigError: a ``multiagent.round_robin_weights`` key naming no algorithm or policy
+            (rollout modes that cannot share one stream are refused earlier, by
+            :func:`~flowkit_multiagent.specs.make_policy_specs`).
     """
-    specs = ctx.policy_specs
-    if not any(isinstance(s, MAPolicySpec) for s in specs.values()):
+    specs = {pid: s for pid, s in ctx.policy_specs.items() if isinstance(s, MAPolicySpec)}
+    if not specs:  # not a multi-agent run (the plugin makes every spec of one that is)
         return None
     for pid, s in specs.items():
-        if getattr(s, "init_state", None) is not None:
+        if s.init_state is not None:
             ctx.policies[pid].set_weights(s.init_state["weights"])
     groups = training_groups(specs)
     algos: Dict[str, Any] = {}
@@ -70,13 +71,8 @@ def build_plan(ctx: RunContext) -> Optional[Flow]:
         else:  # a policy with its own config overrides: its own Algorithm instance
             cls = type(ctx.algorithms[s.algo])
             algos[g] = ctx.add_stateful(f"multiagent/{g}", cls(ctx.config, config=section_view_of(s.section)))
-    modes = {g: a.get_rollout_mode() for g, a in algos.items()}
-    if len(set(modes.values())) > 1:
-        desc = ", ".join(f"{g} ({'policies ' + ', '.join(groups[g])}): {m}" for g, m in modes.items())
-        raise ConfigError("these algorithms cannot share one rollout stream: bulk_sync and async rollout "
-                          f"modes are mixed ({desc}); train them in separate runs, or set the async one to "
-                          "bulk_sync (e.g. impala.rollout_mode=bulk_sync) if it supports it")
-    mode = next(iter(modes.values()), "bulk_sync")
+    # one rollout mode for all: make_policy_specs refused a mix
+    mode = next((a.get_rollout_mode() for a in algos.values()), "bulk_sync")
     rollouts = ParallelRollouts(ctx, mode=mode, prefetch=ctx.prefetch)
     if mode == "async":
         rollouts = rollouts.zip_with_source_actor()
@@ -85,15 +81,16 @@ def build_plan(ctx: RunContext) -> Optional[Flow]:
     weights = _weights(ctx.config, groups, specs)
     branches = [rollouts] if len(groups) == 1 else rollouts.duplicate(len(groups))
     flows = [algos[g].training_flow(b.for_each(SelectPolicies(pids)), ctx, ctx.add_learner(g, pids))
-             for (g, pids), b in zip(groups.items(), branches)]
+             for (g, pids), b in zip(groups.items(), branches, strict=True)]
     if len(flows) == 1:
         return flows[0]
     return Concurrently(flows, mode="round_robin", round_robin_weights=weights)
 
 
-def _weights(config: Any, groups: Dict[str, List[str]], specs: Dict[str, Any]) -> List[float]:
+def _weights(config: Any, groups: Dict[str, List[str]], specs: Dict[str, MAPolicySpec]) -> List[float]:
     rr = {str(k): float(v) for k, v in (config.multiagent.round_robin_weights or {}).items()}
-    known = set(groups) | {specs[p].algo for ps in groups.values() for p in ps} | {p for ps in groups.values() for p in ps}
+    trained = [p for ps in groups.values() for p in ps]
+    known = set(groups) | {specs[p].algo for p in trained} | set(trained)
     for k, v in rr.items():
         if k not in known:
             close = difflib.get_close_matches(k, sorted(known), n=1)
@@ -102,12 +99,5 @@ def _weights(config: Any, groups: Dict[str, List[str]], specs: Dict[str, Any]) -
                               f"(known: {', '.join(sorted(known))}){hint}")
         if v <= 0:
             raise ConfigError(f"multiagent.round_robin_weights.{k}={v} must be > 0")
-    out = []
-    for g, pids in groups.items():
-        w = rr.get(g)
-        if w is None:
-            w = next((rr[p] for p in pids if p in rr), None)
-        if w is None:
-            w = rr.get(specs[pids[0]].algo, 1.0)
-        out.append(w)
-    return out
+    return [rr[g] if g in rr else next((rr[p] for p in pids if p in rr), rr.get(specs[pids[0]].algo, 1.0))
+            for g, pids in groups.items()]

@@ -28,6 +28,7 @@ trajectories where ``eps_id`` changes (GAE, V-trace, n-step) never joins two age
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -36,10 +37,7 @@ import numpy as np
 
 from flowkit.core import EnvError, Episode, describe_value, env_name, find_mismatch
 from flowkit.core import batch as sb
-from flowkit_multiagent.specs import build_mapping, build_opponent, is_aec
-
-_BASE_COLS = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.TRUNCATEDS, sb.NEXT_OBS, sb.EPS_ID,
-              sb.T, sb.AGENT_INDEX)
+from flowkit_multiagent.specs import build_mapping, build_opponent
 
 
 def stack_raw(space: gym.Space, xs: Sequence[Any]) -> Any:
@@ -49,6 +47,9 @@ def stack_raw(space: gym.Space, xs: Sequence[Any]) -> Any:
     if isinstance(space, gym.spaces.Tuple):
         return tuple(stack_raw(s, [x[i] for x in xs]) for i, s in enumerate(space.spaces))
     return np.stack([np.asarray(x) for x in xs])
+
+
+_Enc = Tuple[np.ndarray, Optional[np.ndarray]]  # (encoded observation row, action-mask row or None)
 
 
 class _Traj:
@@ -66,7 +67,7 @@ class _Traj:
         self.t = 0                              # transitions made so far
         self.ret = 0.0
         self.done = False
-        self.last_enc: Optional[tuple] = None  # (enc row, mask row) of the newest observation
+        self.last_enc: Optional[_Enc] = None    # the newest observation
 
     def complete(self, terminated: bool, truncated: bool, next_enc: np.ndarray, next_mask: Optional[np.ndarray]):
         if self.pending is None:
@@ -78,40 +79,43 @@ class _Traj:
 
 
 class _Slot:
-    """One sub-env and its current episode."""
+    """One sub-env and its current episode (``episode`` is set by the first reset)."""
 
-    __slots__ = ("j", "env", "ctx", "episode", "trajs", "rotation", "episodes_started", "checks_left",
-                 "steps", "quota", "need_reset")
+    __slots__ = ("j", "env", "ctx", "episode", "trajs", "rotation", "episodes_started", "checks_left", "quota",
+                 "need_reset")
 
     def __init__(self, j, env, ctx, checks):
         self.j, self.env, self.ctx = j, env, ctx
-        self.episode: Optional[Episode] = None
+        self.episode: Episode
         self.trajs: Dict[str, _Traj] = {}
-        self.rotation = 0
-        self.episodes_started = 0
+        self.rotation = self.episodes_started = 0
         self.checks_left = checks
-        self.steps = 0
         self.quota: Optional[int] = None
         self.need_reset = True
+
+    def tick(self) -> None:
+        """One env step done."""
+        self.episode.length += 1
+        if self.checks_left > 0:
+            self.checks_left -= 1
 
 
 class _MultiAgentRunner:
     """Shared machinery of the PettingZoo runners (see module docstring)."""
 
+    _eval = False
+    turn_based = False
+
     def __init__(self, worker: Any, envs: List[Any]):
-        self.worker = worker
-        cfg = worker.config
-        self.config = cfg
-        self.name = env_name(cfg.env)
-        self.envs = envs
-        self.n = len(envs)
-        self.T = int(cfg.runtime.rollout_fragment_length)
+        self.worker, self.config, self.envs, self.n = worker, worker.config, envs, len(envs)
+        self.name = env_name(self.config.env)
+        self.T = int(self.config.runtime.rollout_fragment_length)
         self.policies = worker.policies
         self.possible_agents = list(envs[0].possible_agents)
         self.agent_index = {a: i for i, a in enumerate(self.possible_agents)}
-        self.mapping = build_mapping(cfg, self.possible_agents)
-        self.alternate = bool(cfg.multiagent.alternate_seats)
-        self.check_steps = int(cfg.env.check_spaces_steps)
+        self.mapping = build_mapping(self.config, self.possible_agents)
+        self.alternate = bool(self.config.multiagent.alternate_seats)
+        self.check_steps = int(self.config.env.check_spaces_steps)
         self._eps_counter = itertools.count(worker.index * 10_000_000 + worker.restart_count * 1_000_000_000)
         self._opponents: Dict[str, Any] = {}
         self._state: Optional[List[_Slot]] = None
@@ -121,7 +125,12 @@ class _MultiAgentRunner:
     # ---- helpers ----------------------------------------------------------------------------
     def _new_slots(self) -> List[_Slot]:
         return [_Slot(j, e, c, self.check_steps) for j, (e, c) in
-                enumerate(zip(self.envs, self.worker.sub_env_contexts))]
+                enumerate(zip(self.envs, self.worker.sub_env_contexts, strict=False))]
+
+    def _check_agent(self, slot: _Slot, agent: str) -> None:
+        if agent not in self.agent_index:
+            raise EnvError(f"env {self.name!r} (worker {self.worker.index}, sub-env {slot.j}): agent "
+                           f"{agent!r} is not in possible_agents {self.possible_agents}")
 
     def _fail(self, slot: _Slot, what: str, agent: str, m: Tuple[str, str, str]):
         raise EnvError(f"env {self.name!r} (worker {self.worker.index}, sub-env {slot.j}) returned a bad "
@@ -129,9 +138,7 @@ class _MultiAgentRunner:
 
     def _check_obs(self, slot: _Slot, agent: str, obs: Any, what: str):
         if slot.checks_left > 0:
-            if agent not in self.agent_index:
-                raise EnvError(f"env {self.name!r} (worker {self.worker.index}, sub-env {slot.j}): agent "
-                               f"{agent!r} is not in possible_agents {self.possible_agents}")
+            self._check_agent(slot, agent)
             m = find_mismatch(slot.env.observation_space(agent), obs, f"obs[{agent}]")
             if m:
                 self._fail(slot, f"observation from {what}", agent, m)
@@ -140,7 +147,7 @@ class _MultiAgentRunner:
         if slot.checks_left > 0 and (np.ndim(r) != 0 or not np.isfinite(float(np.asarray(r)))):
             self._fail(slot, "reward", agent, (f"reward[{agent}]", "a finite float scalar", describe_value(np.asarray(r))))
 
-    def _start_episode(self, slot: _Slot, reset: bool = True):
+    def _start_episode(self, slot: _Slot):
         slot.episode = Episode(next(self._eps_counter), slot.j, self.worker.index)
         slot.trajs = {}
         slot.rotation = slot.episodes_started + slot.j
@@ -150,13 +157,11 @@ class _MultiAgentRunner:
     def _traj(self, slot: _Slot, agent: str) -> _Traj:
         tr = slot.trajs.get(agent)
         if tr is None:
-            if agent not in self.agent_index:
-                raise EnvError(f"env {self.name!r} (worker {self.worker.index}, sub-env {slot.j}): agent "
-                               f"{agent!r} is not in possible_agents {self.possible_agents}")
-            pid = self.mapping.policy_for(agent, slot.rotation, self._alternate_now,
+            self._check_agent(slot, agent)
+            alternate = bool(self.config.multiagent.eval_alternate_seats) if self._eval else self.alternate
+            pid = self.mapping.policy_for(agent, slot.rotation, alternate,
                                           None if self._eval else slot.episode.episode_id)
-            tr = _Traj(agent, pid, self.agent_index[agent], slot.episode)
-            slot.trajs[agent] = tr
+            tr = slot.trajs[agent] = _Traj(agent, pid, self.agent_index[agent], slot.episode)
         return tr
 
     def _credit(self, slot: _Slot, agent: str, r: Any) -> _Traj:
@@ -170,7 +175,7 @@ class _MultiAgentRunner:
             tr.acc += r
         return tr
 
-    def _encode(self, pid: str, raws: List[Any]) -> Tuple[np.ndarray, Optional[np.ndarray]]:
+    def _encode(self, pid: str, raws: List[Any]) -> _Enc:
         pol = self.policies[pid]
         return pol.encoder(stack_raw(pol.observation_space, raws), len(raws))
 
@@ -184,7 +189,8 @@ class _MultiAgentRunner:
         for pid, idx in by_pid.items():
             pol = self._acting[pid]
             obs = np.stack([requests[i][1] for i in idx])
-            mask = None if requests[idx[0]][2] is None else np.stack([requests[i][2] for i in idx])
+            masks = [requests[i][2] for i in idx]  # all None or all arrays: one policy, one space
+            mask = None if masks[0] is None else np.stack([m for m in masks if m is not None])
             actions, extras = pol.compute_actions_encoded(obs, mask, self._explore)
             env_actions = pol.dist.to_env(actions)
             if pol.dist.kind == "cat":
@@ -198,7 +204,7 @@ class _MultiAgentRunner:
                 out[i] = env_actions[k]
         return out
 
-    def _end_episode(self, slot: _Slot, finished: List[Dict[str, Any]], done_trajs: List[_Traj], hook: bool):
+    def _end_episode(self, slot: _Slot, finished: List[Dict[str, Any]], done_trajs: List[_Traj]):
         ep = slot.episode
         for tr in slot.trajs.values():
             ep.agent_rewards[(tr.agent, tr.policy_id)] = tr.ret
@@ -208,54 +214,45 @@ class _MultiAgentRunner:
         ep.total_reward = float(sum(tr.ret for tr in slot.trajs.values()))
         ep.terminated = any(t.rows and t.rows[-1][5] for t in slot.trajs.values())
         ep.truncated = not ep.terminated
-        if hook:
+        if not self._eval and self.worker.pm.hook.flowkit_on_episode_end.get_hookimpls():
             self.worker.pm.hook.flowkit_on_episode_end(episode=ep, worker=self.worker)
         s = ep.summary()
         if self._eval:
             s["eval_metrics"] = self._outcomes(slot)
         finished.append(s)
         slot.need_reset = True
+        if slot.quota is not None:
+            slot.quota -= 1
 
     def _outcomes(self, slot: _Slot) -> Dict[str, float]:
         """Win / draw / loss of each learning policy in a turn-based game: the side with the
         higher return wins; equal returns are a draw."""
-        if not self.turn_based:
-            return {}
         out: Dict[str, float] = {}
         by_pid: Dict[str, float] = {}
-        for tr in slot.trajs.values():
+        for tr in slot.trajs.values() if self.turn_based else ():
             by_pid[tr.policy_id] = max(by_pid.get(tr.policy_id, -np.inf), tr.ret)
         for pid, r in by_pid.items():
-            if pid in self._opponents:
-                continue
             others = [v for p, v in by_pid.items() if p != pid]
-            if not others:
-                continue
-            o = max(others)
-            out[f"{pid}/win_rate"] = float(r > o)
-            out[f"{pid}/draw_rate"] = float(r == o)
-            out[f"{pid}/loss_rate"] = float(r < o)
+            if others and pid not in self._opponents:
+                o = max(others)
+                out.update({f"{pid}/win_rate": float(r > o), f"{pid}/draw_rate": float(r == o),
+                            f"{pid}/loss_rate": float(r < o)})
         return out
 
     # ---- building the batch -------------------------------------------------------------------
     def _piece(self, tr: _Traj) -> sb.SampleBatch:
-        rows = tr.rows
-        n = len(rows)
-        b = sb.SampleBatch()
-        b[sb.OBS] = np.stack([r[0] for r in rows])
-        b[sb.ACTIONS] = np.stack([r[2] for r in rows])
-        b[sb.REWARDS] = np.fromiter((r[4] for r in rows), np.float32, n)
-        b[sb.TERMINATEDS] = np.fromiter((r[5] for r in rows), bool, n)
-        b[sb.TRUNCATEDS] = np.fromiter((r[6] for r in rows), bool, n)
-        b[sb.NEXT_OBS] = np.stack([r[7] for r in rows])
-        b[sb.EPS_ID] = np.full(n, tr.episode.episode_id * len(self.possible_agents) + tr.agent_index, np.int64)
-        b[sb.T] = np.fromiter((r[9] for r in rows), np.int64, n)
-        b[sb.AGENT_INDEX] = np.full(n, tr.agent_index, np.int64)
-        if rows[0][1] is not None:
-            b[sb.ACTION_MASK] = np.stack([r[1] for r in rows])
-            b[sb.NEXT_ACTION_MASK] = np.stack([r[8] for r in rows])
-        for k in rows[0][3]:
-            b[k] = np.stack([r[3][k] for r in rows])
+        obs, masks, actions, extras, rewards, terms, truncs, next_obs, next_masks, ts = zip(*tr.rows, strict=True)
+        n = len(obs)
+        b = sb.SampleBatch({
+            sb.OBS: np.stack(obs), sb.ACTIONS: np.stack(actions), sb.REWARDS: np.fromiter(rewards, np.float32, n),
+            sb.TERMINATEDS: np.fromiter(terms, bool, n), sb.TRUNCATEDS: np.fromiter(truncs, bool, n),
+            sb.NEXT_OBS: np.stack(next_obs),
+            sb.EPS_ID: np.full(n, tr.episode.episode_id * len(self.possible_agents) + tr.agent_index, np.int64),
+            sb.T: np.fromiter(ts, np.int64, n), sb.AGENT_INDEX: np.full(n, tr.agent_index, np.int64)})
+        if masks[0] is not None:
+            b[sb.ACTION_MASK], b[sb.NEXT_ACTION_MASK] = np.stack(masks), np.stack(next_masks)
+        for k in extras[0]:
+            b[k] = np.stack([ex[k] for ex in extras])
         tr.rows = []
         return b
 
@@ -272,19 +269,9 @@ class _MultiAgentRunner:
             pieces.setdefault(tr.policy_id, []).append(self.policies[tr.policy_id].postprocess_trajectory(piece))
         batches = {pid: sb.concat_samples(ps) for pid, ps in pieces.items()}
         return sb.MultiAgentBatch(batches, env_steps=self.n * self.T, agent_steps=agent_steps, episodes=finished,
-                                  worker_index=self.worker.index,
-                                  meta={"weights_version": self.worker.weights_version})
+                                  worker_index=self.worker.index, meta={"weights_version": self.worker.weights_version})
 
     # ---- the public API ------------------------------------------------------------------------
-    _eval = False
-    turn_based = False
-
-    @property
-    def _alternate_now(self) -> bool:
-        if self._eval:
-            return bool(self.config.multiagent.eval_alternate_seats)
-        return self.alternate
-
     def sample(self, explore: bool = True) -> sb.MultiAgentBatch:
         if self._state is None:
             self._state = self._new_slots()
@@ -302,13 +289,11 @@ class _MultiAgentRunner:
         policies named in ``multiagent.eval_opponents`` replaced by fixed ones and, with
         ``multiagent.eval_alternate_seats``, the seats rotated every episode. Summaries of turn-based
         games carry ``eval_metrics`` (``<policy>/win_rate``, ``draw_rate``, ``loss_rate``)."""
-        opp = self.config.multiagent.eval_opponents or {}
-        for pid in opp:
+        for pid in self.config.multiagent.eval_opponents or {}:
             if pid not in self._opponents:
                 self._opponents[pid] = build_opponent(self.config, pid, self.worker.policies[pid],
                                                       self.worker.index + 7919, self.worker.pm.algorithms())
-        self._acting = dict(self.policies)
-        self._acting.update(self._opponents)
+        self._acting = {**self.policies, **self._opponents}
         self._eval, self._explore = True, explore
         try:
             slots = self._new_slots()
@@ -325,10 +310,8 @@ class _MultiAgentRunner:
 
     def close(self):
         for e in self.envs:
-            try:
+            with contextlib.suppress(Exception):
                 e.close()
-            except Exception:
-                pass
 
     def _run(self, slots: List[_Slot], finished, done_trajs, ticks: int) -> int:
         raise NotImplementedError
@@ -338,12 +321,6 @@ class ParallelEnvRunner(_MultiAgentRunner):
     """PettingZoo ParallelEnv: every live agent acts each step. Actions are asked only for
     agents in the current observation dict that have not terminated or been truncated; agents
     may join late (first seen in an observation dict) and leave early."""
-
-    def _reset(self, slot: _Slot):
-        seed = slot.ctx.seed if slot.episodes_started == 0 else None
-        obs, _ = slot.env.reset(seed=seed)
-        self._start_episode(slot)
-        self._receive(slot, obs, {}, {}, "reset()")
 
     def _receive(self, slot: _Slot, obs: Dict[str, Any], term: Dict[str, bool], trunc: Dict[str, bool], what: str):
         by_pid: Dict[str, List[Tuple[_Traj, Any]]] = {}
@@ -362,7 +339,6 @@ class ParallelEnvRunner(_MultiAgentRunner):
                     tr.done = True
 
     def _run(self, slots, finished, done_trajs, ticks):
-        hook = not self._eval and bool(self.worker.pm.hook.flowkit_on_episode_end.get_hookimpls())
         agent_steps = 0
         for _ in range(ticks):
             active = [s for s in slots if s.quota is None or s.quota > 0]
@@ -371,21 +347,21 @@ class ParallelEnvRunner(_MultiAgentRunner):
             requests, owners = [], []
             for s in active:
                 if s.need_reset:
-                    self._reset(s)
+                    obs, _ = s.env.reset(seed=s.ctx.seed if s.episodes_started == 0 else None)
+                    self._start_episode(s)
+                    self._receive(s, obs, {}, {}, "reset()")
                 for tr in s.trajs.values():
                     if not tr.done and tr.last_enc is not None:
-                        requests.append((tr, tr.last_enc[0], tr.last_enc[1]))
+                        requests.append((tr, *tr.last_enc))
                         owners.append(s)
             actions = self._act(requests)
             agent_steps += len(requests)
             per_slot: Dict[int, Dict[str, Any]] = {s.j: {} for s in active}
-            for (tr, _, _), s, a in zip(requests, owners, actions):
+            for (tr, _, _), s, a in zip(requests, owners, actions, strict=True):
                 per_slot[s.j][tr.agent] = a
             for s in active:
                 acted = per_slot[s.j]
                 obs, rew, term, trunc, _ = s.env.step(acted)
-                s.steps += 1
-                s.episode.length += 1
                 for agent, r in rew.items():
                     self._credit(s, agent, r)
                 self._receive(s, obs, term, trunc, "step()")
@@ -394,12 +370,9 @@ class ParallelEnvRunner(_MultiAgentRunner):
                     if tr.pending is not None:
                         tr.complete(True, False, tr.pending[0], tr.pending[1])
                         tr.done = True
-                if s.checks_left > 0:
-                    s.checks_left -= 1
+                s.tick()
                 if all(tr.done for tr in s.trajs.values()):
-                    self._end_episode(s, finished, done_trajs, hook)
-                    if s.quota is not None:
-                        s.quota -= 1
+                    self._end_episode(s, finished, done_trajs)
         return agent_steps
 
 
@@ -410,7 +383,7 @@ class AECEnvRunner(_MultiAgentRunner):
 
     turn_based = True
 
-    def _advance(self, s: _Slot, finished, done_trajs, hook) -> Optional[_Traj]:
+    def _advance(self, s: _Slot, finished, done_trajs) -> Optional[Tuple[_Traj, np.ndarray, Optional[np.ndarray]]]:
         """Run dead steps and resets until an agent of ``s`` is on move; return its traj with
         its observation encoded (and its previous transition completed)."""
         env = s.env
@@ -419,11 +392,9 @@ class AECEnvRunner(_MultiAgentRunner):
                 env.reset(seed=s.ctx.seed if s.episodes_started == 0 else None)
                 self._start_episode(s)
             if not env.agents:
-                self._end_episode(s, finished, done_trajs, hook)
-                if s.quota is not None:
-                    s.quota -= 1
-                    if s.quota <= 0:
-                        return None
+                self._end_episode(s, finished, done_trajs)
+                if s.quota is not None and s.quota <= 0:
+                    return None
                 continue
             agent = env.agent_selection
             obs, r, term, trunc, _ = env.last()
@@ -437,32 +408,27 @@ class AECEnvRunner(_MultiAgentRunner):
                 env.step(None)
                 continue
             tr.last_enc = (enc[0], m)
-            return tr
+            return tr, enc[0], m
 
     def _run(self, slots, finished, done_trajs, ticks):
-        hook = not self._eval and bool(self.worker.pm.hook.flowkit_on_episode_end.get_hookimpls())
         agent_steps = 0
         for _ in range(ticks):
             requests, owners = [], []
             for s in slots:
-                if s.quota is not None and s.quota <= 0:
-                    continue
-                tr = self._advance(s, finished, done_trajs, hook)
-                if tr is not None:
-                    requests.append((tr, tr.last_enc[0], tr.last_enc[1]))
+                req = None if s.quota is not None and s.quota <= 0 else self._advance(s, finished, done_trajs)
+                if req is not None:
+                    requests.append(req)
                     owners.append(s)
             if not requests:
                 break
             actions = self._act(requests)
             agent_steps += len(requests)
-            for (tr, _, _), s, a in zip(requests, owners, actions):
+            for s, a in zip(owners, actions, strict=True):
                 s.env.step(a)
-                s.steps += 1
-                s.episode.length += 1
-                if s.checks_left > 0:
-                    s.checks_left -= 1
+                s.tick()
         return agent_steps
 
 
 def runner_for(env: Any) -> type:
-    return AECEnvRunner if is_aec(env) else ParallelEnvRunner
+    from pettingzoo.utils.env import AECEnv
+    return AECEnvRunner if isinstance(env, AECEnv) else ParallelEnvRunner

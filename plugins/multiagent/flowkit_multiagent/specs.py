@@ -10,15 +10,18 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import fnmatch
+import itertools
 import os
 import random
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+import warnings
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
 
 import gymnasium as gym
 from omegaconf import DictConfig, OmegaConf
 
-from flowkit.config import ConfigError, check_values, merge_overrides
-from flowkit.core import PolicySpec
+from flowkit.config import ConfigError, check_values, merge_overrides, section_view
+from flowkit.core import Algorithm, PolicySpec
+from flowkit_multiagent.config import PolicyConfig
 
 SHARED_POLICY_ID = "shared"
 RANDOM = "random"
@@ -33,9 +36,9 @@ def is_pettingzoo(env: Any) -> bool:
     return isinstance(env, (ParallelEnv, AECEnv))
 
 
-def is_aec(env: Any) -> bool:
-    from pettingzoo.utils.env import AECEnv
-    return isinstance(env, AECEnv)
+def _plain(x: Any) -> Any:
+    """``x`` with its DictConfig / ListConfig nodes turned into plain dicts and lists."""
+    return OmegaConf.to_container(x, resolve=True) if OmegaConf.is_config(x) else x
 
 
 @dataclasses.dataclass
@@ -53,7 +56,7 @@ class MAPolicySpec(PolicySpec):
     agents: Tuple[str, ...] = ()
     trainable: bool = True
     group: str = ""
-    section: Optional[Dict[str, Any]] = None
+    section: Dict[str, Any] = dataclasses.field(default_factory=dict)
     init_state: Optional[Dict[str, Any]] = None
 
 
@@ -81,9 +84,7 @@ class AgentMapping:
 
     def __init__(self, patterns: Dict[str, Any], policy_ids: Sequence[str],
                  possible_agents: Sequence[str] = (), seed: int = 0):
-        self.policy_ids = list(policy_ids)
-        self.possible_agents = list(possible_agents)
-        self.seed = int(seed)
+        self.policy_ids, self.possible_agents, self.seed = list(policy_ids), list(possible_agents), int(seed)
         # rule -> [(policy id, cumulative probability)]
         self.rules: Dict[str, List[Tuple[str, float]]] = {}
         for pat, target in dict(patterns).items():
@@ -106,11 +107,8 @@ class AgentMapping:
                     raise ConfigError(f"multiagent.mapping.{pat}.{pid}={w!r}: a weight must be a positive "
                                       "number")
             total = sum(float(w) for w in opts.values())
-            acc, cum = 0.0, []
-            for pid, w in opts.items():
-                acc += float(w) / total
-                cum.append((str(pid), acc))
-            self.rules[str(pat)] = cum
+            cum = itertools.accumulate(float(w) / total for w in opts.values())
+            self.rules[str(pat)] = list(zip(map(str, opts), cum, strict=True))
         self._cache: Dict[str, str] = {}
 
     def rule(self, agent_id: str) -> str:
@@ -118,10 +116,8 @@ class AgentMapping:
         r = self._cache.get(agent_id)
         if r is not None:
             return r
-        if agent_id in self.rules:
-            r = agent_id
-        else:
-            r = next((pat for pat in self.rules if fnmatch.fnmatchcase(agent_id, pat)), None)
+        r = agent_id if agent_id in self.rules else next(
+            (pat for pat in self.rules if fnmatch.fnmatchcase(agent_id, pat)), None)
         if r is None and (agent_id in self.policy_ids or (not self.rules and len(self.policy_ids) == 1)):
             r = ""
         if r is None:
@@ -156,18 +152,9 @@ class AgentMapping:
         """The policy of ``agent_id`` in an episode: seats rotated by ``episode_index`` when
         ``alternate``; weighted rules drawn by ``episode_id`` (None: the first policy)."""
         if alternate and self.possible_agents and agent_id in self.possible_agents:
-            n = len(self.possible_agents)
-            i = self.possible_agents.index(agent_id)
-            agent_id = self.possible_agents[(i + episode_index) % n]
-        if episode_id is None:
-            return self.base(agent_id)
-        return self._draw(agent_id, episode_id)
-
-
-def _mapping_targets(target: Any) -> List[str]:
-    if isinstance(target, (dict, DictConfig)):
-        return [str(k) for k in target]
-    return [str(target)]
+            seats = self.possible_agents
+            agent_id = seats[(seats.index(agent_id) + episode_index) % len(seats)]
+        return self.base(agent_id) if episode_id is None else self._draw(agent_id, episode_id)
 
 
 def build_mapping(config: Any, possible_agents: Sequence[str]) -> AgentMapping:
@@ -175,8 +162,7 @@ def build_mapping(config: Any, possible_agents: Sequence[str]) -> AgentMapping:
     ma = config.multiagent
     patterns: Dict[str, Any] = {}
     for k, v in (ma.mapping or {}).items():
-        if isinstance(v, DictConfig):
-            v = OmegaConf.to_container(v, resolve=True)
+        v = _plain(v)
         patterns[str(k)] = {str(p): w for p, w in v.items()} if isinstance(v, dict) else str(v)
     return AgentMapping(patterns, policy_ids_of(config), possible_agents, seed=int(config.get("seed") or 0))
 
@@ -187,14 +173,14 @@ def policy_ids_of(config: Any) -> List[str]:
     ma = config.multiagent
     out: List[str] = [str(k) for k in (ma.policies or {})]
     for v in (ma.mapping or {}).values():
-        for p in _mapping_targets(v):
+        for p in ([str(k) for k in v] if isinstance(v, (dict, DictConfig)) else [str(v)]):
             if p not in out:
                 out.append(p)
     return out or [SHARED_POLICY_ID]
 
 
 # ---- per-policy algorithm sections --------------------------------------------------------------
-def policy_section(config: Any, pid: str, algo_cls: type, overrides: Any) -> Tuple[Any, Dict[str, Any]]:
+def policy_section(config: Any, pid: str, algo_cls: Type[Algorithm], overrides: Any) -> Tuple[Any, Dict[str, Any]]:
     """The algorithm section of policy ``pid``: ``<algo>.*`` with
     ``multiagent.policies.<pid>.config.*`` applied.
 
@@ -210,7 +196,7 @@ def policy_section(config: Any, pid: str, algo_cls: type, overrides: Any) -> Tup
     base = OmegaConf.structured(cls)
     if algo_cls.name in config:
         base = OmegaConf.merge(base, config[algo_cls.name])
-    ov = OmegaConf.to_container(overrides, resolve=True) if isinstance(overrides, DictConfig) else dict(overrides or {})
+    ov: Dict[str, Any] = dict(_plain(overrides) or {})
     if ov:
         prefix = f"multiagent.policies.{pid}.config."
         try:
@@ -221,21 +207,19 @@ def policy_section(config: Any, pid: str, algo_cls: type, overrides: Any) -> Tup
             key = getattr(e, "full_key", "?")
             raise ConfigError(f"`{prefix}{key}`: {str(e).splitlines()[0]}") from None
         check_values(base, cls, prefix)  # the ranges its fields declare (the base section is checked)
-    data = OmegaConf.to_container(base, resolve=True)
+    data = _plain(base)
     return cls(**data), data
 
 
 def section_view_of(data: Dict[str, Any]) -> DictConfig:
     """A read-only, struct-mode DictConfig of a section dict (what Algorithm.config is)."""
-    sec = OmegaConf.create(data)
-    OmegaConf.set_struct(sec, True)
-    OmegaConf.set_readonly(sec, True)
-    return sec
+    return section_view(OmegaConf.create({"section": data}), "section")
 
 
 # ---- checkpoints ------------------------------------------------------------------------------
 def load_checkpoint_policy(path: str, pid: str, want: Optional[str] = None, key: str = "",
-                           algorithms: Optional[Dict[str, type]] = None) -> Tuple[PolicySpec, Dict[str, Any]]:
+                           algorithms: Optional[Dict[str, Type[Algorithm]]] = None
+                           ) -> Tuple[PolicySpec, Dict[str, Any]]:
     """``(PolicySpec, policy state)`` of one policy stored in a flowkit checkpoint, read as
     plain data (nothing in the file is run); its policy class is that of the registered
     algorithm the checkpoint names (``algorithms``, default: every importable one).
@@ -276,16 +260,15 @@ def check_same_spaces(what: str, spec: Any, obs_space: gym.Space, act_space: gym
 
 
 # ---- the hook's work -------------------------------------------------------------------------------
-def agent_spaces(env: Any) -> Tuple[List[str], Dict[str, gym.Space], Dict[str, gym.Space]]:
+def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, Type[Algorithm]]) -> Dict[str, MAPolicySpec]:
+    """``{policy_id: MAPolicySpec}`` for a PettingZoo env (see module docstring)."""
     agents = list(getattr(env, "possible_agents", None) or [])
     if not agents:
         raise ConfigError(f"PettingZoo env {type(env).__name__} declares no possible_agents")
-    return (agents, {a: env.observation_space(a) for a in agents}, {a: env.action_space(a) for a in agents})
+    obs_sp, act_sp = {a: env.observation_space(a) for a in agents}, {a: env.action_space(a) for a in agents}
 
-
-def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, type]) -> Dict[str, MAPolicySpec]:
-    """``{policy_id: MAPolicySpec}`` for a PettingZoo env (see module docstring)."""
-    agents, obs_sp, act_sp = agent_spaces(env)
+    def odd_one(ags: List[str]) -> Optional[str]:  # the first agent whose spaces differ from ags[0]'s
+        return next((a for a in ags[1:] if obs_sp[a] != obs_sp[ags[0]] or act_sp[a] != act_sp[ags[0]]), None)
     if config.env.max_episode_steps is not None:
         raise ConfigError(f"env.max_episode_steps={config.env.max_episode_steps}: the TimeLimit wrapper is for "
                           "Gymnasium envs; give a PettingZoo env its own limit through env.kwargs "
@@ -301,33 +284,26 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, type]) -> Dic
         if not ags:
             raise ConfigError(f"multiagent.policies.{pid}: no agent is mapped to policy {pid!r} "
                               f"(agents: {', '.join(agents)}; see multiagent.mapping)")
-        first = ags[0]
-        for a in ags[1:]:
-            if obs_sp[a] != obs_sp[first] or act_sp[a] != act_sp[first]:
-                raise ConfigError(
-                    f"policy {pid!r}: agents mapped to one policy must share their spaces, but agent "
-                    f"{first!r} has obs={obs_sp[first]}, actions={act_sp[first]} and agent {a!r} has "
-                    f"obs={obs_sp[a]}, actions={act_sp[a]}; map them to different policies")
-    if bool(ma.alternate_seats) or bool(ma.eval_alternate_seats):
-        a0 = agents[0]
-        for a in agents[1:]:
-            if obs_sp[a] != obs_sp[a0] or act_sp[a] != act_sp[a0]:
-                raise ConfigError(f"alternate_seats needs every agent to have the same spaces; agent {a0!r} "
-                                  f"has obs={obs_sp[a0]}, actions={act_sp[a0]}, agent {a!r} has "
-                                  f"obs={obs_sp[a]}, actions={act_sp[a]}")
+        first, a = ags[0], odd_one(ags)
+        if a is not None:
+            raise ConfigError(f"policy {pid!r}: agents mapped to one policy must share their spaces, but agent "
+                              f"{first!r} has obs={obs_sp[first]}, actions={act_sp[first]} and agent {a!r} has "
+                              f"obs={obs_sp[a]}, actions={act_sp[a]}; map them to different policies")
+    a0, a = agents[0], odd_one(agents)
+    if (bool(ma.alternate_seats) or bool(ma.eval_alternate_seats)) and a is not None:
+        raise ConfigError(f"alternate_seats needs every agent to have the same spaces; agent {a0!r} "
+                          f"has obs={obs_sp[a0]}, actions={act_sp[a0]}, agent {a!r} has "
+                          f"obs={obs_sp[a]}, actions={act_sp[a]}")
     specs: Dict[str, MAPolicySpec] = {}
     for pid in pids:
-        pc = ma.policies.get(pid) if ma.policies else None
-        algo = (pc.algo if pc is not None else None)
-        trainable = bool(pc.trainable) if pc is not None else True
-        ck_path = pc.checkpoint if pc is not None else None
-        o, a = obs_sp[members[pid][0]], act_sp[members[pid][0]]
-        init_state = None
-        ck_spec = None
+        pc = (ma.policies or {}).get(pid) or PolicyConfig()
+        algo, ck_path = pc.algo, pc.checkpoint
+        o, act = obs_sp[members[pid][0]], act_sp[members[pid][0]]
+        init_state, ck_spec = None, None
         if ck_path:
             key = f"multiagent.policies.{pid}.checkpoint"
             ck_spec, init_state = load_checkpoint_policy(ck_path, pid, pc.checkpoint_policy, key, algorithms)
-            check_same_spaces(f"{key}={ck_path!r}", ck_spec, o, a)
+            check_same_spaces(f"{key}={ck_path!r}", ck_spec, o, act)
             algo = algo or ck_spec.algo
         algo = algo or config.algo
         if algo not in algorithms:
@@ -336,27 +312,26 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, type]) -> Dic
             raise ConfigError(f"multiagent.policies.{pid}.algo={algo!r} is not an installed algorithm "
                               f"({', '.join(sorted(algorithms))}){hint}")
         cls = algorithms[algo]
-        overrides = pc.config if pc is not None else {}
+        overrides = pc.config
         cfg_obj, data = policy_section(config, pid, cls, overrides)
         if overrides:
             for w in cls.validate_config(config, section_view_of(data)) or []:
-                import warnings
                 warnings.warn(f"policy {pid!r}: {w}", stacklevel=2)
-        policy_class = cls.policy_class
-        if ck_spec is not None and ck_spec.algo == algo:
-            policy_class = ck_spec.policy_class
+        policy_class = ck_spec.policy_class if ck_spec is not None and ck_spec.algo == algo else cls.policy_class
+        if policy_class is None:
+            raise ConfigError(f"algorithm {algo!r} ({cls.__module__}) declares no policy_class")
         if init_state is not None:
-            _check_loadable(pid, policy_class, o, a, cfg_obj, config, init_state, ck_path)
-        trained = trainable and algo != RANDOM
+            _check_loadable(pid, policy_class, o, act, cfg_obj, config, init_state, ck_path)
+        trained = bool(pc.trainable) and algo != RANDOM
         group = "" if not trained else (algo if not overrides else f"{algo}[{pid}]")
-        specs[pid] = MAPolicySpec(policy_class, o, a, cfg_obj, algo, agents=tuple(members[pid]),
+        specs[pid] = MAPolicySpec(policy_class, o, act, cfg_obj, algo, agents=tuple(members[pid]),
                                   trainable=trained, group=group, section=data, init_state=init_state)
     _check_opponents(config, specs, algorithms)
     _check_rollout_modes(config, specs, algorithms)
     return specs
 
 
-def _check_rollout_modes(config: Any, specs: Dict[str, MAPolicySpec], algorithms: Dict[str, type]) -> None:
+def _check_rollout_modes(config: Any, specs: Dict[str, MAPolicySpec], algorithms: Dict[str, Type[Algorithm]]) -> None:
     """Trained algorithms share one rollout stream: their rollout modes must agree."""
     modes: Dict[str, Tuple[str, List[str]]] = {}
     for pid, s in specs.items():
@@ -383,7 +358,7 @@ def _check_loadable(pid, policy_class, o, a, cfg_obj, config, state, path) -> No
                           f"{type(e).__name__}: {str(e).splitlines()[0]}") from None
 
 
-def _check_opponents(config: Any, specs: Dict[str, MAPolicySpec], algorithms: Dict[str, type]) -> None:
+def _check_opponents(config: Any, specs: Dict[str, MAPolicySpec], algorithms: Dict[str, Type[Algorithm]]) -> None:
     opp = config.multiagent.eval_opponents or {}
     for pid, what in opp.items():
         key = f"multiagent.eval_opponents.{pid}"
@@ -398,7 +373,7 @@ def _check_opponents(config: Any, specs: Dict[str, MAPolicySpec], algorithms: Di
 
 
 def build_opponent(config: Any, pid: str, spec: PolicySpec, seed: int,
-                   algorithms: Optional[Dict[str, type]] = None) -> Any:
+                   algorithms: Optional[Dict[str, Type[Algorithm]]] = None) -> Any:
     """The fixed policy that replaces ``pid`` in evaluation (``random`` or a checkpoint whose
     algorithm is in ``algorithms``, default: every importable one)."""
     from flowkit.core import RandomPolicy
