@@ -101,9 +101,7 @@ def epsilon_at(cfg: Any, env_steps: int) -> float:
 def apex_epsilon(worker_index: int, num_workers: int, base: float = 0.4, alpha: float = 7.0) -> float:
     """Ape-X's fixed per-worker epsilon (Horgan et al. 2018, section 4.1):
     ``base^(1 + alpha * i / (N - 1))``; ``base`` when N == 1."""
-    if num_workers <= 1:
-        return float(base)
-    return float(base ** (1.0 + alpha * max(worker_index, 0) / (num_workers - 1)))
+    return float(base if num_workers <= 1 else base ** (1.0 + alpha * max(worker_index, 0) / (num_workers - 1)))
 
 
 # ---- n-step returns and targets -----------------------------------------------------------------
@@ -404,9 +402,7 @@ class DQN(flowkit.Algorithm):
         """``[1, k]``: k train steps (``train_batch_size`` transitions each) per sampled item
         of ``round_env_steps``, so trained/sampled = ``training_intensity``."""
         ti = self.config.training_intensity
-        if ti is None:
-            return [1, 1]
-        return [1, float(ti) * round_env_steps / self.config.train_batch_size]
+        return [1, 1] if ti is None else [1, float(ti) * round_env_steps / self.config.train_batch_size]
 
     def training_flow(self, experiences, ctx, learner):
         cfg, rt = self.config, self.run_config.runtime

@@ -24,17 +24,13 @@ def flowkit_add_config_sections():
 @flowkit.hookimpl
 def flowkit_make_policy_specs(config, env, algorithms):
     """Runs on: driver. None unless ``env`` is a PettingZoo env."""
-    if not is_pettingzoo(env):
-        return None
-    return make_policy_specs(config, env, algorithms)
+    return make_policy_specs(config, env, algorithms) if is_pettingzoo(env) else None
 
 
 @flowkit.hookimpl
 def flowkit_make_env_runner(env, context, config, policies):
     """Runs on: worker. None unless ``env`` is a PettingZoo env."""
-    if not is_pettingzoo(env):
-        return None
-    return runner_for(env)
+    return runner_for(env) if is_pettingzoo(env) else None
 
 
 @flowkit.hookimpl

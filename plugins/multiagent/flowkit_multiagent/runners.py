@@ -65,8 +65,7 @@ class _Traj:
         self.pending: Optional[tuple] = None   # (obs_enc, mask, action, extras, t)
         self.acc = 0.0                          # reward received since the pending action
         self.t = 0                              # transitions made so far
-        self.ret = 0.0
-        self.done = False
+        self.ret, self.done = 0.0, False
         self.last_enc: Optional[_Enc] = None    # the newest observation
 
     def complete(self, terminated: bool, truncated: bool, next_enc: np.ndarray, next_mask: Optional[np.ndarray]):
@@ -74,8 +73,7 @@ class _Traj:
             return
         o, m, a, ex, t = self.pending
         self.rows.append((o, m, a, ex, self.acc, terminated, truncated and not terminated, next_enc, next_mask, t))
-        self.pending = None
-        self.acc = 0.0
+        self.pending, self.acc = None, 0.0
 
 
 class _Slot:
@@ -89,9 +87,8 @@ class _Slot:
         self.episode: Episode
         self.trajs: Dict[str, _Traj] = {}
         self.rotation = self.episodes_started = 0
-        self.checks_left = checks
+        self.checks_left, self.need_reset = checks, True
         self.quota: Optional[int] = None
-        self.need_reset = True
 
     def tick(self) -> None:
         """One env step done."""
@@ -149,10 +146,8 @@ class _MultiAgentRunner:
 
     def _start_episode(self, slot: _Slot):
         slot.episode = Episode(next(self._eps_counter), slot.j, self.worker.index)
-        slot.trajs = {}
-        slot.rotation = slot.episodes_started + slot.j
+        slot.trajs, slot.rotation, slot.need_reset = {}, slot.episodes_started + slot.j, False
         slot.episodes_started += 1
-        slot.need_reset = False
 
     def _traj(self, slot: _Slot, agent: str) -> _Traj:
         tr = slot.trajs.get(agent)
@@ -199,9 +194,7 @@ class _MultiAgentRunner:
                 tr = requests[i][0]
                 tr.pending = (obs[k], None if mask is None else mask[k], actions[k],
                               {key: v[k] for key, v in extras.items()}, tr.t)
-                tr.acc = 0.0
-                tr.t += 1
-                out[i] = env_actions[k]
+                tr.acc, tr.t, out[i] = 0.0, tr.t + 1, env_actions[k]
         return out
 
     def _end_episode(self, slot: _Slot, finished: List[Dict[str, Any]], done_trajs: List[_Traj]):

@@ -333,16 +333,14 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, Type[Algorith
 
 def _check_rollout_modes(config: Any, specs: Dict[str, MAPolicySpec], algorithms: Dict[str, Type[Algorithm]]) -> None:
     """Trained algorithms share one rollout stream: their rollout modes must agree."""
-    modes: Dict[str, Tuple[str, List[str]]] = {}
-    for pid, s in specs.items():
-        if not s.group:
-            continue
-        if s.group not in modes:
+    modes: Dict[str, str] = {}
+    for s in specs.values():
+        if s.group and s.group not in modes:
             algo = algorithms[s.algo](config, config=section_view_of(s.section) if s.section else None)
-            modes[s.group] = (algo.get_rollout_mode(), [])
-        modes[s.group][1].append(pid)
-    if len({m for m, _ in modes.values()}) > 1:
-        desc = ", ".join(f"{g} (policies {', '.join(p)}): {m}" for g, (m, p) in modes.items())
+            modes[s.group] = algo.get_rollout_mode()
+    if len(set(modes.values())) > 1:
+        desc = ", ".join(f"{g} (policies {', '.join(p for p, s in specs.items() if s.group == g)}): {m}"
+                         for g, m in modes.items())
         raise ConfigError("these algorithms cannot share one rollout stream: bulk_sync and async rollout "
                           f"modes are mixed ({desc}); train them in separate runs, or set the async one to "
                           "bulk_sync (e.g. impala.rollout_mode=bulk_sync) if it supports it")

@@ -143,15 +143,12 @@ class PPOPolicy(ActorCriticPolicy):
             self.clip_param = max(self.config.clip_param * (1.0 - frac), 1e-8)
 
     def get_state(self):
-        st = super().get_state()
-        st.update(lr=self.lr, clip_param=self.clip_param, kl_coeff=self.kl_coeff)
-        return st
+        return {**super().get_state(), "lr": self.lr, "clip_param": self.clip_param, "kl_coeff": self.kl_coeff}
 
     def set_state(self, state):
         super().set_state(state)
-        self.lr = state.get("lr", self.lr)
-        self.clip_param = state.get("clip_param", self.clip_param)
-        self.kl_coeff = state.get("kl_coeff", self.kl_coeff)
+        for k in ("lr", "clip_param", "kl_coeff"):
+            setattr(self, k, state.get(k, getattr(self, k)))
 
 
 # ---- the algorithm --------------------------------------------------------------------------
@@ -173,8 +170,7 @@ class PPO(flowkit.Algorithm):
     @classmethod
     def validate_config(cls, run_config, section) -> List[str]:
         """Cross-field checks (each key's own range is declared in :class:`PPOConfig`)."""
-        s, warns = section, []
-        n = cls.name
+        s, n, warns = section, cls.name, []
         if s.train_batch_size is not None:
             if s.minibatch_size > s.train_batch_size:
                 raise ConfigError(f"{n}.minibatch_size={s.minibatch_size} is larger than "
