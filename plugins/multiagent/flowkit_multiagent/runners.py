@@ -327,9 +327,7 @@ class ParallelEnvRunner(_MultiAgentRunner):
                 m = None if mask is None else mask[k]
                 te, tu = bool(term.get(tr.agent, False)), bool(trunc.get(tr.agent, False))
                 tr.complete(te, tu, enc[k], m)
-                tr.last_enc = (enc[k], m)
-                if te or tu:
-                    tr.done = True
+                tr.last_enc, tr.done = (enc[k], m), tr.done or te or tu
 
     def _run(self, slots, finished, done_trajs, ticks):
         agent_steps = 0

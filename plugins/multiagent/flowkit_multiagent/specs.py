@@ -232,8 +232,7 @@ def load_checkpoint_policy(path: str, pid: str, want: Optional[str] = None, key:
     """
     from flowkit.checkpoint import STATE_FILE, CheckpointError, find_checkpoint, load_state, spec_from_dict
     try:
-        ck = find_checkpoint(path)
-        state_path = os.path.join(ck, STATE_FILE)
+        state_path = os.path.join(find_checkpoint(path), STATE_FILE)
         st = load_state(state_path)
     except (FileNotFoundError, CheckpointError) as e:
         raise ConfigError(f"{key}={path!r}: {e}") from None
@@ -357,8 +356,7 @@ def _check_loadable(pid, policy_class, o, a, cfg_obj, config, state, path) -> No
 
 
 def _check_opponents(config: Any, specs: Dict[str, MAPolicySpec], algorithms: Dict[str, Type[Algorithm]]) -> None:
-    opp = config.multiagent.eval_opponents or {}
-    for pid, what in opp.items():
+    for pid, what in (config.multiagent.eval_opponents or {}).items():
         key = f"multiagent.eval_opponents.{pid}"
         if pid not in specs:
             close = difflib.get_close_matches(str(pid), list(specs), n=1)
