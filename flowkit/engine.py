@@ -49,6 +49,7 @@ import datetime
 import json
 import os
 import random
+import sys
 import time
 import warnings
 from typing import Any, Dict, List, Optional, Sequence
@@ -65,6 +66,7 @@ from flowkit.core import batch as sb
 from flowkit.core.flow import FlowContext
 from flowkit.core.ops import StandardMetricsReporting
 from flowkit.core import EnvContext, PolicySpec, RolloutWorker, WorkerSet, derive_seed, env_name, make_env
+from flowkit._guard import GUARD, Interrupted, lock_run_dir
 from flowkit.hooks import PluginError, get_plugin_manager
 from flowkit.reporters import kept_rows, read_metrics  # noqa: F401  (read_metrics: public here too)
 
@@ -319,9 +321,28 @@ def _probe_env(cfg: DictConfig) -> Any:
         raise ConfigError(f"{key}={env_name(env_cfg)!r}: cannot build the env: {type(e).__name__}: {e}") from None
 
 
+def _check_cpus(cfg: DictConfig) -> None:
+    """A local Ray cluster that cannot place every worker would wait forever: refuse it."""
+    rt = cfg.runtime
+    ray = sys.modules.get("ray")
+    if rt.backend != "ray" or rt.address or (ray is not None and ray.is_initialized()):
+        return  # the local backend, an attached cluster, or the caller's own Ray session
+    try:
+        from ray._private.utils import get_num_cpus
+        have = int(get_num_cpus())
+    except Exception:
+        have = os.cpu_count() or 1
+    n, per = max(1, int(rt.num_workers)), float(rt.num_cpus_per_worker)
+    if n * per > have:
+        raise ConfigError(f"runtime.num_workers={rt.num_workers} x runtime.num_cpus_per_worker={per:g} needs "
+                          f"{n * per:g} CPUs, this machine has {have}: lower runtime.num_workers or share CPUs "
+                          f"(runtime.num_cpus_per_worker={have / n:g})")
+
+
 def setup(cfg: DictConfig, pm: Any, run_dir: Optional[str] = None) -> RunContext:
     """Validate, decide policies, build the learner and the (unstarted) WorkerSet."""
     algos = _validate(cfg, pm)
+    _check_cpus(cfg)
     env = _probe_env(cfg)
     try:
         specs = pm.hook.flowkit_make_policy_specs(config=cfg, env=env, algorithms=algos)
@@ -393,8 +414,14 @@ def _ray_session(cfg: DictConfig):
             kw["runtime_env"] = _runtime_env(cfg)
         else:  # a new local cluster, never one another process happens to run here
             kw["address"] = "local"
-        ray.init(**kw)
         started = True
+        try:
+            ray.init(**kw)
+        except BaseException:  # a signal during start-up: leave no half-started cluster
+            ray.shutdown()
+            raise
+    if GUARD.active:  # Ray sets its own SIGTERM handler, which would abort the process
+        GUARD.install()
     try:
         yield
     finally:
@@ -443,6 +470,22 @@ def train(config: Any = None, config_file: Optional[str] = None, plugins: Sequen
             worker and operator), after a best-effort checkpoint of what was learned.
     """
     t_entry = time.perf_counter()
+    owner = not GUARD.active
+    if owner:
+        GUARD.install()
+    where: Dict[str, Any] = {"cfg": None, "run_dir": None}
+    try:
+        return _train(config, config_file, plugins, t_entry, where)
+    except KeyboardInterrupt as e:  # during start-up: nothing to save
+        reason = getattr(e, "reason", "interrupted (SIGINT)")
+        return Result({"stop_reason": reason}, [], where["run_dir"], None, reason, where["cfg"])
+    finally:
+        if owner:
+            GUARD.restore()
+
+
+def _train(config: Any, config_file: Optional[str], plugins: Sequence[Any], t_entry: float,
+           where: Dict[str, Any]) -> Result:
     pm = get_plugin_manager(plugin_modules_from(config, config_file), extra=plugins)
     user = config
     resume_from = None
@@ -460,12 +503,15 @@ def train(config: Any = None, config_file: Optional[str] = None, plugins: Sequen
     np.random.seed(derive_seed(int(cfg.seed), "numpy"))
     random.seed(derive_seed(int(cfg.seed), "python"))
     torch.set_num_threads(max(1, int(cfg.learner.num_threads)))
+    where.update(cfg=cfg, run_dir=run_dir)
     ctx = setup(cfg, pm, run_dir)
     os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "config.yaml"), "w") as f:
-        f.write(config_yaml(cfg, ctx.policy_specs, pm))
-    with _ray_session(cfg):
-        return _run(ctx, cfg, pm, run_dir, resume_from, run_rows, t_entry)
+    release = lock_run_dir(run_dir)
+    try:
+        with _ray_session(cfg):
+            return _run(ctx, cfg, pm, run_dir, resume_from, run_rows, t_entry)
+    finally:
+        release()
 
 
 def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: Optional[str],
@@ -476,44 +522,70 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
     plan = build_plan(ctx)
     if resume_from:
         restore(ctx, resume_from)
+    with open(os.path.join(run_dir, "config.yaml"), "w") as f:  # after a restore that worked
+        f.write(config_yaml(cfg, ctx.policy_specs, pm))
     results = iter(StandardMetricsReporting(plan, ctx))
-    t0 = time.perf_counter()
-    ctx.workers.start()
-    ctx.extra_metrics["time_setup_s"] = time.perf_counter() - t0
     reason: Optional[str] = None
+    error: Optional[BaseException] = None
+    done = (dict(ctx.counters), ctx.iteration)  # at the end of the last completed iteration
     try:
+        t0 = time.perf_counter()
+        ctx.workers.start()
+        ctx.extra_metrics["time_setup_s"] = time.perf_counter() - t0
         pm.hook.flowkit_on_run_start(ctx=ctx, run_dir=run_dir, history=list(history))
         ctx.start_clock()
         # start-up: from train() to the first sample request (config, Ray, actors ready)
         ctx.extra_metrics["time_startup_s"] = ctx._t_start - t_entry
+        limit = cfg.stop.time_s
+        if limit is not None:  # whatever the plan waits on, the driver stops it
+            GUARD.set_deadline("stop", 1.1 * limit - ctx._time_offset,
+                               lambda: Interrupted(f"stop.time_s={limit} reached (iteration abandoned)"))
         while True:
             r = pm.hook.flowkit_train_iteration(ctx=ctx, results=results)
             if r is None:
                 reason = ctx.stop_reason
                 break
-            pm.hook.flowkit_on_train_result(result=r, ctx=ctx)
-            history.append(r)
-            pm.hook.flowkit_report(result=r, ctx=ctx)
+            counters = dict(ctx.counters)
+            with GUARD.shielded():  # a signal now waits until the row is reported
+                pm.hook.flowkit_on_train_result(result=r, ctx=ctx)
+                history.append(r)
+                pm.hook.flowkit_report(result=r, ctx=ctx)
+            done = (counters, ctx.iteration)
+            if GUARD.pending is not None:
+                raise GUARD.pending
             reason = ctx.stop_reason or _stop_reason(cfg, r)
             if reason:
                 break
-    except KeyboardInterrupt:
-        reason = "interrupted"
+    except KeyboardInterrupt as e:  # SIGINT, SIGTERM, SIGHUP, the stop.time_s watchdog
+        reason = getattr(e, "reason", "interrupted (SIGINT)")
     except BaseException as e:
-        with contextlib.suppress(Exception):
-            pm.hook.flowkit_on_train_end(summary=dict(history[-1]) if history else {}, error=e, ctx=ctx)
-        ctx.shutdown()
-        raise
+        error = e
+    # the final (or crash) checkpoint records the last reported row's counters and iteration,
+    # not those of an abandoned one (its weights may include part of its updates)
+    ctx.counters.clear()
+    ctx.counters.update(done[0])
+    ctx.iteration = done[1]
     summary = dict(history[-1]) if history else {}
-    try:
-        pm.hook.flowkit_on_train_end(summary=summary, error=None, ctx=ctx)
-    finally:
-        ctx.shutdown()
-    summary["stop_reason"] = reason or "plan ended"
-    with open(os.path.join(run_dir, "result.json"), "w") as f:
-        json.dump(summary, f, indent=2, default=float)
-    result = Result(summary, history, run_dir, last_ckpt.path, summary["stop_reason"], cfg)
-    pm.hook.flowkit_on_run_end(result=result, ctx=ctx)
+    ckpt_error: Optional[Exception] = None
+    with GUARD.shielded():  # a second signal does not tear the final checkpoint
+        GUARD.set_deadline("stop", None, Interrupted)
+        try:
+            pm.hook.flowkit_on_train_end(summary=summary, error=error, ctx=ctx)
+        except Exception as e:  # the final checkpoint failed (disk full): result.json still written
+            ckpt_error = e
+        finally:
+            ctx.shutdown()
+        if error is not None:
+            raise error
+        summary["stop_reason"] = reason or "plan ended"
+        if ckpt_error is not None:
+            summary["error"] = f"{type(ckpt_error).__name__}: {ckpt_error}"
+        with open(os.path.join(run_dir, "result.json"), "w") as f:
+            json.dump(summary, f, indent=2, default=float)
+        if ckpt_error is not None:
+            raise ckpt_error
+        result = Result(summary, history, run_dir, last_ckpt.path, summary["stop_reason"], cfg)
+        pm.hook.flowkit_on_run_end(result=result, ctx=ctx)
     return result
 
 
