@@ -9,6 +9,7 @@
   interrupted with :class:`SampleTimeout`, an ordinary worker failure) and the hard end of
   ``stop.time_s``. It delivers them as SIGALRM to the main thread, which interrupts a
   sleeping or looping env as well as ``ray.get``.
+- :func:`check_cpus`: a local Ray cluster too small for the workers is a config error.
 - :func:`lock_run_dir`: one live run per ``run.dir``.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ import contextlib
 import os
 import signal
 import socket
+import sys
 import threading
 import time
 from typing import Any, Callable, Dict, Iterator, Optional
@@ -52,6 +54,18 @@ class Guard:
     @property
     def active(self) -> bool:
         return bool(self._prev)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """:meth:`install` for a run, :meth:`restore` after it (nested runs keep the outer's)."""
+        owner = not self.active
+        if owner:
+            self.install()
+        try:
+            yield
+        finally:
+            if owner:
+                self.restore()
 
     def install(self) -> None:
         """Take SIGINT/SIGTERM/SIGHUP/SIGALRM (again after ``ray.init``, which sets its own)
@@ -103,8 +117,10 @@ class Guard:
             self._shield -= 1
 
     # -- deadlines --
-    def set_deadline(self, name: str, seconds: Optional[float], make: Callable[[], BaseException]) -> None:
-        if seconds is None:
+    def set_deadline(self, name: str, seconds: Optional[float],
+                     make: Optional[Callable[[], BaseException]] = None) -> None:
+        """Raise ``make()`` in the main thread in ``seconds`` (None: cancel)."""
+        if seconds is None or make is None:
             self._deadlines.pop(name, None)
         elif self._thread is not None:
             self._deadlines[name] = (time.monotonic() + seconds, make)
@@ -125,13 +141,32 @@ class Guard:
             for name, (t, make) in list(self._deadlines.items()):
                 if now >= t and self._fired is None:
                     self._fired = (name, make())
-                    signal.pthread_kill(threading.main_thread().ident, signal.SIGALRM)
+                    signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGALRM)
 
 
 GUARD = Guard()
 
 
-# ---- one run per folder --------------------------------------------------------------------------
+# ---- start-up and the run folder ----------------------------------------------------------------
+def check_cpus(cfg: Any) -> None:
+    """A local Ray cluster that cannot place every worker would wait forever: refuse it."""
+    from flowkit.config import ConfigError
+    rt = cfg.runtime
+    ray = sys.modules.get("ray")
+    if rt.backend != "ray" or rt.address or (ray is not None and ray.is_initialized()):
+        return  # the local backend, an attached cluster, or the caller's own Ray session
+    try:
+        from ray._private.utils import get_num_cpus
+        have = int(get_num_cpus())
+    except Exception:
+        have = os.cpu_count() or 1
+    n, per = max(1, int(rt.num_workers)), float(rt.num_cpus_per_worker)
+    if n * per > have:
+        raise ConfigError(f"runtime.num_workers={rt.num_workers} x runtime.num_cpus_per_worker={per:g} needs "
+                          f"{n * per:g} CPUs, this machine has {have}: lower runtime.num_workers or share CPUs "
+                          f"(runtime.num_cpus_per_worker={have / n:g})")
+
+
 def lock_run_dir(run_dir: str) -> Callable[[], None]:
     """Create ``run_dir/.lock`` (``pid host``); return its release function.
 

@@ -14,8 +14,9 @@ the exact sequence)::
     reporters registered           D flowkit_add_reporters(); one instance each, in list order
     plan                           D flowkit_build_plan(ctx)                 firstresult, wrappable
     resume: restore                D flowkit_load_state_dict(state)           for each saver
-    workers start                  W flowkit_make_env_runner(env, context, config, policies)
+    config.yaml written              (after a restore that worked)
     try:
+        workers start              W flowkit_make_env_runner(env, context, config, policies)
         run start                  D flowkit_on_run_start(ctx, run_dir, history)
                                      [progress] [csv] [tensorboard] [checkpoint] open
         loop:
@@ -31,13 +32,17 @@ the exact sequence)::
                                      every checkpoint.every_iters save_checkpoint ->
                                    D   flowkit_state_dict(), flowkit_on_checkpoint(path, ctx)
             stop?                    ctx.stop_reason, or stop.* reached
+    (SIGINT/SIGTERM/SIGHUP, or the stop.time_s watchdog: the iteration is abandoned, the loop
+     ends with stop_reason "interrupted (SIGTERM)"; on those and on errors the counters and the
+     iteration go back to the last reported row, so a final checkpoint matches metrics.csv)
     loop ended (or error)          D flowkit_on_train_end(summary, error, ctx)
                                      [progress] closes, [evaluation] final (evaluation.final),
                                      [checkpoint] at_end, or "crash" on error ->
                                    D   flowkit_state_dict(), flowkit_on_checkpoint(path, ctx)
                                      [csv] [tensorboard] close
     error: workers stop, the exception is re-raised; nothing below runs
-    workers stop; result.json = summary + stop_reason
+    workers stop; result.json = summary + stop_reason (also when the final checkpoint failed:
+                                     then with `error`, and that error is raised after it)
     run end                        D flowkit_on_run_end(result, ctx)          [plot]
     return Result(metrics=summary, history=rows, run_dir, checkpoint, stop_reason, config)
 """
@@ -49,7 +54,6 @@ import datetime
 import json
 import os
 import random
-import sys
 import time
 import warnings
 from typing import Any, Dict, List, Optional, Sequence
@@ -66,7 +70,7 @@ from flowkit.core import batch as sb
 from flowkit.core.flow import FlowContext
 from flowkit.core.ops import StandardMetricsReporting
 from flowkit.core import EnvContext, PolicySpec, RolloutWorker, WorkerSet, derive_seed, env_name, make_env
-from flowkit._guard import GUARD, Interrupted, lock_run_dir
+from flowkit._guard import GUARD, Interrupted, check_cpus, lock_run_dir
 from flowkit.hooks import PluginError, get_plugin_manager
 from flowkit.reporters import kept_rows, read_metrics  # noqa: F401  (read_metrics: public here too)
 
@@ -321,28 +325,10 @@ def _probe_env(cfg: DictConfig) -> Any:
         raise ConfigError(f"{key}={env_name(env_cfg)!r}: cannot build the env: {type(e).__name__}: {e}") from None
 
 
-def _check_cpus(cfg: DictConfig) -> None:
-    """A local Ray cluster that cannot place every worker would wait forever: refuse it."""
-    rt = cfg.runtime
-    ray = sys.modules.get("ray")
-    if rt.backend != "ray" or rt.address or (ray is not None and ray.is_initialized()):
-        return  # the local backend, an attached cluster, or the caller's own Ray session
-    try:
-        from ray._private.utils import get_num_cpus
-        have = int(get_num_cpus())
-    except Exception:
-        have = os.cpu_count() or 1
-    n, per = max(1, int(rt.num_workers)), float(rt.num_cpus_per_worker)
-    if n * per > have:
-        raise ConfigError(f"runtime.num_workers={rt.num_workers} x runtime.num_cpus_per_worker={per:g} needs "
-                          f"{n * per:g} CPUs, this machine has {have}: lower runtime.num_workers or share CPUs "
-                          f"(runtime.num_cpus_per_worker={have / n:g})")
-
-
 def setup(cfg: DictConfig, pm: Any, run_dir: Optional[str] = None) -> RunContext:
     """Validate, decide policies, build the learner and the (unstarted) WorkerSet."""
     algos = _validate(cfg, pm)
-    _check_cpus(cfg)
+    check_cpus(cfg)
     env = _probe_env(cfg)
     try:
         specs = pm.hook.flowkit_make_policy_specs(config=cfg, env=env, algorithms=algos)
@@ -470,48 +456,35 @@ def train(config: Any = None, config_file: Optional[str] = None, plugins: Sequen
             worker and operator), after a best-effort checkpoint of what was learned.
     """
     t_entry = time.perf_counter()
-    owner = not GUARD.active
-    if owner:
-        GUARD.install()
-    where: Dict[str, Any] = {"cfg": None, "run_dir": None}
-    try:
-        return _train(config, config_file, plugins, t_entry, where)
-    except KeyboardInterrupt as e:  # during start-up: nothing to save
-        reason = getattr(e, "reason", "interrupted (SIGINT)")
-        return Result({"stop_reason": reason}, [], where["run_dir"], None, reason, where["cfg"])
-    finally:
-        if owner:
-            GUARD.restore()
-
-
-def _train(config: Any, config_file: Optional[str], plugins: Sequence[Any], t_entry: float,
-           where: Dict[str, Any]) -> Result:
-    pm = get_plugin_manager(plugin_modules_from(config, config_file), extra=plugins)
-    user = config
-    resume_from = None
-    pre = build_config(user, config_file, pm.config_sections())
-    run_rows: List[Dict[str, Any]] = []
-    if pre.resume:
-        resume_from, cfg, pm, st_iter = resume_config(user, pre.resume, pm)
-        run_dir = os.path.dirname(os.path.dirname(resume_from))
-        run_rows = kept_rows(run_dir, st_iter)  # rows up to the checkpoint, each iteration once
-    else:
-        cfg = pre
-        run_dir = cfg.run.dir or _default_run_dir(cfg)
-    cfg.run.dir = run_dir
-    torch.manual_seed(derive_seed(int(cfg.seed), "torch"))
-    np.random.seed(derive_seed(int(cfg.seed), "numpy"))
-    random.seed(derive_seed(int(cfg.seed), "python"))
-    torch.set_num_threads(max(1, int(cfg.learner.num_threads)))
-    where.update(cfg=cfg, run_dir=run_dir)
-    ctx = setup(cfg, pm, run_dir)
-    os.makedirs(run_dir, exist_ok=True)
-    release = lock_run_dir(run_dir)
-    try:
-        with _ray_session(cfg):
-            return _run(ctx, cfg, pm, run_dir, resume_from, run_rows, t_entry)
-    finally:
-        release()
+    cfg = run_dir = None
+    with GUARD.running():
+        try:
+            pm = get_plugin_manager(plugin_modules_from(config, config_file), extra=plugins)
+            pre = build_config(config, config_file, pm.config_sections())
+            resume_from, run_rows = None, []
+            if pre.resume:
+                resume_from, cfg, pm, st_iter = resume_config(config, pre.resume, pm)
+                run_dir = os.path.dirname(os.path.dirname(resume_from))
+                run_rows = kept_rows(run_dir, st_iter)  # rows up to the checkpoint, each iteration once
+            else:
+                cfg = pre
+                run_dir = cfg.run.dir or _default_run_dir(cfg)
+            cfg.run.dir = run_dir
+            torch.manual_seed(derive_seed(int(cfg.seed), "torch"))
+            np.random.seed(derive_seed(int(cfg.seed), "numpy"))
+            random.seed(derive_seed(int(cfg.seed), "python"))
+            torch.set_num_threads(max(1, int(cfg.learner.num_threads)))
+            ctx = setup(cfg, pm, run_dir)
+            os.makedirs(run_dir, exist_ok=True)
+            release = lock_run_dir(run_dir)
+            try:
+                with _ray_session(cfg):
+                    return _run(ctx, cfg, pm, run_dir, resume_from, run_rows, t_entry)
+            finally:
+                release()
+        except KeyboardInterrupt as e:  # a signal during start-up: nothing to save
+            reason = getattr(e, "reason", "interrupted (SIGINT)")
+            return Result({"stop_reason": reason}, [], run_dir, None, reason, cfg)
 
 
 def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: Optional[str],
@@ -568,7 +541,7 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
     summary = dict(history[-1]) if history else {}
     ckpt_error: Optional[Exception] = None
     with GUARD.shielded():  # a second signal does not tear the final checkpoint
-        GUARD.set_deadline("stop", None, Interrupted)
+        GUARD.set_deadline("stop", None)
         try:
             pm.hook.flowkit_on_train_end(summary=summary, error=error, ctx=ctx)
         except Exception as e:  # the final checkpoint failed (disk full): result.json still written
