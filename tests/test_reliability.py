@@ -44,6 +44,15 @@ def test_hung_env_on_ray_is_restarted_within_the_timeout(run_dir, ray_session):
     assert res.metrics["num_worker_restarts"] == 1 and time.time() - t0 < 2 + 30
 
 
+def test_hung_env_in_an_async_plan_on_ray_is_restarted(run_dir, ray_session):
+    """IMPALA keeps requests in flight (ray.wait): a worker silent for sample_timeout_s is rebuilt."""
+    res = flowkit.train([f"run.dir={run_dir}", "algo=impala", "env.factory=envs:hang", "runtime.num_workers=1",
+                         "runtime.num_envs_per_worker=1", "runtime.rollout_fragment_length=8",
+                         "impala.train_batch_size=16", "impala.minibatch_size=16", "run.reporters=[csv]",
+                         "runtime.sample_timeout_s=2", "stop.env_steps=40"])
+    assert res.stop_reason == "stop.env_steps=40 reached" and res.metrics["num_worker_restarts"] == 1
+
+
 def test_stop_time_s_ends_a_run_stuck_in_the_env_with_a_checkpoint(run_dir):
     """The sample timeout is far away: the driver's stop.time_s watchdog abandons the iteration."""
     t0 = time.time()
