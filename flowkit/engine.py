@@ -412,7 +412,8 @@ def _ray_session(cfg: DictConfig):
         yield
     finally:
         if started:
-            ray.shutdown()
+            with GUARD.shielded():  # the run is saved: a late signal does not cut the shutdown short
+                ray.shutdown()
 
 
 def _runtime_env(cfg: DictConfig) -> Dict[str, Any]:
