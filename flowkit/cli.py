@@ -41,8 +41,16 @@ def _help(overrides: List[str]) -> str:
             "Config keys (override with key=value; `env=ID` is short for env.id=ID; floats must be finite):" + help_text(secs))
 
 
+def _early_signal(signum: int, frame: object) -> None:
+    e = KeyboardInterrupt()
+    e.reason = f"interrupted ({signal.Signals(signum).name})"  # type: ignore[attr-defined]
+    raise e
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # while importing; the run takes them over
+        signal.signal(sig, _early_signal)
     args, unknown = _parser().parse_known_args(argv)
     overrides = list(args.overrides) + [u for u in unknown if "=" in u]
     bad = [u for u in unknown if "=" not in u]

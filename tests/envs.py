@@ -156,9 +156,12 @@ def hang(context=None, at=12, seconds=3600.0, every_restart=False):
     return env
 
 
-def slow(delay=0.05, init_s=0.0):
-    """FixedLenEnv with ``delay`` seconds per step (and ``init_s`` in its constructor)."""
+def slow(delay=0.05, init_s=0.0, marker=None):
+    """FixedLenEnv with ``delay`` seconds per step (and ``init_s`` in its constructor, after
+    creating the file ``marker``)."""
     import time
+    if marker:
+        open(marker, "w").close()
     time.sleep(init_s)
     env = FixedLenEnv()
     step = env.step

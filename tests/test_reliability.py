@@ -87,14 +87,26 @@ def test_workers_that_do_not_fit_the_cpus_are_a_config_error():
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_during_start_up_ends_cleanly(tmp_path, sig, code):
+    marker = tmp_path / "building"  # the env is being built: the run has started
     proc = subprocess.Popen(FLOWKIT + ["train", *TINY, f"run.dir={tmp_path / 'run'}", "env.factory=envs:slow",
-                                       "env.kwargs={init_s: 60}"],
+                                       f"env.kwargs={{init_s: 60, marker: '{marker}'}}"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
-    time.sleep(4)
+    deadline = time.time() + 60
+    while not marker.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
     proc.send_signal(sig)
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == code, err
     assert "Traceback" not in err and f"stopped: interrupted ({sig.name})" in out
+
+
+def test_a_signal_while_importing_exits_with_its_status():
+    proc = subprocess.Popen(FLOWKIT + ["train", "env=CartPole-v1"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env())
+    time.sleep(1.5)  # the CLI has taken the signals; torch, Ray and the config are still loading
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "Traceback" not in err, err
 
 
 # ---- 3. signals ----------------------------------------------------------------------------------
