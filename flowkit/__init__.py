@@ -7,11 +7,15 @@ Quick use::
     algo = flowkit.Algorithm.from_checkpoint(result.run_dir)
     action = algo.compute_actions(obs, explore=False)
 """
-from flowkit.config import ConfigError
-from flowkit.core import (NOT_READY, ActorCriticPolicy, Algorithm, DEFAULT_POLICY_ID, EnvContext, EnvError, Episode,
-                          Flow, FlowContext, MultiAgentBatch, ParallelFlow, Policy, PolicySpec, SampleBatch)
-from flowkit.engine import Result, RunContext, describe_plan, load_config, train
-from flowkit.hooks import PluginError, get_plugin_manager, hookimpl, register, unregister
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flowkit.config import ConfigError
+    from flowkit.core import (NOT_READY, ActorCriticPolicy, Algorithm, DEFAULT_POLICY_ID, EnvContext, EnvError,
+                              Episode, Flow, FlowContext, MultiAgentBatch, ParallelFlow, Policy, PolicySpec,
+                              SampleBatch)
+    from flowkit.engine import Result, RunContext, describe_plan, load_config, train
+    from flowkit.hooks import PluginError, get_plugin_manager, hookimpl, register, unregister
 
 __version__ = "0.1.0"
 
@@ -19,3 +23,21 @@ __all__ = ["ActorCriticPolicy", "Algorithm", "ConfigError", "DEFAULT_POLICY_ID",
            "FlowContext", "MultiAgentBatch", "NOT_READY", "ParallelFlow", "PluginError", "Policy",
            "PolicySpec", "Result", "RunContext", "SampleBatch", "describe_plan", "get_plugin_manager",
            "hookimpl", "load_config", "register", "train", "unregister", "__version__"]
+
+_HOME = {"ConfigError": "config", "Result": "engine", "RunContext": "engine", "describe_plan": "engine",
+         "load_config": "engine", "train": "engine", "PluginError": "hooks", "get_plugin_manager": "hooks",
+         "hookimpl": "hooks", "register": "hooks", "unregister": "hooks"}
+
+
+def __getattr__(name: str) -> Any:
+    """The public API, imported on first use: ``import flowkit`` (and the CLI's start, which
+    takes the signals first) does not wait for torch and Ray."""
+    import importlib
+    if name in __all__:
+        return getattr(importlib.import_module("flowkit." + _HOME.get(name, "core")), name)
+    try:
+        return importlib.import_module(f"flowkit.{name}")
+    except ModuleNotFoundError as e:
+        if e.name != f"flowkit.{name}":
+            raise
+        raise AttributeError(f"module 'flowkit' has no attribute {name!r}") from None

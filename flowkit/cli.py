@@ -1,10 +1,14 @@
 """The ``flowkit`` command: train, plan, plugins.
 
-Exit status: 0 success, 1 a failed run, 2 a config error (short message, no traceback).
+Exit status: 0 success, 1 a failed run, 2 a config error (short message, no traceback),
+128 + the signal number for a run stopped by a signal after its clean save (130 SIGINT,
+143 SIGTERM, 129 SIGHUP).
 """
 from __future__ import annotations
 
 import argparse
+import re
+import signal
 import sys
 from typing import List, Optional
 
@@ -37,8 +41,16 @@ def _help(overrides: List[str]) -> str:
             "Config keys (override with key=value; `env=ID` is short for env.id=ID; floats must be finite):" + help_text(secs))
 
 
+def _early_signal(signum: int, frame: object) -> None:
+    e = KeyboardInterrupt()
+    e.reason = f"interrupted ({signal.Signals(signum).name})"  # type: ignore[attr-defined]
+    raise e
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    for sig in (signal.SIGTERM, signal.SIGHUP):  # while importing; the run takes them over
+        signal.signal(sig, _early_signal)
     args, unknown = _parser().parse_known_args(argv)
     overrides = list(args.overrides) + [u for u in unknown if "=" in u]
     bad = [u for u in unknown if "=" not in u]
@@ -74,13 +86,19 @@ def main(argv: Optional[List[str]] = None) -> int:
                                 for k in keys if k in m))
         if res.checkpoint:
             print(f"checkpoint: {res.checkpoint}")
-        return 0
+        return exit_status(res.stop_reason)
     except ConfigError as e:
         print(f"flowkit: config error: {e}", file=sys.stderr)
         return 2
     except PluginError as e:
         print(f"flowkit: plugin error: {e}", file=sys.stderr)
         return 2
+
+
+def exit_status(stop_reason: str) -> int:
+    """0, or 128 + N for ``interrupted (SIGxxx)`` (the shell's convention for a signal)."""
+    m = re.match(r"interrupted \((SIG[A-Z]+)\)", stop_reason or "")
+    return 128 + int(signal.Signals[m[1]]) if m else 0
 
 
 def _plugins() -> int:
@@ -105,6 +123,8 @@ def _entry() -> int:
     except BrokenPipeError:  # `flowkit train --help | head`
         sys.stderr.close()
         return 0
+    except KeyboardInterrupt as e:  # before the run took the signals (imports)
+        return exit_status(getattr(e, "reason", "interrupted (SIGINT)"))
 
 
 if __name__ == "__main__":

@@ -209,6 +209,8 @@ class RuntimeConfig:
     prefetch: Optional[bool] = F(None, "keep one sample request in flight while learning; None: on iff every algorithm is off-policy")
     restart_failed_workers: bool = F(True, "rebuild a rollout worker whose env or process failed")
     max_worker_restarts: int = F(3, "consecutive failures of one worker slot before the run stops", ge=0)
+    sample_timeout_s: float = F(300.0, "seconds a rollout worker may take to answer a sample request "
+                                       "(start-up excluded); then it counts as failed and is rebuilt", gt=0)
     torch_threads: int = F(1, "torch threads per rollout worker", ge=1)
 
 
@@ -232,7 +234,8 @@ class StopConfig:
     env_steps: Optional[int] = F(None, "stop after this many sampled env steps", ge=1)
     iterations: Optional[int] = F(None, "stop after this many iterations", ge=1)
     episode_return_mean: Optional[float] = F(None, "stop when episode_return_mean reaches this")
-    time_s: Optional[float] = F(None, "stop after this many seconds of training", gt=0)
+    time_s: Optional[float] = F(None, "stop after this many seconds of training (checked at each iteration's "
+                                      "end; an iteration still running at 1.1 x time_s is abandoned)", gt=0)
 
 
 @dataclass

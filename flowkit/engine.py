@@ -14,8 +14,9 @@ the exact sequence)::
     reporters registered           D flowkit_add_reporters(); one instance each, in list order
     plan                           D flowkit_build_plan(ctx)                 firstresult, wrappable
     resume: restore                D flowkit_load_state_dict(state)           for each saver
-    workers start                  W flowkit_make_env_runner(env, context, config, policies)
+    config.yaml written              (after a restore that worked)
     try:
+        workers start              W flowkit_make_env_runner(env, context, config, policies)
         run start                  D flowkit_on_run_start(ctx, run_dir, history)
                                      [progress] [csv] [tensorboard] [checkpoint] open
         loop:
@@ -31,13 +32,17 @@ the exact sequence)::
                                      every checkpoint.every_iters save_checkpoint ->
                                    D   flowkit_state_dict(), flowkit_on_checkpoint(path, ctx)
             stop?                    ctx.stop_reason, or stop.* reached
+    (SIGINT/SIGTERM/SIGHUP, or the stop.time_s watchdog: the iteration is abandoned, the loop
+     ends with stop_reason "interrupted (SIGTERM)"; on those and on errors the counters and the
+     iteration go back to the last reported row, so a final checkpoint matches metrics.csv)
     loop ended (or error)          D flowkit_on_train_end(summary, error, ctx)
                                      [progress] closes, [evaluation] final (evaluation.final),
                                      [checkpoint] at_end, or "crash" on error ->
                                    D   flowkit_state_dict(), flowkit_on_checkpoint(path, ctx)
                                      [csv] [tensorboard] close
     error: workers stop, the exception is re-raised; nothing below runs
-    workers stop; result.json = summary + stop_reason
+    workers stop; result.json = summary + stop_reason (also when the final checkpoint failed:
+                                     then with `error`, and that error is raised after it)
     run end                        D flowkit_on_run_end(result, ctx)          [plot]
     return Result(metrics=summary, history=rows, run_dir, checkpoint, stop_reason, config)
 """
@@ -63,6 +68,7 @@ from flowkit.config import ConfigError, build_config, plugin_modules_from, secti
 from flowkit.core import EnvContext, derive_seed, env_name, make_env
 from flowkit.core.context import RunContext, make_context
 from flowkit.core.ops import StandardMetricsReporting
+from flowkit._guard import GUARD, Interrupted, check_cpus, lock_run_dir
 from flowkit.hooks import PluginError, get_plugin_manager
 from flowkit.reporters import kept_rows, read_metrics  # noqa: F401  (read_metrics: public here too)
 
@@ -139,6 +145,7 @@ def _probe_env(cfg: DictConfig) -> Any:
 def setup(cfg: DictConfig, pm: Any, run_dir: Optional[str] = None) -> RunContext:
     """Validate, decide policies, build the learner and the (unstarted) WorkerSet."""
     algos = _validate(cfg, pm)
+    check_cpus(cfg)
     env = _probe_env(cfg)
     try:
         specs = pm.hook.flowkit_make_policy_specs(config=cfg, env=env, algorithms=algos)
@@ -210,13 +217,20 @@ def _ray_session(cfg: DictConfig):
             kw["runtime_env"] = _runtime_env(cfg)
         else:  # a new local cluster, never one another process happens to run here
             kw["address"] = "local"
-        ray.init(**kw)
         started = True
+        try:
+            ray.init(**kw)
+        except BaseException:  # a signal during start-up: leave no half-started cluster
+            ray.shutdown()
+            raise
+    if GUARD.active:  # Ray sets its own SIGTERM handler, which would abort the process
+        GUARD.install()
     try:
         yield
     finally:
         if started:
-            ray.shutdown()
+            with GUARD.shielded():  # the run is saved: a late signal does not cut the shutdown short
+                ray.shutdown()
 
 
 def _runtime_env(cfg: DictConfig) -> Dict[str, Any]:
@@ -260,29 +274,35 @@ def train(config: Any = None, config_file: Optional[str] = None, plugins: Sequen
             worker and operator), after a best-effort checkpoint of what was learned.
     """
     t_entry = time.perf_counter()
-    pm = get_plugin_manager(plugin_modules_from(config, config_file), extra=plugins)
-    user = config
-    resume_from = None
-    pre = build_config(user, config_file, pm.config_sections())
-    run_rows: List[Dict[str, Any]] = []
-    if pre.resume:
-        resume_from, cfg, pm, st_iter = resume_config(user, pre.resume, pm)
-        run_dir = os.path.dirname(os.path.dirname(resume_from))
-        run_rows = kept_rows(run_dir, st_iter)  # rows up to the checkpoint, each iteration once
-    else:
-        cfg = pre
-        run_dir = cfg.run.dir or _default_run_dir(cfg)
-    cfg.run.dir = run_dir
-    torch.manual_seed(derive_seed(int(cfg.seed), "torch"))
-    np.random.seed(derive_seed(int(cfg.seed), "numpy"))
-    random.seed(derive_seed(int(cfg.seed), "python"))
-    torch.set_num_threads(max(1, int(cfg.learner.num_threads)))
-    ctx = setup(cfg, pm, run_dir)
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "config.yaml"), "w") as f:
-        f.write(config_yaml(cfg, ctx.policy_specs, pm))
-    with _ray_session(cfg):
-        return _run(ctx, cfg, pm, run_dir, resume_from, run_rows, t_entry)
+    cfg = run_dir = None
+    with GUARD.running():
+        try:
+            pm = get_plugin_manager(plugin_modules_from(config, config_file), extra=plugins)
+            pre = build_config(config, config_file, pm.config_sections())
+            resume_from, run_rows = None, []
+            if pre.resume:
+                resume_from, cfg, pm, st_iter = resume_config(config, pre.resume, pm)
+                run_dir = os.path.dirname(os.path.dirname(resume_from))
+                run_rows = kept_rows(run_dir, st_iter)  # rows up to the checkpoint, each iteration once
+            else:
+                cfg = pre
+                run_dir = cfg.run.dir or _default_run_dir(cfg)
+            cfg.run.dir = run_dir
+            torch.manual_seed(derive_seed(int(cfg.seed), "torch"))
+            np.random.seed(derive_seed(int(cfg.seed), "numpy"))
+            random.seed(derive_seed(int(cfg.seed), "python"))
+            torch.set_num_threads(max(1, int(cfg.learner.num_threads)))
+            ctx = setup(cfg, pm, run_dir)
+            os.makedirs(run_dir, exist_ok=True)
+            release = lock_run_dir(run_dir)
+            try:
+                with _ray_session(cfg):
+                    return _run(ctx, cfg, pm, run_dir, resume_from, run_rows, t_entry)
+            finally:
+                release()
+        except KeyboardInterrupt as e:  # a signal during start-up: nothing to save
+            reason = getattr(e, "reason", "interrupted (SIGINT)")
+            return Result({"stop_reason": reason}, [], run_dir, None, reason, cfg)
 
 
 def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: Optional[str],
@@ -293,44 +313,70 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
     plan = build_plan(ctx)
     if resume_from:
         restore(ctx, resume_from)
+    with open(os.path.join(run_dir, "config.yaml"), "w") as f:  # after a restore that worked
+        f.write(config_yaml(cfg, ctx.policy_specs, pm))
     results = iter(StandardMetricsReporting(plan, ctx))
-    t0 = time.perf_counter()
-    ctx.workers.start()
-    ctx.extra_metrics["time_setup_s"] = time.perf_counter() - t0
     reason: Optional[str] = None
+    error: Optional[BaseException] = None
+    done = (dict(ctx.counters), ctx.iteration)  # at the end of the last completed iteration
     try:
+        t0 = time.perf_counter()
+        ctx.workers.start()
+        ctx.extra_metrics["time_setup_s"] = time.perf_counter() - t0
         pm.hook.flowkit_on_run_start(ctx=ctx, run_dir=run_dir, history=list(history))
         ctx.start_clock()
         # start-up: from train() to the first sample request (config, Ray, actors ready)
         ctx.extra_metrics["time_startup_s"] = ctx._t_start - t_entry
+        limit = cfg.stop.time_s
+        if limit is not None:  # whatever the plan waits on, the driver stops it
+            GUARD.set_deadline("stop", 1.1 * limit - ctx._time_offset,
+                               lambda: Interrupted(f"stop.time_s={limit} reached (iteration abandoned)"))
         while True:
             r = pm.hook.flowkit_train_iteration(ctx=ctx, results=results)
             if r is None:
                 reason = ctx.stop_reason
                 break
-            pm.hook.flowkit_on_train_result(result=r, ctx=ctx)
-            history.append(r)
-            pm.hook.flowkit_report(result=r, ctx=ctx)
+            counters = dict(ctx.counters)
+            with GUARD.shielded():  # a signal now waits until the row is reported
+                pm.hook.flowkit_on_train_result(result=r, ctx=ctx)
+                history.append(r)
+                pm.hook.flowkit_report(result=r, ctx=ctx)
+            done = (counters, ctx.iteration)
+            if GUARD.pending is not None:
+                raise GUARD.pending
             reason = ctx.stop_reason or _stop_reason(cfg, r)
             if reason:
                 break
-    except KeyboardInterrupt:
-        reason = "interrupted"
+    except KeyboardInterrupt as e:  # SIGINT, SIGTERM, SIGHUP, the stop.time_s watchdog
+        reason = getattr(e, "reason", "interrupted (SIGINT)")
     except BaseException as e:
-        with contextlib.suppress(Exception):
-            pm.hook.flowkit_on_train_end(summary=dict(history[-1]) if history else {}, error=e, ctx=ctx)
-        ctx.shutdown()
-        raise
+        error = e
+    # the final (or crash) checkpoint records the last reported row's counters and iteration,
+    # not those of an abandoned one (its weights may include part of its updates)
+    ctx.counters.clear()
+    ctx.counters.update(done[0])
+    ctx.iteration = done[1]
     summary = dict(history[-1]) if history else {}
-    try:
-        pm.hook.flowkit_on_train_end(summary=summary, error=None, ctx=ctx)
-    finally:
-        ctx.shutdown()
-    summary["stop_reason"] = reason or "plan ended"
-    with open(os.path.join(run_dir, "result.json"), "w") as f:
-        json.dump(summary, f, indent=2, default=float)
-    result = Result(summary, history, run_dir, last_ckpt.path, summary["stop_reason"], cfg)
-    pm.hook.flowkit_on_run_end(result=result, ctx=ctx)
+    ckpt_error: Optional[Exception] = None
+    with GUARD.shielded():  # a second signal does not tear the final checkpoint
+        GUARD.set_deadline("stop", None)
+        try:
+            pm.hook.flowkit_on_train_end(summary=summary, error=error, ctx=ctx)
+        except Exception as e:  # the final checkpoint failed (disk full): result.json still written
+            ckpt_error = e
+        finally:
+            ctx.shutdown()
+        if error is not None:
+            raise error
+        summary["stop_reason"] = reason or "plan ended"
+        if ckpt_error is not None:
+            summary["error"] = f"{type(ckpt_error).__name__}: {ckpt_error}"
+        with open(os.path.join(run_dir, "result.json"), "w") as f:
+            json.dump(summary, f, indent=2, default=float)
+        if ckpt_error is not None:
+            raise ckpt_error
+        result = Result(summary, history, run_dir, last_ckpt.path, summary["stop_reason"], cfg)
+        pm.hook.flowkit_on_run_end(result=result, ctx=ctx)
     return result
 
 

@@ -133,3 +133,62 @@ class BadObsEnv(gym.Env):
         if self.t >= 2 and self.mode == "reward":
             return {"pos": np.zeros(3, np.float32)}, float("nan"), False, False, {}
         return {"pos": np.zeros(3, np.float32)}, 0.0, False, False, {}
+
+
+def hang(context=None, at=12, seconds=3600.0, every_restart=False):
+    """FixedLenEnv whose worker 0, sub-env 0 hangs (sleeps ``seconds``) at its step ``at``:
+    only before its first restart unless ``every_restart`` (then at the first step of each
+    rebuilt one) (issue 13, a stuck worker)."""
+    import time
+    env = FixedLenEnv()
+    stuck = context is not None and context.worker_index == 0 and context.vector_index == 0 and (
+        every_restart or context.restart_count == 0)
+    if stuck:
+        step, count = env.step, [0]
+        at = at if context.restart_count == 0 else 1
+
+        def slow_step(action):
+            count[0] += 1
+            if count[0] == at:
+                time.sleep(seconds)
+            return step(action)
+        env.step = slow_step
+    return env
+
+
+def slow(delay=0.05, init_s=0.0, marker=None):
+    """FixedLenEnv with ``delay`` seconds per step (and ``init_s`` in its constructor, after
+    creating the file ``marker``)."""
+    import time
+    if marker:
+        open(marker, "w").close()
+    time.sleep(init_s)
+    env = FixedLenEnv()
+    step = env.step
+
+    def slow_step(action):
+        time.sleep(delay)
+        return step(action)
+    env.step = slow_step
+    return env
+
+
+class BadApiEnv(FixedLenEnv):
+    """Breaks the Gymnasium API: ``none_reward`` at step 2, ``old_reset`` (reset returns the
+    observation alone), ``late_shape`` (a wrong obs shape at step 6, after the checked steps)."""
+
+    def __init__(self, mode="none_reward"):
+        super().__init__(length=100)
+        self.mode = mode
+
+    def reset(self, *, seed=None, options=None):
+        obs, info = super().reset(seed=seed)
+        return obs if self.mode == "old_reset" else (obs, info)
+
+    def step(self, action):
+        obs, r, term, trunc, info = super().step(action)
+        if self.mode == "none_reward" and self.t == 2:
+            r = None
+        if self.mode == "late_shape" and self.t >= 6:
+            obs = np.zeros(3, np.float32)
+        return obs, r, term, trunc, info

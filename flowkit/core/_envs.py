@@ -90,7 +90,8 @@ def describe_value(x: Any) -> str:
     if isinstance(x, np.ndarray):
         vals = np.array2string(x.reshape(-1)[:6], precision=4, separator=", ")
         return f"array(shape={x.shape}, dtype={x.dtype}, values={vals}{'...' if x.size > 6 else ''})"
-    return f"{x!r} ({type(x).__name__})"
+    r = repr(x)
+    return f"{r[:120]}{'...' if len(r) > 120 else ''} ({type(x).__name__})"
 
 
 def find_mismatch(space: gym.Space, x: Any, path: str = "obs") -> Optional[Tuple[str, str, str]]:
@@ -159,10 +160,13 @@ class SpaceCheck(gym.Wrapper):
 
     def reset(self, **kw):
         try:
-            obs, info = self.env.reset(**kw)
+            out = self.env.reset(**kw)
         except Exception as e:
             self._note(e, "reset()")
             raise
+        if not isinstance(out, tuple) or len(out) != 2:  # old Gym: the observation alone
+            self._fail("value from reset()", ("reset()", "a tuple (obs, info) (Gymnasium API)", describe_value(out)))
+        obs, info = out
         if self._left > 0:
             m = find_mismatch(self.observation_space, obs)
             if m:
@@ -175,11 +179,11 @@ class SpaceCheck(gym.Wrapper):
         except Exception as e:
             self._note(e, "step()")
             raise
+        if not isinstance(out, tuple) or len(out) != 5 or out[1] is None:  # every step: cheap
+            self._fail("value from step()", ("step()", "a tuple (obs, reward, terminated, truncated, info) with "
+                                             "a float reward (Gymnasium API)", describe_value(out)))
         if self._left > 0:
             self._left -= 1
-            if len(out) != 5:
-                raise EnvError(f"env {self._name!r}: step() must return (obs, reward, terminated, "
-                               f"truncated, info), got {len(out)} values")
             obs, rew, term, trunc, _ = out
             m = find_mismatch(self.observation_space, obs)
             if m:

@@ -13,7 +13,7 @@ import numpy as np
 
 from flowkit.core import batch as sb
 from flowkit.core._encoders import ObsEncoder, add_batch_axis
-from flowkit.core._envs import EnvError, find_mismatch
+from flowkit.core._envs import EnvError, env_name, find_mismatch
 
 if TYPE_CHECKING:
     from flowkit.core.workers import RolloutWorker
@@ -111,6 +111,20 @@ class GymEnvRunner:
         except Exception:
             return False
 
+    def _api_error(self, e: Exception, call: str) -> Exception:
+        """``e`` itself when the env's own code raised it (a fault: the worker is rebuilt);
+        else the env broke the API (outputs that cannot be batched, e.g. a shape change after
+        the checked steps): an :class:`EnvError`, never retried."""
+        if isinstance(e, (EnvError, TimeoutError)) or any(
+                str(n).startswith("[flowkit] raised by") for n in getattr(e, "__notes__", ())):
+            return e
+        w = self.worker
+        err = EnvError(f"env {env_name(w.config.env)!r} (worker {w.index}): the outputs of {call} cannot be "
+                       f"batched ({type(e).__name__}: {(str(e).splitlines() or [''])[0]}); expected observations "
+                       f"in {self.vec.single_observation_space}, a float reward, bool terminated and truncated")
+        err.__cause__ = e
+        return err
+
     def _check_rows(self, raw: Any, where: str) -> None:
         """Space checks for the native vector env (SpaceCheck wraps single envs instead)."""
         self._check_left -= 1
@@ -126,7 +140,10 @@ class GymEnvRunner:
     def _reset_all(self):
         seeds = [ctx.seed for ctx in self.worker.sub_env_contexts]
         # a native vector env takes one seed for its single RNG (sub-envs still differ)
-        raw, _ = self.vec.reset(seed=seeds[0] if self.native else seeds)
+        try:
+            raw, _ = self.vec.reset(seed=seeds[0] if self.native else seeds)
+        except Exception as e:
+            raise self._api_error(e, "reset()")
         if self._check_left > 0:
             self._check_rows(raw, "reset()")
         self.raw_obs = raw
@@ -160,7 +177,10 @@ class GymEnvRunner:
         while (have < T).any():
             obs_enc, mask = self.obs_enc, self.mask
             actions, extras = pol.compute_actions_encoded(obs_enc, mask, explore)
-            raw_next, rew, term, trunc, infos = self.vec.step(dist.to_env(actions))
+            try:
+                raw_next, rew, term, trunc, infos = self.vec.step(dist.to_env(actions))
+            except Exception as e:
+                raise self._api_error(e, "step()")
             if self._check_left > 0:
                 self._check_rows(raw_next, "step()")
             valid = ~self.reset_pending
@@ -259,7 +279,10 @@ class GymEnvRunner:
         out: List[Dict[str, Any]] = []
         while len(out) < num_episodes:
             actions, _ = self.policy.compute_actions_encoded(self.obs_enc, self.mask, explore)
-            raw_next, rew, term, trunc, infos = self.vec.step(self.dist.to_env(actions))
+            try:
+                raw_next, rew, term, trunc, infos = self.vec.step(self.dist.to_env(actions))
+            except Exception as e:
+                raise self._api_error(e, "step()")
             valid = ~self.reset_pending
             ended = (term | trunc) & (valid if not self.same_step else True)
             for j in np.flatnonzero(valid):

@@ -25,6 +25,8 @@ import re
 import time
 from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence
 
+from flowkit._guard import GUARD, SampleTimeout
+
 
 class _NotReady:
     """Sentinel: "nothing now, ask again later". Never a real item."""
@@ -390,9 +392,11 @@ class LocalFuture:
 
 
 class LocalActor:
-    """In-process stand-in for a Ray actor: ``submit`` runs the method at once."""
+    """In-process stand-in for a Ray actor: ``submit`` runs the method at once.
+    ``timeout_s``: the longest a :class:`ParallelFlow` call may take (None: no limit)."""
 
     is_remote = False
+    timeout_s: Optional[float] = None
 
     def __init__(self, obj: Any, index: int = 0):
         self.obj, self.index = obj, index
@@ -408,9 +412,10 @@ class LocalActor:
 
 
 class RayActor:
-    """A Ray actor handle plus its index."""
+    """A Ray actor handle plus its index (``timeout_s`` as for :class:`LocalActor`)."""
 
     is_remote = True
+    timeout_s: Optional[float] = None
 
     def __init__(self, handle: Any, index: int = 0):
         self.handle, self.index = handle, index
@@ -422,16 +427,17 @@ class RayActor:
         return f"RayActor({self.index})"
 
 
-def get_result(fut: Any) -> Any:
+def get_result(fut: Any, timeout_s: Optional[float] = None) -> Any:
     """The value of a future from :meth:`LocalActor.submit` or :meth:`RayActor.submit`;
-    re-raises the actor's exception with its original type."""
+    re-raises the actor's exception with its original type (``ray.exceptions.GetTimeoutError``
+    after ``timeout_s``)."""
     if isinstance(fut, LocalFuture):
         if fut.error is not None:
             raise fut.error
         return fut.value
     import ray
     try:
-        return ray.get(fut)
+        return ray.get(fut, timeout=timeout_s)
     except ray.exceptions.RayTaskError as e:
         cause = e.cause if isinstance(getattr(e, "cause", None), Exception) else None
         if cause is None:
@@ -463,7 +469,9 @@ class ParallelFlow:
     the shard transforms, run on the actor through its ``apply_flow`` method.
 
     ``on_failure(actor, exc) -> bool`` decides what a failed shard call means: True = handled
-    (item dropped, the actor replaced), False = re-raise with a note naming the actor.
+    (item dropped, the actor replaced), False = re-raise with a note naming the actor. A call
+    not answered within the actor's ``timeout_s`` fails with :class:`SampleTimeout` (on the
+    local backend the driver's watchdog interrupts it).
     """
 
     def __init__(self, actors_fn: Callable[[], List[Any]], method: str, name: str,
@@ -486,8 +494,18 @@ class ParallelFlow:
     def _submit(self, actor):
         args = self.method_args + (self.args_fn(actor) if self.args_fn is not None else ())
         if self.transforms:
-            return actor.submit("apply_flow", self.method, self.transforms, *args)
-        return actor.submit(self.method, *args)
+            args, method = (self.method, self.transforms) + args, "apply_flow"
+        else:
+            method = self.method
+        if actor.timeout_s is None or actor.is_remote:
+            return actor.submit(method, *args)
+        with GUARD.sample_deadline(actor.timeout_s, f"rollout worker {actor.index}"):
+            return actor.submit(method, *args)
+
+    @staticmethod
+    def _timeout(actor) -> SampleTimeout:
+        return SampleTimeout(f"rollout worker {actor.index} did not answer a sample request within "
+                             f"runtime.sample_timeout_s={actor.timeout_s} s")
 
     def _failed(self, actor, exc: BaseException):
         if self.on_failure is not None and self.on_failure(actor, exc):
@@ -502,15 +520,18 @@ class ParallelFlow:
         round stale)."""
         def gen():
             nxt = None
+            def submit_all():
+                return [(a, self._submit(a), time.monotonic()) for a in self.actors_fn()]
             while True:
-                futs = nxt if nxt is not None else [(a, self._submit(a)) for a in self.actors_fn()]
+                futs = nxt if nxt is not None else submit_all()
                 got = []
-                for a, f in futs:
+                for a, f, t in futs:
                     try:
-                        got.append((a, get_result(f)))
+                        wait = None if a.timeout_s is None else max(0.0, t + a.timeout_s - time.monotonic())
+                        got.append((a, get_result(f, wait)))
                     except Exception as e:
-                        self._failed(a, e)
-                nxt = [(a, self._submit(a)) for a in self.actors_fn()] if prefetch else None
+                        self._failed(a, self._timeout(a) if isinstance(e, TimeoutError) and a.is_remote else e)
+                nxt = submit_all() if prefetch else None
                 if per_round:
                     yield got
                     continue
@@ -524,21 +545,34 @@ class ParallelFlow:
         ``ctx.current_actor`` to their source. NOT_READY after ``wait_s`` seconds of nothing."""
         def gen():
             inflight: Dict[Any, Any] = {}  # future -> actor
+            since: Dict[int, float] = {}   # id(actor) -> its last answer, or first request after none
 
             def refill():
                 actors = list(self.actors_fn())
                 per = collections.Counter(id(a) for a in inflight.values())
                 for a in actors:
+                    if not per[id(a)]:
+                        since[id(a)] = time.monotonic()
                     for _ in range(num_async - per[id(a)]):
                         inflight[self._submit(a)] = a
+
+            def stuck():  # remote actors silent for longer than their timeout_s
+                now = time.monotonic()
+                for a in {id(a): a for a in inflight.values()}.values():
+                    if a.timeout_s is not None and now - since.get(id(a), now) > a.timeout_s:
+                        for f in [f for f, b in inflight.items() if b is a]:
+                            del inflight[f]
+                        self._failed(a, self._timeout(a))
             while True:
                 refill()
+                stuck()
                 ready = wait_any(list(inflight.keys()), wait_s)
                 if not ready:
                     yield NOT_READY
                     continue
                 for f in ready:
                     a = inflight.pop(f)
+                    since[id(a)] = time.monotonic()
                     try:
                         x = get_result(f)
                     except Exception as e:

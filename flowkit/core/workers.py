@@ -176,7 +176,8 @@ class WorkerSet:
     ``local``: in-process RolloutWorkers behind the same call interface. Failed workers are
     rebuilt (``runtime.restart_failed_workers``) with the current weights and a seed that
     includes the restart count, at most ``runtime.max_worker_restarts`` consecutive times per
-    slot without a successful sample in between.
+    slot without a successful sample in between. A sample request not answered within
+    ``runtime.sample_timeout_s`` counts as a failure (start-up, the first ``ping``, excluded).
     """
 
     def __init__(self, config: Any, policy_specs: Dict[str, PolicySpec], pm: Any,
@@ -184,6 +185,7 @@ class WorkerSet:
         self.config, self.policy_specs, self.pm = config, policy_specs, pm
         self.backend = config.runtime.backend
         self.num_workers = max(1, int(config.runtime.num_workers))
+        self.sample_timeout_s = float(config.runtime.get("sample_timeout_s", 300.0))
         self.weights_fn = weights_fn
         self._actors: Optional[List[Any]] = None
         self.restart_counts = [0] * self.num_workers
@@ -206,14 +208,18 @@ class WorkerSet:
         rc = self.restart_counts[index]
         if self.backend == "local":
             w = RolloutWorker(self.config, index, self.num_workers, self.policy_specs, rc, pm=self.pm)
-            return LocalActor(w, index)
+            a: Any = LocalActor(w, index)
+            a.timeout_s = self.sample_timeout_s
+            return a
         import ray
         from omegaconf import OmegaConf
         if self._container is None:
             self._container = OmegaConf.to_container(self.config, resolve=True)
         cls = ray.remote(num_cpus=float(self.config.runtime.num_cpus_per_worker), max_restarts=0)(_RayRolloutWorker)
         h = cls.remote(self._container, index, self.num_workers, self.policy_specs, rc)
-        return RayActor(h, index)
+        a = RayActor(h, index)
+        a.timeout_s = self.sample_timeout_s
+        return a
 
     def _make_or_failed(self, index: int) -> Any:
         try:

@@ -1,0 +1,208 @@
+"""Run guards on the driver: signals, the watchdog and the run-folder lock.
+
+- SIGINT, SIGTERM and SIGHUP raise :class:`Interrupted` in the main thread (the current
+  iteration is abandoned; while the engine reports a row or writes a checkpoint the signal is
+  held until that is done). The engine then writes the final checkpoint and result.json with
+  ``stop_reason="interrupted (SIGTERM)"``; the CLI exits with 128 + the signal number.
+- A watchdog thread enforces deadlines the main thread cannot check itself because it is
+  blocked: a sample on the local backend (``runtime.sample_timeout_s``; the env is
+  interrupted with :class:`SampleTimeout`, an ordinary worker failure) and the hard end of
+  ``stop.time_s``. It delivers them as SIGALRM to the main thread, which interrupts a
+  sleeping or looping env as well as ``ray.get``.
+- :func:`check_cpus`: a local Ray cluster too small for the workers is a config error.
+- :func:`lock_run_dir`: one live run per ``run.dir``.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import sys
+import threading
+import time
+from typing import Any, Callable, Dict, Iterator, Optional
+
+SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+class Interrupted(KeyboardInterrupt):
+    """The run was told to stop now; ``reason`` becomes its ``stop_reason``."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+class SampleTimeout(TimeoutError):
+    """A rollout worker did not answer a sample request within ``runtime.sample_timeout_s``
+    (handled like a crashed worker: rebuilt)."""
+
+
+class Guard:
+    """Signal handlers and the watchdog of the run in progress (one per process: ``GUARD``)."""
+
+    def __init__(self) -> None:
+        self._prev: Dict[int, Any] = {}
+        self._shield = 0
+        self.pending: Optional[BaseException] = None    # held while shielded
+        self._deadlines: Dict[str, tuple] = {}          # name -> (monotonic time, make exception)
+        self._fired: Optional[tuple] = None             # (name, exception) for the SIGALRM handler
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+
+    @property
+    def active(self) -> bool:
+        return bool(self._prev)
+
+    @contextlib.contextmanager
+    def running(self) -> Iterator[None]:
+        """:meth:`install` for a run, :meth:`restore` after it (nested runs keep the outer's)."""
+        owner = not self.active
+        if owner:
+            self.install()
+        try:
+            yield
+        finally:
+            if owner:
+                self.restore()
+
+    def install(self) -> None:
+        """Take SIGINT/SIGTERM/SIGHUP/SIGALRM (again after ``ray.init``, which sets its own)
+        and start the watchdog. A no-op outside the main thread."""
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for name in SIGNALS + ("SIGALRM",):
+            sig = getattr(signal, name)
+            cur = signal.getsignal(sig)
+            if cur != self._handle:
+                self._prev.setdefault(sig, cur)
+                signal.signal(sig, self._handle)
+        if self._thread is None:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._watch, name="flowkit-watchdog", daemon=True)
+            self._thread.start()
+
+    def restore(self) -> None:
+        """Put back the handlers found by the first :meth:`install`; stop the watchdog."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        self._thread, self._deadlines, self.pending, self._fired = None, {}, None, None
+        for sig, h in self._prev.items():
+            signal.signal(sig, h if h is not None else signal.SIG_DFL)
+        self._prev = {}
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if signum == signal.SIGALRM:
+            fired, self._fired = self._fired, None
+            if fired is None or fired[0] == "sample" and "sample" not in self._deadlines:
+                return  # the sample answered meanwhile
+            self._deadlines.pop(fired[0], None)
+            exc = fired[1]
+        else:
+            exc = Interrupted(f"interrupted ({signal.Signals(signum).name})")
+        if isinstance(exc, SampleTimeout) or not self._shield:
+            raise exc
+        self.pending = self.pending or exc
+
+    @contextlib.contextmanager
+    def shielded(self) -> Iterator[None]:
+        """Hold signals (not sample timeouts) until the block ends: reporting a row, writing a
+        checkpoint. The caller raises :attr:`pending` at the next safe point."""
+        self._shield += 1
+        try:
+            yield
+        finally:
+            self._shield -= 1
+
+    # -- deadlines --
+    def set_deadline(self, name: str, seconds: Optional[float],
+                     make: Optional[Callable[[], BaseException]] = None) -> None:
+        """Raise ``make()`` in the main thread in ``seconds`` (None: cancel)."""
+        if seconds is None or make is None:
+            self._deadlines.pop(name, None)
+        elif self._thread is not None:
+            self._deadlines[name] = (time.monotonic() + seconds, make)
+
+    @contextlib.contextmanager
+    def sample_deadline(self, seconds: Optional[float], what: str) -> Iterator[None]:
+        """A local sample call: interrupted with :class:`SampleTimeout` after ``seconds``."""
+        self.set_deadline("sample", seconds, lambda: SampleTimeout(
+            f"{what} did not answer a sample request within runtime.sample_timeout_s={seconds} s"))
+        try:
+            yield
+        finally:
+            self._deadlines.pop("sample", None)
+
+    def _watch(self) -> None:
+        while not self._stop.wait(0.2):
+            now = time.monotonic()
+            for name, (t, make) in list(self._deadlines.items()):
+                if now >= t and self._fired is None:
+                    self._fired = (name, make())
+                    signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGALRM)
+
+
+GUARD = Guard()
+
+
+# ---- start-up and the run folder ----------------------------------------------------------------
+def check_cpus(cfg: Any) -> None:
+    """A local Ray cluster that cannot place every worker would wait forever: refuse it."""
+    from flowkit.config import ConfigError
+    rt = cfg.runtime
+    ray = sys.modules.get("ray")
+    if rt.backend != "ray" or rt.address or (ray is not None and ray.is_initialized()):
+        return  # the local backend, an attached cluster, or the caller's own Ray session
+    try:
+        from ray._private.utils import get_num_cpus
+        have = int(get_num_cpus())
+    except Exception:
+        have = os.cpu_count() or 1
+    n, per = max(1, int(rt.num_workers)), float(rt.num_cpus_per_worker)
+    if n * per > have:
+        raise ConfigError(f"runtime.num_workers={rt.num_workers} x runtime.num_cpus_per_worker={per:g} needs "
+                          f"{n * per:g} CPUs, this machine has {have}: lower runtime.num_workers or share CPUs "
+                          f"(runtime.num_cpus_per_worker={have / n:g})")
+
+
+def lock_run_dir(run_dir: str) -> Callable[[], None]:
+    """Create ``run_dir/.lock`` (``pid host``); return its release function.
+
+    Raises:
+        ConfigError: a live run holds it (same host, pid alive), or a run on another host,
+            whose liveness cannot be checked here (the message says which file to remove).
+    """
+    from flowkit.config import ConfigError
+    path = os.path.join(run_dir, ".lock")
+    me, host = os.getpid(), socket.gethostname()
+    try:
+        with open(path) as f:
+            pid_s, _, owner = f.read().strip().partition(" ")
+        pid = int(pid_s)
+    except (OSError, ValueError):
+        pid, owner = None, host
+    if pid is not None and pid != me:
+        if owner != host:
+            raise ConfigError(f"run.dir={run_dir!r} is locked by a run on host {owner!r} (pid {pid}); "
+                               f"remove {path} if that run is gone")
+        try:
+            os.kill(pid, 0)
+            raise ConfigError(f"run.dir={run_dir!r} is in use by a live run (pid {pid}); choose another "
+                               "run.dir or stop that run")
+        except ProcessLookupError:
+            pass  # stale: taken over
+        except PermissionError:
+            raise ConfigError(f"run.dir={run_dir!r} is in use by a live run (pid {pid}, another user)") from None
+    tmp = f"{path}.{me}"
+    with open(tmp, "w") as f:
+        f.write(f"{me} {host}\n")
+    os.replace(tmp, path)
+
+    def release() -> None:
+        with contextlib.suppress(OSError, ValueError):
+            with open(path) as f:
+                if int(f.read().split()[0]) == me:
+                    os.remove(path)
+    return release

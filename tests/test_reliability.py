@@ -1,0 +1,217 @@
+"""Issue 13: stuck workers, stop.time_s, signals, start-up, run-folder integrity, env API errors."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import flowkit
+from flowkit.checkpoint import load_state
+from flowkit.core import EnvError
+from flowkit.engine import find_checkpoint, read_metrics
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TINY = ["runtime.backend=local", "runtime.num_workers=1", "runtime.num_envs_per_worker=1",
+        "runtime.rollout_fragment_length=8", "ppo.minibatch_size=8", "ppo.num_epochs=1",
+        "run.reporters=[csv,checkpoint]"]
+FLOWKIT = [sys.executable, "-m", "flowkit.cli"]
+
+
+def _env():
+    return dict(os.environ, PYTHONUNBUFFERED="1",
+                PYTHONPATH=os.pathsep.join([HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
+
+
+# ---- 1. stuck workers and stop.time_s ------------------------------------------------------------
+def test_hung_env_local_is_restarted_after_sample_timeout(run_dir):
+    t0 = time.time()
+    res = flowkit.train(TINY + [f"run.dir={run_dir}", "env.factory=envs:hang", "runtime.sample_timeout_s=1",
+                                "stop.iterations=3"])
+    assert res.stop_reason == "stop.iterations=3 reached"
+    assert res.metrics["num_worker_restarts"] == 1 and time.time() - t0 < 20
+
+
+def test_hung_env_on_ray_is_restarted_within_the_timeout(run_dir, ray_session):
+    t0 = time.time()
+    res = flowkit.train([f"run.dir={run_dir}", "env.factory=envs:hang", "runtime.num_workers=1",
+                         "runtime.num_envs_per_worker=1", "runtime.rollout_fragment_length=8",
+                         "ppo.minibatch_size=8", "ppo.num_epochs=1", "run.reporters=[csv]",
+                         "runtime.sample_timeout_s=2", "stop.iterations=3"])
+    assert res.stop_reason == "stop.iterations=3 reached"
+    assert res.metrics["num_worker_restarts"] == 1 and time.time() - t0 < 2 + 30
+
+
+def test_hung_env_in_an_async_plan_on_ray_is_restarted(run_dir, ray_session):
+    """IMPALA keeps requests in flight (ray.wait): a worker silent for sample_timeout_s is rebuilt."""
+    res = flowkit.train([f"run.dir={run_dir}", "algo=impala", "env.factory=envs:hang", "runtime.num_workers=1",
+                         "runtime.num_envs_per_worker=1", "runtime.rollout_fragment_length=8",
+                         "impala.train_batch_size=16", "impala.minibatch_size=16", "run.reporters=[csv]",
+                         "runtime.sample_timeout_s=2", "stop.env_steps=40"])
+    assert res.stop_reason == "stop.env_steps=40 reached" and res.metrics["num_worker_restarts"] == 1
+
+
+def test_stop_time_s_ends_a_run_stuck_in_the_env_with_a_checkpoint(run_dir):
+    """The sample timeout is far away: the driver's stop.time_s watchdog abandons the iteration."""
+    t0 = time.time()
+    res = flowkit.train(TINY + [f"run.dir={run_dir}", "env.factory=envs:hang", "runtime.sample_timeout_s=100",
+                                "stop.time_s=1.5"])
+    assert time.time() - t0 < 10
+    assert res.stop_reason == "stop.time_s=1.5 reached (iteration abandoned)"
+    rows = read_metrics(os.path.join(run_dir, "metrics.csv"))
+    st = load_state(find_checkpoint(run_dir))
+    assert st["iteration"] == len(rows) == 1 and st["counters"]["env_steps_sampled"] == rows[-1]["env_steps_sampled"]
+
+
+def test_a_worker_hung_every_time_stops_the_run_with_a_consistent_crash_checkpoint(run_dir):
+    with pytest.raises(flowkit.core.flow.SampleTimeout, match=r"runtime.sample_timeout_s=0.5"):
+        flowkit.train(TINY + [f"run.dir={run_dir}", "env.factory=envs:hang", "env.kwargs={every_restart: true}",
+                              "runtime.sample_timeout_s=0.5", "runtime.max_worker_restarts=1", "stop.iterations=5"])
+    rows = read_metrics(os.path.join(run_dir, "metrics.csv"))
+    st = load_state(os.path.join(run_dir, "checkpoints", "crash", "state.pt"))
+    assert st["iteration"] == len(rows) == 1 and st["counters"]["env_steps_sampled"] == rows[-1]["env_steps_sampled"]
+
+
+# ---- 2. start-up -------------------------------------------------------------------------------
+def test_workers_that_do_not_fit_the_cpus_are_a_config_error():
+    out = subprocess.run(FLOWKIT + ["train", "--dry-run", "env=CartPole-v1", "runtime.num_workers=64"],
+                         capture_output=True, text=True, env=_env(), timeout=120)
+    assert out.returncode == 2, out.stderr
+    n = os.cpu_count()
+    assert out.stderr.strip().splitlines() == [
+        f"flowkit: config error: runtime.num_workers=64 x runtime.num_cpus_per_worker=1 needs 64 CPUs, this "
+        f"machine has {n}: lower runtime.num_workers or share CPUs (runtime.num_cpus_per_worker={n / 64:g})"]
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_during_start_up_ends_cleanly(tmp_path, sig, code):
+    marker = tmp_path / "building"  # the env is being built: the run has started
+    proc = subprocess.Popen(FLOWKIT + ["train", *TINY, f"run.dir={tmp_path / 'run'}", "env.factory=envs:slow",
+                                       f"env.kwargs={{init_s: 60, marker: '{marker}'}}"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    deadline = time.time() + 60
+    while not marker.exists() and time.time() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == code, err
+    assert "Traceback" not in err and f"stopped: interrupted ({sig.name})" in out
+
+
+def test_a_signal_while_importing_exits_with_its_status():
+    proc = subprocess.Popen(FLOWKIT + ["train", "env=CartPole-v1"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=_env())
+    time.sleep(1.5)  # the CLI has taken the signals; torch, Ray and the config are still loading
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "Traceback" not in err, err
+
+
+# ---- 3. signals ----------------------------------------------------------------------------------
+def _signal_after_first_row(args, run_dir, sig, timeout=120):
+    proc = subprocess.Popen(FLOWKIT + ["train", *args, f"run.dir={run_dir}", "stop.iterations=100000"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    csv_path, deadline = os.path.join(run_dir, "metrics.csv"), time.time() + timeout
+    while not (os.path.exists(csv_path) and read_metrics(csv_path)):
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else ""
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    return proc.returncode, out, err
+
+
+@pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=pytest.mark.slow)])  # ray: ~45 s
+def test_sigterm_saves_and_the_run_resumes(tmp_path, backend):
+    run_dir = str(tmp_path / "run")
+    args = [a for a in TINY if not a.startswith("runtime.backend")] + [
+        f"runtime.backend={backend}", "env.factory=envs:slow", "runtime.num_cpus_per_worker=0.5"]
+    rc, out, err = _signal_after_first_row(args, run_dir, signal.SIGTERM)
+    assert rc == 143, err
+    assert "Traceback" not in err and "stopped: interrupted (SIGTERM)" in out
+    summary = json.load(open(os.path.join(run_dir, "result.json")))
+    rows = read_metrics(os.path.join(run_dir, "metrics.csv"))
+    st = load_state(find_checkpoint(run_dir))
+    assert summary["stop_reason"] == "interrupted (SIGTERM)" and summary["iteration"] == rows[-1]["iteration"]
+    assert st["iteration"] == rows[-1]["iteration"]
+    assert st["counters"]["env_steps_sampled"] == rows[-1]["env_steps_sampled"]
+    assert not os.path.exists(os.path.join(run_dir, ".lock"))
+    res = flowkit.train([f"resume={run_dir}", f"stop.iterations={st['iteration'] + 1}", "runtime.backend=local"])
+    assert res.metrics["iteration"] == st["iteration"] + 1
+
+
+def test_sigint_exits_130_after_a_clean_save(tmp_path):
+    run_dir = str(tmp_path / "run")
+    rc, out, err = _signal_after_first_row(TINY + ["env.factory=envs:slow"], run_dir, signal.SIGINT)
+    assert rc == 130 and "Traceback" not in err, err
+    assert json.load(open(os.path.join(run_dir, "result.json")))["stop_reason"] == "interrupted (SIGINT)"
+    assert find_checkpoint(run_dir)
+
+
+def test_train_returns_the_signal_as_stop_reason_and_restores_handlers(run_dir):
+    class Term:
+        @flowkit.hookimpl
+        def flowkit_report(self, result):
+            if result["iteration"] == 2:
+                os.kill(os.getpid(), signal.SIGTERM)  # held until the row is reported
+
+    before = signal.getsignal(signal.SIGTERM)
+    res = flowkit.train(TINY + [f"run.dir={run_dir}", "env.factory=envs:FixedLenEnv", "stop.iterations=9"],
+                        plugins=[Term()])
+    assert res.stop_reason == "interrupted (SIGTERM)" and res.metrics["iteration"] == 2
+    assert os.path.basename(res.checkpoint) == "iter_000002"
+    assert signal.getsignal(signal.SIGTERM) is before
+
+
+# ---- 4. run-folder integrity ---------------------------------------------------------------------
+def test_a_live_run_holds_its_folder_and_a_stale_lock_is_taken_over(run_dir):
+    os.makedirs(run_dir)
+    args = TINY + [f"run.dir={run_dir}", "env.factory=envs:FixedLenEnv", "stop.iterations=1"]
+    sleeper = subprocess.Popen(["sleep", "60"])
+    try:
+        with open(os.path.join(run_dir, ".lock"), "w") as f:
+            f.write(f"{sleeper.pid} {os.uname().nodename}\n")
+        with pytest.raises(flowkit.ConfigError, match=rf"is in use by a live run \(pid {sleeper.pid}\)"):
+            flowkit.train(args)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    assert flowkit.train(args).stop_reason == "stop.iterations=1 reached"  # stale now: taken over
+    assert not os.path.exists(os.path.join(run_dir, ".lock"))
+
+
+def test_a_failed_resume_leaves_the_run_folder_as_it_was(run_dir):
+    flowkit.train(TINY + [f"run.dir={run_dir}", "env.factory=envs:FixedLenEnv", "stop.iterations=1"])
+    before = {n: open(os.path.join(run_dir, n), "rb").read() for n in ("config.yaml", "metrics.csv")}
+    with pytest.raises(Exception):
+        flowkit.train([f"resume={run_dir}", "model.hidden_sizes=[7]", "stop.iterations=2"])
+    assert {n: open(os.path.join(run_dir, n), "rb").read() for n in before} == before
+
+
+def test_a_failed_final_checkpoint_still_writes_result_json(run_dir, monkeypatch):
+    import errno
+
+    import flowkit.checkpoint as ck
+
+    def full(*a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(ck.torch, "save", full)
+    with pytest.raises(OSError, match=r"cannot write checkpoint '.*checkpoints/iter_000001'"):
+        flowkit.train(TINY + [f"run.dir={run_dir}", "env.factory=envs:FixedLenEnv", "stop.iterations=1"])
+    summary = json.load(open(os.path.join(run_dir, "result.json")))
+    assert summary["stop_reason"] == "stop.iterations=1 reached" and "No space left" in summary["error"]
+
+
+# ---- 5. env API errors are permanent ---------------------------------------------------------------
+@pytest.mark.parametrize("mode,message", [
+    ("none_reward", r"returned a bad value from step\(\): at `step\(\)` expected a tuple \(obs, reward, "
+                    r"terminated, truncated, info\) with a float reward"),
+    ("old_reset", r"returned a bad value from reset\(\): at `reset\(\)` expected a tuple \(obs, info\)"),
+    ("late_shape", r"the outputs of step\(\) cannot be batched .*expected observations in Box"),
+])
+def test_env_api_errors_stop_at_once(run_dir, mode, message):
+    with pytest.raises(EnvError, match=message) as e:
+        flowkit.train(TINY + [f"run.dir={run_dir}", "env.factory=envs:BadApiEnv", f"env.kwargs={{mode: {mode}}}",
+                              "env.check_spaces_steps=2", "stop.iterations=3"])
+    assert "BadApiEnv" in str(e.value) and not any("rebuilding" in n for n in getattr(e.value, "__notes__", []))
