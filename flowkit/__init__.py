@@ -7,7 +7,7 @@ Quick use::
     algo = flowkit.Algorithm.from_checkpoint(result.run_dir)
     action = algo.compute_actions(obs, explore=False)
 """
-from flowkit.config import ConfigError
+from flowkit.config import ConfigError  # noqa: I001 - wrapped by hand (ruff: one name per line)
 from flowkit.core import (NOT_READY, ActorCriticPolicy, Algorithm, DEFAULT_POLICY_ID, EnvContext, EnvError, Episode,
                           Flow, FlowContext, MultiAgentBatch, ParallelFlow, Policy, PolicySpec, SampleBatch)
 from flowkit.engine import Result, RunContext, describe_plan, load_config, train

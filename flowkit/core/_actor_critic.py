@@ -33,6 +33,7 @@ class ActorCriticPolicy(Policy):
 
     store_values = True
     twin = True
+    model: ActorCritic
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import os
 import queue
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
@@ -267,8 +268,8 @@ class Learner:
         if self.error is not None:
             e = self.error
             note = f"[flowkit] raised in the learner thread ({self.name}-learner)"
-            if note not in getattr(e, "__notes__", []):
-                e.add_note(note)
+            if sys.version_info >= (3, 11) and note not in getattr(e, "__notes__", []):
+                e.add_note(note)  # Python 3.10 has no exception notes
             raise e  # the same object: its traceback from the learner thread is kept
         t = self._thread
         if t is not None and not t.is_alive() and not self._stop_event.is_set():

@@ -46,7 +46,7 @@ class Storage:
         if int(capacity) < 1:
             raise ValueError(f"replay capacity must be >= 1, got {capacity}")
         self.capacity = int(capacity)
-        self.cols: Optional[Dict[str, np.ndarray]] = None
+        self.cols: Dict[str, np.ndarray] = {}  # empty until the first batch
         self.next_idx = 0
         self.size = 0
         self.num_added = 0
@@ -59,7 +59,7 @@ class Storage:
         n = len(batch)
         if n == 0:
             return np.zeros(0, np.int64)
-        if self.cols is None:
+        if not self.cols:
             self.cols = {k: np.zeros((self.capacity, *np.shape(v)[1:]), np.asarray(v).dtype)
                          for k, v in batch.items()}
         elif set(batch.keys()) != set(self.cols):
@@ -82,13 +82,13 @@ class Storage:
     def get_state(self, include_replay: bool = True) -> Dict[str, Any]:
         st: Dict[str, Any] = {"next_idx": self.next_idx, "size": self.size, "num_added": self.num_added,
                               "capacity": self.capacity, "has_data": include_replay}
-        if include_replay and self.cols is not None:
+        if include_replay and self.cols:
             st["cols"] = {k: v[:self.size].copy() for k, v in self.cols.items()}
         return st
 
     def set_state(self, st: Dict[str, Any]) -> None:
         if not st.get("has_data", True):
-            self.cols, self.next_idx, self.size = None, 0, 0
+            self.cols, self.next_idx, self.size = {}, 0, 0
             self.num_added = int(st["num_added"])
             return
         cols = st.get("cols")
@@ -438,7 +438,7 @@ class ReplayShards:
         if int(num_shards) < 1:
             raise ValueError(f"ReplayShards: num_shards must be >= 1, got {num_shards}")
         self.backend, self.num_shards = backend, int(num_shards)
-        self.kw = dict(capacity=max(1, int(capacity) // self.num_shards), batch_size=int(batch_size),
+        self.kw: Dict[str, Any] = dict(capacity=max(1, int(capacity) // self.num_shards), batch_size=int(batch_size),
                        learning_starts=int(learning_starts) // self.num_shards, prioritized=bool(prioritized),
                        alpha=alpha, beta=beta, eps=eps)
         self.seed = int(seed)
@@ -448,13 +448,11 @@ class ReplayShards:
 
     @property
     def actors(self) -> List[Any]:
-        if self._actors is None:
-            self._start()
-        return list(self._actors)
+        return list(self._actors if self._actors is not None else self._start())
 
-    def _start(self) -> None:
+    def _start(self) -> List[Any]:
         from flowkit.core._envs import derive_seed
-        out = []
+        out: List[Any] = []
         for i in range(self.num_shards):
             args = dict(self.kw, index=i, seed=derive_seed(self.seed, "replay_shard", i))
             if self.backend == "local":
@@ -470,6 +468,7 @@ class ReplayShards:
             for a, st in zip(out, self._pending):
                 get_result(a.submit("set_state", st))
             self._pending = None
+        return out
 
     def get_state(self, include_replay: bool = True) -> Dict[str, Any]:
         if self._actors is None:
