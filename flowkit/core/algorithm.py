@@ -36,8 +36,8 @@ class Algorithm:
 
     def __init__(self, run_config: Any, config: Any = None):
         from flowkit.config import section_view
-        self.run_config = run_config
-        self.config = config if config is not None else (
+        self.run_config: Any = run_config
+        self.config: Any = config if config is not None else (
             section_view(run_config, self.name) if self.name in run_config else None)
         self.policies: Dict[str, Any] = {}
 

@@ -41,16 +41,9 @@ if TYPE_CHECKING:
 def weights_versions(b: sb.MultiAgentBatch) -> List[int]:
     """The weights version of every worker fragment in ``b`` (``meta["weights_version"]``
     is an int for one fragment and a (nested) list once batches were concatenated)."""
-    out: List[int] = []
-
-    def walk(v: Any) -> None:
-        if isinstance(v, (list, tuple)):
-            for x in v:
-                walk(x)
-        elif v is not None:
-            out.append(int(v))
-    walk(b.meta.get("weights_version"))
-    return out
+    def flat(v: Any) -> List[int]:
+        return [x for y in v for x in flat(y)] if isinstance(v, (list, tuple)) else [] if v is None else [int(v)]
+    return flat(b.meta.get("weights_version"))
 
 
 class Learner:

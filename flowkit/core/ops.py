@@ -127,13 +127,8 @@ class StandardizeFields:
         self.name = f"StandardizeFields({self.fields})"
 
     def __call__(self, b: sb.MultiAgentBatch) -> sb.MultiAgentBatch:
-        out = {}
-        for pid, pb in b.policy_batches.items():
-            nb = sb.SampleBatch(pb)
-            for f in self.fields:
-                if f in nb:
-                    nb[f] = standardize(nb[f])
-            out[pid] = nb
+        out = {pid: sb.SampleBatch({**pb, **{f: standardize(pb[f]) for f in self.fields if f in pb}})
+               for pid, pb in b.policy_batches.items()}
         return sb.MultiAgentBatch(out, b.env_steps, b.agent_steps, b.episodes, b.worker_index, b.meta)
 
 
@@ -384,10 +379,6 @@ def Concurrently(flows: Sequence[Flow], mode: str = "round_robin",
     return Flow(gen, name, [tagged], flows[0].ctx)
 
 
-def _mean(xs: List[float]) -> float:
-    return float(np.mean(xs)) if xs else float("nan")
-
-
 def StandardMetricsReporting(train_flow: Flow, ctx: "RunContext") -> Flow:
     """Turn a flow of train steps into one flat result dict per iteration.
 
@@ -401,10 +392,8 @@ def StandardMetricsReporting(train_flow: Flow, ctx: "RunContext") -> Flow:
     run = ctx.config.run
 
     def gen():
-        t_iter = time.perf_counter()
-        steps_at_iter = ctx.counters["env_steps_sampled"]
-        trained_at_iter = ctx.counters["env_steps_trained"]
-        n_items = 0
+        t_iter, n_items = time.perf_counter(), 0
+        steps_at_iter, trained_at_iter = ctx.counters["env_steps_sampled"], ctx.counters["env_steps_trained"]
         for x in train_flow:
             if x is NOT_READY:
                 yield x
@@ -415,10 +404,8 @@ def StandardMetricsReporting(train_flow: Flow, ctx: "RunContext") -> Flow:
             if (now - t_iter) < float(run.min_iter_time_s) or \
                     (sampled - steps_at_iter) < int(run.min_iter_env_steps):
                 continue
-            dt = now - t_iter
-            res = ctx.make_result(dt, sampled - steps_at_iter,
-                                  ctx.counters["env_steps_trained"] - trained_at_iter, n_items)
-            t_iter, steps_at_iter, n_items = now, sampled, 0
-            trained_at_iter = ctx.counters["env_steps_trained"]
+            trained = ctx.counters["env_steps_trained"]
+            res = ctx.make_result(now - t_iter, sampled - steps_at_iter, trained - trained_at_iter, n_items)
+            t_iter, steps_at_iter, trained_at_iter, n_items = now, sampled, trained, 0
             yield res
     return Flow(gen, "StandardMetricsReporting", [train_flow], ctx)
