@@ -190,8 +190,7 @@ class EnvConfig:
     vectorization: str = F("auto", "auto: the env's own vectorized implementation when it registers one "
                            "(e.g. CartPole), else sync; sync: always a SyncVectorEnv of single envs",
                            choices=("auto", "sync"))
-    check_spaces_steps: int = F(2, "env steps per worker whose outputs are checked against the spaces "
-                                    "(0: none)", ge=0)
+    check_spaces_steps: int = F(2, "env steps per worker whose outputs are checked against the spaces (0: none)", ge=0)
 
 
 @dataclass
@@ -253,10 +252,8 @@ class CheckpointConfig:
 @dataclass
 class RunConfig:
     dir: Optional[str] = F(None, "run folder; default runs/<algo>-<env>-<timestamp>")
-    min_iter_time_s: float = F(0.0, "merge train steps into one reported iteration until this much time passed",
-                               ge=0)
-    min_iter_env_steps: int = F(0, "merge train steps into one reported iteration until this many env steps",
-                                 ge=0)
+    min_iter_time_s: float = F(0.0, "merge train steps into one reported iteration until this much time passed", ge=0)
+    min_iter_env_steps: int = F(0, "merge train steps into one reported iteration until this many env steps", ge=0)
     reporters: List[str] = F(help="reporters of the run, called in this order (built-in: progress, csv, plot, "
                                   "checkpoint, evaluation, tensorboard, timing; plugins add more)",
                              factory=lambda: ["progress", "csv", "plot", "checkpoint", "evaluation"])
@@ -514,8 +511,7 @@ def plugin_modules_from(user: Any, config_file: Optional[str] = None) -> List[st
     for src in ([_load_yaml(config_file)] if config_file else []) + [_as_source(user)[0]]:
         given = src.get("plugins")
         if given is not None and (not isinstance(given, (list, tuple)) or not all(isinstance(m, str) for m in given)):
-            raise ConfigError(f"`plugins` must be a list of module paths, e.g. plugins=[my_pkg.plugin], "
-                              f"got {given!r}")
+            raise ConfigError(f"`plugins` must be a list of module paths, e.g. plugins=[my_pkg.plugin], got {given!r}")
         mods += list(given or [])
     return mods
 

@@ -72,8 +72,7 @@ def flaky_env(context: EnvContext, fail: Optional[str] = None, worker: int = 1, 
     """Env factory of case C12: a :class:`FlakyEnv` armed only in worker ``worker``, sub-env
     ``sub_env``, and only while ``context.restart_count == 0`` (``fail="always"`` fails
     everywhere, whatever the restart count)."""
-    armed = (context.worker_index == worker and context.vector_index == sub_env
-             and context.restart_count == 0)
+    armed = (context.worker_index == worker and context.vector_index == sub_env and context.restart_count == 0)
     return FlakyEnv(fail, armed, at, length, message)
 
 
@@ -92,8 +91,7 @@ class KillWorkers:
             (lost with the process).
     """
 
-    def __init__(self, every_env_steps: int, worker_index: Optional[int] = None,
-                 max_kills: Optional[int] = None):
+    def __init__(self, every_env_steps: int, worker_index: Optional[int] = None, max_kills: Optional[int] = None):
         self.every, self.worker_index, self.max_kills = int(every_env_steps), worker_index, max_kills
         self.next_mark = self.every
         self.kills: List[tuple] = []

@@ -158,8 +158,7 @@ class MultiAgentBatch:
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> "MultiAgentBatch":
         """The batch :meth:`to_dict` described."""
-        pbs = {p: SampleBatch({k: np.asarray(v) for k, v in cols.items()})
-               for p, cols in d["policy_batches"].items()}
+        pbs = {p: SampleBatch({k: np.asarray(v) for k, v in cols.items()}) for p, cols in d["policy_batches"].items()}
         return MultiAgentBatch(pbs, d["env_steps"], d["agent_steps"], d["episodes"], d["worker_index"], d["meta"])
 
     def __repr__(self) -> str:
@@ -174,8 +173,7 @@ class MultiAgentBatch:
         pids: List[str] = []
         for b in batches:
             pids += [p for p in b.policy_batches if p not in pids]
-        merged = {p: concat_samples(b.policy_batches[p] for b in batches if p in b.policy_batches)
-                  for p in pids}
+        merged = {p: concat_samples(b.policy_batches[p] for b in batches if p in b.policy_batches) for p in pids}
         eps = [e for b in batches for e in b.episodes]
         meta: dict = {}
         for b in batches:

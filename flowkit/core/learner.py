@@ -88,8 +88,7 @@ class Learner:
         self.inqueue: "queue.Queue[sb.MultiAgentBatch]" = queue.Queue(maxsize=2)
         self.outqueue: "queue.Queue[Dict[str, Any]]" = queue.Queue(maxsize=64)
 
-    def configure(self, num_epochs: int = 1, minibatch_size: Optional[int] = None,
-                  contiguous: bool = False) -> None:
+    def configure(self, num_epochs: int = 1, minibatch_size: Optional[int] = None, contiguous: bool = False) -> None:
         """Set the update loop (see the class docstring)."""
         if int(num_epochs) < 1:
             raise ValueError(f"Learner {self.name}: num_epochs must be >= 1, got {num_epochs}")

@@ -169,8 +169,7 @@ class TrainOneStep:
             out = self.learner.update(b)
         return self.record(out)
 
-    def in_thread(self, flow: Flow, queue_size: int = 2, wait_s: float = 0.01,
-                  result_wait_s: float = 0.005) -> Flow:
+    def in_thread(self, flow: Flow, queue_size: int = 2, wait_s: float = 0.01, result_wait_s: float = 0.005) -> Flow:
         """Train in the learner's thread: one branch puts the batches of ``flow`` into its
         in-queue (at most ``queue_size`` waiting; when full the batch is kept, the branch
         blocks ``wait_s`` s and yields NOT_READY: back-pressure), the other takes its results
@@ -274,8 +273,7 @@ class SyncWeights:
         if sent is not None and sent[0] is actor and sent[1] == version:
             return  # it has these weights already
         with self.ctx.timers["sync_weights"]:
-            self.ctx.workers.sync_weights(w, actors=[actor], version=version,
-                                          with_next_sample=self.with_next_sample)
+            self.ctx.workers.sync_weights(w, actors=[actor], version=version, with_next_sample=self.with_next_sample)
         self.sent[i] = (actor, version)
         self.ctx.counters["num_weight_pushes"] += 1
 
@@ -401,8 +399,7 @@ def StandardMetricsReporting(train_flow: Flow, ctx: "RunContext") -> Flow:
             n_items += 1
             now = time.perf_counter()
             sampled = ctx.counters["env_steps_sampled"]
-            if (now - t_iter) < float(run.min_iter_time_s) or \
-                    (sampled - steps_at_iter) < int(run.min_iter_env_steps):
+            if (now - t_iter) < float(run.min_iter_time_s) or (sampled - steps_at_iter) < int(run.min_iter_env_steps):
                 continue
             trained = ctx.counters["env_steps_trained"]
             res = ctx.make_result(now - t_iter, sampled - steps_at_iter, trained - trained_at_iter, n_items)

@@ -60,8 +60,7 @@ class Storage:
         if n == 0:
             return np.zeros(0, np.int64)
         if not self.cols:
-            self.cols = {k: np.zeros((self.capacity, *np.shape(v)[1:]), np.asarray(v).dtype)
-                         for k, v in batch.items()}
+            self.cols = {k: np.zeros((self.capacity, *np.shape(v)[1:]), np.asarray(v).dtype) for k, v in batch.items()}
         elif set(batch.keys()) != set(self.cols):
             raise ValueError(f"replay buffer: batch columns {sorted(batch.keys())} differ from the "
                              f"stored columns {sorted(self.cols)}")
@@ -263,8 +262,7 @@ class ReplayBuffer:
         self.sampler.update(idx, td_error)
 
     def get_state(self, include_replay: bool = True) -> Dict[str, Any]:
-        return {"storage": self.storage.get_state(include_replay),
-                "sampler": self.sampler.get_state(include_replay)}
+        return {"storage": self.storage.get_state(include_replay), "sampler": self.sampler.get_state(include_replay)}
 
     def set_state(self, st: Dict[str, Any]) -> None:
         self.storage.set_state(st["storage"])
