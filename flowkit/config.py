@@ -68,12 +68,9 @@ class Allowed:
         hi = ("<", self.lt) if self.lt is not None else ("<=", self.le) if self.le is not None else None
         if lo and hi:
             text = f"in {'(' if lo[0] == '>' else '['}{_num(lo[1])}, {_num(hi[1])}{')' if hi[0] == '<' else ']'}"
-        elif lo is not None:
-            text = f"{lo[0]} {_num(lo[1])}"
-        elif hi is not None:
-            text = f"{hi[0]} {_num(hi[1])}"
         else:
-            text = ""
+            one = lo or hi
+            text = f"{one[0]} {_num(one[1])}" if one else ""
         if self.pattern is not None:
             return f"matching {self.pattern}"
         if is_float and self.finite and say_finite and not (lo and hi):

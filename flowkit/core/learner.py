@@ -356,9 +356,8 @@ class PerfMonitor:
         used = {p: (c - c0) / dt for p, c in cpu.items() if c is not None and (c0 := self._cpu.get(p)) is not None}
         if me in used:
             m["perf/cpu_util_driver"] = used.pop(me)
-        ws = list(used.values())
-        if ws:
-            m["perf/cpu_util_workers"] = float(np.mean(ws))
+        if used:
+            m["perf/cpu_util_workers"] = float(np.mean(list(used.values())))
         if lr is not None:
             busy, trained = lr.busy_s, lr.env_steps_trained
             k = "perf/learner" if len(getattr(self.ctx, "learners", ())) <= 1 else f"perf/{lr.name}/learner"

@@ -21,6 +21,7 @@ Operators (dataflow, after RLlib Flow, arXiv 2011.12719, figure 6):
 """
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
@@ -469,10 +470,8 @@ class ReplayShards:
         return out
 
     def get_state(self, include_replay: bool = True) -> Dict[str, Any]:
-        if self._actors is None:
-            shards = self._pending or []
-        else:
-            shards = [get_result(a.submit("get_state", include_replay)) for a in self._actors]
+        shards = ((self._pending or []) if self._actors is None
+                  else [get_result(a.submit("get_state", include_replay)) for a in self._actors])
         return {"shards": shards, "next_shard": self.next_shard}
 
     def set_state(self, st: Dict[str, Any]) -> None:
@@ -494,10 +493,8 @@ class ReplayShards:
         for a in self._actors:
             if a.is_remote:
                 import ray
-                try:
+                with contextlib.suppress(Exception):
                     ray.kill(a.handle)
-                except Exception:
-                    pass
         self._actors = None
 
 
