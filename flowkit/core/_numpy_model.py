@@ -41,9 +41,8 @@ class NumpyActorCritic:
 
     @classmethod
     def build(cls, model: "ActorCritic", dist: "ActionDist", activation: str) -> Optional["NumpyActorCritic"]:
-        if type(model) is not ActorCritic or dist.kind not in ("cat", "gauss", "gauss_unbounded"):
-            return None
-        if activation not in _NP_ACT or any(p.device.type != "cpu" for p in model.parameters()):
+        if (type(model) is not ActorCritic or dist.kind not in ("cat", "gauss", "gauss_unbounded")
+                or activation not in _NP_ACT or any(p.device.type != "cpu" for p in model.parameters())):
             return None
         if model.twin is not None:
             if type(model.twin) is not TwinMLP or model.twin.act is not _ACT_FN[activation]:

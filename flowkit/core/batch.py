@@ -170,9 +170,7 @@ class MultiAgentBatch:
         """Merge batches: per-policy rows concatenated, steps and episodes summed."""
         if len(batches) == 1:
             return batches[0]
-        pids: List[str] = []
-        for b in batches:
-            pids += [p for p in b.policy_batches if p not in pids]
+        pids = list(dict.fromkeys(p for b in batches for p in b.policy_batches))
         merged = {p: concat_samples(b.policy_batches[p] for b in batches if p in b.policy_batches) for p in pids}
         eps = [e for b in batches for e in b.episodes]
         meta: dict = {}

@@ -113,8 +113,7 @@ class Learner:
                 steps += n
                 agent_steps += len(pb)
                 if lag:
-                    st["policy_lag_mean"] = float(np.mean(lag))
-                    st["policy_lag_max"] = float(np.max(lag))
+                    st.update(policy_lag_mean=float(np.mean(lag)), policy_lag_max=float(np.max(lag)))
                 stats[pid] = st
             self.num_updates += steps
             self.env_steps_trained += b.env_steps

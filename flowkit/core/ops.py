@@ -67,10 +67,7 @@ def ParallelRollouts(ctx: "RunContext", mode: str = "bulk_sync", num_async: Opti
 
         def agen():
             for b in src:
-                if b is NOT_READY:
-                    yield b
-                    continue
-                yield account(ctx.current_actor, b)
+                yield b if b is NOT_READY else account(ctx.current_actor, b)
         return Flow(agen, f"ParallelRollouts(async, num_async={num_async})", [src], ctx)
     raise ValueError(f"ParallelRollouts: mode must be bulk_sync or async, got {mode!r}")
 
@@ -242,10 +239,9 @@ class SyncWeights:
         if self.to == "all":
             self.count += 1
             now = self.count if self.unit == "batches" else trained
-            if self.every and now - self.last_all < self.every:
-                return item
-            self.last_all = now
-            self._send(None)
+            if not self.every or now - self.last_all >= self.every:
+                self.last_all = now
+                self._send(None)
             return item
         actor = item[0]
         i = getattr(actor, "index", -1)
@@ -327,11 +323,10 @@ class UpdatePriorities:
             pb = res["batch"].policy_batches[pid]
             if td is not None and sb.BATCH_INDEXES in pb:
                 prios[pid] = (np.asarray(pb[sb.BATCH_INDEXES]), np.asarray(td))
-        if prios:
-            if shard is not None:
-                shard.submit("update_priorities", prios)  # fire and forget; ordered per actor
-            else:
-                self.buffer.update_priorities(prios)
+        if prios and shard is not None:
+            shard.submit("update_priorities", prios)  # fire and forget; ordered per actor
+        elif prios:
+            self.buffer.update_priorities(prios)
         return item
 
 
@@ -367,12 +362,7 @@ def Concurrently(flows: Sequence[Flow], mode: str = "round_robin",
 
     def gen():
         for x in tagged:
-            if x is NOT_READY:
-                yield x
-            elif keep is None or x[0] in keep:
-                yield x[1]
-            else:
-                yield NOT_READY
+            yield NOT_READY if x is NOT_READY or (keep is not None and x[0] not in keep) else x[1]
     name = f"Concurrently({mode}" + (f", output_indexes={sorted(keep)}" if keep is not None else "") + ")"
     return Flow(gen, name, [tagged], flows[0].ctx)
 

@@ -314,9 +314,7 @@ class MultiAgentReplayBuffer:
         """``n`` rows from each policy buffer that holds at least ``n`` (None if none does);
         ``env_steps`` of the result is ``n``."""
         out = {pid: b.sample(n) for pid, b in self.buffers.items() if len(b) >= n}
-        if not out:
-            return None
-        return sb.MultiAgentBatch(out, env_steps=n)
+        return sb.MultiAgentBatch(out, env_steps=n) if out else None
 
     def update_priorities(self, prios: Dict[str, Tuple[np.ndarray, np.ndarray]]) -> None:
         """``{policy_id: (batch_indexes int64[B], td_error float32[B])}``."""
