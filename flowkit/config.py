@@ -86,9 +86,8 @@ class Allowed:
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             if isinstance(v, float) and math.isnan(v):
                 return not self.finite and self.gt is self.ge is self.lt is self.le is None
-            if is_float and self.finite and not math.isfinite(v):
-                return False
-            if not is_float and not INT64_MIN <= v <= INT64_MAX:
+            if ((is_float and self.finite and not math.isfinite(v))
+                    or (not is_float and not INT64_MIN <= v <= INT64_MAX)):
                 return False
             return ((self.gt is None or v > self.gt) and (self.ge is None or v >= self.ge)
                     and (self.lt is None or v < self.lt) and (self.le is None or v <= self.le))

@@ -88,8 +88,7 @@ class Storage:
 
     def set_state(self, st: Dict[str, Any]) -> None:
         if not st.get("has_data", True):
-            self.cols, self.next_idx, self.size = {}, 0, 0
-            self.num_added = int(st["num_added"])
+            self.cols, self.next_idx, self.size, self.num_added = {}, 0, 0, int(st["num_added"])
             return
         cols = st.get("cols")
         if cols is not None:
@@ -225,10 +224,7 @@ class PrioritizedSampler:
     def set_state(self, st: Dict[str, Any]) -> None:
         self.rng.bit_generator.state = st["rng"]
         self.max_priority = float(st["max_priority"])
-        if "sum" in st:
-            self.sum.t[:], self.min.t[:] = st["sum"], st["min"]
-        else:
-            self.sum.t[:], self.min.t[:] = 0.0, np.inf
+        self.sum.t[:], self.min.t[:] = (st["sum"], st["min"]) if "sum" in st else (0.0, np.inf)
 
 
 # ---- buffers ----------------------------------------------------------------------------------
