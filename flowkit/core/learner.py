@@ -166,9 +166,8 @@ class Learner:
         for p in params:
             p.grad = None
         loss.backward()
-        g = torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=p.dtype,
-                                                                                device=p.device)
-                       for p in params])
+        g = torch.cat([p.grad.reshape(-1) if p.grad is not None
+                       else torch.zeros(p.numel(), dtype=p.dtype, device=p.device) for p in params])
         norm = None
         if max_grad_norm:
             n = torch.linalg.vector_norm(g)
