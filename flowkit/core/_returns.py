@@ -101,10 +101,7 @@ def vtrace(log_rhos: np.ndarray, rewards: np.ndarray, values: np.ndarray, next_v
     rhos = np.exp(np.asarray(log_rhos, np.float64))
     clipped_rhos = np.minimum(clip_rho_threshold, rhos)
     cs = vtrace_lambda * np.minimum(clip_c_threshold, rhos)
-    r = np.asarray(rewards, np.float64)
-    v = np.asarray(values, np.float64)
-    nv = np.asarray(next_values, np.float64)
-    cont = np.asarray(nextnonterminal, np.float64)
+    r, v, nv, cont = (np.asarray(x, np.float64) for x in (rewards, values, next_values, nextnonterminal))
     deltas = clipped_rhos * (r + gamma * nv - v)
     n = len(r)
     vs_minus_v = [0.0] * n
