@@ -313,9 +313,7 @@ class PerfMonitor:
         self._t: Optional[float] = None
         self._cpu: Dict[int, Optional[float]] = {}
         self._pids: Optional[List[int]] = None
-        self._restarts = 0
-        self._busy = 0.0
-        self._trained = 0
+        self._restarts, self._busy, self._trained = 0, 0.0, 0
         self._qsizes: List[int] = []
 
     def _worker_pids(self) -> List[int]:

@@ -48,9 +48,7 @@ class Storage:
             raise ValueError(f"replay capacity must be >= 1, got {capacity}")
         self.capacity = int(capacity)
         self.cols: Dict[str, np.ndarray] = {}  # empty until the first batch
-        self.next_idx = 0
-        self.size = 0
-        self.num_added = 0
+        self.next_idx = self.size = self.num_added = 0
 
     def __len__(self) -> int:
         return self.size
@@ -389,8 +387,7 @@ class ReplayShard:
 
     def __init__(self, index: int, capacity: int, batch_size: int, learning_starts: int,
                  prioritized: bool, alpha: float, beta: float, eps: float, seed: int):
-        self.index = index
-        self.batch_size, self.learning_starts = int(batch_size), int(learning_starts)
+        self.index, self.batch_size, self.learning_starts = index, int(batch_size), int(learning_starts)
         self.buffer = MultiAgentReplayBuffer(capacity, prioritized, alpha, beta, eps, seed)
 
     def add(self, batch: sb.MultiAgentBatch) -> int:
