@@ -11,20 +11,35 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from flowkit.config import ConfigError
-    from flowkit.core import (NOT_READY, ActorCriticPolicy, Algorithm, DEFAULT_POLICY_ID, EnvContext, EnvError,
-                              Episode, Flow, FlowContext, MultiAgentBatch, ParallelFlow, Policy, PolicySpec,
-                              SampleBatch)
-    from flowkit.engine import Result, RunContext, describe_plan, load_config, train
+    from flowkit.core import (
+        DEFAULT_POLICY_ID,
+        NOT_READY,
+        ActorCriticPolicy,
+        Algorithm,
+        EnvContext,
+        EnvError,
+        Episode,
+        Flow,
+        FlowContext,
+        MultiAgentBatch,
+        ParallelFlow,
+        Policy,
+        PolicySpec,
+        SampleBatch,
+    )
+    from flowkit.core.context import RunContext
+    from flowkit.core.learner import Learner
+    from flowkit.engine import Result, describe_plan, load_config, train
     from flowkit.hooks import PluginError, get_plugin_manager, hookimpl, register, unregister
 
 __version__ = "0.1.0"
 
 __all__ = ["ActorCriticPolicy", "Algorithm", "ConfigError", "DEFAULT_POLICY_ID", "EnvContext", "EnvError", "Episode", "Flow",
-           "FlowContext", "MultiAgentBatch", "NOT_READY", "ParallelFlow", "PluginError", "Policy",
+           "FlowContext", "Learner", "MultiAgentBatch", "NOT_READY", "ParallelFlow", "PluginError", "Policy",
            "PolicySpec", "Result", "RunContext", "SampleBatch", "describe_plan", "get_plugin_manager",
            "hookimpl", "load_config", "register", "train", "unregister", "__version__"]
 
-_HOME = {"ConfigError": "config", "Result": "engine", "RunContext": "engine", "describe_plan": "engine",
+_HOME = {"ConfigError": "config", "Result": "engine", "RunContext": "core.context", "Learner": "core.learner", "describe_plan": "engine",
          "load_config": "engine", "train": "engine", "PluginError": "hooks", "get_plugin_manager": "hooks",
          "hookimpl": "hooks", "register": "hooks", "unregister": "hooks"}
 

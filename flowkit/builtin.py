@@ -3,12 +3,13 @@ specs and the default one-algorithm plan (all ``trylast`` so plugins can take ov
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import gymnasium as gym
 
 from flowkit.config import F
+from flowkit.core import GymEnvRunner, PolicySpec, RandomPolicy
 from flowkit.core import batch as sb
 from flowkit.core.algorithm import Algorithm
-from flowkit.core import GymEnvRunner, PolicySpec, RandomPolicy
 from flowkit.core.context import RunContext
 from flowkit.core.flow import Flow
 from flowkit.core.learner import Learner

@@ -10,7 +10,7 @@ import argparse
 import re
 import signal
 import sys
-from typing import List, Optional
+from typing import Any, List, Optional
 
 USAGE = """flowkit train [-c FILE] [--dry-run] [key=value ...]
 flowkit plan [-c FILE] [key=value ...]
@@ -107,7 +107,8 @@ def _plugins() -> int:
     algos = pm.algorithms()
     owner = {}
     for impl in pm.hook.flowkit_add_algorithms.get_hookimpls():
-        for cls in impl.function() or []:
+        contributed: Any = impl.function() or []
+        for cls in contributed:
             owner[cls.name] = impl.plugin_name
     print(f"{'algorithm':<12} {'plugin':<18} {'distribution':<28} rollout mode")
     for name, cls in sorted(algos.items()):

@@ -68,12 +68,9 @@ class Allowed:
         hi = ("<", self.lt) if self.lt is not None else ("<=", self.le) if self.le is not None else None
         if lo and hi:
             text = f"in {'(' if lo[0] == '>' else '['}{_num(lo[1])}, {_num(hi[1])}{')' if hi[0] == '<' else ']'}"
-        elif lo is not None:
-            text = f"{lo[0]} {_num(lo[1])}"
-        elif hi is not None:
-            text = f"{hi[0]} {_num(hi[1])}"
         else:
-            text = ""
+            one = lo or hi
+            text = f"{one[0]} {_num(one[1])}" if one else ""
         if self.pattern is not None:
             return f"matching {self.pattern}"
         if is_float and self.finite and say_finite and not (lo and hi):
@@ -89,9 +86,8 @@ class Allowed:
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             if isinstance(v, float) and math.isnan(v):
                 return not self.finite and self.gt is self.ge is self.lt is self.le is None
-            if is_float and self.finite and not math.isfinite(v):
-                return False
-            if not is_float and not INT64_MIN <= v <= INT64_MAX:
+            if ((is_float and self.finite and not math.isfinite(v))
+                    or (not is_float and not INT64_MIN <= v <= INT64_MAX)):
                 return False
             return ((self.gt is None or v > self.gt) and (self.ge is None or v >= self.ge)
                     and (self.lt is None or v < self.lt) and (self.le is None or v <= self.le))
@@ -159,7 +155,6 @@ def check_values(cfg: Any, schema_cls: Any, prefix: str = "") -> None:
         allowed = f.metadata.get("allowed") or Allowed()
         if leaf not in (int, float, str):  # e.g. Dict[str, Any]: open, checked by its reader
             continue
-        is_float = leaf is float
         if typing.get_origin(base) in (list, List):
             items = [(f"{key}[{i}]", v) for i, v in enumerate(val)]
         elif typing.get_origin(base) in (dict, Dict):
@@ -167,8 +162,8 @@ def check_values(cfg: Any, schema_cls: Any, prefix: str = "") -> None:
         else:
             items = [(key, val)]
         for k, v in items:
-            if not allowed.ok(v, is_float):
-                what = allowed.describe(is_float)
+            if not allowed.ok(v, leaf is float):
+                what = allowed.describe(leaf is float)
                 if leaf is int and ((v > INT64_MAX and allowed.le is None and allowed.lt is None)
                                     or (v < INT64_MIN and allowed.ge is None and allowed.gt is None)):
                     what = f"{what} and " if what else ""
@@ -191,8 +186,7 @@ class EnvConfig:
     vectorization: str = F("auto", "auto: the env's own vectorized implementation when it registers one "
                            "(e.g. CartPole), else sync; sync: always a SyncVectorEnv of single envs",
                            choices=("auto", "sync"))
-    check_spaces_steps: int = F(2, "env steps per worker whose outputs are checked against the spaces "
-                                    "(0: none)", ge=0)
+    check_spaces_steps: int = F(2, "env steps per worker whose outputs are checked against the spaces (0: none)", ge=0)
 
 
 @dataclass
@@ -257,10 +251,8 @@ class CheckpointConfig:
 @dataclass
 class RunConfig:
     dir: Optional[str] = F(None, "run folder; default runs/<algo>-<env>-<timestamp>")
-    min_iter_time_s: float = F(0.0, "merge train steps into one reported iteration until this much time passed",
-                               ge=0)
-    min_iter_env_steps: int = F(0, "merge train steps into one reported iteration until this many env steps",
-                                 ge=0)
+    min_iter_time_s: float = F(0.0, "merge train steps into one reported iteration until this much time passed", ge=0)
+    min_iter_env_steps: int = F(0, "merge train steps into one reported iteration until this many env steps", ge=0)
     reporters: List[str] = F(help="reporters of the run, called in this order (built-in: progress, csv, plot, "
                                   "checkpoint, evaluation, tensorboard, timing; plugins add more)",
                              factory=lambda: ["progress", "csv", "plot", "checkpoint", "evaluation"])
@@ -288,9 +280,8 @@ def make_schema_class(sections: Dict[str, type]) -> type:
     """The Config dataclass extended with one field per extra section."""
     extra = [(name, cls, F(help=(cls.__doc__ or name).strip().splitlines()[0], factory=cls))
              for name, cls in sections.items()]
-    for name, _ in sections.items():
-        if name in {f.name for f in dataclasses.fields(Config)}:
-            raise ConfigError(f"plugin config section {name!r} clashes with a core section")
+    for name in set(sections) & {f.name for f in dataclasses.fields(Config)}:
+        raise ConfigError(f"plugin config section {name!r} clashes with a core section")
     return dataclasses.make_dataclass("FlowkitConfig", extra, bases=(Config,))
 
 
@@ -302,7 +293,7 @@ def _unwrap_optional(tp):
     return tp, False
 
 
-def schema_keys(cls: type, prefix: str = "") -> Dict[str, Tuple[Any, str, Any]]:
+def schema_keys(cls: Any, prefix: str = "") -> Dict[str, Tuple[Any, str, Any]]:
     """Flat ``{dotted key: (type, help, default)}`` of a dataclass schema; ``Dict`` fields are
     open (any sub-key)."""
     out: Dict[str, Tuple[Any, str, Any]] = {}
@@ -359,10 +350,7 @@ def _check_key(key: str, keys: Dict[str, Any]) -> None:
 
 def _flatten(d: Any, prefix: str = "") -> List[Tuple[str, Any]]:
     if isinstance(d, dict) and d:
-        out = []
-        for k, v in d.items():
-            out += _flatten(v, f"{prefix}{k}.")
-        return out
+        return [kv for k, v in d.items() for kv in _flatten(v, f"{prefix}{k}.")]
     return [(prefix[:-1], d)]
 
 
@@ -492,14 +480,14 @@ def _load_yaml(path: str) -> Dict[str, Any]:
         raise ConfigError(f"config file {path!r} cannot be read: {e.strerror or e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {path!r} is not valid YAML: {e}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
+    if not isinstance(data, (dict, type(None))):
         raise ConfigError(f"config file {path!r} must hold a mapping at the top, got {type(data).__name__}")
-    if isinstance(data.get("env"), str):
-        data = dict(data)
-        data["env"] = {"id": data["env"]}
-    return data
+    return _env_shorthand(data or {})
+
+
+def _env_shorthand(data: Dict[str, Any]) -> Dict[str, Any]:
+    """``env: ID`` -> ``env: {id: ID}`` (a copy)."""
+    return {**data, "env": {"id": data["env"]}} if isinstance(data.get("env"), str) else data
 
 
 def _as_source(user: Any) -> Tuple[Dict[str, Any], List[str]]:
@@ -508,10 +496,7 @@ def _as_source(user: Any) -> Tuple[Dict[str, Any], List[str]]:
     if isinstance(user, (DictConfig, ListConfig)):
         user = OmegaConf.to_container(user, resolve=True)
     if isinstance(user, dict):
-        user = dict(user)
-        if isinstance(user.get("env"), str):
-            user["env"] = {"id": user["env"]}
-        return user, []
+        return dict(_env_shorthand(user)), []
     if isinstance(user, (list, tuple)):
         return parse_overrides(list(user)), list(user)
     if isinstance(user, str):
@@ -522,16 +507,11 @@ def _as_source(user: Any) -> Tuple[Dict[str, Any], List[str]]:
 def plugin_modules_from(user: Any, config_file: Optional[str] = None) -> List[str]:
     """The ``plugins`` list of a config source (needed before the schema can be built)."""
     mods: List[str] = []
-    sources = [_load_yaml(config_file)] if config_file else []
-    sources.append(_as_source(user)[0])
-    for src in sources:
+    for src in ([_load_yaml(config_file)] if config_file else []) + [_as_source(user)[0]]:
         given = src.get("plugins")
-        if given is None:
-            continue
-        if not isinstance(given, (list, tuple)) or not all(isinstance(m, str) for m in given):
-            raise ConfigError(f"`plugins` must be a list of module paths, e.g. plugins=[my_pkg.plugin], "
-                              f"got {given!r}")
-        mods += list(given)
+        if given is not None and (not isinstance(given, (list, tuple)) or not all(isinstance(m, str) for m in given)):
+            raise ConfigError(f"`plugins` must be a list of module paths, e.g. plugins=[my_pkg.plugin], got {given!r}")
+        mods += list(given or [])
     return mods
 
 
@@ -550,15 +530,11 @@ def build_config(user: Any = None, config_file: Optional[str] = None,
     """
     schema_cls = make_schema_class(sections or {})
     merged = OmegaConf.structured(schema_cls)
-    layers: List[Dict[str, Any]] = []
-    if config_file:
-        layers.append(_load_yaml(config_file))
-    layers.append(_as_source(user)[0])
-    for layer in layers:
+    for layer in ([_load_yaml(config_file)] if config_file else []) + [_as_source(user)[0]]:
         try:
             merged = merge_overrides(merged, layer or {}, schema_cls)
         except OmegaConfBaseException as e:
-            raise ConfigError(_omegaconf_message(e)) from None
+            raise ConfigError(f"config key `{getattr(e, 'full_key', None) or '?'}`: {str(e).splitlines()[0]}") from None
     OmegaConf.set_struct(merged, True)
     check_values(merged, schema_cls)
     return merged
@@ -573,18 +549,12 @@ def merge_overrides(base: DictConfig, overrides: Dict[str, Any], schema: type) -
         omegaconf.errors.OmegaConfBaseException: a value OmegaConf's own validation refuses.
     """
     fixed = _coerce([(k, v) for k, v in _flatten(overrides) if k], schema_keys(schema))
-    return OmegaConf.merge(base, OmegaConf.create(_nest(fixed, {})))
-
-
-def _omegaconf_message(e: OmegaConfBaseException) -> str:
-    key = getattr(e, "full_key", None) or "?"
-    msg = str(e).splitlines()[0]
-    return f"config key `{key}`: {msg}"
+    return typing.cast(DictConfig, OmegaConf.merge(base, OmegaConf.create(_nest(fixed, {}))))
 
 
 def section_view(cfg: DictConfig, name: str) -> DictConfig:
     """A read-only, struct-mode copy of section ``name``: reading an undeclared key raises."""
-    sec = OmegaConf.create(OmegaConf.to_container(cfg[name], resolve=True))
+    sec = typing.cast(DictConfig, OmegaConf.create(OmegaConf.to_container(cfg[name], resolve=True)))
     OmegaConf.set_struct(sec, True)
     OmegaConf.set_readonly(sec, True)
     return sec
@@ -592,8 +562,7 @@ def section_view(cfg: DictConfig, name: str) -> DictConfig:
 
 def section_object(cfg: DictConfig, name: str, cls: type) -> Any:
     """Section ``name`` as an instance of its dataclass ``cls`` (fast attribute access)."""
-    data = OmegaConf.to_container(cfg[name], resolve=True)
-    return cls(**data)
+    return cls(**typing.cast(Dict[str, Any], OmegaConf.to_container(cfg[name], resolve=True)))
 
 
 def help_text(sections: Optional[Dict[str, type]] = None) -> str:

@@ -62,13 +62,12 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from flowkit.checkpoint import (config_yaml, find_checkpoint, load_trained, restore, resume_config,  # noqa: F401
-                                save_checkpoint)
-from flowkit.config import ConfigError, build_config, plugin_modules_from, section_view
+from flowkit._guard import GUARD, Interrupted, check_cpus, lock_run_dir
+from flowkit.checkpoint import config_yaml, find_checkpoint, load_trained, restore, resume_config, save_checkpoint  # noqa: F401
+from flowkit.config import ConfigError, build_config, plugin_modules_from
 from flowkit.core import EnvContext, derive_seed, env_name, make_env
 from flowkit.core.context import RunContext, make_context
 from flowkit.core.ops import StandardMetricsReporting
-from flowkit._guard import GUARD, Interrupted, check_cpus, lock_run_dir
 from flowkit.hooks import PluginError, get_plugin_manager
 from flowkit.reporters import kept_rows, read_metrics  # noqa: F401  (read_metrics: public here too)
 

@@ -42,9 +42,7 @@ class FlakyEnv(gym.Env):
         self.observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
         self.action_space = gym.spaces.Discrete(2)
         self.fail, self.armed, self.at, self.length, self.message = fail, armed, at, length, message
-        self.resets = 0
-        self.episode = 0
-        self.t = 0
+        self.resets = self.episode = self.t = 0
         self.reset_seeds: List[Optional[int]] = []
 
     def _obs(self) -> np.ndarray:
@@ -56,8 +54,7 @@ class FlakyEnv(gym.Env):
         self.reset_seeds.append(seed)
         if self.fail == "always" or (self.armed and self.fail == "reset" and self.resets == self.at):
             raise RuntimeError(self.message)
-        self.episode += 1
-        self.t = 0
+        self.episode, self.t = self.episode + 1, 0
         return self._obs(), {}
 
     def step(self, action):
@@ -72,8 +69,7 @@ def flaky_env(context: EnvContext, fail: Optional[str] = None, worker: int = 1, 
     """Env factory of case C12: a :class:`FlakyEnv` armed only in worker ``worker``, sub-env
     ``sub_env``, and only while ``context.restart_count == 0`` (``fail="always"`` fails
     everywhere, whatever the restart count)."""
-    armed = (context.worker_index == worker and context.vector_index == sub_env
-             and context.restart_count == 0)
+    armed = (context.worker_index == worker and context.vector_index == sub_env and context.restart_count == 0)
     return FlakyEnv(fail, armed, at, length, message)
 
 
@@ -92,16 +88,14 @@ class KillWorkers:
             (lost with the process).
     """
 
-    def __init__(self, every_env_steps: int, worker_index: Optional[int] = None,
-                 max_kills: Optional[int] = None):
+    def __init__(self, every_env_steps: int, worker_index: Optional[int] = None, max_kills: Optional[int] = None):
         self.every, self.worker_index, self.max_kills = int(every_env_steps), worker_index, max_kills
         self.next_mark = self.every
         self.kills: List[tuple] = []
 
     def flowkit_on_train_result(self, result: Dict[str, Any], ctx: Any) -> None:
-        if ctx.workers.backend != "ray" or result["env_steps_sampled"] < self.next_mark:
-            return
-        if self.max_kills is not None and len(self.kills) >= self.max_kills:
+        if (ctx.workers.backend != "ray" or result["env_steps_sampled"] < self.next_mark
+                or (self.max_kills is not None and len(self.kills) >= self.max_kills)):
             return
         while self.next_mark <= result["env_steps_sampled"]:
             self.next_mark += self.every

@@ -3,4 +3,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/lint.sh
 exec .venv/bin/python -m pytest -q "$@"

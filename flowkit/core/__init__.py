@@ -4,7 +4,7 @@ The names in ``__all__`` are the public API that plugins and users build on; the
 modules behind them are private (their layout may change). Operators are in
 :mod:`flowkit.core.ops` (and :mod:`~flowkit.core.replay`, :mod:`~flowkit.core.learner_thread`).
 """
-from flowkit.core import batch
+from flowkit.core import batch  # noqa: I001 - wrapped by hand, two lines instead of ruff's one name per line
 from flowkit.core._actor_critic import ActorCriticPolicy
 from flowkit.core._distributions import ActionDist
 from flowkit.core._encoders import MASK_KEY, ObsEncoder, SpaceError, add_batch_axis, batch_len

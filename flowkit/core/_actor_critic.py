@@ -33,6 +33,7 @@ class ActorCriticPolicy(Policy):
 
     store_values = True
     twin = True
+    model: ActorCritic
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):
@@ -80,10 +81,7 @@ class ActorCriticPolicy(Policy):
     @torch.inference_mode()
     def _compute_actions_torch(self, obs, mask=None, explore=True):
         x = torch.from_numpy(obs)
-        if self.store_values:
-            inputs, value = self.model(x)
-        else:
-            inputs, value = self.model.policy(x), None
+        inputs, value = self.model(x) if self.store_values else (self.model.policy(x), None)
         m = None if mask is None else torch.from_numpy(mask)
         a, logp = self.dist.sample_logp(inputs, m, explore, self.generator)
         return a.numpy(), self._extras(logp.numpy(), None if value is None else value.numpy(), inputs.numpy())

@@ -6,7 +6,7 @@ what the loss sees, the env receives it scaled from [-1, 1] to the bounds and th
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import gymnasium as gym
 import numpy as np
@@ -27,7 +27,7 @@ class ActionDist:
     def __init__(self, space: gym.Space):
         self.space = space
         if isinstance(space, gym.spaces.Discrete):
-            self.kind, self.num_outputs, self.nvec = "cat", int(space.n), [int(space.n)]
+            self.kind, self.num_outputs, self.nvec, self.start = "cat", int(space.n), [int(space.n)], int(space.start)
         elif isinstance(space, gym.spaces.MultiDiscrete):
             self.nvec = [int(n) for n in np.asarray(space.nvec).reshape(-1)]
             self.kind, self.num_outputs = "multicat", int(sum(self.nvec))
@@ -43,6 +43,7 @@ class ActionDist:
             self.low = np.asarray(space.low, np.float32).reshape(-1)
             self.high = np.asarray(space.high, np.float32).reshape(-1)
             self.is_int = np.issubdtype(space.dtype, np.integer)
+            self.shape = space.shape
         else:
             raise SpaceError(f"action space {space} is not supported "
                              "(Discrete, MultiDiscrete, MultiBinary, Box are)")
@@ -101,8 +102,8 @@ class ActionDist:
             return lp.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
         if self.kind == "multicat":
             a = actions.long()
-            return sum(torch.log_softmax(lg, -1).gather(-1, a[..., i:i + 1]).squeeze(-1)
-                       for i, lg in enumerate(self._split(inputs)))
+            return _total([torch.log_softmax(lg, -1).gather(-1, a[..., i:i + 1]).squeeze(-1)
+                           for i, lg in enumerate(self._split(inputs))])
         if self.kind == "bern":
             a = actions.float()
             return -(nn.functional.binary_cross_entropy_with_logits(inputs, a, reduction="none")).sum(-1)
@@ -126,12 +127,8 @@ class ActionDist:
     def entropy(self, inputs, mask=None) -> torch.Tensor:
         if self.kind in ("cat", "multicat"):
             parts = [self.masked(inputs, mask)] if self.kind == "cat" else self._split(inputs)
-            ent = 0
-            for lg in parts:
-                lp = torch.log_softmax(lg, -1)
-                p = lp.exp()
-                ent = ent - (p * lp.masked_fill(p == 0, 0.0)).sum(-1)
-            return ent
+            ps = [(lp.exp(), lp) for lp in (torch.log_softmax(lg, -1) for lg in parts)]
+            return 0 - _total([(p * lp.masked_fill(p == 0, 0.0)).sum(-1) for p, lp in ps])
         if self.kind == "bern":
             p = torch.sigmoid(inputs)
             return nn.functional.binary_cross_entropy_with_logits(inputs, p, reduction="none").sum(-1)
@@ -143,11 +140,8 @@ class ActionDist:
         if self.kind in ("cat", "multicat"):
             po = [self.masked(old, mask)] if self.kind == "cat" else self._split(old)
             pn = [self.masked(new, mask)] if self.kind == "cat" else self._split(new)
-            kl = 0
-            for a, b in zip(po, pn):
-                la, lb = torch.log_softmax(a, -1), torch.log_softmax(b, -1)
-                kl = kl + (la.exp() * (la - lb)).sum(-1)
-            return kl
+            lps = [(torch.log_softmax(a, -1), torch.log_softmax(b, -1)) for a, b in zip(po, pn)]
+            return _total([(la.exp() * (la - lb)).sum(-1) for la, lb in lps])
         if self.kind == "bern":
             pa, pb = torch.sigmoid(old), torch.sigmoid(new)
             eps = 1e-8
@@ -160,10 +154,8 @@ class ActionDist:
     def to_env(self, actions: np.ndarray) -> np.ndarray:
         """Sampled actions (numpy, batched) -> values inside the env's action space."""
         if self.kind == "cat":
-            return actions.astype(np.int64, copy=False) + int(self.space.start)
-        if self.kind == "multicat":
-            return actions.astype(self.space.dtype, copy=False)
-        if self.kind == "bern":
+            return actions.astype(np.int64, copy=False) + self.start
+        if self.kind in ("multicat", "bern"):
             return actions.astype(self.space.dtype, copy=False)
         a = actions.reshape(actions.shape[0], -1)
         if self.kind == "gauss":
@@ -171,5 +163,9 @@ class ActionDist:
         a = np.clip(a, self.low, self.high)                          # ...then clip
         if self.is_int:
             a = np.rint(a)
-        return a.astype(self.space.dtype).reshape(actions.shape[0], *self.space.shape)
+        return a.astype(self.space.dtype).reshape(actions.shape[0], *self.shape)
 
+
+def _total(xs: List[torch.Tensor]) -> torch.Tensor:
+    """``xs[0] + xs[1] + ...`` (the per-part sum of multi-categorical log-probs, entropies, KLs)."""
+    return sum(xs[1:], xs[0])

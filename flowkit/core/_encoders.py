@@ -30,6 +30,8 @@ class ObsEncoder:
         has_mask: whether observations carry an ``action_mask`` (Dict spaces only).
     """
 
+    shape: Tuple[int, ...]
+
     def __init__(self, space: gym.Space):
         self.space = space
         self.has_mask = isinstance(space, gym.spaces.Dict) and MASK_KEY in space.spaces
@@ -48,14 +50,12 @@ class ObsEncoder:
         self.fast_box = isinstance(space, gym.spaces.Box) and not self.is_image
 
     def _flat_size(self, s: gym.Space) -> int:
-        if isinstance(s, gym.spaces.Box):
+        if isinstance(s, (gym.spaces.Box, gym.spaces.MultiBinary)):
             return int(np.prod(s.shape))
         if isinstance(s, gym.spaces.Discrete):
             return int(s.n)
         if isinstance(s, gym.spaces.MultiDiscrete):
             return int(np.sum(s.nvec))
-        if isinstance(s, gym.spaces.MultiBinary):
-            return int(np.prod(s.n))
         if isinstance(s, gym.spaces.Dict):
             return sum(self._flat_size(v) for k, v in s.spaces.items() if k != MASK_KEY)
         if isinstance(s, gym.spaces.Tuple):
@@ -64,7 +64,7 @@ class ObsEncoder:
                          "(Box, Discrete, MultiDiscrete, MultiBinary, Dict, Tuple are)")
 
     def _encode(self, s: gym.Space, x: Any, b: int) -> List[np.ndarray]:
-        if isinstance(s, gym.spaces.Box):
+        if isinstance(s, (gym.spaces.Box, gym.spaces.MultiBinary)):
             return [np.asarray(x, dtype=np.float32).reshape(b, -1)]
         if isinstance(s, gym.spaces.Discrete):
             out = np.zeros((b, int(s.n)), np.float32)
@@ -72,14 +72,7 @@ class ObsEncoder:
             return [out]
         if isinstance(s, gym.spaces.MultiDiscrete):
             x = np.asarray(x, dtype=np.int64).reshape(b, -1)
-            parts = []
-            for i, n in enumerate(np.asarray(s.nvec).reshape(-1)):
-                o = np.zeros((b, int(n)), np.float32)
-                o[np.arange(b), x[:, i]] = 1.0
-                parts.append(o)
-            return parts
-        if isinstance(s, gym.spaces.MultiBinary):
-            return [np.asarray(x, dtype=np.float32).reshape(b, -1)]
+            return [np.eye(int(n), dtype=np.float32)[x[:, i]] for i, n in enumerate(np.asarray(s.nvec).reshape(-1))]
         if isinstance(s, gym.spaces.Dict):
             return [p for k, v in s.spaces.items() if k != MASK_KEY for p in self._encode(v, x[k], b)]
         if isinstance(s, gym.spaces.Tuple):
@@ -91,16 +84,13 @@ class ObsEncoder:
         if self.fast_box:
             return np.asarray(obs, dtype=np.float32).reshape(batch_size, -1), None
         if self.is_image:
-            x = np.asarray(obs, dtype=np.float32).reshape(batch_size, *self.space.shape)
+            x = np.asarray(obs, dtype=np.float32).reshape(batch_size, *(self.space.shape or ()))
             if self._transpose:
                 x = x.transpose(0, 3, 1, 2)
             return np.ascontiguousarray(x * self._scale), None
         parts = self._encode(self.space, obs, batch_size)
         enc = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
-        mask = None
-        if self.has_mask:
-            mask = np.asarray(obs[MASK_KEY], dtype=np.int8).reshape(batch_size, -1)
-        return enc, mask
+        return enc, (np.asarray(obs[MASK_KEY], dtype=np.int8).reshape(batch_size, -1) if self.has_mask else None)
 
     def is_batched(self, obs: Any) -> bool:
         """Whether ``obs`` already has a leading batch axis (for user-facing calls)."""

@@ -188,7 +188,7 @@ class SpaceCheck(gym.Wrapper):
             m = find_mismatch(self.observation_space, obs)
             if m:
                 self._fail("observation from step()", m)
-            if not np.isscalar(rew) and np.ndim(rew) != 0 or not np.isfinite(float(np.asarray(rew))):
+            if not np.isscalar(rew) and np.asarray(rew).ndim != 0 or not np.isfinite(float(np.asarray(rew))):
                 self._fail("reward", ("reward", "a finite float scalar", describe_value(np.asarray(rew))))
             for nm, v in (("terminated", term), ("truncated", trunc)):
                 if not isinstance(v, (bool, np.bool_)):

@@ -17,6 +17,9 @@ ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "gelu": nn.GELU,
 class RunningMeanStd(nn.Module):
     """Running mean and variance of encoded observations (Chan et al. parallel update);
     ``normalize(x) = clip((x - mean) / sqrt(var + 1e-8), -clip, clip)``."""
+    mean: torch.Tensor
+    var: torch.Tensor
+    count: torch.Tensor
 
     def __init__(self, shape: Sequence[int], clip: float = 10.0):
         super().__init__()
@@ -109,7 +112,9 @@ class TwinMLP(nn.Module):
         h = self.act(nn.functional.linear(x, self.w0, self.b0))
         h = h.view(x.shape[0], 2, self.hidden[0]).transpose(0, 1)
         for i in range(len(self.hidden) - 1):
-            h = self.act(torch.baddbmm(self.bs._parameters[str(i)], h, self.ws._parameters[str(i)]))
+            b, w = self.bs._parameters[str(i)], self.ws._parameters[str(i)]
+            assert b is not None and w is not None
+            h = self.act(torch.baddbmm(b, h, w))
         return nn.functional.linear(h[0], self.wa, self.ba), nn.functional.linear(h[1], self.wb, self.bb)
 
 
@@ -134,16 +139,9 @@ class SmallCNN(nn.Module):
 
 def build_trunk(encoder: ObsEncoder, hidden: Sequence[int], activation: str) -> Tuple[nn.Module, int]:
     """Encoded observation -> features: CNN (images) then MLP ``hidden``. Returns (module, dim)."""
-    mods: List[nn.Module] = []
-    d = encoder.shape[0]
-    if encoder.is_image:
-        cnn = SmallCNN(encoder.shape)
-        mods.append(cnn)
-        d = cnn.out_dim
-    mlp = build_mlp(d, hidden, activation)
-    mods.append(mlp)
-    return nn.Sequential(*mods), (hidden[-1] if hidden else d)
-
+    cnn = [SmallCNN(encoder.shape)] if encoder.is_image else []
+    d = cnn[0].out_dim if cnn else encoder.shape[0]
+    return nn.Sequential(*cnn, build_mlp(d, hidden, activation)), (hidden[-1] if hidden else d)
 
 
 class ActorCritic(nn.Module):
@@ -160,7 +158,7 @@ class ActorCritic(nn.Module):
         hidden, act = list(model_cfg.hidden_sizes), model_cfg.activation
         self.obs_rms = RunningMeanStd(encoder.shape) if normalize_obs else None
         self.shared = bool(model_cfg.shared_value_network)
-        self.twin = None
+        self.twin: Optional[TwinMLP] = None
         if twin and not self.shared and not encoder.is_image:
             # separate policy and value MLPs, evaluated as one TwinMLP (fewer kernel launches)
             self.twin = TwinMLP(encoder.shape[0], hidden, act, dist.num_outputs, 1, 0.01, 1.0)
@@ -188,18 +186,16 @@ class ActorCritic(nn.Module):
             logits, value = self.pi_head(h), self.vf_head(h)
         else:
             logits, value = self.pi(x), self.vf(x)
-        if self.log_std is not None:
-            logits = torch.cat([logits, self.log_std.expand_as(logits)], -1)
-        return logits, value.squeeze(-1)
+        return self._with_std(logits), value.squeeze(-1)
+
+    def _with_std(self, logits: torch.Tensor) -> torch.Tensor:
+        return logits if self.log_std is None else torch.cat([logits, self.log_std.expand_as(logits)], -1)
 
     def policy(self, obs: torch.Tensor) -> torch.Tensor:
         """dist_inputs only: float32[B, k] (skips the value network where it is separate)."""
         if self.twin is not None or self.shared:
             return self.forward(obs)[0]
-        logits = self.pi(self._norm(obs))
-        if self.log_std is not None:
-            logits = torch.cat([logits, self.log_std.expand_as(logits)], -1)
-        return logits
+        return self._with_std(self.pi(self._norm(obs)))
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         x = self._norm(obs)

@@ -3,7 +3,7 @@ on CPU rollout workers (a few rows per call, where torch's per-op dispatch domin
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -12,7 +12,7 @@ from torch import nn
 from flowkit.core._distributions import ActionDist
 from flowkit.core._models import _ACT_FN, ActorCritic, TwinMLP
 
-_NP_ACT = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0, out=x)}
+_NP_ACT: Dict[str, Callable[[np.ndarray], np.ndarray]] = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0, out=x)}
 
 
 class NumpyActorCritic:
@@ -30,6 +30,9 @@ class NumpyActorCritic:
     else (CNNs, a shared trunk, other activations or action spaces, a subclassed model) and
     the policy keeps its torch path.
     """
+    twin: Optional[Tuple[Any, ...]]  # TwinMLP: w0, b0, ws, bs, wa, ba, wb, bb, hidden
+    pi: List[Tuple[np.ndarray, np.ndarray]]
+    vf: List[Tuple[np.ndarray, np.ndarray]]
 
     def __init__(self, model: "ActorCritic", activation: str):
         self.model, self.act = model, _NP_ACT[activation]
@@ -38,20 +41,19 @@ class NumpyActorCritic:
 
     @classmethod
     def build(cls, model: "ActorCritic", dist: "ActionDist", activation: str) -> Optional["NumpyActorCritic"]:
-        if type(model) is not ActorCritic or dist.kind not in ("cat", "gauss", "gauss_unbounded"):
-            return None
-        if activation not in _NP_ACT or any(p.device.type != "cpu" for p in model.parameters()):
+        if (type(model) is not ActorCritic or dist.kind not in ("cat", "gauss", "gauss_unbounded")
+                or activation not in _NP_ACT or any(p.device.type != "cpu" for p in model.parameters())):
             return None
         if model.twin is not None:
             if type(model.twin) is not TwinMLP or model.twin.act is not _ACT_FN[activation]:
                 return None
-        elif model.shared or not all(cls._mlp_layers(s) is not None for s in (model.pi, model.vf)):
+        elif model.shared or not all(cls._mlp_layers(s) for s in (model.pi, model.vf)):
             return None
         return cls(model, activation)
 
     @staticmethod
-    def _mlp_layers(seq: nn.Module) -> Optional[List[nn.Linear]]:
-        """The Linear layers of a (nested) Sequential of Linear + Tanh/ReLU, else None."""
+    def _mlp_layers(seq: nn.Module) -> List[nn.Linear]:
+        """The Linear layers of a (nested) Sequential of Linear + Tanh/ReLU, else []."""
         out: List[nn.Linear] = []
         for m in seq.modules():
             if isinstance(m, nn.Sequential):
@@ -59,8 +61,8 @@ class NumpyActorCritic:
             if type(m) is nn.Linear:
                 out.append(m)
             elif type(m) not in (nn.Tanh, nn.ReLU):
-                return None
-        return out or None
+                return []
+        return out
 
     def _tensors(self) -> List[torch.Tensor]:
         return list(self.model.parameters()) + list(self.model.buffers())
@@ -77,8 +79,8 @@ class NumpyActorCritic:
                          v(t.wa).T, v(t.ba), v(t.wb).T, v(t.bb), t.hidden)
         else:
             self.twin = None
-            self.pi = [(v(l.weight).T, v(l.bias)) for l in self._mlp_layers(m.pi)]
-            self.vf = [(v(l.weight).T, v(l.bias)) for l in self._mlp_layers(m.vf)]
+            self.pi = [(v(lin.weight).T, v(lin.bias)) for lin in self._mlp_layers(m.pi)]
+            self.vf = [(v(lin.weight).T, v(lin.bias)) for lin in self._mlp_layers(m.vf)]
         self._watch = self._tensors()
         self._ptrs = tuple(t.data_ptr() for t in self._watch)
 

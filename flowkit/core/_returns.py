@@ -5,7 +5,7 @@ Numpy in, float32 numpy out.
 """
 from __future__ import annotations
 
-from typing import Mapping, Tuple
+from typing import Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -25,13 +25,13 @@ def bootstrap_rows(batch: Mapping[str, np.ndarray]) -> Tuple[np.ndarray, np.ndar
 
 
 def next_values(values: np.ndarray, nextnonterminal: np.ndarray, boot_idx: np.ndarray,
-                boot_values: np.ndarray) -> np.ndarray:
+                boot_values: Optional[np.ndarray]) -> np.ndarray:
     """V(s_{t+1}) per row: the next row's value inside a piece, 0 after a termination,
     ``boot_values`` (V(final / next observation)) at truncations and cuts.
 
     Args:
         values: float32[L], V(s_t). nextnonterminal: float32[L]; boot_idx: int[k] (see
-            :func:`bootstrap_rows`). boot_values: float32[k].
+            :func:`bootstrap_rows`). boot_values: float32[k] (None when k is 0).
     Returns:
         float32[L].
     """
@@ -101,10 +101,7 @@ def vtrace(log_rhos: np.ndarray, rewards: np.ndarray, values: np.ndarray, next_v
     rhos = np.exp(np.asarray(log_rhos, np.float64))
     clipped_rhos = np.minimum(clip_rho_threshold, rhos)
     cs = vtrace_lambda * np.minimum(clip_c_threshold, rhos)
-    r = np.asarray(rewards, np.float64)
-    v = np.asarray(values, np.float64)
-    nv = np.asarray(next_values, np.float64)
-    cont = np.asarray(nextnonterminal, np.float64)
+    r, v, nv, cont = (np.asarray(x, np.float64) for x in (rewards, values, next_values, nextnonterminal))
     deltas = clipped_rhos * (r + gamma * nv - v)
     n = len(r)
     vs_minus_v = [0.0] * n

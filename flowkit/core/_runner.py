@@ -6,7 +6,7 @@ Counting: a batch's ``env_steps`` are real transitions; the autoreset step of a
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import gymnasium as gym
 import numpy as np
@@ -54,6 +54,10 @@ AUTORESET_MODES = {"next_step": gym.vector.AutoresetMode.NEXT_STEP,
                    "same_step": gym.vector.AutoresetMode.SAME_STEP}
 
 
+def _thunk(env: Any) -> Callable[[], Any]:
+    return lambda: env
+
+
 class GymEnvRunner:
     """Steps a Gymnasium SyncVectorEnv of ``runtime.num_envs_per_worker`` sub-envs with one
     batched policy call per step, and returns fragments of exactly
@@ -84,7 +88,7 @@ class GymEnvRunner:
                                     **dict(cfg.env.kwargs or {}))
             self._check_left = int(cfg.env.check_spaces_steps)
         else:
-            self.vec = gym.vector.SyncVectorEnv([(lambda e=e: e) for e in envs],
+            self.vec = gym.vector.SyncVectorEnv([_thunk(e) for e in envs],
                                                 autoreset_mode=AUTORESET_MODES[mode])
             self._check_left = 0  # SpaceCheck wraps each sub-env
         self.T = int(cfg.runtime.rollout_fragment_length)
@@ -141,9 +145,9 @@ class GymEnvRunner:
         seeds = [ctx.seed for ctx in self.worker.sub_env_contexts]
         # a native vector env takes one seed for its single RNG (sub-envs still differ)
         try:
-            raw, _ = self.vec.reset(seed=seeds[0] if self.native else seeds)
+            raw, _ = self.vec.reset(seed=seeds[0] if self.native else seeds)  # type: ignore[arg-type]  # a list seeds each sub-env
         except Exception as e:
-            raise self._api_error(e, "reset()")
+            raise self._api_error(e, "reset()")  # noqa: B904 - the cause is set by _api_error
         if self._check_left > 0:
             self._check_rows(raw, "reset()")
         self.raw_obs = raw
@@ -180,7 +184,7 @@ class GymEnvRunner:
             try:
                 raw_next, rew, term, trunc, infos = self.vec.step(dist.to_env(actions))
             except Exception as e:
-                raise self._api_error(e, "step()")
+                raise self._api_error(e, "step()")  # noqa: B904 - the cause is set by _api_error
             if self._check_left > 0:
                 self._check_rows(raw_next, "step()")
             valid = ~self.reset_pending
@@ -193,7 +197,7 @@ class GymEnvRunner:
                 for j in np.flatnonzero(done):
                     fe, fm = enc(add_batch_axis(infos["final_obs"][j]), 1)
                     rec_next[j] = fe[0]
-                    if rec_next_mask is not None:
+                    if rec_next_mask is not None and fm is not None:
                         rec_next_mask[j] = fm[0]
             cols[sb.OBS].append(obs_enc)
             cols[sb.ACTIONS].append(actions)
@@ -205,7 +209,7 @@ class GymEnvRunner:
             cols[sb.T].append(self.t.copy())
             if mask is not None:
                 cols[sb.ACTION_MASK].append(mask)
-                cols[sb.NEXT_ACTION_MASK].append(rec_next_mask)
+                cols[sb.NEXT_ACTION_MASK].append(rec_next_mask if rec_next_mask is not None else mask)
             for k, v in extras.items():
                 extras_l.setdefault(k, []).append(v)
             valid_l.append(valid)
@@ -223,14 +227,14 @@ class GymEnvRunner:
                 if ep_hook:
                     pm.hook.flowkit_on_episode_end(episode=ep, worker=self.worker)
                 finished.append(ep.summary())
-                self.episodes[j] = self._new_episode(j)
+                self.episodes[j] = self._new_episode(int(j))
                 self.eps_ids[j] = self.episodes[j].episode_id
                 live_eps[self.episodes[j].episode_id] = self.episodes[j]
                 self.t[j] = 0
             self.reset_pending = ended if not self.same_step else np.zeros(n, bool)
             self.raw_obs, self.obs_enc, self.mask = raw_next, next_enc, next_mask
-        for j, ep in enumerate(self.episodes):  # running episodes, as hooks see them
-            ep.length, ep.total_reward = int(self.ep_len[j]), float(self.ep_ret[j])
+        for i, ep in enumerate(self.episodes):  # running episodes, as hooks see them
+            ep.length, ep.total_reward = int(self.ep_len[i]), float(self.ep_ret[i])
         batch = self._cut(cols, extras_l, valid_l)
         batch = self._postprocess(batch, live_eps)
         return sb.MultiAgentBatch({self.policy_id: batch}, env_steps=n * T, agent_steps=n * T,
@@ -251,8 +255,9 @@ class GymEnvRunner:
         for j in range(self.n):
             rows = np.flatnonzero(valid[:, j])
             piece = sb.SampleBatch({k: v[rows, j] for k, v in stacked.items()})
-            if self.carry[j] is not None:
-                piece = sb.concat_samples([self.carry[j], piece])
+            carried = self.carry[j]
+            if carried is not None:
+                piece = sb.concat_samples([carried, piece])
             parts.append(piece.slice(0, T))
             self.carry[j] = piece.slice(T, len(piece)) if len(piece) > T else None
         return sb.concat_samples(parts)
@@ -282,7 +287,7 @@ class GymEnvRunner:
             try:
                 raw_next, rew, term, trunc, infos = self.vec.step(self.dist.to_env(actions))
             except Exception as e:
-                raise self._api_error(e, "step()")
+                raise self._api_error(e, "step()")  # noqa: B904 - the cause is set by _api_error
             valid = ~self.reset_pending
             ended = (term | trunc) & (valid if not self.same_step else True)
             for j in np.flatnonzero(valid):
@@ -292,7 +297,7 @@ class GymEnvRunner:
                 if done_count[j] < per_env[j]:
                     out.append(self.episodes[j].summary())
                     done_count[j] += 1
-                self.episodes[j] = self._new_episode(j)
+                self.episodes[j] = self._new_episode(int(j))
             self.reset_pending = ended if not self.same_step else np.zeros(self.n, bool)
             self.obs_enc, self.mask = self.encoder(raw_next, self.n)
         self._reset_all()

@@ -158,8 +158,7 @@ class MultiAgentBatch:
     @staticmethod
     def from_dict(d: Mapping[str, Any]) -> "MultiAgentBatch":
         """The batch :meth:`to_dict` described."""
-        pbs = {p: SampleBatch({k: np.asarray(v) for k, v in cols.items()})
-               for p, cols in d["policy_batches"].items()}
+        pbs = {p: SampleBatch({k: np.asarray(v) for k, v in cols.items()}) for p, cols in d["policy_batches"].items()}
         return MultiAgentBatch(pbs, d["env_steps"], d["agent_steps"], d["episodes"], d["worker_index"], d["meta"])
 
     def __repr__(self) -> str:
@@ -171,11 +170,8 @@ class MultiAgentBatch:
         """Merge batches: per-policy rows concatenated, steps and episodes summed."""
         if len(batches) == 1:
             return batches[0]
-        pids: List[str] = []
-        for b in batches:
-            pids += [p for p in b.policy_batches if p not in pids]
-        merged = {p: concat_samples(b.policy_batches[p] for b in batches if p in b.policy_batches)
-                  for p in pids}
+        pids = list(dict.fromkeys(p for b in batches for p in b.policy_batches))
+        merged = {p: concat_samples(b.policy_batches[p] for b in batches if p in b.policy_batches) for p in pids}
         eps = [e for b in batches for e in b.episodes]
         meta: dict = {}
         for b in batches:

@@ -29,6 +29,15 @@ def _window() -> Deque[float]:
     return collections.deque(maxlen=EPISODE_WINDOW)
 
 
+def _means(episodes: List[Dict[str, Any]], field: str, key: Any = lambda k: k) -> Dict[str, float]:
+    """``{key(k): mean}`` over the ``episodes``' ``e[field]`` dicts (custom metrics, per-policy returns)."""
+    vals: Dict[str, List[float]] = collections.defaultdict(list)
+    for e in episodes:
+        for k, v in e.get(field, {}).items():
+            vals[key(k)].append(v)
+    return {k: float(np.mean(vs)) for k, vs in vals.items()}
+
+
 @dataclass(eq=False)
 class RunContext(FlowContext):
     """Everything a plan needs.
@@ -156,10 +165,8 @@ class RunContext(FlowContext):
         c = self.counters
         r: Dict[str, Any] = {
             "iteration": self.iteration,
-            "env_steps_sampled": int(c["env_steps_sampled"]),
-            "env_steps_trained": int(c["env_steps_trained"]),
-            "agent_steps_sampled": int(c["agent_steps_sampled"]),
-            "agent_steps_trained": int(c["agent_steps_trained"]),
+            **{k: int(c[k]) for k in ("env_steps_sampled", "env_steps_trained", "agent_steps_sampled",
+                                      "agent_steps_trained")},
             "episode_return_mean": float(np.mean(self.episode_window)) if self.episode_window else float("nan"),
             "episode_len_mean": float(np.mean(self.len_window)) if self.len_window else float("nan"),
             "episodes_this_iter": len(self.iter_episodes),
@@ -172,25 +179,16 @@ class RunContext(FlowContext):
             for pid in pids:
                 w = self.policy_windows.get(pid)
                 r[f"policy/{pid}/episode_return_mean"] = float(np.mean(w)) if w else float("nan")
-        for pid, st in self.learner_stats.items():
-            for k, v in st.items():
-                r[f"learner/{pid}/{k}"] = v
-        custom: Dict[str, List[float]] = collections.defaultdict(list)
-        for e in self.iter_episodes:
-            for k, v in e.get("custom", {}).items():
-                custom[k].append(v)
-        for k, vs in custom.items():
-            r[f"custom/{k}"] = float(np.mean(vs))
+        r.update({f"learner/{pid}/{k}": v for pid, st in self.learner_stats.items() for k, v in st.items()})
+        r.update({f"custom/{k}": v for k, v in _means(self.iter_episodes, "custom").items()})
         self.iter_episodes = []
         r.update(self.extra_metrics)
         now = time.perf_counter()
         self.time_total_s = self._time_offset + (now - (self._t_start or now))
-        r["time_total_s"] = self.time_total_s
-        r["time_this_iter_s"] = dt
-        r["env_steps_per_s"] = sampled / dt if dt > 0 else float("nan")
-        r["env_steps_trained_per_s"] = trained / dt if dt > 0 else float("nan")
-        for name, t in self.timers.items():
-            r[f"perf/{name}_time_ms"] = 1000.0 * t.mean_s
+        r.update(time_total_s=self.time_total_s, time_this_iter_s=dt,
+                 env_steps_per_s=sampled / dt if dt > 0 else float("nan"),
+                 env_steps_trained_per_s=trained / dt if dt > 0 else float("nan"))
+        r.update({f"perf/{name}_time_ms": 1000.0 * t.mean_s for name, t in self.timers.items()})
         r["perf/train_steps_this_iter"] = n_items
         return r
 
@@ -213,18 +211,10 @@ class RunContext(FlowContext):
                "evaluation_return_std": float(np.std(rets)),
                "evaluation_len_mean": float(np.mean([e["length"] for e in eps])),
                "evaluation_episodes": len(eps)}
-        pol: Dict[str, List[float]] = collections.defaultdict(list)
-        for e in eps:
-            for key, v in e.get("agent_returns", {}).items():
-                pol[key.split("|", 1)[1]].append(v)
         if len(self.policy_specs) > 1:
-            for pid, vs in pol.items():
-                out[f"evaluation/{pid}/episode_return_mean"] = float(np.mean(vs))
-        extra: Dict[str, List[float]] = collections.defaultdict(list)  # runner metrics (win_rate, ...)
-        for e in eps:
-            for key, v in e.get("eval_metrics", {}).items():
-                extra[key].append(v)
-        out.update({f"evaluation/{k}": float(np.mean(vs)) for k, vs in extra.items()})
+            pol = _means(eps, "agent_returns", lambda k: k.split("|", 1)[1])
+            out.update({f"evaluation/{pid}/episode_return_mean": v for pid, v in pol.items()})
+        out.update({f"evaluation/{k}": v for k, v in _means(eps, "eval_metrics").items()})  # win_rate, ...
         return out
 
     def shutdown(self) -> None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import collections
 import os
 import queue
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
@@ -40,16 +41,9 @@ if TYPE_CHECKING:
 def weights_versions(b: sb.MultiAgentBatch) -> List[int]:
     """The weights version of every worker fragment in ``b`` (``meta["weights_version"]``
     is an int for one fragment and a (nested) list once batches were concatenated)."""
-    out: List[int] = []
-
-    def walk(v: Any) -> None:
-        if isinstance(v, (list, tuple)):
-            for x in v:
-                walk(x)
-        elif v is not None:
-            out.append(int(v))
-    walk(b.meta.get("weights_version"))
-    return out
+    def flat(v: Any) -> List[int]:
+        return [x for y in v for x in flat(y)] if isinstance(v, (list, tuple)) else [] if v is None else [int(v)]
+    return flat(b.meta.get("weights_version"))
 
 
 class Learner:
@@ -94,8 +88,7 @@ class Learner:
         self.inqueue: "queue.Queue[sb.MultiAgentBatch]" = queue.Queue(maxsize=2)
         self.outqueue: "queue.Queue[Dict[str, Any]]" = queue.Queue(maxsize=64)
 
-    def configure(self, num_epochs: int = 1, minibatch_size: Optional[int] = None,
-                  contiguous: bool = False) -> None:
+    def configure(self, num_epochs: int = 1, minibatch_size: Optional[int] = None, contiguous: bool = False) -> None:
         """Set the update loop (see the class docstring)."""
         if int(num_epochs) < 1:
             raise ValueError(f"Learner {self.name}: num_epochs must be >= 1, got {num_epochs}")
@@ -120,8 +113,7 @@ class Learner:
                 steps += n
                 agent_steps += len(pb)
                 if lag:
-                    st["policy_lag_mean"] = float(np.mean(lag))
-                    st["policy_lag_max"] = float(np.max(lag))
+                    st.update(policy_lag_mean=float(np.mean(lag)), policy_lag_max=float(np.max(lag)))
                 stats[pid] = st
             self.num_updates += steps
             self.env_steps_trained += b.env_steps
@@ -174,9 +166,8 @@ class Learner:
         for p in params:
             p.grad = None
         loss.backward()
-        g = torch.cat([p.grad.reshape(-1) if p.grad is not None else torch.zeros(p.numel(), dtype=p.dtype,
-                                                                                device=p.device)
-                       for p in params])
+        g = torch.cat([p.grad.reshape(-1) if p.grad is not None
+                       else torch.zeros(p.numel(), dtype=p.dtype, device=p.device) for p in params])
         norm = None
         if max_grad_norm:
             n = torch.linalg.vector_norm(g)
@@ -267,8 +258,8 @@ class Learner:
         if self.error is not None:
             e = self.error
             note = f"[flowkit] raised in the learner thread ({self.name}-learner)"
-            if note not in getattr(e, "__notes__", []):
-                e.add_note(note)
+            if sys.version_info >= (3, 11) and note not in getattr(e, "__notes__", []):
+                e.add_note(note)  # Python 3.10 has no exception notes
             raise e  # the same object: its traceback from the learner thread is kept
         t = self._thread
         if t is not None and not t.is_alive() and not self._stop_event.is_set():
@@ -322,9 +313,7 @@ class PerfMonitor:
         self._t: Optional[float] = None
         self._cpu: Dict[int, Optional[float]] = {}
         self._pids: Optional[List[int]] = None
-        self._restarts = 0
-        self._busy = 0.0
-        self._trained = 0
+        self._restarts, self._busy, self._trained = 0, 0.0, 0
         self._qsizes: List[int] = []
 
     def _worker_pids(self) -> List[int]:
@@ -363,9 +352,8 @@ class PerfMonitor:
         used = {p: (c - c0) / dt for p, c in cpu.items() if c is not None and (c0 := self._cpu.get(p)) is not None}
         if me in used:
             m["perf/cpu_util_driver"] = used.pop(me)
-        ws = list(used.values())
-        if ws:
-            m["perf/cpu_util_workers"] = float(np.mean(ws))
+        if used:
+            m["perf/cpu_util_workers"] = float(np.mean(list(used.values())))
         if lr is not None:
             busy, trained = lr.busy_s, lr.env_steps_trained
             k = "perf/learner" if len(getattr(self.ctx, "learners", ())) <= 1 else f"perf/{lr.name}/learner"

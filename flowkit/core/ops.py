@@ -67,10 +67,7 @@ def ParallelRollouts(ctx: "RunContext", mode: str = "bulk_sync", num_async: Opti
 
         def agen():
             for b in src:
-                if b is NOT_READY:
-                    yield b
-                    continue
-                yield account(ctx.current_actor, b)
+                yield b if b is NOT_READY else account(ctx.current_actor, b)
         return Flow(agen, f"ParallelRollouts(async, num_async={num_async})", [src], ctx)
     raise ValueError(f"ParallelRollouts: mode must be bulk_sync or async, got {mode!r}")
 
@@ -127,13 +124,8 @@ class StandardizeFields:
         self.name = f"StandardizeFields({self.fields})"
 
     def __call__(self, b: sb.MultiAgentBatch) -> sb.MultiAgentBatch:
-        out = {}
-        for pid, pb in b.policy_batches.items():
-            nb = sb.SampleBatch(pb)
-            for f in self.fields:
-                if f in nb:
-                    nb[f] = standardize(nb[f])
-            out[pid] = nb
+        out = {pid: sb.SampleBatch({**pb, **{f: standardize(pb[f]) for f in self.fields if f in pb}})
+               for pid, pb in b.policy_batches.items()}
         return sb.MultiAgentBatch(out, b.env_steps, b.agent_steps, b.episodes, b.worker_index, b.meta)
 
 
@@ -174,8 +166,7 @@ class TrainOneStep:
             out = self.learner.update(b)
         return self.record(out)
 
-    def in_thread(self, flow: Flow, queue_size: int = 2, wait_s: float = 0.01,
-                  result_wait_s: float = 0.005) -> Flow:
+    def in_thread(self, flow: Flow, queue_size: int = 2, wait_s: float = 0.01, result_wait_s: float = 0.005) -> Flow:
         """Train in the learner's thread: one branch puts the batches of ``flow`` into its
         in-queue (at most ``queue_size`` waiting; when full the batch is kept, the branch
         blocks ``wait_s`` s and yields NOT_READY: back-pressure), the other takes its results
@@ -248,10 +239,9 @@ class SyncWeights:
         if self.to == "all":
             self.count += 1
             now = self.count if self.unit == "batches" else trained
-            if self.every and now - self.last_all < self.every:
-                return item
-            self.last_all = now
-            self._send(None)
+            if not self.every or now - self.last_all >= self.every:
+                self.last_all = now
+                self._send(None)
             return item
         actor = item[0]
         i = getattr(actor, "index", -1)
@@ -279,8 +269,7 @@ class SyncWeights:
         if sent is not None and sent[0] is actor and sent[1] == version:
             return  # it has these weights already
         with self.ctx.timers["sync_weights"]:
-            self.ctx.workers.sync_weights(w, actors=[actor], version=version,
-                                          with_next_sample=self.with_next_sample)
+            self.ctx.workers.sync_weights(w, actors=[actor], version=version, with_next_sample=self.with_next_sample)
         self.sent[i] = (actor, version)
         self.ctx.counters["num_weight_pushes"] += 1
 
@@ -334,11 +323,10 @@ class UpdatePriorities:
             pb = res["batch"].policy_batches[pid]
             if td is not None and sb.BATCH_INDEXES in pb:
                 prios[pid] = (np.asarray(pb[sb.BATCH_INDEXES]), np.asarray(td))
-        if prios:
-            if shard is not None:
-                shard.submit("update_priorities", prios)  # fire and forget; ordered per actor
-            else:
-                self.buffer.update_priorities(prios)
+        if prios and shard is not None:
+            shard.submit("update_priorities", prios)  # fire and forget; ordered per actor
+        elif prios:
+            self.buffer.update_priorities(prios)
         return item
 
 
@@ -374,18 +362,9 @@ def Concurrently(flows: Sequence[Flow], mode: str = "round_robin",
 
     def gen():
         for x in tagged:
-            if x is NOT_READY:
-                yield x
-            elif keep is None or x[0] in keep:
-                yield x[1]
-            else:
-                yield NOT_READY
+            yield NOT_READY if x is NOT_READY or (keep is not None and x[0] not in keep) else x[1]
     name = f"Concurrently({mode}" + (f", output_indexes={sorted(keep)}" if keep is not None else "") + ")"
     return Flow(gen, name, [tagged], flows[0].ctx)
-
-
-def _mean(xs: List[float]) -> float:
-    return float(np.mean(xs)) if xs else float("nan")
 
 
 def StandardMetricsReporting(train_flow: Flow, ctx: "RunContext") -> Flow:
@@ -401,10 +380,8 @@ def StandardMetricsReporting(train_flow: Flow, ctx: "RunContext") -> Flow:
     run = ctx.config.run
 
     def gen():
-        t_iter = time.perf_counter()
-        steps_at_iter = ctx.counters["env_steps_sampled"]
-        trained_at_iter = ctx.counters["env_steps_trained"]
-        n_items = 0
+        t_iter, n_items = time.perf_counter(), 0
+        steps_at_iter, trained_at_iter = ctx.counters["env_steps_sampled"], ctx.counters["env_steps_trained"]
         for x in train_flow:
             if x is NOT_READY:
                 yield x
@@ -412,13 +389,10 @@ def StandardMetricsReporting(train_flow: Flow, ctx: "RunContext") -> Flow:
             n_items += 1
             now = time.perf_counter()
             sampled = ctx.counters["env_steps_sampled"]
-            if (now - t_iter) < float(run.min_iter_time_s) or \
-                    (sampled - steps_at_iter) < int(run.min_iter_env_steps):
+            if (now - t_iter) < float(run.min_iter_time_s) or (sampled - steps_at_iter) < int(run.min_iter_env_steps):
                 continue
-            dt = now - t_iter
-            res = ctx.make_result(dt, sampled - steps_at_iter,
-                                  ctx.counters["env_steps_trained"] - trained_at_iter, n_items)
-            t_iter, steps_at_iter, n_items = now, sampled, 0
-            trained_at_iter = ctx.counters["env_steps_trained"]
+            trained = ctx.counters["env_steps_trained"]
+            res = ctx.make_result(now - t_iter, sampled - steps_at_iter, trained - trained_at_iter, n_items)
+            t_iter, steps_at_iter, trained_at_iter, n_items = now, sampled, trained, 0
             yield res
     return Flow(gen, "StandardMetricsReporting", [train_flow], ctx)

@@ -21,6 +21,7 @@ Operators (dataflow, after RLlib Flow, arXiv 2011.12719, figure 6):
 """
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
@@ -46,10 +47,8 @@ class Storage:
         if int(capacity) < 1:
             raise ValueError(f"replay capacity must be >= 1, got {capacity}")
         self.capacity = int(capacity)
-        self.cols: Optional[Dict[str, np.ndarray]] = None
-        self.next_idx = 0
-        self.size = 0
-        self.num_added = 0
+        self.cols: Dict[str, np.ndarray] = {}  # empty until the first batch
+        self.next_idx = self.size = self.num_added = 0
 
     def __len__(self) -> int:
         return self.size
@@ -59,9 +58,8 @@ class Storage:
         n = len(batch)
         if n == 0:
             return np.zeros(0, np.int64)
-        if self.cols is None:
-            self.cols = {k: np.zeros((self.capacity, *np.shape(v)[1:]), np.asarray(v).dtype)
-                         for k, v in batch.items()}
+        if not self.cols:
+            self.cols = {k: np.zeros((self.capacity, *np.shape(v)[1:]), np.asarray(v).dtype) for k, v in batch.items()}
         elif set(batch.keys()) != set(self.cols):
             raise ValueError(f"replay buffer: batch columns {sorted(batch.keys())} differ from the "
                              f"stored columns {sorted(self.cols)}")
@@ -82,14 +80,13 @@ class Storage:
     def get_state(self, include_replay: bool = True) -> Dict[str, Any]:
         st: Dict[str, Any] = {"next_idx": self.next_idx, "size": self.size, "num_added": self.num_added,
                               "capacity": self.capacity, "has_data": include_replay}
-        if include_replay and self.cols is not None:
+        if include_replay and self.cols:
             st["cols"] = {k: v[:self.size].copy() for k, v in self.cols.items()}
         return st
 
     def set_state(self, st: Dict[str, Any]) -> None:
         if not st.get("has_data", True):
-            self.cols, self.next_idx, self.size = None, 0, 0
-            self.num_added = int(st["num_added"])
+            self.cols, self.next_idx, self.size, self.num_added = {}, 0, 0, int(st["num_added"])
             return
         cols = st.get("cols")
         if cols is not None:
@@ -225,10 +222,7 @@ class PrioritizedSampler:
     def set_state(self, st: Dict[str, Any]) -> None:
         self.rng.bit_generator.state = st["rng"]
         self.max_priority = float(st["max_priority"])
-        if "sum" in st:
-            self.sum.t[:], self.min.t[:] = st["sum"], st["min"]
-        else:
-            self.sum.t[:], self.min.t[:] = 0.0, np.inf
+        self.sum.t[:], self.min.t[:] = (st["sum"], st["min"]) if "sum" in st else (0.0, np.inf)
 
 
 # ---- buffers ----------------------------------------------------------------------------------
@@ -263,8 +257,7 @@ class ReplayBuffer:
         self.sampler.update(idx, td_error)
 
     def get_state(self, include_replay: bool = True) -> Dict[str, Any]:
-        return {"storage": self.storage.get_state(include_replay),
-                "sampler": self.sampler.get_state(include_replay)}
+        return {"storage": self.storage.get_state(include_replay), "sampler": self.sampler.get_state(include_replay)}
 
     def set_state(self, st: Dict[str, Any]) -> None:
         self.storage.set_state(st["storage"])
@@ -315,9 +308,7 @@ class MultiAgentReplayBuffer:
         """``n`` rows from each policy buffer that holds at least ``n`` (None if none does);
         ``env_steps`` of the result is ``n``."""
         out = {pid: b.sample(n) for pid, b in self.buffers.items() if len(b) >= n}
-        if not out:
-            return None
-        return sb.MultiAgentBatch(out, env_steps=n)
+        return sb.MultiAgentBatch(out, env_steps=n) if out else None
 
     def update_priorities(self, prios: Dict[str, Tuple[np.ndarray, np.ndarray]]) -> None:
         """``{policy_id: (batch_indexes int64[B], td_error float32[B])}``."""
@@ -396,8 +387,7 @@ class ReplayShard:
 
     def __init__(self, index: int, capacity: int, batch_size: int, learning_starts: int,
                  prioritized: bool, alpha: float, beta: float, eps: float, seed: int):
-        self.index = index
-        self.batch_size, self.learning_starts = int(batch_size), int(learning_starts)
+        self.index, self.batch_size, self.learning_starts = index, int(batch_size), int(learning_starts)
         self.buffer = MultiAgentReplayBuffer(capacity, prioritized, alpha, beta, eps, seed)
 
     def add(self, batch: sb.MultiAgentBatch) -> int:
@@ -438,7 +428,7 @@ class ReplayShards:
         if int(num_shards) < 1:
             raise ValueError(f"ReplayShards: num_shards must be >= 1, got {num_shards}")
         self.backend, self.num_shards = backend, int(num_shards)
-        self.kw = dict(capacity=max(1, int(capacity) // self.num_shards), batch_size=int(batch_size),
+        self.kw: Dict[str, Any] = dict(capacity=max(1, int(capacity) // self.num_shards), batch_size=int(batch_size),
                        learning_starts=int(learning_starts) // self.num_shards, prioritized=bool(prioritized),
                        alpha=alpha, beta=beta, eps=eps)
         self.seed = int(seed)
@@ -448,13 +438,11 @@ class ReplayShards:
 
     @property
     def actors(self) -> List[Any]:
-        if self._actors is None:
-            self._start()
-        return list(self._actors)
+        return list(self._actors if self._actors is not None else self._start())
 
-    def _start(self) -> None:
+    def _start(self) -> List[Any]:
         from flowkit.core._envs import derive_seed
-        out = []
+        out: List[Any] = []
         for i in range(self.num_shards):
             args = dict(self.kw, index=i, seed=derive_seed(self.seed, "replay_shard", i))
             if self.backend == "local":
@@ -470,12 +458,11 @@ class ReplayShards:
             for a, st in zip(out, self._pending):
                 get_result(a.submit("set_state", st))
             self._pending = None
+        return out
 
     def get_state(self, include_replay: bool = True) -> Dict[str, Any]:
-        if self._actors is None:
-            shards = self._pending or []
-        else:
-            shards = [get_result(a.submit("get_state", include_replay)) for a in self._actors]
+        shards = ((self._pending or []) if self._actors is None
+                  else [get_result(a.submit("get_state", include_replay)) for a in self._actors])
         return {"shards": shards, "next_shard": self.next_shard}
 
     def set_state(self, st: Dict[str, Any]) -> None:
@@ -497,10 +484,8 @@ class ReplayShards:
         for a in self._actors:
             if a.is_remote:
                 import ray
-                try:
+                with contextlib.suppress(Exception):
                     ray.kill(a.handle)
-                except Exception:
-                    pass
         self._actors = None
 
 

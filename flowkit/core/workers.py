@@ -48,8 +48,8 @@ class RolloutWorker:
 
     def __init__(self, config: Any, index: int, num_workers: int, policy_specs: Dict[str, PolicySpec],
                  restart_count: int = 0, pm: Any = None, num_envs: Optional[int] = None):
-        from omegaconf import DictConfig, OmegaConf
         import torch
+        from omegaconf import DictConfig, OmegaConf
         if not isinstance(config, DictConfig):
             config = OmegaConf.create(config)
         self.config = config
@@ -193,11 +193,11 @@ class WorkerSet:
         self.num_restarts = 0
         self.restart_log: List[Dict[str, Any]] = []
         self.weights_version = 0
-        self._last_weights_ref = None
+        self._last_weights_ref: Any = None
         self._last_weights_key: Optional[tuple] = None
         self._last_weights_obj: Any = None
         self._next_sample_weights: Dict[int, tuple] = {}   # worker index -> (actor, weights, version)
-        self._container = None
+        self._container: Any = None
 
     # -- lifecycle --
     @property
@@ -246,7 +246,7 @@ class WorkerSet:
     def actors(self) -> List[Any]:
         if self._actors is None:
             self.start()
-        return list(self._actors)
+        return list(self._actors or [])
 
     def local_worker(self) -> Optional[RolloutWorker]:
         """The first worker object (local backend only)."""
@@ -290,7 +290,7 @@ class WorkerSet:
                 self._last_weights_ref, self._last_weights_key = ref, key
                 self._last_weights_obj = weights   # keeps id(weights) from being reused
         else:
-            ref = weights
+            ref = weights  # the local backend passes the dict itself
         if with_next_sample:
             for a in targets:
                 self._next_sample_weights[a.index] = (a, ref, self.weights_version)
@@ -305,7 +305,7 @@ class WorkerSet:
     def sample_args(self, actor: Any) -> tuple:
         """Arguments of the next ``sample`` request to ``actor``: ``(weights, version)`` when
         weights wait to travel with it (``sync_weights(..., with_next_sample=True)``), else ()."""
-        item = self._next_sample_weights.pop(getattr(actor, "index", None), None)
+        item = self._next_sample_weights.pop(getattr(actor, "index", -1), None)
         if item is None or item[0] is not actor:
             return ()
         return item[1], item[2]

@@ -42,10 +42,8 @@ class PluginManager(pluggy.PluginManager):
 
     def parse_hookimpl_opts(self, plugin, name):
         opts = super().parse_hookimpl_opts(plugin, name)
-        if opts is None and name.startswith("flowkit_"):
-            meth = getattr(plugin, name, None)
-            if inspect.isroutine(meth):
-                return {}
+        if opts is None and name.startswith("flowkit_") and inspect.isroutine(getattr(plugin, name, None)):
+            return {}
         return opts
 
     # ---- algorithms --------------------------------------------------------------------------
@@ -56,10 +54,9 @@ class PluginManager(pluggy.PluginManager):
     def _named(self, kind: str, hook: Any) -> Dict[str, Any]:
         if kind in self._registry:
             return self._registry[kind]
-        impls = hook.get_hookimpls()
         out: Dict[str, Any] = {}
         owner: Dict[str, str] = {}
-        for impl in impls:
+        for impl in hook.get_hookimpls():
             for cls in impl.function() or []:
                 name = getattr(cls, "name", None)
                 if not name:
@@ -91,21 +88,13 @@ class PluginManager(pluggy.PluginManager):
         return secs
 
     def state_dict(self) -> Dict[str, Any]:
-        out = {}
-        for impl in self.hook.flowkit_state_dict.get_hookimpls():
-            st = impl.function()
-            if st is not None:
-                out[impl.plugin_name] = st
-        return out
+        states = {impl.plugin_name: impl.function() for impl in self.hook.flowkit_state_dict.get_hookimpls()}
+        return {name: st for name, st in states.items() if st is not None}
 
     def load_state_dict(self, states: Dict[str, Any]) -> None:
         for impl in self.hook.flowkit_load_state_dict.get_hookimpls():
             if impl.plugin_name in states:
                 impl.function(state=states[impl.plugin_name])
-
-
-def _builtin_modules() -> List[str]:
-    return ["flowkit.builtin", "flowkit.reporters"]
 
 
 def get_plugin_manager(plugin_modules: Sequence[str] = (), include_registered: bool = True,
@@ -121,7 +110,7 @@ def get_plugin_manager(plugin_modules: Sequence[str] = (), include_registered: b
             distribution), or an unknown ``flowkit_*`` hook name.
     """
     pm = PluginManager()
-    for mod in _builtin_modules():
+    for mod in ("flowkit.builtin", "flowkit.reporters"):  # the built-in plugins
         pm.register(importlib.import_module(mod), name=mod)
     for ep in md.entry_points(group="flowkit"):
         if pm.get_plugin(ep.name) is not None or pm.is_blocked(ep.name):

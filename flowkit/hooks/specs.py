@@ -25,11 +25,10 @@ import pluggy
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
+    from flowkit.core import EnvContext, Episode, Policy, PolicySpec, RolloutWorker
     from flowkit.core.algorithm import Algorithm
     from flowkit.core.batch import SampleBatch
     from flowkit.core.flow import Flow, _NotReady
-    from flowkit.core import Policy
-    from flowkit.core import EnvContext, Episode, PolicySpec, RolloutWorker
     from flowkit.engine import Result, RunContext  # lead: flowkit.core.context.RunContext
 
 hookspec = pluggy.HookspecMarker("flowkit")
