@@ -66,7 +66,6 @@ class CheckpointError(ConfigError):
     that is not registered. The message is one line and names the file."""
 
 
-# ---- plain data ----------------------------------------------------------------------------------
 def to_plain(obj: Any, where: str = "state") -> Any:
     """``obj`` as plain data for ``torch.save``: numpy arrays become ``{"__ndarray__": tensor}``,
     numpy scalars Python numbers, tuples stay tuples.
@@ -154,7 +153,6 @@ def load_state(path: str) -> Dict[str, Any]:
     return from_plain(st)
 
 
-# ---- spaces and policy specs -------------------------------------------------------------------
 def space_to_dict(space: gym.Space) -> Dict[str, Any]:
     """A plain description of a Box, Discrete, MultiDiscrete, MultiBinary, Dict or Tuple space
     (nested); Dict keeps its key order.
@@ -260,20 +258,17 @@ def spec_from_dict(d: Dict[str, Any], algorithms: Dict[str, type], path: str = "
                       space_from_dict(d["action_space"]), conf, name)
 
 
-# ---- config.yaml: the sections the run uses -----------------------------------------------------------
 def used_config(cfg: DictConfig, specs: Dict[str, PolicySpec], pm: Any) -> Dict[str, Any]:
     """``cfg`` as a plain dict with the core sections, the sections of the algorithms that
     train or act for a policy, and plugin sections that differ from their defaults or whose
     plugin made the policy specs (``multiagent``); other algorithms' sections are left out."""
     data: Any = OmegaConf.to_container(cfg, resolve=True)
-    base = {f.name for f in dataclasses.fields(Config)}
-    algos = set(pm.algorithms())
-    used = {s.algo for s in specs.values()}
+    base = {f.name for f in dataclasses.fields(Config)} | {s.algo for s in specs.values()}
     spec_pkgs = {type(s).__module__.split(".")[0] for s in specs.values()}
-    sections = pm.config_sections()
+    algos, sections = pm.algorithms(), pm.config_sections()
     out: Dict[str, Any] = {}
     for k, v in data.items():
-        if k in base or k in used:
+        if k in base:
             out[k] = v
         elif k not in algos and k in sections:
             default = OmegaConf.to_container(OmegaConf.structured(sections[k]), resolve=True)
@@ -285,18 +280,6 @@ def used_config(cfg: DictConfig, specs: Dict[str, PolicySpec], pm: Any) -> Dict[
 def config_yaml(cfg: DictConfig, specs: Dict[str, PolicySpec], pm: Any) -> str:
     """The text of a run's or checkpoint's ``config.yaml`` (see :func:`used_config`)."""
     return OmegaConf.to_yaml(OmegaConf.create(used_config(cfg, specs, pm)))
-
-
-def _rng_state() -> Dict[str, Any]:
-    return {"python": random.getstate(), "numpy": np.random.get_state(legacy=False),
-            "torch": torch.get_rng_state()}
-
-
-def _set_rng_state(st: Dict[str, Any]) -> None:
-    py = st["python"]
-    random.setstate((py[0], tuple(py[1]), py[2]))
-    np.random.set_state(st["numpy"])
-    torch.set_rng_state(st["torch"])
 
 
 def _takes_kw(fn, name: str) -> bool:
@@ -311,26 +294,21 @@ def checkpoint_state(ctx: Any) -> Dict[str, Any]:
     include_replay = bool(ctx.config.checkpoint.include_replay)
     registry = ctx.pm.algorithms()
     return {
-        "format": FORMAT,
-        "iteration": ctx.iteration,
-        "time_total_s": ctx.time_total_s,
-        "counters": dict(ctx.counters),
+        "format": FORMAT, "iteration": ctx.iteration, "time_total_s": ctx.time_total_s, "counters": dict(ctx.counters),
         "policy_specs": {pid: spec_to_dict(s, registry.get(s.algo)) for pid, s in ctx.policy_specs.items()},
         "policies": ctx.policy_states(),
         "algorithms": {n: a.get_state() for n, a in ctx.algorithms.items()},
         "stateful": {n: (o.get_state(include_replay=include_replay) if _takes_kw(o.get_state, "include_replay")
                          else o.get_state()) for n, o in ctx.stateful.items() if hasattr(o, "get_state")},
         "plugins": ctx.pm.state_dict(),
-        "rng": _rng_state(),
-        "learner_rng": ctx.rng.bit_generator.state,
+        "rng": {"python": random.getstate(), "numpy": np.random.get_state(legacy=False),
+                "torch": torch.get_rng_state()}, "learner_rng": ctx.rng.bit_generator.state,
         "windows": {"episode": list(ctx.episode_window), "len": list(ctx.len_window),
                     "policy": {k: list(v) for k, v in ctx.policy_windows.items()}},
-        "restart_counts": list(ctx.workers.restart_counts),
-        "num_restarts": ctx.workers.num_restarts,
+        "restart_counts": list(ctx.workers.restart_counts), "num_restarts": ctx.workers.num_restarts,
     }
 
 
-# ---- write, find, restore, load --------------------------------------------------------------------
 def save_checkpoint(ctx: Any, run_dir: str, tag: Optional[str] = None) -> str:
     """Write ``checkpoints/<tag>/{state.pt,config.yaml}`` atomically (temp folder, fsync,
     rename) and keep the newest ``checkpoint.keep``. Returns the folder.
@@ -344,8 +322,7 @@ def save_checkpoint(ctx: Any, run_dir: str, tag: Optional[str] = None) -> str:
     os.makedirs(ck_root, exist_ok=True)
     tag = tag or f"iter_{ctx.iteration:06d}"
     final = os.path.join(ck_root, tag)
-    plain = to_plain(checkpoint_state(ctx))
-    text = config_yaml(ctx.config, ctx.policy_specs, ctx.pm)
+    plain, text = to_plain(checkpoint_state(ctx)), config_yaml(ctx.config, ctx.policy_specs, ctx.pm)
     tmp = tempfile.mkdtemp(prefix=".tmp-", dir=ck_root)
     try:
         torch.save(plain, os.path.join(tmp, STATE_FILE))
@@ -369,8 +346,7 @@ def save_checkpoint(ctx: Any, run_dir: str, tag: Optional[str] = None) -> str:
         if stale.startswith(".tmp-"):
             shutil.rmtree(os.path.join(ck_root, stale), ignore_errors=True)
     keep = int(ctx.config.checkpoint.keep)
-    existing = sorted(d for d in os.listdir(ck_root) if d.startswith("iter_"))
-    for old_ck in existing[:-keep] if keep > 0 else []:
+    for old_ck in sorted(d for d in os.listdir(ck_root) if d.startswith("iter_"))[:-keep] if keep > 0 else []:
         if os.path.join(ck_root, old_ck) != final:
             shutil.rmtree(os.path.join(ck_root, old_ck), ignore_errors=True)
     ctx.pm.hook.flowkit_on_checkpoint(path=final, ctx=ctx)
@@ -422,35 +398,31 @@ def restore(ctx: Any, ck_dir: str) -> None:
     Raises:
         CheckpointError: unreadable, or a policy trained by another algorithm in this run.
     """
-    path = os.path.join(ck_dir, STATE_FILE)
-    st = load_state(path)
+    st = load_state(path := os.path.join(ck_dir, STATE_FILE))
     for pid, d in st["policy_specs"].items():
         mine = ctx.policy_specs.get(pid)
         if mine is not None and mine.algo != d["algo"]:
             raise CheckpointError(f"checkpoint {path!r}: policy {pid!r} was trained by {d['algo']!r}, "
                                   f"this run uses {mine.algo!r}")
-    for pid, ps in st["policies"].items():
-        if pid in ctx.policies:
-            ctx.policies[pid].set_state(ps)
-    for n, s in st.get("algorithms", {}).items():
-        if n in ctx.algorithms:
-            ctx.algorithms[n].set_state(s)
-    for n, s in st.get("stateful", {}).items():
-        if n in ctx.stateful:
-            ctx.stateful[n].set_state(s)
+    for key, objs in (("policies", ctx.policies), ("algorithms", ctx.algorithms), ("stateful", ctx.stateful)):
+        for n, s in st.get(key, {}).items():
+            if n in objs:
+                objs[n].set_state(s)
     ctx.pm.load_state_dict(st.get("plugins", {}))
     ctx.counters.update(st["counters"])
     ctx.iteration = int(st["iteration"])
     ctx._time_offset = float(st.get("time_total_s", 0.0))
-    _set_rng_state(st["rng"])
+    py = st["rng"]["python"]
+    random.setstate((py[0], tuple(py[1]), py[2]))
+    np.random.set_state(st["rng"]["numpy"])
+    torch.set_rng_state(st["rng"]["torch"])
     ctx.rng.bit_generator.state = st["learner_rng"]
     w = st.get("windows", {})
     ctx.episode_window.extend(w.get("episode", []))
     ctx.len_window.extend(w.get("len", []))
     for k, v in w.get("policy", {}).items():
         ctx.policy_windows[k].extend(v)
-    rcs = list(st.get("restart_counts", []))
-    n = ctx.workers.num_workers
+    rcs, n = list(st.get("restart_counts", [])), ctx.workers.num_workers
     ctx.workers.restart_counts = [rc + 1 for rc in rcs][:n] + [0] * max(0, n - len(rcs))
     ctx.workers.num_restarts = int(st.get("num_restarts", 0))
 
@@ -466,10 +438,10 @@ def resume_config(user: Any, resume: str, pm: Any) -> Tuple[str, DictConfig, Any
     from flowkit.config import _as_source
     ck = find_checkpoint(resume)
     st = load_state(os.path.join(ck, STATE_FILE))
-    saved = OmegaConf.load(os.path.join(ck, "config.yaml"))
+    saved = OmegaConf.to_container(OmegaConf.load(os.path.join(ck, "config.yaml")), resolve=True)
     over, _ = _as_source(user)
     over.pop("resume", None)
-    merged: Any = OmegaConf.merge(OmegaConf.create(OmegaConf.to_container(saved, resolve=True)), OmegaConf.create(over))
+    merged: Any = OmegaConf.merge(OmegaConf.create(saved), OmegaConf.create(over))
     for mod in merged.get("plugins") or []:  # named by the checkpoint's config: installed code
         if pm.get_plugin(mod) is None:
             try:
@@ -496,8 +468,7 @@ def load_trained(path: str, expected_cls: Optional[type] = None) -> Any:
         CheckpointError: unreadable, or an algorithm it needs is not registered (one line).
     """
     ck = find_checkpoint(path)
-    state_path = os.path.join(ck, STATE_FILE)
-    st = load_state(state_path)
+    st = load_state(state_path := os.path.join(ck, STATE_FILE))
     cfg_yaml: Any = OmegaConf.load(os.path.join(ck, "config.yaml"))
     pm = get_plugin_manager(list(cfg_yaml.get("plugins") or []))
     algos: Dict[str, Any] = dict(pm.algorithms())
@@ -510,18 +481,17 @@ def load_trained(path: str, expected_cls: Optional[type] = None) -> Any:
     check_algorithms(st, algos, state_path, () if exp is not None else (str(cfg_yaml.algo),))
     cfg = build_config(OmegaConf.to_container(cfg_yaml, resolve=True), None, sections)
     algo = (expected_cls or algos[cfg.algo])(cfg)
-    seed = int(cfg.seed)
     for pid, d in st["policy_specs"].items():
         spec = spec_from_dict(d, algos, state_path)
         pol = spec.policy_class(spec.observation_space, spec.action_space, spec.config, cfg.model, "cpu",
-                                derive_seed(seed, "learner", pid))
+                                derive_seed(int(cfg.seed), "learner", pid))
         pol.set_state(st["policies"][pid])
         algo.policies[pid] = pol
     algo.checkpoint_state = st
     return algo
 
 
-__all__ = ["CheckpointError", "FORMAT", "STATE_FILE", "check_algorithms", "config_yaml", "find_checkpoint", "from_plain",
-           "load_state", "load_trained", "missing_algorithm", "read_iteration", "restore",
-           "resume_config", "save_checkpoint", "save_state", "space_from_dict", "space_to_dict",
-           "spec_from_dict", "spec_to_dict", "to_plain", "used_config"]
+__all__ = ["CheckpointError", "FORMAT", "STATE_FILE", "check_algorithms", "config_yaml", "find_checkpoint",
+           "from_plain", "load_state", "load_trained", "missing_algorithm", "read_iteration", "restore",
+           "resume_config", "save_checkpoint", "save_state", "space_from_dict", "space_to_dict", "spec_from_dict",
+           "spec_to_dict", "to_plain", "used_config"]

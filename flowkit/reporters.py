@@ -29,6 +29,7 @@ record of the run (the :class:`flowkit.engine.Result` ``flowkit.train`` returns)
 """
 from __future__ import annotations
 
+import contextlib
 import csv
 import math
 import os
@@ -62,12 +63,10 @@ class Reporter:
         (checked before anything starts, when the reporter is in ``run.reporters``)."""
 
 
-# ---- the engine's default iteration (a wrapper point) ----------------------------------------
 def _elapsed_s(ctx: "RunContext") -> float:
     """Seconds of training so far, a resumed run's earlier time included."""
-    t_start = ctx._t_start
-    assert t_start is not None, "ctx.start_clock() comes before the first iteration"
-    return ctx._time_offset + time.perf_counter() - t_start
+    assert ctx._t_start is not None, "ctx.start_clock() comes before the first iteration"
+    return ctx._time_offset + time.perf_counter() - ctx._t_start
 
 
 @hookimpl(trylast=True)
@@ -84,7 +83,6 @@ def flowkit_train_iteration(ctx: "RunContext", results: Iterator[Any]) -> Option
     return None
 
 
-# ---- metrics.csv -----------------------------------------------------------------------------
 class MetricsWriter:
     """metrics.csv (one row per iteration; rewritten when new columns appear)."""
 
@@ -102,8 +100,7 @@ class MetricsWriter:
         with open(tmp, "w", newline="") as f:
             w = csv.DictWriter(f, self.columns)
             w.writeheader()
-            for r in self.rows:
-                w.writerow(r)
+            w.writerows(self.rows)
         os.replace(tmp, self.path)
 
     def write(self, row: Row) -> None:
@@ -187,7 +184,6 @@ class TensorBoardReporter(Reporter):
             self.tb.close()
 
 
-# ---- progress bar ----------------------------------------------------------------------------
 class ProgressReporter(Reporter):
     """A tqdm bar on stderr: env steps (of ``stop.env_steps``), return, steps/s, eval."""
     name = "progress"
@@ -214,7 +210,6 @@ class ProgressReporter(Reporter):
             self.bar.close()
 
 
-# ---- learning curve ----------------------------------------------------------------------------
 def plot_learning_curve(rows: List[Row], path: str, title: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
@@ -227,9 +222,7 @@ def plot_learning_curve(rows: List[Row], path: str, title: str) -> None:
         ax.plot(*zip(*ev), "o-", label="evaluation_return_mean")
     for key in sorted({k for r in rows for k in r if k.startswith("policy/") and k.endswith("episode_return_mean")}):
         ax.plot(xs, [r.get(key, float("nan")) for r in rows], label=key)
-    ax.set_xlabel("env steps sampled")
-    ax.set_ylabel("return")
-    ax.set_title(title)
+    ax.set(xlabel="env steps sampled", ylabel="return", title=title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -248,14 +241,11 @@ class PlotReporter(Reporter):
             return
         from flowkit.core import env_name
         cfg = result.config
-        try:
+        with contextlib.suppress(Exception):  # a plot never fails a run
             plot_learning_curve(result.history, os.path.join(result.run_dir, "learning_curve.png"),
                                 f"{cfg.algo} on {env_name(cfg.env)} (seed {cfg.seed})")
-        except Exception:  # a plot never fails a run
-            pass
 
 
-# ---- checkpoints and evaluation ------------------------------------------------------------------
 class CheckpointReporter(Reporter):
     """``checkpoint.every_iters`` (after the row is written), ``checkpoint.at_end`` and the
     crash checkpoint; each calls ``save_checkpoint`` (which calls ``flowkit_on_checkpoint``)."""
@@ -274,10 +264,8 @@ class CheckpointReporter(Reporter):
         if not hasattr(self, "run_dir"):
             return
         if error is not None:
-            try:  # best effort: keep what was learned
+            with contextlib.suppress(Exception):  # best effort: keep what was learned
                 _save(ctx, self.run_dir, "crash")
-            except Exception:
-                pass
         elif bool(ctx.config.checkpoint.at_end) and ctx.iteration > 0:
             _save(ctx, self.run_dir, f"iter_{ctx.iteration:06d}")
 
@@ -306,7 +294,6 @@ class EvaluationReporter(Reporter):
             summary["final_evaluation"] = True
 
 
-# ---- timing (a wrapper) ------------------------------------------------------------------------
 class TimingReporter(Reporter):
     """Wraps each iteration: ``perf/iteration_ms`` (pulling the plan: sampling and learning)
     and ``perf/driver_overhead_ms`` (the driver's time between two pulls: hooks, reporters,
