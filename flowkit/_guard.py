@@ -58,8 +58,7 @@ class Guard:
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
         """:meth:`install` for a run, :meth:`restore` after it (nested runs keep the outer's)."""
-        owner = not self.active
-        if owner:
+        if owner := not self.active:
             self.install()
         try:
             yield
@@ -116,7 +115,6 @@ class Guard:
         finally:
             self._shield -= 1
 
-    # -- deadlines --
     def set_deadline(self, name: str, seconds: Optional[float],
                      make: Optional[Callable[[], BaseException]] = None) -> None:
         """Raise ``make()`` in the main thread in ``seconds`` (None: cancel)."""
@@ -147,7 +145,6 @@ class Guard:
 GUARD = Guard()
 
 
-# ---- start-up and the run folder ----------------------------------------------------------------
 def check_cpus(cfg: Any) -> None:
     """A local Ray cluster that cannot place every worker would wait forever: refuse it."""
     from flowkit.config import ConfigError

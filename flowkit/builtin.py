@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import gymnasium as gym
 
-from flowkit.config import F
+from flowkit.config import F, section_object
 from flowkit.core import GymEnvRunner, PolicySpec, RandomPolicy
 from flowkit.core import batch as sb
 from flowkit.core.algorithm import Algorithm
@@ -41,9 +41,7 @@ def flowkit_add_algorithms():
 
 @hookimpl(trylast=True)
 def flowkit_make_env_runner(env, context, config, policies):
-    if isinstance(env, gym.Env):
-        return GymEnvRunner
-    return None
+    return GymEnvRunner if isinstance(env, gym.Env) else None
 
 
 @hookimpl(trylast=True)
@@ -52,7 +50,6 @@ def flowkit_make_policy_specs(config, env, algorithms):
     if not isinstance(env, gym.Env):
         return None
     algo_cls = algorithms[config.algo]
-    from flowkit.config import section_object
     sec = section_object(config, algo_cls.name, algo_cls.config_class) if algo_cls.config_class else None
     return {sb.DEFAULT_POLICY_ID: PolicySpec(algo_cls.policy_class, env.observation_space,
                                              env.action_space, sec, algo_cls.name)}

@@ -122,10 +122,8 @@ def save_state(state: Dict[str, Any], path: str) -> None:
 
 def _why(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    for ln in lines:
-        if "GLOBAL" in ln or ln.startswith("Unsupported"):
-            return ln
-    return lines[-1] if lines else type(e).__name__
+    found = (ln for ln in lines if "GLOBAL" in ln or ln.startswith("Unsupported"))
+    return next(found, lines[-1] if lines else type(e).__name__)
 
 
 def load_state(path: str) -> Dict[str, Any]:
@@ -333,14 +331,12 @@ def save_checkpoint(ctx: Any, run_dir: str, tag: Optional[str] = None) -> str:
                 os.fsync(f.fileno())
     except (OSError, RuntimeError) as e:  # torch reports a full disk as a RuntimeError
         shutil.rmtree(tmp, ignore_errors=True)
-        free = shutil.disk_usage(ck_root).free
-        msg = (f"cannot write checkpoint {final!r} ({free} bytes free on that disk; earlier checkpoints are "
-               f"kept): {type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
+        msg = (f"cannot write checkpoint {final!r} ({shutil.disk_usage(ck_root).free} bytes free on that disk; "
+               f"earlier checkpoints are kept): {type(e).__name__}: {(str(e).splitlines() or [''])[0]}")
         errno = getattr(e, "errno", None)
         raise (OSError(errno, msg) if errno is not None else OSError(msg)) from e
     if os.path.exists(final):  # same tag again: move the old one aside, then swap
-        old = tempfile.mkdtemp(prefix=".tmp-old-", dir=ck_root)
-        os.replace(final, os.path.join(old, tag))
+        os.replace(final, os.path.join(tempfile.mkdtemp(prefix=".tmp-old-", dir=ck_root), tag))
     os.replace(tmp, final)
     for stale in os.listdir(ck_root):  # left by a process killed while saving, or moved aside
         if stale.startswith(".tmp-"):
@@ -400,8 +396,7 @@ def restore(ctx: Any, ck_dir: str) -> None:
     """
     st = load_state(path := os.path.join(ck_dir, STATE_FILE))
     for pid, d in st["policy_specs"].items():
-        mine = ctx.policy_specs.get(pid)
-        if mine is not None and mine.algo != d["algo"]:
+        if (mine := ctx.policy_specs.get(pid)) is not None and mine.algo != d["algo"]:
             raise CheckpointError(f"checkpoint {path!r}: policy {pid!r} was trained by {d['algo']!r}, "
                                   f"this run uses {mine.algo!r}")
     for key, objs in (("policies", ctx.policies), ("algorithms", ctx.algorithms), ("stateful", ctx.stateful)):

@@ -40,7 +40,6 @@ def check_schedules(section: Any, name: str, keys: Sequence[str], run_config: An
             raise ConfigError(f"{name}.{key}=linear needs a horizon: set {name}.schedule_env_steps or stop.env_steps")
 
 
-# ---- fields: help text and allowed values ----------------------------------------------------
 INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
 
 
@@ -138,12 +137,10 @@ def check_values(cfg: Any, schema_cls: Any, prefix: str = "") -> None:
     """
     hints = typing.get_type_hints(schema_cls)
     for f in dataclasses.fields(schema_cls):
-        if f.name not in cfg:
+        if f.name not in cfg or cfg[f.name] is None:
             continue
         key, tp, val = prefix + f.name, hints[f.name], cfg[f.name]
         base: Any = _unwrap_optional(tp)[0]
-        if val is None:
-            continue
         if dataclasses.is_dataclass(base):
             check_values(val, base, key + ".")
             continue
@@ -275,7 +272,6 @@ class Config:
     resume: Optional[str] = F(None, "run folder or checkpoint to continue from")
 
 
-# ---- schema --------------------------------------------------------------------------------
 def make_schema_class(sections: Dict[str, type]) -> type:
     """The Config dataclass extended with one field per extra section."""
     extra = [(name, cls, F(help=(cls.__doc__ or name).strip().splitlines()[0], factory=cls))
@@ -299,10 +295,8 @@ def schema_keys(cls: Any, prefix: str = "") -> Dict[str, Tuple[Any, str, Any]]:
     out: Dict[str, Tuple[Any, str, Any]] = {}
     hints = typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
-        tp = hints[f.name]
-        key = prefix + f.name
-        base, _ = _unwrap_optional(tp)
-        if dataclasses.is_dataclass(base):
+        tp, key = hints[f.name], prefix + f.name
+        if dataclasses.is_dataclass(base := _unwrap_optional(tp)[0]):
             out.update(schema_keys(base, key + "."))
             continue
         default = f.default if f.default is not dataclasses.MISSING else (
@@ -332,14 +326,14 @@ def _type_name(tp) -> str:
 
 
 def _check_key(key: str, keys: Dict[str, Any]) -> None:
+    """A known key, a key inside an open Dict field, or a section name given as a whole (e.g.
+    a YAML mapping) passes; anything else is a ConfigError naming the closest valid key."""
     if key in keys:
         return
-    # inside an open Dict field?
     for k, (tp, _, _) in keys.items():
         base, _ = _unwrap_optional(tp)
         if typing.get_origin(base) in (dict, Dict) and key.startswith(k + "."):
             return
-    # a section name given as a whole (e.g. a YAML mapping) is fine
     if any(k.startswith(key + ".") for k in keys):
         return
     close = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.6)
@@ -374,8 +368,7 @@ def parse_overrides(overrides: Sequence[str]) -> Dict[str, Any]:
             val = raw
         spelling = key
         if key == "env" and not isinstance(val, dict):
-            key = "env.id"
-            val = None if val is None else str(raw)
+            key, val = "env.id", (None if val is None else str(raw))
         if key in flat and flat[key][0].split("=", 1)[0].strip() != spelling:
             # two spellings of one key (env= and env.id=): no silent winner
             raise ConfigError(f"`{key}` is given twice: `{flat[key][0]}` and `{item}`")
@@ -386,8 +379,7 @@ def parse_overrides(overrides: Sequence[str]) -> Dict[str, Any]:
 def _nest(flat: Dict[str, Any], origin: Dict[str, str]) -> Dict[str, Any]:
     out: Dict[str, Any] = {}
     for key, val in flat.items():
-        parts = key.split(".")
-        d = out
+        parts, d = key.split("."), out
         for p in parts[:-1]:
             nxt = d.setdefault(p, {})
             if not isinstance(nxt, dict):
@@ -572,8 +564,7 @@ def help_text(sections: Optional[Dict[str, type]] = None) -> str:
     keys, allowed_values = schema_keys(schema_cls), schema_allowed(schema_cls)
     lines, last = [], None
     for key, (tp, hlp, default) in keys.items():
-        sec = key.split(".")[0] if "." in key else ""
-        if sec != last:
+        if (sec := key.split(".")[0] if "." in key else "") != last:
             lines.append(f"\n[{sec or 'top level'}]")
             last = sec
         allowed = allowed_values.get(key)

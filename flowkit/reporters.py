@@ -114,24 +114,23 @@ class MetricsWriter:
                 csv.DictWriter(f, self.columns).writerow(row)
 
 
+def _number(v: str) -> Any:
+    """A metrics.csv cell: an int, a float, or the text as it is."""
+    try:
+        fv = float(v)
+    except ValueError:
+        return v
+    return int(fv) if fv.is_integer() and "." not in v and "e" not in v.lower() else fv
+
+
 def read_metrics(path: str) -> List[Row]:
     """Rows of a metrics.csv with numbers parsed; a torn row (too few or too many fields,
     as a killed process may leave at the end) is skipped."""
     out = []
     with open(path) as f:
         for r in csv.DictReader(f):
-            if None in r or None in r.values():
-                continue
-            row: Row = {}
-            for k, v in r.items():
-                if v in ("", None):
-                    continue
-                try:
-                    fv = float(v)
-                    row[k] = int(fv) if fv.is_integer() and "." not in v and "e" not in v.lower() else fv
-                except ValueError:
-                    row[k] = v
-            out.append(row)
+            if None not in r and None not in r.values():
+                out.append({k: _number(v) for k, v in r.items() if v not in ("", None)})
     return out
 
 

@@ -46,7 +46,6 @@ class PluginManager(pluggy.PluginManager):
             return {}
         return opts
 
-    # ---- algorithms --------------------------------------------------------------------------
     def algorithms(self) -> Dict[str, Type[Algorithm]]:
         """``{name: Algorithm class}``; a name contributed twice is an error naming both."""
         return self._named("algorithm", self.hook.flowkit_add_algorithms)

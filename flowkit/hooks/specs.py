@@ -13,6 +13,9 @@ wrappers: a generator that yields once, receives the result of the inner impleme
 returns it, possibly changed). ``flowkit_train_iteration`` exists for them (timing,
 profiling); ``flowkit_build_plan`` can be wrapped to extend or time the plan.
 
+Groups, in order: registration (driver and workers, at plugin-manager set-up); set-up
+(driver, except the runner); sampling (worker); training iterations (driver); state (driver).
+
 The order in which the engine calls these hooks is shown in :mod:`flowkit.engine` and
 asserted by ``tests/test_hooks.py``.
 """
@@ -37,7 +40,6 @@ Row = Dict[str, Any]
 """One iteration's flat metrics: ``{"iteration": 3, "env_steps_sampled": 1536, ...}``."""
 
 
-# ---- registration (driver and workers, at plugin-manager set-up) -------------------------------
 @hookspec
 def flowkit_add_algorithms() -> List[Type[Algorithm]]:
     """Contribute Algorithm classes.
@@ -101,7 +103,6 @@ def flowkit_add_reporters() -> List[type]:
     """
 
 
-# ---- set-up (driver, except the runner) ------------------------------------------------------
 @hookspec(firstresult=True)
 def flowkit_make_policy_specs(config: DictConfig, env: Any,
                               algorithms: Dict[str, Type[Algorithm]]) -> Optional[Dict[str, PolicySpec]]:
@@ -199,7 +200,6 @@ def flowkit_on_run_start(ctx: RunContext, run_dir: str, history: List[Row]) -> N
     """
 
 
-# ---- sampling (worker) -------------------------------------------------------------------------
 @hookspec
 def flowkit_on_trajectory(policy_id: str, batch: SampleBatch, episode: Episode) -> None:
     """A trajectory piece of one agent is complete, **before** the policy's postprocessing
@@ -240,7 +240,6 @@ def flowkit_on_episode_end(episode: Episode, worker: RolloutWorker) -> None:
     """
 
 
-# ---- training iterations (driver) ----------------------------------------------------------------
 @hookspec(firstresult=True)
 def flowkit_train_iteration(ctx: RunContext, results: Iterator[Union[Row, _NotReady]]) -> Optional[Row]:
     """Produce the next iteration's row by pulling the plan (sampling and learning happen
@@ -367,7 +366,6 @@ def flowkit_on_run_end(result: Result, ctx: RunContext) -> None:
     """
 
 
-# ---- state (driver) ------------------------------------------------------------------------------
 @hookspec
 def flowkit_state_dict() -> Optional[Dict[str, Any]]:
     """Plugin state to store in checkpoints.
