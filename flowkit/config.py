@@ -564,7 +564,8 @@ def help_text(sections: Optional[Dict[str, type]] = None) -> str:
     keys, allowed_values = schema_keys(schema_cls), schema_allowed(schema_cls)
     lines, last = [], None
     for key, (tp, hlp, default) in keys.items():
-        if (sec := key.split(".")[0] if "." in key else "") != last:
+        sec = key.split(".")[0] if "." in key else ""
+        if sec != last:
             lines.append(f"\n[{sec or 'top level'}]")
             last = sec
         allowed = allowed_values.get(key)
