@@ -111,8 +111,7 @@ def standardize(x: np.ndarray, eps: float = 1e-8) -> np.ndarray:
     x = np.asarray(x, np.float32)
     if x.size < 2:
         return x.copy()
-    c = x - x.mean()
-    s = x.std()
+    c, s = x - x.mean(), x.std()
     return c if s < eps else c / s
 
 
@@ -260,27 +259,21 @@ class SyncWeights:
 
     def _send(self, actor: Any) -> None:
         version, w = self.learner.get_weights()
-        if actor is None:
-            with self.ctx.timers["sync_weights"]:
-                self.ctx.workers.sync_weights(w, version=version, with_next_sample=self.with_next_sample)
-            return
         i = getattr(actor, "index", -1)
         sent = self.sent.get(i)
-        if sent is not None and sent[0] is actor and sent[1] == version:
+        if actor is not None and sent is not None and sent[0] is actor and sent[1] == version:
             return  # it has these weights already
         with self.ctx.timers["sync_weights"]:
-            self.ctx.workers.sync_weights(w, actors=[actor], version=version, with_next_sample=self.with_next_sample)
-        self.sent[i] = (actor, version)
-        self.ctx.counters["num_weight_pushes"] += 1
+            self.ctx.workers.sync_weights(w, actors=None if actor is None else [actor], version=version,
+                                          with_next_sample=self.with_next_sample)
+        if actor is not None:
+            self.sent[i] = (actor, version)
+            self.ctx.counters["num_weight_pushes"] += 1
 
 
 def DropSource(item: Tuple[Any, Any]) -> Any:
     """``(source, item) -> item``."""
     return item[1]
-
-
-def _result_of(item: Any) -> Any:
-    return item[1] if isinstance(item, tuple) else item
 
 
 class UpdateTargetNetwork:
@@ -296,7 +289,7 @@ class UpdateTargetNetwork:
         self.name = f"UpdateTargetNetwork(every {self.freq} gradient steps)"
 
     def __call__(self, item: Any) -> Any:
-        for pid, st in _result_of(item)["stats"].items():
+        for pid, st in (item[1] if isinstance(item, tuple) else item)["stats"].items():
             pol: Any = self.learner.policies[pid]  # a policy with a target network (update_target)
             now = pol.num_updates
             before = now - int(st.get("num_sgd_steps", 1))

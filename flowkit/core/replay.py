@@ -155,11 +155,10 @@ class _SegmentTree:
         idx = np.ones(len(mass), np.int64)
         mass = np.asarray(mass, np.float64).copy()
         while idx[0] < self.cap:
-            left = 2 * idx
-            lv = self.t[left]
+            lv = self.t[2 * idx]
             right = mass >= lv
             mass = np.where(right, mass - lv, mass)
-            idx = left + right
+            idx = 2 * idx + right
         return idx - self.cap
 
 
@@ -338,8 +337,7 @@ class StoreToReplayBuffer:
         self.name = "StoreToReplayBuffer"
 
     def __call__(self, item: Any) -> Any:
-        b = item[1] if isinstance(item, tuple) else item
-        self.buffer.add(b)
+        self.buffer.add(item[1] if isinstance(item, tuple) else item)
         return item
 
 

@@ -227,9 +227,8 @@ class DQNPolicy(Policy):
             q = np.where(legal, q, -np.inf)
         actions = q.argmax(1)
         if explore and self.epsilon > 0:
-            b = q.shape[0]
-            u = self.np_random.random(b)
-            scores = self.np_random.random((b, self.num_actions))
+            u = self.np_random.random(q.shape[0])
+            scores = self.np_random.random(q.shape)
             if mask is not None:
                 scores = np.where(legal, scores, -1.0)
             actions = np.where(u < self.epsilon, scores.argmax(1), actions)

@@ -29,7 +29,6 @@ trajectories where ``eps_id`` changes (GAE, V-trace, n-step) never joins two age
 from __future__ import annotations
 
 import contextlib
-import itertools
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import gymnasium as gym
@@ -113,7 +112,6 @@ class _MultiAgentRunner:
         self.mapping = build_mapping(self.config, self.possible_agents)
         self.alternate = bool(self.config.multiagent.alternate_seats)
         self.check_steps = int(self.config.env.check_spaces_steps)
-        self._eps_counter = itertools.count(worker.index * 10_000_000 + worker.restart_count * 1_000_000_000)
         self._opponents: Dict[str, Any] = {}
         self._state: Optional[List[_Slot]] = None
         self._acting = self.policies       # policy id -> Policy used to act (evaluation swaps some)
@@ -145,7 +143,7 @@ class _MultiAgentRunner:
             self._fail(slot, "reward", agent, (f"reward[{agent}]", "a finite float scalar", describe_value(np.asarray(r))))
 
     def _start_episode(self, slot: _Slot):
-        slot.episode = Episode(next(self._eps_counter), slot.j, self.worker.index)
+        slot.episode = Episode(next(self.worker.episode_ids), slot.j, self.worker.index)
         slot.trajs, slot.rotation, slot.need_reset = {}, slot.episodes_started + slot.j, False
         slot.episodes_started += 1
 
