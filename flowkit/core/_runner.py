@@ -126,6 +126,12 @@ class GymEnvRunner:
         err.__cause__ = e
         return err
 
+    def _step(self, actions: np.ndarray) -> Tuple[Any, Any, Any, Any, Any]:
+        try:
+            return self.vec.step(self.dist.to_env(actions))
+        except Exception as e:
+            raise self._api_error(e, "step()")  # noqa: B904 - the cause is set by _api_error
+
     def _check_rows(self, raw: Any, where: str) -> None:
         """Space checks for the native vector env (SpaceCheck wraps single envs instead)."""
         self._check_left -= 1
@@ -163,7 +169,7 @@ class GymEnvRunner:
 
     def sample(self, explore: bool = True) -> sb.MultiAgentBatch:
         n, T = self.n, self.T
-        pol, enc, dist = self.policy, self.encoder, self.dist
+        pol, enc = self.policy, self.encoder
         have = np.array([0 if c is None else len(c) for c in self.carry])
         cols: Dict[str, List[np.ndarray]] = {k: [] for k in (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS,
                                                                sb.TRUNCATEDS, sb.NEXT_OBS, sb.EPS_ID, sb.T)}
@@ -178,10 +184,7 @@ class GymEnvRunner:
         while (have < T).any():
             obs_enc, mask = self.obs_enc, self.mask
             actions, extras = pol.compute_actions_encoded(obs_enc, mask, explore)
-            try:
-                raw_next, rew, term, trunc, infos = self.vec.step(dist.to_env(actions))
-            except Exception as e:
-                raise self._api_error(e, "step()")  # noqa: B904 - the cause is set by _api_error
+            raw_next, rew, term, trunc, infos = self._step(actions)
             if self._check_left > 0:
                 self._check_rows(raw_next, "step()")
             valid = ~self.reset_pending
@@ -278,10 +281,7 @@ class GymEnvRunner:
         out: List[Dict[str, Any]] = []
         while len(out) < num_episodes:
             actions, _ = self.policy.compute_actions_encoded(self.obs_enc, self.mask, explore)
-            try:
-                raw_next, rew, term, trunc, infos = self.vec.step(self.dist.to_env(actions))
-            except Exception as e:
-                raise self._api_error(e, "step()")  # noqa: B904 - the cause is set by _api_error
+            raw_next, rew, term, trunc, _ = self._step(actions)
             valid = ~self.reset_pending
             ended = (term | trunc) & (valid if not self.same_step else True)
             for j in np.flatnonzero(valid):

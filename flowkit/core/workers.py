@@ -196,8 +196,7 @@ class WorkerSet:
         self.sample_timeout_s = float(config.runtime.get("sample_timeout_s", 300.0))
         self.weights_fn = weights_fn
         self._actors: Optional[List[Any]] = None
-        self.restart_counts = [0] * self.num_workers
-        self.consecutive_failures = [0] * self.num_workers
+        self.restart_counts, self.consecutive_failures = [0] * self.num_workers, [0] * self.num_workers
         self.num_restarts = 0
         self.restart_log: List[Dict[str, Any]] = []
         self.weights_version = 0
@@ -361,9 +360,7 @@ class WorkerSet:
             if self.on_failure(actor, e2):
                 return True
             raise e2 from exc  # the latest failure, chained to the one before it
-        pos = [k for k, a in enumerate(self._actors) if a is actor]
-        if pos:
-            self._actors[pos[0]] = new
+        self._actors = [new if a is actor else a for a in self._actors]
         if self.weights_fn is not None:
             self.sync_weights(self.weights_fn(), [new])
         return True

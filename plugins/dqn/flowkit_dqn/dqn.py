@@ -117,12 +117,8 @@ def compute_n_step(rewards: np.ndarray, ends: np.ndarray, gamma: float,
         covers rows ``t .. last[t]`` (``n_steps = last - t + 1 <= n``), never past a piece end.
     """
     L = len(rewards)
-    r = np.asarray(rewards, np.float64)
-    ends = np.asarray(ends, bool)
-    t = np.arange(L)
-    ret = np.zeros(L, np.float64)
-    last = t.copy()
-    active = np.ones(L, bool)
+    r, ends, t = np.asarray(rewards, np.float64), np.asarray(ends, bool), np.arange(L)
+    ret, last, active = np.zeros(L, np.float64), t.copy(), np.ones(L, bool)
     for i in range(n):
         idx = np.minimum(t + i, L - 1)
         ret += np.where(active, (gamma ** i) * r[idx], 0.0)

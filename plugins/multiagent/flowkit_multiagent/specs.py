@@ -14,7 +14,7 @@ import itertools
 import os
 import random
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Type
 
 import gymnasium as gym
 from omegaconf import DictConfig, OmegaConf
@@ -34,6 +34,12 @@ def is_pettingzoo(env: Any) -> bool:
     except ImportError:  # pragma: no cover - pettingzoo is a dependency of this plugin
         return False
     return isinstance(env, (ParallelEnv, AECEnv))
+
+
+def did_you_mean(word: Any, options: Iterable[str], prefix: str = "") -> str:
+    """``"; did you mean `<prefix><closest option>`?"``, or "" when none is close."""
+    close = difflib.get_close_matches(str(word), list(options), n=1)
+    return f"; did you mean `{prefix}{close[0]}`?" if close else ""
 
 
 def _plain(x: Any) -> Any:
@@ -94,11 +100,10 @@ class AgentMapping:
                                   "{policy_id: weight, ...}")
             for pid, w in opts.items():
                 if pid not in self.policy_ids:
-                    close = difflib.get_close_matches(str(pid), self.policy_ids, n=1)
-                    hint = f"; did you mean `{close[0]}`?" if close else ""
                     key = f"multiagent.mapping.{pat}" + (f".{pid}" if isinstance(target, dict) else "")
                     raise ConfigError(f"{key}={target if not isinstance(target, dict) else w!r}: no policy "
-                                      f"{pid!r} (policies: {', '.join(self.policy_ids)}){hint}")
+                                      f"{pid!r} (policies: {', '.join(self.policy_ids)})"
+                                      f"{did_you_mean(pid, self.policy_ids)}")
                 try:
                     ok = float(w) > 0
                 except (TypeError, ValueError):
@@ -306,10 +311,8 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, Type[Algorith
             algo = algo or ck_spec.algo
         algo = algo or config.algo
         if algo not in algorithms:
-            close = difflib.get_close_matches(algo, list(algorithms), n=1)
-            hint = f"; did you mean `{close[0]}`?" if close else ""
             raise ConfigError(f"multiagent.policies.{pid}.algo={algo!r} is not an installed algorithm "
-                              f"({', '.join(sorted(algorithms))}){hint}")
+                              f"({', '.join(sorted(algorithms))}){did_you_mean(algo, algorithms)}")
         cls = algorithms[algo]
         overrides = pc.config
         cfg_obj, data = policy_section(config, pid, cls, overrides)
@@ -359,9 +362,8 @@ def _check_opponents(config: Any, specs: Dict[str, MAPolicySpec], algorithms: Di
     for pid, what in (config.multiagent.eval_opponents or {}).items():
         key = f"multiagent.eval_opponents.{pid}"
         if pid not in specs:
-            close = difflib.get_close_matches(str(pid), list(specs), n=1)
-            hint = f"; did you mean `multiagent.eval_opponents.{close[0]}`?" if close else ""
-            raise ConfigError(f"{key}: no policy {pid!r} in this run (policies: {', '.join(specs)}){hint}")
+            raise ConfigError(f"{key}: no policy {pid!r} in this run (policies: {', '.join(specs)})"
+                              f"{did_you_mean(pid, specs, 'multiagent.eval_opponents.')}")
         if str(what) == RANDOM:
             continue
         ck_spec, _ = load_checkpoint_policy(str(what), pid, None, key, algorithms)
