@@ -59,8 +59,7 @@ def ParallelRollouts(ctx: "RunContext", mode: str = "bulk_sync", num_async: Opti
                 yield sb.MultiAgentBatch.concat(batches)
         return Flow(gen, f"ParallelRollouts(bulk_sync{', prefetch' if prefetch else ''})", [rounds], ctx)
     if mode == "async":
-        if num_async is None:
-            num_async = int(ctx.config.runtime.get("async_requests_per_worker", 2))
+        num_async = int(ctx.config.runtime.get("async_requests_per_worker", 2)) if num_async is None else num_async
         if num_async < 1:
             raise ValueError(f"runtime.async_requests_per_worker must be >= 1, got {num_async}")
         src = pf.gather_async(num_async=num_async)

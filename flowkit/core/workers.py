@@ -75,13 +75,10 @@ class RolloutWorker:
                                             derive_seed(seed, "env", index, j, restart_count))
                                  for j in range(n)]
         name = env_name(env_cfg)
-        checks = int(config.env.check_spaces_steps)
         envs = []
         for ctx in self.sub_env_contexts:
             e = make_env(env_cfg, ctx)
-            if isinstance(e, gym.Env):
-                e = SpaceCheck(e, name, ctx, checks)
-            envs.append(e)
+            envs.append(SpaceCheck(e, name, ctx, int(config.env.check_spaces_steps)) if isinstance(e, gym.Env) else e)
         self.env_context = self.sub_env_contexts[0]
         runner_cls = pm.hook.flowkit_make_env_runner(env=envs[0], context=self.env_context,
                                                      config=config, policies=self.policies)
@@ -295,8 +292,7 @@ class WorkerSet:
                 self._next_sample_weights[a.index] = (a, ref, self.weights_version)
             return
         if self.backend == "ray":
-            futs = [a.submit("set_weights", ref, self.weights_version) for a in targets]
-            self._pending_weight_futs = futs
+            self._pending_weight_futs = [a.submit("set_weights", ref, self.weights_version) for a in targets]
         else:
             for a in targets:
                 a.obj.set_weights(weights, self.weights_version)
@@ -305,9 +301,7 @@ class WorkerSet:
         """Arguments of the next ``sample`` request to ``actor``: ``(weights, version)`` when
         weights wait to travel with it (``sync_weights(..., with_next_sample=True)``), else ()."""
         item = self._next_sample_weights.pop(getattr(actor, "index", -1), None)
-        if item is None or item[0] is not actor:
-            return ()
-        return item[1], item[2]
+        return () if item is None or item[0] is not actor else item[1:]
 
     def foreach_worker(self, method: str, *args) -> List[Any]:
         futs = [a.submit(method, *args) for a in self.actors]
