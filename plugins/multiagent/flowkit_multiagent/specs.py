@@ -322,8 +322,14 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, Type[Algorith
         policy_class = ck_spec.policy_class if ck_spec is not None and ck_spec.algo == algo else cls.policy_class
         if policy_class is None:
             raise ConfigError(f"algorithm {algo!r} ({cls.__module__}) declares no policy_class")
-        if init_state is not None:
-            _check_loadable(pid, policy_class, o, act, cfg_obj, config, init_state, ck_path)
+        if init_state is not None:  # the checkpoint's weights must fit this run's network
+            try:
+                policy_class(o, act, cfg_obj, config.model, "cpu", 0, inference_only=True).set_weights(
+                    init_state["weights"])
+            except Exception as e:
+                raise ConfigError(f"multiagent.policies.{pid}.checkpoint={ck_path!r}: its weights do not fit this "
+                                  f"run's network (model.* must match the run that wrote it): "
+                                  f"{type(e).__name__}: {str(e).splitlines()[0]}") from None
         trained = bool(pc.trainable) and algo != RANDOM
         group = "" if not trained else (algo if not overrides else f"{algo}[{pid}]")
         specs[pid] = MAPolicySpec(policy_class, o, act, cfg_obj, algo, agents=tuple(members[pid]),
@@ -346,16 +352,6 @@ def _check_rollout_modes(config: Any, specs: Dict[str, MAPolicySpec], algorithms
         raise ConfigError("these algorithms cannot share one rollout stream: bulk_sync and async rollout "
                           f"modes are mixed ({desc}); train them in separate runs, or set the async one to "
                           "bulk_sync (e.g. impala.rollout_mode=bulk_sync) if it supports it")
-
-
-def _check_loadable(pid, policy_class, o, a, cfg_obj, config, state, path) -> None:
-    try:
-        pol = policy_class(o, a, cfg_obj, config.model, "cpu", 0, inference_only=True)
-        pol.set_weights(state["weights"])
-    except Exception as e:
-        raise ConfigError(f"multiagent.policies.{pid}.checkpoint={path!r}: its weights do not fit this "
-                          f"run's network (model.* must match the run that wrote it): "
-                          f"{type(e).__name__}: {str(e).splitlines()[0]}") from None
 
 
 def _check_opponents(config: Any, specs: Dict[str, MAPolicySpec], algorithms: Dict[str, Type[Algorithm]]) -> None:
