@@ -34,12 +34,9 @@ class ActionDist:
         elif isinstance(space, gym.spaces.MultiBinary):
             self.kind, self.num_outputs = "bern", int(np.prod(space.n))
         elif isinstance(space, gym.spaces.Box):
-            if not np.all(np.isfinite(space.low)) or not np.all(np.isfinite(space.high)):
-                self.kind = "gauss_unbounded"
-            else:
-                self.kind = "gauss"
-            self.dim = int(np.prod(space.shape))
-            self.num_outputs = self.dim  # the mean; log_std is a separate parameter
+            bounded = np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))
+            self.kind = "gauss" if bounded else "gauss_unbounded"
+            self.dim = self.num_outputs = int(np.prod(space.shape))  # the mean; log_std is a separate parameter
             self.low = np.asarray(space.low, np.float32).reshape(-1)
             self.high = np.asarray(space.high, np.float32).reshape(-1)
             self.is_int = np.issubdtype(space.dtype, np.integer)
@@ -62,18 +59,10 @@ class ActionDist:
     def sample(self, inputs: torch.Tensor, mask=None, explore=True, generator=None) -> torch.Tensor:
         if self.kind == "cat":
             logits = self.masked(inputs, mask)
-            if not explore:
-                return logits.argmax(-1)
-            u = torch.rand(logits.shape, generator=generator).clamp_(1e-20, 1.0)
-            return (logits - torch.log(-torch.log(u))).argmax(-1)  # Gumbel-max
+            return (_gumbel(logits, generator) if explore else logits).argmax(-1)
         if self.kind == "multicat":
-            outs = []
-            for lg in self._split(inputs):
-                if explore:
-                    u = torch.rand(lg.shape, generator=generator).clamp_(1e-20, 1.0)
-                    lg = lg - torch.log(-torch.log(u))
-                outs.append(lg.argmax(-1))
-            return torch.stack(outs, -1)
+            return torch.stack([(_gumbel(lg, generator) if explore else lg).argmax(-1)
+                                for lg in self._split(inputs)], -1)
         if self.kind == "bern":
             if not explore:
                 return (inputs > 0).to(torch.int64)
@@ -89,11 +78,7 @@ class ActionDist:
             a = self.sample(inputs, mask, explore, generator)
             return a, self.logp(inputs, a, mask)
         lp = torch.log_softmax(self.masked(inputs, mask), -1)
-        if explore:
-            u = torch.rand(lp.shape, generator=generator).clamp_(1e-20, 1.0)
-            a = (lp - torch.log(-torch.log(u))).argmax(-1)
-        else:
-            a = lp.argmax(-1)
+        a = (_gumbel(lp, generator) if explore else lp).argmax(-1)
         return a, lp.gather(-1, a.unsqueeze(-1)).squeeze(-1)
 
     def logp(self, inputs, actions, mask=None) -> torch.Tensor:
@@ -119,8 +104,7 @@ class ActionDist:
             logp = lp.gather(-1, actions.long().unsqueeze(-1)).squeeze(-1)
             src = lp if entropy_grad else lp.detach()
             p = src.exp()
-            ent = -(p * src.masked_fill(p == 0, 0.0)).sum(-1)
-            return logp, ent
+            return logp, -(p * src.masked_fill(p == 0, 0.0)).sum(-1)
         ent_in = inputs if entropy_grad else inputs.detach()
         return self.logp(inputs, actions, mask), self.entropy(ent_in, mask)
 
@@ -164,6 +148,11 @@ class ActionDist:
         if self.is_int:
             a = np.rint(a)
         return a.astype(self.space.dtype).reshape(actions.shape[0], *self.shape)
+
+
+def _gumbel(x: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:
+    """``x`` plus Gumbel noise: its argmax samples softmax(x) (the Gumbel-max trick)."""
+    return x - torch.log(-torch.log(torch.rand(x.shape, generator=generator).clamp_(1e-20, 1.0)))
 
 
 def _total(xs: List[torch.Tensor]) -> torch.Tensor:

@@ -35,8 +35,7 @@ class ObsEncoder:
     def __init__(self, space: gym.Space):
         self.space = space
         self.has_mask = isinstance(space, gym.spaces.Dict) and MASK_KEY in space.spaces
-        self.is_image = False
-        self._transpose = False
+        self.is_image = self._transpose = False
         if isinstance(space, gym.spaces.Box) and len(space.shape) == 3:
             h, w, c = space.shape
             if c <= 4 < min(h, w):

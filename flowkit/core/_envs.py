@@ -102,19 +102,11 @@ def find_mismatch(space: gym.Space, x: Any, path: str = "obs") -> Optional[Tuple
             return path, f"a dict with keys {list(space.spaces)}", describe_value(x)
         if set(x) != set(space.spaces):
             return path, f"keys {sorted(space.spaces)}", f"keys {sorted(x)}"
-        for k, s in space.spaces.items():
-            m = find_mismatch(s, x[k], f"{path}.{k}")
-            if m:
-                return m
-        return None
+        return next(filter(None, (find_mismatch(s, x[k], f"{path}.{k}") for k, s in space.spaces.items())), None)
     if isinstance(space, gym.spaces.Tuple):
         if not isinstance(x, (tuple, list)) or len(x) != len(space.spaces):
             return path, f"a tuple of {len(space.spaces)}", describe_value(x)
-        for i, s in enumerate(space.spaces):
-            m = find_mismatch(s, x[i], f"{path}[{i}]")
-            if m:
-                return m
-        return None
+        return next(filter(None, (find_mismatch(s, x[i], f"{path}[{i}]") for i, s in enumerate(space.spaces))), None)
     if isinstance(space, gym.spaces.Box):
         a = np.asarray(x)
         exp = f"Box(shape={space.shape}, dtype={space.dtype}, low={space.low.min():g}, high={space.high.max():g})"
@@ -152,18 +144,18 @@ class SpaceCheck(gym.Wrapper):
                        f"{self._ctx.vector_index}) returned a bad {what}: at `{m[0]}` "
                        f"expected {m[1]}, received {m[2]}")
 
-    def _note(self, e: BaseException, call: str) -> None:
-        if not isinstance(e, EnvError):
-            e.add_note(f"[flowkit] raised by {call} of env {self._name!r} in worker "
-                       f"{self._ctx.worker_index}, sub-env {self._ctx.vector_index} "
-                       f"(restart {self._ctx.restart_count})")
+    def _call(self, call: str, fn: Callable, *args, **kw) -> Any:
+        try:
+            return fn(*args, **kw)
+        except Exception as e:
+            if not isinstance(e, EnvError):
+                e.add_note(f"[flowkit] raised by {call} of env {self._name!r} in worker "
+                           f"{self._ctx.worker_index}, sub-env {self._ctx.vector_index} "
+                           f"(restart {self._ctx.restart_count})")
+            raise
 
     def reset(self, **kw):
-        try:
-            out = self.env.reset(**kw)
-        except Exception as e:
-            self._note(e, "reset()")
-            raise
+        out = self._call("reset()", self.env.reset, **kw)
         if not isinstance(out, tuple) or len(out) != 2:  # old Gym: the observation alone
             self._fail("value from reset()", ("reset()", "a tuple (obs, info) (Gymnasium API)", describe_value(out)))
         obs, info = out
@@ -174,11 +166,7 @@ class SpaceCheck(gym.Wrapper):
         return obs, info
 
     def step(self, action):
-        try:
-            out = self.env.step(action)
-        except Exception as e:
-            self._note(e, "step()")
-            raise
+        out = self._call("step()", self.env.step, action)
         if not isinstance(out, tuple) or len(out) != 5 or out[1] is None:  # every step: cheap
             self._fail("value from step()", ("step()", "a tuple (obs, reward, terminated, truncated, info) with "
                                              "a float reward (Gymnasium API)", describe_value(out)))

@@ -47,19 +47,18 @@ def build_mlp(in_dim: int, hidden: Sequence[int], activation: str, out_dim: Opti
     if activation not in ACTIVATIONS:
         raise ValueError(f"model.activation={activation!r} is not one of {sorted(ACTIVATIONS)}")
     layers: List[nn.Module] = []
-    d = in_dim
-    for h in hidden:
-        lin = nn.Linear(d, h)
-        nn.init.orthogonal_(lin.weight, math.sqrt(2))
-        nn.init.zeros_(lin.bias)
-        layers += [lin, ACTIVATIONS[activation]()]
-        d = h
+    for d, h in zip([in_dim, *hidden], hidden, strict=False):
+        layers += [_linear(d, h, math.sqrt(2)), ACTIVATIONS[activation]()]
     if out_dim is not None:
-        lin = nn.Linear(d, out_dim)
-        nn.init.orthogonal_(lin.weight, out_gain)
-        nn.init.zeros_(lin.bias)
-        layers.append(lin)
+        layers.append(_linear(hidden[-1] if hidden else in_dim, out_dim, out_gain))
     return nn.Sequential(*layers)
+
+
+def _linear(d_in: int, d_out: int, gain: float) -> nn.Linear:
+    lin = nn.Linear(d_in, d_out)
+    nn.init.orthogonal_(lin.weight, gain)
+    nn.init.zeros_(lin.bias)
+    return lin
 
 
 _ACT_FN = {"tanh": torch.tanh, "relu": torch.relu, "elu": nn.functional.elu,
@@ -89,15 +88,13 @@ class TwinMLP(nn.Module):
             w = torch.empty(rows, cols)
             nn.init.orthogonal_(w, gain)
             return w
-        g = math.sqrt(2)
-        d = in_dim
+        g, d = math.sqrt(2), in_dim
         if self.hidden:
             h0 = self.hidden[0]
             self.w0 = nn.Parameter(torch.cat([ortho(h0, in_dim, g), ortho(h0, in_dim, g)]))
             self.b0 = nn.Parameter(torch.zeros(2 * h0))
             d = h0
-        self.ws = nn.ParameterList()
-        self.bs = nn.ParameterList()
+        self.ws, self.bs = nn.ParameterList(), nn.ParameterList()
         for h in self.hidden[1:]:
             # bmm layout: (2, d_in, d_out), i.e. the transposed nn.Linear weight
             self.ws.append(nn.Parameter(torch.stack([ortho(h, d, g).T, ortho(h, d, g).T]).contiguous()))

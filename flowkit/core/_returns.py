@@ -67,9 +67,7 @@ def compute_gae(rewards: np.ndarray, values: np.ndarray, next_values: np.ndarray
     gl = gamma * gae_lambda
     lastgaelam = 0.0
     for t in range(n - 1, -1, -1):
-        delta = r[t] + gamma * nv[t] - v[t]
-        lastgaelam = delta + gl * nn_[t] * lastgaelam
-        adv[t] = lastgaelam
+        adv[t] = lastgaelam = r[t] + gamma * nv[t] - v[t] + gl * nn_[t] * lastgaelam  # delta_t + ...
     a = np.asarray(adv, np.float32)
     return a, a + np.asarray(values, np.float32)
 
@@ -99,17 +97,15 @@ def vtrace(log_rhos: np.ndarray, rewards: np.ndarray, values: np.ndarray, next_v
         ``(vs, pg_advantages)``, float32[L].
     """
     rhos = np.exp(np.asarray(log_rhos, np.float64))
-    clipped_rhos = np.minimum(clip_rho_threshold, rhos)
     cs = vtrace_lambda * np.minimum(clip_c_threshold, rhos)
     r, v, nv, cont = (np.asarray(x, np.float64) for x in (rewards, values, next_values, nextnonterminal))
-    deltas = clipped_rhos * (r + gamma * nv - v)
+    deltas = np.minimum(clip_rho_threshold, rhos) * (r + gamma * nv - v)
     n = len(r)
     vs_minus_v = [0.0] * n
     d, gc = deltas.tolist(), (gamma * cs * cont).tolist()
     acc = 0.0
     for t in range(n - 1, -1, -1):
-        acc = d[t] + gc[t] * acc
-        vs_minus_v[t] = acc
+        vs_minus_v[t] = acc = d[t] + gc[t] * acc
     vs = np.asarray(vs_minus_v) + v
     vs_next = nv.copy()                     # v_{t+1} = V(x_{t+1}) where the piece ends
     vs_next[:-1] = np.where(cont[:-1] > 0, vs[1:], nv[:-1])

@@ -5,7 +5,6 @@ Counting: a batch's ``env_steps`` are real transitions; the autoreset step of a
 """
 from __future__ import annotations
 
-import itertools
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import gymnasium as gym
@@ -98,7 +97,6 @@ class GymEnvRunner:
         self.policy_id, self.policy = next(iter(worker.policies.items()))
         self.encoder: ObsEncoder = self.policy.encoder
         self.dist = self.policy.dist
-        self._eps_counter = itertools.count(worker.index * 10_000_000 + worker.restart_count * 1_000_000_000)
         self._reset_all()
 
     @staticmethod
@@ -106,9 +104,8 @@ class GymEnvRunner:
         env = cfg.env
         if env.vectorization not in ("auto", "sync"):
             raise ValueError(f"env.vectorization={env.vectorization!r} must be auto or sync")
-        if env.vectorization != "auto" or not env.id or env.factory or env.max_episode_steps:
-            return False
-        if env.autoreset_mode != "next_step":
+        if (env.vectorization != "auto" or not env.id or env.factory or env.max_episode_steps
+                or env.autoreset_mode != "next_step"):
             return False
         try:
             return bool(gym.spec(env.id).vector_entry_point)
@@ -128,6 +125,12 @@ class GymEnvRunner:
                        f"in {self.vec.single_observation_space}, a float reward, bool terminated and truncated")
         err.__cause__ = e
         return err
+
+    def _step(self, actions: np.ndarray) -> Tuple[Any, Any, Any, Any, Any]:
+        try:
+            return self.vec.step(self.dist.to_env(actions))
+        except Exception as e:
+            raise self._api_error(e, "step()")  # noqa: B904 - the cause is set by _api_error
 
     def _check_rows(self, raw: Any, where: str) -> None:
         """Space checks for the native vector env (SpaceCheck wraps single envs instead)."""
@@ -162,11 +165,11 @@ class GymEnvRunner:
         self.carry: List[Optional[sb.SampleBatch]] = [None] * self.n
 
     def _new_episode(self, j: int) -> Episode:
-        return Episode(next(self._eps_counter), j, self.worker.index)
+        return Episode(next(self.worker.episode_ids), j, self.worker.index)
 
     def sample(self, explore: bool = True) -> sb.MultiAgentBatch:
         n, T = self.n, self.T
-        pol, enc, dist = self.policy, self.encoder, self.dist
+        pol, enc = self.policy, self.encoder
         have = np.array([0 if c is None else len(c) for c in self.carry])
         cols: Dict[str, List[np.ndarray]] = {k: [] for k in (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS,
                                                                sb.TRUNCATEDS, sb.NEXT_OBS, sb.EPS_ID, sb.T)}
@@ -181,10 +184,7 @@ class GymEnvRunner:
         while (have < T).any():
             obs_enc, mask = self.obs_enc, self.mask
             actions, extras = pol.compute_actions_encoded(obs_enc, mask, explore)
-            try:
-                raw_next, rew, term, trunc, infos = self.vec.step(dist.to_env(actions))
-            except Exception as e:
-                raise self._api_error(e, "step()")  # noqa: B904 - the cause is set by _api_error
+            raw_next, rew, term, trunc, infos = self._step(actions)
             if self._check_left > 0:
                 self._check_rows(raw_next, "step()")
             valid = ~self.reset_pending
@@ -235,8 +235,7 @@ class GymEnvRunner:
             self.raw_obs, self.obs_enc, self.mask = raw_next, next_enc, next_mask
         for i, ep in enumerate(self.episodes):  # running episodes, as hooks see them
             ep.length, ep.total_reward = int(self.ep_len[i]), float(self.ep_ret[i])
-        batch = self._cut(cols, extras_l, valid_l)
-        batch = self._postprocess(batch, live_eps)
+        batch = self._postprocess(self._cut(cols, extras_l, valid_l), live_eps)
         return sb.MultiAgentBatch({self.policy_id: batch}, env_steps=n * T, agent_steps=n * T,
                                   episodes=finished, worker_index=self.worker.index,
                                   meta={"weights_version": self.worker.weights_version})
@@ -265,13 +264,11 @@ class GymEnvRunner:
     def _postprocess(self, batch: sb.SampleBatch, live_eps: Dict[int, Episode]) -> sb.SampleBatch:
         pm = self.worker.pm
         if pm.hook.flowkit_on_trajectory.get_hookimpls():
-            batch = batch.copy()
-            pieces = batch.split_by_episode()
+            pieces = batch.copy().split_by_episode()
             for piece in pieces:
-                ep = live_eps.get(int(piece[sb.EPS_ID][0]))
-                pm.hook.flowkit_on_trajectory(policy_id=self.policy_id, batch=piece, episode=ep)
-            pieces = [self.policy.postprocess_trajectory(p) for p in pieces]
-            return sb.concat_samples(pieces)
+                pm.hook.flowkit_on_trajectory(policy_id=self.policy_id, batch=piece,
+                                              episode=live_eps.get(int(piece[sb.EPS_ID][0])))
+            return sb.concat_samples([self.policy.postprocess_trajectory(p) for p in pieces])
         return self.policy.postprocess_trajectory(batch)
 
     def evaluate(self, num_episodes: int, explore: bool = False) -> List[Dict[str, Any]]:
@@ -284,10 +281,7 @@ class GymEnvRunner:
         out: List[Dict[str, Any]] = []
         while len(out) < num_episodes:
             actions, _ = self.policy.compute_actions_encoded(self.obs_enc, self.mask, explore)
-            try:
-                raw_next, rew, term, trunc, infos = self.vec.step(self.dist.to_env(actions))
-            except Exception as e:
-                raise self._api_error(e, "step()")  # noqa: B904 - the cause is set by _api_error
+            raw_next, rew, term, trunc, _ = self._step(actions)
             valid = ~self.reset_pending
             ended = (term | trunc) & (valid if not self.same_step else True)
             for j in np.flatnonzero(valid):

@@ -87,8 +87,7 @@ class SampleBatch(dict):
         if n == 0:
             return []
         ends, _ = trajectory_ends(self)
-        cuts = np.flatnonzero(ends[:-1]) + 1
-        bounds = [0, *cuts.tolist(), n]
+        bounds = [0, *(np.flatnonzero(ends[:-1]) + 1).tolist(), n]
         return [self.slice(a, b) for a, b in zip(bounds[:-1], bounds[1:])]
 
 

@@ -120,8 +120,7 @@ class RunContext(FlowContext):
         trainable = [p for p in pids if self.policies[p].optimizer is not None
                      and getattr(self.algorithms.get(self.policy_specs[p].algo), "trainable", True)
                      and getattr(self.policy_specs[p], "trainable", True)]
-        lr = Learner(group, {p: self.policies[p] for p in pids}, trainable, self.rng)
-        self.learners[group] = lr
+        self.learners[group] = lr = Learner(group, {p: self.policies[p] for p in pids}, trainable, self.rng)
         return self.add_stateful(f"{group}/learner", lr)
 
     def get_weights(self, policy_ids: Optional[Sequence[str]] = None) -> Dict[str, Any]:

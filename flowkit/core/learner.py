@@ -21,9 +21,9 @@ weights version.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import queue
-import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
@@ -154,8 +154,7 @@ class Learner:
         policy.num_updates += steps
         stats = {k: v / max(steps, 1) for k, v in sums.items()}
         stats.update(policy.on_train_batch_end(tb) or {})
-        stats["train_batch_size"] = n
-        stats["num_sgd_steps"] = steps
+        stats.update(train_batch_size=n, num_sgd_steps=steps)
         return stats, steps
 
     @staticmethod
@@ -227,11 +226,9 @@ class Learner:
                     continue
                 out = self.update(b)
                 while not stop.is_set():
-                    try:
+                    with contextlib.suppress(queue.Full):
                         self.outqueue.put(out, timeout=0.1)
                         break
-                    except queue.Full:
-                        continue
         except BaseException as e:  # surfaced in the driver by check_alive()
             self.error = e
 
@@ -258,8 +255,8 @@ class Learner:
         if self.error is not None:
             e = self.error
             note = f"[flowkit] raised in the learner thread ({self.name}-learner)"
-            if sys.version_info >= (3, 11) and note not in getattr(e, "__notes__", []):
-                e.add_note(note)  # Python 3.10 has no exception notes
+            if note not in getattr(e, "__notes__", []):
+                e.add_note(note)
             raise e  # the same object: its traceback from the learner thread is kept
         t = self._thread
         if t is not None and not t.is_alive() and not self._stop_event.is_set():

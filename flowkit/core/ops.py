@@ -59,8 +59,7 @@ def ParallelRollouts(ctx: "RunContext", mode: str = "bulk_sync", num_async: Opti
                 yield sb.MultiAgentBatch.concat(batches)
         return Flow(gen, f"ParallelRollouts(bulk_sync{', prefetch' if prefetch else ''})", [rounds], ctx)
     if mode == "async":
-        if num_async is None:
-            num_async = int(ctx.config.runtime.get("async_requests_per_worker", 2))
+        num_async = int(ctx.config.runtime.get("async_requests_per_worker", 2)) if num_async is None else num_async
         if num_async < 1:
             raise ValueError(f"runtime.async_requests_per_worker must be >= 1, got {num_async}")
         src = pf.gather_async(num_async=num_async)
@@ -111,8 +110,7 @@ def standardize(x: np.ndarray, eps: float = 1e-8) -> np.ndarray:
     x = np.asarray(x, np.float32)
     if x.size < 2:
         return x.copy()
-    c = x - x.mean()
-    s = x.std()
+    c, s = x - x.mean(), x.std()
     return c if s < eps else c / s
 
 
@@ -260,27 +258,21 @@ class SyncWeights:
 
     def _send(self, actor: Any) -> None:
         version, w = self.learner.get_weights()
-        if actor is None:
-            with self.ctx.timers["sync_weights"]:
-                self.ctx.workers.sync_weights(w, version=version, with_next_sample=self.with_next_sample)
-            return
         i = getattr(actor, "index", -1)
         sent = self.sent.get(i)
-        if sent is not None and sent[0] is actor and sent[1] == version:
+        if actor is not None and sent is not None and sent[0] is actor and sent[1] == version:
             return  # it has these weights already
         with self.ctx.timers["sync_weights"]:
-            self.ctx.workers.sync_weights(w, actors=[actor], version=version, with_next_sample=self.with_next_sample)
-        self.sent[i] = (actor, version)
-        self.ctx.counters["num_weight_pushes"] += 1
+            self.ctx.workers.sync_weights(w, actors=None if actor is None else [actor], version=version,
+                                          with_next_sample=self.with_next_sample)
+        if actor is not None:
+            self.sent[i] = (actor, version)
+            self.ctx.counters["num_weight_pushes"] += 1
 
 
 def DropSource(item: Tuple[Any, Any]) -> Any:
     """``(source, item) -> item``."""
     return item[1]
-
-
-def _result_of(item: Any) -> Any:
-    return item[1] if isinstance(item, tuple) else item
 
 
 class UpdateTargetNetwork:
@@ -296,7 +288,7 @@ class UpdateTargetNetwork:
         self.name = f"UpdateTargetNetwork(every {self.freq} gradient steps)"
 
     def __call__(self, item: Any) -> Any:
-        for pid, st in _result_of(item)["stats"].items():
+        for pid, st in (item[1] if isinstance(item, tuple) else item)["stats"].items():
             pol: Any = self.learner.policies[pid]  # a policy with a target network (update_target)
             now = pol.num_updates
             before = now - int(st.get("num_sgd_steps", 1))

@@ -155,11 +155,10 @@ class _SegmentTree:
         idx = np.ones(len(mass), np.int64)
         mass = np.asarray(mass, np.float64).copy()
         while idx[0] < self.cap:
-            left = 2 * idx
-            lv = self.t[left]
+            lv = self.t[2 * idx]
             right = mass >= lv
             mass = np.where(right, mass - lv, mass)
-            idx = left + right
+            idx = 2 * idx + right
         return idx - self.cap
 
 
@@ -338,8 +337,7 @@ class StoreToReplayBuffer:
         self.name = "StoreToReplayBuffer"
 
     def __call__(self, item: Any) -> Any:
-        b = item[1] if isinstance(item, tuple) else item
-        self.buffer.add(b)
+        self.buffer.add(item[1] if isinstance(item, tuple) else item)
         return item
 
 
@@ -498,11 +496,10 @@ class StoreToReplayShards:
         self.name = f"StoreToReplayShards({shards.num_shards})"
 
     def __call__(self, item: Any) -> Any:
-        b = item[1] if isinstance(item, tuple) else item
         actors = self.shards.actors
         a = actors[self.shards.next_shard % len(actors)]
         self.shards.next_shard = (self.shards.next_shard + 1) % len(actors)
-        fut = a.submit("add", b)
+        fut = a.submit("add", item[1] if isinstance(item, tuple) else item)
         if not a.is_remote:
             get_result(fut)  # surface errors at once on the local backend
         return item
@@ -512,8 +509,7 @@ def ReplayFromShards(ctx: "RunContext", shards: ReplayShards, num_async: int = 2
     """Replayed batches from the shards in completion order (``gather_async``), with
     ``ctx.current_actor`` set to the serving shard (follow with ``zip_with_source_actor``).
     A shard that is not ready yet answers None, which becomes NOT_READY."""
-    pf = ParallelFlow(lambda: shards.actors, "replay", "ReplayShards", ctx)
-    src = pf.gather_async(num_async=num_async)
+    src = ParallelFlow(lambda: shards.actors, "replay", "ReplayShards", ctx).gather_async(num_async=num_async)
 
     def gen():
         for x in src:

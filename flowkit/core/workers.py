@@ -5,7 +5,9 @@ WorkerSet (Ray actors or in-process objects, same code path).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import itertools
 import logging
 import os
 from typing import Any, Callable, Dict, List, Optional, Sequence
@@ -60,6 +62,7 @@ class RolloutWorker:
             torch.set_num_threads(max(1, int(config.runtime.torch_threads)))
         self.pm = pm
         self.weights_version = 0
+        self.episode_ids = itertools.count(index * 10_000_000 + restart_count * 1_000_000_000)
         seed = int(config.seed)
         self.policies: Dict[str, Policy] = {
             pid: spec.policy_class(spec.observation_space, spec.action_space, spec.config,
@@ -72,13 +75,10 @@ class RolloutWorker:
                                             derive_seed(seed, "env", index, j, restart_count))
                                  for j in range(n)]
         name = env_name(env_cfg)
-        checks = int(config.env.check_spaces_steps)
         envs = []
         for ctx in self.sub_env_contexts:
             e = make_env(env_cfg, ctx)
-            if isinstance(e, gym.Env):
-                e = SpaceCheck(e, name, ctx, checks)
-            envs.append(e)
+            envs.append(SpaceCheck(e, name, ctx, int(config.env.check_spaces_steps)) if isinstance(e, gym.Env) else e)
         self.env_context = self.sub_env_contexts[0]
         runner_cls = pm.hook.flowkit_make_env_runner(env=envs[0], context=self.env_context,
                                                      config=config, policies=self.policies)
@@ -134,12 +134,17 @@ class RolloutWorker:
         return True
 
     def stop(self) -> None:
-        close = getattr(self.runner, "close", None)
-        if close:
-            close()
+        if hasattr(self.runner, "close"):
+            self.runner.close()
 
 
 # ---- the worker set ----------------------------------------------------------------------------
+def _kill(actor: Any) -> None:
+    if actor.is_remote:
+        import ray
+        ray.kill(actor.handle)
+
+
 class _RayRolloutWorker(RolloutWorker):
     """The Ray actor class: an error in the constructor is kept and raised by ``ping`` (the
     first call the WorkerSet makes), so it reaches the driver with its own type, message and
@@ -188,8 +193,7 @@ class WorkerSet:
         self.sample_timeout_s = float(config.runtime.get("sample_timeout_s", 300.0))
         self.weights_fn = weights_fn
         self._actors: Optional[List[Any]] = None
-        self.restart_counts = [0] * self.num_workers
-        self.consecutive_failures = [0] * self.num_workers
+        self.restart_counts, self.consecutive_failures = [0] * self.num_workers, [0] * self.num_workers
         self.num_restarts = 0
         self.restart_log: List[Dict[str, Any]] = []
         self.weights_version = 0
@@ -207,17 +211,15 @@ class WorkerSet:
     def _make(self, index: int) -> Any:
         rc = self.restart_counts[index]
         if self.backend == "local":
-            w = RolloutWorker(self.config, index, self.num_workers, self.policy_specs, rc, pm=self.pm)
-            a: Any = LocalActor(w, index)
-            a.timeout_s = self.sample_timeout_s
-            return a
-        import ray
-        from omegaconf import OmegaConf
-        if self._container is None:
-            self._container = OmegaConf.to_container(self.config, resolve=True)
-        cls = ray.remote(num_cpus=float(self.config.runtime.num_cpus_per_worker), max_restarts=0)(_RayRolloutWorker)
-        h = cls.remote(self._container, index, self.num_workers, self.policy_specs, rc)
-        a = RayActor(h, index)
+            a: Any = LocalActor(RolloutWorker(self.config, index, self.num_workers, self.policy_specs, rc, pm=self.pm),
+                                index)
+        else:
+            import ray
+            from omegaconf import OmegaConf
+            if self._container is None:
+                self._container = OmegaConf.to_container(self.config, resolve=True)
+            cls = ray.remote(num_cpus=float(self.config.runtime.num_cpus_per_worker), max_restarts=0)(_RayRolloutWorker)
+            a = RayActor(cls.remote(self._container, index, self.num_workers, self.policy_specs, rc), index)
         a.timeout_s = self.sample_timeout_s
         return a
 
@@ -256,14 +258,8 @@ class WorkerSet:
         if self._actors is None:
             return
         for a in self._actors:
-            try:
-                if a.is_remote:
-                    import ray
-                    ray.kill(a.handle)
-                else:
-                    a.obj.stop()
-            except Exception:
-                pass
+            with contextlib.suppress(Exception):
+                _kill(a) if a.is_remote else a.obj.stop()
         self._actors = None
 
     # -- weights --
@@ -296,8 +292,7 @@ class WorkerSet:
                 self._next_sample_weights[a.index] = (a, ref, self.weights_version)
             return
         if self.backend == "ray":
-            futs = [a.submit("set_weights", ref, self.weights_version) for a in targets]
-            self._pending_weight_futs = futs
+            self._pending_weight_futs = [a.submit("set_weights", ref, self.weights_version) for a in targets]
         else:
             for a in targets:
                 a.obj.set_weights(weights, self.weights_version)
@@ -306,9 +301,7 @@ class WorkerSet:
         """Arguments of the next ``sample`` request to ``actor``: ``(weights, version)`` when
         weights wait to travel with it (``sync_weights(..., with_next_sample=True)``), else ()."""
         item = self._next_sample_weights.pop(getattr(actor, "index", -1), None)
-        if item is None or item[0] is not actor:
-            return ()
-        return item[1], item[2]
+        return () if item is None or item[0] is not actor else item[1:]
 
     def foreach_worker(self, method: str, *args) -> List[Any]:
         futs = [a.submit(method, *args) for a in self.actors]
@@ -341,12 +334,8 @@ class WorkerSet:
             exc.add_note(f"[flowkit] worker {i} failed {self.consecutive_failures[i]} times in a row "
                          f"(runtime.max_worker_restarts={rt.max_worker_restarts}); stopping")
             return False
-        try:
-            if actor.is_remote:
-                import ray
-                ray.kill(actor.handle)
-        except Exception:
-            pass
+        with contextlib.suppress(Exception):
+            _kill(actor)
         self.restart_counts[i] += 1
         self.num_restarts += 1
         self.restart_log.append({"worker_index": i, "restart_count": self.restart_counts[i],
@@ -360,15 +349,12 @@ class WorkerSet:
             get_result(new.submit("ping"))
         except Exception as e2:  # the rebuild itself failed: count it and retry
             e2.add_note(f"[flowkit] while rebuilding worker {i}")
-            if new is not None and new.is_remote:  # it holds its CPUs until killed
-                import ray
-                ray.kill(new.handle)
+            if new is not None:  # a Ray actor holds its CPUs until killed
+                _kill(new)
             if self.on_failure(actor, e2):
                 return True
             raise e2 from exc  # the latest failure, chained to the one before it
-        pos = [k for k, a in enumerate(self._actors) if a is actor]
-        if pos:
-            self._actors[pos[0]] = new
+        self._actors = [new if a is actor else a for a in self._actors]
         if self.weights_fn is not None:
             self.sync_weights(self.weights_fn(), [new])
         return True

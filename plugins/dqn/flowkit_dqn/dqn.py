@@ -117,12 +117,8 @@ def compute_n_step(rewards: np.ndarray, ends: np.ndarray, gamma: float,
         covers rows ``t .. last[t]`` (``n_steps = last - t + 1 <= n``), never past a piece end.
     """
     L = len(rewards)
-    r = np.asarray(rewards, np.float64)
-    ends = np.asarray(ends, bool)
-    t = np.arange(L)
-    ret = np.zeros(L, np.float64)
-    last = t.copy()
-    active = np.ones(L, bool)
+    r, ends, t = np.asarray(rewards, np.float64), np.asarray(ends, bool), np.arange(L)
+    ret, last, active = np.zeros(L, np.float64), t.copy(), np.ones(L, bool)
     for i in range(n):
         idx = np.minimum(t + i, L - 1)
         ret += np.where(active, (gamma ** i) * r[idx], 0.0)
@@ -227,9 +223,8 @@ class DQNPolicy(Policy):
             q = np.where(legal, q, -np.inf)
         actions = q.argmax(1)
         if explore and self.epsilon > 0:
-            b = q.shape[0]
-            u = self.np_random.random(b)
-            scores = self.np_random.random((b, self.num_actions))
+            u = self.np_random.random(q.shape[0])
+            scores = self.np_random.random(q.shape)
             if mask is not None:
                 scores = np.where(legal, scores, -1.0)
             actions = np.where(u < self.epsilon, scores.argmax(1), actions)

@@ -188,18 +188,15 @@ class IMPALA(flowkit.Algorithm):
 
     def training_flow(self, experiences, ctx, learner):
         cfg = self.config
-        replay = None
-        if cfg.replay_proportion > 0:
-            replay = ctx.add_stateful(f"{learner.name}/replay", MixInReplay(
-                ctx, cfg.replay_proportion, cfg.replay_buffer_num_slots,
-                derive_seed(int(self.run_config.seed), self.name, "replay")))
-        train = TrainOneStep(ctx, learner, cfg.num_epochs, cfg.minibatch_size, contiguous=True)
         is_async = self.get_rollout_mode() == "async"
         if is_async:
             experiences = experiences.for_each(SyncWeights(ctx, learner, to="source", every=cfg.broadcast_interval,
                                                            unit="batches", with_next_sample=True)).for_each(DropSource)
-        if replay is not None:
-            experiences = experiences.combine(replay)
+        if cfg.replay_proportion > 0:
+            experiences = experiences.combine(ctx.add_stateful(f"{learner.name}/replay", MixInReplay(
+                ctx, cfg.replay_proportion, cfg.replay_buffer_num_slots,
+                derive_seed(int(self.run_config.seed), self.name, "replay"))))
+        train = TrainOneStep(ctx, learner, cfg.num_epochs, cfg.minibatch_size, contiguous=True)
         batches = experiences.combine(ConcatBatches(cfg.train_batch_size))
         if is_async:
             return train.in_thread(batches, cfg.learner_queue_size)

@@ -15,14 +15,13 @@ random policies act in the rollouts but belong to no group.
 """
 from __future__ import annotations
 
-import difflib
 from typing import Any, Dict, List, Optional
 
 from flowkit.config import ConfigError
 from flowkit.core.context import RunContext
 from flowkit.core.flow import Flow
 from flowkit.core.ops import Concurrently, NoTraining, ParallelRollouts
-from flowkit_multiagent.specs import MAPolicySpec, section_view_of
+from flowkit_multiagent.specs import MAPolicySpec, did_you_mean, section_view_of
 
 
 class SelectPolicies:
@@ -93,10 +92,8 @@ def _weights(config: Any, groups: Dict[str, List[str]], specs: Dict[str, MAPolic
     known = set(groups) | {specs[p].algo for p in trained} | set(trained)
     for k, v in rr.items():
         if k not in known:
-            close = difflib.get_close_matches(k, sorted(known), n=1)
-            hint = f"; did you mean `{close[0]}`?" if close else ""
             raise ConfigError(f"multiagent.round_robin_weights.{k}: no trained algorithm or policy {k!r} "
-                              f"(known: {', '.join(sorted(known))}){hint}")
+                              f"(known: {', '.join(sorted(known))}){did_you_mean(k, sorted(known))}")
         if v <= 0:
             raise ConfigError(f"multiagent.round_robin_weights.{k}={v} must be > 0")
     return [rr[g] if g in rr else next((rr[p] for p in pids if p in rr), rr.get(specs[pids[0]].algo, 1.0))

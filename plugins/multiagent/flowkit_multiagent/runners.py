@@ -29,7 +29,6 @@ trajectories where ``eps_id`` changes (GAE, V-trace, n-step) never joins two age
 from __future__ import annotations
 
 import contextlib
-import itertools
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import gymnasium as gym
@@ -93,8 +92,7 @@ class _Slot:
     def tick(self) -> None:
         """One env step done."""
         self.episode.length += 1
-        if self.checks_left > 0:
-            self.checks_left -= 1
+        self.checks_left = max(0, self.checks_left - 1)
 
 
 class _MultiAgentRunner:
@@ -113,7 +111,6 @@ class _MultiAgentRunner:
         self.mapping = build_mapping(self.config, self.possible_agents)
         self.alternate = bool(self.config.multiagent.alternate_seats)
         self.check_steps = int(self.config.env.check_spaces_steps)
-        self._eps_counter = itertools.count(worker.index * 10_000_000 + worker.restart_count * 1_000_000_000)
         self._opponents: Dict[str, Any] = {}
         self._state: Optional[List[_Slot]] = None
         self._acting = self.policies       # policy id -> Policy used to act (evaluation swaps some)
@@ -144,10 +141,13 @@ class _MultiAgentRunner:
         if slot.checks_left > 0 and (np.ndim(r) != 0 or not np.isfinite(float(np.asarray(r)))):
             self._fail(slot, "reward", agent, (f"reward[{agent}]", "a finite float scalar", describe_value(np.asarray(r))))
 
-    def _start_episode(self, slot: _Slot):
-        slot.episode = Episode(next(self._eps_counter), slot.j, self.worker.index)
+    def _start_episode(self, slot: _Slot) -> Any:
+        """Reset the sub-env (its seed on the first reset) and start an episode; returns the reset's output."""
+        out = slot.env.reset(seed=slot.ctx.seed if slot.episodes_started == 0 else None)
+        slot.episode = Episode(next(self.worker.episode_ids), slot.j, self.worker.index)
         slot.trajs, slot.rotation, slot.need_reset = {}, slot.episodes_started + slot.j, False
         slot.episodes_started += 1
+        return out
 
     def _traj(self, slot: _Slot, agent: str) -> _Traj:
         tr = slot.trajs.get(agent)
@@ -338,8 +338,7 @@ class ParallelEnvRunner(_MultiAgentRunner):
             requests, owners = [], []
             for s in active:
                 if s.need_reset:
-                    obs, _ = s.env.reset(seed=s.ctx.seed if s.episodes_started == 0 else None)
-                    self._start_episode(s)
+                    obs, _ = self._start_episode(s)
                     self._receive(s, obs, {}, {}, "reset()")
                 for tr in s.trajs.values():
                     if not tr.done and tr.last_enc is not None:
@@ -380,7 +379,6 @@ class AECEnvRunner(_MultiAgentRunner):
         env = s.env
         while True:
             if s.need_reset:
-                env.reset(seed=s.ctx.seed if s.episodes_started == 0 else None)
                 self._start_episode(s)
             if not env.agents:
                 self._end_episode(s, finished, done_trajs)

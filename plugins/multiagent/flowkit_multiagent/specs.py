@@ -14,7 +14,7 @@ import itertools
 import os
 import random
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Type
 
 import gymnasium as gym
 from omegaconf import DictConfig, OmegaConf
@@ -34,6 +34,12 @@ def is_pettingzoo(env: Any) -> bool:
     except ImportError:  # pragma: no cover - pettingzoo is a dependency of this plugin
         return False
     return isinstance(env, (ParallelEnv, AECEnv))
+
+
+def did_you_mean(word: Any, options: Iterable[str], prefix: str = "") -> str:
+    """``"; did you mean `<prefix><closest option>`?"``, or "" when none is close."""
+    close = difflib.get_close_matches(str(word), list(options), n=1)
+    return f"; did you mean `{prefix}{close[0]}`?" if close else ""
 
 
 def _plain(x: Any) -> Any:
@@ -94,11 +100,10 @@ class AgentMapping:
                                   "{policy_id: weight, ...}")
             for pid, w in opts.items():
                 if pid not in self.policy_ids:
-                    close = difflib.get_close_matches(str(pid), self.policy_ids, n=1)
-                    hint = f"; did you mean `{close[0]}`?" if close else ""
                     key = f"multiagent.mapping.{pat}" + (f".{pid}" if isinstance(target, dict) else "")
                     raise ConfigError(f"{key}={target if not isinstance(target, dict) else w!r}: no policy "
-                                      f"{pid!r} (policies: {', '.join(self.policy_ids)}){hint}")
+                                      f"{pid!r} (policies: {', '.join(self.policy_ids)})"
+                                      f"{did_you_mean(pid, self.policy_ids)}")
                 try:
                     ok = float(w) > 0
                 except (TypeError, ValueError):
@@ -306,10 +311,8 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, Type[Algorith
             algo = algo or ck_spec.algo
         algo = algo or config.algo
         if algo not in algorithms:
-            close = difflib.get_close_matches(algo, list(algorithms), n=1)
-            hint = f"; did you mean `{close[0]}`?" if close else ""
             raise ConfigError(f"multiagent.policies.{pid}.algo={algo!r} is not an installed algorithm "
-                              f"({', '.join(sorted(algorithms))}){hint}")
+                              f"({', '.join(sorted(algorithms))}){did_you_mean(algo, algorithms)}")
         cls = algorithms[algo]
         overrides = pc.config
         cfg_obj, data = policy_section(config, pid, cls, overrides)
@@ -319,8 +322,14 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, Type[Algorith
         policy_class = ck_spec.policy_class if ck_spec is not None and ck_spec.algo == algo else cls.policy_class
         if policy_class is None:
             raise ConfigError(f"algorithm {algo!r} ({cls.__module__}) declares no policy_class")
-        if init_state is not None:
-            _check_loadable(pid, policy_class, o, act, cfg_obj, config, init_state, ck_path)
+        if init_state is not None:  # the checkpoint's weights must fit this run's network
+            try:
+                policy_class(o, act, cfg_obj, config.model, "cpu", 0, inference_only=True).set_weights(
+                    init_state["weights"])
+            except Exception as e:
+                raise ConfigError(f"multiagent.policies.{pid}.checkpoint={ck_path!r}: its weights do not fit this "
+                                  f"run's network (model.* must match the run that wrote it): "
+                                  f"{type(e).__name__}: {str(e).splitlines()[0]}") from None
         trained = bool(pc.trainable) and algo != RANDOM
         group = "" if not trained else (algo if not overrides else f"{algo}[{pid}]")
         specs[pid] = MAPolicySpec(policy_class, o, act, cfg_obj, algo, agents=tuple(members[pid]),
@@ -345,23 +354,12 @@ def _check_rollout_modes(config: Any, specs: Dict[str, MAPolicySpec], algorithms
                           "bulk_sync (e.g. impala.rollout_mode=bulk_sync) if it supports it")
 
 
-def _check_loadable(pid, policy_class, o, a, cfg_obj, config, state, path) -> None:
-    try:
-        pol = policy_class(o, a, cfg_obj, config.model, "cpu", 0, inference_only=True)
-        pol.set_weights(state["weights"])
-    except Exception as e:
-        raise ConfigError(f"multiagent.policies.{pid}.checkpoint={path!r}: its weights do not fit this "
-                          f"run's network (model.* must match the run that wrote it): "
-                          f"{type(e).__name__}: {str(e).splitlines()[0]}") from None
-
-
 def _check_opponents(config: Any, specs: Dict[str, MAPolicySpec], algorithms: Dict[str, Type[Algorithm]]) -> None:
     for pid, what in (config.multiagent.eval_opponents or {}).items():
         key = f"multiagent.eval_opponents.{pid}"
         if pid not in specs:
-            close = difflib.get_close_matches(str(pid), list(specs), n=1)
-            hint = f"; did you mean `multiagent.eval_opponents.{close[0]}`?" if close else ""
-            raise ConfigError(f"{key}: no policy {pid!r} in this run (policies: {', '.join(specs)}){hint}")
+            raise ConfigError(f"{key}: no policy {pid!r} in this run (policies: {', '.join(specs)})"
+                              f"{did_you_mean(pid, specs, 'multiagent.eval_opponents.')}")
         if str(what) == RANDOM:
             continue
         ck_spec, _ = load_checkpoint_policy(str(what), pid, None, key, algorithms)

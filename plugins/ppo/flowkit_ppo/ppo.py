@@ -86,8 +86,7 @@ class PPOPolicy(ActorCriticPolicy):
         inputs, values = self.model(batch[sb.OBS])
         logp, entropy = self.dist.logp_entropy(inputs, batch[sb.ACTIONS], mask, entropy_grad=cfg.ent_coef != 0)
         entropy = entropy.mean()
-        logratio = logp - batch[sb.ACTION_LOGP]
-        ratio = torch.exp(logratio)
+        ratio = torch.exp(logp - batch[sb.ACTION_LOGP])
         adv = batch[sb.ADVANTAGES]
         if cfg.normalize_advantages == "minibatch" and adv.shape[0] >= 2:
             adv = adv - adv.mean()
@@ -115,8 +114,7 @@ class PPOPolicy(ActorCriticPolicy):
         with torch.no_grad():
             clip_frac = ((ratio - 1.0).abs() > clip).float().mean()
             vals = torch.stack([pg_loss, vf_loss, entropy, kl, clip_frac, loss]).tolist()
-        self._kl_sum += vals[3]
-        self._kl_n += 1
+        self._kl_sum, self._kl_n = self._kl_sum + vals[3], self._kl_n + 1
         return loss, dict(zip(("pg_loss", "vf_loss", "entropy", "kl", "clip_frac", "total_loss"), vals, strict=True))
 
     def on_train_batch_end(self, batch):
