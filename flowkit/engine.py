@@ -104,7 +104,7 @@ def load_config(user: Any = None, config_file: Optional[str] = None, pm: Any = N
     return pm, cfg
 
 
-def _validate(cfg: DictConfig, pm: Any) -> Dict[str, type]:
+def _validate(cfg: DictConfig, pm: Any) -> Dict[str, Any]:
     import difflib
     algos = pm.algorithms()
     if cfg.algo not in algos:
@@ -243,11 +243,12 @@ def _runtime_env(cfg: DictConfig) -> Dict[str, Any]:
         top = ep.value.split(":")[0].split(".")[0]
         with contextlib.suppress(Exception):
             m = importlib.import_module(top)
-            mods.append(os.path.dirname(m.__file__))
+            mods.append(os.path.dirname(str(m.__file__)))
     for p in cfg.plugins:
         with contextlib.suppress(Exception):
             m = importlib.import_module(p.split(".")[0])
-            mods.append(os.path.dirname(m.__file__) if m.__file__.endswith("__init__.py") else m.__file__)
+            f = str(m.__file__)
+            mods.append(os.path.dirname(f) if f.endswith("__init__.py") else f)
     return {"py_modules": sorted(set(mods))}
 
 
@@ -325,7 +326,7 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
         pm.hook.flowkit_on_run_start(ctx=ctx, run_dir=run_dir, history=list(history))
         ctx.start_clock()
         # start-up: from train() to the first sample request (config, Ray, actors ready)
-        ctx.extra_metrics["time_startup_s"] = ctx._t_start - t_entry
+        ctx.extra_metrics["time_startup_s"] = (ctx._t_start or t_entry) - t_entry
         limit = cfg.stop.time_s
         if limit is not None:  # whatever the plan waits on, the driver stops it
             GUARD.set_deadline("stop", 1.1 * limit - ctx._time_offset,

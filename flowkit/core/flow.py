@@ -109,7 +109,7 @@ class Flow:
         self._it: Optional[Iterator[Any]] = None
         self.name = name
         self.parents = list(parents)
-        self.ctx = ctx if ctx is not None else (parents[0].ctx if parents else FlowContext())
+        self.ctx: FlowContext = ctx if ctx is not None else (parents[0].ctx if parents else FlowContext())
 
     # ---- iteration -----------------------------------------------------------------------
     def __iter__(self):

@@ -108,6 +108,7 @@ class Policy:
         clipping are a handful of tensor ops per step instead of a few per parameter (the
         difference is most of a small MLP's step time on CPU)."""
         module = module if module is not None else self.model
+        assert module is not None, "make_optimizer: the policy has no model"
         params = [p for p in module.parameters() if p.requires_grad]
         flat = torch.zeros(sum(p.numel() for p in params), device=self.device, dtype=params[0].dtype)
         off = 0
@@ -129,7 +130,7 @@ class Policy:
         ``<algo>.lr * (1 - frac)``; other schedules are the algorithm's own."""
         if getattr(self.config, "lr_schedule", "constant") == "linear":
             lr = self.config.lr * (1.0 - min(max(frac, 0.0), 1.0))
-            for g in self.optimizer.param_groups:
+            for g in self.optimizer.param_groups if self.optimizer is not None else ():
                 g["lr"] = lr
 
     # ---- weights and state ----------------------------------------------------------------
