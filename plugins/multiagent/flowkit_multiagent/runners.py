@@ -89,6 +89,11 @@ class _Slot:
         self.checks_left, self.need_reset = checks, True
         self.quota: Optional[int] = None
 
+    @property
+    def open(self) -> bool:
+        """Whether this slot still has episodes to run (evaluation gives each a quota)."""
+        return self.quota is None or self.quota > 0
+
     def tick(self) -> None:
         """One env step done."""
         self.episode.length += 1
@@ -164,10 +169,9 @@ class _MultiAgentRunner:
         observation, to the pending transition's reward. Returns its trajectory."""
         self._check_reward(slot, agent, r)
         tr = self._traj(slot, agent)
-        r = float(r)
-        tr.ret += r
+        tr.ret += float(r)
         if tr.pending is not None:
-            tr.acc += r
+            tr.acc += float(r)
         return tr
 
     def _encode(self, pid: str, raws: List[Any]) -> _Enc:
@@ -184,8 +188,8 @@ class _MultiAgentRunner:
         for pid, idx in by_pid.items():
             pol = self._acting[pid]
             obs = np.stack([requests[i][1] for i in idx])
-            masks = [requests[i][2] for i in idx]  # all None or all arrays: one policy, one space
-            mask = None if masks[0] is None else np.stack([m for m in masks if m is not None])
+            # masks are all None or all arrays: one policy, one space
+            mask = None if requests[idx[0]][2] is None else np.stack([requests[i][2] for i in idx])
             actions, extras = pol.compute_actions_encoded(obs, mask, self._explore)
             env_actions = pol.dist.to_env(actions)
             if pol.dist.kind == "cat":
@@ -221,13 +225,12 @@ class _MultiAgentRunner:
         """Win / draw / loss of each learning policy in a turn-based game: the side with the
         higher return wins; equal returns are a draw."""
         out: Dict[str, float] = {}
-        by_pid: Dict[str, float] = {}
+        best: Dict[str, float] = {}
         for tr in slot.trajs.values() if self.turn_based else ():
-            by_pid[tr.policy_id] = max(by_pid.get(tr.policy_id, -np.inf), tr.ret)
-        for pid, r in by_pid.items():
-            others = [v for p, v in by_pid.items() if p != pid]
-            if others and pid not in self._opponents:
-                o = max(others)
+            best[tr.policy_id] = max(best.get(tr.policy_id, -np.inf), tr.ret)
+        for pid, r in best.items():
+            o = max((v for p, v in best.items() if p != pid), default=None)
+            if o is not None and pid not in self._opponents:
                 out.update({f"{pid}/win_rate": float(r > o), f"{pid}/draw_rate": float(r == o),
                             f"{pid}/loss_rate": float(r < o)})
         return out
@@ -290,9 +293,8 @@ class _MultiAgentRunner:
         self._eval, self._explore = True, explore
         try:
             slots = self._new_slots()
-            for j, s in enumerate(slots):
-                s.quota = num_episodes // self.n + (1 if j < num_episodes % self.n else 0)
-                s.checks_left = 0
+            for s in slots:  # num_episodes spread over the sub-envs, the first ones get the remainder
+                s.quota, s.checks_left = len(range(s.j, num_episodes, self.n)), 0
             finished: List[Dict[str, Any]] = []
             while len(finished) < num_episodes:
                 self._run(slots, finished, [], ticks=1)
@@ -332,25 +334,19 @@ class ParallelEnvRunner(_MultiAgentRunner):
     def _run(self, slots, finished, done_trajs, ticks):
         agent_steps = 0
         for _ in range(ticks):
-            active = [s for s in slots if s.quota is None or s.quota > 0]
+            active = [s for s in slots if s.open]
             if not active:
                 break
-            requests, owners = [], []
             for s in active:
                 if s.need_reset:
                     obs, _ = self._start_episode(s)
                     self._receive(s, obs, {}, {}, "reset()")
-                for tr in s.trajs.values():
-                    if not tr.done and tr.last_enc is not None:
-                        requests.append((tr, *tr.last_enc))
-                        owners.append(s)
-            actions = self._act(requests)
+            requests = [(tr, *tr.last_enc) for s in active for tr in s.trajs.values()
+                        if not tr.done and tr.last_enc is not None]
+            actions = dict(zip([tr for tr, _, _ in requests], self._act(requests), strict=True))
             agent_steps += len(requests)
-            per_slot: Dict[int, Dict[str, Any]] = {s.j: {} for s in active}
-            for (tr, _, _), s, a in zip(requests, owners, actions, strict=True):
-                per_slot[s.j][tr.agent] = a
             for s in active:
-                acted = per_slot[s.j]
+                acted = {tr.agent: actions[tr] for tr in s.trajs.values() if tr in actions}
                 obs, rew, term, trunc, _ = s.env.step(acted)
                 for agent, r in rew.items():
                     self._credit(s, agent, r)
@@ -377,13 +373,11 @@ class AECEnvRunner(_MultiAgentRunner):
         """Run dead steps and resets until an agent of ``s`` is on move; return its traj with
         its observation encoded (and its previous transition completed)."""
         env = s.env
-        while True:
+        while s.open:
             if s.need_reset:
                 self._start_episode(s)
             if not env.agents:
                 self._end_episode(s, finished, done_trajs)
-                if s.quota is not None and s.quota <= 0:
-                    return None
                 continue
             agent = env.agent_selection
             obs, r, term, trunc, _ = env.last()
@@ -398,21 +392,17 @@ class AECEnvRunner(_MultiAgentRunner):
                 continue
             tr.last_enc = (enc[0], m)
             return tr, enc[0], m
+        return None
 
     def _run(self, slots, finished, done_trajs, ticks):
         agent_steps = 0
         for _ in range(ticks):
-            requests, owners = [], []
-            for s in slots:
-                req = None if s.quota is not None and s.quota <= 0 else self._advance(s, finished, done_trajs)
-                if req is not None:
-                    requests.append(req)
-                    owners.append(s)
+            advanced = [(s, self._advance(s, finished, done_trajs)) for s in slots]
+            owners, requests = [s for s, req in advanced if req], [req for _, req in advanced if req]
             if not requests:
                 break
-            actions = self._act(requests)
             agent_steps += len(requests)
-            for s, a in zip(owners, actions, strict=True):
+            for s, a in zip(owners, self._act(requests), strict=True):
                 s.env.step(a)
                 s.tick()
         return agent_steps

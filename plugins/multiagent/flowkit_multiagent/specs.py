@@ -29,10 +29,7 @@ RANDOM = "random"
 
 def is_pettingzoo(env: Any) -> bool:
     """Whether ``env`` is a PettingZoo ParallelEnv or AECEnv (wrappers included)."""
-    try:
-        from pettingzoo.utils.env import AECEnv, ParallelEnv
-    except ImportError:  # pragma: no cover - pettingzoo is a dependency of this plugin
-        return False
+    from pettingzoo.utils.env import AECEnv, ParallelEnv
     return isinstance(env, (ParallelEnv, AECEnv))
 
 
@@ -94,7 +91,8 @@ class AgentMapping:
         # rule -> [(policy id, cumulative probability)]
         self.rules: Dict[str, List[Tuple[str, float]]] = {}
         for pat, target in dict(patterns).items():
-            opts = dict(target) if isinstance(target, dict) else {str(target): 1.0}
+            target = _plain(target)
+            opts = {str(p): w for p, w in target.items()} if isinstance(target, dict) else {str(target): 1.0}
             if not opts:
                 raise ConfigError(f"multiagent.mapping.{pat}: an empty choice; give a policy id or "
                                   "{policy_id: weight, ...}")
@@ -118,20 +116,16 @@ class AgentMapping:
 
     def rule(self, agent_id: str) -> str:
         """The mapping rule that applies to ``agent_id`` ("" for the fallbacks)."""
-        r = self._cache.get(agent_id)
-        if r is not None:
-            return r
-        r = agent_id if agent_id in self.rules else next(
-            (pat for pat in self.rules if fnmatch.fnmatchcase(agent_id, pat)), None)
-        if r is None and (agent_id in self.policy_ids or (not self.rules and len(self.policy_ids) == 1)):
-            r = ""
-        if r is None:
-            pats = ", ".join(f"{k!r}->{[p for p, _ in v]}" for k, v in self.rules.items()) or "none"
-            raise ConfigError(f"agent {agent_id!r} is not mapped to a policy: no multiagent.mapping "
-                              f"pattern matches it (patterns: {pats}) and it is not a policy id "
-                              f"(policies: {', '.join(self.policy_ids)})")
-        self._cache[agent_id] = r
-        return r
+        if agent_id not in self._cache:
+            r = agent_id if agent_id in self.rules else next(
+                (pat for pat in self.rules if fnmatch.fnmatchcase(agent_id, pat)), None)
+            if r is None and not (agent_id in self.policy_ids or (not self.rules and len(self.policy_ids) == 1)):
+                pats = ", ".join(f"{k!r}->{[p for p, _ in v]}" for k, v in self.rules.items()) or "none"
+                raise ConfigError(f"agent {agent_id!r} is not mapped to a policy: no multiagent.mapping "
+                                  f"pattern matches it (patterns: {pats}) and it is not a policy id "
+                                  f"(policies: {', '.join(self.policy_ids)})")
+            self._cache[agent_id] = r or ""
+        return self._cache[agent_id]
 
     def options(self, agent_id: str) -> List[str]:
         """Every policy ``agent_id`` can be mapped to (the first is the evaluation choice)."""
@@ -164,24 +158,16 @@ class AgentMapping:
 
 def build_mapping(config: Any, possible_agents: Sequence[str]) -> AgentMapping:
     """The run's :class:`AgentMapping` from ``multiagent.*`` (weighted draws seeded by ``seed``)."""
-    ma = config.multiagent
-    patterns: Dict[str, Any] = {}
-    for k, v in (ma.mapping or {}).items():
-        v = _plain(v)
-        patterns[str(k)] = {str(p): w for p, w in v.items()} if isinstance(v, dict) else str(v)
-    return AgentMapping(patterns, policy_ids_of(config), possible_agents, seed=int(config.get("seed") or 0))
+    return AgentMapping(config.multiagent.mapping or {}, policy_ids_of(config), possible_agents,
+                        seed=int(config.get("seed") or 0))
 
 
 def policy_ids_of(config: Any) -> List[str]:
     """Policy ids: ``multiagent.policies`` keys, then the mapping's other targets (trained by
     ``algo``); ``shared`` when both are empty."""
     ma = config.multiagent
-    out: List[str] = [str(k) for k in (ma.policies or {})]
-    for v in (ma.mapping or {}).values():
-        for p in ([str(k) for k in v] if isinstance(v, (dict, DictConfig)) else [str(v)]):
-            if p not in out:
-                out.append(p)
-    return out or [SHARED_POLICY_ID]
+    targets = (p for v in (ma.mapping or {}).values() for p in (v if isinstance(v, (dict, DictConfig)) else [v]))
+    return list(dict.fromkeys(map(str, [*(ma.policies or {}), *targets]))) or [SHARED_POLICY_ID]
 
 
 # ---- per-policy algorithm sections --------------------------------------------------------------
