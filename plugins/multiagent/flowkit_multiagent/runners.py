@@ -188,8 +188,8 @@ class _MultiAgentRunner:
         for pid, idx in by_pid.items():
             pol = self._acting[pid]
             obs = np.stack([requests[i][1] for i in idx])
-            # masks are all None or all arrays: one policy, one space
-            mask = None if requests[idx[0]][2] is None else np.stack([requests[i][2] for i in idx])
+            masks = [requests[i][2] for i in idx]  # all None or all arrays: one policy, one space
+            mask = None if masks[0] is None else np.stack([m for m in masks if m is not None])
             actions, extras = pol.compute_actions_encoded(obs, mask, self._explore)
             env_actions = pol.dist.to_env(actions)
             if pol.dist.kind == "cat":
