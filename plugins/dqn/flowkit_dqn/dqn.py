@@ -331,25 +331,19 @@ class UpdateExploration:
                                             f"epsilon {cfg.initial_epsilon} -> {cfg.final_epsilon} over "
                                             f"{cfg.epsilon_timesteps} env steps") + ")"
 
-    @staticmethod
-    def _send(actor: Any, fn: SetEpsilon) -> None:
-        fut = actor.submit("apply", fn)
-        if not actor.is_remote:
-            get_result(fut)
-
     def __call__(self, item: Any) -> Any:
-        if self.apex:
-            actor = item[0]
-            if id(actor) not in self.sent:
-                self._send(actor, SetEpsilon(self.policy_ids, apex=(self.cfg.apex_epsilon_base,
-                                                                    self.cfg.apex_epsilon_alpha)))
-                self.sent[id(actor)] = -1.0
-            return item
-        fn = SetEpsilon(self.policy_ids, epsilon_at(self.cfg, self.ctx.counters["env_steps_sampled"]))
-        fn(self.learner)
-        for a in self.ctx.workers.actors:
+        if self.apex:  # items are (worker, batch): the worker's fixed epsilon, sent once
+            fn = SetEpsilon(self.policy_ids, apex=(self.cfg.apex_epsilon_base, self.cfg.apex_epsilon_alpha))
+            actors = [item[0]]
+        else:
+            fn = SetEpsilon(self.policy_ids, epsilon_at(self.cfg, self.ctx.counters["env_steps_sampled"]))
+            fn(self.learner)
+            actors = self.ctx.workers.actors
+        for a in actors:
             if self.sent.get(id(a)) != fn.epsilon:
-                self._send(a, fn)
+                fut = a.submit("apply", fn)
+                if not a.is_remote:
+                    get_result(fut)
                 self.sent[id(a)] = fn.epsilon
         return item
 

@@ -36,7 +36,7 @@ import torch
 import flowkit
 from flowkit import ConfigError
 from flowkit.config import F
-from flowkit.core import ActorCritic, ActorCriticPolicy, bootstrap_rows, derive_seed, next_values, vtrace
+from flowkit.core import ActorCritic, ActorCriticPolicy, bootstrap_rows, derive_seed, next_values, to_tensor, vtrace
 from flowkit.core import batch as sb
 from flowkit.core.context import RunContext
 from flowkit.core.ops import ConcatBatches, DropSource, SyncWeights, TrainOneStep
@@ -84,13 +84,9 @@ class IMPALAPolicy(ActorCriticPolicy):
         and ``boot_idx``/``boot_obs`` (rows that bootstrap from
         V(next_obs): truncations and cuts)."""
         cont, boot = bootstrap_rows(batch)
-        dev = self.device
-        out = {k: torch.as_tensor(np.array(batch[k]), device=dev)  # a copy: Ray's arrays are read-only
-               for k in (sb.OBS, sb.ACTIONS, sb.ACTION_LOGP, sb.REWARDS, sb.ACTION_MASK) if k in batch}
-        out["nextnonterminal"] = torch.as_tensor(cont, device=dev)
-        out["boot_idx"] = torch.as_tensor(boot, device=dev)
-        out["boot_obs"] = torch.as_tensor(np.asarray(batch[sb.NEXT_OBS])[boot], device=dev)  # fancy index: a copy
-        return out
+        cols = {k: batch[k] for k in (sb.OBS, sb.ACTIONS, sb.ACTION_LOGP, sb.REWARDS, sb.ACTION_MASK) if k in batch}
+        cols.update(nextnonterminal=cont, boot_idx=boot, boot_obs=np.asarray(batch[sb.NEXT_OBS])[boot])
+        return {k: to_tensor(v, self.device) for k, v in cols.items()}
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg = self.config

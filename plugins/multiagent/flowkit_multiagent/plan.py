@@ -20,22 +20,16 @@ from typing import Any, Dict, List, Optional
 from flowkit.config import ConfigError
 from flowkit.core.context import RunContext
 from flowkit.core.flow import Flow
-from flowkit.core.ops import Concurrently, NoTraining, ParallelRollouts
+from flowkit.core.ops import Concurrently, NoTraining, ParallelRollouts, SelectExperiences
 from flowkit_multiagent.specs import MAPolicySpec, did_you_mean, section_view_of
 
 
-class SelectPolicies:
+class SelectPolicies(SelectExperiences):
     """Keep only ``policy_ids``' batches of a MultiAgentBatch, or of an ``(actor, batch)``
     item of an async stream (a new batch; the input is not changed)."""
 
-    def __init__(self, policy_ids: List[str]):
-        self.policy_ids = list(policy_ids)
-        self.name = f"SelectExperiences({self.policy_ids})"
-
     def __call__(self, item: Any) -> Any:
-        if isinstance(item, tuple):
-            return item[0], item[1].select(self.policy_ids)
-        return item.select(self.policy_ids)
+        return (item[0], item[1].select(self.policy_ids)) if isinstance(item, tuple) else item.select(self.policy_ids)
 
 
 def training_groups(specs: Dict[str, MAPolicySpec]) -> Dict[str, List[str]]:

@@ -96,21 +96,17 @@ class PPOPolicy(ActorCriticPolicy):
         clip = self.clip_param
         pg_loss = -torch.min(adv * ratio, adv * torch.clamp(ratio, 1 - clip, 1 + clip)).mean()
         vt = batch[sb.VALUE_TARGETS]
+        vf_err = (values - vt).pow(2)
         if cfg.vf_clip_param is not None:
             old_v = batch[sb.VF_PREDS]
             v_clipped = old_v + torch.clamp(values - old_v, -cfg.vf_clip_param, cfg.vf_clip_param)
-            vf_loss = 0.5 * torch.max((values - vt).pow(2), (v_clipped - vt).pow(2)).mean()
-        else:
-            vf_loss = 0.5 * (values - vt).pow(2).mean()
-        loss = pg_loss + cfg.vf_coef * vf_loss
-        if cfg.ent_coef != 0:
-            loss = loss - cfg.ent_coef * entropy
-        if self.kl_coeff > 0:
+            vf_err = torch.max(vf_err, (v_clipped - vt).pow(2))
+        vf_loss = 0.5 * vf_err.mean()
+        loss = pg_loss + cfg.vf_coef * vf_loss - cfg.ent_coef * entropy
+        with torch.set_grad_enabled(self.kl_coeff > 0):  # without the penalty KL is only reported
             kl = self.dist.kl(batch[sb.ACTION_DIST_INPUTS], inputs, mask).mean()
+        if self.kl_coeff > 0:
             loss = loss + self.kl_coeff * kl
-        else:  # reported only: keep it out of the backward graph
-            with torch.no_grad():
-                kl = self.dist.kl(batch[sb.ACTION_DIST_INPUTS], inputs.detach(), mask).mean()
         with torch.no_grad():
             clip_frac = ((ratio - 1.0).abs() > clip).float().mean()
             vals = torch.stack([pg_loss, vf_loss, entropy, kl, clip_frac, loss]).tolist()
