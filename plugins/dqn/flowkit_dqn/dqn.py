@@ -261,9 +261,7 @@ class DQNPolicy(Policy):
             next_obs = batch[sb.NEXT_OBS]
             q_next_target = self.target_model(next_obs)
             q_next_online = self.model(next_obs) if cfg.double_q else None
-            n_steps = batch.get(sb.N_STEPS)
-            discounts = (torch.full_like(q_taken, cfg.gamma) if n_steps is None
-                         else torch.pow(torch.tensor(cfg.gamma), n_steps.float()))
+            discounts = torch.pow(torch.tensor(cfg.gamma), batch[sb.N_STEPS].float())  # gamma^n_steps
             y = compute_q_targets(batch[sb.REWARDS].float(), batch[sb.TERMINATEDS], discounts,
                                   q_next_target, q_next_online, batch.get(sb.NEXT_ACTION_MASK))
         td = q_taken - y

@@ -257,8 +257,10 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, Type[Algorith
         raise ConfigError(f"PettingZoo env {type(env).__name__} declares no possible_agents")
     obs_sp, act_sp = {a: env.observation_space(a) for a in agents}, {a: env.action_space(a) for a in agents}
 
-    def odd_one(ags: List[str]) -> Optional[str]:  # the first agent whose spaces differ from ags[0]'s
-        return next((a for a in ags[1:] if obs_sp[a] != obs_sp[ags[0]] or act_sp[a] != act_sp[ags[0]]), None)
+    def mismatch(ags: List[str]) -> str:  # the first agent whose spaces differ from ags[0]'s, described ("": none)
+        a0, a = ags[0], next((a for a in ags[1:] if obs_sp[a] != obs_sp[ags[0]] or act_sp[a] != act_sp[ags[0]]), None)
+        return "" if a is None else (f"agent {a0!r} has obs={obs_sp[a0]}, actions={act_sp[a0]} and agent {a!r} has "
+                                     f"obs={obs_sp[a]}, actions={act_sp[a]}")
     if config.env.max_episode_steps is not None:
         raise ConfigError(f"env.max_episode_steps={config.env.max_episode_steps}: the TimeLimit wrapper is for "
                           "Gymnasium envs; give a PettingZoo env its own limit through env.kwargs "
@@ -274,22 +276,16 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, Type[Algorith
         if not ags:
             raise ConfigError(f"multiagent.policies.{pid}: no agent is mapped to policy {pid!r} "
                               f"(agents: {', '.join(agents)}; see multiagent.mapping)")
-        first, a = ags[0], odd_one(ags)
-        if a is not None:
-            raise ConfigError(f"policy {pid!r}: agents mapped to one policy must share their spaces, but agent "
-                              f"{first!r} has obs={obs_sp[first]}, actions={act_sp[first]} and agent {a!r} has "
-                              f"obs={obs_sp[a]}, actions={act_sp[a]}; map them to different policies")
-    a0, a = agents[0], odd_one(agents)
-    if (bool(ma.alternate_seats) or bool(ma.eval_alternate_seats)) and a is not None:
-        raise ConfigError(f"alternate_seats needs every agent to have the same spaces; agent {a0!r} "
-                          f"has obs={obs_sp[a0]}, actions={act_sp[a0]}, agent {a!r} has "
-                          f"obs={obs_sp[a]}, actions={act_sp[a]}")
+        if m := mismatch(ags):
+            raise ConfigError(f"policy {pid!r}: agents mapped to one policy must share their spaces, but {m}; "
+                              "map them to different policies")
+    if (bool(ma.alternate_seats) or bool(ma.eval_alternate_seats)) and (m := mismatch(agents)):
+        raise ConfigError(f"alternate_seats needs every agent to have the same spaces; {m}")
     specs: Dict[str, MAPolicySpec] = {}
     for pid in pids:
         pc = (ma.policies or {}).get(pid) or PolicyConfig()
-        algo, ck_path = pc.algo, pc.checkpoint
+        algo, ck_path, init_state, ck_spec = pc.algo, pc.checkpoint, None, None
         o, act = obs_sp[members[pid][0]], act_sp[members[pid][0]]
-        init_state, ck_spec = None, None
         if ck_path:
             key = f"multiagent.policies.{pid}.checkpoint"
             ck_spec, init_state = load_checkpoint_policy(ck_path, pid, pc.checkpoint_policy, key, algorithms)
