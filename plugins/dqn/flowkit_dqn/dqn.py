@@ -208,9 +208,7 @@ class DQNPolicy(Policy):
         self.td_error: Optional[np.ndarray] = None
         self.target_model: Optional[nn.Module] = None
         if not inference_only:
-            self.target_model = copy.deepcopy(self.model)
-            for p in self.target_model.parameters():
-                p.requires_grad_(False)
+            self.target_model = copy.deepcopy(self.model).requires_grad_(False)
             self.optimizer = self.make_optimizer(config.lr, config.adam_eps)
 
     # -- acting (worker) --

@@ -173,10 +173,10 @@ class IMPALA(flowkit.Algorithm):
     @classmethod
     def validate_config(cls, run_config, section) -> List[str]:
         """Cross-field checks (each key's own range is declared in :class:`IMPALAConfig`)."""
-        s = section
-        if s.minibatch_size is not None and not 1 <= s.minibatch_size <= s.train_batch_size:
-            raise ConfigError(f"{cls.name}.minibatch_size={s.minibatch_size} must be in [1, {cls.name}.train_batch_size="
-                              f"{s.train_batch_size}] (or null: the whole train batch)")
+        mb, tb = section.minibatch_size, section.train_batch_size
+        if mb is not None and not 1 <= mb <= tb:
+            raise ConfigError(f"{cls.name}.minibatch_size={mb} must be in [1, {cls.name}.train_batch_size={tb}] "
+                              "(or null: the whole train batch)")
         return []
 
     def get_rollout_mode(self) -> str:

@@ -33,6 +33,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.vector.utils import concatenate, create_empty_array
 
 from flowkit.core import EnvError, Episode, describe_value, env_name, find_mismatch
 from flowkit.core import batch as sb
@@ -40,12 +41,10 @@ from flowkit_multiagent.specs import build_mapping, build_opponent
 
 
 def stack_raw(space: gym.Space, xs: Sequence[Any]) -> Any:
-    """Stack single raw observations into the batched form ObsEncoder takes."""
-    if isinstance(space, gym.spaces.Dict):
-        return {k: stack_raw(s, [x[k] for x in xs]) for k, s in space.spaces.items()}
-    if isinstance(space, gym.spaces.Tuple):
-        return tuple(stack_raw(s, [x[i] for x in xs]) for i, s in enumerate(space.spaces))
-    return np.stack([np.asarray(x) for x in xs])
+    """Stack single raw observations into the batched form ObsEncoder takes (arrays of the
+    space's dtypes)."""
+    out: Any = create_empty_array(space, len(xs))  # None only for spaces ObsEncoder refuses
+    return concatenate(space, xs, out)
 
 
 _Enc = Tuple[np.ndarray, Optional[np.ndarray]]  # (encoded observation row, action-mask row or None)

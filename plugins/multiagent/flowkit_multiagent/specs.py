@@ -107,8 +107,7 @@ class AgentMapping:
                 except (TypeError, ValueError):
                     ok = False
                 if not ok:
-                    raise ConfigError(f"multiagent.mapping.{pat}.{pid}={w!r}: a weight must be a positive "
-                                      "number")
+                    raise ConfigError(f"multiagent.mapping.{pat}.{pid}={w!r}: a weight must be a positive number")
             total = sum(float(w) for w in opts.values())
             cum = itertools.accumulate(float(w) / total for w in opts.values())
             self.rules[str(pat)] = list(zip(map(str, opts), cum, strict=True))
