@@ -221,24 +221,18 @@ def load_checkpoint_policy(path: str, pid: str, want: Optional[str] = None, key:
             that is not registered, or no such policy in it (naming ``key`` and the file).
     """
     from flowkit.checkpoint import STATE_FILE, CheckpointError, find_checkpoint, load_state, spec_from_dict
+    from flowkit.hooks import get_plugin_manager
     try:
-        state_path = os.path.join(find_checkpoint(path), STATE_FILE)
-        st = load_state(state_path)
+        st = load_state(state_path := os.path.join(find_checkpoint(path), STATE_FILE))
+        pols = st["policies"]
+        pick = want or (pid if pid in pols else (next(iter(pols)) if len(pols) == 1 else None))
+        if pick not in pols:
+            raise ConfigError(f"{key}={path!r}: the checkpoint holds policies {sorted(pols)}, not "
+                              f"{(want or pid)!r}; name one with multiagent.policies.{pid}.checkpoint_policy")
+        algos = get_plugin_manager().algorithms() if algorithms is None else algorithms
+        return spec_from_dict(st["policy_specs"][pick], algos, state_path), pols[pick]
     except (FileNotFoundError, CheckpointError) as e:
         raise ConfigError(f"{key}={path!r}: {e}") from None
-    pols = st["policies"]
-    pick = want or (pid if pid in pols else (next(iter(pols)) if len(pols) == 1 else None))
-    if pick not in pols:
-        raise ConfigError(f"{key}={path!r}: the checkpoint holds policies {sorted(pols)}, not "
-                          f"{(want or pid)!r}; name one with multiagent.policies.{pid}.checkpoint_policy")
-    if algorithms is None:
-        from flowkit.hooks import get_plugin_manager
-        algorithms = get_plugin_manager().algorithms()
-    try:
-        spec = spec_from_dict(st["policy_specs"][pick], algorithms, state_path)
-    except CheckpointError as e:
-        raise ConfigError(f"{key}={path!r}: {e}") from None
-    return spec, pols[pick]
 
 
 def check_same_spaces(what: str, spec: Any, obs_space: gym.Space, act_space: gym.Space) -> None:
