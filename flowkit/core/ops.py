@@ -46,28 +46,22 @@ def ParallelRollouts(ctx: "RunContext", mode: str = "bulk_sync", num_async: Opti
         ctx.record_episodes(b.episodes)
         return b
 
-    if mode == "bulk_sync":
-        rounds = pf.gather_sync(per_round=True, prefetch=prefetch)
+    def account_round(items: List[Tuple[Any, sb.MultiAgentBatch]]) -> Any:
+        if not items:
+            return NOT_READY
+        with ctx.timers["sample_wait"]:
+            batches = [account(a, b) for a, b in items]
+        return sb.MultiAgentBatch.concat(batches)
 
-        def gen():
-            for items in rounds:
-                if not items:
-                    yield NOT_READY
-                    continue
-                with ctx.timers["sample_wait"]:
-                    batches = [account(a, b) for a, b in items]
-                yield sb.MultiAgentBatch.concat(batches)
-        return Flow(gen, f"ParallelRollouts(bulk_sync{', prefetch' if prefetch else ''})", [rounds], ctx)
+    if mode == "bulk_sync":
+        return pf.gather_sync(per_round=True, prefetch=prefetch).for_each(
+            account_round, f"ParallelRollouts(bulk_sync{', prefetch' if prefetch else ''})")
     if mode == "async":
         num_async = int(ctx.config.runtime.get("async_requests_per_worker", 2)) if num_async is None else num_async
         if num_async < 1:
             raise ValueError(f"runtime.async_requests_per_worker must be >= 1, got {num_async}")
-        src = pf.gather_async(num_async=num_async)
-
-        def agen():
-            for b in src:
-                yield b if b is NOT_READY else account(ctx.current_actor, b)
-        return Flow(agen, f"ParallelRollouts(async, num_async={num_async})", [src], ctx)
+        return pf.gather_async(num_async=num_async).for_each(
+            lambda b: account(ctx.current_actor, b), f"ParallelRollouts(async, num_async={num_async})")
     raise ValueError(f"ParallelRollouts: mode must be bulk_sync or async, got {mode!r}")
 
 
@@ -351,12 +345,8 @@ def Concurrently(flows: Sequence[Flow], mode: str = "round_robin",
         raise ValueError("Concurrently: round_robin_weights need mode=round_robin")
     tagged = union_tagged(flows, deterministic=(mode == "round_robin"), weights=round_robin_weights)
     keep = None if output_indexes is None else set(output_indexes)
-
-    def gen():
-        for x in tagged:
-            yield NOT_READY if x is NOT_READY or (keep is not None and x[0] not in keep) else x[1]
     name = f"Concurrently({mode}" + (f", output_indexes={sorted(keep)}" if keep is not None else "") + ")"
-    return Flow(gen, name, [tagged], flows[0].ctx)
+    return tagged.for_each(lambda x: NOT_READY if keep is not None and x[0] not in keep else x[1], name)
 
 
 def StandardMetricsReporting(train_flow: Flow, ctx: "RunContext") -> Flow:
