@@ -161,13 +161,9 @@ class Flow:
         return Flow(gen, f"batch({n})", [self], self.ctx)
 
     def flatten(self) -> "Flow":
-        def gen():
-            for x in self:
-                if x is NOT_READY:
-                    yield x
-                    continue
-                yield from x
-        return Flow(gen, "flatten", [self], self.ctx)
+        """Yield the elements of each (iterable) item; as :meth:`combine`, an empty item
+        yields NOT_READY."""
+        return self.combine(lambda x: x, "flatten")
 
     def zip_with_source_actor(self) -> "Flow":
         """Items become ``(source_actor, item)``, the actor read from the context as set by
@@ -196,11 +192,8 @@ class Flow:
                         x = next(src)
                     except StopIteration:
                         return
-                    if x is NOT_READY:
-                        yield x
-                        continue
-                    for j, b in enumerate(bufs):
-                        if j != i:
+                    if x is not NOT_READY:  # every other branch gets it too
+                        for b in bufs[:i] + bufs[i + 1:]:
                             b.append(x)
                     yield x
             return gen

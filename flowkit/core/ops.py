@@ -219,34 +219,23 @@ class SyncWeights:
                              f">= 0; got to={to!r}, unit={unit!r}, every={every}")
         self.ctx, self.learner, self.to, self.every, self.unit = ctx, learner, to, int(every), unit
         self.with_next_sample = bool(with_next_sample)
-        self.last: Dict[int, Tuple[Any, int]] = {}   # worker index -> (actor, units at its last sync)
-        self.counts: Dict[int, int] = {}             # worker index -> batches since its last sync
-        self.sent: Dict[int, Tuple[Any, int]] = {}   # worker index -> (actor, version sent)
-        self.count = self.last_all = 0
+        # keyed by worker index (-1 with to=all):
+        self.last: Dict[int, Tuple[Any, int]] = {}   # -> (actor, units at its last sync)
+        self.seen: Dict[int, int] = {}               # -> items seen
+        self.sent: Dict[int, Tuple[Any, int]] = {}   # -> (actor, version sent)
         self.name = f"SyncWeights(to={to}" + (f", every={every} {unit}" if every else "") + \
             (", with next sample" if with_next_sample else "") + ")"
 
     def __call__(self, item: Any) -> Any:
-        trained = self.ctx.counters["env_steps_trained"]
-        if self.to == "all":
-            self.count += 1
-            now = self.count if self.unit == "batches" else trained
-            if not self.every or now - self.last_all >= self.every:
-                self.last_all = now
-                self._send(None)
-            return item
-        actor = item[0]
+        actor = item[0] if self.to == "source" else None
         i = getattr(actor, "index", -1)
-        last = self.last.get(i)
-        restarted = last is not None and last[0] is not actor
-        if self.unit == "batches":
-            self.counts[i] = self.counts.get(i, 0) + 1
-            due = self.counts[i] >= self.every or restarted
-        else:
-            due = last is None or restarted or trained - last[1] >= self.every
-        if due:
-            self.counts[i] = 0
-            self.last[i] = (actor, trained)
+        self.seen[i] = self.seen.get(i, 0) + 1
+        now = self.seen[i] if self.unit == "batches" else self.ctx.counters["env_steps_trained"]
+        # env-step syncs to a source start with its first item; otherwise `every` units pass first
+        first = -self.every if self.to == "source" and self.unit == "env_steps" else 0
+        last = self.last.get(i, (actor, first))
+        if last[0] is not actor or now - last[1] >= self.every:  # a restarted worker, or due
+            self.last[i] = (actor, now)
             self._send(actor)
         return item
 

@@ -413,7 +413,7 @@ class ReplayShards:
                        alpha=alpha, beta=beta, eps=eps)
         self.seed = int(seed)
         self._actors: Optional[List[Any]] = None
-        self._pending: Optional[List[Dict[str, Any]]] = None
+        self._pending: List[Dict[str, Any]] = []  # shard states set before the shards started
         self.next_shard = 0
 
     @property
@@ -434,14 +434,13 @@ class ReplayShards:
         for a in out:
             get_result(a.submit("ping"))
         self._actors = out
-        if self._pending is not None:
-            for a, st in zip(out, self._pending):
-                get_result(a.submit("set_state", st))
-            self._pending = None
+        for a, st in zip(out, self._pending):
+            get_result(a.submit("set_state", st))
+        self._pending = []
         return out
 
     def get_state(self, include_replay: bool = True) -> Dict[str, Any]:
-        shards = ((self._pending or []) if self._actors is None
+        shards = (self._pending if self._actors is None
                   else [get_result(a.submit("get_state", include_replay)) for a in self._actors])
         return {"shards": shards, "next_shard": self.next_shard}
 
@@ -450,10 +449,8 @@ class ReplayShards:
             raise ValueError(f"checkpoint has {len(st['shards'])} replay shards, this run has "
                              f"{self.num_shards} (dqn.num_replay_shards)")
         self.next_shard = int(st["next_shard"])
-        if not st["shards"]:
-            return
         if self._actors is None:
-            self._pending = list(st["shards"])
+            self._pending = list(st["shards"]) or self._pending  # empty: no shard states saved
         else:
             for a, s in zip(self._actors, st["shards"]):
                 get_result(a.submit("set_state", s))
