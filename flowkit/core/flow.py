@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import itertools
+import math
 import re
 import time
 from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence
@@ -177,7 +178,6 @@ class Flow:
         ahead of it yield NOT_READY (back-pressure) until it catches up.
         """
         bufs: List[Deque[Any]] = [collections.deque() for _ in range(n)]
-        src = self
 
         def make(i: int):
             def gen():
@@ -189,7 +189,7 @@ class Flow:
                         yield NOT_READY
                         continue
                     try:
-                        x = next(src)
+                        x = next(self)
                     except StopIteration:
                         return
                     if x is not NOT_READY:  # every other branch gets it too
@@ -218,8 +218,7 @@ class Flow:
             nid = f"n{len(ids)}"
             ids[id(f)] = nid
             nodes.append((nid, f.name))
-            for p in f.parents:
-                edges.append((visit(p), nid))
+            edges.extend((visit(p), nid) for p in f.parents)
             return nid
         visit(self)
         return {"nodes": nodes, "edges": edges}
@@ -253,21 +252,12 @@ def from_items(items: Iterable[Any], name: str = "from_items", repeat: bool = Fa
                ctx: Optional[FlowContext] = None) -> Flow:
     """A flow over a fixed list of items (tests, replay of recorded batches)."""
     items = list(items)
-
-    def gen():
-        while True:
-            yield from items
-            if not repeat:
-                return
-    return Flow(gen, name, (), ctx)
+    return Flow(lambda: itertools.cycle(items) if repeat else iter(items), name, (), ctx)
 
 
 def from_callable(fn: Callable[[], Any], name: str, ctx: Optional[FlowContext] = None) -> Flow:
     """An endless source calling ``fn()`` on each pull (it may return NOT_READY)."""
-    def gen():
-        while True:
-            yield fn()
-    return Flow(gen, name, (), ctx)
+    return Flow(lambda: (fn() for _ in itertools.count()), name, (), ctx)
 
 
 def union_tagged(flows: Sequence[Flow], deterministic: bool = True,
@@ -299,14 +289,13 @@ def union_tagged(flows: Sequence[Flow], deterministic: bool = True,
             for i in order:
                 if not alive[i]:
                     continue
-                if w[i] == "*":
-                    quota = None
-                else:
+                quota: float = math.inf  # "*": as many as it has ready
+                if w[i] != "*":
                     credit[i] += float(w[i])
                     quota = int(credit[i] + 1e-9)
                     credit[i] -= quota
                 taken = 0
-                while quota is None or taken < quota:
+                while taken < quota:
                     try:
                         x = next(flows[i])
                     except StopIteration:

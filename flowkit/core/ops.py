@@ -242,8 +242,7 @@ class SyncWeights:
     def _send(self, actor: Any) -> None:
         version, w = self.learner.get_weights()
         i = getattr(actor, "index", -1)
-        sent = self.sent.get(i)
-        if actor is not None and sent is not None and sent[0] is actor and sent[1] == version:
+        if actor is not None and self.sent.get(i) == (actor, version):
             return  # it has these weights already
         with self.ctx.timers["sync_weights"]:
             self.ctx.workers.sync_weights(w, actors=None if actor is None else [actor], version=version,

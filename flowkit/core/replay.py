@@ -243,10 +243,8 @@ class ReplayBuffer:
         if len(self.storage) == 0:
             raise ValueError("cannot sample from an empty replay buffer")
         idx, w = self.sampler.sample(len(self.storage), int(n))
-        out = self.storage.get(idx)
-        out[sb.BATCH_INDEXES] = np.asarray(idx, np.int64)
-        out[sb.PRIO_WEIGHTS] = w
-        return out
+        return sb.SampleBatch({**self.storage.get(idx), sb.BATCH_INDEXES: np.asarray(idx, np.int64),
+                               sb.PRIO_WEIGHTS: w})
 
     def update_priorities(self, idx: np.ndarray, td_error: np.ndarray) -> None:
         self.sampler.update(idx, td_error)
