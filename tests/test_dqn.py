@@ -234,7 +234,7 @@ def test_apex_local_run_trains_from_shards_with_per_worker_epsilon(run_dir):
     sizes = [a.obj.sizes()["default"] for a in shards.actors]
     assert min(sizes) > 0 and sum(sizes) == ctx.counters["env_steps_sampled"]
     # priorities came back: some slot has a priority other than the initial 1
-    trees = [a.obj.buffer.buffers["default"].sampler.sum for a in shards.actors]
+    trees = [a.obj.buffers["default"].sampler.sum for a in shards.actors]
     assert any(np.any(np.abs(t.leaves(s) - 1.0) > 1e-6) for t, s in zip(trees, sizes))
     ctx.shutdown()
 

@@ -53,8 +53,9 @@ class ActionDist:
             return logits
         return logits.masked_fill(mask == 0, torch.finfo(logits.dtype).min)
 
-    def _split(self, inputs):
-        return torch.split(inputs, self.nvec, dim=-1)
+    def _parts(self, inputs, mask=None):
+        """The logits of each categorical: masked (Discrete) or split (MultiDiscrete)."""
+        return [self.masked(inputs, mask)] if self.kind == "cat" else torch.split(inputs, self.nvec, dim=-1)
 
     def sample(self, inputs: torch.Tensor, mask=None, explore=True, generator=None) -> torch.Tensor:
         if self.kind == "cat":
@@ -62,7 +63,7 @@ class ActionDist:
             return (_gumbel(logits, generator) if explore else logits).argmax(-1)
         if self.kind == "multicat":
             return torch.stack([(_gumbel(lg, generator) if explore else lg).argmax(-1)
-                                for lg in self._split(inputs)], -1)
+                                for lg in self._parts(inputs)], -1)
         if self.kind == "bern":
             if not explore:
                 return (inputs > 0).to(torch.int64)
@@ -88,7 +89,7 @@ class ActionDist:
         if self.kind == "multicat":
             a = actions.long()
             return _total([torch.log_softmax(lg, -1).gather(-1, a[..., i:i + 1]).squeeze(-1)
-                           for i, lg in enumerate(self._split(inputs))])
+                           for i, lg in enumerate(self._parts(inputs))])
         if self.kind == "bern":
             a = actions.float()
             return -(nn.functional.binary_cross_entropy_with_logits(inputs, a, reduction="none")).sum(-1)
@@ -110,8 +111,7 @@ class ActionDist:
 
     def entropy(self, inputs, mask=None) -> torch.Tensor:
         if self.kind in ("cat", "multicat"):
-            parts = [self.masked(inputs, mask)] if self.kind == "cat" else self._split(inputs)
-            ps = [(lp.exp(), lp) for lp in (torch.log_softmax(lg, -1) for lg in parts)]
+            ps = [(lp.exp(), lp) for lp in (torch.log_softmax(lg, -1) for lg in self._parts(inputs, mask))]
             return 0 - _total([(p * lp.masked_fill(p == 0, 0.0)).sum(-1) for p, lp in ps])
         if self.kind == "bern":
             p = torch.sigmoid(inputs)
@@ -122,9 +122,8 @@ class ActionDist:
     def kl(self, old, new, mask=None) -> torch.Tensor:
         """KL(old || new) per row."""
         if self.kind in ("cat", "multicat"):
-            po = [self.masked(old, mask)] if self.kind == "cat" else self._split(old)
-            pn = [self.masked(new, mask)] if self.kind == "cat" else self._split(new)
-            lps = [(torch.log_softmax(a, -1), torch.log_softmax(b, -1)) for a, b in zip(po, pn)]
+            lps = [(torch.log_softmax(a, -1), torch.log_softmax(b, -1))
+                   for a, b in zip(self._parts(old, mask), self._parts(new, mask))]
             return _total([(la.exp() * (la - lb)).sum(-1) for la, lb in lps])
         if self.kind == "bern":
             pa, pb = torch.sigmoid(old), torch.sigmoid(new)

@@ -49,12 +49,8 @@ class ObsEncoder:
         self.fast_box = isinstance(space, gym.spaces.Box) and not self.is_image
 
     def _flat_size(self, s: gym.Space) -> int:
-        if isinstance(s, (gym.spaces.Box, gym.spaces.MultiBinary)):
-            return int(np.prod(s.shape))
-        if isinstance(s, gym.spaces.Discrete):
-            return int(s.n)
-        if isinstance(s, gym.spaces.MultiDiscrete):
-            return int(np.sum(s.nvec))
+        if isinstance(s, (gym.spaces.Box, gym.spaces.MultiBinary, gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
+            return gym.spaces.flatdim(s)  # the one-hot width of Discrete / MultiDiscrete
         if isinstance(s, gym.spaces.Dict):
             return sum(self._flat_size(v) for k, v in s.spaces.items() if k != MASK_KEY)
         if isinstance(s, gym.spaces.Tuple):

@@ -6,7 +6,6 @@ import math
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
-import torch
 from torch import nn
 
 from flowkit.core._distributions import ActionDist
@@ -64,9 +63,6 @@ class NumpyActorCritic:
                 return []
         return out
 
-    def _tensors(self) -> List[torch.Tensor]:
-        return list(self.model.parameters()) + list(self.model.buffers())
-
     def _bind(self) -> None:
         m = self.model
         v = lambda t: t.detach().numpy()  # noqa: E731 - a view, not a copy
@@ -81,7 +77,7 @@ class NumpyActorCritic:
             self.twin = None
             self.pi = [(v(lin.weight).T, v(lin.bias)) for lin in self._mlp_layers(m.pi)]
             self.vf = [(v(lin.weight).T, v(lin.bias)) for lin in self._mlp_layers(m.vf)]
-        self._watch = self._tensors()
+        self._watch = [*m.parameters(), *m.buffers()]
         self._ptrs = tuple(t.data_ptr() for t in self._watch)
 
     def _mlp(self, x: np.ndarray, layers) -> np.ndarray:

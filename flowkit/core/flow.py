@@ -21,6 +21,8 @@ naming the operator (and the worker for actor-side errors) is attached (PEP 678)
 from __future__ import annotations
 
 import collections
+import itertools
+import math
 import re
 import time
 from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence
@@ -31,22 +33,14 @@ from flowkit._guard import GUARD, SampleTimeout
 class _NotReady:
     """Sentinel: "nothing now, ask again later". Never a real item."""
 
-    _inst = None
-
-    def __new__(cls):
-        if cls._inst is None:
-            cls._inst = super().__new__(cls)
-        return cls._inst
-
     def __repr__(self) -> str:
         return "NOT_READY"
 
-    def __reduce__(self):
-        return (_NotReady, ())
+    def __reduce__(self) -> str:
+        return "NOT_READY"  # pickled by name: unpickles (and copies) as this very object
 
 
 NOT_READY = _NotReady()
-NotReady = _NotReady
 
 
 class TimerStat:
@@ -122,41 +116,18 @@ class Flow:
 
     def take(self, n: int, skip_not_ready: bool = True) -> List[Any]:
         """Pull ``n`` real items (NOT_READY is skipped unless ``skip_not_ready=False``)."""
-        out: List[Any] = []
-        while len(out) < n:
-            try:
-                x = next(self)
-            except StopIteration:
-                break
-            if x is NOT_READY and skip_not_ready:
-                continue
-            out.append(x)
-        return out
+        items = (x for x in self if x is not NOT_READY) if skip_not_ready else self
+        return list(itertools.islice(items, n))
 
     # ---- combinators ---------------------------------------------------------------------
-    def _derive(self, gen: Callable[[], Iterator[Any]], name: str) -> "Flow":
-        return Flow(gen, name, [self], self.ctx)
+    def for_each(self, fn: Callable[[Any], Any], name: Optional[str] = None) -> "Flow":
+        """Apply ``fn`` to every item (one output per input, NOT_READY passed through; ``fn``
+        may return NOT_READY). ``name``: shown by ``describe()`` (default: ``fn``'s name)."""
+        return self.combine(lambda x: (fn(x),), name or _op_name(fn))
 
-    def for_each(self, fn: Callable[[Any], Any]) -> "Flow":
-        """Apply ``fn`` to every item (one output per input)."""
-        name = _op_name(fn)
-
-        def gen():
-            for x in self:
-                if x is NOT_READY:
-                    yield x
-                    continue
-                try:
-                    y = fn(x)
-                except Exception as e:
-                    _annotate(e, f"operator {name}")
-                    raise
-                yield y
-        return self._derive(gen, name)
-
-    def combine(self, fn: Callable[[Any], Iterable[Any]]) -> "Flow":
+    def combine(self, fn: Callable[[Any], Iterable[Any]], name: Optional[str] = None) -> "Flow":
         """Flat-map: ``fn(item)`` returns a list of zero or more outputs."""
-        name = _op_name(fn)
+        name = name or _op_name(fn)
 
         def gen():
             for x in self:
@@ -170,20 +141,11 @@ class Flow:
                     raise
                 if not ys:
                     yield NOT_READY  # nothing yet: let unions move on
-                for y in ys:
-                    yield y
-        return self._derive(gen, name)
+                yield from ys
+        return Flow(gen, name, [self], self.ctx)
 
     def filter(self, pred: Callable[[Any], bool]) -> "Flow":
-        name = f"filter({_op_name(pred)})"
-
-        def gen():
-            for x in self:
-                if x is NOT_READY or pred(x):
-                    yield x
-                else:
-                    yield NOT_READY
-        return self._derive(gen, name)
+        return self.for_each(lambda x: x if pred(x) else NOT_READY, f"filter({_op_name(pred)})")
 
     def batch(self, n: int) -> "Flow":
         """Group ``n`` consecutive items into a list."""
@@ -197,24 +159,17 @@ class Flow:
                 if len(buf) >= n:
                     yield buf
                     buf = []
-        return self._derive(gen, f"batch({n})")
+        return Flow(gen, f"batch({n})", [self], self.ctx)
 
     def flatten(self) -> "Flow":
-        def gen():
-            for x in self:
-                if x is NOT_READY:
-                    yield x
-                    continue
-                yield from x
-        return self._derive(gen, "flatten")
+        """Yield the elements of each (iterable) item; as :meth:`combine`, an empty item
+        yields NOT_READY."""
+        return self.combine(lambda x: x, "flatten")
 
     def zip_with_source_actor(self) -> "Flow":
         """Items become ``(source_actor, item)``, the actor read from the context as set by
         the async gather that produced the item."""
-        def gen():
-            for x in self:
-                yield x if x is NOT_READY else (self.ctx.current_actor, x)
-        return self._derive(gen, "zip_with_source_actor")
+        return self.for_each(lambda x: (self.ctx.current_actor, x), "zip_with_source_actor")
 
     def duplicate(self, n: int, max_buffer: int = 4) -> List["Flow"]:
         """``n`` flows that each see every item of this one.
@@ -223,7 +178,6 @@ class Flow:
         ahead of it yield NOT_READY (back-pressure) until it catches up.
         """
         bufs: List[Deque[Any]] = [collections.deque() for _ in range(n)]
-        src = self
 
         def make(i: int):
             def gen():
@@ -235,14 +189,11 @@ class Flow:
                         yield NOT_READY
                         continue
                     try:
-                        x = next(src)
+                        x = next(self)
                     except StopIteration:
                         return
-                    if x is NOT_READY:
-                        yield x
-                        continue
-                    for j, b in enumerate(bufs):
-                        if j != i:
+                    if x is not NOT_READY:  # every other branch gets it too
+                        for b in bufs[:i] + bufs[i + 1:]:
                             b.append(x)
                     yield x
             return gen
@@ -252,11 +203,7 @@ class Flow:
               weights: Optional[Sequence[float]] = None) -> "Flow":
         """Interleave this flow with ``others``; see :func:`union_tagged` for the order."""
         tagged = union_tagged([self, *others], deterministic=deterministic, weights=weights)
-
-        def gen():
-            for x in tagged:
-                yield x if x is NOT_READY else x[1]
-        return Flow(gen, "union", [tagged], self.ctx)
+        return tagged.for_each(lambda x: x[1], "union")
 
     # ---- description ---------------------------------------------------------------------
     def describe(self) -> Dict[str, Any]:
@@ -271,8 +218,7 @@ class Flow:
             nid = f"n{len(ids)}"
             ids[id(f)] = nid
             nodes.append((nid, f.name))
-            for p in f.parents:
-                edges.append((visit(p), nid))
+            edges.extend((visit(p), nid) for p in f.parents)
             return nid
         visit(self)
         return {"nodes": nodes, "edges": edges}
@@ -283,12 +229,11 @@ class Flow:
         seen: Dict[int, int] = {}
 
         def walk(f: "Flow", depth: int):
-            tag = ""
             if id(f) in seen:
                 lines.append("  " * depth + f"<- {f.name} (shared, see above)")
                 return
             seen[id(f)] = 1
-            lines.append("  " * depth + ("" if depth == 0 else "<- ") + f.name + tag)
+            lines.append("  " * depth + ("" if depth == 0 else "<- ") + f.name)
             for p in f.parents:
                 walk(p, depth + 1)
         walk(self, 0)
@@ -296,12 +241,8 @@ class Flow:
 
     def to_mermaid(self) -> str:
         g = self.describe()
-        out = ["flowchart LR"]
-        for nid, name in g["nodes"]:
-            out.append(f'    {nid}["{name}"]')
-        for a, b in g["edges"]:
-            out.append(f"    {a} --> {b}")
-        return "\n".join(out)
+        return "\n".join(["flowchart LR", *(f'    {nid}["{name}"]' for nid, name in g["nodes"]),
+                          *(f"    {a} --> {b}" for a, b in g["edges"])])
 
     def __repr__(self) -> str:
         return f"Flow({self.name})"
@@ -311,21 +252,12 @@ def from_items(items: Iterable[Any], name: str = "from_items", repeat: bool = Fa
                ctx: Optional[FlowContext] = None) -> Flow:
     """A flow over a fixed list of items (tests, replay of recorded batches)."""
     items = list(items)
-
-    def gen():
-        while True:
-            yield from items
-            if not repeat:
-                return
-    return Flow(gen, name, (), ctx)
+    return Flow(lambda: itertools.cycle(items) if repeat else iter(items), name, (), ctx)
 
 
 def from_callable(fn: Callable[[], Any], name: str, ctx: Optional[FlowContext] = None) -> Flow:
     """An endless source calling ``fn()`` on each pull (it may return NOT_READY)."""
-    def gen():
-        while True:
-            yield fn()
-    return Flow(gen, name, (), ctx)
+    return Flow(lambda: (fn() for _ in itertools.count()), name, (), ctx)
 
 
 def union_tagged(flows: Sequence[Flow], deterministic: bool = True,
@@ -357,14 +289,13 @@ def union_tagged(flows: Sequence[Flow], deterministic: bool = True,
             for i in order:
                 if not alive[i]:
                     continue
-                if w[i] == "*":
-                    quota = None
-                else:
+                quota: float = math.inf  # "*": as many as it has ready
+                if w[i] != "*":
                     credit[i] += float(w[i])
                     quota = int(credit[i] + 1e-9)
                     credit[i] -= quota
                 taken = 0
-                while quota is None or taken < quota:
+                while taken < quota:
                     try:
                         x = next(flows[i])
                     except StopIteration:
@@ -454,10 +385,8 @@ def get_result(fut: Any, timeout_s: Optional[float] = None) -> Any:
 def wait_any(futs: List[Any], timeout_s: float) -> List[Any]:
     """Futures among ``futs`` that are done, waiting up to ``timeout_s`` for at least one."""
     local = [f for f in futs if isinstance(f, LocalFuture)]
-    if local:
+    if local or not futs:
         return local
-    if not futs:
-        return []
     import ray
     ready, _ = ray.wait(list(futs), num_returns=1, timeout=timeout_s)
     return ready

@@ -46,28 +46,22 @@ def ParallelRollouts(ctx: "RunContext", mode: str = "bulk_sync", num_async: Opti
         ctx.record_episodes(b.episodes)
         return b
 
-    if mode == "bulk_sync":
-        rounds = pf.gather_sync(per_round=True, prefetch=prefetch)
+    def account_round(items: List[Tuple[Any, sb.MultiAgentBatch]]) -> Any:
+        if not items:
+            return NOT_READY
+        with ctx.timers["sample_wait"]:
+            batches = [account(a, b) for a, b in items]
+        return sb.MultiAgentBatch.concat(batches)
 
-        def gen():
-            for items in rounds:
-                if not items:
-                    yield NOT_READY
-                    continue
-                with ctx.timers["sample_wait"]:
-                    batches = [account(a, b) for a, b in items]
-                yield sb.MultiAgentBatch.concat(batches)
-        return Flow(gen, f"ParallelRollouts(bulk_sync{', prefetch' if prefetch else ''})", [rounds], ctx)
+    if mode == "bulk_sync":
+        return pf.gather_sync(per_round=True, prefetch=prefetch).for_each(
+            account_round, f"ParallelRollouts(bulk_sync{', prefetch' if prefetch else ''})")
     if mode == "async":
         num_async = int(ctx.config.runtime.get("async_requests_per_worker", 2)) if num_async is None else num_async
         if num_async < 1:
             raise ValueError(f"runtime.async_requests_per_worker must be >= 1, got {num_async}")
-        src = pf.gather_async(num_async=num_async)
-
-        def agen():
-            for b in src:
-                yield b if b is NOT_READY else account(ctx.current_actor, b)
-        return Flow(agen, f"ParallelRollouts(async, num_async={num_async})", [src], ctx)
+        return pf.gather_async(num_async=num_async).for_each(
+            lambda b: account(ctx.current_actor, b), f"ParallelRollouts(async, num_async={num_async})")
     raise ValueError(f"ParallelRollouts: mode must be bulk_sync or async, got {mode!r}")
 
 
@@ -225,42 +219,30 @@ class SyncWeights:
                              f">= 0; got to={to!r}, unit={unit!r}, every={every}")
         self.ctx, self.learner, self.to, self.every, self.unit = ctx, learner, to, int(every), unit
         self.with_next_sample = bool(with_next_sample)
-        self.last: Dict[int, Tuple[Any, int]] = {}   # worker index -> (actor, units at its last sync)
-        self.counts: Dict[int, int] = {}             # worker index -> batches since its last sync
-        self.sent: Dict[int, Tuple[Any, int]] = {}   # worker index -> (actor, version sent)
-        self.count = self.last_all = 0
+        # keyed by worker index (-1 with to=all):
+        self.last: Dict[int, Tuple[Any, int]] = {}   # -> (actor, units at its last sync)
+        self.seen: Dict[int, int] = {}               # -> items seen
+        self.sent: Dict[int, Tuple[Any, int]] = {}   # -> (actor, version sent)
         self.name = f"SyncWeights(to={to}" + (f", every={every} {unit}" if every else "") + \
             (", with next sample" if with_next_sample else "") + ")"
 
     def __call__(self, item: Any) -> Any:
-        trained = self.ctx.counters["env_steps_trained"]
-        if self.to == "all":
-            self.count += 1
-            now = self.count if self.unit == "batches" else trained
-            if not self.every or now - self.last_all >= self.every:
-                self.last_all = now
-                self._send(None)
-            return item
-        actor = item[0]
+        actor = item[0] if self.to == "source" else None
         i = getattr(actor, "index", -1)
-        last = self.last.get(i)
-        restarted = last is not None and last[0] is not actor
-        if self.unit == "batches":
-            self.counts[i] = self.counts.get(i, 0) + 1
-            due = self.counts[i] >= self.every or restarted
-        else:
-            due = last is None or restarted or trained - last[1] >= self.every
-        if due:
-            self.counts[i] = 0
-            self.last[i] = (actor, trained)
+        self.seen[i] = self.seen.get(i, 0) + 1
+        now = self.seen[i] if self.unit == "batches" else self.ctx.counters["env_steps_trained"]
+        # env-step syncs to a source start with its first item; otherwise `every` units pass first
+        first = -self.every if self.to == "source" and self.unit == "env_steps" else 0
+        last = self.last.get(i, (actor, first))
+        if last[0] is not actor or now - last[1] >= self.every:  # a restarted worker, or due
+            self.last[i] = (actor, now)
             self._send(actor)
         return item
 
     def _send(self, actor: Any) -> None:
         version, w = self.learner.get_weights()
         i = getattr(actor, "index", -1)
-        sent = self.sent.get(i)
-        if actor is not None and sent is not None and sent[0] is actor and sent[1] == version:
+        if actor is not None and self.sent.get(i) == (actor, version):
             return  # it has these weights already
         with self.ctx.timers["sync_weights"]:
             self.ctx.workers.sync_weights(w, actors=None if actor is None else [actor], version=version,
@@ -351,12 +333,8 @@ def Concurrently(flows: Sequence[Flow], mode: str = "round_robin",
         raise ValueError("Concurrently: round_robin_weights need mode=round_robin")
     tagged = union_tagged(flows, deterministic=(mode == "round_robin"), weights=round_robin_weights)
     keep = None if output_indexes is None else set(output_indexes)
-
-    def gen():
-        for x in tagged:
-            yield NOT_READY if x is NOT_READY or (keep is not None and x[0] not in keep) else x[1]
     name = f"Concurrently({mode}" + (f", output_indexes={sorted(keep)}" if keep is not None else "") + ")"
-    return Flow(gen, name, [tagged], flows[0].ctx)
+    return tagged.for_each(lambda x: NOT_READY if keep is not None and x[0] not in keep else x[1], name)
 
 
 def StandardMetricsReporting(train_flow: Flow, ctx: "RunContext") -> Flow:

@@ -74,8 +74,7 @@ class Policy:
         batched = self.encoder.is_batched(obs)
         if not batched:
             obs = add_batch_axis(obs)
-        b = batch_len(obs)
-        enc, mask = self.encoder(obs, b)
+        enc, mask = self.encoder(obs, batch_len(obs))
         actions, _ = self.compute_actions_encoded(enc, mask, explore)
         env_actions = self.dist.to_env(actions)
         return env_actions if batched else env_actions[0]

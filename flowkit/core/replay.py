@@ -63,9 +63,8 @@ class Storage:
         elif set(batch.keys()) != set(self.cols):
             raise ValueError(f"replay buffer: batch columns {sorted(batch.keys())} differ from the "
                              f"stored columns {sorted(self.cols)}")
-        start = 0
-        if n > self.capacity:  # only the newest `capacity` rows survive anyway
-            start, n = n - self.capacity, self.capacity
+        start = max(0, n - self.capacity)  # only the newest `capacity` rows survive anyway
+        n -= start
         idx = (self.next_idx + np.arange(n)) % self.capacity
         for k, col in self.cols.items():
             col[idx] = np.asarray(batch[k])[start:]
@@ -137,12 +136,9 @@ class _SegmentTree:
     def set(self, idx: np.ndarray, values: np.ndarray) -> None:
         pos = np.asarray(idx, np.int64) + self.cap
         self.t[pos] = values
-        pos = np.unique(pos // 2)
-        while len(pos) and pos[0] >= 1:
-            self.t[pos] = self.op(self.t[2 * pos], self.t[2 * pos + 1])
-            if pos[0] == 1:
-                break
+        while len(pos) and pos[0] > 1:  # all leaves are at one depth: climb level by level
             pos = np.unique(pos // 2)
+            self.t[pos] = self.op(self.t[2 * pos], self.t[2 * pos + 1])
 
     def root(self) -> float:
         return float(self.t[1])
@@ -247,10 +243,8 @@ class ReplayBuffer:
         if len(self.storage) == 0:
             raise ValueError("cannot sample from an empty replay buffer")
         idx, w = self.sampler.sample(len(self.storage), int(n))
-        out = self.storage.get(idx)
-        out[sb.BATCH_INDEXES] = np.asarray(idx, np.int64)
-        out[sb.PRIO_WEIGHTS] = w
-        return out
+        return sb.SampleBatch({**self.storage.get(idx), sb.BATCH_INDEXES: np.asarray(idx, np.int64),
+                               sb.PRIO_WEIGHTS: w})
 
     def update_priorities(self, idx: np.ndarray, td_error: np.ndarray) -> None:
         self.sampler.update(idx, td_error)
@@ -291,11 +285,13 @@ class MultiAgentReplayBuffer:
             self.buffers[policy_id] = ReplayBuffer(self.capacity, sampler)
         return self.buffers[policy_id]
 
-    def add(self, batch: sb.MultiAgentBatch) -> None:
+    def add(self, batch: sb.MultiAgentBatch) -> int:
+        """Store the rows of ``batch``; returns the env steps added so far."""
         for pid, pb in batch.policy_batches.items():
             if len(pb):
                 self.buffer(pid).add(pb)
         self.num_env_steps_added += batch.env_steps
+        return self.num_env_steps_added
 
     def sizes(self) -> Dict[str, int]:
         return {pid: len(b) for pid, b in self.buffers.items()}
@@ -378,36 +374,20 @@ class WithSource:
 
 
 # ---- Ape-X: replay shards ---------------------------------------------------------------------
-class ReplayShard:
+class ReplayShard(MultiAgentReplayBuffer):
     """One replay shard (an actor): a :class:`MultiAgentReplayBuffer` of ``capacity``
     transitions per policy. ``replay()`` returns ``batch_size`` rows per policy, or None until
     the shard has received ``learning_starts`` env steps and holds a whole batch."""
 
     def __init__(self, index: int, capacity: int, batch_size: int, learning_starts: int,
                  prioritized: bool, alpha: float, beta: float, eps: float, seed: int):
+        super().__init__(capacity, prioritized, alpha, beta, eps, seed)
         self.index, self.batch_size, self.learning_starts = index, int(batch_size), int(learning_starts)
-        self.buffer = MultiAgentReplayBuffer(capacity, prioritized, alpha, beta, eps, seed)
-
-    def add(self, batch: sb.MultiAgentBatch) -> int:
-        self.buffer.add(batch)
-        return self.buffer.num_env_steps_added
 
     def replay(self) -> Optional[sb.MultiAgentBatch]:
-        if self.buffer.num_env_steps_added < self.learning_starts or not self.buffer.can_sample(self.batch_size):
+        if self.num_env_steps_added < self.learning_starts or not self.can_sample(self.batch_size):
             return None
-        return self.buffer.sample(self.batch_size)
-
-    def update_priorities(self, prios: Dict[str, Tuple[np.ndarray, np.ndarray]]) -> None:
-        self.buffer.update_priorities(prios)
-
-    def sizes(self) -> Dict[str, int]:
-        return self.buffer.sizes()
-
-    def get_state(self, include_replay: bool = True) -> Dict[str, Any]:
-        return self.buffer.get_state(include_replay)
-
-    def set_state(self, st: Dict[str, Any]) -> None:
-        self.buffer.set_state(st)
+        return self.sample(self.batch_size)
 
     def ping(self) -> bool:
         return True
@@ -431,7 +411,7 @@ class ReplayShards:
                        alpha=alpha, beta=beta, eps=eps)
         self.seed = int(seed)
         self._actors: Optional[List[Any]] = None
-        self._pending: Optional[List[Dict[str, Any]]] = None
+        self._pending: List[Dict[str, Any]] = []  # shard states set before the shards started
         self.next_shard = 0
 
     @property
@@ -452,14 +432,13 @@ class ReplayShards:
         for a in out:
             get_result(a.submit("ping"))
         self._actors = out
-        if self._pending is not None:
-            for a, st in zip(out, self._pending):
-                get_result(a.submit("set_state", st))
-            self._pending = None
+        for a, st in zip(out, self._pending):
+            get_result(a.submit("set_state", st))
+        self._pending = []
         return out
 
     def get_state(self, include_replay: bool = True) -> Dict[str, Any]:
-        shards = ((self._pending or []) if self._actors is None
+        shards = (self._pending if self._actors is None
                   else [get_result(a.submit("get_state", include_replay)) for a in self._actors])
         return {"shards": shards, "next_shard": self.next_shard}
 
@@ -468,18 +447,14 @@ class ReplayShards:
             raise ValueError(f"checkpoint has {len(st['shards'])} replay shards, this run has "
                              f"{self.num_shards} (dqn.num_replay_shards)")
         self.next_shard = int(st["next_shard"])
-        if not st["shards"]:
-            return
         if self._actors is None:
-            self._pending = list(st["shards"])
+            self._pending = list(st["shards"]) or self._pending  # empty: no shard states saved
         else:
             for a, s in zip(self._actors, st["shards"]):
                 get_result(a.submit("set_state", s))
 
     def stop(self) -> None:
-        if self._actors is None:
-            return
-        for a in self._actors:
+        for a in self._actors or []:
             if a.is_remote:
                 import ray
                 with contextlib.suppress(Exception):
@@ -510,8 +485,5 @@ def ReplayFromShards(ctx: "RunContext", shards: ReplayShards, num_async: int = 2
     ``ctx.current_actor`` set to the serving shard (follow with ``zip_with_source_actor``).
     A shard that is not ready yet answers None, which becomes NOT_READY."""
     src = ParallelFlow(lambda: shards.actors, "replay", "ReplayShards", ctx).gather_async(num_async=num_async)
-
-    def gen():
-        for x in src:
-            yield NOT_READY if x is None else x
-    return Flow(gen, f"ReplayFromShards({shards.num_shards} shards, num_async={num_async})", [src], ctx)
+    return src.for_each(lambda x: NOT_READY if x is None else x,
+                        f"ReplayFromShards({shards.num_shards} shards, num_async={num_async})")
