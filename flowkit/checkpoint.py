@@ -151,6 +151,20 @@ def load_state(path: str) -> Dict[str, Any]:
     return from_plain(st)
 
 
+_SPACE_ARGS = {"Box": ("low", "high", "shape", "dtype"), "Discrete": ("n", "start", "dtype"),
+               "MultiDiscrete": ("nvec", "start", "dtype"), "MultiBinary": ("n",)}  # constructor keywords
+
+
+def _arg_to_plain(v: Any) -> Any:  # a dtype by name, a shape (or MultiBinary's n) as a list, numpy ints as ints
+    if isinstance(v, np.dtype):
+        return v.name
+    return list(v) if isinstance(v, tuple) else v.item() if isinstance(v, np.generic) else v
+
+
+def _arg_from_plain(name: str, v: Any) -> Any:
+    return np.dtype(v) if name == "dtype" else tuple(v) if isinstance(v, list) else v
+
+
 def space_to_dict(space: gym.Space) -> Dict[str, Any]:
     """A plain description of a Box, Discrete, MultiDiscrete, MultiBinary, Dict or Tuple space
     (nested); Dict keeps its key order.
@@ -158,20 +172,12 @@ def space_to_dict(space: gym.Space) -> Dict[str, Any]:
     Raises:
         TypeError: any other space.
     """
-    s = gym.spaces
-    if type(space) is s.Box:
-        return {"type": "Box", "low": space.low, "high": space.high, "shape": list(space.shape),
-                "dtype": np.dtype(space.dtype).name}
-    if type(space) is s.Discrete:
-        return {"type": "Discrete", "n": int(space.n), "start": int(space.start), "dtype": np.dtype(space.dtype).name}
-    if type(space) is s.MultiDiscrete:
-        return {"type": "MultiDiscrete", "nvec": space.nvec, "start": space.start, "dtype": np.dtype(space.dtype).name}
-    if type(space) is s.MultiBinary:
-        n: Any = space.n
-        return {"type": "MultiBinary", "n": int(n) if np.ndim(n) == 0 else [int(x) for x in n]}
-    if type(space) is s.Dict:
+    kind = type(space).__name__
+    if kind in _SPACE_ARGS and type(space) is getattr(gym.spaces, kind):
+        return {"type": kind, **{a: _arg_to_plain(getattr(space, a)) for a in _SPACE_ARGS[kind]}}
+    if type(space) is gym.spaces.Dict:
         return {"type": "Dict", "spaces": [[k, space_to_dict(v)] for k, v in space.spaces.items()]}
-    if type(space) is s.Tuple:
+    if type(space) is gym.spaces.Tuple:
         return {"type": "Tuple", "spaces": [space_to_dict(v) for v in space.spaces]}
     raise TypeError(f"cannot store a {type(space).__module__}.{type(space).__name__} space in a checkpoint "
                     "(supported: Box, Discrete, MultiDiscrete, MultiBinary, Dict, Tuple)")
@@ -179,19 +185,13 @@ def space_to_dict(space: gym.Space) -> Dict[str, Any]:
 
 def space_from_dict(d: Dict[str, Any]) -> gym.Space:
     """The space :func:`space_to_dict` described (ValueError for an unknown ``type``)."""
-    s, kind = gym.spaces, d.get("type")
-    if kind == "Box":
-        return s.Box(np.asarray(d["low"]), np.asarray(d["high"]), tuple(d["shape"]), np.dtype(d["dtype"]))
-    if kind == "Discrete":
-        return s.Discrete(int(d["n"]), start=int(d["start"]), dtype=np.dtype(d["dtype"]))
-    if kind == "MultiDiscrete":
-        return s.MultiDiscrete(np.asarray(d["nvec"]), dtype=np.dtype(d["dtype"]), start=np.asarray(d["start"]))
-    if kind == "MultiBinary":
-        return s.MultiBinary(d["n"])
+    kind = d.get("type")
+    if kind in _SPACE_ARGS:
+        return getattr(gym.spaces, kind)(**{a: _arg_from_plain(a, d[a]) for a in _SPACE_ARGS[kind]})
     if kind == "Dict":
-        return s.Dict([(k, space_from_dict(v)) for k, v in d["spaces"]], sort_keys=False)
+        return gym.spaces.Dict([(k, space_from_dict(v)) for k, v in d["spaces"]], sort_keys=False)
     if kind == "Tuple":
-        return s.Tuple([space_from_dict(v) for v in d["spaces"]])
+        return gym.spaces.Tuple([space_from_dict(v) for v in d["spaces"]])
     raise ValueError(f"unknown space type {kind!r} in a checkpoint")
 
 
