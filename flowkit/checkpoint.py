@@ -34,7 +34,6 @@ run: installed code is trusted, the checkpoint is not.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 import os
 import random
@@ -51,7 +50,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from flowkit.config import Config, ConfigError, build_config
 from flowkit.core import PolicySpec, derive_seed
-from flowkit.hooks import PluginError, get_plugin_manager
+from flowkit.hooks import get_plugin_manager
 
 FORMAT = 2
 STATE_FILE = "state.pt"
@@ -437,17 +436,7 @@ def resume_config(user: Any, resume: str, pm: Any) -> Tuple[str, DictConfig, Any
     over, _ = _as_source(user)
     over.pop("resume", None)
     merged: Any = OmegaConf.merge(OmegaConf.create(saved), OmegaConf.create(over))
-    for mod in merged.get("plugins") or []:  # named by the checkpoint's config: installed code
-        if pm.get_plugin(mod) is None:
-            try:
-                pm.register(importlib.import_module(mod), name=mod)
-            except Exception as e:
-                raise PluginError(f"plugin module {mod!r} (from `plugins` in {ck}/config.yaml) failed to "
-                                  f"import: {type(e).__name__}: {e}") from e
-            try:
-                pm.check_pending()
-            except Exception as e:
-                raise PluginError(f"unknown hook: {e}") from None
+    pm.load_modules(merged.get("plugins") or [], f"`plugins` in {ck}/config.yaml")  # installed code
     check_algorithms(st, pm.algorithms(), os.path.join(ck, STATE_FILE), (str(merged.algo),))
     cfg = build_config(OmegaConf.to_container(merged, resolve=True), None, pm.config_sections())
     return ck, cfg, pm, int(st["iteration"])
