@@ -73,23 +73,20 @@ def to_plain(obj: Any, where: str = "state") -> Any:
         TypeError: anything else (a class instance, a set, a space), naming where it is
             (``state['stateful']['x']['buffer'][0]``).
     """
-    if isinstance(obj, np.generic):  # before the plain types: np.float64 is a float
-        obj = obj.item()
-        if type(obj) in _PLAIN:
-            return obj
-    elif type(obj) in _PLAIN:
-        return obj
-    elif isinstance(obj, torch.Tensor):
+    plain = obj.item() if isinstance(obj, np.generic) else obj  # numpy first: np.float64 is a float
+    if type(plain) in _PLAIN:
+        return plain
+    if isinstance(obj, torch.Tensor):
         return obj.detach()
-    elif isinstance(obj, np.ndarray):
+    if isinstance(obj, np.ndarray):
         if obj.dtype.hasobject or obj.dtype.kind not in "biufc":
             raise TypeError(f"{where}: a numpy array of dtype {obj.dtype} cannot be stored in a checkpoint")
         a = np.ascontiguousarray(obj if obj.dtype.isnative else obj.astype(obj.dtype.newbyteorder("=")))
         return {_ND: torch.from_numpy(a if a.flags.writeable else a.copy())}
-    elif isinstance(obj, (list, tuple)) and type(obj) in (list, tuple, torch.Size):
+    if type(obj) in (list, tuple, torch.Size):
         out = [to_plain(v, f"{where}[{i}]") for i, v in enumerate(obj)]
         return out if type(obj) is list else tuple(out)
-    elif isinstance(obj, dict) and (type(obj) is dict or type(obj).__module__ == "collections"):
+    if isinstance(obj, dict) and (type(obj) is dict or type(obj).__module__ == "collections"):
         out_d: Dict[Any, Any] = OrderedDict() if type(obj) is OrderedDict else {}
         for k, v in obj.items():
             if type(k) not in _PLAIN or k == _ND:

@@ -37,6 +37,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Type
 
+from flowkit.checkpoint import save_checkpoint
 from flowkit.core.flow import NOT_READY
 from flowkit.hooks.manager import hookimpl
 
@@ -63,12 +64,6 @@ class Reporter:
         (checked before anything starts, when the reporter is in ``run.reporters``)."""
 
 
-def _elapsed_s(ctx: "RunContext") -> float:
-    """Seconds of training so far, a resumed run's earlier time included."""
-    assert ctx._t_start is not None, "ctx.start_clock() comes before the first iteration"
-    return ctx._time_offset + time.perf_counter() - ctx._t_start
-
-
 @hookimpl(trylast=True)
 def flowkit_train_iteration(ctx: "RunContext", results: Iterator[Any]) -> Optional[Row]:
     """Pull the plan until it yields a row; None when it ends or ``stop.time_s`` passes while
@@ -77,7 +72,7 @@ def flowkit_train_iteration(ctx: "RunContext", results: Iterator[Any]) -> Option
     for r in results:
         if r is not NOT_READY:
             return r
-        if limit is not None and _elapsed_s(ctx) >= limit:
+        if limit is not None and ctx.elapsed_s() >= limit:
             ctx.request_stop(f"stop.time_s={limit} reached")
             return None
     return None
@@ -89,9 +84,7 @@ class MetricsWriter:
     def __init__(self, run_dir: str, append_rows: Optional[List[Row]] = None):
         self.path = os.path.join(run_dir, "metrics.csv")
         self.rows: List[Row] = list(append_rows or [])
-        self.columns: List[str] = []
-        for r in self.rows:
-            self.columns += [k for k in r if k not in self.columns]
+        self.columns: List[str] = list(dict.fromkeys(k for r in self.rows for k in r))
         if append_rows is not None:  # resume: drop rows after the checkpoint, torn rows
             self._rewrite()
 
@@ -126,12 +119,9 @@ def _number(v: str) -> Any:
 def read_metrics(path: str) -> List[Row]:
     """Rows of a metrics.csv with numbers parsed; a torn row (too few or too many fields,
     as a killed process may leave at the end) is skipped."""
-    out = []
     with open(path) as f:
-        for r in csv.DictReader(f):
-            if None not in r and None not in r.values():
-                out.append({k: _number(v) for k, v in r.items() if v not in ("", None)})
-    return out
+        return [{k: _number(v) for k, v in r.items() if v not in ("", None)} for r in csv.DictReader(f)
+                if None not in r and None not in r.values()]
 
 
 def kept_rows(run_dir: str, iteration: int) -> List[Row]:
@@ -257,21 +247,16 @@ class CheckpointReporter(Reporter):
     def flowkit_report(self, result: Row, ctx: "RunContext") -> None:
         every = int(ctx.config.checkpoint.every_iters)
         if every > 0 and result["iteration"] % every == 0:
-            _save(ctx, self.run_dir, None)
+            save_checkpoint(ctx, self.run_dir)
 
     def flowkit_on_train_end(self, ctx: "RunContext", error: Optional[BaseException]) -> None:
         if not hasattr(self, "run_dir"):
             return
         if error is not None:
             with contextlib.suppress(Exception):  # best effort: keep what was learned
-                _save(ctx, self.run_dir, "crash")
+                save_checkpoint(ctx, self.run_dir, "crash")
         elif bool(ctx.config.checkpoint.at_end) and ctx.iteration > 0:
-            _save(ctx, self.run_dir, f"iter_{ctx.iteration:06d}")
-
-
-def _save(ctx: "RunContext", run_dir: str, tag: Optional[str]) -> str:
-    from flowkit.engine import save_checkpoint  # H2: flowkit.checkpoint
-    return save_checkpoint(ctx, run_dir, tag)
+            save_checkpoint(ctx, self.run_dir)
 
 
 class EvaluationReporter(Reporter):

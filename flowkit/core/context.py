@@ -173,17 +173,15 @@ class RunContext(FlowContext):
             "num_updates": int(c["num_updates"]),
             "num_worker_restarts": int(self.workers.num_restarts),
         }
-        pids = self.policy_ids
-        if len(pids) > 1 or any(p != sb.DEFAULT_POLICY_ID for p in pids):
-            for pid in pids:
+        if self.policy_ids != [sb.DEFAULT_POLICY_ID]:  # multi-agent, or a policy not named "default"
+            for pid in self.policy_ids:
                 w = self.policy_windows.get(pid)
                 r[f"policy/{pid}/episode_return_mean"] = float(np.mean(w)) if w else float("nan")
         r.update({f"learner/{pid}/{k}": v for pid, st in self.learner_stats.items() for k, v in st.items()})
         r.update({f"custom/{k}": v for k, v in _means(self.iter_episodes, "custom").items()})
         self.iter_episodes = []
         r.update(self.extra_metrics)
-        now = time.perf_counter()
-        self.time_total_s = self._time_offset + (now - (self._t_start or now))
+        self.time_total_s = self.elapsed_s()
         r.update(time_total_s=self.time_total_s, time_this_iter_s=dt,
                  env_steps_per_s=sampled / dt if dt > 0 else float("nan"),
                  env_steps_trained_per_s=trained / dt if dt > 0 else float("nan"))
@@ -193,6 +191,10 @@ class RunContext(FlowContext):
 
     def start_clock(self) -> None:
         self._t_start = time.perf_counter()
+
+    def elapsed_s(self) -> float:
+        """Seconds of training so far, a resumed run's earlier time included (0 before :meth:`start_clock`)."""
+        return self._time_offset + (time.perf_counter() - self._t_start if self._t_start is not None else 0.0)
 
     # -- evaluation --
     def evaluate(self) -> Dict[str, Any]:
@@ -245,10 +247,8 @@ def make_context(config: DictConfig, pm: Any, algorithms: Dict[str, Any],
                 for pid, s in policy_specs.items()}
     rt = config.runtime
     off = all(getattr(a, "off_policy", False) for a in algorithms.values())
-    holder: List[RunContext] = []
-    workers = WorkerSet(config, policy_specs, pm, weights_fn=lambda: holder[0]._initial_weights())
-    ctx = RunContext(config, pm, algorithms, policy_specs, policies, workers,
+    ctx = RunContext(config, pm, algorithms, policy_specs, policies, WorkerSet(config, policy_specs, pm),
                      np.random.default_rng(derive_seed(seed, "learner")), run_dir,
                      bool(off if rt.prefetch is None else rt.prefetch))
-    holder.append(ctx)
+    ctx.workers.weights_fn = ctx._initial_weights
     return ctx
