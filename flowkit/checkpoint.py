@@ -260,15 +260,9 @@ def used_config(cfg: DictConfig, specs: Dict[str, PolicySpec], pm: Any) -> Dict[
     base = {f.name for f in dataclasses.fields(Config)} | {s.algo for s in specs.values()}
     spec_pkgs = {type(s).__module__.split(".")[0] for s in specs.values()}
     algos, sections = pm.algorithms(), pm.config_sections()
-    out: Dict[str, Any] = {}
-    for k, v in data.items():
-        if k in base:
-            out[k] = v
-        elif k not in algos and k in sections:
-            default = OmegaConf.to_container(OmegaConf.structured(sections[k]), resolve=True)
-            if v != default or sections[k].__module__.split(".")[0] in spec_pkgs:
-                out[k] = v
-    return out
+    return {k: v for k, v in data.items() if k in base or (k in sections and k not in algos and (
+            sections[k].__module__.split(".")[0] in spec_pkgs
+            or v != OmegaConf.to_container(OmegaConf.structured(sections[k]), resolve=True)))}
 
 
 def config_yaml(cfg: DictConfig, specs: Dict[str, PolicySpec], pm: Any) -> str:

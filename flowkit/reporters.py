@@ -186,12 +186,11 @@ class ProgressReporter(Reporter):
                         dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 5.0, file=sys.stderr)
 
     def flowkit_report(self, result: Row) -> None:
-        self.bar.n = result["env_steps_sampled"]
         post = {"return": f"{result['episode_return_mean']:.1f}", "steps/s": f"{result['env_steps_per_s']:.0f}"}
         if "evaluation_return_mean" in result:
             post["eval"] = f"{result['evaluation_return_mean']:.1f}"
         self.bar.set_postfix(post, refresh=False)
-        self.bar.update(0)
+        self.bar.update(result["env_steps_sampled"] - self.bar.n)
 
     @hookimpl(tryfirst=True)
     def flowkit_on_train_end(self) -> None:  # before the final evaluation, as the bar ends there
