@@ -97,7 +97,6 @@ class RunContext(FlowContext):
         """Ids of the policies some learner updates."""
         return set().union(*(lr.trainable for lr in self.learners.values()))
 
-    # -- for plans --
     def add_stateful(self, name: str, obj: Any) -> Any:
         """Register an object with ``get_state``/``set_state`` (and optionally ``stop``) so
         checkpoints and shutdown reach it. Returns ``obj``.
@@ -132,7 +131,8 @@ class RunContext(FlowContext):
         return self._read(lambda pol: pol.get_state())
 
     def _read(self, fn: Any, policy_ids: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-        # each learner's policies under its update lock: never half-updated by its thread
+        """``{policy_id: fn(policy)}``, each learner's policies read under its update lock (never
+        half-updated by its thread)."""
         pids = list(self.policies) if policy_ids is None else [p for p in policy_ids if p in self.policies]
         out = {}
         for lr in self.learners.values():
@@ -141,7 +141,7 @@ class RunContext(FlowContext):
         return {p: out[p] if p in out else fn(self.policies[p]) for p in pids}
 
     def _initial_weights(self) -> Dict[str, Any]:
-        # the workers' first weights carry the learners' version (no policy-lag spike on resume)
+        """The workers' first weights, with the learners' version (no policy-lag spike on resume)."""
         if self.learners:
             self.workers.weights_version = max(lr.num_updates for lr in self.learners.values())
         return self.get_weights(None)
@@ -149,7 +149,6 @@ class RunContext(FlowContext):
     def request_stop(self, reason: str) -> None:
         self.stop_reason = reason
 
-    # -- metrics --
     def record_episodes(self, episodes: List[Dict[str, Any]]) -> None:
         for e in episodes:
             self.episode_window.append(e["return"])
@@ -196,7 +195,6 @@ class RunContext(FlowContext):
         """Seconds of training so far, a resumed run's earlier time included (0 before :meth:`start_clock`)."""
         return self._time_offset + (time.perf_counter() - self._t_start if self._t_start is not None else 0.0)
 
-    # -- evaluation --
     def evaluate(self) -> Dict[str, Any]:
         """Greedy evaluation on the driver over ``evaluation.episodes`` episodes."""
         ev = self.config.evaluation
