@@ -243,8 +243,7 @@ def spec_from_dict(d: Dict[str, Any], algorithms: Dict[str, type], path: str = "
     cfg_cls = getattr(cls, "config_class", None)
     if cfg_cls is not None and conf is not None:
         try:
-            data: Any = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(cfg_cls), conf), resolve=True)
-            conf = cfg_cls(**data)
+            conf = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cfg_cls), conf))
         except Exception as e:
             raise CheckpointError(f"checkpoint {path!r}: the {name!r} config it stores does not fit the installed "
                                   f"algorithm: {type(e).__name__}: {str(e).splitlines()[0]}") from None
@@ -428,6 +427,7 @@ def resume_config(user: Any, resume: str, pm: Any) -> Tuple[str, DictConfig, Any
     over.pop("resume", None)
     merged: Any = OmegaConf.merge(OmegaConf.create(saved), OmegaConf.create(over))
     pm.load_modules(merged.get("plugins") or [], f"`plugins` in {ck}/config.yaml")  # installed code
+    pm.check_hooks()
     check_algorithms(st, pm.algorithms(), os.path.join(ck, STATE_FILE), (str(merged.algo),))
     cfg = build_config(OmegaConf.to_container(merged, resolve=True), None, pm.config_sections())
     return ck, cfg, pm, int(st["iteration"])

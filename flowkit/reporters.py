@@ -78,35 +78,6 @@ def flowkit_train_iteration(ctx: "RunContext", results: Iterator[Any]) -> Option
     return None
 
 
-class MetricsWriter:
-    """metrics.csv (one row per iteration; rewritten when new columns appear)."""
-
-    def __init__(self, run_dir: str, append_rows: Optional[List[Row]] = None):
-        self.path = os.path.join(run_dir, "metrics.csv")
-        self.rows: List[Row] = list(append_rows or [])
-        self.columns: List[str] = list(dict.fromkeys(k for r in self.rows for k in r))
-        if append_rows is not None:  # resume: drop rows after the checkpoint, torn rows
-            self._rewrite()
-
-    def _rewrite(self) -> None:
-        tmp = self.path + ".tmp"
-        with open(tmp, "w", newline="") as f:
-            w = csv.DictWriter(f, self.columns)
-            w.writeheader()
-            w.writerows(self.rows)
-        os.replace(tmp, self.path)
-
-    def write(self, row: Row) -> None:
-        self.rows.append(row)
-        new = [k for k in row if k not in self.columns]
-        if new or not os.path.exists(self.path):
-            self.columns += new
-            self._rewrite()
-        else:
-            with open(self.path, "a", newline="") as f:
-                csv.DictWriter(f, self.columns).writerow(row)
-
-
 def _number(v: str) -> Any:
     """A metrics.csv cell: an int, a float, or the text as it is."""
     try:
@@ -136,14 +107,33 @@ def kept_rows(run_dir: str, iteration: int) -> List[Row]:
 
 
 class CSVReporter(Reporter):
-    """``metrics.csv``, one row per iteration."""
+    """``metrics.csv``, one row per iteration; written whole at the start (on resume: the rows
+    kept up to the checkpoint, torn rows dropped) and whenever new columns appear."""
     name = "csv"
 
     def flowkit_on_run_start(self, run_dir: str, history: List[Row]) -> None:
-        self.writer = MetricsWriter(run_dir, history)
+        self.path = os.path.join(run_dir, "metrics.csv")
+        self.rows: List[Row] = list(history)
+        self.columns: List[str] = list(dict.fromkeys(k for r in self.rows for k in r))
+        self._rewrite()
+
+    def _rewrite(self) -> None:
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, self.columns)
+            w.writeheader()
+            w.writerows(self.rows)
+        os.replace(tmp, self.path)
 
     def flowkit_report(self, result: Row) -> None:
-        self.writer.write(result)
+        self.rows.append(result)
+        new = [k for k in result if k not in self.columns]
+        if new or not os.path.exists(self.path):
+            self.columns += new
+            self._rewrite()
+        else:
+            with open(self.path, "a", newline="") as f:
+                csv.DictWriter(f, self.columns).writerow(result)
 
 
 class TensorBoardReporter(Reporter):

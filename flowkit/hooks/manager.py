@@ -46,9 +46,9 @@ class PluginManager(pluggy.PluginManager):
             return {}
         return opts
 
-    def load_modules(self, modules: Sequence[str], where: str = "`plugins`", check: bool = True) -> None:
-        """Import and register each of ``modules`` not registered yet (named after it), then
-        :meth:`check_hooks` unless ``check=False``.
+    def load_modules(self, modules: Sequence[str], where: str = "`plugins`") -> None:
+        """Import and register each of ``modules`` not registered yet, named after it (then
+        call :meth:`check_hooks`).
 
         Raises:
             PluginError: a module that does not import (named, with ``where`` it was listed).
@@ -61,8 +61,6 @@ class PluginManager(pluggy.PluginManager):
                     raise PluginError(f"plugin module {mod!r} (from {where}) failed to import: "
                                       f"{type(e).__name__}: {e}") from e
                 self.register(obj, name=mod)
-        if check:
-            self.check_hooks()
 
     def check_hooks(self) -> None:
         """``check_pending()``, an unknown ``flowkit_*`` hook name raised as a PluginError."""
@@ -147,7 +145,7 @@ def get_plugin_manager(plugin_modules: Sequence[str] = (), include_registered: b
                               f"{type(e).__name__}: {e}") from e
         pm.register(obj, name=ep.name)
         pm.dists[ep.name] = dist
-    pm.load_modules(plugin_modules, check=False)
+    pm.load_modules(plugin_modules)
     for obj in list(extra) + (list(_REGISTERED) if include_registered else []):
         if not pm.is_registered(obj):
             pm.register(obj)
