@@ -104,10 +104,8 @@ def from_plain(obj: Any) -> Any:
         if len(obj) == 1 and _ND in obj:
             return obj[_ND].numpy()
         return type(obj)((k, from_plain(v)) for k, v in obj.items())
-    if isinstance(obj, list):
-        return [from_plain(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(from_plain(v) for v in obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(from_plain(v) for v in obj)
     return obj
 
 
@@ -458,10 +456,9 @@ def load_trained(path: str, expected_cls: Optional[type] = None) -> Any:
     algo = (expected_cls or algos[cfg.algo])(cfg)
     for pid, d in st["policy_specs"].items():
         spec = spec_from_dict(d, algos, state_path)
-        pol = spec.policy_class(spec.observation_space, spec.action_space, spec.config, cfg.model, "cpu",
-                                derive_seed(int(cfg.seed), "learner", pid))
+        algo.policies[pid] = pol = spec.policy_class(spec.observation_space, spec.action_space, spec.config,
+                                                     cfg.model, "cpu", derive_seed(int(cfg.seed), "learner", pid))
         pol.set_state(st["policies"][pid])
-        algo.policies[pid] = pol
     algo.checkpoint_state = st
     return algo
 

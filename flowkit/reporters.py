@@ -263,8 +263,7 @@ class EvaluationReporter(Reporter):
     @hookimpl(tryfirst=True)
     def flowkit_on_train_end(self, summary: Row, ctx: "RunContext", error: Optional[BaseException]) -> None:
         if error is None and bool(ctx.config.evaluation.final) and summary:
-            summary.update(ctx.evaluate())
-            summary["final_evaluation"] = True
+            summary.update(ctx.evaluate(), final_evaluation=True)
 
 
 class TimingReporter(Reporter):

@@ -73,7 +73,7 @@ class Algorithm:
         return {}
 
     def set_state(self, state: Dict[str, Any]) -> None:
-        pass
+        """Restore what :meth:`get_state` returned (nothing to restore by default)."""
 
     @classmethod
     def from_checkpoint(cls, path: str) -> "Algorithm":

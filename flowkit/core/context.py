@@ -199,9 +199,8 @@ class RunContext(FlowContext):
         """Greedy evaluation on the driver over ``evaluation.episodes`` episodes."""
         ev = self.config.evaluation
         if self._eval_worker is None:
-            n = max(1, min(int(ev.episodes), 8))
             self._eval_worker = RolloutWorker(self.config, -1, self.workers.num_workers, self.policy_specs,
-                                              pm=self.pm, num_envs=n)
+                                              pm=self.pm, num_envs=max(1, min(int(ev.episodes), 8)))
         self._eval_worker.set_weights(self.get_weights(None), self.counters["num_updates"])
         with self.timers["evaluate"]:
             eps = self._eval_worker.evaluate(int(ev.episodes), bool(ev.explore))
