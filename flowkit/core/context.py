@@ -29,6 +29,10 @@ def _window() -> Deque[float]:
     return collections.deque(maxlen=EPISODE_WINDOW)
 
 
+def _mean(xs: Any) -> float:
+    return float(np.mean(xs)) if len(xs) else float("nan")
+
+
 def _means(episodes: List[Dict[str, Any]], field: str, key: Any = lambda k: k) -> Dict[str, float]:
     """``{key(k): mean}`` over the ``episodes``' ``e[field]`` dicts (custom metrics, per-policy returns)."""
     vals: Dict[str, List[float]] = collections.defaultdict(list)
@@ -160,30 +164,22 @@ class RunContext(FlowContext):
 
     def make_result(self, dt: float, sampled: int, trained: int, n_items: int) -> Dict[str, Any]:
         self.iteration += 1
-        c = self.counters
-        r: Dict[str, Any] = {
-            "iteration": self.iteration,
-            **{k: int(c[k]) for k in ("env_steps_sampled", "env_steps_trained", "agent_steps_sampled",
-                                      "agent_steps_trained")},
-            "episode_return_mean": float(np.mean(self.episode_window)) if self.episode_window else float("nan"),
-            "episode_len_mean": float(np.mean(self.len_window)) if self.len_window else float("nan"),
-            "episodes_this_iter": len(self.iter_episodes),
-            "episodes_total": int(c["episodes_total"]),
-            "num_updates": int(c["num_updates"]),
-            "num_worker_restarts": int(self.workers.num_restarts),
-        }
+        c, nan = self.counters, float("nan")
+        r: Dict[str, Any] = {"iteration": self.iteration, **{k: int(c[k]) for k in (
+            "env_steps_sampled", "env_steps_trained", "agent_steps_sampled", "agent_steps_trained")},
+            "episode_return_mean": _mean(self.episode_window), "episode_len_mean": _mean(self.len_window),
+            "episodes_this_iter": len(self.iter_episodes), "episodes_total": int(c["episodes_total"]),
+            "num_updates": int(c["num_updates"]), "num_worker_restarts": int(self.workers.num_restarts)}
         if self.policy_ids != [sb.DEFAULT_POLICY_ID]:  # multi-agent, or a policy not named "default"
-            for pid in self.policy_ids:
-                w = self.policy_windows.get(pid)
-                r[f"policy/{pid}/episode_return_mean"] = float(np.mean(w)) if w else float("nan")
+            r.update({f"policy/{pid}/episode_return_mean": _mean(self.policy_windows.get(pid, ()))
+                      for pid in self.policy_ids})
         r.update({f"learner/{pid}/{k}": v for pid, st in self.learner_stats.items() for k, v in st.items()})
         r.update({f"custom/{k}": v for k, v in _means(self.iter_episodes, "custom").items()})
         self.iter_episodes = []
         r.update(self.extra_metrics)
         self.time_total_s = self.elapsed_s()
-        r.update(time_total_s=self.time_total_s, time_this_iter_s=dt,
-                 env_steps_per_s=sampled / dt if dt > 0 else float("nan"),
-                 env_steps_trained_per_s=trained / dt if dt > 0 else float("nan"))
+        r.update(time_total_s=self.time_total_s, time_this_iter_s=dt, env_steps_per_s=sampled / dt if dt > 0 else nan,
+                 env_steps_trained_per_s=trained / dt if dt > 0 else nan)
         r.update({f"perf/{name}_time_ms": 1000.0 * t.mean_s for name, t in self.timers.items()})
         r["perf/train_steps_this_iter"] = n_items
         return r
