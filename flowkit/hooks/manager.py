@@ -132,8 +132,7 @@ def get_plugin_manager(plugin_modules: Sequence[str] = (), include_registered: b
             distribution), or an unknown ``flowkit_*`` hook name.
     """
     pm = PluginManager()
-    for mod in ("flowkit.builtin", "flowkit.reporters"):  # the built-in plugins
-        pm.register(importlib.import_module(mod), name=mod)
+    pm.load_modules(("flowkit.builtin", "flowkit.reporters"), "flowkit's built-ins")
     for ep in md.entry_points(group="flowkit"):
         if pm.get_plugin(ep.name) is not None or pm.is_blocked(ep.name):
             continue
