@@ -10,23 +10,10 @@ Quick use::
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from flowkit.config import ConfigError
-    from flowkit.core import (
-        DEFAULT_POLICY_ID,
-        NOT_READY,
-        ActorCriticPolicy,
-        Algorithm,
-        EnvContext,
-        EnvError,
-        Episode,
-        Flow,
-        FlowContext,
-        MultiAgentBatch,
-        ParallelFlow,
-        Policy,
-        PolicySpec,
-        SampleBatch,
-    )
+    from flowkit.config import ConfigError  # noqa: I001 - wrapped by hand, as in flowkit/core/__init__.py
+    from flowkit.core import (DEFAULT_POLICY_ID, NOT_READY, ActorCriticPolicy, Algorithm, EnvContext,
+                              EnvError, Episode, Flow, FlowContext, MultiAgentBatch, ParallelFlow, Policy,
+                              PolicySpec, SampleBatch)
     from flowkit.core.context import RunContext
     from flowkit.core.learner import Learner
     from flowkit.engine import Result, describe_plan, load_config, train

@@ -34,7 +34,6 @@ run: installed code is trusted, the checkpoint is not.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
 import os
 import random
@@ -51,7 +50,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from flowkit.config import Config, ConfigError, build_config
 from flowkit.core import PolicySpec, derive_seed
-from flowkit.hooks import PluginError, get_plugin_manager
+from flowkit.hooks import get_plugin_manager
 
 FORMAT = 2
 STATE_FILE = "state.pt"
@@ -74,23 +73,20 @@ def to_plain(obj: Any, where: str = "state") -> Any:
         TypeError: anything else (a class instance, a set, a space), naming where it is
             (``state['stateful']['x']['buffer'][0]``).
     """
-    if isinstance(obj, np.generic):  # before the plain types: np.float64 is a float
-        obj = obj.item()
-        if type(obj) in _PLAIN:
-            return obj
-    elif type(obj) in _PLAIN:
-        return obj
-    elif isinstance(obj, torch.Tensor):
+    plain = obj.item() if isinstance(obj, np.generic) else obj  # numpy first: np.float64 is a float
+    if type(plain) in _PLAIN:
+        return plain
+    if isinstance(obj, torch.Tensor):
         return obj.detach()
-    elif isinstance(obj, np.ndarray):
+    if isinstance(obj, np.ndarray):
         if obj.dtype.hasobject or obj.dtype.kind not in "biufc":
             raise TypeError(f"{where}: a numpy array of dtype {obj.dtype} cannot be stored in a checkpoint")
         a = np.ascontiguousarray(obj if obj.dtype.isnative else obj.astype(obj.dtype.newbyteorder("=")))
         return {_ND: torch.from_numpy(a if a.flags.writeable else a.copy())}
-    elif isinstance(obj, (list, tuple)) and type(obj) in (list, tuple, torch.Size):
+    if type(obj) in (list, tuple, torch.Size):
         out = [to_plain(v, f"{where}[{i}]") for i, v in enumerate(obj)]
         return out if type(obj) is list else tuple(out)
-    elif isinstance(obj, dict) and (type(obj) is dict or type(obj).__module__ == "collections"):
+    if isinstance(obj, dict) and (type(obj) is dict or type(obj).__module__ == "collections"):
         out_d: Dict[Any, Any] = OrderedDict() if type(obj) is OrderedDict else {}
         for k, v in obj.items():
             if type(k) not in _PLAIN or k == _ND:
@@ -108,10 +104,8 @@ def from_plain(obj: Any) -> Any:
         if len(obj) == 1 and _ND in obj:
             return obj[_ND].numpy()
         return type(obj)((k, from_plain(v)) for k, v in obj.items())
-    if isinstance(obj, list):
-        return [from_plain(v) for v in obj]
-    if isinstance(obj, tuple):
-        return tuple(from_plain(v) for v in obj)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(from_plain(v) for v in obj)
     return obj
 
 
@@ -151,6 +145,20 @@ def load_state(path: str) -> Dict[str, Any]:
     return from_plain(st)
 
 
+_SPACE_ARGS = {"Box": ("low", "high", "shape", "dtype"), "Discrete": ("n", "start", "dtype"),
+               "MultiDiscrete": ("nvec", "start", "dtype"), "MultiBinary": ("n",)}  # constructor keywords
+
+
+def _arg_to_plain(v: Any) -> Any:  # a dtype by name, a shape (or MultiBinary's n) as a list, numpy ints as ints
+    if isinstance(v, np.dtype):
+        return v.name
+    return list(v) if isinstance(v, tuple) else v.item() if isinstance(v, np.generic) else v
+
+
+def _arg_from_plain(name: str, v: Any) -> Any:
+    return np.dtype(v) if name == "dtype" else tuple(v) if isinstance(v, list) else v
+
+
 def space_to_dict(space: gym.Space) -> Dict[str, Any]:
     """A plain description of a Box, Discrete, MultiDiscrete, MultiBinary, Dict or Tuple space
     (nested); Dict keeps its key order.
@@ -158,20 +166,12 @@ def space_to_dict(space: gym.Space) -> Dict[str, Any]:
     Raises:
         TypeError: any other space.
     """
-    s = gym.spaces
-    if type(space) is s.Box:
-        return {"type": "Box", "low": space.low, "high": space.high, "shape": list(space.shape),
-                "dtype": np.dtype(space.dtype).name}
-    if type(space) is s.Discrete:
-        return {"type": "Discrete", "n": int(space.n), "start": int(space.start), "dtype": np.dtype(space.dtype).name}
-    if type(space) is s.MultiDiscrete:
-        return {"type": "MultiDiscrete", "nvec": space.nvec, "start": space.start, "dtype": np.dtype(space.dtype).name}
-    if type(space) is s.MultiBinary:
-        n: Any = space.n
-        return {"type": "MultiBinary", "n": int(n) if np.ndim(n) == 0 else [int(x) for x in n]}
-    if type(space) is s.Dict:
+    kind = type(space).__name__
+    if kind in _SPACE_ARGS and type(space) is getattr(gym.spaces, kind):
+        return {"type": kind, **{a: _arg_to_plain(getattr(space, a)) for a in _SPACE_ARGS[kind]}}
+    if type(space) is gym.spaces.Dict:
         return {"type": "Dict", "spaces": [[k, space_to_dict(v)] for k, v in space.spaces.items()]}
-    if type(space) is s.Tuple:
+    if type(space) is gym.spaces.Tuple:
         return {"type": "Tuple", "spaces": [space_to_dict(v) for v in space.spaces]}
     raise TypeError(f"cannot store a {type(space).__module__}.{type(space).__name__} space in a checkpoint "
                     "(supported: Box, Discrete, MultiDiscrete, MultiBinary, Dict, Tuple)")
@@ -179,19 +179,13 @@ def space_to_dict(space: gym.Space) -> Dict[str, Any]:
 
 def space_from_dict(d: Dict[str, Any]) -> gym.Space:
     """The space :func:`space_to_dict` described (ValueError for an unknown ``type``)."""
-    s, kind = gym.spaces, d.get("type")
-    if kind == "Box":
-        return s.Box(np.asarray(d["low"]), np.asarray(d["high"]), tuple(d["shape"]), np.dtype(d["dtype"]))
-    if kind == "Discrete":
-        return s.Discrete(int(d["n"]), start=int(d["start"]), dtype=np.dtype(d["dtype"]))
-    if kind == "MultiDiscrete":
-        return s.MultiDiscrete(np.asarray(d["nvec"]), dtype=np.dtype(d["dtype"]), start=np.asarray(d["start"]))
-    if kind == "MultiBinary":
-        return s.MultiBinary(d["n"])
+    kind = d.get("type")
+    if kind in _SPACE_ARGS:
+        return getattr(gym.spaces, kind)(**{a: _arg_from_plain(a, d[a]) for a in _SPACE_ARGS[kind]})
     if kind == "Dict":
-        return s.Dict([(k, space_from_dict(v)) for k, v in d["spaces"]], sort_keys=False)
+        return gym.spaces.Dict([(k, space_from_dict(v)) for k, v in d["spaces"]], sort_keys=False)
     if kind == "Tuple":
-        return s.Tuple([space_from_dict(v) for v in d["spaces"]])
+        return gym.spaces.Tuple([space_from_dict(v) for v in d["spaces"]])
     raise ValueError(f"unknown space type {kind!r} in a checkpoint")
 
 
@@ -247,8 +241,7 @@ def spec_from_dict(d: Dict[str, Any], algorithms: Dict[str, type], path: str = "
     cfg_cls = getattr(cls, "config_class", None)
     if cfg_cls is not None and conf is not None:
         try:
-            data: Any = OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(cfg_cls), conf), resolve=True)
-            conf = cfg_cls(**data)
+            conf = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cfg_cls), conf))
         except Exception as e:
             raise CheckpointError(f"checkpoint {path!r}: the {name!r} config it stores does not fit the installed "
                                   f"algorithm: {type(e).__name__}: {str(e).splitlines()[0]}") from None
@@ -264,15 +257,9 @@ def used_config(cfg: DictConfig, specs: Dict[str, PolicySpec], pm: Any) -> Dict[
     base = {f.name for f in dataclasses.fields(Config)} | {s.algo for s in specs.values()}
     spec_pkgs = {type(s).__module__.split(".")[0] for s in specs.values()}
     algos, sections = pm.algorithms(), pm.config_sections()
-    out: Dict[str, Any] = {}
-    for k, v in data.items():
-        if k in base:
-            out[k] = v
-        elif k not in algos and k in sections:
-            default = OmegaConf.to_container(OmegaConf.structured(sections[k]), resolve=True)
-            if v != default or sections[k].__module__.split(".")[0] in spec_pkgs:
-                out[k] = v
-    return out
+    return {k: v for k, v in data.items() if k in base or (k in sections and k not in algos and (
+            sections[k].__module__.split(".")[0] in spec_pkgs
+            or v != OmegaConf.to_container(OmegaConf.structured(sections[k]), resolve=True)))}
 
 
 def config_yaml(cfg: DictConfig, specs: Dict[str, PolicySpec], pm: Any) -> str:
@@ -437,17 +424,8 @@ def resume_config(user: Any, resume: str, pm: Any) -> Tuple[str, DictConfig, Any
     over, _ = _as_source(user)
     over.pop("resume", None)
     merged: Any = OmegaConf.merge(OmegaConf.create(saved), OmegaConf.create(over))
-    for mod in merged.get("plugins") or []:  # named by the checkpoint's config: installed code
-        if pm.get_plugin(mod) is None:
-            try:
-                pm.register(importlib.import_module(mod), name=mod)
-            except Exception as e:
-                raise PluginError(f"plugin module {mod!r} (from `plugins` in {ck}/config.yaml) failed to "
-                                  f"import: {type(e).__name__}: {e}") from e
-            try:
-                pm.check_pending()
-            except Exception as e:
-                raise PluginError(f"unknown hook: {e}") from None
+    pm.load_modules(merged.get("plugins") or [], f"`plugins` in {ck}/config.yaml")  # installed code
+    pm.check_hooks()
     check_algorithms(st, pm.algorithms(), os.path.join(ck, STATE_FILE), (str(merged.algo),))
     cfg = build_config(OmegaConf.to_container(merged, resolve=True), None, pm.config_sections())
     return ck, cfg, pm, int(st["iteration"])
@@ -478,10 +456,9 @@ def load_trained(path: str, expected_cls: Optional[type] = None) -> Any:
     algo = (expected_cls or algos[cfg.algo])(cfg)
     for pid, d in st["policy_specs"].items():
         spec = spec_from_dict(d, algos, state_path)
-        pol = spec.policy_class(spec.observation_space, spec.action_space, spec.config, cfg.model, "cpu",
-                                derive_seed(int(cfg.seed), "learner", pid))
+        algo.policies[pid] = pol = spec.policy_class(spec.observation_space, spec.action_space, spec.config,
+                                                     cfg.model, "cpu", derive_seed(int(cfg.seed), "learner", pid))
         pol.set_state(st["policies"][pid])
-        algo.policies[pid] = pol
     algo.checkpoint_state = st
     return algo
 

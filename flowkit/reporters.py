@@ -37,6 +37,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Type
 
+from flowkit.checkpoint import save_checkpoint
 from flowkit.core.flow import NOT_READY
 from flowkit.hooks.manager import hookimpl
 
@@ -63,12 +64,6 @@ class Reporter:
         (checked before anything starts, when the reporter is in ``run.reporters``)."""
 
 
-def _elapsed_s(ctx: "RunContext") -> float:
-    """Seconds of training so far, a resumed run's earlier time included."""
-    assert ctx._t_start is not None, "ctx.start_clock() comes before the first iteration"
-    return ctx._time_offset + time.perf_counter() - ctx._t_start
-
-
 @hookimpl(trylast=True)
 def flowkit_train_iteration(ctx: "RunContext", results: Iterator[Any]) -> Optional[Row]:
     """Pull the plan until it yields a row; None when it ends or ``stop.time_s`` passes while
@@ -77,41 +72,10 @@ def flowkit_train_iteration(ctx: "RunContext", results: Iterator[Any]) -> Option
     for r in results:
         if r is not NOT_READY:
             return r
-        if limit is not None and _elapsed_s(ctx) >= limit:
+        if limit is not None and ctx.elapsed_s() >= limit:
             ctx.request_stop(f"stop.time_s={limit} reached")
             return None
     return None
-
-
-class MetricsWriter:
-    """metrics.csv (one row per iteration; rewritten when new columns appear)."""
-
-    def __init__(self, run_dir: str, append_rows: Optional[List[Row]] = None):
-        self.path = os.path.join(run_dir, "metrics.csv")
-        self.rows: List[Row] = list(append_rows or [])
-        self.columns: List[str] = []
-        for r in self.rows:
-            self.columns += [k for k in r if k not in self.columns]
-        if append_rows is not None:  # resume: drop rows after the checkpoint, torn rows
-            self._rewrite()
-
-    def _rewrite(self) -> None:
-        tmp = self.path + ".tmp"
-        with open(tmp, "w", newline="") as f:
-            w = csv.DictWriter(f, self.columns)
-            w.writeheader()
-            w.writerows(self.rows)
-        os.replace(tmp, self.path)
-
-    def write(self, row: Row) -> None:
-        self.rows.append(row)
-        new = [k for k in row if k not in self.columns]
-        if new or not os.path.exists(self.path):
-            self.columns += new
-            self._rewrite()
-        else:
-            with open(self.path, "a", newline="") as f:
-                csv.DictWriter(f, self.columns).writerow(row)
 
 
 def _number(v: str) -> Any:
@@ -126,12 +90,9 @@ def _number(v: str) -> Any:
 def read_metrics(path: str) -> List[Row]:
     """Rows of a metrics.csv with numbers parsed; a torn row (too few or too many fields,
     as a killed process may leave at the end) is skipped."""
-    out = []
     with open(path) as f:
-        for r in csv.DictReader(f):
-            if None not in r and None not in r.values():
-                out.append({k: _number(v) for k, v in r.items() if v not in ("", None)})
-    return out
+        return [{k: _number(v) for k, v in r.items() if v not in ("", None)} for r in csv.DictReader(f)
+                if None not in r and None not in r.values()]
 
 
 def kept_rows(run_dir: str, iteration: int) -> List[Row]:
@@ -146,14 +107,33 @@ def kept_rows(run_dir: str, iteration: int) -> List[Row]:
 
 
 class CSVReporter(Reporter):
-    """``metrics.csv``, one row per iteration."""
+    """``metrics.csv``, one row per iteration; written whole at the start (on resume: the rows
+    kept up to the checkpoint, torn rows dropped) and whenever new columns appear."""
     name = "csv"
 
     def flowkit_on_run_start(self, run_dir: str, history: List[Row]) -> None:
-        self.writer = MetricsWriter(run_dir, history)
+        self.path = os.path.join(run_dir, "metrics.csv")
+        self.rows: List[Row] = list(history)
+        self.columns: List[str] = list(dict.fromkeys(k for r in self.rows for k in r))
+        self._rewrite()
+
+    def _rewrite(self) -> None:
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", newline="") as f:
+            w = csv.DictWriter(f, self.columns)
+            w.writeheader()
+            w.writerows(self.rows)
+        os.replace(tmp, self.path)
 
     def flowkit_report(self, result: Row) -> None:
-        self.writer.write(result)
+        self.rows.append(result)
+        new = [k for k in result if k not in self.columns]
+        if new or not os.path.exists(self.path):
+            self.columns += new
+            self._rewrite()
+        else:
+            with open(self.path, "a", newline="") as f:
+                csv.DictWriter(f, self.columns).writerow(result)
 
 
 class TensorBoardReporter(Reporter):
@@ -196,12 +176,11 @@ class ProgressReporter(Reporter):
                         dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 5.0, file=sys.stderr)
 
     def flowkit_report(self, result: Row) -> None:
-        self.bar.n = result["env_steps_sampled"]
         post = {"return": f"{result['episode_return_mean']:.1f}", "steps/s": f"{result['env_steps_per_s']:.0f}"}
         if "evaluation_return_mean" in result:
             post["eval"] = f"{result['evaluation_return_mean']:.1f}"
         self.bar.set_postfix(post, refresh=False)
-        self.bar.update(0)
+        self.bar.update(result["env_steps_sampled"] - self.bar.n)
 
     @hookimpl(tryfirst=True)
     def flowkit_on_train_end(self) -> None:  # before the final evaluation, as the bar ends there
@@ -257,21 +236,16 @@ class CheckpointReporter(Reporter):
     def flowkit_report(self, result: Row, ctx: "RunContext") -> None:
         every = int(ctx.config.checkpoint.every_iters)
         if every > 0 and result["iteration"] % every == 0:
-            _save(ctx, self.run_dir, None)
+            save_checkpoint(ctx, self.run_dir)
 
     def flowkit_on_train_end(self, ctx: "RunContext", error: Optional[BaseException]) -> None:
         if not hasattr(self, "run_dir"):
             return
         if error is not None:
             with contextlib.suppress(Exception):  # best effort: keep what was learned
-                _save(ctx, self.run_dir, "crash")
+                save_checkpoint(ctx, self.run_dir, "crash")
         elif bool(ctx.config.checkpoint.at_end) and ctx.iteration > 0:
-            _save(ctx, self.run_dir, f"iter_{ctx.iteration:06d}")
-
-
-def _save(ctx: "RunContext", run_dir: str, tag: Optional[str]) -> str:
-    from flowkit.engine import save_checkpoint  # H2: flowkit.checkpoint
-    return save_checkpoint(ctx, run_dir, tag)
+            save_checkpoint(ctx, self.run_dir)
 
 
 class EvaluationReporter(Reporter):
@@ -289,8 +263,7 @@ class EvaluationReporter(Reporter):
     @hookimpl(tryfirst=True)
     def flowkit_on_train_end(self, summary: Row, ctx: "RunContext", error: Optional[BaseException]) -> None:
         if error is None and bool(ctx.config.evaluation.final) and summary:
-            summary.update(ctx.evaluate())
-            summary["final_evaluation"] = True
+            summary.update(ctx.evaluate(), final_evaluation=True)
 
 
 class TimingReporter(Reporter):

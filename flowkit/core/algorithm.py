@@ -41,7 +41,6 @@ class Algorithm:
             section_view(run_config, self.name) if self.name in run_config else None)
         self.policies: Dict[str, Any] = {}
 
-    # ---- set-up ----------------------------------------------------------------------------
     @classmethod
     def validate_config(cls, run_config: Any, section: Any) -> List[str]:
         """Check what relates several keys of this algorithm's section (and its fit with
@@ -57,7 +56,6 @@ class Algorithm:
     def get_rollout_mode(self) -> str:
         return self.rollout_mode
 
-    # ---- the dataflow ------------------------------------------------------------------------
     def training_flow(self, experiences: "Flow", ctx: "RunContext", learner: "Learner") -> "Flow":
         """From this algorithm's experiences to train steps (one item per train step).
 
@@ -71,14 +69,12 @@ class Algorithm:
         """
         raise NotImplementedError
 
-    # ---- state (for exact resume) --------------------------------------------------------------
     def get_state(self) -> Dict[str, Any]:
         return {}
 
     def set_state(self, state: Dict[str, Any]) -> None:
-        pass
+        """Restore what :meth:`get_state` returned (nothing to restore by default)."""
 
-    # ---- using a trained algorithm -----------------------------------------------------------
     @classmethod
     def from_checkpoint(cls, path: str) -> "Algorithm":
         """Rebuild a trained algorithm (policies with their weights) from a checkpoint folder,

@@ -29,6 +29,10 @@ def _window() -> Deque[float]:
     return collections.deque(maxlen=EPISODE_WINDOW)
 
 
+def _mean(xs: Any) -> float:
+    return float(np.mean(xs)) if len(xs) else float("nan")
+
+
 def _means(episodes: List[Dict[str, Any]], field: str, key: Any = lambda k: k) -> Dict[str, float]:
     """``{key(k): mean}`` over the ``episodes``' ``e[field]`` dicts (custom metrics, per-policy returns)."""
     vals: Dict[str, List[float]] = collections.defaultdict(list)
@@ -97,7 +101,6 @@ class RunContext(FlowContext):
         """Ids of the policies some learner updates."""
         return set().union(*(lr.trainable for lr in self.learners.values()))
 
-    # -- for plans --
     def add_stateful(self, name: str, obj: Any) -> Any:
         """Register an object with ``get_state``/``set_state`` (and optionally ``stop``) so
         checkpoints and shutdown reach it. Returns ``obj``.
@@ -132,7 +135,8 @@ class RunContext(FlowContext):
         return self._read(lambda pol: pol.get_state())
 
     def _read(self, fn: Any, policy_ids: Optional[Sequence[str]] = None) -> Dict[str, Any]:
-        # each learner's policies under its update lock: never half-updated by its thread
+        """``{policy_id: fn(policy)}``, each learner's policies read under its update lock (never
+        half-updated by its thread)."""
         pids = list(self.policies) if policy_ids is None else [p for p in policy_ids if p in self.policies]
         out = {}
         for lr in self.learners.values():
@@ -141,7 +145,7 @@ class RunContext(FlowContext):
         return {p: out[p] if p in out else fn(self.policies[p]) for p in pids}
 
     def _initial_weights(self) -> Dict[str, Any]:
-        # the workers' first weights carry the learners' version (no policy-lag spike on resume)
+        """The workers' first weights, with the learners' version (no policy-lag spike on resume)."""
         if self.learners:
             self.workers.weights_version = max(lr.num_updates for lr in self.learners.values())
         return self.get_weights(None)
@@ -149,7 +153,6 @@ class RunContext(FlowContext):
     def request_stop(self, reason: str) -> None:
         self.stop_reason = reason
 
-    # -- metrics --
     def record_episodes(self, episodes: List[Dict[str, Any]]) -> None:
         for e in episodes:
             self.episode_window.append(e["return"])
@@ -161,32 +164,22 @@ class RunContext(FlowContext):
 
     def make_result(self, dt: float, sampled: int, trained: int, n_items: int) -> Dict[str, Any]:
         self.iteration += 1
-        c = self.counters
-        r: Dict[str, Any] = {
-            "iteration": self.iteration,
-            **{k: int(c[k]) for k in ("env_steps_sampled", "env_steps_trained", "agent_steps_sampled",
-                                      "agent_steps_trained")},
-            "episode_return_mean": float(np.mean(self.episode_window)) if self.episode_window else float("nan"),
-            "episode_len_mean": float(np.mean(self.len_window)) if self.len_window else float("nan"),
-            "episodes_this_iter": len(self.iter_episodes),
-            "episodes_total": int(c["episodes_total"]),
-            "num_updates": int(c["num_updates"]),
-            "num_worker_restarts": int(self.workers.num_restarts),
-        }
-        pids = self.policy_ids
-        if len(pids) > 1 or any(p != sb.DEFAULT_POLICY_ID for p in pids):
-            for pid in pids:
-                w = self.policy_windows.get(pid)
-                r[f"policy/{pid}/episode_return_mean"] = float(np.mean(w)) if w else float("nan")
+        c, nan = self.counters, float("nan")
+        r: Dict[str, Any] = {"iteration": self.iteration, **{k: int(c[k]) for k in (
+            "env_steps_sampled", "env_steps_trained", "agent_steps_sampled", "agent_steps_trained")},
+            "episode_return_mean": _mean(self.episode_window), "episode_len_mean": _mean(self.len_window),
+            "episodes_this_iter": len(self.iter_episodes), "episodes_total": int(c["episodes_total"]),
+            "num_updates": int(c["num_updates"]), "num_worker_restarts": int(self.workers.num_restarts)}
+        if self.policy_ids != [sb.DEFAULT_POLICY_ID]:  # multi-agent, or a policy not named "default"
+            r.update({f"policy/{pid}/episode_return_mean": _mean(self.policy_windows.get(pid, ()))
+                      for pid in self.policy_ids})
         r.update({f"learner/{pid}/{k}": v for pid, st in self.learner_stats.items() for k, v in st.items()})
         r.update({f"custom/{k}": v for k, v in _means(self.iter_episodes, "custom").items()})
         self.iter_episodes = []
         r.update(self.extra_metrics)
-        now = time.perf_counter()
-        self.time_total_s = self._time_offset + (now - (self._t_start or now))
-        r.update(time_total_s=self.time_total_s, time_this_iter_s=dt,
-                 env_steps_per_s=sampled / dt if dt > 0 else float("nan"),
-                 env_steps_trained_per_s=trained / dt if dt > 0 else float("nan"))
+        self.time_total_s = self.elapsed_s()
+        r.update(time_total_s=self.time_total_s, time_this_iter_s=dt, env_steps_per_s=sampled / dt if dt > 0 else nan,
+                 env_steps_trained_per_s=trained / dt if dt > 0 else nan)
         r.update({f"perf/{name}_time_ms": 1000.0 * t.mean_s for name, t in self.timers.items()})
         r["perf/train_steps_this_iter"] = n_items
         return r
@@ -194,14 +187,16 @@ class RunContext(FlowContext):
     def start_clock(self) -> None:
         self._t_start = time.perf_counter()
 
-    # -- evaluation --
+    def elapsed_s(self) -> float:
+        """Seconds of training so far, a resumed run's earlier time included (0 before :meth:`start_clock`)."""
+        return self._time_offset + (time.perf_counter() - self._t_start if self._t_start is not None else 0.0)
+
     def evaluate(self) -> Dict[str, Any]:
         """Greedy evaluation on the driver over ``evaluation.episodes`` episodes."""
         ev = self.config.evaluation
         if self._eval_worker is None:
-            n = max(1, min(int(ev.episodes), 8))
             self._eval_worker = RolloutWorker(self.config, -1, self.workers.num_workers, self.policy_specs,
-                                              pm=self.pm, num_envs=n)
+                                              pm=self.pm, num_envs=max(1, min(int(ev.episodes), 8)))
         self._eval_worker.set_weights(self.get_weights(None), self.counters["num_updates"])
         with self.timers["evaluate"]:
             eps = self._eval_worker.evaluate(int(ev.episodes), bool(ev.explore))
@@ -245,10 +240,8 @@ def make_context(config: DictConfig, pm: Any, algorithms: Dict[str, Any],
                 for pid, s in policy_specs.items()}
     rt = config.runtime
     off = all(getattr(a, "off_policy", False) for a in algorithms.values())
-    holder: List[RunContext] = []
-    workers = WorkerSet(config, policy_specs, pm, weights_fn=lambda: holder[0]._initial_weights())
-    ctx = RunContext(config, pm, algorithms, policy_specs, policies, workers,
+    ctx = RunContext(config, pm, algorithms, policy_specs, policies, WorkerSet(config, policy_specs, pm),
                      np.random.default_rng(derive_seed(seed, "learner")), run_dir,
                      bool(off if rt.prefetch is None else rt.prefetch))
-    holder.append(ctx)
+    ctx.workers.weights_fn = ctx._initial_weights
     return ctx

@@ -46,6 +46,29 @@ class PluginManager(pluggy.PluginManager):
             return {}
         return opts
 
+    def load_modules(self, modules: Sequence[str], where: str = "`plugins`") -> None:
+        """Import and register each of ``modules`` not registered yet, named after it (then
+        call :meth:`check_hooks`).
+
+        Raises:
+            PluginError: a module that does not import (named, with ``where`` it was listed).
+        """
+        for mod in modules:
+            if self.get_plugin(mod) is None:
+                try:
+                    obj = importlib.import_module(mod)
+                except Exception as e:
+                    raise PluginError(f"plugin module {mod!r} (from {where}) failed to import: "
+                                      f"{type(e).__name__}: {e}") from e
+                self.register(obj, name=mod)
+
+    def check_hooks(self) -> None:
+        """``check_pending()``, an unknown ``flowkit_*`` hook name raised as a PluginError."""
+        try:
+            self.check_pending()
+        except pluggy.PluginValidationError as e:
+            raise PluginError(f"unknown hook: {e}") from None
+
     def algorithms(self) -> Dict[str, Type[Algorithm]]:
         """``{name: Algorithm class}``; a name contributed twice is an error naming both."""
         return self._named("algorithm", self.hook.flowkit_add_algorithms)
@@ -109,8 +132,7 @@ def get_plugin_manager(plugin_modules: Sequence[str] = (), include_registered: b
             distribution), or an unknown ``flowkit_*`` hook name.
     """
     pm = PluginManager()
-    for mod in ("flowkit.builtin", "flowkit.reporters"):  # the built-in plugins
-        pm.register(importlib.import_module(mod), name=mod)
+    pm.load_modules(("flowkit.builtin", "flowkit.reporters"), "flowkit's built-ins")
     for ep in md.entry_points(group="flowkit"):
         if pm.get_plugin(ep.name) is not None or pm.is_blocked(ep.name):
             continue
@@ -122,22 +144,11 @@ def get_plugin_manager(plugin_modules: Sequence[str] = (), include_registered: b
                               f"{type(e).__name__}: {e}") from e
         pm.register(obj, name=ep.name)
         pm.dists[ep.name] = dist
-    for mod in plugin_modules:
-        if pm.get_plugin(mod) is not None:
-            continue
-        try:
-            obj = importlib.import_module(mod)
-        except Exception as e:
-            raise PluginError(f"plugin module {mod!r} (from `plugins`) failed to import: "
-                              f"{type(e).__name__}: {e}") from e
-        pm.register(obj, name=mod)
+    pm.load_modules(plugin_modules)
     for obj in list(extra) + (list(_REGISTERED) if include_registered else []):
         if not pm.is_registered(obj):
             pm.register(obj)
-    try:
-        pm.check_pending()
-    except pluggy.PluginValidationError as e:
-        raise PluginError(f"unknown hook: {e}") from None
+    pm.check_hooks()
     return pm
 
 

@@ -36,8 +36,7 @@ if TYPE_CHECKING:
 
 hookspec = pluggy.HookspecMarker("flowkit")
 
-Row = Dict[str, Any]
-"""One iteration's flat metrics: ``{"iteration": 3, "env_steps_sampled": 1536, ...}``."""
+Row = Dict[str, Any]  #: one iteration's flat metrics: ``{"iteration": 3, "env_steps_sampled": 1536, ...}``
 
 
 @hookspec
