@@ -51,6 +51,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from flowkit.config import Config, ConfigError, build_config
 from flowkit.core import PolicySpec, derive_seed
+from flowkit.core.learner import NonFiniteError
 from flowkit.hooks import PluginError, get_plugin_manager
 
 FORMAT = 2
@@ -312,6 +313,7 @@ def save_checkpoint(ctx: Any, run_dir: str, tag: Optional[str] = None) -> str:
     rename) and keep the newest ``checkpoint.keep``. Returns the folder.
 
     Raises:
+        NonFiniteError: a policy's weights are not finite (nothing written).
         TypeError: a ``get_state`` returned something that is not plain data (named).
         OSError: the files could not be written (disk full, permissions): the message names
             the folder; the previous checkpoints are kept and no temp folder is left.
@@ -320,7 +322,11 @@ def save_checkpoint(ctx: Any, run_dir: str, tag: Optional[str] = None) -> str:
     os.makedirs(ck_root, exist_ok=True)
     tag = tag or f"iter_{ctx.iteration:06d}"
     final = os.path.join(ck_root, tag)
-    plain, text = to_plain(checkpoint_state(ctx)), config_yaml(ctx.config, ctx.policy_specs, ctx.pm)
+    state = checkpoint_state(ctx)
+    for pid, st in state["policies"].items():  # never NaN weights over good ones
+        if not all(np.isfinite(w).all() for w in (st.get("weights") or {}).values()):
+            raise NonFiniteError(f"policy {pid!r} has non-finite weights: checkpoint {final!r} not written")
+    plain, text = to_plain(state), config_yaml(ctx.config, ctx.policy_specs, ctx.pm)
     tmp = tempfile.mkdtemp(prefix=".tmp-", dir=ck_root)
     try:
         torch.save(plain, os.path.join(tmp, STATE_FILE))

@@ -67,6 +67,7 @@ from flowkit.checkpoint import config_yaml, find_checkpoint, load_trained, resto
 from flowkit.config import ConfigError, build_config, plugin_modules_from
 from flowkit.core import EnvContext, derive_seed, env_name, make_env
 from flowkit.core.context import RunContext, make_context
+from flowkit.core.learner import NonFiniteError
 from flowkit.core.ops import StandardMetricsReporting
 from flowkit.hooks import PluginError, get_plugin_manager
 from flowkit.reporters import kept_rows, read_metrics  # noqa: F401  (read_metrics: public here too)
@@ -366,6 +367,8 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
             ckpt_error = e
         finally:
             ctx.shutdown()
+        if isinstance(error, NonFiniteError):  # the crash checkpoint, if any, passed the finite-weights check
+            error.args = (f"{error}; last good checkpoint: {last_ckpt.path or resume_from or 'none'}",)
         if error is not None:
             raise error
         summary["stop_reason"] = reason or "plan ended"

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 import flowkit
@@ -215,3 +216,99 @@ def test_env_api_errors_stop_at_once(run_dir, mode, message):
         flowkit.train(TINY + [f"run.dir={run_dir}", "env.factory=envs:BadApiEnv", f"env.kwargs={{mode: {mode}}}",
                               "env.check_spaces_steps=2", "stop.iterations=3"])
     assert "BadApiEnv" in str(e.value) and not any("rebuilding" in n for n in getattr(e.value, "__notes__", []))
+
+
+# ---- 4. non-finite values ---------------------------------------------------------------------------
+def _weights(ck):
+    return load_state(os.path.join(ck, "state.pt"))["policies"]["default"]["weights"]
+
+
+def _patch_loss(monkeypatch, at, make_bad):
+    from flowkit_ppo.ppo import PPOPolicy
+    loss, calls = PPOPolicy.loss, [0]
+
+    def patched(self, mb):
+        out, st = loss(self, mb)
+        calls[0] += 1
+        return make_bad(out, st) if calls[0] == at else (out, st)
+    monkeypatch.setattr(PPOPolicy, "loss", patched)
+
+
+@pytest.mark.parametrize("bad,message", [
+    (lambda out, st: (out, dict(st, vf_loss=float("nan"))), r"non-finite loss term `vf_loss` \(nan\) at update 3"),
+    (lambda out, st: (out * float("inf"), st), r"non-finite gradient \(norm nan\) at update 3"),
+])
+def test_non_finite_loss_or_gradient_stops_before_the_step_keeping_good_weights(run_dir, monkeypatch, bad, message):
+    _patch_loss(monkeypatch, 3, bad)  # TINY: one update per iteration
+    with pytest.raises(flowkit.NonFiniteError, match=rf"^policy 'default': {message}; last good checkpoint: "
+                                                     rf"{run_dir}/checkpoints/crash\n"):
+        flowkit.train(TINY + [f"run.dir={run_dir}", "env.factory=envs:FixedLenEnv", "checkpoint.every_iters=1",
+                              "stop.iterations=5"])
+    ck = find_checkpoint(run_dir)
+    assert ck.endswith("crash") and read_metrics(os.path.join(run_dir, "metrics.csv"))[-1]["iteration"] == 2
+    good, crash = _weights(os.path.join(run_dir, "checkpoints", "iter_000002")), _weights(ck)
+    assert all(np.isfinite(w).all() and np.array_equal(w, good[k]) for k, w in crash.items())
+
+
+def test_non_finite_weights_are_never_checkpointed(run_dir, monkeypatch):
+    import torch
+    step, calls = torch.optim.Adam.step, [0]
+
+    def blow_up(self, *a, **k):  # finite loss and gradient, then a step to inf
+        out = step(self, *a, **k)
+        calls[0] += 1
+        if calls[0] == 2:
+            self.param_groups[0]["params"][0].data.fill_(float("inf"))
+        return out
+    monkeypatch.setattr(torch.optim.Adam, "step", blow_up)
+    with pytest.raises(flowkit.NonFiniteError, match=r"non-finite weights after the optimizer step at update 2; "
+                                                     r"last good checkpoint: .*checkpoints/iter_000001\n"):
+        flowkit.train(TINY + [f"run.dir={run_dir}", "env.factory=envs:FixedLenEnv", "checkpoint.every_iters=1",
+                              "stop.iterations=5"])
+    assert find_checkpoint(run_dir).endswith("iter_000001")  # no crash checkpoint with inf weights
+
+
+def test_cli_overflowing_loss_exits_1_with_one_line(tmp_path):
+    run = str(tmp_path / "run")
+    out = subprocess.run(FLOWKIT + ["train", "env.factory=envs:NonFiniteEnv", "env.kwargs={mode: huge}", *TINY,
+                                    f"run.dir={run}", "stop.iterations=3"],
+                         capture_output=True, text=True, env=_env(), timeout=120)
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.splitlines()[-1] == ("flowkit: error: policy 'default': non-finite loss term `vf_loss` (inf) "
+                                           f"at update 1; last good checkpoint: {run}/checkpoints/crash")
+    assert "Traceback" not in out.stderr
+    assert all(np.isfinite(w).all() for w in _weights(find_checkpoint(run)).values())
+
+
+def test_non_finite_loss_in_the_learner_thread(run_dir):
+    with pytest.raises(flowkit.NonFiniteError, match=r"^policy 'default': non-finite loss term `vf_loss` \(inf\)"):
+        flowkit.train(TINY[:-3] + [f"run.dir={run_dir}", "algo=impala", "env.factory=envs:NonFiniteEnv",
+                                   "env.kwargs={mode: huge}", "stop.iterations=5"])
+
+
+@pytest.mark.parametrize("mode,message", [
+    ("obs", r"returned a non-finite observation `obs\['position'\]\[2\]` \(nan\) at step 7 of an episode"),
+    ("reward", r"returned a non-finite reward \(inf\) at step 7 of an episode"),
+])
+def test_non_finite_obs_or_reward_stops_at_once_naming_env_and_key(run_dir, mode, message):
+    with pytest.raises(EnvError, match=r"env 'envs:NonFiniteEnv' \(worker 0, policy 'default'\) " + message) as e:
+        flowkit.train(TINY + [f"run.dir={run_dir}", "env.factory=envs:NonFiniteEnv", f"env.kwargs={{mode: {mode}}}",
+                              "stop.iterations=3"])
+    assert not any("rebuilding" in n for n in getattr(e.value, "__notes__", []))
+
+
+def test_non_finite_obs_on_ray_is_not_retried(run_dir, ray_session, caplog):
+    with pytest.raises(EnvError, match=r"non-finite observation `obs\['position'\]\[2\]` \(nan\)"):
+        flowkit.train(TINY[1:] + [f"run.dir={run_dir}", "runtime.num_cpus_per_worker=0.5", "stop.iterations=3",
+                                  "env.factory=envs:NonFiniteEnv"])
+    assert "rebuilding" not in caplog.text
+
+
+def test_key_path_of_encoded_columns():
+    from gymnasium import spaces
+    from flowkit.core._encoders import ObsEncoder
+    box = spaces.Box(-1, 1, (2, 3))
+    enc = ObsEncoder(spaces.Dict({"a": spaces.Discrete(3), "action_mask": spaces.MultiBinary(2),
+                                  "b": spaces.Tuple((spaces.Box(-1, 1, ()), box))}))
+    assert [enc.key_path(c) for c in (0, 3, 4, 9)] == ["obs['a']", "obs['b'][0]", "obs['b'][1][0, 0]", "obs['b'][1][1, 2]"]
+    assert ObsEncoder(spaces.Box(0, 255, (8, 8, 3))).key_path(3 * 64 - 1) == "obs[7, 7, 2]"

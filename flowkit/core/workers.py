@@ -94,11 +94,27 @@ class RolloutWorker:
         if weights is not None:
             self.set_weights(weights, version)
         try:
-            return self.runner.sample()
+            return self._check_finite(self.runner.sample())
         except Exception as e:
             e.add_note(f"[flowkit] in rollout worker {self.index} (restart {self.restart_count}), "
                        f"env {env_name(self.config.env)!r}")
             raise
+
+    def _check_finite(self, b: sb.MultiAgentBatch) -> sb.MultiAgentBatch:
+        """Observations and rewards of a fragment are finite (a sum per column; the element
+        is looked up only when it is not): else an :class:`EnvError`, never retried."""
+        for pid, pb in b.policy_batches.items():
+            for col in (sb.OBS, sb.NEXT_OBS, sb.REWARDS):
+                x = pb.get(col)
+                if x is None or x.dtype.kind != "f" or np.isfinite(x.sum()) or np.isfinite(x).all():
+                    continue
+                bad = int(np.flatnonzero(~np.isfinite(x))[0])
+                row, c = divmod(bad, x.size // len(x))
+                step = int(pb[sb.T][row]) + (col != sb.OBS) if sb.T in pb else "?"
+                what = "reward" if col == sb.REWARDS else f"observation `{self.policies[pid].encoder.key_path(c)}`"
+                raise EnvError(f"env {env_name(self.config.env)!r} (worker {self.index}, policy {pid!r}) returned a "
+                               f"non-finite {what} ({x.reshape(-1)[bad]}) at step {step} of an episode (0: reset)")
+        return b
 
     def apply_flow(self, method: str, fns: Sequence[Callable], *args) -> Any:
         x = getattr(self, method)(*args)
