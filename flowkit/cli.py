@@ -1,7 +1,7 @@
 """The ``flowkit`` command: train, plan, plugins.
 
-Exit status: 0 success, 1 a failed run (a bad env or non-finite training: one line, no
-traceback), 2 a config error (short message, no traceback),
+Exit status: 0 success, 1 a failed run (a bad env, non-finite training or workers Ray could not
+place: one line, no traceback), 2 a config error (short message, no traceback),
 128 + the signal number for a run stopped by a signal after its clean save (130 SIGINT,
 143 SIGTERM, 129 SIGHUP).
 """
@@ -63,6 +63,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     from flowkit import EnvError, NonFiniteError
     from flowkit.config import ConfigError
+    from flowkit.core.workers import StartTimeout
     from flowkit.hooks import PluginError
     try:
         if args.command == "plugins":
@@ -95,7 +96,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     except PluginError as e:
         print(f"flowkit: plugin error: {e}", file=sys.stderr)
         return 2
-    except (EnvError, NonFiniteError) as e:  # a bad env or diverged training: one line, no traceback
+    except (EnvError, NonFiniteError, StartTimeout) as e:  # a bad env, diverged training, no room: one line
         print(f"flowkit: error: {e}", file=sys.stderr)
         return 1
 

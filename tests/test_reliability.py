@@ -1,4 +1,5 @@
 """Issue 13: stuck workers, stop.time_s, signals, start-up, run-folder integrity, env API errors."""
+import contextlib
 import json
 import os
 import signal
@@ -12,6 +13,7 @@ import pytest
 import flowkit
 from flowkit.checkpoint import load_state
 from flowkit.core import EnvError
+from flowkit.core.workers import StartTimeout
 from flowkit.engine import find_checkpoint, read_metrics
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -84,6 +86,55 @@ def test_workers_that_do_not_fit_the_cpus_are_a_config_error():
     assert out.stderr.strip().splitlines() == [
         f"flowkit: config error: runtime.num_workers=64 x runtime.num_cpus_per_worker=1 needs 64 CPUs, this "
         f"machine has {n}: lower runtime.num_workers or share CPUs (runtime.num_cpus_per_worker={n / 64:g})"]
+
+
+def test_workers_ray_cannot_place_end_the_start_after_start_timeout_s(run_dir, ray_session):
+    # the caller's own Ray session is not checked at set-up (as an attached cluster): 2 x 2 CPUs on 2
+    t0 = time.time()
+    with pytest.raises(StartTimeout, match=r"^runtime.start_timeout_s=2 passed waiting for [12] of 2 rollout "
+                                           r"workers: need \{CPU: 2\} each, cluster has 0 free: add nodes"):
+        flowkit.train(TINY[1:] + [f"run.dir={run_dir}", "env.factory=envs:FixedLenEnv", "runtime.num_workers=2",
+                                  "runtime.num_cpus_per_worker=2", "runtime.start_timeout_s=2"])
+    assert time.time() - t0 < 30
+
+
+class _Pending:
+    """A fake Ray for WorkerSet._await_pings: workers placed after ``ready_after`` fake seconds."""
+
+    def __init__(self, monkeypatch, ready_after):
+        import ray
+
+        import flowkit.core.workers as W
+        self.now, self.ready_after = 0.0, ready_after
+        monkeypatch.setattr(W.time, "monotonic", lambda: self.now)
+        monkeypatch.setattr(ray, "wait", self.wait)
+        monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 0.0})
+
+    def wait(self, futs, num_returns, timeout):
+        self.now += timeout
+        return (futs, []) if self.now >= self.ready_after else ([], futs)
+
+    class Actor:
+        def __init__(self, index):
+            self.index = index
+
+        def submit(self, method):
+            return f"ping-{self.index}"
+
+
+@pytest.mark.parametrize("bound,ready_after,raises", [(60.0, 1e9, True), (None, 500.0, False)])
+def test_the_start_wait_says_what_is_pending_and_a_rebuild_waits_without_bound(monkeypatch, caplog, bound,
+                                                                               ready_after, raises):
+    from flowkit.core.workers import WorkerSet
+    from flowkit.engine import load_config
+    fake = _Pending(monkeypatch, ready_after)
+    ws = WorkerSet(load_config(["env=CartPole-v1", "runtime.num_workers=4"])[1], {}, None)
+    actors = [_Pending.Actor(i) for i in range(4)]
+    with contextlib.nullcontext() if not raises else pytest.raises(StartTimeout, match="start_timeout_s=60 passed"):
+        assert ws._await_pings(actors, bound) == {i: f"ping-{i}" for i in range(4)}
+    said = [r.getMessage() for r in caplog.records if r.name == "flowkit"]
+    assert said[0] == "waiting for 4 of 4 rollout workers: need {CPU: 1} each, cluster has 0 free; waited 10 s"
+    assert said[-1].endswith("waited 40 s" if raises else "waited 320 s") and fake.now == (60 if raises else 500)
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
