@@ -398,7 +398,8 @@ def restore(ctx: Any, ck_dir: str) -> None:
     """Load a checkpoint into a freshly set-up context (before the workers start).
 
     Raises:
-        CheckpointError: unreadable, or a policy trained by another algorithm in this run.
+        CheckpointError: unreadable, a policy trained by another algorithm in this run, or a
+            saved state that does not fit (a changed env or model: the mismatch named).
     """
     st = load_state(path := os.path.join(ck_dir, STATE_FILE))
     for pid, d in st["policy_specs"].items():
@@ -407,8 +408,11 @@ def restore(ctx: Any, ck_dir: str) -> None:
                                   f"this run uses {mine.algo!r}")
     for key, objs in (("policies", ctx.policies), ("algorithms", ctx.algorithms), ("stateful", ctx.stateful)):
         for n, s in st.get(key, {}).items():
-            if n in objs:
-                objs[n].set_state(s)
+            try:
+                objs[n].set_state(s) if n in objs else None
+            except (RuntimeError, ValueError, KeyError) as e:  # e.g. load_state_dict's size mismatch
+                raise CheckpointError(f"checkpoint {path!r}: the saved state of {n!r} ({key}) does not fit this "
+                                      f"run (a changed env, model or algorithm setting?): {_why(e)}") from None
     ctx.pm.load_state_dict(st.get("plugins", {}))
     ctx.counters.update(st["counters"])
     ctx.iteration = int(st["iteration"])
@@ -434,10 +438,14 @@ def resume_config(user: Any, resume: str, pm: Any) -> Tuple[str, DictConfig, Any
     on top, the plugin manager also loads the ``plugins`` that config names.
 
     Raises:
-        CheckpointError: unreadable checkpoint, or an algorithm it needs is not registered.
+        CheckpointError: no or an unreadable checkpoint, or an algorithm it needs is not
+            registered.
     """
     from flowkit.config import _as_source
-    ck = find_checkpoint(resume)
+    try:
+        ck = find_checkpoint(resume)
+    except FileNotFoundError as e:
+        raise CheckpointError(f"resume: {e}") from None
     st = load_state(os.path.join(ck, STATE_FILE))
     saved = OmegaConf.to_container(OmegaConf.load(os.path.join(ck, "config.yaml")), resolve=True)
     over, _ = _as_source(user)

@@ -96,6 +96,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     except PluginError as e:
         print(f"flowkit: plugin error: {e}", file=sys.stderr)
         return 2
+    except MemoryError as e:  # a replay buffer or batch the config sizes too large
+        print(f"flowkit: config error: out of memory, lower the sizes in the config: {e}", file=sys.stderr)
+        return 2
     except (EnvError, NonFiniteError, StartTimeout) as e:  # a bad env, diverged training, no room: one line
         print(f"flowkit: error: {e}", file=sys.stderr)
         return 1

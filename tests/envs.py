@@ -220,3 +220,13 @@ class NonFiniteEnv(gym.Env):
         self.t += 1
         r = np.inf if self.mode == "reward" and self.t == self.at else self.scale if self.mode == "huge" else 1.0
         return self._obs(), float(r), self.t >= 20, False, {}
+
+
+class NoSpacesEnv(gym.Env):
+    """An env that never sets observation_space / action_space (issue 13)."""
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, False, False, {}

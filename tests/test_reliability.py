@@ -363,3 +363,37 @@ def test_key_path_of_encoded_columns():
                                   "b": spaces.Tuple((spaces.Box(-1, 1, ()), box))}))
     assert [enc.key_path(c) for c in (0, 3, 4, 9)] == ["obs['a']", "obs['b'][0]", "obs['b'][1][0, 0]", "obs['b'][1][1, 2]"]
     assert ObsEncoder(spaces.Box(0, 255, (8, 8, 3))).key_path(3 * 64 - 1) == "obs[7, 7, 2]"
+
+
+# ---- 6. the rest of the tracebacks: one line, exit 2 ---------------------------------------
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    run = str(tmp_path_factory.mktemp("base") / "run")
+    flowkit.train(TINY + [f"run.dir={run}", "env=CartPole-v1", "stop.iterations=1"])
+    return run
+
+
+@pytest.mark.parametrize("args,message", [
+    (["env.id=null", "env.factory=envs:NoSpacesEnv"], "env 'envs:NoSpacesEnv' has no observation_space and action_space "
+                                       "(gymnasium.spaces objects): set both in its constructor"),
+    (["env=CartPole-v1", "resume={tmp}/nope"], "resume: no checkpoint at '{tmp}/nope' (expected a run folder with checkpoints/, "
+                            "a checkpoint folder or a state.pt)"),
+    (["env=CartPole-v1", "run.dir={tmp}/file/run"], "run.dir='{tmp}/file/run' cannot be created: Not a directory"),
+    (["resume={run}", "env=Acrobot-v1"], "checkpoint '{run}/checkpoints/iter_000001/state.pt': the saved state of "
+                                         "'default' (policies) does not fit this run (a changed env, model or "
+                                         "algorithm setting?): size mismatch for "),
+    (["resume={run}", "model.hidden_sizes=[32]"], "checkpoint '{run}/checkpoints/iter_000001/state.pt': the saved "
+                                                  "state of 'default' (policies) does not fit this run"),
+    (["env=CartPole-v1", "model.hidden_sizes=[1000000000000]"], "the networks do not fit in memory (model.hidden_sizes=[1000000000000]): "),
+    (["env=CartPole-v1", "algo=dqn", "dqn.buffer_size=10000000000000"], "out of memory, lower the sizes in the config: Unable to allocate"),
+])
+def test_cli_setup_errors_exit_2_with_one_line(capsys, tmp_path, tiny_run, args, message):
+    from flowkit.cli import main
+    (tmp_path / "file").write_text("x")
+    fill = {"tmp": str(tmp_path), "run": tiny_run}
+    before = open(os.path.join(tiny_run, "config.yaml")).read()
+    assert main(["train", *TINY, f"run.dir={tmp_path}/run",
+                 *[a.format(**fill) for a in args]]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"flowkit: config error: {message.format(**fill)}") and err.count("\n") == 1, err
+    assert open(os.path.join(tiny_run, "config.yaml")).read() == before  # a failed resume changes nothing
