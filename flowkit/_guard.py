@@ -165,15 +165,23 @@ def check_cpus(cfg: Any) -> None:
 
 
 def lock_run_dir(run_dir: str) -> Callable[[], None]:
-    """Create ``run_dir/.lock`` (``pid host``); return its release function.
+    """Create ``run_dir`` and ``run_dir/.lock`` (``pid host``); return its release function.
 
     Raises:
+        ConfigError: ``run_dir`` cannot be created or written (the reason named).
         ConfigError: a live run holds it (same host, pid alive), or a run on another host,
             whose liveness cannot be checked here (the message says which file to remove).
     """
     from flowkit.config import ConfigError
     path = os.path.join(run_dir, ".lock")
     me, host = os.getpid(), socket.gethostname()
+    try:
+        os.makedirs(run_dir, exist_ok=True)
+        writable = os.access(run_dir, os.W_OK)  # False on a read-only filesystem
+    except OSError as e:  # under a file, no permission
+        raise ConfigError(f"run.dir={run_dir!r} cannot be created: {e.strerror or e}") from None
+    if not writable:
+        raise ConfigError(f"run.dir={run_dir!r} is not writable")
     try:
         with open(path) as f:
             pid_s, _, owner = f.read().strip().partition(" ")

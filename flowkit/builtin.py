@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import gymnasium as gym
 
-from flowkit.config import F, section_object
-from flowkit.core import GymEnvRunner, PolicySpec, RandomPolicy
+from flowkit.config import ConfigError, F, section_object
+from flowkit.core import GymEnvRunner, PolicySpec, RandomPolicy, env_name
 from flowkit.core import batch as sb
 from flowkit.core.algorithm import Algorithm
 from flowkit.core.context import RunContext
@@ -49,6 +49,9 @@ def flowkit_make_policy_specs(config, env, algorithms):
     """One policy (``default``) trained by ``algo`` for a Gymnasium env."""
     if not isinstance(env, gym.Env):
         return None
+    if not all(isinstance(getattr(env, a, None), gym.Space) for a in ("observation_space", "action_space")):
+        raise ConfigError(f"env {env_name(config.env)!r} has no observation_space and action_space "
+                          "(gymnasium.spaces objects): set both in its constructor")
     algo_cls = algorithms[config.algo]
     sec = section_object(config, algo_cls.name, algo_cls.config_class) if algo_cls.config_class else None
     return {sb.DEFAULT_POLICY_ID: PolicySpec(algo_cls.policy_class, env.observation_space,

@@ -50,6 +50,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from flowkit.config import Config, ConfigError, build_config
 from flowkit.core import PolicySpec, derive_seed
+from flowkit.core.learner import NonFiniteError
 from flowkit.hooks import get_plugin_manager
 
 FORMAT = 2
@@ -299,6 +300,7 @@ def save_checkpoint(ctx: Any, run_dir: str, tag: Optional[str] = None) -> str:
     rename) and keep the newest ``checkpoint.keep``. Returns the folder.
 
     Raises:
+        NonFiniteError: a policy's weights are not finite (nothing written).
         TypeError: a ``get_state`` returned something that is not plain data (named).
         OSError: the files could not be written (disk full, permissions): the message names
             the folder; the previous checkpoints are kept and no temp folder is left.
@@ -307,7 +309,11 @@ def save_checkpoint(ctx: Any, run_dir: str, tag: Optional[str] = None) -> str:
     os.makedirs(ck_root, exist_ok=True)
     tag = tag or f"iter_{ctx.iteration:06d}"
     final = os.path.join(ck_root, tag)
-    plain, text = to_plain(checkpoint_state(ctx)), config_yaml(ctx.config, ctx.policy_specs, ctx.pm)
+    state = checkpoint_state(ctx)
+    for pid, st in state["policies"].items():  # never NaN weights over good ones
+        if not all(np.isfinite(w).all() for w in (st.get("weights") or {}).values()):
+            raise NonFiniteError(f"policy {pid!r} has non-finite weights: checkpoint {final!r} not written")
+    plain, text = to_plain(state), config_yaml(ctx.config, ctx.policy_specs, ctx.pm)
     tmp = tempfile.mkdtemp(prefix=".tmp-", dir=ck_root)
     try:
         torch.save(plain, os.path.join(tmp, STATE_FILE))
@@ -379,7 +385,8 @@ def restore(ctx: Any, ck_dir: str) -> None:
     """Load a checkpoint into a freshly set-up context (before the workers start).
 
     Raises:
-        CheckpointError: unreadable, or a policy trained by another algorithm in this run.
+        CheckpointError: unreadable, a policy trained by another algorithm in this run, or a
+            saved state that does not fit (a changed env or model: the mismatch named).
     """
     st = load_state(path := os.path.join(ck_dir, STATE_FILE))
     for pid, d in st["policy_specs"].items():
@@ -388,8 +395,11 @@ def restore(ctx: Any, ck_dir: str) -> None:
                                   f"this run uses {mine.algo!r}")
     for key, objs in (("policies", ctx.policies), ("algorithms", ctx.algorithms), ("stateful", ctx.stateful)):
         for n, s in st.get(key, {}).items():
-            if n in objs:
-                objs[n].set_state(s)
+            try:
+                objs[n].set_state(s) if n in objs else None
+            except (RuntimeError, ValueError, KeyError) as e:  # e.g. load_state_dict's size mismatch
+                raise CheckpointError(f"checkpoint {path!r}: the saved state of {n!r} ({key}) does not fit this "
+                                      f"run (a changed env, model or algorithm setting?): {_why(e)}") from None
     ctx.pm.load_state_dict(st.get("plugins", {}))
     ctx.counters.update(st["counters"])
     ctx.iteration = int(st["iteration"])
@@ -415,10 +425,14 @@ def resume_config(user: Any, resume: str, pm: Any) -> Tuple[str, DictConfig, Any
     on top, the plugin manager also loads the ``plugins`` that config names.
 
     Raises:
-        CheckpointError: unreadable checkpoint, or an algorithm it needs is not registered.
+        CheckpointError: no or an unreadable checkpoint, or an algorithm it needs is not
+            registered.
     """
     from flowkit.config import _as_source
-    ck = find_checkpoint(resume)
+    try:
+        ck = find_checkpoint(resume)
+    except FileNotFoundError as e:
+        raise CheckpointError(f"resume: {e}") from None
     st = load_state(os.path.join(ck, STATE_FILE))
     saved = OmegaConf.to_container(OmegaConf.load(os.path.join(ck, "config.yaml")), resolve=True)
     over, _ = _as_source(user)

@@ -1,6 +1,7 @@
 """The ``flowkit`` command: train, plan, plugins.
 
-Exit status: 0 success, 1 a failed run, 2 a config error (short message, no traceback),
+Exit status: 0 success, 1 a failed run (a bad env, non-finite training or workers Ray could not
+place: one line, no traceback), 2 a config error (short message, no traceback),
 128 + the signal number for a run stopped by a signal after its clean save (130 SIGINT,
 143 SIGTERM, 129 SIGHUP).
 """
@@ -60,7 +61,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     if bad:
         print(f"flowkit: error: unrecognised arguments {bad}", file=sys.stderr)
         return 2
+    from flowkit import EnvError, NonFiniteError
     from flowkit.config import ConfigError
+    from flowkit.core.workers import StartTimeout
     from flowkit.hooks import PluginError
     try:
         if args.command == "plugins":
@@ -93,6 +96,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     except PluginError as e:
         print(f"flowkit: plugin error: {e}", file=sys.stderr)
         return 2
+    except MemoryError as e:  # a replay buffer or batch the config sizes too large
+        print(f"flowkit: config error: out of memory, lower the sizes in the config: {e}", file=sys.stderr)
+        return 2
+    except (EnvError, NonFiniteError, StartTimeout) as e:  # a bad env, diverged training, no room: one line
+        print(f"flowkit: error: {e}", file=sys.stderr)
+        return 1
 
 
 def exit_status(stop_reason: str) -> int:

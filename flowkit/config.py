@@ -202,6 +202,8 @@ class RuntimeConfig:
     max_worker_restarts: int = F(3, "consecutive failures of one worker slot before the run stops", ge=0)
     sample_timeout_s: float = F(300.0, "seconds a rollout worker may take to answer a sample request "
                                        "(start-up excluded); then it counts as failed and is rebuilt", gt=0)
+    start_timeout_s: float = F(600.0, "seconds to wait at start-up for Ray to place and start every rollout worker "
+                                      "(an attached cluster may be busy); a worker rebuilt later waits without a bound", gt=0)
     torch_threads: int = F(1, "torch threads per rollout worker", ge=1)
 
 

@@ -67,6 +67,7 @@ from flowkit.checkpoint import config_yaml, find_checkpoint, load_trained, resto
 from flowkit.config import ConfigError, build_config, plugin_modules_from
 from flowkit.core import EnvContext, derive_seed, env_name, make_env
 from flowkit.core.context import RunContext, make_context
+from flowkit.core.learner import NonFiniteError
 from flowkit.core.ops import StandardMetricsReporting
 from flowkit.hooks import PluginError, get_plugin_manager
 from flowkit.reporters import kept_rows, read_metrics  # noqa: F401  (read_metrics: public here too)
@@ -165,7 +166,13 @@ def setup(cfg: DictConfig, pm: Any, run_dir: Optional[str] = None) -> RunContext
             instances[spec.algo] = cls(cfg)
     for w in warns:
         warnings.warn(w, stacklevel=2)
-    ctx = make_context(cfg, pm, instances, specs, run_dir)
+    try:
+        ctx = make_context(cfg, pm, instances, specs, run_dir)
+    except (MemoryError, RuntimeError) as e:  # torch reports a failed allocation as a RuntimeError
+        if "allocate" not in str(e):
+            raise
+        raise ConfigError(f"the networks do not fit in memory (model.hidden_sizes={list(cfg.model.hidden_sizes)}): "
+                          f"{str(e).splitlines()[0]}") from None
     ctx.config_warnings = warns
     return ctx
 
@@ -293,8 +300,7 @@ def train(config: Any = None, config_file: Optional[str] = None, plugins: Sequen
             random.seed(derive_seed(int(cfg.seed), "python"))
             torch.set_num_threads(max(1, int(cfg.learner.num_threads)))
             ctx = setup(cfg, pm, run_dir)
-            os.makedirs(run_dir, exist_ok=True)
-            release = lock_run_dir(run_dir)
+            release = lock_run_dir(run_dir)  # creates run_dir
             try:
                 with _ray_session(cfg):
                     return _run(ctx, cfg, pm, run_dir, resume_from, run_rows, t_entry)
@@ -366,6 +372,8 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
             ckpt_error = e
         finally:
             ctx.shutdown()
+        if isinstance(error, NonFiniteError):  # the crash checkpoint, if any, passed the finite-weights check
+            error.args = (f"{error}; last good checkpoint: {last_ckpt.path or resume_from or 'none'}",)
         if error is not None:
             raise error
         summary["stop_reason"] = reason or "plan ended"

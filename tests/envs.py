@@ -192,3 +192,41 @@ class BadApiEnv(FixedLenEnv):
         if self.mode == "late_shape" and self.t >= 6:
             obs = np.zeros(3, np.float32)
         return obs, r, term, trunc, info
+
+
+class NonFiniteEnv(gym.Env):
+    """Issue 13, non-finite values: Dict obs with an unbounded ``position``; ``mode`` ``obs``
+    puts NaN in ``position[2]`` and ``reward`` an inf reward at step ``at``; ``huge`` gives
+    rewards of ``scale`` (finite, but the value loss overflows float32)."""
+
+    def __init__(self, mode="obs", at=7, scale=1e30):
+        self.observation_space = spaces.Dict({"speed": spaces.Box(-1.0, 1.0, (1,), np.float32),
+                                              "position": spaces.Box(-np.inf, np.inf, (3,), np.float32)})
+        self.action_space = spaces.Discrete(2)
+        self.mode, self.at, self.scale, self.t = mode, at, scale, 0
+
+    def _obs(self):
+        pos = np.full(3, float(self.t), np.float32)
+        if self.mode == "obs" and self.t == self.at:
+            pos[2] = np.nan
+        return {"speed": np.zeros(1, np.float32), "position": pos}
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        r = np.inf if self.mode == "reward" and self.t == self.at else self.scale if self.mode == "huge" else 1.0
+        return self._obs(), float(r), self.t >= 20, False, {}
+
+
+class NoSpacesEnv(gym.Env):
+    """An env that never sets observation_space / action_space (issue 13)."""
+
+    def reset(self, *, seed=None, options=None):
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(2, np.float32), 0.0, False, False, {}

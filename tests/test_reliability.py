@@ -1,4 +1,5 @@
 """Issue 13: stuck workers, stop.time_s, signals, start-up, run-folder integrity, env API errors."""
+import contextlib
 import json
 import os
 import signal
@@ -6,11 +7,13 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 import flowkit
 from flowkit.checkpoint import load_state
 from flowkit.core import EnvError
+from flowkit.core.workers import StartTimeout
 from flowkit.engine import find_checkpoint, read_metrics
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -83,6 +86,55 @@ def test_workers_that_do_not_fit_the_cpus_are_a_config_error():
     assert out.stderr.strip().splitlines() == [
         f"flowkit: config error: runtime.num_workers=64 x runtime.num_cpus_per_worker=1 needs 64 CPUs, this "
         f"machine has {n}: lower runtime.num_workers or share CPUs (runtime.num_cpus_per_worker={n / 64:g})"]
+
+
+def test_workers_ray_cannot_place_end_the_start_after_start_timeout_s(run_dir, ray_session):
+    # the caller's own Ray session is not checked at set-up (as an attached cluster): 2 x 2 CPUs on 2
+    t0 = time.time()
+    with pytest.raises(StartTimeout, match=r"^runtime.start_timeout_s=2 passed waiting for [12] of 2 rollout "
+                                           r"workers: need \{CPU: 2\} each, cluster has 0 free: add nodes"):
+        flowkit.train(TINY[1:] + [f"run.dir={run_dir}", "env.factory=envs:FixedLenEnv", "runtime.num_workers=2",
+                                  "runtime.num_cpus_per_worker=2", "runtime.start_timeout_s=2"])
+    assert time.time() - t0 < 30
+
+
+class _Pending:
+    """A fake Ray for WorkerSet._await_pings: workers placed after ``ready_after`` fake seconds."""
+
+    def __init__(self, monkeypatch, ready_after):
+        import ray
+
+        import flowkit.core.workers as W
+        self.now, self.ready_after = 0.0, ready_after
+        monkeypatch.setattr(W.time, "monotonic", lambda: self.now)
+        monkeypatch.setattr(ray, "wait", self.wait)
+        monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 0.0})
+
+    def wait(self, futs, num_returns, timeout):
+        self.now += timeout
+        return (futs, []) if self.now >= self.ready_after else ([], futs)
+
+    class Actor:
+        def __init__(self, index):
+            self.index = index
+
+        def submit(self, method):
+            return f"ping-{self.index}"
+
+
+@pytest.mark.parametrize("bound,ready_after,raises", [(60.0, 1e9, True), (None, 500.0, False)])
+def test_the_start_wait_says_what_is_pending_and_a_rebuild_waits_without_bound(monkeypatch, caplog, bound,
+                                                                               ready_after, raises):
+    from flowkit.core.workers import WorkerSet
+    from flowkit.engine import load_config
+    fake = _Pending(monkeypatch, ready_after)
+    ws = WorkerSet(load_config(["env=CartPole-v1", "runtime.num_workers=4"])[1], {}, None)
+    actors = [_Pending.Actor(i) for i in range(4)]
+    with contextlib.nullcontext() if not raises else pytest.raises(StartTimeout, match="start_timeout_s=60 passed"):
+        assert ws._await_pings(actors, bound) == {i: f"ping-{i}" for i in range(4)}
+    said = [r.getMessage() for r in caplog.records if r.name == "flowkit"]
+    assert said[0] == "waiting for 4 of 4 rollout workers: need {CPU: 1} each, cluster has 0 free; waited 10 s"
+    assert said[-1].endswith("waited 40 s" if raises else "waited 320 s") and fake.now == (60 if raises else 500)
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
@@ -215,3 +267,133 @@ def test_env_api_errors_stop_at_once(run_dir, mode, message):
         flowkit.train(TINY + [f"run.dir={run_dir}", "env.factory=envs:BadApiEnv", f"env.kwargs={{mode: {mode}}}",
                               "env.check_spaces_steps=2", "stop.iterations=3"])
     assert "BadApiEnv" in str(e.value) and not any("rebuilding" in n for n in getattr(e.value, "__notes__", []))
+
+
+# ---- 4. non-finite values ---------------------------------------------------------------------------
+def _weights(ck):
+    return load_state(os.path.join(ck, "state.pt"))["policies"]["default"]["weights"]
+
+
+def _patch_loss(monkeypatch, at, make_bad):
+    from flowkit_ppo.ppo import PPOPolicy
+    loss, calls = PPOPolicy.loss, [0]
+
+    def patched(self, mb):
+        out, st = loss(self, mb)
+        calls[0] += 1
+        return make_bad(out, st) if calls[0] == at else (out, st)
+    monkeypatch.setattr(PPOPolicy, "loss", patched)
+
+
+@pytest.mark.parametrize("bad,message", [
+    (lambda out, st: (out, dict(st, vf_loss=float("nan"))), r"non-finite loss term `vf_loss` \(nan\) at update 3"),
+    (lambda out, st: (out * float("inf"), st), r"non-finite gradient \(norm nan\) at update 3"),
+])
+def test_non_finite_loss_or_gradient_stops_before_the_step_keeping_good_weights(run_dir, monkeypatch, bad, message):
+    _patch_loss(monkeypatch, 3, bad)  # TINY: one update per iteration
+    with pytest.raises(flowkit.NonFiniteError, match=rf"^policy 'default': {message}; last good checkpoint: "
+                                                     rf"{run_dir}/checkpoints/crash\n"):
+        flowkit.train(TINY + [f"run.dir={run_dir}", "env.factory=envs:FixedLenEnv", "checkpoint.every_iters=1",
+                              "stop.iterations=5"])
+    ck = find_checkpoint(run_dir)
+    assert ck.endswith("crash") and read_metrics(os.path.join(run_dir, "metrics.csv"))[-1]["iteration"] == 2
+    good, crash = _weights(os.path.join(run_dir, "checkpoints", "iter_000002")), _weights(ck)
+    assert all(np.isfinite(w).all() and np.array_equal(w, good[k]) for k, w in crash.items())
+
+
+def test_non_finite_weights_are_never_checkpointed(run_dir, monkeypatch):
+    import torch
+    step, calls = torch.optim.Adam.step, [0]
+
+    def blow_up(self, *a, **k):  # finite loss and gradient, then a step to inf
+        out = step(self, *a, **k)
+        calls[0] += 1
+        if calls[0] == 2:
+            self.param_groups[0]["params"][0].data.fill_(float("inf"))
+        return out
+    monkeypatch.setattr(torch.optim.Adam, "step", blow_up)
+    with pytest.raises(flowkit.NonFiniteError, match=r"non-finite weights after the optimizer step at update 2; "
+                                                     r"last good checkpoint: .*checkpoints/iter_000001\n"):
+        flowkit.train(TINY + [f"run.dir={run_dir}", "env.factory=envs:FixedLenEnv", "checkpoint.every_iters=1",
+                              "stop.iterations=5"])
+    assert find_checkpoint(run_dir).endswith("iter_000001")  # no crash checkpoint with inf weights
+
+
+def test_cli_overflowing_loss_exits_1_with_one_line(tmp_path):
+    run = str(tmp_path / "run")
+    out = subprocess.run(FLOWKIT + ["train", "env.factory=envs:NonFiniteEnv", "env.kwargs={mode: huge}", *TINY,
+                                    f"run.dir={run}", "stop.iterations=3"],
+                         capture_output=True, text=True, env=_env(), timeout=120)
+    assert out.returncode == 1, out.stderr
+    assert out.stderr.splitlines()[-1] == ("flowkit: error: policy 'default': non-finite loss term `vf_loss` (inf) "
+                                           f"at update 1; last good checkpoint: {run}/checkpoints/crash")
+    assert "Traceback" not in out.stderr
+    assert all(np.isfinite(w).all() for w in _weights(find_checkpoint(run)).values())
+
+
+def test_non_finite_loss_in_the_learner_thread(run_dir):
+    with pytest.raises(flowkit.NonFiniteError, match=r"^policy 'default': non-finite loss term `vf_loss` \(inf\)"):
+        flowkit.train(TINY[:-3] + [f"run.dir={run_dir}", "algo=impala", "env.factory=envs:NonFiniteEnv",
+                                   "env.kwargs={mode: huge}", "stop.iterations=5"])
+
+
+@pytest.mark.parametrize("mode,message", [
+    ("obs", r"returned a non-finite observation `obs\['position'\]\[2\]` \(nan\) at step 7 of an episode"),
+    ("reward", r"returned a non-finite reward \(inf\) at step 7 of an episode"),
+])
+def test_non_finite_obs_or_reward_stops_at_once_naming_env_and_key(run_dir, mode, message):
+    with pytest.raises(EnvError, match=r"env 'envs:NonFiniteEnv' \(worker 0, policy 'default'\) " + message) as e:
+        flowkit.train(TINY + [f"run.dir={run_dir}", "env.factory=envs:NonFiniteEnv", f"env.kwargs={{mode: {mode}}}",
+                              "stop.iterations=3"])
+    assert not any("rebuilding" in n for n in getattr(e.value, "__notes__", []))
+
+
+def test_non_finite_obs_on_ray_is_not_retried(run_dir, ray_session, caplog):
+    with pytest.raises(EnvError, match=r"non-finite observation `obs\['position'\]\[2\]` \(nan\)"):
+        flowkit.train(TINY[1:] + [f"run.dir={run_dir}", "runtime.num_cpus_per_worker=0.5", "stop.iterations=3",
+                                  "env.factory=envs:NonFiniteEnv"])
+    assert "rebuilding" not in caplog.text
+
+
+def test_key_path_of_encoded_columns():
+    from gymnasium import spaces
+    from flowkit.core._encoders import ObsEncoder
+    box = spaces.Box(-1, 1, (2, 3))
+    enc = ObsEncoder(spaces.Dict({"a": spaces.Discrete(3), "action_mask": spaces.MultiBinary(2),
+                                  "b": spaces.Tuple((spaces.Box(-1, 1, ()), box))}))
+    assert [enc.key_path(c) for c in (0, 3, 4, 9)] == ["obs['a']", "obs['b'][0]", "obs['b'][1][0, 0]", "obs['b'][1][1, 2]"]
+    assert ObsEncoder(spaces.Box(0, 255, (8, 8, 3))).key_path(3 * 64 - 1) == "obs[7, 7, 2]"
+
+
+# ---- 6. the rest of the issue's tracebacks: one line, exit 2 ---------------------------------------
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    run = str(tmp_path_factory.mktemp("base") / "run")
+    flowkit.train(TINY + [f"run.dir={run}", "env=CartPole-v1", "stop.iterations=1"])
+    return run
+
+
+@pytest.mark.parametrize("args,message", [
+    (["env.id=null", "env.factory=envs:NoSpacesEnv"], "env 'envs:NoSpacesEnv' has no observation_space and action_space "
+                                       "(gymnasium.spaces objects): set both in its constructor"),
+    (["env=CartPole-v1", "resume={tmp}/nope"], "resume: no checkpoint at '{tmp}/nope' (expected a run folder with checkpoints/, "
+                            "a checkpoint folder or a state.pt)"),
+    (["env=CartPole-v1", "run.dir={tmp}/file/run"], "run.dir='{tmp}/file/run' cannot be created: Not a directory"),
+    (["resume={run}", "env=Acrobot-v1"], "checkpoint '{run}/checkpoints/iter_000001/state.pt': the saved state of "
+                                         "'default' (policies) does not fit this run (a changed env, model or "
+                                         "algorithm setting?): size mismatch for "),
+    (["resume={run}", "model.hidden_sizes=[32]"], "checkpoint '{run}/checkpoints/iter_000001/state.pt': the saved "
+                                                  "state of 'default' (policies) does not fit this run"),
+    (["env=CartPole-v1", "model.hidden_sizes=[1000000000000]"], "the networks do not fit in memory (model.hidden_sizes=[1000000000000]): "),
+    (["env=CartPole-v1", "algo=dqn", "dqn.buffer_size=10000000000000"], "out of memory, lower the sizes in the config: Unable to allocate"),
+])
+def test_cli_setup_errors_exit_2_with_one_line(capsys, tmp_path, tiny_run, args, message):
+    from flowkit.cli import main
+    (tmp_path / "file").write_text("x")
+    fill = {"tmp": str(tmp_path), "run": tiny_run}
+    before = open(os.path.join(tiny_run, "config.yaml")).read()
+    assert main(["train", *TINY, f"run.dir={tmp_path}/run",
+                 *[a.format(**fill) for a in args]]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"flowkit: config error: {message.format(**fill)}") and err.count("\n") == 1, err
+    assert open(os.path.join(tiny_run, "config.yaml")).read() == before  # a failed resume changes nothing

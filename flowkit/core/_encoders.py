@@ -87,6 +87,21 @@ class ObsEncoder:
         enc = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
         return enc, (np.asarray(obs[MASK_KEY], dtype=np.int8).reshape(batch_size, -1) if self.has_mask else None)
 
+    def key_path(self, col: int, s: Optional[gym.Space] = None, path: str = "obs") -> str:
+        """The raw observation element behind encoded column ``col`` (``obs['position'][2]``),
+        for error messages."""
+        s = self.space if s is None else s
+        if isinstance(s, (gym.spaces.Dict, gym.spaces.Tuple)):
+            items = s.spaces.items() if isinstance(s, gym.spaces.Dict) else enumerate(s.spaces)
+            for k, v in items:
+                if k != MASK_KEY and col < (n := self._flat_size(v)):
+                    return self.key_path(col, v, f"{path}[{k!r}]")
+                col -= 0 if k == MASK_KEY else n
+        if not s.shape:  # a scalar Box, or one-hots (always finite)
+            return path
+        idx = [int(i) for i in np.unravel_index(col, self.shape if self.is_image else s.shape)]
+        return f"{path}[{', '.join(map(str, idx[1:] + idx[:1] if self._transpose else idx))}]"
+
     def is_batched(self, obs: Any) -> bool:
         """Whether ``obs`` already has a leading batch axis (for user-facing calls)."""
         s = self.space

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import math
 import os
 import queue
 import threading
@@ -36,6 +37,11 @@ from flowkit.core import batch as sb
 if TYPE_CHECKING:
     from flowkit.core.context import RunContext
     from flowkit.core.policy import Policy
+
+
+class NonFiniteError(FloatingPointError):
+    """Training produced a non-finite loss term, gradient or weights; raised before the
+    optimizer step (the message names the policy, the term and the update)."""
 
 
 def weights_versions(b: sb.MultiAgentBatch) -> List[int]:
@@ -109,7 +115,7 @@ class Learner:
             for pid, pb in b.policy_batches.items():
                 if pid not in self.trainable or len(pb) == 0:
                     continue
-                st, n = self._train_policy(self.policies[pid], pb)
+                st, n = self._train_policy(pid, self.policies[pid], pb)
                 steps += n
                 agent_steps += len(pb)
                 if lag:
@@ -123,7 +129,9 @@ class Learner:
         return {"batch": b, "stats": stats, "env_steps": b.env_steps, "agent_steps": agent_steps,
                 "num_updates": steps, "policy_lag": lag, "learn_time_s": dt}
 
-    def _train_policy(self, policy: "Policy", pb: sb.SampleBatch) -> Tuple[Dict[str, float], int]:
+    def _train_policy(self, pid: str, policy: "Policy", pb: sb.SampleBatch) -> Tuple[Dict[str, float], int]:
+        def fail(what: str) -> NonFiniteError:
+            return NonFiniteError(f"policy {pid!r}: non-finite {what} at update {policy.num_updates + steps + 1}")
         n = len(pb)
         mbs = n if not self.minibatch_size else min(int(self.minibatch_size), n)
         if self.contiguous:
@@ -145,12 +153,19 @@ class Learner:
                 mbs_iter = (tb,)
             for mb in mbs_iter:
                 loss, st = policy.loss(mb)
+                if (bad := next((k for k, v in st.items() if not math.isfinite(v)), None)) is not None:
+                    raise fail(f"loss term `{bad}` ({st[bad]})")  # the stats are floats already: no sync
                 norm = self.step(policy, loss, max_norm)
+                if not math.isfinite(norm):
+                    raise fail(f"gradient (norm {norm})")
                 for k, v in st.items():
                     sums[k] += v
-                if norm is not None:
+                if max_norm:
                     sums["grad_norm"] += norm
                 steps += 1
+        if not bool(torch.isfinite(policy._flat).all()):  # finite gradients, too large a step
+            steps -= 1
+            raise fail("weights after the optimizer step")
         policy.num_updates += steps
         stats = {k: v / max(steps, 1) for k, v in sums.items()}
         stats.update(policy.on_train_batch_end(tb) or {})
@@ -158,20 +173,21 @@ class Learner:
         return stats, steps
 
     @staticmethod
-    def step(policy: "Policy", loss: torch.Tensor, max_grad_norm: Optional[float] = None) -> Optional[float]:
+    def step(policy: "Policy", loss: torch.Tensor, max_grad_norm: Optional[float] = None) -> float:
         """Backward, optional global-norm clipping, optimizer step over the policy's flat
-        parameter buffer (:meth:`Policy.make_optimizer`). Returns the pre-clip norm."""
+        parameter buffer (:meth:`Policy.make_optimizer`). Returns the pre-clip gradient norm;
+        a non-finite one is returned without a step (the weights stay as they were)."""
         params = policy._params
         for p in params:
             p.grad = None
         loss.backward()
         g = torch.cat([p.grad.reshape(-1) if p.grad is not None
                        else torch.zeros(p.numel(), dtype=p.dtype, device=p.device) for p in params])
-        norm = None
+        n = torch.linalg.vector_norm(g)
+        if not math.isfinite(norm := float(n)):
+            return norm
         if max_grad_norm:
-            n = torch.linalg.vector_norm(g)
             g.mul_(torch.clamp(max_grad_norm / (n + 1e-6), max=1.0))
-            norm = float(n)
         policy._flat.grad = g
         policy.optimizer.step()  # type: ignore[union-attr]  # trainable policies have one
         return norm

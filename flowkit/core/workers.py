@@ -10,6 +10,7 @@ import dataclasses
 import itertools
 import logging
 import os
+import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import gymnasium as gym
@@ -94,11 +95,27 @@ class RolloutWorker:
         if weights is not None:
             self.set_weights(weights, version)
         try:
-            return self.runner.sample()
+            return self._check_finite(self.runner.sample())
         except Exception as e:
             e.add_note(f"[flowkit] in rollout worker {self.index} (restart {self.restart_count}), "
                        f"env {env_name(self.config.env)!r}")
             raise
+
+    def _check_finite(self, b: sb.MultiAgentBatch) -> sb.MultiAgentBatch:
+        """Observations and rewards of a fragment are finite (a sum per column; the element
+        is looked up only when it is not): else an :class:`EnvError`, never retried."""
+        for pid, pb in b.policy_batches.items():
+            for col in (sb.OBS, sb.NEXT_OBS, sb.REWARDS):
+                x = pb.get(col)
+                if x is None or x.dtype.kind != "f" or np.isfinite(x.sum()) or np.isfinite(x).all():
+                    continue
+                bad = int(np.flatnonzero(~np.isfinite(x))[0])
+                row, c = divmod(bad, x.size // len(x))
+                step = int(pb[sb.T][row]) + (col != sb.OBS) if sb.T in pb else "?"
+                what = "reward" if col == sb.REWARDS else f"observation `{self.policies[pid].encoder.key_path(c)}`"
+                raise EnvError(f"env {env_name(self.config.env)!r} (worker {self.index}, policy {pid!r}) returned a "
+                               f"non-finite {what} ({x.reshape(-1)[bad]}) at step {step} of an episode (0: reset)")
+        return b
 
     def apply_flow(self, method: str, fns: Sequence[Callable], *args) -> Any:
         x = getattr(self, method)(*args)
@@ -139,6 +156,10 @@ class RolloutWorker:
 
 
 # ---- the worker set ----------------------------------------------------------------------------
+class StartTimeout(TimeoutError):
+    """Ray did not place and start every rollout worker within ``runtime.start_timeout_s``."""
+
+
 def _kill(actor: Any) -> None:
     if actor.is_remote:
         import ray
@@ -233,16 +254,40 @@ class WorkerSet:
         if self._actors is not None:
             return
         self._actors = [self._make_or_failed(i) for i in range(self.num_workers)]
+        pings = self._await_pings(self._actors, float(self.config.runtime.get("start_timeout_s", 600.0)))
         # surface construction errors (bad env, bad spaces) now, with their own type; a
         # worker whose env fails at start is rebuilt like one that fails while sampling
         for a in list(self._actors):
             try:
-                get_result(a.submit("ping"))
+                get_result(pings[a.index])
             except Exception as e:
                 if not self.on_failure(a, e):
                     raise
         if self.weights_fn is not None:
             self.sync_weights(self.weights_fn())
+
+    def _await_pings(self, actors: Sequence[Any], bound: Optional[float]) -> Dict[int, Any]:
+        """``{index: ping future}`` of ``actors``; on Ray, once each answered (or failed). While
+        Ray cannot place them (a busy attached cluster, a lost node) it says now and then what
+        is pending; :class:`StartTimeout` after ``bound`` seconds (None: no bound)."""
+        futs = {a.index: a.submit("ping") for a in actors}
+        if self.backend != "ray":
+            return futs
+        import ray
+        pending, t0, say = list(futs.values()), time.monotonic(), min(10.0, bound / 2) if bound else 10.0
+        while pending:
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
+            waited = time.monotonic() - t0
+            if pending and (waited >= say or bound is not None and waited >= bound):
+                what = (f"{len(pending)} of {len(futs)} rollout workers: need {{CPU: "
+                        f"{float(self.config.runtime.num_cpus_per_worker):g}}} each, cluster has "
+                        f"{ray.available_resources().get('CPU', 0.0):g} free")
+                if bound is not None and waited >= bound:
+                    raise StartTimeout(f"runtime.start_timeout_s={bound:g} passed waiting for {what}: add nodes, "
+                                       "lower runtime.num_workers or runtime.num_cpus_per_worker, or wait longer")
+                _log.warning("waiting for %s; waited %.0f s", what, waited)
+                say *= 2
+        return futs
 
     @property
     def actors(self) -> List[Any]:
@@ -346,7 +391,7 @@ class WorkerSet:
         new = None
         try:
             new = self._make(i)
-            get_result(new.submit("ping"))
+            get_result(self._await_pings([new], None)[i])  # a lost node: wait for Ray to place it
         except Exception as e2:  # the rebuild itself failed: count it and retry
             e2.add_note(f"[flowkit] while rebuilding worker {i}")
             if new is not None:  # a Ray actor holds its CPUs until killed
