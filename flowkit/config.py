@@ -20,7 +20,7 @@ import math
 import re
 import typing
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -291,34 +291,28 @@ def _unwrap_optional(tp):
     return tp, False
 
 
+def _leaves(cls: Any, prefix: str = "") -> Iterator[Tuple[str, Any, Any]]:
+    """``(dotted key, dataclass field, type)`` of every leaf of a dataclass schema."""
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        if dataclasses.is_dataclass(base := _unwrap_optional(hints[f.name])[0]):
+            yield from _leaves(base, f"{prefix}{f.name}.")
+        else:
+            yield prefix + f.name, f, hints[f.name]
+
+
 def schema_keys(cls: Any, prefix: str = "") -> Dict[str, Tuple[Any, str, Any]]:
     """Flat ``{dotted key: (type, help, default)}`` of a dataclass schema; ``Dict`` fields are
     open (any sub-key)."""
-    out: Dict[str, Tuple[Any, str, Any]] = {}
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        tp, key = hints[f.name], prefix + f.name
-        if dataclasses.is_dataclass(base := _unwrap_optional(tp)[0]):
-            out.update(schema_keys(base, key + "."))
-            continue
-        default = f.default if f.default is not dataclasses.MISSING else (
-            f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
-        out[key] = (tp, f.metadata.get("help", ""), default)
-    return out
+    return {key: (tp, f.metadata.get("help", ""), f.default if f.default is not dataclasses.MISSING else (
+        f.default_factory() if f.default_factory is not dataclasses.MISSING else None))
+        for key, f, tp in _leaves(cls, prefix)}
 
 
 def schema_allowed(cls: Any, prefix: str = "") -> Dict[str, Allowed]:
     """Flat ``{dotted key: Allowed}`` of a dataclass schema (the keys of :func:`schema_keys`
     whose field declares anything)."""
-    out: Dict[str, Allowed] = {}
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        base: Any = _unwrap_optional(hints[f.name])[0]
-        if dataclasses.is_dataclass(base):
-            out.update(schema_allowed(base, f"{prefix}{f.name}."))
-        elif "allowed" in f.metadata:
-            out[prefix + f.name] = f.metadata["allowed"]
-    return out
+    return {key: f.metadata["allowed"] for key, f, _ in _leaves(cls, prefix) if "allowed" in f.metadata}
 
 
 def _type_name(tp) -> str:
