@@ -248,7 +248,7 @@ class DQNPolicy(Policy):
 
     # -- learning (driver) --
     def prepare_batch(self, batch):
-        return {k: to_tensor(batch[k]) for k in _TRAIN_COLS if k in batch}
+        return {k: to_tensor(batch[k], self.device) for k in _TRAIN_COLS if k in batch}
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg = self.config
