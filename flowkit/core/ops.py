@@ -43,6 +43,7 @@ def ParallelRollouts(ctx: "RunContext", mode: str = "bulk_sync", num_async: Opti
         ctx.workers.mark_success(a)
         ctx.counters["env_steps_sampled"] += b.env_steps
         ctx.counters["agent_steps_sampled"] += b.agent_steps
+        ctx.mark("first_sample")
         ctx.record_episodes(b.episodes)
         return b
 
@@ -157,6 +158,7 @@ class TrainOneStep:
         c["num_updates"] += out["num_updates"]
         self.ctx.learner_stats.update(out["stats"])
         self.perf.update()
+        self.ctx.mark("first_train")
         return out
 
     def __call__(self, b: sb.MultiAgentBatch) -> Dict[str, Any]:
