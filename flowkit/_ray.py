@@ -98,7 +98,7 @@ def _connect(kw: Dict[str, Any]) -> None:
         msg = str(e).split("\n")[0]
         if addr == "local":
             _S["error"] = e
-        elif "auth" in msg.lower() or "token" in msg.lower():
+        elif any(w in f"{e} {e.__cause__}".lower() for w in ("auth", "token")):
             _S["error"] = ConfigError(
                 f"runtime.address={addr!r}: the cluster wants a Ray auth token: set RAY_AUTH_TOKEN (or "
                 "RAY_AUTH_TOKEN_PATH, or put the head's ~/.ray/auth_token on this machine)")
