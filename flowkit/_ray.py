@@ -5,8 +5,9 @@ while the driver sets up torch, the learner and the policies, and reused by late
 - :func:`start` (non-blocking) then :func:`wait`. A local run (``runtime.address`` unset)
   starts a new local cluster (``address="local"``, no dashboard, token authentication off unless ``RAY_AUTH_MODE`` says otherwise, so Ray prints no token
   warning). ``runtime.address=auto|HOST:PORT`` attaches to a running cluster: with a token
-  (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``) token
-  authentication is turned on for the driver; an address where nothing answers within
+  (``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``; ``~/.ray/auth_token`` for ``auto`` only,
+  as in Ray: Ray writes that file for any new local cluster) token authentication is
+  turned on for the driver; an address where nothing answers within
   ``CONNECT_TIMEOUT_S``, or a head that wants a token it did not get, is a one-line
   :class:`~flowkit.ConfigError`.
 - A session the caller started with ``ray.init`` is used as it is and never shut down here.
@@ -26,6 +27,7 @@ from typing import Any, Dict, Optional
 CONNECT_TIMEOUT_S = 15.0
 _S: Dict[str, Any] = {"thread": None, "error": None, "key": None, "atexit": False, "cancel": threading.Event(),
                       "ready": threading.Event()}
+_USER_AUTH = os.environ.get("RAY_AUTH_MODE")  # the user's choice, before flowkit sets it per session
 
 
 def start(cfg: Any, runtime_env: Optional[Dict[str, Any]] = None) -> None:
@@ -42,10 +44,9 @@ def start(cfg: Any, runtime_env: Optional[Dict[str, Any]] = None) -> None:
     ray = sys.modules.get("ray")
     if ray is not None and ray.is_initialized():
         return
-    if addr is None:
-        os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    elif "RAY_AUTH_MODE" not in os.environ and _has_token():
-        os.environ["RAY_AUTH_MODE"] = "token"
+    # per session, never left over from an earlier one; like Ray, ~/.ray/auth_token (which
+    # Ray writes for any new local cluster) only counts for address=auto
+    os.environ["RAY_AUTH_MODE"] = _USER_AUTH or ("token" if addr and _has_token(addr == "auto") else "disabled")
     kw: Dict[str, Any] = {"include_dashboard": False, "log_to_driver": True, "configure_logging": True,
                           "logging_level": "warning", "address": addr or "local"}
     if addr:
@@ -63,9 +64,9 @@ def external() -> bool:
     return _S["thread"] is None and ray is not None and getattr(ray, "is_initialized", bool)()
 
 
-def _has_token() -> bool:
-    path = os.environ.get("RAY_AUTH_TOKEN_PATH") or os.path.expanduser("~/.ray/auth_token")
-    return bool(os.environ.get("RAY_AUTH_TOKEN")) or os.path.isfile(path)
+def _has_token(home: bool) -> bool:
+    return bool(os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")) or (
+        home and os.path.isfile(os.path.expanduser("~/.ray/auth_token")))
 
 
 def _init(kw: Dict[str, Any]) -> None:
@@ -101,7 +102,7 @@ def _connect(kw: Dict[str, Any]) -> None:
         elif any(w in f"{e} {e.__cause__}".lower() for w in ("auth", "token")):
             _S["error"] = ConfigError(
                 f"runtime.address={addr!r}: the cluster wants a Ray auth token: set RAY_AUTH_TOKEN (or "
-                "RAY_AUTH_TOKEN_PATH, or put the head's ~/.ray/auth_token on this machine)")
+                "RAY_AUTH_TOKEN_PATH, or RAY_AUTH_MODE=token with the head's token in ~/.ray/auth_token)")
         else:
             _S["error"] = e if isinstance(e, ConfigError) else ConfigError(
                 f"runtime.address={addr!r}: cannot attach to a Ray cluster: {type(e).__name__}: {msg}")
