@@ -10,7 +10,7 @@ import argparse
 import re
 import signal
 import sys
-from typing import Any, List, Optional
+from typing import List, Optional
 
 USAGE = """flowkit train [-c FILE] [--dry-run] [key=value ...]
 flowkit plan [-c FILE] [key=value ...]
@@ -76,6 +76,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(d["text"])
                 print("\n```mermaid\n" + d["mermaid"] + "\n```")
             return 0
+        from flowkit.config import build_config, plugin_modules_from
+        from flowkit.hooks import get_plugin_manager
+        pm = get_plugin_manager(plugin_modules_from(overrides, args.config_file))
+        build_config(overrides, args.config_file, pm.config_sections())  # its errors before torch and Ray load
         from flowkit.engine import train
         res = train(overrides, args.config_file)
         m = res.metrics
@@ -104,17 +108,12 @@ def exit_status(stop_reason: str) -> int:
 def _plugins() -> int:
     from flowkit.hooks import get_plugin_manager
     pm = get_plugin_manager()
-    algos = pm.algorithms()
-    owner = {}
-    for impl in pm.hook.flowkit_add_algorithms.get_hookimpls():
-        contributed: Any = impl.function() or []
-        for cls in contributed:
-            owner[cls.name] = impl.plugin_name
-    print(f"{'algorithm':<12} {'plugin':<18} {'distribution':<28} rollout mode")
-    for name, cls in sorted(algos.items()):
-        plug = owner.get(name, "?")
+    print(f"{'algorithm':<12} {'plugin':<18} {'distribution':<28} description")
+    for name, a in sorted(pm.algorithms(load=False).items()):  # metadata only: no torch
+        plug = pm.owner.get(name, "?")
         dist = pm.dists.get(plug, "flowkit (built-in)" if plug.startswith("flowkit") else "-")
-        print(f"{name:<12} {plug:<18} {dist:<28} {cls.rollout_mode}")
+        doc = (a.config_class or a).__doc__ or ""
+        print(f"{name:<12} {plug:<18} {dist:<28} {doc.strip().splitlines()[0] if doc.strip() else ''}")
     return 0
 
 

@@ -256,6 +256,12 @@ class RunConfig:
 
 
 @dataclass
+class RandomConfig:
+    """random: uniform over the legal actions, learns nothing (baselines, opponents)."""
+    report_every_env_steps: int = F(1000, "env steps per reported iteration", ge=1)
+
+
+@dataclass
 class Config:
     algo: str = F("ppo", "algorithm name (see `flowkit plugins`)")
     seed: int = F(0, "one seed for torch, numpy, env resets and exploration (32 bits: every derived seed "
