@@ -60,11 +60,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     if bad:
         print(f"flowkit: error: unrecognised arguments {bad}", file=sys.stderr)
         return 2
-    from flowkit.config import ConfigError
-    from flowkit.hooks import PluginError
+    from flowkit.config import ConfigError, build_config, plugin_modules_from
+    from flowkit.hooks import PluginError, get_plugin_manager
     try:
         if args.command == "plugins":
             return _plugins()
+        pm = get_plugin_manager(plugin_modules_from(overrides, args.config_file))
+        build_config(overrides, args.config_file, pm.config_sections())  # its errors before torch and Ray load
         if args.command == "plan" or args.dry_run:
             from flowkit.engine import describe_plan
             d = describe_plan(overrides, args.config_file)
@@ -76,10 +78,6 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(d["text"])
                 print("\n```mermaid\n" + d["mermaid"] + "\n```")
             return 0
-        from flowkit.config import build_config, plugin_modules_from
-        from flowkit.hooks import get_plugin_manager
-        pm = get_plugin_manager(plugin_modules_from(overrides, args.config_file))
-        build_config(overrides, args.config_file, pm.config_sections())  # its errors before torch and Ray load
         from flowkit.engine import train
         res = train(overrides, args.config_file)
         m = res.metrics

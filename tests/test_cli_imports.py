@@ -1,5 +1,5 @@
 """Issue 12, part 3: CLI commands that train nothing (``train --help``, ``plugins``, a config
-error) import neither torch nor Ray: the plugins' metadata (config sections, descriptions)
+error, also of ``plan`` and ``--dry-run``) import neither torch nor Ray: the plugins' metadata (config sections, descriptions)
 is torch-free, the Algorithm classes are imported when a run builds them."""
 import json
 import subprocess
@@ -13,7 +13,8 @@ CHECK = ("import json, sys\nfrom flowkit.cli import main\nrc = main(sys.argv[1:]
 
 @pytest.mark.parametrize("args,rc,text", [(["train", "--help"], 0, "ppo.clip_param"),
                                           (["plugins"], 0, "ppo: Proximal Policy Optimization"),
-                                          (["train", "ppo.lr=-1"], 2, "ppo.lr=-1.0 must be finite and > 0")])
+                                          (["train", "ppo.lr=-1"], 2, "ppo.lr=-1.0 must be finite and > 0"),
+                                          (["plan", "ppo.clip_parm=0.1"], 2, "did you mean `ppo.clip_param`")])
 def test_cli_without_training_imports_neither_torch_nor_ray(args, rc, text):
     p = subprocess.run([sys.executable, "-c", CHECK, *args], capture_output=True, text=True, timeout=120)
     out = json.loads(p.stdout.rsplit("MODULES ", 1)[1])
@@ -26,8 +27,9 @@ def test_cli_without_training_imports_neither_torch_nor_ray(args, rc, text):
 def test_an_algorithm_registered_as_a_class_or_a_ref():
     """Plugin authors may return the Algorithm class itself (loaded as it is) or an
     AlgorithmRef (its section without torch, the class imported on demand)."""
-    import flowkit
     from flowkit_ppo import PPO, PPOConfig
+
+    import flowkit
 
     class Plugin:
         @flowkit.hookimpl
