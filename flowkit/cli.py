@@ -60,13 +60,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     if bad:
         print(f"flowkit: error: unrecognised arguments {bad}", file=sys.stderr)
         return 2
-    from flowkit.config import ConfigError, build_config, plugin_modules_from
+    from flowkit.config import ConfigError, build_config, check_algo, plugin_modules_from
     from flowkit.hooks import PluginError, get_plugin_manager
     try:
         if args.command == "plugins":
             return _plugins()
         pm = get_plugin_manager(plugin_modules_from(overrides, args.config_file))
-        build_config(overrides, args.config_file, pm.config_sections())  # its errors before torch and Ray load
+        cfg = build_config(overrides, args.config_file, pm.config_sections())  # errors before torch and Ray load
+        if not cfg.resume:  # a resumed run's algo comes from its checkpoint
+            check_algo(cfg, pm.algorithms(load=False))
         if args.command == "plan" or args.dry_run:
             from flowkit.engine import describe_plan
             d = describe_plan(overrides, args.config_file)

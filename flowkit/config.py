@@ -331,6 +331,14 @@ def _type_name(tp) -> str:
     return f"{name} or null" if opt else name
 
 
+def check_algo(cfg: Any, algos: Any) -> None:
+    """``algo`` is one of ``algos`` (names), else a ConfigError naming the closest."""
+    if cfg.algo not in algos:
+        close = difflib.get_close_matches(cfg.algo, list(algos), n=1)
+        hint = f"; did you mean `{close[0]}`?" if close else ""
+        raise ConfigError(f"algo={cfg.algo!r} is not an installed algorithm ({', '.join(sorted(algos))}){hint}")
+
+
 def _check_key(key: str, keys: Dict[str, Any]) -> None:
     """A known key, a key inside an open Dict field, or a section name given as a whole (e.g.
     a YAML mapping) passes; anything else is a ConfigError naming the closest valid key."""

@@ -65,7 +65,7 @@ from omegaconf.errors import OmegaConfBaseException
 from flowkit import _ray
 from flowkit._guard import GUARD, Interrupted, check_cpus, lock_run_dir
 from flowkit.checkpoint import config_yaml, find_checkpoint, load_trained, restore, resume_config, save_checkpoint  # noqa: F401
-from flowkit.config import ConfigError, build_config, plugin_modules_from
+from flowkit.config import ConfigError, build_config, check_algo, plugin_modules_from
 from flowkit.core import EnvContext, derive_seed, env_name, make_env
 from flowkit.core.context import RunContext, make_context
 from flowkit.core.ops import StandardMetricsReporting
@@ -106,12 +106,8 @@ def load_config(user: Any = None, config_file: Optional[str] = None, pm: Any = N
 
 
 def _validate(cfg: DictConfig, pm: Any) -> Dict[str, Any]:
-    import difflib
+    check_algo(cfg, pm.algorithms(load=False))
     algos = pm.algorithms()
-    if cfg.algo not in algos:
-        close = difflib.get_close_matches(cfg.algo, list(algos), n=1)
-        hint = f"; did you mean `{close[0]}`?" if close else ""
-        raise ConfigError(f"algo={cfg.algo!r} is not an installed algorithm ({', '.join(sorted(algos))}){hint}")
     # each key's own range or choices: declared in the schema, checked by build_config
     if bool(cfg.env.id) == bool(cfg.env.factory):
         raise ConfigError("give exactly one of env.id (env=ID) and env.factory "
