@@ -18,7 +18,6 @@ import contextlib
 import os
 import signal
 import socket
-import sys
 import threading
 import time
 from typing import Any, Callable, Dict, Iterator, Optional
@@ -149,14 +148,10 @@ def check_cpus(cfg: Any) -> None:
     """A local Ray cluster that cannot place every worker would wait forever: refuse it."""
     from flowkit.config import ConfigError
     rt = cfg.runtime
-    ray = sys.modules.get("ray")
-    if rt.backend != "ray" or rt.address or (ray is not None and ray.is_initialized()):
+    from flowkit import _ray
+    if rt.backend != "ray" or rt.address or _ray.external():
         return  # the local backend, an attached cluster, or the caller's own Ray session
-    try:
-        from ray._private.utils import get_num_cpus
-        have = int(get_num_cpus())
-    except Exception:
-        have = os.cpu_count() or 1
+    have = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     n, per = max(1, int(rt.num_workers)), float(rt.num_cpus_per_worker)
     if n * per > have:
         raise ConfigError(f"runtime.num_workers={rt.num_workers} x runtime.num_cpus_per_worker={per:g} needs "

@@ -2,51 +2,36 @@
 specs and the default one-algorithm plan (all ``trylast`` so plugins can take over)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import gymnasium as gym
+from flowkit.config import ConfigError, RandomConfig, section_object
+from flowkit.hooks.manager import AlgorithmRef, hookimpl
 
-from flowkit.config import ConfigError, F, section_object
-from flowkit.core import GymEnvRunner, PolicySpec, RandomPolicy, env_name
-from flowkit.core import batch as sb
-from flowkit.core.algorithm import Algorithm
-from flowkit.core.context import RunContext
-from flowkit.core.flow import Flow
-from flowkit.core.learner import Learner
-from flowkit.core.ops import NoTraining, ParallelRollouts
-from flowkit.hooks.manager import hookimpl
-
-
-@dataclass
-class RandomConfig:
-    """random: uniform over the legal actions, learns nothing (baselines, opponents)."""
-    report_every_env_steps: int = F(1000, "env steps per reported iteration", ge=1)
-
-
-class RandomAlgorithm(Algorithm):
-    """Non-learning baseline: acts uniformly over legal actions."""
-    name = "random"
-    config_class = RandomConfig
-    policy_class = RandomPolicy
-    off_policy = True
-
-    def training_flow(self, experiences: Flow, ctx: RunContext, learner: Learner) -> Flow:
-        return experiences.for_each(NoTraining())
+if TYPE_CHECKING:  # the rest imports torch: only where a hook runs
+    from flowkit.core.context import RunContext
+    from flowkit.core.flow import Flow
 
 
 @hookimpl
 def flowkit_add_algorithms():
-    return [RandomAlgorithm]
+    return [AlgorithmRef("random", RandomConfig, "flowkit.core.ops:RandomAlgorithm")]
 
 
 @hookimpl(trylast=True)
 def flowkit_make_env_runner(env, context, config, policies):
+    import gymnasium as gym
+
+    from flowkit.core import GymEnvRunner
     return GymEnvRunner if isinstance(env, gym.Env) else None
 
 
 @hookimpl(trylast=True)
 def flowkit_make_policy_specs(config, env, algorithms):
     """One policy (``default``) trained by ``algo`` for a Gymnasium env."""
+    import gymnasium as gym
+
+    from flowkit.core import PolicySpec, env_name
+    from flowkit.core import batch as sb
     if not isinstance(env, gym.Env):
         return None
     if not all(isinstance(getattr(env, a, None), gym.Space) for a in ("observation_space", "action_space")):
@@ -61,6 +46,7 @@ def flowkit_make_policy_specs(config, env, algorithms):
 @hookimpl(trylast=True)
 def flowkit_build_plan(ctx: RunContext) -> Flow:
     """The one algorithm of ``algo`` over all policies, with one Learner (named after it)."""
+    from flowkit.core.ops import ParallelRollouts
     algo = ctx.algorithms[ctx.config.algo]
     mode = algo.get_rollout_mode()
     experiences = ParallelRollouts(ctx, mode=mode, prefetch=ctx.prefetch)

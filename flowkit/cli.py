@@ -11,7 +11,7 @@ import argparse
 import re
 import signal
 import sys
-from typing import Any, List, Optional
+from typing import List, Optional
 
 USAGE = """flowkit train [-c FILE] [--dry-run] [key=value ...]
 flowkit plan [-c FILE] [key=value ...]
@@ -61,13 +61,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     if bad:
         print(f"flowkit: error: unrecognised arguments {bad}", file=sys.stderr)
         return 2
-    from flowkit import EnvError, NonFiniteError
-    from flowkit.config import ConfigError
-    from flowkit.core.workers import StartTimeout
-    from flowkit.hooks import PluginError
+    from flowkit.config import ConfigError, build_config, check_algo, plugin_modules_from
+    from flowkit.hooks import PluginError, get_plugin_manager
     try:
         if args.command == "plugins":
             return _plugins()
+        pm = get_plugin_manager(plugin_modules_from(overrides, args.config_file))
+        cfg = build_config(overrides, args.config_file, pm.config_sections())  # errors before torch and Ray load
+        if not cfg.resume:  # a resumed run's algo comes from its checkpoint
+            check_algo(cfg, pm.algorithms(load=False))
         if args.command == "plan" or args.dry_run:
             from flowkit.engine import describe_plan
             d = describe_plan(overrides, args.config_file)
@@ -99,7 +101,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     except MemoryError as e:  # a replay buffer or batch the config sizes too large
         print(f"flowkit: config error: out of memory, lower the sizes in the config: {e}", file=sys.stderr)
         return 2
-    except (EnvError, NonFiniteError, StartTimeout) as e:  # a bad env, diverged training, no room: one line
+    except Exception as e:  # a bad env, diverged training, no room: one line (torch is loaded by then)
+        from flowkit.core import EnvError
+        from flowkit.core.learner import NonFiniteError
+        from flowkit.core.workers import StartTimeout
+        if not isinstance(e, (EnvError, NonFiniteError, StartTimeout)):
+            raise
         print(f"flowkit: error: {e}", file=sys.stderr)
         return 1
 
@@ -113,17 +120,12 @@ def exit_status(stop_reason: str) -> int:
 def _plugins() -> int:
     from flowkit.hooks import get_plugin_manager
     pm = get_plugin_manager()
-    algos = pm.algorithms()
-    owner = {}
-    for impl in pm.hook.flowkit_add_algorithms.get_hookimpls():
-        contributed: Any = impl.function() or []
-        for cls in contributed:
-            owner[cls.name] = impl.plugin_name
-    print(f"{'algorithm':<12} {'plugin':<18} {'distribution':<28} rollout mode")
-    for name, cls in sorted(algos.items()):
-        plug = owner.get(name, "?")
+    print(f"{'algorithm':<12} {'plugin':<18} {'distribution':<28} description")
+    for name, a in sorted(pm.algorithms(load=False).items()):  # metadata only: no torch
+        plug = pm.owner.get(name, "?")
         dist = pm.dists.get(plug, "flowkit (built-in)" if plug.startswith("flowkit") else "-")
-        print(f"{name:<12} {plug:<18} {dist:<28} {cls.rollout_mode}")
+        doc = (a.config_class or a).__doc__ or ""
+        print(f"{name:<12} {plug:<18} {dist:<28} {doc.strip().splitlines()[0] if doc.strip() else ''}")
     return 0
 
 

@@ -258,6 +258,12 @@ class RunConfig:
 
 
 @dataclass
+class RandomConfig:
+    """random: uniform over the legal actions, learns nothing (baselines, opponents)."""
+    report_every_env_steps: int = F(1000, "env steps per reported iteration", ge=1)
+
+
+@dataclass
 class Config:
     algo: str = F("ppo", "algorithm name (see `flowkit plugins`)")
     seed: int = F(0, "one seed for torch, numpy, env resets and exploration (32 bits: every derived seed "
@@ -319,6 +325,14 @@ def _type_name(tp) -> str:
     base, opt = _unwrap_optional(tp)
     name = getattr(base, "__name__", None) or str(base).replace("typing.", "")
     return f"{name} or null" if opt else name
+
+
+def check_algo(cfg: Any, algos: Any) -> None:
+    """``algo`` is one of ``algos`` (names), else a ConfigError naming the closest."""
+    if cfg.algo not in algos:
+        close = difflib.get_close_matches(cfg.algo, list(algos), n=1)
+        hint = f"; did you mean `{close[0]}`?" if close else ""
+        raise ConfigError(f"algo={cfg.algo!r} is not an installed algorithm ({', '.join(sorted(algos))}){hint}")
 
 
 def _check_key(key: str, keys: Dict[str, Any]) -> None:

@@ -62,9 +62,10 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from flowkit import _ray
 from flowkit._guard import GUARD, Interrupted, check_cpus, lock_run_dir
 from flowkit.checkpoint import config_yaml, find_checkpoint, load_trained, restore, resume_config, save_checkpoint  # noqa: F401
-from flowkit.config import ConfigError, build_config, plugin_modules_from
+from flowkit.config import ConfigError, build_config, check_algo, plugin_modules_from
 from flowkit.core import EnvContext, derive_seed, env_name, make_env
 from flowkit.core.context import RunContext, make_context
 from flowkit.core.learner import NonFiniteError
@@ -106,12 +107,8 @@ def load_config(user: Any = None, config_file: Optional[str] = None, pm: Any = N
 
 
 def _validate(cfg: DictConfig, pm: Any) -> Dict[str, Any]:
-    import difflib
+    check_algo(cfg, pm.algorithms(load=False))
     algos = pm.algorithms()
-    if cfg.algo not in algos:
-        close = difflib.get_close_matches(cfg.algo, list(algos), n=1)
-        hint = f"; did you mean `{close[0]}`?" if close else ""
-        raise ConfigError(f"algo={cfg.algo!r} is not an installed algorithm ({', '.join(sorted(algos))}){hint}")
     # each key's own range or choices: declared in the schema, checked by build_config
     if bool(cfg.env.id) == bool(cfg.env.factory):
         raise ConfigError("give exactly one of env.id (env=ID) and env.factory "
@@ -209,34 +206,15 @@ def _default_run_dir(cfg: DictConfig) -> str:
 
 
 @contextlib.contextmanager
-def _ray_session(cfg: DictConfig):
-    if cfg.runtime.backend != "ray":
-        yield
-        return
-    import ray
-    started = False
-    if not ray.is_initialized():
-        kw: Dict[str, Any] = {"include_dashboard": False, "log_to_driver": True,
-                              "configure_logging": True, "logging_level": "warning"}
-        if cfg.runtime.address:
-            kw["address"] = cfg.runtime.address
-            kw["runtime_env"] = _runtime_env(cfg)
-        else:  # a new local cluster, never one another process happens to run here
-            kw["address"] = "local"
-        started = True
-        try:
-            ray.init(**kw)
-        except BaseException:  # a signal during start-up: leave no half-started cluster
-            ray.shutdown()
-            raise
-    if GUARD.active:  # Ray sets its own SIGTERM handler, which would abort the process
-        GUARD.install()
-    try:
-        yield
-    finally:
-        if started:
-            with GUARD.shielded():  # the run is saved: a late signal does not cut the shutdown short
-                ray.shutdown()
+def _ray_session(cfg: DictConfig, ctx: RunContext):
+    """Wait for the Ray session started in the background (kept for later runs; ended by
+    ``flowkit._ray.stop()`` or at exit); take the signals back from Ray."""
+    if cfg.runtime.backend == "ray":
+        _ray.wait()
+        if GUARD.active:  # Ray sets its own SIGTERM handler, which would abort the process
+            GUARD.install()
+    ctx.mark("ray")
+    yield
 
 
 def _runtime_env(cfg: DictConfig) -> Dict[str, Any]:
@@ -295,14 +273,17 @@ def train(config: Any = None, config_file: Optional[str] = None, plugins: Sequen
                 cfg = pre
                 run_dir = cfg.run.dir or _default_run_dir(cfg)
             cfg.run.dir = run_dir
+            _ray.start(cfg, _runtime_env(cfg) if cfg.runtime.address else None)
+            t_config = time.perf_counter()
             torch.manual_seed(derive_seed(int(cfg.seed), "torch"))
             np.random.seed(derive_seed(int(cfg.seed), "numpy"))
             random.seed(derive_seed(int(cfg.seed), "python"))
             torch.set_num_threads(max(1, int(cfg.learner.num_threads)))
             ctx = setup(cfg, pm, run_dir)
+            ctx.t_entry, ctx.extra_metrics["time_config_s"] = t_entry, t_config - t_entry
             release = lock_run_dir(run_dir)  # creates run_dir
             try:
-                with _ray_session(cfg):
+                with _ray_session(cfg, ctx):
                     return _run(ctx, cfg, pm, run_dir, resume_from, run_rows, t_entry)
             finally:
                 release()
@@ -329,6 +310,7 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
         t0 = time.perf_counter()
         ctx.workers.start()
         ctx.extra_metrics["time_setup_s"] = time.perf_counter() - t0
+        ctx.mark("actors")
         pm.hook.flowkit_on_run_start(ctx=ctx, run_dir=run_dir, history=list(history))
         ctx.start_clock()
         # start-up: from train() to the first sample request (config, Ray, actors ready)
@@ -377,6 +359,7 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
         if error is not None:
             raise error
         summary["stop_reason"] = reason or "plan ended"
+        summary["time_end_s"] = time.perf_counter() - t_entry
         if ckpt_error is not None:
             summary["error"] = f"{type(ckpt_error).__name__}: {ckpt_error}"
         with open(os.path.join(run_dir, "result.json"), "w") as f:

@@ -14,6 +14,9 @@ warnings.filterwarnings("ignore", category=DeprecationWarning)
 def ray_session():
     """A local Ray cluster shared by every test that needs one; shut down at the end."""
     import ray
+
+    from flowkit import _ray
+    _ray.stop()  # a session a test's flowkit.train left: this one ships the test modules
     if not ray.is_initialized():
         here = os.path.dirname(os.path.abspath(__file__))
         path = os.pathsep.join([here, os.path.dirname(here), os.environ.get("PYTHONPATH", "")])

@@ -229,3 +229,29 @@ def test_restored_learner_versions_the_workers_first_weights():
     assert lr.get_weights()[0] == 37
     ctx.workers.weights_fn()
     assert ctx.workers.weights_version == 37
+
+
+def test_flat_adam_matches_torch_adam_bit_for_bit_and_its_state_round_trips():
+    from flowkit.core.policy import FlatAdam
+    torch.manual_seed(0)
+    ref, flat = torch.randn(50, requires_grad=True), torch.zeros(50)
+    flat.copy_(ref.detach())
+    adam, mine = torch.optim.Adam([ref], lr=3e-3, eps=1e-7), FlatAdam(flat, 3e-3, eps=1e-7)
+    for i in range(5):
+        g = torch.randn(50)
+        ref.grad, flat.grad = g.clone(), g.clone()
+        adam.param_groups[0]["lr"] = mine.param_groups[0]["lr"] = 3e-3 * (1 - i / 10)
+        adam.step()
+        mine.step()
+        assert torch.equal(ref.detach(), flat)
+    sd = mine.state_dict()
+    assert sd["param_groups"] == adam.state_dict()["param_groups"]
+    assert all(torch.equal(sd["state"][0][k], v) for k, v in adam.state_dict()["state"][0].items())
+    again = FlatAdam(flat.clone(), 1.0)
+    again.load_state_dict(adam.state_dict())  # a checkpoint written with torch.optim.Adam
+    g = torch.randn(50)
+    ref.grad, flat.grad, again.flat.grad = g.clone(), g.clone(), g.clone()
+    adam.step()
+    mine.step()
+    again.step()
+    assert torch.equal(ref.detach(), flat) and torch.equal(flat, again.flat)

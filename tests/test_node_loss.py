@@ -68,6 +68,7 @@ SCRIPT = textwrap.dedent('''
                                   "after": hook.after, "files": hook.files,
                                   "steps": [r["env_steps_sampled"] for r in res.history],
                                   "restarts": res.metrics["num_worker_restarts"], "stop": res.stop_reason}))
+    flowkit._ray.stop()  # flowkit keeps its session for later runs: end it first
     cluster.shutdown()
 ''')
 

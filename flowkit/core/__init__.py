@@ -4,21 +4,24 @@ The names in ``__all__`` are the public API that plugins and users build on; the
 modules behind them are private (their layout may change). Operators are in
 :mod:`flowkit.core.ops` (and :mod:`~flowkit.core.replay`, :mod:`~flowkit.core.learner_thread`).
 """
-from flowkit.core import batch  # noqa: I001 - wrapped by hand, two lines instead of ruff's one name per line
-from flowkit.core._actor_critic import ActorCriticPolicy
-from flowkit.core._distributions import ActionDist
-from flowkit.core._encoders import MASK_KEY, ObsEncoder, SpaceError, add_batch_axis, batch_len
-from flowkit.core._envs import (EnvContext, EnvError, SpaceCheck, derive_seed, describe_value, env_name,
-                                find_mismatch, make_env)
-from flowkit.core._models import ACTIVATIONS, ActorCritic, RunningMeanStd, SmallCNN, TwinMLP, build_mlp, build_trunk
-from flowkit.core._numpy_model import NumpyActorCritic, sample_logp_numpy
-from flowkit.core._returns import bootstrap_rows, compute_gae, next_values, vtrace
-from flowkit.core._runner import Episode, GymEnvRunner
-from flowkit.core.algorithm import Algorithm
-from flowkit.core.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch, trajectory_ends
-from flowkit.core.flow import NOT_READY, Flow, FlowContext, ParallelFlow
-from flowkit.core.policy import Policy, RandomPolicy, to_tensor
-from flowkit.core.workers import PolicySpec, RolloutWorker, WorkerSet
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flowkit.core import batch  # noqa: I001 - wrapped by hand, two lines instead of ruff's one name per line
+    from flowkit.core._actor_critic import ActorCriticPolicy
+    from flowkit.core._distributions import ActionDist
+    from flowkit.core._encoders import MASK_KEY, ObsEncoder, SpaceError, add_batch_axis, batch_len
+    from flowkit.core._envs import (EnvContext, EnvError, SpaceCheck, derive_seed, describe_value, env_name,
+                                    find_mismatch, make_env)
+    from flowkit.core._models import ACTIVATIONS, ActorCritic, RunningMeanStd, SmallCNN, TwinMLP, build_mlp, build_trunk
+    from flowkit.core._numpy_model import NumpyActorCritic, sample_logp_numpy
+    from flowkit.core._returns import bootstrap_rows, compute_gae, next_values, vtrace
+    from flowkit.core._runner import Episode, GymEnvRunner
+    from flowkit.core.algorithm import Algorithm
+    from flowkit.core.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch, trajectory_ends
+    from flowkit.core.flow import NOT_READY, Flow, FlowContext, ParallelFlow
+    from flowkit.core.policy import Policy, RandomPolicy, to_tensor
+    from flowkit.core.workers import PolicySpec, RolloutWorker, WorkerSet
 
 __all__ = [  # batches (column names: flowkit.core.batch.OBS, ...), dataflow, policies, envs and workers
     "batch", "DEFAULT_POLICY_ID", "MultiAgentBatch", "SampleBatch", "trajectory_ends", "Flow", "FlowContext",
@@ -28,3 +31,24 @@ __all__ = [  # batches (column names: flowkit.core.batch.OBS, ...), dataflow, po
     "bootstrap_rows", "compute_gae", "next_values", "vtrace", "EnvContext", "EnvError", "Episode", "GymEnvRunner",
     "PolicySpec", "RolloutWorker", "SpaceCheck", "WorkerSet", "derive_seed", "describe_value", "env_name",
     "find_mismatch", "make_env"]
+
+_MODULES = {  # the module behind each name, imported on first use (torch only when needed)
+    "_actor_critic": "ActorCriticPolicy", "_distributions": "ActionDist",
+    "_encoders": "MASK_KEY ObsEncoder SpaceError add_batch_axis batch_len",
+    "_envs": "EnvContext EnvError SpaceCheck derive_seed describe_value env_name find_mismatch make_env",
+    "_models": "ACTIVATIONS ActorCritic RunningMeanStd SmallCNN TwinMLP build_mlp build_trunk",
+    "_numpy_model": "NumpyActorCritic sample_logp_numpy",
+    "_returns": "bootstrap_rows compute_gae next_values vtrace", "_runner": "Episode GymEnvRunner",
+    "algorithm": "Algorithm", "batch": "DEFAULT_POLICY_ID MultiAgentBatch SampleBatch trajectory_ends",
+    "flow": "NOT_READY Flow FlowContext ParallelFlow", "policy": "Policy RandomPolicy to_tensor",
+    "workers": "PolicySpec RolloutWorker WorkerSet"}
+_HOME = {n: m for m, names in _MODULES.items() for n in names.split()}
+
+
+def __getattr__(name: str) -> Any:
+    """``import flowkit.core`` (the config, the CLI, plugin metadata) imports neither torch nor Ray."""
+    import importlib
+    if name in _HOME or name == "batch":
+        mod = importlib.import_module("flowkit.core." + _HOME.get(name, name))
+        return getattr(mod, name) if name in _HOME else mod
+    raise AttributeError(f"module 'flowkit.core' has no attribute {name!r}")

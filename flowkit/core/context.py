@@ -90,6 +90,7 @@ class RunContext(FlowContext):
     config_warnings: List[str] = field(default_factory=list)
     _time_offset: float = 0.0
     _t_start: Optional[float] = None
+    t_entry: Optional[float] = None  # when train() was called (perf_counter), for the phase times
     _eval_worker: Optional[RolloutWorker] = None
 
     @property
@@ -183,6 +184,11 @@ class RunContext(FlowContext):
         r.update({f"perf/{name}_time_ms": 1000.0 * t.mean_s for name, t in self.timers.items()})
         r["perf/train_steps_this_iter"] = n_items
         return r
+
+    def mark(self, phase: str) -> None:
+        """Record ``time_<phase>_s`` (seconds since train() was called) when first reached."""
+        if self.t_entry is not None:
+            self.extra_metrics.setdefault(f"time_{phase}_s", time.perf_counter() - self.t_entry)
 
     def start_clock(self) -> None:
         self._t_start = time.perf_counter()

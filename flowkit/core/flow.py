@@ -76,6 +76,9 @@ class FlowContext:
         self.current_actor: Any = None
         self.info: Dict[str, Any] = {}
 
+    def mark(self, phase: str) -> None:
+        """A run's phase reached (the engine's RunContext records its time)."""
+
 
 def _op_name(fn: Any) -> str:
     return getattr(fn, "name", None) or getattr(fn, "__name__", None) or type(fn).__name__

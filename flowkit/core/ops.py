@@ -10,9 +10,12 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence,
 
 import numpy as np
 
+from flowkit.config import RandomConfig
 from flowkit.core import batch as sb
+from flowkit.core.algorithm import Algorithm
 from flowkit.core.flow import NOT_READY, Flow, ParallelFlow, union_tagged
 from flowkit.core.learner import Learner, PerfMonitor
+from flowkit.core.policy import RandomPolicy
 
 if TYPE_CHECKING:
     from flowkit.core.context import RunContext
@@ -43,6 +46,7 @@ def ParallelRollouts(ctx: "RunContext", mode: str = "bulk_sync", num_async: Opti
         ctx.workers.mark_success(a)
         ctx.counters["env_steps_sampled"] += b.env_steps
         ctx.counters["agent_steps_sampled"] += b.agent_steps
+        ctx.mark("first_sample")
         ctx.record_episodes(b.episodes)
         return b
 
@@ -151,6 +155,7 @@ class TrainOneStep:
         c["num_updates"] += out["num_updates"]
         self.ctx.learner_stats.update(out["stats"])
         self.perf.update()
+        self.ctx.mark("first_train")
         return out
 
     def __call__(self, b: sb.MultiAgentBatch) -> Dict[str, Any]:
@@ -196,6 +201,14 @@ class NoTraining:
 
     def __call__(self, b: sb.MultiAgentBatch) -> Dict[str, Any]:
         return {"batch": b, "stats": {}}
+
+
+class RandomAlgorithm(Algorithm):
+    """The built-in ``random`` algorithm: acts uniformly over legal actions, learns nothing."""
+    name, config_class, policy_class, off_policy = "random", RandomConfig, RandomPolicy, True
+
+    def training_flow(self, experiences: Flow, ctx: "RunContext", learner: Learner) -> Flow:
+        return experiences.for_each(NoTraining())
 
 
 class SyncWeights:

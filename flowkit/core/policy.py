@@ -3,7 +3,7 @@
 ``_encoders``, ``_distributions`` and ``_models`` (public through :mod:`flowkit.core`)."""
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import gymnasium as gym
 import numpy as np
@@ -49,7 +49,7 @@ class Policy:
         self.generator = torch.Generator().manual_seed(int(seed) % (2 ** 63))
         self.np_random = np.random.default_rng(seed)
         self.model: Optional[nn.Module] = None
-        self.optimizer: Optional[torch.optim.Optimizer] = None
+        self.optimizer: Optional[FlatAdam] = None
         self.num_updates = 0  # learner updates applied to these weights (policy lag)
 
     # ---- acting ---------------------------------------------------------------------------
@@ -101,7 +101,7 @@ class Policy:
         """Return ``(loss, stats)`` for one minibatch of tensors."""
         raise NotImplementedError
 
-    def make_optimizer(self, lr: float, eps: float = 1e-8, module: Optional[nn.Module] = None) -> torch.optim.Optimizer:
+    def make_optimizer(self, lr: float, eps: float = 1e-8, module: Optional[nn.Module] = None) -> "FlatAdam":
         """Adam over all trainable parameters of ``module`` (default ``self.model``), kept in
         one flat buffer: the module's parameters become views into it, so Adam and gradient
         clipping are a handful of tensor ops per step instead of a few per parameter (the
@@ -117,7 +117,7 @@ class Policy:
             p.data = flat[off:off + n].view_as(p)
             off += n
         self._params, self._flat = params, flat
-        return torch.optim.Adam([flat], lr=lr, eps=eps)
+        return FlatAdam(flat, lr, eps)
 
     def on_train_batch_end(self, batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
         """Called by the Learner after all epochs on a train batch (schedules, stats)."""
@@ -160,6 +160,37 @@ class Policy:
             self.generator.set_state(state["generator"])
         if state.get("np_random") is not None:
             self.np_random.bit_generator.state = state["np_random"]
+
+
+class FlatAdam:
+    """``torch.optim.Adam`` over one flat parameter buffer: the same functional kernel (bit
+    for bit the same updates) and the same ``state_dict`` layout, without the Optimizer
+    class, whose construction imports ``torch._dynamo`` (seconds at start-up)."""
+
+    def __init__(self, flat: torch.Tensor, lr: float, eps: float = 1e-8):
+        self.flat = flat
+        self.param_groups: List[Dict[str, Any]] = [dict(lr=lr, betas=(0.9, 0.999), eps=eps, weight_decay=0, amsgrad=False, maximize=False,
+                                  foreach=None, capturable=False, differentiable=False, fused=None,
+                                  decoupled_weight_decay=False, params=[0])]
+        self.state: Dict[int, Dict[str, torch.Tensor]] = {}
+
+    @torch.no_grad()
+    def step(self) -> None:
+        from torch.optim.adam import adam
+        g, grad = self.param_groups[0], self.flat.grad
+        assert grad is not None
+        s = self.state.setdefault(0, {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(self.flat),
+                                      "exp_avg_sq": torch.zeros_like(self.flat)})
+        adam([self.flat], [grad], [s["exp_avg"]], [s["exp_avg_sq"]], [], [s["step"]], amsgrad=False,
+             beta1=g["betas"][0], beta2=g["betas"][1], lr=g["lr"], weight_decay=0, eps=g["eps"], maximize=False)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"state": dict(self.state), "param_groups": [dict(g) for g in self.param_groups]}
+
+    def load_state_dict(self, state: Dict[str, Any]) -> None:
+        self.param_groups[0].update({k: v for k, v in state["param_groups"][0].items() if k != "params"})
+        self.state = {i: {k: v.detach().clone() if k == "step" else v.detach().to(self.flat).clone()
+                          for k, v in st.items()} for i, st in enumerate(state["state"].values())}
 
 
 def to_tensor(x: Any, device: Any = "cpu") -> torch.Tensor:

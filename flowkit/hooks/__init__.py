@@ -1,4 +1,6 @@
 """Hooks and the plugin manager (pluggy, project ``flowkit``)."""
-from flowkit.hooks.manager import PluginError, PluginManager, get_plugin_manager, hookimpl, register, unregister
+from flowkit.hooks.manager import (AlgorithmRef, PluginError, PluginManager, get_plugin_manager,  # noqa: I001
+                                   hookimpl, lazy_attrs, register, unregister)
 
-__all__ = ["PluginError", "PluginManager", "get_plugin_manager", "hookimpl", "register", "unregister"]
+__all__ = ["AlgorithmRef", "PluginError", "PluginManager", "get_plugin_manager", "hookimpl", "lazy_attrs", "register",
+           "unregister"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.metadata as md
 import inspect
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Type
 
 import pluggy
@@ -22,6 +23,24 @@ class PluginError(RuntimeError):
     """A plugin failed to load or misbehaved; the message names it (and its distribution)."""
 
 
+@dataclass(frozen=True)
+class AlgorithmRef:
+    """An algorithm as ``flowkit_add_algorithms`` may return it without importing torch: its
+    ``name``, its config section (``config_class``, a torch-free dataclass) and where the class
+    is (``"flowkit_ppo.ppo:PPO"``), imported when a run needs it. The section's docstring is
+    the algorithm's description (``flowkit plugins``)."""
+    name: str
+    config_class: Optional[type]
+    target: str
+
+    def load(self) -> Type[Algorithm]:
+        mod, _, attr = self.target.partition(":")
+        try:
+            return getattr(importlib.import_module(mod), attr)
+        except Exception as e:
+            raise PluginError(f"algorithm {self.name!r}: {self.target} failed to import: {type(e).__name__}: {e}") from e
+
+
 class PluginManager(pluggy.PluginManager):
     """pluggy's manager, where an undecorated ``flowkit_*`` method also counts as a hookimpl
     (so a subclass overriding a decorated method keeps the hook, as pytest does)."""
@@ -31,6 +50,7 @@ class PluginManager(pluggy.PluginManager):
         self.add_hookspecs(specs)
         self.dists: Dict[str, str] = {}  # plugin name -> "dist version"
         self._registry: Dict[str, Dict[str, Any]] = {}  # registration results, until the next (un)register
+        self.owner: Dict[str, str] = {}  # algorithm or reporter name -> plugin name
 
     def register(self, plugin: Any, name: Optional[str] = None) -> Optional[str]:
         self._registry.clear()
@@ -69,9 +89,13 @@ class PluginManager(pluggy.PluginManager):
         except pluggy.PluginValidationError as e:
             raise PluginError(f"unknown hook: {e}") from None
 
-    def algorithms(self) -> Dict[str, Type[Algorithm]]:
-        """``{name: Algorithm class}``; a name contributed twice is an error naming both."""
-        return self._named("algorithm", self.hook.flowkit_add_algorithms)
+    def algorithms(self, load: bool = True) -> Dict[str, Any]:
+        """``{name: Algorithm class}``; a name contributed twice is an error naming both.
+        ``load=False``: as contributed (an :class:`AlgorithmRef` stays one: no torch)."""
+        algos = self._named("algorithm", self.hook.flowkit_add_algorithms)
+        if load and "loaded" not in self._registry:
+            self._registry["loaded"] = {n: a.load() if isinstance(a, AlgorithmRef) else a for n, a in algos.items()}
+        return self._registry["loaded"] if load else algos
 
     def _named(self, kind: str, hook: Any) -> Dict[str, Any]:
         if kind in self._registry:
@@ -88,6 +112,7 @@ class PluginManager(pluggy.PluginManager):
                                       f"{owner[name]!r} and by plugin {impl.plugin_name!r}")
                 out[name], owner[name] = cls, impl.plugin_name
         self._registry[kind] = out
+        self.owner.update(owner)
         return out
 
     def reporters(self) -> Dict[str, type]:
@@ -99,7 +124,7 @@ class PluginManager(pluggy.PluginManager):
         """Algorithm sections (keyed by algorithm name) plus plugin sections."""
         if "section" in self._registry:
             return self._registry["section"]
-        secs: Dict[str, type] = {name: cls.config_class for name, cls in self.algorithms().items()
+        secs: Dict[str, type] = {name: cls.config_class for name, cls in self.algorithms(load=False).items()
                                  if cls.config_class is not None}
         for d in self.hook.flowkit_add_config_sections():
             for k, v in (d or {}).items():
@@ -150,6 +175,17 @@ def get_plugin_manager(plugin_modules: Sequence[str] = (), include_registered: b
             pm.register(obj)
     pm.check_hooks()
     return pm
+
+
+def lazy_attrs(home: Dict[str, str]) -> Any:
+    """A module ``__getattr__`` (PEP 562) importing each name of ``home`` (name -> module) on
+    first use: a plugin's entry-point module keeps torch out (``__getattr__ =
+    lazy_attrs({"MyAlgo": "my_pkg.algo"})``)."""
+    def __getattr__(name: str) -> Any:
+        if name in home:
+            return getattr(importlib.import_module(home[name]), name)
+        raise AttributeError(f"module has no attribute {name!r}")
+    return __getattr__
 
 
 def register(obj: Any) -> Any:

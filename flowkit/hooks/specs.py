@@ -41,19 +41,24 @@ Row = Dict[str, Any]  #: one iteration's flat metrics: ``{"iteration": 3, "env_s
 
 @hookspec
 def flowkit_add_algorithms() -> List[Type[Algorithm]]:
-    """Contribute Algorithm classes.
+    """Contribute algorithms.
 
     Returns:
-        a list of :class:`flowkit.Algorithm` subclasses, each with a unique ``name`` (a name
+        a list of :class:`flowkit.Algorithm` subclasses or :class:`flowkit.AlgorithmRef`
+        (name, config section, ``"module:Class"``), each with a unique ``name`` (a name
         contributed by two plugins is an error naming both).
     Runs on: driver and workers (at plugin-manager set-up).
-    Implement in: an algorithm plugin.
+    Implement in: an algorithm plugin. The contract for CLI commands that train nothing
+    (``--help``, ``plugins``, config errors: no torch, no Ray): the module the plugin is
+    registered from (its entry point) imports no torch, so it returns an ``AlgorithmRef``
+    whose section dataclass lives in a torch-free module; the class is imported when a run
+    builds it. Returning the class itself still works (the CLI then imports torch).
 
     Example::
 
         @flowkit.hookimpl
         def flowkit_add_algorithms():
-            return [MyPPO]
+            return [flowkit.AlgorithmRef("myppo", MyPPOConfig, "my_pkg.algo:MyPPO")]
     """
 
 

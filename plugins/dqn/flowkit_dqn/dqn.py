@@ -33,7 +33,6 @@ TrainOneStep -> UpdatePriorities (to the serving shard) -> UpdateTargetNetwork.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Tuple
 
 import gymnasium as gym
@@ -43,49 +42,13 @@ from torch import nn
 
 import flowkit
 from flowkit import ConfigError
-from flowkit.config import F, check_schedules
+from flowkit.config import check_schedules
 from flowkit.core import ObsEncoder, Policy, build_mlp, build_trunk, derive_seed, ops, replay, to_tensor
 from flowkit.core import batch as sb
 from flowkit.core.context import RunContext
 from flowkit.core.flow import get_result
 from flowkit.core.learner import Learner
-
-
-@dataclass
-class DQNConfig:
-    """dqn: Deep Q-Networks (double-Q, dueling, n-step, prioritized replay, Ape-X shards)."""
-    lr: float = F(5e-4, "Adam learning rate", gt=0)
-    lr_schedule: str = F("constant", "constant, or linear (from lr to 0 at schedule_env_steps)",
-                         choices=("constant", "linear"))
-    schedule_env_steps: Optional[int] = F(None, "horizon of the linear lr schedule, env steps (default stop.env_steps)",
-                                          gt=0)
-    adam_eps: float = F(1e-8, "Adam epsilon", gt=0)
-    gamma: float = F(0.99, "discount factor", ge=0, le=1)
-    n_step: int = F(1, "n-step returns (1: one-step TD)", gt=0)
-    double_q: bool = F(True, "double-Q target: argmax by the online network, value by the target network")
-    dueling: bool = F(True, "dueling heads: Q = V + A - mean(A)")
-    train_batch_size: int = F(32, "replayed transitions per gradient step", gt=0)
-    buffer_size: int = F(50_000, "replay capacity in transitions (per policy; split over shards in Ape-X)", gt=0)
-    learning_starts: int = F(1_000, "env steps sampled before the first gradient step", ge=0)
-    training_intensity: Optional[float] = F(None, "transitions trained per transition sampled (null: one "
-                                                  "gradient step per sampling round)", gt=0)
-    target_network_update_freq: int = F(500, "gradient steps between target-network updates", gt=0)
-    weight_sync_freq: int = F(16, "gradient steps between weight broadcasts to the workers (0: after every step)", ge=0)
-    max_grad_norm: Optional[float] = F(10.0, "clip the gradient norm (null: off)", gt=0)
-    huber_delta: float = F(1.0, "Huber loss threshold", gt=0)
-    initial_epsilon: float = F(1.0, "epsilon-greedy: epsilon at the start", ge=0, le=1)
-    final_epsilon: float = F(0.02, "epsilon-greedy: epsilon after epsilon_timesteps", ge=0, le=1)
-    epsilon_timesteps: int = F(10_000, "env steps sampled over which epsilon decays linearly "
-                                    "(0: final_epsilon from the start)", ge=0)
-    prioritized_replay: Optional[bool] = F(None, "proportional prioritized replay (Schaul et al. 2016); "
-                                                 "null: on in Ape-X mode, off otherwise")
-    prioritized_replay_alpha: float = F(0.6, "priority exponent alpha (0: uniform)", ge=0)
-    prioritized_replay_beta: float = F(0.4, "importance-weight exponent beta (1: full correction)", ge=0, le=1)
-    prioritized_replay_eps: float = F(1e-6, "added to |td_error| for the priority", gt=0)
-    num_replay_shards: int = F(0, "Ape-X: replay shards held by Ray actors (0: one local buffer)", ge=0)
-    replay_num_async: int = F(2, "Ape-X: replay requests in flight per shard", gt=0)
-    apex_epsilon_base: float = F(0.4, "Ape-X: per-worker epsilon_i = base^(1 + alpha*i/(N-1))", ge=0, le=1)
-    apex_epsilon_alpha: float = F(7.0, "Ape-X: per-worker epsilon exponent alpha", ge=0)
+from flowkit_dqn import DQNConfig
 
 
 # ---- exploration schedules ----------------------------------------------------------------

@@ -27,44 +27,18 @@ TrainOneStep in the driver -> SyncWeights(to all).
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass
-from typing import Any, Deque, Dict, List, Optional, Tuple
+from typing import Any, Deque, Dict, List, Tuple
 
 import numpy as np
 import torch
 
 import flowkit
 from flowkit import ConfigError
-from flowkit.config import F
 from flowkit.core import ActorCritic, ActorCriticPolicy, bootstrap_rows, derive_seed, next_values, to_tensor, vtrace
 from flowkit.core import batch as sb
 from flowkit.core.context import RunContext
 from flowkit.core.ops import ConcatBatches, DropSource, SyncWeights, TrainOneStep
-
-
-@dataclass
-class IMPALAConfig:
-    """impala: asynchronous actor-learner with V-trace (Espeholt et al. 2018)."""
-    lr: float = F(5e-4, "Adam learning rate", gt=0)
-    adam_eps: float = F(1e-7, "Adam epsilon", gt=0)
-    gamma: float = F(0.99, "discount factor", ge=0, le=1)
-    clip_rho_threshold: float = F(1.0, "V-trace rho_bar: clip of the importance ratio in delta_t", gt=0)
-    clip_c_threshold: float = F(1.0, "V-trace c_bar: clip of the trace-cutting ratio c_t", gt=0)
-    clip_pg_rho_threshold: float = F(1.0, "clip of the importance ratio in the policy-gradient advantage", gt=0)
-    vtrace_lambda: float = F(1.0, "lambda multiplying c_t (paper's remark 2; 1.0 = plain V-trace)", ge=0, le=1)
-    vf_coef: float = F(0.5, "value-loss coefficient", ge=0)
-    ent_coef: float = F(0.01, "entropy bonus coefficient", ge=0)
-    max_grad_norm: Optional[float] = F(40.0, "clip the gradient norm (null: off)", gt=0)
-    train_batch_size: int = F(500, "env steps per train batch (worker fragments are concatenated)", ge=1)
-    num_epochs: int = F(1, "passes of the learner over each train batch", ge=1)
-    minibatch_size: Optional[int] = F(None, "rows per SGD step, contiguous slices (null: the whole train batch)", ge=1)
-    learner_queue_size: int = F(2, "train batches waiting for the learner thread at most", ge=1)
-    broadcast_interval: int = F(1, "batches from one worker between two weight pushes to that worker", ge=1)
-    replay_proportion: float = F(0.0, "replayed fragments mixed in per new fragment, on average (0: off)", ge=0)
-    replay_buffer_num_slots: int = F(100, "fragments kept for replay (FIFO)", ge=1)
-    rollout_mode: str = F("async", "async (learner thread) or bulk_sync (for comparison)",
-                          choices=("async", "bulk_sync"))
-    log_std_init: float = F(0.0, "initial log-std of the Gaussian (Box actions)", ge=-20, le=20)
+from flowkit_impala import IMPALAConfig
 
 
 # ---- the policy -----------------------------------------------------------------------------------

@@ -6,11 +6,16 @@ Hooks: ``flowkit_add_config_sections`` (``multiagent.*``), ``flowkit_make_policy
 ``flowkit_build_plan`` (the mixing plan). Each returns None for runs that are not
 multi-agent, so single-agent Gymnasium runs keep the core's fast path.
 """
+from typing import TYPE_CHECKING
+
 import flowkit
+from flowkit.hooks import lazy_attrs
 from flowkit_multiagent.config import MultiAgentConfig, PolicyConfig
-from flowkit_multiagent.plan import SelectPolicies, build_plan, training_groups
-from flowkit_multiagent.runners import AECEnvRunner, ParallelEnvRunner, runner_for
-from flowkit_multiagent.specs import SHARED_POLICY_ID, AgentMapping, MAPolicySpec, is_pettingzoo, make_policy_specs
+
+if TYPE_CHECKING:
+    from flowkit_multiagent.plan import SelectPolicies, build_plan, training_groups
+    from flowkit_multiagent.runners import AECEnvRunner, ParallelEnvRunner
+    from flowkit_multiagent.specs import SHARED_POLICY_ID, AgentMapping, MAPolicySpec, make_policy_specs
 
 __all__ = ["AECEnvRunner", "AgentMapping", "MAPolicySpec", "MultiAgentConfig", "ParallelEnvRunner",
            "PolicyConfig", "SHARED_POLICY_ID", "SelectPolicies", "build_plan", "make_policy_specs", "training_groups"]
@@ -24,16 +29,26 @@ def flowkit_add_config_sections():
 @flowkit.hookimpl
 def flowkit_make_policy_specs(config, env, algorithms):
     """Runs on: driver. None unless ``env`` is a PettingZoo env."""
+    from flowkit_multiagent.specs import is_pettingzoo, make_policy_specs
     return make_policy_specs(config, env, algorithms) if is_pettingzoo(env) else None
 
 
 @flowkit.hookimpl
 def flowkit_make_env_runner(env, context, config, policies):
     """Runs on: worker. None unless ``env`` is a PettingZoo env."""
+    from flowkit_multiagent.runners import runner_for
+    from flowkit_multiagent.specs import is_pettingzoo
     return runner_for(env) if is_pettingzoo(env) else None
 
 
 @flowkit.hookimpl
 def flowkit_build_plan(ctx):
     """Runs on: driver. None unless the policies come from this plugin."""
+    from flowkit_multiagent.plan import build_plan
     return build_plan(ctx)
+
+
+__getattr__ = lazy_attrs({**dict.fromkeys(["SelectPolicies", "build_plan", "training_groups"], "flowkit_multiagent.plan"),
+                          **dict.fromkeys(["AECEnvRunner", "ParallelEnvRunner"], "flowkit_multiagent.runners"),
+                          **dict.fromkeys(["SHARED_POLICY_ID", "AgentMapping", "MAPolicySpec", "make_policy_specs"],
+                                          "flowkit_multiagent.specs")})

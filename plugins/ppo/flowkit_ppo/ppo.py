@@ -16,44 +16,17 @@ centred when their std is below 1e-8 (case C07).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
 
 import torch
 
 import flowkit
 from flowkit import ConfigError
-from flowkit.config import F, check_schedules
+from flowkit.config import check_schedules
 from flowkit.core import ActorCritic, ActorCriticPolicy, to_tensor
 from flowkit.core import batch as sb
 from flowkit.core.ops import ConcatBatches, StandardizeFields, SyncWeights, TrainOneStep, UpdateSchedules
-
-
-@dataclass
-class PPOConfig:
-    """ppo: Proximal Policy Optimization (clipped surrogate, GAE)."""
-    lr: float = F(3e-4, "Adam learning rate", gt=0)
-    lr_schedule: str = F("constant", "constant, or linear (to 0 at schedule_env_steps)", choices=("constant", "linear"))
-    gamma: float = F(0.99, "discount factor", ge=0, le=1)
-    gae_lambda: float = F(0.95, "GAE lambda", ge=0, le=1)
-    clip_param: float = F(0.2, "surrogate clip range epsilon", gt=0)
-    clip_schedule: str = F("constant", "constant, or linear (to 0 at schedule_env_steps)", choices=("constant", "linear"))
-    schedule_env_steps: Optional[int] = F(None, "horizon of linear schedules, env steps (default stop.env_steps)", gt=0)
-    vf_clip_param: Optional[float] = F(None, "clip value updates to +-this around vf_preds (null: off)", gt=0)
-    vf_coef: float = F(0.5, "value-loss coefficient", ge=0)
-    ent_coef: float = F(0.0, "entropy bonus coefficient", ge=0)
-    kl_coeff: float = F(0.0, "initial KL-penalty coefficient (0: no penalty, KL is only reported)", ge=0)
-    kl_target: float = F(0.01, "target KL for the adaptive penalty", gt=0)
-    num_epochs: int = F(10, "passes over each train batch", ge=1)
-    minibatch_size: int = F(64, "rows per SGD minibatch", ge=1)
-    train_batch_size: Optional[int] = F(None, "env steps per train batch (null: one sampling round)", ge=1)
-    max_grad_norm: Optional[float] = F(0.5, "clip the gradient norm (null: off)", gt=0)
-    normalize_advantages: str = F("minibatch", "advantage standardisation: per minibatch, per train batch "
-                                  "or none", choices=("minibatch", "batch", "none"))
-    normalize_observations: bool = F(False, "running mean/std observation normalisation")
-    log_std_init: float = F(0.0, "initial log-std of the Gaussian (Box actions)", ge=-20, le=20)
-    adam_eps: float = F(1e-5, "Adam epsilon", gt=0)
-
+from flowkit_ppo import PPOConfig
 
 # ---- the policy ----------------------------------------------------------------------------
 _TRAIN_COLS = (sb.OBS, sb.ACTIONS, sb.ACTION_LOGP, sb.VF_PREDS, sb.ADVANTAGES, sb.VALUE_TARGETS,

@@ -1,0 +1,152 @@
+"""flowkit owns ``ray.init``: one Ray session per process, started in a background thread
+while the driver sets up torch, the learner and the policies, and reused by later
+``flowkit.train`` calls.
+
+- :func:`start` (non-blocking) then :func:`wait`. A local run (``runtime.address`` unset)
+  starts a new local cluster (``address="local"``, no dashboard, token authentication off unless ``RAY_AUTH_MODE`` says otherwise, so Ray prints no token
+  warning). ``runtime.address=auto|HOST:PORT`` attaches to a running cluster: with a token
+  (``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``; ``~/.ray/auth_token`` for ``auto`` only,
+  as in Ray: Ray writes that file for any new local cluster) token authentication is
+  turned on for the driver; an address where nothing answers within
+  ``CONNECT_TIMEOUT_S``, or a head that wants a token it did not get, is a one-line
+  :class:`~flowkit.ConfigError`.
+- A session the caller started with ``ray.init`` is used as it is and never shut down here.
+- :func:`stop` ends flowkit's session (also at process exit).
+"""
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+from typing import Any, Dict, Optional
+
+CONNECT_TIMEOUT_S = 15.0
+_S: Dict[str, Any] = {"thread": None, "error": None, "key": None, "atexit": False, "cancel": threading.Event(),
+                      "ready": threading.Event()}
+_USER_AUTH = os.environ.get("RAY_AUTH_MODE")  # the user's choice, before flowkit sets it per session
+
+
+def start(cfg: Any, runtime_env: Optional[Dict[str, Any]] = None) -> None:
+    """Start (or reuse) the Ray session ``cfg`` needs, in the background; a no-op for the
+    local backend and when the caller's own Ray session is up."""
+    if cfg.runtime.backend != "ray":
+        return
+    addr = cfg.runtime.address or None
+    key = (addr, repr(runtime_env))
+    if _S["thread"] is not None:
+        if _S["key"] == key:
+            return  # starting or up: reused
+        stop()
+    ray = sys.modules.get("ray")
+    if ray is not None and ray.is_initialized():
+        return
+    # per session, never left over from an earlier one; like Ray, ~/.ray/auth_token (which
+    # Ray writes for any new local cluster) only counts for address=auto
+    os.environ["RAY_AUTH_MODE"] = _USER_AUTH or ("token" if addr and _has_token(addr == "auto") else "disabled")
+    kw: Dict[str, Any] = {"include_dashboard": False, "log_to_driver": True, "configure_logging": True,
+                          "logging_level": "warning", "address": addr or "local"}
+    if addr:
+        kw["runtime_env"] = runtime_env
+    _S["cancel"].clear()
+    _S["ready"].clear()
+    _S.update(key=key, error=None, thread=threading.Thread(target=_init, args=(kw,), name="flowkit-ray-init",
+                                                            daemon=True))
+    _S["thread"].start()
+
+
+def external() -> bool:
+    """Whether Ray was started in this process by the caller (not by flowkit)."""
+    ray = sys.modules.get("ray")
+    return _S["thread"] is None and ray is not None and getattr(ray, "is_initialized", bool)()
+
+
+def _has_token(home: bool) -> bool:
+    return bool(os.environ.get("RAY_AUTH_TOKEN") or os.environ.get("RAY_AUTH_TOKEN_PATH")) or (
+        home and os.path.isfile(os.path.expanduser("~/.ray/auth_token")))
+
+
+def _init(kw: Dict[str, Any]) -> None:
+    """The session's thread: Ray's local processes die with the thread that started them
+    (PR_SET_PDEATHSIG), so it lives until :func:`stop`, which it ends with ``ray.shutdown``."""
+    _connect(kw)
+    _S["ready"].set()
+    if _S["error"] is None:
+        _S["cancel"].wait()
+        import ray
+        ray.shutdown()
+
+
+def _connect(kw: Dict[str, Any]) -> None:
+    from flowkit.config import ConfigError
+    addr = kw["address"]
+    try:
+        import ray
+        if not _S["atexit"]:  # after Ray's own (atexit runs last first): no 0.5 s exit sleep
+            _S["atexit"] = atexit.register(stop)
+        logging.getLogger("ray._private.worker").addFilter(lambda r: "SIGTERM handler" not in r.getMessage())
+        if addr != "local":
+            gcs = addr
+            if addr == "auto":
+                from ray._private.services import get_ray_address_from_environment
+                gcs = get_ray_address_from_environment("auto", None)
+            _probe(gcs, f"runtime.address={addr!r}")
+        ray.init(**kw)
+    except BaseException as e:
+        msg = str(e).split("\n")[0]
+        if addr == "local":
+            _S["error"] = e
+        elif any(w in f"{e} {e.__cause__}".lower() for w in ("auth", "token")):
+            _S["error"] = ConfigError(
+                f"runtime.address={addr!r}: the cluster wants a Ray auth token: set RAY_AUTH_TOKEN (or "
+                "RAY_AUTH_TOKEN_PATH, or RAY_AUTH_MODE=token with the head's token in ~/.ray/auth_token)")
+        else:
+            _S["error"] = e if isinstance(e, ConfigError) else ConfigError(
+                f"runtime.address={addr!r}: cannot attach to a Ray cluster: {type(e).__name__}: {msg}")
+
+
+def _probe(gcs: str, what: str) -> None:
+    """Bounded wait for a TCP answer at ``HOST:PORT`` (Ray itself retries for minutes)."""
+    from flowkit.config import ConfigError
+    host, _, port = gcs.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"{what}: expected auto or HOST:PORT")
+    end = time.monotonic() + CONNECT_TIMEOUT_S
+    while True:
+        try:
+            socket.create_connection((host, int(port)), timeout=2.0).close()
+            return
+        except OSError as e:
+            if time.monotonic() > end:
+                raise ConfigError(f"{what}: no Ray cluster answers at {gcs} within {CONNECT_TIMEOUT_S:g} s "
+                                  f"({e.strerror or e})") from None
+            if _S["cancel"].wait(0.5):
+                raise ConfigError(f"{what}: cancelled") from None
+
+
+def wait() -> None:
+    """Block until the session started by :func:`start` is up (interruptible by signals).
+
+    Raises:
+        ConfigError: ``runtime.address`` cannot be attached to.
+    """
+    t = _S["thread"]
+    if t is None:
+        return
+    while not _S["ready"].wait(0.1):
+        pass
+    err = _S["error"]
+    if err is not None:
+        _S.update(thread=None, error=None, key=None)
+        raise err
+
+
+def stop() -> None:
+    """Shut down flowkit's Ray session (none: a no-op); a session the caller started stays."""
+    t, _S["thread"], _S["key"] = _S["thread"], None, None
+    if t is not None:
+        _S["cancel"].set()
+        t.join()

@@ -1,0 +1,49 @@
+"""Issue 12, part 3: CLI commands that train nothing (``train --help``, ``plugins``, a config
+error, also of ``plan`` and ``--dry-run``) import neither torch nor Ray: the plugins' metadata (config sections, descriptions)
+is torch-free, the Algorithm classes are imported when a run builds them."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+CHECK = ("import json, sys\nfrom flowkit.cli import main\nrc = main(sys.argv[1:])\n"
+         "print('\\nMODULES ' + json.dumps({'rc': rc, 'torch': 'torch' in sys.modules, 'ray': 'ray' in sys.modules}))")
+
+
+@pytest.mark.parametrize("args,rc,text", [(["train", "--help"], 0, "ppo.clip_param"),
+                                          (["plugins"], 0, "ppo: Proximal Policy Optimization"),
+                                          (["train", "ppo.lr=-1"], 2, "ppo.lr=-1.0 must be finite and > 0"),
+                                          (["plan", "ppo.clip_parm=0.1"], 2, "did you mean `ppo.clip_param`"),
+                                          (["train", "algo=ppx"], 2, "did you mean `ppo`")])
+def test_cli_without_training_imports_neither_torch_nor_ray(args, rc, text):
+    p = subprocess.run([sys.executable, "-c", CHECK, *args], capture_output=True, text=True, timeout=120)
+    out = json.loads(p.stdout.rsplit("MODULES ", 1)[1])
+    assert out == {"rc": rc, "torch": False, "ray": False}, p.stderr[-2000:]
+    assert text in p.stdout + p.stderr
+    if rc == 2:
+        assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+
+
+def test_an_algorithm_registered_as_a_class_or_a_ref():
+    """Plugin authors may return the Algorithm class itself (loaded as it is) or an
+    AlgorithmRef (its section without torch, the class imported on demand)."""
+    from flowkit_ppo import PPO, PPOConfig
+
+    import flowkit
+
+    class Plugin:
+        @flowkit.hookimpl
+        def flowkit_add_algorithms(self):
+            return [type("Mine", (PPO,), {"name": "mine"})]
+
+    pm = flowkit.get_plugin_manager(extra=[Plugin()])
+    lazy = pm.algorithms(load=False)
+    assert isinstance(lazy["ppo"], flowkit.AlgorithmRef) and lazy["mine"].name == "mine"
+    assert pm.config_sections()["mine"] is PPOConfig
+    algos = pm.algorithms()
+    assert algos["ppo"] is PPO and algos["mine"].__mro__[1] is PPO
+    bad = flowkit.get_plugin_manager(extra=[type("P", (), {"flowkit_add_algorithms": staticmethod(
+        lambda: [flowkit.AlgorithmRef("nope", None, "flowkit_ppo.nothere:X")])})()])
+    with pytest.raises(flowkit.PluginError, match="'nope': flowkit_ppo.nothere:X failed to import"):
+        bad.algorithms()

@@ -1,0 +1,65 @@
+"""Attaching to a running Ray cluster (``runtime.address``): a head started in a subprocess
+with its own port, temp dir and CPUs (token authentication on; a short temp dir: Ray's socket paths must fit), stopped
+by its pid."""
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+pytestmark = pytest.mark.slow
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cli(*args, env=None, timeout=240):
+    return subprocess.run([sys.executable, "-m", "flowkit.cli", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_train_against_a_head_with_token_auth_and_a_clear_error_without_the_token(tmp_path):
+    port, token = _free_port(), "flowkit-test-token-0123456789abcdef"
+    env = dict(os.environ, RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=token)
+    ray_bin = os.path.join(os.path.dirname(sys.executable), "ray")
+    head = subprocess.Popen([ray_bin, "start", "--head", f"--port={port}", "--num-cpus=2", "--include-dashboard=false",
+                             f"--temp-dir={tempfile.mkdtemp(prefix='fk', dir='/tmp')}", "--block"], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.5)
+        common = ["train", "algo=ppo", "env=CartPole-v1", f"runtime.address=127.0.0.1:{port}", "stop.iterations=2",
+                  "runtime.num_workers=1", "run.reporters=[csv]"]
+        env_client = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+        env_client["RAY_AUTH_TOKEN"] = token
+        r = _cli(*common, f"run.dir={tmp_path / 'a'}", env=env_client)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert os.path.exists(tmp_path / "a" / "result.json")
+        env_client.pop("RAY_AUTH_TOKEN")
+        env_client["HOME"] = str(tmp_path)  # no ~/.ray/auth_token either
+        r = _cli(*common, f"run.dir={tmp_path / 'b'}", env=env_client)
+        assert r.returncode == 2 and "RAY_AUTH_TOKEN" in r.stderr, r.stderr[-3000:]
+        assert "Traceback" not in r.stderr
+    finally:
+        os.killpg(head.pid, signal.SIGTERM)
+        head.wait(60)
+
+
+def test_an_unreachable_address_fails_within_seconds_with_one_line(tmp_path):
+    t = time.time()
+    r = _cli("train", "algo=ppo", "env=CartPole-v1", f"runtime.address=127.0.0.1:{_free_port()}",
+             f"run.dir={tmp_path}", timeout=120)
+    assert r.returncode == 2 and "no Ray cluster answers" in r.stderr, r.stderr[-2000:]
+    assert "Traceback" not in r.stderr and time.time() - t < 60
