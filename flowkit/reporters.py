@@ -37,7 +37,6 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Type
 
-from flowkit.checkpoint import save_checkpoint
 from flowkit.core.flow import NOT_READY
 from flowkit.hooks.manager import hookimpl
 
@@ -230,22 +229,23 @@ class CheckpointReporter(Reporter):
     name = "checkpoint"
 
     def flowkit_on_run_start(self, run_dir: str) -> None:
-        self.run_dir = run_dir
+        from flowkit.checkpoint import save_checkpoint  # torch: imported once a run starts
+        self.run_dir, self.save = run_dir, save_checkpoint
 
     @hookimpl(trylast=True)
     def flowkit_report(self, result: Row, ctx: "RunContext") -> None:
         every = int(ctx.config.checkpoint.every_iters)
         if every > 0 and result["iteration"] % every == 0:
-            save_checkpoint(ctx, self.run_dir)
+            self.save(ctx, self.run_dir)
 
     def flowkit_on_train_end(self, ctx: "RunContext", error: Optional[BaseException]) -> None:
         if not hasattr(self, "run_dir"):
             return
         if error is not None:
             with contextlib.suppress(Exception):  # best effort: keep what was learned
-                save_checkpoint(ctx, self.run_dir, "crash")
+                self.save(ctx, self.run_dir, "crash")
         elif bool(ctx.config.checkpoint.at_end) and ctx.iteration > 0:
-            save_checkpoint(ctx, self.run_dir)
+            self.save(ctx, self.run_dir)
 
 
 class EvaluationReporter(Reporter):

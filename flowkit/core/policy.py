@@ -169,9 +169,9 @@ class FlatAdam:
 
     def __init__(self, flat: torch.Tensor, lr: float, eps: float = 1e-8):
         self.flat = flat
-        self.param_groups: List[Dict[str, Any]] = [dict(lr=lr, betas=(0.9, 0.999), eps=eps, weight_decay=0, amsgrad=False, maximize=False,
-                                  foreach=None, capturable=False, differentiable=False, fused=None,
-                                  decoupled_weight_decay=False, params=[0])]
+        self.param_groups: List[Dict[str, Any]] = [dict(
+            lr=lr, betas=(0.9, 0.999), eps=eps, weight_decay=0, amsgrad=False, maximize=False, foreach=None,
+            capturable=False, differentiable=False, fused=None, decoupled_weight_decay=False, params=[0])]
         self.state: Dict[int, Dict[str, torch.Tensor]] = {}
 
     @torch.no_grad()
