@@ -13,7 +13,7 @@ import signal
 import sys
 from typing import List, Optional
 
-USAGE = """flowkit train [-c FILE] [--dry-run] [key=value ...]
+USAGE = """flowkit train [-c FILE ...] [--dry-run | --print-config] [key=value ...]
 flowkit plan [-c FILE] [key=value ...]
 flowkit plugins"""
 
@@ -22,7 +22,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flowkit", description="Reinforcement learning as dataflow, on Ray.",
                                 usage=USAGE, add_help=False)
     p.add_argument("command", nargs="?", choices=["train", "plan", "plugins"])
-    p.add_argument("-c", "--config", dest="config_file", default=None, help="YAML config file")
+    p.add_argument("-c", "--config", dest="config_file", action="append", help="YAML config file (several: merged in order)")
+    p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML; start nothing")
     p.add_argument("--dry-run", action="store_true", help="validate the config and print the plan; start nothing")
     p.add_argument("--mermaid", action="store_true", help="plan: print only the Mermaid graph")
     p.add_argument("-h", "--help", action="store_true")
@@ -70,6 +71,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         cfg = build_config(overrides, args.config_file, pm.config_sections())  # errors before torch and Ray load
         if not cfg.resume:  # a resumed run's algo comes from its checkpoint
             check_algo(cfg, pm.algorithms(load=False))
+        if args.print_config:  # resolved and validated, nothing started
+            from omegaconf import OmegaConf
+            print(OmegaConf.to_yaml(cfg), end="")
+            return 0
         if args.command == "plan" or args.dry_run:
             from flowkit.engine import describe_plan
             d = describe_plan(overrides, args.config_file)

@@ -24,7 +24,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
+from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, OmegaConfBaseException, ValidationError
 
 
 class ConfigError(ValueError):
@@ -335,142 +335,55 @@ def check_algo(cfg: Any, algos: Any) -> None:
         raise ConfigError(f"algo={cfg.algo!r} is not an installed algorithm ({', '.join(sorted(algos))}){hint}")
 
 
-def _check_key(key: str, keys: Dict[str, Any]) -> None:
-    """A known key, a key inside an open Dict field, or a section name given as a whole (e.g.
-    a YAML mapping) passes; anything else is a ConfigError naming the closest valid key."""
-    if key in keys:
-        return
-    for k, (tp, _, _) in keys.items():
-        base, _ = _unwrap_optional(tp)
-        if typing.get_origin(base) in (dict, Dict) and key.startswith(k + "."):
-            return
-    if any(k.startswith(key + ".") for k in keys):
-        return
-    close = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.6)
-    hint = f"; did you mean `{close[0]}`?" if close else ""
-    shown = key if key.isprintable() and key.strip() == key else repr(key)  # e.g. a stray '\xa0'
-    raise ConfigError(f"unknown config key `{shown}`{hint}")
+_KINDS = {int: "an int", float: "a float", bool: "true or false", str: "a string"}
 
 
-def _flatten(d: Any, prefix: str = "") -> List[Tuple[str, Any]]:
-    if isinstance(d, dict) and d:
-        return [kv for k, v in d.items() for kv in _flatten(v, f"{prefix}{k}.")]
-    return [(prefix[:-1], d)]
+def _config_error(e: Exception, keys: Dict[str, Tuple[Any, str, Any]]) -> ConfigError:
+    """An OmegaConf error as one line: an unknown key with the closest valid one, a value of
+    the wrong type naming the key, the value and the expected type, else OmegaConf's words."""
+    key = str(getattr(e, "full_key", None) or "")
+    if isinstance(e, ConfigKeyError):
+        close = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.6)
+        hint = f"; did you mean `{close[0]}`?" if close else ""
+        shown = key if key.isprintable() and key.strip() == key else repr(key)  # e.g. a stray '\xa0'
+        return ConfigError(f"unknown config key `{shown}`{hint}")
+    k = re.sub(r"\[\d+\]$", "", key)
+    item = k != key or (k not in keys and k.rpartition(".")[0] in keys)  # a list or a mapping item
+    tp = keys.get(k) or keys.get(k.rpartition(".")[0])
+    if tp is not None and isinstance(e, ValidationError) and not isinstance(e, InterpolationResolutionError):
+        base = _leaf_type(tp[0]) if item else _unwrap_optional(tp[0])[0]
+        origin, v = typing.get_origin(base), getattr(e, "value", None)
+        want = (f"a list, e.g. {key}=[1,2]" if origin in (list, List) else "a mapping" if origin in (dict, Dict)
+                else _KINDS.get(base, _type_name(base)))
+        return ConfigError(f"`{key}` must be {want}, got {'null' if v is None else repr(v)}")
+    return ConfigError(f"config key `{key or '?'}`: {str(e).splitlines()[0]}")
 
 
-_DOTLIST_RE = re.compile(r"^[A-Za-z_][\w\-]*(\.[\w\-\*\?\[\]]+)*$")
-
-
-def parse_overrides(overrides: Sequence[str]) -> Dict[str, Any]:
-    """``["a.b=1", ...]`` -> nested dict with YAML-typed values. ``env=ID`` becomes
-    ``env.id``. Raises ConfigError on a malformed item or a key given twice."""
-    flat: Dict[str, Tuple[str, Any]] = {}
-    for item in overrides:
-        if not isinstance(item, str) or "=" not in item:
+def _dotlist(items: Sequence[Any]) -> Dict[str, Any]:
+    """``["a.b=1", ...]`` as a nested dict, each value read as YAML by OmegaConf (text that is
+    not YAML stays a string). ``env=ID`` is ``env.id=ID``; both spellings together are an error."""
+    layer, seen = OmegaConf.create(), typing.cast(Dict[str, str], {})
+    for item in items:
+        spelling, _, raw = item.partition("=") if isinstance(item, str) else ("", "", "")
+        if not (spelling := spelling.strip()) or "=" not in item:
             raise ConfigError(f"override {item!r} is not of the form key=value")
-        key, raw = item.split("=", 1)
-        key = key.strip()
-        if not _DOTLIST_RE.match(key):
-            raise ConfigError(f"override {item!r}: `{key}` is not a valid config key")
-        try:
-            val = _yaml_load(raw) if raw.strip() != "" else ""
-        except yaml.YAMLError:
-            val = raw
-        spelling = key
-        if key == "env" and not isinstance(val, dict):
-            key, val = "env.id", (None if val is None else str(raw))
-        if key in flat and flat[key][0].split("=", 1)[0].strip() != spelling:
-            # two spellings of one key (env= and env.id=): no silent winner
-            raise ConfigError(f"`{key}` is given twice: `{flat[key][0]}` and `{item}`")
-        flat[key] = (item, val)  # the same key repeated: the last one wins
-    return _nest({k: v for k, (_, v) in flat.items()}, {k: i for k, (i, _) in flat.items()})
-
-
-def _nest(flat: Dict[str, Any], origin: Dict[str, str]) -> Dict[str, Any]:
-    out: Dict[str, Any] = {}
-    for key, val in flat.items():
-        parts, d = key.split("."), out
-        for p in parts[:-1]:
-            nxt = d.setdefault(p, {})
-            if not isinstance(nxt, dict):
-                raise ConfigError(f"`{key}` conflicts with `{'.'.join(parts[:parts.index(p) + 1])}`")
-            d = nxt
-        if isinstance(d.get(parts[-1]), dict) or (parts[-1] in d and isinstance(val, dict)):
-            raise ConfigError(f"`{origin.get(key, key)}` conflicts with another override of `{key}`")
-        d[parts[-1]] = val
-    return out
-
-
-def _coerce(flat: List[Tuple[str, Any]], keys: Dict[str, Tuple[Any, str, Any]]) -> Dict[str, Any]:
-    """Type-check leaf values against the schema; integral floats (``1e4``) become ints."""
-    fixed: Dict[str, Any] = {}
-    for key, val in flat:
-        _check_key(key, keys)
-        if key not in keys and any(k.startswith(key + ".") for k in keys):  # a whole section
-            if val is None or val == {}:  # `ppo:` with every key commented out
-                continue
-            raise ConfigError(f"`{key}` is a config section: give a mapping of its keys "
-                              f"(e.g. `{key}.<key>=value`), got {val!r}")
-        if key not in keys:
-            fixed[key] = val
-            continue
-        tp, _, _ = keys[key]
-        base, opt = _unwrap_optional(tp)
-        if val is None:
-            if not opt:
-                raise ConfigError(f"`{key}` must be {_type_name(tp)}, got null")
-        elif base is int and isinstance(val, float):
-            if not val.is_integer():
-                raise ConfigError(f"`{key}` must be an int, got {val!r}")
-            val = int(val)
-        elif base is int and (isinstance(val, bool) or not isinstance(val, int)):
-            raise ConfigError(f"`{key}` must be an int, got {val!r} ({type(val).__name__})")
-        elif base is float and (isinstance(val, bool) or not isinstance(val, (int, float))):
-            raise ConfigError(f"`{key}` must be a float, got {val!r} ({type(val).__name__})")
-        elif base is bool and not isinstance(val, bool):
-            raise ConfigError(f"`{key}` must be true or false, got {val!r}")
-        elif base is str and isinstance(val, (dict, list)):
-            raise ConfigError(f"`{key}` must be a string, got {val!r}")
-        elif base is str and not isinstance(val, str):
-            val = str(val)
-        elif typing.get_origin(base) in (list, List) and not isinstance(val, (list, tuple)):
-            raise ConfigError(f"`{key}` must be a list, e.g. {key}=[1,2], got {val!r}")
-        elif typing.get_origin(base) in (list, List):
-            (item_tp,) = typing.get_args(base) or (Any,)
-            for v in val:
-                if item_tp is int and (isinstance(v, bool) or not isinstance(v, int)):
-                    raise ConfigError(f"`{key}` must be a list of ints, got {val!r}")
-                if item_tp is str and not isinstance(v, str):
-                    raise ConfigError(f"`{key}` must be a list of strings, got {val!r}")
-        elif typing.get_origin(base) in (dict, Dict) and not isinstance(val, dict):
-            raise ConfigError(f"`{key}` must be a mapping, got {val!r}")
-        fixed[key] = val
-    return fixed
-
-
-class _Loader(yaml.SafeLoader):
-    """SafeLoader where ``1e-5`` and ``1E4`` are floats (YAML 1.1 needs a dot)."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+]?[0-9]+)?
-                 |[-+]?(?:[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)
-                 |\.[0-9_]+(?:[eE][-+]?[0-9]+)?
-                 |[-+]?\.(?:inf|Inf|INF)
-                 |\.(?:nan|NaN|NAN))$""", re.X),
-    list("-+0123456789."))
-
-
-def _yaml_load(text: str) -> Any:
-    """YAML where ``1e-5`` is a float (plain YAML 1.1 reads it as a string)."""
-    return yaml.load(text, Loader=_Loader)
+        key = "env.id" if spelling == "env" and not raw.lstrip().startswith("{") else spelling
+        if seen.setdefault(key, item).split("=", 1)[0].strip() != spelling:  # no silent winner
+            raise ConfigError(f"`{key}` is given twice: `{seen[key]}` and `{item}`")
+        try:  # the same key repeated: the last one wins
+            try:
+                layer.merge_with_dotlist([f"{key}={raw}"])
+            except yaml.YAMLError:
+                OmegaConf.update(layer, key, raw)
+        except Exception as e:
+            raise ConfigError(f"override {item!r}: {str(e).splitlines()[0]}") from None
+    return typing.cast(Dict[str, Any], OmegaConf.to_container(layer))
 
 
 def _load_yaml(path: str) -> Dict[str, Any]:
     try:
         with open(path, encoding="utf-8") as f:
-            data = _yaml_load(f.read())
+            data = OmegaConf.load(f)  # its YAML reads 1e-5 as a float and refuses duplicate keys
     except FileNotFoundError:
         raise ConfigError(f"config file {path!r} does not exist") from None
     except IsADirectoryError:
@@ -478,13 +391,15 @@ def _load_yaml(path: str) -> Dict[str, Any]:
     except UnicodeDecodeError as e:
         raise ConfigError(f"config file {path!r} is not a UTF-8 text file (byte {e.start}: "
                           f"{e.object[e.start:e.start + 1]!r}); give a YAML file") from None
-    except OSError as e:
-        raise ConfigError(f"config file {path!r} cannot be read: {e.strerror or e}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {path!r} is not valid YAML: {e}") from None
-    if not isinstance(data, (dict, type(None))):
-        raise ConfigError(f"config file {path!r} must hold a mapping at the top, got {type(data).__name__}")
-    return _env_shorthand(data or {})
+    except OSError as e:
+        if e.strerror:
+            raise ConfigError(f"config file {path!r} cannot be read: {e.strerror}") from None
+        data = None  # OmegaConf's answer to a number at the top
+    if not isinstance(data, DictConfig):
+        raise ConfigError(f"config file {path!r} must hold a mapping at the top")
+    return _env_shorthand(typing.cast(Dict[str, Any], OmegaConf.to_container(data)))
 
 
 def _env_shorthand(data: Dict[str, Any]) -> Dict[str, Any]:
@@ -493,23 +408,29 @@ def _env_shorthand(data: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def _as_source(user: Any) -> Tuple[Dict[str, Any], List[str]]:
-    if user is None:
-        return {}, []
-    if isinstance(user, (DictConfig, ListConfig)):
-        user = OmegaConf.to_container(user, resolve=True)
-    if isinstance(user, dict):
-        return dict(_env_shorthand(user)), []
-    if isinstance(user, (list, tuple)):
-        return parse_overrides(list(user)), list(user)
+    """``(nested dict, overrides)`` of a config given as overrides (a list or a string), a dict
+    or a DictConfig; interpolations stay as they are (resolved in the merged config)."""
     if isinstance(user, str):
-        return parse_overrides(user.split()), user.split()
+        user = user.split()
+    if isinstance(user, (DictConfig, ListConfig)):
+        user = OmegaConf.to_container(user)
+    if user is None or isinstance(user, dict):
+        return dict(_env_shorthand(user or {})), []
+    if isinstance(user, (list, tuple)):
+        return _dotlist(user), list(user)
     raise ConfigError(f"config must be a dict, a DictConfig or a list of overrides, got {type(user).__name__}")
 
 
-def plugin_modules_from(user: Any, config_file: Optional[str] = None) -> List[str]:
+def _layers(user: Any, config_file: Union[str, Sequence[str], None]) -> List[Dict[str, Any]]:
+    """Each config file (in order), then ``user``."""
+    files = [config_file] if isinstance(config_file, str) else list(config_file or [])
+    return [_load_yaml(f) for f in files] + [_as_source(user)[0]]
+
+
+def plugin_modules_from(user: Any, config_file: Union[str, Sequence[str], None] = None) -> List[str]:
     """The ``plugins`` list of a config source (needed before the schema can be built)."""
     mods: List[str] = []
-    for src in ([_load_yaml(config_file)] if config_file else []) + [_as_source(user)[0]]:
+    for src in _layers(user, config_file):
         given = src.get("plugins")
         if given is not None and (not isinstance(given, (list, tuple)) or not all(isinstance(m, str) for m in given)):
             raise ConfigError(f"`plugins` must be a list of module paths, e.g. plugins=[my_pkg.plugin], got {given!r}")
@@ -517,41 +438,62 @@ def plugin_modules_from(user: Any, config_file: Optional[str] = None) -> List[st
     return mods
 
 
-def build_config(user: Any = None, config_file: Optional[str] = None,
+def build_config(user: Any = None, config_file: Union[str, Sequence[str], None] = None,
                  sections: Optional[Dict[str, type]] = None) -> DictConfig:
-    """Merge defaults, YAML file and overrides into a typed DictConfig (struct mode).
+    """Merge defaults, YAML files and overrides into a typed DictConfig (struct mode), with
+    every ``${...}`` interpolation resolved and every value checked.
 
     Args:
         user: dotlist overrides (list of ``key=value``), a dict, or a DictConfig.
-        config_file: optional YAML file, applied before ``user``.
+        config_file: YAML file(s), merged in order before ``user``.
         sections: extra sections ``{name: dataclass}`` (algorithm and plugin sections).
     Raises:
         ConfigError: unknown key (with the closest valid one), wrong type, a value outside
-            what its field allows (:func:`check_values`), a key given twice (``env=`` and
-            ``env.id=`` included), or a config file that is missing, unreadable or not YAML.
+            what its field allows (:func:`check_values`), an interpolation that does not
+            resolve, ``env=`` and ``env.id=`` given together, or a config file that is
+            missing, unreadable or not YAML.
     """
     schema_cls = make_schema_class(sections or {})
     merged = OmegaConf.structured(schema_cls)
-    for layer in ([_load_yaml(config_file)] if config_file else []) + [_as_source(user)[0]]:
-        try:
-            merged = merge_overrides(merged, layer or {}, schema_cls)
-        except OmegaConfBaseException as e:
-            raise ConfigError(f"config key `{getattr(e, 'full_key', None) or '?'}`: {str(e).splitlines()[0]}") from None
+    for layer in _layers(user, config_file):
+        merged = merge_overrides(merged, layer, schema_cls)
     OmegaConf.set_struct(merged, True)
+    try:
+        OmegaConf.resolve(merged)  # validates each result against its field's type
+    except OmegaConfBaseException as e:
+        raise _config_error(e, {}) from None
     check_values(merged, schema_cls)
     return merged
 
 
 def merge_overrides(base: DictConfig, overrides: Dict[str, Any], schema: type) -> DictConfig:
-    """``base`` with the nested dict ``overrides`` merged in, each leaf type-checked against
-    the dataclass ``schema`` first (integral floats such as ``1e4`` become ints).
+    """``base`` with the nested dict ``overrides`` merged in by OmegaConf, which checks every
+    key and type against the dataclass ``schema``; an integral float (``1e4``) for an int
+    field becomes an int; a section given as null (``ppo:`` in YAML) is skipped.
 
     Raises:
         ConfigError: an unknown key (with the closest valid one) or a value of the wrong type.
-        omegaconf.errors.OmegaConfBaseException: a value OmegaConf's own validation refuses.
     """
-    fixed = _coerce([(k, v) for k, v in _flatten(overrides) if k], schema_keys(schema))
-    return typing.cast(DictConfig, OmegaConf.merge(base, OmegaConf.create(_nest(fixed, {}))))
+    keys = schema_keys(schema)
+    layer = dict(overrides)
+    for name in [k for k in layer if any(s.startswith(f"{k}.") for s in keys)]:  # whole sections
+        if layer[name] is None:
+            del layer[name]
+        elif not isinstance(layer[name], dict):
+            raise ConfigError(f"`{name}` is a config section: give a mapping of its keys "
+                              f"(e.g. `{name}.<key>=value`), got {layer[name]!r}")
+    try:
+        node = OmegaConf.create(layer)
+        while True:
+            try:
+                return typing.cast(DictConfig, OmegaConf.merge(base, node))
+            except ValidationError as e:
+                v = getattr(e, "value", None)
+                if not (isinstance(v, float) and v.is_integer() and "to Integer" in str(e)):
+                    raise
+                OmegaConf.update(node, str(e.full_key), int(v), merge=False)
+    except OmegaConfBaseException as e:
+        raise _config_error(e, keys) from None
 
 
 def section_view(cfg: DictConfig, name: str) -> DictConfig:

@@ -55,7 +55,7 @@ import os
 import random
 import time
 import warnings
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 import torch
@@ -94,7 +94,7 @@ class Result:
 
 
 # ---- set-up ----------------------------------------------------------------------------------
-def load_config(user: Any = None, config_file: Optional[str] = None, pm: Any = None):
+def load_config(user: Any = None, config_file: Union[str, Sequence[str], None] = None, pm: Any = None):
     """Plugin manager and validated config (the ``flowkit train --dry-run`` path).
 
     Raises:
@@ -187,7 +187,7 @@ def build_plan(ctx: RunContext) -> Any:
     return plan
 
 
-def describe_plan(user: Any = None, config_file: Optional[str] = None) -> Dict[str, str]:
+def describe_plan(user: Any = None, config_file: Union[str, Sequence[str], None] = None) -> Dict[str, str]:
     """``{"text": ..., "mermaid": ...}`` of the plan of a config; starts no actor."""
     pm, cfg = load_config(user, config_file)
     ctx = setup(cfg, pm)
@@ -250,7 +250,7 @@ def _stop_reason(cfg: DictConfig, r: Dict[str, Any]) -> Optional[str]:
     return None
 
 
-def train(config: Any = None, config_file: Optional[str] = None, plugins: Sequence[Any] = ()) -> Result:
+def train(config: Any = None, config_file: Union[str, Sequence[str], None] = None, plugins: Sequence[Any] = ()) -> Result:
     """Train from a config (dotlist list, dict or DictConfig) and return a :class:`Result`.
 
     Raises:

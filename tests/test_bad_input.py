@@ -100,7 +100,8 @@ def _check(overrides, config_file=None):
         if config_file:  # a key of the file (`key` or key=value), or the file itself
             assert re.search(r"`[^`]+`|[\w.]+=", msg) or config_file in msg, msg
             return
-        named = [o.split("=", 1)[0].strip() for o in overrides] + [repr(o) for o in overrides]
+        keys = [o.split("=", 1)[0].strip() for o in overrides]
+        named = keys + [repr(k) for k in keys] + [repr(o) for o in overrides]
         assert any(n and n in msg for n in named), f"{msg!r} names none of {overrides}"
 
 

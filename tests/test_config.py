@@ -6,10 +6,14 @@ import warnings
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
+from omegaconf import OmegaConf
 
 import flowkit
 from conftest import local_overrides
 from flowkit import ConfigError
+from flowkit.config import Allowed, _unwrap_optional, make_schema_class, schema_allowed, schema_keys
 from flowkit.engine import describe_plan, load_config, setup
 
 
@@ -142,3 +146,99 @@ def test_cli_dry_run_plan_plugins_help():
     assert p.returncode == 0 and "ppo" in p.stdout and "flowkit-ppo" in p.stdout and "random" in p.stdout
     p = run_cli("train", "--help")
     assert p.returncode == 0 and "ppo.clip_param (float, > 0, default 0.2)" in p.stdout and "runtime.num_workers" in p.stdout
+
+
+# ---- composition, interpolation, --print-config (issue 11, part 4) --------------------------
+def test_two_files_merge_in_order_then_overrides(tmp_path):
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("env: Acrobot-v1\nppo:\n  lr: 1e-3\n  num_epochs: 3\nruntime:\n  num_workers: 3\n")
+    b.write_text("ppo:\n  num_epochs: 5\nruntime:\n  num_workers: 2\n  num_envs_per_worker: 4\n")
+    cfg = cfg_of("runtime.num_workers=1", file=[str(a), str(b)])
+    assert (cfg.env.id, cfg.ppo.lr, cfg.ppo.num_epochs) == ("Acrobot-v1", 1e-3, 5)
+    assert (cfg.runtime.num_workers, cfg.runtime.num_envs_per_worker) == (1, 4)
+    assert cfg_of(file=[str(b), str(a)]).runtime.num_workers == 3  # the later file wins
+    b.write_text("ppo:\n  lrr: 1\n")
+    with pytest.raises(ConfigError, match=r"^unknown config key `ppo.lrr`; did you mean `ppo.lr`\?$"):
+        cfg_of(file=[str(a), str(b)])
+
+
+def test_interpolation_resolves_and_is_validated(tmp_path, monkeypatch):
+    monkeypatch.setenv("FLOWKIT_TEST_SEED", "7")
+    f = tmp_path / "c.yaml"
+    f.write_text("ppo:\n  train_batch_size: 256\n  minibatch_size: ${ppo.train_batch_size}\n")
+    cfg = cfg_of("env=CartPole-v1", "seed=${oc.env:FLOWKIT_TEST_SEED}", "ppo.train_batch_size=512", file=str(f))
+    assert cfg.ppo.minibatch_size == 512 and cfg.seed == 7 and isinstance(cfg.seed, int)
+    assert "${" not in OmegaConf.to_yaml(cfg)  # what a run saves is resolved
+    with pytest.raises(ConfigError, match=r"^config key `ppo.minibatch_size`: Interpolation key 'ppo.nope' not found$"):
+        cfg_of("ppo.minibatch_size=${ppo.nope}")
+    with pytest.raises(ConfigError, match=r"^config key `seed`: .*FLOWKIT_NOT_SET"):
+        cfg_of("seed=${oc.env:FLOWKIT_NOT_SET}")
+    with pytest.raises(ConfigError, match=r"^ppo\.lr=0\.0 must be finite and > 0$"):  # ranges see the result
+        cfg_of("ppo.lr=${ppo.ent_coef}")
+
+
+def test_cli_print_config_prints_resolved_yaml_and_starts_nothing(tmp_path):
+    a, b = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    a.write_text("env: CartPole-v1\nruntime:\n  num_workers: 3\n")
+    b.write_text("ppo:\n  minibatch_size: ${ppo.num_epochs}\n")
+    p = run_cli("train", "-c", str(a), "-c", str(b), "--print-config", "ppo.num_epochs=4", f"run.dir={tmp_path}/r")
+    assert p.returncode == 0, p.stderr
+    printed = yaml.safe_load(p.stdout)
+    assert printed["env"]["id"] == "CartPole-v1" and printed["runtime"]["num_workers"] == 3
+    assert printed["ppo"]["minibatch_size"] == 4 and printed["run"]["dir"] == f"{tmp_path}/r"
+    assert not os.path.exists(f"{tmp_path}/r")
+    p = run_cli("train", "--print-config", "env=CartPole-v1", "ppo.lrr=1")
+    assert p.returncode == 2 and p.stderr == "flowkit: config error: unknown config key `ppo.lrr`; did you mean `ppo.lr`?\n"
+
+
+# ---- property: what --dry-run accepts runs -----------------------------------------------
+_PM = load_config(["env=CartPole-v1"])[0]
+_SCHEMA = make_schema_class(_PM.config_sections())
+_ALLOWED = schema_allowed(_SCHEMA)
+_SKIP = ("env.id", "env.factory", "env.kwargs", "runtime.backend", "runtime.address", "learner.device", "run.", "stop.",
+         "resume", "plugins", "algo", "multiagent.", "random.", "runtime.sample_timeout_s", "runtime.start_timeout_s")
+
+
+def _valid(key: str, tp) -> "st.SearchStrategy | None":
+    """Small valid values of ``key`` as override text, or None for a key not drawn."""
+    a, (base, opt) = _ALLOWED.get(key, Allowed()), _unwrap_optional(tp)
+    if key.startswith(_SKIP):
+        return None
+    if a.choices is not None:
+        vals = st.sampled_from(a.choices).map(str)
+    elif base is bool:
+        vals = st.sampled_from(["true", "false"])
+    elif base is int:
+        lo = int(a.ge if a.ge is not None else a.gt + 1 if a.gt is not None else 0)
+        vals = st.integers(lo, lo + 3).map(str)
+    elif base is float:
+        lo = float(a.ge if a.ge is not None else a.gt + 1e-3 if a.gt is not None else 0.0)
+        vals = st.floats(lo, min(lo + 1.0, a.le if a.le is not None else lo + 1.0)).map(repr)
+    elif key == "model.hidden_sizes":
+        vals = st.lists(st.integers(1, 8), min_size=1, max_size=2).map(lambda xs: f"[{','.join(map(str, xs))}]")
+    else:
+        return None
+    return st.one_of(vals, st.just("null")) if opt else vals
+
+
+_DRAWN = {k: s for k, (tp, _, _) in schema_keys(_SCHEMA).items() if (s := _valid(k, tp)) is not None}
+
+
+@settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
+@given(algo=st.sampled_from(["ppo", "dqn", "impala"]), data=st.data())
+def test_every_config_dry_run_accepts_runs_one_iteration(tmp_path_factory, algo, data):
+    """Any few keys with values valid on their own: if ``--dry-run`` (describe_plan) accepts the
+    config, a one-iteration local run starts and ends without a ConfigError."""
+    keys = [k for k in _DRAWN if "." not in k or k.split(".")[0] not in ("ppo", "dqn", "impala") or k.startswith(algo)]
+    chosen = data.draw(st.lists(st.sampled_from(keys), min_size=1, max_size=4, unique=True), label="keys")
+    run_dir = str(tmp_path_factory.mktemp("prop") / "run")
+    ov = ["env=CartPole-v1", f"algo={algo}", "runtime.num_workers=1", "runtime.num_envs_per_worker=2",
+          "runtime.rollout_fragment_length=8", "ppo.train_batch_size=16", "ppo.minibatch_size=8",
+          "impala.train_batch_size=16", "dqn.learning_starts=0", "stop.iterations=1", "evaluation.episodes=1",
+          *[f"{k}={data.draw(_DRAWN[k], label=k)}" for k in chosen]]
+    try:
+        describe_plan(ov)
+    except ConfigError:
+        assume(False)  # several valid values that do not fit together: refused before anything starts
+    res = flowkit.train(local_overrides(run_dir, *ov))
+    assert res.metrics["iteration"] == 1
