@@ -53,6 +53,10 @@ AUTORESET_MODES = {"next_step": gym.vector.AutoresetMode.NEXT_STEP,
                    "same_step": gym.vector.AutoresetMode.SAME_STEP}
 
 
+def _thunk(env: Any) -> Callable[[], Any]:
+    return lambda: env
+
+
 class GymEnvRunner:
     """Steps a Gymnasium SyncVectorEnv of ``runtime.num_envs_per_worker`` sub-envs with one
     batched policy call per step, and returns fragments of exactly
@@ -83,7 +87,7 @@ class GymEnvRunner:
                                     **dict(cfg.env.kwargs or {}))
             self._check_left = int(cfg.env.check_spaces_steps)
         else:
-            self.vec = gym.vector.SyncVectorEnv([(lambda e=e: e) for e in envs],
+            self.vec = gym.vector.SyncVectorEnv([_thunk(e) for e in envs],
                                                 autoreset_mode=AUTORESET_MODES[mode])
             self._check_left = 0  # SpaceCheck wraps each sub-env
         self.T = int(cfg.runtime.rollout_fragment_length)
