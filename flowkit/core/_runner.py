@@ -132,10 +132,8 @@ class GymEnvRunner:
     def _check_rows(self, raw: Any, where: str) -> None:
         """Space checks for the native vector env (SpaceCheck wraps single envs instead)."""
         self._check_left -= 1
-        space = self.vec.single_observation_space
-        arr = np.asarray(raw)
-        for j in range(self.n):
-            if m := find_mismatch(space, arr[j]):
+        for j, x in enumerate(np.asarray(raw)):
+            if m := find_mismatch(self.vec.single_observation_space, x):
                 raise EnvError(f"env {self.worker.config.env.id!r} (worker {self.worker.index}, sub-env {j}) "
                                f"returned a bad observation from {where}: at `{m[0]}` expected {m[1]}, "
                                f"received {m[2]}")
@@ -200,11 +198,11 @@ class GymEnvRunner:
             self.ep_ret += np.where(valid, rew, 0.0)
             self.t += valid
             have += valid
-            ended = done if self.same_step else done & valid
+            ended = done & valid  # (same_step: every step is valid)
             for j in np.flatnonzero(ended):
                 ep = self.episodes[j]
                 ep.length, ep.total_reward = int(self.ep_len[j]), float(self.ep_ret[j])
-                self.ep_len[j], self.ep_ret[j] = 0, 0.0
+                self.ep_len[j], self.ep_ret[j], self.t[j] = 0, 0.0, 0
                 ep.terminated, ep.truncated = bool(term[j]), bool(trunc[j] and not term[j])
                 if ep_hook:
                     pm.hook.flowkit_on_episode_end(episode=ep, worker=self.worker)
@@ -212,7 +210,6 @@ class GymEnvRunner:
                 self.episodes[j] = self._new_episode(int(j))
                 self.eps_ids[j] = self.episodes[j].episode_id
                 live_eps[self.episodes[j].episode_id] = self.episodes[j]
-                self.t[j] = 0
             self.reset_pending = ended if not self.same_step else np.zeros(n, bool)
             self.obs_enc, self.mask = next_enc, next_mask
         for i, ep in enumerate(self.episodes):  # running episodes, as hooks see them
@@ -233,8 +230,7 @@ class GymEnvRunner:
                                    for k, v in stacked.items()})
         parts = []
         for j in range(self.n):
-            rows = np.flatnonzero(valid[:, j])
-            piece = sb.SampleBatch({k: v[rows, j] for k, v in stacked.items()})
+            piece = sb.SampleBatch({k: v[valid[:, j], j] for k, v in stacked.items()})
             carried = self.carry[j]
             if carried is not None:
                 piece = sb.concat_samples([carried, piece])
@@ -257,21 +253,20 @@ class GymEnvRunner:
         Episodes are spread over the sub-envs; an episode only counts if it started after the
         evaluation began (no bias toward short episodes: each sub-env's first episodes)."""
         self._reset_all()
-        per_env = [num_episodes // self.n + (1 if j < num_episodes % self.n else 0) for j in range(self.n)]
-        done_count = [0] * self.n
+        left = [num_episodes // self.n + (j < num_episodes % self.n) for j in range(self.n)]  # to count per sub-env
         out: List[Dict[str, Any]] = []
         while len(out) < num_episodes:
             actions, _ = self.policy.compute_actions_encoded(self.obs_enc, self.mask, explore)
             raw_next, rew, term, trunc, _ = self._call("step()", self.vec.step, self.dist.to_env(actions))
             valid = ~self.reset_pending
-            ended = (term | trunc) & (valid if not self.same_step else True)
+            ended = (term | trunc) & valid
             for j in np.flatnonzero(valid):
                 self.episodes[j].length += 1
                 self.episodes[j].total_reward += float(rew[j])
             for j in np.flatnonzero(ended):
-                if done_count[j] < per_env[j]:
+                if left[j] > 0:
                     out.append(self.episodes[j].summary())
-                    done_count[j] += 1
+                    left[j] -= 1
                 self.episodes[j] = self._new_episode(int(j))
             self.reset_pending = ended if not self.same_step else np.zeros(self.n, bool)
             self.obs_enc, self.mask = self.encoder(raw_next, self.n)
