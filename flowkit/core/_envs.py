@@ -109,13 +109,11 @@ def find_mismatch(space: gym.Space, x: Any, path: str = "obs") -> Optional[Tuple
         tol = 1e-6 * np.maximum(1.0, np.abs(space.high))
         if np.any(a < space.low - tol) or np.any(a > space.high + tol):
             return path, exp + " (values out of bounds)", describe_value(a)
-        return None
-    if isinstance(space, gym.spaces.Discrete):
+    elif isinstance(space, gym.spaces.Discrete):
         a = np.asarray(x)
         if a.shape != () or a.dtype.kind not in "iu" or not space.contains(int(a)):
             return path, f"Discrete({space.n}, start={space.start}) integer", describe_value(x)
-        return None
-    if not space.contains(x):
+    elif not space.contains(x):
         return path, str(space), describe_value(np.asarray(x))
     return None
 

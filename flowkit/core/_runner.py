@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.vector.utils import concatenate, create_empty_array, iterate
 
 from flowkit.core import batch as sb
-from flowkit.core._encoders import ObsEncoder, add_batch_axis
+from flowkit.core._encoders import ObsEncoder
 from flowkit.core._envs import EnvError, env_name, find_mismatch
 
 if TYPE_CHECKING:
@@ -177,14 +178,12 @@ class GymEnvRunner:
             next_enc, next_mask = enc(raw_next, n)
             rec_next, rec_next_mask = next_enc, next_mask
             done = term | trunc
-            if self.same_step and done.any():
-                rec_next = next_enc.copy()
-                rec_next_mask = None if next_mask is None else next_mask.copy()
-                for j in np.flatnonzero(done):
-                    fe, fm = enc(add_batch_axis(infos["final_obs"][j]), 1)
-                    rec_next[j] = fe[0]
-                    if rec_next_mask is not None and fm is not None:
-                        rec_next_mask[j] = fm[0]
+            if self.same_step and done.any():  # record the real final observations (from info)
+                space = self.vec.single_observation_space
+                final = [f if d else o for o, f, d in zip(iterate(self.vec.observation_space, raw_next),
+                                                          infos["final_obs"], done)]
+                out: Any = create_empty_array(space, n)  # Any: typed Optional, never None here
+                rec_next, rec_next_mask = enc(concatenate(space, final, out), n)
             step = {sb.OBS: obs_enc, sb.ACTIONS: actions, sb.REWARDS: np.asarray(rew, np.float32),
                     sb.TERMINATEDS: term, sb.TRUNCATEDS: trunc & ~term, sb.NEXT_OBS: rec_next,
                     sb.EPS_ID: self.eps_ids.copy(), sb.T: self.t.copy()}
