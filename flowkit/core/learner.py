@@ -266,8 +266,7 @@ class Learner:
     def check_alive(self) -> None:
         """Raise the thread's exception (its own type, message and traceback) if it crashed;
         RuntimeError if it stopped otherwise while still in use."""
-        if self.error is not None:
-            e = self.error
+        if (e := self.error) is not None:
             note = f"[flowkit] raised in the learner thread ({self.name}-learner)"
             if note not in getattr(e, "__notes__", []):
                 e.add_note(note)

@@ -297,9 +297,7 @@ class WorkerSet:
         return self.actors[0].obj if self.backend == "local" else None
 
     def stop(self) -> None:
-        if self._actors is None:
-            return
-        for a in self._actors:
+        for a in self._actors or []:
             with contextlib.suppress(Exception):
                 _kill(a) if a.is_remote else a.obj.stop()
         self._actors = None
