@@ -10,8 +10,8 @@ share a seed and a restarted worker does not replay its first episodes.
 from __future__ import annotations
 
 import dataclasses
-import importlib
 import inspect
+import pkgutil
 import zlib
 from typing import Any, Callable, Optional, Tuple
 
@@ -52,25 +52,17 @@ def env_name(env_cfg: Any) -> str:
     return env_cfg.get("id") or env_cfg.get("factory") or "<no env>"
 
 
-def _import_callable(path: str) -> Callable:
-    if ":" not in path:
-        raise ValueError(f"env.factory={path!r} must be of the form module:callable")
-    mod, attr = path.split(":", 1)
-    obj = importlib.import_module(mod)
-    for part in attr.split("."):
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ValueError(f"env.factory={path!r} is not callable")
-    return obj
-
-
 def make_env(env_cfg: Any, context: EnvContext) -> Any:
     """Build one env from ``env.id`` (gym.make) or ``env.factory`` (called with
     ``env.kwargs`` and, if it accepts it, ``context=``); wrap in TimeLimit when
     ``env.max_episode_steps`` is set."""
     kwargs = dict(env_cfg.get("kwargs") or {})
-    if env_cfg.get("factory"):
-        fn = _import_callable(env_cfg["factory"])
+    if path := env_cfg.get("factory"):
+        if ":" not in path:
+            raise ValueError(f"env.factory={path!r} must be of the form module:callable")
+        fn = pkgutil.resolve_name(path)
+        if not callable(fn):
+            raise ValueError(f"env.factory={path!r} is not callable")
         try:
             accepts = "context" in inspect.signature(fn).parameters
         except (TypeError, ValueError):
@@ -117,13 +109,11 @@ def find_mismatch(space: gym.Space, x: Any, path: str = "obs") -> Optional[Tuple
         tol = 1e-6 * np.maximum(1.0, np.abs(space.high))
         if np.any(a < space.low - tol) or np.any(a > space.high + tol):
             return path, exp + " (values out of bounds)", describe_value(a)
-        return None
-    if isinstance(space, gym.spaces.Discrete):
+    elif isinstance(space, gym.spaces.Discrete):
         a = np.asarray(x)
         if a.shape != () or a.dtype.kind not in "iu" or not space.contains(int(a)):
             return path, f"Discrete({space.n}, start={space.start}) integer", describe_value(x)
-        return None
-    if not space.contains(x):
+    elif not space.contains(x):
         return path, str(space), describe_value(np.asarray(x))
     return None
 
@@ -159,10 +149,8 @@ class SpaceCheck(gym.Wrapper):
         if not isinstance(out, tuple) or len(out) != 2:  # old Gym: the observation alone
             self._fail("value from reset()", ("reset()", "a tuple (obs, info) (Gymnasium API)", describe_value(out)))
         obs, info = out
-        if self._left > 0:
-            m = find_mismatch(self.observation_space, obs)
-            if m:
-                self._fail("observation from reset()", m)
+        if self._left > 0 and (m := find_mismatch(self.observation_space, obs)):
+            self._fail("observation from reset()", m)
         return obs, info
 
     def step(self, action):
@@ -173,10 +161,9 @@ class SpaceCheck(gym.Wrapper):
         if self._left > 0:
             self._left -= 1
             obs, rew, term, trunc, _ = out
-            m = find_mismatch(self.observation_space, obs)
-            if m:
+            if m := find_mismatch(self.observation_space, obs):
                 self._fail("observation from step()", m)
-            if not np.isscalar(rew) and np.asarray(rew).ndim != 0 or not np.isfinite(float(np.asarray(rew))):
+            if np.ndim(rew) != 0 or not np.isfinite(float(np.asarray(rew))):
                 self._fail("reward", ("reward", "a finite float scalar", describe_value(np.asarray(rew))))
             for nm, v in (("terminated", term), ("truncated", trunc)):
                 if not isinstance(v, (bool, np.bool_)):

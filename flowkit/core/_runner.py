@@ -9,9 +9,10 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
 
 import gymnasium as gym
 import numpy as np
+from gymnasium.vector.utils import concatenate, create_empty_array, iterate
 
 from flowkit.core import batch as sb
-from flowkit.core._encoders import ObsEncoder, add_batch_axis
+from flowkit.core._encoders import ObsEncoder
 from flowkit.core._envs import EnvError, env_name, find_mismatch
 
 if TYPE_CHECKING:
@@ -112,34 +113,28 @@ class GymEnvRunner:
         except Exception:
             return False
 
-    def _api_error(self, e: Exception, call: str) -> Exception:
-        """``e`` itself when the env's own code raised it (a fault: the worker is rebuilt);
-        else the env broke the API (outputs that cannot be batched, e.g. a shape change after
-        the checked steps): an :class:`EnvError`, never retried."""
-        if isinstance(e, (EnvError, TimeoutError)) or any(
-                str(n).startswith("[flowkit] raised by") for n in getattr(e, "__notes__", ())):
-            return e
-        w = self.worker
-        err = EnvError(f"env {env_name(w.config.env)!r} (worker {w.index}): the outputs of {call} cannot be "
-                       f"batched ({type(e).__name__}: {(str(e).splitlines() or [''])[0]}); expected observations "
-                       f"in {self.vec.single_observation_space}, a float reward, bool terminated and truncated")
-        err.__cause__ = e
-        return err
-
-    def _step(self, actions: np.ndarray) -> Tuple[Any, Any, Any, Any, Any]:
+    def _call(self, call: str, fn: Callable, *args, **kw) -> Any:
+        """``fn(*args, **kw)`` of the vector env. An exception the env's own code raised passes
+        unchanged (a fault: the worker is rebuilt); any other means the env broke the API
+        (outputs that cannot be batched, e.g. a shape change after the checked steps): an
+        :class:`EnvError`, never retried."""
         try:
-            return self.vec.step(self.dist.to_env(actions))
+            return fn(*args, **kw)
         except Exception as e:
-            raise self._api_error(e, "step()")  # noqa: B904 - the cause is set by _api_error
+            if isinstance(e, (EnvError, TimeoutError)) or any(
+                    str(n).startswith("[flowkit] raised by") for n in getattr(e, "__notes__", ())):
+                raise
+            w = self.worker
+            raise EnvError(f"env {env_name(w.config.env)!r} (worker {w.index}): the outputs of {call} cannot be "
+                           f"batched ({type(e).__name__}: {(str(e).splitlines() or [''])[0]}); expected observations "
+                           f"in {self.vec.single_observation_space}, a float reward, bool terminated and truncated"
+                           ) from e
 
     def _check_rows(self, raw: Any, where: str) -> None:
         """Space checks for the native vector env (SpaceCheck wraps single envs instead)."""
         self._check_left -= 1
-        space = self.vec.single_observation_space
-        arr = np.asarray(raw)
-        for j in range(self.n):
-            m = find_mismatch(space, arr[j])
-            if m:
+        for j, x in enumerate(np.asarray(raw)):
+            if m := find_mismatch(self.vec.single_observation_space, x):
                 raise EnvError(f"env {self.worker.config.env.id!r} (worker {self.worker.index}, sub-env {j}) "
                                f"returned a bad observation from {where}: at `{m[0]}` expected {m[1]}, "
                                f"received {m[2]}")
@@ -147,13 +142,9 @@ class GymEnvRunner:
     def _reset_all(self):
         seeds = [ctx.seed for ctx in self.worker.sub_env_contexts]
         # a native vector env takes one seed for its single RNG (sub-envs still differ)
-        try:
-            raw, _ = self.vec.reset(seed=seeds[0] if self.native else seeds)  # type: ignore[arg-type]  # a list seeds each sub-env
-        except Exception as e:
-            raise self._api_error(e, "reset()")  # noqa: B904 - the cause is set by _api_error
+        raw, _ = self._call("reset()", self.vec.reset, seed=seeds[0] if self.native else seeds)
         if self._check_left > 0:
             self._check_rows(raw, "reset()")
-        self.raw_obs = raw
         self.obs_enc, self.mask = self.encoder(raw, self.n)
         self.reset_pending = np.zeros(self.n, bool)
         self.episodes = [self._new_episode(j) for j in range(self.n)]
@@ -171,11 +162,7 @@ class GymEnvRunner:
         n, T = self.n, self.T
         pol, enc = self.policy, self.encoder
         have = np.array([0 if c is None else len(c) for c in self.carry])
-        cols: Dict[str, List[np.ndarray]] = {k: [] for k in (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS,
-                                                               sb.TRUNCATEDS, sb.NEXT_OBS, sb.EPS_ID, sb.T)}
-        if enc.has_mask:
-            cols[sb.ACTION_MASK], cols[sb.NEXT_ACTION_MASK] = [], []
-        extras_l: Dict[str, List[np.ndarray]] = {}
+        steps: List[Dict[str, Any]] = []   # per step: {column: (N, ...)}
         valid_l: List[np.ndarray] = []
         finished: List[Dict[str, Any]] = []
         pm = self.worker.pm
@@ -184,45 +171,37 @@ class GymEnvRunner:
         while (have < T).any():
             obs_enc, mask = self.obs_enc, self.mask
             actions, extras = pol.compute_actions_encoded(obs_enc, mask, explore)
-            raw_next, rew, term, trunc, infos = self._step(actions)
+            raw_next, rew, term, trunc, infos = self._call("step()", self.vec.step, self.dist.to_env(actions))
             if self._check_left > 0:
                 self._check_rows(raw_next, "step()")
             valid = ~self.reset_pending
             next_enc, next_mask = enc(raw_next, n)
             rec_next, rec_next_mask = next_enc, next_mask
             done = term | trunc
-            if self.same_step and done.any():
-                rec_next = next_enc.copy()
-                rec_next_mask = None if next_mask is None else next_mask.copy()
-                for j in np.flatnonzero(done):
-                    fe, fm = enc(add_batch_axis(infos["final_obs"][j]), 1)
-                    rec_next[j] = fe[0]
-                    if rec_next_mask is not None and fm is not None:
-                        rec_next_mask[j] = fm[0]
-            cols[sb.OBS].append(obs_enc)
-            cols[sb.ACTIONS].append(actions)
-            cols[sb.REWARDS].append(np.asarray(rew, np.float32))
-            cols[sb.TERMINATEDS].append(term)
-            cols[sb.TRUNCATEDS].append(trunc & ~term)
-            cols[sb.NEXT_OBS].append(rec_next)
-            cols[sb.EPS_ID].append(self.eps_ids.copy())
-            cols[sb.T].append(self.t.copy())
+            if self.same_step and done.any():  # record the real final observations (from info)
+                space = self.vec.single_observation_space
+                final = [f if d else o for o, f, d in zip(iterate(self.vec.observation_space, raw_next),
+                                                          infos["final_obs"], done)]
+                out: Any = create_empty_array(space, n)  # Any: typed Optional, never None here
+                rec_next, rec_next_mask = enc(concatenate(space, final, out), n)
+            step = {sb.OBS: obs_enc, sb.ACTIONS: actions, sb.REWARDS: np.asarray(rew, np.float32),
+                    sb.TERMINATEDS: term, sb.TRUNCATEDS: trunc & ~term, sb.NEXT_OBS: rec_next,
+                    sb.EPS_ID: self.eps_ids.copy(), sb.T: self.t.copy()}
             if mask is not None:
-                cols[sb.ACTION_MASK].append(mask)
-                cols[sb.NEXT_ACTION_MASK].append(rec_next_mask if rec_next_mask is not None else mask)
-            for k, v in extras.items():
-                extras_l.setdefault(k, []).append(v)
+                step.update({sb.ACTION_MASK: mask, sb.NEXT_ACTION_MASK: rec_next_mask})
+            step.update(extras)
+            steps.append(step)
             valid_l.append(valid)
             # episode bookkeeping (real transitions only)
             self.ep_len += valid
             self.ep_ret += np.where(valid, rew, 0.0)
             self.t += valid
             have += valid
-            ended = done if self.same_step else done & valid
+            ended = done & valid  # (same_step: every step is valid)
             for j in np.flatnonzero(ended):
                 ep = self.episodes[j]
                 ep.length, ep.total_reward = int(self.ep_len[j]), float(self.ep_ret[j])
-                self.ep_len[j], self.ep_ret[j] = 0, 0.0
+                self.ep_len[j], self.ep_ret[j], self.t[j] = 0, 0.0, 0
                 ep.terminated, ep.truncated = bool(term[j]), bool(trunc[j] and not term[j])
                 if ep_hook:
                     pm.hook.flowkit_on_episode_end(episode=ep, worker=self.worker)
@@ -230,21 +209,19 @@ class GymEnvRunner:
                 self.episodes[j] = self._new_episode(int(j))
                 self.eps_ids[j] = self.episodes[j].episode_id
                 live_eps[self.episodes[j].episode_id] = self.episodes[j]
-                self.t[j] = 0
             self.reset_pending = ended if not self.same_step else np.zeros(n, bool)
-            self.raw_obs, self.obs_enc, self.mask = raw_next, next_enc, next_mask
+            self.obs_enc, self.mask = next_enc, next_mask
         for i, ep in enumerate(self.episodes):  # running episodes, as hooks see them
             ep.length, ep.total_reward = int(self.ep_len[i]), float(self.ep_ret[i])
-        batch = self._postprocess(self._cut(cols, extras_l, valid_l), live_eps)
+        batch = self._postprocess(self._cut(steps, valid_l), live_eps)
         return sb.MultiAgentBatch({self.policy_id: batch}, env_steps=n * T, agent_steps=n * T,
                                   episodes=finished, worker_index=self.worker.index,
                                   meta={"weights_version": self.worker.weights_version})
 
-    def _cut(self, cols, extras_l, valid_l) -> sb.SampleBatch:
+    def _cut(self, steps, valid_l) -> sb.SampleBatch:
         """Stack steps (S, N, ...) and cut exactly T real transitions per sub-env."""
         T = self.T
-        stacked = {k: np.stack(v) for k, v in cols.items()}
-        stacked.update({k: np.stack(v) for k, v in extras_l.items()})
+        stacked = {k: np.stack([s[k] for s in steps]) for k in steps[0]}
         valid = np.stack(valid_l)
         if valid.all() and all(c is None for c in self.carry) and valid.shape[0] == T:
             # fast path: every step real, nothing carried -> (N, T) layout
@@ -252,8 +229,7 @@ class GymEnvRunner:
                                    for k, v in stacked.items()})
         parts = []
         for j in range(self.n):
-            rows = np.flatnonzero(valid[:, j])
-            piece = sb.SampleBatch({k: v[rows, j] for k, v in stacked.items()})
+            piece = sb.SampleBatch({k: v[valid[:, j], j] for k, v in stacked.items()})
             carried = self.carry[j]
             if carried is not None:
                 piece = sb.concat_samples([carried, piece])
@@ -276,21 +252,20 @@ class GymEnvRunner:
         Episodes are spread over the sub-envs; an episode only counts if it started after the
         evaluation began (no bias toward short episodes: each sub-env's first episodes)."""
         self._reset_all()
-        per_env = [num_episodes // self.n + (1 if j < num_episodes % self.n else 0) for j in range(self.n)]
-        done_count = [0] * self.n
+        left = [num_episodes // self.n + (j < num_episodes % self.n) for j in range(self.n)]  # to count per sub-env
         out: List[Dict[str, Any]] = []
         while len(out) < num_episodes:
             actions, _ = self.policy.compute_actions_encoded(self.obs_enc, self.mask, explore)
-            raw_next, rew, term, trunc, _ = self._step(actions)
+            raw_next, rew, term, trunc, _ = self._call("step()", self.vec.step, self.dist.to_env(actions))
             valid = ~self.reset_pending
-            ended = (term | trunc) & (valid if not self.same_step else True)
+            ended = (term | trunc) & valid
             for j in np.flatnonzero(valid):
                 self.episodes[j].length += 1
                 self.episodes[j].total_reward += float(rew[j])
             for j in np.flatnonzero(ended):
-                if done_count[j] < per_env[j]:
+                if left[j] > 0:
                     out.append(self.episodes[j].summary())
-                    done_count[j] += 1
+                    left[j] -= 1
                 self.episodes[j] = self._new_episode(int(j))
             self.reset_pending = ended if not self.same_step else np.zeros(self.n, bool)
             self.obs_enc, self.mask = self.encoder(raw_next, self.n)

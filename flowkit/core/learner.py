@@ -137,20 +137,18 @@ class Learner:
         if self.contiguous:
             chunks = [policy.prepare_batch(pb.slice(s, min(s + mbs, n))) for s in range(0, n, mbs)]
             tb = chunks[-1]
-        else:
+        else:  # shuffled minibatches are made per epoch when mbs < n
             tb = policy.prepare_batch(pb)
+            chunks = [tb]
         max_norm = getattr(policy.config, "max_grad_norm", None)
         sums: Dict[str, float] = collections.defaultdict(float)
         steps = 0
         for _ in range(self.num_epochs):
-            if self.contiguous:
-                mbs_iter: Iterable[Dict[str, torch.Tensor]] = chunks
-            elif mbs < n:  # one gather per epoch; minibatches are slices (views) of it
+            mbs_iter: Iterable[Dict[str, torch.Tensor]] = chunks
+            if not self.contiguous and mbs < n:  # one gather per epoch; minibatches are slices (views) of it
                 perm = torch.from_numpy(self.rng.permutation(n)).to(policy.device)
                 shuffled = {k: v[perm] for k, v in tb.items()}
                 mbs_iter = ({k: v[s:s + mbs] for k, v in shuffled.items()} for s in range(0, n, mbs))
-            else:
-                mbs_iter = (tb,)
             for mb in mbs_iter:
                 loss, st = policy.loss(mb)
                 if (bad := next((k for k, v in st.items() if not math.isfinite(v)), None)) is not None:
@@ -268,8 +266,7 @@ class Learner:
     def check_alive(self) -> None:
         """Raise the thread's exception (its own type, message and traceback) if it crashed;
         RuntimeError if it stopped otherwise while still in use."""
-        if self.error is not None:
-            e = self.error
+        if (e := self.error) is not None:
             note = f"[flowkit] raised in the learner thread ({self.name}-learner)"
             if note not in getattr(e, "__notes__", []):
                 e.add_note(note)
@@ -329,21 +326,16 @@ class PerfMonitor:
         self._restarts, self._busy, self._trained = 0, 0.0, 0
         self._qsizes: List[int] = []
 
-    def _worker_pids(self) -> List[int]:
-        ws = self.ctx.workers
-        if ws.backend != "ray":
-            return []
-        if self._pids is None or self._restarts != ws.num_restarts:
+    def _sample(self) -> Dict[int, Optional[float]]:
+        """CPU seconds of the driver and of the Ray worker processes."""
+        ws, me = self.ctx.workers, os.getpid()
+        if ws.backend == "ray" and (self._pids is None or self._restarts != ws.num_restarts):
             self._restarts = ws.num_restarts      # a rebuilt worker is a new process
             try:
                 self._pids = [int(p) for p in ws.foreach_worker("get_pid")]
             except Exception:
                 self._pids = []
-        return self._pids
-
-    def _sample(self) -> Dict[int, Optional[float]]:
-        pids = [os.getpid()] + [p for p in self._worker_pids() if p != os.getpid()]
-        return {p: process_cpu_s(p) for p in pids}
+        return {p: process_cpu_s(p) for p in [me] + [p for p in self._pids or [] if p != me]}
 
     def update(self, force: bool = False) -> None:
         """Call once per train step; refreshes the figures every ``period_s`` seconds."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import itertools
 import logging
 import os
@@ -75,11 +76,9 @@ class RolloutWorker:
         self.sub_env_contexts = [EnvContext(index, j, num_workers, restart_count,
                                             derive_seed(seed, "env", index, j, restart_count))
                                  for j in range(n)]
-        name = env_name(env_cfg)
-        envs = []
-        for ctx in self.sub_env_contexts:
-            e = make_env(env_cfg, ctx)
-            envs.append(SpaceCheck(e, name, ctx, int(config.env.check_spaces_steps)) if isinstance(e, gym.Env) else e)
+        name, steps = env_name(env_cfg), int(config.env.check_spaces_steps)
+        envs = [SpaceCheck(e, name, ctx, steps) if isinstance(e := make_env(env_cfg, ctx), gym.Env) else e
+                for ctx in self.sub_env_contexts]
         self.env_context = self.sub_env_contexts[0]
         runner_cls = pm.hook.flowkit_make_env_runner(env=envs[0], context=self.env_context,
                                                      config=config, policies=self.policies)
@@ -144,8 +143,7 @@ class RolloutWorker:
     def pending_env_steps(self) -> int:
         """Transitions sampled but not yet returned (carried into the next fragment); they
         are lost if this worker dies."""
-        carry = getattr(self.runner, "carry", None) or []
-        return int(sum(len(c) for c in carry if c is not None))
+        return sum(len(c) for c in getattr(self.runner, "carry", None) or [] if c is not None)
 
     def ping(self) -> bool:
         return True
@@ -163,7 +161,8 @@ class StartTimeout(TimeoutError):
 def _kill(actor: Any) -> None:
     if actor.is_remote:
         import ray
-        ray.kill(actor.handle)
+        with contextlib.suppress(Exception):
+            ray.kill(actor.handle)
 
 
 class _RayRolloutWorker(RolloutWorker):
@@ -185,7 +184,8 @@ class _RayRolloutWorker(RolloutWorker):
 
 
 class _FailedActor(LocalActor):
-    """A local worker whose constructor raised: every call answers with that error."""
+    """A worker whose construction raised here (the local backend): every call answers with
+    that error, as :class:`_RayRolloutWorker` does."""
 
     def __init__(self, error: BaseException, index: int):
         super().__init__(None, index)
@@ -216,44 +216,40 @@ class WorkerSet:
         self._actors: Optional[List[Any]] = None
         self.restart_counts, self.consecutive_failures = [0] * self.num_workers, [0] * self.num_workers
         self.num_restarts = 0
-        self.restart_log: List[Dict[str, Any]] = []
         self.weights_version = 0
-        self._last_weights_ref: Any = None
-        self._last_weights_key: Optional[tuple] = None
-        self._last_weights_obj: Any = None
+        self._last_put: Optional[tuple] = None   # (weights, version, ObjectRef) of the last ray.put
         self._next_sample_weights: Dict[int, tuple] = {}   # worker index -> (actor, weights, version)
-        self._container: Any = None
 
     # -- lifecycle --
     @property
     def started(self) -> bool:
         return self._actors is not None
 
+    @functools.cached_property
+    def _container(self) -> Any:
+        from omegaconf import OmegaConf
+        return OmegaConf.to_container(self.config, resolve=True)
+
     def _make(self, index: int) -> Any:
-        rc = self.restart_counts[index]
-        if self.backend == "local":
-            a: Any = LocalActor(RolloutWorker(self.config, index, self.num_workers, self.policy_specs, rc, pm=self.pm),
-                                index)
-        else:
-            import ray
-            from omegaconf import OmegaConf
-            if self._container is None:
-                self._container = OmegaConf.to_container(self.config, resolve=True)
-            cls = ray.remote(num_cpus=float(self.config.runtime.num_cpus_per_worker), max_restarts=0)(_RayRolloutWorker)
-            a = RayActor(cls.remote(self._container, index, self.num_workers, self.policy_specs, rc), index)
+        """A new worker in slot ``index``; its construction errors are raised by its first call
+        (``ping``) on either backend."""
+        args = (index, self.num_workers, self.policy_specs, self.restart_counts[index])
+        try:
+            if self.backend == "local":
+                a: Any = LocalActor(RolloutWorker(self.config, *args, pm=self.pm), index)
+            else:
+                import ray
+                cls = ray.remote(num_cpus=float(self.config.runtime.num_cpus_per_worker), max_restarts=0)
+                a = RayActor(cls(_RayRolloutWorker).remote(self._container, *args), index)
+        except Exception as e:
+            a = _FailedActor(e, index)
         a.timeout_s = self.sample_timeout_s
         return a
-
-    def _make_or_failed(self, index: int) -> Any:
-        try:
-            return self._make(index)
-        except Exception as e:  # local backend: the constructor ran here, not in an actor
-            return _FailedActor(e, index)
 
     def start(self) -> None:
         if self._actors is not None:
             return
-        self._actors = [self._make_or_failed(i) for i in range(self.num_workers)]
+        self._actors = [self._make(i) for i in range(self.num_workers)]
         pings = self._await_pings(self._actors, float(self.config.runtime.get("start_timeout_s", 600.0)))
         # surface construction errors (bad env, bad spaces) now, with their own type; a
         # worker whose env fails at start is rebuilt like one that fails while sampling
@@ -274,7 +270,8 @@ class WorkerSet:
         if self.backend != "ray":
             return futs
         import ray
-        pending, t0, say = list(futs.values()), time.monotonic(), min(10.0, bound / 2) if bound else 10.0
+        pending = [f for f in futs.values() if not isinstance(f, LocalFuture)]  # a _FailedActor has answered
+        t0, say = time.monotonic(), min(10.0, bound / 2) if bound else 10.0
         while pending:
             _, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
             waited = time.monotonic() - t0
@@ -300,9 +297,7 @@ class WorkerSet:
         return self.actors[0].obj if self.backend == "local" else None
 
     def stop(self) -> None:
-        if self._actors is None:
-            return
-        for a in self._actors:
+        for a in self._actors or []:
             with contextlib.suppress(Exception):
                 _kill(a) if a.is_remote else a.obj.stop()
         self._actors = None
@@ -321,26 +316,20 @@ class WorkerSet:
         if version is not None:
             self.weights_version = version
         targets = self.actors if actors is None else list(actors)
+        ref = weights  # the local backend passes the dict itself
         if self.backend == "ray":
             import ray
-            key = (id(weights), version)
-            if version is not None and self._last_weights_key == key and self._last_weights_ref is not None:
-                ref = self._last_weights_ref
-            else:
-                ref = ray.put(weights)
-                self._last_weights_ref, self._last_weights_key = ref, key
-                self._last_weights_obj = weights   # keeps id(weights) from being reused
-        else:
-            ref = weights  # the local backend passes the dict itself
-        if with_next_sample:
-            for a in targets:
+            last = self._last_put
+            if version is None or last is None or last[0] is not weights or last[1] != version:
+                last = self._last_put = (weights, version, ray.put(weights))
+            ref = last[2]
+        for a in targets:
+            if with_next_sample:
                 self._next_sample_weights[a.index] = (a, ref, self.weights_version)
-            return
-        if self.backend == "ray":
-            self._pending_weight_futs = [a.submit("set_weights", ref, self.weights_version) for a in targets]
-        else:
-            for a in targets:
-                a.obj.set_weights(weights, self.weights_version)
+            elif a.is_remote:
+                a.submit("set_weights", ref, self.weights_version)
+            else:  # in-process: an error raises here
+                a.obj.set_weights(ref, self.weights_version)
 
     def sample_args(self, actor: Any) -> tuple:
         """Arguments of the next ``sample`` request to ``actor``: ``(weights, version)`` when
@@ -379,23 +368,18 @@ class WorkerSet:
             exc.add_note(f"[flowkit] worker {i} failed {self.consecutive_failures[i]} times in a row "
                          f"(runtime.max_worker_restarts={rt.max_worker_restarts}); stopping")
             return False
-        with contextlib.suppress(Exception):
-            _kill(actor)
+        _kill(actor)
         self.restart_counts[i] += 1
         self.num_restarts += 1
-        self.restart_log.append({"worker_index": i, "restart_count": self.restart_counts[i],
-                                 "error": f"{type(exc).__name__}: {exc}".splitlines()[0]})
         _log.warning("rollout worker %d failed (%s); rebuilding it (restart %d, %d/%d in a row)", i,
-                     self.restart_log[-1]["error"], self.restart_counts[i], self.consecutive_failures[i],
-                     int(rt.max_worker_restarts))
-        new = None
+                     f"{type(exc).__name__}: {exc}".splitlines()[0], self.restart_counts[i],
+                     self.consecutive_failures[i], int(rt.max_worker_restarts))
+        new = self._make(i)
         try:
-            new = self._make(i)
             get_result(self._await_pings([new], None)[i])  # a lost node: wait for Ray to place it
         except Exception as e2:  # the rebuild itself failed: count it and retry
             e2.add_note(f"[flowkit] while rebuilding worker {i}")
-            if new is not None:  # a Ray actor holds its CPUs until killed
-                _kill(new)
+            _kill(new)  # a Ray actor holds its CPUs until killed
             if self.on_failure(actor, e2):
                 return True
             raise e2 from exc  # the latest failure, chained to the one before it
