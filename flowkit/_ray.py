@@ -136,8 +136,14 @@ def wait() -> None:
     t = _S["thread"]
     if t is None:
         return
+    end = time.monotonic() + 2 * CONNECT_TIMEOUT_S
     while not _S["ready"].wait(0.1):
-        pass
+        if _S["key"][0] and time.monotonic() > end:  # an address that answers but is no Ray head
+            from flowkit.config import ConfigError
+            addr = _S["key"][0]
+            stop()
+            raise ConfigError(f"runtime.address={addr!r}: Ray did not connect within {2 * CONNECT_TIMEOUT_S:g} s "
+                              "(is a Ray head listening there?)")
     err = _S["error"]
     if err is not None:
         _S.update(thread=None, error=None, key=None)
@@ -149,4 +155,4 @@ def stop() -> None:
     t, _S["thread"], _S["key"] = _S["thread"], None, None
     if t is not None:
         _S["cancel"].set()
-        t.join()
+        t.join(None if _S["ready"].is_set() else 1.0)  # a ray.init still retrying is left behind (daemon)
