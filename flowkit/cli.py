@@ -14,7 +14,7 @@ import sys
 from typing import List, Optional
 
 USAGE = """flowkit train [-c FILE ...] [--dry-run | --print-config] [key=value ...]
-flowkit plan [-c FILE] [key=value ...]
+flowkit plan [-c FILE ...] [key=value ...]
 flowkit plugins"""
 
 

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Idempotent set-up: a virtual environment in .venv with flowkit, every plugin under
-# plugins/ and the test tools. torch is pinned to the CPU build first (an unpinned torch
-# would pull a multi-GB CUDA build). Re-runs only when a pyproject.toml changed.
+# plugins/ and the test tools. torch==2.13.0 is installed first, before anything can ask for an
+# unpinned torch (which would pull a multi-GB CUDA build): on the project's machines pip finds
+# that version's CPU wheel on disk; elsewhere set PIP_INDEX_URL=https://download.pytorch.org/whl/cpu
+# for that one step if you want the CPU build. Re-runs only when a pyproject.toml changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
