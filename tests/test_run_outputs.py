@@ -30,6 +30,15 @@ def test_run_folder_contents_and_evaluation(run_dir):
         assert key in rows[0]
 
 
+def test_result_json_has_the_start_up_phases_in_order(run_dir):
+    flowkit.train(local_overrides(run_dir, "env=CartPole-v1", "runtime.num_envs_per_worker=2",
+                                  "runtime.rollout_fragment_length=32", "stop.iterations=2"))
+    s = json.load(open(os.path.join(run_dir, "result.json")))
+    phases = [s[f"time_{p}_s"] for p in ("config", "ray", "actors", "first_sample", "first_train", "end")]
+    assert 0 < phases[0] and phases == sorted(phases), phases  # seconds since train() was called
+    assert s["time_first_sample_s"] == pytest.approx(s["time_startup_s"], abs=0.5)
+
+
 def test_stop_on_env_steps_and_return(run_dir):
     res = flowkit.train(local_overrides(run_dir, "env=CartPole-v1", "runtime.num_envs_per_worker=2",
                                         "runtime.rollout_fragment_length=32", "stop.env_steps=300"))

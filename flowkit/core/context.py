@@ -187,8 +187,9 @@ class RunContext(FlowContext):
 
     def mark(self, phase: str) -> None:
         """Record ``time_<phase>_s`` (seconds since train() was called) when first reached."""
-        if self.t_entry is not None:
-            self.extra_metrics.setdefault(f"time_{phase}_s", time.perf_counter() - self.t_entry)
+        key = f"time_{phase}_s"  # called for every sampled and trained batch: look up first
+        if self.t_entry is not None and key not in self.extra_metrics:
+            self.extra_metrics[key] = time.perf_counter() - self.t_entry
 
     def start_clock(self) -> None:
         self._t_start = time.perf_counter()
