@@ -13,8 +13,8 @@ import signal
 import sys
 from typing import List, Optional
 
-USAGE = """flowkit train [-c FILE ...] [--dry-run | --print-config] [key=value ...]
-flowkit plan [-c FILE ...] [key=value ...]
+USAGE = """flowkit train [-c FILE ...] [--no-tuned] [--dry-run | --print-config] [key=value ...]
+flowkit plan [-c FILE ...] [--no-tuned] [key=value ...]
 flowkit plugins"""
 
 
@@ -23,6 +23,8 @@ def _parser() -> argparse.ArgumentParser:
                                 usage=USAGE, add_help=False)
     p.add_argument("command", nargs="?", choices=["train", "plan", "plugins"])
     p.add_argument("-c", "--config", dest="config_file", action="append", help="YAML config file (several: merged in order)")
+    p.add_argument("--no-tuned", action="store_true",
+                   help="without -c: the defaults, not the tuned configs/<algo>/<env-id>.yaml")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML; start nothing")
     p.add_argument("--dry-run", action="store_true", help="validate the config and print the plan; start nothing")
     p.add_argument("--mermaid", action="store_true", help="plan: print only the Mermaid graph")
@@ -62,13 +64,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     if bad:
         print(f"flowkit: error: unrecognised arguments {bad}", file=sys.stderr)
         return 2
-    from flowkit.config import ConfigError, build_config, check_algo, plugin_modules_from
+    from flowkit.config import ConfigError, build_config, check_algo, plugin_modules_from, shown_path, tuned_config_path
     from flowkit.hooks import PluginError, get_plugin_manager
     try:
         if args.command == "plugins":
             return _plugins()
         pm = get_plugin_manager(plugin_modules_from(overrides, args.config_file))
         cfg = build_config(overrides, args.config_file, pm.config_sections())  # errors before torch and Ray load
+        tuned = None if args.config_file or args.no_tuned or cfg.resume else tuned_config_path(cfg.algo, cfg.env.id)
+        if tuned:  # the tuned config for this algo and env, under the overrides
+            args.config_file = [tuned]
+            cfg = build_config(overrides, args.config_file, pm.config_sections())
+            print(f"{'# ' if args.print_config else ''}tuned config: {shown_path(tuned)} (no -c given; "
+                  "--no-tuned for the defaults)", flush=True)
         if not cfg.resume:  # a resumed run's algo comes from its checkpoint
             check_algo(cfg, pm.algorithms(load=False))
         if args.print_config:  # resolved and validated, nothing started
