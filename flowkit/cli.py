@@ -1,4 +1,4 @@
-"""The ``flowkit`` command: train, plan, plugins.
+"""The ``flowkit`` command: train, plan, plugins, plot (flowkit/plot.py), tune (flowkit/tune.py).
 
 Exit status: 0 success, 1 a failed run (a bad env, non-finite training or workers Ray could not
 place: one line, no traceback), 2 a config error (short message, no traceback),
@@ -15,13 +15,17 @@ from typing import List, Optional
 
 USAGE = """flowkit train [-c FILE ...] [--no-tuned] [--dry-run | --print-config] [key=value ...]
 flowkit plan [-c FILE ...] [--no-tuned] [key=value ...]
-flowkit plugins"""
+flowkit plugins
+flowkit plot RUN_DIR... [--x env_steps|time] [--metric M] [--out FILE]
+flowkit tune [-c FILE ...] [--metric M] [--mode max|min] [--search grid|random|optuna] [--num-samples N]
+             [--scheduler asha|none] [key=value ...] [key=choice(a,b) key=range(3) ...]"""
+SUBCOMMANDS = {"plot": "flowkit.plot", "tune": "flowkit.tune"}  # commands with arguments of their own
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flowkit", description="Reinforcement learning as dataflow, on Ray.",
                                 usage=USAGE, add_help=False)
-    p.add_argument("command", nargs="?", choices=["train", "plan", "plugins"])
+    p.add_argument("command", nargs="?", choices=["train", "plan", "plugins", *SUBCOMMANDS])
     p.add_argument("-c", "--config", dest="config_file", action="append", help="YAML config file (several: merged in order)")
     p.add_argument("--no-tuned", action="store_true",
                    help="without -c: the defaults, not the tuned configs/<algo>/<env-id>.yaml")
@@ -55,6 +59,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     for sig in (signal.SIGTERM, signal.SIGHUP):  # while importing; the run takes them over
         signal.signal(sig, _early_signal)
+    if argv and argv[0] in SUBCOMMANDS:
+        import importlib
+        return int(importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:]))
     args, unknown = _parser().parse_known_args(argv)
     overrides = list(args.overrides) + [u for u in unknown if "=" in u]
     bad = [u for u in unknown if "=" not in u]
