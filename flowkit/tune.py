@@ -32,8 +32,9 @@ e.g. ``flowkit tune algo=ppo env=CartPole-v1 ppo.lr=choice(1e-3,3e-4) seed=range
   cluster has, the workers' CPUs are scaled down (fractional ``runtime.num_cpus_per_worker``) so
   that a trial fits, and trials run one at a time: a sweep never waits for CPUs that do not exist.
   The first line of the output states it.
-- Early stopping: ``--scheduler asha`` (default) is ASHA on ``--metric``, over env steps when
-  ``stop.env_steps`` is set (else iterations); ``none`` runs every trial to its stop condition.
+- Early stopping: ``--scheduler asha`` (the default, unless only ``seed`` is searched) is ASHA on
+  ``--metric``, over env steps when ``stop.env_steps`` is set (else iterations), grace period a
+  tenth of that budget; ``none`` runs every trial to its stop condition.
 - Ray: the same session as training (:mod:`flowkit._ray`): ``runtime.address`` attaches to a
   cluster; unset, a local one is started (or the caller's own session is used).
 - The end: a table of the trials sorted by the metric's last value (best first), also written to
@@ -56,6 +57,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+STOPPED_EARLY = "stopped early by the Tune scheduler"
 SPEC = re.compile(r"^(choice|range|uniform|loguniform|randint)\((.*)\)$", re.S)
 
 
@@ -150,13 +152,18 @@ def trial_dirname(values: Dict[str, Any], index: int) -> str:
 
 
 class TuneReport:
-    """A reporter for a trial's run: each row's numbers to Ray Tune (``tune.report``)."""
+    """A reporter for a trial's run: each row's numbers to Ray Tune (``tune.report``). When the
+    scheduler stops the trial, ``tune.report`` raises SystemExit in the trial's thread: the run
+    then stops the flowkit way (checkpoint, result.json) with that reason."""
 
-    def flowkit_report(self, result: Dict[str, Any]) -> None:
+    def flowkit_report(self, result: Dict[str, Any], ctx: Any) -> None:
         from ray import tune
 
         from flowkit.loggers import numeric
-        tune.report(numeric(result))
+        try:
+            tune.report(numeric(result))
+        except SystemExit:
+            ctx.request_stop(STOPPED_EARLY)
 
 
 def run_trial(values: Dict[str, Any], base: List[str], files: List[str], sweep_dir: str, extra: List[str]) -> None:
@@ -219,7 +226,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--search", default="grid", choices=["grid", "random", "optuna"])
     p.add_argument("--num-samples", type=int, default=None,
                    help="grid: repeats of the grid (default 1); random/optuna: trials (default 10)")
-    p.add_argument("--scheduler", default="asha", choices=["asha", "none"], help="early stopping")
+    p.add_argument("--scheduler", default=None, choices=["asha", "none"],
+                   help="early stopping (default asha; none when only the seed is searched)")
     p.add_argument("--grace-period", type=float, default=None,
                    help="ASHA: env steps (iterations without stop.env_steps) before a trial may be "
                         "stopped (default a tenth of the budget)")
@@ -243,6 +251,7 @@ def _tune(a: argparse.Namespace, build_config: Any, tuned_config_path: Any, show
           get_plugin_manager: Any) -> int:
     from flowkit.config import ConfigError, plugin_modules_from
     plain, space = parse_space(a.overrides)
+    a.scheduler = a.scheduler or ("none" if set(space) == {"seed"} else "asha")  # seeds: a multirun, none stops
     if not space:
         raise ConfigError("nothing to search: give at least one key=choice(...), range(...), uniform(...), "
                           "loguniform(...) or randint(...)")
@@ -266,6 +275,7 @@ def _tune(a: argparse.Namespace, build_config: Any, tuned_config_path: Any, show
                 f"{time.strftime('%Y%m%d-%H%M%S')}"))
     base = [o for o in plain if not o.startswith("run.dir=")]
 
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's console output off (verbose=0): our table instead
     import ray
     from omegaconf import DictConfig, OmegaConf
     from ray import tune
@@ -293,9 +303,10 @@ def _tune(a: argparse.Namespace, build_config: Any, tuned_config_path: Any, show
     if a.scheduler == "asha":
         from ray.tune.schedulers import ASHAScheduler
         by_steps = cfg.stop.env_steps is not None
-        max_t = int(cfg.stop.env_steps if by_steps else (cfg.stop.iterations or 1000))
+        budget = int(cfg.stop.env_steps if by_steps else (cfg.stop.iterations or 1000))
+        # max_t past the budget: a trial that reaches its budget ends by its own stop condition
         scheduler = ASHAScheduler(time_attr="env_steps_sampled" if by_steps else "training_iteration",
-                                  max_t=max_t, grace_period=a.grace_period or max(1, max_t // 10))
+                                  max_t=4 * budget, grace_period=a.grace_period or max(1, budget // 10))
     search_alg = None
     if a.search == "optuna":
         from ray.tune.search.optuna import OptunaSearch
@@ -306,11 +317,24 @@ def _tune(a: argparse.Namespace, build_config: Any, tuned_config_path: Any, show
     tuner = tune.Tuner(
         trainable, param_space=param_space(space, a.search),
         tune_config=tune.TuneConfig(metric=a.metric, mode=a.mode, num_samples=samples, scheduler=scheduler,
-                                    search_alg=search_alg, max_concurrent_trials=a.max_concurrent),
+                                    search_alg=search_alg, max_concurrent_trials=a.max_concurrent,
+                                    reuse_actors=True),  # a trial actor imports torch once
         run_config=tune.RunConfig(name="tune", storage_path=sweep_dir, verbose=0,
                                   failure_config=tune.FailureConfig(fail_fast=False)))
     grid = tuner.fit()
     return _report(grid, space, a, sweep_dir)
+
+
+def _status(sweep_dir: str, run: str, error: Any) -> str:
+    """``done`` (its own stop condition), ``stopped early`` (by the scheduler) or ``error``."""
+    if error:
+        return "error"
+    try:
+        with open(os.path.join(sweep_dir, run, "result.json")) as f:
+            reason = json.load(f).get("stop_reason", "")
+    except (OSError, ValueError):
+        return "stopped early"  # the process ended before its result.json
+    return "stopped early" if reason == STOPPED_EARLY else "done"
 
 
 def _report(grid: Any, space: Dict[str, Dim], a: argparse.Namespace, sweep_dir: str) -> int:
@@ -318,9 +342,10 @@ def _report(grid: Any, space: Dict[str, Dim], a: argparse.Namespace, sweep_dir: 
     for r in grid:
         m = r.metrics or {}
         values = {k: (r.config or {}).get(k) for k in space}
-        row: Dict[str, Any] = {"run": trial_dirname(values, _index(m.get("trial_id", ""))), **values,
+        run = trial_dirname(values, _index(m.get("trial_id", "")))
+        row: Dict[str, Any] = {"run": run, **values,
                                a.metric: m.get(a.metric, float("nan")), "env_steps_sampled": m.get("env_steps_sampled"),
-                               "iterations": m.get("iteration"), "status": "error" if r.error else "ok"}
+                               "iterations": m.get("iteration"), "status": _status(sweep_dir, run, r.error)}
         rows.append(row)
     sign = -1.0 if a.mode == "max" else 1.0
     rows.sort(key=lambda r: (not isinstance(r[a.metric], (int, float)) or math.isnan(r[a.metric]),

@@ -32,6 +32,19 @@ def test_grammar():
             parse_space([bad])
 
 
+def test_usage_errors_are_one_line(tmp_path, capsys, monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda m, *a: None if m == "optuna" else real(m, *a))
+    for args, text in [(["seed=1"], "nothing to search"), (["ppo.lrr=choice(1,2)"], "did you mean `ppo.lr`"),
+                       (["ppo.lr=choice(1e-3,-1)"], "ppo.lr=-1"),
+                       (["--search", "optuna", "seed=range(2)"], "needs the optuna package")]:
+        assert main(["tune", *SMALL, f"run.dir={tmp_path}/s", *args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and text in err[0], err
+    assert not os.path.exists(tmp_path / "s")
+
+
 def test_trial_resources_fit_the_cluster():
     cfg = OmegaConf.create({"runtime": {"backend": "ray", "num_workers": 2, "num_cpus_per_worker": 1.0}})
     pgf, extra, text = plan_resources(cfg, 2.0)  # 1 + 2 x 1 CPUs would never fit on 2
@@ -52,7 +65,7 @@ def test_six_trials_on_two_cpus_with_table(ray_session, tmp_path, capsys):
     assert first.startswith("flowkit tune: 6 trials (grid search") and "1 CPU each" in first and "on 2 CPUs" in first
     with open(os.path.join(sweep, "tune_results.csv")) as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 6 and all(r["status"] == "ok" for r in rows)
+    assert len(rows) == 6 and {r["status"] for r in rows} <= {"done", "stopped early"}
     vals = [float(r["episode_return_mean"]) for r in rows]
     assert vals == sorted(vals, reverse=True)  # best first
     assert {(float(r["ppo.lr"]), int(r["seed"])) for r in rows} == {(lr, s) for lr in (1e-3, 3e-4) for s in range(3)}
@@ -63,8 +76,11 @@ def test_six_trials_on_two_cpus_with_table(ray_session, tmp_path, capsys):
 
 def test_seeds_only_sweep_then_plot(ray_session, tmp_path, capsys):
     sweep = str(tmp_path / "seeds")
-    assert main(["tune", *SMALL, "stop.iterations=3", f"run.dir={sweep}", "--scheduler", "none",
-                 "seed=range(3)"]) == 0
+    assert main(["tune", *SMALL, "stop.iterations=3", f"run.dir={sweep}", "seed=range(3)"]) == 0
+    out = capsys.readouterr().out
+    assert "none early stopping" in out.splitlines()[0]  # a multirun: no seed is stopped early
+    with open(os.path.join(sweep, "tune_results.csv")) as f:
+        assert [r["status"] for r in csv.DictReader(f)] == ["done"] * 3
     png = str(tmp_path / "seeds.png")
     assert main(["plot", sweep, "--out", png]) == 0
     assert os.path.getsize(png) > 0
