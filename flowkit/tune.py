@@ -238,18 +238,18 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Optional[List[str]] = None) -> int:
     a = _parser().parse_intermixed_args(argv)
-    from flowkit.config import ConfigError, build_config, shown_path, tuned_config_path
-    from flowkit.hooks import PluginError, get_plugin_manager
+    from flowkit.config import ConfigError
+    from flowkit.hooks import PluginError
     try:
-        return _tune(a, build_config, tuned_config_path, shown_path, get_plugin_manager)
+        return _tune(a)
     except (ConfigError, PluginError) as e:
         print(f"flowkit tune: config error: {e}", file=sys.stderr)
         return 2
 
 
-def _tune(a: argparse.Namespace, build_config: Any, tuned_config_path: Any, shown_path: Any,
-          get_plugin_manager: Any) -> int:
-    from flowkit.config import ConfigError, plugin_modules_from
+def _tune(a: argparse.Namespace) -> int:
+    from flowkit.config import ConfigError, build_config, plugin_modules_from, shown_path, tuned_config_path
+    from flowkit.hooks import get_plugin_manager
     plain, space = parse_space(a.overrides)
     a.scheduler = a.scheduler or ("none" if set(space) == {"seed"} else "asha")  # seeds: a multirun, none stops
     if not space:
