@@ -255,7 +255,7 @@ def _tune(a: argparse.Namespace) -> int:
     if not space:
         raise ConfigError("nothing to search: give at least one key=choice(...), range(...), uniform(...), "
                           "loguniform(...) or randint(...)")
-    files = list(a.config_file or [])
+    files = [os.path.abspath(f) for f in a.config_file or []]  # trials may run elsewhere
     pm = get_plugin_manager(plugin_modules_from(plain, files))
     cfg = build_config(plain, files, pm.config_sections())
     tuned = None if files or a.no_tuned else tuned_config_path(cfg.algo, cfg.env.id)
@@ -265,6 +265,8 @@ def _tune(a: argparse.Namespace) -> int:
     for k, d in space.items():  # every searched key and value must make a valid config
         for v in d.args if d.kind == "choice" else d.args[:1]:
             build_config(plain + trial_overrides({k: v}), files, pm.config_sections())
+    from flowkit.engine import describe_plan  # the first trial as `flowkit train --dry-run` sees it (env probed)
+    describe_plan(plain + trial_overrides({k: d.args[0] for k, d in space.items()}), files)
     if a.search == "optuna":
         import importlib.util
         if importlib.util.find_spec("optuna") is None:
@@ -317,8 +319,7 @@ def _tune(a: argparse.Namespace) -> int:
     tuner = tune.Tuner(
         trainable, param_space=param_space(space, a.search),
         tune_config=tune.TuneConfig(metric=a.metric, mode=a.mode, num_samples=samples, scheduler=scheduler,
-                                    search_alg=search_alg, max_concurrent_trials=a.max_concurrent,
-                                    reuse_actors=True),  # a trial actor imports torch once
+                                    search_alg=search_alg, max_concurrent_trials=a.max_concurrent),
         run_config=tune.RunConfig(name="tune", storage_path=sweep_dir, verbose=0,
                                   failure_config=tune.FailureConfig(fail_fast=False)))
     grid = tuner.fit()
@@ -342,7 +343,8 @@ def _report(grid: Any, space: Dict[str, Dim], a: argparse.Namespace, sweep_dir: 
     for r in grid:
         m = r.metrics or {}
         values = {k: (r.config or {}).get(k) for k in space}
-        run = trial_dirname(values, _index(m.get("trial_id", "")))
+        tid = m.get("trial_id") or (re.findall(r"_([0-9a-f]{5}_\d{5})_", os.path.basename(r.path or "")) or [""])[0]
+        run = trial_dirname(values, _index(tid))
         row: Dict[str, Any] = {"run": run, **values,
                                a.metric: m.get(a.metric, float("nan")), "env_steps_sampled": m.get("env_steps_sampled"),
                                "iterations": m.get("iteration"), "status": _status(sweep_dir, run, r.error)}
@@ -353,6 +355,9 @@ def _report(grid: Any, space: Dict[str, Dim], a: argparse.Namespace, sweep_dir: 
     runs = sorted(d for d in os.listdir(sweep_dir) if re.match(r"\d{5}-", d))
     cols = ["run", *space, a.metric, "env_steps_sampled", "iterations", "status"]
     print(results_table(rows, cols))
+    for r in grid:
+        if r.error:
+            print(f"error in {os.path.basename(r.path or '?')}: {str(r.error).strip().splitlines()[-1][:300]}")
     with open(os.path.join(sweep_dir, "tune_results.csv"), "w", newline="") as f:
         w = csv.DictWriter(f, cols)
         w.writeheader()
