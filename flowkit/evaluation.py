@@ -256,10 +256,10 @@ def format_table(report: Dict[str, Any]) -> str:
     rows = [("episode", report, report["episodes"])]
     rows += [(f"policy/{pid}", d, "") for pid, d in report.get("policies", {}).items()]
     rates = [c for c in ("win_rate", "draw_rate", "loss_rate") if any(c in d for _, d, _ in rows)]
-    head = f"{'':<16}" + "".join(f"{c:>12}" for c in cols + rates)
+    head = f"{'':<16}" + "".join(f"{c:>13}" for c in cols + rates)
 
     def cell(v: Any) -> str:
-        return f"{v:>12}" if isinstance(v, (str, int)) else f"{v:>12.4g}" if math.isfinite(v) else f"{'-':>12}"
+        return f"{v:>13}" if isinstance(v, (str, int)) else f"{v:>13.4g}" if math.isfinite(v) else f"{'-':>13}"
     lines = [head]
     for name, d, n in rows:
         vals = [n] + [d[f"episode_{c}"] for c in cols[1:]] + [d.get(c, "") for c in rates]
