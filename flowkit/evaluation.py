@@ -266,5 +266,5 @@ def format_table(report: Dict[str, Any]) -> str:
         lines.append(f"{name:<16}" + "".join(cell(v) for v in vals))
     mode = "sampled" if report["explore"] else "greedy"
     title = (f"{report['algo']} on {report['env']}, checkpoint {report['checkpoint']} (iteration {report['iteration']}): "
-             f"{report['episodes']} episodes, {mode}, seed {report['seed']}")
+             f"{report['episodes']} episode{'s' if report['episodes'] != 1 else ''}, {mode}, seed {report['seed']}")
     return title + "\n" + "\n".join(lines)

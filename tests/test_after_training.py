@@ -11,12 +11,13 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
+from conftest import local_overrides
 
 import flowkit
 from flowkit.checkpoint import find_checkpoint
 from flowkit.cli import main
+from flowkit.evaluation import run_gym_episodes
 from flowkit.export import export_policy, input_arrays
-from conftest import local_overrides
 
 SMALL = ["runtime.num_workers=1", "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=32"]
 PPO_SMALL = ["ppo.train_batch_size=64", "ppo.minibatch_size=32", "ppo.num_epochs=2"]
@@ -107,6 +108,9 @@ def test_train_evaluate_watch_export_cartpole(run_dir, tmp_path, capsys):
     assert f"video: {video}" in capsys.readouterr().out
     frames = iio.imread(video)
     assert frames.ndim == 4 and frames.shape[0] == lens[0] + 1 and frames.shape[-1] == 3 and frames.std() > 0
+    (ep,) = run_gym_episodes(policy, {"id": "CartPole-v1", "max_episode_steps": 6}, 1, seed=7, render="gif",
+                             video_dir=str(tmp_path))  # a gif, of a short episode (pillow is slow)
+    assert ep["length"] == 6 and 2 <= len(iio.imread(ep["video"])) <= 7  # pillow merges identical frames
 
     # export: both formats act as the policy does
     for fmt, ext in (("torchscript", "pt"), ("onnx", "onnx")):
