@@ -234,6 +234,8 @@ def _export(argv: List[str]) -> int:
             raise _ArgError(f"policy {pid!r}: {e}") from None
         ins = [f"{d['name']}: {d['dtype']}[{', '.join(map(str, d['shape']))}]" for d in sig["inputs"] + sig["outputs"]]
         print(f"wrote {out} ({a.fmt}, policy {pid!r}): ({', '.join(ins[:-1])}) -> {ins[-1]}")
+        print(f"same actions as compute_actions(obs, explore=False) on {sig['checked']} sampled observations"
+              if sig["checked"] else "not checked against the policy (onnxruntime is not installed)")
         return 0
     return _run_after("export", run)
 

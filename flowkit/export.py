@@ -73,6 +73,32 @@ def input_arrays(space: gym.Space, obs: Any) -> List[np.ndarray]:
     return out
 
 
+def sample_observations(space: gym.Space, n: int, seed: int = 0) -> Any:
+    """``n`` raw observations sampled from ``space``, batched as a vector env returns them; an
+    ``action_mask`` keeps at least one legal action (its first where the sample had none)."""
+    space.seed(seed)
+    obs = [space.sample() for _ in range(n)]
+    if isinstance(space, gym.spaces.Dict) and MASK_KEY in space.spaces:
+        for o in obs:
+            m = o[MASK_KEY] = np.asarray(o[MASK_KEY]).copy()
+            if not m.any():
+                m.reshape(-1)[0] = 1
+    out: Any = gym.vector.utils.create_empty_array(space, n)  # Any: typed Optional, never None here
+    return gym.vector.utils.concatenate(space, obs, out)
+
+
+def run_exported(path: str, fmt: str, inputs: List[np.ndarray]) -> np.ndarray:
+    """Actions of an exported file for :func:`input_arrays` inputs (ONNX: with onnxruntime;
+    ImportError without it)."""
+    if fmt == "torchscript":
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # TorchScript is in maintenance mode
+            return torch.jit.load(path)(*[torch.from_numpy(x) for x in inputs]).numpy()
+    import onnxruntime as ort
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    return sess.run(None, {i.name: x for i, x in zip(sess.get_inputs(), inputs)})[0]
+
+
 def _torch_dtype(dtype: Any) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype)).dtype
 
@@ -146,16 +172,8 @@ class ExportedPolicy(nn.Module):
         return a.to(self.out_dtype).reshape((a.shape[0],) + self.shape)
 
     def example_inputs(self, batch: int = 2, seed: int = 0) -> List[np.ndarray]:
-        """``batch`` raw observations sampled from the space (masks with a legal action)."""
-        self.space.seed(seed)
-        obs = [self.space.sample() for _ in range(batch)]
-        if self.has_mask:
-            for o in obs:
-                o[MASK_KEY] = np.asarray(o[MASK_KEY]).copy()
-                o[MASK_KEY].reshape(-1)[0] = 1
-        out: Any = gym.vector.utils.create_empty_array(self.space, batch)  # Any: typed Optional, never None here
-        stacked = gym.vector.utils.concatenate(self.space, obs, out)
-        return input_arrays(self.space, stacked)
+        """Inputs for ``batch`` raw observations drawn by :func:`sample_observations`."""
+        return input_arrays(self.space, sample_observations(self.space, batch, seed))
 
     def signature(self) -> Dict[str, Any]:
         """Input and output names, dtypes and shapes (``B`` the batch axis), as stored with the file."""
@@ -167,14 +185,17 @@ class ExportedPolicy(nn.Module):
                 "action_space": str(self.act_space), "observation_space": str(self.space)}
 
 
-def export_policy(policy: Any, fmt: str, path: str) -> Dict[str, Any]:
+def export_policy(policy: Any, fmt: str, path: str, check: int = 256) -> Dict[str, Any]:
     """Write ``policy`` as an :class:`ExportedPolicy` to ``path``: ``torchscript``
     (``torch.jit.trace``; load with ``torch.jit.load``; the signature is the extra file
     ``flowkit.json``) or ``onnx`` (opset 17, dynamic batch axis; the signature is in the
-    model's metadata ``flowkit``). Returns the signature.
+    model's metadata ``flowkit``), then run the written file on ``check`` sampled observations
+    against ``policy.compute_actions(obs, explore=False)`` (ONNX: when onnxruntime is
+    installed). Returns the signature, with ``checked``: the observations compared (0: none).
 
     Raises:
-        ValueError: an unknown format, or a policy without a network.
+        ValueError: an unknown format, a policy without a network, or a file whose actions
+            differ from the policy's (a policy that overrides its acting: the file is removed).
     """
     if fmt not in FORMATS:
         raise ValueError(f"unknown export format {fmt!r} (use one of {', '.join(FORMATS)})")
@@ -198,7 +219,24 @@ def export_policy(policy: Any, fmt: str, path: str) -> Dict[str, Any]:
             model = onnx.load(path)
             model.metadata_props.add(key="flowkit", value=json.dumps(sig))
             onnx.save(model, path)
+    sig["checked"] = _check(policy, fmt, path, check) if check else 0
     return sig
 
 
-__all__ = ["FORMATS", "ExportedPolicy", "export_policy", "input_arrays"]
+def _check(policy: Any, fmt: str, path: str, n: int) -> int:
+    obs = sample_observations(policy.observation_space, n, seed=1)
+    want = policy.compute_actions(obs, explore=False)
+    try:
+        got = run_exported(path, fmt, input_arrays(policy.observation_space, obs))
+    except ImportError:
+        return 0
+    close = np.isclose(got, want, rtol=1e-4, atol=1e-4) if np.issubdtype(want.dtype, np.floating) else got == want
+    bad = int((~close.reshape(n, -1).all(1)).sum()) if got.shape == want.shape else n
+    if bad:
+        os.remove(path)
+        raise ValueError(f"the exported module's actions differ from compute_actions(obs, explore=False) on {bad} "
+                         f"of {n} sampled observations (does the policy override its acting?); {path} not kept")
+    return n
+
+
+__all__ = ["FORMATS", "ExportedPolicy", "export_policy", "input_arrays", "run_exported", "sample_observations"]

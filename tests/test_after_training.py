@@ -10,14 +10,13 @@ import sys
 import gymnasium as gym
 import numpy as np
 import pytest
-import torch
 from conftest import local_overrides
 
 import flowkit
 from flowkit.checkpoint import find_checkpoint
 from flowkit.cli import main
 from flowkit.evaluation import run_gym_episodes
-from flowkit.export import export_policy, input_arrays
+from flowkit.export import export_policy, input_arrays, run_exported, sample_observations
 
 SMALL = ["runtime.num_workers=1", "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=32"]
 PPO_SMALL = ["ppo.train_batch_size=64", "ppo.minibatch_size=32", "ppo.num_epochs=2"]
@@ -34,35 +33,14 @@ def _files(run_dir):
     return out
 
 
-def _observations(space, n=200, seed=0):
-    """``n`` raw observations sampled from ``space``, batched; masks keep a legal action."""
-    space.seed(seed)
-    obs = [space.sample() for _ in range(n)]
-    if isinstance(space, gym.spaces.Dict) and "action_mask" in space.spaces:
-        for o in obs:
-            o["action_mask"] = np.asarray(o["action_mask"]).copy()
-            if not o["action_mask"].any():
-                o["action_mask"][seed % len(o["action_mask"])] = 1
-    return gym.vector.utils.concatenate(space, obs, gym.vector.utils.create_empty_array(space, n))
-
-
-def _exported_actions(path, fmt, space, obs):
-    ins = input_arrays(space, obs)
-    if fmt == "torchscript":
-        return torch.jit.load(path)(*[torch.from_numpy(x) for x in ins]).numpy()
-    import onnxruntime as ort
-    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    return sess.run(None, {i.name: x for i, x in zip(sess.get_inputs(), ins)})[0]
-
-
 def _check_export(policy, tmp_path, tag):
     """Both formats give ``compute_actions(obs, explore=False)`` on 200 observations."""
-    obs = _observations(policy.observation_space)
+    obs = sample_observations(policy.observation_space, 200)
     want = policy.compute_actions(obs, explore=False)
     for fmt in ("torchscript", "onnx"):
         path = str(tmp_path / f"{tag}.{fmt}")
-        export_policy(policy, fmt, path)
-        got = _exported_actions(path, fmt, policy.observation_space, obs)
+        assert export_policy(policy, fmt, path)["checked"] == 256  # the file checked itself too
+        got = run_exported(path, fmt, input_arrays(policy.observation_space, obs))
         assert got.shape == want.shape and got.dtype == want.dtype, (fmt, got.dtype, want.dtype)
         if np.issubdtype(want.dtype, np.floating):
             np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=fmt)
@@ -117,8 +95,8 @@ def test_train_evaluate_watch_export_cartpole(run_dir, tmp_path, capsys):
         out_path = str(tmp_path / f"cartpole.{ext}")
         assert main(["export", run_dir, "--format", fmt, "--out", out_path]) == 0
         assert f"wrote {out_path}" in capsys.readouterr().out
-        obs = _observations(policy.observation_space)
-        np.testing.assert_array_equal(_exported_actions(out_path, fmt, policy.observation_space, obs),
+        obs = sample_observations(policy.observation_space, 200)
+        np.testing.assert_array_equal(run_exported(out_path, fmt, input_arrays(policy.observation_space, obs)),
                                       policy.compute_actions(obs, explore=False))
 
     # the run itself was neither locked nor changed: only the evaluation's own files were added
@@ -147,8 +125,13 @@ def test_export_matches_compute_actions(name, run_dir, tmp_path):
     if name == "ppo-box":  # the observation normalisation is part of the module, and not the identity
         assert policy.model.obs_rms is not None and float(policy.model.obs_rms.count) > 1
     acts = _check_export(policy, tmp_path, name)
+    if name == "ppo-discrete":  # a policy that acts otherwise than its network says: refused, no file left
+        policy.compute_actions = lambda obs, explore=False: np.zeros(len(obs), np.int64)
+        with pytest.raises(ValueError, match=r"differ from compute_actions\(obs, explore=False\) on \d+ of 256"):
+            export_policy(policy, "onnx", str(tmp_path / "odd.onnx"))
+        assert not os.path.exists(tmp_path / "odd.onnx")
     if name == "dqn-dict-mask":  # masks respected: where only action 0 is legal, 0 is chosen
-        obs = _observations(policy.observation_space)
+        obs = sample_observations(policy.observation_space, 200)
         only0 = (obs["action_mask"][:, 0] == 1) & (obs["action_mask"][:, 1] == 0)
         assert only0.any() and (acts[only0] == 0).all()
 
