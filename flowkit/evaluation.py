@@ -108,7 +108,12 @@ def run_gym_episodes(policy: Any, env_cfg: Dict[str, Any], episodes: int, seed: 
         os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen: no display needed
         env_cfg = {**env_cfg, "kwargs": {**(env_cfg.get("kwargs") or {}), "render_mode": "rgb_array"}}
     k = max(1, min(num_envs, episodes))
-    envs = [make_env(env_cfg, EnvContext(-1, j, 1, 0, seed + j)) for j in range(k)]
+    try:
+        envs = [make_env(env_cfg, EnvContext(-1, j, 1, 0, seed + j)) for j in range(k)]
+    except TypeError as e:
+        if not render:
+            raise
+        raise ConfigError(f"render={render}: the env cannot be built with render_mode='rgb_array' ({e})") from None
     fps = float((getattr(envs[0], "metadata", None) or {}).get("render_fps") or 30)
     out: List[Dict[str, Any]] = [{} for _ in range(episodes)]
     slot_ep: List[Optional[int]] = [None] * k
