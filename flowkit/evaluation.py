@@ -160,8 +160,8 @@ def run_gym_episodes(policy: Any, env_cfg: Dict[str, Any], episodes: int, seed: 
         for v in videos:
             if v is not None:
                 v.close()
-        for e in envs:
-            e.close()
+        for env in envs:
+            env.close()
     return out
 
 
