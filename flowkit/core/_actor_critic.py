@@ -7,6 +7,7 @@ from typing import Dict, Optional
 
 import numpy as np
 import torch
+from torch import nn
 
 from flowkit.core import batch as sb
 from flowkit.core._models import ActorCritic
@@ -62,6 +63,10 @@ class ActorCriticPolicy(Policy):
                 self._np_model = NumpyActorCritic.build(self.model, self.dist, str(mc.activation))
         return self._np_model
 
+    def action_model(self) -> nn.Module:
+        """The policy network alone (see :meth:`Policy.action_model`)."""
+        return _PolicyNet(self.model)
+
     # -- acting (worker) --
     def _extras(self, logp, value, inputs) -> Dict[str, np.ndarray]:
         if not self.store_values:
@@ -106,3 +111,14 @@ class ActorCriticPolicy(Policy):
                               cont, self.config.gamma, self.config.gae_lambda)
         out[sb.ADVANTAGES], out[sb.VALUE_TARGETS] = adv, vt
         return out
+
+
+class _PolicyNet(nn.Module):
+    """``ActorCritic.policy`` as a module: encoded observations -> distribution inputs."""
+
+    def __init__(self, model: ActorCritic):
+        super().__init__()
+        self.model = model
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.model.policy(obs)

@@ -79,6 +79,13 @@ class Policy:
         env_actions = self.dist.to_env(actions)
         return env_actions if batched else env_actions[0]
 
+    def action_model(self) -> Optional[nn.Module]:
+        """The network from encoded observations ``float32[B, *shape]`` to the action
+        distribution's inputs ``float32[B, k]`` (logits, Q-values, or a Gaussian's mean then
+        log-std), observation normalisation included: what ``flowkit export`` wraps with the
+        encoding and greedy action selection. Default: ``self.model``; None: nothing to export."""
+        return self.model
+
     @staticmethod
     def check_mask(mask: Optional[np.ndarray], where: str = "") -> None:
         if mask is not None and mask.shape[0] and not mask.any(axis=1).all():
