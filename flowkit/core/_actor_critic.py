@@ -3,7 +3,7 @@ acting through its numpy mirror on CPU workers (torch otherwise), V(s) for boots
 and GAE postprocessing. A new actor-critic algorithm subclasses it and writes its loss."""
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -11,8 +11,24 @@ import torch
 from flowkit.core import batch as sb
 from flowkit.core._models import ActorCritic
 from flowkit.core._numpy_model import NumpyActorCritic, sample_logp_numpy
-from flowkit.core._returns import bootstrap_rows, compute_gae, next_values
-from flowkit.core.policy import Policy
+from flowkit.core._returns import bootstrap_rows, compute_gae, next_values, vtrace
+from flowkit.core.policy import Policy, to_tensor
+
+
+def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, clip: float) -> torch.Tensor:
+    """PPO's clipped surrogate loss (Schulman et al. 2017, arXiv 1707.06347, eq. 7), to
+    minimise: ``-mean(min(r * A, clip(r, 1 - clip, 1 + clip) * A))``.
+
+    Args: ratio, advantages: float32[B]; clip: epsilon. Returns a scalar tensor."""
+    return -torch.min(advantages * ratio, advantages * torch.clamp(ratio, 1 - clip, 1 + clip)).mean()
+
+
+def adapt_kl_coeff(kl_coeff: float, kl: float, kl_target: float) -> float:
+    """The adaptive KL-penalty coefficient (Schulman et al. 2017, section 4): times 1.5 when
+    the measured ``kl`` exceeds ``2 * kl_target``, times 0.5 below ``kl_target / 2``."""
+    if kl > 2.0 * kl_target:
+        return kl_coeff * 1.5
+    return kl_coeff * 0.5 if kl < 0.5 * kl_target else kl_coeff
 
 
 class ActorCriticPolicy(Policy):
@@ -106,3 +122,30 @@ class ActorCriticPolicy(Policy):
                               cont, self.config.gamma, self.config.gae_lambda)
         out[sb.ADVANTAGES], out[sb.VALUE_TARGETS] = adv, vt
         return out
+
+    # -- V-trace (learner; IMPALA, APPO) --
+    def prepare_vtrace_batch(self, batch: sb.SampleBatch) -> Dict[str, torch.Tensor]:
+        """Tensors for a V-trace loss: the acting columns plus ``nextnonterminal`` (float[L])
+        and ``boot_idx``/``boot_obs`` (rows that bootstrap from V(next_obs): truncations and
+        cuts)."""
+        cont, boot = bootstrap_rows(batch)
+        cols = {k: batch[k] for k in (sb.OBS, sb.ACTIONS, sb.ACTION_LOGP, sb.REWARDS, sb.ACTION_MASK) if k in batch}
+        cols.update(nextnonterminal=cont, boot_idx=boot, boot_obs=np.asarray(batch[sb.NEXT_OBS])[boot])
+        return {k: to_tensor(v, self.device) for k, v in cols.items()}
+
+    @torch.no_grad()
+    def vtrace_targets(self, batch: Dict[str, torch.Tensor], log_rhos: torch.Tensor,
+                       values: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(vs, pg_advantages)`` float32[L] of :func:`vtrace` for a batch from
+        :meth:`prepare_vtrace_batch`, per trajectory: V(x_{t+1}) is the next row's value inside
+        a trajectory, 0 after a termination and V(next_obs) after a truncation or a cut (the
+        only extra forward pass). Config fields read: ``gamma``, ``clip_rho_threshold``,
+        ``clip_c_threshold``, ``clip_pg_rho_threshold``, ``vtrace_lambda``."""
+        cfg = self.config
+        cont, boot_idx = batch["nextnonterminal"].cpu().numpy(), batch["boot_idx"].cpu().numpy()
+        v = values.cpu().numpy()
+        boot_v = self.model.value(batch["boot_obs"]).cpu().numpy() if len(boot_idx) else np.zeros(0, np.float32)
+        vs, pg_adv = vtrace(log_rhos.cpu().numpy(), batch[sb.REWARDS].cpu().numpy(), v,
+                            next_values(v, cont, boot_idx, boot_v), cont, cfg.gamma, cfg.clip_rho_threshold,
+                            cfg.clip_c_threshold, cfg.clip_pg_rho_threshold, cfg.vtrace_lambda)
+        return torch.as_tensor(vs, device=self.device), torch.as_tensor(pg_adv, device=self.device)

@@ -34,7 +34,7 @@ import torch
 
 import flowkit
 from flowkit import ConfigError
-from flowkit.core import ActorCritic, ActorCriticPolicy, bootstrap_rows, derive_seed, next_values, to_tensor, vtrace
+from flowkit.core import ActorCritic, ActorCriticPolicy, derive_seed
 from flowkit.core import batch as sb
 from flowkit.core.context import RunContext
 from flowkit.core.ops import ConcatBatches, DropSource, SyncWeights, TrainOneStep
@@ -54,13 +54,8 @@ class IMPALAPolicy(ActorCriticPolicy):
 
     # -- learning (learner; the Learner runs the epochs over contiguous minibatches) --
     def prepare_batch(self, batch: sb.SampleBatch) -> Dict[str, torch.Tensor]:
-        """Tensors for :meth:`loss`: the columns it reads plus ``nextnonterminal`` (float[L])
-        and ``boot_idx``/``boot_obs`` (rows that bootstrap from
-        V(next_obs): truncations and cuts)."""
-        cont, boot = bootstrap_rows(batch)
-        cols = {k: batch[k] for k in (sb.OBS, sb.ACTIONS, sb.ACTION_LOGP, sb.REWARDS, sb.ACTION_MASK) if k in batch}
-        cols.update(nextnonterminal=cont, boot_idx=boot, boot_obs=np.asarray(batch[sb.NEXT_OBS])[boot])
-        return {k: to_tensor(v, self.device) for k, v in cols.items()}
+        """Tensors for :meth:`loss` (see :meth:`ActorCriticPolicy.prepare_vtrace_batch`)."""
+        return self.prepare_vtrace_batch(batch)
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg = self.config
@@ -79,21 +74,6 @@ class IMPALAPolicy(ActorCriticPolicy):
                                 (rhos > cfg.clip_rho_threshold).float().mean()]).tolist()
         return loss, dict(zip(("pg_loss", "vf_loss", "entropy", "total_loss", "rho_mean", "rho_max",
                                "rho_clip_frac"), vals, strict=True))
-
-    @torch.no_grad()
-    def vtrace_targets(self, batch: Dict[str, torch.Tensor], log_rhos: torch.Tensor,
-                       values: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """``(vs, pg_advantages)`` float32[L] for a prepared batch, per trajectory:
-        V(x_{t+1}) is the next row's value inside a trajectory, 0 after a termination and
-        V(next_obs) after a truncation or a cut (the only extra forward pass)."""
-        cfg = self.config
-        cont, boot_idx = batch["nextnonterminal"].cpu().numpy(), batch["boot_idx"].cpu().numpy()
-        v = values.cpu().numpy()
-        boot_v = self.model.value(batch["boot_obs"]).cpu().numpy() if len(boot_idx) else np.zeros(0, np.float32)
-        vs, pg_adv = vtrace(log_rhos.cpu().numpy(), batch[sb.REWARDS].cpu().numpy(), v,
-                            next_values(v, cont, boot_idx, boot_v), cont, cfg.gamma, cfg.clip_rho_threshold,
-                            cfg.clip_c_threshold, cfg.clip_pg_rho_threshold, cfg.vtrace_lambda)
-        return torch.as_tensor(vs, device=self.device), torch.as_tensor(pg_adv, device=self.device)
 
 
 # ---- replay mix-in --------------------------------------------------------------------------------
@@ -147,27 +127,40 @@ class IMPALA(flowkit.Algorithm):
     @classmethod
     def validate_config(cls, run_config, section) -> List[str]:
         """Cross-field checks (each key's own range is declared in :class:`IMPALAConfig`)."""
-        mb, tb = section.minibatch_size, section.train_batch_size
-        if mb is not None and not 1 <= mb <= tb:
-            raise ConfigError(f"{cls.name}.minibatch_size={mb} must be in [1, {cls.name}.train_batch_size={tb}] "
-                              "(or null: the whole train batch)")
-        return []
+        return check_minibatch(cls.name, section)
 
     def get_rollout_mode(self) -> str:
         return self.config.rollout_mode
 
     def training_flow(self, experiences, ctx, learner):
-        cfg = self.config
-        is_async = self.get_rollout_mode() == "async"
-        if is_async:
-            experiences = experiences.for_each(SyncWeights(ctx, learner, to="source", every=cfg.broadcast_interval,
-                                                           unit="batches", with_next_sample=True)).for_each(DropSource)
-        if cfg.replay_proportion > 0:
-            experiences = experiences.combine(ctx.add_stateful(f"{learner.name}/replay", MixInReplay(
-                ctx, cfg.replay_proportion, cfg.replay_buffer_num_slots,
-                derive_seed(int(self.run_config.seed), self.name, "replay"))))
-        train = TrainOneStep(ctx, learner, cfg.num_epochs, cfg.minibatch_size, contiguous=True)
-        batches = experiences.combine(ConcatBatches(cfg.train_batch_size))
-        if is_async:
-            return train.in_thread(batches, cfg.learner_queue_size)
-        return batches.for_each(train).for_each(SyncWeights(ctx, learner))
+        return learner_flow(self, experiences, ctx, learner)
+
+
+# ---- the plan and checks shared by IMPALA and APPO --------------------------------------------
+def check_minibatch(name: str, section) -> List[str]:
+    """``<name>.minibatch_size`` in [1, train_batch_size] or null; raises ConfigError."""
+    mb, tb = section.minibatch_size, section.train_batch_size
+    if mb is not None and not 1 <= mb <= tb:
+        raise ConfigError(f"{name}.minibatch_size={mb} must be in [1, {name}.train_batch_size={tb}] "
+                          "(or null: the whole train batch)")
+    return []
+
+
+def learner_flow(algo: flowkit.Algorithm, experiences, ctx: RunContext, learner):
+    """IMPALA's plan for ``algo`` (config keys as :class:`IMPALAConfig`): async, weights to
+    the source worker -> [MixInReplay] -> ConcatBatches -> the learner thread; bulk_sync:
+    [MixInReplay] -> ConcatBatches -> TrainOneStep -> SyncWeights(to all)."""
+    cfg = algo.config
+    is_async = algo.get_rollout_mode() == "async"
+    if is_async:
+        experiences = experiences.for_each(SyncWeights(ctx, learner, to="source", every=cfg.broadcast_interval,
+                                                       unit="batches", with_next_sample=True)).for_each(DropSource)
+    if cfg.replay_proportion > 0:
+        experiences = experiences.combine(ctx.add_stateful(f"{learner.name}/replay", MixInReplay(
+            ctx, cfg.replay_proportion, cfg.replay_buffer_num_slots,
+            derive_seed(int(algo.run_config.seed), algo.name, "replay"))))
+    train = TrainOneStep(ctx, learner, cfg.num_epochs, cfg.minibatch_size, contiguous=True)
+    batches = experiences.combine(ConcatBatches(cfg.train_batch_size))
+    if is_async:
+        return train.in_thread(batches, cfg.learner_queue_size)
+    return batches.for_each(train).for_each(SyncWeights(ctx, learner))

@@ -23,7 +23,7 @@ import torch
 import flowkit
 from flowkit import ConfigError
 from flowkit.config import check_schedules
-from flowkit.core import ActorCritic, ActorCriticPolicy, to_tensor
+from flowkit.core import ActorCritic, ActorCriticPolicy, adapt_kl_coeff, clipped_surrogate, to_tensor
 from flowkit.core import batch as sb
 from flowkit.core.ops import ConcatBatches, StandardizeFields, SyncWeights, TrainOneStep, UpdateSchedules
 from flowkit_ppo import PPOConfig
@@ -67,7 +67,7 @@ class PPOPolicy(ActorCriticPolicy):
             if std >= 1e-8:
                 adv = adv / std
         clip = self.clip_param
-        pg_loss = -torch.min(adv * ratio, adv * torch.clamp(ratio, 1 - clip, 1 + clip)).mean()
+        pg_loss = clipped_surrogate(ratio, adv, clip)
         vt = batch[sb.VALUE_TARGETS]
         vf_err = (values - vt).pow(2)
         if cfg.vf_clip_param is not None:
@@ -91,10 +91,7 @@ class PPOPolicy(ActorCriticPolicy):
         kl = self._kl_sum / max(self._kl_n, 1)
         self._kl_sum, self._kl_n = 0.0, 0
         if self.config.kl_coeff > 0:  # adaptive KL penalty (Schulman et al. 2017, sec. 4)
-            if kl > 2.0 * self.config.kl_target:
-                self.kl_coeff *= 1.5
-            elif kl < 0.5 * self.config.kl_target:
-                self.kl_coeff *= 0.5
+            self.kl_coeff = adapt_kl_coeff(self.kl_coeff, kl, self.config.kl_target)
             stats["kl_coeff"] = self.kl_coeff
         if self.model.obs_rms is not None:
             self.model.obs_rms.update(batch[sb.OBS].float())
