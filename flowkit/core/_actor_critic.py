@@ -39,7 +39,8 @@ class ActorCriticPolicy(Policy):
     ``action_dist_inputs``. :meth:`add_gae` computes advantages on the worker.
 
     Config fields read: ``lr``, ``adam_eps``, ``log_std_init``, optionally
-    ``normalize_observations``; ``gamma`` and ``gae_lambda`` for :meth:`add_gae`.
+    ``normalize_observations``, ``normalize_rewards`` (:meth:`normalize_rewards`), ``use_sde``
+    and ``sde_sample_freq`` (:meth:`sde_noise`); ``gamma`` and ``gae_lambda`` for :meth:`add_gae`.
 
     Class attributes:
         store_values: acting evaluates the value network and stores ``vf_preds`` and
@@ -58,6 +59,9 @@ class ActorCriticPolicy(Policy):
         self.model = self.make_model().to(self.device)
         self._np_model: Optional[NumpyActorCritic] = None
         self._np_checked = False
+        self._ret_acc: Dict[Tuple[int, int], float] = {}  # running discounted return per live (episode, agent)
+        self._sde_w: Optional[torch.Tensor] = None  # gSDE exploration matrices and the steps since drawn
+        self._sde_steps = 0
         if not inference_only:
             self.optimizer = self.make_optimizer(config.lr, config.adam_eps)
 
@@ -65,7 +69,9 @@ class ActorCriticPolicy(Policy):
         """The network (override for a custom model; the numpy mirror then steps aside)."""
         return ActorCritic(self.encoder, self.dist, self.model_config,
                            bool(getattr(self.config, "normalize_observations", False)),
-                           self.config.log_std_init, twin=self.twin)
+                           self.config.log_std_init, twin=self.twin,
+                           normalize_rewards=bool(getattr(self.config, "normalize_rewards", False)),
+                           use_sde=bool(getattr(self.config, "use_sde", False)))
 
     def numpy_model(self) -> Optional[NumpyActorCritic]:
         """The :class:`NumpyActorCritic` mirror of ``self.model`` used for acting on CPU, or
@@ -97,10 +103,35 @@ class ActorCriticPolicy(Policy):
     @torch.inference_mode()
     def _compute_actions_torch(self, obs, mask=None, explore=True):
         x = torch.from_numpy(obs)
+        if self.model.sde_log_std is not None:  # gSDE: a = mean + z(s) @ W, W held between draws
+            sde_in, sde_v, z = self.model.forward_latent(x)
+            a = sde_in[:, :self.dist.dim]
+            if explore:
+                a = a + torch.bmm(z.unsqueeze(1), self.sde_noise(len(x))).squeeze(1)
+            return a.numpy(), self._extras(self.dist.logp(sde_in, a).numpy(), sde_v.numpy(), sde_in.numpy())
         inputs, value = self.model(x) if self.store_values else (self.model.policy(x), None)
         m = None if mask is None else torch.from_numpy(mask)
         a, logp = self.dist.sample_logp(inputs, m, explore, self.generator)
         return a.numpy(), self._extras(logp.numpy(), None if value is None else value.numpy(), inputs.numpy())
+
+    def sde_noise(self, n: int) -> torch.Tensor:
+        """gSDE's exploration matrices W float32[n, h, k], one per row (sub-env), entries
+        ~ N(0, exp(sde_log_std)^2): drawn anew every ``sde_sample_freq`` calls (env steps),
+        when ``n`` changes, and when new weights arrive (``sde_sample_freq=-1``: only then,
+        i.e. once per rollout fragment; Stable-Baselines3 draws at the start of each rollout
+        too). Rows are sub-envs in order, so gSDE suits single-agent vector envs."""
+        freq = int(self.config.sde_sample_freq)
+        if self._sde_w is None or self._sde_w.shape[0] != n or (freq > 0 and self._sde_steps % freq == 0):
+            assert self.model.sde_log_std is not None
+            std = torch.exp(self.model.sde_log_std.detach())
+            self._sde_w = torch.randn((n, *std.shape), generator=self.generator) * std
+            self._sde_steps = 0
+        self._sde_steps += 1
+        return self._sde_w
+
+    def set_weights(self, weights: Dict[str, np.ndarray]) -> None:
+        super().set_weights(weights)
+        self._sde_w = None  # gSDE: a new rollout draws new exploration matrices
 
     @torch.inference_mode()
     def compute_values(self, obs: np.ndarray) -> np.ndarray:
@@ -115,6 +146,8 @@ class ActorCriticPolicy(Policy):
         out = sb.SampleBatch(batch)
         if len(out) == 0:
             return out
+        if self.model.ret_rms is not None:
+            out = self.normalize_rewards(out)
         v = np.asarray(out[sb.VF_PREDS], np.float32)
         cont, boot = bootstrap_rows(out)
         boot_v = self.compute_values(np.asarray(out[sb.NEXT_OBS])[boot]) if len(boot) else None
@@ -122,6 +155,48 @@ class ActorCriticPolicy(Policy):
                               cont, self.config.gamma, self.config.gae_lambda)
         out[sb.ADVANTAGES], out[sb.VALUE_TARGETS] = adv, vt
         return out
+
+    # -- reward and observation normalisation --
+    def normalize_rewards(self, batch: sb.SampleBatch) -> sb.SampleBatch:
+        """Reward normalisation as Stable-Baselines3's ``VecNormalize(norm_reward=True)`` (worker).
+
+        Per (episode, agent) the raw rewards accumulate into the discounted return
+        ``R_t = gamma * R_{t-1} + r_t`` (carried across fragment cuts on this worker, restarted
+        when the episode terminates or is truncated), stored as ``discounted_returns``; the
+        learner's running variance of R (``model.ret_rms``, reaching the worker with the
+        weights; :meth:`update_normalizers`) scales the rewards:
+        ``rewards = clip(r_t / sqrt(var(R) + 1e-8), -10, 10)``. Returns a new batch; the
+        episode returns reported by the runner stay raw. As in SB3 the per-episode running
+        sums are not checkpointed (a resumed run restarts them at 0); the statistics are.
+        """
+        rms = self.model.ret_rms
+        assert rms is not None, "normalize_rewards needs a model built with normalize_rewards=True"
+        out = sb.SampleBatch(batch)
+        r = np.asarray(out[sb.REWARDS], np.float64)
+        ends, _ = sb.trajectory_ends(out)
+        done = np.asarray(out[sb.TERMINATEDS], bool) | np.asarray(out[sb.TRUNCATEDS], bool)
+        eps = np.asarray(out[sb.EPS_ID]).tolist() if sb.EPS_ID in out else [0] * len(r)
+        agent = np.asarray(out[sb.AGENT_INDEX]).tolist() if sb.AGENT_INDEX in out else [0] * len(r)
+        rets = np.empty_like(r)
+        gamma, acc = float(self.config.gamma), 0.0
+        for t, rt in enumerate(r.tolist()):
+            if t == 0 or ends[t - 1]:
+                acc = self._ret_acc.pop((eps[t], agent[t]), 0.0)
+            rets[t] = acc = gamma * acc + rt
+            if ends[t] and not done[t]:  # a fragment cut: the episode goes on in the next fragment
+                self._ret_acc[(eps[t], agent[t])] = acc
+        out[sb.DISCOUNTED_RETURNS] = rets.astype(np.float32)
+        out[sb.REWARDS] = rms.scale(r).astype(np.float32)
+        return out
+
+    @torch.no_grad()
+    def update_normalizers(self, batch: Dict[str, torch.Tensor]) -> None:
+        """Learner, once per train batch: update the running observation statistics from
+        ``obs`` and the discounted-return statistics from ``discounted_returns`` (when on)."""
+        if self.model.obs_rms is not None:
+            self.model.obs_rms.update(batch[sb.OBS].float())
+        if self.model.ret_rms is not None and sb.DISCOUNTED_RETURNS in batch:
+            self.model.ret_rms.update(batch[sb.DISCOUNTED_RETURNS].float())
 
     # -- V-trace (learner; IMPALA, APPO) --
     def prepare_vtrace_batch(self, batch: sb.SampleBatch) -> Dict[str, torch.Tensor]:
