@@ -33,7 +33,7 @@ advantage standardisation, the KL penalty against the target network off by defa
 updated after a fixed number of train batches. Differences: no V-trace-free mode (RLlib's
 ``vtrace=False`` falls back to GAE), and the target is a full copy (no Polyak ``tau``).
 
-Plan: IMPALA's (:func:`flowkit_impala.impala.learner_flow`): async rollouts -> weights to the
+Plan: IMPALA's (:class:`flowkit_impala.impala.LearnerThreadAlgorithm`): async rollouts -> weights to the
 source worker -> [MixInReplay] -> ConcatBatches -> TrainOneStep in the learner thread; the target
 update and the KL coefficient live in the policy (:meth:`APPOPolicy.on_train_batch_end`), so they
 run in the learner's thread and are saved with its state.
@@ -41,16 +41,15 @@ run in the learner's thread and are saved with its state.
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import torch
 
-import flowkit
 from flowkit.core import ActorCritic, ActorCriticPolicy, adapt_kl_coeff, clipped_surrogate
 from flowkit.core import batch as sb
 from flowkit_impala import APPOConfig
-from flowkit_impala.impala import check_minibatch, learner_flow
+from flowkit_impala.impala import LearnerThreadAlgorithm
 
 _STATS = ("pg_loss", "vf_loss", "entropy", "kl", "total_loss", "clip_frac", "is_ratio_mean", "rho_mean")
 
@@ -143,7 +142,7 @@ class APPOPolicy(ActorCriticPolicy):
                                                for k, v in state["target_weights"].items()})
 
 
-class APPO(flowkit.Algorithm):
+class APPO(LearnerThreadAlgorithm):
     """APPO: IMPALA's plan (async rollouts -> weights to the producing worker -> train batches
     -> learner thread) with :class:`APPOPolicy`'s clipped-surrogate loss;
     ``appo.rollout_mode=bulk_sync`` drives the same learner synchronously."""
@@ -151,16 +150,3 @@ class APPO(flowkit.Algorithm):
     name = "appo"
     config_class = APPOConfig
     policy_class = APPOPolicy
-    rollout_mode = "async"
-    off_policy = True
-
-    @classmethod
-    def validate_config(cls, run_config, section) -> List[str]:
-        """Cross-field checks (each key's own range is declared in :class:`APPOConfig`)."""
-        return check_minibatch(cls.name, section)
-
-    def get_rollout_mode(self) -> str:
-        return self.config.rollout_mode
-
-    def training_flow(self, experiences, ctx, learner):
-        return learner_flow(self, experiences, ctx, learner)

@@ -113,54 +113,49 @@ class MixInReplay:
             self.buffer.extend(sb.MultiAgentBatch.from_dict(d) for d in state["buffer"])
 
 
-# ---- the algorithm --------------------------------------------------------------------------------
-class IMPALA(flowkit.Algorithm):
+# ---- the algorithms ---------------------------------------------------------------------------------
+class LearnerThreadAlgorithm(flowkit.Algorithm):
+    """The plan IMPALA and APPO share (their config keys as :class:`IMPALAConfig`), each with its
+    own policy and loss. Async: rollouts -> weights to the source worker -> [MixInReplay] ->
+    ConcatBatches -> TrainOneStep in the learner's thread; ``<name>.rollout_mode=bulk_sync``:
+    [MixInReplay] -> ConcatBatches -> TrainOneStep in the driver -> SyncWeights(to all)."""
+
+    rollout_mode = "async"
+    off_policy = True
+
+    @classmethod
+    def validate_config(cls, run_config, section) -> List[str]:
+        """Cross-field checks (each key's own range is declared in the config class)."""
+        mb, tb = section.minibatch_size, section.train_batch_size
+        if mb is not None and not 1 <= mb <= tb:
+            raise ConfigError(f"{cls.name}.minibatch_size={mb} must be in [1, {cls.name}.train_batch_size={tb}] "
+                              "(or null: the whole train batch)")
+        return []
+
+    def get_rollout_mode(self) -> str:
+        return self.config.rollout_mode
+
+    def training_flow(self, experiences, ctx, learner):
+        cfg = self.config
+        is_async = self.get_rollout_mode() == "async"
+        if is_async:
+            experiences = experiences.for_each(SyncWeights(ctx, learner, to="source", every=cfg.broadcast_interval,
+                                                           unit="batches", with_next_sample=True)).for_each(DropSource)
+        if cfg.replay_proportion > 0:
+            experiences = experiences.combine(ctx.add_stateful(f"{learner.name}/replay", MixInReplay(
+                ctx, cfg.replay_proportion, cfg.replay_buffer_num_slots,
+                derive_seed(int(self.run_config.seed), self.name, "replay"))))
+        train = TrainOneStep(ctx, learner, cfg.num_epochs, cfg.minibatch_size, contiguous=True)
+        batches = experiences.combine(ConcatBatches(cfg.train_batch_size))
+        if is_async:
+            return train.in_thread(batches, cfg.learner_queue_size)
+        return batches.for_each(train).for_each(SyncWeights(ctx, learner))
+
+
+class IMPALA(LearnerThreadAlgorithm):
     """IMPALA: async rollouts -> weights to the producing worker -> train batches -> learner
     thread (V-trace); ``impala.rollout_mode=bulk_sync`` drives the same learner synchronously."""
 
     name = "impala"
     config_class = IMPALAConfig
     policy_class = IMPALAPolicy
-    rollout_mode = "async"
-    off_policy = True
-
-    @classmethod
-    def validate_config(cls, run_config, section) -> List[str]:
-        """Cross-field checks (each key's own range is declared in :class:`IMPALAConfig`)."""
-        return check_minibatch(cls.name, section)
-
-    def get_rollout_mode(self) -> str:
-        return self.config.rollout_mode
-
-    def training_flow(self, experiences, ctx, learner):
-        return learner_flow(self, experiences, ctx, learner)
-
-
-# ---- the plan and checks shared by IMPALA and APPO --------------------------------------------
-def check_minibatch(name: str, section) -> List[str]:
-    """``<name>.minibatch_size`` in [1, train_batch_size] or null; raises ConfigError."""
-    mb, tb = section.minibatch_size, section.train_batch_size
-    if mb is not None and not 1 <= mb <= tb:
-        raise ConfigError(f"{name}.minibatch_size={mb} must be in [1, {name}.train_batch_size={tb}] "
-                          "(or null: the whole train batch)")
-    return []
-
-
-def learner_flow(algo: flowkit.Algorithm, experiences, ctx: RunContext, learner):
-    """IMPALA's plan for ``algo`` (config keys as :class:`IMPALAConfig`): async, weights to
-    the source worker -> [MixInReplay] -> ConcatBatches -> the learner thread; bulk_sync:
-    [MixInReplay] -> ConcatBatches -> TrainOneStep -> SyncWeights(to all)."""
-    cfg = algo.config
-    is_async = algo.get_rollout_mode() == "async"
-    if is_async:
-        experiences = experiences.for_each(SyncWeights(ctx, learner, to="source", every=cfg.broadcast_interval,
-                                                       unit="batches", with_next_sample=True)).for_each(DropSource)
-    if cfg.replay_proportion > 0:
-        experiences = experiences.combine(ctx.add_stateful(f"{learner.name}/replay", MixInReplay(
-            ctx, cfg.replay_proportion, cfg.replay_buffer_num_slots,
-            derive_seed(int(algo.run_config.seed), algo.name, "replay"))))
-    train = TrainOneStep(ctx, learner, cfg.num_epochs, cfg.minibatch_size, contiguous=True)
-    batches = experiences.combine(ConcatBatches(cfg.train_batch_size))
-    if is_async:
-        return train.in_thread(batches, cfg.learner_queue_size)
-    return batches.for_each(train).for_each(SyncWeights(ctx, learner))
