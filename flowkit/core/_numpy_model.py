@@ -26,7 +26,7 @@ class NumpyActorCritic:
     Supported: MLP models (``TwinMLP``, or separate policy/value ``nn.Sequential`` of
     ``nn.Linear`` and Tanh/ReLU), optional running observation normalisation, Discrete
     (with action masks) and Box (Gaussian) actions. :meth:`build` returns None for anything
-    else (gSDE,  CNNs, a shared trunk, other activations or action spaces, a subclassed model) and
+    else (gSDE, CNNs, a shared trunk, other activations or action spaces, a subclassed model) and
     the policy keeps its torch path.
     """
     twin: Optional[Tuple[Any, ...]]  # TwinMLP: w0, b0, ws, bs, wa, ba, wb, bb, hidden
