@@ -61,8 +61,8 @@ class Learner:
             weights through :meth:`get_weights`).
         trainable: the ids it updates (default: every policy with an optimizer).
         rng: numpy Generator for the minibatch order (seeded; shared by the run's learners).
-        num_epochs, minibatch_size: the update loop: ``num_epochs`` passes over minibatches
-            of ``minibatch_size`` rows (None: the whole batch, one step per epoch).
+        num_epochs: the update loop's passes over each train batch.
+        minibatch_size: rows per minibatch (None: the whole batch, one step per epoch).
         contiguous: minibatches are contiguous slices, each prepared on its own
             (trajectories stay in order: IMPALA), instead of shuffled rows of the batch
             prepared once.

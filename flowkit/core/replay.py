@@ -264,8 +264,9 @@ class MultiAgentReplayBuffer:
     Args:
         capacity: transitions per policy.
         prioritized: proportional prioritized replay instead of uniform.
-        alpha, beta, eps: prioritized replay's exponent, importance-weight exponent, and the
-            constant added to |td_error|.
+        alpha: priority exponent of prioritized replay (see :class:`PrioritizedSampler`).
+        beta: importance-weight exponent.
+        eps: constant added to ``|td_error|`` to make a priority.
         seed: base seed (the run's derived replay seed).
     """
 

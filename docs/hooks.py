@@ -1,0 +1,109 @@
+"""Build-time code of the docs site (mkdocs.yml names this file twice):
+
+- an mkdocs hook that generates the config reference (``docs/config.md``'s
+  ``<!-- config-reference -->`` marker) from the config dataclasses: the core schema in
+  :mod:`flowkit.config` and every section the installed plugins contribute (algorithms'
+  sections and ``flowkit_add_config_sections``), through :func:`flowkit.config.describe_keys`,
+  the rows ``flowkit train --help`` prints;
+- a griffe extension (``RstRoles``) that turns the Sphinx roles of flowkit's docstrings
+  (``:class:`~flowkit.core.ops.X```) into Markdown code spans and a closing ``::`` into
+  ``:`` (the literal block after it is an indented code block in Markdown too).
+
+The site documents the checkout it is built from: the repository root and its plugin folders
+go first on ``sys.path``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+import griffe
+
+ROOT = Path(__file__).resolve().parent.parent
+MARKER = "<!-- config-reference -->"
+
+
+def _default(v: Any) -> str:
+    if isinstance(v, str):
+        return f"`{v}`" if v else '`""`'
+    return f"`{json.dumps(v)}`"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def config_reference() -> str:
+    """The config reference as Markdown: one section per top-level config section (core
+    first, then plugin sections by name), each a table of key, type, allowed values, default
+    and description."""
+    from flowkit.config import describe_keys, make_schema_class
+    from flowkit.hooks import get_plugin_manager
+
+    pm = get_plugin_manager(include_registered=False)
+    sections = pm.config_sections()
+    owners = {name: pm.owner.get(name) for name in pm.algorithms(load=False)}
+    for impl in pm.hook.flowkit_add_config_sections.get_hookimpls():
+        owners.update(dict.fromkeys(impl.function() or {}, impl.plugin_name))
+    helps = {f.name: f.metadata.get("help", "") for f in dataclasses.fields(make_schema_class(sections))}
+    groups: dict = {}
+    for row in describe_keys(sections):
+        groups.setdefault(row[0].split(".")[0] if "." in row[0] else "", []).append(row)
+    core = [g for g in groups if g not in sections]
+    out = []
+    for sec in core + sorted(g for g in groups if g in sections):
+        if sec:
+            out.append(f"## `{sec}`\n")
+            doc = helps.get(sec, "")
+            if sec in sections:
+                plug = owners.get(sec) or "?"
+                dist = pm.dists.get(plug, "flowkit (built-in)" if plug.startswith("flowkit.") else plug)
+                doc = f"{doc.rstrip('.')}. Contributed by `{dist}`."
+            out.append(doc + "\n")
+        else:
+            out.append("## Top level\n")
+        out.append("| key | type | allowed | default | description |\n|---|---|---|---|---|")
+        for key, tp, allowed, default, hlp in groups[sec]:
+            out.append(f"| `{key}` | {_cell(tp)} | {_cell(f'`{allowed}`') if allowed else ''} "
+                       f"| {_cell(_default(default))} | {_cell(hlp)} |")
+        out.append("")
+    return "\n".join(out)
+
+
+def on_config(config: Any, **kwargs: Any) -> Any:
+    """mkdocs hook: the checkout's flowkit and plugins first on ``sys.path`` (mkdocs restores
+    ``sys.path`` after importing this file, hence here)."""
+    for p in reversed([ROOT, *sorted((ROOT / "plugins").glob("*/"))]):
+        if str(p) not in sys.path:
+            sys.path.insert(0, str(p))
+    return config
+
+
+def on_page_markdown(markdown: str, page: Any, **kwargs: Any) -> str:
+    """mkdocs hook: fill in the generated config reference."""
+    if MARKER in markdown:
+        markdown = markdown.replace(MARKER, config_reference())
+    return markdown
+
+
+# ---- griffe extension: Sphinx roles -> Markdown ------------------------------------------------
+_ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|data|attr|exc|obj|const):`(~?)([^`]+)`")
+
+
+def rst_to_markdown(text: str) -> str:
+    """``:class:`~a.b.C``` -> ```C```, ``:func:`f``` -> ```f```; a line ending in ``::``
+    ends in ``:``."""
+    text = _ROLE.sub(lambda m: f"`{m[2].rsplit('.', 1)[-1] if m[1] else m[2]}`", text)
+    return re.sub(r"(?<=\S)::$", ":", text, flags=re.M)
+
+
+class RstRoles(griffe.Extension):
+    """Rewrite each docstring with :func:`rst_to_markdown` as griffe loads it."""
+
+    def on_instance(self, *, obj: Any, **kwargs: Any) -> None:
+        if obj.docstring is not None:
+            obj.docstring.value = rst_to_markdown(obj.docstring.value)
