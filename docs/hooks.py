@@ -1,10 +1,13 @@
 """Build-time code of the docs site (mkdocs.yml names this file twice):
 
-- an mkdocs hook that generates the config reference (``docs/config.md``'s
-  ``<!-- config-reference -->`` marker) from the config dataclasses: the core schema in
-  :mod:`flowkit.config` and every section the installed plugins contribute (algorithms'
-  sections and ``flowkit_add_config_sections``), through :func:`flowkit.config.describe_keys`,
-  the rows ``flowkit train --help`` prints;
+- an mkdocs hook that fills in what the code knows, so the pages cannot drift from it:
+  ``<!-- config-reference -->``, the config reference, from the config dataclasses (the core
+  schema in :mod:`flowkit.config` and every section the installed plugins contribute:
+  algorithms' sections and ``flowkit_add_config_sections``) through
+  :func:`flowkit.config.describe_keys`, the rows ``flowkit train --help`` prints;
+  ``<!-- hooks-table -->``, every hookspec of :mod:`flowkit.hooks.specs` with where it runs;
+  ``<!-- run-loop -->``, the run loop of :mod:`flowkit.engine`'s docstring;
+  ``<!-- plan: key=value ... -->``, the plan of a config as ``flowkit plan`` prints it;
 - a griffe extension (``RstRoles``) that turns the Sphinx roles of flowkit's docstrings
   (``:class:`~flowkit.core.ops.X```) into Markdown code spans and a closing ``::`` into
   ``:`` (the literal block after it is an indented code block in Markdown too).
@@ -18,6 +21,7 @@ import dataclasses
 import json
 import re
 import sys
+import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -74,6 +78,43 @@ def config_reference() -> str:
     return "\n".join(out)
 
 
+def hooks_table() -> str:
+    """A Markdown table of every hook: name and arguments, kind, where it runs (the
+    docstring's "Runs on:" line) and its first sentence."""
+    import inspect
+
+    from flowkit.hooks import specs
+    out = ["| hook | kind | runs on | what |", "|---|---|---|---|"]
+    for name, fn in vars(specs).items():
+        opts = getattr(fn, "flowkit_spec", None)
+        if not name.startswith("flowkit_") or opts is None:
+            continue
+        doc = inspect.getdoc(fn) or ""
+        where = re.search(r"^Runs on: (.*?)(?:\.\s|\.?$)", doc, flags=re.M)
+        first = " ".join(doc.split("\n\n")[0].split())
+        first = first.split(". ")[0].rstrip(".") + "."
+        args = ", ".join(inspect.signature(fn).parameters)
+        out.append(f"| [`{name}({args})`](api/hooks.md#flowkit.hooks.specs.{name}) "
+                   f"| {'firstresult' if opts.get('firstresult') else 'all results'} "
+                   f"| {_cell(where[1]) if where else ''} | {_cell(rst_to_markdown(first))} |")
+    return "\n".join(out)
+
+
+def run_loop() -> str:
+    """The run-loop pseudocode of :mod:`flowkit.engine`'s docstring (read without importing
+    the engine)."""
+    import ast
+    doc = ast.get_docstring(ast.parse((ROOT / "flowkit" / "engine.py").read_text(encoding="utf-8"))) or ""
+    return "```text\n" + textwrap.dedent(doc.split("::\n", 1)[1]).strip("\n") + "\n```"
+
+
+def plan(overrides: str) -> str:
+    """The plan of a config (``flowkit plan`` with these overrides), as text and Mermaid."""
+    from flowkit.engine import describe_plan
+    d = describe_plan(overrides.split())
+    return f"```text\n{d['text']}\n```\n\n```mermaid\n{d['mermaid']}\n```"
+
+
 def on_config(config: Any, **kwargs: Any) -> Any:
     """mkdocs hook: the checkout's flowkit and plugins first on ``sys.path`` (mkdocs restores
     ``sys.path`` after importing this file, hence here)."""
@@ -87,7 +128,9 @@ def on_page_markdown(markdown: str, page: Any, **kwargs: Any) -> str:
     """mkdocs hook: fill in the generated config reference."""
     if MARKER in markdown:
         markdown = markdown.replace(MARKER, config_reference())
-    return markdown
+    markdown = markdown.replace("<!-- hooks-table -->", hooks_table()) if "<!-- hooks-table -->" in markdown else markdown
+    markdown = markdown.replace("<!-- run-loop -->", run_loop())
+    return re.sub(r"<!-- plan: (.*?) -->", lambda m: plan(m[1]), markdown)
 
 
 # ---- griffe extension: Sphinx roles -> Markdown ------------------------------------------------

@@ -50,7 +50,7 @@ def test_mkdocs_build_strict(tmp_path):
                        capture_output=True, text=True, timeout=300, env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
     took = time.perf_counter() - t0
     assert p.returncode == 0, p.stdout + p.stderr
-    assert took < 60, f"mkdocs build took {took:.1f} s"
+    assert took < 120, f"mkdocs build took {took:.1f} s"  # ~3 s of CPU; wall time on a busy machine varies
     ref = (site / "config" / "index.html").read_text(encoding="utf-8")
     missing = [k for k, *_ in describe_keys(get_plugin_manager(include_registered=False).config_sections())
                if f"<code>{html.escape(k, quote=False)}</code>" not in ref]

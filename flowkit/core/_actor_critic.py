@@ -25,7 +25,7 @@ class ActorCriticPolicy(Policy):
     Config fields read: ``lr``, ``adam_eps``, ``log_std_init``, optionally
     ``normalize_observations``; ``gamma`` and ``gae_lambda`` for :meth:`add_gae`.
 
-    Class attributes:
+    Attributes:
         store_values: acting evaluates the value network and stores ``vf_preds`` and
             ``action_dist_inputs`` (PPO); False acts with the policy network only (IMPALA).
         twin: evaluate separate policy and value MLPs as one :class:`TwinMLP`.

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 class Algorithm:
     """Base class of every algorithm plugin.
 
-    Class attributes:
+    Attributes:
         name: registry name and config section (``ppo`` -> ``ppo.*``).
         config_class: dataclass of the section (a docstring per field).
         policy_class: the :class:`flowkit.Policy` subclass it trains.
