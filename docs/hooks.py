@@ -108,10 +108,14 @@ def run_loop() -> str:
     return "```text\n" + textwrap.dedent(doc.split("::\n", 1)[1]).strip("\n") + "\n```"
 
 
-def plan(overrides: str) -> str:
-    """The plan of a config (``flowkit plan`` with these overrides), as text and Mermaid."""
+def plan(args: str) -> str:
+    """The plan of a config (``flowkit plan ARGS``: ``-c FILE`` and overrides, paths from
+    the repository root), as text and Mermaid."""
     from flowkit.engine import describe_plan
-    d = describe_plan(overrides.split())
+    words = args.split()
+    files = [str(ROOT / w) for i, w in enumerate(words) if i and words[i - 1] == "-c"]
+    overrides = [w for i, w in enumerate(words) if w != "-c" and not (i and words[i - 1] == "-c")]
+    d = describe_plan(overrides, files)
     return f"```text\n{d['text']}\n```\n\n```mermaid\n{d['mermaid']}\n```"
 
 

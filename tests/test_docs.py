@@ -57,3 +57,24 @@ def test_mkdocs_build_strict(tmp_path):
     assert not missing, f"keys missing from the config reference: {missing}"
     api = (site / "api" / "ops" / "index.html").read_text(encoding="utf-8")
     assert "TrainOneStep" in api and ":class:" not in api  # docstrings rendered, Sphinx roles converted
+
+
+def test_the_concepts_examples_run():
+    ns = {"__name__": "concepts"}
+    for lang, code in fenced_blocks(os.path.join(DOCS, "concepts.md")):
+        if lang == "python":
+            exec(compile(code, "docs/concepts.md", "exec"), ns)
+
+
+def test_the_multiagent_recipes_pass_dry_run(capsys, monkeypatch):
+    """Every ``flowkit train`` line of the bash blocks of the multi-agent page is a valid
+    config with a plan (``--dry-run``: nothing starts)."""
+    import shlex
+
+    from flowkit.cli import main
+    cmds = [shlex.split(c, comments=True) for lang, code in fenced_blocks(os.path.join(DOCS, "multiagent.md"))
+            if lang == "bash" for c in code.replace("\\\n", " ").splitlines() if c.startswith("flowkit train")]
+    assert len(cmds) >= 5
+    monkeypatch.chdir(ROOT)  # the pages give config paths from the repository root
+    for cmd in cmds:
+        assert main(cmd[1:] + ["--dry-run"]) == 0, (cmd, capsys.readouterr().err)
