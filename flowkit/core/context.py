@@ -156,6 +156,8 @@ class RunContext(FlowContext):
         return self.get_weights(None)
 
     def request_stop(self, reason: str) -> None:
+        """Stop the run after the current iteration (from ``flowkit_on_train_result``);
+        ``reason`` becomes the run's ``stop_reason``."""
         self.stop_reason = reason
 
     def record_episodes(self, episodes: List[Dict[str, Any]]) -> None:

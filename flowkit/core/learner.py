@@ -101,6 +101,7 @@ class Learner:
         self.num_epochs, self.minibatch_size, self.contiguous = int(num_epochs), minibatch_size, bool(contiguous)
 
     def describe(self) -> str:
+        """The update loop in words (shown in plans): ``num_epochs=10, minibatch_size=64``."""
         mode = ", contiguous" if self.contiguous else ""
         return f"num_epochs={self.num_epochs}, minibatch_size={self.minibatch_size}{mode}"
 
@@ -204,10 +205,12 @@ class Learner:
 
     # ---- state (checkpoints) ---------------------------------------------------------------
     def get_state(self) -> Dict[str, Any]:
+        """Counters for checkpoints (the policies save their own state)."""
         with self.lock:
             return {"num_updates": self.num_updates, "env_steps_trained": self.env_steps_trained}
 
     def set_state(self, state: Dict[str, Any]) -> None:
+        """Restore what :meth:`get_state` returned."""
         with self.lock:
             self.num_updates = int(state.get("num_updates", 0))
             self.env_steps_trained = int(state.get("env_steps_trained", 0))
