@@ -141,11 +141,24 @@ def on_page_markdown(markdown: str, page: Any, **kwargs: Any) -> str:
 _ROLE = re.compile(r":(?:py:)?(?:class|func|meth|mod|data|attr|exc|obj|const):`(~?)([^`]+)`")
 
 
+_SECTIONS = re.compile(r"(Args|Arguments|Parameters|Keyword Args|Other Parameters|Returns?|Yields|Raises|Warns|"
+                       r"Attributes|Examples?|Notes?|Warnings?|See Also|Methods|Functions|Classes|Modules):")
+
+
 def rst_to_markdown(text: str) -> str:
     """``:class:`~a.b.C``` -> ```C```, ``:func:`f``` -> ```f```; a line ending in ``::``
-    ends in ``:``."""
+    ends in ``:``; an indented block right under a line ending in ``:`` (formulas, a plan)
+    gets the blank line before it that makes it a code block in Markdown (Google section
+    headers excepted)."""
     text = _ROLE.sub(lambda m: f"`{m[2].rsplit('.', 1)[-1] if m[1] else m[2]}`", text)
-    return re.sub(r"(?<=\S)::$", ":", text, flags=re.M)
+    lines = re.sub(r"(?<=\S)::$", ":", text, flags=re.M).split("\n")
+    out = lines[:1]
+    for prev, line in zip(lines, lines[1:]):
+        if (prev.endswith(":") and not prev.startswith(" ") and not _SECTIONS.fullmatch(prev)
+                and line.startswith("    ")):
+            out.append("")
+        out.append(line)
+    return "\n".join(out)
 
 
 class RstRoles(griffe.Extension):
