@@ -149,13 +149,13 @@ def rst_to_markdown(text: str) -> str:
     """``:class:`~a.b.C``` -> ```C```, ``:func:`f``` -> ```f```; a line ending in ``::``
     ends in ``:``; an indented block right under a line ending in ``:`` (formulas, a plan)
     gets the blank line before it that makes it a code block in Markdown (Google section
-    headers excepted)."""
+    headers excepted), and so does a section header (griffe needs it)."""
     text = _ROLE.sub(lambda m: f"`{m[2].rsplit('.', 1)[-1] if m[1] else m[2]}`", text)
     lines = re.sub(r"(?<=\S)::$", ":", text, flags=re.M).split("\n")
     out = lines[:1]
     for prev, line in zip(lines, lines[1:]):
-        if (prev.endswith(":") and not prev.startswith(" ") and not _SECTIONS.fullmatch(prev)
-                and line.startswith("    ")):
+        if ((prev.endswith(":") and not prev.startswith(" ") and not _SECTIONS.fullmatch(prev)
+                and line.startswith("    ")) or (_SECTIONS.fullmatch(line) and prev.strip())):
             out.append("")
         out.append(line)
     return "\n".join(out)
