@@ -38,7 +38,10 @@ def _default(v: Any) -> str:
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    """``text`` for a table cell: pipes escaped, ``<`` and ``>`` outside code spans too (not
+    HTML tags), one line."""
+    parts = text.replace("|", "\\|").replace("\n", " ").split("`")
+    return "`".join(p if i % 2 else p.replace("<", "&lt;").replace(">", "&gt;") for i, p in enumerate(parts))
 
 
 def config_reference() -> str:
@@ -62,7 +65,8 @@ def config_reference() -> str:
     for sec in core + sorted(g for g in groups if g in sections):
         if sec:
             out.append(f"## `{sec}`\n")
-            doc = helps.get(sec, "")
+            doc = helps.get(sec, "").removeprefix(f"{sec}: ")
+            doc = doc[:1].upper() + doc[1:]
             if sec in sections:
                 plug = owners.get(sec) or "?"
                 dist = pm.dists.get(plug, "flowkit (built-in)" if plug.startswith("flowkit.") else plug)
