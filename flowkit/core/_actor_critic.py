@@ -43,7 +43,7 @@ class ActorCriticPolicy(Policy):
     ``normalize_observations``, ``normalize_rewards`` (:meth:`normalize_rewards`), ``use_sde``
     and ``sde_sample_freq`` (:meth:`sde_noise`); ``gamma`` and ``gae_lambda`` for :meth:`add_gae`.
 
-    Class attributes:
+    Attributes:
         store_values: acting evaluates the value network and stores ``vf_preds`` and
             ``action_dist_inputs`` (PPO); False acts with the policy network only (IMPALA).
         twin: evaluate separate policy and value MLPs as one :class:`TwinMLP`.

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 class Algorithm:
     """Base class of every algorithm plugin.
 
-    Class attributes:
+    Attributes:
         name: registry name and config section (``ppo`` -> ``ppo.*``).
         config_class: dataclass of the section (a docstring per field).
         policy_class: the :class:`flowkit.Policy` subclass it trains.
@@ -54,6 +54,8 @@ class Algorithm:
         """Raise ConfigError if this algorithm cannot handle the spaces of ``policy_id``."""
 
     def get_rollout_mode(self) -> str:
+        """``bulk_sync`` or ``async`` for this instance (a config key may override the class
+        attribute, e.g. ``impala.rollout_mode``)."""
         return self.rollout_mode
 
     def training_flow(self, experiences: "Flow", ctx: "RunContext", learner: "Learner") -> "Flow":
@@ -70,6 +72,8 @@ class Algorithm:
         raise NotImplementedError
 
     def get_state(self) -> Dict[str, Any]:
+        """Algorithm-level state for checkpoints, as plain data (policies, learners and
+        replay buffers are saved on their own). None by default."""
         return {}
 
     def set_state(self, state: Dict[str, Any]) -> None:
@@ -87,6 +91,11 @@ class Algorithm:
         return load_trained(path, cls if cls is not Algorithm else None)
 
     def get_policy(self, policy_id: Optional[str] = None) -> Any:
+        """The policy ``policy_id``, or the only one.
+
+        Raises:
+            KeyError: no such policy, or no ``policy_id`` given and there are several.
+        """
         if policy_id is None:
             if len(self.policies) != 1:
                 raise KeyError(f"several policies {sorted(self.policies)}: name one")

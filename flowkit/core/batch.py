@@ -77,9 +77,11 @@ class SampleBatch(dict):
         return SampleBatch({k: np.array(v, copy=True) for k, v in self.items()})
 
     def slice(self, start: int, end: int) -> "SampleBatch":
+        """Rows ``start:end`` (numpy views, not copies)."""
         return SampleBatch({k: v[start:end] for k, v in self.items()})
 
     def take(self, idx: np.ndarray) -> "SampleBatch":
+        """The rows at ``idx`` (int[k] or bool[B]; fancy indexing: copies)."""
         return SampleBatch({k: v[idx] for k, v in self.items()})
 
     def split_by_episode(self) -> List["SampleBatch"]:

@@ -148,6 +148,7 @@ class Flow:
         return Flow(gen, name, [self], self.ctx)
 
     def filter(self, pred: Callable[[Any], bool]) -> "Flow":
+        """Keep the items for which ``pred(item)`` is true (the others become NOT_READY)."""
         return self.for_each(lambda x: x if pred(x) else NOT_READY, f"filter({_op_name(pred)})")
 
     def batch(self, n: int) -> "Flow":
@@ -243,6 +244,7 @@ class Flow:
         return "\n".join(lines)
 
     def to_mermaid(self) -> str:
+        """The graph as a Mermaid ``flowchart LR`` (sources on the left)."""
         g = self.describe()
         return "\n".join(["flowchart LR", *(f'    {nid}["{name}"]' for nid, name in g["nodes"]),
                           *(f"    {a} --> {b}" for a, b in g["edges"])])

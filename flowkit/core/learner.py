@@ -61,8 +61,8 @@ class Learner:
             weights through :meth:`get_weights`).
         trainable: the ids it updates (default: every policy with an optimizer).
         rng: numpy Generator for the minibatch order (seeded; shared by the run's learners).
-        num_epochs, minibatch_size: the update loop: ``num_epochs`` passes over minibatches
-            of ``minibatch_size`` rows (None: the whole batch, one step per epoch).
+        num_epochs: the update loop's passes over each train batch.
+        minibatch_size: rows per minibatch (None: the whole batch, one step per epoch).
         contiguous: minibatches are contiguous slices, each prepared on its own
             (trajectories stay in order: IMPALA), instead of shuffled rows of the batch
             prepared once.
@@ -101,6 +101,7 @@ class Learner:
         self.num_epochs, self.minibatch_size, self.contiguous = int(num_epochs), minibatch_size, bool(contiguous)
 
     def describe(self) -> str:
+        """The update loop in words (shown in plans): ``num_epochs=10, minibatch_size=64``."""
         mode = ", contiguous" if self.contiguous else ""
         return f"num_epochs={self.num_epochs}, minibatch_size={self.minibatch_size}{mode}"
 
@@ -204,10 +205,12 @@ class Learner:
 
     # ---- state (checkpoints) ---------------------------------------------------------------
     def get_state(self) -> Dict[str, Any]:
+        """Counters for checkpoints (the policies save their own state)."""
         with self.lock:
             return {"num_updates": self.num_updates, "env_steps_trained": self.env_steps_trained}
 
     def set_state(self, state: Dict[str, Any]) -> None:
+        """Restore what :meth:`get_state` returned."""
         with self.lock:
             self.num_updates = int(state.get("num_updates", 0))
             self.env_steps_trained = int(state.get("env_steps_trained", 0))

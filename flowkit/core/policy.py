@@ -88,6 +88,8 @@ class Policy:
 
     @staticmethod
     def check_mask(mask: Optional[np.ndarray], where: str = "") -> None:
+        """Raise ValueError if a row of ``mask`` (int8/bool[B, n]) allows no action (the
+        message names the rows, then ``where``)."""
         if mask is not None and mask.shape[0] and not mask.any(axis=1).all():
             rows = np.flatnonzero(~mask.any(axis=1)).tolist()
             raise ValueError(f"action_mask allows no action in rows {rows}{where}: "
@@ -141,11 +143,14 @@ class Policy:
 
     # ---- weights and state ----------------------------------------------------------------
     def get_weights(self) -> Dict[str, np.ndarray]:
+        """``self.model``'s state dict as numpy arrays (copies, on CPU): what travels to the
+        workers."""
         if self.model is None:
             return {}
         return {k: v.detach().cpu().numpy().copy() for k, v in self.model.state_dict().items()}
 
     def set_weights(self, weights: Dict[str, np.ndarray]) -> None:
+        """Load what :meth:`get_weights` returned (the arrays are copied)."""
         if self.model is None:
             return
         self.model.load_state_dict({k: torch.as_tensor(np.array(v)) for k, v in weights.items()})
@@ -159,6 +164,8 @@ class Policy:
                 "np_random": self.np_random.bit_generator.state}
 
     def set_state(self, state: Dict[str, Any]) -> None:
+        """Restore what :meth:`get_state` returned (exact resume: weights, optimizer, update
+        count, RNG states)."""
         self.set_weights(state["weights"])
         if self.optimizer is not None and state.get("optimizer") is not None:
             self.optimizer.load_state_dict(state["optimizer"])
