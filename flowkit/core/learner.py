@@ -52,6 +52,16 @@ def weights_versions(b: sb.MultiAgentBatch) -> List[int]:
     return flat(b.meta.get("weights_version"))
 
 
+def flat_gradient(params: List[torch.Tensor], loss: torch.Tensor) -> torch.Tensor:
+    """``d loss / d params`` as one flat float32[P] tensor, ``params`` in order (zeros for a
+    parameter the loss does not reach); their ``.grad`` is reset first."""
+    for p in params:
+        p.grad = None
+    loss.backward()
+    return torch.cat([p.grad.reshape(-1) if p.grad is not None
+                      else torch.zeros(p.numel(), dtype=p.dtype, device=p.device) for p in params])
+
+
 class Learner:
     """Trains a group of policies.
 
@@ -130,8 +140,6 @@ class Learner:
                 "num_updates": steps, "policy_lag": lag, "learn_time_s": dt}
 
     def _train_policy(self, pid: str, policy: "Policy", pb: sb.SampleBatch) -> Tuple[Dict[str, float], int]:
-        def fail(what: str) -> NonFiniteError:
-            return NonFiniteError(f"policy {pid!r}: non-finite {what} at update {policy.num_updates + steps + 1}")
         n = len(pb)
         mbs = n if not self.minibatch_size else min(int(self.minibatch_size), n)
         if self.contiguous:
@@ -151,20 +159,16 @@ class Learner:
                 mbs_iter = ({k: v[s:s + mbs] for k, v in shuffled.items()} for s in range(0, n, mbs))
             for mb in mbs_iter:
                 loss, st = policy.loss(mb)
-                if (bad := next((k for k, v in st.items() if not math.isfinite(v)), None)) is not None:
-                    raise fail(f"loss term `{bad}` ({st[bad]})")  # the stats are floats already: no sync
+                self._check_stats(pid, policy, st, steps)  # the stats are floats already: no sync
                 norm = self.step(policy, loss, max_norm)
                 if not math.isfinite(norm):
-                    raise fail(f"gradient (norm {norm})")
+                    raise self._non_finite(pid, policy, f"gradient (norm {norm})", steps)
                 for k, v in st.items():
                     sums[k] += v
                 if max_norm:
                     sums["grad_norm"] += norm
                 steps += 1
-        flat = policy._flat  # finite gradients, too large a step; a sum is 40x cheaper than isfinite()
-        if not math.isfinite(float(flat.sum())) and not bool(torch.isfinite(flat).all()):
-            steps -= 1
-            raise fail("weights after the optimizer step")
+        self._check_weights(pid, policy, steps)
         policy.num_updates += steps
         stats = {k: v / max(steps, 1) for k, v in sums.items()}
         stats.update(policy.on_train_batch_end(tb) or {})
@@ -176,12 +180,13 @@ class Learner:
         """Backward, optional global-norm clipping, optimizer step over the policy's flat
         parameter buffer (:meth:`Policy.make_optimizer`). Returns the pre-clip gradient norm;
         a non-finite one is returned without a step (the weights stay as they were)."""
-        params = policy._params
-        for p in params:
-            p.grad = None
-        loss.backward()
-        g = torch.cat([p.grad.reshape(-1) if p.grad is not None
-                       else torch.zeros(p.numel(), dtype=p.dtype, device=p.device) for p in params])
+        return Learner.apply_gradient(policy, flat_gradient(policy._params, loss), max_grad_norm)
+
+    @staticmethod
+    def apply_gradient(policy: "Policy", g: torch.Tensor, max_grad_norm: Optional[float] = None) -> float:
+        """One optimizer step with the flat gradient ``g`` (float32[P], in the order of the
+        policy's flat buffer; clipped in place to global norm ``max_grad_norm``). Returns
+        the pre-clip norm; a non-finite one is returned without a step."""
         n = torch.linalg.vector_norm(g)
         if not math.isfinite(norm := float(n)):
             return norm
@@ -190,6 +195,57 @@ class Learner:
         policy._flat.grad = g
         policy.optimizer.step()  # type: ignore[union-attr]  # trainable policies have one
         return norm
+
+    def apply_gradients(self, b: sb.MultiAgentBatch) -> Dict[str, Any]:
+        """Apply gradients computed on a rollout worker (A3C, Mnih et al. 2016, algorithm
+        S3: the asynchronous update of the shared parameters): ``b.meta["gradients"]`` is
+        ``{policy_id: (float32[P] gradient, loss stats, rows)}`` (see
+        :meth:`flowkit.core.workers.RolloutWorker.compute_gradients`); each trainable policy
+        of the group takes one optimizer step (clipped as in :meth:`step`). Result as
+        :meth:`update`.
+
+        Raises:
+            NonFiniteError: a non-finite loss term, gradient or resulting weights."""
+        t0 = time.perf_counter()
+        lag = [self.num_updates - v for v in weights_versions(b)]
+        stats: Dict[str, Dict[str, float]] = {}
+        steps = agent_steps = 0
+        with self.lock:
+            for pid, (g, st, rows) in b.meta.get("gradients", {}).items():
+                if pid not in self.trainable:
+                    continue
+                pol = self.policies[pid]
+                self._check_stats(pid, pol, st)
+                norm = self.apply_gradient(pol, torch.as_tensor(np.array(g), device=pol.device),
+                                           getattr(pol.config, "max_grad_norm", None))
+                if not math.isfinite(norm):
+                    raise self._non_finite(pid, pol, f"gradient (norm {norm})")
+                self._check_weights(pid, pol, 1)
+                pol.num_updates += 1
+                stats[pid] = {**st, "grad_norm": norm, "train_batch_size": rows, "num_sgd_steps": 1}
+                if lag:
+                    stats[pid].update(policy_lag_mean=float(np.mean(lag)), policy_lag_max=float(np.max(lag)))
+                steps, agent_steps = steps + 1, agent_steps + int(rows)
+            self.num_updates += steps
+            self.env_steps_trained += b.env_steps
+            self.stats.update(stats)
+        dt = time.perf_counter() - t0
+        self.busy_s += dt
+        return {"batch": b, "stats": stats, "env_steps": b.env_steps, "agent_steps": agent_steps,
+                "num_updates": steps, "policy_lag": lag, "learn_time_s": dt}
+
+    @staticmethod
+    def _non_finite(pid: str, policy: "Policy", what: str, steps: int = 0) -> NonFiniteError:
+        return NonFiniteError(f"policy {pid!r}: non-finite {what} at update {policy.num_updates + steps + 1}")
+
+    def _check_stats(self, pid: str, policy: "Policy", st: Dict[str, float], steps: int = 0) -> None:
+        if (bad := next((k for k, v in st.items() if not math.isfinite(v)), None)) is not None:
+            raise self._non_finite(pid, policy, f"loss term `{bad}` ({st[bad]})", steps)
+
+    def _check_weights(self, pid: str, policy: "Policy", steps: int = 0) -> None:
+        flat = policy._flat  # finite gradients, too large a step; a sum is 40x cheaper than isfinite()
+        if not math.isfinite(float(flat.sum())) and not bool(torch.isfinite(flat).all()):
+            raise self._non_finite(pid, policy, "weights after the optimizer step", steps - 1)
 
     # ---- weights ---------------------------------------------------------------------------
     def get_weights(self) -> Tuple[int, Dict[str, Any]]:
