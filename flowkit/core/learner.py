@@ -27,7 +27,7 @@ import os
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -52,7 +52,7 @@ def weights_versions(b: sb.MultiAgentBatch) -> List[int]:
     return flat(b.meta.get("weights_version"))
 
 
-def flat_gradient(params: List[torch.Tensor], loss: torch.Tensor) -> torch.Tensor:
+def flat_gradient(params: Sequence[torch.Tensor], loss: torch.Tensor) -> torch.Tensor:
     """``d loss / d params`` as one flat float32[P] tensor, ``params`` in order (zeros for a
     parameter the loss does not reach); their ``.grad`` is reset first."""
     for p in params:
@@ -117,17 +117,21 @@ class Learner:
     # ---- the update ------------------------------------------------------------------------
     def update(self, b: sb.MultiAgentBatch) -> Dict[str, Any]:
         """Train every trainable policy of the group on its rows of ``b``."""
+        return self._update(b, b.policy_batches.items(), self._train_policy)
+
+    def _update(self, b: sb.MultiAgentBatch, items: Iterable[Tuple[str, Any]], fn: Any) -> Dict[str, Any]:
+        """Run ``fn(pid, policy, x) -> (stats, sgd steps, rows) or None`` for each trainable
+        ``(pid, x)`` of ``items`` under the update lock; count and time it."""
         t0 = time.perf_counter()
         lag = [self.num_updates - v for v in weights_versions(b)]
         stats: Dict[str, Dict[str, float]] = {}
         steps = agent_steps = 0
         with self.lock:
-            for pid, pb in b.policy_batches.items():
-                if pid not in self.trainable or len(pb) == 0:
+            for pid, x in items:
+                if pid not in self.trainable or (out := fn(pid, self.policies[pid], x)) is None:
                     continue
-                st, n = self._train_policy(pid, self.policies[pid], pb)
-                steps += n
-                agent_steps += len(pb)
+                st, n, rows = out
+                steps, agent_steps = steps + n, agent_steps + rows
                 if lag:
                     st.update(policy_lag_mean=float(np.mean(lag)), policy_lag_max=float(np.max(lag)))
                 stats[pid] = st
@@ -139,8 +143,10 @@ class Learner:
         return {"batch": b, "stats": stats, "env_steps": b.env_steps, "agent_steps": agent_steps,
                 "num_updates": steps, "policy_lag": lag, "learn_time_s": dt}
 
-    def _train_policy(self, pid: str, policy: "Policy", pb: sb.SampleBatch) -> Tuple[Dict[str, float], int]:
+    def _train_policy(self, pid: str, policy: "Policy", pb: sb.SampleBatch) -> Optional[Tuple[Dict[str, float], int, int]]:
         n = len(pb)
+        if n == 0:
+            return None
         mbs = n if not self.minibatch_size else min(int(self.minibatch_size), n)
         if self.contiguous:
             chunks = [policy.prepare_batch(pb.slice(s, min(s + mbs, n))) for s in range(0, n, mbs)]
@@ -173,7 +179,7 @@ class Learner:
         stats = {k: v / max(steps, 1) for k, v in sums.items()}
         stats.update(policy.on_train_batch_end(tb) or {})
         stats.update(train_batch_size=n, num_sgd_steps=steps)
-        return stats, steps
+        return stats, steps, n
 
     @staticmethod
     def step(policy: "Policy", loss: torch.Tensor, max_grad_norm: Optional[float] = None) -> float:
@@ -206,33 +212,19 @@ class Learner:
 
         Raises:
             NonFiniteError: a non-finite loss term, gradient or resulting weights."""
-        t0 = time.perf_counter()
-        lag = [self.num_updates - v for v in weights_versions(b)]
-        stats: Dict[str, Dict[str, float]] = {}
-        steps = agent_steps = 0
-        with self.lock:
-            for pid, (g, st, rows) in b.meta.get("gradients", {}).items():
-                if pid not in self.trainable:
-                    continue
-                pol = self.policies[pid]
-                self._check_stats(pid, pol, st)
-                norm = self.apply_gradient(pol, torch.as_tensor(np.array(g), device=pol.device),
-                                           getattr(pol.config, "max_grad_norm", None))
-                if not math.isfinite(norm):
-                    raise self._non_finite(pid, pol, f"gradient (norm {norm})")
-                self._check_weights(pid, pol, 1)
-                pol.num_updates += 1
-                stats[pid] = {**st, "grad_norm": norm, "train_batch_size": rows, "num_sgd_steps": 1}
-                if lag:
-                    stats[pid].update(policy_lag_mean=float(np.mean(lag)), policy_lag_max=float(np.max(lag)))
-                steps, agent_steps = steps + 1, agent_steps + int(rows)
-            self.num_updates += steps
-            self.env_steps_trained += b.env_steps
-            self.stats.update(stats)
-        dt = time.perf_counter() - t0
-        self.busy_s += dt
-        return {"batch": b, "stats": stats, "env_steps": b.env_steps, "agent_steps": agent_steps,
-                "num_updates": steps, "policy_lag": lag, "learn_time_s": dt}
+        return self._update(b, b.meta.get("gradients", {}).items(), self._apply_worker_gradient)
+
+    def _apply_worker_gradient(self, pid: str, policy: "Policy", item: Tuple[Any, Dict[str, float], int]
+                               ) -> Tuple[Dict[str, float], int, int]:
+        g, st, rows = item
+        self._check_stats(pid, policy, st)
+        norm = self.apply_gradient(policy, torch.as_tensor(np.array(g), device=policy.device),
+                                   getattr(policy.config, "max_grad_norm", None))
+        if not math.isfinite(norm):
+            raise self._non_finite(pid, policy, f"gradient (norm {norm})")
+        self._check_weights(pid, policy, 1)
+        policy.num_updates += 1
+        return {**st, "grad_norm": norm, "train_batch_size": rows, "num_sgd_steps": 1}, 1, int(rows)
 
     @staticmethod
     def _non_finite(pid: str, policy: "Policy", what: str, steps: int = 0) -> NonFiniteError:

@@ -37,8 +37,7 @@ import flowkit
 from flowkit.config import check_schedules
 from flowkit.core import ActorCritic, ActorCriticPolicy, to_tensor
 from flowkit.core import batch as sb
-from flowkit.core.ops import (ApplyGradients, ConcatBatches, DropSource, SyncWeights, TrainOneStep,
-                              UpdateSchedules)
+from flowkit.core.ops import ApplyGradients, ConcatBatches, DropSource, SyncWeights, TrainOneStep, UpdateSchedules
 from flowkit.core.policy import FlatRMSprop
 from flowkit_a2c import A2CConfig, A3CConfig
 
@@ -84,53 +83,46 @@ class A2CPolicy(ActorCriticPolicy):
         return loss, dict(zip(("pg_loss", "vf_loss", "entropy", "total_loss"), vals, strict=True))
 
 
-def _schedules(algo: flowkit.Algorithm, flow, ctx, learner):
-    cfg = algo.config
-    if cfg.lr_schedule == "linear":
-        return flow.for_each(UpdateSchedules(ctx, learner, cfg.schedule_env_steps or algo.run_config.stop.env_steps))
-    return flow
-
-
 # ---- the algorithms --------------------------------------------------------------------------
-class A2C(flowkit.Algorithm):
-    """A2C: bulk-sync rollouts -> [ConcatBatches] -> TrainOneStep (one gradient step) ->
-    SyncWeights(to all workers)."""
+class _ActorCriticAlgorithm(flowkit.Algorithm):
+    """What A2C and A3C share: the policy, the lr schedule and its check."""
 
-    name = "a2c"
-    config_class = A2CConfig
     policy_class = A2CPolicy
-    rollout_mode = "bulk_sync"
     off_policy = False
 
     @classmethod
     def validate_config(cls, run_config, section) -> List[str]:
         check_schedules(section, cls.name, ("lr_schedule",), run_config)
         return []
+
+    def schedules(self, flow, ctx, learner):
+        """``flow`` with the linear lr schedule's UpdateSchedules when ``lr_schedule=linear``."""
+        if self.config.lr_schedule != "linear":
+            return flow
+        return flow.for_each(UpdateSchedules(ctx, learner, self.config.schedule_env_steps
+                                             or self.run_config.stop.env_steps))
+
+
+class A2C(_ActorCriticAlgorithm):
+    """A2C: bulk-sync rollouts -> [ConcatBatches] -> TrainOneStep (one gradient step) ->
+    SyncWeights(to all workers)."""
+
+    name, config_class, rollout_mode = "a2c", A2CConfig, "bulk_sync"
 
     def training_flow(self, experiences, ctx, learner):
         flow = experiences
         if self.config.train_batch_size is not None:
             flow = flow.combine(ConcatBatches(self.config.train_batch_size))
-        return (_schedules(self, flow, ctx, learner).for_each(TrainOneStep(ctx, learner))
-                .for_each(SyncWeights(ctx, learner)))
+        return self.schedules(flow, ctx, learner).for_each(TrainOneStep(ctx, learner)).for_each(SyncWeights(ctx, learner))
 
 
-class A3C(flowkit.Algorithm):
+class A3C(_ActorCriticAlgorithm):
     """A3C: gradients from the workers (async) -> ApplyGradients -> SyncWeights(to the worker
     whose gradient was applied, with its next request)."""
 
-    name = "a3c"
-    config_class = A3CConfig
-    policy_class = A2CPolicy
-    rollout_mode = "async_gradients"
-    off_policy = False
-
-    @classmethod
-    def validate_config(cls, run_config, section) -> List[str]:
-        check_schedules(section, cls.name, ("lr_schedule",), run_config)
-        return []
+    name, config_class, rollout_mode = "a3c", A3CConfig, "async_gradients"
 
     def training_flow(self, experiences, ctx, learner):
-        return (_schedules(self, experiences, ctx, learner).for_each(ApplyGradients(ctx, learner))
+        return (self.schedules(experiences, ctx, learner).for_each(ApplyGradients(ctx, learner))
                 .for_each(SyncWeights(ctx, learner, to="source", with_next_sample=True))
                 .for_each(DropSource))
