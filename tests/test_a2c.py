@@ -245,3 +245,14 @@ def test_learns_cartpole_smoke(run_dir, algo):
                                         "checkpoint.at_end=false"),
                         config_file=os.path.join(REPO, "configs", algo, "CartPole-v1.yaml"))
     assert res.metrics["episode_return_mean"] >= 300, res.metrics
+
+
+@pytest.mark.parametrize("algo", ["a2c", "a3c"])
+def test_box_actions_train(run_dir, algo):
+    res = flowkit.train(local_overrides(run_dir, f"algo={algo}", "env=Pendulum-v1", "runtime.num_workers=2",
+                                        "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=8",
+                                        f"{algo}.optimizer=adam", f"{algo}.returns=gae", "stop.env_steps=320",
+                                        "checkpoint.at_end=false"))
+    m = res.metrics
+    assert m["env_steps_sampled"] == 320 and m["num_updates"] == (20 if algo == "a3c" else 10)  # a gradient per fragment vs per round
+    assert np.isfinite(m["learner/default/total_loss"]) and np.isfinite(m["learner/default/entropy"])

@@ -20,8 +20,8 @@ __all__ = ["A2C", "A2CConfig", "A2CPolicy", "A3C", "A3CConfig"]
 
 
 @dataclass
-class A3CConfig:
-    """a3c: Asynchronous Advantage Actor-Critic (gradients computed on the workers)."""
+class _ActorCriticConfig:
+    """The keys A2C and A3C share (the loss, the returns, the optimizer)."""
     lr: float = F(7e-4, "learning rate", gt=0)
     lr_schedule: str = F("constant", "constant, or linear (to 0 at schedule_env_steps)", choices=("constant", "linear"))
     schedule_env_steps: Optional[int] = F(None, "horizon of the linear schedule, env steps (default stop.env_steps)",
@@ -42,9 +42,14 @@ class A3CConfig:
 
 
 @dataclass
-class A2CConfig(A3CConfig):
+class A2CConfig(_ActorCriticConfig):
     """a2c: Advantage Actor-Critic, synchronous (one gradient step per train batch)."""
     train_batch_size: Optional[int] = F(None, "env steps per train batch (null: one sampling round)", ge=1)
+
+
+@dataclass
+class A3CConfig(_ActorCriticConfig):
+    """a3c: Asynchronous Advantage Actor-Critic (gradients computed on the workers)."""
 
 
 @flowkit.hookimpl
