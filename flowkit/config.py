@@ -340,11 +340,17 @@ def check_algo(cfg: Any, algos: Any) -> None:
 _KINDS = {int: "an int", float: "a float", bool: "true or false", str: "a string"}
 
 
-def _config_error(e: Exception, keys: Dict[str, Tuple[Any, str, Any]]) -> ConfigError:
-    """An OmegaConf error as one line: an unknown key with the closest valid one, a value of
-    the wrong type naming the key, the value and the expected type, else OmegaConf's words."""
+def _config_error(e: Exception, keys: Dict[str, Tuple[Any, str, Any]], layer: Any = None) -> ConfigError:
+    """An OmegaConf error as one line: an unknown key with the closest valid one (an unknown
+    section of ``layer`` named with the first key given under it: `xppo.lr`), a value of the
+    wrong type naming the key, the value and the expected type, else OmegaConf's words."""
     key = str(getattr(e, "full_key", None) or "")
     if isinstance(e, ConfigKeyError):
+        node = layer
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        while isinstance(node, dict) and node and isinstance(first := next(iter(node)), str):
+            key, node = f"{key}.{first}", node[first]
         close = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.6)
         hint = f"; did you mean `{close[0]}`?" if close else ""
         shown = key if key.isprintable() and key.strip() == key else repr(key)  # e.g. a stray '\xa0'
@@ -495,7 +501,7 @@ def merge_overrides(base: DictConfig, overrides: Dict[str, Any], schema: type) -
                     raise
                 OmegaConf.update(node, str(e.full_key), int(v), merge=False)
     except OmegaConfBaseException as e:
-        raise _config_error(e, keys) from None
+        raise _config_error(e, keys, layer) from None
 
 
 def section_view(cfg: DictConfig, name: str) -> DictConfig:

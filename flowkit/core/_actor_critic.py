@@ -39,7 +39,7 @@ class ActorCriticPolicy(Policy):
     :attr:`store_values` is set, ``vf_preds`` (V(s) at sampling time) and
     ``action_dist_inputs``. :meth:`add_gae` computes advantages on the worker.
 
-    Config fields read: ``lr``, ``adam_eps``, ``log_std_init``, optionally
+    Config fields read: ``lr``, ``log_std_init``, optionally ``adam_eps``,
     ``normalize_observations``, ``normalize_rewards`` (:meth:`normalize_rewards`), ``use_sde``
     and ``sde_sample_freq`` (:meth:`sde_noise`); ``gamma`` and ``gae_lambda`` for :meth:`add_gae`.
 
@@ -64,7 +64,7 @@ class ActorCriticPolicy(Policy):
         self._sde_w: Optional[torch.Tensor] = None  # gSDE exploration matrices and the steps since drawn
         self._sde_steps = 0
         if not inference_only:
-            self.optimizer = self.make_optimizer(config.lr, config.adam_eps)
+            self.optimizer = self.make_optimizer(config.lr, getattr(config, "adam_eps", 1e-8))
 
     def make_model(self) -> ActorCritic:
         """The network (override for a custom model; the numpy mirror then steps aside)."""
@@ -144,10 +144,11 @@ class ActorCriticPolicy(Policy):
         return self.model.value(torch.from_numpy(np.ascontiguousarray(obs, np.float32))).numpy()
 
     # -- returns --
-    def add_gae(self, batch: sb.SampleBatch) -> sb.SampleBatch:
+    def add_gae(self, batch: sb.SampleBatch, gae_lambda: Optional[float] = None) -> sb.SampleBatch:
         """A copy of ``batch`` (trajectory pieces with ``vf_preds``) with ``advantages`` and
         ``value_targets`` from :func:`compute_gae`; truncations and cuts bootstrap from
-        V(``next_obs``) under the current weights, terminations from 0."""
+        V(``next_obs``) under the current weights, terminations from 0. ``gae_lambda``
+        (default ``config.gae_lambda``) = 1 gives n-step returns to the end of each piece."""
         out = sb.SampleBatch(batch)
         if len(out) == 0:
             return out
@@ -157,7 +158,8 @@ class ActorCriticPolicy(Policy):
         cont, boot = bootstrap_rows(out)
         boot_v = self.compute_values(np.asarray(out[sb.NEXT_OBS])[boot]) if len(boot) else None
         adv, vt = compute_gae(np.asarray(out[sb.REWARDS], np.float32), v, next_values(v, cont, boot, boot_v),
-                              cont, self.config.gamma, self.config.gae_lambda)
+                              cont, self.config.gamma,
+                              self.config.gae_lambda if gae_lambda is None else gae_lambda)
         out[sb.ADVANTAGES], out[sb.VALUE_TARGETS] = adv, vt
         return out
 

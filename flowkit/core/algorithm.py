@@ -17,8 +17,10 @@ class Algorithm:
         name: registry name and config section (``ppo`` -> ``ppo.*``).
         config_class: dataclass of the section (a docstring per field).
         policy_class: the :class:`flowkit.Policy` subclass it trains.
-        rollout_mode: ``bulk_sync`` (experiences are MultiAgentBatches) or ``async``
-            (experiences are ``(source_actor, MultiAgentBatch)``).
+        rollout_mode: ``bulk_sync`` (experiences are MultiAgentBatches), ``async``
+            (experiences are ``(source_actor, MultiAgentBatch)``) or ``async_gradients``
+            (as ``async``, the batches without rows and with the gradients the worker
+            computed in ``meta["gradients"]``: A3C; see ``ParallelRollouts``).
         off_policy: True if it can learn from stale samples (turns ``runtime.prefetch`` on
             by default when every algorithm of the run is off-policy).
         requires_discrete: refuse non-Discrete action spaces at set-up (DQN).
@@ -63,7 +65,7 @@ class Algorithm:
 
         Args:
             experiences: a Flow of MultiAgentBatch (bulk_sync) or of (actor, MultiAgentBatch)
-                (async), already restricted to this algorithm's policies.
+                (async, async_gradients), already restricted to this algorithm's policies.
             ctx: the RunContext (``ctx.workers``, ``ctx.counters``, ``ctx.add_stateful``).
             learner: the Learner of these policies (train through ``TrainOneStep``, send
                 weights through ``SyncWeights``); name stateful parts after ``learner.name``
