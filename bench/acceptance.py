@@ -27,6 +27,8 @@ CHECKS = {
     "dqn_acrobot": ("configs/dqn/Acrobot-v1.yaml", "episode_return_mean", -100, 40_000, [0, 1, 2], []),
     "apex_cartpole": ("configs/apex/CartPole-v1.yaml", "evaluation_return_mean", 450, 150_000, [0], []),
     "impala_cartpole": ("configs/impala/CartPole-v1.yaml", "episode_return_mean", 450, 500_000, [0, 1, 2], []),
+    "a2c_cartpole": ("configs/a2c/CartPole-v1.yaml", "episode_return_mean", 475, 500_000, [0, 1, 2], []),
+    "a3c_cartpole": ("configs/a3c/CartPole-v1.yaml", "episode_return_mean", 450, 1_000_000, [0, 1, 2], []),
 }
 
 

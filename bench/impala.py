@@ -1,7 +1,7 @@
 """IMPALA throughput: the async plan (learner thread, weights pushed to the producing worker)
-against the bulk-sync plan driving the same learner (``impala.rollout_mode=bulk_sync``), on
-the same workers, env and learner settings; optionally RLlib's IMPALA on the same env and
-worker count.
+against the bulk-sync plan driving the same learner (``impala.rollout_mode=bulk_sync``), and
+APPO (the same async plan with its clipped-surrogate loss and target network), on the same
+workers, env and learner settings; optionally RLlib's IMPALA on the same env and worker count.
 
 Setting: CartPole-v1, 2 Ray rollout workers x 8 sub-envs, rollout_fragment_length 32,
 train_batch_size 512, lr 1e-3, one learner thread (torch 1 thread), Ray with num_cpus=2.
@@ -33,6 +33,7 @@ one the RLlib Flow paper measured) is used.
     python bench/impala.py --time-s 10 --repeats 1 --no-rllib      # a quick look
     python bench/impala.py --acceptance 0 1 2 3 4    # configs/impala/CartPole-v1.yaml per seed:
                                                      # env steps to episode_return_mean >= 450
+    python bench/impala.py --acceptance 0 1 2 --algo appo  # configs/appo/CartPole-v1.yaml
 """
 from __future__ import annotations
 
@@ -62,14 +63,14 @@ def _mean(rows, key):
     return statistics.fmean(vals) if vals else float("nan")
 
 
-def run_flowkit(mode: str, prefetch: bool, time_s: float, seed: int, hidden: str = "64,64"):
+def run_flowkit(mode: str, prefetch: bool, time_s: float, seed: int, hidden: str = "64,64", algo: str = "impala"):
     import flowkit
     from flowkit.engine import read_metrics
     run_dir = tempfile.mkdtemp(prefix="flowkit-bench-impala-")
-    res = flowkit.train(["algo=impala", f"env={ENV}", f"seed={seed}", "runtime.backend=ray",
+    res = flowkit.train([f"algo={algo}", f"env={ENV}", f"seed={seed}", "runtime.backend=ray",
                          f"runtime.num_workers={WORKERS}", f"runtime.num_envs_per_worker={ENVS}",
                          f"runtime.rollout_fragment_length={FRAGMENT}", f"runtime.prefetch={str(prefetch).lower()}",
-                         f"impala.rollout_mode={mode}", f"impala.train_batch_size={BATCH}", f"impala.lr={LR}",
+                         f"{algo}.rollout_mode={mode}", f"{algo}.train_batch_size={BATCH}", f"{algo}.lr={LR}",
                          f"model.hidden_sizes=[{hidden}]",
                          f"stop.time_s={time_s}", "run.min_iter_time_s=1", f"run.dir={run_dir}",
                          "run.reporters=[csv,checkpoint,evaluation]", "checkpoint.at_end=false"])
@@ -118,11 +119,11 @@ def run_rllib(python: str, time_s: float, seed: int):
     return json.loads(lines[-1])
 
 
-def acceptance(seeds) -> None:
-    """The acceptance run (tests/test_impala.py) over several seeds, as a table."""
+def acceptance(seeds, algo: str = "impala") -> None:
+    """The acceptance run (tests/test_impala.py, tests/test_appo.py) over several seeds, as a table."""
     import flowkit
     here = os.path.dirname(os.path.abspath(__file__))
-    cfg = os.path.join(here, "..", "configs", "impala", "CartPole-v1.yaml")
+    cfg = os.path.join(here, "..", "configs", algo, f"{ENV}.yaml")
     print("\n| seed | env steps | episode_return_mean | wall time (s) | policy lag max | reached 450 |")
     print("|---|---|---|---|---|---|")
     for seed in seeds:
@@ -143,7 +144,9 @@ def main(argv=None) -> int:
     p.add_argument("--no-rllib", action="store_true")
     p.add_argument("--hidden", default="64,64", help="model.hidden_sizes of both plans (a heavier learner: 256,256)")
     p.add_argument("--acceptance", type=int, nargs="+", metavar="SEED",
-                   help="run configs/impala/CartPole-v1.yaml for these seeds instead")
+                   help="run configs/impala/CartPole-v1.yaml (--algo appo: configs/appo/CartPole-v1.yaml) "
+                        "for these seeds instead")
+    p.add_argument("--algo", default="impala", choices=("impala", "appo"), help="the algorithm of --acceptance")
     p.add_argument("--rllib-child", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.rllib_child:
@@ -153,17 +156,17 @@ def main(argv=None) -> int:
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="error")
     if args.acceptance:
         try:
-            acceptance(args.acceptance)
+            acceptance(args.acceptance, args.algo)
         finally:
             ray.shutdown()
         return 0
-    plans = [("async (learner thread)", "async", False), ("bulk_sync", "bulk_sync", False),
-             ("bulk_sync + prefetch", "bulk_sync", True)]
-    runs = {name: [] for name, _, _ in plans}
+    plans = [("async (learner thread)", "async", False, "impala"), ("bulk_sync", "bulk_sync", False, "impala"),
+             ("bulk_sync + prefetch", "bulk_sync", True, "impala"), ("APPO async", "async", False, "appo")]
+    runs = {name: [] for name, *_ in plans}
     try:
         for _ in range(args.repeats):
-            for name, mode, prefetch in plans:
-                runs[name].append(run_flowkit(mode, prefetch, args.time_s, args.seed, args.hidden))
+            for name, mode, prefetch, algo in plans:
+                runs[name].append(run_flowkit(mode, prefetch, args.time_s, args.seed, args.hidden, algo))
     finally:
         ray.shutdown()
     rllib = None
@@ -173,14 +176,14 @@ def main(argv=None) -> int:
     def med(name, key):
         return statistics.median(r[key] for r in runs[name])
     base = med("bulk_sync", "rate")
-    print(f"\nIMPALA, {ENV}, {WORKERS} Ray workers x {ENVS} envs, fragment {FRAGMENT}, train batch {BATCH}, "
+    print(f"\nIMPALA and APPO, {ENV}, {WORKERS} Ray workers x {ENVS} envs, fragment {FRAGMENT}, train batch {BATCH}, "
           f"hidden [{args.hidden}], "
           f"{args.time_s:.0f} s per run, median of {args.repeats}; 2 shared CPU cores (figures disturbed "
           f"by other jobs on the machine)\n")
     print("| plan | env steps/s | vs bulk_sync | policy lag mean | policy lag max | CPU driver | CPU per worker "
           "| learner busy | episode_return_mean |")
     print("|---|---|---|---|---|---|---|---|---|")
-    for name, _, _ in plans:
+    for name, *_ in plans:
         print(f"| flowkit {name} | {med(name, 'rate'):.0f} | {med(name, 'rate') / base:.2f}x | {med(name, 'lag'):.2f} "
               f"| {med(name, 'lag_max'):.0f} | {med(name, 'cpu_driver'):.2f} | {med(name, 'cpu_workers'):.2f} "
               f"| {med(name, 'busy'):.2f} | {med(name, 'return'):.1f} |")

@@ -50,6 +50,6 @@ def flowkit_build_plan(ctx: RunContext) -> Flow:
     algo = ctx.algorithms[ctx.config.algo]
     mode = algo.get_rollout_mode()
     experiences = ParallelRollouts(ctx, mode=mode, prefetch=ctx.prefetch)
-    if mode == "async":
+    if mode != "bulk_sync":  # async, async_gradients
         experiences = experiences.zip_with_source_actor()
     return algo.training_flow(experiences, ctx, ctx.add_learner(algo.name, ctx.policy_ids))

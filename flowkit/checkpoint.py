@@ -83,6 +83,7 @@ def to_plain(obj: Any, where: str = "state") -> Any:
         if obj.dtype.hasobject or obj.dtype.kind not in "biufc":
             raise TypeError(f"{where}: a numpy array of dtype {obj.dtype} cannot be stored in a checkpoint")
         a = np.ascontiguousarray(obj if obj.dtype.isnative else obj.astype(obj.dtype.newbyteorder("=")))
+        a = a.reshape(obj.shape)  # ascontiguousarray makes a 0-d array 1-d
         return {_ND: torch.from_numpy(a if a.flags.writeable else a.copy())}
     if type(obj) in (list, tuple, torch.Size):
         out = [to_plain(v, f"{where}[{i}]") for i, v in enumerate(obj)]

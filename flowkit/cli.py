@@ -1,4 +1,5 @@
-"""The ``flowkit`` command: train, plan, plugins, plot (flowkit/plot.py), tune (flowkit/tune.py).
+"""The ``flowkit`` command: train, plan, plugins; evaluate and export a trained policy; plot
+(flowkit/plot.py) and tune (flowkit/tune.py).
 
 Exit status: 0 success, 1 a failed run (a bad env, non-finite training or workers Ray could not
 place: one line, no traceback), 2 a config error (short message, no traceback),
@@ -8,14 +9,17 @@ place: one line, no traceback), 2 a config error (short message, no traceback),
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import signal
 import sys
-from typing import List, Optional
+from typing import Any, List, Optional
 
 USAGE = """flowkit train [-c FILE ...] [--no-tuned] [--dry-run | --print-config] [key=value ...]
 flowkit plan [-c FILE ...] [--no-tuned] [key=value ...]
 flowkit plugins
+flowkit evaluate RUN_DIR|CHECKPOINT [episodes=N] [seed=S] [explore=false] [render=mp4|gif] [key=value ...]
+flowkit export RUN_DIR|CHECKPOINT --format torchscript|onnx [--out PATH] [--policy ID]
 flowkit plot RUN_DIR... [--x env_steps|time] [--metric M] [--out FILE]
 flowkit tune [-c FILE ...] [--metric M] [--mode max|min] [--search grid|random|optuna] [--num-samples N]
              [--scheduler asha|none] [key=value ...] [key=choice(a,b) key=range(3) ...]"""
@@ -59,6 +63,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     for sig in (signal.SIGTERM, signal.SIGHUP):  # while importing; the run takes them over
         signal.signal(sig, _early_signal)
+    if argv and argv[0] in _AFTER:  # commands on a trained run: their own arguments
+        return _AFTER[argv[0]](argv[1:])
     if argv and argv[0] in SUBCOMMANDS:
         import importlib
         return int(importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:]))
@@ -147,6 +153,110 @@ def _plugins() -> int:
         doc = (a.config_class or a).__doc__ or ""
         print(f"{name:<12} {plug:<18} {dist:<28} {doc.strip().splitlines()[0] if doc.strip() else ''}")
     return 0
+
+
+# ---- after training: evaluate, export -----------------------------------------------------------
+class _ArgError(Exception):
+    pass
+
+
+class _Args(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line, exit 2 (argparse prints usage and exits)
+        raise _ArgError(message)
+
+
+def _after_parser(cmd: str, doc: str) -> _Args:
+    p = _Args(prog=f"flowkit {cmd}", description=doc, add_help=False)
+    p.add_argument("path", nargs="?", help="a run folder (its newest checkpoint) or a checkpoint folder")
+    p.add_argument("-h", "--help", action="store_true")
+    return p
+
+
+def _checkpoint_path(cmd: str, path: Optional[str]) -> str:
+    if not path:
+        raise _ArgError("give a run folder or a checkpoint folder")
+    if not os.path.exists(path):  # before torch is imported
+        raise _ArgError(f"no checkpoint at {path!r}: no such file or folder")
+    return path
+
+
+def _run_after(cmd: str, fn: Any) -> int:
+    from flowkit.config import ConfigError
+    try:
+        return fn()
+    except (_ArgError, ConfigError) as e:
+        print(f"flowkit {cmd}: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _evaluate(argv: List[str]) -> int:
+    """``flowkit evaluate``: see :mod:`flowkit.evaluation`."""
+    p = _after_parser("evaluate", "Score a saved policy (no training step; the run is not changed) and write "
+                                  "evaluation.json in the checkpoint's folder.")
+    p.add_argument("args", nargs="*", help="key=value")
+
+    def run() -> int:
+        a = p.parse_args(argv)
+        if a.help:
+            from flowkit.config import schema_keys
+            from flowkit.evaluation import EvaluateArgs
+            keys = "\n".join(f"  {k} (default {d!r}): {h}" for k, (_, h, d) in schema_keys(EvaluateArgs).items())
+            print(f"usage: {USAGE.splitlines()[3]}\n\n{p.description}\n\nkeys:\n{keys}")
+            return 0
+        from flowkit.evaluation import parse_args
+        opts = parse_args(a.args)
+        path = _checkpoint_path("evaluate", a.path)
+        from flowkit.evaluation import evaluate, format_table
+        report = evaluate(path, **opts)
+        print(format_table(report))
+        for v in report.get("videos", []):
+            print(f"video: {v}")
+        print(f"wrote {os.path.join(report['checkpoint'], 'evaluation.json')}")
+        return 0
+    return _run_after("evaluate", run)
+
+
+def _export(argv: List[str]) -> int:
+    """``flowkit export``: see :mod:`flowkit.export`."""
+    p = _after_parser("export", "Write a policy as one module from raw observation to greedy action "
+                                "(encoding, normalisation, masks, Box scaling and clipping inside).")
+    p.add_argument("--format", dest="fmt", help="torchscript or onnx")
+    p.add_argument("--out", help="output file (default: policy[-ID].pt|.onnx in the checkpoint's folder)")
+    p.add_argument("--policy", help="policy id (needed when the run has several)")
+
+    def run() -> int:
+        a = p.parse_args(argv)
+        if a.help:
+            print(f"usage: {USAGE.splitlines()[4]}\n\n{p.description}")
+            return 0
+        if a.fmt not in ("torchscript", "onnx"):
+            raise _ArgError(f"--format {a.fmt!r}: use torchscript or onnx" if a.fmt else "--format is required "
+                            "(torchscript or onnx)")
+        path = _checkpoint_path("export", a.path)
+        from flowkit.checkpoint import find_checkpoint, load_trained
+        from flowkit.export import export_policy
+        ck = find_checkpoint(path)
+        algo = load_trained(ck)
+        if a.policy is None and len(algo.policies) > 1:
+            raise _ArgError(f"the run has several policies ({', '.join(algo.policies)}): name one with --policy")
+        if a.policy is not None and a.policy not in algo.policies:
+            raise _ArgError(f"--policy {a.policy!r}: the checkpoint has {', '.join(algo.policies)}")
+        pid = a.policy or next(iter(algo.policies))
+        out = a.out or os.path.join(ck, f"policy{'-' + pid if len(algo.policies) > 1 else ''}"
+                                        f"{'.pt' if a.fmt == 'torchscript' else '.onnx'}")
+        try:
+            sig = export_policy(algo.policies[pid], a.fmt, out)
+        except ValueError as e:
+            raise _ArgError(f"policy {pid!r}: {e}") from None
+        ins = [f"{d['name']}: {d['dtype']}[{', '.join(map(str, d['shape']))}]" for d in sig["inputs"] + sig["outputs"]]
+        print(f"wrote {out} ({a.fmt}, policy {pid!r}): ({', '.join(ins[:-1])}) -> {ins[-1]}")
+        print(f"same actions as compute_actions(obs, explore=False) on {sig['checked']} sampled observations"
+              if sig["checked"] else "not checked against the policy (onnxruntime is not installed)")
+        return 0
+    return _run_after("export", run)
+
+
+_AFTER = {"evaluate": _evaluate, "export": _export}
 
 
 def _entry() -> int:

@@ -323,7 +323,9 @@ def schema_allowed(cls: Any, prefix: str = "") -> Dict[str, Allowed]:
 
 def _type_name(tp) -> str:
     base, opt = _unwrap_optional(tp)
-    name = getattr(base, "__name__", None) or str(base).replace("typing.", "")
+    args = typing.get_args(base)  # List[int], Dict[str, PolicyConfig]
+    name = (f"{getattr(base, '__name__', base)}[{', '.join(_type_name(a) for a in args)}]" if args
+            else getattr(base, "__name__", None) or str(base).replace("typing.", ""))
     return f"{name} or null" if opt else name
 
 
@@ -338,11 +340,17 @@ def check_algo(cfg: Any, algos: Any) -> None:
 _KINDS = {int: "an int", float: "a float", bool: "true or false", str: "a string"}
 
 
-def _config_error(e: Exception, keys: Dict[str, Tuple[Any, str, Any]]) -> ConfigError:
-    """An OmegaConf error as one line: an unknown key with the closest valid one, a value of
-    the wrong type naming the key, the value and the expected type, else OmegaConf's words."""
+def _config_error(e: Exception, keys: Dict[str, Tuple[Any, str, Any]], layer: Any = None) -> ConfigError:
+    """An OmegaConf error as one line: an unknown key with the closest valid one (an unknown
+    section of ``layer`` named with the first key given under it: `xppo.lr`), a value of the
+    wrong type naming the key, the value and the expected type, else OmegaConf's words."""
     key = str(getattr(e, "full_key", None) or "")
     if isinstance(e, ConfigKeyError):
+        node = layer
+        for part in key.split("."):
+            node = node.get(part) if isinstance(node, dict) else None
+        while isinstance(node, dict) and node and isinstance(first := next(iter(node)), str):
+            key, node = f"{key}.{first}", node[first]
         close = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.6)
         hint = f"; did you mean `{close[0]}`?" if close else ""
         shown = key if key.isprintable() and key.strip() == key else repr(key)  # e.g. a stray '\xa0'
@@ -493,7 +501,7 @@ def merge_overrides(base: DictConfig, overrides: Dict[str, Any], schema: type) -
                     raise
                 OmegaConf.update(node, str(e.full_key), int(v), merge=False)
     except OmegaConfBaseException as e:
-        raise _config_error(e, keys) from None
+        raise _config_error(e, keys, layer) from None
 
 
 def section_view(cfg: DictConfig, name: str) -> DictConfig:
@@ -509,22 +517,36 @@ def section_object(cfg: DictConfig, name: str, cls: type) -> Any:
     return cls(**typing.cast(Dict[str, Any], OmegaConf.to_container(cfg[name], resolve=True)))
 
 
+def describe_keys(sections: Optional[Dict[str, type]] = None) -> List[Tuple[str, str, str, Any, str]]:
+    """Every config key of the schema with ``sections`` as ``(key, type, allowed, default,
+    help)`` rows, in schema order: ``("ppo.lr", "float", "> 0", 0.0003, "Adam learning rate")``.
+    ``allowed`` is "" when any value of the type goes (floats must also be finite); for a
+    list or a mapping it applies to each item. The fields of a ``Dict[str, <dataclass>]``
+    key follow it as ``<key>.<id>.<field>`` rows. What ``flowkit train --help`` and the docs'
+    config reference show."""
+    def rows(cls: Any, prefix: str) -> Iterator[Tuple[str, str, str, Any, str]]:
+        allowed_values = schema_allowed(cls, prefix)
+        for key, (tp, hlp, default) in schema_keys(cls, prefix).items():
+            allowed = allowed_values.get(key)
+            rng = allowed.describe(_leaf_type(tp) is float, say_finite=False) if allowed else ""
+            if rng and typing.get_origin(_unwrap_optional(tp)[0]) in (list, List, dict, Dict):
+                rng = f"each {rng}"
+            yield key, _type_name(tp), rng, default, hlp
+            if typing.get_origin(_unwrap_optional(tp)[0]) in (dict, Dict) and dataclasses.is_dataclass(_leaf_type(tp)):
+                yield from rows(_leaf_type(tp), f"{key}.<id>.")
+    return list(rows(make_schema_class(sections or {}), ""))
+
+
 def help_text(sections: Optional[Dict[str, type]] = None) -> str:
     """Every config key with its type, allowed values, default and help, grouped by section
     (floats must also be finite)."""
-    schema_cls = make_schema_class(sections or {})
-    keys, allowed_values = schema_keys(schema_cls), schema_allowed(schema_cls)
     lines, last = [], None
-    for key, (tp, hlp, default) in keys.items():
+    for key, tp, rng, default, hlp in describe_keys(sections):
         sec = key.split(".")[0] if "." in key else ""
         if sec != last:
             lines.append(f"\n[{sec or 'top level'}]")
             last = sec
-        allowed = allowed_values.get(key)
-        rng = allowed.describe(_leaf_type(tp) is float, say_finite=False) if allowed else ""
-        if rng and typing.get_origin(_unwrap_optional(tp)[0]) in (list, List, dict, Dict):
-            rng = f"each {rng}"
-        lines.append(f"  {key} ({_type_name(tp)}{', ' + rng if rng else ''}, default {default!r}): {hlp}")
+        lines.append(f"  {key} ({tp}{', ' + rng if rng else ''}, default {default!r}): {hlp}")
     return "\n".join(lines)
 
 

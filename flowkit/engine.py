@@ -78,9 +78,15 @@ class Result:
     """What :func:`train` returns.
 
     Attributes:
-        metrics: the last result row (dict). history: every row.
-        run_dir: the run folder. checkpoint: the last checkpoint folder (or None).
-        stop_reason: why the run stopped. config: the resolved config.
+        metrics: the last result row, plus the final evaluation if any (``{column: value}``,
+            the columns of ``metrics.csv``; also written to ``result.json``).
+        history: every row, in order (a resumed run: the rows kept up to its checkpoint, then
+            the new ones).
+        run_dir: the run folder.
+        checkpoint: the last checkpoint folder, or None when none was written.
+        stop_reason: why the run stopped, e.g. ``stop.env_steps=100000 reached`` or
+            ``interrupted (SIGTERM)``.
+        config: the resolved config (an OmegaConf DictConfig).
     """
 
     def __init__(self, metrics, history, run_dir, checkpoint, stop_reason, config):
@@ -251,7 +257,14 @@ def _stop_reason(cfg: DictConfig, r: Dict[str, Any]) -> Optional[str]:
 
 
 def train(config: Any = None, config_file: Union[str, Sequence[str], None] = None, plugins: Sequence[Any] = ()) -> Result:
-    """Train from a config (dotlist list, dict or DictConfig) and return a :class:`Result`.
+    """Train from a config and return a :class:`Result`.
+
+    Args:
+        config: dotlist overrides (``["algo=ppo", "env=CartPole-v1"]`` or one string of
+            them), a nested dict, or a DictConfig; merged over ``config_file``.
+        config_file: YAML file(s), merged in order over the defaults.
+        plugins: plugin objects for this run only (as :func:`flowkit.register` would add
+            them; they reach workers only on the local backend).
 
     Raises:
         ConfigError: a config problem, before anything starts.

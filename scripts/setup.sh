@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Idempotent set-up: a virtual environment in .venv with flowkit, every plugin under
-# plugins/ and the test tools. torch==2.13.0 is installed first, before anything can ask for an
-# unpinned torch (which would pull a multi-GB CUDA build): on the project's machines pip finds
-# that version's CPU wheel on disk; elsewhere set PIP_INDEX_URL=https://download.pytorch.org/whl/cpu
-# for that one step if you want the CPU build. Re-runs only when a pyproject.toml changed.
+# plugins/, the test tools and the docs tools (MkDocs). torch==2.13.0 is installed first,
+# before anything can ask for an unpinned torch (which would pull a multi-GB CUDA build): on
+# the project's machines pip finds that version's CPU wheel on disk; elsewhere set
+# PIP_INDEX_URL=https://download.pytorch.org/whl/cpu for that one step if you want the CPU
+# build. Re-runs only when a pyproject.toml changed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -22,7 +23,7 @@ run() { "$@" >>"$log" 2>&1 || { echo "set-up step failed: $*"; tail -40 "$log"; 
 : >"$log"
 run pip install --upgrade pip
 python -c "import torch" 2>/dev/null || run pip install "torch==2.13.0"
-args=(-e ".[test,multiagent,tensorboard,tune]")
+args=(-e ".[test,multiagent,docs,tensorboard,tune]")
 for p in plugins/*/; do
   [[ -f $p/pyproject.toml ]] && args+=(-e "$p")
 done

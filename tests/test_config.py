@@ -79,6 +79,8 @@ def test_c09_bad_value_names_key_type_and_value():
 def test_c10_misspelt_key_suggests_the_right_one():
     with pytest.raises(ConfigError, match=r"unknown config key `ppo.clip_parm`; did you mean `ppo.clip_param`\?"):
         cfg_of("env=CartPole-v1", "ppo.clip_parm=0.1")
+    with pytest.raises(ConfigError, match=r"unknown config key `xppo.ent_coef`; did you mean `ppo.ent_coef`\?"):
+        cfg_of("env=CartPole-v1", "xppo.ent_coef=0")  # an unknown section: the key given under it too
 
 
 def test_c10_two_keys_for_one_thing_name_both():

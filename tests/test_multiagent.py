@@ -420,3 +420,8 @@ def test_opponent_sampling_in_a_run_and_first_policy_in_evaluation():
     out = ctx.evaluate()
     assert "evaluation/learner/episode_return_mean" in out and "evaluation/rand/episode_return_mean" not in out
     ctx.shutdown()
+
+
+def test_mixing_refuses_appo_with_bulk_sync_ppo():
+    with pytest.raises(ConfigError, match=r"bulk_sync and async.*appo \(policies tank_pol\): async"):
+        make_ctx(SCOUT, *C04_MAP, "multiagent.policies.scout_pol.algo=ppo", "multiagent.policies.tank_pol.algo=appo")

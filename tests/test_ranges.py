@@ -168,7 +168,7 @@ def test_help_shows_ranges_and_choices():
     assert "  ppo.lr (float, > 0, default 0.0003): Adam learning rate" in text
     assert "  ppo.gamma (float, in [0, 1], default 0.99)" in text
     assert "  env.vectorization (str, 'auto' or 'sync', default 'auto')" in text
-    assert "  model.hidden_sizes (List, each >= 1, default [64, 64])" in text
+    assert "  model.hidden_sizes (List[int], each >= 1, default [64, 64])" in text
 
 
 # ---- the CLI: each case of issue 13 exits 2 with one line ----------------------------------

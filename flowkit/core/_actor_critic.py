@@ -3,16 +3,33 @@ acting through its numpy mirror on CPU workers (torch otherwise), V(s) for boots
 and GAE postprocessing. A new actor-critic algorithm subclasses it and writes its loss."""
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 import torch
+from torch import nn
 
 from flowkit.core import batch as sb
 from flowkit.core._models import ActorCritic
 from flowkit.core._numpy_model import NumpyActorCritic, sample_logp_numpy
-from flowkit.core._returns import bootstrap_rows, compute_gae, next_values
-from flowkit.core.policy import Policy
+from flowkit.core._returns import bootstrap_rows, compute_gae, next_values, vtrace
+from flowkit.core.policy import Policy, to_tensor
+
+
+def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, clip: float) -> torch.Tensor:
+    """PPO's clipped surrogate loss (Schulman et al. 2017, arXiv 1707.06347, eq. 7), to
+    minimise: ``-mean(min(r * A, clip(r, 1 - clip, 1 + clip) * A))``.
+
+    Args: ratio, advantages: float32[B]; clip: epsilon. Returns a scalar tensor."""
+    return -torch.min(advantages * ratio, advantages * torch.clamp(ratio, 1 - clip, 1 + clip)).mean()
+
+
+def adapt_kl_coeff(kl_coeff: float, kl: float, kl_target: float) -> float:
+    """The adaptive KL-penalty coefficient (Schulman et al. 2017, section 4): times 1.5 when
+    the measured ``kl`` exceeds ``2 * kl_target``, times 0.5 below ``kl_target / 2``."""
+    if kl > 2.0 * kl_target:
+        return kl_coeff * 1.5
+    return kl_coeff * 0.5 if kl < 0.5 * kl_target else kl_coeff
 
 
 class ActorCriticPolicy(Policy):
@@ -22,10 +39,11 @@ class ActorCriticPolicy(Policy):
     :attr:`store_values` is set, ``vf_preds`` (V(s) at sampling time) and
     ``action_dist_inputs``. :meth:`add_gae` computes advantages on the worker.
 
-    Config fields read: ``lr``, ``adam_eps``, ``log_std_init``, optionally
-    ``normalize_observations``; ``gamma`` and ``gae_lambda`` for :meth:`add_gae`.
+    Config fields read: ``lr``, ``log_std_init``, optionally ``adam_eps``,
+    ``normalize_observations``, ``normalize_rewards`` (:meth:`normalize_rewards`), ``use_sde``
+    and ``sde_sample_freq`` (:meth:`sde_noise`); ``gamma`` and ``gae_lambda`` for :meth:`add_gae`.
 
-    Class attributes:
+    Attributes:
         store_values: acting evaluates the value network and stores ``vf_preds`` and
             ``action_dist_inputs`` (PPO); False acts with the policy network only (IMPALA).
         twin: evaluate separate policy and value MLPs as one :class:`TwinMLP`.
@@ -42,14 +60,19 @@ class ActorCriticPolicy(Policy):
         self.model = self.make_model().to(self.device)
         self._np_model: Optional[NumpyActorCritic] = None
         self._np_checked = False
+        self._ret_acc: Dict[Tuple[int, int], float] = {}  # running discounted return per live (episode, agent)
+        self._sde_w: Optional[torch.Tensor] = None  # gSDE exploration matrices and the steps since drawn
+        self._sde_steps = 0
         if not inference_only:
-            self.optimizer = self.make_optimizer(config.lr, config.adam_eps)
+            self.optimizer = self.make_optimizer(config.lr, getattr(config, "adam_eps", 1e-8))
 
     def make_model(self) -> ActorCritic:
         """The network (override for a custom model; the numpy mirror then steps aside)."""
         return ActorCritic(self.encoder, self.dist, self.model_config,
                            bool(getattr(self.config, "normalize_observations", False)),
-                           self.config.log_std_init, twin=self.twin)
+                           self.config.log_std_init, twin=self.twin,
+                           normalize_rewards=bool(getattr(self.config, "normalize_rewards", False)),
+                           use_sde=bool(getattr(self.config, "use_sde", False)))
 
     def numpy_model(self) -> Optional[NumpyActorCritic]:
         """The :class:`NumpyActorCritic` mirror of ``self.model`` used for acting on CPU, or
@@ -61,6 +84,10 @@ class ActorCriticPolicy(Policy):
                     and bool(getattr(mc, "numpy_inference", True))):
                 self._np_model = NumpyActorCritic.build(self.model, self.dist, str(mc.activation))
         return self._np_model
+
+    def action_model(self) -> nn.Module:
+        """The policy network alone (see :meth:`Policy.action_model`)."""
+        return _PolicyNet(self.model)
 
     # -- acting (worker) --
     def _extras(self, logp, value, inputs) -> Dict[str, np.ndarray]:
@@ -81,10 +108,35 @@ class ActorCriticPolicy(Policy):
     @torch.inference_mode()
     def _compute_actions_torch(self, obs, mask=None, explore=True):
         x = torch.from_numpy(obs)
+        if self.model.sde_log_std is not None:  # gSDE: a = mean + z(s) @ W, W held between draws
+            sde_in, sde_v, z = self.model.forward_latent(x)
+            a = sde_in[:, :self.dist.dim]
+            if explore:
+                a = a + torch.bmm(z.unsqueeze(1), self.sde_noise(len(x))).squeeze(1)
+            return a.numpy(), self._extras(self.dist.logp(sde_in, a).numpy(), sde_v.numpy(), sde_in.numpy())
         inputs, value = self.model(x) if self.store_values else (self.model.policy(x), None)
         m = None if mask is None else torch.from_numpy(mask)
         a, logp = self.dist.sample_logp(inputs, m, explore, self.generator)
         return a.numpy(), self._extras(logp.numpy(), None if value is None else value.numpy(), inputs.numpy())
+
+    def sde_noise(self, n: int) -> torch.Tensor:
+        """gSDE's exploration matrices W float32[n, h, k], one per row (sub-env), entries
+        ~ N(0, exp(sde_log_std)^2): drawn anew every ``sde_sample_freq`` calls (env steps),
+        when ``n`` changes, and when new weights arrive (``sde_sample_freq=-1``: only then,
+        i.e. once per rollout fragment; Stable-Baselines3 draws at the start of each rollout
+        too). Rows are sub-envs in order, so gSDE suits single-agent vector envs."""
+        freq = int(self.config.sde_sample_freq)
+        if self._sde_w is None or self._sde_w.shape[0] != n or (freq > 0 and self._sde_steps % freq == 0):
+            assert self.model.sde_log_std is not None
+            std = torch.exp(self.model.sde_log_std.detach())
+            self._sde_w = torch.randn((n, *std.shape), generator=self.generator) * std
+            self._sde_steps = 0
+        self._sde_steps += 1
+        return self._sde_w
+
+    def set_weights(self, weights: Dict[str, np.ndarray]) -> None:
+        super().set_weights(weights)
+        self._sde_w = None  # gSDE: a new rollout draws new exploration matrices
 
     @torch.inference_mode()
     def compute_values(self, obs: np.ndarray) -> np.ndarray:
@@ -92,17 +144,101 @@ class ActorCriticPolicy(Policy):
         return self.model.value(torch.from_numpy(np.ascontiguousarray(obs, np.float32))).numpy()
 
     # -- returns --
-    def add_gae(self, batch: sb.SampleBatch) -> sb.SampleBatch:
+    def add_gae(self, batch: sb.SampleBatch, gae_lambda: Optional[float] = None) -> sb.SampleBatch:
         """A copy of ``batch`` (trajectory pieces with ``vf_preds``) with ``advantages`` and
         ``value_targets`` from :func:`compute_gae`; truncations and cuts bootstrap from
-        V(``next_obs``) under the current weights, terminations from 0."""
+        V(``next_obs``) under the current weights, terminations from 0. ``gae_lambda``
+        (default ``config.gae_lambda``) = 1 gives n-step returns to the end of each piece."""
         out = sb.SampleBatch(batch)
         if len(out) == 0:
             return out
+        if self.model.ret_rms is not None:
+            out = self.normalize_rewards(out)
         v = np.asarray(out[sb.VF_PREDS], np.float32)
         cont, boot = bootstrap_rows(out)
         boot_v = self.compute_values(np.asarray(out[sb.NEXT_OBS])[boot]) if len(boot) else None
         adv, vt = compute_gae(np.asarray(out[sb.REWARDS], np.float32), v, next_values(v, cont, boot, boot_v),
-                              cont, self.config.gamma, self.config.gae_lambda)
+                              cont, self.config.gamma,
+                              self.config.gae_lambda if gae_lambda is None else gae_lambda)
         out[sb.ADVANTAGES], out[sb.VALUE_TARGETS] = adv, vt
         return out
+
+    # -- reward and observation normalisation --
+    def normalize_rewards(self, batch: sb.SampleBatch) -> sb.SampleBatch:
+        """Reward normalisation as Stable-Baselines3's ``VecNormalize(norm_reward=True)`` (worker).
+
+        Per (episode, agent) the raw rewards accumulate into the discounted return
+        ``R_t = gamma * R_{t-1} + r_t`` (carried across fragment cuts on this worker, restarted
+        when the episode terminates or is truncated), stored as ``discounted_returns``; the
+        learner's running variance of R (``model.ret_rms``, reaching the worker with the
+        weights; :meth:`update_normalizers`) scales the rewards:
+        ``rewards = clip(r_t / sqrt(var(R) + 1e-8), -10, 10)``. Returns a new batch; the
+        episode returns reported by the runner stay raw. As in SB3 the per-episode running
+        sums are not checkpointed (a resumed run restarts them at 0); the statistics are.
+        """
+        rms = self.model.ret_rms
+        assert rms is not None, "normalize_rewards needs a model built with normalize_rewards=True"
+        out = sb.SampleBatch(batch)
+        r = np.asarray(out[sb.REWARDS], np.float64)
+        ends, _ = sb.trajectory_ends(out)
+        done = np.asarray(out[sb.TERMINATEDS], bool) | np.asarray(out[sb.TRUNCATEDS], bool)
+        eps = np.asarray(out[sb.EPS_ID]).tolist() if sb.EPS_ID in out else [0] * len(r)
+        agent = np.asarray(out[sb.AGENT_INDEX]).tolist() if sb.AGENT_INDEX in out else [0] * len(r)
+        rets = np.empty_like(r)
+        gamma, acc = float(self.config.gamma), 0.0
+        for t, rt in enumerate(r.tolist()):
+            if t == 0 or ends[t - 1]:
+                acc = self._ret_acc.pop((eps[t], agent[t]), 0.0)
+            rets[t] = acc = gamma * acc + rt
+            if ends[t] and not done[t]:  # a fragment cut: the episode goes on in the next fragment
+                self._ret_acc[(eps[t], agent[t])] = acc
+        out[sb.DISCOUNTED_RETURNS] = rets.astype(np.float32)
+        out[sb.REWARDS] = rms.scale(r).astype(np.float32)
+        return out
+
+    @torch.no_grad()
+    def update_normalizers(self, batch: Dict[str, torch.Tensor]) -> None:
+        """Learner, once per train batch: update the running observation statistics from
+        ``obs`` and the discounted-return statistics from ``discounted_returns`` (when on)."""
+        if self.model.obs_rms is not None:
+            self.model.obs_rms.update(batch[sb.OBS].float())
+        if self.model.ret_rms is not None and sb.DISCOUNTED_RETURNS in batch:
+            self.model.ret_rms.update(batch[sb.DISCOUNTED_RETURNS].float())
+
+    # -- V-trace (learner; IMPALA, APPO) --
+    def prepare_vtrace_batch(self, batch: sb.SampleBatch) -> Dict[str, torch.Tensor]:
+        """Tensors for a V-trace loss: the acting columns plus ``nextnonterminal`` (float[L])
+        and ``boot_idx``/``boot_obs`` (rows that bootstrap from V(next_obs): truncations and
+        cuts)."""
+        cont, boot = bootstrap_rows(batch)
+        cols = {k: batch[k] for k in (sb.OBS, sb.ACTIONS, sb.ACTION_LOGP, sb.REWARDS, sb.ACTION_MASK) if k in batch}
+        cols.update(nextnonterminal=cont, boot_idx=boot, boot_obs=np.asarray(batch[sb.NEXT_OBS])[boot])
+        return {k: to_tensor(v, self.device) for k, v in cols.items()}
+
+    @torch.no_grad()
+    def vtrace_targets(self, batch: Dict[str, torch.Tensor], log_rhos: torch.Tensor,
+                       values: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``(vs, pg_advantages)`` float32[L] of :func:`vtrace` for a batch from
+        :meth:`prepare_vtrace_batch`, per trajectory: V(x_{t+1}) is the next row's value inside
+        a trajectory, 0 after a termination and V(next_obs) after a truncation or a cut (the
+        only extra forward pass). Config fields read: ``gamma``, ``clip_rho_threshold``,
+        ``clip_c_threshold``, ``clip_pg_rho_threshold``, ``vtrace_lambda``."""
+        cfg = self.config
+        cont, boot_idx = batch["nextnonterminal"].cpu().numpy(), batch["boot_idx"].cpu().numpy()
+        v = values.cpu().numpy()
+        boot_v = self.model.value(batch["boot_obs"]).cpu().numpy() if len(boot_idx) else np.zeros(0, np.float32)
+        vs, pg_adv = vtrace(log_rhos.cpu().numpy(), batch[sb.REWARDS].cpu().numpy(), v,
+                            next_values(v, cont, boot_idx, boot_v), cont, cfg.gamma, cfg.clip_rho_threshold,
+                            cfg.clip_c_threshold, cfg.clip_pg_rho_threshold, cfg.vtrace_lambda)
+        return torch.as_tensor(vs, device=self.device), torch.as_tensor(pg_adv, device=self.device)
+
+
+class _PolicyNet(nn.Module):
+    """``ActorCritic.policy`` as a module: encoded observations -> distribution inputs."""
+
+    def __init__(self, model: ActorCritic):
+        super().__init__()
+        self.model = model
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return self.model.policy(obs)

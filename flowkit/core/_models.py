@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from typing import Any, List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -39,6 +40,11 @@ class RunningMeanStd(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return torch.clamp((x - self.mean) / torch.sqrt(self.var + 1e-8), -self.clip, self.clip)
+
+    def scale(self, x: np.ndarray) -> np.ndarray:
+        """``clip(x / sqrt(var + 1e-8), -clip, clip)`` in numpy, not centred (reward
+        normalisation divides rewards by the std of the discounted returns)."""
+        return np.clip(x / np.sqrt(self.var.double().cpu().numpy() + 1e-8), -self.clip, self.clip)
 
 
 def build_mlp(in_dim: int, hidden: Sequence[int], activation: str, out_dim: Optional[int] = None,
@@ -103,16 +109,22 @@ class TwinMLP(nn.Module):
         self.wa, self.ba = nn.Parameter(ortho(out_a, d, gain_a)), nn.Parameter(torch.zeros(out_a))
         self.wb, self.bb = nn.Parameter(ortho(out_b, d, gain_b)), nn.Parameter(torch.zeros(out_b))
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def features(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The last hidden layer of each MLP: ``(float32[B, h], float32[B, h])`` (``x`` twice
+        without hidden layers)."""
         if not self.hidden:
-            return nn.functional.linear(x, self.wa, self.ba), nn.functional.linear(x, self.wb, self.bb)
+            return x, x
         h = self.act(nn.functional.linear(x, self.w0, self.b0))
         h = h.view(x.shape[0], 2, self.hidden[0]).transpose(0, 1)
         for i in range(len(self.hidden) - 1):
             b, w = self.bs._parameters[str(i)], self.ws._parameters[str(i)]
             assert b is not None and w is not None
             h = self.act(torch.baddbmm(b, h, w))
-        return nn.functional.linear(h[0], self.wa, self.ba), nn.functional.linear(h[1], self.wb, self.bb)
+        return h[0], h[1]
+
+    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        ha, hb = self.features(x)
+        return nn.functional.linear(ha, self.wa, self.ba), nn.functional.linear(hb, self.wb, self.bb)
 
 
 class SmallCNN(nn.Module):
@@ -145,20 +157,30 @@ class ActorCritic(nn.Module):
     """Policy and value networks for actor-critic algorithms (PPO, IMPALA): separate MLPs
     (evaluated as one :class:`TwinMLP` when ``twin``), or a shared trunk with
     ``model.shared_value_network``; images go through a CNN trunk; optional running
-    observation normalisation; a state-independent log-std for Gaussian actions.
+    observation normalisation; optional running statistics of discounted returns for reward
+    normalisation (``ret_rms``: not used by ``forward``, kept here so that they travel with the
+    weights to the workers and into checkpoints); a state-independent log-std for Gaussian actions,
+    or with ``use_sde`` the state-dependent std of gSDE (Raffin et al. 2021, arXiv 2005.05719):
+    a parameter ``sde_log_std`` float32[h, k] (h: the policy's last hidden layer, k: action dims)
+    and per row ``std_j(s) = sqrt(sum_i z_i(s)^2 exp(sde_log_std_ij)^2 + 1e-6)`` where ``z(s)`` is
+    that layer's output (detached, as Stable-Baselines3 by default): the marginal std of the
+    action ``mean(s) + z(s) @ W`` with W ~ N(0, exp(sde_log_std)^2) held between resamples.
 
     ``forward(obs float32[B, *shape]) -> (dist_inputs float32[B, k], value float32[B])``."""
 
     def __init__(self, encoder: ObsEncoder, dist: ActionDist, model_cfg: Any, normalize_obs: bool = False,
-                 log_std_init: float = 0.0, twin: bool = True):
+                 log_std_init: float = 0.0, twin: bool = True, normalize_rewards: bool = False,
+                 use_sde: bool = False):
         super().__init__()
         hidden, act = list(model_cfg.hidden_sizes), model_cfg.activation
         self.obs_rms = RunningMeanStd(encoder.shape) if normalize_obs else None
+        self.ret_rms = RunningMeanStd(()) if normalize_rewards else None
         self.shared = bool(model_cfg.shared_value_network)
         self.twin: Optional[TwinMLP] = None
         if twin and not self.shared and not encoder.is_image:
             # separate policy and value MLPs, evaluated as one TwinMLP (fewer kernel launches)
             self.twin = TwinMLP(encoder.shape[0], hidden, act, dist.num_outputs, 1, 0.01, 1.0)
+            d = hidden[-1] if hidden else encoder.shape[0]
         elif self.shared:
             self.trunk, d = build_trunk(encoder, hidden, act)
             self.pi_head = build_mlp(d, [], act, dist.num_outputs, 0.01)
@@ -168,31 +190,48 @@ class ActorCritic(nn.Module):
             self.pi = nn.Sequential(pt, build_mlp(d, [], act, dist.num_outputs, 0.01))
             vt, d = build_trunk(encoder, hidden, act)
             self.vf = nn.Sequential(vt, build_mlp(d, [], act, 1, 1.0))
-        self.log_std = nn.Parameter(torch.full((dist.num_outputs,), float(log_std_init))) if dist.is_gauss else None
+        if use_sde and not dist.is_gauss:
+            raise ValueError(f"use_sde needs Box actions, not {dist.space}")
+        self.log_std = (nn.Parameter(torch.full((dist.num_outputs,), float(log_std_init)))
+                        if dist.is_gauss and not use_sde else None)
+        self.sde_log_std = nn.Parameter(torch.full((d, dist.num_outputs), float(log_std_init))) if use_sde else None
 
     def _norm(self, obs):
         return self.obs_rms(obs) if self.obs_rms is not None else obs
 
     def forward(self, obs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """obs: float32[B, *shape] -> (dist_inputs float32[B, k], value float32[B])."""
+        inputs, value, _ = self.forward_latent(obs)
+        return inputs, value
+
+    def forward_latent(self, obs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``(dist_inputs, value, z)``: :meth:`forward` and the policy's last hidden layer
+        z float32[B, h] (gSDE's features)."""
         x = self._norm(obs)
         if self.twin is not None:
-            logits, value = self.twin(x)
+            z, hv = self.twin.features(x)
+            logits = nn.functional.linear(z, self.twin.wa, self.twin.ba)
+            value = nn.functional.linear(hv, self.twin.wb, self.twin.bb)
         elif self.shared:
-            h = self.trunk(x)
-            logits, value = self.pi_head(h), self.vf_head(h)
+            z = self.trunk(x)
+            logits, value = self.pi_head(z), self.vf_head(z)
         else:
-            logits, value = self.pi(x), self.vf(x)
-        return self._with_std(logits), value.squeeze(-1)
+            z = self.pi[0](x)
+            logits, value = self.pi[1](z), self.vf(x)
+        return self._with_std(logits, z), value.squeeze(-1), z
 
-    def _with_std(self, logits: torch.Tensor) -> torch.Tensor:
+    def _with_std(self, logits: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        if self.sde_log_std is not None:  # gSDE: var_j = sum_i z_i^2 exp(2 sde_log_std_ij)
+            var = z.detach().pow(2) @ torch.exp(2.0 * self.sde_log_std)
+            return torch.cat([logits, 0.5 * torch.log(var + 1e-6)], -1)
         return logits if self.log_std is None else torch.cat([logits, self.log_std.expand_as(logits)], -1)
 
     def policy(self, obs: torch.Tensor) -> torch.Tensor:
         """dist_inputs only: float32[B, k] (skips the value network where it is separate)."""
         if self.twin is not None or self.shared:
             return self.forward(obs)[0]
-        return self._with_std(self.pi(self._norm(obs)))
+        z = self.pi[0](self._norm(obs))
+        return self._with_std(self.pi[1](z), z)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         x = self._norm(obs)

@@ -26,7 +26,7 @@ class NumpyActorCritic:
     Supported: MLP models (``TwinMLP``, or separate policy/value ``nn.Sequential`` of
     ``nn.Linear`` and Tanh/ReLU), optional running observation normalisation, Discrete
     (with action masks) and Box (Gaussian) actions. :meth:`build` returns None for anything
-    else (CNNs, a shared trunk, other activations or action spaces, a subclassed model) and
+    else (gSDE, CNNs, a shared trunk, other activations or action spaces, a subclassed model) and
     the policy keeps its torch path.
     """
     twin: Optional[Tuple[Any, ...]]  # TwinMLP: w0, b0, ws, bs, wa, ba, wb, bb, hidden
@@ -41,6 +41,7 @@ class NumpyActorCritic:
     @classmethod
     def build(cls, model: "ActorCritic", dist: "ActionDist", activation: str) -> Optional["NumpyActorCritic"]:
         if (type(model) is not ActorCritic or dist.kind not in ("cat", "gauss", "gauss_unbounded")
+                or model.sde_log_std is not None
                 or activation not in _NP_ACT or any(p.device.type != "cpu" for p in model.parameters())):
             return None
         if model.twin is not None:

@@ -25,8 +25,11 @@ class Episode:
     ``flowkit_on_trajectory``).
 
     Attributes:
-        episode_id: unique int. env_index: sub-env index. worker_index.
-        length: env steps so far. total_reward: sum of rewards (all agents).
+        episode_id: unique int.
+        env_index: sub-env index in the worker's vector env.
+        worker_index: the rollout worker's index (-1: the driver's evaluation worker).
+        length: env steps so far.
+        total_reward: sum of rewards (all agents).
         agent_rewards: ``{(agent_id, policy_id): return}``.
         custom_metrics: set values here; reported as ``custom/<name>`` (iteration mean).
         user_data: free scratch space.

@@ -13,12 +13,14 @@ if TYPE_CHECKING:
 class Algorithm:
     """Base class of every algorithm plugin.
 
-    Class attributes:
+    Attributes:
         name: registry name and config section (``ppo`` -> ``ppo.*``).
         config_class: dataclass of the section (a docstring per field).
         policy_class: the :class:`flowkit.Policy` subclass it trains.
-        rollout_mode: ``bulk_sync`` (experiences are MultiAgentBatches) or ``async``
-            (experiences are ``(source_actor, MultiAgentBatch)``).
+        rollout_mode: ``bulk_sync`` (experiences are MultiAgentBatches), ``async``
+            (experiences are ``(source_actor, MultiAgentBatch)``) or ``async_gradients``
+            (as ``async``, the batches without rows and with the gradients the worker
+            computed in ``meta["gradients"]``: A3C; see ``ParallelRollouts``).
         off_policy: True if it can learn from stale samples (turns ``runtime.prefetch`` on
             by default when every algorithm of the run is off-policy).
         requires_discrete: refuse non-Discrete action spaces at set-up (DQN).
@@ -54,6 +56,8 @@ class Algorithm:
         """Raise ConfigError if this algorithm cannot handle the spaces of ``policy_id``."""
 
     def get_rollout_mode(self) -> str:
+        """``bulk_sync`` or ``async`` for this instance (a config key may override the class
+        attribute, e.g. ``impala.rollout_mode``)."""
         return self.rollout_mode
 
     def training_flow(self, experiences: "Flow", ctx: "RunContext", learner: "Learner") -> "Flow":
@@ -61,7 +65,7 @@ class Algorithm:
 
         Args:
             experiences: a Flow of MultiAgentBatch (bulk_sync) or of (actor, MultiAgentBatch)
-                (async), already restricted to this algorithm's policies.
+                (async, async_gradients), already restricted to this algorithm's policies.
             ctx: the RunContext (``ctx.workers``, ``ctx.counters``, ``ctx.add_stateful``).
             learner: the Learner of these policies (train through ``TrainOneStep``, send
                 weights through ``SyncWeights``); name stateful parts after ``learner.name``
@@ -70,6 +74,8 @@ class Algorithm:
         raise NotImplementedError
 
     def get_state(self) -> Dict[str, Any]:
+        """Algorithm-level state for checkpoints, as plain data (policies, learners and
+        replay buffers are saved on their own). None by default."""
         return {}
 
     def set_state(self, state: Dict[str, Any]) -> None:
@@ -87,6 +93,11 @@ class Algorithm:
         return load_trained(path, cls if cls is not Algorithm else None)
 
     def get_policy(self, policy_id: Optional[str] = None) -> Any:
+        """The policy ``policy_id``, or the only one.
+
+        Raises:
+            KeyError: no such policy, or no ``policy_id`` given and there are several.
+        """
         if policy_id is None:
             if len(self.policies) != 1:
                 raise KeyError(f"several policies {sorted(self.policies)}: name one")

@@ -30,6 +30,7 @@ ACTION_DIST_INPUTS = "action_dist_inputs"  # float32[B, k], logits / (mean, log_
 VF_PREDS = "vf_preds"            # float32[B], V(obs) at sampling time
 ADVANTAGES = "advantages"        # float32[B]
 VALUE_TARGETS = "value_targets"  # float32[B]
+DISCOUNTED_RETURNS = "discounted_returns"  # float32[B], running gamma-discounted raw reward sum (reward normalisation)
 EPS_ID = "eps_id"                # int64[B], unique episode id
 AGENT_INDEX = "agent_index"      # int64[B], index of the agent (multi-agent) or sub-env
 T = "t"                          # int64[B], step index within the episode
@@ -76,9 +77,11 @@ class SampleBatch(dict):
         return SampleBatch({k: np.array(v, copy=True) for k, v in self.items()})
 
     def slice(self, start: int, end: int) -> "SampleBatch":
+        """Rows ``start:end`` (numpy views, not copies)."""
         return SampleBatch({k: v[start:end] for k, v in self.items()})
 
     def take(self, idx: np.ndarray) -> "SampleBatch":
+        """The rows at ``idx`` (int[k] or bool[B]; fancy indexing: copies)."""
         return SampleBatch({k: v[idx] for k, v in self.items()})
 
     def split_by_episode(self) -> List["SampleBatch"]:

@@ -46,8 +46,9 @@ def _means(episodes: List[Dict[str, Any]], field: str, key: Any = lambda k: k) -
 class RunContext(FlowContext):
     """Everything a plan needs.
 
-    Fields:
-        config: the run's validated config. pm: the plugin manager.
+    Attributes:
+        config: the run's validated config.
+        pm: the plugin manager.
         algorithms: ``{name: Algorithm}`` instances of the run.
         policy_specs: ``{policy_id: PolicySpec}``.
         policies: ``{policy_id: Policy}``, every driver-side policy (the learners' ones, and
@@ -57,10 +58,13 @@ class RunContext(FlowContext):
         rng: the seeded Generator of minibatch order, shared by the learners.
         stateful: ``{name: object with get_state/set_state}`` reached by checkpoints and
             stopped at shutdown (:meth:`add_stateful`).
-        counters, timers, current_actor: the flow's (env_steps_sampled, ... ; see FlowContext).
+        counters: the flow's counters (``env_steps_sampled``, ``env_steps_trained``,
+            ``agent_steps_*``, ...; see FlowContext); timers and current_actor likewise.
         learner_stats: the latest stats per trained policy (``learner/<id>/<stat>`` columns).
-        episode_window, len_window, policy_windows, iter_episodes: metric windows.
-        run_dir, iteration, time_total_s, stop_reason, prefetch, extra_metrics, config_warnings.
+        episode_window: returns of the last 20 episodes (also len_window, policy_windows;
+            iter_episodes: this iteration's episode summaries).
+        run_dir: the run folder; iteration, time_total_s (s), stop_reason (None while
+            running), prefetch, extra_metrics and config_warnings as named.
     """
 
     config: DictConfig
@@ -152,6 +156,8 @@ class RunContext(FlowContext):
         return self.get_weights(None)
 
     def request_stop(self, reason: str) -> None:
+        """Stop the run after the current iteration (from ``flowkit_on_train_result``);
+        ``reason`` becomes the run's ``stop_reason``."""
         self.stop_reason = reason
 
     def record_episodes(self, episodes: List[Dict[str, Any]]) -> None:

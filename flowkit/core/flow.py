@@ -148,6 +148,7 @@ class Flow:
         return Flow(gen, name, [self], self.ctx)
 
     def filter(self, pred: Callable[[Any], bool]) -> "Flow":
+        """Keep the items for which ``pred(item)`` is true (the others become NOT_READY)."""
         return self.for_each(lambda x: x if pred(x) else NOT_READY, f"filter({_op_name(pred)})")
 
     def batch(self, n: int) -> "Flow":
@@ -243,6 +244,7 @@ class Flow:
         return "\n".join(lines)
 
     def to_mermaid(self) -> str:
+        """The graph as a Mermaid ``flowchart LR`` (sources on the left)."""
         g = self.describe()
         return "\n".join(["flowchart LR", *(f'    {nid}["{name}"]' for nid, name in g["nodes"]),
                           *(f"    {a} --> {b}" for a, b in g["edges"])])
@@ -472,9 +474,12 @@ class ParallelFlow:
                     yield x
         return Flow(gen, f"{self.name}.gather_sync" + ("(prefetch)" if prefetch else ""), (), self.ctx)
 
-    def gather_async(self, num_async: int = 1, wait_s: float = 0.05) -> Flow:
+    def gather_async(self, num_async: int = 1, wait_s: float = 0.05, resubmit_after_use: bool = False) -> Flow:
         """Keep ``num_async`` calls in flight per actor; yield items as they complete and set
-        ``ctx.current_actor`` to their source. NOT_READY after ``wait_s`` seconds of nothing."""
+        ``ctx.current_actor`` to their source. NOT_READY after ``wait_s`` seconds of nothing.
+        An actor's next call goes out before its item is handed on (it never idles), or, with
+        ``resubmit_after_use``, when the next item is pulled, i.e. after the consumers are done
+        with this one (arguments they queued for that actor, such as weights, go with it)."""
         def gen():
             inflight: Dict[Any, Any] = {}  # future -> actor
             since: Dict[int, float] = {}   # id(actor) -> its last answer, or first request after none
@@ -511,10 +516,13 @@ class ParallelFlow:
                         self._failed(a, e)
                         continue
                     # resubmit before handing the item on, so the actor never idles
-                    # while the driver works on it
-                    if any(a is b for b in self.actors_fn()):
+                    # while the driver works on it (or after, see resubmit_after_use)
+                    if not resubmit_after_use and any(a is b for b in self.actors_fn()):
                         inflight[self._submit(a)] = a
                     self.ctx.current_actor = a
                     yield x
-        return Flow(gen, f"{self.name}.gather_async(num_async={num_async})", (), self.ctx)
+                    if resubmit_after_use and any(a is b for b in self.actors_fn()):
+                        inflight[self._submit(a)] = a
+        after = ", resubmit after use" if resubmit_after_use else ""
+        return Flow(gen, f"{self.name}.gather_async(num_async={num_async}{after})", (), self.ctx)
 

@@ -27,7 +27,7 @@ import os
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -52,6 +52,16 @@ def weights_versions(b: sb.MultiAgentBatch) -> List[int]:
     return flat(b.meta.get("weights_version"))
 
 
+def flat_gradient(params: Sequence[torch.Tensor], loss: torch.Tensor) -> torch.Tensor:
+    """``d loss / d params`` as one flat float32[P] tensor, ``params`` in order (zeros for a
+    parameter the loss does not reach); their ``.grad`` is reset first."""
+    for p in params:
+        p.grad = None
+    loss.backward()
+    return torch.cat([p.grad.reshape(-1) if p.grad is not None
+                      else torch.zeros(p.numel(), dtype=p.dtype, device=p.device) for p in params])
+
+
 class Learner:
     """Trains a group of policies.
 
@@ -61,8 +71,8 @@ class Learner:
             weights through :meth:`get_weights`).
         trainable: the ids it updates (default: every policy with an optimizer).
         rng: numpy Generator for the minibatch order (seeded; shared by the run's learners).
-        num_epochs, minibatch_size: the update loop: ``num_epochs`` passes over minibatches
-            of ``minibatch_size`` rows (None: the whole batch, one step per epoch).
+        num_epochs: the update loop's passes over each train batch.
+        minibatch_size: rows per minibatch (None: the whole batch, one step per epoch).
         contiguous: minibatches are contiguous slices, each prepared on its own
             (trajectories stay in order: IMPALA), instead of shuffled rows of the batch
             prepared once.
@@ -101,23 +111,28 @@ class Learner:
         self.num_epochs, self.minibatch_size, self.contiguous = int(num_epochs), minibatch_size, bool(contiguous)
 
     def describe(self) -> str:
+        """The update loop in words (shown in plans): ``num_epochs=10, minibatch_size=64``."""
         mode = ", contiguous" if self.contiguous else ""
         return f"num_epochs={self.num_epochs}, minibatch_size={self.minibatch_size}{mode}"
 
     # ---- the update ------------------------------------------------------------------------
     def update(self, b: sb.MultiAgentBatch) -> Dict[str, Any]:
         """Train every trainable policy of the group on its rows of ``b``."""
+        return self._update(b, b.policy_batches.items(), self._train_policy)
+
+    def _update(self, b: sb.MultiAgentBatch, items: Iterable[Tuple[str, Any]], fn: Any) -> Dict[str, Any]:
+        """Run ``fn(pid, policy, x) -> (stats, sgd steps, rows) or None`` for each trainable
+        ``(pid, x)`` of ``items`` under the update lock; count and time it."""
         t0 = time.perf_counter()
         lag = [self.num_updates - v for v in weights_versions(b)]
         stats: Dict[str, Dict[str, float]] = {}
         steps = agent_steps = 0
         with self.lock:
-            for pid, pb in b.policy_batches.items():
-                if pid not in self.trainable or len(pb) == 0:
+            for pid, x in items:
+                if pid not in self.trainable or (out := fn(pid, self.policies[pid], x)) is None:
                     continue
-                st, n = self._train_policy(pid, self.policies[pid], pb)
-                steps += n
-                agent_steps += len(pb)
+                st, n, rows = out
+                steps, agent_steps = steps + n, agent_steps + rows
                 if lag:
                     st.update(policy_lag_mean=float(np.mean(lag)), policy_lag_max=float(np.max(lag)))
                 stats[pid] = st
@@ -129,10 +144,10 @@ class Learner:
         return {"batch": b, "stats": stats, "env_steps": b.env_steps, "agent_steps": agent_steps,
                 "num_updates": steps, "policy_lag": lag, "learn_time_s": dt}
 
-    def _train_policy(self, pid: str, policy: "Policy", pb: sb.SampleBatch) -> Tuple[Dict[str, float], int]:
-        def fail(what: str) -> NonFiniteError:
-            return NonFiniteError(f"policy {pid!r}: non-finite {what} at update {policy.num_updates + steps + 1}")
+    def _train_policy(self, pid: str, policy: "Policy", pb: sb.SampleBatch) -> Optional[Tuple[Dict[str, float], int, int]]:
         n = len(pb)
+        if n == 0:
+            return None
         mbs = n if not self.minibatch_size else min(int(self.minibatch_size), n)
         if self.contiguous:
             chunks = [policy.prepare_batch(pb.slice(s, min(s + mbs, n))) for s in range(0, n, mbs)]
@@ -151,37 +166,34 @@ class Learner:
                 mbs_iter = ({k: v[s:s + mbs] for k, v in shuffled.items()} for s in range(0, n, mbs))
             for mb in mbs_iter:
                 loss, st = policy.loss(mb)
-                if (bad := next((k for k, v in st.items() if not math.isfinite(v)), None)) is not None:
-                    raise fail(f"loss term `{bad}` ({st[bad]})")  # the stats are floats already: no sync
+                self._check_stats(pid, policy, st, steps)  # the stats are floats already: no sync
                 norm = self.step(policy, loss, max_norm)
                 if not math.isfinite(norm):
-                    raise fail(f"gradient (norm {norm})")
+                    raise self._non_finite(pid, policy, f"gradient (norm {norm})", steps)
                 for k, v in st.items():
                     sums[k] += v
                 if max_norm:
                     sums["grad_norm"] += norm
                 steps += 1
-        flat = policy._flat  # finite gradients, too large a step; a sum is 40x cheaper than isfinite()
-        if not math.isfinite(float(flat.sum())) and not bool(torch.isfinite(flat).all()):
-            steps -= 1
-            raise fail("weights after the optimizer step")
+        self._check_weights(pid, policy, steps)
         policy.num_updates += steps
         stats = {k: v / max(steps, 1) for k, v in sums.items()}
         stats.update(policy.on_train_batch_end(tb) or {})
         stats.update(train_batch_size=n, num_sgd_steps=steps)
-        return stats, steps
+        return stats, steps, n
 
     @staticmethod
     def step(policy: "Policy", loss: torch.Tensor, max_grad_norm: Optional[float] = None) -> float:
         """Backward, optional global-norm clipping, optimizer step over the policy's flat
         parameter buffer (:meth:`Policy.make_optimizer`). Returns the pre-clip gradient norm;
         a non-finite one is returned without a step (the weights stay as they were)."""
-        params = policy._params
-        for p in params:
-            p.grad = None
-        loss.backward()
-        g = torch.cat([p.grad.reshape(-1) if p.grad is not None
-                       else torch.zeros(p.numel(), dtype=p.dtype, device=p.device) for p in params])
+        return Learner.apply_gradient(policy, flat_gradient(policy._params, loss), max_grad_norm)
+
+    @staticmethod
+    def apply_gradient(policy: "Policy", g: torch.Tensor, max_grad_norm: Optional[float] = None) -> float:
+        """One optimizer step with the flat gradient ``g`` (float32[P], in the order of the
+        policy's flat buffer; clipped in place to global norm ``max_grad_norm``). Returns
+        the pre-clip norm; a non-finite one is returned without a step."""
         n = torch.linalg.vector_norm(g)
         if not math.isfinite(norm := float(n)):
             return norm
@@ -190,6 +202,43 @@ class Learner:
         policy._flat.grad = g
         policy.optimizer.step()  # type: ignore[union-attr]  # trainable policies have one
         return norm
+
+    def apply_gradients(self, b: sb.MultiAgentBatch) -> Dict[str, Any]:
+        """Apply gradients computed on a rollout worker (A3C, Mnih et al. 2016, algorithm
+        S3: the asynchronous update of the shared parameters): ``b.meta["gradients"]`` is
+        ``{policy_id: (float32[P] gradient, loss stats, rows)}`` (see
+        :meth:`flowkit.core.workers.RolloutWorker.compute_gradients`); each trainable policy
+        of the group takes one optimizer step (clipped as in :meth:`step`). Result as
+        :meth:`update`.
+
+        Raises:
+            NonFiniteError: a non-finite loss term, gradient or resulting weights."""
+        return self._update(b, b.meta.get("gradients", {}).items(), self._apply_worker_gradient)
+
+    def _apply_worker_gradient(self, pid: str, policy: "Policy", item: Tuple[Any, Dict[str, float], int]
+                               ) -> Tuple[Dict[str, float], int, int]:
+        g, st, rows = item
+        self._check_stats(pid, policy, st)
+        norm = self.apply_gradient(policy, torch.as_tensor(np.array(g), device=policy.device),
+                                   getattr(policy.config, "max_grad_norm", None))
+        if not math.isfinite(norm):
+            raise self._non_finite(pid, policy, f"gradient (norm {norm})")
+        self._check_weights(pid, policy, 1)
+        policy.num_updates += 1
+        return {**st, "grad_norm": norm, "train_batch_size": rows, "num_sgd_steps": 1}, 1, int(rows)
+
+    @staticmethod
+    def _non_finite(pid: str, policy: "Policy", what: str, steps: int = 0) -> NonFiniteError:
+        return NonFiniteError(f"policy {pid!r}: non-finite {what} at update {policy.num_updates + steps + 1}")
+
+    def _check_stats(self, pid: str, policy: "Policy", st: Dict[str, float], steps: int = 0) -> None:
+        if (bad := next((k for k, v in st.items() if not math.isfinite(v)), None)) is not None:
+            raise self._non_finite(pid, policy, f"loss term `{bad}` ({st[bad]})", steps)
+
+    def _check_weights(self, pid: str, policy: "Policy", steps: int = 0) -> None:
+        flat = policy._flat  # finite gradients, too large a step; a sum is 40x cheaper than isfinite()
+        if not math.isfinite(float(flat.sum())) and not bool(torch.isfinite(flat).all()):
+            raise self._non_finite(pid, policy, "weights after the optimizer step", steps - 1)
 
     # ---- weights ---------------------------------------------------------------------------
     def get_weights(self) -> Tuple[int, Dict[str, Any]]:
@@ -204,10 +253,12 @@ class Learner:
 
     # ---- state (checkpoints) ---------------------------------------------------------------
     def get_state(self) -> Dict[str, Any]:
+        """Counters for checkpoints (the policies save their own state)."""
         with self.lock:
             return {"num_updates": self.num_updates, "env_steps_trained": self.env_steps_trained}
 
     def set_state(self, state: Dict[str, Any]) -> None:
+        """Restore what :meth:`get_state` returned."""
         with self.lock:
             self.num_updates = int(state.get("num_updates", 0))
             self.env_steps_trained = int(state.get("env_steps_trained", 0))

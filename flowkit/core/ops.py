@@ -28,8 +28,12 @@ def ParallelRollouts(ctx: "RunContext", mode: str = "bulk_sync", num_async: Opti
 
     Args:
         mode: ``bulk_sync`` (one MultiAgentBatch per round: every worker's fragment,
-            concatenated) or ``async`` (one per worker fragment, in completion order, with
-            ``ctx.current_actor`` set to the producing worker).
+            concatenated), ``async`` (one per worker fragment, in completion order, with
+            ``ctx.current_actor`` set to the producing worker) or ``async_gradients`` (as
+            ``async``, but each worker computes the gradients of the policies whose algorithm
+            has this mode on its fragment and sends them instead of its rows:
+            :meth:`RolloutWorker.compute_gradients`; one request in flight per worker, the
+            next one sent once the item was used, with the weights queued for it: A3C).
         num_async: async mode: sample requests in flight per worker (default
             ``runtime.async_requests_per_worker``).
         prefetch: bulk_sync mode: request the next round before handing this one on.
@@ -39,8 +43,13 @@ def ParallelRollouts(ctx: "RunContext", mode: str = "bulk_sync", num_async: Opti
     def sample_args(actor):  # weights waiting to travel with this actor's next request
         f = getattr(ctx.workers, "sample_args", None)
         return f(actor) if f is not None else ()
-    pf = ParallelFlow(lambda: ctx.workers.actors, "sample", "ParallelRollouts", ctx,
-                      on_failure=lambda a, e: ctx.workers.on_failure(a, e), args_fn=sample_args)
+    grads = mode == "async_gradients"
+    pids = [p for p, s in ctx.policy_specs.items() if getattr(s, "trainable", True) and s.algo in ctx.algorithms
+            and ctx.algorithms[s.algo].get_rollout_mode() == mode] if grads else []
+    pf = ParallelFlow(lambda: ctx.workers.actors, "compute_gradients" if grads else "sample",
+                      "ParallelGradients" if grads else "ParallelRollouts", ctx,
+                      on_failure=lambda a, e: ctx.workers.on_failure(a, e), method_args=(pids,) if grads else (),
+                      args_fn=sample_args)
 
     def account(a, b: sb.MultiAgentBatch) -> sb.MultiAgentBatch:
         ctx.workers.mark_success(a)
@@ -66,7 +75,10 @@ def ParallelRollouts(ctx: "RunContext", mode: str = "bulk_sync", num_async: Opti
             raise ValueError(f"runtime.async_requests_per_worker must be >= 1, got {num_async}")
         return pf.gather_async(num_async=num_async).for_each(
             lambda b: account(ctx.current_actor, b), f"ParallelRollouts(async, num_async={num_async})")
-    raise ValueError(f"ParallelRollouts: mode must be bulk_sync or async, got {mode!r}")
+    if grads:
+        return pf.gather_async(num_async=1, resubmit_after_use=True).for_each(
+            lambda b: account(ctx.current_actor, b), "ParallelRollouts(async_gradients)")
+    raise ValueError(f"ParallelRollouts: mode must be bulk_sync, async or async_gradients, got {mode!r}")
 
 
 # ---- batch transforms ------------------------------------------------------------------------
@@ -192,6 +204,21 @@ class TrainOneStep:
         put = Flow(enqueue, f"{self.name}: to the learner thread (queue {queue_size})", [flow], ctx)
         get = Flow(dequeue, f"{self.name}: results of the learner thread", (), ctx)
         return Concurrently([put, get], mode="async", output_indexes=[1])
+
+
+class ApplyGradients(TrainOneStep):
+    """Apply the gradients a worker computed (items ``(worker, MultiAgentBatch)`` of
+    ``ParallelRollouts(mode="async_gradients")``) with :meth:`Learner.apply_gradients`; output
+    ``(worker, learner result)``. Counts as :class:`TrainOneStep` does."""
+
+    def __init__(self, ctx: "RunContext", learner: Learner):
+        super().__init__(ctx, learner)
+        self.name = "ApplyGradients"
+
+    def __call__(self, item: Tuple[Any, sb.MultiAgentBatch]) -> Tuple[Any, Dict[str, Any]]:  # type: ignore[override]  # items are (worker, batch)
+        with self.ctx.timers["learn"]:
+            out = self.learner.apply_gradients(item[1])
+        return item[0], self.record(out)
 
 
 class NoTraining:

@@ -79,8 +79,17 @@ class Policy:
         env_actions = self.dist.to_env(actions)
         return env_actions if batched else env_actions[0]
 
+    def action_model(self) -> Optional[nn.Module]:
+        """The network from encoded observations ``float32[B, *shape]`` to the action
+        distribution's inputs ``float32[B, k]`` (logits, Q-values, or a Gaussian's mean then
+        log-std), observation normalisation included: what ``flowkit export`` wraps with the
+        encoding and greedy action selection. Default: ``self.model``; None: nothing to export."""
+        return self.model
+
     @staticmethod
     def check_mask(mask: Optional[np.ndarray], where: str = "") -> None:
+        """Raise ValueError if a row of ``mask`` (int8/bool[B, n]) allows no action (the
+        message names the rows, then ``where``)."""
         if mask is not None and mask.shape[0] and not mask.any(axis=1).all():
             rows = np.flatnonzero(~mask.any(axis=1)).tolist()
             raise ValueError(f"action_mask allows no action in rows {rows}{where}: "
@@ -119,6 +128,16 @@ class Policy:
         self._params, self._flat = params, flat
         return FlatAdam(flat, lr, eps)
 
+    def compute_gradients(self, batch: sb.SampleBatch) -> Tuple[np.ndarray, Dict[str, float]]:
+        """``(gradient, stats)``: d :meth:`loss` / d parameters on ``batch`` (all its rows, one
+        step), float32[P] flat in :meth:`make_optimizer`'s order, and the loss stats. Runs on
+        rollout workers in A3C's plan (the Learner applies the gradient)."""
+        from flowkit.core.learner import flat_gradient
+        assert self.model is not None, "compute_gradients: the policy has no model"
+        params = getattr(self, "_params", None) or [p for p in self.model.parameters() if p.requires_grad]
+        loss, stats = self.loss(self.prepare_batch(batch))
+        return flat_gradient(params, loss).cpu().numpy(), stats
+
     def on_train_batch_end(self, batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
         """Called by the Learner after all epochs on a train batch (schedules, stats)."""
         return {}
@@ -134,11 +153,14 @@ class Policy:
 
     # ---- weights and state ----------------------------------------------------------------
     def get_weights(self) -> Dict[str, np.ndarray]:
+        """``self.model``'s state dict as numpy arrays (copies, on CPU): what travels to the
+        workers."""
         if self.model is None:
             return {}
         return {k: v.detach().cpu().numpy().copy() for k, v in self.model.state_dict().items()}
 
     def set_weights(self, weights: Dict[str, np.ndarray]) -> None:
+        """Load what :meth:`get_weights` returned (the arrays are copied)."""
         if self.model is None:
             return
         self.model.load_state_dict({k: torch.as_tensor(np.array(v)) for k, v in weights.items()})
@@ -152,6 +174,8 @@ class Policy:
                 "np_random": self.np_random.bit_generator.state}
 
     def set_state(self, state: Dict[str, Any]) -> None:
+        """Restore what :meth:`get_state` returned (exact resume: weights, optimizer, update
+        count, RNG states)."""
         self.set_weights(state["weights"])
         if self.optimizer is not None and state.get("optimizer") is not None:
             self.optimizer.load_state_dict(state["optimizer"])
@@ -191,6 +215,28 @@ class FlatAdam:
         self.param_groups[0].update({k: v for k, v in state["param_groups"][0].items() if k != "params"})
         self.state = {i: {k: v.detach().clone() if k == "step" else v.detach().to(self.flat).clone()
                           for k, v in st.items()} for i, st in enumerate(state["state"].values())}
+
+
+class FlatRMSprop(FlatAdam):
+    """``torch.optim.RMSprop`` (no momentum, not centred) over one flat buffer, built like
+    :class:`FlatAdam` (same functional kernel, same ``state_dict`` layout)::
+
+        v <- alpha * v + (1 - alpha) * g^2;   w <- w - lr * g / (sqrt(v) + eps)
+    """
+
+    def __init__(self, flat: torch.Tensor, lr: float, alpha: float = 0.99, eps: float = 1e-8):
+        super().__init__(flat, lr, eps)
+        self.param_groups = [dict(lr=lr, alpha=alpha, eps=eps, weight_decay=0, momentum=0, centered=False,
+                                  capturable=False, foreach=None, maximize=False, differentiable=False, params=[0])]
+
+    @torch.no_grad()
+    def step(self) -> None:
+        from torch.optim.rmsprop import rmsprop
+        g, grad = self.param_groups[0], self.flat.grad
+        assert grad is not None
+        s = self.state.setdefault(0, {"step": torch.tensor(0.0), "square_avg": torch.zeros_like(self.flat)})
+        rmsprop([self.flat], [grad], [s["square_avg"]], [], [], [s["step"]], lr=g["lr"], alpha=g["alpha"],
+                eps=g["eps"], weight_decay=0, momentum=0, centered=False)
 
 
 def to_tensor(x: Any, device: Any = "cpu") -> torch.Tensor:

@@ -237,9 +237,15 @@ class ReplayBuffer:
         return len(self.storage)
 
     def add(self, batch: sb.SampleBatch) -> None:
+        """Store the rows of ``batch``; once full, the oldest rows are overwritten (FIFO)."""
         self.sampler.on_add(self.storage.add(batch))
 
     def sample(self, n: int) -> sb.SampleBatch:
+        """``n`` rows drawn by the sampler (with replacement), see the class docstring.
+
+        Raises:
+            ValueError: the buffer is empty.
+        """
         if len(self.storage) == 0:
             raise ValueError("cannot sample from an empty replay buffer")
         idx, w = self.sampler.sample(len(self.storage), int(n))
@@ -247,6 +253,8 @@ class ReplayBuffer:
                                sb.PRIO_WEIGHTS: w})
 
     def update_priorities(self, idx: np.ndarray, td_error: np.ndarray) -> None:
+        """New priorities ``|td_error| + eps`` (float32[B]) for slots ``idx`` (int64[B], the
+        ``batch_indexes`` of a sample); a no-op for uniform sampling."""
         self.sampler.update(idx, td_error)
 
     def get_state(self, include_replay: bool = True) -> Dict[str, Any]:
@@ -264,8 +272,9 @@ class MultiAgentReplayBuffer:
     Args:
         capacity: transitions per policy.
         prioritized: proportional prioritized replay instead of uniform.
-        alpha, beta, eps: prioritized replay's exponent, importance-weight exponent, and the
-            constant added to |td_error|.
+        alpha: priority exponent of prioritized replay (see :class:`PrioritizedSampler`).
+        beta: importance-weight exponent.
+        eps: constant added to ``|td_error|`` to make a priority.
         seed: base seed (the run's derived replay seed).
     """
 
@@ -277,6 +286,7 @@ class MultiAgentReplayBuffer:
         self.num_env_steps_added = 0
 
     def buffer(self, policy_id: str) -> ReplayBuffer:
+        """The buffer of ``policy_id``, created on first use with its own seeded sampler."""
         if policy_id not in self.buffers:
             from flowkit.core._envs import derive_seed
             s = derive_seed(self.seed, "replay", policy_id)
@@ -294,9 +304,11 @@ class MultiAgentReplayBuffer:
         return self.num_env_steps_added
 
     def sizes(self) -> Dict[str, int]:
+        """Rows stored per policy id."""
         return {pid: len(b) for pid, b in self.buffers.items()}
 
     def can_sample(self, n: int) -> bool:
+        """Whether some policy buffer holds at least ``n`` rows."""
         return any(len(b) >= n for b in self.buffers.values())
 
     def sample(self, n: int) -> Optional[sb.MultiAgentBatch]:

@@ -100,6 +100,18 @@ class RolloutWorker:
                        f"env {env_name(self.config.env)!r}")
             raise
 
+    def compute_gradients(self, policy_ids: Sequence[str], weights: Optional[Dict[str, Dict[str, np.ndarray]]] = None,
+                          version: int = 0) -> sb.MultiAgentBatch:
+        """Sample one fragment (as :meth:`sample`) and compute ``policy_ids``' gradients on it
+        (:meth:`Policy.compute_gradients`); the rows stay here. Returns the fragment's
+        MultiAgentBatch without rows (env and agent steps, episodes and ``meta`` kept) and
+        ``meta["gradients"] = {policy_id: (float32[P] gradient, loss stats, rows)}`` (A3C)."""
+        b = self.sample(weights, version)
+        grads = {pid: (*self.policies[pid].compute_gradients(pb), len(pb))
+                 for pid, pb in b.policy_batches.items() if pid in policy_ids and len(pb)}
+        return sb.MultiAgentBatch({}, b.env_steps, b.agent_steps, b.episodes, b.worker_index,
+                                  {**b.meta, "gradients": grads})
+
     def _check_finite(self, b: sb.MultiAgentBatch) -> sb.MultiAgentBatch:
         """Observations and rewards of a fragment are finite (a sum per column; the element
         is looked up only when it is not): else an :class:`EnvError`, never retried."""

@@ -34,6 +34,11 @@ class AlgorithmRef:
     target: str
 
     def load(self) -> Type[Algorithm]:
+        """Import the class.
+
+        Raises:
+            PluginError: the target does not import (naming the algorithm and the target).
+        """
         mod, _, attr = self.target.partition(":")
         try:
             return getattr(importlib.import_module(mod), attr)
@@ -196,5 +201,6 @@ def register(obj: Any) -> Any:
 
 
 def unregister(obj: Any) -> None:
+    """Undo :func:`register` (a no-op for an object not registered)."""
     if obj in _REGISTERED:
         _REGISTERED.remove(obj)

@@ -96,7 +96,9 @@ def compute_q_targets(rewards: torch.Tensor, terminateds: torch.Tensor, discount
     """TD targets ``y = r + discount * (1 - terminated) * Q_target(s', a*)``.
 
     Args:
-        rewards, discounts: float32[B] (discount = gamma^n_steps). terminateds: bool[B].
+        rewards: float32[B] (an n-step row: the discounted sum of its rewards).
+        terminateds: bool[B], no bootstrap where set.
+        discounts: float32[B], ``gamma ** n_steps`` per row.
         q_next_target: float32[B, A], target network at next_obs.
         q_next_online: float32[B, A], online network at next_obs (double-Q picks a* with it);
             None: a* = argmax of the target network (vanilla DQN).

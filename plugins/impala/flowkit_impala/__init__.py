@@ -1,8 +1,8 @@
-"""flowkit-impala: the IMPALA algorithm plugin (entry point group ``flowkit``).
+"""flowkit-impala: the IMPALA and APPO algorithm plugin (entry point group ``flowkit``).
 
 This module is the plugin's torch-free metadata (its config section and its registration,
 what ``flowkit train --help`` and ``flowkit plugins`` read); the algorithm and its policy
-(torch) are imported from :mod:`flowkit_impala.impala` on first use.
+(torch) are imported from :mod:`flowkit_impala.impala` and :mod:`flowkit_impala.appo` on first use.
 """
 from __future__ import annotations
 
@@ -14,9 +14,10 @@ from flowkit.config import F
 from flowkit.hooks import lazy_attrs
 
 if TYPE_CHECKING:
+    from flowkit_impala.appo import APPO, APPOPolicy
     from flowkit_impala.impala import IMPALA, IMPALAPolicy, MixInReplay
 
-__all__ = ["IMPALA", "IMPALAConfig", "IMPALAPolicy", "MixInReplay"]
+__all__ = ["APPO", "APPOConfig", "APPOPolicy", "IMPALA", "IMPALAConfig", "IMPALAPolicy", "MixInReplay"]
 
 
 @dataclass
@@ -44,9 +45,22 @@ class IMPALAConfig:
     log_std_init: float = F(0.0, "initial log-std of the Gaussian (Box actions)", ge=-20, le=20)
 
 
+@dataclass
+class APPOConfig(IMPALAConfig):
+    """appo: asynchronous PPO, IMPALA's sampling and learner with a clipped surrogate over V-trace advantages."""
+    clip_param: float = F(0.4, "surrogate clip range epsilon around the ratio pi / pi_target", gt=0)
+    target_update_freq: int = F(1, "train batches between two copies of the policy into the target network", ge=1)
+    use_kl_loss: bool = F(False, "add the adaptive KL(pi_target || pi) penalty to the loss")
+    kl_coeff: float = F(1.0, "initial KL-penalty coefficient (with use_kl_loss; KL is always reported)", ge=0)
+    kl_target: float = F(0.01, "target KL for the adaptive penalty", gt=0)
+    is_ratio_clip: float = F(2.0, "clip of the ratio pi_target / mu (behaviour) that corrects the surrogate", gt=0)
+
+
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("impala", IMPALAConfig, "flowkit_impala.impala:IMPALA")]
+    return [flowkit.AlgorithmRef("impala", IMPALAConfig, "flowkit_impala.impala:IMPALA"),
+            flowkit.AlgorithmRef("appo", APPOConfig, "flowkit_impala.appo:APPO")]
 
 
-__getattr__ = lazy_attrs(dict.fromkeys(__all__, "flowkit_impala.impala"))
+__getattr__ = lazy_attrs({**dict.fromkeys(__all__, "flowkit_impala.impala"),
+                          **dict.fromkeys(("APPO", "APPOPolicy"), "flowkit_impala.appo")})

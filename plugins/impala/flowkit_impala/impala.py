@@ -34,7 +34,7 @@ import torch
 
 import flowkit
 from flowkit import ConfigError
-from flowkit.core import ActorCritic, ActorCriticPolicy, bootstrap_rows, derive_seed, next_values, to_tensor, vtrace
+from flowkit.core import ActorCritic, ActorCriticPolicy, derive_seed
 from flowkit.core import batch as sb
 from flowkit.core.context import RunContext
 from flowkit.core.ops import ConcatBatches, DropSource, SyncWeights, TrainOneStep
@@ -54,13 +54,8 @@ class IMPALAPolicy(ActorCriticPolicy):
 
     # -- learning (learner; the Learner runs the epochs over contiguous minibatches) --
     def prepare_batch(self, batch: sb.SampleBatch) -> Dict[str, torch.Tensor]:
-        """Tensors for :meth:`loss`: the columns it reads plus ``nextnonterminal`` (float[L])
-        and ``boot_idx``/``boot_obs`` (rows that bootstrap from
-        V(next_obs): truncations and cuts)."""
-        cont, boot = bootstrap_rows(batch)
-        cols = {k: batch[k] for k in (sb.OBS, sb.ACTIONS, sb.ACTION_LOGP, sb.REWARDS, sb.ACTION_MASK) if k in batch}
-        cols.update(nextnonterminal=cont, boot_idx=boot, boot_obs=np.asarray(batch[sb.NEXT_OBS])[boot])
-        return {k: to_tensor(v, self.device) for k, v in cols.items()}
+        """Tensors for :meth:`loss` (see :meth:`ActorCriticPolicy.prepare_vtrace_batch`)."""
+        return self.prepare_vtrace_batch(batch)
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg = self.config
@@ -79,21 +74,6 @@ class IMPALAPolicy(ActorCriticPolicy):
                                 (rhos > cfg.clip_rho_threshold).float().mean()]).tolist()
         return loss, dict(zip(("pg_loss", "vf_loss", "entropy", "total_loss", "rho_mean", "rho_max",
                                "rho_clip_frac"), vals, strict=True))
-
-    @torch.no_grad()
-    def vtrace_targets(self, batch: Dict[str, torch.Tensor], log_rhos: torch.Tensor,
-                       values: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """``(vs, pg_advantages)`` float32[L] for a prepared batch, per trajectory:
-        V(x_{t+1}) is the next row's value inside a trajectory, 0 after a termination and
-        V(next_obs) after a truncation or a cut (the only extra forward pass)."""
-        cfg = self.config
-        cont, boot_idx = batch["nextnonterminal"].cpu().numpy(), batch["boot_idx"].cpu().numpy()
-        v = values.cpu().numpy()
-        boot_v = self.model.value(batch["boot_obs"]).cpu().numpy() if len(boot_idx) else np.zeros(0, np.float32)
-        vs, pg_adv = vtrace(log_rhos.cpu().numpy(), batch[sb.REWARDS].cpu().numpy(), v,
-                            next_values(v, cont, boot_idx, boot_v), cont, cfg.gamma, cfg.clip_rho_threshold,
-                            cfg.clip_c_threshold, cfg.clip_pg_rho_threshold, cfg.vtrace_lambda)
-        return torch.as_tensor(vs, device=self.device), torch.as_tensor(pg_adv, device=self.device)
 
 
 # ---- replay mix-in --------------------------------------------------------------------------------
@@ -133,20 +113,19 @@ class MixInReplay:
             self.buffer.extend(sb.MultiAgentBatch.from_dict(d) for d in state["buffer"])
 
 
-# ---- the algorithm --------------------------------------------------------------------------------
-class IMPALA(flowkit.Algorithm):
-    """IMPALA: async rollouts -> weights to the producing worker -> train batches -> learner
-    thread (V-trace); ``impala.rollout_mode=bulk_sync`` drives the same learner synchronously."""
+# ---- the algorithms ---------------------------------------------------------------------------------
+class LearnerThreadAlgorithm(flowkit.Algorithm):
+    """The plan IMPALA and APPO share (their config keys as :class:`IMPALAConfig`), each with its
+    own policy and loss. Async: rollouts -> weights to the source worker -> [MixInReplay] ->
+    ConcatBatches -> TrainOneStep in the learner's thread; ``<name>.rollout_mode=bulk_sync``:
+    [MixInReplay] -> ConcatBatches -> TrainOneStep in the driver -> SyncWeights(to all)."""
 
-    name = "impala"
-    config_class = IMPALAConfig
-    policy_class = IMPALAPolicy
     rollout_mode = "async"
     off_policy = True
 
     @classmethod
     def validate_config(cls, run_config, section) -> List[str]:
-        """Cross-field checks (each key's own range is declared in :class:`IMPALAConfig`)."""
+        """Cross-field checks (each key's own range is declared in the config class)."""
         mb, tb = section.minibatch_size, section.train_batch_size
         if mb is not None and not 1 <= mb <= tb:
             raise ConfigError(f"{cls.name}.minibatch_size={mb} must be in [1, {cls.name}.train_batch_size={tb}] "
@@ -171,3 +150,12 @@ class IMPALA(flowkit.Algorithm):
         if is_async:
             return train.in_thread(batches, cfg.learner_queue_size)
         return batches.for_each(train).for_each(SyncWeights(ctx, learner))
+
+
+class IMPALA(LearnerThreadAlgorithm):
+    """IMPALA: async rollouts -> weights to the producing worker -> train batches -> learner
+    thread (V-trace); ``impala.rollout_mode=bulk_sync`` drives the same learner synchronously."""
+
+    name = "impala"
+    config_class = IMPALAConfig
+    policy_class = IMPALAPolicy

@@ -67,7 +67,7 @@ def build_plan(ctx: RunContext) -> Optional[Flow]:
     # one rollout mode for all: make_policy_specs refused a mix
     mode = next((a.get_rollout_mode() for a in algos.values()), "bulk_sync")
     rollouts = ParallelRollouts(ctx, mode=mode, prefetch=ctx.prefetch)
-    if mode == "async":
+    if mode != "bulk_sync":  # async, async_gradients
         rollouts = rollouts.zip_with_source_actor()
     if not groups:
         return rollouts.for_each(NoTraining())

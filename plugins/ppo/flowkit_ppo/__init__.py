@@ -41,7 +41,14 @@ class PPOConfig:
     normalize_advantages: str = F("minibatch", "advantage standardisation: per minibatch, per train batch "
                                   "or none", choices=("minibatch", "batch", "none"))
     normalize_observations: bool = F(False, "running mean/std observation normalisation")
-    log_std_init: float = F(0.0, "initial log-std of the Gaussian (Box actions)", ge=-20, le=20)
+    normalize_rewards: bool = F(False, "divide rewards by a running std of discounted returns (as SB3's "
+                                "VecNormalize norm_reward; clipped to +-10, statistics saved in checkpoints)")
+    log_std_init: float = F(0.0, "initial log-std of the Gaussian (Box actions; with use_sde: of each entry of "
+                            "gSDE's exploration matrix)", ge=-20, le=20)
+    use_sde: bool = F(False, "generalized state-dependent exploration (gSDE, Raffin et al. 2021; Box actions): "
+                      "noise z(s) @ W from the policy's last hidden layer z(s), W held between draws")
+    sde_sample_freq: int = F(-1, "env steps between two draws of gSDE's exploration matrices "
+                             "(-1: once per rollout fragment, when new weights arrive)", ge=-1)
     adam_eps: float = F(1e-5, "Adam epsilon", gt=0)
 
 

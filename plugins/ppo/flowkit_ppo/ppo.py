@@ -11,7 +11,8 @@ Math, top to bottom (GAE is computed on the workers by core's ``compute_gae``):
         r_t = exp(logp_new - logp_old), logp of the sampled (unclipped) action.
     Value loss: 0.5 * (V - value_targets)^2, optionally clipped around vf_preds.
     Loss = L_clip + vf_coef * L_vf - ent_coef * entropy (+ kl_coeff * KL, adaptive).
-Advantages are normalised per minibatch, only for minibatches of >= 2 rows, and only
+With ``normalize_rewards`` the rewards entering GAE are divided by a running std of discounted
+returns (core's ``ActorCriticPolicy.normalize_rewards``). Advantages are normalised per minibatch, only for minibatches of >= 2 rows, and only
 centred when their std is below 1e-8 (case C07).
 """
 from __future__ import annotations
@@ -23,14 +24,14 @@ import torch
 import flowkit
 from flowkit import ConfigError
 from flowkit.config import check_schedules
-from flowkit.core import ActorCritic, ActorCriticPolicy, to_tensor
+from flowkit.core import ActorCritic, ActorCriticPolicy, adapt_kl_coeff, clipped_surrogate, to_tensor
 from flowkit.core import batch as sb
 from flowkit.core.ops import ConcatBatches, StandardizeFields, SyncWeights, TrainOneStep, UpdateSchedules
 from flowkit_ppo import PPOConfig
 
 # ---- the policy ----------------------------------------------------------------------------
 _TRAIN_COLS = (sb.OBS, sb.ACTIONS, sb.ACTION_LOGP, sb.VF_PREDS, sb.ADVANTAGES, sb.VALUE_TARGETS,
-               sb.ACTION_DIST_INPUTS, sb.ACTION_MASK)
+               sb.ACTION_DIST_INPUTS, sb.ACTION_MASK, sb.DISCOUNTED_RETURNS)
 
 
 class PPOPolicy(ActorCriticPolicy):
@@ -67,7 +68,7 @@ class PPOPolicy(ActorCriticPolicy):
             if std >= 1e-8:
                 adv = adv / std
         clip = self.clip_param
-        pg_loss = -torch.min(adv * ratio, adv * torch.clamp(ratio, 1 - clip, 1 + clip)).mean()
+        pg_loss = clipped_surrogate(ratio, adv, clip)
         vt = batch[sb.VALUE_TARGETS]
         vf_err = (values - vt).pow(2)
         if cfg.vf_clip_param is not None:
@@ -91,13 +92,9 @@ class PPOPolicy(ActorCriticPolicy):
         kl = self._kl_sum / max(self._kl_n, 1)
         self._kl_sum, self._kl_n = 0.0, 0
         if self.config.kl_coeff > 0:  # adaptive KL penalty (Schulman et al. 2017, sec. 4)
-            if kl > 2.0 * self.config.kl_target:
-                self.kl_coeff *= 1.5
-            elif kl < 0.5 * self.config.kl_target:
-                self.kl_coeff *= 0.5
+            self.kl_coeff = adapt_kl_coeff(self.kl_coeff, kl, self.config.kl_target)
             stats["kl_coeff"] = self.kl_coeff
-        if self.model.obs_rms is not None:
-            self.model.obs_rms.update(batch[sb.OBS].float())
+        self.update_normalizers(batch)
         return stats
 
     def set_progress(self, frac: float) -> None:
@@ -149,6 +146,9 @@ class PPO(flowkit.Algorithm):
                              f"(runtime.num_workers x num_envs_per_worker x rollout_fragment_length = {rs}); "
                              f"each train batch will hold {actual} env steps (reported as "
                              f"learner/<policy>/train_batch_size)")
+        if s.sde_sample_freq == 0:
+            raise ConfigError(f"{n}.sde_sample_freq=0: use -1 (one draw per rollout fragment) or a number of "
+                              "env steps >= 1")
         check_schedules(s, n, ("lr_schedule", "clip_schedule"), run_config)
         return warns
 

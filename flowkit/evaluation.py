@@ -1,0 +1,275 @@
+"""``flowkit evaluate``: score a saved policy without training it, optionally on video.
+
+Single-agent Gymnasium envs: ``episodes`` episodes spread over ``num_envs`` sub-envs stepped
+together (one batched ``compute_actions(obs, explore)`` call per step); episode ``i`` starts
+with ``reset(seed=seed + i)`` whichever sub-env runs it, so a greedy evaluation is the same as
+a plain loop over those seeds. PettingZoo games run through the multiagent plugin's own
+evaluation (its runners: ``multiagent.eval_opponents``, seat rotation, win/draw/loss rates)
+with ``seed`` as the run's seed (sub-env ``j`` first resets with ``derive_seed(seed, "env",
+-1, j, 0)``).
+
+Nothing of the run changes: the weights are loaded as saved (:func:`flowkit.checkpoint.load_trained`),
+the run folder is not locked, and the only files written are ``evaluation.json`` (and the
+videos, ``videos/episode_NNN.mp4|gif``) in the checkpoint's folder. Videos come from the env's
+``render_mode="rgb_array"`` frames, written with imageio (imageio-ffmpeg for mp4, pillow for gif).
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from flowkit.config import ConfigError, F
+
+
+@dataclass
+class EvaluateArgs:
+    """The ``key=value`` arguments of ``flowkit evaluate``."""
+    episodes: int = F(10, "episodes to run", ge=1)
+    seed: Optional[int] = F(None, "episode i resets with seed + i (default: the run's seed)", ge=0, le=2 ** 32 - 1)
+    explore: bool = F(False, "sample actions (seeded by `seed`) instead of acting greedily")
+    render: Optional[str] = F(None, "record episodes as video files", choices=("mp4", "gif"))
+    render_episodes: int = F(1, "with render: record the first N episodes", ge=1)
+    num_envs: int = F(8, "sub-envs stepped together", ge=1)
+
+
+def parse_args(items: List[str]) -> Dict[str, Any]:
+    """``key=value`` items as the keyword arguments of :func:`evaluate`, validated against
+    :class:`EvaluateArgs` (ConfigError, one line)."""
+    from omegaconf import OmegaConf
+
+    from flowkit.config import _dotlist, check_values, merge_overrides
+    cfg = merge_overrides(OmegaConf.structured(EvaluateArgs), _dotlist(items), EvaluateArgs)
+    check_values(cfg, EvaluateArgs)
+    return OmegaConf.to_container(cfg)  # type: ignore[return-value]
+
+
+def _stats(xs: List[float]) -> Dict[str, float]:
+    a = np.asarray(xs, np.float64)
+    return {"mean": float(a.mean()), "std": float(a.std()), "min": float(a.min()), "max": float(a.max())}
+
+
+def _stack(obs: List[Any]) -> Any:
+    """Raw observations (arrays, or dicts / tuples of them) with a leading batch axis."""
+    if isinstance(obs[0], dict):
+        return {k: _stack([o[k] for o in obs]) for k in obs[0]}
+    if isinstance(obs[0], tuple):
+        return tuple(_stack([o[i] for o in obs]) for i in range(len(obs[0])))
+    return np.stack([np.asarray(o) for o in obs])
+
+
+class _Video:
+    """Frames of one episode streamed to ``path`` (mp4: imageio-ffmpeg, gif: pillow)."""
+
+    def __init__(self, path: str, fps: float):
+        import imageio.v2 as iio
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        self.path = path
+        kw: Dict[str, Any] = ({"fps": fps, "macro_block_size": 1} if path.endswith(".mp4")
+                              else {"duration": 1000.0 / fps, "loop": 0})
+        self.writer = iio.get_writer(path, **kw)
+
+    def add(self, frame: Any) -> None:
+        if not isinstance(frame, np.ndarray) or frame.ndim != 3:
+            raise ConfigError(f"render: the env's render() returned {type(frame).__name__}, not an RGB frame "
+                              "(does it support render_mode='rgb_array'?)")
+        self.writer.append_data(frame)
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def _check_video_deps(fmt: str) -> None:
+    import importlib.util
+    need = ["imageio"] + (["imageio_ffmpeg"] if fmt == "mp4" else ["PIL"])
+    missing = [m for m in need if importlib.util.find_spec(m) is None]
+    if missing:
+        pkgs = " ".join({"imageio_ffmpeg": "imageio-ffmpeg", "PIL": "pillow"}.get(m, m) for m in missing)
+        raise ConfigError(f"render={fmt} needs {pkgs} (pip install {pkgs})")
+
+
+def run_gym_episodes(policy: Any, env_cfg: Dict[str, Any], episodes: int, seed: int, explore: bool = False,
+                     num_envs: int = 8, render: Optional[str] = None, render_episodes: int = 1,
+                     video_dir: str = ".") -> List[Dict[str, Any]]:
+    """Episodes of a single-agent Gymnasium env under ``policy`` (see the module docstring).
+
+    Returns:
+        ``[{"return": float, "length": int, "seed": int, "video": path or None}]`` in episode order.
+    Raises:
+        ConfigError: ``render`` without its packages, or an env that cannot render.
+    """
+    from flowkit.core import EnvContext, make_env
+    if render:
+        _check_video_deps(render)
+        os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen: no display needed
+        env_cfg = {**env_cfg, "kwargs": {**(env_cfg.get("kwargs") or {}), "render_mode": "rgb_array"}}
+    k = max(1, min(num_envs, episodes))
+    try:
+        envs = [make_env(env_cfg, EnvContext(-1, j, 1, 0, seed + j)) for j in range(k)]
+    except TypeError as e:
+        if not render:
+            raise
+        raise ConfigError(f"render={render}: the env cannot be built with render_mode='rgb_array' ({e})") from None
+    fps = float((getattr(envs[0], "metadata", None) or {}).get("render_fps") or 30)
+    out: List[Dict[str, Any]] = [{} for _ in range(episodes)]
+    slot_ep: List[Optional[int]] = [None] * k
+    obs: List[Any] = [None] * k
+    ret, length = np.zeros(k), np.zeros(k, np.int64)
+    videos: List[Optional[_Video]] = [None] * k
+    next_ep = 0
+
+    def start(j: int) -> None:
+        nonlocal next_ep
+        if next_ep >= episodes:
+            slot_ep[j] = None
+            return
+        i, next_ep = next_ep, next_ep + 1
+        slot_ep[j], ret[j], length[j] = i, 0.0, 0
+        obs[j], _ = envs[j].reset(seed=seed + i)
+        if render and i < render_episodes:
+            videos[j] = v = _Video(os.path.join(video_dir, f"episode_{i:03d}.{render}"), fps)
+            v.add(envs[j].render())
+
+    try:
+        for j in range(k):
+            start(j)
+        while any(e is not None for e in slot_ep):
+            live = [j for j in range(k) if slot_ep[j] is not None]
+            actions = policy.compute_actions(_stack([obs[j] for j in live]), explore=explore)
+            for j, a in zip(live, actions):
+                obs[j], r, term, trunc, _ = envs[j].step(a)
+                ret[j] += float(r)
+                length[j] += 1
+                v = videos[j]
+                if v is not None:
+                    v.add(envs[j].render())
+                if term or trunc:
+                    i = slot_ep[j]
+                    assert i is not None
+                    out[i] = {"return": float(ret[j]), "length": int(length[j]), "seed": seed + i,
+                              "video": v.path if v is not None else None}
+                    if v is not None:
+                        v.close()
+                        videos[j] = None
+                    start(j)
+    finally:
+        for v in videos:
+            if v is not None:
+                v.close()
+        for env in envs:
+            env.close()
+    return out
+
+
+def _multiagent_episodes(algo: Any, cfg: Any, episodes: int, seed: int, explore: bool,
+                         num_envs: int) -> List[Dict[str, Any]]:
+    """Episode summaries from the env runner's own evaluation (PettingZoo games)."""
+    from omegaconf import OmegaConf
+
+    from flowkit.core import PolicySpec, RolloutWorker
+    cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
+    cfg.seed = seed
+    specs = {pid: PolicySpec(type(p), p.observation_space, p.action_space, p.config,
+                             algo.checkpoint_state["policy_specs"][pid]["algo"]) for pid, p in algo.policies.items()}
+    worker = RolloutWorker(cfg, -1, 1, specs, num_envs=max(1, min(num_envs, episodes)))
+    try:
+        worker.set_weights({pid: p.get_weights() for pid, p in algo.policies.items()})
+        return worker.evaluate(episodes, explore)
+    finally:
+        worker.stop()
+
+
+def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore: bool = False,
+             render: Optional[str] = None, render_episodes: int = 1, num_envs: int = 8) -> Dict[str, Any]:
+    """Evaluate the checkpoint at ``path`` (a run folder: its newest checkpoint) and write
+    ``evaluation.json`` in the checkpoint's folder. Returns what it wrote: ``episode_return_*``
+    and ``episode_len_*`` (mean, std, min, max over episodes; multi-agent: the sum over
+    agents), ``policies`` (per policy: ``episode_return_*`` over its agents' returns and, for
+    games with a winner, ``win_rate``, ``draw_rate``, ``loss_rate``), ``returns``,
+    ``lengths``, ``seeds`` and ``videos`` per episode.
+
+    Raises:
+        CheckpointError: no or an unreadable checkpoint at ``path`` (one line).
+        ConfigError: ``render`` for a multi-agent env, or without its packages.
+    """
+    import gymnasium as gym
+
+    from flowkit.checkpoint import CheckpointError, find_checkpoint, load_trained
+    from flowkit.core import EnvContext, derive_seed, env_name, make_env
+    try:
+        ck = find_checkpoint(path)
+    except FileNotFoundError as e:
+        raise CheckpointError(str(e)) from None
+    algo = load_trained(ck)
+    cfg = algo.run_config
+    seed = int(cfg.seed) if seed is None else int(seed)
+    for pid, pol in algo.policies.items():  # sampling, when asked for, reproducible by seed
+        pol.np_random = np.random.default_rng(derive_seed(seed, "evaluate", pid))
+        pol.generator.manual_seed(derive_seed(seed, "evaluate", pid))
+    from omegaconf import OmegaConf
+    env_cfg: Dict[str, Any] = OmegaConf.to_container(cfg.env, resolve=True)  # type: ignore[assignment]
+    probe = make_env(env_cfg, EnvContext(-1, 0, 1, 0, seed))
+    single = isinstance(probe, gym.Env) and len(algo.policies) == 1
+    probe.close()
+    if single:
+        eps = run_gym_episodes(algo.get_policy(), env_cfg, episodes, seed, explore, num_envs, render,
+                               render_episodes, os.path.join(ck, "videos"))
+    else:
+        if render:
+            raise ConfigError(f"render={render}: video is recorded for single-agent Gymnasium envs only")
+        eps = _multiagent_episodes(algo, cfg, episodes, seed, explore, num_envs)
+    rets, lens = [e["return"] for e in eps], [e["length"] for e in eps]
+    report: Dict[str, Any] = {"checkpoint": ck, "iteration": int(algo.checkpoint_state["iteration"]),
+                              "algo": str(cfg.algo), "env": env_name(env_cfg), "episodes": len(eps), "seed": seed,
+                              "explore": bool(explore)}
+    report.update({f"episode_return_{k}": v for k, v in _stats(rets).items()})
+    report.update({f"episode_len_{k}": v for k, v in _stats(lens).items()})
+    if not single:
+        pols: Dict[str, Dict[str, float]] = {}
+        for pid in algo.policies:
+            mine = [(r, e["length"]) for e in eps for key, r in e.get("agent_returns", {}).items()
+                    if key.split("|", 1)[1] == pid]
+            if not mine:
+                continue
+            d = {f"episode_return_{k}": v for k, v in _stats([r for r, _ in mine]).items()}
+            d.update({f"episode_len_{k}": v for k, v in _stats([n for _, n in mine]).items()})
+            for what in ("win_rate", "draw_rate", "loss_rate"):
+                vals = [e["eval_metrics"][f"{pid}/{what}"] for e in eps
+                        if f"{pid}/{what}" in e.get("eval_metrics", {})]
+                if vals:
+                    d[what] = float(np.mean(vals))
+            pols[pid] = d
+        report["policies"] = pols
+    report.update(returns=rets, lengths=lens)
+    if single:
+        report.update(seeds=[e["seed"] for e in eps], videos=[e["video"] for e in eps if e["video"]])
+    tmp = os.path.join(ck, ".evaluation.json.tmp")
+    with open(tmp, "w") as f:
+        json.dump(report, f, indent=2)
+    os.replace(tmp, os.path.join(ck, "evaluation.json"))
+    return report
+
+
+def format_table(report: Dict[str, Any]) -> str:
+    """The report as a text table: one row for whole episodes, one per policy (multi-agent)."""
+    cols = ["episodes", "return_mean", "return_std", "return_min", "return_max",
+            "len_mean", "len_std", "len_min", "len_max"]
+    rows = [("episode", report, report["episodes"])]
+    rows += [(f"policy/{pid}", d, "") for pid, d in report.get("policies", {}).items()]
+    rates = [c for c in ("win_rate", "draw_rate", "loss_rate") if any(c in d for _, d, _ in rows)]
+    head = f"{'':<16}" + "".join(f"{c:>13}" for c in cols + rates)
+
+    def cell(v: Any) -> str:
+        return f"{v:>13}" if isinstance(v, (str, int)) else f"{v:>13.4g}" if math.isfinite(v) else f"{'-':>13}"
+    lines = [head]
+    for name, d, n in rows:
+        vals = [n] + [d[f"episode_{c}"] for c in cols[1:]] + [d.get(c, "") for c in rates]
+        lines.append(f"{name:<16}" + "".join(cell(v) for v in vals))
+    mode = "sampled" if report["explore"] else "greedy"
+    title = (f"{report['algo']} on {report['env']}, checkpoint {report['checkpoint']} (iteration {report['iteration']}): "
+             f"{report['episodes']} episode{'s' if report['episodes'] != 1 else ''}, {mode}, seed {report['seed']}")
+    return title + "\n" + "\n".join(lines)

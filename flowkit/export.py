@@ -1,0 +1,242 @@
+"""``flowkit export``: a trained policy as one self-contained module, raw observation -> action.
+
+The module (:class:`ExportedPolicy`) holds what ``policy.compute_actions(obs, explore=False)``
+does, in torch ops only, so it runs without flowkit (TorchScript in any libtorch, ONNX in any
+ONNX runtime):
+
+1. observation encoding by space (:class:`flowkit.core.ObsEncoder`): Box flattened (images
+   transposed to (C, H, W) and uint8 scaled to [0, 1]), Discrete and MultiDiscrete one-hot,
+   MultiBinary as floats, Dict / Tuple leaves concatenated in the space's order;
+2. the policy's network from :meth:`Policy.action_model` (observation normalisation,
+   ``obs_rms``, included);
+3. greedy action selection: argmax of the (masked) logits or Q-values for Discrete and
+   MultiDiscrete, ``logit > 0`` for MultiBinary, the Gaussian mean for Box;
+4. into the env's action space (:meth:`ActionDist.to_env`): Discrete ``start`` added, Box
+   scaled from [-1, 1] to its bounds, then clipped (integer Box rounded), the space's dtype.
+
+Inputs are the observation's leaves as separate arrays, each with a leading batch axis, in
+the space's order (:func:`input_arrays` builds them from raw observations): a Box observation
+is one input ``obs`` (its dtype); a Dict observation one input per key (``observation``,
+``action_mask``, ...; nested keys joined by ``/``); Discrete and MultiDiscrete leaves int64,
+MultiBinary and ``action_mask`` int8. The output ``action`` has shape ``[B, *action_shape]``.
+A row whose action mask allows nothing gets an arbitrary action (``compute_actions`` raises).
+"""
+from __future__ import annotations
+
+import copy
+import json
+import os
+import warnings
+from typing import Any, Dict, List, Tuple
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+from flowkit.core._encoders import MASK_KEY
+
+FORMATS = ("torchscript", "onnx")
+_Leaf = Tuple[str, gym.Space, Tuple[Any, ...]]  # (input name, space, key path into the raw observation)
+
+
+def _leaves(space: gym.Space, name: str = "obs", path: Tuple[Any, ...] = ()) -> List[_Leaf]:
+    """The observation's inputs in the encoder's order; a top-level ``action_mask`` last."""
+    if isinstance(space, gym.spaces.Dict):
+        out = [lf for k, v in space.spaces.items() if k != MASK_KEY
+               for lf in _leaves(v, f"{name}/{k}" if path else str(k), (*path, k))]
+        return out + ([(MASK_KEY, space.spaces[MASK_KEY], (MASK_KEY,))] if not path and MASK_KEY in space.spaces
+                      else [])
+    if isinstance(space, gym.spaces.Tuple):
+        return [lf for i, v in enumerate(space.spaces) for lf in _leaves(v, f"{name}/{i}" if path else str(i),
+                                                                        (*path, i))]
+    return [(name, space, path)]
+
+
+def _input_dtype(space: gym.Space) -> Any:
+    if isinstance(space, (gym.spaces.Discrete, gym.spaces.MultiDiscrete)):
+        return np.int64
+    if isinstance(space, gym.spaces.MultiBinary):
+        return np.int8
+    return space.dtype
+
+
+def input_arrays(space: gym.Space, obs: Any) -> List[np.ndarray]:
+    """The exported module's inputs for a batch of raw observations (leading batch axis, as
+    a vector env returns them): one array per leaf, in input order, of the input's dtype."""
+    out = []
+    for _, s, path in _leaves(space):
+        x = obs
+        for k in path:
+            x = x[k]
+        out.append(np.ascontiguousarray(x, dtype=_input_dtype(s)))
+    return out
+
+
+def sample_observations(space: gym.Space, n: int, seed: int = 0) -> Any:
+    """``n`` raw observations sampled from ``space``, batched as a vector env returns them; an
+    ``action_mask`` keeps at least one legal action (its first where the sample had none)."""
+    space.seed(seed)
+    obs = [space.sample() for _ in range(n)]
+    if isinstance(space, gym.spaces.Dict) and MASK_KEY in space.spaces:
+        for o in obs:
+            m = o[MASK_KEY] = np.asarray(o[MASK_KEY]).copy()
+            if not m.any():
+                m.reshape(-1)[0] = 1
+    out: Any = gym.vector.utils.create_empty_array(space, n)  # Any: typed Optional, never None here
+    return gym.vector.utils.concatenate(space, obs, out)
+
+
+def run_exported(path: str, fmt: str, inputs: List[np.ndarray]) -> np.ndarray:
+    """Actions of an exported file for :func:`input_arrays` inputs (ONNX: with onnxruntime;
+    ImportError without it)."""
+    if fmt == "torchscript":
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # TorchScript is in maintenance mode
+            return torch.jit.load(path)(*[torch.from_numpy(x) for x in inputs]).numpy()
+    import onnxruntime as ort
+    sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    return sess.run(None, {i.name: x for i, x in zip(sess.get_inputs(), inputs)})[0]
+
+
+def _torch_dtype(dtype: Any) -> torch.dtype:
+    return torch.from_numpy(np.zeros(0, dtype)).dtype
+
+
+class ExportedPolicy(nn.Module):
+    """Raw observation leaves -> greedy env actions (see the module docstring).
+
+    ``forward(*inputs) -> action[B, *action_shape]`` (the action space's dtype; int64 for
+    Discrete).
+
+    Raises:
+        ValueError: the policy has no network to export (the ``random`` policy).
+    """
+
+    low: torch.Tensor
+    high: torch.Tensor
+
+    def __init__(self, policy: Any):
+        super().__init__()
+        net = policy.action_model()
+        if net is None:
+            raise ValueError(f"a {type(policy).__name__} has no network to export")
+        self.net = copy.deepcopy(net).cpu().eval().requires_grad_(False)
+        self.space, enc, dist = policy.observation_space, policy.encoder, policy.dist
+        self.leaves = _leaves(self.space)
+        self.has_mask = enc.has_mask
+        self.image = (enc.is_image, enc._transpose, enc._scale if enc.is_image else 1.0)
+        self.kind, self.nvec = dist.kind, list(dist.nvec) if hasattr(dist, "nvec") else []
+        self.start = int(getattr(dist, "start", 0))
+        self.act_space = policy.action_space
+        self.out_dtype = torch.int64 if self.kind == "cat" else _torch_dtype(self.act_space.dtype)
+        if dist.is_gauss:
+            self.dim, self.shape, self.is_int = dist.dim, tuple(dist.shape), bool(dist.is_int)
+            self.register_buffer("low", torch.from_numpy(dist.low.copy()))
+            self.register_buffer("high", torch.from_numpy(dist.high.copy()))
+
+    def _encode(self, space: gym.Space, x: torch.Tensor) -> List[torch.Tensor]:
+        b = x.shape[0]
+        if isinstance(space, gym.spaces.Discrete):
+            return [nn.functional.one_hot(x.long().reshape(b) - int(space.start), int(space.n)).float()]
+        if isinstance(space, gym.spaces.MultiDiscrete):
+            x = x.long().reshape(b, -1)
+            return [nn.functional.one_hot(x[:, i], int(n)).float()
+                    for i, n in enumerate(np.asarray(space.nvec).reshape(-1))]
+        return [x.float().reshape(b, -1)]
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        is_image, transpose, scale = self.image
+        obs = inputs[:len(inputs) - self.has_mask]
+        if is_image:
+            x = obs[0].float()
+            enc = (x.permute(0, 3, 1, 2) if transpose else x) * scale
+        else:
+            parts = [p for (_, s, _), x in zip(self.leaves, obs) for p in self._encode(s, x)]
+            enc = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+        z = self.net(enc)
+        if self.kind == "cat":
+            if self.has_mask:
+                z = z.masked_fill(inputs[-1] == 0, torch.finfo(z.dtype).min)
+            return z.argmax(-1) + self.start
+        if self.kind == "multicat":
+            return torch.stack([p.argmax(-1) for p in torch.split(z, self.nvec, -1)], -1).to(self.out_dtype)
+        if self.kind == "bern":
+            return (z > 0).to(self.out_dtype)
+        a = z[:, :self.dim]
+        if self.kind == "gauss":
+            a = self.low + (a + 1.0) * 0.5 * (self.high - self.low)  # scale, then clip (ActionDist.to_env)
+        a = torch.minimum(torch.maximum(a, self.low), self.high)
+        if self.is_int:
+            a = torch.round(a)
+        return a.to(self.out_dtype).reshape((a.shape[0],) + self.shape)
+
+    def example_inputs(self, batch: int = 2, seed: int = 0) -> List[np.ndarray]:
+        """Inputs for ``batch`` raw observations drawn by :func:`sample_observations`."""
+        return input_arrays(self.space, sample_observations(self.space, batch, seed))
+
+    def signature(self) -> Dict[str, Any]:
+        """Input and output names, dtypes and shapes (``B`` the batch axis), as stored with the file."""
+        def desc(name, dtype, shape):
+            return {"name": name, "dtype": np.dtype(dtype).name, "shape": ["B", *shape]}
+        ins = [desc(n, _input_dtype(s), s.shape if s.shape is not None else ()) for n, s, _ in self.leaves]
+        out_dtype = np.int64 if self.kind == "cat" else self.act_space.dtype
+        return {"inputs": ins, "outputs": [desc("action", out_dtype, self.act_space.shape or ())],
+                "action_space": str(self.act_space), "observation_space": str(self.space)}
+
+
+def export_policy(policy: Any, fmt: str, path: str, check: int = 256) -> Dict[str, Any]:
+    """Write ``policy`` as an :class:`ExportedPolicy` to ``path``: ``torchscript``
+    (``torch.jit.trace``; load with ``torch.jit.load``; the signature is the extra file
+    ``flowkit.json``) or ``onnx`` (opset 17, dynamic batch axis; the signature is in the
+    model's metadata ``flowkit``), then run the written file on ``check`` sampled observations
+    against ``policy.compute_actions(obs, explore=False)`` (ONNX: when onnxruntime is
+    installed). Returns the signature, with ``checked``: the observations compared (0: none).
+
+    Raises:
+        ValueError: an unknown format, a policy without a network, or a file whose actions
+            differ from the policy's (a policy that overrides its acting: the file is removed).
+    """
+    if fmt not in FORMATS:
+        raise ValueError(f"unknown export format {fmt!r} (use one of {', '.join(FORMATS)})")
+    module = ExportedPolicy(policy)
+    example = tuple(torch.from_numpy(a) for a in module.example_inputs())
+    sig = module.signature()
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # tracer and exporter notes about the unrolled network
+        if fmt == "torchscript":
+            traced = torch.jit.trace(module, example, check_trace=False)
+            torch.jit.save(traced, path, _extra_files={"flowkit.json": json.dumps(sig)})
+        else:
+            names = [d["name"] for d in sig["inputs"]]
+            torch.onnx.export(module, example, path, dynamo=False, opset_version=17, input_names=names,
+                              output_names=["action"], dynamic_axes={n: {0: "B"} for n in [*names, "action"]})
+            try:
+                import onnx
+            except ImportError:
+                return sig
+            model = onnx.load(path)
+            model.metadata_props.add(key="flowkit", value=json.dumps(sig))
+            onnx.save(model, path)
+    sig["checked"] = _check(policy, fmt, path, check) if check else 0
+    return sig
+
+
+def _check(policy: Any, fmt: str, path: str, n: int) -> int:
+    obs = sample_observations(policy.observation_space, n, seed=1)
+    want = policy.compute_actions(obs, explore=False)
+    try:
+        got = run_exported(path, fmt, input_arrays(policy.observation_space, obs))
+    except ImportError:
+        return 0
+    close = np.isclose(got, want, rtol=1e-4, atol=1e-4) if np.issubdtype(want.dtype, np.floating) else got == want
+    bad = int((~close.reshape(n, -1).all(1)).sum()) if got.shape == want.shape else n
+    if bad:
+        os.remove(path)
+        raise ValueError(f"the exported module's actions differ from compute_actions(obs, explore=False) on {bad} "
+                         f"of {n} sampled observations (does the policy override its acting?); {path} not kept")
+    return n
+
+
+__all__ = ["FORMATS", "ExportedPolicy", "export_policy", "input_arrays", "run_exported", "sample_observations"]

@@ -1,0 +1,152 @@
+"""APPO (asynchronous PPO) as a flowkit plugin: IMPALA's asynchronous sampling and learner
+thread (Espeholt et al. 2018, arXiv 1802.01561) trained with PPO's clipped surrogate
+(Schulman et al. 2017, arXiv 1707.06347) over V-trace advantages, as RLlib's APPO does.
+
+Three policies meet in one loss: the behaviour policy mu that sampled the batch on a worker
+(its log-prob is stored per row, ``action_logp``), a **target network** pi_target (a copy of
+the learner's policy, refreshed every ``target_update_freq`` train batches and kept fixed in
+between: the "old policy" of PPO) and the current policy pi being trained.
+
+Math, top to bottom, for a trajectory piece x_s, ..., x_{s+n} (per trajectory inside a train
+batch, bootstrapping as IMPALA does: see :func:`flowkit.core.vtrace`):
+    V-trace (Espeholt et al. 2018, eq. 1) with pi_target as the target policy:
+        rho_t   = min(rho_bar, pi_target(a_t|x_t) / mu(a_t|x_t))
+        c_t     = lambda * min(c_bar, pi_target(a_t|x_t) / mu(a_t|x_t))
+        delta_t = rho_t * (r_t + gamma * V(x_{t+1}) - V(x_t))
+        v_s     = V(x_s) + delta_s + gamma * c_s * (v_{s+1} - V(x_{s+1}))
+        A_s     = min(rho_pg_bar, pi_target/mu) * (r_s + gamma * v_{s+1} - V(x_s))
+    The surrogate's ratio is pi / pi_target, reached from the stored behaviour log-prob with a
+    clipped importance weight (RLlib's ``is_ratio``, clipped to [0, is_ratio_clip]):
+        r_s = min(is_ratio_clip, mu(a_s|x_s) / pi_target(a_s|x_s)) * pi(a_s|x_s) / mu(a_s|x_s)
+    Clipped surrogate (Schulman et al. 2017, eq. 7):
+        pg_loss = -mean(min(r_s A_s, clip(r_s, 1 - eps, 1 + eps) A_s))      (eps: clip_param)
+    vf_loss = 0.5 * mean((v_s - V(x_s))^2), entropy = mean(H(pi(.|x_s))),
+    kl      = mean(KL(pi_target(.|x_s) || pi(.|x_s)))
+    loss    = pg_loss + vf_coef * vf_loss - ent_coef * entropy  (+ kl_coeff * kl with use_kl_loss;
+              kl_coeff adapts after each train batch: x1.5 above 2 kl_target, x0.5 below kl_target/2)
+V(x) is the current value network (V-trace's targets are constants of the loss). Box actions:
+a diagonal Gaussian over the sampled (unclipped) action, as IMPALA.
+
+What RLlib's APPO (old API stack, ``appo_torch_policy.py``) does and this file does too: V-trace
+with the target network's log-probs, the ``is_ratio`` clip at 2, the clipped surrogate without
+advantage standardisation, the KL penalty against the target network off by default, the target
+updated after a fixed number of train batches. Differences: no V-trace-free mode (RLlib's
+``vtrace=False`` falls back to GAE), and the target is a full copy (no Polyak ``tau``).
+
+Plan: IMPALA's (:class:`flowkit_impala.impala.LearnerThreadAlgorithm`): async rollouts -> weights to the
+source worker -> [MixInReplay] -> ConcatBatches -> TrainOneStep in the learner thread; the target
+update and the KL coefficient live in the policy (:meth:`APPOPolicy.on_train_batch_end`), so they
+run in the learner's thread and are saved with its state.
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Dict, Optional, Tuple
+
+import numpy as np
+import torch
+
+from flowkit.core import ActorCritic, ActorCriticPolicy, adapt_kl_coeff, clipped_surrogate
+from flowkit.core import batch as sb
+from flowkit_impala import APPOConfig
+from flowkit_impala.impala import LearnerThreadAlgorithm
+
+_STATS = ("pg_loss", "vf_loss", "entropy", "kl", "total_loss", "clip_frac", "is_ratio_mean", "rho_mean")
+
+
+class APPOPolicy(ActorCriticPolicy):
+    """APPO's actor-critic: workers act with the policy network (storing the behaviour
+    log-prob); the learner copy also holds :attr:`target_model` (no gradients, not sent to
+    workers, saved with :meth:`get_state`). Override :meth:`loss` to make a variant."""
+
+    store_values = False  # act with the policy network only
+    twin = False
+    model: ActorCritic
+
+    def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
+                 seed=0, inference_only=False):
+        super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
+        self.kl_coeff = float(config.kl_coeff)
+        self.train_batches = 0  # train batches learned on (target updates every target_update_freq)
+        self._kl_sum, self._kl_n = 0.0, 0
+        self.target_model: Optional[ActorCritic] = None
+        if not inference_only:
+            self.target_model = copy.deepcopy(self.model).requires_grad_(False)
+
+    @torch.no_grad()
+    def update_target(self) -> None:
+        """pi_target <- pi (a full copy of the current weights)."""
+        assert self.target_model is not None, "update_target runs on the learner's policy"
+        self.target_model.load_state_dict(self.model.state_dict())
+
+    # -- learning (learner; the Learner runs the epochs over contiguous minibatches) --
+    def prepare_batch(self, batch: sb.SampleBatch) -> Dict[str, torch.Tensor]:
+        return self.prepare_vtrace_batch(batch)
+
+    def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
+        cfg = self.config
+        assert self.target_model is not None, "loss runs on the learner's policy"
+        mask, obs, actions = batch.get(sb.ACTION_MASK), batch[sb.OBS], batch[sb.ACTIONS]
+        inputs, values = self.model(obs)
+        logp, entropy = self.dist.logp_entropy(inputs, actions, mask, entropy_grad=cfg.ent_coef != 0)
+        with torch.no_grad():
+            target_inputs = self.target_model.policy(obs)
+            target_logp = self.dist.logp(target_inputs, actions, mask)
+        behaviour_logp = batch[sb.ACTION_LOGP]
+        log_rhos = target_logp - behaviour_logp
+        vs, adv = self.vtrace_targets(batch, log_rhos, values.detach())
+        is_ratio = torch.clamp(torch.exp(-log_rhos), 0.0, cfg.is_ratio_clip)
+        ratio = is_ratio * torch.exp(logp - behaviour_logp)
+        pg_loss = clipped_surrogate(ratio, adv, cfg.clip_param)
+        vf_loss = 0.5 * (vs - values).pow(2).mean()
+        entropy = entropy.mean()
+        loss = pg_loss + cfg.vf_coef * vf_loss - cfg.ent_coef * entropy
+        with torch.set_grad_enabled(cfg.use_kl_loss):  # without the penalty KL is only reported
+            kl = self.dist.kl(target_inputs, inputs, mask).mean()
+        if cfg.use_kl_loss:
+            loss = loss + self.kl_coeff * kl
+        with torch.no_grad():
+            clip_frac = ((ratio - 1.0).abs() > cfg.clip_param).float().mean()
+            vals = torch.stack([pg_loss, vf_loss, entropy, kl, loss, clip_frac, is_ratio.mean(),
+                                torch.exp(log_rhos).mean()]).tolist()
+        self._kl_sum, self._kl_n = self._kl_sum + vals[3], self._kl_n + 1
+        return loss, dict(zip(_STATS, vals, strict=True))
+
+    def on_train_batch_end(self, batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
+        """After all epochs on a train batch: adapt ``kl_coeff`` (with ``use_kl_loss``) and
+        refresh the target network every ``target_update_freq`` train batches."""
+        cfg = self.config
+        kl = self._kl_sum / max(self._kl_n, 1)
+        self._kl_sum, self._kl_n = 0.0, 0
+        if cfg.use_kl_loss:
+            self.kl_coeff = adapt_kl_coeff(self.kl_coeff, kl, cfg.kl_target)
+        self.train_batches += 1
+        if self.train_batches % cfg.target_update_freq == 0:
+            self.update_target()
+        return {"kl_coeff": self.kl_coeff}
+
+    # -- state: the target network and the counters travel with the checkpoint --
+    def get_state(self) -> Dict[str, Any]:
+        state = {**super().get_state(), "kl_coeff": self.kl_coeff, "train_batches": self.train_batches}
+        if self.target_model is not None:
+            state["target_weights"] = {k: v.detach().cpu().numpy().copy()
+                                       for k, v in self.target_model.state_dict().items()}
+        return state
+
+    def set_state(self, state: Dict[str, Any]) -> None:
+        super().set_state(state)
+        self.kl_coeff = float(state.get("kl_coeff", self.kl_coeff))
+        self.train_batches = int(state.get("train_batches", 0))
+        if self.target_model is not None and state.get("target_weights") is not None:
+            self.target_model.load_state_dict({k: torch.as_tensor(np.array(v))
+                                               for k, v in state["target_weights"].items()})
+
+
+class APPO(LearnerThreadAlgorithm):
+    """APPO: IMPALA's plan (async rollouts -> weights to the producing worker -> train batches
+    -> learner thread) with :class:`APPOPolicy`'s clipped-surrogate loss;
+    ``appo.rollout_mode=bulk_sync`` drives the same learner synchronously."""
+
+    name = "appo"
+    config_class = APPOConfig
+    policy_class = APPOPolicy

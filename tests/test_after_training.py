@@ -1,0 +1,191 @@
+"""Issue 14, parts 1-2: after training. A newcomer's flow (train CartPole briefly, `flowkit
+evaluate` it, watch it on video, `flowkit export` it), exported modules against
+``compute_actions(obs, explore=False)`` for each algorithm, and the commands' errors."""
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import gymnasium as gym
+import numpy as np
+import pytest
+from conftest import local_overrides
+
+import flowkit
+from flowkit.checkpoint import find_checkpoint
+from flowkit.cli import main
+from flowkit.evaluation import run_gym_episodes
+from flowkit.export import export_policy, input_arrays, run_exported, sample_observations
+
+SMALL = ["runtime.num_workers=1", "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=32"]
+PPO_SMALL = ["ppo.train_batch_size=64", "ppo.minibatch_size=32", "ppo.num_epochs=2"]
+
+
+def _files(run_dir):
+    """Every file of a run folder with its hash (what `flowkit evaluate` must not change)."""
+    out = {}
+    for root, _, names in os.walk(run_dir):
+        for n in names:
+            p = os.path.join(root, n)
+            with open(p, "rb") as f:
+                out[os.path.relpath(p, run_dir)] = hashlib.sha1(f.read()).hexdigest()
+    return out
+
+
+def _check_export(policy, tmp_path, tag):
+    """Both formats give ``compute_actions(obs, explore=False)`` on 200 observations."""
+    obs = sample_observations(policy.observation_space, 200)
+    want = policy.compute_actions(obs, explore=False)
+    for fmt in ("torchscript", "onnx"):
+        path = str(tmp_path / f"{tag}.{fmt}")
+        assert export_policy(policy, fmt, path)["checked"] == 256  # the file checked itself too
+        got = run_exported(path, fmt, input_arrays(policy.observation_space, obs))
+        assert got.shape == want.shape and got.dtype == want.dtype, (fmt, got.dtype, want.dtype)
+        if np.issubdtype(want.dtype, np.floating):
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5, err_msg=fmt)
+        else:
+            np.testing.assert_array_equal(got, want, err_msg=fmt)
+    return want
+
+
+# ---- the newcomer flow -----------------------------------------------------------------------------
+def test_train_evaluate_watch_export_cartpole(run_dir, tmp_path, capsys):
+    res = flowkit.train(local_overrides(run_dir, "algo=ppo", "env=CartPole-v1", *SMALL, "stop.env_steps=2048",
+                                        "ppo.train_batch_size=256", "ppo.minibatch_size=64"))
+    before = _files(run_dir)
+
+    # evaluate: the reported mean is a plain loop over compute_actions(explore=False), episode i seeded 7 + i
+    assert main(["evaluate", run_dir, "episodes=5", "seed=7"]) == 0
+    out = capsys.readouterr().out
+    assert "5 episodes, greedy, seed 7" in out and "return_mean" in out
+    ck = res.checkpoint
+    with open(os.path.join(ck, "evaluation.json")) as f:
+        report = json.load(f)
+    policy = flowkit.Algorithm.from_checkpoint(run_dir).get_policy()
+    env = gym.make("CartPole-v1")
+    rets, lens = [], []
+    for i in range(5):
+        obs, _ = env.reset(seed=7 + i)
+        ret, n, done = 0.0, 0, False
+        while not done:
+            obs, r, term, trunc, _ = env.step(policy.compute_actions(obs, explore=False))
+            ret, n, done = ret + r, n + 1, term or trunc
+        rets.append(ret)
+        lens.append(n)
+    assert report["returns"] == rets and report["lengths"] == lens and report["seeds"] == [7, 8, 9, 10, 11]
+    assert report["episode_return_mean"] == pytest.approx(np.mean(rets), rel=1e-12)
+    assert report["episode_return_std"] == pytest.approx(np.std(rets), rel=1e-9)
+    assert (report["episode_return_min"], report["episode_return_max"]) == (min(rets), max(rets))
+    assert report["iteration"] == res.metrics["iteration"] and not report["explore"]
+
+    # watch: an mp4 of the first episode whose frames read back (one per reset and per step)
+    assert main(["evaluate", run_dir, "episodes=2", "seed=7", "render=mp4"]) == 0
+    import imageio.v3 as iio
+    video = os.path.join(ck, "videos", "episode_000.mp4")
+    assert f"video: {video}" in capsys.readouterr().out
+    frames = iio.imread(video)
+    assert frames.ndim == 4 and frames.shape[0] == lens[0] + 1 and frames.shape[-1] == 3 and frames.std() > 0
+    (ep,) = run_gym_episodes(policy, {"id": "CartPole-v1", "max_episode_steps": 6}, 1, seed=7, render="gif",
+                             video_dir=str(tmp_path))  # a gif, of a short episode (pillow is slow)
+    assert ep["length"] == 6 and 2 <= len(iio.imread(ep["video"])) <= 7  # pillow merges identical frames
+
+    # export: both formats act as the policy does
+    for fmt, ext in (("torchscript", "pt"), ("onnx", "onnx")):
+        out_path = str(tmp_path / f"cartpole.{ext}")
+        assert main(["export", run_dir, "--format", fmt, "--out", out_path]) == 0
+        assert f"wrote {out_path}" in capsys.readouterr().out
+        obs = sample_observations(policy.observation_space, 200)
+        np.testing.assert_array_equal(run_exported(out_path, fmt, input_arrays(policy.observation_space, obs)),
+                                      policy.compute_actions(obs, explore=False))
+
+    # the run itself was neither locked nor changed: only the evaluation's own files were added
+    after = _files(run_dir)
+    added = set(after) - set(before)
+    assert {k: after[k] for k in before} == before and not os.path.exists(os.path.join(run_dir, ".lock"))
+    assert all(k.startswith(os.path.relpath(ck, run_dir)) for k in added), added
+
+
+# ---- exported modules against compute_actions ------------------------------------------------------
+EXPORT_RUNS = {
+    "ppo-discrete": ["algo=ppo", "env=CartPole-v1", *PPO_SMALL],
+    "ppo-box": ["algo=ppo", "env=Pendulum-v1", "ppo.normalize_observations=true", *PPO_SMALL],
+    "dqn-discrete": ["algo=dqn", "env=CartPole-v1", "dqn.learning_starts=32", "dqn.train_batch_size=16"],
+    "dqn-dict-mask": ["algo=dqn", "env.factory=dqn_envs:masked_two_state", "dqn.learning_starts=32",
+                      "dqn.train_batch_size=8", "model.hidden_sizes=[8]"],
+    "impala-discrete": ["algo=impala", "env=CartPole-v1", "impala.rollout_mode=bulk_sync",
+                        "impala.train_batch_size=64"],
+}
+
+
+@pytest.mark.parametrize("name", list(EXPORT_RUNS))
+def test_export_matches_compute_actions(name, run_dir, tmp_path):
+    flowkit.train(local_overrides(run_dir, *SMALL, *EXPORT_RUNS[name], "stop.env_steps=128"))
+    policy = flowkit.Algorithm.from_checkpoint(run_dir).get_policy()
+    if name == "ppo-box":  # the observation normalisation is part of the module, and not the identity
+        assert policy.model.obs_rms is not None and float(policy.model.obs_rms.count) > 1
+    acts = _check_export(policy, tmp_path, name)
+    if name == "ppo-discrete":  # a policy that acts otherwise than its network says: refused, no file left
+        policy.compute_actions = lambda obs, explore=False: np.zeros(len(obs), np.int64)
+        with pytest.raises(ValueError, match=r"differ from compute_actions\(obs, explore=False\) on \d+ of 256"):
+            export_policy(policy, "onnx", str(tmp_path / "odd.onnx"))
+        assert not os.path.exists(tmp_path / "odd.onnx")
+    if name == "dqn-dict-mask":  # masks respected: where only action 0 is legal, 0 is chosen
+        obs = sample_observations(policy.observation_space, 200)
+        only0 = (obs["action_mask"][:, 0] == 1) & (obs["action_mask"][:, 1] == 0)
+        assert only0.any() and (acts[only0] == 0).all()
+
+
+def test_export_one_policy_of_a_multiagent_run_and_evaluate_its_games(run_dir, tmp_path, capsys):
+    flowkit.train(local_overrides(run_dir, "env.factory=pettingzoo.classic.tictactoe_v3:env", "runtime.num_workers=1",
+                                  "runtime.num_envs_per_worker=4", "runtime.rollout_fragment_length=16",
+                                  "stop.iterations=1", "multiagent.policies.learner.algo=ppo",
+                                  "multiagent.policies.opponent.algo=random", "multiagent.mapping.player_1=learner",
+                                  "multiagent.mapping.player_2=opponent", "multiagent.eval_opponents.opponent=random",
+                                  "multiagent.eval_alternate_seats=true", *PPO_SMALL))
+    algo = flowkit.Algorithm.from_checkpoint(run_dir)
+    _check_export(algo.get_policy("learner"), tmp_path, "tictactoe")  # Dict obs with action_mask
+    assert main(["export", run_dir, "--format", "onnx"]) == 2
+    assert "--policy" in capsys.readouterr().err
+    assert main(["export", run_dir, "--format", "onnx", "--policy", "opponent"]) == 2  # the random one
+    assert "no network to export" in capsys.readouterr().err
+
+    assert main(["evaluate", run_dir, "episodes=6", "seed=3"]) == 0
+    out = capsys.readouterr().out
+    assert "policy/learner" in out and "win_rate" in out
+    with open(os.path.join(find_checkpoint(run_dir), "evaluation.json")) as f:
+        rep = json.load(f)
+    learner = rep["policies"]["learner"]
+    assert rep["episodes"] == 6 and learner["win_rate"] + learner["draw_rate"] + learner["loss_rate"] == pytest.approx(1)
+    assert main(["evaluate", run_dir, "episodes=6", "seed=3"]) == 0  # reproducible by seed
+    with open(os.path.join(find_checkpoint(run_dir), "evaluation.json")) as f:
+        assert json.load(f)["returns"] == rep["returns"]
+
+
+# ---- errors: one line, exit 2, torch not imported for what needs no checkpoint ---------------------
+CHECK = ("import json, sys\nfrom flowkit.cli import main\nrc = main(sys.argv[1:])\n"
+         "print('\\nMODULES ' + json.dumps({'rc': rc, 'torch': 'torch' in sys.modules}))")
+
+
+@pytest.mark.parametrize("args,rc,text", [
+    (["evaluate", "--help"], 0, "render_episodes"),
+    (["export", "--help"], 0, "torchscript|onnx"),
+    (["evaluate", "/no/such/run"], 2, "no checkpoint at '/no/such/run'"),
+    (["evaluate", ".", "episods=3"], 2, "did you mean `episodes`"),
+    (["evaluate", ".", "render=avi"], 2, "render='avi' must be 'mp4' or 'gif'"),
+    (["export", "/no/such/run", "--format", "onnx"], 2, "no checkpoint at"),
+    (["export", ".", "--format", "tflite"], 2, "--format 'tflite': use torchscript or onnx"),
+    (["export", ".", "--formt", "onnx"], 2, "unrecognized arguments")])
+def test_cli_errors_are_one_line_without_torch(args, rc, text):
+    p = subprocess.run([sys.executable, "-c", CHECK, *args], capture_output=True, text=True, timeout=120)
+    out = json.loads(p.stdout.rsplit("MODULES ", 1)[1])
+    assert out == {"rc": rc, "torch": False}, p.stderr[-2000:]
+    assert text in p.stdout + p.stderr
+    if rc == 2:
+        assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+
+
+def test_a_folder_without_checkpoint_is_one_line(tmp_path, capsys):
+    assert main(["evaluate", str(tmp_path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no checkpoint at" in err
