@@ -56,3 +56,27 @@ def test_configs_are_package_data():
     assert os.path.samefile(os.path.join(REPO, "flowkit", "configs"), os.path.join(REPO, "configs"))
     with open(os.path.join(REPO, "pyproject.toml")) as f:
         assert 'flowkit = ["configs/**/*.yaml"]' in f.read()
+
+
+def test_a_wheel_install_finds_the_tuned_configs(tmp_path):
+    """A non-editable install (a wheel) carries the configs as package data."""
+    import shutil
+    src = tmp_path / "src"  # a copy: an in-tree build would leave build/ and an egg-info in the checkout
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "flowkit", "configs"):
+        copy = shutil.copytree if os.path.isdir(os.path.join(REPO, name)) else shutil.copy
+        copy(os.path.join(REPO, name), src / name, **({"symlinks": True, "ignore": shutil.ignore_patterns(
+            "__pycache__")} if copy is shutil.copytree else {}))
+    pip = [sys.executable, "-m", "pip"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "w"), str(src)],
+                   check=True, timeout=300, capture_output=True, cwd=tmp_path)
+    (wheel,) = glob.glob(str(tmp_path / "w" / "flowkit-*.whl"))
+    subprocess.run([*pip, "install", "--no-deps", "-q", "--target", str(tmp_path / "site"), wheel],
+                   check=True, timeout=300, capture_output=True)
+    code = ("import flowkit, sys; from flowkit.config import tuned_config_path as t; "
+            "print(flowkit.__file__); print(t('dqn', 'CartPole-v1'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path / "site")}).stdout.split()
+    assert out[0].startswith(str(tmp_path / "site")) and out[1] == str(tmp_path / "site" / "flowkit" / "configs" /
+                                                                           "dqn" / "CartPole-v1.yaml")
+    assert not os.path.islink(str(tmp_path / "site" / "flowkit" / "configs"))
