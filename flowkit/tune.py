@@ -24,8 +24,9 @@ e.g. ``flowkit tune algo=ppo env=CartPole-v1 ppo.lr=choice(1e-3,3e-4) seed=range
 
 - Trials: run folders ``SWEEP_DIR/<trial>`` (``SWEEP_DIR``: ``run.dir`` if given, else
   ``runs/tune-<algo>-<env>-<timestamp>``), named after their searched values; Ray Tune's own
-  records in ``SWEEP_DIR/tune``. Without ``-c`` the tuned ``configs/<algo>/<env-id>.yaml`` is the
-  base, as for ``flowkit train``.
+  records in ``SWEEP_DIR/tune``; no progress bars (``progress`` is taken out of
+  ``run.reporters``). Without ``-c`` the tuned ``configs/<algo>/<env-id>.yaml`` is the base, as
+  for ``flowkit train``.
 - Resources per trial, from ``runtime.*``: ``runtime.backend=local``: 1 CPU (the trial samples
   and learns in its own process); ``ray``: a placement group of 1 CPU (learner) plus
   ``runtime.num_cpus_per_worker`` per rollout worker. When one trial needs more CPUs than the
@@ -289,6 +290,8 @@ def _tune(a: argparse.Namespace) -> int:
     _ray.wait()
     cpus = float(ray.cluster_resources().get("CPU", 1))
     resources, extra, res_text = plan_resources(cfg, cpus)
+    if "progress" in cfg.run.reporters:  # trials' progress bars would interleave in the sweep's output
+        extra.append(f"run.reporters=[{','.join(r for r in cfg.run.reporters if r != 'progress')}]")
     per_trial = resources["CPU"] if isinstance(resources, dict) else sum(b.get("CPU", 0) for b in resources.bundles)
     at_once = max(1, int(cpus // per_trial)) if per_trial else None
     if a.max_concurrent:
