@@ -5,8 +5,9 @@ Runs whose resolved configs (``config.yaml``) differ only in ``seed`` (and in ``
 ``run.reporters``, ``resume``) form one group: its curve is the mean over the runs (seeds), with
 the range (min to max) shaded. Each run's series (``metrics.csv``: ``M`` against
 ``env_steps_sampled`` or ``time_total_s``, rows without ``M`` left out) is linearly interpolated
-onto the group's grid: every x value of its runs between the latest first x and the earliest last
-x, so each point has every run of the group (a run that stopped early ends the group's curve).
+onto the group's grid, every x value of its runs; a point averages the runs whose series spans
+it (column ``runs``: a run that stopped early, at a threshold or by a sweep's scheduler, leaves
+the later points to the others).
 Groups are labelled by the config keys that tell them apart. The plotted series are written beside
 the PNG as CSV (same name, ``.csv``): ``group, x, mean, std, min, max, runs``. A folder without a
 metrics.csv stands for the run folders below it (e.g. a ``flowkit tune`` sweep). Torch-free.
@@ -87,11 +88,12 @@ def group_series(run_dirs: Sequence[str], x: str, metric: str) -> List[Dict[str,
     series = [s for s in (run_series(r, x, metric) for r in run_dirs) if s[0]]
     if not series:
         return []
-    lo, hi = max(s[0][0] for s in series), min(s[0][-1] for s in series)
-    grid = sorted({v for xs, _ in series for v in xs if lo <= v <= hi})
-    ys = np.array([np.interp(grid, xs, vs) for xs, vs in series])
-    return [{"x": g, "mean": float(c.mean()), "std": float(c.std()), "min": float(c.min()), "max": float(c.max()),
-             "runs": len(c)} for g, c in zip(grid, ys.T)]
+    points = []
+    for g in sorted({v for xs, _ in series for v in xs}):
+        c = np.array([np.interp(g, xs, vs) for xs, vs in series if xs[0] <= g <= xs[-1]])
+        points.append({"x": g, "mean": float(c.mean()), "std": float(c.std()), "min": float(c.min()),
+                       "max": float(c.max()), "runs": len(c)})
+    return points
 
 
 def plot_runs(paths: Sequence[str], x: str = "env_steps", metric: str = "episode_return_mean",
@@ -116,7 +118,7 @@ def plot_runs(paths: Sequence[str], x: str = "env_steps", metric: str = "episode
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, pts in result.items():
         xs = [p["x"] for p in pts]
-        n = pts[0]["runs"]
+        n = max(p["runs"] for p in pts)
         ax.plot(xs, [p["mean"] for p in pts], label=f"{label} ({n} run{'s' if n > 1 else ''})")
         ax.fill_between(xs, [p["min"] for p in pts], [p["max"] for p in pts], alpha=0.25)
     ax.set(xlabel=xcol.replace("_", " ") + (" (s)" if x == "time" else ""),

@@ -2,6 +2,7 @@
 mean and range, and writes the plotted series beside the PNG; the series match metrics.csv."""
 import csv
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -55,7 +56,18 @@ def test_time_axis_one_group_and_errors(runs, tmp_path, capsys):
     res = plot_runs([dirs[(1e-3, 0)], dirs[(1e-3, 1)]], x="time", out=str(tmp_path / "t.png"))
     (label, pts), = res.items()
     assert label == "ppo CartPole-v1"
-    assert all(p["runs"] == 2 for p in pts)
+    assert max(p["runs"] for p in pts) == 2 and min(p["runs"] for p in pts) >= 1  # each time grid its own
+    short = tmp_path / "short"  # a seed that stopped after 3 rows: the later points average the others
+    short.mkdir()
+    shutil.copy(os.path.join(dirs[(1e-3, 2)], "config.yaml"), short / "config.yaml")
+    with open(os.path.join(dirs[(1e-3, 2)], "metrics.csv")) as f:
+        (short / "metrics.csv").write_text("".join(f.readlines()[:4]))
+    (pts,) = plot_runs([dirs[(1e-3, 0)], dirs[(1e-3, 1)], str(short)], out=str(tmp_path / "s.png")).values()
+    cut = read_metrics(str(short / "metrics.csv"))[-1]["env_steps_sampled"]
+    assert [p["runs"] for p in pts] == [3 if p["x"] <= cut else 2 for p in pts] and pts[-1]["x"] > cut
+    full = [{r["env_steps_sampled"]: r["episode_return_mean"] for r in read_metrics(
+        os.path.join(dirs[(1e-3, s)], "metrics.csv")) if "episode_return_mean" in r} for s in (0, 1)]
+    assert pts[-1]["mean"] == pytest.approx((full[0][pts[-1]["x"]] + full[1][pts[-1]["x"]]) / 2)
     assert main([str(tmp_path / "nothing"), "--out", str(tmp_path / "x.png")]) == 2
     assert "no run folder" in capsys.readouterr().err
     assert main([dirs[(1e-3, 0)], "--metric", "nope", "--out", str(tmp_path / "x.png")]) == 2
