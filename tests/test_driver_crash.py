@@ -11,7 +11,6 @@ import subprocess
 import sys
 import time
 
-
 from flowkit.checkpoint import load_state
 from flowkit.engine import find_checkpoint, read_metrics
 
