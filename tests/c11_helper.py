@@ -3,6 +3,7 @@ process (``python tests/c11_helper.py run2 ALGO WORK_DIR [ALGO WORK_DIR ...]``).
 import os
 import sys
 
+import numpy as np
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))

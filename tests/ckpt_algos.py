@@ -1,8 +1,7 @@
 """A plugin module for tests/test_checkpoint.py: a PPO variant that a run names by import
 path (``plugins=[ckpt_algos]``), so loading its checkpoint imports this installed module."""
-from flowkit_ppo import PPO
-
 import flowkit
+from flowkit_ppo import PPO
 
 
 class MyPPO(PPO):

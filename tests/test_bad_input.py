@@ -13,9 +13,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import flowkit
+from flowkit.testing import local_overrides
 from flowkit.config import ConfigError, make_schema_class, schema_keys
 from flowkit.engine import describe_plan, load_config
-from flowkit.testing import local_overrides
 
 
 class _BadObsEnv(gym.Env):

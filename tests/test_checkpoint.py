@@ -13,18 +13,11 @@ import pytest
 import torch
 
 import flowkit
-from flowkit.checkpoint import (
-    CheckpointError,
-    find_checkpoint,
-    from_plain,
-    load_state,
-    space_from_dict,
-    space_to_dict,
-    to_plain,
-)
+from flowkit.testing import local_overrides
+from flowkit.checkpoint import (CheckpointError, find_checkpoint, from_plain, load_state, space_from_dict,
+                                space_to_dict, to_plain)
 from flowkit.core import batch as sb
 from flowkit.engine import load_config, setup
-from flowkit.testing import local_overrides
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TINY_PPO = ["runtime.num_workers=1", "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=16",
@@ -236,9 +229,8 @@ def test_an_algorithm_that_is_not_registered_fails_in_one_line(tmp_path):
 
 
 def test_impala_replay_state_is_plain_and_exact():
-    from flowkit_impala import MixInReplay
-
     from flowkit.core.flow import FlowContext
+    from flowkit_impala import MixInReplay
     rep = MixInReplay(FlowContext(), 1.5, 4, seed=3)
     for i in range(3):
         b = sb.MultiAgentBatch({"default": sb.SampleBatch({"obs": np.full((2, 3), i, np.float32),

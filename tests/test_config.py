@@ -11,10 +11,10 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 import flowkit
+from flowkit.testing import local_overrides
 from flowkit import ConfigError
 from flowkit.config import Allowed, _unwrap_optional, make_schema_class, schema_allowed, schema_keys
 from flowkit.engine import describe_plan, load_config, setup
-from flowkit.testing import local_overrides
 
 
 def cfg_of(*overrides, file=None):

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 import flowkit
+from flowkit.testing import local_overrides
 from flowkit.core import batch as sb
 from flowkit.core import derive_seed
 from flowkit.engine import load_config, setup
-from flowkit.testing import local_overrides
 
 
 def _rows(run_dir):

@@ -9,15 +9,15 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from flowkit_dqn import DQNConfig, DQNPolicy, apex_epsilon, compute_n_step, compute_q_targets, epsilon_at
 
 import flowkit
+from flowkit.testing import local_overrides
 from flowkit import ConfigError
 from flowkit.checkpoint import from_plain, load_state
 from flowkit.core import batch as sb
 from flowkit.core.flow import NOT_READY
 from flowkit.engine import build_plan, load_config, setup
-from flowkit.testing import local_overrides
+from flowkit_dqn import DQNPolicy, DQNConfig, apex_epsilon, compute_n_step, compute_q_targets, epsilon_at
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 

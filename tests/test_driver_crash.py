@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+
 from flowkit.checkpoint import load_state
 from flowkit.engine import find_checkpoint, read_metrics
 

@@ -1,15 +1,8 @@
 """The dataflow substrate: order semantics of every combinator, hand-checked."""
 import pytest
 
-from flowkit.core.flow import (
-    NOT_READY,
-    FlowContext,
-    LocalActor,
-    ParallelFlow,
-    from_callable,
-    from_items,
-    union_tagged,
-)
+from flowkit.core.flow import (NOT_READY, Flow, FlowContext, LocalActor, ParallelFlow, from_callable,
+                               from_items, union_tagged)
 from flowkit.core.ops import Concurrently
 
 
@@ -161,7 +154,6 @@ def test_parallel_flow_failure_handler_and_note():
 @pytest.mark.usefixtures("ray_session")
 def test_gather_async_on_ray_actors():
     import ray
-
     from flowkit.core.flow import RayActor
     cls = ray.remote(num_cpus=0)(Counter)
     actors = [RayActor(cls.remote(0), 0), RayActor(cls.remote(100), 1)]

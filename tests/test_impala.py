@@ -10,16 +10,16 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from flowkit_impala import IMPALAPolicy, MixInReplay
-from test_returns import paper_vtrace
 
 import flowkit
+from flowkit.testing import local_overrides
 from flowkit.checkpoint import load_state
 from flowkit.core import batch as sb
 from flowkit.core.flow import FlowContext
 from flowkit.core.learner import Learner, weights_versions
-from flowkit.engine import load_config
-from flowkit.testing import local_overrides
+from flowkit.engine import load_config, setup
+from flowkit_impala import IMPALAPolicy, MixInReplay
+from test_returns import paper_vtrace
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -27,9 +27,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def _policy(gamma=0.9, **kw):
     _, cfg = load_config(["algo=impala", "env=CartPole-v1", f"impala.gamma={gamma}",
                           *[f"impala.{k}={v}" for k, v in kw.items()]])
-    from flowkit_impala import IMPALAConfig
-
     from flowkit.config import section_object
+    from flowkit_impala import IMPALAConfig
     sec = section_object(cfg, "impala", IMPALAConfig)
     obs_space = gym.spaces.Box(-10.0, 10.0, (1,), np.float32)
     return IMPALAPolicy(obs_space, gym.spaces.Discrete(2), sec, cfg.model, "cpu", 0)

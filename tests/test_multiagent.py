@@ -8,8 +8,8 @@ import pytest
 import flowkit
 from flowkit import ConfigError
 from flowkit.checkpoint import load_state
-from flowkit.core import RandomPolicy
 from flowkit.core import batch as sb
+from flowkit.core import RandomPolicy
 from flowkit.engine import build_plan, load_config, setup
 from flowkit.testing import local_overrides
 

@@ -5,17 +5,11 @@ import pytest
 import torch
 from gymnasium import spaces
 
-from flowkit.core import ActionDist, EnvError, ObsEncoder, derive_seed
 from flowkit.core import batch as sb
-from flowkit.core.ops import (
-    ConcatBatches,
-    ParallelRollouts,
-    SelectExperiences,
-    StandardizeFields,
-    SyncWeights,
-    TrainOneStep,
-    standardize,
-)
+from flowkit.core.flow import NOT_READY
+from flowkit.core.ops import (ConcatBatches, ParallelRollouts, SelectExperiences, StandardizeFields,
+                              SyncWeights, TrainOneStep, standardize)
+from flowkit.core import ActionDist, EnvError, ObsEncoder, derive_seed
 from flowkit.engine import load_config, setup
 
 
@@ -201,7 +195,6 @@ def test_action_distributions_match_torch():
 ])
 def test_numpy_inference_matches_torch(algo, space, over):
     from types import SimpleNamespace
-
     import flowkit
     from flowkit.core import ActorCritic
     cls = flowkit.get_plugin_manager().algorithms()[algo]
@@ -241,9 +234,8 @@ def test_numpy_inference_matches_torch(algo, space, over):
 
 
 def test_numpy_inference_masks_and_fallbacks():
-    from types import SimpleNamespace
-
     import flowkit
+    from types import SimpleNamespace
     from flowkit.core import ActorCritic
     ppo = flowkit.get_plugin_manager().algorithms()["ppo"]
     mc = SimpleNamespace(hidden_sizes=[16], activation="tanh", shared_value_network=False, numpy_inference=True)

@@ -4,12 +4,12 @@ import os
 import numpy as np
 import pytest
 import torch
-from flowkit_ppo import PPO, PPOPolicy
 
 import flowkit
+from flowkit.testing import local_overrides
 from flowkit.core import batch as sb
 from flowkit.engine import load_config, setup
-from flowkit.testing import local_overrides
+from flowkit_ppo import PPO, PPOPolicy
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -130,7 +130,6 @@ def test_c06_logp_is_of_the_sampled_unclipped_action():
 
 def test_c06_integer_box_rounds_and_clips_with_dtype():
     from gymnasium import spaces
-
     from flowkit.core import ActionDist
     d = ActionDist(spaces.Box(0, 4, (2,), np.int64))
     out = d.to_env(np.array([[-1.0, 1.0], [0.1, 5.0]], np.float32))

@@ -11,18 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flowkit.cli import main
-from flowkit.config import (
-    ACTIVATIONS,
-    INT64_MAX,
-    Allowed,
-    ConfigError,
-    _leaf_type,
-    _unwrap_optional,
-    build_config,
-    make_schema_class,
-    schema_allowed,
-    schema_keys,
-)
+from flowkit.config import (ACTIVATIONS, INT64_MAX, Allowed, ConfigError, _leaf_type, _unwrap_optional,
+                            build_config, make_schema_class, schema_allowed, schema_keys)
 from flowkit.engine import load_config
 
 _PM, _ = load_config(["env=CartPole-v1"])

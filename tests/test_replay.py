@@ -8,18 +8,9 @@ from flowkit.core import batch as sb
 from flowkit.core.flow import NOT_READY, FlowContext
 from flowkit.core.learner import Learner
 from flowkit.core.ops import UpdatePriorities, UpdateTargetNetwork
-from flowkit.core.replay import (
-    MultiAgentReplayBuffer,
-    PrioritizedSampler,
-    Replay,
-    ReplayBuffer,
-    ReplayFromShards,
-    ReplayShards,
-    Storage,
-    StoreToReplayBuffer,
-    StoreToReplayShards,
-    UniformSampler,
-)
+from flowkit.core.replay import (MultiAgentReplayBuffer, PrioritizedSampler, Replay, ReplayBuffer,
+                                 ReplayFromShards, ReplayShards, Storage, StoreToReplayBuffer,
+                                 StoreToReplayShards, UniformSampler)
 
 
 def rows(start, n):

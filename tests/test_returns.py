@@ -4,8 +4,8 @@ bootstrap."""
 import numpy as np
 
 from flowkit.core import batch as sb
-from flowkit.core import bootstrap_rows, compute_gae, next_values, trajectory_ends, vtrace
 from flowkit.core.learner import Learner
+from flowkit.core import bootstrap_rows, compute_gae, next_values, trajectory_ends, vtrace
 
 
 # ---- GAE -------------------------------------------------------------------------------------

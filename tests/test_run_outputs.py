@@ -66,10 +66,9 @@ def test_observation_normalisation_and_shared_network_learn(run_dir):
 
 
 def test_image_observations_go_through_a_cnn():
+    from flowkit.config import ModelConfig
     from flowkit_ppo import PPOConfig, PPOPolicy
     from omegaconf import OmegaConf
-
-    from flowkit.config import ModelConfig
     pol = PPOPolicy(spaces.Box(0, 255, (40, 40, 3), np.uint8), spaces.Discrete(3), PPOConfig(),
                     OmegaConf.structured(ModelConfig))
     a = pol.compute_actions(np.zeros((5, 40, 40, 3), np.uint8), explore=True)

@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 
 import flowkit
-from flowkit.core import derive_seed
+from flowkit.testing import local_overrides
 from flowkit.core.batch import DEFAULT_POLICY_ID
+from flowkit.core import derive_seed
 from flowkit.engine import load_config, setup
-from flowkit.testing import KillWorkers, local_overrides
+from flowkit.testing import KillWorkers
 
 
 def c12(run_dir, fail, *extra, backend="local"):
