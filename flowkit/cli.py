@@ -87,15 +87,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print("\n```mermaid\n" + d["mermaid"] + "\n```")
             return 0
         from flowkit.engine import train
-        res = train(overrides, args.config_file)
-        m = res.metrics
-        print(f"\nrun folder: {res.run_dir}")
-        print(f"stopped: {res.stop_reason}")
-        keys = ["iteration", "env_steps_sampled", "episode_return_mean", "evaluation_return_mean", "time_total_s"]
-        print("  " + "  ".join(f"{k}={m[k]:.4g}" if isinstance(m.get(k), float) else f"{k}={m.get(k)}"
-                                for k in keys if k in m))
-        if res.checkpoint:
-            print(f"checkpoint: {res.checkpoint}")
+        res = train(overrides, args.config_file)  # prints the summary
         return exit_status(res.stop_reason)
     except ConfigError as e:
         print(f"flowkit: config error: {e}", file=sys.stderr)
