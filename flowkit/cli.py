@@ -114,15 +114,37 @@ def exit_status(stop_reason: str) -> int:
     return 128 + int(signal.Signals[m[1]]) if m else 0
 
 
+def _first_line(obj: object) -> str:
+    doc = (getattr(obj, "__doc__", None) or "").strip()
+    return doc.splitlines()[0] if doc else ""
+
+
 def _plugins() -> int:
+    """Every plugin (built-ins, entry points, registered objects) with what it contributes:
+    algorithms, reporters, config sections, env runners and the other hooks it implements.
+    Metadata only (AlgorithmRef, config dataclasses): imports no torch."""
     from flowkit.hooks import get_plugin_manager
     pm = get_plugin_manager()
-    print(f"{'algorithm':<12} {'plugin':<18} {'distribution':<28} description")
-    for name, a in sorted(pm.algorithms(load=False).items()):  # metadata only: no torch
-        plug = pm.owner.get(name, "?")
-        dist = pm.dists.get(plug, "flowkit (built-in)" if plug.startswith("flowkit") else "-")
-        doc = (a.config_class or a).__doc__ or ""
-        print(f"{name:<12} {plug:<18} {dist:<28} {doc.strip().splitlines()[0] if doc.strip() else ''}")
+    algos, reporters = pm.algorithms(load=False), pm.reporters()
+    for name, plugin in pm.list_name_plugin():
+        impls = {hc.name: impl for hc in pm.get_hookcallers(plugin) or [] for impl in hc.get_hookimpls()
+                 if impl.plugin is plugin}
+        dist = pm.dists.get(name, "flowkit (built-in)" if name.startswith("flowkit.") else "registered in code")
+        print(f"{name}  [{dist}]" + (f"  {_first_line(plugin)}" if name in pm.dists else ""))
+        for a in sorted(n for n, o in pm.owner.items() if o == name and n in algos):
+            doc = _first_line(algos[a].config_class or algos[a])
+            print(f"  algorithm   {doc if doc.startswith(a + ':') else f'{a}: {doc}'}")
+        for r in sorted(n for n, o in pm.owner.items() if o == name and n in reporters):
+            print(f"  reporter    {r}: {_first_line(reporters[r])}")
+        if "flowkit_add_config_sections" in impls:
+            for key, sec in (impls["flowkit_add_config_sections"].function() or {}).items():
+                print(f"  config      {key}.*: {_first_line(sec)}")
+        if "flowkit_make_env_runner" in impls:
+            print(f"  env runner  {_first_line(impls['flowkit_make_env_runner'].function)}")
+        rest = sorted(set(impls) - {"flowkit_add_algorithms", "flowkit_add_reporters", "flowkit_add_config_sections",
+                                    "flowkit_make_env_runner"})
+        if rest:
+            print(f"  hooks       {', '.join(rest)}")
     return 0
 
 
