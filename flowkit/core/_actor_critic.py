@@ -47,9 +47,22 @@ class ActorCriticPolicy(Policy):
 
     def make_model(self) -> ActorCritic:
         """The network (override for a custom model; the numpy mirror then steps aside)."""
-        return ActorCritic(self.encoder, self.dist, self.model_config,
-                           bool(getattr(self.config, "normalize_observations", False)),
-                           self.config.log_std_init, twin=self.twin)
+        norm = bool(getattr(self.config, "normalize_observations", False))
+        model = self.build_model(ActorCritic(self.encoder, self.dist, self.model_config, norm,
+                                             self.config.log_std_init, twin=self.twin))
+        if norm and getattr(model, "obs_rms", None) is None:
+            from flowkit.config import ConfigError
+            raise ConfigError(f"normalize_observations=true needs the model's `obs_rms` (a RunningMeanStd): "
+                              f"model.class={self.model_config.get('class')!r} has none")
+        return model
+
+    def model_policy(self, x: torch.Tensor) -> torch.Tensor:
+        """dist_inputs of the model: its ``policy`` method, else ``forward(x)[0]``."""
+        return self.model.policy(x) if hasattr(self.model, "policy") else self.model(x)[0]
+
+    def model_value(self, x: torch.Tensor) -> torch.Tensor:
+        """V(x) of the model: its ``value`` method, else ``forward(x)[1]``."""
+        return self.model.value(x) if hasattr(self.model, "value") else self.model(x)[1]
 
     def numpy_model(self) -> Optional[NumpyActorCritic]:
         """The :class:`NumpyActorCritic` mirror of ``self.model`` used for acting on CPU, or
@@ -81,7 +94,7 @@ class ActorCriticPolicy(Policy):
     @torch.inference_mode()
     def _compute_actions_torch(self, obs, mask=None, explore=True):
         x = torch.from_numpy(obs)
-        inputs, value = self.model(x) if self.store_values else (self.model.policy(x), None)
+        inputs, value = self.model(x) if self.store_values else (self.model_policy(x), None)
         m = None if mask is None else torch.from_numpy(mask)
         a, logp = self.dist.sample_logp(inputs, m, explore, self.generator)
         return a.numpy(), self._extras(logp.numpy(), None if value is None else value.numpy(), inputs.numpy())
@@ -89,7 +102,7 @@ class ActorCriticPolicy(Policy):
     @torch.inference_mode()
     def compute_values(self, obs: np.ndarray) -> np.ndarray:
         """V(obs) for encoded observations float32[B, *shape] -> float32[B]."""
-        return self.model.value(torch.from_numpy(np.ascontiguousarray(obs, np.float32))).numpy()
+        return self.model_value(torch.from_numpy(np.ascontiguousarray(obs, np.float32))).numpy()
 
     # -- returns --
     def add_gae(self, batch: sb.SampleBatch) -> sb.SampleBatch:

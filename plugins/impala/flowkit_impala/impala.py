@@ -89,7 +89,7 @@ class IMPALAPolicy(ActorCriticPolicy):
         cfg = self.config
         cont, boot_idx = batch["nextnonterminal"].cpu().numpy(), batch["boot_idx"].cpu().numpy()
         v = values.cpu().numpy()
-        boot_v = self.model.value(batch["boot_obs"]).cpu().numpy() if len(boot_idx) else np.zeros(0, np.float32)
+        boot_v = self.model_value(batch["boot_obs"]).cpu().numpy() if len(boot_idx) else np.zeros(0, np.float32)
         vs, pg_adv = vtrace(log_rhos.cpu().numpy(), batch[sb.REWARDS].cpu().numpy(), v,
                             next_values(v, cont, boot_idx, boot_v), cont, cfg.gamma, cfg.clip_rho_threshold,
                             cfg.clip_c_threshold, cfg.clip_pg_rho_threshold, cfg.vtrace_lambda)

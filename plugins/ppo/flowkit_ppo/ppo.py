@@ -96,7 +96,7 @@ class PPOPolicy(ActorCriticPolicy):
             elif kl < 0.5 * self.config.kl_target:
                 self.kl_coeff *= 0.5
             stats["kl_coeff"] = self.kl_coeff
-        if self.model.obs_rms is not None:
+        if getattr(self.model, "obs_rms", None) is not None:  # a custom model may have none
             self.model.obs_rms.update(batch[sb.OBS].float())
         return stats
 
