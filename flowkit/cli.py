@@ -11,7 +11,7 @@ import argparse
 import re
 import signal
 import sys
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 USAGE = """flowkit train [-c FILE ...] [--dry-run | --print-config] [key=value ...]
 flowkit plan [-c FILE ...] [key=value ...]
@@ -137,7 +137,8 @@ def _plugins() -> int:
         for r in sorted(n for n, o in pm.owner.items() if o == name and n in reporters):
             print(f"  reporter    {r}: {_first_line(reporters[r])}")
         if "flowkit_add_config_sections" in impls:
-            for key, sec in (impls["flowkit_add_config_sections"].function() or {}).items():
+            secs: Dict[str, type] = impls["flowkit_add_config_sections"].function() or {}  # type: ignore[assignment]  # pluggy: object
+            for key, sec in secs.items():
                 print(f"  config      {key}.*: {_first_line(sec)}")
         if "flowkit_make_env_runner" in impls:
             print(f"  env runner  {_first_line(impls['flowkit_make_env_runner'].function)}")

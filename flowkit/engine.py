@@ -302,7 +302,7 @@ def _train(config: Any, config_file: Union[str, Sequence[str], None], plugins: S
                 cfg = pre
                 run_dir = cfg.run.dir or _default_run_dir(cfg)
             cfg.run.dir = run_dir
-            if verbose and all(v is None for v in OmegaConf.to_container(cfg.stop).values()):
+            if verbose and all(cfg.stop[k] is None for k in cfg.stop):
                 print(NO_STOP, flush=True)
             _ray.start(cfg, _runtime_env(cfg) if cfg.runtime.address else None)
             t_config = time.perf_counter()

@@ -3,7 +3,7 @@ acting through its numpy mirror on CPU workers (torch otherwise), V(s) for boots
 and GAE postprocessing. A new actor-critic algorithm subclasses it and writes its loss."""
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 import numpy as np
 import torch
@@ -33,7 +33,7 @@ class ActorCriticPolicy(Policy):
 
     store_values = True
     twin = True
-    model: ActorCritic
+    model: Any  # an ActorCritic, or the network of model.class
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):
@@ -45,7 +45,7 @@ class ActorCriticPolicy(Policy):
         if not inference_only:
             self.optimizer = self.make_optimizer(config.lr, config.adam_eps)
 
-    def make_model(self) -> ActorCritic:
+    def make_model(self) -> Any:
         """The network (override for a custom model; the numpy mirror then steps aside)."""
         norm = bool(getattr(self.config, "normalize_observations", False))
         model = self.build_model(ActorCritic(self.encoder, self.dist, self.model_config, norm,

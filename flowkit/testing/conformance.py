@@ -111,7 +111,7 @@ class _Contributes:
         return [self.cls]
 
 
-def _pick_env(algo_cls: type) -> TinyEnv:
+def _pick_env(algo_cls: Any) -> TinyEnv:
     from flowkit.config import ConfigError
     for env in (DISCRETE, BOX):
         e = env.make()
@@ -123,21 +123,22 @@ def _pick_env(algo_cls: type) -> TinyEnv:
     return DISCRETE
 
 
-def _check_config(algo_cls: type, name: str, fail: Any, config_error: type, base: List[str]) -> None:
+def _check_config(algo_cls: type, name: str, fail: Any, config_error: Any, base: List[str]) -> None:
     from flowkit.core.policy import Policy
     from flowkit.engine import load_config
     pol = getattr(algo_cls, "policy_class", None)
     if not (isinstance(pol, type) and issubclass(pol, Policy)):
         raise fail("config", f"policy_class is {pol!r}, not a subclass of flowkit.Policy")
-    sec = getattr(algo_cls, "config_class", None)
-    if sec is None or not dataclasses.is_dataclass(sec):
+    sec: Any = getattr(algo_cls, "config_class", None)
+    if not (isinstance(sec, type) and dataclasses.is_dataclass(sec)):
         raise fail("config", f"config_class is {sec!r}, not a dataclass (the `{name}.*` section)")
-    if not (sec.__doc__ or "").strip() or sec.__doc__.startswith(f"{sec.__name__}("):
-        raise fail("config", f"{sec.__name__} has no docstring (its first line describes the algorithm "
+    doc, sec_name = sec.__doc__ or "", getattr(sec, "__name__", "?")
+    if not doc.strip() or doc.startswith(f"{sec_name}("):  # dataclass's generated docstring
+        raise fail("config", f"{sec_name} has no docstring (its first line describes the algorithm "
                              "in `flowkit plugins`)")
     bare = [f.name for f in dataclasses.fields(sec) if not str(f.metadata.get("help", "")).strip()]
     if bare:
-        raise fail("config", f"{sec.__name__} fields without a help text: {', '.join(bare)} (declare each "
+        raise fail("config", f"{sec_name} fields without a help text: {', '.join(bare)} (declare each "
                              "with flowkit.config.F(default, \"help\", ...))")
     try:
         load_config([*base, f"{name}.no_such_key=1"])

@@ -3,6 +3,7 @@
 that need them, when a test uses them."""
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import warnings
@@ -31,7 +32,7 @@ def ray_session(request: pytest.FixtureRequest) -> Iterator[Any]:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)
             ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
-                     configure_logging=True, logging_level="error",
+                     configure_logging=True, logging_level=logging.ERROR,
                      runtime_env={"env_vars": {"PYTHONPATH": path}})
     yield ray
     ray.shutdown()

@@ -157,7 +157,7 @@ class DQNPolicy(Policy):
     prioritized replay. Override :meth:`loss` to make a variant.
     """
 
-    model: QNetwork
+    model: Any  # a QNetwork, or the network of model.class
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):

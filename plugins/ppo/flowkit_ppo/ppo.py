@@ -96,8 +96,9 @@ class PPOPolicy(ActorCriticPolicy):
             elif kl < 0.5 * self.config.kl_target:
                 self.kl_coeff *= 0.5
             stats["kl_coeff"] = self.kl_coeff
-        if getattr(self.model, "obs_rms", None) is not None:  # a custom model may have none
-            self.model.obs_rms.update(batch[sb.OBS].float())
+        rms = getattr(self.model, "obs_rms", None)  # a custom model may have none
+        if rms is not None:
+            rms.update(batch[sb.OBS].float())
         return stats
 
     def set_progress(self, frac: float) -> None:
