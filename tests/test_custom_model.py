@@ -47,3 +47,26 @@ def test_normalize_observations_needs_obs_rms(run_dir):
     with pytest.raises(flowkit.ConfigError, match="normalize_observations=true needs the model's `obs_rms`"):
         flowkit.train(local_overrides(run_dir, "model.class=custom_models:TinyActorCritic",
                                       "ppo.normalize_observations=true", *COMMON), verbose=False)
+
+
+def test_a_custom_model_per_policy_in_a_multi_agent_run(run_dir):
+    """multiagent.policies.<id>.model.* overrides model.* for that policy only; the checkpoint
+    keeps each policy's model section, so a fresh process rebuilds both networks."""
+    pytest.importorskip("pettingzoo")
+    res = flowkit.train(local_overrides(
+        run_dir, "env.factory=flowkit.testing.envs:turn_game", "multiagent.policies.a.algo=ppo",
+        "multiagent.policies.b.algo=ppo", "multiagent.mapping.p0=a", "multiagent.mapping.p1=b",
+        "multiagent.policies.a.model.class=custom_models:TinyActorCritic", "multiagent.policies.b.model.hidden_sizes=[8]",
+        "runtime.num_workers=1", "runtime.rollout_fragment_length=16", "stop.iterations=2", "ppo.minibatch_size=16"),
+        verbose=False)
+    code = ("import sys, flowkit\n"
+            "a = flowkit.Algorithm.from_checkpoint(sys.argv[1])\n"
+            "print(type(a.get_policy('a').model).__name__, type(a.get_policy('b').model).__name__,"
+            " a.get_policy('b').model_config.hidden_sizes)")
+    p = subprocess.run([sys.executable, "-c", code, res.run_dir], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")])})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["TinyActorCritic", "ActorCritic", "[8]"]
+    with pytest.raises(flowkit.ConfigError, match=r"multiagent.policies.a.model"):
+        flowkit.train(local_overrides(run_dir + "2", "env.factory=flowkit.testing.envs:turn_game",
+                                      "multiagent.policies.a.model.hidden_size=[8]"), verbose=False)
