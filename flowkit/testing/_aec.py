@@ -23,13 +23,14 @@ class TurnGame(AECEnv):
         self.possible_agents = ["p0", "p1"]
         self._obs_space = spaces.Dict({"observation": spaces.Discrete(self.n),
                                        "action_mask": spaces.MultiBinary(self.n)})
+        self._act_space = spaces.Discrete(self.n)
         self.rng, _ = seeding.np_random(None)
 
     def observation_space(self, agent: str) -> spaces.Space:
         return self._obs_space
 
     def action_space(self, agent: str) -> spaces.Space:
-        return spaces.Discrete(self.n)
+        return self._act_space
 
     def _draw(self, agent: str) -> None:
         x = int(self.rng.integers(self.n))
@@ -39,7 +40,7 @@ class TurnGame(AECEnv):
 
     def observe(self, agent: str) -> Any:
         x, mask = self.state[agent]
-        return {"observation": x, "action_mask": mask.copy()}
+        return {"observation": np.int64(x), "action_mask": mask.copy()}
 
     def reset(self, seed: Optional[int] = None, options: Optional[dict] = None) -> None:
         if seed is not None:
