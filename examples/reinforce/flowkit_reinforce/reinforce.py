@@ -22,6 +22,8 @@ class ReinforcePolicy(Policy):
     State beyond the network and the optimizer: ``baseline`` (float), saved in
     :meth:`get_state` so that a resumed run goes on with the same baseline."""
 
+    model: torch.nn.Sequential
+
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu", seed=0,
                  inference_only=False):
         super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
