@@ -32,7 +32,8 @@ def check_algorithm(algo_cls: type, overrides: Sequence[str] = (), *, env: Optio
       unknown key ``<name>.no_such_key`` is a ConfigError).
     - ``plan``: the plan builds and describes itself (``flowkit plan``) without starting a
       worker.
-    - ``checkpoint``: after three iterations (at least one update), a checkpoint restored into a fresh run gives back
+    - ``checkpoint``: after the first learner update (iteration 2 at least; at most
+      ``learn_env_steps``), a checkpoint restored into a fresh run gives back
       exactly the counters, the iteration, every policy's ``get_state()`` (weights, optimizer,
       RNG states), the algorithm's and stateful objects' ``get_state()``, and every public
       attribute of the policies and the algorithm that holds state (numbers, arrays, tensors,
@@ -88,7 +89,7 @@ def check_algorithm(algo_cls: type, overrides: Sequence[str] = (), *, env: Optio
         if "plan" in checks:
             out["plan"] = _check_plan(name, fail, base)
         if "checkpoint" in checks:
-            _check_checkpoint(name, fail, local_overrides(os.path.join(work, "ckpt"), *base, "stop.iterations=3",
+            _check_checkpoint(name, fail, local_overrides(os.path.join(work, "ckpt"), *base, f"stop.env_steps={learn_env_steps}",
                                                           "run.reporters=[checkpoint]"))
         if "backends" in checks:
             _check_backends(fail, base)
@@ -160,8 +161,13 @@ def _check_plan(name: str, fail: Any, base: List[str]) -> str:
 
 
 class _Grab:
-    """Keeps the run context of a run (the engine's objects after it ended)."""
+    """Stops a run once its learner updated the policies (from iteration 2 on) and keeps its
+    run context (the engine's objects after it ended)."""
     ctx: Any = None
+
+    def flowkit_on_train_result(self, result: Dict[str, Any], ctx: Any) -> None:
+        if result["iteration"] >= 2 and any(p.num_updates for p in ctx.policies.values()):
+            ctx.request_stop("trained")
 
     def flowkit_on_train_end(self, ctx: Any) -> None:
         self.ctx = ctx
@@ -177,9 +183,8 @@ def _check_checkpoint(name: str, fail: Any, ov: List[str]) -> None:
         raise fail("checkpoint", f"no checkpoint written (stop reason: {res.stop_reason})")
     a = grab.ctx
     if not any(p.num_updates for p in a.policies.values()):
-        raise fail("checkpoint", f"no learner update in {a.counters.get('env_steps_sampled')} env steps (3 "
-                                 "iterations): make batches or warm-up smaller in `overrides` so the check covers "
-                                 "a trained state")
+        raise fail("checkpoint", f"no learner update in {a.counters.get('env_steps_sampled')} env steps: make "
+                                 "batches or warm-up smaller in `overrides` so the check covers a trained state")
     pm, cfg = load_config(ov)
     b = setup(cfg, pm)
     build_plan(b)  # stateful parts are created with the plan
