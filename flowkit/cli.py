@@ -15,7 +15,7 @@ from typing import Dict, List, Optional
 
 USAGE = """flowkit train [-c FILE ...] [--dry-run | --print-config] [key=value ...]
 flowkit plan [-c FILE ...] [key=value ...]
-flowkit plugins"""
+flowkit plugins [plugins=[module,...]]"""
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,7 +66,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from flowkit.hooks import PluginError, get_plugin_manager
     try:
         if args.command == "plugins":
-            return _plugins()
+            return _plugins(plugin_modules_from(overrides, args.config_file))
         pm = get_plugin_manager(plugin_modules_from(overrides, args.config_file))
         cfg = build_config(overrides, args.config_file, pm.config_sections())  # errors before torch and Ray load
         if not cfg.resume:  # a resumed run's algo comes from its checkpoint
@@ -119,17 +119,19 @@ def _first_line(obj: object) -> str:
     return doc.splitlines()[0] if doc else ""
 
 
-def _plugins() -> int:
-    """Every plugin (built-ins, entry points, registered objects) with what it contributes:
+def _plugins(modules: List[str]) -> int:
+    """Every plugin (built-ins, entry points, ``plugins=[...]`` modules, registered objects)
+    with what it contributes:
     algorithms, reporters, config sections, env runners and the other hooks it implements.
     Metadata only (AlgorithmRef, config dataclasses): imports no torch."""
     from flowkit.hooks import get_plugin_manager
-    pm = get_plugin_manager()
+    pm = get_plugin_manager(modules)
     algos, reporters = pm.algorithms(load=False), pm.reporters()
     for name, plugin in pm.list_name_plugin():
         impls = {hc.name: impl for hc in pm.get_hookcallers(plugin) or [] for impl in hc.get_hookimpls()
                  if impl.plugin is plugin}
-        dist = pm.dists.get(name, "flowkit (built-in)" if name.startswith("flowkit.") else "registered in code")
+        dist = pm.dists.get(name, "flowkit (built-in)" if name.startswith("flowkit.") else
+                            "`plugins`" if name in modules else "registered in code")
         print(f"{name}  [{dist}]" + (f"  {_first_line(plugin)}" if name in pm.dists else ""))
         for a in sorted(n for n, o in pm.owner.items() if o == name and n in algos):
             doc = _first_line(algos[a].config_class or algos[a])

@@ -66,3 +66,10 @@ def test_callback_example_adds_a_metric_and_a_log(run_dir):
     with open(os.path.join(run_dir, "episodes.jsonl")) as f:
         rows = [json.loads(line) for line in f]
     assert [r["iteration"] for r in rows] == [1, 2] and "custom/reward_per_step" in rows[-1]
+
+
+def test_plugins_lists_a_plugin_named_in_the_config(tmp_path):
+    p = _flowkit(os.pathsep.join([os.path.join(EXAMPLES, "episode_logger"), os.environ.get("PYTHONPATH", "")]),
+                 "plugins", "plugins=[flowkit_episode_logger]", cwd=str(tmp_path))
+    assert "flowkit_episode_logger  [`plugins`]" in p.stdout, p.stdout + p.stderr
+    assert "hooks       flowkit_on_episode_end, flowkit_report" in p.stdout
