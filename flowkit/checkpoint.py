@@ -197,7 +197,7 @@ _SPEC_FIELDS = {f.name for f in dataclasses.fields(PolicySpec)}
 def spec_to_dict(spec: PolicySpec, algo_cls: Optional[type] = None) -> Dict[str, Any]:
     """A policy spec as plain data: its algorithm by registered name (``algo_module``, where
     the algorithm class was defined, only for error messages), spaces described, the config
-    dataclass as a dict, and the fields of PolicySpec subclasses (``extra``; ``init_state``,
+    dataclass as a dict, its own ``model.*`` (or None), and the fields of PolicySpec subclasses (``extra``; ``init_state``,
     weights loaded from another checkpoint, is left out)."""
     conf = spec.config
     if dataclasses.is_dataclass(conf) and not isinstance(conf, type):
@@ -208,7 +208,8 @@ def spec_to_dict(spec: PolicySpec, algo_cls: Optional[type] = None) -> Dict[str,
              if f.name not in _SPEC_FIELDS and f.name != "init_state"}
     return {"algo": spec.algo, "algo_module": getattr(algo_cls, "__module__", None),
             "observation_space": space_to_dict(spec.observation_space),
-            "action_space": space_to_dict(spec.action_space), "config": conf, "extra": extra}
+            "action_space": space_to_dict(spec.action_space), "config": conf, "extra": extra,
+            "model": None if spec.model is None else OmegaConf.to_container(spec.model, resolve=True)}
 
 
 def missing_algorithm(name: str, path: str, module: Optional[str], registered: Any) -> CheckpointError:
@@ -247,8 +248,12 @@ def spec_from_dict(d: Dict[str, Any], algorithms: Dict[str, type], path: str = "
         except Exception as e:
             raise CheckpointError(f"checkpoint {path!r}: the {name!r} config it stores does not fit the installed "
                                   f"algorithm: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    model = None
+    if d.get("model") is not None:  # a multi-agent policy's own model.*
+        from flowkit.config import ModelConfig
+        model = OmegaConf.merge(OmegaConf.structured(ModelConfig), d["model"])
     return PolicySpec(cls.policy_class, space_from_dict(d["observation_space"]),
-                      space_from_dict(d["action_space"]), conf, name)
+                      space_from_dict(d["action_space"]), conf, name, model)
 
 
 def used_config(cfg: DictConfig, specs: Dict[str, PolicySpec], pm: Any) -> Dict[str, Any]:
@@ -472,7 +477,7 @@ def load_trained(path: str, expected_cls: Optional[type] = None) -> Any:
     for pid, d in st["policy_specs"].items():
         spec = spec_from_dict(d, algos, state_path)
         algo.policies[pid] = pol = spec.policy_class(spec.observation_space, spec.action_space, spec.config,
-                                                     cfg.model, "cpu", derive_seed(int(cfg.seed), "learner", pid))
+                                                     spec.model_config(cfg), "cpu", derive_seed(int(cfg.seed), "learner", pid))
         pol.set_state(st["policies"][pid])
     algo.checkpoint_state = st
     return algo

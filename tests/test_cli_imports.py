@@ -47,3 +47,16 @@ def test_an_algorithm_registered_as_a_class_or_a_ref():
         lambda: [flowkit.AlgorithmRef("nope", None, "flowkit_ppo.nothere:X")])})()])
     with pytest.raises(flowkit.PluginError, match="'nope': flowkit_ppo.nothere:X failed to import"):
         bad.algorithms()
+
+
+def test_plugins_lists_every_plugin_and_what_it_contributes():
+    """Issue 11, part 5: the multi-agent plugin (no algorithm) is listed too, with its config
+    section, env runner and hooks; reporters and the built-in env runner appear."""
+    p = subprocess.run([sys.executable, "-c", CHECK, "plugins"], capture_output=True, text=True, timeout=120)
+    out = p.stdout
+    assert json.loads(out.rsplit("MODULES ", 1)[1]) == {"rc": 0, "torch": False, "ray": False}
+    ma = out.split("multiagent  [flowkit-multiagent", 1)[1].split("\n\n")[0]
+    assert "config      multiagent.*:" in ma and "env runner  PettingZoo Parallel and AEC envs" in ma
+    assert "hooks       flowkit_build_plan, flowkit_make_policy_specs" in ma
+    assert "env runner  Gymnasium envs" in out and "reporter    csv: " in out
+    assert "algorithm   dqn: Deep Q-Networks" in out

@@ -3,7 +3,7 @@ acting through its numpy mirror on CPU workers (torch otherwise), V(s) for boots
 and GAE postprocessing. A new actor-critic algorithm subclasses it and writes its loss."""
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -51,7 +51,7 @@ class ActorCriticPolicy(Policy):
 
     store_values = True
     twin = True
-    model: ActorCritic
+    model: Any  # an ActorCritic, or the network of model.class
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):
@@ -66,13 +66,28 @@ class ActorCriticPolicy(Policy):
         if not inference_only:
             self.optimizer = self.make_optimizer(config.lr, getattr(config, "adam_eps", 1e-8))
 
-    def make_model(self) -> ActorCritic:
+    def make_model(self) -> Any:
         """The network (override for a custom model; the numpy mirror then steps aside)."""
-        return ActorCritic(self.encoder, self.dist, self.model_config,
-                           bool(getattr(self.config, "normalize_observations", False)),
-                           self.config.log_std_init, twin=self.twin,
-                           normalize_rewards=bool(getattr(self.config, "normalize_rewards", False)),
-                           use_sde=bool(getattr(self.config, "use_sde", False)))
+        norm = bool(getattr(self.config, "normalize_observations", False))
+        model = self.build_model(ActorCritic(
+            self.encoder, self.dist, self.model_config, norm, self.config.log_std_init, twin=self.twin,
+            normalize_rewards=bool(getattr(self.config, "normalize_rewards", False)),
+            use_sde=bool(getattr(self.config, "use_sde", False))))
+        for key, attr in (("normalize_observations", "obs_rms"), ("normalize_rewards", "ret_rms"),
+                          ("use_sde", "sde_log_std")):
+            if getattr(self.config, key, False) and getattr(model, attr, None) is None:
+                from flowkit.config import ConfigError
+                raise ConfigError(f"{key}=true needs the model's `{attr}`: "
+                                  f"model.class={self.model_config.get('class')!r} has none")
+        return model
+
+    def model_policy(self, x: torch.Tensor) -> torch.Tensor:
+        """dist_inputs of the model: its ``policy`` method, else ``forward(x)[0]``."""
+        return self.model.policy(x) if hasattr(self.model, "policy") else self.model(x)[0]
+
+    def model_value(self, x: torch.Tensor) -> torch.Tensor:
+        """V(x) of the model: its ``value`` method, else ``forward(x)[1]``."""
+        return self.model.value(x) if hasattr(self.model, "value") else self.model(x)[1]
 
     def numpy_model(self) -> Optional[NumpyActorCritic]:
         """The :class:`NumpyActorCritic` mirror of ``self.model`` used for acting on CPU, or
@@ -108,13 +123,13 @@ class ActorCriticPolicy(Policy):
     @torch.inference_mode()
     def _compute_actions_torch(self, obs, mask=None, explore=True):
         x = torch.from_numpy(obs)
-        if self.model.sde_log_std is not None:  # gSDE: a = mean + z(s) @ W, W held between draws
+        if getattr(self.model, "sde_log_std", None) is not None:  # gSDE: a = mean + z(s) @ W, W held between draws
             sde_in, sde_v, z = self.model.forward_latent(x)
             a = sde_in[:, :self.dist.dim]
             if explore:
                 a = a + torch.bmm(z.unsqueeze(1), self.sde_noise(len(x))).squeeze(1)
             return a.numpy(), self._extras(self.dist.logp(sde_in, a).numpy(), sde_v.numpy(), sde_in.numpy())
-        inputs, value = self.model(x) if self.store_values else (self.model.policy(x), None)
+        inputs, value = self.model(x) if self.store_values else (self.model_policy(x), None)
         m = None if mask is None else torch.from_numpy(mask)
         a, logp = self.dist.sample_logp(inputs, m, explore, self.generator)
         return a.numpy(), self._extras(logp.numpy(), None if value is None else value.numpy(), inputs.numpy())
@@ -141,7 +156,7 @@ class ActorCriticPolicy(Policy):
     @torch.inference_mode()
     def compute_values(self, obs: np.ndarray) -> np.ndarray:
         """V(obs) for encoded observations float32[B, *shape] -> float32[B]."""
-        return self.model.value(torch.from_numpy(np.ascontiguousarray(obs, np.float32))).numpy()
+        return self.model_value(torch.from_numpy(np.ascontiguousarray(obs, np.float32))).numpy()
 
     # -- returns --
     def add_gae(self, batch: sb.SampleBatch, gae_lambda: Optional[float] = None) -> sb.SampleBatch:
@@ -152,7 +167,7 @@ class ActorCriticPolicy(Policy):
         out = sb.SampleBatch(batch)
         if len(out) == 0:
             return out
-        if self.model.ret_rms is not None:
+        if getattr(self.model, "ret_rms", None) is not None:
             out = self.normalize_rewards(out)
         v = np.asarray(out[sb.VF_PREDS], np.float32)
         cont, boot = bootstrap_rows(out)
@@ -200,10 +215,11 @@ class ActorCriticPolicy(Policy):
     def update_normalizers(self, batch: Dict[str, torch.Tensor]) -> None:
         """Learner, once per train batch: update the running observation statistics from
         ``obs`` and the discounted-return statistics from ``discounted_returns`` (when on)."""
-        if self.model.obs_rms is not None:
-            self.model.obs_rms.update(batch[sb.OBS].float())
-        if self.model.ret_rms is not None and sb.DISCOUNTED_RETURNS in batch:
-            self.model.ret_rms.update(batch[sb.DISCOUNTED_RETURNS].float())
+        obs_rms, ret_rms = getattr(self.model, "obs_rms", None), getattr(self.model, "ret_rms", None)
+        if obs_rms is not None:
+            obs_rms.update(batch[sb.OBS].float())
+        if ret_rms is not None and sb.DISCOUNTED_RETURNS in batch:
+            ret_rms.update(batch[sb.DISCOUNTED_RETURNS].float())
 
     # -- V-trace (learner; IMPALA, APPO) --
     def prepare_vtrace_batch(self, batch: sb.SampleBatch) -> Dict[str, torch.Tensor]:
@@ -226,7 +242,7 @@ class ActorCriticPolicy(Policy):
         cfg = self.config
         cont, boot_idx = batch["nextnonterminal"].cpu().numpy(), batch["boot_idx"].cpu().numpy()
         v = values.cpu().numpy()
-        boot_v = self.model.value(batch["boot_obs"]).cpu().numpy() if len(boot_idx) else np.zeros(0, np.float32)
+        boot_v = self.model_value(batch["boot_obs"]).cpu().numpy() if len(boot_idx) else np.zeros(0, np.float32)
         vs, pg_adv = vtrace(log_rhos.cpu().numpy(), batch[sb.REWARDS].cpu().numpy(), v,
                             next_values(v, cont, boot_idx, boot_v), cont, cfg.gamma, cfg.clip_rho_threshold,
                             cfg.clip_c_threshold, cfg.clip_pg_rho_threshold, cfg.vtrace_lambda)
@@ -241,4 +257,4 @@ class _PolicyNet(nn.Module):
         self.model = model
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.model.policy(obs)
+        return self.model.policy(obs) if hasattr(self.model, "policy") else self.model(obs)[0]

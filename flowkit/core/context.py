@@ -248,7 +248,7 @@ def make_context(config: DictConfig, pm: Any, algorithms: Dict[str, Any],
     device = config.learner.device
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"learner.device={device!r} but torch sees no CUDA device")
-    policies = {pid: s.policy_class(s.observation_space, s.action_space, s.config, config.model,
+    policies = {pid: s.policy_class(s.observation_space, s.action_space, s.config, s.model_config(config),
                                     device, derive_seed(seed, "learner", pid))
                 for pid, s in policy_specs.items()}
     rt = config.runtime

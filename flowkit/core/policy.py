@@ -52,6 +52,61 @@ class Policy:
         self.optimizer: Optional[FlatAdam] = None
         self.num_updates = 0  # learner updates applied to these weights (policy lag)
 
+    def build_model(self, default: nn.Module) -> nn.Module:
+        """``default`` (the policy's own network), or the custom network of ``model.class``.
+
+        The custom-model contract: ``model.class=module:Class`` names a ``torch.nn.Module``
+        subclass importable where the run (and a later ``from_checkpoint``) runs; flowkit
+        builds it as ``Class(encoder, num_outputs, model_config)`` -- ``encoder`` the
+        :class:`~flowkit.core.ObsEncoder` (``encoder.shape``: the encoded observation's shape),
+        ``num_outputs`` the last dimension of the default network's first output, and
+        ``model_config`` the ``model.*`` section -- and its ``forward(obs float32[B,
+        *encoder.shape])`` must return what the default network returns, in structure, shape
+        and dtype: ``(dist_inputs float32[B, num_outputs], value float32[B])`` for the
+        actor-critic policies (PPO, IMPALA), ``q float32[B, num_actions]`` for DQN. Optional
+        methods ``policy(obs)`` and ``value(obs)`` (actor-critics) skip the other head;
+        ``obs_rms`` (a :class:`~flowkit.core.RunningMeanStd`) enables
+        ``normalize_observations``. Checkpoints name the class in their config, never store
+        its code.
+
+        Raises:
+            ConfigError: the class does not import, is not a Module, cannot be built with
+                those arguments, or its outputs on a probe batch differ from the default's.
+        """
+        from flowkit.config import ConfigError
+        spec = self.model_config.get("class") if hasattr(self.model_config, "get") else None
+        if not spec:
+            return default
+        import importlib
+        mod, _, name = str(spec).partition(":")
+        try:
+            cls = getattr(importlib.import_module(mod), name)
+        except Exception as e:
+            raise ConfigError(f"model.class={spec!r} does not import: {type(e).__name__}: {e}") from None
+        if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+            raise ConfigError(f"model.class={spec!r} is {cls!r}, not a torch.nn.Module subclass")
+        probe = torch.zeros((2, *self.encoder.shape), dtype=torch.float32)
+        with torch.no_grad():
+            want = default(probe)
+        n = int((want[0] if isinstance(want, tuple) else want).shape[-1])
+        try:
+            model = cls(self.encoder, n, self.model_config)
+            with torch.no_grad():
+                got = model(probe)
+        except Exception as e:
+            raise ConfigError(f"model.class={spec!r}: Class(encoder, num_outputs={n}, model_config) then "
+                              f"forward(float32[2, {', '.join(map(str, self.encoder.shape))}]) failed: "
+                              f"{type(e).__name__}: {e}") from None
+
+        def shape(x: Any) -> str:
+            if isinstance(x, tuple):
+                return "(" + ", ".join(shape(y) for y in x) + ")"
+            return f"{str(x.dtype).replace('torch.', '')}{list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+        if shape(got) != shape(want):
+            raise ConfigError(f"model.class={spec!r}: forward returned {shape(got)} for a batch of 2 observations; "
+                              f"{type(self).__name__} expects {shape(want)} (as its default {type(default).__name__})")
+        return model.to(self.device)
+
     # ---- acting ---------------------------------------------------------------------------
     def compute_actions_encoded(self, obs: np.ndarray, mask: Optional[np.ndarray] = None,
                                 explore: bool = True) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:

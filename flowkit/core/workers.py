@@ -34,6 +34,11 @@ class PolicySpec:
     action_space: gym.Space
     config: Any                 # the algorithm's config dataclass instance
     algo: str = ""
+    model: Any = None           # this policy's model.* section (DictConfig); None: the run's
+
+    def model_config(self, run_config: Any) -> Any:
+        """The ``model.*`` section this policy is built with."""
+        return self.model if self.model is not None else run_config.model
 
 
 class RolloutWorker:
@@ -68,7 +73,7 @@ class RolloutWorker:
         seed = int(config.seed)
         self.policies: Dict[str, Policy] = {
             pid: spec.policy_class(spec.observation_space, spec.action_space, spec.config,
-                                   config.model, "cpu", derive_seed(seed, "policy", pid, index, restart_count),
+                                   spec.model_config(config), "cpu", derive_seed(seed, "policy", pid, index, restart_count),
                                    inference_only=True)
             for pid, spec in policy_specs.items()}
         n = int(num_envs or config.runtime.num_envs_per_worker)

@@ -159,7 +159,7 @@ class DQNPolicy(Policy):
     prioritized replay. Override :meth:`loss` to make a variant.
     """
 
-    model: QNetwork
+    model: Any  # a QNetwork, or the network of model.class
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):
@@ -168,7 +168,7 @@ class DQNPolicy(Policy):
             raise ConfigError(f"DQN needs a Discrete action space, got {action_space}")
         torch.manual_seed(seed)
         self.num_actions = self.dist.num_outputs
-        self.model = QNetwork(self.encoder, self.num_actions, model_config, config.dueling).to(self.device)
+        self.model = self.build_model(QNetwork(self.encoder, self.num_actions, model_config, config.dueling)).to(self.device)
         self.epsilon = float(config.initial_epsilon)
         self.td_error: Optional[np.ndarray] = None
         self.target_model: Optional[nn.Module] = None
