@@ -2,9 +2,13 @@
 while the driver sets up torch, the learner and the policies, and reused by later
 ``flowkit.train`` calls.
 
-- :func:`start` (non-blocking) then :func:`wait`. A local run (``runtime.address`` unset)
-  starts a new local cluster (``address="local"``, no dashboard, token authentication off unless ``RAY_AUTH_MODE`` says otherwise, so Ray prints no token
-  warning). ``runtime.address=auto|HOST:PORT`` attaches to a running cluster: with a token
+- :func:`start` (non-blocking; ``flowkit train`` calls it as soon as the config is valid,
+  before torch loads) then :func:`wait`. A local run (``runtime.address`` unset) starts a
+  new local cluster (``address="local"``) that listens on the loopback interface only, with
+  token authentication off unless ``RAY_AUTH_MODE`` says otherwise (so Ray prints no token
+  warning), and without the processes a run never uses (dashboard / job API server and
+  autoscaler monitor: about 1 s each of start-up, and the monitor 1 s of shutdown).
+  ``runtime.address=auto|HOST:PORT`` attaches to a running cluster: with a token
   (``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``; ``~/.ray/auth_token`` for ``auto`` only,
   as in Ray: Ray writes that file for any new local cluster) token authentication is
   turned on for the driver; an address where nothing answers within
@@ -16,29 +20,33 @@ while the driver sets up torch, the learner and the policies, and reused by late
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import socket
 import sys
 import threading
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 CONNECT_TIMEOUT_S = 15.0
-_S: Dict[str, Any] = {"thread": None, "error": None, "key": None, "atexit": False, "cancel": threading.Event(),
-                      "ready": threading.Event()}
+_S: Dict[str, Any] = {"thread": None, "error": None, "key": None, "keep": True, "atexit": False,
+                      "cancel": threading.Event(), "ready": threading.Event()}
 _USER_AUTH = os.environ.get("RAY_AUTH_MODE")  # the user's choice, before flowkit sets it per session
 
 
-def start(cfg: Any, runtime_env: Optional[Dict[str, Any]] = None) -> None:
+def start(cfg: Any, keep: bool = True) -> None:
     """Start (or reuse) the Ray session ``cfg`` needs, in the background; a no-op for the
-    local backend and when the caller's own Ray session is up."""
+    local backend and when the caller's own Ray session is up. ``keep=False``: one run only
+    (:func:`release` ends it)."""
     if cfg.runtime.backend != "ray":
         return
     addr = cfg.runtime.address or None
+    runtime_env = _runtime_env(cfg) if addr else None
     key = (addr, repr(runtime_env))
     if _S["thread"] is not None:
         if _S["key"] == key:
+            _S["keep"] = _S["keep"] and keep
             return  # starting or up: reused
         stop()
     ray = sys.modules.get("ray")
@@ -53,9 +61,24 @@ def start(cfg: Any, runtime_env: Optional[Dict[str, Any]] = None) -> None:
         kw["runtime_env"] = runtime_env
     _S["cancel"].clear()
     _S["ready"].clear()
-    _S.update(key=key, error=None, thread=threading.Thread(target=_init, args=(kw,), name="flowkit-ray-init",
-                                                            daemon=True))
+    _S.update(key=key, keep=keep, error=None,
+              thread=threading.Thread(target=_init, args=(kw,), name="flowkit-ray-init", daemon=True))
     _S["thread"].start()
+
+
+def _runtime_env(cfg: Any) -> Dict[str, Any]:
+    """Ship flowkit and the plugins in use to a cluster's workers (py_modules)."""
+    import importlib
+    import importlib.metadata as md
+
+    import flowkit
+    mods = [os.path.dirname(flowkit.__file__)]
+    tops = [ep.value.split(":")[0].split(".")[0] for ep in md.entry_points(group="flowkit")]
+    for name in tops + [p.split(".")[0] for p in cfg.plugins]:
+        with contextlib.suppress(Exception):
+            f = str(importlib.import_module(name).__file__)
+            mods.append(os.path.dirname(f) if f.endswith("__init__.py") else f)
+    return {"py_modules": sorted(set(mods))}
 
 
 def external() -> bool:
@@ -94,7 +117,21 @@ def _connect(kw: Dict[str, Any]) -> None:
                 from ray._private.services import get_ray_address_from_environment
                 gcs = get_ray_address_from_environment("auto", None)
             _probe(gcs, f"runtime.address={addr!r}")
-        ray.init(**kw)
+        from ray._private import ray_constants
+        from ray._private.node import Node
+        # a local cluster's node address is the loopback one (all its servers bind to it);
+        # read by Ray when it resolves the node IP, so an attach in this process is unaffected
+        ray_constants.ENABLE_RAY_CLUSTER = addr != "local"
+        skip = {"start_api_server": lambda self, **kw: setattr(self, "_webui_url", None),
+                "start_monitor": lambda self: None} if addr == "local" else {}
+        saved = {k: Node.__dict__[k] for k in skip if k in Node.__dict__}
+        try:
+            for k in saved:
+                setattr(Node, k, skip[k])
+            ray.init(**kw)
+        finally:
+            for k, f in saved.items():
+                setattr(Node, k, f)
     except BaseException as e:
         msg = str(e).split("\n")[0]
         if addr == "local":
@@ -138,7 +175,7 @@ def wait() -> None:
         return
     end = time.monotonic() + 2 * CONNECT_TIMEOUT_S
     while not _S["ready"].wait(0.1):
-        if _S["key"][0] and time.monotonic() > end:  # an address that answers but is no Ray head
+        if (_S["key"] or (None,))[0] and time.monotonic() > end:  # an address that answers but is no Ray head
             from flowkit.config import ConfigError
             addr = _S["key"][0]
             stop()
@@ -150,9 +187,19 @@ def wait() -> None:
         raise err
 
 
+def release() -> None:
+    """The run is over: a session started with ``start(cfg, keep=False)`` (the CLI's) begins
+    its shutdown now, in its thread, while the run writes its last files; :func:`stop` (at
+    exit) waits for it."""
+    if _S["thread"] is not None and not _S["keep"]:
+        _S["cancel"].set()
+        _S["key"] = None  # never reused
+
+
 def stop() -> None:
-    """Shut down flowkit's Ray session (none: a no-op); a session the caller started stays."""
-    t, _S["thread"], _S["key"] = _S["thread"], None, None
+    """Shut down flowkit's Ray session (none: a no-op); a session the caller started stays.
+    A local session still starting is waited for and shut down (no Ray process is left)."""
+    t, local, _S["thread"], _S["key"] = _S["thread"], not (_S["key"] or ("?",))[0], None, None
     if t is not None:
         _S["cancel"].set()
-        t.join(None if _S["ready"].is_set() else 1.0)  # a ray.init still retrying is left behind (daemon)
+        t.join(None if _S["ready"].is_set() else 60.0 if local else 1.0)  # an attach still retrying is left (daemon)

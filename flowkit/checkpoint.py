@@ -41,7 +41,7 @@ import shutil
 import tempfile
 import warnings
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import gymnasium as gym
 import numpy as np
@@ -227,7 +227,7 @@ def check_algorithms(state: Dict[str, Any], algorithms: Dict[str, type], path: s
             raise missing_algorithm(name, path, module, algorithms)
 
 
-def spec_from_dict(d: Dict[str, Any], algorithms: Dict[str, type], path: str = "?") -> PolicySpec:
+def spec_from_dict(d: Dict[str, Any], algorithms: Mapping[str, type], path: str = "?") -> PolicySpec:
     """The :class:`PolicySpec` of :func:`spec_to_dict`, its policy class that of the registered
     algorithm named ``d["algo"]`` (``extra`` fields are not restored).
 

@@ -86,6 +86,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(d["text"])
                 print("\n```mermaid\n" + d["mermaid"] + "\n```")
             return 0
+        if not cfg.resume:  # (a resumed run's runtime comes from its checkpoint)
+            from flowkit import _ray
+            _ray.start(cfg, keep=False)  # Ray comes up while torch and the learner load
         from flowkit.engine import train
         res = train(overrides, args.config_file)
         m = res.metrics
