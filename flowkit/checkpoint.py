@@ -52,6 +52,7 @@ from flowkit.config import Config, ConfigError, build_config
 from flowkit.core import PolicySpec, derive_seed
 from flowkit.core.learner import NonFiniteError
 from flowkit.hooks import get_plugin_manager
+from flowkit.hooks.manager import Algorithms
 
 FORMAT = 2
 STATE_FILE = "state.pt"
@@ -217,7 +218,7 @@ def missing_algorithm(name: str, path: str, module: Optional[str], registered: A
                            f"here (registered: {', '.join(sorted(registered))}); {_HOW_TO_REGISTER}")
 
 
-def check_algorithms(state: Dict[str, Any], algorithms: Dict[str, type], path: str,
+def check_algorithms(state: Dict[str, Any], algorithms: Mapping[str, type], path: str,
                      extra: Tuple[str, ...] = ()) -> None:
     """Raise :func:`missing_algorithm` for the first algorithm of ``state`` (or ``extra``)
     not in ``algorithms``."""
@@ -458,11 +459,10 @@ def load_trained(path: str, expected_cls: Optional[type] = None) -> Any:
     st = load_state(state_path := os.path.join(ck, STATE_FILE))
     cfg_yaml: Any = OmegaConf.load(os.path.join(ck, "config.yaml"))
     pm = get_plugin_manager(list(cfg_yaml.get("plugins") or []))
-    algos: Dict[str, Any] = dict(pm.algorithms())
-    sections = pm.config_sections()
     exp: Any = expected_cls
+    algos: Any = Algorithms({**pm.algorithms(load=False), **({exp.name: exp} if exp is not None else {})})
+    sections = pm.config_sections()
     if exp is not None:
-        algos[exp.name] = exp
         if getattr(exp, "config_class", None) is not None:
             sections.setdefault(exp.name, exp.config_class)
     check_algorithms(st, algos, state_path, () if exp is not None else (str(cfg_yaml.algo),))

@@ -19,17 +19,15 @@ from flowkit.core._returns import bootstrap_rows, compute_gae, next_values
 if TYPE_CHECKING:
     from flowkit.core._models import ActorCritic
 
-_NP_ACT: Dict[str, Callable[[np.ndarray], np.ndarray]] = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0, out=x)}
+NP_ACTIVATIONS: Dict[str, Callable[[np.ndarray], np.ndarray]] = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0, out=x)}
 
 
 def numpy_layout(model: "ActorCritic", dist: ActionDist, activation: str) -> Optional[Dict[str, Any]]:
     """The structure of an MLP :class:`ActorCritic` in the names of its ``state_dict`` (plain
     data, picklable), or None when :class:`NumpyActorCritic` cannot mirror it (CNNs, a shared
     trunk, other activations or action spaces, a subclassed model)."""
-    from torch import nn
-
     from flowkit.core._models import _ACT_FN, ActorCritic, TwinMLP
-    if type(model) is not ActorCritic or dist.kind not in ("cat", "gauss", "gauss_unbounded") or activation not in _NP_ACT:
+    if type(model) is not ActorCritic or dist.kind not in ("cat", "gauss", "gauss_unbounded") or activation not in NP_ACTIVATIONS:
         return None
     lay: Dict[str, Any] = {"activation": activation, "log_std": model.log_std is not None,
                            "clip": None if model.obs_rms is None else float(model.obs_rms.clip), "twin": None}
@@ -40,18 +38,31 @@ def numpy_layout(model: "ActorCritic", dist: ActionDist, activation: str) -> Opt
         return lay
     if model.shared:
         return None
-    names = {id(m): n for n, m in model.named_modules()}
     for head in ("pi", "vf"):
-        layers: List[str] = []
-        for m in getattr(model, head).modules():  # a (nested) Sequential of Linear + Tanh/ReLU
-            if type(m) is nn.Linear:
-                layers.append(names[id(m)])
-            elif type(m) not in (nn.Sequential, nn.Tanh, nn.ReLU):
-                return None
-        if not layers:
+        lay[head] = linear_names(model, getattr(model, head))
+        if not lay[head]:
             return None
-        lay[head] = layers
     return lay
+
+
+def linear_names(model: Any, part: Any) -> Optional[List[str]]:
+    """The ``state_dict`` prefixes in ``model`` of the ``nn.Linear`` layers of ``part``, a
+    (nested) ``nn.Sequential`` of Linear and Tanh/ReLU layers (in order), or None for any
+    other module (the layers' activation is the config's ``model.activation``)."""
+    from torch import nn
+    names = {id(m): n for n, m in model.named_modules()}
+    out: List[str] = []
+    for m in part.modules():
+        if type(m) is nn.Linear:
+            out.append(names[id(m)])
+        elif type(m) not in (nn.Sequential, nn.Tanh, nn.ReLU):
+            return None
+    return out
+
+
+def linear_layers(weights: Mapping[str, np.ndarray], names: List[str]) -> List[Tuple[np.ndarray, np.ndarray]]:
+    """``(W.T, b)`` per layer of :func:`linear_names` (views of ``weights``): ``x @ W.T + b``."""
+    return [(weights[f"{n}.weight"].T, weights[f"{n}.bias"]) for n in names]
 
 
 class NumpyActorCritic:
@@ -75,7 +86,7 @@ class NumpyActorCritic:
 
     def __init__(self, layout: Dict[str, Any], weights: Optional[Mapping[str, np.ndarray]] = None,
                  model: Optional["ActorCritic"] = None):
-        self.layout, self.model, self.act = layout, model, _NP_ACT[layout["activation"]]
+        self.layout, self.model, self.act = layout, model, NP_ACTIVATIONS[layout["activation"]]
         self._watch: List[Any] = []
         self._ptrs: Tuple[int, ...] = ()
         self._bind(weights)
@@ -105,8 +116,7 @@ class NumpyActorCritic:
                          w["twin.wa"].T, w["twin.ba"], w["twin.wb"].T, w["twin.bb"], hidden)
         else:
             self.twin = None
-            self.pi = [(w[f"{n}.weight"].T, w[f"{n}.bias"]) for n in lay["pi"]]
-            self.vf = [(w[f"{n}.weight"].T, w[f"{n}.bias"]) for n in lay["vf"]]
+            self.pi, self.vf = linear_layers(w, lay["pi"]), linear_layers(w, lay["vf"])
 
     def _mlp(self, x: np.ndarray, layers) -> np.ndarray:
         for i, (w, b) in enumerate(layers):

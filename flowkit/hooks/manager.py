@@ -41,7 +41,9 @@ class AlgorithmRef:
             raise PluginError(f"algorithm {self.name!r}: {self.target} failed to import: {type(e).__name__}: {e}") from e
 
 
-class _Algorithms(Mapping):
+class Algorithms(Mapping):
+    """``{name: Algorithm class or AlgorithmRef}`` whose refs are imported on first lookup."""
+
     def __init__(self, algos: Dict[str, Any]):
         self._algos = dict(algos)
 
@@ -116,7 +118,7 @@ class PluginManager(pluggy.PluginManager):
         :class:`AlgorithmRef` stays one: no torch)."""
         algos = self._named("algorithm", self.hook.flowkit_add_algorithms)
         if load and "loaded" not in self._registry:
-            self._registry["loaded"] = _Algorithms(algos)
+            self._registry["loaded"] = Algorithms(algos)
         return self._registry["loaded"] if load else algos
 
     def _named(self, kind: str, hook: Any) -> Dict[str, Any]:
