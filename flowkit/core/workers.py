@@ -238,16 +238,15 @@ class WorkerSet:
     def _make(self, index: int) -> Any:
         """A new worker in slot ``index``; its construction errors are raised by its first call
         (``ping``) on either backend."""
-        args = (index, self.num_workers, self.restart_counts[index])
+        n, restarts = self.num_workers, self.restart_counts[index]
         try:
             if self.backend == "local":
-                a: Any = LocalActor(RolloutWorker(self.config, args[0], args[1], self.policy_specs, args[2],
-                                                  pm=self.pm), index)
+                a: Any = LocalActor(RolloutWorker(self.config, index, n, self.policy_specs, restarts, pm=self.pm), index)
             else:
                 import ray
                 cls = ray.remote(num_cpus=float(self.config.runtime.num_cpus_per_worker), max_restarts=0)
-                a = RayActor(cls(_RayRolloutWorker).remote(self._container, args[0], args[1], self.remote_specs,
-                                                             args[2]), index)
+                a = RayActor(cls(_RayRolloutWorker).remote(self._container, index, n, self.remote_specs, restarts),
+                             index)
         except Exception as e:
             a = _FailedActor(e, index)
         a.timeout_s = self.sample_timeout_s
