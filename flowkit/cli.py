@@ -90,6 +90,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 0
         if not cfg.resume:  # (a resumed run's runtime comes from its checkpoint)
             from flowkit import _ray
+            from flowkit._guard import check_cpus, check_env_id
+            check_cpus(cfg)  # config errors found without torch come before Ray starts
+            check_env_id(cfg)
             _ray.start(cfg, keep=False)  # Ray comes up while torch and the learner load
         from flowkit.engine import train
         res = train(overrides, args.config_file)
