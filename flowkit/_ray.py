@@ -30,15 +30,14 @@ import time
 from typing import Any, Dict
 
 CONNECT_TIMEOUT_S = 15.0
-_S: Dict[str, Any] = {"thread": None, "error": None, "key": None, "keep": True, "atexit": False,
+_S: Dict[str, Any] = {"thread": None, "error": None, "key": None, "atexit": False,
                       "cancel": threading.Event(), "ready": threading.Event()}
 _USER_AUTH = os.environ.get("RAY_AUTH_MODE")  # the user's choice, before flowkit sets it per session
 
 
-def start(cfg: Any, keep: bool = True) -> None:
+def start(cfg: Any) -> None:
     """Start (or reuse) the Ray session ``cfg`` needs, in the background; a no-op for the
-    local backend and when the caller's own Ray session is up. ``keep=False``: one run only
-    (:func:`release` ends it)."""
+    local backend and when the caller's own Ray session is up."""
     if cfg.runtime.backend != "ray":
         return
     addr = cfg.runtime.address or None
@@ -46,7 +45,6 @@ def start(cfg: Any, keep: bool = True) -> None:
     key = (addr, repr(runtime_env))
     if _S["thread"] is not None:
         if _S["key"] == key:
-            _S["keep"] = _S["keep"] and keep
             return  # starting or up: reused
         stop()
     ray = sys.modules.get("ray")
@@ -61,7 +59,7 @@ def start(cfg: Any, keep: bool = True) -> None:
         kw["runtime_env"] = runtime_env
     _S["cancel"].clear()
     _S["ready"].clear()
-    _S.update(key=key, keep=keep, error=None,
+    _S.update(key=key, error=None,
               thread=threading.Thread(target=_init, args=(kw,), name="flowkit-ray-init", daemon=True))
     _S["thread"].start()
 
@@ -175,7 +173,7 @@ def wait() -> None:
         return
     end = time.monotonic() + 2 * CONNECT_TIMEOUT_S
     while not _S["ready"].wait(0.1):
-        if (_S["key"] or (None,))[0] and time.monotonic() > end:  # an address that answers but is no Ray head
+        if _S["key"][0] and time.monotonic() > end:  # an address that answers but is no Ray head
             from flowkit.config import ConfigError
             addr = _S["key"][0]
             stop()
@@ -187,19 +185,11 @@ def wait() -> None:
         raise err
 
 
-def release() -> None:
-    """The run is over: a session started with ``start(cfg, keep=False)`` (the CLI's) begins
-    its shutdown now, in its thread, while the run writes its last files; :func:`stop` (at
-    exit) waits for it."""
-    if _S["thread"] is not None and not _S["keep"]:
-        _S["cancel"].set()
-        _S["key"] = None  # never reused
-
-
 def stop() -> None:
     """Shut down flowkit's Ray session (none: a no-op); a session the caller started stays.
     A local session still starting is waited for and shut down (no Ray process is left)."""
-    t, local, _S["thread"], _S["key"] = _S["thread"], not (_S["key"] or ("?",))[0], None, None
+    t, key, _S["thread"], _S["key"] = _S["thread"], _S["key"], None, None
     if t is not None:
         _S["cancel"].set()
-        t.join(None if _S["ready"].is_set() else 60.0 if local else 1.0)  # an attach still retrying is left (daemon)
+        local = key is not None and not key[0]  # an attach still retrying is left behind (daemon)
+        t.join(None if _S["ready"].is_set() else 60.0 if local else 1.0)

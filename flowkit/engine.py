@@ -334,7 +334,6 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
             ckpt_error = e
         finally:
             ctx.shutdown()
-            _ray.release()
         if isinstance(error, NonFiniteError):  # the crash checkpoint, if any, passed the finite-weights check
             error.args = (f"{error}; last good checkpoint: {last_ckpt.path or resume_from or 'none'}",)
         if error is not None:
