@@ -117,17 +117,18 @@ def _connect(kw: Dict[str, Any]) -> None:
             _probe(gcs, f"runtime.address={addr!r}")
         from ray._private import ray_constants
         from ray._private.node import Node
-        # a local cluster's node address is the loopback one (all its servers bind to it);
-        # read by Ray when it resolves the node IP, so an attach in this process is unaffected
-        ray_constants.ENABLE_RAY_CLUSTER = addr != "local"
         skip = {"start_api_server": lambda self, **kw: setattr(self, "_webui_url", None),
                 "start_monitor": lambda self: None} if addr == "local" else {}
         saved = {k: Node.__dict__[k] for k in skip if k in Node.__dict__}
-        try:
+        cluster = ray_constants.ENABLE_RAY_CLUSTER
+        try:  # only while this ray.init runs: a later session in this process is unaffected
+            # off: Ray takes the loopback address as a new local node's (all its servers bind to it)
+            ray_constants.ENABLE_RAY_CLUSTER = cluster and addr != "local"
             for k in saved:
                 setattr(Node, k, skip[k])
             ray.init(**kw)
         finally:
+            ray_constants.ENABLE_RAY_CLUSTER = cluster
             for k, f in saved.items():
                 setattr(Node, k, f)
     except BaseException as e:
