@@ -41,7 +41,7 @@ import shutil
 import tempfile
 import warnings
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import gymnasium as gym
 import numpy as np
@@ -52,6 +52,7 @@ from flowkit.config import Config, ConfigError, build_config
 from flowkit.core import PolicySpec, derive_seed
 from flowkit.core.learner import NonFiniteError
 from flowkit.hooks import get_plugin_manager
+from flowkit.hooks.manager import Algorithms
 
 FORMAT = 2
 STATE_FILE = "state.pt"
@@ -219,7 +220,7 @@ def missing_algorithm(name: str, path: str, module: Optional[str], registered: A
                            f"here (registered: {', '.join(sorted(registered))}); {_HOW_TO_REGISTER}")
 
 
-def check_algorithms(state: Dict[str, Any], algorithms: Dict[str, type], path: str,
+def check_algorithms(state: Dict[str, Any], algorithms: Mapping[str, type], path: str,
                      extra: Tuple[str, ...] = ()) -> None:
     """Raise :func:`missing_algorithm` for the first algorithm of ``state`` (or ``extra``)
     not in ``algorithms``."""
@@ -229,7 +230,7 @@ def check_algorithms(state: Dict[str, Any], algorithms: Dict[str, type], path: s
             raise missing_algorithm(name, path, module, algorithms)
 
 
-def spec_from_dict(d: Dict[str, Any], algorithms: Dict[str, type], path: str = "?") -> PolicySpec:
+def spec_from_dict(d: Dict[str, Any], algorithms: Mapping[str, type], path: str = "?") -> PolicySpec:
     """The :class:`PolicySpec` of :func:`spec_to_dict`, its policy class that of the registered
     algorithm named ``d["algo"]`` (``extra`` fields are not restored).
 
@@ -464,11 +465,10 @@ def load_trained(path: str, expected_cls: Optional[type] = None) -> Any:
     st = load_state(state_path := os.path.join(ck, STATE_FILE))
     cfg_yaml: Any = OmegaConf.load(os.path.join(ck, "config.yaml"))
     pm = get_plugin_manager(list(cfg_yaml.get("plugins") or []))
-    algos: Dict[str, Any] = dict(pm.algorithms())
-    sections = pm.config_sections()
     exp: Any = expected_cls
+    algos: Any = Algorithms({**pm.algorithms(load=False), **({exp.name: exp} if exp is not None else {})})
+    sections = pm.config_sections()
     if exp is not None:
-        algos[exp.name] = exp
         if getattr(exp, "config_class", None) is not None:
             sections.setdefault(exp.name, exp.config_class)
     check_algorithms(st, algos, state_path, () if exp is not None else (str(cfg_yaml.algo),))

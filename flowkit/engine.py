@@ -223,26 +223,6 @@ def _ray_session(cfg: DictConfig, ctx: RunContext):
     yield
 
 
-def _runtime_env(cfg: DictConfig) -> Dict[str, Any]:
-    """Ship flowkit and the plugins in use to a cluster's workers (py_modules)."""
-    import importlib
-    mods = []
-    import flowkit
-    mods.append(os.path.dirname(flowkit.__file__))
-    import importlib.metadata as md
-    for ep in md.entry_points(group="flowkit"):
-        top = ep.value.split(":")[0].split(".")[0]
-        with contextlib.suppress(Exception):
-            m = importlib.import_module(top)
-            mods.append(os.path.dirname(str(m.__file__)))
-    for p in cfg.plugins:
-        with contextlib.suppress(Exception):
-            m = importlib.import_module(p.split(".")[0])
-            f = str(m.__file__)
-            mods.append(os.path.dirname(f) if f.endswith("__init__.py") else f)
-    return {"py_modules": sorted(set(mods))}
-
-
 def _stop_reason(cfg: DictConfig, r: Dict[str, Any]) -> Optional[str]:
     s = cfg.stop
     if s.env_steps is not None and r["env_steps_sampled"] >= s.env_steps:
@@ -315,7 +295,7 @@ def _train(config: Any, config_file: Union[str, Sequence[str], None], plugins: S
             cfg.run.dir = run_dir
             if verbose and all(cfg.stop[k] is None for k in cfg.stop):
                 print(NO_STOP, flush=True)
-            _ray.start(cfg, _runtime_env(cfg) if cfg.runtime.address else None)
+            _ray.start(cfg)  # (the CLI started it before importing torch)
             t_config = time.perf_counter()
             torch.manual_seed(derive_seed(int(cfg.seed), "torch"))
             np.random.seed(derive_seed(int(cfg.seed), "numpy"))

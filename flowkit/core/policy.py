@@ -3,7 +3,7 @@
 ``_encoders``, ``_distributions`` and ``_models`` (public through :mod:`flowkit.core`)."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import gymnasium as gym
 import numpy as np
@@ -12,10 +12,11 @@ from torch import nn
 
 from flowkit.core import batch as sb
 from flowkit.core._distributions import ActionDist
-from flowkit.core._encoders import ObsEncoder, add_batch_axis, batch_len
+from flowkit.core._encoders import ObsEncoder
+from flowkit.core._numpy_model import Acting
 
 
-class Policy:
+class Policy(Acting):
     """Base class of every policy: owns the network and the math of one algorithm.
 
     Lifecycle: built on the driver (learner copy, with optimizer) and on every rollout
@@ -107,32 +108,12 @@ class Policy:
                               f"{type(self).__name__} expects {shape(want)} (as its default {type(default).__name__})")
         return model.to(self.device)
 
-    # ---- acting ---------------------------------------------------------------------------
-    def compute_actions_encoded(self, obs: np.ndarray, mask: Optional[np.ndarray] = None,
-                                explore: bool = True) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
-        """Actions for encoded observations ``float32[B, *shape]``.
-
-        Returns:
-            ``(actions, extras)``: actions as sampled (numpy, ``[B]`` or ``[B, k]``) and
-            per-row extras to store in the batch (e.g. ``action_logp``, ``vf_preds``).
-        Raises:
-            ValueError: if a row of ``mask`` allows no action.
-        """
-        raise NotImplementedError
-
-    def compute_actions(self, obs: Any, explore: bool = False) -> np.ndarray:
-        """Env-ready actions for raw observations (one, or a batch with a leading axis).
-
-        Raises:
-            ValueError: an observation whose action mask allows nothing.
-        """
-        batched = self.encoder.is_batched(obs)
-        if not batched:
-            obs = add_batch_axis(obs)
-        enc, mask = self.encoder(obs, batch_len(obs))
-        actions, _ = self.compute_actions_encoded(enc, mask, explore)
-        env_actions = self.dist.to_env(actions)
-        return env_actions if batched else env_actions[0]
+    # ---- acting (compute_actions_encoded, compute_actions, check_mask, postprocess_trajectory:
+    # see Acting) ----------------------------------------------------------------------------
+    def worker_policy_class(self) -> Optional[Callable[..., Any]]:
+        """What Ray rollout workers build instead of ``type(self)`` (called with the same
+        arguments): a torch-free acting copy, or None (``type(self)``). Asked on the driver."""
+        return None
 
     def action_model(self) -> Optional[nn.Module]:
         """The network from encoded observations ``float32[B, *shape]`` to the action
@@ -141,22 +122,7 @@ class Policy:
         encoding and greedy action selection. Default: ``self.model``; None: nothing to export."""
         return self.model
 
-    @staticmethod
-    def check_mask(mask: Optional[np.ndarray], where: str = "") -> None:
-        """Raise ValueError if a row of ``mask`` (int8/bool[B, n]) allows no action (the
-        message names the rows, then ``where``)."""
-        if mask is not None and mask.shape[0] and not mask.any(axis=1).all():
-            rows = np.flatnonzero(~mask.any(axis=1)).tolist()
-            raise ValueError(f"action_mask allows no action in rows {rows}{where}: "
-                             "an agent asked to act needs at least one legal action")
-
     # ---- learning ---------------------------------------------------------------------------
-    def postprocess_trajectory(self, batch: sb.SampleBatch) -> sb.SampleBatch:
-        """Per-trajectory processing on the worker (GAE, n-step). Default: unchanged.
-
-        ``batch`` holds one or more contiguous trajectory pieces (see :mod:`batch`)."""
-        return batch
-
     def prepare_batch(self, batch: sb.SampleBatch) -> Dict[str, torch.Tensor]:
         """Columns as tensors on the learner device (once per train batch)."""
         return {k: to_tensor(v, self.device) for k, v in batch.items()}

@@ -282,7 +282,7 @@ def _check_backends(fail: Any, base: List[str]) -> None:
     for backend in ("local", "ray"):
         pm, cfg = load_config([*base, f"runtime.backend={backend}"])
         if backend == "ray":
-            _ray.start(cfg, None)
+            _ray.start(cfg)
             _ray.wait()
         ws = setup(cfg, pm).workers
         try:
