@@ -159,6 +159,20 @@ def check_cpus(cfg: Any) -> None:
                           f"(runtime.num_cpus_per_worker={have / n:g})")
 
 
+def check_env_id(cfg: Any) -> None:
+    """An ``env.id`` Gymnasium does not know, found without building the env (before Ray
+    starts): the env probe's one-line ConfigError."""
+    from flowkit.config import ConfigError
+    eid = cfg.env.id
+    if not eid or cfg.env.factory or ":" in str(eid):
+        return  # a factory, or `pkg:Id` (importing pkg registers it): the probe checks these
+    import gymnasium as gym
+    try:
+        gym.spec(str(eid))
+    except Exception as e:
+        raise ConfigError(f"env.id={eid!r}: cannot build the env: {type(e).__name__}: {e}") from None
+
+
 def lock_run_dir(run_dir: str) -> Callable[[], None]:
     """Create ``run_dir`` and ``run_dir/.lock`` (``pid host``); return its release function.
 

@@ -2,9 +2,13 @@
 while the driver sets up torch, the learner and the policies, and reused by later
 ``flowkit.train`` calls.
 
-- :func:`start` (non-blocking) then :func:`wait`. A local run (``runtime.address`` unset)
-  starts a new local cluster (``address="local"``, no dashboard, token authentication off unless ``RAY_AUTH_MODE`` says otherwise, so Ray prints no token
-  warning). ``runtime.address=auto|HOST:PORT`` attaches to a running cluster: with a token
+- :func:`start` (non-blocking; ``flowkit train`` calls it as soon as the config is valid,
+  before torch loads) then :func:`wait`. A local run (``runtime.address`` unset) starts a
+  new local cluster (``address="local"``) that listens on the loopback interface only, with
+  token authentication off unless ``RAY_AUTH_MODE`` says otherwise (so Ray prints no token
+  warning), and without the processes a run never uses (dashboard / job API server and
+  autoscaler monitor: about 1 s each of start-up, and the monitor 1 s of shutdown).
+  ``runtime.address=auto|HOST:PORT`` attaches to a running cluster: with a token
   (``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``; ``~/.ray/auth_token`` for ``auto`` only,
   as in Ray: Ray writes that file for any new local cluster) token authentication is
   turned on for the driver; an address where nothing answers within
@@ -16,26 +20,28 @@ while the driver sets up torch, the learner and the policies, and reused by late
 from __future__ import annotations
 
 import atexit
+import contextlib
 import logging
 import os
 import socket
 import sys
 import threading
 import time
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 CONNECT_TIMEOUT_S = 15.0
-_S: Dict[str, Any] = {"thread": None, "error": None, "key": None, "atexit": False, "cancel": threading.Event(),
-                      "ready": threading.Event()}
+_S: Dict[str, Any] = {"thread": None, "error": None, "key": None, "atexit": False,
+                      "cancel": threading.Event(), "ready": threading.Event()}
 _USER_AUTH = os.environ.get("RAY_AUTH_MODE")  # the user's choice, before flowkit sets it per session
 
 
-def start(cfg: Any, runtime_env: Optional[Dict[str, Any]] = None) -> None:
+def start(cfg: Any) -> None:
     """Start (or reuse) the Ray session ``cfg`` needs, in the background; a no-op for the
     local backend and when the caller's own Ray session is up."""
     if cfg.runtime.backend != "ray":
         return
     addr = cfg.runtime.address or None
+    runtime_env = _runtime_env(cfg) if addr else None
     key = (addr, repr(runtime_env))
     if _S["thread"] is not None:
         if _S["key"] == key:
@@ -53,9 +59,24 @@ def start(cfg: Any, runtime_env: Optional[Dict[str, Any]] = None) -> None:
         kw["runtime_env"] = runtime_env
     _S["cancel"].clear()
     _S["ready"].clear()
-    _S.update(key=key, error=None, thread=threading.Thread(target=_init, args=(kw,), name="flowkit-ray-init",
-                                                            daemon=True))
+    _S.update(key=key, error=None,
+              thread=threading.Thread(target=_init, args=(kw,), name="flowkit-ray-init", daemon=True))
     _S["thread"].start()
+
+
+def _runtime_env(cfg: Any) -> Dict[str, Any]:
+    """Ship flowkit and the plugins in use to a cluster's workers (py_modules)."""
+    import importlib
+    import importlib.metadata as md
+
+    import flowkit
+    mods = [os.path.dirname(flowkit.__file__)]
+    tops = [ep.value.split(":")[0].split(".")[0] for ep in md.entry_points(group="flowkit")]
+    for name in tops + [p.split(".")[0] for p in cfg.plugins]:
+        with contextlib.suppress(Exception):
+            f = str(importlib.import_module(name).__file__)
+            mods.append(os.path.dirname(f) if f.endswith("__init__.py") else f)
+    return {"py_modules": sorted(set(mods))}
 
 
 def external() -> bool:
@@ -94,7 +115,22 @@ def _connect(kw: Dict[str, Any]) -> None:
                 from ray._private.services import get_ray_address_from_environment
                 gcs = get_ray_address_from_environment("auto", None)
             _probe(gcs, f"runtime.address={addr!r}")
-        ray.init(**kw)
+        from ray._private import ray_constants
+        from ray._private.node import Node
+        skip = {"start_api_server": lambda self, **kw: setattr(self, "_webui_url", None),
+                "start_monitor": lambda self: None} if addr == "local" else {}
+        saved = {k: Node.__dict__[k] for k in skip if k in Node.__dict__}
+        cluster = ray_constants.ENABLE_RAY_CLUSTER
+        try:  # only while this ray.init runs: a later session in this process is unaffected
+            # off: Ray takes the loopback address as a new local node's (all its servers bind to it)
+            ray_constants.ENABLE_RAY_CLUSTER = cluster and addr != "local"
+            for k in saved:
+                setattr(Node, k, skip[k])
+            ray.init(**kw)
+        finally:
+            ray_constants.ENABLE_RAY_CLUSTER = cluster
+            for k, f in saved.items():
+                setattr(Node, k, f)
     except BaseException as e:
         msg = str(e).split("\n")[0]
         if addr == "local":
@@ -151,8 +187,10 @@ def wait() -> None:
 
 
 def stop() -> None:
-    """Shut down flowkit's Ray session (none: a no-op); a session the caller started stays."""
-    t, _S["thread"], _S["key"] = _S["thread"], None, None
+    """Shut down flowkit's Ray session (none: a no-op); a session the caller started stays.
+    A local session still starting is waited for and shut down (no Ray process is left)."""
+    t, key, _S["thread"], _S["key"] = _S["thread"], _S["key"], None, None
     if t is not None:
         _S["cancel"].set()
-        t.join(None if _S["ready"].is_set() else 1.0)  # a ray.init still retrying is left behind (daemon)
+        local = key is not None and not key[0]  # an attach still retrying is left behind (daemon)
+        t.join(None if _S["ready"].is_set() else 60.0 if local else 1.0)

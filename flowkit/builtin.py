@@ -19,6 +19,7 @@ def flowkit_add_algorithms():
 
 @hookimpl(trylast=True)
 def flowkit_make_env_runner(env, context, config, policies):
+    """Gymnasium envs, vectorised (GymEnvRunner; runs on: worker)."""
     import gymnasium as gym
 
     from flowkit.core import GymEnvRunner

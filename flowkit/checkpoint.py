@@ -41,7 +41,7 @@ import shutil
 import tempfile
 import warnings
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import gymnasium as gym
 import numpy as np
@@ -52,6 +52,7 @@ from flowkit.config import Config, ConfigError, build_config
 from flowkit.core import PolicySpec, derive_seed
 from flowkit.core.learner import NonFiniteError
 from flowkit.hooks import get_plugin_manager
+from flowkit.hooks.manager import Algorithms
 
 FORMAT = 2
 STATE_FILE = "state.pt"
@@ -197,7 +198,7 @@ _SPEC_FIELDS = {f.name for f in dataclasses.fields(PolicySpec)}
 def spec_to_dict(spec: PolicySpec, algo_cls: Optional[type] = None) -> Dict[str, Any]:
     """A policy spec as plain data: its algorithm by registered name (``algo_module``, where
     the algorithm class was defined, only for error messages), spaces described, the config
-    dataclass as a dict, and the fields of PolicySpec subclasses (``extra``; ``init_state``,
+    dataclass as a dict, its own ``model.*`` (or None), and the fields of PolicySpec subclasses (``extra``; ``init_state``,
     weights loaded from another checkpoint, is left out)."""
     conf = spec.config
     if dataclasses.is_dataclass(conf) and not isinstance(conf, type):
@@ -208,7 +209,8 @@ def spec_to_dict(spec: PolicySpec, algo_cls: Optional[type] = None) -> Dict[str,
              if f.name not in _SPEC_FIELDS and f.name != "init_state"}
     return {"algo": spec.algo, "algo_module": getattr(algo_cls, "__module__", None),
             "observation_space": space_to_dict(spec.observation_space),
-            "action_space": space_to_dict(spec.action_space), "config": conf, "extra": extra}
+            "action_space": space_to_dict(spec.action_space), "config": conf, "extra": extra,
+            "model": None if spec.model is None else OmegaConf.to_container(spec.model, resolve=True)}
 
 
 def missing_algorithm(name: str, path: str, module: Optional[str], registered: Any) -> CheckpointError:
@@ -218,7 +220,7 @@ def missing_algorithm(name: str, path: str, module: Optional[str], registered: A
                            f"here (registered: {', '.join(sorted(registered))}); {_HOW_TO_REGISTER}")
 
 
-def check_algorithms(state: Dict[str, Any], algorithms: Dict[str, type], path: str,
+def check_algorithms(state: Dict[str, Any], algorithms: Mapping[str, type], path: str,
                      extra: Tuple[str, ...] = ()) -> None:
     """Raise :func:`missing_algorithm` for the first algorithm of ``state`` (or ``extra``)
     not in ``algorithms``."""
@@ -228,7 +230,7 @@ def check_algorithms(state: Dict[str, Any], algorithms: Dict[str, type], path: s
             raise missing_algorithm(name, path, module, algorithms)
 
 
-def spec_from_dict(d: Dict[str, Any], algorithms: Dict[str, type], path: str = "?") -> PolicySpec:
+def spec_from_dict(d: Dict[str, Any], algorithms: Mapping[str, type], path: str = "?") -> PolicySpec:
     """The :class:`PolicySpec` of :func:`spec_to_dict`, its policy class that of the registered
     algorithm named ``d["algo"]`` (``extra`` fields are not restored).
 
@@ -247,8 +249,12 @@ def spec_from_dict(d: Dict[str, Any], algorithms: Dict[str, type], path: str = "
         except Exception as e:
             raise CheckpointError(f"checkpoint {path!r}: the {name!r} config it stores does not fit the installed "
                                   f"algorithm: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    model = None
+    if d.get("model") is not None:  # a multi-agent policy's own model.*
+        from flowkit.config import ModelConfig
+        model = OmegaConf.merge(OmegaConf.structured(ModelConfig), d["model"])
     return PolicySpec(cls.policy_class, space_from_dict(d["observation_space"]),
-                      space_from_dict(d["action_space"]), conf, name)
+                      space_from_dict(d["action_space"]), conf, name, model)
 
 
 def used_config(cfg: DictConfig, specs: Dict[str, PolicySpec], pm: Any) -> Dict[str, Any]:
@@ -459,11 +465,10 @@ def load_trained(path: str, expected_cls: Optional[type] = None) -> Any:
     st = load_state(state_path := os.path.join(ck, STATE_FILE))
     cfg_yaml: Any = OmegaConf.load(os.path.join(ck, "config.yaml"))
     pm = get_plugin_manager(list(cfg_yaml.get("plugins") or []))
-    algos: Dict[str, Any] = dict(pm.algorithms())
-    sections = pm.config_sections()
     exp: Any = expected_cls
+    algos: Any = Algorithms({**pm.algorithms(load=False), **({exp.name: exp} if exp is not None else {})})
+    sections = pm.config_sections()
     if exp is not None:
-        algos[exp.name] = exp
         if getattr(exp, "config_class", None) is not None:
             sections.setdefault(exp.name, exp.config_class)
     check_algorithms(st, algos, state_path, () if exp is not None else (str(cfg_yaml.algo),))
@@ -472,7 +477,7 @@ def load_trained(path: str, expected_cls: Optional[type] = None) -> Any:
     for pid, d in st["policy_specs"].items():
         spec = spec_from_dict(d, algos, state_path)
         algo.policies[pid] = pol = spec.policy_class(spec.observation_space, spec.action_space, spec.config,
-                                                     cfg.model, "cpu", derive_seed(int(cfg.seed), "learner", pid))
+                                                     spec.model_config(cfg), "cpu", derive_seed(int(cfg.seed), "learner", pid))
         pol.set_state(st["policies"][pid])
     algo.checkpoint_state = st
     return algo

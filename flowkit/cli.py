@@ -9,15 +9,17 @@ place: one line, no traceback), 2 a config error (short message, no traceback),
 from __future__ import annotations
 
 import argparse
+import atexit
+import gc
 import os
 import re
 import signal
 import sys
-from typing import Any, List, Optional
+from typing import Any, Dict, List, Optional
 
 USAGE = """flowkit train [-c FILE ...] [--no-tuned] [--dry-run | --print-config] [key=value ...]
 flowkit plan [-c FILE ...] [--no-tuned] [key=value ...]
-flowkit plugins
+flowkit plugins [plugins=[module,...]]
 flowkit evaluate RUN_DIR|CHECKPOINT [episodes=N] [seed=S] [explore=false] [render=mp4|gif] [key=value ...]
 flowkit export RUN_DIR|CHECKPOINT --format torchscript|onnx [--out PATH] [--policy ID]
 flowkit plot RUN_DIR... [--x env_steps|time] [--metric M] [--out FILE]
@@ -81,7 +83,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from flowkit.hooks import PluginError, get_plugin_manager
     try:
         if args.command == "plugins":
-            return _plugins()
+            return _plugins(plugin_modules_from(overrides, args.config_file))
         pm = get_plugin_manager(plugin_modules_from(overrides, args.config_file))
         cfg = build_config(overrides, args.config_file, pm.config_sections())  # errors before torch and Ray load
         tuned = None if args.config_file or args.no_tuned or cfg.resume else tuned_config_path(cfg.algo, cfg.env.id)
@@ -107,16 +109,14 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(d["text"])
                 print("\n```mermaid\n" + d["mermaid"] + "\n```")
             return 0
+        if not cfg.resume:  # (a resumed run's runtime comes from its checkpoint)
+            from flowkit import _ray
+            from flowkit._guard import check_cpus, check_env_id
+            check_cpus(cfg)  # config errors found without torch come before Ray starts
+            check_env_id(cfg)
+            _ray.start(cfg)  # Ray comes up while torch and the learner load
         from flowkit.engine import train
-        res = train(overrides, args.config_file)
-        m = res.metrics
-        print(f"\nrun folder: {res.run_dir}")
-        print(f"stopped: {res.stop_reason}")
-        keys = ["iteration", "env_steps_sampled", "episode_return_mean", "evaluation_return_mean", "time_total_s"]
-        print("  " + "  ".join(f"{k}={m[k]:.4g}" if isinstance(m.get(k), float) else f"{k}={m.get(k)}"
-                                for k in keys if k in m))
-        if res.checkpoint:
-            print(f"checkpoint: {res.checkpoint}")
+        res = train(overrides, args.config_file)  # prints the summary
         return exit_status(res.stop_reason)
     except ConfigError as e:
         print(f"flowkit: config error: {e}", file=sys.stderr)
@@ -143,15 +143,40 @@ def exit_status(stop_reason: str) -> int:
     return 128 + int(signal.Signals[m[1]]) if m else 0
 
 
-def _plugins() -> int:
+def _first_line(obj: object) -> str:
+    doc = (getattr(obj, "__doc__", None) or "").strip()
+    return doc.splitlines()[0] if doc else ""
+
+
+def _plugins(modules: List[str]) -> int:
+    """Every plugin (built-ins, entry points, ``plugins=[...]`` modules, registered objects)
+    with what it contributes:
+    algorithms, reporters, config sections, env runners and the other hooks it implements.
+    Metadata only (AlgorithmRef, config dataclasses): imports no torch."""
     from flowkit.hooks import get_plugin_manager
-    pm = get_plugin_manager()
-    print(f"{'algorithm':<12} {'plugin':<18} {'distribution':<28} description")
-    for name, a in sorted(pm.algorithms(load=False).items()):  # metadata only: no torch
-        plug = pm.owner.get(name, "?")
-        dist = pm.dists.get(plug, "flowkit (built-in)" if plug.startswith("flowkit") else "-")
-        doc = (a.config_class or a).__doc__ or ""
-        print(f"{name:<12} {plug:<18} {dist:<28} {doc.strip().splitlines()[0] if doc.strip() else ''}")
+    pm = get_plugin_manager(modules)
+    algos, reporters = pm.algorithms(load=False), pm.reporters()
+    for name, plugin in pm.list_name_plugin():
+        impls = {hc.name: impl for hc in pm.get_hookcallers(plugin) or [] for impl in hc.get_hookimpls()
+                 if impl.plugin is plugin}
+        dist = pm.dists.get(name, "flowkit (built-in)" if name.startswith("flowkit.") else
+                            "`plugins`" if name in modules else "registered in code")
+        print(f"{name}  [{dist}]" + (f"  {_first_line(plugin)}" if name in pm.dists else ""))
+        for a in sorted(n for n, o in pm.owner.items() if o == name and n in algos):
+            doc = _first_line(algos[a].config_class or algos[a])
+            print(f"  algorithm   {doc if doc.startswith(a + ':') else f'{a}: {doc}'}")
+        for r in sorted(n for n, o in pm.owner.items() if o == name and n in reporters):
+            print(f"  reporter    {r}: {_first_line(reporters[r])}")
+        if "flowkit_add_config_sections" in impls:
+            secs: Dict[str, type] = impls["flowkit_add_config_sections"].function() or {}  # type: ignore[assignment]  # pluggy: object
+            for key, sec in secs.items():
+                print(f"  config      {key}.*: {_first_line(sec)}")
+        if "flowkit_make_env_runner" in impls:
+            print(f"  env runner  {_first_line(impls['flowkit_make_env_runner'].function)}")
+        rest = sorted(set(impls) - {"flowkit_add_algorithms", "flowkit_add_reporters", "flowkit_add_config_sections",
+                                    "flowkit_make_env_runner"})
+        if rest:
+            print(f"  hooks       {', '.join(rest)}")
     return 0
 
 
@@ -260,6 +285,10 @@ _AFTER = {"evaluate": _evaluate, "export": _export}
 
 
 def _entry() -> int:
+    # runs after every other exit handler (Ray's shutdown, the run's files are done by then):
+    # the interpreter's final garbage collections skip the heap that torch, Ray and
+    # matplotlib built (seconds under load; objects still go as their references do)
+    atexit.register(gc.freeze)
     try:
         return main()
     except BrokenPipeError:  # `flowkit train --help | head`

@@ -207,13 +207,22 @@ class RuntimeConfig:
     torch_threads: int = F(1, "torch threads per rollout worker", ge=1)
 
 
-@dataclass
 class ModelConfig:
     hidden_sizes: List[int] = F(help="hidden layer sizes of the MLP", factory=lambda: [64, 64], ge=1)
     activation: str = F("tanh", "activation of the hidden layers", choices=ACTIVATIONS)
     shared_value_network: bool = F(False, "share the trunk between policy and value heads")
     numpy_inference: bool = F(True, "act with a numpy copy of the network on CPU (MLP actor-critics: "
                                     "same math, less per-call overhead); false: torch")
+
+
+# `model.class` is a Python keyword: declared by hand, outside __init__, and the class built
+# without the generated __repr__/__eq__ (which would spell `self.class`)
+ModelConfig.__annotations__["class"] = Optional[str]
+setattr(ModelConfig, "class", dataclasses.field(default=None, init=False, metadata={
+    "help": "a custom network, `module:Class`, built as Class(encoder, num_outputs, model_config) in place of "
+            "the policy's own (contract: flowkit.core.policy.Policy.build_model)",
+    "allowed": Allowed(pattern=r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")}))
+ModelConfig = dataclass(repr=False, eq=False)(ModelConfig)  # type: ignore[misc]  # the keyword field above
 
 
 @dataclass

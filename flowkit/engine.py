@@ -223,26 +223,6 @@ def _ray_session(cfg: DictConfig, ctx: RunContext):
     yield
 
 
-def _runtime_env(cfg: DictConfig) -> Dict[str, Any]:
-    """Ship flowkit and the plugins in use to a cluster's workers (py_modules)."""
-    import importlib
-    mods = []
-    import flowkit
-    mods.append(os.path.dirname(flowkit.__file__))
-    import importlib.metadata as md
-    for ep in md.entry_points(group="flowkit"):
-        top = ep.value.split(":")[0].split(".")[0]
-        with contextlib.suppress(Exception):
-            m = importlib.import_module(top)
-            mods.append(os.path.dirname(str(m.__file__)))
-    for p in cfg.plugins:
-        with contextlib.suppress(Exception):
-            m = importlib.import_module(p.split(".")[0])
-            f = str(m.__file__)
-            mods.append(os.path.dirname(f) if f.endswith("__init__.py") else f)
-    return {"py_modules": sorted(set(mods))}
-
-
 def _stop_reason(cfg: DictConfig, r: Dict[str, Any]) -> Optional[str]:
     s = cfg.stop
     if s.env_steps is not None and r["env_steps_sampled"] >= s.env_steps:
@@ -256,7 +236,23 @@ def _stop_reason(cfg: DictConfig, r: Dict[str, Any]) -> Optional[str]:
     return None
 
 
-def train(config: Any = None, config_file: Union[str, Sequence[str], None] = None, plugins: Sequence[Any] = ()) -> Result:
+NO_STOP = ("flowkit: no stop condition (stop.env_steps, stop.iterations, stop.episode_return_mean or "
+           "stop.time_s): training goes on until interrupted (Ctrl-C saves a checkpoint and stops)")
+
+
+def summary(res: Result) -> str:
+    """The lines ``flowkit train`` and :func:`train` print at the end of a run: run folder,
+    stop reason, the last row's main metrics and the last checkpoint."""
+    m = res.metrics
+    keys = ["iteration", "env_steps_sampled", "episode_return_mean", "evaluation_return_mean", "time_total_s"]
+    lines = [f"run folder: {res.run_dir}", f"stopped: {res.stop_reason}",
+             "  " + "  ".join(f"{k}={m[k]:.4g}" if isinstance(m.get(k), float) else f"{k}={m.get(k)}"
+                              for k in keys if k in m)]
+    return "\n".join(lines + ([f"checkpoint: {res.checkpoint}"] if res.checkpoint else []))
+
+
+def train(config: Any = None, config_file: Union[str, Sequence[str], None] = None, plugins: Sequence[Any] = (),
+          verbose: bool = True) -> Result:
     """Train from a config and return a :class:`Result`.
 
     Args:
@@ -265,12 +261,23 @@ def train(config: Any = None, config_file: Union[str, Sequence[str], None] = Non
         config_file: YAML file(s), merged in order over the defaults.
         plugins: plugin objects for this run only (as :func:`flowkit.register` would add
             them; they reach workers only on the local backend).
+        verbose: print what ``flowkit train`` prints: a first line when the config sets no
+            stop condition, and at the end (also after Ctrl-C or SIGTERM) the
+            :func:`summary` (run folder, stop reason, checkpoint). False: print nothing.
 
     Raises:
         ConfigError: a config problem, before anything starts.
         Exception: the original exception of a failed env/worker (with notes naming the
             worker and operator), after a best-effort checkpoint of what was learned.
     """
+    res = _train(config, config_file, plugins, verbose)
+    if verbose:
+        print("\n" + summary(res), flush=True)
+    return res
+
+
+def _train(config: Any, config_file: Union[str, Sequence[str], None], plugins: Sequence[Any],
+           verbose: bool) -> Result:
     t_entry = time.perf_counter()
     cfg = run_dir = None
     with GUARD.running():
@@ -286,7 +293,9 @@ def train(config: Any = None, config_file: Union[str, Sequence[str], None] = Non
                 cfg = pre
                 run_dir = cfg.run.dir or _default_run_dir(cfg)
             cfg.run.dir = run_dir
-            _ray.start(cfg, _runtime_env(cfg) if cfg.runtime.address else None)
+            if verbose and all(cfg.stop[k] is None for k in cfg.stop):
+                print(NO_STOP, flush=True)
+            _ray.start(cfg)  # (the CLI started it before importing torch)
             t_config = time.perf_counter()
             torch.manual_seed(derive_seed(int(cfg.seed), "torch"))
             np.random.seed(derive_seed(int(cfg.seed), "numpy"))

@@ -36,6 +36,7 @@ import contextlib
 import csv
 import os
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Type
 
@@ -162,10 +163,20 @@ class ProgressReporter(Reporter):
             self.bar.close()
 
 
-def plot_learning_curve(rows: List[Row], path: str, title: str) -> None:
+def _pyplot() -> Any:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    return plt
+
+
+def _preload_pyplot() -> None:
+    with contextlib.suppress(Exception):
+        _pyplot()
+
+
+def plot_learning_curve(rows: List[Row], path: str, title: str) -> None:
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     xs = [r["env_steps_sampled"] for r in rows]
     ax.plot(xs, [r.get("episode_return_mean", float("nan")) for r in rows], label="episode_return_mean (last 20)")
@@ -187,6 +198,9 @@ def plot_learning_curve(rows: List[Row], path: str, title: str) -> None:
 class PlotReporter(Reporter):
     """``learning_curve.png`` from the run's history, once at the end (errors ignored)."""
     name = "plot"
+
+    def __init__(self) -> None:  # matplotlib loads while the rollout workers start (the driver waits then)
+        threading.Thread(target=_preload_pyplot, name="flowkit-import-pyplot", daemon=True).start()
 
     def flowkit_on_run_end(self, result: "Result") -> None:
         if not result.history:

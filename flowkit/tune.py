@@ -284,9 +284,8 @@ def _tune(a: argparse.Namespace) -> int:
     from ray import tune
 
     from flowkit import _ray
-    from flowkit.engine import _runtime_env
     on_ray = typing.cast(DictConfig, OmegaConf.merge(cfg, {"runtime": {"backend": "ray"}}))
-    _ray.start(on_ray, _runtime_env(on_ray) if cfg.runtime.address else None)
+    _ray.start(on_ray)
     _ray.wait()
     cpus = float(ray.cluster_resources().get("CPU", 1))
     resources, extra, res_text = plan_resources(cfg, cpus)

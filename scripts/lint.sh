@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Lint (ruff) and type check (mypy) flowkit/ and plugins/; the settings are in pyproject.toml.
+# Lint (ruff) and type check (mypy) flowkit/, plugins/ and examples/; the settings are in pyproject.toml.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
-"$PY" -m ruff check flowkit plugins
+"$PY" -m ruff check flowkit plugins examples
 "$PY" -m mypy

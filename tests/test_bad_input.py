@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import flowkit
-from conftest import local_overrides
+from flowkit.testing import local_overrides
 from flowkit.config import ConfigError, make_schema_class, schema_keys
 from flowkit.engine import describe_plan, load_config
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import flowkit
-from conftest import local_overrides
+from flowkit.testing import local_overrides
 from flowkit.checkpoint import (CheckpointError, find_checkpoint, from_plain, load_state, space_from_dict,
                                 space_to_dict, to_plain)
 from flowkit.core import batch as sb

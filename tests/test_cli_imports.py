@@ -16,6 +16,9 @@ CHECK = ("import json, sys\nfrom flowkit.cli import main\nrc = main(sys.argv[1:]
                                           (["train", "ppo.lr=-1"], 2, "ppo.lr=-1.0 must be finite and > 0"),
                                           (["plan", "ppo.clip_parm=0.1"], 2, "did you mean `ppo.clip_param`"),
                                           (["train", "algo=ppx"], 2, "did you mean `ppo`"),
+                                          (["train", "env=Nope-v0", "runtime.backend=ray"], 2, "Environment `Nope`"),
+                                          (["train", "runtime.backend=ray", "runtime.num_workers=100000"], 2,
+                                           "needs 100000 CPUs"),
                                           (["plot", "no/such/runs"], 2, "no run folder")])
 def test_cli_without_training_imports_neither_torch_nor_ray(args, rc, text):
     p = subprocess.run([sys.executable, "-c", CHECK, *args], capture_output=True, text=True, timeout=120)
@@ -47,4 +50,17 @@ def test_an_algorithm_registered_as_a_class_or_a_ref():
     bad = flowkit.get_plugin_manager(extra=[type("P", (), {"flowkit_add_algorithms": staticmethod(
         lambda: [flowkit.AlgorithmRef("nope", None, "flowkit_ppo.nothere:X")])})()])
     with pytest.raises(flowkit.PluginError, match="'nope': flowkit_ppo.nothere:X failed to import"):
-        bad.algorithms()
+        bad.algorithms()["nope"]  # imported when looked up: a run that does not use it never fails on it
+
+
+def test_plugins_lists_every_plugin_and_what_it_contributes():
+    """Issue 11, part 5: the multi-agent plugin (no algorithm) is listed too, with its config
+    section, env runner and hooks; reporters and the built-in env runner appear."""
+    p = subprocess.run([sys.executable, "-c", CHECK, "plugins"], capture_output=True, text=True, timeout=120)
+    out = p.stdout
+    assert json.loads(out.rsplit("MODULES ", 1)[1]) == {"rc": 0, "torch": False, "ray": False}
+    ma = out.split("multiagent  [flowkit-multiagent", 1)[1].split("\n\n")[0]
+    assert "config      multiagent.*:" in ma and "env runner  PettingZoo Parallel and AEC envs" in ma
+    assert "hooks       flowkit_build_plan, flowkit_make_policy_specs" in ma
+    assert "env runner  Gymnasium envs" in out and "reporter    csv: " in out
+    assert "algorithm   dqn: Deep Q-Networks" in out

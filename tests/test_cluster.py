@@ -1,6 +1,7 @@
 """Attaching to a running Ray cluster (``runtime.address``): a head started in a subprocess
 with its own port, temp dir and CPUs (token authentication on; a short temp dir: Ray's socket paths must fit), stopped
 by its pid."""
+import json
 import os
 import signal
 import socket
@@ -63,3 +64,21 @@ def test_an_unreachable_address_fails_within_seconds_with_one_line(tmp_path):
              f"run.dir={tmp_path}", timeout=120)
     assert r.returncode == 2 and "no Ray cluster answers" in r.stderr, r.stderr[-2000:]
     assert "Traceback" not in r.stderr and time.time() - t < 60
+
+
+def test_a_local_session_listens_on_loopback_without_dashboard_or_monitor(tmp_path):
+    """Issue 12: flowkit's own local Ray binds to 127.0.0.1 only and starts no dashboard/API
+    server or autoscaler monitor (seconds of start-up and shutdown a run never uses)."""
+    code = ("import json, sys, flowkit, ray\n"
+            f"flowkit.train(['env=CartPole-v1', 'runtime.backend=ray', 'runtime.num_workers=1', 'stop.iterations=1',"
+            f" 'run.reporters=[csv]', 'run.dir={tmp_path}'])\n"
+            "n = ray._private.worker._global_node\n"
+            "print(json.dumps({'ip': n.node_ip_address, 'gcs': n.gcs_address, 'procs': sorted(n.all_processes)}))")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr[-3000:]
+    out = json.loads(p.stdout.strip().splitlines()[-1])
+    assert out["ip"] == "127.0.0.1" and out["gcs"].startswith("127.0.0.1:"), out
+    assert "dashboard" not in out["procs"] and "monitor" not in out["procs"] and "raylet" in out["procs"], out
+    assert "token" not in p.stderr.lower(), p.stderr[-2000:]  # no token warning on a local run
+    assert os.path.exists(tmp_path / "result.json")

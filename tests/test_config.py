@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
 import flowkit
-from conftest import local_overrides
+from flowkit.testing import local_overrides
 from flowkit import ConfigError
 from flowkit.config import Allowed, _unwrap_optional, make_schema_class, schema_allowed, schema_keys
 from flowkit.engine import describe_plan, load_config, setup

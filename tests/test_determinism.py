@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import flowkit
-from conftest import local_overrides
+from flowkit.testing import local_overrides
 from flowkit.core import batch as sb
 from flowkit.core import derive_seed
 from flowkit.engine import load_config, setup

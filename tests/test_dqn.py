@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import flowkit
-from conftest import local_overrides
+from flowkit.testing import local_overrides
 from flowkit import ConfigError
 from flowkit.checkpoint import from_plain, load_state
 from flowkit.core import batch as sb

@@ -1,21 +1,20 @@
 """Hooks: the golden order of hook calls, custom metrics, plugin loading rules."""
 import csv
-import inspect
 import os
 
 import pytest
 from flowkit_ppo import PPO, PPOPolicy
 
 import flowkit
-from conftest import local_overrides
+import flowkit.testing.recorder
 from flowkit.core import Episode, SampleBatch, WorkerSet
-from flowkit.hooks import PluginError, get_plugin_manager, specs
-
+from flowkit.hooks import PluginError, get_plugin_manager
+from flowkit.testing import local_overrides
 
 # ---- the golden hook order ---------------------------------------------------------------------
 # Every hookspec, found by reflection: a new hook is recorded without editing this file, and the
 # golden sequences below then fail until they list it.
-HOOKS = sorted(n for n, f in vars(specs).items() if n.startswith("flowkit_") and inspect.isfunction(f))
+HOOKS = flowkit.testing.recorder.HOOKS
 # Overridable methods recorded through subclasses; per-step ones are recorded as call counts
 # (a run of consecutive calls becomes "name xN").
 ALGORITHM_METHODS = ["get_rollout_mode", "training_flow", "get_state", "set_state"]
@@ -47,14 +46,12 @@ def _show(v, run_dir):
     return type(v).__name__
 
 
-class HookRecorder:
-    """Implements every hookspec (built by reflection) and records each call with its arguments.
-    firstresult hooks return None (not mine); ``flowkit_state_dict`` returns a small state so a
-    resume calls ``flowkit_load_state_dict``."""
-
-    __name__ = "hook_recorder"  # the plugin's name: its checkpointed state is keyed by it
+class HookRecorder(flowkit.testing.HookRecorder):
+    """Records each call with its arguments as a short line in LOG; ``flowkit_state_dict``
+    returns a small state so a resume calls ``flowkit_load_state_dict``."""
 
     def __init__(self):
+        super().__init__()
         self.run_dir = "\0"
 
     def _record(self, name, kwargs):
@@ -62,15 +59,6 @@ class HookRecorder:
             return "dict" if k == "algorithms" else _show(v, self.run_dir)
         LOG.append(f"{name}(" + ", ".join(f"{k}={show(k, v)}" for k, v in kwargs.items()) + ")")
         return {"calls": len(LOG)} if name == "flowkit_state_dict" else None
-
-
-for _name in HOOKS:
-    _args = list(inspect.signature(getattr(specs, _name)).parameters)
-    _src = (f"def {_name}(self{''.join(', ' + a for a in _args)}):\n"
-            f"    return self._record({_name!r}, dict({', '.join(f'{a}={a}' for a in _args)}))\n")
-    _ns: dict = {}
-    exec(_src, _ns)
-    setattr(HookRecorder, _name, flowkit.hookimpl(_ns[_name]))
 
 
 def _recording(base, names, tag):
@@ -146,7 +134,7 @@ GOLDEN_FRESH = [
     'flowkit_add_algorithms()',
     'flowkit_add_config_sections()',
     'flowkit_add_reporters()',
-    'flowkit_make_policy_specs(config=DictConfig, env=FixedLenEnv, algorithms=dict)',
+    'flowkit_make_policy_specs(config=DictConfig, env=FixedLenEnv, algorithms=Algorithms)',
     'flowkit_add_reporters()',
     'flowkit_build_plan(ctx=RunContext)',
     'RecPPO.get_rollout_mode',
@@ -220,7 +208,7 @@ GOLDEN_RESUME = [
     'flowkit_add_algorithms()',
     'flowkit_add_config_sections()',
     'flowkit_add_reporters()',
-    'flowkit_make_policy_specs(config=DictConfig, env=FixedLenEnv, algorithms=dict)',
+    'flowkit_make_policy_specs(config=DictConfig, env=FixedLenEnv, algorithms=Algorithms)',
     'flowkit_add_reporters()',
     'flowkit_build_plan(ctx=RunContext)',
     'RecPPO.get_rollout_mode',

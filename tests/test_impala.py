@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import flowkit
-from conftest import local_overrides
+from flowkit.testing import local_overrides
 from flowkit.checkpoint import load_state
 from flowkit.core import batch as sb
 from flowkit.core.flow import FlowContext

@@ -11,7 +11,7 @@ from flowkit.checkpoint import load_state
 from flowkit.core import batch as sb
 from flowkit.core import RandomPolicy
 from flowkit.engine import build_plan, load_config, setup
-from conftest import local_overrides
+from flowkit.testing import local_overrides
 
 LATE = "env.factory=ma_envs:LateEarlyEnv"
 SCOUT = "env.factory=ma_envs:ScoutTankEnv"

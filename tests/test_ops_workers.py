@@ -261,3 +261,74 @@ def test_numpy_inference_masks_and_fallbacks():
     p = ppo.policy_class(spaces.Box(-1.0, 1.0, (3,)), spaces.Discrete(4), ppo.config_class(), mc, "cpu", 0, True)
     p.model.__class__ = MyAC
     assert p.numpy_model() is None
+
+
+@pytest.mark.parametrize("algo,space,over", [
+    ("ppo", spaces.Discrete(3), {}), ("ppo", spaces.Box(-2.0, 2.0, (2,)), {"normalize_observations": True}),
+    ("impala", spaces.Discrete(3), {}), ("dqn", spaces.Discrete(3), {"dueling": True}),
+    ("dqn", spaces.Discrete(3), {"dueling": False, "activation": "relu"})])
+def test_numpy_worker_policies_act_as_the_torch_ones(algo, space, over):
+    """Issue 12: what a Ray worker builds instead of a policy acting in numpy (no torch there)
+    takes the same actions from the same seed and weights, with the same extras and GAE."""
+    from types import SimpleNamespace
+    import flowkit
+    cls = flowkit.get_plugin_manager().algorithms()[algo]
+    cfg = cls.config_class()
+    for k in ("normalize_observations", "dueling"):
+        if k in over:
+            setattr(cfg, k, over[k])
+    mc = SimpleNamespace(hidden_sizes=[16, 16], activation=over.get("activation", "tanh"),
+                         shared_value_network=False, numpy_inference=True)
+    obs_space = spaces.Box(-5.0, 5.0, (4,))
+    driver = cls.policy_class(obs_space, space, cfg, mc, "cpu", seed=1)
+    wcls = driver.worker_policy_class()
+    assert wcls is not None
+    torch_w, np_w = (c(obs_space, space, cfg, mc, "cpu", 7, inference_only=True) for c in (cls.policy_class, wcls))
+    w = driver.get_weights()
+    if "obs_rms.mean" in w:
+        w["obs_rms.mean"], w["obs_rms.var"] = w["obs_rms.mean"] + 0.5, w["obs_rms.var"] * 2
+    torch_w.set_weights(w)
+    np_w.set_weights(w)
+    x = np.random.default_rng(0).normal(size=(64, 4)).astype(np.float32)
+    if algo == "dqn":
+        torch_w.epsilon = np_w.epsilon = 0.3
+    a1, e1 = torch_w.compute_actions_encoded(x, None, True)
+    a2, e2 = np_w.compute_actions_encoded(x, None, True)
+    np.testing.assert_array_equal(a1, a2)
+    assert e1.keys() == e2.keys()
+    for k in e1:
+        np.testing.assert_allclose(e1[k], e2[k], rtol=1e-5, atol=1e-6)
+    assert (np_w.compute_actions(x[0]) == torch_w.compute_actions(x[0])).all()
+    batch = sb.SampleBatch({sb.OBS: x[:4], sb.NEXT_OBS: x[4:8], sb.ACTIONS: a1[:4], sb.REWARDS: np.ones(4, np.float32),
+                            sb.TERMINATEDS: np.array([False, True, False, False]), sb.TRUNCATEDS: np.zeros(4, bool),
+                            sb.EPS_ID: np.array([1, 1, 2, 2]), **{k: v[:4] for k, v in e1.items()}})
+    p1, p2 = torch_w.postprocess_trajectory(batch), np_w.postprocess_trajectory(batch)
+    assert p1.keys() == p2.keys()
+    for k in p1:
+        np.testing.assert_allclose(p1[k], p2[k], rtol=1e-5, atol=1e-5)
+
+    class Mine(cls.policy_class):  # a subclass that acts its own way keeps torch on the workers
+        def compute_actions_encoded(self, obs, mask=None, explore=True):
+            return super().compute_actions_encoded(obs, mask, explore)
+    assert Mine(obs_space, space, cfg, mc, "cpu", seed=1).worker_policy_class() is None
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dqn"])
+def test_ray_workers_of_numpy_policies_import_no_torch(algo, tmp_path):
+    """Issue 12: a Ray rollout worker's process (built as the Ray actor is, from the specs the
+    WorkerSet sends) samples and postprocesses without importing torch."""
+    import pickle
+    import subprocess
+    import sys
+    c = make_ctx("ray", f"algo={algo}", "runtime.num_workers=1")
+    assert type(c.workers.remote_specs["default"].policy_class).__name__ == "partial"
+    f = tmp_path / "specs.pkl"
+    f.write_bytes(pickle.dumps((c.workers._container, c.workers.remote_specs, c.get_weights(None))))
+    code = ("import pickle, sys\nfrom flowkit.core.workers import RolloutWorker\n"
+            f"cfg, specs, w = pickle.loads(open({str(f)!r}, 'rb').read())\n"
+            "rw = RolloutWorker(cfg, 0, 1, specs)\nrw.set_weights(w, 1)\nb = rw.sample()\n"
+            "print(b.env_steps, 'torch' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-2000:]
+    steps, torch_loaded = p.stdout.split()
+    assert int(steps) > 0 and torch_loaded == "False"

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import flowkit
-from conftest import local_overrides
+from flowkit.testing import local_overrides
 from flowkit.core import batch as sb
 from flowkit.engine import load_config, setup
 from flowkit_ppo import PPO, PPOPolicy

@@ -8,7 +8,7 @@ import pytest
 from gymnasium import spaces
 
 import flowkit
-from conftest import local_overrides
+from flowkit.testing import local_overrides
 
 
 def test_run_folder_contents_and_evaluation(run_dir):

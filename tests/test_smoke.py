@@ -1,6 +1,6 @@
 """A tiny end-to-end run on the local backend."""
 import flowkit
-from conftest import local_overrides
+from flowkit.testing import local_overrides
 
 
 def test_ppo_local_smoke(run_dir):

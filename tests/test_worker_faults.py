@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import flowkit
-from conftest import local_overrides
+from flowkit.testing import local_overrides
 from flowkit.core.batch import DEFAULT_POLICY_ID
 from flowkit.core import derive_seed
 from flowkit.engine import load_config, setup
@@ -116,7 +116,7 @@ def test_c12_ray_restarts_off(ray_session, tmp_path):
     e = ei.value
     assert type(e) is RuntimeError and str(e) == "simulator disconnected"
     assert "in worker 1, sub-env 0 (restart 0)" in _notes(e)
-    assert "remote traceback" in _notes(e) and "testing.py" in _notes(e)
+    assert "remote traceback" in _notes(e) and "testing/_faults.py" in _notes(e)
     # an env failing in the actor's constructor keeps its type too (Ray would say ActorDiedError)
     with pytest.raises(RuntimeError) as ei:
         flowkit.train(c12(str(tmp_path / "always"), "always", "runtime.max_worker_restarts=1",

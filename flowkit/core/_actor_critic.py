@@ -3,7 +3,8 @@ acting through its numpy mirror on CPU workers (torch otherwise), V(s) for boots
 and GAE postprocessing. A new actor-critic algorithm subclasses it and writes its loss."""
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+import functools
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -11,8 +12,8 @@ from torch import nn
 
 from flowkit.core import batch as sb
 from flowkit.core._models import ActorCritic
-from flowkit.core._numpy_model import NumpyActorCritic, sample_logp_numpy
-from flowkit.core._returns import bootstrap_rows, compute_gae, next_values, vtrace
+from flowkit.core._numpy_model import ActorCriticActing, NumpyActorCritic, NumpyActorCriticPolicy, numpy_layout
+from flowkit.core._returns import bootstrap_rows, next_values, vtrace
 from flowkit.core.policy import Policy, to_tensor
 
 
@@ -31,13 +32,17 @@ def adapt_kl_coeff(kl_coeff: float, kl: float, kl_target: float) -> float:
         return kl_coeff * 1.5
     return kl_coeff * 0.5 if kl < 0.5 * kl_target else kl_coeff
 
+_WORKER_SIDE = ("compute_actions_encoded", "compute_actions", "postprocess_trajectory", "add_gae", "compute_values",
+                "_extras", "_act_numpy", "_compute_actions_torch", "make_model", "numpy_model", "set_weights")
 
-class ActorCriticPolicy(Policy):
+
+class ActorCriticPolicy(ActorCriticActing, Policy):
     """A :class:`Policy` over an :class:`ActorCritic` model.
 
     Acting (:meth:`compute_actions_encoded`) stores ``action_logp`` per row and, when
     :attr:`store_values` is set, ``vf_preds`` (V(s) at sampling time) and
-    ``action_dist_inputs``. :meth:`add_gae` computes advantages on the worker.
+    ``action_dist_inputs``. :meth:`add_gae` computes advantages on the worker (as
+    :meth:`postprocess_trajectory` when :attr:`worker_gae` is set).
 
     Config fields read: ``lr``, ``log_std_init``, optionally ``adam_eps``,
     ``normalize_observations``, ``normalize_rewards`` (:meth:`normalize_rewards`), ``use_sde``
@@ -46,12 +51,13 @@ class ActorCriticPolicy(Policy):
     Attributes:
         store_values: acting evaluates the value network and stores ``vf_preds`` and
             ``action_dist_inputs`` (PPO); False acts with the policy network only (IMPALA).
+        worker_gae: postprocess with :meth:`add_gae` (PPO); False: batches unchanged.
         twin: evaluate separate policy and value MLPs as one :class:`TwinMLP`.
     """
 
     store_values = True
     twin = True
-    model: ActorCritic
+    model: Any  # an ActorCritic, or the network of model.class
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):
@@ -66,13 +72,28 @@ class ActorCriticPolicy(Policy):
         if not inference_only:
             self.optimizer = self.make_optimizer(config.lr, getattr(config, "adam_eps", 1e-8))
 
-    def make_model(self) -> ActorCritic:
+    def make_model(self) -> Any:
         """The network (override for a custom model; the numpy mirror then steps aside)."""
-        return ActorCritic(self.encoder, self.dist, self.model_config,
-                           bool(getattr(self.config, "normalize_observations", False)),
-                           self.config.log_std_init, twin=self.twin,
-                           normalize_rewards=bool(getattr(self.config, "normalize_rewards", False)),
-                           use_sde=bool(getattr(self.config, "use_sde", False)))
+        norm = bool(getattr(self.config, "normalize_observations", False))
+        model = self.build_model(ActorCritic(
+            self.encoder, self.dist, self.model_config, norm, self.config.log_std_init, twin=self.twin,
+            normalize_rewards=bool(getattr(self.config, "normalize_rewards", False)),
+            use_sde=bool(getattr(self.config, "use_sde", False))))
+        for key, attr in (("normalize_observations", "obs_rms"), ("normalize_rewards", "ret_rms"),
+                          ("use_sde", "sde_log_std")):
+            if getattr(self.config, key, False) and getattr(model, attr, None) is None:
+                from flowkit.config import ConfigError
+                raise ConfigError(f"{key}=true needs the model's `{attr}`: "
+                                  f"model.class={self.model_config.get('class')!r} has none")
+        return model
+
+    def model_policy(self, x: torch.Tensor) -> torch.Tensor:
+        """dist_inputs of the model: its ``policy`` method, else ``forward(x)[0]``."""
+        return self.model.policy(x) if hasattr(self.model, "policy") else self.model(x)[0]
+
+    def model_value(self, x: torch.Tensor) -> torch.Tensor:
+        """V(x) of the model: its ``value`` method, else ``forward(x)[1]``."""
+        return self.model.value(x) if hasattr(self.model, "value") else self.model(x)[1]
 
     def numpy_model(self) -> Optional[NumpyActorCritic]:
         """The :class:`NumpyActorCritic` mirror of ``self.model`` used for acting on CPU, or
@@ -89,32 +110,40 @@ class ActorCriticPolicy(Policy):
         """The policy network alone (see :meth:`Policy.action_model`)."""
         return _PolicyNet(self.model)
 
-    # -- acting (worker) --
-    def _extras(self, logp, value, inputs) -> Dict[str, np.ndarray]:
-        if not self.store_values:
-            return {sb.ACTION_LOGP: logp}
-        return {sb.ACTION_LOGP: logp, sb.VF_PREDS: value, sb.ACTION_DIST_INPUTS: inputs}
+    def worker_policy_class(self) -> Optional[Callable[..., Any]]:
+        """A :class:`NumpyActorCriticPolicy` (torch-free) when this policy acts through its
+        numpy mirror with :class:`ActorCriticPolicy`'s own acting, values and postprocessing
+        (a subclass that overrides any of them keeps torch on the workers)."""
+        cls = type(self)
+        mc = self.model_config
+        if any(getattr(cls, m) is not getattr(ActorCriticPolicy, m) for m in _WORKER_SIDE) or (
+                mc is None or not bool(getattr(mc, "numpy_inference", True))
+                or getattr(self.model, "ret_rms", None) is not None):
+            return None
+        lay = numpy_layout(self.model, self.dist, str(mc.activation))
+        return None if lay is None else functools.partial(
+            NumpyActorCriticPolicy, layout=lay, store_values=self.store_values, worker_gae=self.worker_gae,
+            weights=self.get_weights())
 
+    # -- acting (worker) --
     def compute_actions_encoded(self, obs, mask=None, explore=True):
         if mask is not None:
             self.check_mask(mask)
         npm = self.numpy_model()
         if npm is not None:  # the same network in numpy (cheaper per call on a few rows)
-            inputs, value = npm.forward(obs, value=self.store_values)
-            a, logp = sample_logp_numpy(self.dist, inputs, mask, explore, self.np_random)
-            return a, self._extras(logp, value, inputs)
+            return self._act_numpy(npm, obs, mask, explore)
         return self._compute_actions_torch(obs, mask, explore)
 
     @torch.inference_mode()
     def _compute_actions_torch(self, obs, mask=None, explore=True):
         x = torch.from_numpy(obs)
-        if self.model.sde_log_std is not None:  # gSDE: a = mean + z(s) @ W, W held between draws
+        if getattr(self.model, "sde_log_std", None) is not None:  # gSDE: a = mean + z(s) @ W, W held between draws
             sde_in, sde_v, z = self.model.forward_latent(x)
             a = sde_in[:, :self.dist.dim]
             if explore:
                 a = a + torch.bmm(z.unsqueeze(1), self.sde_noise(len(x))).squeeze(1)
             return a.numpy(), self._extras(self.dist.logp(sde_in, a).numpy(), sde_v.numpy(), sde_in.numpy())
-        inputs, value = self.model(x) if self.store_values else (self.model.policy(x), None)
+        inputs, value = self.model(x) if self.store_values else (self.model_policy(x), None)
         m = None if mask is None else torch.from_numpy(mask)
         a, logp = self.dist.sample_logp(inputs, m, explore, self.generator)
         return a.numpy(), self._extras(logp.numpy(), None if value is None else value.numpy(), inputs.numpy())
@@ -141,27 +170,15 @@ class ActorCriticPolicy(Policy):
     @torch.inference_mode()
     def compute_values(self, obs: np.ndarray) -> np.ndarray:
         """V(obs) for encoded observations float32[B, *shape] -> float32[B]."""
-        return self.model.value(torch.from_numpy(np.ascontiguousarray(obs, np.float32))).numpy()
+        return self.model_value(torch.from_numpy(np.ascontiguousarray(obs, np.float32))).numpy()
 
     # -- returns --
     def add_gae(self, batch: sb.SampleBatch, gae_lambda: Optional[float] = None) -> sb.SampleBatch:
-        """A copy of ``batch`` (trajectory pieces with ``vf_preds``) with ``advantages`` and
-        ``value_targets`` from :func:`compute_gae`; truncations and cuts bootstrap from
-        V(``next_obs``) under the current weights, terminations from 0. ``gae_lambda``
-        (default ``config.gae_lambda``) = 1 gives n-step returns to the end of each piece."""
-        out = sb.SampleBatch(batch)
-        if len(out) == 0:
-            return out
-        if self.model.ret_rms is not None:
-            out = self.normalize_rewards(out)
-        v = np.asarray(out[sb.VF_PREDS], np.float32)
-        cont, boot = bootstrap_rows(out)
-        boot_v = self.compute_values(np.asarray(out[sb.NEXT_OBS])[boot]) if len(boot) else None
-        adv, vt = compute_gae(np.asarray(out[sb.REWARDS], np.float32), v, next_values(v, cont, boot, boot_v),
-                              cont, self.config.gamma,
-                              self.config.gae_lambda if gae_lambda is None else gae_lambda)
-        out[sb.ADVANTAGES], out[sb.VALUE_TARGETS] = adv, vt
-        return out
+        """:meth:`ActorCriticActing.add_gae`, after :meth:`normalize_rewards` when the model
+        keeps return statistics (``normalize_rewards``; such a model has no numpy worker copy)."""
+        if getattr(self.model, "ret_rms", None) is not None and len(batch):
+            batch = self.normalize_rewards(batch)
+        return super().add_gae(batch, gae_lambda)
 
     # -- reward and observation normalisation --
     def normalize_rewards(self, batch: sb.SampleBatch) -> sb.SampleBatch:
@@ -200,10 +217,11 @@ class ActorCriticPolicy(Policy):
     def update_normalizers(self, batch: Dict[str, torch.Tensor]) -> None:
         """Learner, once per train batch: update the running observation statistics from
         ``obs`` and the discounted-return statistics from ``discounted_returns`` (when on)."""
-        if self.model.obs_rms is not None:
-            self.model.obs_rms.update(batch[sb.OBS].float())
-        if self.model.ret_rms is not None and sb.DISCOUNTED_RETURNS in batch:
-            self.model.ret_rms.update(batch[sb.DISCOUNTED_RETURNS].float())
+        obs_rms, ret_rms = getattr(self.model, "obs_rms", None), getattr(self.model, "ret_rms", None)
+        if obs_rms is not None:
+            obs_rms.update(batch[sb.OBS].float())
+        if ret_rms is not None and sb.DISCOUNTED_RETURNS in batch:
+            ret_rms.update(batch[sb.DISCOUNTED_RETURNS].float())
 
     # -- V-trace (learner; IMPALA, APPO) --
     def prepare_vtrace_batch(self, batch: sb.SampleBatch) -> Dict[str, torch.Tensor]:
@@ -226,7 +244,7 @@ class ActorCriticPolicy(Policy):
         cfg = self.config
         cont, boot_idx = batch["nextnonterminal"].cpu().numpy(), batch["boot_idx"].cpu().numpy()
         v = values.cpu().numpy()
-        boot_v = self.model.value(batch["boot_obs"]).cpu().numpy() if len(boot_idx) else np.zeros(0, np.float32)
+        boot_v = self.model_value(batch["boot_obs"]).cpu().numpy() if len(boot_idx) else np.zeros(0, np.float32)
         vs, pg_adv = vtrace(log_rhos.cpu().numpy(), batch[sb.REWARDS].cpu().numpy(), v,
                             next_values(v, cont, boot_idx, boot_v), cont, cfg.gamma, cfg.clip_rho_threshold,
                             cfg.clip_c_threshold, cfg.clip_pg_rho_threshold, cfg.vtrace_lambda)
@@ -241,4 +259,4 @@ class _PolicyNet(nn.Module):
         self.model = model
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.model.policy(obs)
+        return self.model.policy(obs) if hasattr(self.model, "policy") else self.model(obs)[0]

@@ -6,14 +6,26 @@ what the loss sees, the env receives it scaled from [-1, 1] to the bounds and th
 from __future__ import annotations
 
 import math
-from typing import List, Optional, Tuple
+from typing import TYPE_CHECKING, List, Optional, Tuple
 
 import gymnasium as gym
 import numpy as np
-import torch
-from torch import nn
 
 from flowkit.core._encoders import SpaceError
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+else:  # imported on first use: ActionDist's numpy side (spaces, to_env) serves torch-free rollout workers
+    class _Lazy:
+        def __init__(self, key: str, name: str):
+            self._key, self._name = key, name
+
+        def __getattr__(self, attr: str):  # the module replaces this stand-in on first use
+            import importlib
+            mod = globals()[self._key] = importlib.import_module(self._name)
+            return getattr(mod, attr)
+    torch, nn = _Lazy("torch", "torch"), _Lazy("nn", "torch.nn")
 
 
 class ActionDist:

@@ -1,17 +1,69 @@
 """The numpy mirror of :class:`ActorCritic` and of categorical/Gaussian sampling, for acting
-on CPU rollout workers (a few rows per call, where torch's per-op dispatch dominates)."""
+on CPU rollout workers (a few rows per call, where torch's per-op dispatch dominates), and
+the acting side of every policy that needs no torch: :class:`Acting` (Policy's base),
+:class:`ActorCriticActing` (ActorCriticPolicy's) and :class:`NumpyActorCriticPolicy`, the
+copy a Ray rollout worker builds instead of an actor-critic policy whose acting is this
+mirror (the worker process then never imports torch). This module imports no torch."""
 from __future__ import annotations
 
 import math
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
-from torch import nn
 
+from flowkit.core import batch as sb
 from flowkit.core._distributions import ActionDist
-from flowkit.core._models import _ACT_FN, ActorCritic, TwinMLP
+from flowkit.core._encoders import ObsEncoder, add_batch_axis, batch_len
+from flowkit.core._returns import bootstrap_rows, compute_gae, next_values
 
-_NP_ACT: Dict[str, Callable[[np.ndarray], np.ndarray]] = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0, out=x)}
+if TYPE_CHECKING:
+    from flowkit.core._models import ActorCritic
+
+NP_ACTIVATIONS: Dict[str, Callable[[np.ndarray], np.ndarray]] = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0, out=x)}
+
+
+def numpy_layout(model: "ActorCritic", dist: ActionDist, activation: str) -> Optional[Dict[str, Any]]:
+    """The structure of an MLP :class:`ActorCritic` in the names of its ``state_dict`` (plain
+    data, picklable), or None when :class:`NumpyActorCritic` cannot mirror it (CNNs, a shared
+    trunk, other activations or action spaces, a subclassed model)."""
+    from flowkit.core._models import _ACT_FN, ActorCritic, TwinMLP
+    if (type(model) is not ActorCritic or dist.kind not in ("cat", "gauss", "gauss_unbounded")
+            or activation not in NP_ACTIVATIONS or model.sde_log_std is not None):
+        return None
+    lay: Dict[str, Any] = {"activation": activation, "log_std": model.log_std is not None,
+                           "clip": None if model.obs_rms is None else float(model.obs_rms.clip), "twin": None}
+    if model.twin is not None:
+        if type(model.twin) is not TwinMLP or model.twin.act is not _ACT_FN[activation]:
+            return None
+        lay["twin"] = list(model.twin.hidden)
+        return lay
+    if model.shared:
+        return None
+    for head in ("pi", "vf"):
+        lay[head] = linear_names(model, getattr(model, head))
+        if not lay[head]:
+            return None
+    return lay
+
+
+def linear_names(model: Any, part: Any) -> Optional[List[str]]:
+    """The ``state_dict`` prefixes in ``model`` of the ``nn.Linear`` layers of ``part``, a
+    (nested) ``nn.Sequential`` of Linear and Tanh/ReLU layers (in order), or None for any
+    other module (the layers' activation is the config's ``model.activation``)."""
+    from torch import nn
+    names = {id(m): n for n, m in model.named_modules()}
+    out: List[str] = []
+    for m in part.modules():
+        if type(m) is nn.Linear:
+            out.append(names[id(m)])
+        elif type(m) not in (nn.Sequential, nn.Tanh, nn.ReLU):
+            return None
+    return out
+
+
+def linear_layers(weights: Mapping[str, np.ndarray], names: List[str]) -> List[Tuple[np.ndarray, np.ndarray]]:
+    """``(W.T, b)`` per layer of :func:`linear_names` (views of ``weights``): ``x @ W.T + b``."""
+    return [(weights[f"{n}.weight"].T, weights[f"{n}.bias"]) for n in names]
 
 
 class NumpyActorCritic:
@@ -19,67 +71,54 @@ class NumpyActorCritic:
 
     A worker evaluates the network on a few rows per env step (one per sub-env), where each
     torch call costs several microseconds of dispatch; numpy's calls cost about one. This
-    computes the same functions (float32 throughout) on views of the model's parameters (no
-    copies: weights set with ``load_state_dict`` and in-place optimizer steps are seen at
-    once; a parameter whose storage moved rebuilds the views).
+    computes the same functions (float32 throughout) on ``weights`` (``{state_dict name:
+    array}``), or on views of ``model``'s parameters (no copies: weights set with
+    ``load_state_dict`` and in-place optimizer steps are seen at once; a parameter whose
+    storage moved rebuilds the views).
 
     Supported: MLP models (``TwinMLP``, or separate policy/value ``nn.Sequential`` of
     ``nn.Linear`` and Tanh/ReLU), optional running observation normalisation, Discrete
     (with action masks) and Box (Gaussian) actions. :meth:`build` returns None for anything
-    else (gSDE, CNNs, a shared trunk, other activations or action spaces, a subclassed model) and
-    the policy keeps its torch path.
+    else (gSDE, reward normalisation, CNNs, a shared trunk, other activations or action spaces,
+    a subclassed model) and the policy keeps its torch path.
     """
     twin: Optional[Tuple[Any, ...]]  # TwinMLP: w0, b0, ws, bs, wa, ba, wb, bb, hidden
     pi: List[Tuple[np.ndarray, np.ndarray]]
     vf: List[Tuple[np.ndarray, np.ndarray]]
 
-    def __init__(self, model: "ActorCritic", activation: str):
-        self.model, self.act = model, _NP_ACT[activation]
+    def __init__(self, layout: Dict[str, Any], weights: Optional[Mapping[str, np.ndarray]] = None,
+                 model: Optional["ActorCritic"] = None):
+        self.layout, self.model, self.act = layout, model, NP_ACTIVATIONS[layout["activation"]]
+        self._watch: List[Any] = []
         self._ptrs: Tuple[int, ...] = ()
-        self._bind()
+        self._bind(weights)
 
     @classmethod
-    def build(cls, model: "ActorCritic", dist: "ActionDist", activation: str) -> Optional["NumpyActorCritic"]:
-        if (type(model) is not ActorCritic or dist.kind not in ("cat", "gauss", "gauss_unbounded")
-                or model.sde_log_std is not None
-                or activation not in _NP_ACT or any(p.device.type != "cpu" for p in model.parameters())):
+    def build(cls, model: "ActorCritic", dist: ActionDist, activation: str) -> Optional["NumpyActorCritic"]:
+        lay = numpy_layout(model, dist, activation)
+        if lay is None or any(p.device.type != "cpu" for p in model.parameters()):
             return None
-        if model.twin is not None:
-            if type(model.twin) is not TwinMLP or model.twin.act is not _ACT_FN[activation]:
-                return None
-        elif model.shared or not all(cls._mlp_layers(s) for s in (model.pi, model.vf)):
-            return None
-        return cls(model, activation)
+        return cls(lay, model=model)
 
-    @staticmethod
-    def _mlp_layers(seq: nn.Module) -> List[nn.Linear]:
-        """The Linear layers of a (nested) Sequential of Linear + Tanh/ReLU, else []."""
-        out: List[nn.Linear] = []
-        for m in seq.modules():
-            if isinstance(m, nn.Sequential):
-                continue
-            if type(m) is nn.Linear:
-                out.append(m)
-            elif type(m) not in (nn.Tanh, nn.ReLU):
-                return []
-        return out
-
-    def _bind(self) -> None:
-        m = self.model
-        v = lambda t: t.detach().numpy()  # noqa: E731 - a view, not a copy
-        self.rms = None if m.obs_rms is None else (v(m.obs_rms.mean), v(m.obs_rms.var), m.obs_rms.clip)
-        self.log_std = None if m.log_std is None else v(m.log_std)
-        if m.twin is not None:
-            t = m.twin
-            self.twin = (v(t.w0).T if t.hidden else None, v(t.b0) if t.hidden else None,
-                         [v(w) for w in t.ws], [v(b) for b in t.bs],
-                         v(t.wa).T, v(t.ba), v(t.wb).T, v(t.bb), t.hidden)
+    def _bind(self, w: Optional[Mapping[str, np.ndarray]] = None) -> None:
+        if w is None:  # views of the model's tensors
+            m = self.model
+            assert m is not None
+            w = {k: t.numpy() for k, t in m.state_dict().items()}
+            self._watch = [*m.parameters(), *m.buffers()]
+            self._ptrs = tuple(t.data_ptr() for t in self._watch)
+        lay = self.layout
+        self.rms = None if lay["clip"] is None else (w["obs_rms.mean"], w["obs_rms.var"], lay["clip"])
+        self.log_std = w["log_std"] if lay["log_std"] else None
+        hidden = lay["twin"]
+        if hidden is not None:
+            n = max(len(hidden) - 1, 0)
+            self.twin = (w["twin.w0"].T if hidden else None, w["twin.b0"] if hidden else None,
+                         [w[f"twin.ws.{i}"] for i in range(n)], [w[f"twin.bs.{i}"] for i in range(n)],
+                         w["twin.wa"].T, w["twin.ba"], w["twin.wb"].T, w["twin.bb"], hidden)
         else:
             self.twin = None
-            self.pi = [(v(lin.weight).T, v(lin.bias)) for lin in self._mlp_layers(m.pi)]
-            self.vf = [(v(lin.weight).T, v(lin.bias)) for lin in self._mlp_layers(m.vf)]
-        self._watch = [*m.parameters(), *m.buffers()]
-        self._ptrs = tuple(t.data_ptr() for t in self._watch)
+            self.pi, self.vf = linear_layers(w, lay["pi"]), linear_layers(w, lay["vf"])
 
     def _mlp(self, x: np.ndarray, layers) -> np.ndarray:
         for i, (w, b) in enumerate(layers):
@@ -90,7 +129,7 @@ class NumpyActorCritic:
 
     def forward(self, obs: np.ndarray, value: bool = True) -> Tuple[np.ndarray, Optional[np.ndarray]]:
         """obs float32[B, d] -> (dist_inputs float32[B, k], value float32[B] or None)."""
-        if tuple([t.data_ptr() for t in self._watch]) != self._ptrs:
+        if self._watch and tuple([t.data_ptr() for t in self._watch]) != self._ptrs:
             self._bind()
         x = obs if obs.dtype == np.float32 and obs.ndim == 2 else np.asarray(obs, np.float32).reshape(len(obs), -1)
         if self.rms is not None:
@@ -134,3 +173,141 @@ def sample_logp_numpy(dist: "ActionDist", inputs: np.ndarray, mask: Optional[np.
     logp = (-0.5 * eps * eps - log_std - np.float32(0.5 * math.log(2 * math.pi))).sum(-1)
     return a.astype(np.float32), logp.astype(np.float32)
 
+
+
+def check_mask(mask: Optional[np.ndarray], where: str = "") -> None:
+    """Raises ValueError when a row of ``mask`` (int/bool[B, n]) allows no action."""
+    if mask is not None and mask.shape[0] and not mask.any(axis=1).all():
+        rows = np.flatnonzero(~mask.any(axis=1)).tolist()
+        raise ValueError(f"action_mask allows no action in rows {rows}{where}: "
+                         "an agent asked to act needs at least one legal action")
+
+
+class Acting:
+    """The torch-free acting side of a policy (the base of :class:`~flowkit.core.Policy`):
+    ``encoder``, ``dist`` and :meth:`compute_actions_encoded` make :meth:`compute_actions`."""
+    encoder: ObsEncoder
+    dist: ActionDist
+    check_mask = staticmethod(check_mask)
+
+    def compute_actions_encoded(self, obs: np.ndarray, mask: Optional[np.ndarray] = None,
+                                explore: bool = True) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
+        """Actions for encoded observations ``float32[B, *shape]``.
+
+        Returns:
+            ``(actions, extras)``: actions as sampled (numpy, ``[B]`` or ``[B, k]``) and
+            per-row extras to store in the batch (e.g. ``action_logp``, ``vf_preds``).
+        Raises:
+            ValueError: if a row of ``mask`` allows no action.
+        """
+        raise NotImplementedError
+
+    def compute_actions(self, obs: Any, explore: bool = False) -> np.ndarray:
+        """Env-ready actions for raw observations (one, or a batch with a leading axis).
+
+        Raises:
+            ValueError: an observation whose action mask allows nothing.
+        """
+        batched = self.encoder.is_batched(obs)
+        if not batched:
+            obs = add_batch_axis(obs)
+        enc, mask = self.encoder(obs, batch_len(obs))
+        actions, _ = self.compute_actions_encoded(enc, mask, explore)
+        env_actions = self.dist.to_env(actions)
+        return env_actions if batched else env_actions[0]
+
+    def postprocess_trajectory(self, batch: sb.SampleBatch) -> sb.SampleBatch:
+        """Per-trajectory processing on the worker (GAE, n-step). Default: unchanged.
+
+        ``batch`` holds one or more contiguous trajectory pieces (see :mod:`batch`)."""
+        return batch
+
+
+class ActorCriticActing(Acting):
+    """The acting side of :class:`~flowkit.core.ActorCriticPolicy` (torch-free).
+
+    Class attributes:
+        store_values: acting evaluates the value network and stores ``vf_preds`` and
+            ``action_dist_inputs`` (PPO); False acts with the policy network only (IMPALA).
+        worker_gae: :meth:`postprocess_trajectory` adds GAE advantages (:meth:`add_gae`;
+            PPO, A2C); False leaves the batch as it is (IMPALA: V-trace on the learner).
+    """
+    store_values = True
+    worker_gae = False
+    config: Any
+    np_random: np.random.Generator
+
+    def compute_values(self, obs: np.ndarray) -> np.ndarray:
+        """V(obs) for encoded observations float32[B, *shape] -> float32[B]."""
+        raise NotImplementedError
+
+    def _act_numpy(self, npm: NumpyActorCritic, obs, mask, explore):
+        inputs, value = npm.forward(obs, value=self.store_values)
+        a, logp = sample_logp_numpy(self.dist, inputs, mask, explore, self.np_random)
+        return a, self._extras(logp, value, inputs)
+
+    def _extras(self, logp, value, inputs) -> Dict[str, np.ndarray]:
+        if not self.store_values:
+            return {sb.ACTION_LOGP: logp}
+        return {sb.ACTION_LOGP: logp, sb.VF_PREDS: value, sb.ACTION_DIST_INPUTS: inputs}
+
+    def postprocess_trajectory(self, batch: sb.SampleBatch) -> sb.SampleBatch:
+        return self.add_gae(batch) if self.worker_gae else batch
+
+    def add_gae(self, batch: sb.SampleBatch, gae_lambda: Optional[float] = None) -> sb.SampleBatch:
+        """A copy of ``batch`` (trajectory pieces with ``vf_preds``) with ``advantages`` and
+        ``value_targets`` from :func:`compute_gae`; truncations and cuts bootstrap from
+        V(``next_obs``) under the current weights, terminations from 0. ``gae_lambda``
+        (default ``config.gae_lambda``) = 1 gives n-step returns to the end of each piece."""
+        out = sb.SampleBatch(batch)
+        if len(out) == 0:
+            return out
+        v = np.asarray(out[sb.VF_PREDS], np.float32)
+        cont, boot = bootstrap_rows(out)
+        boot_v = self.compute_values(np.asarray(out[sb.NEXT_OBS])[boot]) if len(boot) else None
+        adv, vt = compute_gae(np.asarray(out[sb.REWARDS], np.float32), v, next_values(v, cont, boot, boot_v),
+                              cont, self.config.gamma, self.config.gae_lambda if gae_lambda is None else gae_lambda)
+        out[sb.ADVANTAGES], out[sb.VALUE_TARGETS] = adv, vt
+        return out
+
+
+class NumpyActorCriticPolicy(ActorCriticActing):
+    """The acting copy of an :class:`~flowkit.core.ActorCriticPolicy` that Ray rollout
+    workers build instead of the torch one (see ``ActorCriticPolicy.worker_policy_class``):
+    the same acting as that policy's numpy mirror (same RNG stream: ``np.random.default_rng
+    (seed)``), GAE's V(``next_obs``) in numpy too, weights ``{state_dict name: float32
+    array}``. The worker process imports no torch.
+
+    Args: as :class:`~flowkit.core.Policy`, plus ``layout`` (:func:`numpy_layout`),
+    ``store_values``, ``worker_gae`` and the first ``weights``.
+    """
+    inference_only = True
+    optimizer = None
+
+    def __init__(self, observation_space, action_space, config, model_config=None, device="cpu", seed=0,
+                 inference_only=True, *, layout: Dict[str, Any], store_values: bool, worker_gae: bool,
+                 weights: Mapping[str, np.ndarray]):
+        self.observation_space, self.action_space = observation_space, action_space
+        self.config, self.model_config, self.device = config, model_config, "cpu"
+        self.encoder, self.dist = ObsEncoder(observation_space), ActionDist(action_space)
+        self.np_random = np.random.default_rng(seed)
+        self.layout, self.store_values, self.worker_gae = layout, store_values, worker_gae
+        self.num_updates = 0
+        self.set_weights(weights)
+
+    def set_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        self._weights = {k: np.asarray(v) for k, v in weights.items()}
+        self.net = NumpyActorCritic(self.layout, self._weights)
+
+    def get_weights(self) -> Dict[str, np.ndarray]:
+        return {k: v.copy() for k, v in self._weights.items()}
+
+    def compute_actions_encoded(self, obs, mask=None, explore=True):
+        if mask is not None:
+            self.check_mask(mask)
+        return self._act_numpy(self.net, obs, mask, explore)
+
+    def compute_values(self, obs: np.ndarray) -> np.ndarray:
+        value = self.net.forward(np.ascontiguousarray(obs, np.float32))[1]
+        assert value is not None
+        return value

@@ -8,7 +8,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Deque, Dict, List, Optional, Sequence
 
 import numpy as np
@@ -248,12 +248,15 @@ def make_context(config: DictConfig, pm: Any, algorithms: Dict[str, Any],
     device = config.learner.device
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"learner.device={device!r} but torch sees no CUDA device")
-    policies = {pid: s.policy_class(s.observation_space, s.action_space, s.config, config.model,
+    policies = {pid: s.policy_class(s.observation_space, s.action_space, s.config, s.model_config(config),
                                     device, derive_seed(seed, "learner", pid))
                 for pid, s in policy_specs.items()}
     rt = config.runtime
     off = all(getattr(a, "off_policy", False) for a in algorithms.values())
-    ctx = RunContext(config, pm, algorithms, policy_specs, policies, WorkerSet(config, policy_specs, pm),
+    remote = {pid: replace(s, policy_class=c) if (c := policies[pid].worker_policy_class()) else s
+              for pid, s in policy_specs.items()} if config.runtime.backend == "ray" else None
+    ctx = RunContext(config, pm, algorithms, policy_specs, policies,
+                     WorkerSet(config, policy_specs, pm, remote_specs=remote),
                      np.random.default_rng(derive_seed(seed, "learner")), run_dir,
                      bool(off if rt.prefetch is None else rt.prefetch))
     ctx.workers.weights_fn = ctx._initial_weights

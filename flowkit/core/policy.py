@@ -3,7 +3,7 @@
 ``_encoders``, ``_distributions`` and ``_models`` (public through :mod:`flowkit.core`)."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import gymnasium as gym
 import numpy as np
@@ -12,10 +12,11 @@ from torch import nn
 
 from flowkit.core import batch as sb
 from flowkit.core._distributions import ActionDist
-from flowkit.core._encoders import ObsEncoder, add_batch_axis, batch_len
+from flowkit.core._encoders import ObsEncoder
+from flowkit.core._numpy_model import Acting
 
 
-class Policy:
+class Policy(Acting):
     """Base class of every policy: owns the network and the math of one algorithm.
 
     Lifecycle: built on the driver (learner copy, with optimizer) and on every rollout
@@ -52,32 +53,67 @@ class Policy:
         self.optimizer: Optional[FlatAdam] = None
         self.num_updates = 0  # learner updates applied to these weights (policy lag)
 
-    # ---- acting ---------------------------------------------------------------------------
-    def compute_actions_encoded(self, obs: np.ndarray, mask: Optional[np.ndarray] = None,
-                                explore: bool = True) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
-        """Actions for encoded observations ``float32[B, *shape]``.
+    def build_model(self, default: nn.Module) -> nn.Module:
+        """``default`` (the policy's own network), or the custom network of ``model.class``.
 
-        Returns:
-            ``(actions, extras)``: actions as sampled (numpy, ``[B]`` or ``[B, k]``) and
-            per-row extras to store in the batch (e.g. ``action_logp``, ``vf_preds``).
+        The custom-model contract: ``model.class=module:Class`` names a ``torch.nn.Module``
+        subclass importable where the run (and a later ``from_checkpoint``) runs; flowkit
+        builds it as ``Class(encoder, num_outputs, model_config)`` -- ``encoder`` the
+        :class:`~flowkit.core.ObsEncoder` (``encoder.shape``: the encoded observation's shape),
+        ``num_outputs`` the last dimension of the default network's first output, and
+        ``model_config`` the ``model.*`` section -- and its ``forward(obs float32[B,
+        *encoder.shape])`` must return what the default network returns, in structure, shape
+        and dtype: ``(dist_inputs float32[B, num_outputs], value float32[B])`` for the
+        actor-critic policies (PPO, IMPALA), ``q float32[B, num_actions]`` for DQN. Optional
+        methods ``policy(obs)`` and ``value(obs)`` (actor-critics) skip the other head;
+        ``obs_rms`` (a :class:`~flowkit.core.RunningMeanStd`) enables
+        ``normalize_observations``. Checkpoints name the class in their config, never store
+        its code.
+
         Raises:
-            ValueError: if a row of ``mask`` allows no action.
+            ConfigError: the class does not import, is not a Module, cannot be built with
+                those arguments, or its outputs on a probe batch differ from the default's.
         """
-        raise NotImplementedError
+        from flowkit.config import ConfigError
+        spec = self.model_config.get("class") if hasattr(self.model_config, "get") else None
+        if not spec:
+            return default
+        import importlib
+        mod, _, name = str(spec).partition(":")
+        try:
+            cls = getattr(importlib.import_module(mod), name)
+        except Exception as e:
+            raise ConfigError(f"model.class={spec!r} does not import: {type(e).__name__}: {e}") from None
+        if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+            raise ConfigError(f"model.class={spec!r} is {cls!r}, not a torch.nn.Module subclass")
+        probe = torch.zeros((2, *self.encoder.shape), dtype=torch.float32)
+        with torch.no_grad():
+            want = default(probe)
+        n = int((want[0] if isinstance(want, tuple) else want).shape[-1])
+        try:
+            model = cls(self.encoder, n, self.model_config)
+            with torch.no_grad():
+                got = model(probe)
+        except Exception as e:
+            raise ConfigError(f"model.class={spec!r}: Class(encoder, num_outputs={n}, model_config) then "
+                              f"forward(float32[2, {', '.join(map(str, self.encoder.shape))}]) failed: "
+                              f"{type(e).__name__}: {e}") from None
 
-    def compute_actions(self, obs: Any, explore: bool = False) -> np.ndarray:
-        """Env-ready actions for raw observations (one, or a batch with a leading axis).
+        def shape(x: Any) -> str:
+            if isinstance(x, tuple):
+                return "(" + ", ".join(shape(y) for y in x) + ")"
+            return f"{str(x.dtype).replace('torch.', '')}{list(x.shape)}" if isinstance(x, torch.Tensor) else type(x).__name__
+        if shape(got) != shape(want):
+            raise ConfigError(f"model.class={spec!r}: forward returned {shape(got)} for a batch of 2 observations; "
+                              f"{type(self).__name__} expects {shape(want)} (as its default {type(default).__name__})")
+        return model.to(self.device)
 
-        Raises:
-            ValueError: an observation whose action mask allows nothing.
-        """
-        batched = self.encoder.is_batched(obs)
-        if not batched:
-            obs = add_batch_axis(obs)
-        enc, mask = self.encoder(obs, batch_len(obs))
-        actions, _ = self.compute_actions_encoded(enc, mask, explore)
-        env_actions = self.dist.to_env(actions)
-        return env_actions if batched else env_actions[0]
+    # ---- acting (compute_actions_encoded, compute_actions, check_mask, postprocess_trajectory:
+    # see Acting) ----------------------------------------------------------------------------
+    def worker_policy_class(self) -> Optional[Callable[..., Any]]:
+        """What Ray rollout workers build instead of ``type(self)`` (called with the same
+        arguments): a torch-free acting copy, or None (``type(self)``). Asked on the driver."""
+        return None
 
     def action_model(self) -> Optional[nn.Module]:
         """The network from encoded observations ``float32[B, *shape]`` to the action
@@ -86,22 +122,7 @@ class Policy:
         encoding and greedy action selection. Default: ``self.model``; None: nothing to export."""
         return self.model
 
-    @staticmethod
-    def check_mask(mask: Optional[np.ndarray], where: str = "") -> None:
-        """Raise ValueError if a row of ``mask`` (int8/bool[B, n]) allows no action (the
-        message names the rows, then ``where``)."""
-        if mask is not None and mask.shape[0] and not mask.any(axis=1).all():
-            rows = np.flatnonzero(~mask.any(axis=1)).tolist()
-            raise ValueError(f"action_mask allows no action in rows {rows}{where}: "
-                             "an agent asked to act needs at least one legal action")
-
     # ---- learning ---------------------------------------------------------------------------
-    def postprocess_trajectory(self, batch: sb.SampleBatch) -> sb.SampleBatch:
-        """Per-trajectory processing on the worker (GAE, n-step). Default: unchanged.
-
-        ``batch`` holds one or more contiguous trajectory pieces (see :mod:`batch`)."""
-        return batch
-
     def prepare_batch(self, batch: sb.SampleBatch) -> Dict[str, torch.Tensor]:
         """Columns as tensors on the learner device (once per train batch)."""
         return {k: to_tensor(v, self.device) for k, v in batch.items()}

@@ -11,8 +11,9 @@ import functools
 import itertools
 import logging
 import os
+import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -20,7 +21,9 @@ import numpy as np
 from flowkit.core import batch as sb
 from flowkit.core._envs import EnvContext, EnvError, SpaceCheck, derive_seed, env_name, make_env
 from flowkit.core.flow import LocalActor, LocalFuture, RayActor, get_result
-from flowkit.core.policy import Policy
+
+if TYPE_CHECKING:
+    from flowkit.core.policy import Policy
 
 _log = logging.getLogger("flowkit")
 
@@ -34,6 +37,11 @@ class PolicySpec:
     action_space: gym.Space
     config: Any                 # the algorithm's config dataclass instance
     algo: str = ""
+    model: Any = None           # this policy's model.* section (DictConfig); None: the run's
+
+    def model_config(self, run_config: Any) -> Any:
+        """The ``model.*`` section this policy is built with."""
+        return self.model if self.model is not None else run_config.model
 
 
 class RolloutWorker:
@@ -52,7 +60,6 @@ class RolloutWorker:
 
     def __init__(self, config: Any, index: int, num_workers: int, policy_specs: Dict[str, PolicySpec],
                  restart_count: int = 0, pm: Any = None, num_envs: Optional[int] = None):
-        import torch
         from omegaconf import DictConfig, OmegaConf
         if not isinstance(config, DictConfig):
             config = OmegaConf.create(config)
@@ -61,14 +68,15 @@ class RolloutWorker:
         if pm is None:
             from flowkit.hooks import get_plugin_manager
             pm = get_plugin_manager(list(config.plugins), include_registered=False)
-            torch.set_num_threads(max(1, int(config.runtime.torch_threads)))
+            if "torch" in sys.modules:  # policies that act in numpy leave it unloaded
+                sys.modules["torch"].set_num_threads(max(1, int(config.runtime.torch_threads)))
         self.pm = pm
         self.weights_version = 0
         self.episode_ids = itertools.count(index * 10_000_000 + restart_count * 1_000_000_000)
         seed = int(config.seed)
-        self.policies: Dict[str, Policy] = {
+        self.policies: Dict[str, "Policy"] = {
             pid: spec.policy_class(spec.observation_space, spec.action_space, spec.config,
-                                   config.model, "cpu", derive_seed(seed, "policy", pid, index, restart_count),
+                                   spec.model_config(config), "cpu", derive_seed(seed, "policy", pid, index, restart_count),
                                    inference_only=True)
             for pid, spec in policy_specs.items()}
         n = int(num_envs or config.runtime.num_envs_per_worker)
@@ -219,8 +227,10 @@ class WorkerSet:
     """
 
     def __init__(self, config: Any, policy_specs: Dict[str, PolicySpec], pm: Any,
-                 weights_fn: Optional[Callable[[], Dict[str, Any]]] = None):
+                 weights_fn: Optional[Callable[[], Dict[str, Any]]] = None,
+                 remote_specs: Optional[Dict[str, PolicySpec]] = None):
         self.config, self.policy_specs, self.pm = config, policy_specs, pm
+        self.remote_specs = remote_specs or policy_specs  # what Ray actors build (Policy.worker_policy_class)
         self.backend = config.runtime.backend
         self.num_workers = max(1, int(config.runtime.num_workers))
         self.sample_timeout_s = float(config.runtime.get("sample_timeout_s", 300.0))
@@ -245,14 +255,15 @@ class WorkerSet:
     def _make(self, index: int) -> Any:
         """A new worker in slot ``index``; its construction errors are raised by its first call
         (``ping``) on either backend."""
-        args = (index, self.num_workers, self.policy_specs, self.restart_counts[index])
+        n, restarts = self.num_workers, self.restart_counts[index]
         try:
             if self.backend == "local":
-                a: Any = LocalActor(RolloutWorker(self.config, *args, pm=self.pm), index)
+                a: Any = LocalActor(RolloutWorker(self.config, index, n, self.policy_specs, restarts, pm=self.pm), index)
             else:
                 import ray
                 cls = ray.remote(num_cpus=float(self.config.runtime.num_cpus_per_worker), max_restarts=0)
-                a = RayActor(cls(_RayRolloutWorker).remote(self._container, *args), index)
+                a = RayActor(cls(_RayRolloutWorker).remote(self._container, index, n, self.remote_specs, restarts),
+                             index)
         except Exception as e:
             a = _FailedActor(e, index)
         a.timeout_s = self.sample_timeout_s

@@ -6,7 +6,7 @@ import importlib
 import importlib.metadata as md
 import inspect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Type
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Type
 
 import pluggy
 
@@ -46,6 +46,28 @@ class AlgorithmRef:
             raise PluginError(f"algorithm {self.name!r}: {self.target} failed to import: {type(e).__name__}: {e}") from e
 
 
+class Algorithms(Mapping):
+    """``{name: Algorithm class or AlgorithmRef}`` whose refs are imported on first lookup."""
+
+    def __init__(self, algos: Dict[str, Any]):
+        self._algos = dict(algos)
+
+    def __getitem__(self, name: str) -> Any:
+        a = self._algos[name]
+        if isinstance(a, AlgorithmRef):
+            a = self._algos[name] = a.load()
+        return a
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._algos
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._algos)
+
+    def __len__(self) -> int:
+        return len(self._algos)
+
+
 class PluginManager(pluggy.PluginManager):
     """pluggy's manager, where an undecorated ``flowkit_*`` method also counts as a hookimpl
     (so a subclass overriding a decorated method keeps the hook, as pytest does)."""
@@ -54,7 +76,7 @@ class PluginManager(pluggy.PluginManager):
         super().__init__("flowkit")
         self.add_hookspecs(specs)
         self.dists: Dict[str, str] = {}  # plugin name -> "dist version"
-        self._registry: Dict[str, Dict[str, Any]] = {}  # registration results, until the next (un)register
+        self._registry: Dict[str, Any] = {}  # registration results, until the next (un)register
         self.owner: Dict[str, str] = {}  # algorithm or reporter name -> plugin name
 
     def register(self, plugin: Any, name: Optional[str] = None) -> Optional[str]:
@@ -94,12 +116,14 @@ class PluginManager(pluggy.PluginManager):
         except pluggy.PluginValidationError as e:
             raise PluginError(f"unknown hook: {e}") from None
 
-    def algorithms(self, load: bool = True) -> Dict[str, Any]:
-        """``{name: Algorithm class}``; a name contributed twice is an error naming both.
-        ``load=False``: as contributed (an :class:`AlgorithmRef` stays one: no torch)."""
+    def algorithms(self, load: bool = True) -> Mapping[str, Any]:
+        """``{name: Algorithm class}``, each class imported when it is first looked up (a run
+        imports only the algorithms it uses: a broken plugin it does not use stays unloaded);
+        a name contributed twice is an error naming both. ``load=False``: as contributed (an
+        :class:`AlgorithmRef` stays one: no torch)."""
         algos = self._named("algorithm", self.hook.flowkit_add_algorithms)
         if load and "loaded" not in self._registry:
-            self._registry["loaded"] = {n: a.load() if isinstance(a, AlgorithmRef) else a for n, a in algos.items()}
+            self._registry["loaded"] = Algorithms(algos)
         return self._registry["loaded"] if load else algos
 
     def _named(self, kind: str, hook: Any) -> Dict[str, Any]:

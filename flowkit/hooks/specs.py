@@ -21,7 +21,7 @@ asserted by ``tests/test_hooks.py``.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Type, Union
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, Type, Union
 
 import pluggy
 
@@ -109,14 +109,15 @@ def flowkit_add_reporters() -> List[type]:
 
 @hookspec(firstresult=True)
 def flowkit_make_policy_specs(config: DictConfig, env: Any,
-                              algorithms: Dict[str, Type[Algorithm]]) -> Optional[Dict[str, PolicySpec]]:
+                              algorithms: Mapping[str, Type[Algorithm]]) -> Optional[Dict[str, PolicySpec]]:
     """Decide the policies of a run from a probe env built on the driver.
 
     Args:
         config: the full run config.
         env: a probe env, closed afterwards (a Gymnasium Env or a PettingZoo env: no common
             base class, hence ``Any``).
-        algorithms: ``{name: Algorithm class}`` of every installed algorithm.
+        algorithms: ``{name: Algorithm class}`` of every installed algorithm (a read-only
+            mapping that imports each class when it is first looked up).
     Returns:
         ``{policy_id: PolicySpec}`` (policy class, spaces, algorithm config, algorithm name),
         or None if the env is not yours.

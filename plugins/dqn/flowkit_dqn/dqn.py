@@ -33,7 +33,8 @@ TrainOneStep -> UpdatePriorities (to the serving shard) -> UpdateTargetNetwork.
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, List, Optional, Tuple
+import functools
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import gymnasium as gym
 import numpy as np
@@ -45,51 +46,15 @@ from flowkit import ConfigError
 from flowkit.config import check_schedules
 from flowkit.core import ObsEncoder, Policy, build_mlp, build_trunk, derive_seed, ops, replay, to_tensor
 from flowkit.core import batch as sb
+from flowkit.core._numpy_model import NP_ACTIVATIONS, linear_names
 from flowkit.core.context import RunContext
 from flowkit.core.flow import get_result
 from flowkit.core.learner import Learner
 from flowkit_dqn import DQNConfig
+from flowkit_dqn.acting import DQNActing, NumpyDQNPolicy, SetEpsilon, apex_epsilon, compute_n_step, epsilon_at  # noqa: F401
 
 
-# ---- exploration schedules ----------------------------------------------------------------
-def epsilon_at(cfg: Any, env_steps: int) -> float:
-    """Linear schedule: ``initial_epsilon`` -> ``final_epsilon`` over ``epsilon_timesteps``
-    env steps sampled, constant after."""
-    if cfg.epsilon_timesteps <= 0:
-        return float(cfg.final_epsilon)
-    frac = min(1.0, env_steps / cfg.epsilon_timesteps)
-    return float(cfg.initial_epsilon + frac * (cfg.final_epsilon - cfg.initial_epsilon))
-
-
-def apex_epsilon(worker_index: int, num_workers: int, base: float = 0.4, alpha: float = 7.0) -> float:
-    """Ape-X's fixed per-worker epsilon (Horgan et al. 2018, section 4.1):
-    ``base^(1 + alpha * i / (N - 1))``; ``base`` when N == 1."""
-    return float(base if num_workers <= 1 else base ** (1.0 + alpha * max(worker_index, 0) / (num_workers - 1)))
-
-
-# ---- n-step returns and targets -----------------------------------------------------------------
-def compute_n_step(rewards: np.ndarray, ends: np.ndarray, gamma: float,
-                   n: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """n-step discounted returns over a flat sequence of trajectory pieces.
-
-    Args:
-        rewards: float32[L]. ends: bool[L], True where a piece ends (terminated, truncated or
-            cut; the last row must be True). gamma: discount. n: window length >= 1.
-    Returns:
-        ``(returns float32[L], last int64[L], n_steps int64[L])``: the window of row ``t``
-        covers rows ``t .. last[t]`` (``n_steps = last - t + 1 <= n``), never past a piece end.
-    """
-    L = len(rewards)
-    r, ends, t = np.asarray(rewards, np.float64), np.asarray(ends, bool), np.arange(L)
-    ret, last, active = np.zeros(L, np.float64), t.copy(), np.ones(L, bool)
-    for i in range(n):
-        idx = np.minimum(t + i, L - 1)
-        ret += np.where(active, (gamma ** i) * r[idx], 0.0)
-        last = np.where(active, idx, last)
-        active = active & ~ends[idx] & (t + i + 1 < L)
-    return ret.astype(np.float32), last.astype(np.int64), (last - t + 1).astype(np.int64)
-
-
+# ---- targets ----------------------------------------------------------------------------------
 def compute_q_targets(rewards: torch.Tensor, terminateds: torch.Tensor, discounts: torch.Tensor,
                       q_next_target: torch.Tensor, q_next_online: Optional[torch.Tensor] = None,
                       next_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -151,7 +116,10 @@ _TRAIN_COLS = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.NEXT_OBS, sb.N
                sb.NEXT_ACTION_MASK)
 
 
-class DQNPolicy(Policy):
+_WORKER_SIDE = ("compute_actions_encoded", "compute_actions", "q_values", "postprocess_trajectory", "set_weights")
+
+
+class DQNPolicy(DQNActing, Policy):
     """Q-network, target network (learner only), epsilon-greedy acting and the TD loss.
 
     ``epsilon`` is set from outside (the UpdateExploration operator, on the learner and on
@@ -159,7 +127,7 @@ class DQNPolicy(Policy):
     prioritized replay. Override :meth:`loss` to make a variant.
     """
 
-    model: QNetwork
+    model: Any  # a QNetwork, or the network of model.class
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):
@@ -168,7 +136,7 @@ class DQNPolicy(Policy):
             raise ConfigError(f"DQN needs a Discrete action space, got {action_space}")
         torch.manual_seed(seed)
         self.num_actions = self.dist.num_outputs
-        self.model = QNetwork(self.encoder, self.num_actions, model_config, config.dueling).to(self.device)
+        self.model = self.build_model(QNetwork(self.encoder, self.num_actions, model_config, config.dueling)).to(self.device)
         self.epsilon = float(config.initial_epsilon)
         self.td_error: Optional[np.ndarray] = None
         self.target_model: Optional[nn.Module] = None
@@ -176,40 +144,23 @@ class DQNPolicy(Policy):
             self.target_model = copy.deepcopy(self.model).requires_grad_(False)
             self.optimizer = self.make_optimizer(config.lr, config.adam_eps)
 
-    # -- acting (worker) --
-    def compute_actions_encoded(self, obs, mask=None, explore=True):
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
-            q = self.model(torch.from_numpy(obs)).numpy()
-        if mask is not None:
-            self.check_mask(mask)
-            legal = mask.astype(bool)
-            q = np.where(legal, q, -np.inf)
-        actions = q.argmax(1)
-        if explore and self.epsilon > 0:
-            u = self.np_random.random(q.shape[0])
-            scores = self.np_random.random(q.shape)
-            if mask is not None:
-                scores = np.where(legal, scores, -1.0)
-            actions = np.where(u < self.epsilon, scores.argmax(1), actions)
-        return actions.astype(np.int64), {}
+            return self.model(torch.from_numpy(obs)).numpy()
 
-    def postprocess_trajectory(self, batch: sb.SampleBatch) -> sb.SampleBatch:
-        """Add ``n_steps`` and, for ``n_step > 1``, fold rewards into n-step returns with
-        next_obs / terminated / truncated / next_action_mask taken from the window's last row."""
-        out = sb.SampleBatch(batch)
-        L = len(out)
-        n = int(self.config.n_step)
-        if L == 0 or n == 1:
-            out[sb.N_STEPS] = np.ones(L, np.int64)
-            return out
-        ends, term = sb.trajectory_ends(out)
-        ret, last, steps = compute_n_step(np.asarray(out[sb.REWARDS]), ends, self.config.gamma, n)
-        out[sb.REWARDS] = ret
-        for k in (sb.NEXT_OBS, sb.TERMINATEDS, sb.TRUNCATEDS, sb.NEXT_ACTION_MASK):
-            if k in out:
-                out[k] = np.asarray(out[k])[last]
-        out[sb.N_STEPS] = steps
-        return out
+    def worker_policy_class(self) -> Optional[Callable[..., Any]]:
+        """A :class:`~flowkit_dqn.acting.NumpyDQNPolicy` (torch-free) for an MLP QNetwork
+        acted on with DQNPolicy's own methods (a subclass overriding them keeps torch)."""
+        cls, mc = type(self), self.model_config
+        if (any(getattr(cls, m) is not getattr(DQNPolicy, m) for m in _WORKER_SIDE) or type(self.model) is not QNetwork
+                or mc is None or not bool(getattr(mc, "numpy_inference", True)) or mc.activation not in NP_ACTIVATIONS):
+            return None
+        m = self.model
+        heads = ("value_head", "advantage_head") if m.dueling else ("q_head",)
+        lay = {"activation": str(mc.activation), **{k: linear_names(m, getattr(m, k)) for k in ("trunk", *heads)}}
+        if any(v is None or (k != "trunk" and not v) for k, v in lay.items() if k != "activation"):
+            return None
+        return functools.partial(NumpyDQNPolicy, layout=lay, weights=self.get_weights())
 
     # -- learning (driver) --
     def prepare_batch(self, batch):
@@ -263,22 +214,6 @@ class DQNPolicy(Policy):
 
 
 # ---- operators --------------------------------------------------------------------------------
-class SetEpsilon:
-    """Set the epsilon of the DQN policies of a worker (picklable, sent with
-    ``RolloutWorker.apply``) or of a Learner to ``epsilon``, or to Ape-X's per-worker value
-    when ``apex`` holds ``(base, alpha)``. Returns the epsilon set."""
-
-    def __init__(self, policy_ids: List[str], epsilon: float = 0.0, apex: Optional[Tuple[float, float]] = None):
-        self.policy_ids, self.epsilon, self.apex = list(policy_ids), float(epsilon), apex
-
-    def __call__(self, worker: Any) -> float:
-        eps = self.epsilon if self.apex is None else apex_epsilon(worker.index, worker.num_workers, *self.apex)
-        for pid in self.policy_ids:
-            if pid in worker.policies:
-                worker.policies[pid].epsilon = eps
-        return eps
-
-
 class UpdateExploration:
     """Set epsilon from env steps sampled on the learner policies and on every worker whose
     value is out of date (fire and forget: a prefetched sample request is not waited for).

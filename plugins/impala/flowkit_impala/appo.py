@@ -90,7 +90,7 @@ class APPOPolicy(ActorCriticPolicy):
         inputs, values = self.model(obs)
         logp, entropy = self.dist.logp_entropy(inputs, actions, mask, entropy_grad=cfg.ent_coef != 0)
         with torch.no_grad():
-            target_inputs = self.target_model.policy(obs)
+            target_inputs = self.target_model.policy(obs) if hasattr(self.target_model, "policy") else self.target_model(obs)[0]
             target_logp = self.dist.logp(target_inputs, actions, mask)
         behaviour_logp = batch[sb.ACTION_LOGP]
         log_rhos = target_logp - behaviour_logp

@@ -35,7 +35,7 @@ def flowkit_make_policy_specs(config, env, algorithms):
 
 @flowkit.hookimpl
 def flowkit_make_env_runner(env, context, config, policies):
-    """Runs on: worker. None unless ``env`` is a PettingZoo env."""
+    """PettingZoo Parallel and AEC envs (runs on: worker; None for any other env)."""
     from flowkit_multiagent.runners import runner_for
     from flowkit_multiagent.specs import is_pettingzoo
     return runner_for(env) if is_pettingzoo(env) else None

@@ -26,6 +26,8 @@ class PolicyConfig:
     algo: Optional[str] = F(None, "algorithm that trains this policy (default: `algo`); `random` learns nothing")
     config: Dict[str, Any] = F(help="overrides of that algorithm's section for this policy only "
                                     "(`multiagent.policies.<id>.config.lr=1e-4`)", factory=dict)
+    model: Dict[str, Any] = F(help="overrides of model.* for this policy only (`multiagent.policies.<id>.model."
+                                   "class=my_pkg.nets:Net`, `...model.hidden_sizes=[32]`)", factory=dict)
     trainable: bool = F(True, "false: the policy acts but is never updated (a frozen opponent)")
     checkpoint: Optional[str] = F(None, "load this policy's weights from a run folder / checkpoint "
                                         "(the policy of the same id, or its only policy)")

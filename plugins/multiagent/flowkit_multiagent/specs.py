@@ -44,6 +44,25 @@ def _plain(x: Any) -> Any:
     return OmegaConf.to_container(x, resolve=True) if OmegaConf.is_config(x) else x
 
 
+def policy_model(config: Any, pid: str, overrides: Any) -> Any:
+    """The ``model.*`` of policy ``pid``: the run's with ``multiagent.policies.<pid>.model``
+    merged over it (checked as the run's is), or None without overrides.
+
+    Raises:
+        ConfigError: an unknown key or a value the key does not allow (named).
+    """
+    if not overrides:
+        return None
+    from flowkit.config import ModelConfig, check_values
+    data = OmegaConf.to_container(overrides, resolve=True) if OmegaConf.is_config(overrides) else overrides
+    try:
+        model = OmegaConf.merge(config.model, data)
+    except Exception as e:
+        raise ConfigError(f"multiagent.policies.{pid}.model: {str(e).splitlines()[0]}") from None
+    check_values(model, ModelConfig, f"multiagent.policies.{pid}.model.")
+    return model
+
+
 @dataclasses.dataclass
 class MAPolicySpec(PolicySpec):
     """A :class:`PolicySpec` of a multi-agent run.
@@ -297,9 +316,11 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, Type[Algorith
         policy_class = ck_spec.policy_class if ck_spec is not None and ck_spec.algo == algo else cls.policy_class
         if policy_class is None:
             raise ConfigError(f"algorithm {algo!r} ({cls.__module__}) declares no policy_class")
+        model = policy_model(config, pid, pc.model)
         if init_state is not None:  # the checkpoint's weights must fit this run's network
             try:
-                policy_class(o, act, cfg_obj, config.model, "cpu", 0, inference_only=True).set_weights(
+                policy_class(o, act, cfg_obj, model if model is not None else config.model, "cpu", 0,
+                             inference_only=True).set_weights(
                     init_state["weights"])
             except Exception as e:
                 raise ConfigError(f"multiagent.policies.{pid}.checkpoint={ck_path!r}: its weights do not fit this "
@@ -307,7 +328,7 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, Type[Algorith
                                   f"{type(e).__name__}: {str(e).splitlines()[0]}") from None
         trained = bool(pc.trainable) and algo != RANDOM
         group = "" if not trained else (algo if not overrides else f"{algo}[{pid}]")
-        specs[pid] = MAPolicySpec(policy_class, o, act, cfg_obj, algo, agents=tuple(members[pid]),
+        specs[pid] = MAPolicySpec(policy_class, o, act, cfg_obj, algo, model, agents=tuple(members[pid]),
                                   trainable=trained, group=group, section=data, init_state=init_state)
     _check_opponents(config, specs, algorithms)
     _check_rollout_modes(config, specs, algorithms)
@@ -351,7 +372,7 @@ def build_opponent(config: Any, pid: str, spec: PolicySpec, seed: int,
         return RandomPolicy(spec.observation_space, spec.action_space, None, config.model, "cpu", seed,
                             inference_only=True)
     ck_spec, state = load_checkpoint_policy(what, pid, None, f"multiagent.eval_opponents.{pid}", algorithms)
-    pol = ck_spec.policy_class(ck_spec.observation_space, ck_spec.action_space, ck_spec.config, config.model,
+    pol = ck_spec.policy_class(ck_spec.observation_space, ck_spec.action_space, ck_spec.config, ck_spec.model_config(config),
                                "cpu", seed, inference_only=True)
     pol.set_weights(state["weights"])
     return pol

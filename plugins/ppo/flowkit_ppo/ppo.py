@@ -39,16 +39,13 @@ class PPOPolicy(ActorCriticPolicy):
     :meth:`loss` to make a variant."""
 
     model: ActorCritic
+    worker_gae = True  # postprocess_trajectory adds ``advantages`` and ``value_targets`` (GAE)
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):
         super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
         self.lr, self.clip_param, self.kl_coeff = config.lr, config.clip_param, config.kl_coeff
         self._kl_sum, self._kl_n = 0.0, 0
-
-    def postprocess_trajectory(self, batch: sb.SampleBatch) -> sb.SampleBatch:
-        """Add ``advantages`` and ``value_targets`` (GAE, see the module docstring)."""
-        return self.add_gae(batch)
 
     # -- learning (driver) --
     def prepare_batch(self, batch):

@@ -1,0 +1,153 @@
+"""Tiny deterministic envs for tests: a few steps each, seeded through ``reset(seed=...)``,
+learnable in a few thousand env steps (the learning check of
+:func:`~flowkit.testing.check_algorithm`). Importable on Ray workers (name them as
+``env.factory=flowkit.testing.envs:match``). Episodes last ``length`` steps (terminated).
+
+- :func:`match` -- discrete: obs Discrete(n) = a random target, action Discrete(n), reward 1
+  when the action is the target (return ``length`` at best, ``length / n`` at random).
+- :func:`target` -- Box: obs Box(-1, 1, (1,)) float32 = a random target x, action
+  Box(-1, 1, (1,)), reward ``1 - |a - x|`` (``length`` at best, about ``length / 3`` at random).
+- :func:`masked_match` -- Dict(observation=Discrete(n), action_mask=MultiBinary(n)): as
+  :func:`match`, with a mask allowing the target and one other action (the rest illegal).
+- :func:`turn_game` -- a two-player PettingZoo AEC game (needs ``pettingzoo``): players
+  ``p0`` and ``p1`` take turns; each sees :func:`masked_match`'s observation and gets 1 for
+  matching its target; the game ends after ``length`` moves.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Optional
+
+import gymnasium as gym
+import numpy as np
+from gymnasium import spaces
+
+
+class _Tiny(gym.Env):
+    metadata: Dict[str, Any] = {}
+
+    def __init__(self, length: int = 8):
+        self.length, self.t, self.x = int(length), 0, 0
+
+    def _draw(self) -> None:
+        raise NotImplementedError
+
+    def _obs(self) -> Any:
+        raise NotImplementedError
+
+    def _reward(self, action: Any) -> float:
+        raise NotImplementedError
+
+    def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None):
+        super().reset(seed=seed)
+        self.t = 0
+        self._draw()
+        return self._obs(), {}
+
+    def step(self, action):
+        r = self._reward(action)
+        self.t += 1
+        self._draw()
+        return self._obs(), r, self.t >= self.length, False, {}
+
+
+class MatchEnv(_Tiny):
+    """See :func:`match`."""
+
+    def __init__(self, n: int = 2, length: int = 8):
+        super().__init__(length)
+        self.n = int(n)
+        self.observation_space = spaces.Discrete(self.n)
+        self.action_space = spaces.Discrete(self.n)
+
+    def _draw(self) -> None:
+        self.x = int(self.np_random.integers(self.n))
+
+    def _obs(self) -> Any:
+        return self.x
+
+    def _reward(self, action: Any) -> float:
+        return float(int(action) == self.x)
+
+
+class MaskedMatchEnv(MatchEnv):
+    """See :func:`masked_match`."""
+
+    def __init__(self, n: int = 3, length: int = 8):
+        super().__init__(n, length)
+        self.observation_space = spaces.Dict({"observation": spaces.Discrete(self.n),
+                                              "action_mask": spaces.MultiBinary(self.n)})
+        self.mask = np.ones(self.n, np.int8)
+
+    def _draw(self) -> None:
+        super()._draw()
+        self.mask = np.zeros(self.n, np.int8)
+        self.mask[[self.x, (self.x + 1 + int(self.np_random.integers(self.n - 1))) % self.n]] = 1
+
+    def _obs(self) -> Any:
+        return {"observation": self.x, "action_mask": self.mask.copy()}
+
+    def _reward(self, action: Any) -> float:
+        if not self.mask[int(action)]:
+            raise ValueError(f"illegal action {int(action)} (mask {self.mask.tolist()})")
+        return super()._reward(action)
+
+
+class TargetEnv(_Tiny):
+    """See :func:`target`."""
+
+    def __init__(self, length: int = 8):
+        super().__init__(length)
+        self.observation_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self.action_space = spaces.Box(-1.0, 1.0, (1,), np.float32)
+        self.xf = 0.0
+
+    def _draw(self) -> None:
+        self.xf = float(self.np_random.uniform(-1, 1))
+
+    def _obs(self) -> Any:
+        return np.array([self.xf], np.float32)
+
+    def _reward(self, action: Any) -> float:
+        return 1.0 - abs(float(np.clip(np.asarray(action, np.float32).reshape(-1)[0], -1, 1)) - self.xf)
+
+
+def match(n: int = 2, length: int = 8) -> MatchEnv:
+    return MatchEnv(n, length)
+
+
+def masked_match(n: int = 3, length: int = 8) -> MaskedMatchEnv:
+    return MaskedMatchEnv(n, length)
+
+
+def target(length: int = 8) -> TargetEnv:
+    return TargetEnv(length)
+
+
+def turn_game(n: int = 3, length: int = 6) -> Any:
+    from flowkit.testing._aec import TurnGame
+    return TurnGame(n, length)
+
+
+@dataclass(frozen=True)
+class TinyEnv:
+    """A tiny env as the fixtures give it: ``factory`` (``module:callable``), ``override``
+    (``env.factory=...`` for a config), ``make()`` (an instance) and ``solved``, a greedy
+    return per episode that only a policy that learned reaches (random play is far below)."""
+    factory: str
+    solved: float
+
+    @property
+    def override(self) -> str:
+        return f"env.factory={self.factory}"
+
+    def make(self, **kwargs: Any) -> Any:
+        import importlib
+        mod, _, name = self.factory.partition(":")
+        return getattr(importlib.import_module(mod), name)(**kwargs)
+
+
+DISCRETE = TinyEnv("flowkit.testing.envs:match", 7.0)   # random: 4 of 8
+BOX = TinyEnv("flowkit.testing.envs:target", 6.4)       # random: about 2.7 of 8
+MASKED = TinyEnv("flowkit.testing.envs:masked_match", 7.0)  # random among legal: 4 of 8
+TURN_GAME = TinyEnv("flowkit.testing.envs:turn_game", 2.5)  # per player; random: 1.5 of 3

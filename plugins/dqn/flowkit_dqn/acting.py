@@ -1,0 +1,157 @@
+"""DQN's acting side, without torch: exploration schedules, n-step returns, epsilon-greedy
+acting (:class:`DQNActing`, the base of :class:`~flowkit_dqn.dqn.DQNPolicy`) and
+:class:`NumpyDQNPolicy`, the copy a Ray rollout worker builds instead of an MLP DQNPolicy
+(the worker process then never imports torch). See :mod:`flowkit_dqn.dqn` for the math."""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import numpy as np
+
+from flowkit.core import batch as sb
+from flowkit.core._distributions import ActionDist
+from flowkit.core._encoders import ObsEncoder
+from flowkit.core._numpy_model import NP_ACTIVATIONS, Acting, linear_layers
+
+
+# ---- exploration schedules ----------------------------------------------------------------
+def epsilon_at(cfg: Any, env_steps: int) -> float:
+    """Linear schedule: ``initial_epsilon`` -> ``final_epsilon`` over ``epsilon_timesteps``
+    env steps sampled, constant after."""
+    if cfg.epsilon_timesteps <= 0:
+        return float(cfg.final_epsilon)
+    frac = min(1.0, env_steps / cfg.epsilon_timesteps)
+    return float(cfg.initial_epsilon + frac * (cfg.final_epsilon - cfg.initial_epsilon))
+
+
+def apex_epsilon(worker_index: int, num_workers: int, base: float = 0.4, alpha: float = 7.0) -> float:
+    """Ape-X's fixed per-worker epsilon (Horgan et al. 2018, section 4.1):
+    ``base^(1 + alpha * i / (N - 1))``; ``base`` when N == 1."""
+    return float(base if num_workers <= 1 else base ** (1.0 + alpha * max(worker_index, 0) / (num_workers - 1)))
+
+
+# ---- n-step returns and targets -----------------------------------------------------------------
+def compute_n_step(rewards: np.ndarray, ends: np.ndarray, gamma: float,
+                   n: int) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """n-step discounted returns over a flat sequence of trajectory pieces.
+
+    Args:
+        rewards: float32[L]. ends: bool[L], True where a piece ends (terminated, truncated or
+            cut; the last row must be True). gamma: discount. n: window length >= 1.
+    Returns:
+        ``(returns float32[L], last int64[L], n_steps int64[L])``: the window of row ``t``
+        covers rows ``t .. last[t]`` (``n_steps = last - t + 1 <= n``), never past a piece end.
+    """
+    L = len(rewards)
+    r, ends, t = np.asarray(rewards, np.float64), np.asarray(ends, bool), np.arange(L)
+    ret, last, active = np.zeros(L, np.float64), t.copy(), np.ones(L, bool)
+    for i in range(n):
+        idx = np.minimum(t + i, L - 1)
+        ret += np.where(active, (gamma ** i) * r[idx], 0.0)
+        last = np.where(active, idx, last)
+        active = active & ~ends[idx] & (t + i + 1 < L)
+    return ret.astype(np.float32), last.astype(np.int64), (last - t + 1).astype(np.int64)
+
+
+# ---- acting ------------------------------------------------------------------------------------
+class DQNActing(Acting):
+    """Epsilon-greedy acting over :meth:`q_values` (legal actions only) and the n-step
+    postprocessing: what a DQN policy does on a rollout worker. ``epsilon`` is set from
+    outside (:class:`SetEpsilon`)."""
+    epsilon: float
+    config: Any
+    np_random: np.random.Generator
+
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        """Q-values float32[B, num_actions] of encoded observations float32[B, *shape]."""
+        raise NotImplementedError
+
+    def compute_actions_encoded(self, obs, mask=None, explore=True):
+        q = self.q_values(obs)
+        if mask is not None:
+            self.check_mask(mask)
+            legal = mask.astype(bool)
+            q = np.where(legal, q, -np.inf)
+        actions = q.argmax(1)
+        if explore and self.epsilon > 0:
+            u = self.np_random.random(q.shape[0])
+            scores = self.np_random.random(q.shape)
+            if mask is not None:
+                scores = np.where(legal, scores, -1.0)
+            actions = np.where(u < self.epsilon, scores.argmax(1), actions)
+        return actions.astype(np.int64), {}
+
+    def postprocess_trajectory(self, batch: sb.SampleBatch) -> sb.SampleBatch:
+        """Add ``n_steps`` and, for ``n_step > 1``, fold rewards into n-step returns with
+        next_obs / terminated / truncated / next_action_mask taken from the window's last row."""
+        out = sb.SampleBatch(batch)
+        L = len(out)
+        n = int(self.config.n_step)
+        if L == 0 or n == 1:
+            out[sb.N_STEPS] = np.ones(L, np.int64)
+            return out
+        ends, term = sb.trajectory_ends(out)
+        ret, last, steps = compute_n_step(np.asarray(out[sb.REWARDS]), ends, self.config.gamma, n)
+        out[sb.REWARDS] = ret
+        for k in (sb.NEXT_OBS, sb.TERMINATEDS, sb.TRUNCATEDS, sb.NEXT_ACTION_MASK):
+            if k in out:
+                out[k] = np.asarray(out[k])[last]
+        out[sb.N_STEPS] = steps
+        return out
+
+
+class NumpyDQNPolicy(DQNActing):
+    """The acting copy of an MLP :class:`~flowkit_dqn.dqn.DQNPolicy` on a Ray rollout worker:
+    the QNetwork (trunk, then a Q head or dueling V + A - mean(A)) in numpy on
+    ``{state_dict name: float32 array}`` weights; ``layout``: the Linear layers' names per part
+    (``trunk``, ``q_head`` or ``value_head`` and ``advantage_head``) and ``activation``."""
+    inference_only = True
+    optimizer = None
+
+    def __init__(self, observation_space, action_space, config, model_config=None, device="cpu", seed=0,
+                 inference_only=True, *, layout: Dict[str, Any], weights: Mapping[str, np.ndarray]):
+        self.observation_space, self.action_space = observation_space, action_space
+        self.config, self.model_config, self.device = config, model_config, "cpu"
+        self.encoder, self.dist = ObsEncoder(observation_space), ActionDist(action_space)
+        self.np_random = np.random.default_rng(seed)
+        self.num_actions = self.dist.num_outputs
+        self.epsilon = float(config.initial_epsilon)
+        self.td_error: Optional[np.ndarray] = None
+        self.num_updates = 0
+        self.layout, self.act = layout, NP_ACTIVATIONS[layout["activation"]]
+        self.set_weights(weights)
+
+    def set_weights(self, weights: Mapping[str, np.ndarray]) -> None:
+        self._weights = {k: np.asarray(v) for k, v in weights.items()}
+        self.parts: Dict[str, List[Tuple[np.ndarray, np.ndarray]]] = {
+            k: linear_layers(self._weights, v) for k, v in self.layout.items() if k != "activation"}
+
+    def get_weights(self) -> Dict[str, np.ndarray]:
+        return {k: v.copy() for k, v in self._weights.items()}
+
+    def q_values(self, obs: np.ndarray) -> np.ndarray:
+        x = np.asarray(obs, np.float32).reshape(len(obs), -1)
+        for w, b in self.parts["trunk"]:
+            x = self.act(x @ w + b)
+        if "q_head" in self.parts:
+            (w, b), = self.parts["q_head"]
+            return x @ w + b
+        (wv, bv), (wa, ba) = self.parts["value_head"][0], self.parts["advantage_head"][0]
+        a = x @ wa + ba
+        return x @ wv + bv + a - a.mean(-1, keepdims=True)
+
+
+class SetEpsilon:
+    """Set the epsilon of the DQN policies of a worker (picklable, sent with
+    ``RolloutWorker.apply``) or of a Learner to ``epsilon``, or to Ape-X's per-worker value
+    when ``apex`` holds ``(base, alpha)``. Returns the epsilon set."""
+
+    def __init__(self, policy_ids: List[str], epsilon: float = 0.0, apex: Optional[Tuple[float, float]] = None):
+        self.policy_ids, self.epsilon, self.apex = list(policy_ids), float(epsilon), apex
+
+    def __call__(self, worker: Any) -> float:
+        eps = self.epsilon if self.apex is None else apex_epsilon(worker.index, worker.num_workers, *self.apex)
+        for pid in self.policy_ids:
+            if pid in worker.policies:
+                worker.policies[pid].epsilon = eps
+        return eps

@@ -1,0 +1,72 @@
+"""Issue 11, part 3: model.class=module:Class, its contract checked at set-up, checkpoints of
+such runs loaded in a fresh process."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+import flowkit
+from flowkit.testing import local_overrides
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+COMMON = ["env.factory=flowkit.testing.envs:match", "runtime.num_workers=1", "runtime.rollout_fragment_length=16",
+          "stop.iterations=2", "ppo.minibatch_size=32", "dqn.learning_starts=16"]
+
+
+@pytest.mark.parametrize("algo,cls", [("ppo", "TinyActorCritic"), ("impala", "TinyActorCritic"), ("dqn", "TinyQ")])
+def test_a_custom_model_trains_and_loads_in_a_fresh_process(run_dir, algo, cls):
+    res = flowkit.train(local_overrides(run_dir, f"algo={algo}", f"model.class=custom_models:{cls}", *COMMON),
+                        verbose=False)
+    assert res.checkpoint
+    code = ("import sys, flowkit, numpy as np\n"
+            "a = flowkit.Algorithm.from_checkpoint(sys.argv[1])\n"
+            "print(type(a.get_policy().model).__name__, a.compute_actions(1))")
+    p = subprocess.run([sys.executable, "-c", code, run_dir], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")])})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split()[0] == cls
+
+
+@pytest.mark.parametrize("value,msg", [
+    ("custom_models:LogitsOnly", "model.class='custom_models:LogitsOnly': forward returned float32[2, 2] for a batch "
+                                 "of 2 observations; PPOPolicy expects (float32[2, 2], float32[2]) (as its default "
+                                 "ActorCritic)"),
+    ("custom_models:Nope", "model.class='custom_models:Nope' does not import: AttributeError"),
+    ("custom_models:NotAModule", "not a torch.nn.Module subclass"),
+    ("custom_models", "model.class='custom_models' must match"),
+])
+def test_a_model_that_breaks_the_contract_is_a_config_error_at_set_up(run_dir, value, msg):
+    with pytest.raises(flowkit.ConfigError) as e:
+        flowkit.train(local_overrides(run_dir, f"model.class={value}", *COMMON), verbose=False)
+    assert msg in str(e.value)
+    assert not os.path.exists(os.path.join(run_dir, "checkpoints"))
+
+
+def test_normalize_observations_needs_obs_rms(run_dir):
+    with pytest.raises(flowkit.ConfigError, match="normalize_observations=true needs the model's `obs_rms`"):
+        flowkit.train(local_overrides(run_dir, "model.class=custom_models:TinyActorCritic",
+                                      "ppo.normalize_observations=true", *COMMON), verbose=False)
+
+
+def test_a_custom_model_per_policy_in_a_multi_agent_run(run_dir):
+    """multiagent.policies.<id>.model.* overrides model.* for that policy only; the checkpoint
+    keeps each policy's model section, so a fresh process rebuilds both networks."""
+    pytest.importorskip("pettingzoo")
+    res = flowkit.train(local_overrides(
+        run_dir, "env.factory=flowkit.testing.envs:turn_game", "multiagent.policies.a.algo=ppo",
+        "multiagent.policies.b.algo=ppo", "multiagent.mapping.p0=a", "multiagent.mapping.p1=b",
+        "multiagent.policies.a.model.class=custom_models:TinyActorCritic", "multiagent.policies.b.model.hidden_sizes=[8]",
+        "runtime.num_workers=1", "runtime.rollout_fragment_length=16", "stop.iterations=2", "ppo.minibatch_size=16"),
+        verbose=False)
+    code = ("import sys, flowkit\n"
+            "a = flowkit.Algorithm.from_checkpoint(sys.argv[1])\n"
+            "print(type(a.get_policy('a').model).__name__, type(a.get_policy('b').model).__name__,"
+            " a.get_policy('b').model_config.hidden_sizes)")
+    p = subprocess.run([sys.executable, "-c", code, res.run_dir], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")])})
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert p.stdout.split() == ["TinyActorCritic", "ActorCritic", "[8]"]
+    with pytest.raises(flowkit.ConfigError, match=r"multiagent.policies.a.model"):
+        flowkit.train(local_overrides(run_dir + "2", "env.factory=flowkit.testing.envs:turn_game",
+                                      "multiagent.policies.a.model.hidden_size=[8]"), verbose=False)
