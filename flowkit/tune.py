@@ -174,7 +174,8 @@ def run_trial(values: Dict[str, Any], base: List[str], files: List[str], sweep_d
 
     from flowkit.engine import train
     run_dir = os.path.join(sweep_dir, trial_dirname(values, _index(tune.get_context().get_trial_id())))
-    res = train(base + extra + trial_overrides(values) + [f"run.dir={run_dir}"], files or None, plugins=[TuneReport()])
+    res = train(base + extra + trial_overrides(values) + [f"run.dir={run_dir}"], files or None, plugins=[TuneReport()],
+                verbose=False)  # the sweep's table says it
     if res.stop_reason.startswith("interrupted"):
         raise RuntimeError(f"trial {run_dir}: {res.stop_reason}")
 
