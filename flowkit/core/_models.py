@@ -103,16 +103,19 @@ class TwinMLP(nn.Module):
         self.wa, self.ba = nn.Parameter(ortho(out_a, d, gain_a)), nn.Parameter(torch.zeros(out_a))
         self.wb, self.bb = nn.Parameter(ortho(out_b, d, gain_b)), nn.Parameter(torch.zeros(out_b))
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, x: torch.Tensor, detach_params: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``detach_params``: the parameters enter as constants, the gradient reaches ``x`` only
+        (SAC's and TD3's actor loss through the critic, without a critic weight gradient)."""
+        def p(t: Optional[torch.Tensor]) -> torch.Tensor:
+            assert t is not None
+            return t.detach() if detach_params else t
         if not self.hidden:
-            return nn.functional.linear(x, self.wa, self.ba), nn.functional.linear(x, self.wb, self.bb)
-        h = self.act(nn.functional.linear(x, self.w0, self.b0))
+            return (nn.functional.linear(x, p(self.wa), p(self.ba)), nn.functional.linear(x, p(self.wb), p(self.bb)))
+        h = self.act(nn.functional.linear(x, p(self.w0), p(self.b0)))
         h = h.view(x.shape[0], 2, self.hidden[0]).transpose(0, 1)
         for i in range(len(self.hidden) - 1):
-            b, w = self.bs._parameters[str(i)], self.ws._parameters[str(i)]
-            assert b is not None and w is not None
-            h = self.act(torch.baddbmm(b, h, w))
-        return nn.functional.linear(h[0], self.wa, self.ba), nn.functional.linear(h[1], self.wb, self.bb)
+            h = self.act(torch.baddbmm(p(self.bs._parameters[str(i)]), h, p(self.ws._parameters[str(i)])))
+        return (nn.functional.linear(h[0], p(self.wa), p(self.ba)), nn.functional.linear(h[1], p(self.wb), p(self.bb)))
 
 
 class SmallCNN(nn.Module):
