@@ -27,6 +27,8 @@ import sys
 import time
 import warnings
 
+from _isolated import run_isolated
+
 warnings.filterwarnings("ignore")
 REPO = os.path.dirname(os.path.abspath(os.path.dirname(__file__)))
 ZOO_SB3_SAC = dict(learning_rate=1e-3, batch_size=256, buffer_size=1_000_000, learning_starts=100, tau=0.005,
@@ -75,30 +77,9 @@ def sb3_speed(seed: int, steps: int) -> dict:
 
 
 # ---- processes -----------------------------------------------------------------------------------
-def _child(fn_name: str, args: tuple, q) -> None:
-    q.put(globals()[fn_name](*args))
-
-
 def isolated(fn_name: str, *args) -> dict:
-    """One measurement in a fresh (spawned) process: its own torch state and imports."""
-    import multiprocessing as mp
-    import queue
-    ctx = mp.get_context("spawn")
-    q = ctx.Queue()
-    p = ctx.Process(target=_child, args=(fn_name, args, q))
-    p.start()
-    out = None
-    while out is None:
-        try:
-            out = q.get(timeout=5.0)
-        except queue.Empty:
-            if not p.is_alive():
-                break
-    p.join()
-    if out is None:
-        raise RuntimeError(f"{fn_name}{args}: the child died (exit code {p.exitcode})")
-    print(f"  {fn_name}{args}: {out}", file=sys.stderr, flush=True)
-    return out
+    """One measurement in a fresh (spawned) process (see bench/_isolated.py)."""
+    return run_isolated("sac_pendulum", fn_name, *args, tries=1)
 
 
 def _isolated_star(a: tuple) -> dict:
