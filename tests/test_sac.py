@@ -133,6 +133,39 @@ def test_random_actions_until_trained_weights_arrive():
     assert np.allclose(greedy, greedy[0]) and np.allclose(greedy, pol.compute_actions_encoded(obs, explore=False)[0])
 
 
+# ---- gSDE (part 6, SAC) ------------------------------------------------------------------------------
+def test_gsde_std_is_state_dependent_hand_computed():
+    from flowkit_sac.sac import SDEActor
+    actor = SDEActor(3, 2, model_cfg((4,)), log_std_init=-1.0)
+    with torch.no_grad():
+        actor.log_std.copy_(torch.tensor([[-1.0, 0.0], [0.5, -2.0], [0.0, 0.0], [-3.0, 1.0]]))
+    obs = torch.tensor([[0.2, -1.0, 0.5], [1.0, 1.0, -1.0]])
+    out = actor(obs)
+    z = actor.trunk(obs).detach().numpy()
+    S = actor.log_std.detach().numpy()
+    for b in range(2):
+        for j in range(2):
+            var = sum(z[b, i] ** 2 * math.exp(2 * S[i, j]) for i in range(4))
+            assert out[b, 2 + j].item() == pytest.approx(0.5 * math.log(var), rel=1e-5)
+    assert not torch.allclose(out[0, 2:], out[1, 2:])  # the std depends on the state
+
+
+@pytest.mark.parametrize("freq", [3, -1])
+def test_gsde_exploration_matrix_is_held(freq):
+    pol = pendulum_policy(SACPolicy, SACConfig(use_sde=True, sde_sample_freq=freq, log_std_init=0.0))
+    pol.num_updates = 1  # trained weights: no uniform acting
+    obs = np.full((2, 3), 0.3, np.float32)
+    acts = [pol.compute_actions_encoded(obs)[0] for _ in range(4)]
+    if freq == 3:
+        assert np.array_equal(acts[0], acts[1]) and np.array_equal(acts[0], acts[2])
+        assert not np.array_equal(acts[2], acts[3])  # redrawn after 3 steps
+    else:
+        assert all(np.array_equal(acts[0], a) for a in acts)
+        pol.set_weights(pol.get_weights())  # new weights: a new draw
+        assert not np.array_equal(acts[0], pol.compute_actions_encoded(obs)[0])
+    assert not np.array_equal(acts[0][0], acts[0][1])  # one matrix per sub-env
+
+
 # ---- checkpoints -------------------------------------------------------------------------------
 def _build(algo, run_dir):
     pm, cfg = load_config(local_overrides(run_dir, f"algo={algo}", "env=Pendulum-v1", "runtime.num_workers=1",

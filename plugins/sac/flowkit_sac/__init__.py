@@ -25,7 +25,7 @@ __all__ = ["SAC", "SACConfig", "SACPolicy", "TD3", "TD3Config", "TD3Policy", "sa
 @dataclass
 class _OffPolicyConfig:
     """Keys shared by SAC and TD3 (twin critics, Polyak targets, replay)."""
-    lr: float = F(1e-3, "Adam learning rate (actor, critics and SAC's alpha)", gt=0)
+    lr: float = F(1e-3, "Adam learning rate (every network; SAC's temperature too)", gt=0)
     gamma: float = F(0.99, "discount factor", ge=0, le=1)
     tau: float = F(0.005, "Polyak averaging: target <- (1 - tau) * target + tau * online", gt=0, le=1)
     train_batch_size: int = F(256, "replayed transitions per gradient step", gt=0)
@@ -44,6 +44,11 @@ class SACConfig(_OffPolicyConfig):
     tune_alpha: bool = F(True, "learn alpha so the policy's entropy tracks target_entropy (else alpha stays fixed)")
     target_entropy: Optional[float] = F(None, "target entropy in nats (null: -dim(A))")
     target_update_freq: int = F(1, "gradient steps between two Polyak updates of the target critics", gt=0)
+    use_sde: bool = F(False, "generalized state-dependent exploration (gSDE, Raffin et al. 2021): acting noise "
+                             "z(s) . theta, theta redrawn every sde_sample_freq env steps")
+    sde_sample_freq: int = F(-1, "gSDE: acting steps between two draws of theta per sub-env (-1: when new "
+                                 "weights arrive, i.e. each sampled round)", ge=-1)
+    log_std_init: float = F(-3.0, "gSDE: initial log of the std of theta's entries")
 
 
 @dataclass

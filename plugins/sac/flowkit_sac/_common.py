@@ -45,7 +45,7 @@ class OffPolicyActorCritic(Policy):
     Box bounds on the way to the env.
     """
 
-    model: nn.Module
+    model: Any  # the subclass's model: ``critic`` first, then ``actor``
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):

@@ -15,6 +15,11 @@ scaled to the Box bounds on the way to the env):
     Temperature (eq. 18), learned as log alpha:
         J(alpha) = -mean log alpha (log pi(a~|s) + H_target),  H_target = -dim(A) by default
     Targets: Q_targ <- (1 - tau) Q_targ + tau Q every target_update_freq gradient steps.
+    gSDE (``use_sde``; Raffin et al. 2021, arXiv 2005.05719, section 3): the actor's last hidden
+        features z(s) (as constants) and a learned log-std matrix S [h, k] give the state-dependent
+        std sigma_j(s) = sqrt(sum_i z_i(s)^2 exp(2 S_ij)) of the same squashed Gaussian (eq. 5);
+        acting uses u = mu(s) + z(s) theta, theta_ij ~ N(0, exp(2 S_ij)) held for
+        ``sde_sample_freq`` steps (smooth, state-dependent exploration).
 
 One gradient step: the three losses are summed and take one backward pass and one Adam step
 over one flat buffer (critics, actor, log alpha). The actor loss reaches the critics through
@@ -76,20 +81,45 @@ def sac_targets(rewards: torch.Tensor, terminateds: torch.Tensor, gamma: float, 
     return rewards + gamma * (~terminateds.bool()).float() * v_next
 
 
-class SACModel(nn.Module):
-    """``critic``: twin Q over [obs, action]; ``actor``: obs -> (mean, log_std) float32[B, 2k];
-    ``temperature.log_alpha``: log of the temperature (trained only when it is tuned)."""
+class SDEActor(nn.Module):
+    """gSDE actor: obs -> (mean, log sigma(s)) float32[B, 2k] (the input of :func:`squashed_gaussian`),
+    and :meth:`explore` for acting with a held noise matrix."""
 
-    def __init__(self, obs_dim: int, act_dim: int, model_cfg, initial_alpha: float, tune_alpha: bool):
+    def __init__(self, obs_dim: int, act_dim: int, model_cfg, log_std_init: float):
+        super().__init__()
+        hidden = list(model_cfg.hidden_sizes)
+        self.trunk = build_mlp(obs_dim, hidden, model_cfg.activation)
+        self.mu = build_mlp(hidden[-1] if hidden else obs_dim, [], model_cfg.activation, act_dim, 0.01)
+        self.log_std = nn.Parameter(torch.full((hidden[-1] if hidden else obs_dim, act_dim), float(log_std_init)))
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        z = self.trunk(obs)
+        var = z.detach().pow(2) @ (2 * self.log_std).exp()  # sum_i z_i^2 exp(2 S_ij): float32[B, k]
+        return torch.cat([self.mu(z), 0.5 * torch.log(var + 1e-12)], -1)
+
+    def explore(self, obs: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+        """Pre-tanh actions mu(s) + z(s) theta, theta float32[B, h, k] (one matrix per row)."""
+        z = self.trunk(obs)
+        return self.mu(z) + torch.bmm(z.unsqueeze(1), theta).squeeze(1)
+
+
+class SACModel(nn.Module):
+    """``critic``: twin Q over [obs, action]; ``actor``: obs -> (mean, log_std) float32[B, 2k]
+    (an :class:`SDEActor` with gSDE); ``temperature.log_alpha``: log of the temperature (trained
+    only when it is tuned)."""
+
+    def __init__(self, obs_dim: int, act_dim: int, model_cfg, cfg):
         super().__init__()
         self.critic = twin_critic(obs_dim, act_dim, model_cfg)
-        self.actor = build_mlp(obs_dim, list(model_cfg.hidden_sizes), model_cfg.activation, 2 * act_dim, 0.01)
-        self.temperature = nn.Module()  # a submodule, so log alpha comes after the critic and the actor
-        self.temperature.log_alpha = nn.Parameter(torch.tensor(math.log(initial_alpha)), requires_grad=tune_alpha)
+        self.actor = (SDEActor(obs_dim, act_dim, model_cfg, cfg.log_std_init) if cfg.use_sde else
+                      build_mlp(obs_dim, list(model_cfg.hidden_sizes), model_cfg.activation, 2 * act_dim, 0.01))
+        # a submodule, so log alpha comes after the critic and the actor in the flat buffer
+        self.temperature = nn.ParameterDict({"log_alpha": nn.Parameter(torch.tensor(math.log(cfg.initial_alpha)),
+                                                                       requires_grad=cfg.tune_alpha)})
 
     @property
     def log_alpha(self) -> torch.Tensor:
-        return self.temperature.log_alpha
+        return self.temperature["log_alpha"]
 
 
 class SACPolicy(OffPolicyActorCritic):
@@ -101,16 +131,31 @@ class SACPolicy(OffPolicyActorCritic):
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):
         super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
-        self.model = SACModel(self.obs_dim, self.act_dim, model_config, config.initial_alpha, config.tune_alpha)
+        self.model = SACModel(self.obs_dim, self.act_dim, model_config, config)
         te = config.target_entropy
         self.target_entropy = float(-self.act_dim if te is None else te)
+        self.theta: Optional[torch.Tensor] = None  # gSDE noise matrices float32[B, h, k]
+        self.sde_steps = 0
         self.finish_init(["critic"])
 
     def noise(self, like: torch.Tensor) -> torch.Tensor:
         return torch.randn(like.shape[0], self.act_dim, generator=self.generator).to(self.device)
 
     def act(self, obs, explore):
-        return squashed_gaussian(self.model.actor(obs), self.noise(obs) if explore else None)[0]
+        actor = self.model.actor
+        if not (explore and isinstance(actor, SDEActor)):
+            return squashed_gaussian(actor(obs), self.noise(obs) if explore else None)[0]
+        freq = self.config.sde_sample_freq
+        if self.theta is None or len(self.theta) != len(obs) or (freq > 0 and self.sde_steps % freq == 0):
+            eps = torch.randn(len(obs), *actor.log_std.shape, generator=self.generator)
+            self.theta = actor.log_std.exp() * eps
+        self.sde_steps += 1
+        return torch.tanh(actor.explore(obs, self.theta))
+
+    def set_weights(self, weights):
+        super().set_weights(weights)
+        if self.config.sde_sample_freq == -1:
+            self.theta = None
 
     @property
     def alpha(self) -> float:
