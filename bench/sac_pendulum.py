@@ -138,12 +138,12 @@ def table(out: dict) -> str:
         mf, ms = statistics.median(r["steps_per_s"] for r in f), statistics.median(r["steps_per_s"] for r in s)
         pf, ps = (" ".join(f"{r['steps_per_s']:.0f}" for r in x) for x in (f, s))
         lines += ["", f"SAC speed, RL Zoo Pendulum settings, one torch thread, median of {len(f)} alternating runs",
-                  f"{'side':<8} {'batch':>6} {'grad steps/env step':>20} {'env steps/s':>12} {'per run':>24}",
-                  f"{'flowkit':<8} {f[0]['batch_size']:>6} {f[0]['grad_steps_per_env_step']:>20.2f} {mf:>12.1f} "
-                  f"{pf:>24}",
-                  f"{'SB3':<8} {s[0]['batch_size']:>6} {s[0]['grad_steps_per_env_step']:>20.2f} {ms:>12.1f} "
-                  f"{ps:>24}",
-                  f"ratio flowkit/SB3: {mf / ms:.2f}x (target >= 1.0x)"]
+                  f"{'side':<8} {'batch':>6} {'grad steps/env step':>20} {'grad steps done':>16} {'env steps/s':>12} "
+                  f"{'per run':>24}"]
+        for name, rs, med, per in (("flowkit", f, mf, pf), ("SB3", s, ms, ps)):
+            lines.append(f"{name:<8} {rs[0]['batch_size']:>6} {rs[0]['grad_steps_per_env_step']:>20.2f} "
+                         f"{rs[0]['grad_steps_done']:>16.0f} {med:>12.1f} {per:>24}")
+        lines.append(f"ratio flowkit/SB3: {mf / ms:.2f}x (target >= 1.0x)")
     return "\n".join(lines)
 
 
