@@ -246,6 +246,17 @@ def test_learning_smoke_box_target(algo, run_dir):
     assert m["evaluation_return_mean"] > -0.05, m["evaluation_return_mean"]
 
 
+@pytest.mark.ray
+def test_sac_on_ray_workers(ray_session, run_dir):
+    """The plan on Ray workers: weights arrive there as read-only arrays."""
+    res = flowkit.train(["runtime.backend=ray", f"run.dir={run_dir}", "run.reporters=[csv,checkpoint,evaluation]",
+                         "algo=sac", "env=Pendulum-v1", "runtime.num_workers=1", "runtime.num_envs_per_worker=2",
+                         "runtime.rollout_fragment_length=8", "model.hidden_sizes=[16]", "sac.learning_starts=32",
+                         "sac.train_batch_size=16", "sac.training_intensity=4", "stop.env_steps=160"])
+    m = res.metrics
+    assert m["env_steps_sampled"] >= 160 and m["num_updates"] > 0 and np.isfinite(m["learner/default/critic_loss"])
+
+
 # ---- part 7: SAC with PPO on continuous simple_spread -----------------------------------------------
 def test_sac_and_ppo_mixed_on_continuous_simple_spread(run_dir):
     res = flowkit.train(local_overrides(

@@ -110,7 +110,7 @@ class OffPolicyActorCritic(Policy):
             self.num_updates = int(w.pop("num_updates"))
         if "actor_flat" in w:
             with torch.no_grad():
-                self.actor_flat.copy_(torch.as_tensor(np.asarray(w.pop("actor_flat"))))
+                self.actor_flat.copy_(torch.from_numpy(np.array(w.pop("actor_flat"))))  # Ray's are read-only
         if w:  # a full state dict (checkpoints)
             self.model.load_state_dict({k: torch.as_tensor(np.array(v)) for k, v in w.items()})
 
