@@ -5,7 +5,8 @@ Prints a table (and writes it as JSON with --json PATH):
       steps, one gradient step per env step), then the greedy evaluation over 50 episodes
       (``evaluation_return_mean``); acceptance: mean over seeds >= -200 and each seed >= -250.
   speed: env steps/s with learning, flowkit's SAC against SB3's SAC at RL Zoo's Pendulum settings
-      (lr 1e-3, batch 256, buffer 1e6, learning_starts 100, tau 0.005, gamma 0.99, ent_coef auto,
+      (lr 1e-3, batch 256, buffer 1e6, learning_starts 256 (Zoo: 100; see below), tau 0.005,
+      gamma 0.99, ent_coef auto,
       256x256 ReLU MLPs, train_freq 1 and gradient_steps 1: one gradient step of 256 per env step
       from one env, as configs/sac/Pendulum-v1.yaml), both with one torch thread, runs alternating
       flowkit / SB3, each in a fresh process, median of --runs runs; target >= 1.0x SB3.
@@ -31,8 +32,11 @@ from _isolated import run_isolated
 
 warnings.filterwarnings("ignore")
 REPO = os.path.dirname(os.path.abspath(os.path.dirname(__file__)))
-ZOO_SB3_SAC = dict(learning_rate=1e-3, batch_size=256, buffer_size=1_000_000, learning_starts=100, tau=0.005,
-                   gamma=0.99, train_freq=1, gradient_steps=1, ent_coef="auto", policy_kwargs=dict(net_arch=[256, 256]))
+# learning_starts 256 on both sides in the speed runs (RL Zoo: 100): flowkit's Replay waits for a
+# whole batch, so both then take the same number of gradient steps (printed)
+SPEED_LEARNING_STARTS = 256
+ZOO_SB3_SAC = dict(learning_rate=1e-3, batch_size=256, buffer_size=1_000_000, learning_starts=SPEED_LEARNING_STARTS,
+                   tau=0.005, gamma=0.99, train_freq=1, gradient_steps=1, ent_coef="auto", policy_kwargs=dict(net_arch=[256, 256]))
 
 
 def _config(algo: str) -> str:
@@ -53,7 +57,7 @@ def flowkit_speed(seed: int, steps: int) -> dict:
     import flowkit
     res = flowkit.train([f"seed={seed}", f"stop.env_steps={steps}", "evaluation.final=false", "run.reporters=[csv]",
                          "checkpoint.at_end=false", "learner.num_threads=1", "runtime.torch_threads=1",
-                         f"run.min_iter_env_steps={min(1000, steps)}",
+                         f"run.min_iter_env_steps={min(1000, steps)}", f"sac.learning_starts={SPEED_LEARNING_STARTS}",
                          f"run.dir=/tmp/flowkit-bench/sac-speed-{seed}"], config_file=_config("sac"))
     m, c = res.metrics, res.config["sac"]
     ti = c["training_intensity"] or c["train_batch_size"]
