@@ -25,6 +25,8 @@ import sys
 import time
 import warnings
 
+from _isolated import run_isolated
+
 warnings.filterwarnings("ignore")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UNSOLVED_S = 300.0
@@ -109,35 +111,9 @@ def sb3_solve(seed: int, total: int = 200_000) -> dict:
 
 
 # ---- main --------------------------------------------------------------------------------------
-def _child(fn_name: str, args: tuple, q) -> None:
-    q.put(globals()[fn_name](*args))
-
-
 def isolated(fn_name: str, *args, tries: int = 2) -> dict:
-    """Run one measurement in a fresh (spawned) process: its own Ray session and torch state.
-    A child that dies without a result (e.g. Ray failing to start on a busy machine) is
-    retried once."""
-    import multiprocessing as mp
-    import queue
-    ctx = mp.get_context("spawn")
-    for attempt in range(tries):
-        q = ctx.Queue()
-        p = ctx.Process(target=_child, args=(fn_name, args, q))
-        p.start()
-        out = None
-        while out is None:
-            try:
-                out = q.get(timeout=5.0)
-            except queue.Empty:
-                if not p.is_alive():
-                    break
-        p.join()
-        if out is not None:
-            print(f"  {fn_name}{args}: {out}", file=sys.stderr, flush=True)
-            return out
-        print(f"  {fn_name}{args}: child died (exit code {p.exitcode}), attempt {attempt + 1}/{tries}",
-              file=sys.stderr, flush=True)
-    raise RuntimeError(f"{fn_name}{args} failed {tries} times")
+    """One measurement in a fresh (spawned) process (see bench/_isolated.py)."""
+    return run_isolated("dqn_cartpole", fn_name, *args, tries=tries)
 
 
 def main() -> int:

@@ -109,21 +109,27 @@ class TwinMLP(nn.Module):
         self.wa, self.ba = nn.Parameter(ortho(out_a, d, gain_a)), nn.Parameter(torch.zeros(out_a))
         self.wb, self.bb = nn.Parameter(ortho(out_b, d, gain_b)), nn.Parameter(torch.zeros(out_b))
 
-    def features(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    def features(self, x: torch.Tensor, detach_params: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
         """The last hidden layer of each MLP: ``(float32[B, h], float32[B, h])`` (``x`` twice
-        without hidden layers)."""
+        without hidden layers). ``detach_params``: see :meth:`forward`."""
+        def p(t: Optional[torch.Tensor]) -> torch.Tensor:
+            assert t is not None
+            return t.detach() if detach_params else t
         if not self.hidden:
             return x, x
-        h = self.act(nn.functional.linear(x, self.w0, self.b0))
+        h = self.act(nn.functional.linear(x, p(self.w0), p(self.b0)))
         h = h.view(x.shape[0], 2, self.hidden[0]).transpose(0, 1)
         for i in range(len(self.hidden) - 1):
-            b, w = self.bs._parameters[str(i)], self.ws._parameters[str(i)]
-            assert b is not None and w is not None
-            h = self.act(torch.baddbmm(b, h, w))
+            h = self.act(torch.baddbmm(p(self.bs._parameters[str(i)]), h, p(self.ws._parameters[str(i)])))
         return h[0], h[1]
 
-    def forward(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        ha, hb = self.features(x)
+    def forward(self, x: torch.Tensor, detach_params: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``detach_params``: the parameters enter as constants, the gradient reaches ``x`` only
+        (SAC's and TD3's actor loss through the critic, without a critic weight gradient)."""
+        ha, hb = self.features(x, detach_params)
+        if detach_params:
+            return (nn.functional.linear(ha, self.wa.detach(), self.ba.detach()),
+                    nn.functional.linear(hb, self.wb.detach(), self.bb.detach()))
         return nn.functional.linear(ha, self.wa, self.ba), nn.functional.linear(hb, self.wb, self.bb)
 
 

@@ -131,23 +131,17 @@ class Policy(Acting):
         """Return ``(loss, stats)`` for one minibatch of tensors."""
         raise NotImplementedError
 
-    def make_optimizer(self, lr: float, eps: float = 1e-8, module: Optional[nn.Module] = None) -> "FlatAdam":
+    def make_optimizer(self, lr: float, eps: float = 1e-8, module: Optional[nn.Module] = None,
+                       sizes: Optional[List[int]] = None) -> "FlatAdam":
         """Adam over all trainable parameters of ``module`` (default ``self.model``), kept in
         one flat buffer: the module's parameters become views into it, so Adam and gradient
         clipping are a handful of tensor ops per step instead of a few per parameter (the
-        difference is most of a small MLP's step time on CPU)."""
+        difference is most of a small MLP's step time on CPU). ``sizes``: the buffer split into
+        contiguous segments in parameter order, each an Adam of its own (see :class:`FlatAdam`)."""
         module = module if module is not None else self.model
         assert module is not None, "make_optimizer: the policy has no model"
-        params = [p for p in module.parameters() if p.requires_grad]
-        flat = torch.zeros(sum(p.numel() for p in params), device=self.device, dtype=params[0].dtype)
-        off = 0
-        for p in params:
-            n = p.numel()
-            flat[off:off + n].copy_(p.data.reshape(-1))
-            p.data = flat[off:off + n].view_as(p)
-            off += n
-        self._params, self._flat = params, flat
-        return FlatAdam(flat, lr, eps)
+        self._params, self._flat = flat_parameters(module, self.device)
+        return FlatAdam(self._flat, lr, eps, sizes)
 
     def compute_gradients(self, batch: sb.SampleBatch) -> Tuple[np.ndarray, Dict[str, float]]:
         """``(gradient, stats)``: d :meth:`loss` / d parameters on ``batch`` (all its rows, one
@@ -207,35 +201,69 @@ class Policy(Acting):
             self.np_random.bit_generator.state = state["np_random"]
 
 
+def flat_parameters(module: nn.Module, device: Any = "cpu",
+                    trainable_only: bool = True) -> Tuple[List[nn.Parameter], torch.Tensor]:
+    """Move the parameters of ``module`` (those with ``requires_grad`` when ``trainable_only``)
+    into one flat buffer, in ``module.parameters()`` order: each becomes a view of it.
+    Returns ``(params, flat)``; an op on ``flat`` (an optimizer step, a Polyak average) acts on
+    all of them at once."""
+    params = [p for p in module.parameters() if p.requires_grad or not trainable_only]
+    flat = torch.zeros(sum(p.numel() for p in params), device=device, dtype=params[0].dtype)
+    off = 0
+    for p in params:
+        n = p.numel()
+        flat[off:off + n].copy_(p.data.reshape(-1))
+        p.data = flat[off:off + n].view_as(p)
+        off += n
+    return params, flat
+
+
 class FlatAdam:
     """``torch.optim.Adam`` over one flat parameter buffer: the same functional kernel (bit
     for bit the same updates) and the same ``state_dict`` layout, without the Optimizer
-    class, whose construction imports ``torch._dynamo`` (seconds at start-up)."""
+    class, whose construction imports ``torch._dynamo`` (seconds at start-up).
 
-    def __init__(self, flat: torch.Tensor, lr: float, eps: float = 1e-8):
+    ``sizes`` splits the buffer into contiguous segments, each its own param group with its
+    own Adam state (as several ``torch.optim.Adam``); ``active`` (indexes, None: all) names the
+    segments the next :meth:`step` updates (TD3's delayed actor: the critic alone most steps).
+    """
+
+    def __init__(self, flat: torch.Tensor, lr: float, eps: float = 1e-8, sizes: Optional[List[int]] = None):
         self.flat = flat
+        sizes = [flat.numel()] if sizes is None else [int(n) for n in sizes]
+        if sum(sizes) != flat.numel():
+            raise ValueError(f"FlatAdam: segment sizes {sizes} do not add up to {flat.numel()}")
+        ends = np.cumsum([0, *sizes]).tolist()
+        self.segments = [slice(a, b) for a, b in zip(ends[:-1], ends[1:])]
         self.param_groups: List[Dict[str, Any]] = [dict(
             lr=lr, betas=(0.9, 0.999), eps=eps, weight_decay=0, amsgrad=False, maximize=False, foreach=None,
-            capturable=False, differentiable=False, fused=None, decoupled_weight_decay=False, params=[0])]
+            capturable=False, differentiable=False, fused=None, decoupled_weight_decay=False, params=[i])
+            for i in range(len(sizes))]
         self.state: Dict[int, Dict[str, torch.Tensor]] = {}
+        self.active: Optional[List[int]] = None
 
     @torch.no_grad()
     def step(self) -> None:
         from torch.optim.adam import adam
-        g, grad = self.param_groups[0], self.flat.grad
+        grad = self.flat.grad
         assert grad is not None
-        s = self.state.setdefault(0, {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(self.flat),
-                                      "exp_avg_sq": torch.zeros_like(self.flat)})
-        adam([self.flat], [grad], [s["exp_avg"]], [s["exp_avg_sq"]], [], [s["step"]], amsgrad=False,
-             beta1=g["betas"][0], beta2=g["betas"][1], lr=g["lr"], weight_decay=0, eps=g["eps"], maximize=False)
+        for i in range(len(self.segments)) if self.active is None else self.active:
+            g, seg = self.param_groups[i], self.segments[i]
+            p = self.flat[seg]
+            if (s := self.state.get(i)) is None:  # not setdefault: its default would be built every step
+                s = self.state[i] = {"step": torch.tensor(0.0), "exp_avg": torch.zeros_like(p),
+                                     "exp_avg_sq": torch.zeros_like(p)}
+            adam([p], [grad[seg]], [s["exp_avg"]], [s["exp_avg_sq"]], [], [s["step"]], amsgrad=False,
+                 beta1=g["betas"][0], beta2=g["betas"][1], lr=g["lr"], weight_decay=0, eps=g["eps"], maximize=False)
 
     def state_dict(self) -> Dict[str, Any]:
         return {"state": dict(self.state), "param_groups": [dict(g) for g in self.param_groups]}
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
-        self.param_groups[0].update({k: v for k, v in state["param_groups"][0].items() if k != "params"})
-        self.state = {i: {k: v.detach().clone() if k == "step" else v.detach().to(self.flat).clone()
-                          for k, v in st.items()} for i, st in enumerate(state["state"].values())}
+        for g, sg in zip(self.param_groups, state["param_groups"]):
+            g.update({k: v for k, v in sg.items() if k != "params"})
+        self.state = {int(i): {k: v.detach().clone() if k == "step" else v.detach().to(self.flat).clone()
+                               for k, v in st.items()} for i, st in state["state"].items()}
 
 
 class FlatRMSprop(FlatAdam):

@@ -374,6 +374,13 @@ def Replay(ctx: "RunContext", buffer: MultiAgentReplayBuffer, batch_size: int, l
     return Flow(gen, f"Replay(batch_size={batch_size}, learning_starts={learning_starts})", (), ctx)
 
 
+def store_train_weights(training_intensity: float, round_env_steps: int, batch_size: int) -> List[float]:
+    """Round-robin weights ``[1, k]`` of a (store, train) pair of branches: ``k`` train steps
+    of ``batch_size`` replayed rows per stored round of ``round_env_steps`` env steps, so that
+    rows trained / env steps sampled = ``training_intensity`` (fractional ``k`` accumulates)."""
+    return [1, float(training_intensity) * int(round_env_steps) / int(batch_size)]
+
+
 class WithSource:
     """Apply ``op`` to the item of ``(source, item)`` pairs, keeping the source."""
 

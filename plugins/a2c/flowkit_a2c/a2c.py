@@ -51,11 +51,11 @@ class A2CPolicy(ActorCriticPolicy):
 
     model: ActorCritic
 
-    def make_optimizer(self, lr, eps=1e-8, module=None):
+    def make_optimizer(self, lr, eps=1e-8, module=None, sizes=None):
         """RMSprop or Adam over the flat parameter buffer (``optimizer``, ``optimizer_eps``,
         ``rmsprop_alpha``)."""
         cfg = self.config
-        adam = super().make_optimizer(lr, cfg.optimizer_eps, module)
+        adam = super().make_optimizer(lr, cfg.optimizer_eps, module, sizes)
         return adam if cfg.optimizer == "adam" else FlatRMSprop(self._flat, lr, cfg.rmsprop_alpha, cfg.optimizer_eps)
 
     def postprocess_trajectory(self, batch: sb.SampleBatch) -> sb.SampleBatch:

@@ -287,7 +287,7 @@ class DQN(flowkit.Algorithm):
         """``[1, k]``: k train steps (``train_batch_size`` transitions each) per sampled item
         of ``round_env_steps``, so trained/sampled = ``training_intensity``."""
         ti = self.config.training_intensity
-        return [1, 1] if ti is None else [1, float(ti) * round_env_steps / self.config.train_batch_size]
+        return [1, 1] if ti is None else replay.store_train_weights(ti, round_env_steps, self.config.train_batch_size)
 
     def training_flow(self, experiences, ctx, learner):
         cfg, rt = self.config, self.run_config.runtime

@@ -1,0 +1,72 @@
+"""flowkit-sac: SAC and TD3, off-policy actor-critics for Box actions (entry point group
+``flowkit``).
+
+This module is the plugin's torch-free metadata (the two config sections and their
+registration, what ``flowkit train --help`` and ``flowkit plugins`` read); the algorithms
+(torch) are imported from :mod:`flowkit_sac.sac` and :mod:`flowkit_sac.td3` on first use.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Optional
+
+import flowkit
+from flowkit.config import F
+from flowkit.hooks import lazy_attrs
+
+if TYPE_CHECKING:
+    from flowkit_sac.sac import SAC, SACPolicy, sac_targets, squashed_gaussian
+    from flowkit_sac.td3 import TD3, TD3Policy, td3_targets
+
+__all__ = ["SAC", "SACConfig", "SACPolicy", "TD3", "TD3Config", "TD3Policy", "sac_targets", "squashed_gaussian",
+           "td3_targets"]
+
+
+@dataclass
+class _OffPolicyConfig:
+    """Keys shared by SAC and TD3 (twin critics, Polyak targets, replay)."""
+    lr: float = F(1e-3, "Adam learning rate (every network; SAC's temperature too)", gt=0)
+    gamma: float = F(0.99, "discount factor", ge=0, le=1)
+    tau: float = F(0.005, "Polyak averaging: target <- (1 - tau) * target + tau * online", gt=0, le=1)
+    train_batch_size: int = F(256, "replayed transitions per gradient step", gt=0)
+    buffer_size: int = F(1_000_000, "replay capacity in transitions (per policy)", gt=0)
+    learning_starts: int = F(100, "env steps sampled before the first gradient step; until the first trained "
+                                  "weights reach a worker it acts uniformly at random", ge=0)
+    training_intensity: Optional[float] = F(None, "transitions trained per transition sampled (null: one "
+                                                  "gradient step per env step, i.e. train_batch_size)", gt=0)
+    max_grad_norm: Optional[float] = F(None, "clip the global gradient norm (null: off)", gt=0)
+
+
+@dataclass
+class SACConfig(_OffPolicyConfig):
+    """sac: Soft Actor-Critic with automatic entropy tuning (Box actions)."""
+    initial_alpha: float = F(1.0, "entropy coefficient alpha at the start", gt=0)
+    tune_alpha: bool = F(True, "learn alpha so the policy's entropy tracks target_entropy (else alpha stays fixed)")
+    target_entropy: Optional[float] = F(None, "target entropy in nats (null: -dim(A))")
+    target_update_freq: int = F(1, "gradient steps between two Polyak updates of the target critics", gt=0)
+    use_sde: bool = F(False, "generalized state-dependent exploration (gSDE, Raffin et al. 2021): acting noise "
+                             "z(s) . theta, theta redrawn every sde_sample_freq env steps")
+    sde_sample_freq: int = F(-1, "gSDE: acting steps between two draws of theta per sub-env (-1: when new "
+                                 "weights arrive, i.e. each sampled round)", ge=-1)
+    log_std_init: float = F(-3.0, "gSDE: initial log of the std of theta's entries")
+
+
+@dataclass
+class TD3Config(_OffPolicyConfig):
+    """td3: Twin Delayed DDPG (Box actions)."""
+    policy_delay: int = F(2, "critic updates per actor and target update", gt=0)
+    target_policy_noise: float = F(0.2, "std of the Gaussian noise on the target action (action units, [-1, 1])",
+                                   ge=0)
+    target_noise_clip: float = F(0.5, "clip of that noise", ge=0)
+    exploration_noise: float = F(0.1, "std of the Gaussian noise on the acting action (action units, [-1, 1])",
+                                 ge=0)
+
+
+@flowkit.hookimpl
+def flowkit_add_algorithms():
+    return [flowkit.AlgorithmRef("sac", SACConfig, "flowkit_sac.sac:SAC"),
+            flowkit.AlgorithmRef("td3", TD3Config, "flowkit_sac.td3:TD3")]
+
+
+__getattr__ = lazy_attrs({**dict.fromkeys(["SAC", "SACPolicy", "sac_targets", "squashed_gaussian"], "flowkit_sac.sac"),
+                          **dict.fromkeys(["TD3", "TD3Policy", "td3_targets"], "flowkit_sac.td3")})

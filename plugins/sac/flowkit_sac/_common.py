@@ -1,0 +1,171 @@
+"""What SAC and TD3 share: twin critics over ``[obs, action]``, targets kept as one flat
+buffer and moved by Polyak averaging, uniform random acting until the first trained weights,
+actor-only weights for the workers, and the replay plan.
+
+Parameter layout (both): ``model.critic`` (a :class:`~flowkit.core.TwinMLP`: Q1 and Q2 in one
+batched pass) registered first, then ``model.actor`` (then SAC's ``log_alpha``): every
+trainable parameter is a view of the policy's one flat buffer (``Policy.make_optimizer``),
+and the target modules' parameters, which come first, mirror its first ``n_target`` entries,
+so a Polyak update is one ``lerp_`` (``target <- target + tau * (online - target)``).
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any, Dict, List, Sequence
+
+import gymnasium as gym
+import numpy as np
+import torch
+from torch import nn
+
+import flowkit
+from flowkit import ConfigError
+from flowkit.core import Policy, TwinMLP, derive_seed, ops, replay, to_tensor
+from flowkit.core import batch as sb
+
+TRAIN_COLS = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.NEXT_OBS)
+
+
+def twin_critic(obs_dim: int, act_dim: int, model_cfg: Any) -> TwinMLP:
+    """Q1, Q2: ``float32[B, obs_dim + act_dim] -> (float32[B, 1], float32[B, 1])``."""
+    return TwinMLP(obs_dim + act_dim, list(model_cfg.hidden_sizes), model_cfg.activation, 1, 1, 1.0, 1.0)
+
+
+def polyak(target: torch.Tensor, online: torch.Tensor, tau: float) -> None:
+    """``target <- (1 - tau) * target + tau * online`` in place (flat buffers)."""
+    target.lerp_(online, tau)
+
+
+class OffPolicyActorCritic(Policy):
+    """Base of :class:`~flowkit_sac.SACPolicy` and :class:`~flowkit_sac.TD3Policy`.
+
+    A subclass builds ``self.model`` (``critic`` first, then ``actor``) and calls
+    :meth:`finish_init` with the names of the modules that have targets; it implements
+    :meth:`act` and ``loss``. Actions are in [-1, 1] (``float32[B, dim(A)]``), scaled to the
+    Box bounds on the way to the env.
+    """
+
+    model: Any  # the subclass's model: ``critic`` first, then ``actor``
+
+    def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
+                 seed=0, inference_only=False):
+        super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
+        if self.dist.kind != "gauss" or self.encoder.is_image:
+            raise ConfigError(f"{type(self).__name__} needs a bounded Box action space and a flat observation, "
+                              f"got {action_space} and {observation_space}")
+        torch.manual_seed(seed)
+        self.obs_dim, self.act_dim = int(self.encoder.shape[0]), int(self.dist.dim)
+
+    def finish_init(self, target_modules: Sequence[str], sizes: Any = None) -> None:
+        from flowkit.core.policy import flat_parameters
+        self.model.to(self.device)
+        if self.inference_only:  # the actor alone is synced: one flat array
+            _, self.actor_flat = flat_parameters(self.model.actor, self.device, trainable_only=False)
+            return
+        self.target = copy.deepcopy(nn.ModuleDict({n: getattr(self.model, n) for n in target_modules}))
+        self.target.requires_grad_(False)
+        _, self.target_flat = flat_parameters(self.target, self.device, trainable_only=False)
+        n_critic = sum(p.numel() for p in self.model.critic.parameters())
+        n_actor = sum(p.numel() for p in self.model.actor.parameters())
+        self.optimizer = self.make_optimizer(self.config.lr, sizes=sizes)
+        self.actor_flat = self._flat[n_critic:n_critic + n_actor]
+        assert torch.equal(self.target_flat, self._flat[:self.target_flat.numel()]), "target modules come first"
+
+    # -- acting (worker) --
+    def act(self, obs: torch.Tensor, explore: bool) -> torch.Tensor:
+        """Actions in [-1, 1], float32[B, dim(A)], for encoded observations float32[B, obs_dim]."""
+        raise NotImplementedError
+
+    def compute_actions_encoded(self, obs, mask=None, explore=True):
+        if explore and self.num_updates == 0:  # no trained weights yet: uniform (learning_starts)
+            return self.np_random.uniform(-1, 1, (obs.shape[0], self.act_dim)).astype(np.float32), {}
+        with torch.inference_mode():
+            return self.act(torch.from_numpy(obs), explore).numpy(), {}
+
+    # -- learning (driver) --
+    def prepare_batch(self, batch):
+        return {k: to_tensor(batch[k], self.device) for k in TRAIN_COLS}
+
+    def q_values(self, obs: torch.Tensor, actions: torch.Tensor, detach_params: bool = False,
+                 target: bool = False) -> torch.Tensor:
+        """Q1 and Q2 stacked: float32[2, B]."""
+        critic = self.target["critic"] if target else self.model.critic
+        q1, q2 = critic(torch.cat([obs, actions], -1), detach_params)
+        return torch.stack([q1.squeeze(-1), q2.squeeze(-1)])
+
+    def update_target(self) -> None:
+        """Polyak-average the target networks towards the online ones (``tau``)."""
+        polyak(self.target_flat, self._flat[:self.target_flat.numel()], self.config.tau)
+
+    # -- weights and state --
+    def get_weights(self) -> Dict[str, np.ndarray]:
+        """What a worker needs: the actor as one flat array, and ``num_updates`` (0: it acts at
+        random). A full state dict (``get_state()["weights"]``) is accepted too."""
+        return {"actor_flat": self.actor_flat.detach().cpu().numpy().copy(),
+                "num_updates": np.asarray(self.num_updates, np.int64)}
+
+    def set_weights(self, weights: Dict[str, np.ndarray]) -> None:
+        w = dict(weights)
+        if "num_updates" in w:
+            self.num_updates = int(w.pop("num_updates"))
+        if "actor_flat" in w:
+            with torch.no_grad():
+                self.actor_flat.copy_(torch.from_numpy(np.array(w.pop("actor_flat"))))  # Ray's are read-only
+        if w:  # a full state dict (checkpoints)
+            self.model.load_state_dict({k: torch.as_tensor(np.array(v)) for k, v in w.items()})
+
+    def get_state(self) -> Dict[str, Any]:
+        st = super().get_state()
+        st["weights"] = {k: v.detach().cpu().numpy().copy() for k, v in self.model.state_dict().items()}
+        if not self.inference_only:
+            st["target"] = self.target_flat.detach().cpu().numpy().copy()
+        return st
+
+    def set_state(self, state: Dict[str, Any]) -> None:
+        super().set_state(state)
+        if not self.inference_only and state.get("target") is not None:
+            self.target_flat.copy_(torch.as_tensor(np.array(state["target"])))
+
+
+class OffPolicyAlgorithm(flowkit.Algorithm):
+    """The replay plan of SAC and TD3 (``flowkit plan algo=sac``)::
+
+        store = rollouts -> StoreToReplayBuffer -> SyncWeights(to all, once per round)
+        train = Replay -> TrainOneStep -> UpdateTargetNetwork(Polyak, every k gradient steps)
+        Concurrently([store, train], round_robin, output_indexes=[1],
+                     weights=[1, training_intensity * round_env_steps / train_batch_size])
+    """
+
+    rollout_mode = "bulk_sync"
+    off_policy = True
+
+    @classmethod
+    def check_spaces(cls, policy_id, observation_space, action_space) -> None:
+        box = isinstance(action_space, gym.spaces.Box)
+        if not box or not (np.isfinite(action_space.low).all() and np.isfinite(action_space.high).all()):
+            raise ConfigError(f"policy {policy_id!r}: {cls.name.upper()} needs a Box action space with finite "
+                              f"bounds, got {action_space} (for {type(action_space).__name__} actions use e.g. "
+                              f"{'ppo' if box else 'dqn or ppo'})")
+
+    @classmethod
+    def validate_config(cls, run_config, section) -> List[str]:
+        if section.train_batch_size > section.buffer_size:
+            raise ConfigError(f"{cls.name}.train_batch_size={section.train_batch_size} is larger than "
+                              f"{cls.name}.buffer_size={section.buffer_size}")
+        return []
+
+    def target_update_freq(self) -> int:
+        raise NotImplementedError
+
+    def training_flow(self, experiences, ctx, learner):
+        cfg, rt = self.config, self.run_config.runtime
+        buffer = ctx.add_stateful(f"{learner.name}/replay_buffer", replay.MultiAgentReplayBuffer(
+            cfg.buffer_size, seed=derive_seed(int(self.run_config.seed), "replay", self.name)))
+        store = experiences.for_each(replay.StoreToReplayBuffer(buffer)).for_each(ops.SyncWeights(ctx, learner))
+        train = (replay.Replay(ctx, buffer, cfg.train_batch_size, cfg.learning_starts)
+                 .for_each(ops.TrainOneStep(ctx, learner))
+                 .for_each(ops.UpdateTargetNetwork(ctx, learner, self.target_update_freq())))
+        round_steps = max(1, int(rt.num_workers)) * int(rt.num_envs_per_worker) * int(rt.rollout_fragment_length)
+        ti = cfg.training_intensity or cfg.train_batch_size
+        return ops.Concurrently([store, train], mode="round_robin", output_indexes=[1],
+                                round_robin_weights=replay.store_train_weights(ti, round_steps, cfg.train_batch_size))
