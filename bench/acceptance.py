@@ -21,12 +21,12 @@ import time
 
 # name: (config, metric, threshold, budget in env steps, seeds, extra overrides)
 CHECKS = {
-    "ppo_cartpole": ("configs/ppo_cartpole.yaml", "episode_return_mean", 475, 100_000, [0, 1, 2], []),
-    "ppo_pendulum": ("configs/ppo_pendulum.yaml", "episode_return_mean", -250, 200_000, [0], []),
-    "dqn_cartpole": ("configs/dqn_cartpole.yaml", "episode_return_mean", 450, 100_000, [0, 1, 2], []),
-    "dqn_acrobot": ("configs/dqn_acrobot.yaml", "episode_return_mean", -100, 40_000, [0, 1, 2], []),
-    "apex_cartpole": ("configs/dqn_apex_cartpole.yaml", "evaluation_return_mean", 450, 150_000, [0], []),
-    "impala_cartpole": ("configs/impala_cartpole.yaml", "episode_return_mean", 450, 500_000, [0, 1, 2], []),
+    "ppo_cartpole": ("configs/ppo/CartPole-v1.yaml", "episode_return_mean", 475, 100_000, [0, 1, 2], []),
+    "ppo_pendulum": ("configs/ppo/Pendulum-v1.yaml", "episode_return_mean", -250, 200_000, [0], []),
+    "dqn_cartpole": ("configs/dqn/CartPole-v1.yaml", "episode_return_mean", 450, 100_000, [0, 1, 2], []),
+    "dqn_acrobot": ("configs/dqn/Acrobot-v1.yaml", "episode_return_mean", -100, 40_000, [0, 1, 2], []),
+    "apex_cartpole": ("configs/apex/CartPole-v1.yaml", "evaluation_return_mean", 450, 150_000, [0], []),
+    "impala_cartpole": ("configs/impala/CartPole-v1.yaml", "episode_return_mean", 450, 500_000, [0, 1, 2], []),
     "a2c_cartpole": ("configs/a2c/CartPole-v1.yaml", "episode_return_mean", 475, 500_000, [0, 1, 2], []),
     "a3c_cartpole": ("configs/a3c/CartPole-v1.yaml", "episode_return_mean", 450, 1_000_000, [0, 1, 2], []),
 }

@@ -8,7 +8,7 @@ Prints a table (and writes it as JSON with --json PATH):
       flowkit with one Ray rollout worker of 8 sub-envs x 32 steps (256 env steps per round,
       sampled ahead while the learner trains), SB3 with its single env;
   (b) seconds from the first sample request to the mean of the last 20 training episodes
-      >= 450, each side at its best config (flowkit: configs/dqn_cartpole.yaml; SB3: RL Zoo's,
+      >= 450, each side at its best config (flowkit: configs/dqn/CartPole-v1.yaml; SB3: RL Zoo's,
       200,000 steps), median over seeds, an unsolved seed counted as 300 s.
 Every seed's figure is printed. Both learners use one torch thread.
 
@@ -58,7 +58,7 @@ def flowkit_solve(seed: int) -> dict:
     res = flowkit.train([f"seed={seed}", "run.reporters=[csv,checkpoint,evaluation]", "checkpoint.at_end=false",
                          f"stop.episode_return_mean={SOLVE}", f"stop.time_s={UNSOLVED_S}",
                          f"run.dir=/tmp/flowkit-bench/dqn-solve-{seed}"],
-                        config_file=os.path.join(REPO, "configs", "dqn_cartpole.yaml"))
+                        config_file=os.path.join(REPO, "configs", "dqn", "CartPole-v1.yaml"))
     m = res.metrics
     solved = m["episode_return_mean"] >= SOLVE
     return {"solved": solved, "seconds": m["time_total_s"] if solved else UNSOLVED_S,

@@ -29,7 +29,7 @@ def run(args, kill_every):
     # iteration would only stop a run that is over)
     plugins = [KillWorkers(kill_every, max_kills=(args.env_steps - 1) // kill_every)] if kill_every else []
     here = os.path.dirname(os.path.abspath(__file__))
-    cfg = os.path.join(here, "..", "configs", "ppo_cartpole.yaml")
+    cfg = os.path.join(here, "..", "configs", "ppo", "CartPole-v1.yaml")
     run_dir = tempfile.mkdtemp(prefix="flowkit-bench-faults-")
     t0 = time.perf_counter()
     res = flowkit.train([f"seed={args.seed}", f"stop.env_steps={args.env_steps}", "stop.episode_return_mean=null",

@@ -1,6 +1,6 @@
 """Cost of the workers' finite check (issue 13, part 4) against a fragment's sampling time.
 
-One in-process RolloutWorker with the main job's sampling layout (configs/ppo_cartpole.yaml:
+One in-process RolloutWorker with the main job's sampling layout (configs/ppo/CartPole-v1.yaml:
 4 sub-envs x 32 steps = 128 transitions per fragment): times ``runner.sample()`` (the
 fragment, without the check) and ``RolloutWorker._check_finite`` on the fragment it returned
 (observations, next observations and rewards), median over ``--repeats`` fragments, and
@@ -26,7 +26,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def measure(overrides: list, repeats: int) -> dict:
     from flowkit.core.workers import RolloutWorker
     from flowkit.engine import load_config, setup
-    pm, cfg = load_config(["runtime.backend=local", *overrides], os.path.join(REPO, "configs", "ppo_cartpole.yaml"))
+    pm, cfg = load_config(["runtime.backend=local", *overrides], os.path.join(REPO, "configs", "ppo", "CartPole-v1.yaml"))
     ctx = setup(cfg, pm)
     w = RolloutWorker(cfg, 0, 1, ctx.policy_specs, pm=pm)
     for _ in range(5):  # warm up

@@ -31,7 +31,7 @@ one the RLlib Flow paper measured) is used.
 
     python bench/impala.py                    # 2 x 30 s per plan
     python bench/impala.py --time-s 10 --repeats 1 --no-rllib      # a quick look
-    python bench/impala.py --acceptance 0 1 2 3 4    # configs/impala_cartpole.yaml per seed:
+    python bench/impala.py --acceptance 0 1 2 3 4    # configs/impala/CartPole-v1.yaml per seed:
                                                      # env steps to episode_return_mean >= 450
     python bench/impala.py --acceptance 0 1 2 --algo appo  # configs/appo/CartPole-v1.yaml
 """
@@ -123,8 +123,7 @@ def acceptance(seeds, algo: str = "impala") -> None:
     """The acceptance run (tests/test_impala.py, tests/test_appo.py) over several seeds, as a table."""
     import flowkit
     here = os.path.dirname(os.path.abspath(__file__))
-    cfg = os.path.join(here, "..", "configs", *(["impala_cartpole.yaml"] if algo == "impala"
-                                                 else [algo, f"{ENV}.yaml"]))
+    cfg = os.path.join(here, "..", "configs", algo, f"{ENV}.yaml")
     print("\n| seed | env steps | episode_return_mean | wall time (s) | policy lag max | reached 450 |")
     print("|---|---|---|---|---|---|")
     for seed in seeds:
@@ -145,7 +144,7 @@ def main(argv=None) -> int:
     p.add_argument("--no-rllib", action="store_true")
     p.add_argument("--hidden", default="64,64", help="model.hidden_sizes of both plans (a heavier learner: 256,256)")
     p.add_argument("--acceptance", type=int, nargs="+", metavar="SEED",
-                   help="run configs/impala_cartpole.yaml (--algo appo: configs/appo/CartPole-v1.yaml) "
+                   help="run configs/impala/CartPole-v1.yaml (--algo appo: configs/appo/CartPole-v1.yaml) "
                         "for these seeds instead")
     p.add_argument("--algo", default="impala", choices=("impala", "appo"), help="the algorithm of --acceptance")
     p.add_argument("--rllib-child", action="store_true", help=argparse.SUPPRESS)

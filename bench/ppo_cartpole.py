@@ -6,7 +6,7 @@ Prints a table (and writes it as JSON with --json PATH):
       train batch, SB3 with its default single env;
   (b) seconds from the first sample request to the solve criterion (mean of the last 20
       training episodes >= 475): flowkit at its default CartPole config
-      (configs/ppo_cartpole.yaml) against SB3 with RL Zoo's tuned CartPole hyperparameters;
+      (configs/ppo/CartPole-v1.yaml) against SB3 with RL Zoo's tuned CartPole hyperparameters;
       median over seeds, an unsolved seed counted as 300 s; start-up on its own line;
   (c) sampling-only throughput (no learning) against a raw loop over the same vector env and
       network on the same number of cores (2 processes).
@@ -50,7 +50,7 @@ def flowkit_solve(seed: int, *extra: str) -> dict:
     t0 = time.perf_counter()
     res = flowkit.train([f"seed={seed}", "run.reporters=[csv,checkpoint,evaluation]", "checkpoint.at_end=false",
                          f"run.dir=/tmp/flowkit-bench/solve-{seed}{'-'.join(('',) + extra)}", *extra],
-                        config_file=os.path.join(REPO, "configs", "ppo_cartpole.yaml"))
+                        config_file=os.path.join(REPO, "configs", "ppo", "CartPole-v1.yaml"))
     wall = time.perf_counter() - t0
     m = res.metrics
     solved = m["episode_return_mean"] >= SOLVE

@@ -61,7 +61,7 @@ def _env():
 
 def run_flowkit(seed: int, budget: int, tmp: str) -> dict:
     run_dir = os.path.join(tmp, f"fk-{seed}-{time.time_ns()}")
-    cmd = [sys.executable, "-m", "flowkit.cli", "train", "-c", "configs/ppo_cartpole.yaml", f"seed={seed}",
+    cmd = [sys.executable, "-m", "flowkit.cli", "train", "-c", "configs/ppo/CartPole-v1.yaml", f"seed={seed}",
            f"run.dir={run_dir}", "run.reporters=[csv]", "learner.num_threads=1", f"stop.env_steps={budget}"]
     t0 = time.time()
     p = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True)

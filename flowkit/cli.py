@@ -1,4 +1,5 @@
-"""The ``flowkit`` command: train, plan, plugins; evaluate and export a trained policy.
+"""The ``flowkit`` command: train, plan, plugins; evaluate and export a trained policy; plot
+(flowkit/plot.py) and tune (flowkit/tune.py).
 
 Exit status: 0 success, 1 a failed run (a bad env, non-finite training or workers Ray could not
 place: one line, no traceback), 2 a config error (short message, no traceback),
@@ -16,18 +17,24 @@ import signal
 import sys
 from typing import Any, Dict, List, Optional
 
-USAGE = """flowkit train [-c FILE ...] [--dry-run | --print-config] [key=value ...]
-flowkit plan [-c FILE ...] [key=value ...]
+USAGE = """flowkit train [-c FILE ...] [--no-tuned] [--dry-run | --print-config] [key=value ...]
+flowkit plan [-c FILE ...] [--no-tuned] [key=value ...]
 flowkit plugins [plugins=[module,...]]
 flowkit evaluate RUN_DIR|CHECKPOINT [episodes=N] [seed=S] [explore=false] [render=mp4|gif] [key=value ...]
-flowkit export RUN_DIR|CHECKPOINT --format torchscript|onnx [--out PATH] [--policy ID]"""
+flowkit export RUN_DIR|CHECKPOINT --format torchscript|onnx [--out PATH] [--policy ID]
+flowkit plot RUN_DIR... [--x env_steps|time] [--metric M] [--out FILE]
+flowkit tune [-c FILE ...] [--metric M] [--mode max|min] [--search grid|random|optuna] [--num-samples N]
+             [--scheduler asha|none] [key=value ...] [key=choice(a,b) key=range(3) ...]"""
+SUBCOMMANDS = {"plot": "flowkit.plot", "tune": "flowkit.tune"}  # commands with arguments of their own
 
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flowkit", description="Reinforcement learning as dataflow, on Ray.",
                                 usage=USAGE, add_help=False)
-    p.add_argument("command", nargs="?", choices=["train", "plan", "plugins"])
+    p.add_argument("command", nargs="?", choices=["train", "plan", "plugins", *SUBCOMMANDS])
     p.add_argument("-c", "--config", dest="config_file", action="append", help="YAML config file (several: merged in order)")
+    p.add_argument("--no-tuned", action="store_true",
+                   help="without -c: the defaults, not the tuned configs/<algo>/<env-id>.yaml")
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML; start nothing")
     p.add_argument("--dry-run", action="store_true", help="validate the config and print the plan; start nothing")
     p.add_argument("--mermaid", action="store_true", help="plan: print only the Mermaid graph")
@@ -60,6 +67,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         signal.signal(sig, _early_signal)
     if argv and argv[0] in _AFTER:  # commands on a trained run: their own arguments
         return _AFTER[argv[0]](argv[1:])
+    if argv and argv[0] in SUBCOMMANDS:
+        import importlib
+        return int(importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:]))
     args, unknown = _parser().parse_known_args(argv)
     overrides = list(args.overrides) + [u for u in unknown if "=" in u]
     bad = [u for u in unknown if "=" not in u]
@@ -69,13 +79,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     if bad:
         print(f"flowkit: error: unrecognised arguments {bad}", file=sys.stderr)
         return 2
-    from flowkit.config import ConfigError, build_config, check_algo, plugin_modules_from
+    from flowkit.config import ConfigError, build_config, check_algo, plugin_modules_from, shown_path, tuned_config_path
     from flowkit.hooks import PluginError, get_plugin_manager
     try:
         if args.command == "plugins":
             return _plugins(plugin_modules_from(overrides, args.config_file))
         pm = get_plugin_manager(plugin_modules_from(overrides, args.config_file))
         cfg = build_config(overrides, args.config_file, pm.config_sections())  # errors before torch and Ray load
+        tuned = None if args.config_file or args.no_tuned or cfg.resume else tuned_config_path(cfg.algo, cfg.env.id)
+        if tuned:  # the tuned config for this algo and env, under the overrides
+            args.config_file = [tuned]
+            cfg = build_config(overrides, args.config_file, pm.config_sections())
+            print(f"{'# ' if args.print_config else ''}tuned config: {shown_path(tuned)} (no -c given; "
+                  "--no-tuned for the defaults)", flush=True)
         if not cfg.resume:  # a resumed run's algo comes from its checkpoint
             check_algo(cfg, pm.algorithms(load=False))
         if args.print_config:  # resolved and validated, nothing started

@@ -17,7 +17,10 @@ checkpoint     ``checkpoint.every_iters``, ``checkpoint.at_end``, the crash     
                checkpoint (``checkpoints/crash``)
 evaluation     greedy evaluation every ``evaluation.interval`` iterations and        yes
                ``evaluation.final``, merged into the row before anyone reports it
-tensorboard    TensorBoard event files in ``tb/``                                   no
+tensorboard    TensorBoard event files in ``tb/`` (flowkit/loggers.py, as the two     no
+               below); the config as hparams
+mlflow         an MLflow run (local file store ``mlruns/`` beside the run folder)   no
+wandb          a Weights & Biases run, offline, in ``wandb/``                        no
 timing         ``perf/iteration_ms`` and ``perf/driver_overhead_ms`` columns from a  no
                wrapper around each iteration
 =============  ==================================================================  =========
@@ -31,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import csv
-import math
 import os
 import sys
 import threading
@@ -134,33 +136,6 @@ class CSVReporter(Reporter):
         else:
             with open(self.path, "a", newline="") as f:
                 csv.DictWriter(f, self.columns).writerow(result)
-
-
-class TensorBoardReporter(Reporter):
-    """TensorBoard scalars in ``run_dir/tb`` (x axis: env_steps_sampled)."""
-    name = "tensorboard"
-
-    @classmethod
-    def validate_config(cls, config: "DictConfig") -> None:
-        import importlib.util
-        if importlib.util.find_spec("tensorboard") is None:
-            from flowkit.config import ConfigError
-            raise ConfigError("run.reporters: `tensorboard` needs the tensorboard package (pip install tensorboard)")
-
-    def flowkit_on_run_start(self, run_dir: str) -> None:
-        from torch.utils.tensorboard import SummaryWriter
-        self.tb = SummaryWriter(os.path.join(run_dir, "tb"))
-
-    def flowkit_report(self, result: Row) -> None:
-        step = int(result.get("env_steps_sampled", 0))
-        for k, v in result.items():
-            if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v):
-                self.tb.add_scalar(k, v, step)
-
-    @hookimpl(trylast=True)
-    def flowkit_on_train_end(self) -> None:
-        if hasattr(self, "tb"):
-            self.tb.close()
 
 
 class ProgressReporter(Reporter):
@@ -300,9 +275,10 @@ class TimingReporter(Reporter):
 
 
 BUILTIN_REPORTERS: List[Type[Reporter]] = [ProgressReporter, CSVReporter, PlotReporter, CheckpointReporter,
-                                            EvaluationReporter, TensorBoardReporter, TimingReporter]
+                                            EvaluationReporter, TimingReporter]
 
 
 @hookimpl
 def flowkit_add_reporters() -> List[type]:
-    return list(BUILTIN_REPORTERS)
+    from flowkit.loggers import LOGGERS  # tensorboard, mlflow, wandb (flowkit/loggers.py)
+    return list(BUILTIN_REPORTERS) + LOGGERS

@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/flowkit train -c configs/ppo_cartpole.yaml "$@"
+exec .venv/bin/flowkit train -c configs/ppo/CartPole-v1.yaml "$@"

@@ -18,7 +18,8 @@ CHECK = ("import json, sys\nfrom flowkit.cli import main\nrc = main(sys.argv[1:]
                                           (["train", "algo=ppx"], 2, "did you mean `ppo`"),
                                           (["train", "env=Nope-v0", "runtime.backend=ray"], 2, "Environment `Nope`"),
                                           (["train", "runtime.backend=ray", "runtime.num_workers=100000"], 2,
-                                           "needs 100000 CPUs")])
+                                           "needs 100000 CPUs"),
+                                          (["plot", "no/such/runs"], 2, "no run folder")])
 def test_cli_without_training_imports_neither_torch_nor_ray(args, rc, text):
     p = subprocess.run([sys.executable, "-c", CHECK, *args], capture_output=True, text=True, timeout=120)
     out = json.loads(p.stdout.rsplit("MODULES ", 1)[1])

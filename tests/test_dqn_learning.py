@@ -14,6 +14,6 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_dqn_cartpole_seed0_reaches_450_within_100k_env_steps(ray_session, run_dir):
     res = flowkit.train(["seed=0", f"run.dir={run_dir}", "run.reporters=[csv,checkpoint,evaluation]",
                          "checkpoint.at_end=false"],
-                        config_file=os.path.join(REPO, "configs", "dqn_cartpole.yaml"))
+                        config_file=os.path.join(REPO, "configs", "dqn", "CartPole-v1.yaml"))
     assert res.metrics["env_steps_sampled"] <= 100_000
     assert res.metrics["episode_return_mean"] >= 450, res.metrics

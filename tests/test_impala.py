@@ -182,11 +182,11 @@ def test_async_plan_on_ray_workers(run_dir, ray_session):
 
 @pytest.mark.slow
 def test_impala_solves_cartpole_two_ray_workers(run_dir, ray_session):
-    """configs/impala_cartpole.yaml: 2 Ray workers, episode_return_mean >= 450 within 500,000
+    """configs/impala/CartPole-v1.yaml: 2 Ray workers, episode_return_mean >= 450 within 500,000
     env steps (20-55 s on 2 shared cores; more seeds: bench/impala.py --acceptance)."""
     res = flowkit.train([f"run.dir={run_dir}", "run.reporters=[csv,checkpoint,evaluation]", "seed=0",
                          "checkpoint.at_end=false"],
-                        config_file=os.path.join(REPO, "configs", "impala_cartpole.yaml"))
+                        config_file=os.path.join(REPO, "configs", "impala", "CartPole-v1.yaml"))
     assert res.metrics["episode_return_mean"] >= 450, res.metrics
     assert res.metrics["env_steps_sampled"] <= 500_000
     # weights reach the producing workers: the lag stays bounded by the queues (without the

@@ -218,6 +218,6 @@ def test_subclassing_the_policy_loss_makes_a_registered_variant(run_dir):
 def test_ppo_solves_cartpole_local_backend(run_dir):
     """The main job's config on the local backend, seed 0: >= 475 within 100,000 env steps."""
     res = flowkit.train(["runtime.backend=local", f"run.dir={run_dir}", "run.reporters=[csv,plot,checkpoint,evaluation]", "seed=0"],
-                        config_file=os.path.join(REPO, "configs", "ppo_cartpole.yaml"))
+                        config_file=os.path.join(REPO, "configs", "ppo", "CartPole-v1.yaml"))
     assert res.metrics["episode_return_mean"] >= 475, res.metrics
     assert res.metrics["env_steps_sampled"] <= 100_000

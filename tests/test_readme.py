@@ -2,8 +2,9 @@
 
 Python blocks run in a fresh process each (with ``import json, os, flowkit`` in front, for the
 fragments), shell blocks line by line (``flowkit ...`` commands; set-up and benchmark lines are
-skipped). Budgets are cut: ``stop.env_steps`` to 2000, every ``flowkit train`` to one
-iteration on the local backend, one worker, in a temporary run folder; ``resume=`` of a
+skipped). Budgets are cut: ``stop.env_steps`` to 2000, every ``flowkit train`` and every
+``flowkit tune`` trial to one iteration on the local backend, one worker, in a temporary run
+folder (``flowkit plot`` draws the previous sweep); ``resume=`` of a
 placeholder resumes the previous command's run (skipped without one). Blocks without a language are output, not
 code, and are skipped.
 """
@@ -79,6 +80,12 @@ def test_readme_shell_block_runs(line, lang, code, tmp_path):
                 last = str(tmp_path / f"run{n}")
                 args += [f"run.dir={last}"]
             args += SMALL
+        elif args[1] == "tune":  # a sweep of one-iteration local trials, in a temporary folder
+            last = str(tmp_path / f"sweep{n}")
+            args = [a for a in args if not a.startswith("run.dir=")] + [f"run.dir={last}", *SMALL[:-1],
+                                                                         "run.reporters=[csv]"]
+        elif args[1] == "plot":  # the previous command's runs; the figure in the temporary folder
+            args = [last if a.startswith("runs/") else str(tmp_path / a) if a.endswith(".png") else a for a in args]
         p = subprocess.run([sys.executable, "-m", "flowkit.cli", *args[1:]], capture_output=True, text=True,
                            timeout=600, cwd=REPO)
         assert p.returncode == 0, f"README line {line}: {shlex.join(args)}\n{p.stderr[-3000:]}"

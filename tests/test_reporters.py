@@ -63,7 +63,7 @@ def test_unknown_reporter_is_a_config_error(run_dir, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1
     assert "run.reporters" in err[0] and "'tensorbord'" in err[0]
-    assert "known: checkpoint, csv, evaluation, plot, progress, tensorboard, timing" in err[0]
+    assert "known: checkpoint, csv, evaluation, mlflow, plot, progress, tensorboard, timing, wandb" in err[0]
     assert not os.path.exists(run_dir)
 
 
@@ -87,18 +87,6 @@ def test_timing_reporter_wraps_iterations(run_dir):
     assert "perf/iteration_ms" in cols and "perf/driver_overhead_ms" in cols
     assert all(r["perf/iteration_ms"] > 0 for r in res.history)
     assert "perf/driver_overhead_ms" not in res.history[0]  # no iteration before the first
-
-
-def test_tensorboard_reporter(run_dir):
-    args = TINY + [f"run.dir={run_dir}", "stop.iterations=2", "run.reporters=[csv,tensorboard]"]
-    try:
-        import tensorboard  # noqa: F401
-    except ImportError:  # a config error before anything starts, in one line
-        with pytest.raises(flowkit.ConfigError, match=r"run.reporters: `tensorboard` needs the tensorboard package"):
-            flowkit.train(args)
-        return
-    flowkit.train(args)
-    assert any(f.startswith("events.out.tfevents") for f in os.listdir(os.path.join(run_dir, "tb")))
 
 
 def test_progress_bar_on_stderr(run_dir, capsys):

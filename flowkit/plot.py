@@ -1,0 +1,158 @@
+"""``flowkit plot RUN_DIR... [--x env_steps|time] [--metric M] [--out FILE]``: learning curves of
+several runs on one PNG, grouped by config.
+
+Runs whose resolved configs (``config.yaml``) differ only in ``seed`` (and in ``run.dir``,
+``run.reporters``, ``resume``) form one group: its curve is the mean over the runs (seeds), with
+the range (min to max) shaded. Each run's series (``metrics.csv``: ``M`` against
+``env_steps_sampled`` or ``time_total_s``, rows without ``M`` left out) is linearly interpolated
+onto the group's grid, every x value of its runs; a point averages the runs whose series spans
+it (column ``runs``: a run that stopped early, at a threshold or by a sweep's scheduler, leaves
+the later points to the others).
+Groups are labelled by the config keys that tell them apart. The plotted series are written beside
+the PNG as CSV (same name, ``.csv``): ``group, x, mean, std, min, max, runs``. A folder without a
+metrics.csv stands for the run folders below it (e.g. a ``flowkit tune`` sweep). Torch-free.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import os
+import sys
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+X_COLUMNS = {"env_steps": "env_steps_sampled", "time": "time_total_s"}
+IGNORED = ("seed", "run.dir", "run.reporters", "resume")
+
+
+def find_runs(paths: Sequence[str]) -> List[str]:
+    """Run folders (holding metrics.csv) among ``paths`` and, for a folder that is not a run,
+    below it (sorted). Raises FileNotFoundError when a path holds no run."""
+    runs: List[str] = []
+    for p in paths:
+        if os.path.isfile(os.path.join(p, "metrics.csv")):
+            runs.append(p)
+            continue
+        below = sorted(os.path.dirname(os.path.join(d, "metrics.csv")) for d, _, fs in os.walk(p) if "metrics.csv" in fs)
+        if not below:
+            raise FileNotFoundError(f"{p}: no run folder (metrics.csv) there or below")
+        runs += below
+    return list(dict.fromkeys(runs))
+
+
+def _flat(d: Any, prefix: str = "") -> Dict[str, Any]:
+    if isinstance(d, dict) and d:
+        return {k: v for key, sub in d.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
+    return {prefix[:-1]: repr(d) if isinstance(d, (list, dict)) else d}
+
+
+def run_config(run_dir: str) -> Dict[str, Any]:
+    """A run's ``config.yaml`` as ``{dotted key: value}`` ({} when it has none)."""
+    import yaml
+    path = os.path.join(run_dir, "config.yaml")
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return _flat(yaml.safe_load(f) or {})
+
+
+def group_runs(run_dirs: Sequence[str]) -> List[Tuple[str, List[str]]]:
+    """``[(label, run folders)]``: runs with equal configs but for :data:`IGNORED` keys, in
+    first-seen order; the label names the keys that differ between groups (or algo and env)."""
+    cfgs = {r: {k: v for k, v in run_config(r).items() if k not in IGNORED} for r in run_dirs}
+    groups: Dict[Tuple, List[str]] = {}
+    for r, c in cfgs.items():
+        groups.setdefault(tuple(sorted((k, repr(v)) for k, v in c.items())), []).append(r)
+    firsts = [cfgs[rs[0]] for rs in groups.values()]
+    keys = sorted({k for c in firsts for k in c if any(c.get(k) != o.get(k) for o in firsts)})
+    out = []
+    for rs in groups.values():
+        c = cfgs[rs[0]]
+        label = " ".join(f"{k}={c.get(k)}" for k in keys) if keys else \
+            f"{c.get('algo', '?')} {c.get('env.id') or c.get('env.factory') or ''}".strip()
+        out.append((label or os.path.basename(rs[0]), rs))
+    return out
+
+
+def run_series(run_dir: str, x: str, metric: str) -> Tuple[List[float], List[float]]:
+    """``(xs, ys)`` of one run's metrics.csv: rows that have both columns, x increasing."""
+    from flowkit.reporters import read_metrics
+    rows = [r for r in read_metrics(os.path.join(run_dir, "metrics.csv"))
+            if isinstance(r.get(x), (int, float)) and isinstance(r.get(metric), (int, float))]
+    rows.sort(key=lambda r: r[x])
+    return [float(r[x]) for r in rows], [float(r[metric]) for r in rows]
+
+
+def group_series(run_dirs: Sequence[str], x: str, metric: str) -> List[Dict[str, float]]:
+    """The group's points ``{x, mean, std, min, max, runs}`` (see the module's docstring)."""
+    import numpy as np
+    series = [s for s in (run_series(r, x, metric) for r in run_dirs) if s[0]]
+    if not series:
+        return []
+    points = []
+    for g in sorted({v for xs, _ in series for v in xs}):
+        c = np.array([np.interp(g, xs, vs) for xs, vs in series if xs[0] <= g <= xs[-1]])
+        points.append({"x": g, "mean": float(c.mean()), "std": float(c.std()), "min": float(c.min()),
+                       "max": float(c.max()), "runs": len(c)})
+    return points
+
+
+def plot_runs(paths: Sequence[str], x: str = "env_steps", metric: str = "episode_return_mean",
+              out: str = "plot.png") -> Dict[str, List[Dict[str, float]]]:
+    """Plot the runs under ``paths`` (see the module's docstring) to ``out`` (PNG) and write
+    the series to ``out`` with ``.csv``. Returns ``{group label: points}``.
+
+    Raises:
+        ValueError: an unknown ``x``, or no run has ``metric``.
+        FileNotFoundError: a path without a run.
+    """
+    if x not in X_COLUMNS:
+        raise ValueError(f"--x must be one of {', '.join(X_COLUMNS)}, got {x!r}")
+    xcol = X_COLUMNS[x]
+    result = {label: group_series(rs, xcol, metric) for label, rs in group_runs(find_runs(paths))}
+    result = {k: v for k, v in result.items() if v}
+    if not result:
+        raise ValueError(f"no run has a {metric!r} column with a {xcol!r} column (see their metrics.csv)")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for label, pts in result.items():
+        xs = [p["x"] for p in pts]
+        n = max(p["runs"] for p in pts)
+        ax.plot(xs, [p["mean"] for p in pts], label=f"{label} ({n} run{'s' if n > 1 else ''})")
+        ax.fill_between(xs, [p["min"] for p in pts], [p["max"] for p in pts], alpha=0.25)
+    ax.set(xlabel=xcol.replace("_", " ") + (" (s)" if x == "time" else ""),
+           ylabel=f"{metric} (mean; min-max shaded)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    with open(os.path.splitext(out)[0] + ".csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["group", xcol, f"{metric}_mean", f"{metric}_std", f"{metric}_min", f"{metric}_max", "runs"])
+        for label, pts in result.items():
+            w.writerows([label, p["x"], p["mean"], p["std"], p["min"], p["max"], p["runs"]] for p in pts)
+    return result
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="flowkit plot", description="Learning curves of several runs on one PNG, "
+                                "grouped by config: the seeds' mean, their range shaded; the series as CSV beside it.")
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (or folders holding run folders)")
+    p.add_argument("--x", default="env_steps", choices=list(X_COLUMNS), help="x axis (default env_steps)")
+    p.add_argument("--metric", default="episode_return_mean", help="metrics.csv column (default episode_return_mean)")
+    p.add_argument("--out", default="plot.png", help="PNG to write (default plot.png); the CSV goes beside it")
+    a = p.parse_intermixed_args(argv)
+    try:
+        res = plot_runs(a.runs, a.x, a.metric, a.out)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"flowkit plot: error: {e}", file=sys.stderr)
+        return 2
+    for label, pts in res.items():
+        last = pts[-1]
+        print(f"{label}: {last['runs']} run(s), {a.metric} {last['mean']:.4g} (min {last['min']:.4g}, "
+              f"max {last['max']:.4g}) at {X_COLUMNS[a.x]}={last['x']:.6g}")
+    print(f"wrote {a.out} and {os.path.splitext(a.out)[0]}.csv")
+    return 0

@@ -1,0 +1,370 @@
+"""``flowkit tune``: hyperparameter sweeps on Ray Tune; each trial is a normal flowkit run folder.
+
+::
+
+    flowkit tune [-c FILE ...] [--no-tuned] [--metric M] [--mode max|min] [--search grid|random|optuna]
+                 [--num-samples N] [--scheduler asha|none] [--grace-period T] [--max-concurrent K]
+                 [key=value ...] [key=SPEC ...]
+
+Search-space grammar (a ``key=value`` whose value is one of these; anything else is a plain
+override shared by every trial; values are read as in ``flowkit train``: ``1e-3`` is a float,
+``[64,64]`` a list)::
+
+    choice(a,b,...)          one of the values          grid: every value; random/optuna: uniform
+    range(n) | range(a,b[,s])  ints as Python's range   same as choice over them
+    uniform(lo,hi)           a float in [lo, hi]        sampled (grid: num_samples per grid point)
+    loguniform(lo,hi)        a float, log-uniform       sampled
+    randint(lo,hi)           an int in [lo, hi)         sampled
+
+e.g. ``flowkit tune algo=ppo env=CartPole-v1 ppo.lr=choice(1e-3,3e-4) seed=range(3)`` runs 6 trials
+(``--search grid``, the default: the product of the choices and ranges, ``--num-samples`` times;
+``--search random``: ``--num-samples`` draws, default 10; ``--search optuna``: Optuna's TPE, needs
+``pip install 'flowkit[optuna]'``). A seeds-only sweep (``seed=range(3)``) is a multirun:
+``flowkit plot SWEEP_DIR`` draws its seeds' mean and spread.
+
+- Trials: run folders ``SWEEP_DIR/<trial>`` (``SWEEP_DIR``: ``run.dir`` if given, else
+  ``runs/tune-<algo>-<env>-<timestamp>``), named after their searched values; Ray Tune's own
+  records in ``SWEEP_DIR/tune``; no progress bars (``progress`` is taken out of
+  ``run.reporters``). Without ``-c`` the tuned ``configs/<algo>/<env-id>.yaml`` is the base, as
+  for ``flowkit train``.
+- Resources per trial, from ``runtime.*``: ``runtime.backend=local``: 1 CPU (the trial samples
+  and learns in its own process); ``ray``: a placement group of 1 CPU (learner) plus
+  ``runtime.num_cpus_per_worker`` per rollout worker. When one trial needs more CPUs than the
+  cluster has, the workers' CPUs are scaled down (fractional ``runtime.num_cpus_per_worker``) so
+  that a trial fits, and trials run one at a time: a sweep never waits for CPUs that do not exist.
+  The first line of the output states it.
+- Early stopping: ``--scheduler asha`` (the default, unless only ``seed`` is searched) is ASHA on
+  ``--metric``, over env steps when ``stop.env_steps`` is set (else iterations), grace period a
+  tenth of that budget; ``none`` runs every trial to its stop condition.
+- Ray: the same session as training (:mod:`flowkit._ray`): ``runtime.address`` attaches to a
+  cluster; unset, a local one is started (or the caller's own session is used).
+- The end: a table of the trials sorted by the metric's last value (best first), also written to
+  ``SWEEP_DIR/tune_results.csv``.
+
+Exit status: 0 when every trial ended (stopped early included), 1 when a trial failed, 2 a
+config or usage error.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import re
+import sys
+import time
+import typing
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+STOPPED_EARLY = "stopped early by the Tune scheduler"
+SPEC = re.compile(r"^(choice|range|uniform|loguniform|randint)\((.*)\)$", re.S)
+
+
+@dataclass
+class Dim:
+    """One searched key: ``kind`` (choice, uniform, loguniform, randint; range is a choice)
+    and its ``args`` (the values, or the bounds)."""
+    kind: str
+    args: List[Any]
+
+
+def _split(text: str) -> List[str]:
+    """``a,[1,2],{x: 1}`` split on the commas outside brackets and quotes."""
+    parts, depth, cur, quote = [], 0, "", ""
+    for ch in text:
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "\"'":
+            quote = ch
+        elif ch in "[{(":
+            depth += 1
+        elif ch in "]})":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(cur.strip())
+            cur = ""
+            continue
+        cur += ch
+    return parts + ([cur.strip()] if cur.strip() else [])
+
+
+def _value(text: str) -> Any:
+    from flowkit.config import _dotlist
+    return _dotlist([f"v={text}"])["v"]
+
+
+def parse_space(items: Sequence[str]) -> Tuple[List[str], Dict[str, Dim]]:
+    """``(plain overrides, {key: Dim})`` of the command's ``key=...`` items.
+
+    Raises:
+        ConfigError: a malformed spec (``range(a)`` of a non-int, ``uniform`` without two bounds,
+            an empty choice) naming the item.
+    """
+    from flowkit.config import ConfigError
+    plain: List[str] = []
+    space: Dict[str, Dim] = {}
+    for item in items:
+        key, _, raw = item.partition("=")
+        m = SPEC.match(raw.strip())
+        if not m:
+            plain.append(item)
+            continue
+        kind, args = m[1], [_value(a) for a in _split(m[2])]
+        if kind == "range":
+            if not (1 <= len(args) <= 3 and all(isinstance(a, int) and not isinstance(a, bool) for a in args)):
+                raise ConfigError(f"{item!r}: range takes 1 to 3 ints, as Python's range")
+            kind, args = "choice", list(range(*args))
+        if kind == "choice" and not args:
+            raise ConfigError(f"{item!r}: an empty choice")
+        if kind != "choice" and (len(args) != 2 or not all(isinstance(a, (int, float)) for a in args)
+                                 or not args[0] < args[1] or (kind == "loguniform" and args[0] <= 0)):
+            raise ConfigError(f"{item!r}: {kind}(lo,hi) takes two numbers, lo < hi" +
+                              (", lo > 0" if kind == "loguniform" else ""))
+        if key.strip() in space:
+            raise ConfigError(f"`{key.strip()}` is searched twice")
+        space[key.strip()] = Dim(kind, args)
+    return plain, space
+
+
+def param_space(space: Dict[str, Dim], search: str) -> Dict[str, Any]:
+    """Ray Tune's search space: a grid over the choices for ``grid``, else sampled choices."""
+    from ray import tune
+    out: Dict[str, Any] = {}
+    for k, d in space.items():
+        if d.kind == "choice":
+            out[k] = tune.grid_search(d.args) if search == "grid" else tune.choice(d.args)
+        else:
+            lo, hi = d.args
+            out[k] = {"uniform": tune.uniform, "loguniform": tune.loguniform, "randint": tune.randint}[d.kind](lo, hi)
+    return out
+
+
+def trial_overrides(values: Dict[str, Any]) -> List[str]:
+    """A trial's sampled values as ``key=value`` overrides (JSON text: also YAML)."""
+    return [f"{k}={json.dumps(v)}" for k, v in values.items()]
+
+
+def trial_dirname(values: Dict[str, Any], index: int) -> str:
+    """``00003-ppo.lr=0.001,seed=2``: the trial's number and values, safe as a folder name."""
+    text = ",".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
+    return f"{index:05d}-" + re.sub(r"[^A-Za-z0-9_.,=+-]", "_", text)[:120]
+
+
+class TuneReport:
+    """A reporter for a trial's run: each row's numbers to Ray Tune (``tune.report``). When the
+    scheduler stops the trial, ``tune.report`` raises SystemExit in the trial's thread: the run
+    then stops the flowkit way (checkpoint, result.json) with that reason."""
+
+    def flowkit_report(self, result: Dict[str, Any], ctx: Any) -> None:
+        from ray import tune
+
+        from flowkit.loggers import numeric
+        try:
+            tune.report(numeric(result))
+        except SystemExit:
+            ctx.request_stop(STOPPED_EARLY)
+
+
+def run_trial(values: Dict[str, Any], base: List[str], files: List[str], sweep_dir: str, extra: List[str]) -> None:
+    """One trial (runs in a Ray Tune trial actor): ``flowkit.train`` with the base overrides,
+    ``extra`` (resource adjustments) and the trial's values, in ``sweep_dir/<trial>``."""
+    from ray import tune
+
+    from flowkit.engine import train
+    run_dir = os.path.join(sweep_dir, trial_dirname(values, _index(tune.get_context().get_trial_id())))
+    res = train(base + extra + trial_overrides(values) + [f"run.dir={run_dir}"], files or None, plugins=[TuneReport()],
+                verbose=False)  # the sweep's table says it
+    if res.stop_reason.startswith("interrupted"):
+        raise RuntimeError(f"trial {run_dir}: {res.stop_reason}")
+
+
+def _index(trial_id: str) -> int:
+    """The trial's number in Tune's id (``5f2c1_00003`` -> 3)."""
+    tail = (trial_id or "").rpartition("_")[2]
+    return int(tail) if tail.isdigit() else 0
+
+
+def plan_resources(cfg: Any, cluster_cpus: float) -> Tuple[Any, List[str], str]:
+    """``(resources, overrides, text)``: a trial's resources (a dict, or a
+    PlacementGroupFactory for the Ray backend), the overrides that make it fit the cluster, and
+    the first line's words."""
+    from ray import tune
+    rt = cfg.runtime
+    if rt.backend == "local":
+        return {"CPU": 1}, [], "1 CPU each (runtime.backend=local: sampling and learning in the trial)"
+    nw, per = max(1, int(rt.num_workers)), float(rt.num_cpus_per_worker)
+    extra: List[str] = []
+    if 1 + nw * per > cluster_cpus:
+        per = max(0.0, (cluster_cpus - 1) / nw)
+        extra = [f"runtime.num_cpus_per_worker={per:g}"]
+    bundles: List[Dict[str, float]] = [{"CPU": 1.0}] + ([{"CPU": per}] * nw if per > 0 else [])
+    pgf = tune.PlacementGroupFactory(bundles)
+    note = f" (runtime.num_cpus_per_worker scaled to {per:g} to fit {cluster_cpus:g} CPUs)" if extra else ""
+    return pgf, extra, f"{1 + nw * per:g} CPUs each: 1 learner + {nw} rollout workers x {per:g} CPU{note}"
+
+
+def _format(v: Any) -> str:
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
+
+
+def results_table(rows: List[Dict[str, Any]], cols: List[str]) -> str:
+    """The rows as a fixed-width text table with a header."""
+    w = {c: max(len(c), *(len(_format(r.get(c, ""))) for r in rows)) for c in cols}
+    lines = ["  ".join(c.ljust(w[c]) for c in cols)]
+    lines += ["  ".join(_format(r.get(c, "")).ljust(w[c]) for c in cols) for r in rows]
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="flowkit tune", description="Hyperparameter sweeps on Ray Tune; each trial is "
+                                "a flowkit run folder. Search space: key=choice(a,b) key=range(3) "
+                                "key=uniform(lo,hi) key=loguniform(lo,hi) key=randint(lo,hi).")
+    p.add_argument("-c", "--config", dest="config_file", action="append", help="YAML config file(s), as for train")
+    p.add_argument("--no-tuned", action="store_true", help="without -c: the defaults, not configs/<algo>/<env>.yaml")
+    p.add_argument("--metric", default="episode_return_mean", help="metric to rank and stop by")
+    p.add_argument("--mode", default="max", choices=["max", "min"])
+    p.add_argument("--search", default="grid", choices=["grid", "random", "optuna"])
+    p.add_argument("--num-samples", type=int, default=None,
+                   help="grid: repeats of the grid (default 1); random/optuna: trials (default 10)")
+    p.add_argument("--scheduler", default=None, choices=["asha", "none"],
+                   help="early stopping (default asha; none when only the seed is searched)")
+    p.add_argument("--grace-period", type=float, default=None,
+                   help="ASHA: env steps (iterations without stop.env_steps) before a trial may be "
+                        "stopped (default a tenth of the budget)")
+    p.add_argument("--max-concurrent", type=int, default=None, help="trials at once (default: as CPUs allow)")
+    p.add_argument("overrides", nargs="*", help="key=value overrides and key=SPEC searched keys")
+    return p
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    a = _parser().parse_intermixed_args(argv)
+    from flowkit.config import ConfigError
+    from flowkit.hooks import PluginError
+    try:
+        return _tune(a)
+    except (ConfigError, PluginError) as e:
+        print(f"flowkit tune: config error: {e}", file=sys.stderr)
+        return 2
+
+
+def _tune(a: argparse.Namespace) -> int:
+    from flowkit.config import ConfigError, build_config, plugin_modules_from, shown_path, tuned_config_path
+    from flowkit.hooks import get_plugin_manager
+    plain, space = parse_space(a.overrides)
+    a.scheduler = a.scheduler or ("none" if set(space) == {"seed"} else "asha")  # seeds: a multirun, none stops
+    if not space:
+        raise ConfigError("nothing to search: give at least one key=choice(...), range(...), uniform(...), "
+                          "loguniform(...) or randint(...)")
+    files = [os.path.abspath(f) for f in a.config_file or []]  # trials may run elsewhere
+    pm = get_plugin_manager(plugin_modules_from(plain, files))
+    cfg = build_config(plain, files, pm.config_sections())
+    tuned = None if files or a.no_tuned else tuned_config_path(cfg.algo, cfg.env.id)
+    if tuned:
+        files = [tuned]
+        cfg = build_config(plain, files, pm.config_sections())
+    for k, d in space.items():  # every searched key and value must make a valid config
+        for v in d.args if d.kind == "choice" else d.args[:1]:
+            build_config(plain + trial_overrides({k: v}), files, pm.config_sections())
+    from flowkit.engine import describe_plan  # the first trial as `flowkit train --dry-run` sees it (env probed)
+    describe_plan(plain + trial_overrides({k: d.args[0] for k, d in space.items()}), files)
+    if a.search == "optuna":
+        import importlib.util
+        if importlib.util.find_spec("optuna") is None:
+            raise ConfigError("--search optuna needs the optuna package (pip install 'flowkit[optuna]')")
+    from flowkit.core import env_name
+    sweep_dir = os.path.abspath(cfg.run.dir or os.path.join(
+        "runs", f"tune-{cfg.algo}-{env_name(cfg.env).replace(':', '_').replace('/', '_')}-"
+                f"{time.strftime('%Y%m%d-%H%M%S')}"))
+    base = [o for o in plain if not o.startswith("run.dir=")]
+
+    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's console output off (verbose=0): our table instead
+    import ray
+    from omegaconf import DictConfig, OmegaConf
+    from ray import tune
+
+    from flowkit import _ray
+    on_ray = typing.cast(DictConfig, OmegaConf.merge(cfg, {"runtime": {"backend": "ray"}}))
+    _ray.start(on_ray)
+    _ray.wait()
+    cpus = float(ray.cluster_resources().get("CPU", 1))
+    resources, extra, res_text = plan_resources(cfg, cpus)
+    if "progress" in cfg.run.reporters:  # trials' progress bars would interleave in the sweep's output
+        extra.append(f"run.reporters=[{','.join(r for r in cfg.run.reporters if r != 'progress')}]")
+    per_trial = resources["CPU"] if isinstance(resources, dict) else sum(b.get("CPU", 0) for b in resources.bundles)
+    at_once = max(1, int(cpus // per_trial)) if per_trial else None
+    if a.max_concurrent:
+        at_once = min(at_once or a.max_concurrent, a.max_concurrent)
+    n_grid = math.prod(len(d.args) for d in space.values() if d.kind == "choice") if a.search == "grid" else 1
+    samples = a.num_samples or (1 if a.search == "grid" else 10)
+    print(f"flowkit tune: {n_grid * samples} trials ({a.search} search"
+          f"{f', {n_grid} grid points x {samples}' if a.search == 'grid' else ''}) of {cfg.algo} on "
+          f"{env_name(cfg.env)}{f', base {shown_path(tuned)}' if tuned else ''}; trial resources: {res_text}; "
+          f"up to {at_once} at once on {cpus:g} CPUs; {a.scheduler} early stopping on {a.metric} ({a.mode}); "
+          f"run folders in {sweep_dir}", flush=True)
+
+    scheduler = None
+    if a.scheduler == "asha":
+        from ray.tune.schedulers import ASHAScheduler
+        by_steps = cfg.stop.env_steps is not None
+        budget = int(cfg.stop.env_steps if by_steps else (cfg.stop.iterations or 1000))
+        # max_t past the budget: a trial that reaches its budget ends by its own stop condition
+        scheduler = ASHAScheduler(time_attr="env_steps_sampled" if by_steps else "training_iteration",
+                                  max_t=4 * budget, grace_period=a.grace_period or max(1, budget // 10))
+    search_alg = None
+    if a.search == "optuna":
+        from ray.tune.search.optuna import OptunaSearch
+        search_alg = OptunaSearch()
+    trainable = tune.with_resources(tune.with_parameters(run_trial, base=base, files=files, sweep_dir=sweep_dir,
+                                                         extra=extra), resources)
+    os.makedirs(sweep_dir, exist_ok=True)
+    tuner = tune.Tuner(
+        trainable, param_space=param_space(space, a.search),
+        tune_config=tune.TuneConfig(metric=a.metric, mode=a.mode, num_samples=samples, scheduler=scheduler,
+                                    search_alg=search_alg, max_concurrent_trials=a.max_concurrent),
+        run_config=tune.RunConfig(name="tune", storage_path=sweep_dir, verbose=0,
+                                  failure_config=tune.FailureConfig(fail_fast=False)))
+    grid = tuner.fit()
+    return _report(grid, space, a, sweep_dir)
+
+
+def _status(sweep_dir: str, run: str, error: Any) -> str:
+    """``done`` (its own stop condition), ``stopped early`` (by the scheduler) or ``error``."""
+    if error:
+        return "error"
+    try:
+        with open(os.path.join(sweep_dir, run, "result.json")) as f:
+            reason = json.load(f).get("stop_reason", "")
+    except (OSError, ValueError):
+        return "stopped early"  # the process ended before its result.json
+    return "stopped early" if reason == STOPPED_EARLY else "done"
+
+
+def _report(grid: Any, space: Dict[str, Dim], a: argparse.Namespace, sweep_dir: str) -> int:
+    rows: List[Dict[str, Any]] = []
+    for r in grid:
+        m = r.metrics or {}
+        values = {k: (r.config or {}).get(k) for k in space}
+        tid = m.get("trial_id") or (re.findall(r"_([0-9a-f]{5}_\d{5})_", os.path.basename(r.path or "")) or [""])[0]
+        run = trial_dirname(values, _index(tid))
+        row: Dict[str, Any] = {"run": run, **values,
+                               a.metric: m.get(a.metric, float("nan")), "env_steps_sampled": m.get("env_steps_sampled"),
+                               "iterations": m.get("iteration"), "status": _status(sweep_dir, run, r.error)}
+        rows.append(row)
+    sign = -1.0 if a.mode == "max" else 1.0
+    rows.sort(key=lambda r: (not isinstance(r[a.metric], (int, float)) or math.isnan(r[a.metric]),
+                             sign * r[a.metric] if isinstance(r[a.metric], (int, float)) else 0.0))
+    runs = sorted(d for d in os.listdir(sweep_dir) if re.match(r"\d{5}-", d))
+    cols = ["run", *space, a.metric, "env_steps_sampled", "iterations", "status"]
+    print(results_table(rows, cols))
+    for r in grid:
+        if r.error:
+            print(f"error in {os.path.basename(r.path or '?')}: {str(r.error).strip().splitlines()[-1][:300]}")
+    with open(os.path.join(sweep_dir, "tune_results.csv"), "w", newline="") as f:
+        w = csv.DictWriter(f, cols)
+        w.writeheader()
+        w.writerows(rows)
+    print(f"{len(rows)} trials, {len(runs)} run folders in {sweep_dir} (table: tune_results.csv); "
+          f"flowkit plot {sweep_dir} draws them")
+    return 1 if any(r["status"] == "error" for r in rows) else 0

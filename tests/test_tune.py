@@ -1,0 +1,90 @@
+"""Issue 14, part 5: ``flowkit tune`` on Ray Tune: the search-space grammar, trial resources
+that fit the cluster, a 6-trial CartPole sweep on 2 CPUs with its table, and a seeds-only sweep
+that ``flowkit plot`` draws as one group."""
+import csv
+import os
+
+import pytest
+from omegaconf import OmegaConf
+
+import flowkit
+from flowkit.cli import main
+from flowkit.tune import Dim, parse_space, plan_resources, trial_dirname
+
+pytestmark = pytest.mark.ray
+SMALL = ["algo=ppo", "env=CartPole-v1", "--no-tuned", "runtime.backend=local", "runtime.num_workers=1",
+         "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=32", "ppo.train_batch_size=64",
+         "ppo.minibatch_size=32", "ppo.num_epochs=1", "run.reporters=[csv]"]
+
+
+def test_grammar():
+    plain, space = parse_space(["ppo.lr=choice(1e-3,3e-4)", "seed=range(3)", "ppo.clip_param=uniform(0.1,0.3)",
+                                "model.hidden_sizes=choice([64,64],[32])", "env=CartPole-v1", "seed2=range(1,7,2)"])
+    assert plain == ["env=CartPole-v1"]
+    assert space["ppo.lr"] == Dim("choice", [1e-3, 3e-4]) and isinstance(space["ppo.lr"].args[0], float)
+    assert space["seed"] == Dim("choice", [0, 1, 2]) and space["seed2"].args == [1, 3, 5]
+    assert space["ppo.clip_param"] == Dim("uniform", [0.1, 0.3])
+    assert space["model.hidden_sizes"].args == [[64, 64], [32]]
+    assert trial_dirname({"ppo.lr": 3e-4, "model.hidden_sizes": [64, 64]}, 7) == \
+        "00007-ppo.lr=0.0003,model.hidden_sizes=_64,_64_"
+    for bad in ["seed=range(1.5)", "x=uniform(1)", "x=loguniform(0,1)", "x=choice()"]:
+        with pytest.raises(flowkit.ConfigError, match="x=|seed="):
+            parse_space([bad])
+
+
+def test_usage_errors_are_one_line(tmp_path, capsys, monkeypatch):
+    import importlib.util
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda m, *a: None if m == "optuna" else real(m, *a))
+    for args, text in [(["seed=1"], "nothing to search"), (["ppo.lrr=choice(1,2)"], "did you mean `ppo.lr`"),
+                       (["ppo.lr=choice(1e-3,-1)"], "ppo.lr=-1"),
+                       (["--search", "optuna", "seed=range(2)"], "needs the optuna package")]:
+        assert main(["tune", *SMALL, f"run.dir={tmp_path}/s", *args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and text in err[0], err
+    assert not os.path.exists(tmp_path / "s")
+
+
+def test_trial_resources_fit_the_cluster():
+    cfg = OmegaConf.create({"runtime": {"backend": "ray", "num_workers": 2, "num_cpus_per_worker": 1.0}})
+    pgf, extra, text = plan_resources(cfg, 2.0)  # 1 + 2 x 1 CPUs would never fit on 2
+    assert extra == ["runtime.num_cpus_per_worker=0.5"] and sum(b["CPU"] for b in pgf.bundles) == 2.0
+    assert "scaled to 0.5" in text
+    pgf, extra, _ = plan_resources(cfg, 8.0)
+    assert extra == [] and sum(b["CPU"] for b in pgf.bundles) == 3.0
+    local = OmegaConf.create({"runtime": {"backend": "local", "num_workers": 2, "num_cpus_per_worker": 1.0}})
+    assert plan_resources(local, 2.0)[0] == {"CPU": 1}
+
+
+def test_six_trials_on_two_cpus_with_table(ray_session, tmp_path, capsys):
+    sweep = str(tmp_path / "sweep")
+    rc = main(["tune", *SMALL, "stop.iterations=4", f"run.dir={sweep}", "ppo.lr=choice(1e-3,3e-4)", "seed=range(3)"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    first = out.splitlines()[0]
+    assert first.startswith("flowkit tune: 6 trials (grid search") and "1 CPU each" in first and "on 2 CPUs" in first
+    with open(os.path.join(sweep, "tune_results.csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) == 6 and {r["status"] for r in rows} <= {"done", "stopped early"}
+    vals = [float(r["episode_return_mean"]) for r in rows]
+    assert vals == sorted(vals, reverse=True)  # best first
+    assert {(float(r["ppo.lr"]), int(r["seed"])) for r in rows} == {(lr, s) for lr in (1e-3, 3e-4) for s in range(3)}
+    runs = sorted(d for d in os.listdir(sweep) if d[:5].isdigit())
+    assert len(runs) == 6 and all(os.path.exists(os.path.join(sweep, d, "metrics.csv")) for d in runs)
+    assert rows[0]["run"] in runs and rows[0]["run"] in out  # the table names the run folders
+
+
+def test_seeds_only_sweep_then_plot(ray_session, tmp_path, capsys):
+    sweep = str(tmp_path / "seeds")
+    assert main(["tune", *SMALL, "stop.iterations=3", f"run.dir={sweep}", "seed=range(3)"]) == 0
+    out = capsys.readouterr().out
+    assert "none early stopping" in out.splitlines()[0]  # a multirun: no seed is stopped early
+    with open(os.path.join(sweep, "tune_results.csv")) as f:
+        assert [r["status"] for r in csv.DictReader(f)] == ["done"] * 3
+    png = str(tmp_path / "seeds.png")
+    assert main(["plot", sweep, "--out", png]) == 0
+    assert os.path.getsize(png) > 0
+    with open(str(tmp_path / "seeds.csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert {r["group"] for r in rows} == {"ppo CartPole-v1"} and {r["runs"] for r in rows} == {"3"}
+    assert any(float(r["episode_return_mean_max"]) > float(r["episode_return_mean_min"]) for r in rows)

@@ -1,0 +1,82 @@
+"""Issue 14, part 6: tuned configs live at ``configs/<algo>/<env-id>.yaml`` (multi-agent games
+under ``configs/multiagent/``), are valid, and ``flowkit train`` without ``-c`` uses the one for
+its algo and env, saying so on its first line."""
+import glob
+import os
+import subprocess
+import sys
+
+import pytest
+import yaml
+
+from flowkit.config import tuned_config_path
+from flowkit.engine import load_config
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIGS = sorted(glob.glob(os.path.join(REPO, "configs", "*", "*.yaml")))
+
+
+def test_layout_and_every_config_is_valid():
+    assert not glob.glob(os.path.join(REPO, "configs", "*.yaml")), "configs/<algo>/<env-id>.yaml only"
+    assert len(CONFIGS) >= 8
+    for path in CONFIGS:
+        algo_dir, name = path.split(os.sep)[-2:]
+        _, cfg = load_config([], path)
+        if algo_dir != "multiagent" and algo_dir != "apex":
+            assert (cfg.algo, cfg.env.id) == (algo_dir, name[:-5]), path
+            assert os.path.samefile(tuned_config_path(cfg.algo, cfg.env.id), path)
+
+
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "flowkit.cli", *args], capture_output=True, text=True, timeout=120,
+                          cwd=REPO)
+
+
+def test_train_without_c_uses_the_tuned_config_and_says_so():
+    p = _cli("train", "--print-config", "algo=dqn", "env=CartPole-v1", "dqn.num_replay_shards=2")
+    assert p.returncode == 0, p.stderr
+    first = p.stdout.splitlines()[0]
+    assert first.startswith("# tuned config: configs/dqn/CartPole-v1.yaml"), first
+    _, tuned = load_config(["dqn.num_replay_shards=2"], os.path.join(REPO, "configs", "dqn", "CartPole-v1.yaml"))
+    printed = yaml.safe_load(p.stdout)
+    assert printed["dqn"]["training_intensity"] == tuned.dqn.training_intensity
+    assert printed["dqn"]["num_replay_shards"] == 2  # overrides still win
+
+
+@pytest.mark.parametrize("args", [["--no-tuned"], ["-c", os.path.join(REPO, "configs", "ppo", "Pendulum-v1.yaml")],
+                                  ["env=MountainCar-v0", "algo=ppo"]])
+def test_no_tuned_line_with_c_or_no_tuned_or_no_file(args):
+    p = _cli("train", "--print-config", "algo=dqn", "env=CartPole-v1", *args)
+    assert p.returncode == 0, p.stderr
+    assert "tuned config" not in p.stdout
+
+
+def test_configs_are_package_data():
+    """flowkit/configs links to configs/ and pyproject ships it: a wheel holds the files."""
+    assert os.path.samefile(os.path.join(REPO, "flowkit", "configs"), os.path.join(REPO, "configs"))
+    with open(os.path.join(REPO, "pyproject.toml")) as f:
+        assert 'flowkit = ["configs/**/*.yaml"]' in f.read()
+
+
+def test_a_wheel_install_finds_the_tuned_configs(tmp_path):
+    """A non-editable install (a wheel) carries the configs as package data."""
+    import shutil
+    src = tmp_path / "src"  # a copy: an in-tree build would leave build/ and an egg-info in the checkout
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md", "flowkit", "configs"):
+        copy = shutil.copytree if os.path.isdir(os.path.join(REPO, name)) else shutil.copy
+        copy(os.path.join(REPO, name), src / name, **({"symlinks": True, "ignore": shutil.ignore_patterns(
+            "__pycache__")} if copy is shutil.copytree else {}))
+    pip = [sys.executable, "-m", "pip"]
+    subprocess.run([*pip, "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(tmp_path / "w"), str(src)],
+                   check=True, timeout=300, capture_output=True, cwd=tmp_path)
+    (wheel,) = glob.glob(str(tmp_path / "w" / "flowkit-*.whl"))
+    subprocess.run([*pip, "install", "--no-deps", "-q", "--target", str(tmp_path / "site"), wheel],
+                   check=True, timeout=300, capture_output=True)
+    code = ("import flowkit, sys; from flowkit.config import tuned_config_path as t; "
+            "print(flowkit.__file__); print(t('dqn', 'CartPole-v1'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                         env={**os.environ, "PYTHONPATH": str(tmp_path / "site")}).stdout.split()
+    assert out[0].startswith(str(tmp_path / "site")) and out[1] == str(tmp_path / "site" / "flowkit" / "configs" /
+                                                                           "dqn" / "CartPole-v1.yaml")
+    assert not os.path.islink(str(tmp_path / "site" / "flowkit" / "configs"))
