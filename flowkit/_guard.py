@@ -23,6 +23,10 @@ import time
 from typing import Any, Callable, Dict, Iterator, Optional
 
 SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
+# signals this process inherited as ignored (``nohup``: SIGHUP; a background job: SIGINT) stay
+# ignored: a run never takes them over (read when this module is first imported, before any
+# handler of ours or Ray's is set)
+INHERITED_IGNORED = frozenset(n for n in SIGNALS if signal.getsignal(getattr(signal, n)) == signal.SIG_IGN)
 
 
 class Interrupted(KeyboardInterrupt):
@@ -71,6 +75,8 @@ class Guard:
         if threading.current_thread() is not threading.main_thread():
             return
         for name in SIGNALS + ("SIGALRM",):
+            if name in INHERITED_IGNORED:
+                continue
             sig = getattr(signal, name)
             cur = signal.getsignal(sig)
             if cur != self._handle:

@@ -128,8 +128,9 @@ def load_state(path: str) -> Dict[str, Any]:
     file is executed. Numpy arrays come back as numpy arrays.
 
     Raises:
-        CheckpointError: no such file, a file that is not plain data (an old checkpoint or a
-            pickle payload: refused, never run), or not format 2; the message names the file.
+        CheckpointError: no such file, a corrupt or truncated file, a file that is not plain
+            data (an old checkpoint or a pickle payload: refused, never run), or not format 2;
+            the message names the file.
     """
     if os.path.isdir(path):
         path = os.path.join(path, STATE_FILE)
@@ -137,6 +138,9 @@ def load_state(path: str) -> Dict[str, Any]:
         st = torch.load(path, weights_only=True, map_location="cpu")
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint file {path!r} does not exist") from None
+    except RuntimeError as e:  # not a torch zip archive: cut short (a crash mid-copy), or another file
+        raise CheckpointError(f"checkpoint file {path!r} is corrupt or truncated (not a complete checkpoint "
+                              f"archive; nothing in it was run): {_why(e)}") from None
     except Exception as e:
         raise CheckpointError(f"checkpoint file {path!r} was refused: it holds pickled objects, not plain data "
                               f"(a checkpoint written before format {FORMAT}, or not a flowkit checkpoint); "

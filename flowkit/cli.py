@@ -31,7 +31,7 @@ SUBCOMMANDS = {"plot": "flowkit.plot", "tune": "flowkit.tune"}  # commands with 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flowkit", description="Reinforcement learning as dataflow, on Ray.",
                                 usage=USAGE, add_help=False)
-    p.add_argument("command", nargs="?", choices=["train", "plan", "plugins", *SUBCOMMANDS])
+    p.add_argument("command", nargs="?", choices=["train", "plan", "plugins", *_AFTER, *SUBCOMMANDS])
     p.add_argument("-c", "--config", dest="config_file", action="append", help="YAML config file (several: merged in order)")
     p.add_argument("--no-tuned", action="store_true",
                    help="without -c: the defaults, not the tuned configs/<algo>/<env-id>.yaml")
@@ -63,8 +63,10 @@ def _early_signal(signum: int, frame: object) -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from flowkit._guard import INHERITED_IGNORED  # (first import: before any handler is set)
     for sig in (signal.SIGTERM, signal.SIGHUP):  # while importing; the run takes them over
-        signal.signal(sig, _early_signal)
+        if sig.name not in INHERITED_IGNORED:
+            signal.signal(sig, _early_signal)
     if argv and argv[0] in _AFTER:  # commands on a trained run: their own arguments
         return _AFTER[argv[0]](argv[1:])
     if argv and argv[0] in SUBCOMMANDS:

@@ -263,7 +263,8 @@ def train(config: Any = None, config_file: Union[str, Sequence[str], None] = Non
             them; they reach workers only on the local backend).
         verbose: print what ``flowkit train`` prints: a first line when the config sets no
             stop condition, and at the end (also after Ctrl-C or SIGTERM) the
-            :func:`summary` (run folder, stop reason, checkpoint). False: print nothing.
+            :func:`summary` (run folder, stop reason, checkpoint). False: print nothing (the
+            ``progress`` reporter is left out too).
 
     Raises:
         ConfigError: a config problem, before anything starts.
@@ -293,6 +294,8 @@ def _train(config: Any, config_file: Union[str, Sequence[str], None], plugins: S
                 cfg = pre
                 run_dir = cfg.run.dir or _default_run_dir(cfg)
             cfg.run.dir = run_dir
+            if not verbose:  # no progress bar either
+                cfg.run.reporters = [r for r in cfg.run.reporters if r != "progress"]
             if verbose and all(cfg.stop[k] is None for k in cfg.stop):
                 print(NO_STOP, flush=True)
             _ray.start(cfg)  # (the CLI started it before importing torch)

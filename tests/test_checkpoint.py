@@ -302,3 +302,18 @@ def test_a_failed_checkpoint_write_names_the_folder_and_keeps_the_previous(tmp_p
     ctx.iteration = 1  # the same tag again replaces it
     assert save_checkpoint(ctx, run) == first and sorted(os.listdir(os.path.join(run, "checkpoints"))) == ["iter_000001"]
     ctx.shutdown()
+
+
+def test_a_truncated_checkpoint_is_named_corrupt(tmp_path):
+    """A state.pt cut short (a crash mid-copy) is reported as corrupt or truncated, not as a
+    file of pickled objects."""
+    import torch
+
+    from flowkit.checkpoint import load_state
+    full = str(tmp_path / "full.pt")
+    torch.save({"format": 2, "w": torch.zeros(100)}, full)
+    data = open(full, "rb").read()
+    cut = str(tmp_path / "state.pt")
+    open(cut, "wb").write(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match=r"state\.pt' is corrupt or truncated"):
+        load_state(cut)

@@ -174,6 +174,26 @@ def _signal_after_first_row(args, run_dir, sig, timeout=120):
     return proc.returncode, out, err
 
 
+def test_an_inherited_ignored_sighup_stays_ignored(tmp_path):
+    """``nohup flowkit train ...``: SIGHUP comes in ignored, and logging out does not stop the run."""
+    run_dir = str(tmp_path / "run")
+    proc = subprocess.Popen(FLOWKIT + ["train", *TINY, "env.factory=envs:slow", f"run.dir={run_dir}",
+                                       "stop.iterations=100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=_env(), preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    csv_path, deadline = os.path.join(run_dir, "metrics.csv"), time.time() + 120
+    while not (os.path.exists(csv_path) and read_metrics(csv_path)):
+        assert proc.poll() is None and time.time() < deadline
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGHUP)
+    rows = len(read_metrics(csv_path))
+    while len(read_metrics(csv_path)) <= rows:  # still training after the SIGHUP
+        assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else ""
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "stopped: interrupted (SIGTERM)" in out, err
+
+
 @pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=pytest.mark.slow)])  # ray: ~45 s
 def test_sigterm_saves_and_the_run_resumes(tmp_path, backend):
     run_dir = str(tmp_path / "run")

@@ -88,5 +88,6 @@ def test_train_prints_the_summary_and_says_when_nothing_stops_it(how, reason, ru
     assert out[-4:] == [f"run folder: {run_dir}", f"stopped: {reason}", out[-2], f"checkpoint: {res.checkpoint}"]
     assert out[-2].startswith("  iteration=2  env_steps_sampled=")
     flowkit.train(local_overrides(run_dir + "2", "env.factory=flowkit.testing.envs:match", "stop.iterations=1",
-                                  "runtime.num_workers=1"), verbose=False)
-    assert capsys.readouterr().out == ""
+                                  "runtime.num_workers=1", "run.reporters=[progress,csv]"), verbose=False)
+    quiet = capsys.readouterr()
+    assert quiet.out == "" and "step" not in quiet.err  # no summary, no progress bar
