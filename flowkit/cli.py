@@ -146,8 +146,9 @@ def exit_status(stop_reason: str) -> int:
 
 
 def _first_line(obj: object) -> str:
-    doc = (getattr(obj, "__doc__", None) or "").strip()
-    return doc.splitlines()[0] if doc else ""
+    """The docstring's first sentence, whole (lines joined), RST ````x```` shown as ```x```."""
+    para = " ".join((getattr(obj, "__doc__", None) or "").strip().split("\n\n")[0].split())
+    return re.split(r"(?<=[.!?])\s+(?=[A-Z(])", para, maxsplit=1)[0].replace("``", "`")
 
 
 def _plugins(modules: List[str]) -> int:
