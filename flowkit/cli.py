@@ -146,8 +146,9 @@ def exit_status(stop_reason: str) -> int:
 
 
 def _first_line(obj: object) -> str:
-    doc = (getattr(obj, "__doc__", None) or "").strip()
-    return doc.splitlines()[0] if doc else ""
+    """The docstring's first sentence, whole (lines joined), RST ````x```` shown as ```x```."""
+    para = " ".join((getattr(obj, "__doc__", None) or "").strip().split("\n\n")[0].split())
+    return re.split(r"(?<=[.!?])\s+(?=[A-Z(])", para, maxsplit=1)[0].replace("``", "`")
 
 
 def _plugins(modules: List[str]) -> int:
@@ -243,6 +244,14 @@ def _evaluate(argv: List[str]) -> int:
     return _run_after("evaluate", run)
 
 
+def _top_missing_dir(path: str) -> Optional[str]:
+    """The top-most folder of ``path`` that does not exist, or None."""
+    top = None
+    while path and not os.path.isdir(path) and path != os.path.dirname(path):
+        top, path = path, os.path.dirname(path)
+    return top
+
+
 def _export(argv: List[str]) -> int:
     """``flowkit export``: see :mod:`flowkit.export`."""
     p = _after_parser("export", "Write a policy as one module from raw observation to greedy action "
@@ -271,12 +280,15 @@ def _export(argv: List[str]) -> int:
         pid = a.policy or next(iter(algo.policies))
         out = a.out or os.path.join(ck, f"policy{'-' + pid if len(algo.policies) > 1 else ''}"
                                         f"{'.pt' if a.fmt == 'torchscript' else '.onnx'}")
+        out = os.path.abspath(out)
+        new_dir = _top_missing_dir(os.path.dirname(out))
         try:
-            sig = export_policy(algo.policies[pid], a.fmt, out)
+            sig = export_policy(algo.policies[pid], a.fmt, out)  # creates the missing folders
         except ValueError as e:
             raise _ArgError(f"policy {pid!r}: {e}") from None
         ins = [f"{d['name']}: {d['dtype']}[{', '.join(map(str, d['shape']))}]" for d in sig["inputs"] + sig["outputs"]]
-        print(f"wrote {out} ({a.fmt}, policy {pid!r}): ({', '.join(ins[:-1])}) -> {ins[-1]}")
+        print(f"wrote {out} ({a.fmt}, policy {pid!r}): ({', '.join(ins[:-1])}) -> {ins[-1]}"
+              + (f"; created the folder {new_dir}" if new_dir else ""))
         print(f"same actions as compute_actions(obs, explore=False) on {sig['checked']} sampled observations"
               if sig["checked"] else "not checked against the policy (onnxruntime is not installed)")
         return 0

@@ -408,8 +408,14 @@ def _load_yaml(path: str) -> Dict[str, Any]:
     except UnicodeDecodeError as e:
         raise ConfigError(f"config file {path!r} is not a UTF-8 text file (byte {e.start}: "
                           f"{e.object[e.start:e.start + 1]!r}); give a YAML file") from None
+    except yaml.MarkedYAMLError as e:  # one line: where, what, and in what
+        def at(mark: Any) -> str:
+            return f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "?"
+        what = " ".join(str(e.problem or e.context or "syntax error").split())
+        ctx = f" ({' '.join(e.context.split())} at {at(e.context_mark)})" if e.context and e.problem else ""
+        raise ConfigError(f"config file {path!r} is not valid YAML: {at(e.problem_mark)}: {what}{ctx}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path!r} is not valid YAML: {e}") from None
+        raise ConfigError(f"config file {path!r} is not valid YAML: {' '.join(str(e).split())}") from None
     except OSError as e:
         if e.strerror:
             raise ConfigError(f"config file {path!r} cannot be read: {e.strerror}") from None

@@ -51,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import json
+import math
 import os
 import random
 import time
@@ -229,9 +230,9 @@ def _stop_reason(cfg: DictConfig, r: Dict[str, Any]) -> Optional[str]:
         return f"stop.env_steps={s.env_steps} reached"
     if s.iterations is not None and r["iteration"] >= s.iterations:
         return f"stop.iterations={s.iterations} reached"
-    if s.episode_return_mean is not None and r["episode_return_mean"] >= s.episode_return_mean:
+    if s.episode_return_mean is not None and r.get("episode_return_mean", -math.inf) >= s.episode_return_mean:
         return f"stop.episode_return_mean={s.episode_return_mean} reached"
-    if s.time_s is not None and r["time_total_s"] >= s.time_s:
+    if s.time_s is not None and r.get("time_total_s", 0.0) >= s.time_s:
         return f"stop.time_s={s.time_s} reached"
     return None
 
@@ -325,6 +326,13 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
     plan = build_plan(ctx)
     if resume_from:
         restore(ctx, resume_from)
+        last = {**(history[-1] if history else {}), "iteration": ctx.iteration,
+                "env_steps_sampled": ctx.counters["env_steps_sampled"]}
+        met = _stop_reason(cfg, last)
+        if met:  # nothing to train: no new row, checkpoint or result.json
+            ctx.shutdown()
+            met = met.replace(" reached", " already reached at the checkpoint; nothing trained")
+            return Result(last, history, run_dir, resume_from, met, cfg)
     with open(os.path.join(run_dir, "config.yaml"), "w") as f:  # after a restore that worked
         f.write(config_yaml(cfg, ctx.policy_specs, pm))
     results = iter(StandardMetricsReporting(plan, ctx))

@@ -139,7 +139,9 @@ class CSVReporter(Reporter):
 
 
 class ProgressReporter(Reporter):
-    """A tqdm bar on stderr: env steps (of ``stop.env_steps``), return, steps/s, eval."""
+    """A tqdm bar on stderr: env steps (of ``stop.env_steps``), return, steps/s, eval. A
+    resumed run's bar starts at the restored env steps (its rate counts only new ones); the
+    total grows to the steps done when the last batch passes ``stop.env_steps``."""
     name = "progress"
 
     def flowkit_on_run_start(self, ctx: "RunContext") -> None:
@@ -147,7 +149,9 @@ class ProgressReporter(Reporter):
 
         from flowkit.core import env_name
         cfg = ctx.config
-        self.bar = tqdm(total=cfg.stop.env_steps, desc=f"{cfg.algo} {env_name(cfg.env)}", unit="step",
+        done = int(ctx.counters.get("env_steps_sampled", 0))
+        total = None if cfg.stop.env_steps is None else max(int(cfg.stop.env_steps), done)
+        self.bar = tqdm(total=total, initial=done, desc=f"{cfg.algo} {env_name(cfg.env)}", unit="step",
                         dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 5.0, file=sys.stderr)
 
     def flowkit_report(self, result: Row) -> None:
@@ -155,6 +159,8 @@ class ProgressReporter(Reporter):
         if "evaluation_return_mean" in result:
             post["eval"] = f"{result['evaluation_return_mean']:.1f}"
         self.bar.set_postfix(post, refresh=False)
+        if self.bar.total is not None and result["env_steps_sampled"] > self.bar.total:
+            self.bar.total = result["env_steps_sampled"]
         self.bar.update(result["env_steps_sampled"] - self.bar.n)
 
     @hookimpl(tryfirst=True)

@@ -92,9 +92,11 @@ def test_train_evaluate_watch_export_cartpole(run_dir, tmp_path, capsys):
 
     # export: both formats act as the policy does
     for fmt, ext in (("torchscript", "pt"), ("onnx", "onnx")):
-        out_path = str(tmp_path / f"cartpole.{ext}")
+        out_path = str(tmp_path / "new" / "dir" / f"cartpole.{ext}")
         assert main(["export", run_dir, "--format", fmt, "--out", out_path]) == 0
-        assert f"wrote {out_path}" in capsys.readouterr().out
+        said = capsys.readouterr().out
+        assert f"wrote {out_path}" in said
+        assert (f"; created the folder {tmp_path / 'new'}\n" in said) == (fmt == "torchscript")  # once
         obs = sample_observations(policy.observation_space, 200)
         np.testing.assert_array_equal(run_exported(out_path, fmt, input_arrays(policy.observation_space, obs)),
                                       policy.compute_actions(obs, explore=False))

@@ -109,6 +109,16 @@ def test_resume_after_the_unrelated_algorithm_is_gone(ppo_run, tmp_path):
     assert res.metrics["iteration"] == 3 and res.metrics["env_steps_sampled"] == 96
 
 
+def test_resume_of_a_run_whose_stop_condition_was_met_trains_nothing(ppo_run, tmp_path):
+    run = str(tmp_path / "copy")
+    shutil.copytree(ppo_run.run_dir, run)
+    before = sorted(os.listdir(os.path.join(run, "checkpoints")))
+    res = flowkit.train(["resume=" + run])  # its config: stop.iterations=2, reached
+    assert res.stop_reason == "stop.iterations=2 already reached at the checkpoint; nothing trained"
+    assert res.metrics["iteration"] == 2 and len(res.history) == 2
+    assert sorted(os.listdir(os.path.join(run, "checkpoints"))) == before
+
+
 def test_fresh_process_loads_through_the_entry_point_with_the_same_actions(ppo_run, tmp_path):
     parent = flowkit.Algorithm.from_checkpoint(ppo_run.run_dir).compute_actions(OBS, explore=False)
     out = str(tmp_path / "actions.npy")

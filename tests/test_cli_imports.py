@@ -64,3 +64,13 @@ def test_plugins_lists_every_plugin_and_what_it_contributes():
     assert "hooks       flowkit_build_plan, flowkit_make_policy_specs" in ma
     assert "env runner  Gymnasium envs" in out and "reporter    csv: " in out
     assert "algorithm   dqn: Deep Q-Networks" in out
+
+
+def test_plugins_prints_whole_first_sentences_without_rst_backticks(capsys):
+    from flowkit.cli import main
+    assert main(["plugins"]) == 0
+    out = capsys.readouterr().out
+    assert "``" not in out
+    assert ("reporter    checkpoint: `checkpoint.every_iters` (after the row is written), `checkpoint.at_end` and the "
+            "crash checkpoint; each calls `save_checkpoint` (which calls `flowkit_on_checkpoint`).\n") in out
+    assert "algorithm   impala: asynchronous actor-learner with V-trace (Espeholt et al. 2018).\n" in out

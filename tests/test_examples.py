@@ -31,6 +31,15 @@ def _flowkit(pythonpath, *args, cwd):
                           timeout=300, env=env, cwd=cwd)
 
 
+def test_callback_example_named_in_plugins_needs_its_folder_on_the_path_as_the_readme_says():
+    assert "`PYTHONPATH=examples/episode_logger flowkit train" in open(os.path.join(EXAMPLES, "README.md")).read()
+    p = _flowkit(os.environ.get("PYTHONPATH", ""), "plugins", "plugins=[flowkit_episode_logger]", cwd=REPO)
+    assert p.returncode == 2 and "put the folder holding it on PYTHONPATH" in p.stderr, p.stderr
+    path = os.pathsep.join(["examples/episode_logger", os.environ.get("PYTHONPATH", "")])
+    p = _flowkit(path, "plugins", "plugins=[flowkit_episode_logger]", cwd=REPO)
+    assert "flowkit_episode_logger  [`plugins`]" in p.stdout, p.stderr
+
+
 def test_installed_plugin_is_listed_and_trains(installed, tmp_path):
     p = _flowkit(installed, "plugins", cwd=str(tmp_path))
     assert "reinforce  [flowkit-reinforce 0.1.0]" in p.stdout, p.stdout + p.stderr

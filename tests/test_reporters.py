@@ -96,6 +96,22 @@ def test_progress_bar_on_stderr(run_dir, capsys):
     assert sorted(os.listdir(run_dir)) == ["config.yaml", "result.json"]
 
 
+def test_progress_bar_of_a_resumed_run_starts_at_the_restored_steps_and_keeps_a_total(capsys):
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from flowkit.reporters import ProgressReporter
+    cfg = OmegaConf.create({"algo": "ppo", "env": {"id": "CartPole-v1"}, "stop": {"env_steps": 1200}})
+    rep = ProgressReporter()
+    rep.flowkit_on_run_start(SimpleNamespace(config=cfg, counters={"env_steps_sampled": 1000}))
+    assert (rep.bar.n, rep.bar.initial, rep.bar.total) == (1000, 1000, 1200)  # rate: new steps only
+    rep.flowkit_report({"episode_return_mean": 1.0, "env_steps_per_s": 9.0, "env_steps_sampled": 1536})
+    assert (rep.bar.n, rep.bar.total) == (1536, 1536)
+    rep.flowkit_on_train_end()
+    assert "100%" in capsys.readouterr().err
+
+
 class FailAt2:
     def __init__(self):
         self.ended = []

@@ -48,6 +48,14 @@ def test_stop_on_env_steps_and_return(run_dir):
     assert res.metrics["iteration"] == 1 and "stop.episode_return_mean" in res.stop_reason
 
 
+def test_min_iter_settings_do_not_run_past_the_env_steps_budget(run_dir):
+    res = flowkit.train(local_overrides(run_dir, "algo=random", "env=CartPole-v1", "runtime.num_envs_per_worker=2",
+                                        "runtime.rollout_fragment_length=32", "stop.env_steps=300",
+                                        "run.min_iter_env_steps=3000", "run.min_iter_time_s=30"))
+    assert res.metrics["iteration"] == 1 and res.metrics["env_steps_sampled"] == 384, res.metrics
+    assert "stop.env_steps=300" in res.stop_reason
+
+
 def test_random_baseline(run_dir):
     res = flowkit.train(local_overrides(run_dir, "algo=random", "env=CartPole-v1", "stop.env_steps=4000",
                                         "runtime.num_envs_per_worker=4", "runtime.rollout_fragment_length=50"))

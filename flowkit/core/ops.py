@@ -381,13 +381,14 @@ def StandardMetricsReporting(train_flow: Flow, ctx: "RunContext") -> Flow:
     """Turn a flow of train steps into one flat result dict per iteration.
 
     An iteration is at least one train step, extended until ``run.min_iter_time_s`` seconds
-    and ``run.min_iter_env_steps`` env steps have passed. Columns: iteration,
+    and ``run.min_iter_env_steps`` env steps have passed, but not past the ``stop.env_steps``
+    budget (it ends at the first train step that reaches it). Columns: iteration,
     env_steps_sampled, env_steps_trained, agent_steps_*, episode_return_mean / episode_len_mean
     (last 20 episodes), episodes_this_iter, episodes_total, policy/<id>/episode_return_mean,
     learner/<id>/<stat>, custom/<name> (mean over this iteration's episodes), num_worker_restarts,
     time_total_s, time_this_iter_s, env_steps_per_s, perf/* timers.
     """
-    run = ctx.config.run
+    run, budget = ctx.config.run, ctx.config.stop.env_steps
 
     def gen():
         t_iter, n_items = time.perf_counter(), 0
@@ -399,7 +400,8 @@ def StandardMetricsReporting(train_flow: Flow, ctx: "RunContext") -> Flow:
             n_items += 1
             now = time.perf_counter()
             sampled = ctx.counters["env_steps_sampled"]
-            if (now - t_iter) < float(run.min_iter_time_s) or (sampled - steps_at_iter) < int(run.min_iter_env_steps):
+            short = (now - t_iter) < float(run.min_iter_time_s) or (sampled - steps_at_iter) < int(run.min_iter_env_steps)
+            if short and (budget is None or sampled < budget):
                 continue
             trained = ctx.counters["env_steps_trained"]
             res = ctx.make_result(now - t_iter, sampled - steps_at_iter, trained - trained_at_iter, n_items)

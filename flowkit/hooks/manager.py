@@ -105,8 +105,10 @@ class PluginManager(pluggy.PluginManager):
                 try:
                     obj = importlib.import_module(mod)
                 except Exception as e:
+                    hint = ("; install its distribution (pip install -e FOLDER) or put the folder holding it on "
+                            "PYTHONPATH") if isinstance(e, ModuleNotFoundError) and e.name == mod.split(".")[0] else ""
                     raise PluginError(f"plugin module {mod!r} (from {where}) failed to import: "
-                                      f"{type(e).__name__}: {e}") from e
+                                      f"{type(e).__name__}: {e}{hint}") from e
                 self.register(obj, name=mod)
 
     def check_hooks(self) -> None:
