@@ -34,16 +34,6 @@ def test_c08_minibatch_larger_than_train_batch_fails_naming_both():
     assert "ppo.minibatch_size=16" in msg and "ppo.train_batch_size=4" in msg
 
 
-def test_minibatch_larger_than_one_sampling_round_fails_naming_both():
-    with pytest.raises(ConfigError) as ei:  # configs/ppo/CartPole-v1.yaml: 2 x 4 x 32 = 256 env steps
-        validate("env=CartPole-v1", "runtime.num_workers=2", "runtime.num_envs_per_worker=4",
-                 "runtime.rollout_fragment_length=32", "ppo.minibatch_size=4096")
-    msg = str(ei.value)
-    assert "ppo.minibatch_size=4096" in msg and "ppo.train_batch_size=null" in msg and "= 256 env steps" in msg
-    validate("env=CartPole-v1", "runtime.num_workers=1", "runtime.num_envs_per_worker=1",  # the default: quiet
-             "runtime.rollout_fragment_length=8")
-
-
 def test_c08_minibatch_zero_fails():
     with pytest.raises(ConfigError, match=r"ppo.minibatch_size=0 must be >= 1"):
         validate("env=CartPole-v1", "ppo.minibatch_size=0")

@@ -132,22 +132,11 @@ class PPO(flowkit.Algorithm):
     def validate_config(cls, run_config, section) -> List[str]:
         """Cross-field checks (each key's own range is declared in :class:`PPOConfig`)."""
         s, n, warns = section, cls.name, []
-        rs = cls.round_size(run_config)
-        ma = run_config.get("multiagent")
-        # no train_batch_size: the batch is one sampling round (multi-agent: agent steps, maybe more
-        # rows); the default minibatch_size stays quiet (one minibatch of the whole batch then)
-        if (s.train_batch_size is None and s.minibatch_size > rs and not (ma and ma.get("policies"))
-                and s.minibatch_size != getattr(cls.config_class, "minibatch_size", None)):
-            rt = run_config.runtime
-            raise ConfigError(f"{n}.minibatch_size={s.minibatch_size} is larger than the train batch: "
-                              f"{n}.train_batch_size=null is one sampling round, runtime.num_workers x "
-                              f"num_envs_per_worker x rollout_fragment_length = {max(1, int(rt.num_workers))} x "
-                              f"{rt.num_envs_per_worker} x {rt.rollout_fragment_length} = {rs} env steps; make "
-                              f"minibatch_size <= {rs} or set {n}.train_batch_size")
         if s.train_batch_size is not None:
             if s.minibatch_size > s.train_batch_size:
                 raise ConfigError(f"{n}.minibatch_size={s.minibatch_size} is larger than "
                                   f"{n}.train_batch_size={s.train_batch_size}; make minibatch_size <= train_batch_size")
+            rs = cls.round_size(run_config)
             if s.train_batch_size % rs:
                 actual = -(-s.train_batch_size // rs) * rs
                 warns.append(f"{n}.train_batch_size={s.train_batch_size} is not a multiple of one sampling round "
