@@ -84,6 +84,13 @@ def test_readme_shell_block_runs(line, lang, code, tmp_path):
             last = str(tmp_path / f"sweep{n}")
             args = [a for a in args if not a.startswith("run.dir=")] + [f"run.dir={last}", *SMALL[:-1],
                                                                          "run.reporters=[csv]"]
+        elif args[1] in ("evaluate", "export") and any("..." in a for a in args):  # the quick start's run
+            if last is None:
+                last = str(tmp_path / "run")
+                subprocess.run([sys.executable, "-m", "flowkit.cli", "train", "-c", "configs/ppo/CartPole-v1.yaml",
+                                f"run.dir={last}", *SMALL], check=True, capture_output=True,
+                               timeout=600, cwd=REPO)
+            args = [last if "..." in a else a for a in args]
         elif args[1] == "plot":  # the previous command's runs; the figure in the temporary folder
             args = [last if a.startswith("runs/") else str(tmp_path / a) if a.endswith(".png") else a for a in args]
         p = subprocess.run([sys.executable, "-m", "flowkit.cli", *args[1:]], capture_output=True, text=True,
