@@ -82,18 +82,23 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|")
     for name in args.only or list(CHECKS):
         for seed in args.seeds if args.seeds is not None else CHECKS[name][4]:
-            r = run_check(name, seed, args.out)
-            rows.append(r)
-            print(f"| {name} | {seed} | {r['metric']} >= {r['threshold']} | {r['budget']:,} | "
-                  f"{'' if r.get('env_steps') is None else format(r['env_steps'], ',')} | "
-                  f"{r.get('train_s') or ''} | {r.get('best', '')} | {r['wall_s']} | "
-                  f"{'yes' if r['passed'] else 'NO'} |", flush=True)
-            if r.get("error"):
-                print("    " + " / ".join(r["error"]), flush=True)
+            rows.append(print_row(name, seed, run_check(name, seed, args.out)))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)
 
+
+
+def print_row(name: str, seed: int, r: dict, train_s: bool = True) -> dict:
+    """Print one check's table row (and its error, if any); return ``r``."""
+    cells = [name, str(seed), f"{r['metric']} >= {r['threshold']:g}", f"{r['budget']:,}",
+             "" if r.get("env_steps") is None else format(r["env_steps"], ",")]
+    cells += [str(r.get("train_s") or "")] if train_s else []
+    cells += [str(r.get("best", "")), str(r["wall_s"]), "yes" if r["passed"] else "NO"]
+    print("| " + " | ".join(cells) + " |", flush=True)
+    if r.get("error"):
+        print("    " + " / ".join(r["error"]), flush=True)
+    return r
 
 if __name__ == "__main__":
     main()

@@ -53,12 +53,7 @@ def main() -> None:
     for name in args.only or list(found):
         for seed in args.seeds if args.seeds is not None else found[name][4]:
             r = acceptance.run_check(name, seed, os.path.join(args.out, name.replace("/", "-")))
-            rows.append(r)
-            print(f"| {name} | {seed} | {r['metric']} >= {r['threshold']:g} | {r['budget']:,} | "
-                  f"{'' if r.get('env_steps') is None else format(r['env_steps'], ',')} | {r.get('best', '')} | "
-                  f"{r['wall_s']} | {'yes' if r['passed'] else 'NO'} |", flush=True)
-            if r.get("error"):
-                print("    " + " / ".join(r["error"]), flush=True)
+            rows.append(acceptance.print_row(name, seed, r, train_s=False))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=2)
