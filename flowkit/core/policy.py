@@ -166,6 +166,11 @@ class Policy(Acting):
             for g in self.optimizer.param_groups if self.optimizer is not None else ():
                 g["lr"] = lr
 
+    def current_lr(self) -> float:
+        """The optimizer's learning rate now (after :meth:`set_progress`); ``config.lr``
+        without an optimizer."""
+        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else float(self.config.lr)
+
     # ---- weights and state ----------------------------------------------------------------
     def get_weights(self) -> Dict[str, np.ndarray]:
         """``self.model``'s state dict as numpy arrays (copies, on CPU): what travels to the

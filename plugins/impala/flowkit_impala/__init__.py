@@ -24,6 +24,9 @@ __all__ = ["APPO", "APPOConfig", "APPOPolicy", "IMPALA", "IMPALAConfig", "IMPALA
 class IMPALAConfig:
     """impala: asynchronous actor-learner with V-trace (Espeholt et al. 2018)."""
     lr: float = F(5e-4, "Adam learning rate", gt=0)
+    lr_schedule: str = F("constant", "constant, or linear (to 0 at schedule_env_steps)", choices=("constant", "linear"))
+    schedule_env_steps: Optional[int] = F(None, "horizon of the linear schedule, env steps sampled (default stop.env_steps)",
+                                          gt=0)
     adam_eps: float = F(1e-7, "Adam epsilon", gt=0)
     gamma: float = F(0.99, "discount factor", ge=0, le=1)
     clip_rho_threshold: float = F(1.0, "V-trace rho_bar: clip of the importance ratio in delta_t", gt=0)

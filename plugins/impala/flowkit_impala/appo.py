@@ -123,7 +123,7 @@ class APPOPolicy(ActorCriticPolicy):
         self.train_batches += 1
         if self.train_batches % cfg.target_update_freq == 0:
             self.update_target()
-        return {"kl_coeff": self.kl_coeff}
+        return {"kl_coeff": self.kl_coeff, "lr": self.current_lr()}
 
     # -- state: the target network and the counters travel with the checkpoint --
     def get_state(self) -> Dict[str, Any]:

@@ -34,10 +34,11 @@ import torch
 
 import flowkit
 from flowkit import ConfigError
+from flowkit.config import check_schedules
 from flowkit.core import ActorCritic, ActorCriticPolicy, derive_seed
 from flowkit.core import batch as sb
 from flowkit.core.context import RunContext
-from flowkit.core.ops import ConcatBatches, DropSource, SyncWeights, TrainOneStep
+from flowkit.core.ops import ConcatBatches, DropSource, SyncWeights, TrainOneStep, UpdateSchedules
 from flowkit_impala import IMPALAConfig
 
 
@@ -74,6 +75,10 @@ class IMPALAPolicy(ActorCriticPolicy):
                                 (rhos > cfg.clip_rho_threshold).float().mean()]).tolist()
         return loss, dict(zip(("pg_loss", "vf_loss", "entropy", "total_loss", "rho_mean", "rho_max",
                                "rho_clip_frac"), vals, strict=True))
+
+    def on_train_batch_end(self, batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
+        """The learning rate the batch trained at (``impala.lr_schedule``)."""
+        return {"lr": self.current_lr()}
 
 
 # ---- replay mix-in --------------------------------------------------------------------------------
@@ -130,6 +135,7 @@ class LearnerThreadAlgorithm(flowkit.Algorithm):
         if mb is not None and not 1 <= mb <= tb:
             raise ConfigError(f"{cls.name}.minibatch_size={mb} must be in [1, {cls.name}.train_batch_size={tb}] "
                               "(or null: the whole train batch)")
+        check_schedules(section, cls.name, ("lr_schedule",), run_config)
         return []
 
     def get_rollout_mode(self) -> str:
@@ -141,6 +147,9 @@ class LearnerThreadAlgorithm(flowkit.Algorithm):
         if is_async:
             experiences = experiences.for_each(SyncWeights(ctx, learner, to="source", every=cfg.broadcast_interval,
                                                            unit="batches", with_next_sample=True)).for_each(DropSource)
+        if cfg.lr_schedule == "linear":  # lr * (1 - env steps sampled / horizon), set as batches arrive
+            experiences = experiences.for_each(UpdateSchedules(ctx, learner, cfg.schedule_env_steps
+                                                               or self.run_config.stop.env_steps))
         if cfg.replay_proportion > 0:
             experiences = experiences.combine(ctx.add_stateful(f"{learner.name}/replay", MixInReplay(
                 ctx, cfg.replay_proportion, cfg.replay_buffer_num_slots,
