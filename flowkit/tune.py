@@ -164,7 +164,7 @@ class TuneReport:
 
         from flowkit.loggers import numeric
         try:
-            tune.report(numeric(result))
+            tune.report({k: result[k] for k in numeric(result)})  # ints stay ints (the table, tune_results.csv)
         except SystemExit:
             get_session().pause_reporting()  # Tune's closing report of the function: nobody reads it now
             ctx.request_stop(STOPPED_EARLY)

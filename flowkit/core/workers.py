@@ -297,7 +297,7 @@ class WorkerSet:
         from ray.util import get_current_placement_group
         pending = [f for f in futs.values() if not isinstance(f, LocalFuture)]  # a _FailedActor has answered
         t0, say = time.monotonic(), min(10.0, bound / 2) if bound else 10.0
-        if get_current_placement_group() is not None:  # placed in a Tune trial's: its CPUs are reserved
+        if ray.is_initialized() and get_current_placement_group() is not None:  # a Tune trial's: CPUs reserved
             say = float("inf")
         while pending:
             _, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
