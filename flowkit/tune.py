@@ -166,7 +166,9 @@ class TuneReport:
         try:
             tune.report({k: result[k] for k in numeric(result)})  # ints stay ints (the table, tune_results.csv)
         except SystemExit:
-            get_session().pause_reporting()  # Tune's closing report of the function: nobody reads it now
+            session = get_session()
+            if session is not None:  # Tune's closing report of the function: nobody would read it
+                session.pause_reporting()
             ctx.request_stop(STOPPED_EARLY)
 
 
@@ -174,7 +176,8 @@ class _FinishRun:
     """Mixed into the trials' Tune trainable: when Tune stops a trial (the scheduler's decision,
     the sweep's end), ``cleanup`` waits up to ``FINISH_S`` for the run to end (final
     checkpoint, result.json, plot); Ray's own cleanup does not wait for the trial's thread, and
-    the actor, with that thread, ends right after it."""
+    the actor, with that thread, ends right after it. (When the sweep itself ends, Ray 2.x kills
+    actors still stopping after 10 s.)"""
     FINISH_S = 120.0
 
     def cleanup(self) -> None:
