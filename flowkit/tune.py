@@ -241,8 +241,8 @@ def _format(v: Any) -> str:
 def results_table(rows: List[Dict[str, Any]], cols: List[str]) -> str:
     """The rows as a fixed-width text table with a header."""
     w = {c: max(len(c), *(len(_format(r.get(c, ""))) for r in rows)) for c in cols}
-    lines = ["  ".join(c.ljust(w[c]) for c in cols)]
-    lines += ["  ".join(_format(r.get(c, "")).ljust(w[c]) for c in cols) for r in rows]
+    lines = ["  ".join(c.ljust(w[c]) for c in cols).rstrip()]
+    lines += ["  ".join(_format(r.get(c, "")).ljust(w[c]) for c in cols).rstrip() for r in rows]
     return "\n".join(lines)
 
 
