@@ -61,8 +61,8 @@ def test_trial_resources_fit_the_cluster():
 
 def test_six_trials_on_two_cpus_with_table(ray_session, tmp_path, capsys):
     sweep = str(tmp_path / "sweep")
-    rc = main(["tune", *SMALL, "run.reporters=[csv,checkpoint]", "stop.iterations=4", f"run.dir={sweep}",
-               "ppo.lr=choice(1e-3,3e-4)", "seed=range(3)"])
+    rc = main(["tune", *SMALL, "run.reporters=[csv,checkpoint]", "plugins=[slow_end]", "stop.iterations=4",
+               f"run.dir={sweep}", "ppo.lr=choice(1e-3,3e-4)", "seed=range(3)"])
     out = capsys.readouterr().out
     assert rc == 0, out
     first = out.splitlines()[0]
