@@ -35,7 +35,10 @@ e.g. ``flowkit tune algo=ppo env=CartPole-v1 ppo.lr=choice(1e-3,3e-4) seed=range
   The first line of the output states it.
 - Early stopping: ``--scheduler asha`` (the default, unless only ``seed`` is searched) is ASHA on
   ``--metric``, over env steps when ``stop.env_steps`` is set (else iterations), grace period a
-  tenth of that budget; ``none`` runs every trial to its stop condition.
+  tenth of that budget; ``none`` runs every trial to its stop condition. A trial the scheduler
+  stops ends like a run that met its own stop condition: its last row, final checkpoint and
+  result.json with ``stop_reason`` :data:`STOPPED_EARLY` (:class:`_FinishRun`).
+- Trials print nothing (their config warnings are the driver's, said once before the first line).
 - Ray: the same session as training (:mod:`flowkit._ray`): ``runtime.address`` attaches to a
   cluster; unset, a local one is started (or the caller's own session is used).
 - The end: a table of the trials sorted by the metric's last value (best first), also written to
