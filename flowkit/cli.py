@@ -23,8 +23,9 @@ flowkit plugins [plugins=[module,...]]
 flowkit evaluate RUN_DIR|CHECKPOINT [episodes=N] [seed=S] [explore=false] [render=mp4|gif] [key=value ...]
 flowkit export RUN_DIR|CHECKPOINT --format torchscript|onnx [--out PATH] [--policy ID]
 flowkit plot RUN_DIR... [--x env_steps|time] [--metric M] [--out FILE]
-flowkit tune [-c FILE ...] [--metric M] [--mode max|min] [--search grid|random|optuna] [--num-samples N]
-             [--scheduler asha|none] [key=value ...] [key=choice(a,b) key=range(3) ...]"""
+flowkit tune [-c FILE ...] [--no-tuned] [--metric M] [--mode max|min] [--search grid|random|optuna]
+             [--num-samples N] [--scheduler asha|none] [--grace-period T] [--max-concurrent K]
+             [key=value ...] [key=choice(a,b) key=range(3) ...]"""
 SUBCOMMANDS = {"plot": "flowkit.plot", "tune": "flowkit.tune"}  # commands with arguments of their own
 
 

@@ -9,7 +9,8 @@ onto the group's grid, every x value of its runs; a point averages the runs whos
 it (column ``runs``: a run that stopped early, at a threshold or by a sweep's scheduler, leaves
 the later points to the others).
 Groups are labelled by the config keys that tell them apart. The plotted series are written beside
-the PNG as CSV (same name, ``.csv``): ``group, x, mean, std, min, max, runs``. A folder without a
+the PNG as CSV (same name, ``.csv``): ``group``, the x column (``env_steps_sampled`` or
+``time_total_s``), ``M_mean, M_std, M_min, M_max`` and ``runs``. A folder without a
 metrics.csv stands for the run folders below it (e.g. a ``flowkit tune`` sweep). Torch-free.
 """
 from __future__ import annotations

@@ -35,14 +35,17 @@ e.g. ``flowkit tune algo=ppo env=CartPole-v1 ppo.lr=choice(1e-3,3e-4) seed=range
   The first line of the output states it.
 - Early stopping: ``--scheduler asha`` (the default, unless only ``seed`` is searched) is ASHA on
   ``--metric``, over env steps when ``stop.env_steps`` is set (else iterations), grace period a
-  tenth of that budget; ``none`` runs every trial to its stop condition.
+  tenth of that budget; ``none`` runs every trial to its stop condition. A trial the scheduler
+  stops ends like a run that met its own stop condition: its last row, final checkpoint and
+  result.json with ``stop_reason`` :data:`STOPPED_EARLY` (:class:`_FinishRun`).
+- Trials print nothing (their config warnings are the driver's, said once before the first line).
 - Ray: the same session as training (:mod:`flowkit._ray`): ``runtime.address`` attaches to a
   cluster; unset, a local one is started (or the caller's own session is used).
 - The end: a table of the trials sorted by the metric's last value (best first), also written to
   ``SWEEP_DIR/tune_results.csv``.
 
-Exit status: 0 when every trial ended (stopped early included), 1 when a trial failed, 2 a
-config or usage error.
+Exit status: 0 when every trial ended (stopped early included), 1 when a trial failed or has no
+result.json, 2 a config or usage error.
 """
 from __future__ import annotations
 
@@ -155,29 +158,58 @@ def trial_dirname(values: Dict[str, Any], index: int) -> str:
 class TuneReport:
     """A reporter for a trial's run: each row's numbers to Ray Tune (``tune.report``). When the
     scheduler stops the trial, ``tune.report`` raises SystemExit in the trial's thread: the run
-    then stops the flowkit way (checkpoint, result.json) with that reason."""
+    then stops the flowkit way (checkpoint, result.json) with that reason, while
+    :class:`_FinishRun` keeps the trial's actor alive."""
 
     def flowkit_report(self, result: Dict[str, Any], ctx: Any) -> None:
         from ray import tune
+        from ray.train._internal.session import get_session
 
         from flowkit.loggers import numeric
         try:
-            tune.report(numeric(result))
+            tune.report({k: result[k] for k in numeric(result)})  # ints stay ints (the table, tune_results.csv)
         except SystemExit:
+            session = get_session()
+            if session is not None:  # Tune's closing report of the function: nobody would read it
+                session.pause_reporting()
             ctx.request_stop(STOPPED_EARLY)
+
+
+class _FinishRun:
+    """Mixed into the trials' Tune trainable: when Tune stops a trial (the scheduler's decision,
+    the sweep's end), ``cleanup`` waits up to ``FINISH_S`` for the run to end (final
+    checkpoint, result.json, plot); Ray's own cleanup does not wait for the trial's thread, and
+    the actor, with that thread, ends right after it. (When the sweep itself ends, Ray 2.x kills
+    actors still stopping after 10 s.)"""
+    FINISH_S = 120.0
+
+    def cleanup(self) -> None:
+        from ray.train._internal.session import get_session
+        s = get_session()
+        if s is not None and s.training_started:
+            s.finish(timeout=self.FINISH_S)  # the thread's blocked tune.report raises SystemExit(0)
+        super().cleanup()  # type: ignore[misc]  # FunctionTrainable.cleanup, after this class in the MRO
 
 
 def run_trial(values: Dict[str, Any], base: List[str], files: List[str], sweep_dir: str, extra: List[str]) -> None:
     """One trial (runs in a Ray Tune trial actor): ``flowkit.train`` with the base overrides,
-    ``extra`` (resource adjustments) and the trial's values, in ``sweep_dir/<trial>``."""
+    ``extra`` (resource adjustments) and the trial's values, in ``sweep_dir/<trial>``. Prints
+    nothing: the sweep's driver has shown the config's warnings once (``describe_plan``), and
+    its table says how each trial ended."""
+    import warnings
+
     from ray import tune
 
     from flowkit.engine import train
+    warnings.filterwarnings("ignore", category=UserWarning, module=r"flowkit(\.|$)")  # this actor's process only
     run_dir = os.path.join(sweep_dir, trial_dirname(values, _index(tune.get_context().get_trial_id())))
     res = train(base + extra + trial_overrides(values) + [f"run.dir={run_dir}"], files or None, plugins=[TuneReport()],
                 verbose=False)  # the sweep's table says it
     if res.stop_reason.startswith("interrupted"):
         raise RuntimeError(f"trial {run_dir}: {res.stop_reason}")
+
+
+run_trial.__mixins__ = (_FinishRun,)  # type: ignore[attr-defined]  # Ray's wrap_function subclasses these
 
 
 def _index(trial_id: str) -> int:
@@ -212,8 +244,8 @@ def _format(v: Any) -> str:
 def results_table(rows: List[Dict[str, Any]], cols: List[str]) -> str:
     """The rows as a fixed-width text table with a header."""
     w = {c: max(len(c), *(len(_format(r.get(c, ""))) for r in rows)) for c in cols}
-    lines = ["  ".join(c.ljust(w[c]) for c in cols)]
-    lines += ["  ".join(_format(r.get(c, "")).ljust(w[c]) for c in cols) for r in rows]
+    lines = ["  ".join(c.ljust(w[c]) for c in cols).rstrip()]
+    lines += ["  ".join(_format(r.get(c, "")).ljust(w[c]) for c in cols).rstrip() for r in rows]
     return "\n".join(lines)
 
 
@@ -330,14 +362,15 @@ def _tune(a: argparse.Namespace) -> int:
 
 
 def _status(sweep_dir: str, run: str, error: Any) -> str:
-    """``done`` (its own stop condition), ``stopped early`` (by the scheduler) or ``error``."""
+    """``done`` (its own stop condition), ``stopped early`` (by the scheduler), ``error``, or
+    ``no result.json`` (the trial's process ended before its run did)."""
     if error:
         return "error"
     try:
         with open(os.path.join(sweep_dir, run, "result.json")) as f:
             reason = json.load(f).get("stop_reason", "")
     except (OSError, ValueError):
-        return "stopped early"  # the process ended before its result.json
+        return "no result.json"
     return "stopped early" if reason == STOPPED_EARLY else "done"
 
 
@@ -367,4 +400,4 @@ def _report(grid: Any, space: Dict[str, Dim], a: argparse.Namespace, sweep_dir: 
         w.writerows(rows)
     print(f"{len(rows)} trials, {len(runs)} run folders in {sweep_dir} (table: tune_results.csv); "
           f"flowkit plot {sweep_dir} draws them")
-    return 1 if any(r["status"] == "error" for r in rows) else 0
+    return 1 if any(r["status"] not in ("done", "stopped early") for r in rows) else 0

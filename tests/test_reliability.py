@@ -137,6 +137,23 @@ def test_the_start_wait_says_what_is_pending_and_a_rebuild_waits_without_bound(m
     assert said[-1].endswith("waited 40 s" if raises else "waited 320 s") and fake.now == (60 if raises else 500)
 
 
+def test_the_start_wait_is_quiet_in_a_placement_group(monkeypatch, caplog):
+    """A Tune trial's workers start in its placement group, on CPUs reserved for them: a slow start
+    is no shortage (the cluster's free CPUs exclude the reservation), so nothing is said; the
+    bound still holds."""
+    import ray.util
+
+    from flowkit.core.workers import WorkerSet
+    from flowkit.engine import load_config
+    _Pending(monkeypatch, 1e9)
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray.util, "get_current_placement_group", lambda: "the trial's")
+    ws = WorkerSet(load_config(["env=CartPole-v1", "runtime.num_workers=2"])[1], {}, None)
+    with pytest.raises(StartTimeout, match="start_timeout_s=60 passed"):
+        ws._await_pings([_Pending.Actor(i) for i in range(2)], 60.0)
+    assert not [r for r in caplog.records if r.name == "flowkit"]
+
+
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_during_start_up_ends_cleanly(tmp_path, sig, code):
     marker = tmp_path / "building"  # the env is being built: the run has started

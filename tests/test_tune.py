@@ -2,14 +2,17 @@
 that fit the cluster, a 6-trial CartPole sweep on 2 CPUs with its table, and a seeds-only sweep
 that ``flowkit plot`` draws as one group."""
 import csv
+import json
 import os
 
+import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
 import flowkit
 from flowkit.cli import main
-from flowkit.tune import Dim, parse_space, plan_resources, trial_dirname
+from flowkit.reporters import read_metrics
+from flowkit.tune import STOPPED_EARLY, Dim, parse_space, plan_resources, trial_dirname
 
 pytestmark = pytest.mark.ray
 SMALL = ["algo=ppo", "env=CartPole-v1", "--no-tuned", "runtime.backend=local", "runtime.num_workers=1",
@@ -58,20 +61,27 @@ def test_trial_resources_fit_the_cluster():
 
 def test_six_trials_on_two_cpus_with_table(ray_session, tmp_path, capsys):
     sweep = str(tmp_path / "sweep")
-    rc = main(["tune", *SMALL, "stop.iterations=4", f"run.dir={sweep}", "ppo.lr=choice(1e-3,3e-4)", "seed=range(3)"])
+    rc = main(["tune", *SMALL, "run.reporters=[csv,checkpoint]", "plugins=[slow_end]", "stop.iterations=4",
+               f"run.dir={sweep}", "ppo.lr=choice(1e-3,3e-4)", "seed=range(3)"])
     out = capsys.readouterr().out
     assert rc == 0, out
     first = out.splitlines()[0]
     assert first.startswith("flowkit tune: 6 trials (grid search") and "1 CPU each" in first and "on 2 CPUs" in first
     with open(os.path.join(sweep, "tune_results.csv")) as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 6 and {r["status"] for r in rows} <= {"done", "stopped early"}
+    assert len(rows) == 6 and {r["status"] for r in rows} == {"done", "stopped early"}  # ASHA stopped some
     vals = [float(r["episode_return_mean"]) for r in rows]
     assert vals == sorted(vals, reverse=True)  # best first
     assert {(float(r["ppo.lr"]), int(r["seed"])) for r in rows} == {(lr, s) for lr in (1e-3, 3e-4) for s in range(3)}
     runs = sorted(d for d in os.listdir(sweep) if d[:5].isdigit())
-    assert len(runs) == 6 and all(os.path.exists(os.path.join(sweep, d, "metrics.csv")) for d in runs)
-    assert rows[0]["run"] in runs and rows[0]["run"] in out  # the table names the run folders
+    assert len(runs) == 6 and rows[0]["run"] in runs and rows[0]["run"] in out  # the table names the run folders
+    for r in rows:  # a trial stopped early ends as one stopped by its own condition: every file, the reason
+        d = os.path.join(sweep, r["run"])
+        with open(os.path.join(d, "result.json")) as f:
+            res = json.load(f)
+        assert res["stop_reason"] == (STOPPED_EARLY if r["status"] == "stopped early" else "stop.iterations=4 reached")
+        assert read_metrics(os.path.join(d, "metrics.csv"))[-1]["iteration"] == res["iteration"] == int(r["iterations"])
+        assert os.listdir(os.path.join(d, "checkpoints")) == [f"iter_{res['iteration']:06d}"]
 
 
 def test_seeds_only_sweep_then_plot(ray_session, tmp_path, capsys):
@@ -83,8 +93,17 @@ def test_seeds_only_sweep_then_plot(ray_session, tmp_path, capsys):
         assert [r["status"] for r in csv.DictReader(f)] == ["done"] * 3
     png = str(tmp_path / "seeds.png")
     assert main(["plot", sweep, "--out", png]) == 0
-    assert os.path.getsize(png) > 0
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     with open(str(tmp_path / "seeds.csv")) as f:
         rows = list(csv.DictReader(f))
-    assert {r["group"] for r in rows} == {"ppo CartPole-v1"} and {r["runs"] for r in rows} == {"3"}
-    assert any(float(r["episode_return_mean_max"]) > float(r["episode_return_mean_min"]) for r in rows)
+    assert {r["group"] for r in rows} == {"ppo CartPole-v1"} and {r["runs"] for r in rows} == {"3"}  # one group
+    # the written series are the seeds' mean, std and range of the trials' metrics.csv, point by point
+    per_seed = [{r["env_steps_sampled"]: r["episode_return_mean"] for r in read_metrics(
+        os.path.join(sweep, d, "metrics.csv")) if "episode_return_mean" in r} for d in os.listdir(sweep) if d[:5].isdigit()]
+    assert len(per_seed) == 3 and [float(r["env_steps_sampled"]) for r in rows] == sorted(per_seed[0]) == [64, 128, 192]
+    for r in rows:
+        vals = np.array([p[float(r["env_steps_sampled"])] for p in per_seed])
+        got = [float(r[f"episode_return_mean_{k}"]) for k in ("mean", "std", "min", "max")]
+        assert got == pytest.approx([vals.mean(), vals.std(), vals.min(), vals.max()])
+    assert any(float(r["episode_return_mean_max"]) > float(r["episode_return_mean_min"]) for r in rows)  # a spread

@@ -288,13 +288,17 @@ class WorkerSet:
     def _await_pings(self, actors: Sequence[Any], bound: Optional[float]) -> Dict[int, Any]:
         """``{index: ping future}`` of ``actors``; on Ray, once each answered (or failed). While
         Ray cannot place them (a busy attached cluster, a lost node) it says now and then what
-        is pending; :class:`StartTimeout` after ``bound`` seconds (None: no bound)."""
+        is pending (not inside a placement group, where the CPUs are reserved and start-up is
+        only slow); :class:`StartTimeout` after ``bound`` seconds (None: no bound)."""
         futs = {a.index: a.submit("ping") for a in actors}
         if self.backend != "ray":
             return futs
         import ray
+        from ray.util import get_current_placement_group
         pending = [f for f in futs.values() if not isinstance(f, LocalFuture)]  # a _FailedActor has answered
         t0, say = time.monotonic(), min(10.0, bound / 2) if bound else 10.0
+        if ray.is_initialized() and get_current_placement_group() is not None:  # a Tune trial's: CPUs reserved
+            say = float("inf")
         while pending:
             _, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
             waited = time.monotonic() - t0
