@@ -35,14 +35,17 @@ from typing import Any, Dict, List, Tuple
 
 CONNECT_TIMEOUT_S = 15.0
 NICE = 19  # the CPU priority of the Ray processes a run does not wait for (Ray runs its workers at 15)
-_S: Dict[str, Any] = {"thread": None, "error": None, "key": None, "atexit": False,
+_S: Dict[str, Any] = {"thread": None, "error": None, "key": None, "atexit": False, "prestarted": None,
                       "cancel": threading.Event(), "ready": threading.Event()}
 _USER_AUTH = os.environ.get("RAY_AUTH_MODE")  # the user's choice, before flowkit sets it per session
 
 
-def start(cfg: Any) -> None:
+def start(cfg: Any, prestart: bool = False) -> None:
     """Start (or reuse) the Ray session ``cfg`` needs, in the background; a no-op for the
-    local backend and when the caller's own Ray session is up."""
+    local backend and when the caller's own Ray session is up. ``prestart``: once a new local
+    session is up, also create ``cfg``'s rollout workers as far as they can be built before
+    the run's policies are known (:func:`flowkit.core.workers.prestart`; the run takes them
+    with :func:`take_prestarted`)."""
     if cfg.runtime.backend != "ray":
         return
     addr = cfg.runtime.address or None
@@ -66,7 +69,8 @@ def start(cfg: Any) -> None:
     _S["cancel"].clear()
     _S["ready"].clear()
     _S.update(key=key, error=None,
-              thread=threading.Thread(target=_init, args=(kw,), name="flowkit-ray-init", daemon=True))
+              thread=threading.Thread(target=_init, args=(kw, cfg if prestart and not addr else None),
+                                      name="flowkit-ray-init", daemon=True))
     _S["thread"].start()
 
 
@@ -96,10 +100,14 @@ def _has_token(home: bool) -> bool:
         home and os.path.isfile(os.path.expanduser("~/.ray/auth_token")))
 
 
-def _init(kw: Dict[str, Any]) -> None:
+def _init(kw: Dict[str, Any], prestart_cfg: Any) -> None:
     """The session's thread: Ray's local processes die with the thread that started them
     (PR_SET_PDEATHSIG), so it lives until :func:`stop`, which it ends with ``ray.shutdown``."""
     _connect(kw)
+    if _S["error"] is None and prestart_cfg is not None:
+        from flowkit.core.workers import prestart
+        with contextlib.suppress(Exception):  # (the run then creates its workers itself)
+            _S["prestarted"] = prestart(prestart_cfg)
     _S["ready"].set()
     if _S["error"] is None:
         _S["cancel"].wait()
@@ -227,10 +235,18 @@ def wait() -> None:
         raise err
 
 
+def take_prestarted() -> Any:
+    """The workers :func:`start` prestarted (``(key, handles)``, for
+    :attr:`flowkit.core.workers.WorkerSet.prestarted`), or None; given out once (the WorkerSet
+    kills those it does not use)."""
+    p, _S["prestarted"] = _S["prestarted"], None
+    return p
+
+
 def stop() -> None:
     """Shut down flowkit's Ray session (none: a no-op); a session the caller started stays.
     A local session still starting is waited for and shut down (no Ray process is left)."""
-    t, key, _S["thread"], _S["key"] = _S["thread"], _S["key"], None, None
+    t, key, _S["thread"], _S["key"], _S["prestarted"] = _S["thread"], _S["key"], None, None, None
     if t is not None:
         _S["cancel"].set()
         local = key is not None and not key[0]  # an attach still retrying is left behind (daemon)

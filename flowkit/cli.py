@@ -116,7 +116,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             from flowkit._guard import check_cpus, check_env_id
             check_cpus(cfg)  # config errors found without torch come before Ray starts
             check_env_id(cfg)
-            _ray.start(cfg)  # Ray comes up while torch and the learner load
+            _ray.start(cfg, prestart=True)  # Ray and the workers come up while torch and the learner load
         from flowkit.engine import train
         res = train(overrides, args.config_file)  # prints the summary
         return exit_status(res.stop_reason)

@@ -71,6 +71,7 @@ from flowkit.core import EnvContext, derive_seed, env_name, make_env
 from flowkit.core.context import RunContext, make_context
 from flowkit.core.learner import NonFiniteError
 from flowkit.core.ops import StandardMetricsReporting
+from flowkit.core.workers import kill_prestarted
 from flowkit.hooks import PluginError, get_plugin_manager
 from flowkit.reporters import kept_rows, read_metrics  # noqa: F401  (read_metrics: public here too)
 
@@ -218,6 +219,7 @@ def _ray_session(cfg: DictConfig, ctx: RunContext):
     ``flowkit._ray.stop()`` or at exit); take the signals back from Ray."""
     if cfg.runtime.backend == "ray":
         _ray.wait()
+        ctx.workers.prestarted = _ray.take_prestarted()
         if GUARD.active:  # Ray sets its own SIGTERM handler, which would abort the process
             GUARD.install()
     ctx.mark("ray")
@@ -299,7 +301,7 @@ def _train(config: Any, config_file: Union[str, Sequence[str], None], plugins: S
                 cfg.run.reporters = [r for r in cfg.run.reporters if r != "progress"]
             if verbose and all(cfg.stop[k] is None for k in cfg.stop):
                 print(NO_STOP, flush=True)
-            _ray.start(cfg)  # (the CLI started it before importing torch)
+            _ray.start(cfg, prestart=True)  # (the CLI started it before importing torch)
             t_config = time.perf_counter()
             torch.manual_seed(derive_seed(int(cfg.seed), "torch"))
             np.random.seed(derive_seed(int(cfg.seed), "numpy"))
@@ -316,6 +318,8 @@ def _train(config: Any, config_file: Union[str, Sequence[str], None], plugins: S
         except KeyboardInterrupt as e:  # a signal during start-up: nothing to save
             reason = getattr(e, "reason", "interrupted (SIGINT)")
             return Result({"stop_reason": reason}, [], run_dir, None, reason, cfg)
+        finally:  # workers prestarted for a run that failed before it waited for Ray: their CPUs back
+            kill_prestarted(_ray.take_prestarted())
 
 
 def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: Optional[str],
