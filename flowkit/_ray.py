@@ -7,7 +7,9 @@ while the driver sets up torch, the learner and the policies, and reused by late
   new local cluster (``address="local"``) that listens on the loopback interface only, with
   token authentication off unless ``RAY_AUTH_MODE`` says otherwise (so Ray prints no token
   warning), and without the processes a run never uses (dashboard / job API server and
-  autoscaler monitor: about 1 s each of start-up, and the monitor 1 s of shutdown).
+  autoscaler monitor: about 1 s each of start-up, and the monitor 1 s of shutdown). Its raylet
+  does not wait for its agents, which start, as the log monitor does, at nice 19 (see
+  :func:`_local_patches`); ``import ray`` runs in the caller's thread, before torch's.
   ``runtime.address=auto|HOST:PORT`` attaches to a running cluster: with a token
   (``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``; ``~/.ray/auth_token`` for ``auto`` only,
   as in Ray: Ray writes that file for any new local cluster) token authentication is
@@ -23,21 +25,27 @@ import atexit
 import contextlib
 import logging
 import os
+import re
+import shutil
 import socket
 import sys
 import threading
 import time
-from typing import Any, Dict
+from typing import Any, Dict, List, Tuple
 
 CONNECT_TIMEOUT_S = 15.0
-_S: Dict[str, Any] = {"thread": None, "error": None, "key": None, "atexit": False,
+NICE = 19  # the CPU priority of the Ray processes a run does not wait for (Ray runs its workers at 15)
+_S: Dict[str, Any] = {"thread": None, "error": None, "key": None, "atexit": False, "prestarted": None,
                       "cancel": threading.Event(), "ready": threading.Event()}
 _USER_AUTH = os.environ.get("RAY_AUTH_MODE")  # the user's choice, before flowkit sets it per session
 
 
-def start(cfg: Any) -> None:
+def start(cfg: Any, prestart: bool = False) -> None:
     """Start (or reuse) the Ray session ``cfg`` needs, in the background; a no-op for the
-    local backend and when the caller's own Ray session is up."""
+    local backend and when the caller's own Ray session is up. ``prestart``: once a new local
+    session is up, also create ``cfg``'s rollout workers as far as they can be built before
+    the run's policies are known (:func:`flowkit.core.workers.prestart`; the run takes them
+    with :func:`take_prestarted`)."""
     if cfg.runtime.backend != "ray":
         return
     addr = cfg.runtime.address or None
@@ -57,10 +65,12 @@ def start(cfg: Any) -> None:
                           "logging_level": "warning", "address": addr or "local"}
     if addr:
         kw["runtime_env"] = runtime_env
+    import ray  # noqa: F401  (here, not in the thread: the GIL would share it with torch's import)
     _S["cancel"].clear()
     _S["ready"].clear()
     _S.update(key=key, error=None,
-              thread=threading.Thread(target=_init, args=(kw,), name="flowkit-ray-init", daemon=True))
+              thread=threading.Thread(target=_init, args=(kw, cfg if prestart and not addr else None),
+                                      name="flowkit-ray-init", daemon=True))
     _S["thread"].start()
 
 
@@ -90,10 +100,14 @@ def _has_token(home: bool) -> bool:
         home and os.path.isfile(os.path.expanduser("~/.ray/auth_token")))
 
 
-def _init(kw: Dict[str, Any]) -> None:
+def _init(kw: Dict[str, Any], prestart_cfg: Any) -> None:
     """The session's thread: Ray's local processes die with the thread that started them
     (PR_SET_PDEATHSIG), so it lives until :func:`stop`, which it ends with ``ray.shutdown``."""
     _connect(kw)
+    if _S["error"] is None and prestart_cfg is not None:
+        from flowkit.core.workers import prestart
+        with contextlib.suppress(Exception):  # (the run then creates its workers itself)
+            _S["prestarted"] = prestart(prestart_cfg)
     _S["ready"].set()
     if _S["error"] is None:
         _S["cancel"].wait()
@@ -116,21 +130,19 @@ def _connect(kw: Dict[str, Any]) -> None:
                 gcs = get_ray_address_from_environment("auto", None)
             _probe(gcs, f"runtime.address={addr!r}")
         from ray._private import ray_constants
-        from ray._private.node import Node
-        skip = {"start_api_server": lambda self, **kw: setattr(self, "_webui_url", None),
-                "start_monitor": lambda self: None} if addr == "local" else {}
-        saved = {k: Node.__dict__[k] for k in skip if k in Node.__dict__}
+        patches = _local_patches() if addr == "local" else []
+        saved = [(obj, k, obj.__dict__[k]) for obj, k, _ in patches]
         cluster = ray_constants.ENABLE_RAY_CLUSTER
         try:  # only while this ray.init runs: a later session in this process is unaffected
             # off: Ray takes the loopback address as a new local node's (all its servers bind to it)
             ray_constants.ENABLE_RAY_CLUSTER = cluster and addr != "local"
-            for k in saved:
-                setattr(Node, k, skip[k])
+            for obj, k, f in patches:
+                setattr(obj, k, f)
             ray.init(**kw)
         finally:
             ray_constants.ENABLE_RAY_CLUSTER = cluster
-            for k, f in saved.items():
-                setattr(Node, k, f)
+            for obj, k, f in saved:
+                setattr(obj, k, f)
     except BaseException as e:
         msg = str(e).split("\n")[0]
         if addr == "local":
@@ -142,6 +154,43 @@ def _connect(kw: Dict[str, Any]) -> None:
         else:
             _S["error"] = e if isinstance(e, ConfigError) else ConfigError(
                 f"runtime.address={addr!r}: cannot attach to a Ray cluster: {type(e).__name__}: {msg}")
+
+
+def _local_patches() -> List[Tuple[Any, str, Any]]:
+    """``(object, attribute, replacement)`` for a new local node: no dashboard / job API server
+    and no autoscaler monitor; the raylet registers without waiting for its agents (a minimal
+    Ray: their ports are given, -1 where the minimal dashboard agent serves nothing, as it would
+    write itself); the log monitor and the agents at a lower CPU priority (``nice``): the run's
+    start-up (torch, the workers) goes first, they are not needed before the first sample."""
+    import ray
+    from ray._private import node, ray_constants, services, utils
+
+    def ports(self: Any) -> Any:
+        p = self._ray_params
+        p.runtime_env_agent_port = p.runtime_env_agent_port or self._get_unused_port()
+        p.metrics_agent_port = p.metrics_export_port = p.dashboard_agent_listen_port = -1
+        return start_ray_processes(self)
+
+    def process(command: List[str], process_type: str, *args: Any, **kw: Any) -> Any:
+        if process_type == ray_constants.PROCESS_TYPE_RAYLET:
+            if given:  # (--undefok: a raylet without the flag ignores it)
+                command = command + ["--dashboard_agent_listen_port=-1", "--undefok=dashboard_agent_listen_port"]
+            if nice:
+                command = [re.sub(r"^(--(?:dashboard|runtime_env)_agent_command=)", rf"\1{nice} -n {NICE} ", c)
+                           for c in command]
+        info = start_ray_process(command, process_type, *args, **kw)
+        if process_type == ray_constants.PROCESS_TYPE_LOG_MONITOR:
+            with contextlib.suppress(Exception):
+                os.setpriority(os.PRIO_PROCESS, info.process.pid, NICE)
+        return info
+
+    start_ray_processes, start_ray_process = node.Node.start_ray_processes, services.start_ray_process
+    # Ray >= 2.5x: the raylet waits for the ports its agents write (1-2 s of their start-up)
+    given = hasattr(ray._raylet, "persist_port") and utils.get_dashboard_dependency_error() is not None
+    nice = shutil.which("nice")
+    return [(node.Node, "start_api_server", lambda self, **kw: setattr(self, "_webui_url", None)),
+            (node.Node, "start_monitor", lambda self: None), (services, "start_ray_process", process)] + (
+        [(node.Node, "start_ray_processes", ports)] if given else [])
 
 
 def _probe(gcs: str, what: str) -> None:
@@ -186,10 +235,18 @@ def wait() -> None:
         raise err
 
 
+def take_prestarted() -> Any:
+    """The workers :func:`start` prestarted (``(key, handles)``, for
+    :attr:`flowkit.core.workers.WorkerSet.prestarted`), or None; given out once (the WorkerSet
+    kills those it does not use)."""
+    p, _S["prestarted"] = _S["prestarted"], None
+    return p
+
+
 def stop() -> None:
     """Shut down flowkit's Ray session (none: a no-op); a session the caller started stays.
     A local session still starting is waited for and shut down (no Ray process is left)."""
-    t, key, _S["thread"], _S["key"] = _S["thread"], _S["key"], None, None
+    t, key, _S["thread"], _S["key"], _S["prestarted"] = _S["thread"], _S["key"], None, None, None
     if t is not None:
         _S["cancel"].set()
         local = key is not None and not key[0]  # an attach still retrying is left behind (daemon)

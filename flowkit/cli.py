@@ -82,7 +82,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     if bad:
         print(f"flowkit: error: unrecognised arguments {bad}", file=sys.stderr)
         return 2
-    from flowkit.config import ConfigError, build_config, check_algo, plugin_modules_from, shown_path, tuned_config_path
+    from flowkit.config import (
+        ConfigError,
+        build_config,
+        check_algo,
+        check_run,
+        plugin_modules_from,
+        shown_path,
+        tuned_config_path,
+    )
     from flowkit.hooks import PluginError, get_plugin_manager
     try:
         if args.command == "plugins":
@@ -101,6 +109,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             from omegaconf import OmegaConf
             print(OmegaConf.to_yaml(cfg), end="")
             return 0
+        if not cfg.resume:  # config errors found without torch, the env or Ray come before they load
+            check_run(cfg, pm)
         if args.command == "plan" or args.dry_run:
             from flowkit.engine import describe_plan
             d = describe_plan(overrides, args.config_file)
@@ -115,9 +125,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         if not cfg.resume:  # (a resumed run's runtime comes from its checkpoint)
             from flowkit import _ray
             from flowkit._guard import check_cpus, check_env_id
-            check_cpus(cfg)  # config errors found without torch come before Ray starts
+            check_cpus(cfg)
             check_env_id(cfg)
-            _ray.start(cfg)  # Ray comes up while torch and the learner load
+            _ray.start(cfg, prestart=True)  # Ray and the workers come up while torch and the learner load
         from flowkit.engine import train
         res = train(overrides, args.config_file)  # prints the summary
         return exit_status(res.stop_reason)

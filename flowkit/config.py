@@ -346,6 +346,36 @@ def check_algo(cfg: Any, algos: Any) -> None:
         raise ConfigError(f"algo={cfg.algo!r} is not an installed algorithm ({', '.join(sorted(algos))}){hint}")
 
 
+def check_run(cfg: Any, pm: Any) -> None:
+    """The checks of a run's config that need neither torch, Ray nor the env, made before those
+    load (``flowkit train``, :func:`flowkit.train`) and again at set-up: ``algo`` installed,
+    exactly one of ``env.id`` and ``env.factory``, ``run.reporters`` known (and each one's
+    ``validate_config``), and the cross-field checks of ``algo``'s section where its plugin
+    gives them torch-free (``AlgorithmRef.validate``; otherwise they run at set-up, when the
+    class is imported). Their warnings are given at set-up.
+
+    Raises:
+        ConfigError: the first problem found.
+    """
+    algos = pm.algorithms(load=False)
+    check_algo(cfg, algos)
+    if bool(cfg.env.id) == bool(cfg.env.factory):
+        raise ConfigError("give exactly one of env.id (env=ID) and env.factory "
+                          f"(got env.id={cfg.env.id!r}, env.factory={cfg.env.factory!r})")
+    known = pm.reporters()
+    for name in cfg.run.reporters:
+        if name not in known:
+            raise ConfigError(f"run.reporters: unknown reporter {name!r} (known: {', '.join(sorted(known))})")
+        check = getattr(known[name], "validate_config", None)
+        if callable(check):
+            check(cfg)
+    a, section = algos[cfg.algo], cfg[cfg.algo] if cfg.algo in cfg else None
+    if not hasattr(a, "target"):  # a class registered as it is (loaded)
+        a.validate_config(cfg, section)
+    elif a.validate is not None:
+        a.validate(cfg, section, a.name)
+
+
 _KINDS = {int: "an int", float: "a float", bool: "true or false", str: "a string"}
 
 

@@ -66,11 +66,12 @@ from omegaconf.errors import OmegaConfBaseException
 from flowkit import _ray
 from flowkit._guard import GUARD, Interrupted, check_cpus, lock_run_dir
 from flowkit.checkpoint import config_yaml, find_checkpoint, load_trained, restore, resume_config, save_checkpoint  # noqa: F401
-from flowkit.config import ConfigError, build_config, check_algo, plugin_modules_from
+from flowkit.config import ConfigError, build_config, check_run, plugin_modules_from
 from flowkit.core import EnvContext, derive_seed, env_name, make_env
 from flowkit.core.context import RunContext, make_context
 from flowkit.core.learner import NonFiniteError
 from flowkit.core.ops import StandardMetricsReporting
+from flowkit.core.workers import kill_prestarted
 from flowkit.hooks import PluginError, get_plugin_manager
 from flowkit.reporters import kept_rows, read_metrics  # noqa: F401  (read_metrics: public here too)
 
@@ -114,19 +115,8 @@ def load_config(user: Any = None, config_file: Union[str, Sequence[str], None] =
 
 
 def _validate(cfg: DictConfig, pm: Any) -> Dict[str, Any]:
-    check_algo(cfg, pm.algorithms(load=False))
+    check_run(cfg, pm)  # each key's own range or choices: declared in the schema, checked by build_config
     algos = pm.algorithms()
-    # each key's own range or choices: declared in the schema, checked by build_config
-    if bool(cfg.env.id) == bool(cfg.env.factory):
-        raise ConfigError("give exactly one of env.id (env=ID) and env.factory "
-                          f"(got env.id={cfg.env.id!r}, env.factory={cfg.env.factory!r})")
-    known = pm.reporters()
-    for name in cfg.run.reporters:
-        if name not in known:
-            raise ConfigError(f"run.reporters: unknown reporter {name!r} (known: {', '.join(sorted(known))})")
-        check = getattr(known[name], "validate_config", None)
-        if callable(check):
-            check(cfg)
     for key, on, rep in (("evaluation.interval", int(cfg.evaluation.interval) > 0, "evaluation"),
                          ("evaluation.final", bool(cfg.evaluation.final), "evaluation"),
                          ("checkpoint.every_iters", int(cfg.checkpoint.every_iters) > 0, "checkpoint")):
@@ -218,6 +208,7 @@ def _ray_session(cfg: DictConfig, ctx: RunContext):
     ``flowkit._ray.stop()`` or at exit); take the signals back from Ray."""
     if cfg.runtime.backend == "ray":
         _ray.wait()
+        ctx.workers.prestarted = _ray.take_prestarted()
         if GUARD.active:  # Ray sets its own SIGTERM handler, which would abort the process
             GUARD.install()
     ctx.mark("ray")
@@ -299,7 +290,9 @@ def _train(config: Any, config_file: Union[str, Sequence[str], None], plugins: S
                 cfg.run.reporters = [r for r in cfg.run.reporters if r != "progress"]
             if verbose and all(cfg.stop[k] is None for k in cfg.stop):
                 print(NO_STOP, flush=True)
-            _ray.start(cfg)  # (the CLI started it before importing torch)
+            check_run(cfg, pm)  # config errors found without the env come before Ray starts
+            check_cpus(cfg)
+            _ray.start(cfg, prestart=True)  # (the CLI started it before importing torch)
             t_config = time.perf_counter()
             torch.manual_seed(derive_seed(int(cfg.seed), "torch"))
             np.random.seed(derive_seed(int(cfg.seed), "numpy"))
@@ -316,6 +309,8 @@ def _train(config: Any, config_file: Union[str, Sequence[str], None], plugins: S
         except KeyboardInterrupt as e:  # a signal during start-up: nothing to save
             reason = getattr(e, "reason", "interrupted (SIGINT)")
             return Result({"stop_reason": reason}, [], run_dir, None, reason, cfg)
+        finally:  # workers prestarted for a run that failed before it waited for Ray: their CPUs back
+            kill_prestarted(_ray.take_prestarted())
 
 
 def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: Optional[str],

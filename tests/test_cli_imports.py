@@ -17,9 +17,25 @@ CHECK = ("import json, sys\nfrom flowkit.cli import main\nrc = main(sys.argv[1:]
                                           (["plan", "ppo.clip_parm=0.1"], 2, "did you mean `ppo.clip_param`"),
                                           (["train", "algo=ppx"], 2, "did you mean `ppo`"),
                                           (["train", "env=Nope-v0", "runtime.backend=ray"], 2, "Environment `Nope`"),
-                                          (["train", "runtime.backend=ray", "runtime.num_workers=100000"], 2,
+                                          (["train", "env=CartPole-v1", "runtime.backend=ray", "runtime.num_workers=100000"], 2,
                                            "needs 100000 CPUs"),
-                                          (["plot", "no/such/runs"], 2, "no run folder")])
+                                          (["plot", "no/such/runs"], 2, "no run folder"),
+                                          # cross-field and run-level checks (issue 12, part 3)
+                                          (["train", "env=CartPole-v1", "env.factory=gymnasium:make"], 2,
+                                           "give exactly one of env.id"),
+                                          (["train", "runtime.backend=ray"], 2, "give exactly one of env.id"),
+                                          (["train", "--no-tuned", "env=CartPole-v1", "runtime.backend=ray", "ppo.train_batch_size=64",
+                                            "ppo.minibatch_size=128"], 2, "ppo.minibatch_size=128 is larger than"),
+                                          (["train", "--no-tuned", "--dry-run", "env=CartPole-v1", "ppo.sde_sample_freq=0"], 2,
+                                           "ppo.sde_sample_freq=0: use -1"),
+                                          (["plan", "--no-tuned", "algo=a2c", "env=CartPole-v1", "a2c.lr_schedule=linear"], 2,
+                                           "a2c.lr_schedule=linear needs a horizon"),
+                                          (["train", "--no-tuned", "algo=dqn", "env=CartPole-v1", "runtime.backend=ray",
+                                            "dqn.buffer_size=10"], 2, "dqn.train_batch_size=32 is larger than"),
+                                          (["train", "--no-tuned", "algo=td3", "env=Pendulum-v1", "td3.buffer_size=10"], 2,
+                                           "td3.train_batch_size=256 is larger than td3.buffer_size=10"),
+                                          (["train", "env=CartPole-v1", "runtime.backend=ray", "run.reporters=[nope]"], 2,
+                                           "unknown reporter 'nope'")])
 def test_cli_without_training_imports_neither_torch_nor_ray(args, rc, text):
     p = subprocess.run([sys.executable, "-c", CHECK, *args], capture_output=True, text=True, timeout=120)
     out = json.loads(p.stdout.rsplit("MODULES ", 1)[1])
@@ -27,6 +43,14 @@ def test_cli_without_training_imports_neither_torch_nor_ray(args, rc, text):
     assert text in p.stdout + p.stderr
     if rc == 2:
         assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+
+
+def test_train_raises_a_config_error_before_ray_starts():
+    """``flowkit.train`` (torch is loaded with the engine) checks what needs no env before Ray."""
+    code = ("import sys, flowkit\ntry:\n    flowkit.train(['env=CartPole-v1', 'runtime.backend=ray', 'algo=dqn',"
+            " 'dqn.buffer_size=10'])\nexcept flowkit.ConfigError as e:\n    print('ERR', e, 'ray' in sys.modules)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "ERR dqn.train_batch_size=32 is larger than dqn.buffer_size=10 False" in p.stdout, p.stderr[-2000:]
 
 
 def test_an_algorithm_registered_as_a_class_or_a_ref():

@@ -68,17 +68,24 @@ def test_an_unreachable_address_fails_within_seconds_with_one_line(tmp_path):
 
 def test_a_local_session_listens_on_loopback_without_dashboard_or_monitor(tmp_path):
     """Issue 12: flowkit's own local Ray binds to 127.0.0.1 only and starts no dashboard/API
-    server or autoscaler monitor (seconds of start-up and shutdown a run never uses)."""
-    code = ("import json, sys, flowkit, ray\n"
+    server or autoscaler monitor (seconds of start-up and shutdown a run never uses); its raylet
+    does not wait for its agents, which run, as the log monitor does, at nice 19."""
+    code = ("import json, os, subprocess, sys, flowkit, ray\n"
             f"flowkit.train(['env=CartPole-v1', 'runtime.backend=ray', 'runtime.num_workers=1', 'stop.iterations=1',"
             f" 'run.reporters=[csv]', 'run.dir={tmp_path}'])\n"
             "n = ray._private.worker._global_node\n"
-            "print(json.dumps({'ip': n.node_ip_address, 'gcs': n.gcs_address, 'procs': sorted(n.all_processes)}))")
+            "pid = lambda k: n.all_processes[k][0].process.pid\n"
+            "agents = subprocess.run(['ps', '-o', 'ni=,args=', '--ppid', str(pid('raylet'))], capture_output=True,"
+            " text=True).stdout.splitlines()\n"
+            "print(json.dumps({'ip': n.node_ip_address, 'gcs': n.gcs_address, 'procs': sorted(n.all_processes),"
+            " 'nice': [a.split()[0] for a in agents if 'agent' in a] + [os.getpriority(os.PRIO_PROCESS, pid('log_monitor'))],"
+            " 'raylet': open(f'/proc/{pid(\"raylet\")}/cmdline').read().split(chr(0))}))")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["ip"] == "127.0.0.1" and out["gcs"].startswith("127.0.0.1:"), out
     assert "dashboard" not in out["procs"] and "monitor" not in out["procs"] and "raylet" in out["procs"], out
+    assert out["nice"] == ["19", "19", 19] and "--dashboard_agent_listen_port=-1" in out["raylet"], out
     assert "token" not in p.stderr.lower(), p.stderr[-2000:]  # no token warning on a local run
     assert os.path.exists(tmp_path / "result.json")

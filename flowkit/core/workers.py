@@ -58,7 +58,7 @@ class RolloutWorker:
         num_envs: sub-envs (default ``runtime.num_envs_per_worker``).
     """
 
-    def __init__(self, config: Any, index: int, num_workers: int, policy_specs: Dict[str, PolicySpec],
+    def __init__(self, config: Any, index: int, num_workers: int, policy_specs: Optional[Dict[str, PolicySpec]],
                  restart_count: int = 0, pm: Any = None, num_envs: Optional[int] = None):
         from omegaconf import DictConfig, OmegaConf
         if not isinstance(config, DictConfig):
@@ -73,25 +73,43 @@ class RolloutWorker:
         self.pm = pm
         self.weights_version = 0
         self.episode_ids = itertools.count(index * 10_000_000 + restart_count * 1_000_000_000)
-        seed = int(config.seed)
-        self.policies: Dict[str, "Policy"] = {
-            pid: spec.policy_class(spec.observation_space, spec.action_space, spec.config,
-                                   spec.model_config(config), "cpu", derive_seed(seed, "policy", pid, index, restart_count),
-                                   inference_only=True)
-            for pid, spec in policy_specs.items()}
+        self.policies: Dict[str, "Policy"] = {}
+        if policy_specs is not None:
+            self._make_policies(policy_specs)
         n = int(num_envs or config.runtime.num_envs_per_worker)
         env_cfg = OmegaConf.to_container(config.env, resolve=True)
         self.sub_env_contexts = [EnvContext(index, j, num_workers, restart_count,
-                                            derive_seed(seed, "env", index, j, restart_count))
+                                            derive_seed(int(config.seed), "env", index, j, restart_count))
                                  for j in range(n)]
         name, steps = env_name(env_cfg), int(config.env.check_spaces_steps)
-        envs = [SpaceCheck(e, name, ctx, steps) if isinstance(e := make_env(env_cfg, ctx), gym.Env) else e
-                for ctx in self.sub_env_contexts]
+        self._envs = [SpaceCheck(e, name, ctx, steps) if isinstance(e := make_env(env_cfg, ctx), gym.Env) else e
+                      for ctx in self.sub_env_contexts]
         self.env_context = self.sub_env_contexts[0]
-        runner_cls = pm.hook.flowkit_make_env_runner(env=envs[0], context=self.env_context,
-                                                     config=config, policies=self.policies)
+        if policy_specs is not None:
+            self._make_runner()
+
+    def build(self, policy_specs: Dict[str, PolicySpec], config: Any) -> None:
+        """The rest of a worker constructed with ``policy_specs=None`` (its plugins and envs
+        built before the run's policies were known: :func:`prestart`): the policies and the
+        env runner, with the run's ``config``."""
+        from omegaconf import OmegaConf
+        self.config = OmegaConf.create(config)
+        self._make_policies(policy_specs)
+        self._make_runner()
+
+    def _make_policies(self, policy_specs: Dict[str, PolicySpec]) -> None:
+        seed, i, r = int(self.config.seed), self.index, self.restart_count
+        self.policies = {pid: spec.policy_class(spec.observation_space, spec.action_space, spec.config,
+                                                spec.model_config(self.config), "cpu",
+                                                derive_seed(seed, "policy", pid, i, r), inference_only=True)
+                         for pid, spec in policy_specs.items()}
+
+    def _make_runner(self) -> None:
+        envs = self._envs
+        runner_cls = self.pm.hook.flowkit_make_env_runner(env=envs[0], context=self.env_context,
+                                                          config=self.config, policies=self.policies)
         if runner_cls is None:
-            raise ValueError(f"no env runner accepts env {name!r} ({type(envs[0]).__name__})")
+            raise ValueError(f"no env runner accepts env {env_name(self.config.env)!r} ({type(envs[0]).__name__})")
         self.runner = runner_cls(self, envs)
 
     # -- remote API --
@@ -186,9 +204,9 @@ def _kill(actor: Any) -> None:
 
 
 class _RayRolloutWorker(RolloutWorker):
-    """The Ray actor class: an error in the constructor is kept and raised by ``ping`` (the
-    first call the WorkerSet makes), so it reaches the driver with its own type, message and
-    notes; Ray would turn it into a bare ActorDiedError."""
+    """The Ray actor class: an error in the constructor (or in ``build``) is kept and raised by
+    ``ping`` (the first call the WorkerSet makes), so it reaches the driver with its own type,
+    message and notes; Ray would turn it into a bare ActorDiedError."""
 
     def __init__(self, *args, **kwargs):
         self._init_error: Optional[BaseException] = None
@@ -197,10 +215,53 @@ class _RayRolloutWorker(RolloutWorker):
         except Exception as e:
             self._init_error = e
 
+    def build(self, policy_specs: Dict[str, PolicySpec], config: Any) -> None:
+        if self._init_error is None:
+            try:
+                super().build(policy_specs, config)
+                if "torch" in sys.modules:  # (a policy that acts with torch)
+                    sys.modules["torch"].set_num_threads(max(1, int(self.config.runtime.torch_threads)))
+            except Exception as e:
+                self._init_error = e
+
     def ping(self) -> bool:
         if self._init_error is not None:
             raise self._init_error
         return True
+
+
+@functools.lru_cache(maxsize=None)
+def _actor_class(num_cpus: float) -> Any:
+    import ray
+    return ray.remote(num_cpus=num_cpus, max_restarts=0)(_RayRolloutWorker)
+
+
+def _prestart_key(c: Any) -> str:
+    """What a prestarted worker was built with (see :func:`prestart`), from a config container."""
+    rt = c["runtime"]
+    return repr((c["env"], c["seed"], c["plugins"], rt["num_workers"], rt["num_envs_per_worker"],
+                 rt["num_cpus_per_worker"]))
+
+
+def prestart(config: Any) -> tuple:
+    """Ray actors for the rollout workers of a run about to be set up, built as far as they can
+    be before its policies are known (plugins and envs; :meth:`RolloutWorker.build` adds the
+    rest): ``(key, [actor handle per worker])``, for :meth:`WorkerSet.start`. Their start-up
+    (imports, envs) overlaps the driver's (torch, the learner)."""
+    from omegaconf import OmegaConf
+    c = OmegaConf.to_container(config, resolve=True)
+    n = max(1, int(config.runtime.num_workers))
+    cls = _actor_class(float(config.runtime.num_cpus_per_worker))
+    return _prestart_key(c), [cls.remote(c, i, n, None, 0) for i in range(n)]
+
+
+def kill_prestarted(prestarted: Optional[tuple]) -> None:
+    """Kill the actors of a :func:`prestart` result (None: nothing) that no WorkerSet took."""
+    if prestarted:
+        import ray
+        for h in prestarted[1]:
+            with contextlib.suppress(Exception):
+                ray.kill(h)
 
 
 class _FailedActor(LocalActor):
@@ -236,6 +297,7 @@ class WorkerSet:
         self.sample_timeout_s = float(config.runtime.get("sample_timeout_s", 300.0))
         self.weights_fn = weights_fn
         self._actors: Optional[List[Any]] = None
+        self.prestarted: Optional[tuple] = None  # (key, Ray actor handles) of :func:`prestart`, taken by start()
         self.restart_counts, self.consecutive_failures = [0] * self.num_workers, [0] * self.num_workers
         self.num_restarts = 0
         self.weights_version = 0
@@ -252,27 +314,34 @@ class WorkerSet:
         from omegaconf import OmegaConf
         return OmegaConf.to_container(self.config, resolve=True)
 
-    def _make(self, index: int) -> Any:
-        """A new worker in slot ``index``; its construction errors are raised by its first call
-        (``ping``) on either backend."""
+    def _make(self, index: int, handle: Any = None) -> Any:
+        """A new worker in slot ``index`` (``handle``: a :func:`prestart` actor, built here);
+        its construction errors are raised by its first call (``ping``) on either backend."""
         n, restarts = self.num_workers, self.restart_counts[index]
         try:
             if self.backend == "local":
                 a: Any = LocalActor(RolloutWorker(self.config, index, n, self.policy_specs, restarts, pm=self.pm), index)
+            elif handle is not None:
+                handle.build.remote(self.remote_specs, self._container)
+                a = RayActor(handle, index)
             else:
-                import ray
-                cls = ray.remote(num_cpus=float(self.config.runtime.num_cpus_per_worker), max_restarts=0)
-                a = RayActor(cls(_RayRolloutWorker).remote(self._container, index, n, self.remote_specs, restarts),
-                             index)
+                cls = _actor_class(float(self.config.runtime.num_cpus_per_worker))
+                a = RayActor(cls.remote(self._container, index, n, self.remote_specs, restarts), index)
         except Exception as e:
             a = _FailedActor(e, index)
         a.timeout_s = self.sample_timeout_s
         return a
 
     def start(self) -> None:
+        """Create the workers (or take :attr:`prestarted` ones, if built for a config like this
+        one's) and wait until each answered."""
         if self._actors is not None:
             return
-        self._actors = [self._make(i) for i in range(self.num_workers)]
+        handles = self.prestarted[1] if self.prestarted and self.prestarted[0] == _prestart_key(self._container) else []
+        if handles:
+            self.prestarted = None
+        self._kill_prestarted()
+        self._actors = [self._make(i, handles[i] if handles else None) for i in range(self.num_workers)]
         pings = self._await_pings(self._actors, float(self.config.runtime.get("start_timeout_s", 600.0)))
         # surface construction errors (bad env, bad spaces) now, with their own type; a
         # worker whose env fails at start is rebuilt like one that fails while sampling
@@ -324,10 +393,15 @@ class WorkerSet:
         return self.actors[0].obj if self.backend == "local" else None
 
     def stop(self) -> None:
+        self._kill_prestarted()
         for a in self._actors or []:
             with contextlib.suppress(Exception):
                 _kill(a) if a.is_remote else a.obj.stop()
         self._actors = None
+
+    def _kill_prestarted(self) -> None:
+        p, self.prestarted = self.prestarted, None
+        kill_prestarted(p)
 
     # -- weights --
     def sync_weights(self, weights: Dict[str, Any], actors: Optional[Sequence[Any]] = None,

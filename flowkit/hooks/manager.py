@@ -6,7 +6,7 @@ import importlib
 import importlib.metadata as md
 import inspect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Type
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Type
 
 import pluggy
 
@@ -28,10 +28,14 @@ class AlgorithmRef:
     """An algorithm as ``flowkit_add_algorithms`` may return it without importing torch: its
     ``name``, its config section (``config_class``, a torch-free dataclass) and where the class
     is (``"flowkit_ppo.ppo:PPO"``), imported when a run needs it. The section's docstring is
-    the algorithm's description (``flowkit plugins``)."""
+    the algorithm's description (``flowkit plugins``). ``validate``: the class's
+    ``validate_config`` as a torch-free function ``(run_config, section, name) -> warnings``
+    (raising :class:`flowkit.ConfigError`), so that its errors come before torch and Ray load
+    (:func:`flowkit.config.check_run`); without it they come when the class is imported."""
     name: str
     config_class: Optional[type]
     target: str
+    validate: Optional[Callable[[Any, Any, str], List[str]]] = None
 
     def load(self) -> Type[Algorithm]:
         """Import the class.

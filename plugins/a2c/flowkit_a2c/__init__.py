@@ -7,10 +7,10 @@ what ``flowkit train --help`` and ``flowkit plugins`` read); the algorithms and 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import flowkit
-from flowkit.config import F
+from flowkit.config import F, check_schedules
 from flowkit.hooks import lazy_attrs
 
 if TYPE_CHECKING:
@@ -52,10 +52,16 @@ class A3CConfig(_ActorCriticConfig):
     """a3c: Asynchronous Advantage Actor-Critic (gradients computed on the workers)."""
 
 
+def validate(run_config: Any, section: Any, n: str) -> List[str]:
+    """``A2C.validate_config`` and ``A3C``'s: the lr schedule needs a horizon (torch-free)."""
+    check_schedules(section, n, ("lr_schedule",), run_config)
+    return []
+
+
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("a2c", A2CConfig, "flowkit_a2c.a2c:A2C"),
-            flowkit.AlgorithmRef("a3c", A3CConfig, "flowkit_a2c.a2c:A3C")]
+    return [flowkit.AlgorithmRef("a2c", A2CConfig, "flowkit_a2c.a2c:A2C", validate),
+            flowkit.AlgorithmRef("a3c", A3CConfig, "flowkit_a2c.a2c:A3C", validate)]
 
 
 __getattr__ = lazy_attrs(dict.fromkeys(__all__, "flowkit_a2c.a2c"))

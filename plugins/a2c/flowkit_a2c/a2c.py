@@ -34,12 +34,11 @@ from typing import Dict, List, Tuple
 import torch
 
 import flowkit
-from flowkit.config import check_schedules
 from flowkit.core import ActorCritic, ActorCriticPolicy, to_tensor
 from flowkit.core import batch as sb
 from flowkit.core.ops import ApplyGradients, ConcatBatches, DropSource, SyncWeights, TrainOneStep, UpdateSchedules
 from flowkit.core.policy import FlatRMSprop
-from flowkit_a2c import A2CConfig, A3CConfig
+from flowkit_a2c import A2CConfig, A3CConfig, validate
 
 _TRAIN_COLS = (sb.OBS, sb.ACTIONS, sb.ADVANTAGES, sb.VALUE_TARGETS, sb.ACTION_MASK)
 
@@ -92,8 +91,7 @@ class _ActorCriticAlgorithm(flowkit.Algorithm):
 
     @classmethod
     def validate_config(cls, run_config, section) -> List[str]:
-        check_schedules(section, cls.name, ("lr_schedule",), run_config)
-        return []
+        return validate(run_config, section, cls.name)
 
     def schedules(self, flow, ctx, learner):
         """``flow`` with the linear lr schedule's UpdateSchedules when ``lr_schedule=linear``."""

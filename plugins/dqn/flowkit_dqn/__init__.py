@@ -7,10 +7,10 @@ what ``flowkit train --help`` and ``flowkit plugins`` read); the algorithm and i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import flowkit
-from flowkit.config import F
+from flowkit.config import ConfigError, F, check_schedules
 from flowkit.hooks import lazy_attrs
 
 if TYPE_CHECKING:
@@ -57,9 +57,22 @@ class DQNConfig:
     apex_epsilon_alpha: float = F(7.0, "Ape-X: per-worker epsilon exponent alpha", ge=0)
 
 
+def validate(run_config: Any, s: Any, n: str = "dqn") -> List[str]:
+    """``DQN.validate_config``: the section's cross-field checks (each key's own range is
+    declared in :class:`DQNConfig`), torch-free; ``n``: the algorithm's name."""
+    check_schedules(s, n, ("lr_schedule",), run_config)
+    if s.train_batch_size > s.buffer_size:
+        raise ConfigError(f"{n}.train_batch_size={s.train_batch_size} is larger than {n}.buffer_size={s.buffer_size}")
+    if s.num_replay_shards > 0 and s.buffer_size // s.num_replay_shards < s.train_batch_size:
+        raise ConfigError(f"{n}.buffer_size={s.buffer_size} split over {n}.num_replay_shards="
+                          f"{s.num_replay_shards} leaves fewer than {n}.train_batch_size="
+                          f"{s.train_batch_size} transitions per shard")
+    return []
+
+
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("dqn", DQNConfig, "flowkit_dqn.dqn:DQN")]
+    return [flowkit.AlgorithmRef("dqn", DQNConfig, "flowkit_dqn.dqn:DQN", validate)]
 
 
 __getattr__ = lazy_attrs(dict.fromkeys(__all__, "flowkit_dqn.dqn"))

@@ -43,14 +43,13 @@ from torch import nn
 
 import flowkit
 from flowkit import ConfigError
-from flowkit.config import check_schedules
 from flowkit.core import ObsEncoder, Policy, build_mlp, build_trunk, derive_seed, ops, replay, to_tensor
 from flowkit.core import batch as sb
 from flowkit.core._numpy_model import NP_ACTIVATIONS, linear_names
 from flowkit.core.context import RunContext
 from flowkit.core.flow import get_result
 from flowkit.core.learner import Learner
-from flowkit_dqn import DQNConfig
+from flowkit_dqn import DQNConfig, validate
 from flowkit_dqn.acting import DQNActing, NumpyDQNPolicy, SetEpsilon, apex_epsilon, compute_n_step, epsilon_at  # noqa: F401
 
 
@@ -263,17 +262,8 @@ class DQN(flowkit.Algorithm):
 
     @classmethod
     def validate_config(cls, run_config, section) -> List[str]:
-        """Cross-field checks (each key's own range is declared in :class:`DQNConfig`)."""
-        s, n = section, cls.name
-        check_schedules(s, n, ("lr_schedule",), run_config)
-        if s.train_batch_size > s.buffer_size:
-            raise ConfigError(f"{n}.train_batch_size={s.train_batch_size} is larger than "
-                              f"{n}.buffer_size={s.buffer_size}")
-        if s.num_replay_shards > 0 and s.buffer_size // s.num_replay_shards < s.train_batch_size:
-            raise ConfigError(f"{n}.buffer_size={s.buffer_size} split over {n}.num_replay_shards="
-                              f"{s.num_replay_shards} leaves fewer than {n}.train_batch_size="
-                              f"{s.train_batch_size} transitions per shard")
-        return []
+        """Cross-field checks: :func:`flowkit_dqn.validate` (torch-free, also run before torch loads)."""
+        return validate(run_config, section, cls.name)
 
     @property
     def prioritized(self) -> bool:

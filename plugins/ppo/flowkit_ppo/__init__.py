@@ -7,10 +7,10 @@ what ``flowkit train --help`` and ``flowkit plugins`` read); the algorithm and i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import flowkit
-from flowkit.config import F
+from flowkit.config import ConfigError, F, check_schedules
 from flowkit.hooks import lazy_attrs
 
 if TYPE_CHECKING:
@@ -52,9 +52,37 @@ class PPOConfig:
     adam_eps: float = F(1e-5, "Adam epsilon", gt=0)
 
 
+def round_size(run_config: Any) -> int:
+    """Env steps of one sampling round: num_workers x num_envs_per_worker x rollout_fragment_length."""
+    rt = run_config.runtime
+    return max(1, int(rt.num_workers)) * int(rt.num_envs_per_worker) * int(rt.rollout_fragment_length)
+
+
+def validate(run_config: Any, section: Any, n: str = "ppo") -> List[str]:
+    """``PPO.validate_config``: the section's cross-field checks (each key's own range is
+    declared in :class:`PPOConfig`), torch-free; ``n``: the algorithm's name."""
+    s, warns = section, []
+    if s.train_batch_size is not None:
+        if s.minibatch_size > s.train_batch_size:
+            raise ConfigError(f"{n}.minibatch_size={s.minibatch_size} is larger than "
+                              f"{n}.train_batch_size={s.train_batch_size}; make minibatch_size <= train_batch_size")
+        rs = round_size(run_config)
+        if s.train_batch_size % rs:
+            actual = -(-s.train_batch_size // rs) * rs
+            warns.append(f"{n}.train_batch_size={s.train_batch_size} is not a multiple of one sampling round "
+                         f"(runtime.num_workers x num_envs_per_worker x rollout_fragment_length = {rs}); "
+                         f"each train batch will hold {actual} env steps (reported as "
+                         f"learner/<policy>/train_batch_size)")
+    if s.sde_sample_freq == 0:
+        raise ConfigError(f"{n}.sde_sample_freq=0: use -1 (one draw per rollout fragment) or a number of "
+                          "env steps >= 1")
+    check_schedules(s, n, ("lr_schedule", "clip_schedule"), run_config)
+    return warns
+
+
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("ppo", PPOConfig, "flowkit_ppo.ppo:PPO")]
+    return [flowkit.AlgorithmRef("ppo", PPOConfig, "flowkit_ppo.ppo:PPO", validate)]
 
 
 __getattr__ = lazy_attrs(dict.fromkeys(__all__, "flowkit_ppo.ppo"))

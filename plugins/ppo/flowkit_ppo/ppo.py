@@ -22,12 +22,10 @@ from typing import Dict, List, Tuple
 import torch
 
 import flowkit
-from flowkit import ConfigError
-from flowkit.config import check_schedules
 from flowkit.core import ActorCritic, ActorCriticPolicy, adapt_kl_coeff, clipped_surrogate, to_tensor
 from flowkit.core import batch as sb
 from flowkit.core.ops import ConcatBatches, StandardizeFields, SyncWeights, TrainOneStep, UpdateSchedules
-from flowkit_ppo import PPOConfig
+from flowkit_ppo import PPOConfig, round_size, validate
 
 # ---- the policy ----------------------------------------------------------------------------
 _TRAIN_COLS = (sb.OBS, sb.ACTIONS, sb.ACTION_LOGP, sb.VF_PREDS, sb.ADVANTAGES, sb.VALUE_TARGETS,
@@ -123,31 +121,12 @@ class PPO(flowkit.Algorithm):
     rollout_mode = "bulk_sync"
     off_policy = False
 
-    @classmethod
-    def round_size(cls, run_config) -> int:
-        rt = run_config.runtime
-        return max(1, int(rt.num_workers)) * int(rt.num_envs_per_worker) * int(rt.rollout_fragment_length)
+    round_size = staticmethod(round_size)
 
     @classmethod
     def validate_config(cls, run_config, section) -> List[str]:
-        """Cross-field checks (each key's own range is declared in :class:`PPOConfig`)."""
-        s, n, warns = section, cls.name, []
-        if s.train_batch_size is not None:
-            if s.minibatch_size > s.train_batch_size:
-                raise ConfigError(f"{n}.minibatch_size={s.minibatch_size} is larger than "
-                                  f"{n}.train_batch_size={s.train_batch_size}; make minibatch_size <= train_batch_size")
-            rs = cls.round_size(run_config)
-            if s.train_batch_size % rs:
-                actual = -(-s.train_batch_size // rs) * rs
-                warns.append(f"{n}.train_batch_size={s.train_batch_size} is not a multiple of one sampling round "
-                             f"(runtime.num_workers x num_envs_per_worker x rollout_fragment_length = {rs}); "
-                             f"each train batch will hold {actual} env steps (reported as "
-                             f"learner/<policy>/train_batch_size)")
-        if s.sde_sample_freq == 0:
-            raise ConfigError(f"{n}.sde_sample_freq=0: use -1 (one draw per rollout fragment) or a number of "
-                              "env steps >= 1")
-        check_schedules(s, n, ("lr_schedule", "clip_schedule"), run_config)
-        return warns
+        """Cross-field checks: :func:`flowkit_ppo.validate` (torch-free, also run before torch loads)."""
+        return validate(run_config, section, cls.name)
 
     def training_flow(self, experiences, ctx, learner):
         cfg = self.config

@@ -8,10 +8,10 @@ registration, what ``flowkit train --help`` and ``flowkit plugins`` read); the a
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import flowkit
-from flowkit.config import F
+from flowkit.config import ConfigError, F
 from flowkit.hooks import lazy_attrs
 
 if TYPE_CHECKING:
@@ -62,10 +62,18 @@ class TD3Config(_OffPolicyConfig):
                                  ge=0)
 
 
+def validate(run_config: Any, section: Any, n: str) -> List[str]:
+    """``SAC.validate_config`` and ``TD3``'s: a train batch fits in the buffer (torch-free)."""
+    if section.train_batch_size > section.buffer_size:
+        raise ConfigError(f"{n}.train_batch_size={section.train_batch_size} is larger than "
+                          f"{n}.buffer_size={section.buffer_size}")
+    return []
+
+
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("sac", SACConfig, "flowkit_sac.sac:SAC"),
-            flowkit.AlgorithmRef("td3", TD3Config, "flowkit_sac.td3:TD3")]
+    return [flowkit.AlgorithmRef("sac", SACConfig, "flowkit_sac.sac:SAC", validate),
+            flowkit.AlgorithmRef("td3", TD3Config, "flowkit_sac.td3:TD3", validate)]
 
 
 __getattr__ = lazy_attrs({**dict.fromkeys(["SAC", "SACPolicy", "sac_targets", "squashed_gaussian"], "flowkit_sac.sac"),

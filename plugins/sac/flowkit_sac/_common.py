@@ -22,6 +22,7 @@ import flowkit
 from flowkit import ConfigError
 from flowkit.core import Policy, TwinMLP, derive_seed, ops, replay, to_tensor
 from flowkit.core import batch as sb
+from flowkit_sac import validate
 
 TRAIN_COLS = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.NEXT_OBS)
 
@@ -149,10 +150,7 @@ class OffPolicyAlgorithm(flowkit.Algorithm):
 
     @classmethod
     def validate_config(cls, run_config, section) -> List[str]:
-        if section.train_batch_size > section.buffer_size:
-            raise ConfigError(f"{cls.name}.train_batch_size={section.train_batch_size} is larger than "
-                              f"{cls.name}.buffer_size={section.buffer_size}")
-        return []
+        return validate(run_config, section, cls.name)
 
     def target_update_freq(self) -> int:
         raise NotImplementedError
