@@ -34,6 +34,8 @@ CHECK = ("import json, sys\nfrom flowkit.cli import main\nrc = main(sys.argv[1:]
                                             "dqn.buffer_size=10"], 2, "dqn.train_batch_size=32 is larger than"),
                                           (["train", "--no-tuned", "algo=td3", "env=Pendulum-v1", "td3.buffer_size=10"], 2,
                                            "td3.train_batch_size=256 is larger than td3.buffer_size=10"),
+                                          (["train", "--no-tuned", "algo=appo", "env=CartPole-v1", "runtime.backend=ray",
+                                            "appo.lr_schedule=linear"], 2, "appo.lr_schedule=linear needs a horizon"),
                                           (["train", "env=CartPole-v1", "runtime.backend=ray", "run.reporters=[nope]"], 2,
                                            "unknown reporter 'nope'")])
 def test_cli_without_training_imports_neither_torch_nor_ray(args, rc, text):

@@ -7,10 +7,11 @@ what ``flowkit train --help`` and ``flowkit plugins`` read); the algorithm and i
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import TYPE_CHECKING, Any, List, Optional
 
 import flowkit
-from flowkit.config import F
+from flowkit import ConfigError
+from flowkit.config import F, check_schedules
 from flowkit.hooks import lazy_attrs
 
 if TYPE_CHECKING:
@@ -59,10 +60,21 @@ class APPOConfig(IMPALAConfig):
     is_ratio_clip: float = F(2.0, "clip of the ratio pi_target / mu (behaviour) that corrects the surrogate", gt=0)
 
 
+def validate(run_config: Any, section: Any, n: str = "impala") -> List[str]:
+    """``IMPALA.validate_config`` and APPO's: the section's cross-field checks (each key's own
+    range is declared in :class:`IMPALAConfig`), torch-free; ``n``: the algorithm's name."""
+    mb, tb = section.minibatch_size, section.train_batch_size
+    if mb is not None and not 1 <= mb <= tb:
+        raise ConfigError(f"{n}.minibatch_size={mb} must be in [1, {n}.train_batch_size={tb}] "
+                          "(or null: the whole train batch)")
+    check_schedules(section, n, ("lr_schedule",), run_config)
+    return []
+
+
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("impala", IMPALAConfig, "flowkit_impala.impala:IMPALA"),
-            flowkit.AlgorithmRef("appo", APPOConfig, "flowkit_impala.appo:APPO")]
+    return [flowkit.AlgorithmRef("impala", IMPALAConfig, "flowkit_impala.impala:IMPALA", validate),
+            flowkit.AlgorithmRef("appo", APPOConfig, "flowkit_impala.appo:APPO", validate)]
 
 
 __getattr__ = lazy_attrs({**dict.fromkeys(__all__, "flowkit_impala.impala"),

@@ -33,13 +33,11 @@ import numpy as np
 import torch
 
 import flowkit
-from flowkit import ConfigError
-from flowkit.config import check_schedules
 from flowkit.core import ActorCritic, ActorCriticPolicy, derive_seed
 from flowkit.core import batch as sb
 from flowkit.core.context import RunContext
 from flowkit.core.ops import ConcatBatches, DropSource, SyncWeights, TrainOneStep, UpdateSchedules
-from flowkit_impala import IMPALAConfig
+from flowkit_impala import IMPALAConfig, validate
 
 
 # ---- the policy -----------------------------------------------------------------------------------
@@ -130,13 +128,8 @@ class LearnerThreadAlgorithm(flowkit.Algorithm):
 
     @classmethod
     def validate_config(cls, run_config, section) -> List[str]:
-        """Cross-field checks (each key's own range is declared in the config class)."""
-        mb, tb = section.minibatch_size, section.train_batch_size
-        if mb is not None and not 1 <= mb <= tb:
-            raise ConfigError(f"{cls.name}.minibatch_size={mb} must be in [1, {cls.name}.train_batch_size={tb}] "
-                              "(or null: the whole train batch)")
-        check_schedules(section, cls.name, ("lr_schedule",), run_config)
-        return []
+        """Cross-field checks: :func:`flowkit_impala.validate` (torch-free, also run before torch loads)."""
+        return validate(run_config, section, cls.name)
 
     def get_rollout_mode(self) -> str:
         return self.config.rollout_mode
