@@ -24,7 +24,7 @@ CHECKS = {
     "ppo_cartpole": ("configs/ppo/CartPole-v1.yaml", "episode_return_mean", 475, 100_000, [0, 1, 2], []),
     "ppo_pendulum": ("configs/ppo/Pendulum-v1.yaml", "episode_return_mean", -250, 200_000, [0], []),
     "dqn_cartpole": ("configs/dqn/CartPole-v1.yaml", "episode_return_mean", 450, 100_000, [0, 1, 2], []),
-    "dqn_acrobot": ("configs/dqn/Acrobot-v1.yaml", "episode_return_mean", -100, 40_000, [0, 1, 2], []),
+    "dqn_acrobot": ("configs/dqn/Acrobot-v1.yaml", "episode_return_mean", -100, 50_000, [0, 1, 2], []),
     "apex_cartpole": ("configs/apex/CartPole-v1.yaml", "evaluation_return_mean", 450, 150_000, [0], []),
     "impala_cartpole": ("configs/impala/CartPole-v1.yaml", "episode_return_mean", 450, 500_000, [0, 1, 2], []),
     "a2c_cartpole": ("configs/a2c/CartPole-v1.yaml", "episode_return_mean", 475, 500_000, [0, 1, 2], []),
