@@ -23,7 +23,7 @@ run() { "$@" >>"$log" 2>&1 || { echo "set-up step failed: $*"; tail -40 "$log"; 
 : >"$log"
 run pip install --upgrade pip
 python -c "import torch" 2>/dev/null || run pip install "torch==2.13.0"
-args=(-e ".[test,multiagent,docs,tensorboard,tune]")
+args=(-e ".[test,multiagent,docs,tensorboard,tune,box2d]")
 for p in plugins/*/; do
   [[ -f $p/pyproject.toml ]] && args+=(-e "$p")
 done

@@ -27,6 +27,24 @@ def test_layout_and_every_config_is_valid():
             assert os.path.samefile(tuned_config_path(cfg.algo, cfg.env.id), path)
 
 
+def test_every_single_agent_config_has_a_target_line():
+    """bench/tuned_configs.py checks each single-agent config against its ``# target:`` line on
+    seeds 0, 1 and 2; the metric is one the run reports."""
+    sys.path.insert(0, os.path.join(REPO, "bench"))
+    try:
+        import tuned_configs
+    finally:
+        sys.path.remove(os.path.join(REPO, "bench"))
+    found = tuned_configs.targets()
+    for path in CONFIGS:
+        name = os.path.relpath(path, os.path.join(REPO, "configs"))[:-5]
+        if not name.startswith("multiagent/"):
+            assert name in found, f"{path}: no '# target: METRIC >= X within N env steps on seeds 0 1 2' line"
+            _, metric, _, budget, seeds, _ = found[name]
+            assert metric in ("episode_return_mean", "evaluation_return_mean") and budget > 0, path
+            assert {0, 1, 2} <= set(seeds), path
+
+
 def _cli(*args):
     return subprocess.run([sys.executable, "-m", "flowkit.cli", *args], capture_output=True, text=True, timeout=120,
                           cwd=REPO)
