@@ -61,6 +61,10 @@ def start(cfg: Any, prestart: bool = False) -> None:
     # per session, never left over from an earlier one; like Ray, ~/.ray/auth_token (which
     # Ray writes for any new local cluster) only counts for address=auto
     os.environ["RAY_AUTH_MODE"] = _USER_AUTH or ("token" if addr and _has_token(addr == "auto") else "disabled")
+    # the driver's SIGTERM/SIGINT stay flowkit's (a clean stop, exit 143/130): without this, Ray's
+    # C++ failure handler, installed while ray.init runs in its thread, takes a signal that
+    # arrives then and aborts the process (exit -6, the run's files unwritten)
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     kw: Dict[str, Any] = {"include_dashboard": False, "log_to_driver": True, "configure_logging": True,
                           "logging_level": "warning", "address": addr or "local"}
     if addr:
