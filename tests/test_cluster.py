@@ -76,14 +76,14 @@ def test_a_local_session_listens_on_loopback_without_dashboard_or_monitor(tmp_pa
             "n = ray._private.worker._global_node\n"
             "pid = lambda k: n.all_processes[k][0].process.pid\n"
             "import time\n"
-            "for _ in range(60):  # the raylet starts its agents without waiting for them (later when loaded)\n"
+            "for _ in range(60):  # agents start late on a loaded machine; then they retitle themselves ray::...Agent\n"
             "    agents = subprocess.run(['ps', '-o', 'ni=,args=', '--ppid', str(pid('raylet'))], capture_output=True,"
             " text=True).stdout.splitlines()\n"
-            "    if sum('agent' in a for a in agents) >= 2:\n"
+            "    if sum('agent' in a.lower() for a in agents) >= 2:\n"
             "        break\n"
             "    time.sleep(0.5)\n"
             "print(json.dumps({'ip': n.node_ip_address, 'gcs': n.gcs_address, 'procs': sorted(n.all_processes),"
-            " 'nice': [a.split()[0] for a in agents if 'agent' in a] + [os.getpriority(os.PRIO_PROCESS, pid('log_monitor'))],"
+            " 'nice': [a.split()[0] for a in agents if 'agent' in a.lower()] + [os.getpriority(os.PRIO_PROCESS, pid('log_monitor'))],"
             " 'raylet': open(f'/proc/{pid(\"raylet\")}/cmdline').read().split(chr(0))}))")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
