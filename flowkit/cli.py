@@ -29,6 +29,27 @@ flowkit tune [-c FILE ...] [--no-tuned] [--metric M] [--mode max|min] [--search 
 SUBCOMMANDS = {"plot": "flowkit.plot", "tune": "flowkit.tune"}  # commands with arguments of their own
 
 
+def tuned_config_path(algo: str, env_id: Optional[str]) -> Optional[str]:
+    """The tuned config ``configs/<algo>/<env-id>.yaml`` for ``algo`` on ``env_id``, or None.
+
+    Looked up as package data, ``flowkit/configs/`` (``importlib.resources``): in a checkout or
+    an editable install that folder is a link to the repository's ``configs/``; a wheel or a
+    non-editable ``pip install`` copies the files into the installed package
+    (``[tool.setuptools.package-data]``). A Gymnasium ``pkg:Id-v0`` id is looked up by ``Id-v0``.
+    """
+    if not algo or not env_id or "/" in algo or ".." in env_id:
+        return None
+    from importlib.resources import files
+    path = files("flowkit").joinpath("configs", algo, env_id.rpartition(":")[2] + ".yaml")
+    return str(path) if path.is_file() else None
+
+
+def shown_path(path: str) -> str:
+    """``path`` relative to the working directory when it lies below it, else absolute."""
+    rel = os.path.relpath(os.path.realpath(path))
+    return os.path.realpath(path) if rel.startswith("..") else rel
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flowkit", description="Reinforcement learning as dataflow, on Ray.",
                                 usage=USAGE, add_help=False)
@@ -88,8 +109,6 @@ def main(argv: Optional[List[str]] = None) -> int:
         check_algo,
         check_run,
         plugin_modules_from,
-        shown_path,
-        tuned_config_path,
     )
     from flowkit.hooks import PluginError, get_plugin_manager
     try:

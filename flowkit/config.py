@@ -593,25 +593,3 @@ def help_text(sections: Optional[Dict[str, type]] = None) -> str:
             last = sec
         lines.append(f"  {key} ({tp}{', ' + rng if rng else ''}, default {default!r}): {hlp}")
     return "\n".join(lines)
-
-
-def tuned_config_path(algo: str, env_id: Optional[str]) -> Optional[str]:
-    """The tuned config ``configs/<algo>/<env-id>.yaml`` for ``algo`` on ``env_id``, or None.
-
-    Looked up as package data, ``flowkit/configs/`` (``importlib.resources``): in a checkout or
-    an editable install that folder is a link to the repository's ``configs/``; a wheel or a
-    non-editable ``pip install`` copies the files into the installed package
-    (``[tool.setuptools.package-data]``). A Gymnasium ``pkg:Id-v0`` id is looked up by ``Id-v0``.
-    """
-    if not algo or not env_id or "/" in algo or ".." in env_id:
-        return None
-    from importlib.resources import files
-    path = files("flowkit").joinpath("configs", algo, env_id.rpartition(":")[2] + ".yaml")
-    return str(path) if path.is_file() else None
-
-
-def shown_path(path: str) -> str:
-    """``path`` relative to the working directory when it lies below it, else absolute."""
-    import os
-    rel = os.path.relpath(os.path.realpath(path))
-    return os.path.realpath(path) if rel.startswith("..") else rel

@@ -282,7 +282,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 
 
 def _tune(a: argparse.Namespace) -> int:
-    from flowkit.config import ConfigError, build_config, plugin_modules_from, shown_path, tuned_config_path
+    from flowkit.cli import shown_path, tuned_config_path
+    from flowkit.config import ConfigError, build_config, plugin_modules_from
     from flowkit.hooks import get_plugin_manager
     plain, space = parse_space(a.overrides)
     a.scheduler = a.scheduler or ("none" if set(space) == {"seed"} else "asha")  # seeds: a multirun, none stops
