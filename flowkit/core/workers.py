@@ -255,10 +255,16 @@ def prestart(config: Any) -> tuple:
     return _prestart_key(c), [cls.remote(c, i, n, None, 0) for i in range(n)]
 
 
-def kill_prestarted(prestarted: Optional[tuple]) -> None:
-    """Kill the actors of a :func:`prestart` result (None: nothing) that no WorkerSet took."""
+def kill_prestarted(prestarted: Optional[tuple], wait_s: float = 60.0) -> None:
+    """Kill the actors of a :func:`prestart` result (None: nothing) that no WorkerSet took,
+    once each has been created (or failed; ``wait_s`` at most): Ray drops a kill that reaches
+    an actor's worker process before the actor is created there ("Mismatched ActorID: ignoring
+    KillActor"), and that worker then keeps the actor's CPUs, so a run that needs them waits
+    forever ("cluster has 0 free")."""
     if prestarted:
         import ray
+        with contextlib.suppress(Exception):
+            ray.wait([h.ping.remote() for h in prestarted[1]], num_returns=len(prestarted[1]), timeout=wait_s)
         for h in prestarted[1]:
             with contextlib.suppress(Exception):
                 ray.kill(h)
