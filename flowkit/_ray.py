@@ -28,12 +28,14 @@ import os
 import re
 import shutil
 import socket
+import subprocess
 import sys
 import threading
 import time
 from typing import Any, Dict, List, Tuple
 
 CONNECT_TIMEOUT_S = 15.0
+AGENT_DELAY_S = 10.0  # how much later than the raylet a local session's agents start (see _local_patches)
 NICE = 19  # the CPU priority of the Ray processes a run does not wait for (Ray runs its workers at 15)
 _S: Dict[str, Any] = {"thread": None, "error": None, "key": None, "atexit": False, "prestarted": None,
                       "cancel": threading.Event(), "ready": threading.Event()}
@@ -165,7 +167,10 @@ def _local_patches() -> List[Tuple[Any, str, Any]]:
     and no autoscaler monitor; the raylet registers without waiting for its agents (a minimal
     Ray: their ports are given, -1 where the minimal dashboard agent serves nothing, as it would
     write itself); the log monitor and the agents at a lower CPU priority (``nice``): the run's
-    start-up (torch, the workers) goes first, they are not needed before the first sample."""
+    start-up (torch, the workers) goes first, they are not needed before the first sample. Where
+    the raylet does not wait for them, the agents also start ``AGENT_DELAY_S`` later (through
+    :func:`_later`): at nice 19 they still took about 1 s of CPU from a 2-core run's first 2.4 s,
+    and they serve nothing a local run uses (metrics export, runtime envs, the dashboard)."""
     import ray
     from ray._private import node, ray_constants, services, utils
 
@@ -179,9 +184,9 @@ def _local_patches() -> List[Tuple[Any, str, Any]]:
         if process_type == ray_constants.PROCESS_TYPE_RAYLET:
             if given:  # (--undefok: a raylet without the flag ignores it)
                 command = command + ["--dashboard_agent_listen_port=-1", "--undefok=dashboard_agent_listen_port"]
-            if nice:
-                command = [re.sub(r"^(--(?:dashboard|runtime_env)_agent_command=)", rf"\1{nice} -n {NICE} ", c)
-                           for c in command]
+            prefix = later if given else f"{nice} -n {NICE} " if nice else ""
+            command = [re.sub(r"^(--(?:dashboard|runtime_env)_agent_command=)", lambda m: m[1] + prefix, c)
+                       for c in command]
         info = start_ray_process(command, process_type, *args, **kw)
         if process_type == ray_constants.PROCESS_TYPE_LOG_MONITOR:
             with contextlib.suppress(Exception):
@@ -192,6 +197,7 @@ def _local_patches() -> List[Tuple[Any, str, Any]]:
     # Ray >= 2.5x: the raylet waits for the ports its agents write (1-2 s of their start-up)
     given = hasattr(ray._raylet, "persist_port") and utils.get_dashboard_dependency_error() is not None
     nice = shutil.which("nice")
+    later = subprocess.list2cmdline([sys.executable, "-S", os.path.abspath(__file__), f"{AGENT_DELAY_S:g}", str(NICE)]) + " "
     return [(node.Node, "start_api_server", lambda self, **kw: setattr(self, "_webui_url", None)),
             (node.Node, "start_monitor", lambda self: None), (services, "start_ray_process", process)] + (
         [(node.Node, "start_ray_processes", ports)] if given else [])
@@ -255,3 +261,21 @@ def stop() -> None:
         _S["cancel"].set()
         local = key is not None and not key[0]  # an attach still retrying is left behind (daemon)
         t.join(None if _S["ready"].is_set() else 60.0 if local else 1.0)
+
+
+def _later(argv: List[str]) -> None:
+    """``python -S _ray.py SECONDS NICE COMMAND...``: exec ``COMMAND`` after ``SECONDS`` at
+    CPU priority ``NICE`` (the same process, so its parent, the raylet, sees its agent start);
+    nothing if the parent has exited by then (a session shorter than the delay)."""
+    delay, niceness, command = float(argv[0]), int(argv[1]), argv[2:]
+    os.setpriority(os.PRIO_PROCESS, 0, niceness)
+    parent, end = os.getppid(), time.monotonic() + delay
+    while time.monotonic() < end:
+        time.sleep(0.25)
+        if os.getppid() != parent:
+            return
+    os.execvp(command[0], command)
+
+
+if __name__ == "__main__":  # (run with -S by the raylet: standard library only)
+    _later(sys.argv[1:])

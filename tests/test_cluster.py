@@ -3,6 +3,7 @@ with its own port, temp dir and CPUs (token authentication on; a short temp dir:
 by its pid."""
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -69,22 +70,40 @@ def test_an_unreachable_address_fails_within_seconds_with_one_line(tmp_path):
 def test_a_local_session_listens_on_loopback_without_dashboard_or_monitor(tmp_path):
     """Issue 12: flowkit's own local Ray binds to 127.0.0.1 only and starts no dashboard/API
     server or autoscaler monitor (seconds of start-up and shutdown a run never uses); its raylet
-    does not wait for its agents, which run, as the log monitor does, at nice 19."""
+    does not wait for its agents, which start 10 s later (the first ones of a session, when they
+    would take CPU from the run's start-up) and run, as the log monitor does, at nice 19; they end
+    with the session, started or not."""
     code = ("import json, os, subprocess, sys, flowkit, ray\n"
             f"flowkit.train(['env=CartPole-v1', 'runtime.backend=ray', 'runtime.num_workers=1', 'stop.iterations=1',"
             f" 'run.reporters=[csv]', 'run.dir={tmp_path}'])\n"
             "n = ray._private.worker._global_node\n"
+            "import flowkit._ray\n"
             "pid = lambda k: n.all_processes[k][0].process.pid\n"
             "import time\n"
-            "for _ in range(60):  # agents start late on a loaded machine; then they retitle themselves ray::...Agent\n"
-            "    agents = subprocess.run(['ps', '-o', 'ni=,args=', '--ppid', str(pid('raylet'))], capture_output=True,"
+            "ps = lambda: subprocess.run(['ps', '-o', 'pid=,ni=,args=', '--ppid', str(pid('raylet'))], capture_output=True,"
             " text=True).stdout.splitlines()\n"
-            "    if sum('agent' in a.lower() for a in agents) >= 2:\n"
+            "for _ in range(60):  # agents start late; then they retitle themselves ray::...Agent\n"
+            "    agents = [a.split(None, 1)[1] for a in ps() if 'agent' in a.lower() and '_ray.py' not in a]\n"
+            "    if len(agents) >= 2:\n"
             "        break\n"
             "    time.sleep(0.5)\n"
-            "print(json.dumps({'ip': n.node_ip_address, 'gcs': n.gcs_address, 'procs': sorted(n.all_processes),"
-            " 'nice': [a.split()[0] for a in agents if 'agent' in a.lower()] + [os.getpriority(os.PRIO_PROCESS, pid('log_monitor'))],"
-            " 'raylet': open(f'/proc/{pid(\"raylet\")}/cmdline').read().split(chr(0))}))")
+            "pids = [int(a.split()[0]) for a in ps() if 'agent' in a.lower()]\n"
+            "nice = [a.split()[0] for a in agents] + [os.getpriority(os.PRIO_PROCESS, pid('log_monitor'))]\n"
+            "raylet = open(f'/proc/{pid(\"raylet\")}/cmdline').read().split(chr(0))\n"
+            "procs = sorted(n.all_processes)\n"
+            "flowkit._ray.stop()\n"
+            "def alive(p):\n"
+            "    try:\n"
+            "        os.kill(p, 0)\n"
+            "        return open(f'/proc/{p}/stat').read().split()[2] != 'Z'\n"
+            "    except (OSError, IndexError):\n"
+            "        return False\n"
+            "for _ in range(20):\n"
+            "    if not any(map(alive, pids)):\n"
+            "        break\n"
+            "    time.sleep(0.5)\n"
+            "print(json.dumps({'left': [p for p in pids if alive(p)], 'ip': n.node_ip_address, 'gcs': n.gcs_address,"
+            " 'procs': procs, 'nice': nice, 'raylet': raylet}))")
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=240)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -93,4 +112,7 @@ def test_a_local_session_listens_on_loopback_without_dashboard_or_monitor(tmp_pa
     assert "dashboard" not in out["procs"] and "monitor" not in out["procs"] and "raylet" in out["procs"], out
     assert out["nice"] == ["19", "19", 19] and "--dashboard_agent_listen_port=-1" in out["raylet"], out
     assert "token" not in p.stderr.lower(), p.stderr[-2000:]  # no token warning on a local run
+    later = [a.split("=", 1)[1].split()[1:5] for a in out["raylet"] if re.match("--(dashboard|runtime_env)_agent_command=", a)]
+    assert [w[:1] + w[2:] for w in later] == [["-S", "10", "19"]] * 2 and later[0][1].endswith("_ray.py"), later
+    assert out["left"] == [], out  # the agents ended with the session
     assert os.path.exists(tmp_path / "result.json")
