@@ -28,6 +28,38 @@ def _env():
                 PYTHONPATH=os.pathsep.join([HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
 
 
+_CHILDREN: list = []
+
+
+def _default_signals(ignore=()):
+    """For ``preexec_fn``: the child starts with SIGINT and SIGHUP at their defaults (those in
+    ``ignore`` ignored), whatever the suite was started with: a suite run in the background or
+    under ``nohup`` has them ignored, Python keeps an inherited ignored SIGINT ignored, and the
+    signals these tests send would never arrive."""
+    def f():
+        for s in (signal.SIGINT, signal.SIGHUP):
+            signal.signal(s, signal.SIG_IGN if s in ignore else signal.SIG_DFL)
+    return f
+
+
+def _popen(args, ignore=()):
+    """``flowkit ARGS`` in a child process, killed after the test if it is still running."""
+    proc = subprocess.Popen(FLOWKIT + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(), preexec_fn=_default_signals(ignore))
+    _CHILDREN.append(proc)
+    return proc
+
+
+@pytest.fixture(autouse=True)
+def _kill_children():
+    yield
+    while _CHILDREN:
+        p = _CHILDREN.pop()
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+
+
 # ---- 1. stuck workers and stop.time_s ------------------------------------------------------------
 def test_hung_env_local_is_restarted_after_sample_timeout(run_dir):
     t0 = time.time()
@@ -157,9 +189,8 @@ def test_the_start_wait_is_quiet_in_a_placement_group(monkeypatch, caplog):
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_during_start_up_ends_cleanly(tmp_path, sig, code):
     marker = tmp_path / "building"  # the env is being built: the run has started
-    proc = subprocess.Popen(FLOWKIT + ["train", *TINY, f"run.dir={tmp_path / 'run'}", "env.factory=envs:slow",
-                                       f"env.kwargs={{init_s: 60, marker: '{marker}'}}"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    proc = _popen(["train", *TINY, f"run.dir={tmp_path / 'run'}", "env.factory=envs:slow",
+                   f"env.kwargs={{init_s: 60, marker: '{marker}'}}"])
     deadline = time.time() + 60
     while not marker.exists() and time.time() < deadline and proc.poll() is None:
         time.sleep(0.05)
@@ -173,8 +204,7 @@ def test_a_signal_during_start_up_ends_cleanly(tmp_path, sig, code):
 def test_a_signal_while_importing_exits_with_its_status(delay):
     """While torch, Ray (ray.init in its thread) and the config load, SIGTERM is flowkit's: not
     Ray's C++ failure handler, which printed "SIGTERM received" and aborted (exit -6) once."""
-    proc = subprocess.Popen(FLOWKIT + ["train", "env=CartPole-v1"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=_env())
+    proc = _popen(["train", "env=CartPole-v1"])
     time.sleep(delay)  # the CLI has taken the signals; torch, Ray and the config are still loading
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=60)
@@ -183,8 +213,7 @@ def test_a_signal_while_importing_exits_with_its_status(delay):
 
 # ---- 3. signals ----------------------------------------------------------------------------------
 def _signal_after_first_row(args, run_dir, sig, timeout=120):
-    proc = subprocess.Popen(FLOWKIT + ["train", *args, f"run.dir={run_dir}", "stop.iterations=100000"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    proc = _popen(["train", *args, f"run.dir={run_dir}", "stop.iterations=100000"])
     csv_path, deadline = os.path.join(run_dir, "metrics.csv"), time.time() + timeout
     while not (os.path.exists(csv_path) and read_metrics(csv_path)):
         assert proc.poll() is None and time.time() < deadline, proc.stderr.read() if proc.poll() is not None else ""
@@ -197,9 +226,8 @@ def _signal_after_first_row(args, run_dir, sig, timeout=120):
 def test_an_inherited_ignored_sighup_stays_ignored(tmp_path):
     """``nohup flowkit train ...``: SIGHUP comes in ignored, and logging out does not stop the run."""
     run_dir = str(tmp_path / "run")
-    proc = subprocess.Popen(FLOWKIT + ["train", *TINY, "env.factory=envs:slow", f"run.dir={run_dir}",
-                                       "stop.iterations=100000"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=_env(), preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN))
+    proc = _popen(["train", *TINY, "env.factory=envs:slow", f"run.dir={run_dir}", "stop.iterations=100000"],
+                  ignore=(signal.SIGHUP,))
     csv_path, deadline = os.path.join(run_dir, "metrics.csv"), time.time() + 120
     while not (os.path.exists(csv_path) and read_metrics(csv_path)):
         assert proc.poll() is None and time.time() < deadline
