@@ -212,7 +212,8 @@ def _probe(gcs: str, what: str) -> None:
     end = time.monotonic() + CONNECT_TIMEOUT_S
     while True:
         try:
-            socket.create_connection((host, int(port)), timeout=2.0).close()
+            with socket.create_connection((host, int(port)), timeout=2.0) as s:
+                _check_grpc(s, gcs, what)
             return
         except OSError as e:
             if time.monotonic() > end:
@@ -220,6 +221,25 @@ def _probe(gcs: str, what: str) -> None:
                                   f"({e.strerror or e})") from None
             if _S["cancel"].wait(0.5):
                 raise ConfigError(f"{what}: cancelled") from None
+
+
+def _check_grpc(s: socket.socket, gcs: str, what: str) -> None:
+    """Whether what answers at ``gcs`` speaks gRPC as a Ray head's GCS does (HTTP/2: its first
+    frame is SETTINGS, type 4); otherwise (a web server such as the dashboard's port 8265, a
+    closed connection) a :class:`~flowkit.ConfigError` now, where Ray would retry for 30 s.
+    Skipped with ``RAY_USE_TLS`` (the GCS then answers only to TLS); a server that says nothing
+    within 2 s is left to Ray."""
+    from flowkit.config import ConfigError
+    if os.environ.get("RAY_USE_TLS", "0").lower() not in ("0", "false", ""):
+        return
+    s.sendall(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00")  # preface + SETTINGS
+    try:
+        head = s.recv(9)
+    except OSError:
+        return
+    if len(head) < 4 or head[3] != 4:
+        raise ConfigError(f"{what}: {gcs} answers, but not as a Ray head's GCS (gRPC): another service, such as "
+                          "the dashboard (port 8265)? Use the address `ray start --head` prints (port 6379 by default)")
 
 
 def wait() -> None:

@@ -67,6 +67,28 @@ def test_an_unreachable_address_fails_within_seconds_with_one_line(tmp_path):
     assert "Traceback" not in r.stderr and time.time() - t < 60
 
 
+def test_an_address_where_a_web_server_answers_fails_at_once_with_one_line(tmp_path):
+    """The dashboard's port (8265) given for the head's (6379): an HTTP/1 server answers, not
+    gRPC; without the check Ray retried for 30 s, printing its own warnings."""
+    import http.server
+    import threading
+    server = http.server.HTTPServer(("127.0.0.1", 0), http.server.SimpleHTTPRequestHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        t = time.time()
+        r = _cli("train", "algo=ppo", "env=CartPole-v1", f"runtime.address=127.0.0.1:{server.server_port}",
+                 f"run.dir={tmp_path}", timeout=120)
+        took = time.time() - t
+    finally:
+        server.shutdown()
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert r.stderr.strip().splitlines() == [
+        f"flowkit: config error: runtime.address='127.0.0.1:{server.server_port}': 127.0.0.1:{server.server_port} "
+        "answers, but not as a Ray head's GCS (gRPC): another service, such as the dashboard (port 8265)? Use the "
+        "address `ray start --head` prints (port 6379 by default)"], r.stderr[-2000:]
+    assert took < 15, took  # (Python, flowkit and Ray's imports; no retries)
+
+
 def test_a_local_session_listens_on_loopback_without_dashboard_or_monitor(tmp_path):
     """Issue 12: flowkit's own local Ray binds to 127.0.0.1 only and starts no dashboard/API
     server or autoscaler monitor (seconds of start-up and shutdown a run never uses); its raylet
