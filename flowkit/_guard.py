@@ -179,6 +179,25 @@ def check_env_id(cfg: Any) -> None:
         raise ConfigError(f"env.id={eid!r}: cannot build the env: {type(e).__name__}: {e}") from None
 
 
+def check_new_run_dir(run_dir: str) -> None:
+    """A new (not resumed) run's folder must hold no earlier run's results: its rows and
+    checkpoints would be mixed with the new run's, and ``evaluate`` and ``resume`` take the
+    newest checkpoint, which could be the earlier run's.
+
+    Raises:
+        ConfigError: ``run_dir`` holds ``metrics.csv`` or a checkpoint (the message says how to
+            continue that run or start elsewhere).
+    """
+    from flowkit.config import ConfigError
+    ckpts = os.path.join(run_dir, "checkpoints")
+    found = [f for f in ("metrics.csv", "result.json") if os.path.exists(os.path.join(run_dir, f))]
+    if os.path.isdir(ckpts) and any(not n.startswith(".") for n in os.listdir(ckpts)):
+        found.append("checkpoints/")
+    if found:
+        raise ConfigError(f"run.dir={run_dir!r} holds an earlier run ({', '.join(found)}): resume={run_dir} "
+                          "continues it; another run.dir (or removing this one) starts a new run")
+
+
 def lock_run_dir(run_dir: str) -> Callable[[], None]:
     """Create ``run_dir`` and ``run_dir/.lock`` (``pid host``); return its release function.
 

@@ -64,7 +64,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from flowkit import _ray
-from flowkit._guard import GUARD, Interrupted, check_cpus, lock_run_dir
+from flowkit._guard import GUARD, Interrupted, check_cpus, check_new_run_dir, lock_run_dir
 from flowkit.checkpoint import config_yaml, find_checkpoint, load_trained, restore, resume_config, save_checkpoint  # noqa: F401
 from flowkit.config import ConfigError, build_config, check_run, plugin_modules_from
 from flowkit.core import EnvContext, derive_seed, env_name, make_env
@@ -284,6 +284,8 @@ def _train(config: Any, config_file: Union[str, Sequence[str], None], plugins: S
                 run_rows = kept_rows(run_dir, st_iter)  # rows up to the checkpoint, each iteration once
             else:
                 cfg = pre
+                if cfg.run.dir:
+                    check_new_run_dir(cfg.run.dir)
                 run_dir = cfg.run.dir or _default_run_dir(cfg)
             cfg.run.dir = run_dir
             if not verbose:  # no progress bar either

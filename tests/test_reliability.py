@@ -285,6 +285,22 @@ def test_train_returns_the_signal_as_stop_reason_and_restores_handlers(run_dir):
 
 
 # ---- 4. run-folder integrity ---------------------------------------------------------------------
+def test_a_new_run_in_an_earlier_runs_folder_is_refused_and_resume_continues_it(run_dir):
+    """Reusing a finished run's run.dir cut its metrics.csv to the new run's rows and left its
+    checkpoints, which evaluate and resume then took as the newest (the newcomer trial)."""
+    args = TINY + [f"run.dir={run_dir}", "env.factory=envs:FixedLenEnv"]
+    flowkit.train(args + ["stop.iterations=2"])
+    with pytest.raises(flowkit.ConfigError) as e:
+        flowkit.train(args + ["stop.iterations=1"])
+    assert str(e.value) == (f"run.dir={run_dir!r} holds an earlier run (metrics.csv, result.json, checkpoints/): "
+                            f"resume={run_dir} continues it; another run.dir (or removing this one) starts a new run")
+    assert len(read_metrics(os.path.join(run_dir, "metrics.csv"))) == 2  # untouched
+    r = subprocess.run(FLOWKIT + ["train", *args, "stop.iterations=1"], capture_output=True, text=True, env=_env())
+    assert r.returncode == 2 and r.stderr.startswith("flowkit: config error: run.dir=") and "Traceback" not in r.stderr
+    res = flowkit.train([f"resume={run_dir}", "stop.iterations=3"])
+    assert res.metrics["iteration"] == 3
+
+
 def test_a_live_run_holds_its_folder_and_a_stale_lock_is_taken_over(run_dir):
     os.makedirs(run_dir)
     args = TINY + [f"run.dir={run_dir}", "env.factory=envs:FixedLenEnv", "stop.iterations=1"]
