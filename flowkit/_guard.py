@@ -179,8 +179,9 @@ def check_env_id(cfg: Any) -> None:
         raise ConfigError(f"env.id={eid!r}: cannot build the env: {type(e).__name__}: {e}") from None
 
 
-def check_new_run_dir(run_dir: str) -> None:
-    """A new (not resumed) run's folder must hold no earlier run's results: its rows and
+def check_new_run_dir(run_dir: Optional[str]) -> None:
+    """A new (not resumed) run's folder (``run.dir``; None: a new timestamped folder, nothing to
+    check) must hold no earlier run's results: its rows and
     checkpoints would be mixed with the new run's, and ``evaluate`` and ``resume`` take the
     newest checkpoint, which could be the earlier run's.
 
@@ -189,6 +190,8 @@ def check_new_run_dir(run_dir: str) -> None:
             continue that run or start elsewhere).
     """
     from flowkit.config import ConfigError
+    if not run_dir:
+        return
     ckpts = os.path.join(run_dir, "checkpoints")
     found = [f for f in ("metrics.csv", "result.json") if os.path.exists(os.path.join(run_dir, f))]
     if os.path.isdir(ckpts) and any(not n.startswith(".") for n in os.listdir(ckpts)):

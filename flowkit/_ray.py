@@ -224,8 +224,8 @@ def _probe(gcs: str, what: str) -> None:
 
 
 def _check_grpc(s: socket.socket, gcs: str, what: str) -> None:
-    """Whether what answers at ``gcs`` speaks gRPC as a Ray head's GCS does (HTTP/2: its first
-    frame is SETTINGS, type 4); otherwise (a web server such as the dashboard's port 8265, a
+    """Check that what answers at ``gcs`` (socket ``s``) speaks gRPC as a Ray head's GCS does
+    (HTTP/2: its first frame is SETTINGS, type 4); otherwise (a web server such as the dashboard's port 8265, a
     closed connection) a :class:`~flowkit.ConfigError` now, where Ray would retry for 30 s.
     Skipped with ``RAY_USE_TLS`` (the GCS then answers only to TLS); a server that says nothing
     within 2 s is left to Ray."""

@@ -146,8 +146,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             from flowkit._guard import check_cpus, check_env_id, check_new_run_dir
             check_cpus(cfg)
             check_env_id(cfg)
-            if cfg.run.dir:
-                check_new_run_dir(cfg.run.dir)
+            check_new_run_dir(cfg.run.dir)
             _ray.start(cfg, prestart=True)  # Ray and the workers come up while torch and the learner load
         from flowkit.engine import train
         res = train(overrides, args.config_file)  # prints the summary

@@ -284,8 +284,7 @@ def _train(config: Any, config_file: Union[str, Sequence[str], None], plugins: S
                 run_rows = kept_rows(run_dir, st_iter)  # rows up to the checkpoint, each iteration once
             else:
                 cfg = pre
-                if cfg.run.dir:
-                    check_new_run_dir(cfg.run.dir)
+                check_new_run_dir(cfg.run.dir)
                 run_dir = cfg.run.dir or _default_run_dir(cfg)
             cfg.run.dir = run_dir
             if not verbose:  # no progress bar either
