@@ -169,7 +169,7 @@ def check_values(cfg: Any, schema_cls: Any, prefix: str = "") -> None:
                 raise ConfigError(f"{k}={v!r} must {need}")
 
 
-ACTIVATIONS = ("tanh", "relu", "elu", "gelu", "silu")  # flowkit.core.policy._ACT_FN
+ACTIVATIONS = ("tanh", "relu", "elu", "gelu", "silu")  # flowkit.core._models._ACT_FN
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 The names in ``__all__`` are the public API that plugins and users build on; the ``_name``
 modules behind them are private (their layout may change). Operators are in
-:mod:`flowkit.core.ops` (and :mod:`~flowkit.core.replay`, :mod:`~flowkit.core.learner_thread`).
+:mod:`flowkit.core.ops` (and :mod:`~flowkit.core.replay`; the learner thread is in :mod:`~flowkit.core.learner`).
 """
 from typing import TYPE_CHECKING, Any
 

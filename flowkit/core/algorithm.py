@@ -23,7 +23,6 @@ class Algorithm:
             computed in ``meta["gradients"]``: A3C; see ``ParallelRollouts``).
         off_policy: True if it can learn from stale samples (turns ``runtime.prefetch`` on
             by default when every algorithm of the run is off-policy).
-        requires_discrete: refuse non-Discrete action spaces at set-up (DQN).
 
     Instances hold ``config`` (a read-only, struct-mode view of their own section: reading an
     undeclared key raises) and ``run_config`` (the whole config). ``training_flow`` must not
@@ -53,7 +52,8 @@ class Algorithm:
 
     @classmethod
     def check_spaces(cls, policy_id: str, observation_space: Any, action_space: Any) -> None:
-        """Raise ConfigError if this algorithm cannot handle the spaces of ``policy_id``."""
+        """Raise ConfigError if this algorithm cannot handle the spaces of ``policy_id``
+        (DQN refuses non-Discrete action spaces here)."""
 
     def get_rollout_mode(self) -> str:
         """``bulk_sync`` or ``async`` for this instance (a config key may override the class

@@ -5,7 +5,7 @@ Everything here is importable on Ray workers (it lives in the flowkit package), 
 factories can be named in a config: ``env.factory=flowkit.testing:flaky_env``.
 
 Faults are reproducible: a factory decides from its :class:`~flowkit.core.EnvContext`
-(worker index, sub-env index, restart count) whether and when to fail (case C12).
+(worker index, sub-env index, restart count) whether and when to fail (tests/test_worker_faults.py::test_c12_*).
 """
 from __future__ import annotations
 
@@ -66,7 +66,7 @@ class FlakyEnv(gym.Env):
 
 def flaky_env(context: EnvContext, fail: Optional[str] = None, worker: int = 1, sub_env: int = 0,
               at: int = 3, length: int = 5, message: str = "simulator disconnected") -> FlakyEnv:
-    """Env factory of case C12: a :class:`FlakyEnv` armed only in worker ``worker``, sub-env
+    """Env factory of the worker-fault tests: a :class:`FlakyEnv` armed only in worker ``worker``, sub-env
     ``sub_env``, and only while ``context.restart_count == 0`` (``fail="always"`` fails
     everywhere, whatever the restart count)."""
     armed = (context.worker_index == worker and context.vector_index == sub_env and context.restart_count == 0)

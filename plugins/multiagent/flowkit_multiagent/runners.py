@@ -6,7 +6,7 @@ step (the acting agents of every sub-env together), and return a :class:`MultiAg
 keyed by policy id holding whole or cut trajectory pieces of each agent (rows of one agent's
 piece contiguous and in time order).
 
-Counting (DESIGN.md): a fragment is exactly ``runtime.rollout_fragment_length`` real env steps
+Counting (as for GymEnvRunner): a fragment is exactly ``runtime.rollout_fragment_length`` real env steps
 per sub-env. A Parallel env step is one ``step(actions)`` call; an AEC env step is one
 ``step(action)`` of the agent on move (the "dead" ``step(None)`` calls that remove finished
 agents are not transitions). ``agent_steps`` count one per acting agent, so for AEC games
@@ -19,7 +19,7 @@ other agents moved and the final reward at game end. Rewards an agent gets befor
 action count in its episode return but belong to no transition. ``next_obs`` is the agent's
 own next observation (at its next turn, or its final one); a trajectory cut at a fragment
 boundary bootstraps from it. In an AEC game a transition whose next turn has not come yet at
-the fragment boundary is carried into the next fragment, never lost or duplicated (case C03).
+the fragment boundary is carried into the next fragment, never lost or duplicated (tests/test_multiagent.py::test_c03_*).
 
 Batch columns are GymEnvRunner's plus ``agent_index`` (the agent's index in
 ``possible_agents``). ``eps_id`` identifies one agent's trajectory in one episode:

@@ -1,6 +1,6 @@
 """From a PettingZoo env and the ``multiagent.*`` section to policies: the agent -> policy
 mapping, spaces inferred per policy, per-policy algorithm configs, frozen and checkpointed
-policies (case C04).
+policies (tests/test_multiagent.py::test_c04_*).
 
 Everything here runs on the driver at set-up and raises :class:`flowkit.ConfigError` naming
 the key, policy, agents and spaces involved.

@@ -13,7 +13,7 @@ Math, top to bottom (GAE is computed on the workers by core's ``compute_gae``):
     Loss = L_clip + vf_coef * L_vf - ent_coef * entropy (+ kl_coeff * KL, adaptive).
 With ``normalize_rewards`` the rewards entering GAE are divided by a running std of discounted
 returns (core's ``ActorCriticPolicy.normalize_rewards``). Advantages are normalised per minibatch, only for minibatches of >= 2 rows, and only
-centred when their std is below 1e-8 (case C07).
+centred when their std is below 1e-8 (tests/test_ppo.py::test_c07_*).
 """
 from __future__ import annotations
 
