@@ -21,12 +21,17 @@ fi
 log=.venv/setup.log
 run() { "$@" >>"$log" 2>&1 || { echo "set-up step failed: $*"; tail -40 "$log"; exit 1; }; }
 : >"$log"
+echo "set-up 1/3: pip"
 run pip install --upgrade pip
-python -c "import torch" 2>/dev/null || run pip install "torch==2.13.0"
+if ! python -c "import torch" 2>/dev/null; then
+  echo "set-up 2/3: torch 2.13.0 (CPU build)"
+  run pip install "torch==2.13.0"
+fi
 args=(-e ".[test,multiagent,docs,tensorboard,tune,box2d]")
 for p in plugins/*/; do
   [[ -f $p/pyproject.toml ]] && args+=(-e "$p")
 done
+echo "set-up 3/3: flowkit, its plugins, Ray, Gymnasium, PettingZoo, test and docs tools (the longest step; log: $log)"
 run pip install "${args[@]}"
 python -c "import flowkit, torch, ray, gymnasium"
 echo "$want" > $stamp
