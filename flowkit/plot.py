@@ -8,7 +8,12 @@ the range (min to max) shaded. Each run's series (``metrics.csv``: ``M`` against
 onto the group's grid, every x value of its runs; a point averages the runs whose series spans
 it (column ``runs``: a run that stopped early, at a threshold or by a sweep's scheduler, leaves
 the later points to the others).
-Groups are labelled by the config keys that tell them apart. The plotted series are written beside
+Groups are labelled by the config keys that tell them apart: keys every group has whose values
+differ (a key in only some groups, such as ``ppo.lr`` beside ``dqn.lr``, tells nothing more than
+``algo``), at most :data:`MAX_LABEL_KEYS` of them (``algo`` and the env first), ``+N more`` for the
+rest. The mean is drawn solid where every run of the group has data and dotted where only some do
+(e.g. past the end of its shortest run: the mean of the runs that go on, as the ``runs`` column
+of the CSV says); the console gives each group's figure at the last point all its runs reach. The plotted series are written beside
 the PNG as CSV (same name, ``.csv``): ``group``, the x column (``env_steps_sampled`` or
 ``time_total_s``), ``M_mean, M_std, M_min, M_max`` and ``runs``. A folder without a
 metrics.csv stands for the run folders below it (e.g. a ``flowkit tune`` sweep). Torch-free.
@@ -23,6 +28,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 X_COLUMNS = {"env_steps": "env_steps_sampled", "time": "time_total_s"}
 IGNORED = ("seed", "run.dir", "run.reporters", "resume")
+MAX_LABEL_KEYS = 3
+_FIRST_KEYS = ("algo", "env.id", "env.factory")
 
 
 def find_runs(paths: Sequence[str]) -> List[str]:
@@ -64,11 +71,17 @@ def group_runs(run_dirs: Sequence[str]) -> List[Tuple[str, List[str]]]:
     for r, c in cfgs.items():
         groups.setdefault(tuple(sorted((k, repr(v)) for k, v in c.items())), []).append(r)
     firsts = [cfgs[rs[0]] for rs in groups.values()]
-    keys = sorted({k for c in firsts for k in c if any(c.get(k) != o.get(k) for o in firsts)})
+    shared = set.intersection(*(set(c) for c in firsts)) if firsts else set()
+    keys = sorted((k for k in shared if any(c[k] != firsts[0][k] for c in firsts)),
+                  key=lambda k: (_FIRST_KEYS.index(k) if k in _FIRST_KEYS else len(_FIRST_KEYS), k))
+    if len(groups) > 1 and not keys:  # the groups differ only in keys some of them lack
+        keys = sorted({k for c in firsts for k in c} - shared)
+    more = len(keys) - MAX_LABEL_KEYS
+    keys = keys[:MAX_LABEL_KEYS]
     out = []
     for rs in groups.values():
         c = cfgs[rs[0]]
-        label = " ".join(f"{k}={c.get(k)}" for k in keys) if keys else \
+        label = " ".join(f"{k}={c.get(k)}" for k in keys) + (f" +{more} more" if more > 0 else "") if keys else \
             f"{c.get('algo', '?')} {c.get('env.id') or c.get('env.factory') or ''}".strip()
         out.append((label or os.path.basename(rs[0]), rs))
     return out
@@ -120,10 +133,16 @@ def plot_runs(paths: Sequence[str], x: str = "env_steps", metric: str = "episode
     for label, pts in result.items():
         xs = [p["x"] for p in pts]
         n = max(p["runs"] for p in pts)
-        ax.plot(xs, [p["mean"] for p in pts], label=f"{label} ({n} run{'s' if n > 1 else ''})")
+        full = [p for p in pts if p["runs"] == n]
+        (line,) = ax.plot([p["x"] for p in full], [p["mean"] for p in full],
+                          label=f"{label} ({n} run{'s' if n > 1 else ''})")
+        if len(full) < len(pts):  # where only some of the runs have data: their mean, dotted
+            ax.plot(xs, [p["mean"] for p in pts], ":", color=line.get_color())
         ax.fill_between(xs, [p["min"] for p in pts], [p["max"] for p in pts], alpha=0.25)
     ax.set(xlabel=xcol.replace("_", " ") + (" (s)" if x == "time" else ""),
            ylabel=f"{metric} (mean; min-max shaded)")
+    if any(p["runs"] < max(q["runs"] for q in pts) for pts in result.values() for p in pts):
+        ax.set_title("dotted: where only some of a group's runs have data", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -152,8 +171,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"flowkit plot: error: {e}", file=sys.stderr)
         return 2
     for label, pts in res.items():
-        last = pts[-1]
-        print(f"{label}: {last['runs']} run(s), {a.metric} {last['mean']:.4g} (min {last['min']:.4g}, "
-              f"max {last['max']:.4g}) at {X_COLUMNS[a.x]}={last['x']:.6g}")
+        n = max(p["runs"] for p in pts)
+        last = [p for p in pts if p["runs"] == n][-1]  # the last point every run of the group reaches
+        on = f"; {pts[-1]['runs']} of them go on to {pts[-1]['x']:.6g}" if pts[-1] is not last else ""
+        print(f"{label}: {n} run{'s' if n > 1 else ''}, {a.metric} {last['mean']:.4g} (min {last['min']:.4g}, "
+              f"max {last['max']:.4g}) at {X_COLUMNS[a.x]}={last['x']:.6g}{on}")
     print(f"wrote {a.out} and {os.path.splitext(a.out)[0]}.csv")
     return 0

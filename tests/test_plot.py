@@ -71,3 +71,46 @@ def test_time_axis_one_group_and_errors(runs, tmp_path, capsys):
     assert main([str(tmp_path / "nothing"), "--out", str(tmp_path / "x.png")]) == 2
     assert "no run folder" in capsys.readouterr().err
     assert main([dirs[(1e-3, 0)], "--metric", "nope", "--out", str(tmp_path / "x.png")]) == 2
+
+
+def _forged_run(path, cfg, rows):
+    """A run folder with ``config.yaml`` (nested from dotted ``cfg``) and ``metrics.csv`` rows
+    ``(env_steps_sampled, episode_return_mean)``: no training needed."""
+    import yaml
+    nested: dict = {}
+    for k, v in cfg.items():
+        d = nested
+        *head, last = k.split(".")
+        for h in head:
+            d = d.setdefault(h, {})
+        d[last] = v
+    os.makedirs(path)
+    with open(os.path.join(path, "config.yaml"), "w") as f:
+        yaml.safe_dump(nested, f)
+    with open(os.path.join(path, "metrics.csv"), "w") as f:
+        f.write("iteration,env_steps_sampled,episode_return_mean\n")
+        f.writelines(f"{i},{x},{y}\n" for i, (x, y) in enumerate(rows))
+
+
+def test_two_algorithms_labelled_by_shared_keys_and_counts_agree(tmp_path, capsys):
+    """Issue 27 item 9: comparing two algorithms labels each curve by the few keys that tell the
+    groups apart (not every section key one of them lacks); two seeds are '2 runs' in the console
+    and the legend, and the console's figure is at the last point both seeds reach."""
+    common = {"env.id": "CartPole-v1", "runtime.num_workers": 2, "stop.env_steps": 1000}
+    ppo = {**common, "algo": "ppo", **{f"ppo.k{i}": i for i in range(20)}}
+    dqn = {**common, "algo": "dqn", **{f"dqn.k{i}": -i for i in range(20)}}
+    _forged_run(str(tmp_path / "p0"), {**ppo, "seed": 0}, [(100, 10.0), (200, 20.0), (300, 30.0)])
+    _forged_run(str(tmp_path / "p1"), {**ppo, "seed": 1}, [(100, 12.0), (200, 22.0)])
+    _forged_run(str(tmp_path / "d0"), {**dqn, "seed": 0}, [(100, 5.0), (200, 6.0)])
+    out = str(tmp_path / "cmp.png")
+    assert main([str(tmp_path / "p0"), str(tmp_path / "p1"), str(tmp_path / "d0"), "--out", out]) == 0
+    text = capsys.readouterr().out
+    assert "algo=ppo: 2 runs, episode_return_mean 21 (min 20, max 22) at env_steps_sampled=200; " \
+           "1 of them go on to 300" in text
+    assert "algo=dqn: 1 run, episode_return_mean 6 " in text
+    # many shared keys that differ: at most three in the label, the rest counted
+    _forged_run(str(tmp_path / "w0"), {**ppo, **{f"runtime.x{i}": 0 for i in range(6)}}, [(100, 1.0)])
+    _forged_run(str(tmp_path / "w1"), {**ppo, **{f"runtime.x{i}": i + 1 for i in range(6)}}, [(100, 2.0)])
+    res = plot_runs([str(tmp_path / "w0"), str(tmp_path / "w1")], out=str(tmp_path / "w.png"))
+    assert sorted(res) == ["runtime.x0=0 runtime.x1=0 runtime.x2=0 +3 more",
+                           "runtime.x0=1 runtime.x1=2 runtime.x2=3 +3 more"]
