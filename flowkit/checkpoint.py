@@ -48,7 +48,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from flowkit.config import Config, ConfigError, build_config
+from flowkit.config import ConfigError, build_config, used_sections
 from flowkit.core import PolicySpec, derive_seed
 from flowkit.core.learner import NonFiniteError
 from flowkit.hooks import get_plugin_manager
@@ -265,13 +265,7 @@ def used_config(cfg: DictConfig, specs: Dict[str, PolicySpec], pm: Any) -> Dict[
     """``cfg`` as a plain dict with the core sections, the sections of the algorithms that
     train or act for a policy, and plugin sections that differ from their defaults or whose
     plugin made the policy specs (``multiagent``); other algorithms' sections are left out."""
-    data: Any = OmegaConf.to_container(cfg, resolve=True)
-    base = {f.name for f in dataclasses.fields(Config)} | {s.algo for s in specs.values()}
-    spec_pkgs = {type(s).__module__.split(".")[0] for s in specs.values()}
-    algos, sections = pm.algorithms(), pm.config_sections()
-    return {k: v for k, v in data.items() if k in base or (k in sections and k not in algos and (
-            sections[k].__module__.split(".")[0] in spec_pkgs
-            or v != OmegaConf.to_container(OmegaConf.structured(sections[k]), resolve=True)))}
+    return used_sections(cfg, {s.algo for s in specs.values()}, pm, {type(s).__module__.split(".")[0] for s in specs.values()})
 
 
 def config_yaml(cfg: DictConfig, specs: Dict[str, PolicySpec], pm: Any) -> str:

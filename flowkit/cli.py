@@ -126,7 +126,9 @@ def main(argv: Optional[List[str]] = None) -> int:
             check_algo(cfg, pm.algorithms(load=False))
         if args.print_config:  # resolved and validated, nothing started
             from omegaconf import OmegaConf
-            print(OmegaConf.to_yaml(cfg), end="")
+
+            from flowkit.config import run_algorithms, used_sections
+            print(OmegaConf.to_yaml(OmegaConf.create(used_sections(cfg, run_algorithms(cfg), pm))), end="")
             return 0
         if not cfg.resume:  # config errors found without torch, the env or Ray come before they load
             check_run(cfg, pm)

@@ -338,6 +338,30 @@ def _type_name(tp) -> str:
     return f"{name} or null" if opt else name
 
 
+def used_sections(cfg: Any, algos: Any, pm: Any, keep_packages: Any = ()) -> Dict[str, Any]:
+    """``cfg`` as a plain dict with the core sections, the sections of the algorithms named in
+    ``algos`` (those that train or act for a policy), and the plugin sections that differ from
+    their defaults or belong to a package in ``keep_packages`` (the plugin that made the policy
+    specs, e.g. ``flowkit_multiagent``); other algorithms' sections are left out. What a run's
+    ``config.yaml`` and ``flowkit train --print-config`` show."""
+    data: Any = OmegaConf.to_container(cfg, resolve=True)
+    base = {f.name for f in dataclasses.fields(Config)} | set(algos)
+    registered, sections = pm.algorithms(load=False), pm.config_sections()
+    return {k: v for k, v in data.items() if k in base or (k in sections and k not in registered and (
+            sections[k].__module__.split(".")[0] in keep_packages
+            or v != OmegaConf.to_container(OmegaConf.structured(sections[k]), resolve=True)))}
+
+
+def run_algorithms(cfg: Any) -> List[str]:
+    """The algorithms a config's policies use, before any env is built: ``algo`` and each
+    ``multiagent.policies.<id>.algo`` given."""
+    names = [str(cfg.algo)]
+    pols = OmegaConf.select(cfg, "multiagent.policies", default=None)
+    if isinstance(pols, DictConfig):
+        names += [str(p.algo) for p in pols.values() if isinstance(p, DictConfig) and p.get("algo")]
+    return list(dict.fromkeys(names))
+
+
 def check_algo(cfg: Any, algos: Any) -> None:
     """``algo`` is one of ``algos`` (names), else a ConfigError naming the closest."""
     if cfg.algo not in algos:

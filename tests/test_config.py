@@ -189,6 +189,8 @@ def test_cli_print_config_prints_resolved_yaml_and_starts_nothing(tmp_path):
     assert printed["env"]["id"] == "CartPole-v1" and printed["runtime"]["num_workers"] == 3
     assert printed["ppo"]["minibatch_size"] == 4 and printed["run"]["dir"] == f"{tmp_path}/r"
     assert not os.path.exists(f"{tmp_path}/r")
+    # only the sections the run uses (issue 27 item 10: every installed algorithm's, 233 lines)
+    assert "ppo" in printed and not {"dqn", "impala", "sac", "a2c", "multiagent"} & set(printed), sorted(printed)
     p = run_cli("train", "--print-config", "env=CartPole-v1", "ppo.lrr=1")
     assert p.returncode == 2 and p.stderr == "flowkit: config error: unknown config key `ppo.lrr`; did you mean `ppo.lr`?\n"
 
