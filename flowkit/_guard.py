@@ -187,7 +187,8 @@ def check_new_run_dir(run_dir: Optional[str]) -> None:
 
     Raises:
         ConfigError: ``run_dir`` holds ``metrics.csv`` or a checkpoint (the message says how to
-            continue that run or start elsewhere).
+            continue that run or start elsewhere), or other runs' folders or a sweep's
+            ``tune_results.csv``.
     """
     from flowkit.config import ConfigError
     if not run_dir:
@@ -199,6 +200,13 @@ def check_new_run_dir(run_dir: Optional[str]) -> None:
     if found:
         raise ConfigError(f"run.dir={run_dir!r} holds an earlier run ({', '.join(found)}): resume={run_dir} "
                           "continues it; another run.dir (or removing this one) starts a new run")
+    if os.path.isdir(run_dir):  # a sweep's folder: a run in it would hide the trials from `flowkit plot`
+        runs_below = [n for n in sorted(os.listdir(run_dir)) if os.path.isfile(os.path.join(run_dir, n, "metrics.csv"))]
+        if runs_below or os.path.exists(os.path.join(run_dir, "tune_results.csv")):
+            what = f"run folders ({', '.join(runs_below[:3])}{', ...' if len(runs_below) > 3 else ''})" \
+                if runs_below else "tune_results.csv"
+            raise ConfigError(f"run.dir={run_dir!r} holds {what}: it is a sweep's or a parent folder, and a run in "
+                              "it would hide them from `flowkit plot`; give the run a folder of its own")
 
 
 def lock_run_dir(run_dir: str) -> Callable[[], None]:

@@ -70,3 +70,24 @@ def test_a_custom_model_per_policy_in_a_multi_agent_run(run_dir):
     with pytest.raises(flowkit.ConfigError, match=r"multiagent.policies.a.model"):
         flowkit.train(local_overrides(run_dir + "2", "env.factory=flowkit.testing.envs:turn_game",
                                       "multiagent.policies.a.model.hidden_size=[8]"), verbose=False)
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dqn", "impala", "appo", "a2c", "a3c", "sac", "td3"])
+def test_every_policy_builds_with_model_config_none(algo):
+    """Issue 27 item 10: Policy documents ``model_config=None`` (the model.* defaults), but DQN's
+    policy (and SAC's, TD3's) crashed with it."""
+    import gymnasium as gym
+    import numpy as np
+
+    from flowkit.config import section_object
+    from flowkit.engine import load_config
+    env = "Pendulum-v1" if algo in ("sac", "td3") else "CartPole-v1"
+    pm, cfg = load_config([f"algo={algo}", f"env={env}"])[:2]
+    cls = pm.algorithms()[algo]
+    conf = section_object(cfg, algo, cls.config_class)
+    e = gym.make(env)
+    pol = cls.policy_class(e.observation_space, e.action_space, conf, None)
+    assert list(pol.model_config.hidden_sizes) == [64, 64] and pol.model_config.activation == "tanh"
+    obs = np.stack([e.observation_space.sample() for _ in range(4)])
+    act = np.asarray(pol.compute_actions(obs, explore=False))
+    assert act.shape[0] == 4 and all(e.action_space.contains(a.astype(e.action_space.dtype)) for a in act)

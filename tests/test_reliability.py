@@ -481,3 +481,25 @@ def test_cli_setup_errors_exit_2_with_one_line(capsys, tmp_path, tiny_run, args,
     err = capsys.readouterr().err
     assert err.startswith(f"flowkit: config error: {message.format(**fill)}") and err.count("\n") == 1, err
     assert open(os.path.join(tiny_run, "config.yaml")).read() == before  # a failed resume changes nothing
+
+
+def test_a_run_in_a_sweep_or_parent_folder_is_refused(tmp_path):
+    """Issue 27 item 10: training into a sweep folder was accepted, and its metrics.csv then hid the
+    sweep's trials from `flowkit plot` (a folder with metrics.csv is taken as one run)."""
+    from flowkit._guard import check_new_run_dir
+    sweep = tmp_path / "sweep"
+    (sweep / "00000-seed=0").mkdir(parents=True)
+    (sweep / "00000-seed=0" / "metrics.csv").write_text("iteration\n1\n")
+    with pytest.raises(flowkit.ConfigError) as e:
+        check_new_run_dir(str(sweep))
+    assert str(e.value) == (f"run.dir={str(sweep)!r} holds run folders (00000-seed=0): it is a sweep's or a parent "
+                            "folder, and a run in it would hide them from `flowkit plot`; give the run a folder "
+                            "of its own")
+    only_table = tmp_path / "table"
+    only_table.mkdir()
+    (only_table / "tune_results.csv").write_text("run\n")
+    with pytest.raises(flowkit.ConfigError, match="holds tune_results.csv: it is a sweep's"):
+        check_new_run_dir(str(only_table))
+    check_new_run_dir(str(tmp_path / "fresh"))  # a new folder, and an empty one, are fine
+    (tmp_path / "empty").mkdir()
+    check_new_run_dir(str(tmp_path / "empty"))

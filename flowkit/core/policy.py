@@ -32,7 +32,8 @@ class Policy(Acting):
         observation_space: the raw observation space of the agents mapped to this policy.
         action_space: their action space.
         config: the algorithm's config section (a dataclass instance, read-only by convention).
-        model_config: the ``model.*`` section.
+        model_config: the ``model.*`` section; None: the defaults of
+            :class:`flowkit.config.ModelConfig` (``self.model_config`` is never None).
         device: ``"cpu"`` or ``"cuda"`` (the learner's; workers always use cpu).
         seed: seeds this policy's sampling RNG.
         inference_only: build no optimizer (rollout workers).
@@ -42,6 +43,11 @@ class Policy(Acting):
                  model_config: Any = None, device: str = "cpu", seed: int = 0,
                  inference_only: bool = False):
         self.observation_space, self.action_space = observation_space, action_space
+        if model_config is None:
+            from omegaconf import OmegaConf
+
+            from flowkit.config import ModelConfig
+            model_config = OmegaConf.structured(ModelConfig)
         self.config, self.model_config = config, model_config
         self.device = torch.device(device)
         self.encoder = ObsEncoder(observation_space)

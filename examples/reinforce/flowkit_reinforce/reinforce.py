@@ -28,8 +28,7 @@ class ReinforcePolicy(Policy):
                  inference_only=False):
         super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
         torch.manual_seed(seed)
-        hidden = list(model_config.hidden_sizes) if model_config is not None else [64, 64]
-        act = model_config.activation if model_config is not None else "tanh"
+        hidden, act = list(self.model_config.hidden_sizes), self.model_config.activation
         self.model = build_mlp(self.encoder.shape[0], hidden, act, self.dist.num_outputs, 0.01).to(self.device)
         self.baseline = 0.0
         if not inference_only:

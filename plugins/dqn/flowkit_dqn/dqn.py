@@ -135,7 +135,7 @@ class DQNPolicy(DQNActing, Policy):
             raise ConfigError(f"DQN needs a Discrete action space, got {action_space}")
         torch.manual_seed(seed)
         self.num_actions = self.dist.num_outputs
-        self.model = self.build_model(QNetwork(self.encoder, self.num_actions, model_config, config.dueling)).to(self.device)
+        self.model = self.build_model(QNetwork(self.encoder, self.num_actions, self.model_config, config.dueling)).to(self.device)
         self.epsilon = float(config.initial_epsilon)
         self.td_error: Optional[np.ndarray] = None
         self.target_model: Optional[nn.Module] = None

@@ -131,7 +131,7 @@ class SACPolicy(OffPolicyActorCritic):
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):
         super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
-        self.model = SACModel(self.obs_dim, self.act_dim, model_config, config)
+        self.model = SACModel(self.obs_dim, self.act_dim, self.model_config, config)
         te = config.target_entropy
         self.target_entropy = float(-self.act_dim if te is None else te)
         self.theta: Optional[torch.Tensor] = None  # gSDE noise matrices float32[B, h, k]

@@ -67,7 +67,7 @@ class TD3Policy(OffPolicyActorCritic):
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):
         super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
-        self.model = TD3Model(self.obs_dim, self.act_dim, model_config)
+        self.model = TD3Model(self.obs_dim, self.act_dim, self.model_config)
         n_critic = sum(p.numel() for p in self.model.critic.parameters())
         n_actor = sum(p.numel() for p in self.model.actor.parameters())
         self.finish_init(["critic", "actor"], sizes=[n_critic, n_actor])
