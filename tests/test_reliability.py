@@ -133,7 +133,7 @@ def test_workers_ray_cannot_place_end_the_start_after_start_timeout_s(run_dir, r
 class _Pending:
     """A fake Ray for WorkerSet._await_pings: workers placed after ``ready_after`` fake seconds."""
 
-    def __init__(self, monkeypatch, ready_after):
+    def __init__(self, monkeypatch, ready_after, total_cpus=2.0):
         import ray
 
         import flowkit.core.workers as W
@@ -141,6 +141,7 @@ class _Pending:
         monkeypatch.setattr(W.time, "monotonic", lambda: self.now)
         monkeypatch.setattr(ray, "wait", self.wait)
         monkeypatch.setattr(ray, "available_resources", lambda: {"CPU": 0.0})
+        monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": total_cpus})
 
     def wait(self, futs, num_returns, timeout):
         self.now += timeout
@@ -167,6 +168,19 @@ def test_the_start_wait_says_what_is_pending_and_a_rebuild_waits_without_bound(m
     said = [r.getMessage() for r in caplog.records if r.name == "flowkit"]
     assert said[0] == "waiting for 4 of 4 rollout workers: need {CPU: 1} each, cluster has 0 free; waited 10 s"
     assert said[-1].endswith("waited 40 s" if raises else "waited 320 s") and fake.now == (60 if raises else 500)
+
+
+def test_the_start_wait_says_placed_workers_are_only_slow(monkeypatch, caplog):
+    """Issue 27 item 10: on a loaded machine the workers were placed (their CPUs taken, so 0 free)
+    and only slow to start, while the message said the cluster had no CPU for them."""
+    from flowkit.core.workers import WorkerSet
+    from flowkit.engine import load_config
+    _Pending(monkeypatch, 25.0, total_cpus=2.0)
+    ws = WorkerSet(load_config(["env=CartPole-v1", "runtime.num_workers=2"])[1], {}, None)
+    assert ws._await_pings([_Pending.Actor(i) for i in range(2)], 60.0) == {0: "ping-0", 1: "ping-1"}
+    said = [r.getMessage() for r in caplog.records if r.name == "flowkit"]
+    assert said == ["waiting for 2 of 2 rollout workers to start: the cluster's 2 CPUs hold them (1 each), so they "
+                    "are placed and only slow to start (a busy machine); waited 10 s", said[1]] and len(said) == 2
 
 
 def test_the_start_wait_is_quiet_in_a_placement_group(monkeypatch, caplog):

@@ -378,9 +378,13 @@ class WorkerSet:
             _, pending = ray.wait(pending, num_returns=len(pending), timeout=1.0)
             waited = time.monotonic() - t0
             if pending and (waited >= say or bound is not None and waited >= bound):
-                what = (f"{len(pending)} of {len(futs)} rollout workers: need {{CPU: "
-                        f"{float(self.config.runtime.num_cpus_per_worker):g}}} each, cluster has "
+                each = float(self.config.runtime.num_cpus_per_worker)
+                total = ray.cluster_resources().get("CPU", 0.0)
+                what = (f"{len(pending)} of {len(futs)} rollout workers: need {{CPU: {each:g}}} each, cluster has "
                         f"{ray.available_resources().get('CPU', 0.0):g} free")
+                if total >= each * len(futs) and not (bound is not None and waited >= bound):
+                    what = (f"{len(pending)} of {len(futs)} rollout workers to start: the cluster's {total:g} CPUs "
+                            f"hold them ({each:g} each), so they are placed and only slow to start (a busy machine)")
                 if bound is not None and waited >= bound:
                     raise StartTimeout(f"runtime.start_timeout_s={bound:g} passed waiting for {what}: add nodes, "
                                        "lower runtime.num_workers or runtime.num_cpus_per_worker, or wait longer")
