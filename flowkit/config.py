@@ -41,6 +41,10 @@ def check_schedules(section: Any, name: str, keys: Sequence[str], run_config: An
 
 
 INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
+# Hard limits of the size keys (far above any real run on one machine; a value past them is a
+# typo or a unit mix-up that would otherwise hang or exhaust memory before any message):
+MAX_BATCH_ROWS = 2 ** 24  # env steps in one sample batch, one sampling round or one train batch
+MAX_EPISODES = 100_000  # episodes of one evaluation
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,8 @@ def check_values(cfg: Any, schema_cls: Any, prefix: str = "") -> None:
         else:
             items = [(key, val)]
         for k, v in items:
+            if isinstance(v, (list, dict, ListConfig, DictConfig)):  # e.g. a nested list in YAML
+                raise ConfigError(f"`{k}` must be {_KINDS[leaf]}, got {_short(OmegaConf.to_object(v) if isinstance(v, (ListConfig, DictConfig)) else v)}")
             if not allowed.ok(v, leaf is float):
                 what = allowed.describe(leaf is float)
                 if leaf is int and ((v > INT64_MAX and allowed.le is None and allowed.lt is None)
@@ -189,14 +195,14 @@ class EnvConfig:
 @dataclass
 class RuntimeConfig:
     backend: str = F("ray", "ray (actors) or local (in-process, same code path)", choices=("ray", "local"))
-    num_workers: int = F(2, "rollout workers (0 counts as 1)", ge=0)
-    num_envs_per_worker: int = F(8, "sub-envs in each worker's vector env", ge=1)
-    rollout_fragment_length: int = F(64, "env steps per sub-env in each sample batch", ge=1)
+    num_workers: int = F(2, "rollout workers (0 counts as 1)", ge=0, le=1024)
+    num_envs_per_worker: int = F(8, "sub-envs in each worker's vector env", ge=1, le=4096)
+    rollout_fragment_length: int = F(64, "env steps per sub-env in each sample batch", ge=1, le=MAX_BATCH_ROWS)
     num_cpus_per_worker: float = F(1.0, "CPUs each rollout worker reserves (Ray)", ge=0)
     address: Optional[str] = F(None, "Ray cluster address (`auto` for an existing cluster); None starts a local one")
     async_requests_per_worker: int = F(2, "async rollout mode (IMPALA): sample requests in flight per "
                                           "worker, so a worker starts its next fragment while the driver "
-                                          "takes the last one (RLlib: max_requests_in_flight_per_env_runner)", ge=1)
+                                          "takes the last one (RLlib: max_requests_in_flight_per_env_runner)", ge=1, le=64)
     prefetch: Optional[bool] = F(None, "keep one sample request in flight while learning; None: on iff every algorithm is off-policy")
     restart_failed_workers: bool = F(True, "rebuild a rollout worker whose env or process failed")
     max_worker_restarts: int = F(3, "consecutive failures of one worker slot before the run stops", ge=0)
@@ -243,7 +249,7 @@ class StopConfig:
 @dataclass
 class EvaluationConfig:
     interval: int = F(0, "greedy evaluation every N iterations (0: never, except with final=True)", ge=0)
-    episodes: int = F(10, "episodes per evaluation", ge=1)
+    episodes: int = F(10, "episodes per evaluation", ge=1, le=MAX_EPISODES)
     final: bool = F(False, "evaluate once at the end of the run")
     explore: bool = F(False, "sample actions instead of acting greedily")
 
@@ -386,7 +392,11 @@ def check_run(cfg: Any, pm: Any) -> None:
     if bool(cfg.env.id) == bool(cfg.env.factory):
         raise ConfigError("give exactly one of env.id (env=ID) and env.factory "
                           f"(got env.id={cfg.env.id!r}, env.factory={cfg.env.factory!r})")
+    check_sizes(cfg)
     known = pm.reporters()
+    twice = sorted({r for r in cfg.run.reporters if list(cfg.run.reporters).count(r) > 1})
+    if twice:
+        raise ConfigError(f"run.reporters: {', '.join(map(repr, twice))} listed more than once")
     for name in cfg.run.reporters:
         if name not in known:
             raise ConfigError(f"run.reporters: unknown reporter {name!r} (known: {', '.join(sorted(known))})")
@@ -398,6 +408,22 @@ def check_run(cfg: Any, pm: Any) -> None:
         a.validate_config(cfg, section)
     elif a.validate is not None:
         a.validate(cfg, section, a.name)
+
+
+def check_sizes(cfg: Any) -> None:
+    """The sizes that multiply: one sampling round holds num_workers (0 counts as 1) x
+    num_envs_per_worker x rollout_fragment_length env steps, at most :data:`MAX_BATCH_ROWS`
+    (each key's own bound is declared in its field).
+
+    Raises:
+        ConfigError: naming the product and its factors.
+    """
+    rt = cfg.runtime
+    rows = max(1, int(rt.num_workers)) * int(rt.num_envs_per_worker) * int(rt.rollout_fragment_length)
+    if rows > MAX_BATCH_ROWS:
+        raise ConfigError(f"one sampling round of runtime.num_workers={rt.num_workers} x num_envs_per_worker="
+                          f"{rt.num_envs_per_worker} x rollout_fragment_length={rt.rollout_fragment_length} = "
+                          f"{rows} env steps is over flowkit's limit of {MAX_BATCH_ROWS}; lower one of them")
 
 
 _KINDS = {int: "an int", float: "a float", bool: "true or false", str: "a string"}
@@ -571,6 +597,33 @@ def merge_overrides(base: DictConfig, overrides: Dict[str, Any], schema: type) -
                 OmegaConf.update(node, str(e.full_key), int(v), merge=False)
     except OmegaConfBaseException as e:
         raise _config_error(e, keys, layer) from None
+    except TypeError as e:  # OmegaConf: "Cannot merge incompatible container types"
+        raise _container_error(layer, keys) or ConfigError(f"config: {e}") from None
+
+
+def _container_error(layer: Any, keys: Dict[str, Tuple[Any, str, Any]], prefix: str = "") -> Optional[ConfigError]:
+    """The first key of ``layer`` (a nested dict) given a list where the schema has a mapping
+    (or a section), or a mapping where it has a list; None if there is none."""
+    items = layer.items() if isinstance(layer, dict) else ()
+    for k, v in items:
+        key = f"{prefix}{k}"
+        tp = keys.get(key)
+        origin = typing.get_origin(_unwrap_optional(tp[0])[0]) if tp else None
+        section = tp is None and any(s.startswith(f"{key}.") for s in keys)
+        want = ("a mapping" if origin in (dict, Dict) or (section and isinstance(v, list))
+                else "a list" if origin in (list, List) and isinstance(v, dict) else None)
+        if want and (isinstance(v, list) or want == "a list"):
+            return ConfigError(f"`{key}` must be {want}, got {_short(v)}")
+        if isinstance(v, dict) and (section or origin in (dict, Dict)):
+            sub = {f"{key}.{s[len(key) + 1:]}": t for s, t in keys.items() if s.startswith(f"{key}.")}
+            if (err := _container_error(v, {**keys, **sub}, f"{key}.")) is not None:
+                return err
+    return None
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def section_view(cfg: DictConfig, name: str) -> DictConfig:

@@ -118,6 +118,8 @@ def parse_space(items: Sequence[str]) -> Tuple[List[str], Dict[str, Dim]]:
         if kind == "range":
             if not (1 <= len(args) <= 3 and all(isinstance(a, int) and not isinstance(a, bool) for a in args)):
                 raise ConfigError(f"{item!r}: range takes 1 to 3 ints, as Python's range")
+            if len(range(*args)) > MAX_TRIALS:
+                raise ConfigError(f"{item!r}: {len(range(*args))} values, more than flowkit tune's {MAX_TRIALS} trials")
             kind, args = "choice", list(range(*args))
         if kind == "choice" and not args:
             raise ConfigError(f"{item!r}: an empty choice")
@@ -281,15 +283,51 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
 
 
+# the columns of a run's result rows (flowkit.core.context: make_result, evaluate) that Tune can
+# rank by; per-policy, learner, custom and perf columns have a `/` in their names
+METRICS = ("episode_return_mean", "episode_len_mean", "env_steps_sampled", "env_steps_trained",
+           "agent_steps_sampled", "agent_steps_trained", "episodes_this_iter", "episodes_total", "num_updates",
+           "num_worker_restarts", "iteration", "time_total_s", "time_this_iter_s", "env_steps_per_s",
+           "env_steps_trained_per_s", "evaluation_return_mean", "evaluation_return_std", "evaluation_len_mean")
+MAX_TRIALS = 10_000
+
+
+def check_args(a: argparse.Namespace) -> None:
+    """The flags' values, as config keys are checked.
+
+    Raises:
+        ConfigError: ``--num-samples``/``--max-concurrent`` below 1, ``--grace-period`` not
+            > 0, or a ``--metric`` that is not a result column.
+    """
+    from flowkit.config import ConfigError
+    for flag, v in (("--num-samples", a.num_samples), ("--max-concurrent", a.max_concurrent)):
+        if v is not None and not 1 <= v <= MAX_TRIALS:
+            raise ConfigError(f"{flag}={v} must be in [1, {MAX_TRIALS}]")
+    if a.grace_period is not None and not (math.isfinite(a.grace_period) and a.grace_period > 0):
+        raise ConfigError(f"--grace-period={a.grace_period:g} must be finite and > 0")
+    if a.metric not in METRICS and "/" not in a.metric:
+        import difflib
+        close = difflib.get_close_matches(a.metric, METRICS, n=1)
+        raise ConfigError(f"--metric={a.metric!r} is not a result column ({', '.join(METRICS[:3])}, ..., or a "
+                          f"column with a '/' such as policy/<id>/episode_return_mean)"
+                          + (f"; did you mean `{close[0]}`?" if close else ""))
+
+
 def _tune(a: argparse.Namespace) -> int:
     from flowkit.cli import shown_path, tuned_config_path
     from flowkit.config import ConfigError, build_config, plugin_modules_from
     from flowkit.hooks import get_plugin_manager
+    check_args(a)
     plain, space = parse_space(a.overrides)
     a.scheduler = a.scheduler or ("none" if set(space) == {"seed"} else "asha")  # seeds: a multirun, none stops
     if not space:
         raise ConfigError("nothing to search: give at least one key=choice(...), range(...), uniform(...), "
                           "loguniform(...) or randint(...)")
+    n_grid = math.prod(len(d.args) for d in space.values() if d.kind == "choice") if a.search == "grid" else 1
+    samples = a.num_samples or (1 if a.search == "grid" else 10)
+    if n_grid * samples > MAX_TRIALS:
+        raise ConfigError(f"{n_grid} grid points x {samples} samples = {n_grid * samples} trials, more than "
+                          f"flowkit tune's {MAX_TRIALS}")
     files = [os.path.abspath(f) for f in a.config_file or []]  # trials may run elsewhere
     pm = get_plugin_manager(plugin_modules_from(plain, files))
     cfg = build_config(plain, files, pm.config_sections())
@@ -310,6 +348,9 @@ def _tune(a: argparse.Namespace) -> int:
     sweep_dir = os.path.abspath(cfg.run.dir or os.path.join(
         "runs", f"tune-{cfg.algo}-{env_name(cfg.env).replace(':', '_').replace('/', '_')}-"
                 f"{time.strftime('%Y%m%d-%H%M%S')}"))
+    if os.path.exists(os.path.join(sweep_dir, "tune_results.csv")) or os.path.isdir(os.path.join(sweep_dir, "tune")):
+        raise ConfigError(f"run.dir={shown_path(sweep_dir)} holds an earlier sweep (tune_results.csv or tune/); "
+                          "give a new run.dir")
     base = [o for o in plain if not o.startswith("run.dir=")]
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's console output off (verbose=0): our table instead
@@ -329,8 +370,6 @@ def _tune(a: argparse.Namespace) -> int:
     at_once = max(1, int(cpus // per_trial)) if per_trial else None
     if a.max_concurrent:
         at_once = min(at_once or a.max_concurrent, a.max_concurrent)
-    n_grid = math.prod(len(d.args) for d in space.values() if d.kind == "choice") if a.search == "grid" else 1
-    samples = a.num_samples or (1 if a.search == "grid" else 10)
     print(f"flowkit tune: {n_grid * samples} trials ({a.search} search"
           f"{f', {n_grid} grid points x {samples}' if a.search == 'grid' else ''}) of {cfg.algo} on "
           f"{env_name(cfg.env)}{f', base {shown_path(tuned)}' if tuned else ''}; trial resources: {res_text}; "

@@ -246,3 +246,39 @@ def test_every_config_dry_run_accepts_runs_one_iteration(tmp_path_factory, algo,
         assume(False)  # several valid values that do not fit together: refused before anything starts
     res = flowkit.train(local_overrides(run_dir, *ov))
     assert res.metrics["iteration"] == 1
+
+
+# ---- issue 28 item 3: sizes, container types, duplicates --------------------------------------
+@pytest.mark.parametrize("override,message", [
+    ("runtime.num_envs_per_worker=1e9", r"runtime.num_envs_per_worker=1000000000 must be in \[1, 4096\]"),
+    ("runtime.rollout_fragment_length=1e12", r"runtime.rollout_fragment_length=1000000000000 must be in \[1, 16777216\]"),
+    ("runtime.num_workers=1e6", r"runtime.num_workers=1000000 must be in \[0, 1024\]"),
+    ("ppo.train_batch_size=1e9", r"ppo.train_batch_size=1000000000 must be in \[1, 16777216\]"),
+    ("evaluation.episodes=1e9", r"evaluation.episodes=1000000000 must be in \[1, 100000\]"),
+    ("runtime.async_requests_per_worker=1e9", r"async_requests_per_worker=1000000000 must be in \[1, 64\]"),
+    ("runtime.num_envs_per_worker=4000 runtime.rollout_fragment_length=10000",
+     r"runtime.num_workers=2 x num_envs_per_worker=4000 x rollout_fragment_length=10000 = 80000000 env steps "
+     r"is over flowkit's limit of 16777216"),
+    ("model.hidden_sizes={}", r"`model.hidden_sizes` must be a list, got \{\}"),
+    ("model.hidden_sizes=[[64]]", r"`model.hidden_sizes\[0\]` must be an int, got \[64\]"),
+    ("env.kwargs=[1,2]", r"`env.kwargs` must be a mapping, got \[1, 2\]"),
+    ("multiagent.policies=[a]", r"`multiagent.policies` must be a mapping, got \['a'\]"),
+    ("run.reporters=[csv,progress,csv]", r"run.reporters: 'csv' listed more than once"),
+])
+def test_sizes_and_container_types_are_one_line_config_errors(override, message):
+    """Each hung, exhausted memory or ended in a TypeError/pluggy traceback before (issue 28 item 3)."""
+    with pytest.raises(ConfigError, match=message):
+        validate("env=CartPole-v1", "runtime.num_workers=2", "runtime.num_envs_per_worker=2",
+                 "runtime.rollout_fragment_length=64", *override.split())
+
+
+def test_a_plugin_module_without_hooks_is_refused():
+    with pytest.raises(flowkit.PluginError, match=r"plugin module 'os' \(from `plugins`\) implements no flowkit hook"):
+        validate("env=CartPole-v1", "plugins=[os]")
+
+
+def test_minibatch_larger_than_a_round_warns_that_an_epoch_is_one_step():
+    with pytest.warns(UserWarning, match=r"ppo.minibatch_size=1000 is larger than one sampling round.* = 256\): "
+                                         r"each epoch is one step over the whole round"):
+        validate("env=CartPole-v1", "runtime.num_workers=2", "runtime.num_envs_per_worker=2",
+                 "runtime.rollout_fragment_length=64", "ppo.minibatch_size=1000")

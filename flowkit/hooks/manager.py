@@ -102,7 +102,8 @@ class PluginManager(pluggy.PluginManager):
         call :meth:`check_hooks`).
 
         Raises:
-            PluginError: a module that does not import (named, with ``where`` it was listed).
+            PluginError: a module that does not import, or implements no flowkit hook (named, with
+                ``where`` it was listed).
         """
         for mod in modules:
             if self.get_plugin(mod) is None:
@@ -114,6 +115,10 @@ class PluginManager(pluggy.PluginManager):
                     raise PluginError(f"plugin module {mod!r} (from {where}) failed to import: "
                                       f"{type(e).__name__}: {e}{hint}") from e
                 self.register(obj, name=mod)
+                if not self.get_hookcallers(obj):
+                    self.unregister(obj)
+                    raise PluginError(f"plugin module {mod!r} (from {where}) implements no flowkit hook "
+                                      "(a plugin defines flowkit_* functions, e.g. flowkit_add_algorithms)")
 
     def check_hooks(self) -> None:
         """``check_pending()``, an unknown ``flowkit_*`` hook name raised as a PluginError."""

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, List, Optional
 
 import flowkit
-from flowkit.config import ConfigError, F
+from flowkit.config import MAX_BATCH_ROWS, ConfigError, F
 from flowkit.hooks import lazy_attrs
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ class _OffPolicyConfig:
     lr: float = F(1e-3, "Adam learning rate (every network; SAC's temperature too)", gt=0)
     gamma: float = F(0.99, "discount factor", ge=0, le=1)
     tau: float = F(0.005, "Polyak averaging: target <- (1 - tau) * target + tau * online", gt=0, le=1)
-    train_batch_size: int = F(256, "replayed transitions per gradient step", gt=0)
+    train_batch_size: int = F(256, "replayed transitions per gradient step", gt=0, le=MAX_BATCH_ROWS)
     buffer_size: int = F(1_000_000, "replay capacity in transitions (per policy)", gt=0)
     learning_starts: int = F(100, "env steps sampled before the first gradient step; until the first trained "
                                   "weights reach a worker it acts uniformly at random", ge=0)
