@@ -66,6 +66,14 @@ class DQNActing(Acting):
         """Q-values float32[B, num_actions] of encoded observations float32[B, *shape]."""
         raise NotImplementedError
 
+    def exploration_state(self) -> Dict[str, Any]:
+        """``{"epsilon": float}``: sent to the workers before their first sample (a resumed
+        run's workers go on at the checkpoint's epsilon, not ``initial_epsilon``)."""
+        return {"epsilon": float(self.epsilon)}
+
+    def set_exploration_state(self, state: Mapping[str, Any]) -> None:
+        self.epsilon = float(state.get("epsilon", self.epsilon))
+
     def compute_actions_encoded(self, obs, mask=None, explore=True):
         q = self.q_values(obs)
         if mask is not None:
