@@ -15,7 +15,7 @@ import os
 import re
 import signal
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 USAGE = """flowkit train [-c FILE ...] [--no-tuned] [--dry-run | --print-config] [key=value ...]
 flowkit plan [-c FILE ...] [--no-tuned] [key=value ...]
@@ -25,7 +25,8 @@ flowkit export RUN_DIR|CHECKPOINT --format torchscript|onnx [--out PATH] [--poli
 flowkit plot RUN_DIR... [--x env_steps|time] [--metric M] [--out FILE]
 flowkit tune [-c FILE ...] [--no-tuned] [--metric M] [--mode max|min] [--search grid|random|optuna]
              [--num-samples N] [--scheduler asha|none] [--grace-period T] [--max-concurrent K]
-             [key=value ...] [key=choice(a,b) key=range(3) ...]"""
+             [key=value ...] [key=choice(a,b) key=range(3) ...]
+flowkit --version"""
 SUBCOMMANDS = {"plot": "flowkit.plot", "tune": "flowkit.tune"}  # commands with arguments of their own
 
 
@@ -50,6 +51,34 @@ def shown_path(path: str) -> str:
     return os.path.realpath(path) if rel.startswith("..") else rel
 
 
+def option_hint(argv: Sequence[str], unknown: Sequence[str]) -> Optional[str]:
+    """The error for options a command does not take among ``unknown`` (``--episodes 5``,
+    ``--episodes=5``, ``-x``), with the ``key=value`` to write instead (``episodes=5``: a
+    flag's value is the word after it unless that is an option or a key=value); None when
+    ``unknown`` holds no option."""
+    flags = [u for u in unknown if len(u) > 1 and u.startswith("-") and not _is_number(u)]
+    if not flags:
+        return None
+    hints = []
+    for f in flags:
+        key, eq, val = f.lstrip("-").partition("=")
+        if not eq:
+            i = list(argv).index(f) + 1
+            nxt = argv[i] if i < len(argv) else ""
+            val = nxt if nxt and not nxt.startswith("-") and "=" not in nxt else "VALUE"
+        hints.append(f"{key}={val}")
+    return (f"unrecognised option{'s' * (len(flags) > 1)} {' '.join(f.partition('=')[0] for f in flags)}: "
+            f"settings are key=value words, not --options; write {' '.join(hints)}")
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+        return True
+    except ValueError:
+        return False
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="flowkit", description="Reinforcement learning as dataflow, on Ray.",
                                 usage=USAGE, add_help=False)
@@ -61,6 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="validate the config and print the plan; start nothing")
     p.add_argument("--mermaid", action="store_true", help="plan: print only the Mermaid graph")
     p.add_argument("-h", "--help", action="store_true")
+    p.add_argument("-V", "--version", action="store_true", help="print flowkit's version")
     p.add_argument("overrides", nargs="*", help="config overrides key=value")
     return p
 
@@ -95,13 +125,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         import importlib
         return int(importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:]))
     args, unknown = _parser().parse_known_args(argv)
-    overrides = list(args.overrides) + [u for u in unknown if "=" in u]
-    bad = [u for u in unknown if "=" not in u]
+    if args.version:
+        from flowkit import __version__
+        print(f"flowkit {__version__}")
+        return 0
+    overrides = list(args.overrides) + [u for u in unknown if "=" in u and not u.startswith("-")]
+    bad = [u for u in unknown if "=" not in u or u.startswith("-")]
     if args.help or args.command is None:
         print(_help(overrides))
         return 0 if args.help else 2
     if bad:
-        print(f"flowkit: error: unrecognised arguments {bad}", file=sys.stderr)
+        print(f"flowkit: error: {option_hint(argv, bad) or f'unrecognised arguments {bad}'}", file=sys.stderr)
         return 2
     from flowkit.config import (
         ConfigError,
@@ -257,7 +291,9 @@ def _evaluate(argv: List[str]) -> int:
     p.add_argument("args", nargs="*", help="key=value")
 
     def run() -> int:
-        a = p.parse_args(argv)
+        a, unknown = p.parse_known_args(argv)
+        if unknown:
+            raise _ArgError(option_hint(argv, unknown) or f"unrecognised arguments {unknown}")
         if a.help:
             from flowkit.config import schema_keys
             from flowkit.evaluation import EvaluateArgs
