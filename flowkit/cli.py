@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import gc
 import os
 import re
+import shutil
 import signal
 import sys
 from typing import Any, Dict, List, Optional, Sequence
@@ -340,7 +342,10 @@ def _export(argv: List[str]) -> int:
         path = _checkpoint_path("export", a.path)
         from flowkit.checkpoint import find_checkpoint, load_trained
         from flowkit.export import export_policy
-        ck = find_checkpoint(path)
+        try:
+            ck = find_checkpoint(path)
+        except FileNotFoundError as e:  # a folder without checkpoints
+            raise _ArgError(str(e)) from None
         algo = load_trained(ck)
         if a.policy is None and len(algo.policies) > 1:
             raise _ArgError(f"the run has several policies ({', '.join(algo.policies)}): name one with --policy")
@@ -351,10 +356,18 @@ def _export(argv: List[str]) -> int:
                                         f"{'.pt' if a.fmt == 'torchscript' else '.onnx'}")
         out = os.path.abspath(out)
         new_dir = _top_missing_dir(os.path.dirname(out))
-        try:
-            sig = export_policy(algo.policies[pid], a.fmt, out)  # creates the missing folders
-        except ValueError as e:
-            raise _ArgError(f"policy {pid!r}: {e}") from None
+        tmp = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.tmp-{os.getpid()}")
+        try:  # into a temporary file, renamed once written and checked: a failure leaves nothing behind
+            sig = export_policy(algo.policies[pid], a.fmt, tmp)  # creates the missing folders
+            os.replace(tmp, out)
+        except Exception as e:  # any failure (a module the exporter cannot take, a full disk): one line
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            if new_dir:
+                shutil.rmtree(new_dir, ignore_errors=True)
+            why = (str(e) if isinstance(e, ValueError) else
+                   f"cannot write it as {a.fmt}: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}")
+            raise _ArgError(f"policy {pid!r}: {why.replace(tmp, out)}") from None
         ins = [f"{d['name']}: {d['dtype']}[{', '.join(map(str, d['shape']))}]" for d in sig["inputs"] + sig["outputs"]]
         print(f"wrote {out} ({a.fmt}, policy {pid!r}): ({', '.join(ins[:-1])}) -> {ins[-1]}"
               + (f"; created the folder {new_dir}" if new_dir else ""))
