@@ -309,6 +309,45 @@ def test_resumed_workers_explore_at_the_restored_epsilon_from_the_first_sample(r
     assert max(e for _, e in seen) == pytest.approx(restored)  # never back to initial_epsilon
 
 
+RESUME_RUNS = {
+    "dqn": ["algo=dqn", "env=CartPole-v1", "dqn.learning_starts=32", "dqn.train_batch_size=16",
+            "dqn.epsilon_timesteps=400"],
+    "sac-gsde": ["algo=sac", "env=Pendulum-v1", "sac.learning_starts=32", "sac.train_batch_size=16",
+                 "sac.use_sde=true", "sac.sde_sample_freq=8"],
+    "td3": ["algo=td3", "env=Pendulum-v1", "td3.learning_starts=32", "td3.train_batch_size=16"],
+    "ppo-gsde": ["algo=ppo", "env=Pendulum-v1", "ppo.use_sde=true", "ppo.normalize_observations=true",
+                 "ppo.train_batch_size=64", "ppo.minibatch_size=32", "ppo.num_epochs=1"],
+}
+
+
+@pytest.mark.parametrize("name", list(RESUME_RUNS))
+def test_resumed_workers_sample_first_with_the_checkpoints_acting_state(name, run_dir, monkeypatch):
+    """Each worker's first post-resume fragment is sampled with the checkpoint's weights (SAC/TD3:
+    with its update count, so not uniformly at random) and exploration state (DQN: epsilon)."""
+    from flowkit.core.workers import RolloutWorker
+    flowkit.train(local_overrides(run_dir, "runtime.num_workers=2", "runtime.num_envs_per_worker=1",
+                                  "runtime.rollout_fragment_length=16", "model.hidden_sizes=[16]",
+                                  *RESUME_RUNS[name], "stop.env_steps=128"))
+    driver = flowkit.Algorithm.from_checkpoint(run_dir).get_policy()
+    want_w, want_x = driver.get_weights(), driver.exploration_state()
+    assert driver.num_updates > 0 and (name != "dqn" or 0.1 < want_x["epsilon"] < 0.9)
+    seen, sample = {}, RolloutWorker.sample
+
+    def spy(self, *args, **kwargs):
+        if self.index not in seen:
+            pol = self.policies["default"]
+            seen[self.index] = ({k: np.array(v) for k, v in pol.get_weights().items()}, pol.exploration_state())
+        return sample(self, *args, **kwargs)
+    monkeypatch.setattr(RolloutWorker, "sample", spy)
+    flowkit.train(["resume=" + run_dir, "stop.env_steps=192"])
+    assert sorted(seen) == [0, 1]
+    for w, x in seen.values():
+        assert x == want_x
+        assert sorted(w) == sorted(want_w)
+        for k in want_w:
+            np.testing.assert_array_equal(w[k], want_w[k], err_msg=k)
+
+
 @pytest.mark.parametrize("apex", [False, True])
 def test_rebuilt_and_new_workers_start_at_the_learners_epsilon(run_dir, apex):
     """A worker has its epsilon before its first sample: at start (Ape-X: its own) and when
@@ -317,6 +356,7 @@ def test_rebuilt_and_new_workers_start_at_the_learners_epsilon(run_dir, apex):
                                           "runtime.num_envs_per_worker=1", "runtime.rollout_fragment_length=8",
                                           "dqn.learning_starts=32", "dqn.train_batch_size=8",
                                           "dqn.epsilon_timesteps=200", "model.hidden_sizes=[8]",
+                                          "evaluation.episodes=2", "evaluation.explore=true",
                                           *(["dqn.num_replay_shards=2"] if apex else [])))
     ctx = setup(cfg, pm, run_dir)
     try:
@@ -334,6 +374,9 @@ def test_rebuilt_and_new_workers_start_at_the_learners_epsilon(run_dir, apex):
         new = ctx.workers.actors[1]
         assert new is not old and new.obj.restart_count == 1
         assert new.obj.policies["default"].epsilon == pytest.approx(want[1])
+        if not apex:  # evaluation.explore=true explores as training does (it used initial_epsilon)
+            ctx.evaluate()
+            assert ctx._eval_worker.policies["default"].epsilon == pytest.approx(learner_eps)
     finally:
         ctx.shutdown()
 

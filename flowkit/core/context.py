@@ -225,6 +225,7 @@ class RunContext(FlowContext):
             self._eval_worker = RolloutWorker(self.config, -1, self.workers.num_workers, self.policy_specs,
                                               pm=self.pm, num_envs=max(1, min(int(ev.episodes), 8)))
         self._eval_worker.set_weights(self.get_weights(None), self.counters["num_updates"])
+        self._eval_worker.set_exploration_state(self._exploration_states(-1))  # evaluation.explore=true: as training
         with self.timers["evaluate"]:
             eps = self._eval_worker.evaluate(int(ev.episodes), bool(ev.explore))
         rets = [e["return"] for e in eps]
