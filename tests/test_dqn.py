@@ -261,6 +261,8 @@ def test_c11_checkpoint_restore_continues_the_same_run(tmp_path):
         assert torch.equal(s2["exp_avg"], s1["exp_avg"]) and torch.equal(s2["exp_avg_sq"], s1["exp_avg_sq"])
         for k in w1:
             np.testing.assert_array_equal(w1[k], w2[k], err_msg=f"{algo}: {k}")
+        assert s2["worker_exploration"] == s1["worker_exploration"]  # the next fragment explores alike
+    assert r1["dqn"][1]["worker_exploration"] == {"epsilon": pytest.approx(0.43)}
     assert r1["dqn"][1]["counters"]["env_steps_sampled"] == 300
     assert r1["dqn"][1]["epsilon"] == pytest.approx(1 - 0.95 * 300 / 500) == pytest.approx(0.43)
     out = from_plain(torch.load(f"{work['dqn']}/run2.pt", weights_only=True))
