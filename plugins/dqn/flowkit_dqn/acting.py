@@ -57,7 +57,7 @@ def compute_n_step(rewards: np.ndarray, ends: np.ndarray, gamma: float,
 class DQNActing(Acting):
     """Epsilon-greedy acting over :meth:`q_values` (legal actions only) and the n-step
     postprocessing: what a DQN policy does on a rollout worker. ``epsilon`` is set from
-    outside (:class:`SetEpsilon`)."""
+    outside (:class:`SetEpsilon`; a new worker's first through :meth:`set_exploration_state`)."""
     epsilon: float
     config: Any
     np_random: np.random.Generator
