@@ -273,7 +273,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    a = _parser().parse_intermixed_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a, unknown = _parser().parse_known_intermixed_args(argv)
+    from flowkit.cli import option_hint
+    if (hint := option_hint(argv, unknown)) is not None:
+        print(f"flowkit tune: error: {hint}", file=sys.stderr)
+        return 2
+    if unknown:
+        _parser().error(f"unrecognized arguments: {' '.join(unknown)}")
     from flowkit.config import ConfigError
     from flowkit.hooks import PluginError
     try:

@@ -73,6 +73,14 @@ class Algorithm:
         """
         raise NotImplementedError
 
+    def worker_exploration_state(self, policy_id: str, state: Dict[str, Any], worker_index: int,
+                                 num_workers: int) -> Dict[str, Any]:
+        """The exploration state a new rollout worker ``worker_index`` (of ``num_workers``) gets
+        for ``policy_id`` before its first sample (at start, rebuilt, resumed), from ``state``,
+        the driver policy's :meth:`~flowkit.core.Policy.exploration_state`. Default: ``state``
+        (Ape-X gives each worker its own epsilon)."""
+        return state
+
     def get_state(self) -> Dict[str, Any]:
         """Algorithm-level state for checkpoints, as plain data (policies, learners and
         replay buffers are saved on their own). None by default."""

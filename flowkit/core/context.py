@@ -155,6 +155,20 @@ class RunContext(FlowContext):
             self.workers.weights_version = max(lr.num_updates for lr in self.learners.values())
         return self.get_weights(None)
 
+    def _exploration_states(self, worker_index: int) -> Dict[str, Any]:
+        """``{policy_id: exploration state}`` for a new worker ``worker_index``: the driver
+        policy's :meth:`~flowkit.core.Policy.exploration_state` (restored on resume), as its
+        algorithm's :meth:`~flowkit.Algorithm.worker_exploration_state` gives it to that
+        worker (Ape-X: the worker's own epsilon); policies with nothing to send left out."""
+        out = {}
+        for pid, st in self._read(lambda pol: pol.exploration_state()).items():
+            algo = self.algorithms.get(self.policy_specs[pid].algo)
+            if algo is not None:
+                st = algo.worker_exploration_state(pid, st, worker_index, self.workers.num_workers)
+            if st:
+                out[pid] = st
+        return out
+
     def request_stop(self, reason: str) -> None:
         """Stop the run after the current iteration (from ``flowkit_on_train_result``);
         ``reason`` becomes the run's ``stop_reason``."""
@@ -211,6 +225,7 @@ class RunContext(FlowContext):
             self._eval_worker = RolloutWorker(self.config, -1, self.workers.num_workers, self.policy_specs,
                                               pm=self.pm, num_envs=max(1, min(int(ev.episodes), 8)))
         self._eval_worker.set_weights(self.get_weights(None), self.counters["num_updates"])
+        self._eval_worker.set_exploration_state(self._exploration_states(-1))  # evaluation.explore=true: as training
         with self.timers["evaluate"]:
             eps = self._eval_worker.evaluate(int(ev.episodes), bool(ev.explore))
         rets = [e["return"] for e in eps]
@@ -260,4 +275,5 @@ def make_context(config: DictConfig, pm: Any, algorithms: Dict[str, Any],
                      np.random.default_rng(derive_seed(seed, "learner")), run_dir,
                      bool(off if rt.prefetch is None else rt.prefetch))
     ctx.workers.weights_fn = ctx._initial_weights
+    ctx.workers.exploration_fn = ctx._exploration_states
     return ctx

@@ -169,6 +169,12 @@ class RolloutWorker:
     def get_weights(self) -> Dict[str, Dict[str, np.ndarray]]:
         return {pid: p.get_weights() for pid, p in self.policies.items()}
 
+    def set_exploration_state(self, states: Dict[str, Dict[str, Any]]) -> None:
+        """``{policy_id: Acting.exploration_state()}`` into this worker's policies (others ignored)."""
+        for pid, st in states.items():
+            if pid in self.policies:
+                self.policies[pid].set_exploration_state(st)
+
     def apply(self, fn: Callable[["RolloutWorker"], Any]) -> Any:
         return fn(self)
 
@@ -291,17 +297,22 @@ class WorkerSet:
     includes the restart count, at most ``runtime.max_worker_restarts`` consecutive times per
     slot without a successful sample in between. A sample request not answered within
     ``runtime.sample_timeout_s`` counts as a failure (start-up, the first ``ping``, excluded).
+
+    A new worker (at start, a rebuilt one) gets, before its first sample, the weights of
+    ``weights_fn()`` and the exploration state of ``exploration_fn(worker_index)``
+    (``{policy_id: Acting.exploration_state()}``; DQN's epsilon): see :meth:`_sync_initial`.
     """
 
     def __init__(self, config: Any, policy_specs: Dict[str, PolicySpec], pm: Any,
                  weights_fn: Optional[Callable[[], Dict[str, Any]]] = None,
-                 remote_specs: Optional[Dict[str, PolicySpec]] = None):
+                 remote_specs: Optional[Dict[str, PolicySpec]] = None,
+                 exploration_fn: Optional[Callable[[int], Dict[str, Any]]] = None):
         self.config, self.policy_specs, self.pm = config, policy_specs, pm
         self.remote_specs = remote_specs or policy_specs  # what Ray actors build (Policy.worker_policy_class)
         self.backend = config.runtime.backend
         self.num_workers = max(1, int(config.runtime.num_workers))
         self.sample_timeout_s = float(config.runtime.get("sample_timeout_s", 300.0))
-        self.weights_fn = weights_fn
+        self.weights_fn, self.exploration_fn = weights_fn, exploration_fn
         self._actors: Optional[List[Any]] = None
         self.prestarted: Optional[tuple] = None  # (key, Ray actor handles) of :func:`prestart`, taken by start()
         self.restart_counts, self.consecutive_failures = [0] * self.num_workers, [0] * self.num_workers
@@ -357,8 +368,19 @@ class WorkerSet:
             except Exception as e:
                 if not self.on_failure(a, e):
                     raise
+        self._sync_initial(self._actors)
+
+    def _sync_initial(self, actors: Sequence[Any]) -> None:
+        """Weights (``weights_fn``) and exploration state (``exploration_fn``) to new ``actors``;
+        a Ray actor runs calls in the order sent, so both are set before its first sample."""
         if self.weights_fn is not None:
-            self.sync_weights(self.weights_fn())
+            self.sync_weights(self.weights_fn(), actors)
+        fn = self.exploration_fn
+        for a in actors:
+            if fn is not None and (states := fn(a.index)):
+                fut = a.submit("set_exploration_state", states)
+                if not a.is_remote:  # in-process: an error raises here
+                    get_result(fut)
 
     def _await_pings(self, actors: Sequence[Any], bound: Optional[float]) -> Dict[int, Any]:
         """``{index: ping future}`` of ``actors``; on Ray, once each answered (or failed). While
@@ -495,6 +517,5 @@ class WorkerSet:
                 return True
             raise e2 from exc  # the latest failure, chained to the one before it
         self._actors = [new if a is actor else a for a in self._actors]
-        if self.weights_fn is not None:
-            self.sync_weights(self.weights_fn(), [new])
+        self._sync_initial([new])
         return True

@@ -273,6 +273,15 @@ class DQN(flowkit.Algorithm):
     def get_rollout_mode(self) -> str:
         return "async" if self.config.num_replay_shards > 0 else self.rollout_mode
 
+    def worker_exploration_state(self, policy_id, state, worker_index, num_workers):
+        """Ape-X: worker ``worker_index``'s fixed epsilon (:func:`apex_epsilon`); else the
+        learner's (the schedule's value at the env steps sampled, restored on resume)."""
+        if self.config.num_replay_shards > 0 and "epsilon" in state:
+            cfg = self.config
+            return {**state, "epsilon": apex_epsilon(worker_index, num_workers, cfg.apex_epsilon_base,
+                                                     cfg.apex_epsilon_alpha)}
+        return state
+
     def round_robin_weights(self, round_env_steps: int) -> List[float]:
         """``[1, k]``: k train steps (``train_batch_size`` transitions each) per sampled item
         of ``round_env_steps``, so trained/sampled = ``training_intensity``."""

@@ -37,6 +37,21 @@ def polyak(target: torch.Tensor, online: torch.Tensor, tau: float) -> None:
     target.lerp_(online, tau)
 
 
+class GreedyActor(nn.Module):
+    """Encoded observation float32[B, obs_dim] -> greedy action float32[B, k] in [-1, 1]:
+    ``tanh`` of the actor's first ``k`` outputs (SAC: the squashed Gaussian's mode
+    ``tanh(mean)``, gSDE too; TD3: the deterministic ``mu(s)``), what ``compute_actions(obs,
+    explore=False)`` acts with. ``flowkit export`` wraps it (the Box scaling follows); it
+    shares the actor's parameters."""
+
+    def __init__(self, actor: nn.Module, act_dim: int):
+        super().__init__()
+        self.actor, self.act_dim = actor, int(act_dim)
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.actor(obs)[:, :self.act_dim])
+
+
 class OffPolicyActorCritic(Policy):
     """Base of :class:`~flowkit_sac.SACPolicy` and :class:`~flowkit_sac.TD3Policy`.
 
@@ -71,6 +86,11 @@ class OffPolicyActorCritic(Policy):
         self.optimizer = self.make_optimizer(self.config.lr, sizes=sizes)
         self.actor_flat = self._flat[n_critic:n_critic + n_actor]
         assert torch.equal(self.target_flat, self._flat[:self.target_flat.numel()]), "target modules come first"
+
+    def action_model(self) -> nn.Module:
+        """The deterministic actor, :class:`GreedyActor` (see :meth:`Policy.action_model`):
+        the greedy action in [-1, 1], which the exported module scales to the Box bounds."""
+        return GreedyActor(self.model.actor, self.act_dim)
 
     # -- acting (worker) --
     def act(self, obs: torch.Tensor, explore: bool) -> torch.Tensor:
