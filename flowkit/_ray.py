@@ -112,8 +112,9 @@ def _init(kw: Dict[str, Any], prestart_cfg: Any) -> None:
     _connect(kw)
     if _S["error"] is None and prestart_cfg is not None:
         from flowkit.core.workers import prestart
+        from flowkit.hooks.manager import worker_plugin_manager
         with contextlib.suppress(Exception):  # (the run then creates its workers itself)
-            _S["prestarted"] = prestart(prestart_cfg)
+            _S["prestarted"] = prestart(prestart_cfg, worker_plugin_manager)
     _S["ready"].set()
     if _S["error"] is None:
         _S["cancel"].wait()

@@ -73,6 +73,7 @@ from flowkit.core.learner import NonFiniteError
 from flowkit.core.ops import StandardMetricsReporting
 from flowkit.core.workers import kill_prestarted
 from flowkit.hooks import PluginError, get_plugin_manager
+from flowkit.hooks.manager import worker_plugin_manager
 from flowkit.reporters import kept_rows, read_metrics  # noqa: F401  (read_metrics: public here too)
 
 
@@ -161,13 +162,14 @@ def setup(cfg: DictConfig, pm: Any, run_dir: Optional[str] = None) -> RunContext
     for w in warns:
         warnings.warn(w, stacklevel=2)
     try:
-        ctx = make_context(cfg, pm, instances, specs, run_dir)
+        ctx = make_context(cfg, pm, instances, specs, run_dir, make_pm=worker_plugin_manager)
     except (MemoryError, RuntimeError) as e:  # torch reports a failed allocation as a RuntimeError
         if "allocate" not in str(e):
             raise
         raise ConfigError(f"the networks do not fit in memory (model.hidden_sizes={list(cfg.model.hidden_sizes)}): "
                           f"{str(e).splitlines()[0]}") from None
     ctx.config_warnings = warns
+    ctx.workers.sample_deadline = GUARD.sample_deadline  # its watchdog interrupts a local sample
     return ctx
 
 

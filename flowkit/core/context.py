@@ -237,9 +237,11 @@ class RunContext(FlowContext):
 
 
 def make_context(config: DictConfig, pm: Any, algorithms: Dict[str, Any],
-                 policy_specs: Dict[str, PolicySpec], run_dir: Optional[str] = None) -> RunContext:
+                 policy_specs: Dict[str, PolicySpec], run_dir: Optional[str] = None,
+                 make_pm: Optional[Any] = None) -> RunContext:
     """The driver-side policies (on ``learner.device``), the unstarted WorkerSet and the
-    context holding them.
+    context holding them (``make_pm``: builds the Ray workers' plugin managers, see
+    :class:`WorkerSet`).
 
     Raises:
         ConfigError: ``learner.device`` is a CUDA device and torch sees none.
@@ -256,7 +258,7 @@ def make_context(config: DictConfig, pm: Any, algorithms: Dict[str, Any],
     remote = {pid: replace(s, policy_class=c) if (c := policies[pid].worker_policy_class()) else s
               for pid, s in policy_specs.items()} if config.runtime.backend == "ray" else None
     ctx = RunContext(config, pm, algorithms, policy_specs, policies,
-                     WorkerSet(config, policy_specs, pm, remote_specs=remote),
+                     WorkerSet(config, policy_specs, pm, remote_specs=remote, make_pm=make_pm),
                      np.random.default_rng(derive_seed(seed, "learner")), run_dir,
                      bool(off if rt.prefetch is None else rt.prefetch))
     ctx.workers.weights_fn = ctx._initial_weights

@@ -212,6 +212,12 @@ def get_plugin_manager(plugin_modules: Sequence[str] = (), include_registered: b
     return pm
 
 
+def worker_plugin_manager(plugin_modules: Sequence[str]) -> PluginManager:
+    """A rollout worker's plugin manager (the ``make_pm`` of :class:`flowkit.core.WorkerSet`):
+    importable plugins only; objects registered in code stay on the driver."""
+    return get_plugin_manager(plugin_modules, include_registered=False)
+
+
 def lazy_attrs(home: Dict[str, str]) -> Any:
     """A module ``__getattr__`` (PEP 562) importing each name of ``home`` (name -> module) on
     first use: a plugin's entry-point module keeps torch out (``__getattr__ =
