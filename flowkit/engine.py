@@ -70,36 +70,12 @@ from flowkit.config import ConfigError, build_config, check_run, plugin_modules_
 from flowkit.core import EnvContext, derive_seed, env_name, make_env
 from flowkit.core.context import RunContext, make_context
 from flowkit.core.learner import NonFiniteError
+from flowkit.core.metrics import Result
 from flowkit.core.ops import StandardMetricsReporting
 from flowkit.core.workers import kill_prestarted
 from flowkit.hooks import PluginError, get_plugin_manager
 from flowkit.hooks.manager import worker_plugin_manager
 from flowkit.reporters import kept_rows, read_metrics  # noqa: F401  (read_metrics: public here too)
-
-
-class Result:
-    """What :func:`train` returns.
-
-    Attributes:
-        metrics: the last result row, plus the final evaluation if any (``{column: value}``,
-            the columns of ``metrics.csv``; also written to ``result.json``).
-        history: every row, in order (a resumed run: the rows kept up to its checkpoint, then
-            the new ones).
-        run_dir: the run folder.
-        checkpoint: the last checkpoint folder, or None when none was written.
-        stop_reason: why the run stopped, e.g. ``stop.env_steps=100000 reached`` or
-            ``interrupted (SIGTERM)``.
-        config: the resolved config (an OmegaConf DictConfig).
-    """
-
-    def __init__(self, metrics, history, run_dir, checkpoint, stop_reason, config):
-        self.metrics, self.history, self.run_dir = metrics, history, run_dir
-        self.checkpoint, self.stop_reason, self.config = checkpoint, stop_reason, config
-
-    def __repr__(self) -> str:
-        r = self.metrics.get("episode_return_mean")
-        return (f"Result(stop_reason={self.stop_reason!r}, env_steps={self.metrics.get('env_steps_sampled')}, "
-                f"episode_return_mean={r}, run_dir={self.run_dir!r})")
 
 
 # ---- set-up ----------------------------------------------------------------------------------
