@@ -278,7 +278,7 @@ def _train(config: Any, config_file: Union[str, Sequence[str], None], plugins: S
             random.seed(derive_seed(int(cfg.seed), "python"))
             torch.set_num_threads(max(1, int(cfg.learner.num_threads)))
             ctx = setup(cfg, pm, run_dir)
-            ctx.t_entry, ctx.extra_metrics["time_config_s"] = t_entry, t_config - t_entry
+            ctx.t_entry, ctx.metrics.extra["time_config_s"] = t_entry, t_config - t_entry
             release = lock_run_dir(run_dir)  # creates run_dir
             try:
                 with _ray_session(cfg, ctx):
@@ -316,12 +316,12 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
     try:
         t0 = time.perf_counter()
         ctx.workers.start()
-        ctx.extra_metrics["time_setup_s"] = time.perf_counter() - t0
+        ctx.metrics.extra["time_setup_s"] = time.perf_counter() - t0
         ctx.mark("actors")
         pm.hook.flowkit_on_run_start(ctx=ctx, run_dir=run_dir, history=list(history))
         ctx.start_clock()
         # start-up: from train() to the first sample request (config, Ray, actors ready)
-        ctx.extra_metrics["time_startup_s"] = (ctx._t_start or t_entry) - t_entry
+        ctx.metrics.extra["time_startup_s"] = (ctx._t_start or t_entry) - t_entry
         limit = cfg.stop.time_s
         if limit is not None:  # whatever the plan waits on, the driver stops it
             GUARD.set_deadline("stop", 1.1 * limit - ctx._time_offset,

@@ -57,7 +57,8 @@ def ParallelRollouts(ctx: "RunContext", mode: str = "bulk_sync", num_async: Opti
         ctx.counters["env_steps_sampled"] += b.env_steps
         ctx.counters["agent_steps_sampled"] += b.agent_steps
         ctx.mark("first_sample")
-        ctx.record_episodes(b.episodes)
+        ctx.metrics.record_episodes(b.episodes)
+        ctx.counters["episodes_total"] += len(b.episodes)
         return b
 
     def account_round(items: List[Tuple[Any, sb.MultiAgentBatch]]) -> Any:
@@ -150,7 +151,7 @@ class TrainOneStep:
 
     Output: the learner's result (``{"batch", "stats": {policy_id: mean stats},
     "num_updates", ...}``). Counts ``env_steps_trained``, ``agent_steps_trained`` and
-    ``num_updates``, stores ``ctx.learner_stats`` and refreshes the ``perf/*`` figures.
+    ``num_updates``, stores ``ctx.metrics.learner_stats`` and refreshes the ``perf/*`` figures.
     """
 
     def __init__(self, ctx: "RunContext", learner: Learner, num_epochs: int = 1,
@@ -166,7 +167,7 @@ class TrainOneStep:
         c["env_steps_trained"] += out["env_steps"]
         c["agent_steps_trained"] += out["agent_steps"]
         c["num_updates"] += out["num_updates"]
-        self.ctx.learner_stats.update(out["stats"])
+        self.ctx.metrics.learner_stats.update(out["stats"])
         self.perf.update()
         self.ctx.mark("first_train")
         return out
@@ -430,7 +431,7 @@ def process_cpu_s(pid: int) -> Optional[float]:
 
 
 class PerfMonitor:
-    """Sets ``ctx.extra_metrics`` (merged into every result) at most every ``period_s``
+    """Sets ``ctx.metrics.extra`` (merged into every result) at most every ``period_s``
     seconds:
 
     - ``perf/learner_queue_size``: train batches waiting in the learner's in-queue (mean over
@@ -479,7 +480,7 @@ class PerfMonitor:
         if dt < self.period_s and not force:
             return
         cpu = self._sample()
-        m = self.ctx.extra_metrics
+        m = self.ctx.metrics.extra
         me = os.getpid()
         used = {p: (c - c0) / dt for p, c in cpu.items() if c is not None and (c0 := self._cpu.get(p)) is not None}
         if me in used:
