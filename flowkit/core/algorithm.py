@@ -27,6 +27,12 @@ class Algorithm:
     Instances hold ``config`` (a read-only, struct-mode view of their own section: reading an
     undeclared key raises) and ``run_config`` (the whole config). ``training_flow`` must not
     report metrics or read other policies' data; the engine wraps it.
+
+    ``MyAlgo.from_checkpoint(path)`` (a class method) rebuilds a trained algorithm, policies
+    with their weights, from a checkpoint folder, a run folder (its latest checkpoint) or a
+    ``state.pt`` file, and starts no worker; it raises FileNotFoundError when there is no
+    checkpoint at ``path``. (flowkit/__init__.py adds it: checkpoints are read by
+    ``flowkit.checkpoint.load_trained``, a layer above core.)
     """
 
     name: str = ""
@@ -34,8 +40,6 @@ class Algorithm:
     policy_class: Optional[type] = None
     rollout_mode: str = "bulk_sync"
     off_policy: bool = False
-    # ``from_checkpoint(path)``: the class method flowkit/__init__.py adds (checkpoints are read
-    # by flowkit.checkpoint, a layer above core)
     from_checkpoint: ClassVar[Callable[[str], "Algorithm"]]
 
     def __init__(self, run_config: Any, config: Any = None):
