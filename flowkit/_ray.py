@@ -73,8 +73,7 @@ def _runtime_env(cfg: Any) -> Dict[str, Any]:
     import importlib
     import importlib.metadata as md
 
-    import flowkit
-    mods = [os.path.dirname(flowkit.__file__)]
+    mods = [os.path.dirname(os.path.abspath(__file__))]  # flowkit's package folder
     tops = [ep.value.split(":")[0].split(".")[0] for ep in md.entry_points(group="flowkit")]
     for name in tops + [p.split(".")[0] for p in cfg.plugins]:
         with contextlib.suppress(Exception):
