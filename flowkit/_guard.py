@@ -22,6 +22,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterator, Optional
 
+from flowkit.core.flow import SampleTimeout
+
 SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 # signals this process inherited as ignored (``nohup``: SIGHUP; a background job: SIGINT) stay
 # ignored: a run never takes them over (read when this module is first imported, before any
@@ -35,11 +37,6 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
-
-
-class SampleTimeout(TimeoutError):
-    """A rollout worker did not answer a sample request within ``runtime.sample_timeout_s``
-    (handled like a crashed worker: rebuilt)."""
 
 
 class Guard:

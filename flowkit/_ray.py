@@ -1,23 +1,11 @@
-"""flowkit owns ``ray.init``: one Ray session per process, started in a background thread
-while the driver sets up torch, the learner and the policies, and reused by later
-``flowkit.train`` calls.
+"""flowkit owns ``ray.init``: one Ray session per process, started in a background thread by
+:func:`start` (before torch loads), joined by :func:`wait`, reused by later runs and ended by
+:func:`stop` (also at exit). A session the caller started with ``ray.init`` is used as it is.
 
-- :func:`start` (non-blocking; ``flowkit train`` calls it as soon as the config is valid,
-  before torch loads) then :func:`wait`. A local run (``runtime.address`` unset) starts a
-  new local cluster (``address="local"``) that listens on the loopback interface only, with
-  token authentication off unless ``RAY_AUTH_MODE`` says otherwise (so Ray prints no token
-  warning), and without the processes a run never uses (dashboard / job API server and
-  autoscaler monitor: about 1 s each of start-up, and the monitor 1 s of shutdown). Its raylet
-  does not wait for its agents, which start, as the log monitor does, at nice 19 (see
-  :func:`_local_patches`); ``import ray`` runs in the caller's thread, before torch's.
-  ``runtime.address=auto|HOST:PORT`` attaches to a running cluster: with a token
-  (``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``; ``~/.ray/auth_token`` for ``auto`` only,
-  as in Ray: Ray writes that file for any new local cluster) token authentication is
-  turned on for the driver; an address where nothing answers within
-  ``CONNECT_TIMEOUT_S``, or a head that wants a token it did not get, is a one-line
-  :class:`~flowkit.ConfigError`.
-- A session the caller started with ``ray.init`` is used as it is and never shut down here.
-- :func:`stop` ends flowkit's session (also at process exit).
+- ``runtime.address`` unset: a new local cluster on the loopback interface, without the
+  processes a run never uses, its agents started late and at low priority (:func:`_local_patches`).
+- ``runtime.address=auto|HOST:PORT``: attach (token authentication when a token is found); no
+  answer within ``CONNECT_TIMEOUT_S``, or a head that wants a missing token, is a ConfigError.
 """
 from __future__ import annotations
 
@@ -85,8 +73,7 @@ def _runtime_env(cfg: Any) -> Dict[str, Any]:
     import importlib
     import importlib.metadata as md
 
-    import flowkit
-    mods = [os.path.dirname(flowkit.__file__)]
+    mods = [os.path.dirname(os.path.abspath(__file__))]  # flowkit's package folder
     tops = [ep.value.split(":")[0].split(".")[0] for ep in md.entry_points(group="flowkit")]
     for name in tops + [p.split(".")[0] for p in cfg.plugins]:
         with contextlib.suppress(Exception):
@@ -112,8 +99,9 @@ def _init(kw: Dict[str, Any], prestart_cfg: Any) -> None:
     _connect(kw)
     if _S["error"] is None and prestart_cfg is not None:
         from flowkit.core.workers import prestart
+        from flowkit.hooks.manager import worker_plugin_manager
         with contextlib.suppress(Exception):  # (the run then creates its workers itself)
-            _S["prestarted"] = prestart(prestart_cfg)
+            _S["prestarted"] = prestart(prestart_cfg, worker_plugin_manager)
     _S["ready"].set()
     if _S["error"] is None:
         _S["cancel"].wait()

@@ -171,11 +171,12 @@ def _multiagent_episodes(algo: Any, cfg: Any, episodes: int, seed: int, explore:
     from omegaconf import OmegaConf
 
     from flowkit.core import PolicySpec, RolloutWorker
+    from flowkit.hooks.manager import worker_plugin_manager
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     cfg.seed = seed
     specs = {pid: PolicySpec(type(p), p.observation_space, p.action_space, p.config,
                              algo.checkpoint_state["policy_specs"][pid]["algo"]) for pid, p in algo.policies.items()}
-    worker = RolloutWorker(cfg, -1, 1, specs, num_envs=max(1, min(num_envs, episodes)))
+    worker = RolloutWorker(cfg, -1, 1, specs, num_envs=max(1, min(num_envs, episodes)), make_pm=worker_plugin_manager)
     try:
         worker.set_weights({pid: p.get_weights() for pid, p in algo.policies.items()})
         return worker.evaluate(episodes, explore)

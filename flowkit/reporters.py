@@ -28,7 +28,7 @@ timing         ``perf/iteration_ms`` and ``perf/driver_overhead_ms`` columns fro
 A user reporter is any class with a ``name`` and ``flowkit_*`` hook methods, contributed by a
 plugin's ``flowkit_add_reporters``; list its name in ``run.reporters`` (e.g. in place of
 ``csv`` to replace the CSV writer). ``result.json`` is not a reporter: it is the engine's own
-record of the run (the :class:`flowkit.engine.Result` ``flowkit.train`` returns).
+record of the run (the :class:`flowkit.Result` ``flowkit.train`` returns).
 """
 from __future__ import annotations
 
@@ -41,29 +41,14 @@ import time
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Type
 
 from flowkit.core.flow import NOT_READY
-from flowkit.hooks.manager import hookimpl
+from flowkit.hooks.manager import Reporter, hookimpl
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
 
-    from flowkit.engine import Result, RunContext
+    from flowkit.core.context import RunContext
+    from flowkit.core.metrics import Result
 
 Row = Dict[str, Any]
-
-
-class Reporter:
-    """Base of the built-in reporters (optional for user ones): a ``name`` for
-    ``run.reporters``; hooks are plain ``flowkit_*`` methods. Built with no arguments, once per
-    run; ``flowkit_on_run_start`` gives it the run folder, the config and the kept rows.
-    ``flowkit_on_train_end`` may come without a ``flowkit_on_run_start`` (a failed start).
-    A reporter is registered as plugin ``reporter:<name>`` before the plan is built, so it may
-    wrap ``flowkit_build_plan`` and keep state across a resume (``flowkit_state_dict``)."""
-    name = ""
-
-    @classmethod
-    def validate_config(cls, config: "DictConfig") -> None:
-        """Raise :class:`flowkit.ConfigError` if this reporter cannot run with ``config``
-        (checked before anything starts, when the reporter is in ``run.reporters``)."""
 
 
 @hookimpl(trylast=True)

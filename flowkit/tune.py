@@ -1,51 +1,19 @@
-"""``flowkit tune``: hyperparameter sweeps on Ray Tune; each trial is a normal flowkit run folder.
+"""``flowkit tune``: hyperparameter sweeps on Ray Tune, each trial an ordinary run folder in
+the sweep folder (usage: README "Sweeps, seeds and plots", docs/experiments.md).
 
-::
+A ``key=value`` whose value is one of these is searched (:func:`parse_space`); any other is an
+override shared by every trial::
 
-    flowkit tune [-c FILE ...] [--no-tuned] [--metric M] [--mode max|min] [--search grid|random|optuna]
-                 [--num-samples N] [--scheduler asha|none] [--grace-period T] [--max-concurrent K]
-                 [key=value ...] [key=SPEC ...]
+    choice(a,b,...)            one of the values          grid: every value; random/optuna: uniform
+    range(n) | range(a,b[,s])  ints as Python's range     same as choice over them
+    uniform(lo,hi)             a float in [lo, hi]        sampled (grid: num_samples per grid point)
+    loguniform(lo,hi)          a float, log-uniform       sampled
+    randint(lo,hi)             an int in [lo, hi)         sampled
 
-Search-space grammar (a ``key=value`` whose value is one of these; anything else is a plain
-override shared by every trial; values are read as in ``flowkit train``: ``1e-3`` is a float,
-``[64,64]`` a list)::
-
-    choice(a,b,...)          one of the values          grid: every value; random/optuna: uniform
-    range(n) | range(a,b[,s])  ints as Python's range   same as choice over them
-    uniform(lo,hi)           a float in [lo, hi]        sampled (grid: num_samples per grid point)
-    loguniform(lo,hi)        a float, log-uniform       sampled
-    randint(lo,hi)           an int in [lo, hi)         sampled
-
-e.g. ``flowkit tune algo=ppo env=CartPole-v1 ppo.lr=choice(1e-3,3e-4) seed=range(3)`` runs 6 trials
-(``--search grid``, the default: the product of the choices and ranges, ``--num-samples`` times;
-``--search random``: ``--num-samples`` draws, default 10; ``--search optuna``: Optuna's TPE, needs
-``pip install 'flowkit[optuna]'``). A seeds-only sweep (``seed=range(3)``) is a multirun:
-``flowkit plot SWEEP_DIR`` draws its seeds' mean and spread.
-
-- Trials: run folders ``SWEEP_DIR/<trial>`` (``SWEEP_DIR``: ``run.dir`` if given, else
-  ``runs/tune-<algo>-<env>-<timestamp>``), named after their searched values; Ray Tune's own
-  records in ``SWEEP_DIR/tune``; no progress bars (``progress`` is taken out of
-  ``run.reporters``). Without ``-c`` the tuned ``configs/<algo>/<env-id>.yaml`` is the base, as
-  for ``flowkit train``.
-- Resources per trial, from ``runtime.*``: ``runtime.backend=local``: 1 CPU (the trial samples
-  and learns in its own process); ``ray``: a placement group of 1 CPU (learner) plus
-  ``runtime.num_cpus_per_worker`` per rollout worker. When one trial needs more CPUs than the
-  cluster has, the workers' CPUs are scaled down (fractional ``runtime.num_cpus_per_worker``) so
-  that a trial fits, and trials run one at a time: a sweep never waits for CPUs that do not exist.
-  The first line of the output states it.
-- Early stopping: ``--scheduler asha`` (the default, unless only ``seed`` is searched) is ASHA on
-  ``--metric``, over env steps when ``stop.env_steps`` is set (else iterations), grace period a
-  tenth of that budget; ``none`` runs every trial to its stop condition. A trial the scheduler
-  stops ends like a run that met its own stop condition: its last row, final checkpoint and
-  result.json with ``stop_reason`` :data:`STOPPED_EARLY` (:class:`_FinishRun`).
-- Trials print nothing (their config warnings are the driver's, said once before the first line).
-- Ray: the same session as training (:mod:`flowkit._ray`): ``runtime.address`` attaches to a
-  cluster; unset, a local one is started (or the caller's own session is used).
-- The end: a table of the trials sorted by the metric's last value (best first), also written to
-  ``SWEEP_DIR/tune_results.csv``.
-
-Exit status: 0 when every trial ended (stopped early included), 1 when a trial failed or has no
-result.json, 2 a config or usage error.
+:func:`main` checks every searched value, fits a trial to the cluster (:func:`plan_resources`),
+runs the trials (:func:`run_trial` in Tune's actors, rows reported by :class:`TuneReport`) and
+writes the table (``tune_results.csv``). Exit status: 0 every trial ended (stopped early
+included), 1 a trial failed or has no result.json, 2 a config or usage error.
 """
 from __future__ import annotations
 

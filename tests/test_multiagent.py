@@ -287,7 +287,7 @@ def test_frozen_policy_from_checkpoint(run_dir, tmp_path):
     assert all(np.array_equal(now[k], saved[k]) for k in saved)
     worker_w = ctx.workers.local_worker().policies["tank_pol"].get_weights()
     assert all(np.array_equal(worker_w[k], saved[k]) for k in saved)
-    assert ctx.learner_stats.keys() == {"scout_pol"}
+    assert ctx.metrics.learner_stats.keys() == {"scout_pol"}
     ctx.shutdown()
 
 

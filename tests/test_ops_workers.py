@@ -323,10 +323,10 @@ def test_ray_workers_of_numpy_policies_import_no_torch(algo, tmp_path):
     c = make_ctx("ray", f"algo={algo}", "runtime.num_workers=1")
     assert type(c.workers.remote_specs["default"].policy_class).__name__ == "partial"
     f = tmp_path / "specs.pkl"
-    f.write_bytes(pickle.dumps((c.workers._container, c.workers.remote_specs, c.get_weights(None))))
+    f.write_bytes(pickle.dumps((c.workers._container, c.workers.remote_specs, c.get_weights(None), c.workers.make_pm)))
     code = ("import pickle, sys\nfrom flowkit.core.workers import RolloutWorker\n"
-            f"cfg, specs, w = pickle.loads(open({str(f)!r}, 'rb').read())\n"
-            "rw = RolloutWorker(cfg, 0, 1, specs)\nrw.set_weights(w, 1)\nb = rw.sample()\n"
+            f"cfg, specs, w, make_pm = pickle.loads(open({str(f)!r}, 'rb').read())\n"
+            "rw = RolloutWorker(cfg, 0, 1, specs, make_pm=make_pm)\nrw.set_weights(w, 1)\nb = rw.sample()\n"
             "print(b.env_steps, 'torch' in sys.modules)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]

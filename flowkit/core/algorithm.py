@@ -2,7 +2,7 @@
 a rollout mode and one method that matters, :meth:`Algorithm.training_flow`."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Optional
 
 if TYPE_CHECKING:
     from flowkit.core.context import RunContext
@@ -27,6 +27,12 @@ class Algorithm:
     Instances hold ``config`` (a read-only, struct-mode view of their own section: reading an
     undeclared key raises) and ``run_config`` (the whole config). ``training_flow`` must not
     report metrics or read other policies' data; the engine wraps it.
+
+    ``MyAlgo.from_checkpoint(path)`` (a class method) rebuilds a trained algorithm, policies
+    with their weights, from a checkpoint folder, a run folder (its latest checkpoint) or a
+    ``state.pt`` file, and starts no worker; it raises FileNotFoundError when there is no
+    checkpoint at ``path``. (flowkit/__init__.py adds it: checkpoints are read by
+    ``flowkit.checkpoint.load_trained``, a layer above core.)
     """
 
     name: str = ""
@@ -34,6 +40,7 @@ class Algorithm:
     policy_class: Optional[type] = None
     rollout_mode: str = "bulk_sync"
     off_policy: bool = False
+    from_checkpoint: ClassVar[Callable[[str], "Algorithm"]]
 
     def __init__(self, run_config: Any, config: Any = None):
         from flowkit.config import section_view
@@ -88,17 +95,6 @@ class Algorithm:
 
     def set_state(self, state: Dict[str, Any]) -> None:
         """Restore what :meth:`get_state` returned (nothing to restore by default)."""
-
-    @classmethod
-    def from_checkpoint(cls, path: str) -> "Algorithm":
-        """Rebuild a trained algorithm (policies with their weights) from a checkpoint folder,
-        a run folder (its latest checkpoint) or a ``state.pt`` file. Starts no worker.
-
-        Raises:
-            FileNotFoundError: no checkpoint at ``path``.
-        """
-        from flowkit.checkpoint import load_trained
-        return load_trained(path, cls if cls is not Algorithm else None)
 
     def get_policy(self, policy_id: Optional[str] = None) -> Any:
         """The policy ``policy_id``, or the only one.

@@ -3,7 +3,7 @@
 ``_encoders``, ``_distributions`` and ``_models`` (public through :mod:`flowkit.core`)."""
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import gymnasium as gym
 import numpy as np
@@ -153,7 +153,6 @@ class Policy(Acting):
         """``(gradient, stats)``: d :meth:`loss` / d parameters on ``batch`` (all its rows, one
         step), float32[P] flat in :meth:`make_optimizer`'s order, and the loss stats. Runs on
         rollout workers in A3C's plan (the Learner applies the gradient)."""
-        from flowkit.core.learner import flat_gradient
         assert self.model is not None, "compute_gradients: the policy has no model"
         params = getattr(self, "_params", None) or [p for p in self.model.parameters() if p.requires_grad]
         loss, stats = self.loss(self.prepare_batch(batch))
@@ -210,6 +209,16 @@ class Policy(Acting):
             self.generator.set_state(state["generator"])
         if state.get("np_random") is not None:
             self.np_random.bit_generator.state = state["np_random"]
+
+
+def flat_gradient(params: Sequence[torch.Tensor], loss: torch.Tensor) -> torch.Tensor:
+    """``d loss / d params`` as one flat float32[P] tensor, ``params`` in order (zeros for a
+    parameter the loss does not reach); their ``.grad`` is reset first."""
+    for p in params:
+        p.grad = None
+    loss.backward()
+    return torch.cat([p.grad.reshape(-1) if p.grad is not None
+                      else torch.zeros(p.numel(), dtype=p.dtype, device=p.device) for p in params])
 
 
 def flat_parameters(module: nn.Module, device: Any = "cpu",

@@ -54,20 +54,27 @@ class RolloutWorker:
         num_workers: workers in the run.
         policy_specs: ``{policy_id: PolicySpec}``.
         restart_count: times this slot was rebuilt.
-        pm: a plugin manager (local backend); None builds one from importable plugins.
+        pm: a plugin manager (local backend); None: ``make_pm`` builds one.
         num_envs: sub-envs (default ``runtime.num_envs_per_worker``).
+        make_pm: ``make_pm(plugins) -> plugin manager`` from importable plugins (``plugins``:
+            the config's ``plugins`` list; a Ray actor's: a picklable function).
+
+    Raises:
+        ValueError: neither ``pm`` nor ``make_pm`` given.
     """
 
     def __init__(self, config: Any, index: int, num_workers: int, policy_specs: Optional[Dict[str, PolicySpec]],
-                 restart_count: int = 0, pm: Any = None, num_envs: Optional[int] = None):
+                 restart_count: int = 0, pm: Any = None, num_envs: Optional[int] = None,
+                 make_pm: Optional[Callable[[List[str]], Any]] = None):
         from omegaconf import DictConfig, OmegaConf
         if not isinstance(config, DictConfig):
             config = OmegaConf.create(config)
         self.config = config
         self.index, self.num_workers, self.restart_count = index, num_workers, restart_count
         if pm is None:
-            from flowkit.hooks import get_plugin_manager
-            pm = get_plugin_manager(list(config.plugins), include_registered=False)
+            if make_pm is None:
+                raise ValueError("a RolloutWorker needs a plugin manager (pm) or a function that builds one (make_pm)")
+            pm = make_pm(list(config.plugins))
             if "torch" in sys.modules:  # policies that act in numpy leave it unloaded
                 sys.modules["torch"].set_num_threads(max(1, int(config.runtime.torch_threads)))
         self.pm = pm
@@ -249,16 +256,17 @@ def _prestart_key(c: Any) -> str:
                  rt["num_cpus_per_worker"]))
 
 
-def prestart(config: Any) -> tuple:
+def prestart(config: Any, make_pm: Callable[[List[str]], Any]) -> tuple:
     """Ray actors for the rollout workers of a run about to be set up, built as far as they can
     be before its policies are known (plugins and envs; :meth:`RolloutWorker.build` adds the
     rest): ``(key, [actor handle per worker])``, for :meth:`WorkerSet.start`. Their start-up
-    (imports, envs) overlaps the driver's (torch, the learner)."""
+    (imports, envs) overlaps the driver's (torch, the learner). ``make_pm``: as for
+    :class:`RolloutWorker`."""
     from omegaconf import OmegaConf
     c = OmegaConf.to_container(config, resolve=True)
     n = max(1, int(config.runtime.num_workers))
     cls = _actor_class(float(config.runtime.num_cpus_per_worker))
-    return _prestart_key(c), [cls.remote(c, i, n, None, 0) for i in range(n)]
+    return _prestart_key(c), [cls.remote(c, i, n, None, 0, make_pm=make_pm) for i in range(n)]
 
 
 def kill_prestarted(prestarted: Optional[tuple], wait_s: float = 60.0) -> None:
@@ -301,13 +309,19 @@ class WorkerSet:
     A new worker (at start, a rebuilt one) gets, before its first sample, the weights of
     ``weights_fn()`` and the exploration state of ``exploration_fn(worker_index)``
     (``{policy_id: Acting.exploration_state()}``; DQN's epsilon): see :meth:`_sync_initial`.
+
+    ``pm`` builds the in-process workers' runners; ``make_pm`` the Ray actors' plugin managers
+    (see :class:`RolloutWorker`). ``sample_deadline``: the ``deadline`` of in-process workers
+    (see :class:`~flowkit.core.flow.LocalActor`; the engine hands in its watchdog's).
     """
 
     def __init__(self, config: Any, policy_specs: Dict[str, PolicySpec], pm: Any,
                  weights_fn: Optional[Callable[[], Dict[str, Any]]] = None,
                  remote_specs: Optional[Dict[str, PolicySpec]] = None,
-                 exploration_fn: Optional[Callable[[int], Dict[str, Any]]] = None):
-        self.config, self.policy_specs, self.pm = config, policy_specs, pm
+                 exploration_fn: Optional[Callable[[int], Dict[str, Any]]] = None,
+                 make_pm: Optional[Callable[[List[str]], Any]] = None):
+        self.config, self.policy_specs, self.pm, self.make_pm = config, policy_specs, pm, make_pm
+        self.sample_deadline: Optional[Callable[[float, str], Any]] = None
         self.remote_specs = remote_specs or policy_specs  # what Ray actors build (Policy.worker_policy_class)
         self.backend = config.runtime.backend
         self.num_workers = max(1, int(config.runtime.num_workers))
@@ -343,10 +357,11 @@ class WorkerSet:
                 a = RayActor(handle, index)
             else:
                 cls = _actor_class(float(self.config.runtime.num_cpus_per_worker))
-                a = RayActor(cls.remote(self._container, index, n, self.remote_specs, restarts), index)
+                a = RayActor(cls.remote(self._container, index, n, self.remote_specs, restarts,
+                                        make_pm=self.make_pm), index)
         except Exception as e:
             a = _FailedActor(e, index)
-        a.timeout_s = self.sample_timeout_s
+        a.timeout_s, a.deadline = self.sample_timeout_s, self.sample_deadline
         return a
 
     def start(self) -> None:

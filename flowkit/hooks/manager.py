@@ -19,6 +19,21 @@ hookimpl = pluggy.HookimplMarker("flowkit")
 _REGISTERED: List[Any] = []  # objects registered in code (driver only)
 
 
+class Reporter:
+    """Base of the built-in reporters (optional for user ones): a ``name`` for
+    ``run.reporters``; hooks are plain ``flowkit_*`` methods. Built with no arguments, once per
+    run; ``flowkit_on_run_start`` gives it the run folder, the config and the kept rows.
+    ``flowkit_on_train_end`` may come without a ``flowkit_on_run_start`` (a failed start).
+    A reporter is registered as plugin ``reporter:<name>`` before the plan is built, so it may
+    wrap ``flowkit_build_plan`` and keep state across a resume (``flowkit_state_dict``)."""
+    name = ""
+
+    @classmethod
+    def validate_config(cls, config: Any) -> None:
+        """Raise :class:`flowkit.ConfigError` if this reporter cannot run with ``config``
+        (checked before anything starts, when the reporter is in ``run.reporters``)."""
+
+
 class PluginError(RuntimeError):
     """A plugin failed to load or misbehaved; the message names it (and its distribution)."""
 
@@ -215,6 +230,12 @@ def get_plugin_manager(plugin_modules: Sequence[str] = (), include_registered: b
             pm.register(obj)
     pm.check_hooks()
     return pm
+
+
+def worker_plugin_manager(plugin_modules: Sequence[str]) -> PluginManager:
+    """A rollout worker's plugin manager (the ``make_pm`` of :class:`flowkit.core.WorkerSet`):
+    importable plugins only; objects registered in code stay on the driver."""
+    return get_plugin_manager(plugin_modules, include_registered=False)
 
 
 def lazy_attrs(home: Dict[str, str]) -> Any:
