@@ -183,7 +183,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             from flowkit import _ray
             from flowkit._guard import check_cpus, check_env_id, check_new_run_dir
             check_cpus(cfg)
-            check_env_id(cfg)
+            check_env_id(cfg, pm)
             check_new_run_dir(cfg.run.dir)
             _ray.start(cfg, prestart=True)  # Ray and the workers come up while torch and the learner load
         from flowkit.engine import train

@@ -368,6 +368,18 @@ def run_algorithms(cfg: Any) -> List[str]:
     return list(dict.fromkeys(names))
 
 
+def action_space_error(algo: str, kinds: Sequence[str], policy_id: str, action_space: Any) -> Optional[str]:
+    """Why algorithm ``algo``, which accepts the action spaces named in ``kinds`` (Gymnasium
+    space class names; empty: any), cannot act in ``action_space``; None if it can. Shared by
+    :meth:`flowkit.core.Algorithm.check_spaces` (at set-up) and the CLI's check before Ray starts."""
+    got = type(action_space).__name__
+    if not kinds or got in kinds:
+        return None
+    other = "dqn or ppo" if got == "Discrete" and "Discrete" not in kinds else "ppo"
+    return (f"policy {policy_id!r}: {algo.upper()} needs a {' or '.join(kinds)} action space, got {action_space} "
+            f"(use an algorithm for {got} actions, e.g. {other})")
+
+
 def check_algo(cfg: Any, algos: Any) -> None:
     """``algo`` is one of ``algos`` (names), else a ConfigError naming the closest."""
     if cfg.algo not in algos:

@@ -282,3 +282,23 @@ def test_minibatch_larger_than_a_round_warns_that_an_epoch_is_one_step():
                                          r"each epoch is one step over the whole round"):
         validate("env=CartPole-v1", "runtime.num_workers=2", "runtime.num_envs_per_worker=2",
                  "runtime.rollout_fragment_length=64", "ppo.minibatch_size=1000")
+
+
+@pytest.mark.parametrize("algo,env,message", [
+    ("dqn", "Pendulum-v1", "policy 'default': DQN needs a Discrete action space, got Box(-2.0, 2.0, (1,), float32) "
+                           "(use an algorithm for Box actions, e.g. ppo)"),
+    ("td3", "CartPole-v1", "policy 'default': TD3 needs a Box action space, got Discrete(2) "
+                           "(use an algorithm for Discrete actions, e.g. dqn or ppo)"),
+])
+def test_an_action_space_the_algorithm_refuses_is_reported_before_ray_starts(tmp_path, monkeypatch, capsys,
+                                                                              algo, env, message):
+    """Issue 27 item 10: the mismatch came after Ray's start-up (~12 s); the AlgorithmRef's
+    declared action_spaces are checked before, with the same words as at set-up."""
+    from flowkit import _ray
+    from flowkit.cli import main
+    monkeypatch.setattr(_ray, "start", lambda *a, **k: pytest.fail("Ray started before the action-space check"))
+    assert main(["train", f"algo={algo}", f"env={env}", f"run.dir={tmp_path}/r", "--no-tuned"]) == 2
+    assert capsys.readouterr().err.strip() == f"flowkit: config error: {message}"
+    with pytest.raises(ConfigError) as ei:  # the same words at set-up (flowkit.train, no CLI)
+        validate(f"algo={algo}", f"env={env}")
+    assert str(ei.value) == message

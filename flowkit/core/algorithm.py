@@ -2,7 +2,9 @@
 a rollout mode and one method that matters, :meth:`Algorithm.training_flow`."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Optional, Tuple
+
+from flowkit.config import ConfigError, action_space_error
 
 if TYPE_CHECKING:
     from flowkit.core.context import RunContext
@@ -23,6 +25,9 @@ class Algorithm:
             computed in ``meta["gradients"]``: A3C; see ``ParallelRollouts``).
         off_policy: True if it can learn from stale samples (turns ``runtime.prefetch`` on
             by default when every algorithm of the run is off-policy).
+        action_spaces: the Gymnasium action space classes it acts in, by name (``("Discrete",)``;
+            empty: any), checked at set-up by :meth:`check_spaces`; declare the same tuple on
+            the plugin's :class:`flowkit.AlgorithmRef` so the CLI checks it before Ray starts.
 
     Instances hold ``config`` (a read-only, struct-mode view of their own section: reading an
     undeclared key raises) and ``run_config`` (the whole config). ``training_flow`` must not
@@ -40,6 +45,7 @@ class Algorithm:
     policy_class: Optional[type] = None
     rollout_mode: str = "bulk_sync"
     off_policy: bool = False
+    action_spaces: Tuple[str, ...] = ()
     from_checkpoint: ClassVar[Callable[[str], "Algorithm"]]
 
     def __init__(self, run_config: Any, config: Any = None):
@@ -59,8 +65,11 @@ class Algorithm:
 
     @classmethod
     def check_spaces(cls, policy_id: str, observation_space: Any, action_space: Any) -> None:
-        """Raise ConfigError if this algorithm cannot handle the spaces of ``policy_id``
-        (DQN refuses non-Discrete action spaces here)."""
+        """Raise ConfigError if this algorithm cannot handle the spaces of ``policy_id``: here,
+        an action space not in :attr:`action_spaces`; subclasses add their own conditions."""
+        why = action_space_error(cls.name, cls.action_spaces, policy_id, action_space)
+        if why:
+            raise ConfigError(why)
 
     def get_rollout_mode(self) -> str:
         """``bulk_sync`` or ``async`` for this instance (a config key may override the class

@@ -6,7 +6,7 @@ import importlib
 import importlib.metadata as md
 import inspect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Type
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Type
 
 import pluggy
 
@@ -51,6 +51,7 @@ class AlgorithmRef:
     config_class: Optional[type]
     target: str
     validate: Optional[Callable[[Any, Any, str], List[str]]] = None
+    action_spaces: Tuple[str, ...] = ()  # as Algorithm.action_spaces: checked before Ray starts
 
     def load(self) -> Type[Algorithm]:
         """Import the class.

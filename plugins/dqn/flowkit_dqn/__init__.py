@@ -20,6 +20,9 @@ __all__ = ["DQN", "DQNConfig", "DQNPolicy", "QNetwork", "apex_epsilon", "compute
            "compute_q_targets", "epsilon_at"]
 
 
+ACTION_SPACES = ("Discrete",)  # DQN.action_spaces, also checked before Ray starts
+
+
 @dataclass
 class DQNConfig:
     """dqn: Deep Q-Networks (double-Q, dueling, n-step, prioritized replay, Ape-X shards)."""
@@ -72,7 +75,7 @@ def validate(run_config: Any, s: Any, n: str = "dqn") -> List[str]:
 
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("dqn", DQNConfig, "flowkit_dqn.dqn:DQN", validate)]
+    return [flowkit.AlgorithmRef("dqn", DQNConfig, "flowkit_dqn.dqn:DQN", validate, ACTION_SPACES)]
 
 
 __getattr__ = lazy_attrs(dict.fromkeys(__all__, "flowkit_dqn.dqn"))

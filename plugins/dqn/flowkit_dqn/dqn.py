@@ -36,7 +36,6 @@ import copy
 import functools
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
@@ -49,7 +48,7 @@ from flowkit.core._numpy_model import NP_ACTIVATIONS, linear_names
 from flowkit.core.context import RunContext
 from flowkit.core.flow import get_result
 from flowkit.core.learner import Learner
-from flowkit_dqn import DQNConfig, validate
+from flowkit_dqn import ACTION_SPACES, DQNConfig, validate
 from flowkit_dqn.acting import DQNActing, NumpyDQNPolicy, SetEpsilon, apex_epsilon, compute_n_step, epsilon_at  # noqa: F401
 
 
@@ -253,12 +252,7 @@ class DQN(flowkit.Algorithm):
     policy_class = DQNPolicy
     rollout_mode = "bulk_sync"
     off_policy = True
-
-    @classmethod
-    def check_spaces(cls, policy_id, observation_space, action_space) -> None:
-        if not isinstance(action_space, gym.spaces.Discrete):
-            raise ConfigError(f"policy {policy_id!r}: DQN needs a Discrete action space, got {action_space} "
-                              f"(use an algorithm for {type(action_space).__name__} actions, e.g. ppo)")
+    action_spaces = ACTION_SPACES
 
     @classmethod
     def validate_config(cls, run_config, section) -> List[str]:

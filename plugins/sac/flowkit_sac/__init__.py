@@ -22,6 +22,9 @@ __all__ = ["SAC", "SACConfig", "SACPolicy", "TD3", "TD3Config", "TD3Policy", "sa
            "td3_targets"]
 
 
+ACTION_SPACES = ("Box",)  # SAC and TD3 (with finite bounds, checked at set-up); also checked before Ray starts
+
+
 @dataclass
 class _OffPolicyConfig:
     """Keys shared by SAC and TD3 (twin critics, Polyak targets, replay)."""
@@ -72,8 +75,8 @@ def validate(run_config: Any, section: Any, n: str) -> List[str]:
 
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("sac", SACConfig, "flowkit_sac.sac:SAC", validate),
-            flowkit.AlgorithmRef("td3", TD3Config, "flowkit_sac.td3:TD3", validate)]
+    return [flowkit.AlgorithmRef("sac", SACConfig, "flowkit_sac.sac:SAC", validate, ACTION_SPACES),
+            flowkit.AlgorithmRef("td3", TD3Config, "flowkit_sac.td3:TD3", validate, ACTION_SPACES)]
 
 
 __getattr__ = lazy_attrs({**dict.fromkeys(["SAC", "SACPolicy", "sac_targets", "squashed_gaussian"], "flowkit_sac.sac"),

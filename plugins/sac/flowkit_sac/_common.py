@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 from typing import Any, Dict, List, Sequence
 
-import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
@@ -22,7 +21,7 @@ import flowkit
 from flowkit import ConfigError
 from flowkit.core import Policy, TwinMLP, derive_seed, ops, replay, to_tensor
 from flowkit.core import batch as sb
-from flowkit_sac import validate
+from flowkit_sac import ACTION_SPACES, validate
 
 TRAIN_COLS = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.NEXT_OBS)
 
@@ -159,14 +158,14 @@ class OffPolicyAlgorithm(flowkit.Algorithm):
 
     rollout_mode = "bulk_sync"
     off_policy = True
+    action_spaces = ACTION_SPACES
 
     @classmethod
     def check_spaces(cls, policy_id, observation_space, action_space) -> None:
-        box = isinstance(action_space, gym.spaces.Box)
-        if not box or not (np.isfinite(action_space.low).all() and np.isfinite(action_space.high).all()):
+        super().check_spaces(policy_id, observation_space, action_space)
+        if not (np.isfinite(action_space.low).all() and np.isfinite(action_space.high).all()):
             raise ConfigError(f"policy {policy_id!r}: {cls.name.upper()} needs a Box action space with finite "
-                              f"bounds, got {action_space} (for {type(action_space).__name__} actions use e.g. "
-                              f"{'ppo' if box else 'dqn or ppo'})")
+                              f"bounds, got {action_space} (for unbounded actions use e.g. ppo)")
 
     @classmethod
     def validate_config(cls, run_config, section) -> List[str]:
