@@ -165,8 +165,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except Exception as e:  # a bad env, diverged training, no room: one line (torch is loaded by then)
         from flowkit.core import EnvError
         from flowkit.core.learner import NonFiniteError
-        from flowkit.core.workers import StartTimeout
-        if not isinstance(e, (EnvError, NonFiniteError, StartTimeout)):
+        from flowkit.core.workers import StartTimeout, WorkerImportError
+        if not isinstance(e, (EnvError, NonFiniteError, StartTimeout, WorkerImportError)):
             raise
         print(f"flowkit: error: {e}", file=sys.stderr)
         return 1

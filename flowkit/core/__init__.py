@@ -45,6 +45,30 @@ _MODULES = {  # the module behind each name, imported on first use (torch only w
 _HOME = {n: m for m, names in _MODULES.items() for n in names.split()}
 
 
+def _check_top_package() -> None:
+    """Fail now, naming the folder, where ``import flowkit`` in this process found a folder
+    without ``__init__.py`` (a namespace package) while this module came from the installed
+    package: a Ray worker whose import path starts with a current folder that holds a folder
+    named ``flowkit`` (the parent folder of a clone) would otherwise fail later, in a plugin,
+    with "module 'flowkit' has no attribute 'hookimpl'".
+
+    Raises:
+        ImportError: naming the folder found and the package in use.
+    """
+    import os
+    import sys
+    top = sys.modules.get("flowkit")
+    if top is not None and getattr(top, "__file__", None) is None:
+        found = ", ".join(dict.fromkeys(os.path.abspath(str(p)) for p in getattr(top, "__path__", []))) or "?"
+        pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        raise ImportError(f"`import flowkit` in this process (pid {os.getpid()}) found the folder {found} (no "
+                          f"__init__.py: on the import path through the current folder {os.getcwd()}?), not the "
+                          f"flowkit package {pkg}: start from another folder, or rename that folder")
+
+
+_check_top_package()
+
+
 def __getattr__(name: str) -> Any:
     """``import flowkit.core`` (the config, the CLI, plugin metadata) imports neither torch nor Ray."""
     import importlib
