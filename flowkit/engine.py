@@ -66,7 +66,7 @@ from omegaconf.errors import OmegaConfBaseException
 from flowkit import _ray
 from flowkit._guard import GUARD, Interrupted, check_cpus, check_new_run_dir, lock_run_dir
 from flowkit.checkpoint import config_yaml, find_checkpoint, load_trained, restore, resume_config, save_checkpoint  # noqa: F401
-from flowkit.config import ConfigError, build_config, check_run, plugin_modules_from
+from flowkit.config import ConfigError, build_config, check_run, check_unused_sections, plugin_modules_from
 from flowkit.core import EnvContext, derive_seed, env_name, make_env
 from flowkit.core.context import RunContext, make_context
 from flowkit.core.learner import NonFiniteError
@@ -116,6 +116,8 @@ def load_config(user: Any = None, config_file: Union[str, Sequence[str], None] =
 
 def _validate(cfg: DictConfig, pm: Any) -> Dict[str, Any]:
     check_run(cfg, pm)  # each key's own range or choices: declared in the schema, checked by build_config
+    for w in check_unused_sections(cfg, pm.algorithms(load=False), pm.config_sections()):
+        warnings.warn(w, stacklevel=3)
     algos = pm.algorithms()
     for key, on, rep in (("evaluation.interval", int(cfg.evaluation.interval) > 0, "evaluation"),
                          ("evaluation.final", bool(cfg.evaluation.final), "evaluation"),
