@@ -73,7 +73,7 @@ from flowkit.core.learner import NonFiniteError
 from flowkit.core.ops import StandardMetricsReporting
 from flowkit.core.workers import kill_prestarted
 from flowkit.hooks import PluginError, get_plugin_manager
-from flowkit.reporters import kept_rows, read_metrics  # noqa: F401  (read_metrics: public here too)
+from flowkit.reporters import kept_rows, policy_metrics, read_metrics  # noqa: F401  (read_metrics: public here too)
 
 
 class Result:
@@ -236,9 +236,14 @@ NO_STOP = ("flowkit: no stop condition (stop.env_steps, stop.iterations, stop.ep
 
 def summary(res: Result) -> str:
     """The lines ``flowkit train`` and :func:`train` print at the end of a run: run folder,
-    stop reason, the last row's main metrics and the last checkpoint."""
+    stop reason, the last row's main metrics (a multi-agent run's per policy, with the
+    evaluation's win rates: :func:`flowkit.reporters.policy_metrics`) and the last checkpoint."""
     m = res.metrics
     keys = ["iteration", "env_steps_sampled", "episode_return_mean", "evaluation_return_mean", "time_total_s"]
+    per = policy_metrics(m)
+    if per:  # multi-agent: each policy's figures, not the sum over players (0 in a zero-sum game)
+        keys[2:4] = [f"policy/{p}/episode_return_mean" for p in per] + [
+            f"evaluation/{p}/{k}" for p in per for k in ("episode_return_mean", "win_rate")]
     lines = [f"run folder: {res.run_dir}", f"stopped: {res.stop_reason}",
              "  " + "  ".join(f"{k}={m[k]:.4g}" if isinstance(m.get(k), float) else f"{k}={m.get(k)}"
                               for k in keys if k in m)]
