@@ -211,6 +211,11 @@ class ModelConfig:
     hidden_sizes: List[int] = F(help="hidden layer sizes of the MLP", factory=lambda: [64, 64], ge=1)
     activation: str = F("tanh", "activation of the hidden layers", choices=ACTIVATIONS)
     shared_value_network: bool = F(False, "share the trunk between policy and value heads")
+    init: str = F("auto", "weight init of the networks: auto (each algorithm's own: orthogonal for the "
+                          "actor-critics, SAC and TD3, PyTorch's for DQN's Q-network), orthogonal (gain sqrt(2) "
+                          "hidden, each head's own gain, zero biases; SB3's ortho_init=True) or default (PyTorch's: "
+                          "U(+-1/sqrt(fan_in)); SB3's ortho_init=False, and SB3's SAC, TD3 and DQN)",
+                  choices=("auto", "orthogonal", "default"))
     numpy_inference: bool = F(True, "act with a numpy copy of the network on CPU (MLP actor-critics: "
                                     "same math, less per-call overhead); false: torch")
 
