@@ -245,13 +245,14 @@ def _check_policy_actions(fail: Any, pid: str, pol: Any, obs_space: Any, act_spa
                 raise fail("actions", f"{m}: extra {k!r} has {len(np.asarray(v))} rows for {n} observations")
         m = f"{who}.compute_actions(explore={explore})"
         env_a = np.asarray(pol.compute_actions(obs, explore=explore))
-        bad = [i for i in range(n) if env_a.shape[:1] != (n,) or not act_space.contains(
-            np.asarray(env_a[i], dtype=act_space.dtype) if np.asarray(env_a[i]).shape == act_space.shape
-            and np.asarray(env_a[i]).dtype == act_space.dtype else env_a[i])]
+        if env_a.shape[:1] != (n,):
+            raise fail("actions", f"{m}: actions of shape {list(env_a.shape)} for {n} observations; {act_space} "
+                                  f"needs [{', '.join(map(str, (n, *act_space.shape)))}]")
+        bad = [i for i in range(n) if not act_space.contains(env_a[i])]
         if bad:
-            row = env_a[bad[0]] if env_a.shape[:1] == (n,) else env_a
-            raise fail("actions", f"{m}: action {_short(np.asarray(row))} (dtype {np.asarray(row).dtype}, shape "
-                                  f"{list(np.asarray(row).shape)}) of row {bad[0]} is not in {act_space}")
+            row = np.asarray(env_a[bad[0]])
+            raise fail("actions", f"{m}: action {_short(row)} (dtype {row.dtype}, shape {list(row.shape)}) of row "
+                                  f"{bad[0]} is not in {act_space}")
 
 
 def _stack_obs(rows: List[Any]) -> Any:
