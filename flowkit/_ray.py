@@ -6,6 +6,9 @@
   processes a run never uses, its agents started late and at low priority (:func:`_local_patches`).
 - ``runtime.address=auto|HOST:PORT``: attach (token authentication when a token is found); no
   answer within ``CONNECT_TIMEOUT_S``, or a head that wants a missing token, is a ConfigError.
+- Workers import flowkit and the plugins in use from where the driver did (:func:`_job_config`):
+  Ray puts the driver's current folder first on its workers' import path, and a folder there
+  named ``flowkit`` (the parent folder of a clone holds one) would be imported instead.
 """
 from __future__ import annotations
 
@@ -56,7 +59,8 @@ def start(cfg: Any, prestart: bool = False) -> None:
     # arrives then and aborts the process (exit -6, the run's files unwritten)
     os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     kw: Dict[str, Any] = {"include_dashboard": False, "log_to_driver": True, "configure_logging": True,
-                          "logging_level": "warning", "address": addr or "local"}
+                          "logging_level": "warning", "address": addr or "local",
+                          "job_config": _job_config(cfg)}
     if addr:
         kw["runtime_env"] = runtime_env
     import ray  # noqa: F401  (here, not in the thread: the GIL would share it with torch's import)
@@ -80,6 +84,60 @@ def _runtime_env(cfg: Any) -> Dict[str, Any]:
             f = str(importlib.import_module(name).__file__)
             mods.append(os.path.dirname(f) if f.endswith("__init__.py") else f)
     return {"py_modules": sorted(set(mods))}
+
+
+class _FirstOnWorkers(list):
+    """Ray's ``JobConfig._py_driver_sys_path``: folders each worker inserts at position 0 of its
+    ``sys.path``, in order. The folders Ray adds itself while it starts (the driver's script
+    folder and current folder, with ``extend``) go before the ones given here, which therefore
+    come first on the workers' import path."""
+
+    def extend(self, paths: Any) -> None:
+        self[:0] = list(paths)
+
+
+def _import_roots(cfg: Any, cwd: str) -> List[str]:
+    """The folders the driver imports flowkit and the plugins (entry points, ``plugins``) from,
+    for those of them that the folder ``cwd`` also holds under the same name (a folder or a
+    ``.py`` file) without being the one in use: the parent folder of a clone holds a
+    ``flowkit`` folder that is a namespace package (no ``__init__.py``), which a worker with
+    ``cwd`` first on its import path would import. Reads no module that is not yet imported."""
+    import importlib.metadata as md
+    import importlib.util
+
+    import flowkit
+    names = ["flowkit"] + [ep.value.split(":")[0].split(".")[0] for ep in md.entry_points(group="flowkit")]
+    names += [str(p).split(".")[0] for p in cfg.get("plugins") or []]
+    roots: List[str] = []
+    for name in dict.fromkeys(names):
+        here = [os.path.join(cwd, name + ext) for ext in ("", ".py") if os.path.lexists(os.path.join(cwd, name + ext))]
+        if not here:
+            continue
+        if name == "flowkit":
+            used = os.path.dirname(os.path.abspath(flowkit.__file__ or ""))
+        else:
+            spec = None
+            with contextlib.suppress(Exception):
+                spec = importlib.util.find_spec(name)
+            if spec is None or not spec.has_location or not spec.origin:
+                continue
+            # a package: its folder; a module: its file
+            used = os.path.dirname(spec.origin) if spec.submodule_search_locations is not None else spec.origin
+        if any(os.path.realpath(h) == os.path.realpath(used) for h in here):
+            continue  # the current folder's is the one in use (a checkout's root)
+        root = os.path.dirname(used)
+        if root not in roots:
+            roots.append(root)
+    return roots
+
+
+def _job_config(cfg: Any) -> Any:
+    """The session's ``JobConfig``: the folders of :func:`_import_roots` for the current folder
+    go first on the workers' import path, before the current folder Ray puts there."""
+    from ray.job_config import JobConfig
+    jc = JobConfig()
+    jc._py_driver_sys_path = _FirstOnWorkers(_import_roots(cfg, os.path.abspath(os.curdir)))
+    return jc
 
 
 def external() -> bool:

@@ -38,13 +38,23 @@ def tuned_config_path(algo: str, env_id: Optional[str]) -> Optional[str]:
     Looked up as package data, ``flowkit/configs/`` (``importlib.resources``): in a checkout or
     an editable install that folder is a link to the repository's ``configs/``; a wheel or a
     non-editable ``pip install`` copies the files into the installed package
-    (``[tool.setuptools.package-data]``). A Gymnasium ``pkg:Id-v0`` id is looked up by ``Id-v0``.
+    (``[tool.setuptools.package-data]``). Then in each installed plugin's package (the module
+    of its ``flowkit`` entry point): a plugin ships the tuned configs of its algorithms as its
+    own package data, ``<package>/configs/<algo>/<env-id>.yaml``. A Gymnasium ``pkg:Id-v0`` id
+    is looked up by ``Id-v0``.
     """
     if not algo or not env_id or "/" in algo or ".." in env_id:
         return None
+    import importlib.metadata as md
     from importlib.resources import files
-    path = files("flowkit").joinpath("configs", algo, env_id.rpartition(":")[2] + ".yaml")
-    return str(path) if path.is_file() else None
+    for top in ["flowkit", *dict.fromkeys(ep.value.split(":")[0].split(".")[0] for ep in md.entry_points(group="flowkit"))]:
+        try:
+            path = files(top).joinpath("configs", algo, env_id.rpartition(":")[2] + ".yaml")
+        except Exception:  # noqa: S112 - a plugin that does not import is reported when plugins load
+            continue
+        if path.is_file():
+            return str(path)
+    return None
 
 
 def shown_path(path: str) -> str:
@@ -201,8 +211,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except Exception as e:  # a bad env, diverged training, no room: one line (torch is loaded by then)
         from flowkit.core import EnvError
         from flowkit.core.learner import NonFiniteError
-        from flowkit.core.workers import StartTimeout
-        if not isinstance(e, (EnvError, NonFiniteError, StartTimeout)):
+        from flowkit.core.workers import StartTimeout, WorkerImportError
+        if not isinstance(e, (EnvError, NonFiniteError, StartTimeout, WorkerImportError)):
             raise
         print(f"flowkit: error: {e}", file=sys.stderr)
         return 1

@@ -217,6 +217,11 @@ class ModelConfig:
     hidden_sizes: List[int] = F(help="hidden layer sizes of the MLP", factory=lambda: [64, 64], ge=1)
     activation: str = F("tanh", "activation of the hidden layers", choices=ACTIVATIONS)
     shared_value_network: bool = F(False, "share the trunk between policy and value heads")
+    init: str = F("auto", "weight init of the networks: auto (each algorithm's own: orthogonal for the "
+                          "actor-critics, SAC and TD3, PyTorch's for DQN's Q-network), orthogonal (gain sqrt(2) "
+                          "hidden, each head's own gain, zero biases; SB3's ortho_init=True) or default (PyTorch's: "
+                          "U(+-1/sqrt(fan_in)); SB3's ortho_init=False, and SB3's SAC, TD3 and DQN)",
+                  choices=("auto", "orthogonal", "default"))
     numpy_inference: bool = F(True, "act with a numpy copy of the network on CPU (MLP actor-critics: "
                                     "same math, less per-call overhead); false: torch")
 
@@ -388,10 +393,43 @@ def check_algo(cfg: Any, algos: Any) -> None:
         raise ConfigError(f"algo={cfg.algo!r} is not an installed algorithm ({', '.join(sorted(algos))}){hint}")
 
 
+def check_unused_sections(cfg: Any, algos: Any, sections: Dict[str, type]) -> List[str]:
+    """Sections set (differing from their defaults) for algorithms that no policy of the run
+    uses (:func:`run_algorithms`). A section is read only by the algorithm of its name; a
+    registered subclass does not read its parent's section. Where the run's ``algo`` takes the
+    same settings class as the unused section (or a subclass of it: a variant such as
+    ``ppo_l2``, registered from PPO, under a tuned file's ``ppo:``) the user meant them for this
+    run: a config error. Other algorithms' sections (a base file shared by several runs) give a
+    warning each.
+
+    Returns:
+        the warnings (one line each).
+    Raises:
+        ConfigError: naming the section, a key it sets, and the algorithms the run uses.
+    """
+    used, out = run_algorithms(cfg), []
+    mine = sections.get(str(cfg.algo))
+    for name in algos:
+        if name in used or name not in sections or name not in cfg:
+            continue
+        given: Dict[str, Any] = OmegaConf.to_container(cfg[name], resolve=True)  # type: ignore[assignment]
+        default: Dict[str, Any] = OmegaConf.to_container(OmegaConf.structured(sections[name]), resolve=True)  # type: ignore[assignment]
+        diff = [k for k in given if given[k] != default.get(k)]
+        if not diff:
+            continue
+        what = (f"config section `{name}` ({name}.{diff[0]}={given[diff[0]]!r}) is not used by this run, which trains "
+                f"with {', '.join(f'algo={a}' for a in used)}")
+        if mine is not None and issubclass(mine, sections[name]):
+            raise ConfigError(f"{what}; `{cfg.algo}` takes the same settings: give them as `{cfg.algo}.*` (rename "
+                              f"`{name}:` to `{cfg.algo}:` in the file)")
+        out.append(f"{what}: it has no effect")
+    return out
+
+
 def check_run(cfg: Any, pm: Any) -> None:
     """The checks of a run's config that need neither torch, Ray nor the env, made before those
     load (``flowkit train``, :func:`flowkit.train`) and again at set-up: ``algo`` installed,
-    exactly one of ``env.id`` and ``env.factory``, ``run.reporters`` known (and each one's
+    no section of a variant of ``algo`` set in its place (:func:`check_unused_sections`), exactly one of ``env.id`` and ``env.factory``, ``run.reporters`` known (and each one's
     ``validate_config``), and the cross-field checks of ``algo``'s section where its plugin
     gives them torch-free (``AlgorithmRef.validate``; otherwise they run at set-up, when the
     class is imported). Their warnings are given at set-up.
@@ -401,6 +439,7 @@ def check_run(cfg: Any, pm: Any) -> None:
     """
     algos = pm.algorithms(load=False)
     check_algo(cfg, algos)
+    check_unused_sections(cfg, algos, pm.config_sections())
     if bool(cfg.env.id) == bool(cfg.env.factory):
         raise ConfigError("give exactly one of env.id (env=ID) and env.factory "
                           f"(got env.id={cfg.env.id!r}, env.factory={cfg.env.factory!r})")

@@ -66,7 +66,7 @@ from omegaconf.errors import OmegaConfBaseException
 from flowkit import _ray
 from flowkit._guard import GUARD, Interrupted, check_cpus, check_new_run_dir, lock_run_dir
 from flowkit.checkpoint import config_yaml, find_checkpoint, load_trained, restore, resume_config, save_checkpoint  # noqa: F401
-from flowkit.config import ConfigError, build_config, check_run, plugin_modules_from
+from flowkit.config import ConfigError, build_config, check_run, check_unused_sections, plugin_modules_from
 from flowkit.core import EnvContext, derive_seed, env_name, make_env
 from flowkit.core.context import RunContext, make_context
 from flowkit.core.learner import NonFiniteError
@@ -75,7 +75,7 @@ from flowkit.core.ops import StandardMetricsReporting
 from flowkit.core.workers import kill_prestarted
 from flowkit.hooks import PluginError, get_plugin_manager
 from flowkit.hooks.manager import worker_plugin_manager
-from flowkit.reporters import kept_rows, read_metrics  # noqa: F401  (read_metrics: public here too)
+from flowkit.reporters import kept_rows, policy_metrics, read_metrics  # noqa: F401  (read_metrics: public here too)
 
 
 # ---- set-up ----------------------------------------------------------------------------------
@@ -93,6 +93,8 @@ def load_config(user: Any = None, config_file: Union[str, Sequence[str], None] =
 
 def _validate(cfg: DictConfig, pm: Any) -> Dict[str, Any]:
     check_run(cfg, pm)  # each key's own range or choices: declared in the schema, checked by build_config
+    for w in check_unused_sections(cfg, pm.algorithms(load=False), pm.config_sections()):
+        warnings.warn(w, stacklevel=3)
     algos = pm.algorithms()
     for key, on, rep in (("evaluation.interval", int(cfg.evaluation.interval) > 0, "evaluation"),
                          ("evaluation.final", bool(cfg.evaluation.final), "evaluation"),
@@ -212,9 +214,14 @@ NO_STOP = ("flowkit: no stop condition (stop.env_steps, stop.iterations, stop.ep
 
 def summary(res: Result) -> str:
     """The lines ``flowkit train`` and :func:`train` print at the end of a run: run folder,
-    stop reason, the last row's main metrics and the last checkpoint."""
+    stop reason, the last row's main metrics (a multi-agent run's per policy, with the
+    evaluation's win rates: :func:`flowkit.reporters.policy_metrics`) and the last checkpoint."""
     m = res.metrics
     keys = ["iteration", "env_steps_sampled", "episode_return_mean", "evaluation_return_mean", "time_total_s"]
+    per = policy_metrics(m)
+    if per:  # multi-agent: each policy's figures, not the sum over players (0 in a zero-sum game)
+        keys[2:4] = [f"policy/{p}/episode_return_mean" for p in per] + [
+            f"evaluation/{p}/{k}" for p in per for k in ("episode_return_mean", "win_rate")]
     lines = [f"run folder: {res.run_dir}", f"stopped: {res.stop_reason}",
              "  " + "  ".join(f"{k}={m[k]:.4g}" if isinstance(m.get(k), float) else f"{k}={m.get(k)}"
                               for k in keys if k in m)]

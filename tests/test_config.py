@@ -302,3 +302,39 @@ def test_an_action_space_the_algorithm_refuses_is_reported_before_ray_starts(tmp
     with pytest.raises(ConfigError) as ei:  # the same words at set-up (flowkit.train, no CLI)
         validate(f"algo={algo}", f"env={env}")
     assert str(ei.value) == message
+
+
+def test_a_section_the_run_does_not_use_is_an_error_for_a_variant_and_a_warning_otherwise(tmp_path):
+    """Issue 27 item 5: `-c configs/ppo/CartPole-v1.yaml algo=ppo_l2` (a registered subclass of
+    PPO) trained with ppo_l2's default lr 3e-4: the file's `ppo:` section was ignored."""
+    from flowkit_ppo import PPO
+
+    from flowkit.config import check_run, check_unused_sections
+
+    class PPOL2(PPO):
+        name = "ppo_l2"
+
+    plugin = type("P", (), {"flowkit_add_algorithms": flowkit.hookimpl(lambda self: [PPOL2])})()
+    flowkit.register(plugin)
+    try:
+        tuned = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "ppo",
+                             "CartPole-v1.yaml")
+        with pytest.raises(ConfigError, match=r"^config section `ppo` \(ppo\.lr=0\.001\) is not used by this run, "
+                           r"which trains with algo=ppo_l2; `ppo_l2` takes the same settings: give them as "
+                           r"`ppo_l2\.\*`"):
+            check_run(*reversed(load_config(["algo=ppo_l2"], tuned)))
+        pm, cfg = load_config(["algo=ppo_l2", "env=CartPole-v1", "ppo_l2.lr=1e-3"])  # its own section: used
+        check_run(cfg, pm)
+        assert cfg.ppo_l2.lr == 1e-3
+        # another algorithm's section (a base file shared by runs of several algorithms): a warning
+        pm, cfg = load_config(["algo=ppo", "env=CartPole-v1", "dqn.lr=0.01"])
+        check_run(cfg, pm)
+        assert check_unused_sections(cfg, pm.algorithms(load=False), pm.config_sections()) == [
+            "config section `dqn` (dqn.lr=0.01) is not used by this run, which trains with algo=ppo: it has no effect"]
+        # a multi-agent run uses every policy's algorithm
+        pm, cfg = load_config(["env.factory=pettingzoo.classic.tictactoe_v3:env", "multiagent.policies.a.algo=dqn",
+                               "dqn.lr=0.01"])
+        check_run(cfg, pm)
+        assert cfg.dqn.lr == 0.01 and check_unused_sections(cfg, pm.algorithms(load=False), pm.config_sections()) == []
+    finally:
+        flowkit.unregister(plugin)

@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from flowkit.core import batch as sb
-from flowkit.core._models import ActorCritic
+from flowkit.core._models import ActorCritic, sde_std
 from flowkit.core._numpy_model import ActorCriticActing, NumpyActorCritic, NumpyActorCriticPolicy, numpy_layout
 from flowkit.core._returns import bootstrap_rows, next_values, vtrace
 from flowkit.core.policy import Policy, to_tensor
@@ -80,7 +80,8 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
         model = self.build_model(ActorCritic(
             self.encoder, self.dist, self.model_config, norm, self.config.log_std_init, twin=self.twin,
             normalize_rewards=bool(getattr(self.config, "normalize_rewards", False)),
-            use_sde=bool(getattr(self.config, "use_sde", False))))
+            use_sde=bool(getattr(self.config, "use_sde", False)), sde_expln=bool(getattr(self.config, "use_expln", False)),
+            sde_learn_features=bool(getattr(self.config, "learn_features", False))))
         for key, attr in (("normalize_observations", "obs_rms"), ("normalize_rewards", "ret_rms"),
                           ("use_sde", "sde_log_std")):
             if getattr(self.config, key, False) and getattr(model, attr, None) is None:
@@ -152,14 +153,14 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
 
     def sde_noise(self, n: int) -> torch.Tensor:
         """gSDE's exploration matrices W float32[n, h, k], one per row (sub-env), entries
-        ~ N(0, exp(sde_log_std)^2): drawn anew every ``sde_sample_freq`` calls (env steps),
+        ~ N(0, std^2), std = exp(sde_log_std) (expln with ``use_expln``): drawn anew every ``sde_sample_freq`` calls (env steps),
         when ``n`` changes, and when new weights arrive (``sde_sample_freq=-1``: only then,
         i.e. once per rollout fragment; Stable-Baselines3 draws at the start of each rollout
         too). Rows are sub-envs in order, so gSDE suits single-agent vector envs."""
         freq = int(self.config.sde_sample_freq)
         if self._sde_w is None or self._sde_w.shape[0] != n or (freq > 0 and self._sde_steps % freq == 0):
             assert self.model.sde_log_std is not None
-            std = torch.exp(self.model.sde_log_std.detach())
+            std = sde_std(self.model.sde_log_std.detach(), bool(getattr(self.config, "use_expln", False)))
             self._sde_w = torch.randn((n, *std.shape), generator=self.generator) * std
             self._sde_steps = 0
         self._sde_steps += 1

@@ -325,7 +325,12 @@ class UpdateTargetNetwork:
 class UpdatePriorities:
     """Send new priorities (each trained policy's ``td_error``, float32[B], set by its
     ``loss``) for the rows of a replay batch back to where the batch came from: ``buffer``
-    for plain train results, or the shard actor of ``(shard, result)`` items (Ape-X)."""
+    for plain train results, or the shard actor of ``(shard, result)`` items (Ape-X).
+
+    Raises:
+        ValueError: a trained policy's ``td_error`` is not set (None) or has not one value
+            per replayed row (naming the policy).
+    """
 
     def __init__(self, learner: Learner, buffer: Any = None):
         self.learner, self.buffer = learner, buffer
@@ -335,10 +340,17 @@ class UpdatePriorities:
         shard, res = item if isinstance(item, tuple) else (None, item)
         prios = {}
         for pid in res["stats"]:
-            td = getattr(self.learner.policies[pid], "td_error", None)
+            pol = self.learner.policies[pid]
+            td = getattr(pol, "td_error", None)
             pb = res["batch"].policy_batches[pid]
-            if td is not None and sb.BATCH_INDEXES in pb:
-                prios[pid] = (np.asarray(pb[sb.BATCH_INDEXES]), np.asarray(td))
+            if sb.BATCH_INDEXES not in pb:
+                continue
+            if td is None or np.shape(td) != (len(pb),):
+                got = "not set" if td is None else f"of shape {list(np.shape(td))}"
+                raise ValueError(f"policy {pid!r}: prioritized replay needs {type(pol).__name__}.loss to set "
+                                 f"`self.td_error` (float32[B], one per replayed row: {len(pb)}); it is {got}, "
+                                 "so the priorities would never change")
+            prios[pid] = (np.asarray(pb[sb.BATCH_INDEXES]), np.asarray(td))
         if prios and shard is not None:
             shard.submit("update_priorities", prios)  # fire and forget; ordered per actor
         elif prios:

@@ -60,7 +60,8 @@ class Policy(Acting):
         self.num_updates = 0  # learner updates applied to these weights (policy lag)
 
     def build_model(self, default: nn.Module) -> nn.Module:
-        """``default`` (the policy's own network), or the custom network of ``model.class``.
+        """``default`` (the policy's own network, initialised as ``model.init`` says:
+        :func:`~flowkit.core.init_weights`), or the custom network of ``model.class``.
 
         The custom-model contract: ``model.class=module:Class`` names a ``torch.nn.Module``
         subclass importable where the run (and a later ``from_checkpoint``) runs; flowkit
@@ -81,6 +82,8 @@ class Policy(Acting):
                 those arguments, or its outputs on a probe batch differ from the default's.
         """
         from flowkit.config import ConfigError
+        from flowkit.core._models import init_weights
+        init_weights(default, self.model_config)  # model.init (the custom network's init is its own)
         spec = self.model_config.get("class") if hasattr(self.model_config, "get") else None
         if not spec:
             return default

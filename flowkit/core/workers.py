@@ -209,6 +209,24 @@ class StartTimeout(TimeoutError):
     """Ray did not place and start every rollout worker within ``runtime.start_timeout_s``."""
 
 
+class WorkerImportError(ImportError):
+    """A rollout worker cannot import flowkit or a plugin: not restarted (a new worker imports
+    from the same path)."""
+
+
+def _import_failure(exc: BaseException, plugins: Sequence[str]) -> Optional[str]:
+    """The worker's own one-line message where ``exc`` (as the driver got it: Ray wraps a
+    worker's error with its traceback) says the worker could not import flowkit or one of
+    ``plugins`` (top-level module names), else None."""
+    import importlib.metadata as md
+    import re
+    tops = [ep.value.split(":")[0] for ep in md.entry_points(group="flowkit")] + [str(p) for p in plugins]
+    names = "|".join(re.escape(p.split(".")[0]) for p in ["flowkit", *tops])
+    m = re.search(rf"(?:ModuleNotFoundError|ImportError): (.*(?:'(?:{names})[.'].*|`import flowkit`.*))|"
+                  rf"AttributeError: (module '(?:{names})(?:\.\w+)*' has no attribute .*)", str(exc))
+    return None if m is None else (m[1] or m[2]).strip()
+
+
 def _kill(actor: Any) -> None:
     if actor.is_remote:
         import ray
@@ -497,7 +515,8 @@ class WorkerSet:
         """Handle a failed call on ``actor``: rebuild it (True) or let the error stop the run
         (False). The error is annotated with the worker index either way.
 
-        Not restarted: a space mismatch (:class:`EnvError` from :class:`SpaceCheck`: a bug
+        Raises :class:`WorkerImportError` (one line) where the worker could not import flowkit
+        or a plugin. Not restarted: a space mismatch (:class:`EnvError` from :class:`SpaceCheck`: a bug
         in the env, the same after a restart), and any failure once
         ``runtime.max_worker_restarts`` consecutive restarts of the slot did not help. A
         failure reported by an actor that was already replaced (a stale request) is dropped.
@@ -506,6 +525,9 @@ class WorkerSet:
         rt = self.config.runtime
         if self._actors is not None and not any(a is actor for a in self._actors):
             return True  # stale: this actor was already rebuilt
+        bad = _import_failure(exc, self.config.plugins)
+        if bad is not None:
+            raise WorkerImportError(f"rollout worker {i} cannot import flowkit or a plugin: {bad}") from None
         exc_note = f"[flowkit] rollout worker {i} failed"
         if exc_note not in getattr(exc, "__notes__", []):
             exc.add_note(exc_note)

@@ -83,7 +83,8 @@ def compute_q_targets(rewards: torch.Tensor, terminateds: torch.Tensor, discount
 # ---- the model ---------------------------------------------------------------------------------
 class QNetwork(nn.Module):
     """Encoded observation float32[B, *shape] -> Q-values float32[B, num_actions]; a dueling
-    head computes V + A - mean(A). Layers start from PyTorch's default init."""
+    head computes V + A - mean(A). Layers start from PyTorch's default init (orthogonal with
+    ``model.init=orthogonal``)."""
 
     def __init__(self, encoder: ObsEncoder, num_actions: int, model_cfg: Any, dueling: bool):
         super().__init__()
@@ -96,10 +97,12 @@ class QNetwork(nn.Module):
         else:
             self.q_head = build_mlp(d, [], act, num_actions, 1.0)
         # PyTorch's default (Kaiming-uniform) init, as SB3 and CleanRL use for DQN: with the
-        # orthogonal sqrt(2)-gain init of build_mlp, Q diverged on CartPole in our runs
-        for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Conv2d)):
-                m.reset_parameters()
+        # orthogonal sqrt(2)-gain init of build_mlp, Q diverged on CartPole in our runs (kept
+        # only with model.init=orthogonal)
+        if str(getattr(model_cfg, "init", None) or "auto") != "orthogonal":
+            for m in self.modules():
+                if isinstance(m, (nn.Linear, nn.Conv2d)):
+                    m.reset_parameters()
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         h = self.trunk(obs)

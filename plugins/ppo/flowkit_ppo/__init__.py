@@ -49,6 +49,10 @@ class PPOConfig:
                       "noise z(s) @ W from the policy's last hidden layer z(s), W held between draws")
     sde_sample_freq: int = F(-1, "env steps between two draws of gSDE's exploration matrices "
                              "(-1: once per rollout fragment, when new weights arrive)", ge=-1)
+    use_expln: bool = F(False, "gSDE: std of the exploration matrix's entries by expln(log_std) (exp below 0, "
+                        "log1p(x) + 1 above: grows slowly) in place of exp (SB3's use_expln)")
+    learn_features: bool = F(False, "gSDE: the loss trains the policy's last hidden layer through the std too "
+                             "(SB3's learn_features; false: the features are detached there)")
     adam_eps: float = F(1e-5, "Adam epsilon", gt=0)
 
 

@@ -52,6 +52,12 @@ class SACConfig(_OffPolicyConfig):
     sde_sample_freq: int = F(-1, "gSDE: acting steps between two draws of theta per sub-env (-1: when new "
                                  "weights arrive, i.e. each sampled round)", ge=-1)
     log_std_init: float = F(-3.0, "gSDE: initial log of the std of theta's entries")
+    use_expln: bool = F(False, "gSDE: std of theta's entries by expln(log_std) (exp below 0, log1p(x) + 1 above) "
+                        "in place of exp (SB3's use_expln)")
+    learn_features: bool = F(False, "gSDE: the actor loss trains the last hidden layer through the std too "
+                             "(SB3's learn_features; false: detached there)")
+    clip_mean: float = F(2.0, "gSDE: clip the pre-tanh mean to [-clip_mean, clip_mean] (SB3's clip_mean, "
+                         "against numerical instability; 0: no clip)", ge=0)
 
 
 @dataclass

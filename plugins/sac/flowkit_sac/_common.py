@@ -72,7 +72,9 @@ class OffPolicyActorCritic(Policy):
         self.obs_dim, self.act_dim = int(self.encoder.shape[0]), int(self.dist.dim)
 
     def finish_init(self, target_modules: Sequence[str], sizes: Any = None) -> None:
+        from flowkit.core._models import init_weights
         from flowkit.core.policy import flat_parameters
+        init_weights(self.model, self.model_config)  # model.init, before the targets copy the weights
         self.model.to(self.device)
         if self.inference_only:  # the actor alone is synced: one flat array
             _, self.actor_flat = flat_parameters(self.model.actor, self.device, trainable_only=False)
