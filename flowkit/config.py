@@ -184,6 +184,10 @@ class EnvConfig:
                            "(e.g. CartPole), else sync; sync: always a SyncVectorEnv of single envs",
                            choices=("auto", "sync"))
     check_spaces_steps: int = F(2, "env steps per worker whose outputs are checked against the spaces (0: none)", ge=0)
+    preset: Optional[str] = F(None, "wrappers for a family of envs: atari (DeepMind preprocessing: 30 no-ops, frame skip 4 "
+                              "with max-pooling, 84x84 grayscale uint8, 4 stacked frames, FIRE on reset; for training "
+                              "also life loss as terminal and rewards clipped to their sign; returns reported "
+                              "unclipped per game; docs/envs.md)", choices=(None, "atari"))
 
 
 @dataclass

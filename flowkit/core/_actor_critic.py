@@ -172,7 +172,7 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
     @torch.inference_mode()
     def compute_values(self, obs: np.ndarray) -> np.ndarray:
         """V(obs) for encoded observations float32[B, *shape] -> float32[B]."""
-        return self.model_value(torch.from_numpy(np.ascontiguousarray(obs, np.float32))).numpy()
+        return self.model_value(torch.from_numpy(np.ascontiguousarray(obs, self.encoder.dtype))).numpy()
 
     # -- returns --
     def add_gae(self, batch: sb.SampleBatch, gae_lambda: Optional[float] = None) -> sb.SampleBatch:
