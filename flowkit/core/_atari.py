@@ -32,7 +32,7 @@ Zoo's and CleanRL's published Atari figures.
 """
 from __future__ import annotations
 
-from typing import Any, Dict
+from typing import Any, Dict, Optional
 
 import gymnasium as gym
 import numpy as np
@@ -115,9 +115,11 @@ def _has_fire(env: gym.Env) -> bool:
     return len(meanings) >= 3 and meanings[1] == "FIRE"
 
 
-def make_atari(env_id: str, kwargs: Dict[str, Any], training: bool) -> gym.Env:
+def make_atari(env_id: str, kwargs: Dict[str, Any], training: bool, max_episode_steps: Optional[int] = None) -> gym.Env:
     """The base ALE env ``env_id`` (``kwargs`` to gym.make) under the preset's wrappers (see the
-    module docstring); ``training`` adds the life-loss terminal and reward clipping.
+    module docstring); ``training`` adds the life-loss terminal and reward clipping;
+    ``max_episode_steps`` (agent steps) truncates a game below GameStats, so a truncated game
+    is still reported.
 
     Raises:
         ImportError: ale-py is not installed (``pip install 'flowkit[atari]'``).
@@ -139,6 +141,8 @@ def make_atari(env_id: str, kwargs: Dict[str, Any], training: bool) -> gym.Env:
                          f"(env.kwargs.frameskip={kw.get('frameskip')!r})")
     env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84,
                                           terminal_on_life_loss=False, grayscale_obs=True, scale_obs=False)
+    if max_episode_steps:
+        env = gym.wrappers.TimeLimit(env, max_episode_steps=int(max_episode_steps))
     env = GameStats(env)
     if training:
         env = EpisodicLife(env)
