@@ -217,6 +217,11 @@ class ModelConfig:
     shared_value_network: bool = F(False, "share the trunk between policy and value heads")
     numpy_inference: bool = F(True, "act with a numpy copy of the network on CPU (MLP actor-critics: "
                                     "same math, less per-call overhead); false: torch")
+    normalize_obs: bool = F(False, "running mean/std observation normalisation inside the network, for every "
+                                   "algorithm (flat observations; the Zoo's `normalize: true` for MuJoCo): updated "
+                                   "on the learner from each train batch, sent to the workers with the weights, "
+                                   "saved in checkpoints, applied by evaluate and export; PPO's "
+                                   "ppo.normalize_observations is the same")
 
 
 # `model.class` is a Python keyword: declared by hand, outside __init__, and the class built

@@ -107,6 +107,7 @@ def test_ppo_through_the_preset_uint8_on_the_wire_then_export_and_evaluate(run_d
     # (cut here at 150 agent steps by env.max_episode_steps, beneath the game statistics and
     # FireReset: its two steps at the start count, so the policy takes 148)
     from omegaconf import OmegaConf
+
     from flowkit.evaluation import run_gym_episodes
     env_cfg = {**OmegaConf.to_container(cfg.env), "max_episode_steps": 150}
     eps = run_gym_episodes(pol, env_cfg, episodes=1, seed=0, num_envs=1)
