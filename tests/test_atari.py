@@ -125,3 +125,17 @@ def test_dqn_through_the_preset_keeps_frames_once_in_replay(run_dir):
     assert st["refs"].shape == (512, 2, 4)
     # about one 84x84 frame per transition, not 8
     assert len(st["frames"]) < 1.1 * 512, len(st["frames"])
+
+
+@pytest.mark.parametrize("algo,extra", [("a2c", []), ("impala", ["impala.train_batch_size=64"]),
+                                        ("appo", ["appo.train_batch_size=64"])])
+def test_nature_cnn_trains_with_the_actor_critics(algo, extra, run_dir):
+    res = flowkit.train(local_overrides(run_dir, f"algo={algo}", *ATARI, "model.shared_value_network=true",
+                                        "stop.env_steps=128", *extra))
+    assert res.metrics["env_steps_trained"] >= 64 and np.isfinite(res.metrics["learner/default/total_loss"])
+    pol = flowkit.Algorithm.from_checkpoint(res.checkpoint).get_policy()
+    from flowkit.core import SmallCNN
+    cnn = [m for m in pol.model.modules() if isinstance(m, SmallCNN)]
+    assert len(cnn) == 1 and cnn[0].out_dim == 64 * 7 * 7  # the Nature CNN's 3136 features of 84x84
+    first = cnn[0].net[0]
+    assert (first.in_channels, first.out_channels, first.kernel_size, first.stride) == (4, 32, (8, 8), (4, 4))
