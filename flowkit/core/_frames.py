@@ -10,7 +10,7 @@ About one new frame per transition (7,056 bytes), so a million Atari transitions
 7.3 GB instead of 56 GB.
 
 Finding the shared frames needs no knowledge of the wrappers, episodes or n-step windows: every
-frame of a new batch is looked up by a 64-bit hash among the last ``window`` frames stored, and
+frame of a new batch is looked up by its CRC-32 among the last ``window`` frames stored, and
 a hit is used only when the bytes are equal, so the rebuilt stacks are exactly the stacks added
 (a hash collision or a frame not found costs a stored frame, never a wrong one). Frame ids grow
 monotonically; id ``g`` sits at slot ``g % frame_capacity``. Before frames are written, the
@@ -20,13 +20,12 @@ no frames (not a frame stack) stays correct, only larger.
 """
 from __future__ import annotations
 
+import zlib
 from typing import Any, Dict, Optional
 
 import numpy as np
 
 from flowkit.core import batch as sb
-
-_HASH_SEED = 0x5EED_F4A3E
 
 
 def is_frame_batch(batch: sb.SampleBatch) -> bool:
@@ -38,6 +37,11 @@ def is_frame_batch(batch: sb.SampleBatch) -> bool:
     o, x = np.asarray(batch[sb.OBS]), np.asarray(batch[sb.NEXT_OBS])
     return (o.dtype == np.uint8 and x.dtype == np.uint8 and o.ndim == 4 and o.shape == x.shape
             and min(o.shape[2:]) >= 8)
+
+
+def _words(flat: np.ndarray) -> np.ndarray:
+    """uint8[m, P] as 8-byte words when P allows (fewer elements to compare)."""
+    return flat.view(np.uint64) if flat.shape[1] % 8 == 0 and flat.flags.c_contiguous else flat
 
 
 class FrameStorage:
@@ -66,7 +70,6 @@ class FrameStorage:
         self.frames_added = 0
         self._index: Dict[int, int] = {}  # frame hash -> frame id, for the last `window` ids
         self._indexed_from = 0  # ids below this are out of the index
-        self._mult = np.zeros(0, np.uint64)
 
     # ---- sizes ----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -95,18 +98,13 @@ class FrameStorage:
         self.hashes = np.zeros(self.frame_capacity, np.uint64)
         self.refs = np.zeros((self.capacity, 2, k), np.int64)
         self.minref = np.zeros(self.capacity, np.int64)
-        words = (h * w + 7) // 8
-        self._mult = np.random.default_rng(_HASH_SEED).integers(1, 2**63, words, dtype=np.uint64) | np.uint64(1)
 
-    def _hash(self, flat: np.ndarray) -> np.ndarray:
-        """uint64 hash per row of uint8[m, P] (a random odd multiplier per 8-byte word, summed
-        modulo 2^64)."""
-        m, p = flat.shape
-        pad = (-p) % 8
-        if pad:
-            flat = np.concatenate([flat, np.zeros((m, pad), np.uint8)], 1)
-        words = np.ascontiguousarray(flat).view(np.uint64)
-        return (words * self._mult).sum(1, dtype=np.uint64)
+    @staticmethod
+    def _hash(flat: np.ndarray) -> np.ndarray:
+        """CRC-32 per row of uint8[m, P] (zlib, hardware-accelerated: about 2 us a 84x84 frame;
+        a collision only costs a stored frame, see the module docstring)."""
+        flat = np.ascontiguousarray(flat)
+        return np.fromiter((zlib.crc32(row) for row in flat), np.uint64, len(flat))
 
     def _oldest_needed(self, overwritten: np.ndarray) -> int:
         """The oldest frame id that live transitions (but those in slots ``overwritten``) and
@@ -143,8 +141,21 @@ class FrameStorage:
 
     def _store(self, flat: np.ndarray, need_from: int) -> np.ndarray:
         """Frame ids for the frames uint8[m, P] (reusing equal frames of the window), in order;
-        ids from ``need_from`` on are never overwritten (the ring grows instead)."""
+        ids from ``need_from`` on are never overwritten (the ring grows instead). Equal frames
+        within the batch are found at once (np.unique of the hashes, then one comparison of all
+        bytes); only the distinct ones are looked up one by one."""
         hashes = self._hash(flat)
+        uniq, first, inverse = np.unique(hashes, return_index=True, return_inverse=True)
+        inverse = inverse.reshape(-1)
+        rep = first[inverse]  # each frame's representative: the first with its hash
+        if len(uniq) < len(flat) and not np.array_equal(_words(flat), _words(flat[rep])):
+            return self._store_each(flat, hashes, need_from)  # a hash collision inside the batch
+        order = np.argsort(first)  # distinct frames in the order they first appear: ids stay in stream order
+        ids = np.empty(len(uniq), np.int64)
+        ids[order] = self._store_each(flat[first[order]], uniq[order], need_from)
+        return ids[inverse]
+
+    def _store_each(self, flat: np.ndarray, hashes: np.ndarray, need_from: int) -> np.ndarray:
         ids = np.empty(len(flat), np.int64)
         frames, fc, index = self.frames.reshape(self.frame_capacity, -1), self.frame_capacity, self._index
         for i in range(len(flat)):
