@@ -139,3 +139,43 @@ def test_nature_cnn_trains_with_the_actor_critics(algo, extra, run_dir):
     assert len(cnn) == 1 and cnn[0].out_dim == 64 * 7 * 7  # the Nature CNN's 3136 features of 84x84
     first = cnn[0].net[0]
     assert (first.in_channels, first.out_channels, first.kernel_size, first.stride) == (4, 32, (8, 8), (4, 4))
+
+
+class _LivesGame(gym.Env):
+    """A toy 'game' with 2 lives of 3 steps each, reward 5 a step: with the preset's training
+    wrappers a life is an episode of reward 1 a step, the game one of 6 steps and 30 points."""
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self):
+        self.ale = self  # EpisodicLife reads env.unwrapped.ale.lives()
+        self.t = 0
+
+    def lives(self):
+        return 2 - self.t // 3 if self.t < 6 else 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.full(2, self.t / 10, np.float32), 5.0, self.t >= 6, False, {}
+
+
+def lives_game():
+    env = EpisodicLife(GameStats(_LivesGame()))
+    return gym.wrappers.TransformReward(env, lambda r: float(np.sign(r)))
+
+
+@pytest.mark.parametrize("mode", ["next_step", "same_step"])
+def test_the_runner_reports_whole_games_unclipped(mode, run_dir):
+    res = flowkit.train(local_overrides(run_dir, "algo=ppo", "env.factory=test_atari:lives_game",
+                                        f"env.autoreset_mode={mode}", "runtime.num_workers=1",
+                                        "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=30",
+                                        "model.hidden_sizes=[8]", "stop.iterations=1"))
+    # a game: a life of 3 transitions, the soft reset's no-op step (no transition), 2 more: 60
+    # transitions are 12 whole games of 6 steps and 30 points (24 training episodes, clipped)
+    assert res.metrics["episodes_this_iter"] == 12
+    assert res.metrics["episode_return_mean"] == 30.0 and res.metrics["episode_len_mean"] == 6.0

@@ -219,13 +219,14 @@ class GymEnvRunner:
                 if ep_hook:
                     pm.hook.flowkit_on_episode_end(episode=ep, worker=self.worker)
                 if self.games:  # only whole games count, with their own (unclipped) figures
-                    if not infos.get("_game_return", np.zeros(n, bool))[j]:
+                    gi = infos.get("final_info", {}) if self.same_step else infos
+                    if not gi.get("_game_return", np.zeros(n, bool))[j]:
                         self.episodes[j] = self._new_episode(int(j))
                         self.eps_ids[j] = self.episodes[j].episode_id
                         live_eps[self.episodes[j].episode_id] = self.episodes[j]
                         continue
                     summary = ep.summary()
-                    summary.update({"return": float(infos["game_return"][j]), "length": int(infos["game_length"][j])})
+                    summary.update({"return": float(gi["game_return"][j]), "length": int(gi["game_length"][j])})
                     finished.append(summary)
                 else:
                     finished.append(ep.summary())
