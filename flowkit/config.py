@@ -190,6 +190,10 @@ class EnvConfig:
                            "(e.g. CartPole), else sync; sync: always a SyncVectorEnv of single envs",
                            choices=("auto", "sync"))
     check_spaces_steps: int = F(2, "env steps per worker whose outputs are checked against the spaces (0: none)", ge=0)
+    preset: Optional[str] = F(None, "wrappers for a family of envs: atari (DeepMind preprocessing: 30 no-ops, frame skip 4 "
+                              "with max-pooling, 84x84 grayscale uint8, 4 stacked frames, FIRE on reset; for training "
+                              "also life loss as terminal and rewards clipped to their sign; returns reported "
+                              "unclipped per game; docs/envs.md)", choices=(None, "atari"))
 
 
 @dataclass
@@ -224,6 +228,11 @@ class ModelConfig:
                   choices=("auto", "orthogonal", "default"))
     numpy_inference: bool = F(True, "act with a numpy copy of the network on CPU (MLP actor-critics: "
                                     "same math, less per-call overhead); false: torch")
+    normalize_obs: bool = F(False, "running mean/std observation normalisation inside the network, for every "
+                                   "algorithm (flat observations; the Zoo's `normalize: true` for MuJoCo): updated "
+                                   "on the learner from each train batch, sent to the workers with the weights, "
+                                   "saved in checkpoints, applied by evaluate and export; PPO's "
+                                   "ppo.normalize_observations is the same")
 
 
 # `model.class` is a Python keyword: declared by hand, outside __init__, and the class built

@@ -125,6 +125,8 @@ EXPORT_RUNS = {  # every algorithm `flowkit plugins` lists (test_every_listed_al
     "sac-gsde": ["algo=sac", "env=Pendulum-v1", "sac.learning_starts=32", "sac.train_batch_size=16",
                  "sac.use_sde=true"],
     "td3-box": ["algo=td3", "env=Pendulum-v1", "td3.learning_starts=32", "td3.train_batch_size=16"],
+    "sac-normobs": ["algo=sac", "env=Pendulum-v1", "sac.learning_starts=32", "sac.train_batch_size=16",
+                    "model.normalize_obs=true"],  # the statistics inside the exported actor
     "random": ["algo=random", "env=CartPole-v1"],  # no network: refused in one line
 }
 
@@ -150,7 +152,7 @@ def test_export_matches_compute_actions(name, run_dir, tmp_path, capsys, monkeyp
         return
     if name.startswith(("sac", "td3")):  # the greedy action is not the uniform one of the first steps
         assert policy.num_updates > 0
-    if name == "ppo-box":  # the observation normalisation is part of the module, and not the identity
+    if name in ("ppo-box", "sac-normobs"):  # the observation normalisation is part of the module, not the identity
         assert policy.model.obs_rms is not None and float(policy.model.obs_rms.count) > 1
     acts = _check_export(policy, tmp_path, name)
     if name == "ppo-discrete":  # a policy that acts otherwise than its network says: refused, no file left

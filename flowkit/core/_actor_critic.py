@@ -76,7 +76,8 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
 
     def make_model(self) -> Any:
         """The network (override for a custom model; the numpy mirror then steps aside)."""
-        norm = bool(getattr(self.config, "normalize_observations", False))
+        norm = bool(getattr(self.config, "normalize_observations", False)) or bool(
+            getattr(self.model_config, "normalize_obs", False))
         model = self.build_model(ActorCritic(
             self.encoder, self.dist, self.model_config, norm, self.config.log_std_init, twin=self.twin,
             normalize_rewards=bool(getattr(self.config, "normalize_rewards", False)),
@@ -173,7 +174,7 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
     @torch.inference_mode()
     def compute_values(self, obs: np.ndarray) -> np.ndarray:
         """V(obs) for encoded observations float32[B, *shape] -> float32[B]."""
-        return self.model_value(torch.from_numpy(np.ascontiguousarray(obs, np.float32))).numpy()
+        return self.model_value(torch.from_numpy(np.ascontiguousarray(obs, self.encoder.dtype))).numpy()
 
     # -- returns --
     def add_gae(self, batch: sb.SampleBatch, gae_lambda: Optional[float] = None) -> sb.SampleBatch:
@@ -215,6 +216,12 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
         out[sb.DISCOUNTED_RETURNS] = rets.astype(np.float32)
         out[sb.REWARDS] = rms.scale(r).astype(np.float32)
         return out
+
+    def on_train_batch_end(self, batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
+        """The running statistics take the train batch in (:meth:`update_normalizers`); PPO,
+        IMPALA and APPO call that from their own."""
+        self.update_normalizers(batch)
+        return {}
 
     @torch.no_grad()
     def update_normalizers(self, batch: Dict[str, torch.Tensor]) -> None:

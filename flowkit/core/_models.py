@@ -186,8 +186,13 @@ class TwinMLP(nn.Module):
 
 
 class SmallCNN(nn.Module):
-    """Conv(32, 8, s4) -> Conv(64, 4, s2) -> Conv(64, 3, s1) -> flatten (Mnih et al. 2015),
-    with kernels shrunk for small images."""
+    """Conv(32, 8, s4) -> Conv(64, 4, s2) -> Conv(64, 3, s1) -> flatten, ReLU after each: the
+    Nature CNN of Mnih et al. 2015 (Nature 518, "Methods: model architecture") for images of
+    36 pixels or more a side (84x84: 3136 features), with kernels shrunk for smaller images.
+
+    ``forward(x: uint8[B, C, H, W] or float32[B, C, H, W]) -> float32[B, out_dim]``: uint8
+    frames are scaled to [0, 1] here, on the device the network lives on, so that observations
+    travel and sit in replay as bytes; float images are taken as they are."""
 
     def __init__(self, shape: Sequence[int]):
         super().__init__()
@@ -201,6 +206,8 @@ class SmallCNN(nn.Module):
             self.out_dim = int(self.net(torch.zeros(1, c, h, w)).shape[1])
 
     def forward(self, x):
+        if x.dtype == torch.uint8:
+            x = x.float() * (1.0 / 255.0)
         return self.net(x)
 
 

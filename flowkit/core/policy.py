@@ -69,7 +69,7 @@ class Policy(Acting):
         :class:`~flowkit.core.ObsEncoder` (``encoder.shape``: the encoded observation's shape),
         ``num_outputs`` the last dimension of the default network's first output, and
         ``model_config`` the ``model.*`` section -- and its ``forward(obs float32[B,
-        *encoder.shape])`` must return what the default network returns, in structure, shape
+        *encoder.shape])`` (``encoder.dtype``: uint8 frames for uint8 images, to be scaled inside) must return what the default network returns, in structure, shape
         and dtype: ``(dist_inputs float32[B, num_outputs], value float32[B])`` for the
         actor-critic policies (PPO, IMPALA), ``q float32[B, num_actions]`` for DQN. Optional
         methods ``policy(obs)`` and ``value(obs)`` (actor-critics) skip the other head;
@@ -95,7 +95,7 @@ class Policy(Acting):
             raise ConfigError(f"model.class={spec!r} does not import: {type(e).__name__}: {e}") from None
         if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
             raise ConfigError(f"model.class={spec!r} is {cls!r}, not a torch.nn.Module subclass")
-        probe = torch.zeros((2, *self.encoder.shape), dtype=torch.float32)
+        probe = torch.from_numpy(np.zeros((2, *self.encoder.shape), self.encoder.dtype))
         with torch.no_grad():
             want = default(probe)
         n = int((want[0] if isinstance(want, tuple) else want).shape[-1])
@@ -105,7 +105,7 @@ class Policy(Acting):
                 got = model(probe)
         except Exception as e:
             raise ConfigError(f"model.class={spec!r}: Class(encoder, num_outputs={n}, model_config) then "
-                              f"forward(float32[2, {', '.join(map(str, self.encoder.shape))}]) failed: "
+                              f"forward({self.encoder.dtype}[2, {', '.join(map(str, self.encoder.shape))}]) failed: "
                               f"{type(e).__name__}: {e}") from None
 
         def shape(x: Any) -> str:
