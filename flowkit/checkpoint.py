@@ -48,6 +48,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from flowkit._trust import RunFolderError, UntrustedConfigError, check_config_callables, read_run_config
 from flowkit.config import ConfigError, build_config, used_sections
 from flowkit.core import PolicySpec, derive_seed
 from flowkit.core.learner import NonFiniteError
@@ -424,14 +425,18 @@ def restore(ctx: Any, ck_dir: str) -> None:
     ctx.workers.num_restarts = int(st.get("num_restarts", 0))
 
 
-def resume_config(user: Any, resume: str, pm: Any) -> Tuple[str, DictConfig, Any, int]:
+def resume_config(user: Any, resume: str, pm: Any, trust_config: bool = False) -> Tuple[str, DictConfig, Any, int]:
     """For ``resume=PATH``: ``(checkpoint folder, config, plugin manager, iteration)``; the
     config is the checkpoint's ``config.yaml`` with the user's overrides (``resume`` aside)
-    on top, the plugin manager also loads the ``plugins`` that config names.
+    on top, the plugin manager also loads the ``plugins`` that config names -- once the
+    user consented to its callables (``trust_config``, or the same keys given in ``user``;
+    see :mod:`flowkit._trust`).
 
     Raises:
         CheckpointError: no or an unreadable checkpoint, or an algorithm it needs is not
             registered.
+        RunFolderError: its config.yaml is missing, not plain YAML or holds an interpolation.
+        UntrustedConfigError: it names a callable the user did not consent to (nothing imported).
     """
     from flowkit.config import _as_source
     try:
@@ -439,9 +444,10 @@ def resume_config(user: Any, resume: str, pm: Any) -> Tuple[str, DictConfig, Any
     except FileNotFoundError as e:
         raise CheckpointError(f"resume: {e}") from None
     st = load_state(os.path.join(ck, STATE_FILE))
-    saved = OmegaConf.to_container(OmegaConf.load(os.path.join(ck, "config.yaml")), resolve=True)
+    saved = read_run_config(ck)
     over, _ = _as_source(user)
     over.pop("resume", None)
+    check_config_callables(saved, os.path.join(ck, "config.yaml"), trust_config, over)
     merged: Any = OmegaConf.merge(OmegaConf.create(saved), OmegaConf.create(over))
     pm.load_modules(merged.get("plugins") or [], f"`plugins` in {ck}/config.yaml")  # installed code
     pm.check_hooks()
@@ -450,18 +456,35 @@ def resume_config(user: Any, resume: str, pm: Any) -> Tuple[str, DictConfig, Any
     return ck, cfg, pm, int(st["iteration"])
 
 
-def load_trained(path: str, expected_cls: Optional[type] = None) -> Any:
+def check_spec_callables(state: Dict[str, Any], path: str, trust: bool = False, allowed: Any = ()) -> None:
+    """:func:`~flowkit._trust.check_config_callables` for the ``model`` and ``config`` each
+    policy spec of a loaded ``state`` stores (a policy's own ``model.class``)."""
+    specs = state.get("policy_specs") if isinstance(state.get("policy_specs"), dict) else {}
+    check_config_callables({"policy_specs": {pid: {"model": d.get("model"), "config": d.get("config")}
+                                             for pid, d in specs.items() if isinstance(d, dict)}},
+                           path, trust, allowed=allowed)
+
+
+def load_trained(path: str, expected_cls: Optional[type] = None, trust_config: bool = False) -> Any:
     """See :meth:`Algorithm.from_checkpoint`: the algorithm of ``config.yaml`` (or
     ``expected_cls``, which then need not be registered) with every policy of the checkpoint
     rebuilt from its algorithm's registered policy class and restored. Starts no worker.
+    The callables its config and policy specs name (``env.factory``, ``model.class``,
+    ``plugins``) must come from installed flowkit plugins unless ``trust_config``
+    (:mod:`flowkit._trust`); nothing is imported before that check.
 
     Raises:
         FileNotFoundError: no checkpoint at ``path``.
         CheckpointError: unreadable, or an algorithm it needs is not registered (one line).
+        RunFolderError: its config.yaml is missing, not plain YAML or holds an interpolation.
+        UntrustedConfigError: a callable named without consent (key and callable named).
     """
     ck = find_checkpoint(path)
     st = load_state(state_path := os.path.join(ck, STATE_FILE))
-    cfg_yaml: Any = OmegaConf.load(os.path.join(ck, "config.yaml"))
+    saved = read_run_config(ck)
+    check_config_callables(saved, os.path.join(ck, "config.yaml"), trust_config)
+    check_spec_callables(st, state_path, trust_config)
+    cfg_yaml: Any = OmegaConf.create(saved)
     pm = get_plugin_manager(list(cfg_yaml.get("plugins") or []))
     exp: Any = expected_cls
     algos: Any = Algorithms({**pm.algorithms(load=False), **({exp.name: exp} if exp is not None else {})})
@@ -481,7 +504,8 @@ def load_trained(path: str, expected_cls: Optional[type] = None) -> Any:
     return algo
 
 
-__all__ = ["CheckpointError", "FORMAT", "STATE_FILE", "check_algorithms", "config_yaml", "find_checkpoint",
+__all__ = ["CheckpointError", "FORMAT", "RunFolderError", "STATE_FILE", "UntrustedConfigError", "check_algorithms",
+           "check_config_callables", "check_spec_callables", "read_run_config", "config_yaml", "find_checkpoint",
            "from_plain", "load_state", "load_trained", "missing_algorithm", "read_iteration", "restore",
            "resume_config", "save_checkpoint", "save_state", "space_from_dict", "space_to_dict", "spec_from_dict",
            "spec_to_dict", "to_plain", "used_config"]

@@ -244,7 +244,7 @@ def summary(res: Result) -> str:
 
 
 def train(config: Any = None, config_file: Union[str, Sequence[str], None] = None, plugins: Sequence[Any] = (),
-          verbose: bool = True) -> Result:
+          verbose: bool = True, trust_config: bool = False) -> Result:
     """Train from a config and return a :class:`Result`.
 
     Args:
@@ -257,20 +257,24 @@ def train(config: Any = None, config_file: Union[str, Sequence[str], None] = Non
             stop condition, and at the end (also after Ctrl-C or SIGTERM) the
             :func:`summary` (run folder, stop reason, checkpoint). False: print nothing (the
             ``progress`` reporter is left out too).
+        trust_config: with ``resume=``, allow the callables the run folder's config names
+            that no installed flowkit plugin provides (``env.factory``, ``model.class``,
+            ``plugins``); without it, each must be given again in ``config`` (a run folder is
+            data, see :mod:`flowkit._trust`).
 
     Raises:
         ConfigError: a config problem, before anything starts.
         Exception: the original exception of a failed env/worker (with notes naming the
             worker and operator), after a best-effort checkpoint of what was learned.
     """
-    res = _train(config, config_file, plugins, verbose)
+    res = _train(config, config_file, plugins, verbose, trust_config)
     if verbose:
         print("\n" + summary(res), flush=True)
     return res
 
 
 def _train(config: Any, config_file: Union[str, Sequence[str], None], plugins: Sequence[Any],
-           verbose: bool) -> Result:
+           verbose: bool, trust_config: bool = False) -> Result:
     t_entry = time.perf_counter()
     cfg = run_dir = None
     with GUARD.running():
@@ -279,7 +283,7 @@ def _train(config: Any, config_file: Union[str, Sequence[str], None], plugins: S
             pre = build_config(config, config_file, pm.config_sections())
             resume_from, run_rows = None, []
             if pre.resume:
-                resume_from, cfg, pm, st_iter = resume_config(config, pre.resume, pm)
+                resume_from, cfg, pm, st_iter = resume_config(config, pre.resume, pm, trust_config)
                 run_dir = os.path.dirname(os.path.dirname(resume_from))
                 run_rows = kept_rows(run_dir, st_iter)  # rows up to the checkpoint, each iteration once
             else:

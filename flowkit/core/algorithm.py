@@ -82,15 +82,18 @@ class Algorithm:
         """Restore what :meth:`get_state` returned (nothing to restore by default)."""
 
     @classmethod
-    def from_checkpoint(cls, path: str) -> "Algorithm":
+    def from_checkpoint(cls, path: str, trust_config: bool = False) -> "Algorithm":
         """Rebuild a trained algorithm (policies with their weights) from a checkpoint folder,
         a run folder (its latest checkpoint) or a ``state.pt`` file. Starts no worker.
+        ``trust_config``: allow the callables its config names that no installed flowkit
+        plugin provides (a run folder is data; see :mod:`flowkit._trust`).
 
         Raises:
             FileNotFoundError: no checkpoint at ``path``.
+            ConfigError: its config names such a callable and ``trust_config`` is false.
         """
         from flowkit.checkpoint import load_trained
-        return load_trained(path, cls if cls is not Algorithm else None)
+        return load_trained(path, cls if cls is not Algorithm else None, trust_config)
 
     def get_policy(self, policy_id: Optional[str] = None) -> Any:
         """The policy ``policy_id``, or the only one.
