@@ -45,7 +45,12 @@ _MAX_BYTES = 1 << 20  # a config.yaml is a few KB
 
 class RunFolderError(ConfigError):
     """A run folder's file that cannot be used as it is (unreadable, not plain YAML, an
-    interpolation): one line naming the file and what is wrong."""
+    interpolation): one line naming the file and what is wrong. ``exit_status``: 1 for a
+    damaged file, 2 for one refused as untrusted (the CLI's exit status)."""
+
+    def __init__(self, msg: str, damaged: bool = True):
+        super().__init__(msg)
+        self.exit_status = 1 if damaged else 2
 
 
 class UntrustedConfigError(ConfigError):
@@ -68,8 +73,8 @@ def read_run_config(path: str) -> Dict[str, Any]:
         if os.path.getsize(path) > _MAX_BYTES:
             raise RunFolderError(f"{path}: {os.path.getsize(path)} bytes, not a run's config (at most {_MAX_BYTES})")
         with open(path, encoding="utf-8") as f:
-            data = OmegaConf.load(f)  # OmegaConf's YAML (a SafeLoader: no tags run; 1e-5 a float); not resolved
-        data = OmegaConf.to_container(data, resolve=False) if isinstance(data, DictConfig) else data
+            loaded = OmegaConf.load(f)  # OmegaConf's YAML (a SafeLoader: no tags run; 1e-5 a float); not resolved
+        data: Any = OmegaConf.to_container(loaded, resolve=False) if isinstance(loaded, DictConfig) else None
     except FileNotFoundError:
         raise RunFolderError(f"{path}: missing (a checkpoint folder holds state.pt and config.yaml)") from None
     except UnicodeDecodeError as e:
@@ -90,7 +95,8 @@ def read_run_config(path: str) -> Dict[str, Any]:
     for key, v in _leaves(data):
         if isinstance(v, str) and "${" in v:
             raise RunFolderError(f"{path}: `{key}` holds the interpolation {v!r}; interpolations in a run "
-                                 "folder's config are not resolved (they could read your environment or files)")
+                                 "folder's config are not resolved (they could read your environment or files)",
+                                 damaged=False)
     return data
 
 

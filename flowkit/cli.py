@@ -17,7 +17,7 @@ import signal
 import sys
 from typing import Any, Dict, List, Optional
 
-USAGE = """flowkit train [-c FILE ...] [--no-tuned] [--dry-run | --print-config] [--trust-config] [key=value ...]
+USAGE = """flowkit train [-c FILE ...] [--no-tuned] [--dry-run | --print-config] [--trust-config] [--take-over-lock] [key=value ...]
 flowkit plan [-c FILE ...] [--no-tuned] [key=value ...]
 flowkit plugins [plugins=[module,...]]
 flowkit evaluate RUN_DIR|CHECKPOINT [--trust-config] [episodes=N] [seed=S] [explore=false] [render=mp4|gif] [key=value ...]
@@ -63,6 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="validate the config and print the plan; start nothing")
     p.add_argument("--mermaid", action="store_true", help="plan: print only the Mermaid graph")
     p.add_argument("--trust-config", action="store_true", help=_TRUST_HELP)
+    p.add_argument("--take-over-lock", action="store_true",
+                   help="resume=: take over the run folder's lock held by a run on another host that is gone")
     p.add_argument("-h", "--help", action="store_true")
     p.add_argument("overrides", nargs="*", help="config overrides key=value")
     return p
@@ -154,11 +156,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             check_new_run_dir(cfg.run.dir)
             _ray.start(cfg, prestart=True)  # Ray and the workers come up while torch and the learner load
         from flowkit.engine import train
-        res = train(overrides, args.config_file, trust_config=args.trust_config)  # prints the summary
+        res = train(overrides, args.config_file, trust_config=args.trust_config,
+                    take_over_lock=args.take_over_lock)  # prints the summary
         return exit_status(res.stop_reason)
     except ConfigError as e:
         print(f"flowkit: config error: {e}", file=sys.stderr)
-        return 2
+        return getattr(e, "exit_status", 2)  # 1: a damaged run folder
     except PluginError as e:
         print(f"flowkit: plugin error: {e}", file=sys.stderr)
         return 2
@@ -251,7 +254,7 @@ def _run_after(cmd: str, fn: Any) -> int:
         return fn()
     except (_ArgError, ConfigError) as e:
         print(f"flowkit {cmd}: error: {e}", file=sys.stderr)
-        return 2
+        return getattr(e, "exit_status", 2)  # 1: a damaged run folder
 
 
 def _evaluate(argv: List[str]) -> int:

@@ -65,7 +65,15 @@ from omegaconf.errors import OmegaConfBaseException
 
 from flowkit import _ray
 from flowkit._guard import GUARD, Interrupted, check_cpus, check_new_run_dir, lock_run_dir
-from flowkit.checkpoint import config_yaml, find_checkpoint, load_trained, restore, resume_config, save_checkpoint  # noqa: F401
+from flowkit.checkpoint import (  # noqa: F401
+    config_yaml,
+    find_checkpoint,
+    load_trained,
+    remove_stale_temp,
+    restore,
+    resume_config,
+    save_checkpoint,
+)
 from flowkit.config import ConfigError, build_config, check_run, plugin_modules_from
 from flowkit.core import EnvContext, derive_seed, env_name, make_env
 from flowkit.core.context import RunContext, make_context
@@ -244,7 +252,7 @@ def summary(res: Result) -> str:
 
 
 def train(config: Any = None, config_file: Union[str, Sequence[str], None] = None, plugins: Sequence[Any] = (),
-          verbose: bool = True, trust_config: bool = False) -> Result:
+          verbose: bool = True, trust_config: bool = False, take_over_lock: bool = False) -> Result:
     """Train from a config and return a :class:`Result`.
 
     Args:
@@ -261,20 +269,23 @@ def train(config: Any = None, config_file: Union[str, Sequence[str], None] = Non
             that no installed flowkit plugin provides (``env.factory``, ``model.class``,
             ``plugins``); without it, each must be given again in ``config`` (a run folder is
             data, see :mod:`flowkit._trust`).
+        take_over_lock: take over the run folder's lock when it names a run on another host
+            (that run must be gone, e.g. preempted); a lock of this host whose process is gone
+            is taken over without it.
 
     Raises:
         ConfigError: a config problem, before anything starts.
         Exception: the original exception of a failed env/worker (with notes naming the
             worker and operator), after a best-effort checkpoint of what was learned.
     """
-    res = _train(config, config_file, plugins, verbose, trust_config)
+    res = _train(config, config_file, plugins, verbose, trust_config, take_over_lock)
     if verbose:
         print("\n" + summary(res), flush=True)
     return res
 
 
 def _train(config: Any, config_file: Union[str, Sequence[str], None], plugins: Sequence[Any],
-           verbose: bool, trust_config: bool = False) -> Result:
+           verbose: bool, trust_config: bool = False, take_over_lock: bool = False) -> Result:
     t_entry = time.perf_counter()
     cfg = run_dir = None
     with GUARD.running():
@@ -305,7 +316,8 @@ def _train(config: Any, config_file: Union[str, Sequence[str], None], plugins: S
             torch.set_num_threads(max(1, int(cfg.learner.num_threads)))
             ctx = setup(cfg, pm, run_dir)
             ctx.t_entry, ctx.extra_metrics["time_config_s"] = t_entry, t_config - t_entry
-            release = lock_run_dir(run_dir)  # creates run_dir
+            release = lock_run_dir(run_dir, take_over_lock)  # creates run_dir
+            remove_stale_temp(run_dir)  # a killed writer's temporary checkpoint files
             try:
                 with _ray_session(cfg, ctx):
                     return _run(ctx, cfg, pm, run_dir, resume_from, run_rows, t_entry)

@@ -243,8 +243,14 @@ def load_checkpoint_policy(path: str, pid: str, want: Optional[str] = None, key:
             (naming ``key`` and the file).
     """
     from flowkit._trust import callables_named
-    from flowkit.checkpoint import (STATE_FILE, CheckpointError, check_spec_callables, find_checkpoint, load_state,
-                                    spec_from_dict)
+    from flowkit.checkpoint import (
+        STATE_FILE,
+        CheckpointError,
+        check_spec_callables,
+        find_checkpoint,
+        load_state,
+        spec_from_dict,
+    )
     from flowkit.hooks import get_plugin_manager
     try:
         st = load_state(state_path := os.path.join(find_checkpoint(path), STATE_FILE))
@@ -253,7 +259,7 @@ def load_checkpoint_policy(path: str, pid: str, want: Optional[str] = None, key:
         if pick not in pols:
             raise ConfigError(f"{key}={path!r}: the checkpoint holds policies {sorted(pols)}, not "
                               f"{(want or pid)!r}; name one with multiagent.policies.{pid}.checkpoint_policy")
-        mine = OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else config
+        mine: Any = OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else config
         check_spec_callables({"policy_specs": {pick: st["policy_specs"][pick]}}, state_path,
                              allowed={v for _, v in callables_named(mine if isinstance(mine, dict) else {})})
         algos = get_plugin_manager().algorithms() if algorithms is None else algorithms
