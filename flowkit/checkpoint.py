@@ -145,7 +145,7 @@ def load_state(path: str) -> Dict[str, Any]:
     try:  # a torch archive is a zip: one cut short lost its central directory (torch would try it as a pickle)
         with open(path, "rb") as f:
             head = f.read(4)
-        if not head or (head.startswith(b"PK") and not zipfile.is_zipfile(path)):
+        if head == b"PK\x03\x04"[:len(head)] and not zipfile.is_zipfile(path):  # empty, or a zip cut short
             raise CheckpointError(f"checkpoint file {path!r} is corrupt or truncated ({os.path.getsize(path)} bytes, "
                                   "not a complete checkpoint archive; nothing in it was run)", damaged=True)
     except OSError:
