@@ -19,6 +19,7 @@ A checkpoint is a folder ``<run>/checkpoints/<tag>/`` with two files:
     policy_specs: {policy_id: {algo, algo_module, observation_space, action_space,
                                config, extra}}    # spaces: space_to_dict; config: a dict
     policies: {policy_id: Policy.get_state()}       # weights, optimizer, RNG states
+    digests: {policies: sha256 of policies as stored}  # checked on load (digest())
     algorithms: {name: Algorithm.get_state()}
     stateful: {name: obj.get_state(include_replay=...)}  # replay buffers, learner threads
     plugins: {plugin name: flowkit_state_dict()}
@@ -34,7 +35,9 @@ consents (:mod:`flowkit._trust`): installed code is trusted, the run folder is n
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
 import inspect
 import os
 import random
@@ -120,6 +123,54 @@ def from_plain(obj: Any) -> Any:
     return obj
 
 
+def digest(obj: Any) -> str:
+    """sha256 of plain data as stored (tensors by dtype, shape and bytes; numbers and strings
+    by repr; containers in order): written with a checkpoint's ``policies`` and checked on
+    load, so flipped bytes in a readable archive are found, not trained on or exported."""
+    h = hashlib.sha256()
+
+    def walk(o: Any) -> None:
+        if isinstance(o, torch.Tensor):
+            t = o.detach().cpu().contiguous().reshape(-1)
+            h.update(f"T{t.dtype}{tuple(o.shape)}".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        elif isinstance(o, dict):
+            h.update(b"{")
+            for k, v in o.items():
+                h.update(repr(k).encode())
+                walk(v)
+            h.update(b"}")
+        elif isinstance(o, (list, tuple)):
+            h.update(b"[")
+            for v in o:
+                walk(v)
+            h.update(b"]")
+        else:
+            h.update(repr(o).encode())
+    walk(obj)
+    return h.hexdigest()
+
+
+def write_file(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file beside it, fsync, then rename: a full
+    disk or a kill leaves the previous file as it was.
+
+    Raises:
+        OSError: it could not be written (the file named; the previous one kept; no temp left).
+    """
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise OSError(e.errno, f"cannot write {path} (the previous file is kept): {e.strerror or e}") from e
+
+
 def save_state(state: Dict[str, Any], path: str) -> None:
     """``torch.save`` of ``to_plain(state)`` (raises TypeError before writing anything)."""
     torch.save(to_plain(state), path)
@@ -169,6 +220,10 @@ def load_state(path: str) -> Dict[str, Any]:
                               "before flowkit stored plain data cannot be loaded; train again", damaged=True)
     if "policy_specs" in st or "policies" in st or "iteration" in st:  # a run's checkpoint: its layout checked
         check_layout(st, path)
+    want = (st.get("digests") or {}).get("policies") if isinstance(st.get("digests"), dict) else None
+    if want is not None and digest(st["policies"]) != want:  # (checkpoints written before digests: none)
+        raise CheckpointError(f"checkpoint file {path!r} is damaged: its policies do not match the digest written "
+                              "with them (flipped bytes?); use an earlier checkpoint", damaged=True)
     return from_plain(st)
 
 
@@ -430,6 +485,7 @@ def save_checkpoint(ctx: Any, run_dir: str, tag: Optional[str] = None) -> str:
         if not all(np.isfinite(w).all() for w in (st.get("weights") or {}).values()):
             raise NonFiniteError(f"policy {pid!r} has non-finite weights: checkpoint {final!r} not written")
     plain, text = to_plain(state), config_yaml(ctx.config, ctx.policy_specs, ctx.pm)
+    plain["digests"] = {"policies": digest(plain["policies"])}
     tmp = tempfile.mkdtemp(prefix=".tmp-", dir=ck_root)
     try:
         torch.save(plain, os.path.join(tmp, STATE_FILE))
@@ -460,12 +516,14 @@ def save_checkpoint(ctx: Any, run_dir: str, tag: Optional[str] = None) -> str:
 
 def remove_stale_temp(run_dir: str) -> List[str]:
     """Remove what a process killed while writing left in a run folder it held: the
-    ``checkpoints/.tmp-*`` folders of :func:`save_checkpoint` and ``metrics.csv.tmp``. Called
+    ``checkpoints/.tmp-*`` folders of :func:`save_checkpoint`, ``metrics.csv.tmp`` and the
+    temporary files of :func:`write_file` (``config.yaml.tmp-PID``, ``result.json.tmp-PID``). Called
     by a run once it holds the folder's lock (so no live writer owns them). Returns what went."""
     ck_root = os.path.join(run_dir, "checkpoints")
     gone = [os.path.join(ck_root, n) for n in (os.listdir(ck_root) if os.path.isdir(ck_root) else [])
             if n.startswith(".tmp-")]
-    gone += [p for p in (os.path.join(run_dir, "metrics.csv.tmp"),) if os.path.exists(p)]
+    gone += [os.path.join(run_dir, n) for n in os.listdir(run_dir)
+             if n == "metrics.csv.tmp" or n.startswith(("config.yaml.tmp-", "result.json.tmp-"))]
     for p in gone:
         shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else os.remove(p)
     return gone
@@ -678,7 +736,7 @@ def load_trained(path: str, expected_cls: Optional[type] = None, trust_config: b
 
 
 __all__ = ["CheckpointError", "FORMAT", "RunFolderError", "STATE_FILE", "UntrustedConfigError", "check_algorithms",
-           "check_config_callables", "check_spec_callables", "read_run_config", "config_yaml", "find_checkpoint",
+           "check_config_callables", "check_spec_callables", "digest", "read_run_config", "write_file", "config_yaml", "find_checkpoint",
            "from_plain", "load_state", "load_trained", "missing_algorithm", "read_iteration", "remove_stale_temp", "restore",
            "resume_config", "save_checkpoint", "save_state", "space_from_dict", "space_to_dict", "spec_from_dict",
            "spec_to_dict", "to_plain", "used_config"]

@@ -73,6 +73,7 @@ from flowkit.checkpoint import (  # noqa: F401
     restore,
     resume_config,
     save_checkpoint,
+    write_file,
 )
 from flowkit.config import ConfigError, build_config, check_run, plugin_modules_from
 from flowkit.core import EnvContext, derive_seed, env_name, make_env
@@ -345,8 +346,7 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
             ctx.shutdown()
             met = met.replace(" reached", " already reached at the checkpoint; nothing trained")
             return Result(last, history, run_dir, resume_from, met, cfg)
-    with open(os.path.join(run_dir, "config.yaml"), "w") as f:  # after a restore that worked
-        f.write(config_yaml(cfg, ctx.policy_specs, pm))
+    write_file(os.path.join(run_dir, "config.yaml"), config_yaml(cfg, ctx.policy_specs, pm))  # after a restore that worked
     results = iter(StandardMetricsReporting(plan, ctx))
     reason: Optional[str] = None
     error: Optional[BaseException] = None
@@ -407,8 +407,7 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
         summary["time_end_s"] = time.perf_counter() - t_entry
         if ckpt_error is not None:
             summary["error"] = f"{type(ckpt_error).__name__}: {ckpt_error}"
-        with open(os.path.join(run_dir, "result.json"), "w") as f:
-            json.dump(summary, f, indent=2, default=float)
+        write_file(os.path.join(run_dir, "result.json"), json.dumps(summary, indent=2, default=float))
         if ckpt_error is not None:
             raise ckpt_error
         result = Result(summary, history, run_dir, last_ckpt.path, summary["stop_reason"], cfg)

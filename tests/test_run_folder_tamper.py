@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import flowkit
-from flowkit.checkpoint import CheckpointError, find_checkpoint, load_state
+from flowkit.checkpoint import CheckpointError, digest, find_checkpoint, load_state
 from flowkit.cli import main
 from flowkit.testing import local_overrides
 
@@ -28,10 +28,14 @@ def tiny_run(tmp_path_factory):
     return run
 
 
-def _state(run, change):
+def _state(run, change, keep_digest=False):
+    """Change the newest state.pt; its digest rewritten to match (a crafted file) unless
+    ``keep_digest`` (bytes flipped on disk)."""
     path = os.path.join(find_checkpoint(run), "state.pt")
     st = torch.load(path, weights_only=True)
     change(st)
+    if not keep_digest and isinstance(st.get("policies"), dict):
+        st["digests"] = {"policies": digest(st["policies"])}
     torch.save(st, path)
 
 
@@ -174,8 +178,41 @@ def test_a_killed_writers_temporary_files_are_removed_on_the_next_start(tiny_run
         os.makedirs(d)
         open(os.path.join(d, "state.pt"), "wb").write(b"PK\x03\x04half")
     open(os.path.join(run, "metrics.csv.tmp"), "w").write("iteration\n1\n")
+    open(os.path.join(run, "config.yaml.tmp-999"), "w").write("algo: ppo\n")
+    left.append(os.path.join(run, "config.yaml.tmp-999"))
     res = flowkit.train([f"resume={run}", "stop.iterations=2", "checkpoint.at_end=false",
                          "checkpoint.every_iters=100"], verbose=False)
     assert res.metrics["iteration"] == 2
     assert not any(os.path.exists(p) for p in left + [os.path.join(run, "metrics.csv.tmp")])
     assert np.isfinite(res.metrics["episode_return_mean"])
+
+
+def test_flipped_bytes_in_the_weights_are_found_by_the_digest(tiny_run, tmp_path, capsys):
+    """(Before: weights pushed to 2.4e24 by flipped bytes were evaluated and exported, exit 0.)"""
+    run = str(tmp_path / "run")
+    shutil.copytree(tiny_run, run)
+    assert "digests" in torch.load(os.path.join(find_checkpoint(run), "state.pt"), weights_only=True)
+
+    def flip(st):
+        _weights(st)["twin.w0"]["__ndarray__"][0, 0] = 2.4e24  # the digest written with it is kept
+    _state(run, flip, keep_digest=True)
+    for argv in (["evaluate", run, "episodes=1"], ["export", run, "--format", "onnx", "--out", str(tmp_path / "p.onnx")],
+                 ["train", f"resume={run}", "stop.iterations=2"]):
+        capsys.readouterr()
+        assert main(argv) == 1, argv
+        err = capsys.readouterr().err.strip()
+        assert "state.pt' is damaged: its policies do not match the digest written with them" in err, err
+    assert not os.path.exists(str(tmp_path / "p.onnx"))
+
+
+def test_a_full_disk_leaves_the_previous_file_intact(tmp_path, monkeypatch):
+    from flowkit.checkpoint import write_file
+    path = str(tmp_path / "result.json")
+    write_file(path, '{"iteration": 1}')
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError, match=r"cannot write .*result.json \(the previous file is kept\): No space left"):
+        write_file(path, '{"iteration": 2}')
+    assert open(path).read() == '{"iteration": 1}' and os.listdir(str(tmp_path)) == ["result.json"]
