@@ -123,7 +123,7 @@ EXPORT_RUNS = {
 @pytest.mark.parametrize("name", list(EXPORT_RUNS))
 def test_export_matches_compute_actions(name, run_dir, tmp_path):
     flowkit.train(local_overrides(run_dir, *SMALL, *EXPORT_RUNS[name], "stop.env_steps=128"))
-    policy = flowkit.Algorithm.from_checkpoint(run_dir).get_policy()
+    policy = flowkit.Algorithm.from_checkpoint(run_dir, trust_config=True).get_policy()  # dqn_envs: the tests' own factory
     if name == "ppo-box":  # the observation normalisation is part of the module, and not the identity
         assert policy.model.obs_rms is not None and float(policy.model.obs_rms.count) > 1
     acts = _check_export(policy, tmp_path, name)
