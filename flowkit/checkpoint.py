@@ -718,7 +718,10 @@ def load_trained(path: str, expected_cls: Optional[type] = None, trust_config: b
         if getattr(exp, "config_class", None) is not None:
             sections.setdefault(exp.name, exp.config_class)
     check_algorithms(st, algos, state_path, () if exp is not None else (str(cfg_yaml.algo),))
-    cfg = build_config(OmegaConf.to_container(cfg_yaml, resolve=True), None, sections)
+    try:
+        cfg = build_config(OmegaConf.to_container(cfg_yaml, resolve=True), None, sections)
+    except ConfigError as e:  # an unknown key or a wrong type in the folder's file, not in anything the user gave
+        raise CheckpointError(f"{os.path.join(ck, 'config.yaml')}: {e}", damaged=True) from None
     check_same_algorithm(st, cfg, state_path)
     check_policy_states(st, state_path)
     algo = (expected_cls or algos[cfg.algo])(cfg)

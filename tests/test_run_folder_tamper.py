@@ -70,6 +70,8 @@ TAMPERS = {  # name: (tamper, exit of evaluate/export, exit of resume (0: resume
     "a !!python tag": (_text("config.yaml", "algo: !!python/object/apply:os.system ['echo pwned']\n"), 1, 1,
                        "config.yaml: not plain YAML"),
     "a list at the top": (_text("config.yaml", "- 1\n"), 1, 1, "config.yaml: holds a NoneType, not a mapping"),
+    "an unknown key": (lambda run: open(os.path.join(find_checkpoint(run), "config.yaml"), "a").write("nope: 1\n"),
+                       1, 2, "unknown config key `nope`"),
     "iteration not an int": (lambda run: _state(run, lambda st: st.__setitem__("iteration", "abc")), 1, 1,
                              "state.pt' is damaged: `iteration` is 'abc', not an int >= 0"),
     "no policies": (lambda run: _state(run, lambda st: st.pop("policies")), 1, 1,
