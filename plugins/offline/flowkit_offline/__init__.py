@@ -1,0 +1,101 @@
+"""flowkit-offline: learning from recorded datasets (entry point group ``flowkit``).
+
+- the ``input`` config section: ``input.dataset=PATH`` replaces the rollout workers with a
+  reader of a Minari dataset (written by ``flowkit record``, see :mod:`flowkit.datasets`);
+  online evaluation (``evaluation.*``) still runs the env;
+- the algorithms ``bc`` (behavioural cloning) and ``marwil`` (Wang et al. 2018,
+  advantage-weighted imitation; ``marwil.beta=0`` is BC), in :mod:`flowkit_offline.marwil`.
+
+This module is the plugin's torch-free metadata (config sections, registration, the checks
+made before anything starts); the algorithms and the reader (torch) are imported on first use.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, List, Optional
+
+import flowkit
+from flowkit.config import ConfigError, F
+from flowkit.hooks import lazy_attrs
+
+if TYPE_CHECKING:
+    from flowkit_offline.marwil import BC, MARWIL, MARWILPolicy
+    from flowkit_offline.reader import DatasetReader, NoRollouts
+
+__all__ = ["BC", "BCConfig", "DatasetReader", "InputConfig", "MARWIL", "MARWILConfig", "MARWILPolicy", "NoRollouts"]
+
+OFFLINE_ALGOS = ("bc", "marwil")
+
+
+@dataclass
+class InputConfig:
+    """input: where a run's experience comes from: the rollout workers (default) or a dataset."""
+    dataset: Optional[str] = F(None, "a dataset folder written by `flowkit record` (or a local Minari dataset id "
+                                     "under $MINARI_DATASETS_PATH): the run learns from it instead of rollout "
+                                     "workers (algo=bc, marwil); evaluation still runs the env")
+    shuffle_buffer_size: int = F(100_000, "transitions shuffled together: each epoch reads whole episodes in a "
+                                          "random order into a buffer of this many rows, then hands them out in a "
+                                          "random order; bounds the reader's memory (>= the dataset's size: a full "
+                                          "shuffle)", ge=1)
+
+
+@dataclass
+class BCConfig:
+    """bc: behavioural cloning, maximum likelihood of the dataset's actions (MARWIL with beta = 0)."""
+    lr: float = F(1e-3, "Adam learning rate", gt=0)
+    train_batch_size: int = F(256, "dataset rows per gradient step", ge=1)
+    max_grad_norm: Optional[float] = F(None, "clip the gradient's global norm (null: off)", gt=0)
+    log_std_init: float = F(0.0, "initial log-std of the Gaussian (Box actions)", ge=-20, le=20)
+
+
+@dataclass
+class MARWILConfig(BCConfig):
+    """marwil: Monotonic Advantage Re-Weighted Imitation Learning (Wang et al. 2018), exp(beta * A / c)-weighted BC."""
+    beta: float = F(1.0, "advantage temperature: weights exp(beta * A / c) (0: plain BC, no value network trained)",
+                    ge=0)
+    gamma: float = F(0.99, "discount of the returns-to-go", ge=0, le=1)
+    vf_coef: float = F(1.0, "value-loss coefficient", ge=0)
+    moving_average_sqd_adv_norm_start: float = F(100.0, "initial c^2, the moving average of the squared advantage",
+                                                 gt=0)
+    moving_average_sqd_adv_norm_update_rate: float = F(1e-2, "its update rate per gradient step: "
+                                                             "c^2 <- c^2 + rate * (mean(A^2) - c^2)", gt=0, le=1)
+    max_weight: Optional[float] = F(20.0, "clip the weights exp(beta * A / c) at this value (null: off)", gt=0)
+
+
+def validate(run_config: Any, section: Any, name: str) -> List[str]:
+    """``BC.validate_config`` and ``MARWIL``'s, torch-free: the run needs ``input.dataset``, and
+    the dataset must open, hold transitions and match the env's spaces (made before torch and
+    Ray load: one-line config errors, exit 2)."""
+    from omegaconf import OmegaConf
+    if not OmegaConf.select(run_config, "input.dataset"):
+        raise ConfigError(f"algo={name} learns from a dataset: set input.dataset=PATH (write one with "
+                          "`flowkit record RUN_DIR`)")
+    from flowkit.datasets import check_dataset
+    check_dataset(run_config)
+    return []
+
+
+@flowkit.hookimpl
+def flowkit_add_algorithms():
+    return [flowkit.AlgorithmRef("bc", BCConfig, "flowkit_offline.marwil:BC", validate),
+            flowkit.AlgorithmRef("marwil", MARWILConfig, "flowkit_offline.marwil:MARWIL", validate)]
+
+
+@flowkit.hookimpl
+def flowkit_add_config_sections():
+    return {"input": InputConfig}
+
+
+@flowkit.hookimpl(tryfirst=True)
+def flowkit_build_plan(ctx):
+    """Runs on: driver. With ``input.dataset``: the dataset reader instead of the rollout
+    workers, into the algorithm's training flow; None otherwise."""
+    from omegaconf import OmegaConf
+    if not OmegaConf.select(ctx.config, "input.dataset"):
+        return None
+    from flowkit_offline.reader import build_plan
+    return build_plan(ctx)
+
+
+__getattr__ = lazy_attrs({**dict.fromkeys(["BC", "MARWIL", "MARWILPolicy"], "flowkit_offline.marwil"),
+                          **dict.fromkeys(["DatasetReader", "NoRollouts"], "flowkit_offline.reader")})
