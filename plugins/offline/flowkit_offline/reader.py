@@ -1,13 +1,17 @@
 """A dataset as the source of a run's experience: :class:`DatasetReader` (the operator that
 takes the rollout workers' place in the plan) and :func:`build_plan`.
 
-Reading, per epoch ``e`` (one pass over every row of the dataset): the episodes are read
-whole, in the order of a permutation drawn from ``derive_seed(seed, "offline_reader", e)``,
-into a buffer; once it holds ``input.shuffle_buffer_size`` rows (or the epoch's episodes are
-all read) its rows are permuted and handed out as batches of the algorithm's
-``train_batch_size`` rows (rows that do not fill a batch wait for the next fill; the
-epoch's last batch may be smaller). Memory: the buffer plus one episode, whatever the
-dataset's size. Each episode becomes a :class:`~flowkit.core.SampleBatch` as rollout workers
+Reading, per epoch ``e`` (one pass over every row of the dataset), with the generator of
+``derive_seed(seed, "offline_reader", e)``: a dataset that fits ``input.shuffle_buffer_size``
+is read once (all its episodes, in order) and kept; each epoch hands its rows out in a fresh
+permutation, as batches of the algorithm's ``train_batch_size`` rows (the last may be
+smaller). A larger dataset is streamed: each epoch reads whole episodes, in the order of a
+permutation, into the buffer; once it holds ``input.shuffle_buffer_size`` rows (or the
+epoch's episodes are all read) its rows are permuted and handed out as batches (rows that do
+not fill a batch wait for the next fill). Memory: the buffer plus one episode, whatever the
+dataset's size. Minari's HDF5 storage keeps one group per episode: reading costs about a
+millisecond per episode on top of the rows, so datasets of many short episodes are slow to
+stream (measured in ``bench/offline_reader.py``). Each episode becomes a :class:`~flowkit.core.SampleBatch` as rollout workers
 build them (``obs``/``next_obs`` encoded by the policy's encoder, ``actions`` mapped back
 from the env's space to the sampled form, ``rewards``, ``terminateds``, ``truncateds``,
 ``eps_id``, ``t``, ``action_mask`` where the observation has one) and goes through the
@@ -19,7 +23,7 @@ order, as the run it continues).
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Iterator, List
+from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
 from omegaconf import OmegaConf
@@ -82,6 +86,7 @@ class DatasetReader:
         self.batch_size, self.buffer_size = int(batch_size), int(shuffle_buffer_size)
         self.seed = int(ctx.config.seed)
         self.epoch, self.batches = 0, 0  # the state: batches handed out in this epoch
+        self._rows: Optional[sb.SampleBatch] = None  # every row, when they fit the shuffle buffer
         self.name = (f"DatasetReader({data_dir(path)}: {self.num_rows} rows in {self.num_episodes} episodes, "
                      f"batch={self.batch_size}, shuffle_buffer={min(self.buffer_size, self.num_rows)})")
 
@@ -105,6 +110,14 @@ class DatasetReader:
     def epoch_batches(self, epoch: int) -> Iterator[sb.SampleBatch]:
         """The batches of epoch ``epoch`` (a pure function of the dataset, the seed and ``epoch``)."""
         rng = np.random.default_rng(derive_seed(self.seed, "offline_reader", epoch))
+        if self.num_rows <= self.buffer_size:  # the whole dataset fits the buffer: read once, then kept
+            if self._rows is None:
+                self._rows = sb.concat_samples([self.episode_batch(ep) for ep in
+                                                self.storage.get_episodes(range(self.num_episodes))])
+            perm = rng.permutation(self.num_rows)
+            for i in range(0, self.num_rows, self.batch_size):
+                yield self._rows.take(perm[i:i + self.batch_size])
+            return
         order = rng.permutation(self.num_episodes).tolist()
         buf: List[sb.SampleBatch] = []
         held = 0
