@@ -14,7 +14,7 @@ class BoundaryEnv(gym.Env):
     ``action + 0.5 * t``."""
 
     metadata: dict = {}
-    observation_space = spaces.Box(0.0, 1e6, (2,), np.float32)
+    observation_space = spaces.Box(0.0, 1e10, (2,), np.float32)  # training workers seed with large ints
     action_space = spaces.Discrete(3)
 
     def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None):
