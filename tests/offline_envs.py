@@ -55,3 +55,10 @@ class MatchExpert:
 
     def compute_actions(self, obs: Any, explore: bool = False) -> np.ndarray:
         return np.asarray(obs).astype(np.int64).reshape(-1)
+
+
+class MatchAntiExpert:
+    """The worst action of ``flowkit.testing.envs:match`` (n=2): never the target."""
+
+    def compute_actions(self, obs: Any, explore: bool = False) -> np.ndarray:
+        return 1 - np.asarray(obs).astype(np.int64).reshape(-1)

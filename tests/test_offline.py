@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("minari")
 pytest.importorskip("flowkit_offline")
 
-from offline_envs import BoundaryEnv, BoundaryPolicy, CartPoleExpert, MatchExpert  # noqa: E402
+from offline_envs import BoundaryEnv, BoundaryPolicy, CartPoleExpert, MatchAntiExpert, MatchExpert  # noqa: E402
 
 import flowkit  # noqa: E402
 from flowkit.datasets import DatasetWriter, open_dataset, record_episodes  # noqa: E402
@@ -213,3 +213,21 @@ def test_flowkit_record_command_on_a_trained_run(tmp_path, capsys):
     assert "append=true" in capsys.readouterr().err
     assert main(["record", run, "episodes=3", f"out={out}", "append=true"]) == 0
     assert open_dataset(out).total_steps == 30 + sum(2 + s % 5 for s in range(0, 3))  # the run's seed 0
+
+
+def test_marwil_beats_bc_on_a_mixed_dataset(tmp_path):
+    # 30 % of the rows from the best policy of the match env, 70 % from the worst: BC copies the
+    # majority (return near 0 of 8), MARWIL's advantage weights pick the rows that earned reward
+    path = str(tmp_path / "mixed-v0")
+    match = {"factory": "flowkit.testing.envs:match"}
+    record_episodes(MatchExpert(), match, path, steps=600, seed=0)
+    record_episodes(MatchAntiExpert(), match, path, steps=1400, seed=100, append=True)
+    got = {}
+    for algo in ("bc", "marwil"):
+        res = flowkit.train(local_overrides(str(tmp_path / algo), f"algo={algo}", "env.factory=flowkit.testing.envs:match",
+                                            f"input.dataset={path}", "seed=0", "stop.env_steps=20000",
+                                            f"{algo}.train_batch_size=64",  # 312 steps: c^2 settles from 100
+                                            "run.min_iter_env_steps=5000",
+                                            "evaluation.final=true", "evaluation.episodes=20"), verbose=False)
+        got[algo] = res.metrics["evaluation_return_mean"]
+    assert got["bc"] <= 2.0 and got["marwil"] >= 7.0, got
