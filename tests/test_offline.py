@@ -187,12 +187,12 @@ def test_offline_resume_is_exact(tmp_path, match_dataset, algo):
         assert a["ma_sqd_adv_norm"] == b["ma_sqd_adv_norm"]
 
 
-@pytest.mark.parametrize("algo", ["bc", "marwil"])
+@pytest.mark.parametrize("algo", ["bc", "marwil", "cql_dqn"])
 def test_conformance(tmp_path, match_dataset, algo):
-    from flowkit_offline import BC, MARWIL
+    from flowkit_offline import BC, CQLDQN, MARWIL
 
     from flowkit.testing import check_algorithm
-    out = check_algorithm({"bc": BC, "marwil": MARWIL}[algo],
+    out = check_algorithm({"bc": BC, "marwil": MARWIL, "cql_dqn": CQLDQN}[algo],
                           [f"input.dataset={match_dataset}", f"{algo}.train_batch_size=64"],
                           checks=("config", "plan", "checkpoint", "learn"), learn_env_steps=4000,
                           tmp_dir=str(tmp_path))
@@ -215,19 +215,22 @@ def test_flowkit_record_command_on_a_trained_run(tmp_path, capsys):
     assert open_dataset(out).total_steps == 30 + sum(2 + s % 5 for s in range(0, 3))  # the run's seed 0
 
 
-def test_marwil_beats_bc_on_a_mixed_dataset(tmp_path):
+def test_marwil_and_cql_beat_bc_on_a_mixed_dataset(tmp_path):
     # 30 % of the rows from the best policy of the match env, 70 % from the worst: BC copies the
-    # majority (return near 0 of 8), MARWIL's advantage weights pick the rows that earned reward
+    # majority (return near 0 of 8), MARWIL's advantage weights pick the rows that earned reward,
+    # CQL's Q-values rank the dataset's actions by their return (with a small alpha: CQL(H)
+    # alone would prefer the frequent action, by log(0.7 / 0.3) in Q)
     path = str(tmp_path / "mixed-v0")
     match = {"factory": "flowkit.testing.envs:match"}
     record_episodes(MatchExpert(), match, path, steps=600, seed=0)
     record_episodes(MatchAntiExpert(), match, path, steps=1400, seed=100, append=True)
     got = {}
-    for algo in ("bc", "marwil"):
-        res = flowkit.train(local_overrides(str(tmp_path / algo), f"algo={algo}", "env.factory=flowkit.testing.envs:match",
+    for algo, extra in (("bc", ()), ("marwil", ()), ("cql_dqn", ("cql_dqn.cql_alpha=0.2",))):
+        res = flowkit.train(local_overrides(str(tmp_path / algo), f"algo={algo}", *extra,
+                                            "env.factory=flowkit.testing.envs:match",
                                             f"input.dataset={path}", "seed=0", "stop.env_steps=20000",
                                             f"{algo}.train_batch_size=64",  # 312 steps: c^2 settles from 100
                                             "run.min_iter_env_steps=5000",
                                             "evaluation.final=true", "evaluation.episodes=20"), verbose=False)
         got[algo] = res.metrics["evaluation_return_mean"]
-    assert got["bc"] <= 2.0 and got["marwil"] >= 7.0, got
+    assert got["bc"] <= 2.0 and got["marwil"] >= 7.0 and got["cql_dqn"] >= 7.0, got

@@ -4,7 +4,9 @@
   reader of a Minari dataset (written by ``flowkit record``, see :mod:`flowkit.datasets`);
   online evaluation (``evaluation.*``) still runs the env;
 - the algorithms ``bc`` (behavioural cloning) and ``marwil`` (Wang et al. 2018,
-  advantage-weighted imitation; ``marwil.beta=0`` is BC), in :mod:`flowkit_offline.marwil`.
+  advantage-weighted imitation; ``marwil.beta=0`` is BC), in :mod:`flowkit_offline.marwil`,
+  and ``cql_dqn`` (conservative Q-learning, Kumar et al. 2020, CQL(H) on DQN's Q-network,
+  Discrete actions), in :mod:`flowkit_offline.cql`.
 
 This module is the plugin's torch-free metadata (config sections, registration, the checks
 made before anything starts); the algorithms and the reader (torch) are imported on first use.
@@ -19,12 +21,13 @@ from flowkit.config import ConfigError, F
 from flowkit.hooks import lazy_attrs
 
 if TYPE_CHECKING:
+    from flowkit_offline.cql import CQLDQN, CQLDQNPolicy
     from flowkit_offline.marwil import BC, MARWIL, MARWILPolicy
     from flowkit_offline.reader import DatasetReader, NoRollouts
 
-__all__ = ["BC", "BCConfig", "DatasetReader", "InputConfig", "MARWIL", "MARWILConfig", "MARWILPolicy", "NoRollouts"]
+__all__ = ["BC", "BCConfig", "CQLDQN", "CQLDQNConfig", "CQLDQNPolicy", "DatasetReader", "InputConfig", "MARWIL", "MARWILConfig", "MARWILPolicy", "NoRollouts"]
 
-OFFLINE_ALGOS = ("bc", "marwil")
+OFFLINE_ALGOS = ("bc", "marwil", "cql_dqn")
 
 
 @dataclass
@@ -62,6 +65,24 @@ class MARWILConfig(BCConfig):
     max_weight: Optional[float] = F(20.0, "clip the weights exp(beta * A / c) at this value (null: off)", gt=0)
 
 
+@dataclass
+class CQLDQNConfig:
+    """cql_dqn: Conservative Q-Learning (Kumar et al. 2020), CQL(H) on DQN's Q-network, Discrete actions."""
+    cql_alpha: float = F(1.0, "weight of the conservative term mean(logsumexp_a Q(s, a) - Q(s, a_data))", ge=0)
+    lr: float = F(5e-4, "Adam learning rate", gt=0)
+    adam_eps: float = F(1e-8, "Adam epsilon", gt=0)
+    gamma: float = F(0.99, "discount factor", ge=0, le=1)
+    n_step: int = F(1, "n-step returns inside each dataset episode (1: one-step TD)", gt=0)
+    double_q: bool = F(True, "double-Q target: argmax by the online network, value by the target network")
+    dueling: bool = F(True, "dueling heads: Q = V + A - mean(A)")
+    train_batch_size: int = F(256, "dataset rows per gradient step", ge=1)
+    target_network_update_freq: int = F(500, "gradient steps between target-network updates", gt=0)
+    max_grad_norm: Optional[float] = F(10.0, "clip the gradient norm (null: off)", gt=0)
+    huber_delta: float = F(1.0, "Huber loss threshold of the TD term", gt=0)
+    initial_epsilon: float = F(0.0, "epsilon of epsilon-greedy acting when sampling (evaluation.explore=true)",
+                               ge=0, le=1)
+
+
 def validate(run_config: Any, section: Any, name: str) -> List[str]:
     """``BC.validate_config`` and ``MARWIL``'s, torch-free: the run needs ``input.dataset``, and
     the dataset must open, hold transitions and match the env's spaces (made before torch and
@@ -78,7 +99,8 @@ def validate(run_config: Any, section: Any, name: str) -> List[str]:
 @flowkit.hookimpl
 def flowkit_add_algorithms():
     return [flowkit.AlgorithmRef("bc", BCConfig, "flowkit_offline.marwil:BC", validate),
-            flowkit.AlgorithmRef("marwil", MARWILConfig, "flowkit_offline.marwil:MARWIL", validate)]
+            flowkit.AlgorithmRef("marwil", MARWILConfig, "flowkit_offline.marwil:MARWIL", validate),
+            flowkit.AlgorithmRef("cql_dqn", CQLDQNConfig, "flowkit_offline.cql:CQLDQN", validate)]
 
 
 @flowkit.hookimpl
@@ -98,4 +120,5 @@ def flowkit_build_plan(ctx):
 
 
 __getattr__ = lazy_attrs({**dict.fromkeys(["BC", "MARWIL", "MARWILPolicy"], "flowkit_offline.marwil"),
+                          **dict.fromkeys(["CQLDQN", "CQLDQNPolicy"], "flowkit_offline.cql"),
                           **dict.fromkeys(["DatasetReader", "NoRollouts"], "flowkit_offline.reader")})
