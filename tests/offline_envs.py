@@ -62,3 +62,10 @@ class MatchAntiExpert:
 
     def compute_actions(self, obs: Any, explore: bool = False) -> np.ndarray:
         return 1 - np.asarray(obs).astype(np.int64).reshape(-1)
+
+
+class TargetExpert:
+    """The best action of ``flowkit.testing.envs:target`` (Box): the observed target x."""
+
+    def compute_actions(self, obs: Any, explore: bool = False) -> np.ndarray:
+        return np.asarray(obs, np.float32).reshape(-1, 1)

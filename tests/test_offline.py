@@ -234,3 +234,17 @@ def test_marwil_and_cql_beat_bc_on_a_mixed_dataset(tmp_path):
                                             "evaluation.final=true", "evaluation.episodes=20"), verbose=False)
         got[algo] = res.metrics["evaluation_return_mean"]
     assert got["bc"] <= 2.0 and got["marwil"] >= 7.0 and got["cql_dqn"] >= 7.0, got
+
+
+def test_bc_learns_box_actions(tmp_path):
+    # Box actions go back from the env's bounds to the policy's sampled form (reader.sampled_actions)
+    from flowkit_offline import BC
+    from offline_envs import TargetExpert
+
+    from flowkit.testing import check_algorithm
+    from flowkit.testing.envs import BOX
+    path = str(tmp_path / "target-v0")
+    record_episodes(TargetExpert(), {"factory": BOX.factory}, path, steps=2000, seed=0)
+    out = check_algorithm(BC, [f"input.dataset={path}", "bc.train_batch_size=64"], env=BOX, checks=("learn",),
+                          learn_env_steps=8000, tmp_dir=str(tmp_path))
+    assert out["learn_return"] >= BOX.solved  # 6.4 of 8; random play about 2.7
