@@ -16,6 +16,8 @@ Prints a table (and writes it as JSON with --json PATH):
 Run: python bench/sac_pendulum.py [--algos sac td3] [--seeds 0 1 2] [--skip learning|speed]
      [--steps 20000] [--eval-episodes 50] [--speed-steps 5000] [--runs 3] [--jobs 1] [--json out.json]
 Tiny check: python bench/sac_pendulum.py --seeds 0 --steps 300 --eval-episodes 1 --speed-steps 300 --runs 1
+Each flowkit run writes a new folder in the system's temporary folder (``flowkit-bench-<algo>-...``,
+named in the JSON as ``run_dir``), so the bench can run again.
 (needs the `bench` extra for SB3: pip install -e .[bench])
 """
 from __future__ import annotations
@@ -25,6 +27,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 import warnings
 
@@ -47,10 +50,16 @@ def flowkit_learn(algo: str, seed: int, steps: int, episodes: int) -> dict:
     import flowkit
     res = flowkit.train([f"seed={seed}", f"stop.env_steps={steps}", f"evaluation.episodes={episodes}",
                          "run.reporters=[csv,evaluation]", "checkpoint.at_end=false", f"run.min_iter_env_steps={min(1000, steps)}",
-                         f"run.dir=/tmp/flowkit-bench/{algo}-pendulum-{seed}"], config_file=_config(algo))
+                         f"run.dir={_new_run_dir(f'{algo}-pendulum-{seed}')}"], config_file=_config(algo))
     m = res.metrics
     return {"algo": algo, "seed": seed, "env_steps": m["env_steps_sampled"], "eval_return": m["evaluation_return_mean"],
-            "seconds": m["time_total_s"]}
+            "seconds": m["time_total_s"], "run_dir": res.run_dir}
+
+
+def _new_run_dir(tag: str) -> str:
+    """A new empty folder for one run (a fixed path held the previous bench's run: flowkit
+    refuses to train into a folder with an earlier run's files)."""
+    return tempfile.mkdtemp(prefix=f"flowkit-bench-{tag}-")
 
 
 def flowkit_speed(seed: int, steps: int) -> dict:
@@ -58,7 +67,7 @@ def flowkit_speed(seed: int, steps: int) -> dict:
     res = flowkit.train([f"seed={seed}", f"stop.env_steps={steps}", "evaluation.final=false", "run.reporters=[csv]",
                          "checkpoint.at_end=false", "learner.num_threads=1", "runtime.torch_threads=1",
                          f"run.min_iter_env_steps={min(1000, steps)}", f"sac.learning_starts={SPEED_LEARNING_STARTS}",
-                         f"run.dir=/tmp/flowkit-bench/sac-speed-{seed}"], config_file=_config("sac"))
+                         f"run.dir={_new_run_dir(f'sac-speed-{seed}')}"], config_file=_config("sac"))
     m, c = res.metrics, res.config["sac"]
     ti = c["training_intensity"] or c["train_batch_size"]
     return {"env_steps": m["env_steps_sampled"], "seconds": m["time_total_s"],

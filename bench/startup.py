@@ -9,8 +9,10 @@ from ``train()``'s entry, placed by the file's write time): imports, config, Ray
 ready, first sample, first train step, solved (result.json written), process exit. SB3's:
 imports, model and envs, solved, exit.
 
-Usage: ``python bench/startup.py [--repeats 5] [--quick] [--out startup.json]``
-(``--quick``: one repeat, seed 0, 20,000 env steps at most: checks that the bench works).
+Usage: ``python bench/startup.py [--repeats 5] [--quick] [--out FILE]``
+(``--quick``: one repeat, seed 0, 20,000 env steps at most: checks that the bench works). The
+rows and medians go to ``--out`` as JSON, by default ``bench/results/startup.json`` in the
+repository (git-ignored), wherever the command runs from; the path is printed.
 """
 from __future__ import annotations
 
@@ -100,7 +102,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--out", default="startup.json")
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "startup.json"),
+                    help="the JSON file to write (default: bench/results/startup.json)")
     a = ap.parse_args()
     repeats, seeds, budget = (1, [0], 20_000) if a.quick else (a.repeats, a.seeds, 100_000)
     rows = []
@@ -125,8 +128,10 @@ def main() -> None:
     first = med["flowkit"].get("first_sample", float("nan")) / med["import torch"]["exit"]
     print(f"\nwhole process flowkit / SB3: {ratio:.2f}x; command to first sample / `import torch`: {first:.2f}x; "
           f"summary to exit: {med['flowkit']['exit'] - med['flowkit']['end']:.2f} s")
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
     with open(a.out, "w") as f:
         json.dump({"rows": rows, "median": med, "ratio_whole": ratio, "ratio_first_sample": first}, f, indent=1)
+    print(f"wrote {a.out}")
 
 
 if __name__ == "__main__":

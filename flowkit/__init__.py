@@ -9,6 +9,8 @@ Quick use::
 """
 from typing import TYPE_CHECKING, Any
 
+from flowkit.core.algorithm import Algorithm as _Algorithm
+
 if TYPE_CHECKING:
     from flowkit.config import ConfigError  # noqa: I001 - wrapped by hand, as in flowkit/core/__init__.py
     from flowkit.core import (DEFAULT_POLICY_ID, NOT_READY, ActorCriticPolicy, Algorithm, EnvContext,
@@ -16,7 +18,8 @@ if TYPE_CHECKING:
                               PolicySpec, SampleBatch)
     from flowkit.core.context import RunContext
     from flowkit.core.learner import Learner, NonFiniteError
-    from flowkit.engine import Result, describe_plan, load_config, train
+    from flowkit.core.metrics import Result
+    from flowkit.engine import describe_plan, load_config, train
     from flowkit.hooks import AlgorithmRef, PluginError, get_plugin_manager, hookimpl, register, unregister
 
 __version__ = "0.1.0"
@@ -26,10 +29,26 @@ __all__ = ["ActorCriticPolicy", "Algorithm", "AlgorithmRef", "ConfigError", "DEF
            "PolicySpec", "Result", "RunContext", "SampleBatch", "describe_plan", "get_plugin_manager",
            "hookimpl", "load_config", "register", "train", "unregister", "__version__"]
 
-_HOME = {"ConfigError": "config", "Result": "engine", "RunContext": "core.context", "Learner": "core.learner", "NonFiniteError": "core.learner",
+_HOME = {"ConfigError": "config", "Result": "core.metrics", "RunContext": "core.context", "Learner": "core.learner", "NonFiniteError": "core.learner",
          "describe_plan": "engine",
          "load_config": "engine", "train": "engine", "PluginError": "hooks", "AlgorithmRef": "hooks", "get_plugin_manager": "hooks",
          "hookimpl": "hooks", "register": "hooks", "unregister": "hooks"}
+
+
+def _from_checkpoint(cls: type, path: str) -> Any:
+    """``Algorithm.from_checkpoint(path)``: rebuild a trained algorithm (policies with their
+    weights) from a checkpoint folder, a run folder (its latest checkpoint) or a ``state.pt``
+    file (:func:`flowkit.checkpoint.load_trained`). Starts no worker.
+
+    Raises:
+        FileNotFoundError: no checkpoint at ``path``.
+        CheckpointError: unreadable, or an algorithm it needs is not registered.
+    """
+    from flowkit.checkpoint import load_trained
+    return load_trained(path, cls if cls is not _Algorithm else None)
+
+
+_Algorithm.from_checkpoint = classmethod(_from_checkpoint)  # type: ignore[assignment]
 
 
 def __getattr__(name: str) -> Any:

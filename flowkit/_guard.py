@@ -22,6 +22,8 @@ import threading
 import time
 from typing import Any, Callable, Dict, Iterator, Optional
 
+from flowkit.core.flow import SampleTimeout
+
 SIGNALS = ("SIGINT", "SIGTERM", "SIGHUP")
 # signals this process inherited as ignored (``nohup``: SIGHUP; a background job: SIGINT) stay
 # ignored: a run never takes them over (read when this module is first imported, before any
@@ -35,11 +37,6 @@ class Interrupted(KeyboardInterrupt):
     def __init__(self, reason: str):
         super().__init__(reason)
         self.reason = reason
-
-
-class SampleTimeout(TimeoutError):
-    """A rollout worker did not answer a sample request within ``runtime.sample_timeout_s``
-    (handled like a crashed worker: rebuilt)."""
 
 
 class Guard:
@@ -165,18 +162,36 @@ def check_cpus(cfg: Any) -> None:
                           f"(runtime.num_cpus_per_worker={have / n:g})")
 
 
-def check_env_id(cfg: Any) -> None:
+def check_env_id(cfg: Any, pm: Any = None) -> None:
     """An ``env.id`` Gymnasium does not know, found without building the env (before Ray
-    starts): the env probe's one-line ConfigError."""
-    from flowkit.config import ConfigError
+    starts): the env probe's one-line ConfigError. With ``pm``, a single-agent run of an
+    algorithm whose :class:`flowkit.AlgorithmRef` declares ``action_spaces`` also builds the
+    env once to check its action space (DQN on Pendulum: the message in ~1 s instead of after
+    Ray's start-up)."""
+    from flowkit.config import ConfigError, action_space_error
     eid = cfg.env.id
-    if not eid or cfg.env.factory or ":" in str(eid):
-        return  # a factory, or `pkg:Id` (importing pkg registers it): the probe checks these
+    if not eid or cfg.env.factory:
+        return  # a factory: the env probe checks it
     import gymnasium as gym
+    if ":" not in str(eid):  # (`pkg:Id`: importing pkg registers it)
+        try:
+            gym.spec(str(eid))
+        except Exception as e:
+            raise ConfigError(f"env.id={eid!r}: cannot build the env: {type(e).__name__}: {e}") from None
+    ref = pm.algorithms(load=False).get(cfg.algo) if pm is not None else None
+    kinds = tuple(getattr(ref, "action_spaces", ()) or ())
+    if not kinds or (cfg.get("multiagent") and cfg.multiagent.get("policies")):
+        return
     try:
-        gym.spec(str(eid))
-    except Exception as e:
-        raise ConfigError(f"env.id={eid!r}: cannot build the env: {type(e).__name__}: {e}") from None
+        env = gym.make(str(eid), **dict(cfg.env.kwargs or {}))
+    except Exception:
+        return  # the env probe at set-up gives this its message
+    try:
+        why = action_space_error(cfg.algo, kinds, "default", env.action_space)
+    finally:
+        env.close()
+    if why:
+        raise ConfigError(why)
 
 
 def check_new_run_dir(run_dir: Optional[str]) -> None:

@@ -1,23 +1,14 @@
-"""flowkit owns ``ray.init``: one Ray session per process, started in a background thread
-while the driver sets up torch, the learner and the policies, and reused by later
-``flowkit.train`` calls.
+"""flowkit owns ``ray.init``: one Ray session per process, started in a background thread by
+:func:`start` (before torch loads), joined by :func:`wait`, reused by later runs and ended by
+:func:`stop` (also at exit). A session the caller started with ``ray.init`` is used as it is.
 
-- :func:`start` (non-blocking; ``flowkit train`` calls it as soon as the config is valid,
-  before torch loads) then :func:`wait`. A local run (``runtime.address`` unset) starts a
-  new local cluster (``address="local"``) that listens on the loopback interface only, with
-  token authentication off unless ``RAY_AUTH_MODE`` says otherwise (so Ray prints no token
-  warning), and without the processes a run never uses (dashboard / job API server and
-  autoscaler monitor: about 1 s each of start-up, and the monitor 1 s of shutdown). Its raylet
-  does not wait for its agents, which start, as the log monitor does, at nice 19 (see
-  :func:`_local_patches`); ``import ray`` runs in the caller's thread, before torch's.
-  ``runtime.address=auto|HOST:PORT`` attaches to a running cluster: with a token
-  (``RAY_AUTH_TOKEN`` or ``RAY_AUTH_TOKEN_PATH``; ``~/.ray/auth_token`` for ``auto`` only,
-  as in Ray: Ray writes that file for any new local cluster) token authentication is
-  turned on for the driver; an address where nothing answers within
-  ``CONNECT_TIMEOUT_S``, or a head that wants a token it did not get, is a one-line
-  :class:`~flowkit.ConfigError`.
-- A session the caller started with ``ray.init`` is used as it is and never shut down here.
-- :func:`stop` ends flowkit's session (also at process exit).
+- ``runtime.address`` unset: a new local cluster on the loopback interface, without the
+  processes a run never uses, its agents started late and at low priority (:func:`_local_patches`).
+- ``runtime.address=auto|HOST:PORT``: attach (token authentication when a token is found); no
+  answer within ``CONNECT_TIMEOUT_S``, or a head that wants a missing token, is a ConfigError.
+- Workers import flowkit and the plugins in use from where the driver did (:func:`_job_config`):
+  Ray puts the driver's current folder first on its workers' import path, and a folder there
+  named ``flowkit`` (the parent folder of a clone holds one) would be imported instead.
 """
 from __future__ import annotations
 
@@ -68,7 +59,8 @@ def start(cfg: Any, prestart: bool = False) -> None:
     # arrives then and aborts the process (exit -6, the run's files unwritten)
     os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     kw: Dict[str, Any] = {"include_dashboard": False, "log_to_driver": True, "configure_logging": True,
-                          "logging_level": "warning", "address": addr or "local"}
+                          "logging_level": "warning", "address": addr or "local",
+                          "job_config": _job_config(cfg)}
     if addr:
         kw["runtime_env"] = runtime_env
     import ray  # noqa: F401  (here, not in the thread: the GIL would share it with torch's import)
@@ -85,14 +77,67 @@ def _runtime_env(cfg: Any) -> Dict[str, Any]:
     import importlib
     import importlib.metadata as md
 
-    import flowkit
-    mods = [os.path.dirname(flowkit.__file__)]
+    mods = [os.path.dirname(os.path.abspath(__file__))]  # flowkit's package folder
     tops = [ep.value.split(":")[0].split(".")[0] for ep in md.entry_points(group="flowkit")]
     for name in tops + [p.split(".")[0] for p in cfg.plugins]:
         with contextlib.suppress(Exception):
             f = str(importlib.import_module(name).__file__)
             mods.append(os.path.dirname(f) if f.endswith("__init__.py") else f)
     return {"py_modules": sorted(set(mods))}
+
+
+class _FirstOnWorkers(list):
+    """Ray's ``JobConfig._py_driver_sys_path``: folders each worker inserts at position 0 of its
+    ``sys.path``, in order. The folders Ray adds itself while it starts (the driver's script
+    folder and current folder, with ``extend``) go before the ones given here, which therefore
+    come first on the workers' import path."""
+
+    def extend(self, paths: Any) -> None:
+        self[:0] = list(paths)
+
+
+def _import_roots(cfg: Any, cwd: str) -> List[str]:
+    """The folders the driver imports flowkit and the plugins (entry points, ``plugins``) from,
+    for those of them that the folder ``cwd`` also holds under the same name (a folder or a
+    ``.py`` file) without being the one in use: the parent folder of a clone holds a
+    ``flowkit`` folder that is a namespace package (no ``__init__.py``), which a worker with
+    ``cwd`` first on its import path would import. Reads no module that is not yet imported."""
+    import importlib.metadata as md
+    import importlib.util
+
+    import flowkit
+    names = ["flowkit"] + [ep.value.split(":")[0].split(".")[0] for ep in md.entry_points(group="flowkit")]
+    names += [str(p).split(".")[0] for p in cfg.get("plugins") or []]
+    roots: List[str] = []
+    for name in dict.fromkeys(names):
+        here = [os.path.join(cwd, name + ext) for ext in ("", ".py") if os.path.lexists(os.path.join(cwd, name + ext))]
+        if not here:
+            continue
+        if name == "flowkit":
+            used = os.path.dirname(os.path.abspath(flowkit.__file__ or ""))
+        else:
+            spec = None
+            with contextlib.suppress(Exception):
+                spec = importlib.util.find_spec(name)
+            if spec is None or not spec.has_location or not spec.origin:
+                continue
+            # a package: its folder; a module: its file
+            used = os.path.dirname(spec.origin) if spec.submodule_search_locations is not None else spec.origin
+        if any(os.path.realpath(h) == os.path.realpath(used) for h in here):
+            continue  # the current folder's is the one in use (a checkout's root)
+        root = os.path.dirname(used)
+        if root not in roots:
+            roots.append(root)
+    return roots
+
+
+def _job_config(cfg: Any) -> Any:
+    """The session's ``JobConfig``: the folders of :func:`_import_roots` for the current folder
+    go first on the workers' import path, before the current folder Ray puts there."""
+    from ray.job_config import JobConfig
+    jc = JobConfig()
+    jc._py_driver_sys_path = _FirstOnWorkers(_import_roots(cfg, os.path.abspath(os.curdir)))
+    return jc
 
 
 def external() -> bool:
@@ -112,8 +157,9 @@ def _init(kw: Dict[str, Any], prestart_cfg: Any) -> None:
     _connect(kw)
     if _S["error"] is None and prestart_cfg is not None:
         from flowkit.core.workers import prestart
+        from flowkit.hooks.manager import worker_plugin_manager
         with contextlib.suppress(Exception):  # (the run then creates its workers itself)
-            _S["prestarted"] = prestart(prestart_cfg)
+            _S["prestarted"] = prestart(prestart_cfg, worker_plugin_manager)
     _S["ready"].set()
     if _S["error"] is None:
         _S["cancel"].wait()

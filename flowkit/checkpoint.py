@@ -294,8 +294,8 @@ def checkpoint_state(ctx: Any) -> Dict[str, Any]:
         "plugins": ctx.pm.state_dict(),
         "rng": {"python": random.getstate(), "numpy": np.random.get_state(legacy=False),
                 "torch": torch.get_rng_state()}, "learner_rng": ctx.rng.bit_generator.state,
-        "windows": {"episode": list(ctx.episode_window), "len": list(ctx.len_window),
-                    "policy": {k: list(v) for k, v in ctx.policy_windows.items()}},
+        "windows": {"episode": list(ctx.metrics.episode_window), "len": list(ctx.metrics.len_window),
+                    "policy": {k: list(v) for k, v in ctx.metrics.policy_windows.items()}},
         "restart_counts": list(ctx.workers.restart_counts), "num_restarts": ctx.workers.num_restarts,
     }
 
@@ -415,10 +415,10 @@ def restore(ctx: Any, ck_dir: str) -> None:
     torch.set_rng_state(st["rng"]["torch"])
     ctx.rng.bit_generator.state = st["learner_rng"]
     w = st.get("windows", {})
-    ctx.episode_window.extend(w.get("episode", []))
-    ctx.len_window.extend(w.get("len", []))
+    ctx.metrics.episode_window.extend(w.get("episode", []))
+    ctx.metrics.len_window.extend(w.get("len", []))
     for k, v in w.get("policy", {}).items():
-        ctx.policy_windows[k].extend(v)
+        ctx.metrics.policy_windows[k].extend(v)
     rcs, n = list(st.get("restart_counts", [])), ctx.workers.num_workers
     ctx.workers.restart_counts = [rc + 1 for rc in rcs][:n] + [0] * max(0, n - len(rcs))
     ctx.workers.num_restarts = int(st.get("num_restarts", 0))

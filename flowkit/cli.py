@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
 import gc
 import os
 import re
+import shutil
 import signal
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Sequence
 
 USAGE = """flowkit train [-c FILE ...] [--no-tuned] [--dry-run | --print-config] [key=value ...]
 flowkit plan [-c FILE ...] [--no-tuned] [key=value ...]
@@ -26,7 +28,8 @@ flowkit record RUN_DIR|CHECKPOINT [episodes=N | steps=N] [explore=greedy|sample|
 flowkit plot RUN_DIR... [--x env_steps|time] [--metric M] [--out FILE]
 flowkit tune [-c FILE ...] [--no-tuned] [--metric M] [--mode max|min] [--search grid|random|optuna]
              [--num-samples N] [--scheduler asha|none] [--grace-period T] [--max-concurrent K]
-             [key=value ...] [key=choice(a,b) key=range(3) ...]"""
+             [key=value ...] [key=choice(a,b) key=range(3) ...]
+flowkit --version"""
 SUBCOMMANDS = {"plot": "flowkit.plot", "tune": "flowkit.tune"}  # commands with arguments of their own
 
 
@@ -36,19 +39,57 @@ def tuned_config_path(algo: str, env_id: Optional[str]) -> Optional[str]:
     Looked up as package data, ``flowkit/configs/`` (``importlib.resources``): in a checkout or
     an editable install that folder is a link to the repository's ``configs/``; a wheel or a
     non-editable ``pip install`` copies the files into the installed package
-    (``[tool.setuptools.package-data]``). A Gymnasium ``pkg:Id-v0`` id is looked up by ``Id-v0``.
+    (``[tool.setuptools.package-data]``). Then in each installed plugin's package (the module
+    of its ``flowkit`` entry point): a plugin ships the tuned configs of its algorithms as its
+    own package data, ``<package>/configs/<algo>/<env-id>.yaml``. A Gymnasium ``pkg:Id-v0`` id
+    is looked up by ``Id-v0``.
     """
     if not algo or not env_id or "/" in algo or ".." in env_id:
         return None
+    import importlib.metadata as md
     from importlib.resources import files
-    path = files("flowkit").joinpath("configs", algo, env_id.rpartition(":")[2] + ".yaml")
-    return str(path) if path.is_file() else None
+    for top in ["flowkit", *dict.fromkeys(ep.value.split(":")[0].split(".")[0] for ep in md.entry_points(group="flowkit"))]:
+        try:
+            path = files(top).joinpath("configs", algo, env_id.rpartition(":")[2] + ".yaml")
+        except Exception:  # noqa: S112 - a plugin that does not import is reported when plugins load
+            continue
+        if path.is_file():
+            return str(path)
+    return None
 
 
 def shown_path(path: str) -> str:
     """``path`` relative to the working directory when it lies below it, else absolute."""
     rel = os.path.relpath(os.path.realpath(path))
     return os.path.realpath(path) if rel.startswith("..") else rel
+
+
+def option_hint(argv: Sequence[str], unknown: Sequence[str]) -> Optional[str]:
+    """The error for options a command does not take among ``unknown`` (``--episodes 5``,
+    ``--episodes=5``, ``-x``), with the ``key=value`` to write instead (``episodes=5``: a
+    flag's value is the word after it unless that is an option or a key=value); None when
+    ``unknown`` holds no option."""
+    flags = [u for u in unknown if len(u) > 1 and u.startswith("-") and not _is_number(u)]
+    if not flags:
+        return None
+    hints = []
+    for f in flags:
+        key, eq, val = f.lstrip("-").partition("=")
+        if not eq:
+            i = list(argv).index(f) + 1
+            nxt = argv[i] if i < len(argv) else ""
+            val = nxt if nxt and not nxt.startswith("-") and "=" not in nxt else "VALUE"
+        hints.append(f"{key}={val}")
+    return (f"unrecognised option{'s' * (len(flags) > 1)} {' '.join(f.partition('=')[0] for f in flags)}: "
+            f"settings are key=value words, not --options; write {' '.join(hints)}")
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+        return True
+    except ValueError:
+        return False
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -62,6 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--dry-run", action="store_true", help="validate the config and print the plan; start nothing")
     p.add_argument("--mermaid", action="store_true", help="plan: print only the Mermaid graph")
     p.add_argument("-h", "--help", action="store_true")
+    p.add_argument("-V", "--version", action="store_true", help="print flowkit's version")
     p.add_argument("overrides", nargs="*", help="config overrides key=value")
     return p
 
@@ -96,13 +138,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         import importlib
         return int(importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:]))
     args, unknown = _parser().parse_known_args(argv)
-    overrides = list(args.overrides) + [u for u in unknown if "=" in u]
-    bad = [u for u in unknown if "=" not in u]
+    if args.version:
+        from flowkit import __version__
+        print(f"flowkit {__version__}")
+        return 0
+    overrides = list(args.overrides) + [u for u in unknown if "=" in u and not u.startswith("-")]
+    bad = [u for u in unknown if "=" not in u or u.startswith("-")]
     if args.help or args.command is None:
         print(_help(overrides))
         return 0 if args.help else 2
     if bad:
-        print(f"flowkit: error: unrecognised arguments {bad}", file=sys.stderr)
+        print(f"flowkit: error: {option_hint(argv, bad) or f'unrecognised arguments {bad}'}", file=sys.stderr)
         return 2
     from flowkit.config import (
         ConfigError,
@@ -148,7 +194,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             from flowkit import _ray
             from flowkit._guard import check_cpus, check_env_id, check_new_run_dir
             check_cpus(cfg)
-            check_env_id(cfg)
+            check_env_id(cfg, pm)
             check_new_run_dir(cfg.run.dir)
             _ray.start(cfg, prestart=True)  # Ray and the workers come up while torch and the learner load
         from flowkit.engine import train
@@ -166,8 +212,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except Exception as e:  # a bad env, diverged training, no room: one line (torch is loaded by then)
         from flowkit.core import EnvError
         from flowkit.core.learner import NonFiniteError
-        from flowkit.core.workers import StartTimeout
-        if not isinstance(e, (EnvError, NonFiniteError, StartTimeout)):
+        from flowkit.core.workers import StartTimeout, WorkerImportError
+        if not isinstance(e, (EnvError, NonFiniteError, StartTimeout, WorkerImportError)):
             raise
         print(f"flowkit: error: {e}", file=sys.stderr)
         return 1
@@ -258,7 +304,9 @@ def _evaluate(argv: List[str]) -> int:
     p.add_argument("args", nargs="*", help="key=value")
 
     def run() -> int:
-        a = p.parse_args(argv)
+        a, unknown = p.parse_known_args(argv)
+        if unknown:
+            raise _ArgError(option_hint(argv, unknown) or f"unrecognised arguments {unknown}")
         if a.help:
             from flowkit.config import schema_keys
             from flowkit.evaluation import EvaluateArgs
@@ -305,7 +353,10 @@ def _export(argv: List[str]) -> int:
         path = _checkpoint_path("export", a.path)
         from flowkit.checkpoint import find_checkpoint, load_trained
         from flowkit.export import export_policy
-        ck = find_checkpoint(path)
+        try:
+            ck = find_checkpoint(path)
+        except FileNotFoundError as e:  # a folder without checkpoints
+            raise _ArgError(str(e)) from None
         algo = load_trained(ck)
         if a.policy is None and len(algo.policies) > 1:
             raise _ArgError(f"the run has several policies ({', '.join(algo.policies)}): name one with --policy")
@@ -316,10 +367,18 @@ def _export(argv: List[str]) -> int:
                                         f"{'.pt' if a.fmt == 'torchscript' else '.onnx'}")
         out = os.path.abspath(out)
         new_dir = _top_missing_dir(os.path.dirname(out))
-        try:
-            sig = export_policy(algo.policies[pid], a.fmt, out)  # creates the missing folders
-        except ValueError as e:
-            raise _ArgError(f"policy {pid!r}: {e}") from None
+        tmp = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.tmp-{os.getpid()}")
+        try:  # into a temporary file, renamed once written and checked: a failure leaves nothing behind
+            sig = export_policy(algo.policies[pid], a.fmt, tmp)  # creates the missing folders
+            os.replace(tmp, out)
+        except Exception as e:  # any failure (a module the exporter cannot take, a full disk): one line
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+            if new_dir:
+                shutil.rmtree(new_dir, ignore_errors=True)
+            why = (str(e) if isinstance(e, ValueError) else
+                   f"cannot write it as {a.fmt}: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}")
+            raise _ArgError(f"policy {pid!r}: {why.replace(tmp, out)}") from None
         ins = [f"{d['name']}: {d['dtype']}[{', '.join(map(str, d['shape']))}]" for d in sig["inputs"] + sig["outputs"]]
         print(f"wrote {out} ({a.fmt}, policy {pid!r}): ({', '.join(ins[:-1])}) -> {ins[-1]}"
               + (f"; created the folder {new_dir}" if new_dir else ""))

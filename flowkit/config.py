@@ -41,6 +41,10 @@ def check_schedules(section: Any, name: str, keys: Sequence[str], run_config: An
 
 
 INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
+# Hard limits of the size keys (far above any real run on one machine; a value past them is a
+# typo or a unit mix-up that would otherwise hang or exhaust memory before any message):
+MAX_BATCH_ROWS = 2 ** 24  # env steps in one sample batch, one sampling round or one train batch
+MAX_EPISODES = 100_000  # episodes of one evaluation
 
 
 @dataclass(frozen=True)
@@ -159,6 +163,8 @@ def check_values(cfg: Any, schema_cls: Any, prefix: str = "") -> None:
         else:
             items = [(key, val)]
         for k, v in items:
+            if isinstance(v, (list, dict, ListConfig, DictConfig)):  # e.g. a nested list in YAML
+                raise ConfigError(f"`{k}` must be {_KINDS[leaf]}, got {_short(OmegaConf.to_object(v) if isinstance(v, (ListConfig, DictConfig)) else v)}")
             if not allowed.ok(v, leaf is float):
                 what = allowed.describe(leaf is float)
                 if leaf is int and ((v > INT64_MAX and allowed.le is None and allowed.lt is None)
@@ -184,19 +190,23 @@ class EnvConfig:
                            "(e.g. CartPole), else sync; sync: always a SyncVectorEnv of single envs",
                            choices=("auto", "sync"))
     check_spaces_steps: int = F(2, "env steps per worker whose outputs are checked against the spaces (0: none)", ge=0)
+    preset: Optional[str] = F(None, "wrappers for a family of envs: atari (DeepMind preprocessing: 30 no-ops, frame skip 4 "
+                              "with max-pooling, 84x84 grayscale uint8, 4 stacked frames, FIRE on reset; for training "
+                              "also life loss as terminal and rewards clipped to their sign; returns reported "
+                              "unclipped per game; docs/envs.md)", choices=(None, "atari"))
 
 
 @dataclass
 class RuntimeConfig:
     backend: str = F("ray", "ray (actors) or local (in-process, same code path)", choices=("ray", "local"))
-    num_workers: int = F(2, "rollout workers (0 counts as 1)", ge=0)
-    num_envs_per_worker: int = F(8, "sub-envs in each worker's vector env", ge=1)
-    rollout_fragment_length: int = F(64, "env steps per sub-env in each sample batch", ge=1)
+    num_workers: int = F(2, "rollout workers (0 counts as 1)", ge=0, le=1024)
+    num_envs_per_worker: int = F(8, "sub-envs in each worker's vector env", ge=1, le=4096)
+    rollout_fragment_length: int = F(64, "env steps per sub-env in each sample batch", ge=1, le=MAX_BATCH_ROWS)
     num_cpus_per_worker: float = F(1.0, "CPUs each rollout worker reserves (Ray)", ge=0)
     address: Optional[str] = F(None, "Ray cluster address (`auto` for an existing cluster); None starts a local one")
     async_requests_per_worker: int = F(2, "async rollout mode (IMPALA): sample requests in flight per "
                                           "worker, so a worker starts its next fragment while the driver "
-                                          "takes the last one (RLlib: max_requests_in_flight_per_env_runner)", ge=1)
+                                          "takes the last one (RLlib: max_requests_in_flight_per_env_runner)", ge=1, le=64)
     prefetch: Optional[bool] = F(None, "keep one sample request in flight while learning; None: on iff every algorithm is off-policy")
     restart_failed_workers: bool = F(True, "rebuild a rollout worker whose env or process failed")
     max_worker_restarts: int = F(3, "consecutive failures of one worker slot before the run stops", ge=0)
@@ -211,8 +221,18 @@ class ModelConfig:
     hidden_sizes: List[int] = F(help="hidden layer sizes of the MLP", factory=lambda: [64, 64], ge=1)
     activation: str = F("tanh", "activation of the hidden layers", choices=ACTIVATIONS)
     shared_value_network: bool = F(False, "share the trunk between policy and value heads")
+    init: str = F("auto", "weight init of the networks: auto (each algorithm's own: orthogonal for the "
+                          "actor-critics, SAC and TD3, PyTorch's for DQN's Q-network), orthogonal (gain sqrt(2) "
+                          "hidden, each head's own gain, zero biases; SB3's ortho_init=True) or default (PyTorch's: "
+                          "U(+-1/sqrt(fan_in)); SB3's ortho_init=False, and SB3's SAC, TD3 and DQN)",
+                  choices=("auto", "orthogonal", "default"))
     numpy_inference: bool = F(True, "act with a numpy copy of the network on CPU (MLP actor-critics: "
                                     "same math, less per-call overhead); false: torch")
+    normalize_obs: bool = F(False, "running mean/std observation normalisation inside the network, for every "
+                                   "algorithm (flat observations; the Zoo's `normalize: true` for MuJoCo): updated "
+                                   "on the learner from each train batch, sent to the workers with the weights, "
+                                   "saved in checkpoints, applied by evaluate and export; PPO's "
+                                   "ppo.normalize_observations is the same")
 
 
 # `model.class` is a Python keyword: declared by hand, outside __init__, and the class built
@@ -243,7 +263,7 @@ class StopConfig:
 @dataclass
 class EvaluationConfig:
     interval: int = F(0, "greedy evaluation every N iterations (0: never, except with final=True)", ge=0)
-    episodes: int = F(10, "episodes per evaluation", ge=1)
+    episodes: int = F(10, "episodes per evaluation", ge=1, le=MAX_EPISODES)
     final: bool = F(False, "evaluate once at the end of the run")
     explore: bool = F(False, "sample actions instead of acting greedily")
 
@@ -362,6 +382,18 @@ def run_algorithms(cfg: Any) -> List[str]:
     return list(dict.fromkeys(names))
 
 
+def action_space_error(algo: str, kinds: Sequence[str], policy_id: str, action_space: Any) -> Optional[str]:
+    """Why algorithm ``algo``, which accepts the action spaces named in ``kinds`` (Gymnasium
+    space class names; empty: any), cannot act in ``action_space``; None if it can. Shared by
+    :meth:`flowkit.core.Algorithm.check_spaces` (at set-up) and the CLI's check before Ray starts."""
+    got = type(action_space).__name__
+    if not kinds or got in kinds:
+        return None
+    other = "dqn or ppo" if got == "Discrete" and "Discrete" not in kinds else "ppo"
+    return (f"policy {policy_id!r}: {algo.upper()} needs a {' or '.join(kinds)} action space, got {action_space} "
+            f"(use an algorithm for {got} actions, e.g. {other})")
+
+
 def check_algo(cfg: Any, algos: Any) -> None:
     """``algo`` is one of ``algos`` (names), else a ConfigError naming the closest."""
     if cfg.algo not in algos:
@@ -370,10 +402,43 @@ def check_algo(cfg: Any, algos: Any) -> None:
         raise ConfigError(f"algo={cfg.algo!r} is not an installed algorithm ({', '.join(sorted(algos))}){hint}")
 
 
+def check_unused_sections(cfg: Any, algos: Any, sections: Dict[str, type]) -> List[str]:
+    """Sections set (differing from their defaults) for algorithms that no policy of the run
+    uses (:func:`run_algorithms`). A section is read only by the algorithm of its name; a
+    registered subclass does not read its parent's section. Where the run's ``algo`` takes the
+    same settings class as the unused section (or a subclass of it: a variant such as
+    ``ppo_l2``, registered from PPO, under a tuned file's ``ppo:``) the user meant them for this
+    run: a config error. Other algorithms' sections (a base file shared by several runs) give a
+    warning each.
+
+    Returns:
+        the warnings (one line each).
+    Raises:
+        ConfigError: naming the section, a key it sets, and the algorithms the run uses.
+    """
+    used, out = run_algorithms(cfg), []
+    mine = sections.get(str(cfg.algo))
+    for name in algos:
+        if name in used or name not in sections or name not in cfg:
+            continue
+        given: Dict[str, Any] = OmegaConf.to_container(cfg[name], resolve=True)  # type: ignore[assignment]
+        default: Dict[str, Any] = OmegaConf.to_container(OmegaConf.structured(sections[name]), resolve=True)  # type: ignore[assignment]
+        diff = [k for k in given if given[k] != default.get(k)]
+        if not diff:
+            continue
+        what = (f"config section `{name}` ({name}.{diff[0]}={given[diff[0]]!r}) is not used by this run, which trains "
+                f"with {', '.join(f'algo={a}' for a in used)}")
+        if mine is not None and issubclass(mine, sections[name]):
+            raise ConfigError(f"{what}; `{cfg.algo}` takes the same settings: give them as `{cfg.algo}.*` (rename "
+                              f"`{name}:` to `{cfg.algo}:` in the file)")
+        out.append(f"{what}: it has no effect")
+    return out
+
+
 def check_run(cfg: Any, pm: Any) -> None:
     """The checks of a run's config that need neither torch, Ray nor the env, made before those
     load (``flowkit train``, :func:`flowkit.train`) and again at set-up: ``algo`` installed,
-    exactly one of ``env.id`` and ``env.factory``, ``run.reporters`` known (and each one's
+    no section of a variant of ``algo`` set in its place (:func:`check_unused_sections`), exactly one of ``env.id`` and ``env.factory``, ``run.reporters`` known (and each one's
     ``validate_config``), and the cross-field checks of ``algo``'s section where its plugin
     gives them torch-free (``AlgorithmRef.validate``; otherwise they run at set-up, when the
     class is imported). Their warnings are given at set-up.
@@ -383,10 +448,15 @@ def check_run(cfg: Any, pm: Any) -> None:
     """
     algos = pm.algorithms(load=False)
     check_algo(cfg, algos)
+    check_unused_sections(cfg, algos, pm.config_sections())
     if bool(cfg.env.id) == bool(cfg.env.factory):
         raise ConfigError("give exactly one of env.id (env=ID) and env.factory "
                           f"(got env.id={cfg.env.id!r}, env.factory={cfg.env.factory!r})")
+    check_sizes(cfg)
     known = pm.reporters()
+    twice = sorted({r for r in cfg.run.reporters if list(cfg.run.reporters).count(r) > 1})
+    if twice:
+        raise ConfigError(f"run.reporters: {', '.join(map(repr, twice))} listed more than once")
     for name in cfg.run.reporters:
         if name not in known:
             raise ConfigError(f"run.reporters: unknown reporter {name!r} (known: {', '.join(sorted(known))})")
@@ -398,6 +468,22 @@ def check_run(cfg: Any, pm: Any) -> None:
         a.validate_config(cfg, section)
     elif a.validate is not None:
         a.validate(cfg, section, a.name)
+
+
+def check_sizes(cfg: Any) -> None:
+    """The sizes that multiply: one sampling round holds num_workers (0 counts as 1) x
+    num_envs_per_worker x rollout_fragment_length env steps, at most :data:`MAX_BATCH_ROWS`
+    (each key's own bound is declared in its field).
+
+    Raises:
+        ConfigError: naming the product and its factors.
+    """
+    rt = cfg.runtime
+    rows = max(1, int(rt.num_workers)) * int(rt.num_envs_per_worker) * int(rt.rollout_fragment_length)
+    if rows > MAX_BATCH_ROWS:
+        raise ConfigError(f"one sampling round of runtime.num_workers={rt.num_workers} x num_envs_per_worker="
+                          f"{rt.num_envs_per_worker} x rollout_fragment_length={rt.rollout_fragment_length} = "
+                          f"{rows} env steps is over flowkit's limit of {MAX_BATCH_ROWS}; lower one of them")
 
 
 _KINDS = {int: "an int", float: "a float", bool: "true or false", str: "a string"}
@@ -571,6 +657,33 @@ def merge_overrides(base: DictConfig, overrides: Dict[str, Any], schema: type) -
                 OmegaConf.update(node, str(e.full_key), int(v), merge=False)
     except OmegaConfBaseException as e:
         raise _config_error(e, keys, layer) from None
+    except TypeError as e:  # OmegaConf: "Cannot merge incompatible container types"
+        raise _container_error(layer, keys) or ConfigError(f"config: {e}") from None
+
+
+def _container_error(layer: Any, keys: Dict[str, Tuple[Any, str, Any]], prefix: str = "") -> Optional[ConfigError]:
+    """The first key of ``layer`` (a nested dict) given a list where the schema has a mapping
+    (or a section), or a mapping where it has a list; None if there is none."""
+    items = layer.items() if isinstance(layer, dict) else ()
+    for k, v in items:
+        key = f"{prefix}{k}"
+        tp = keys.get(key)
+        origin = typing.get_origin(_unwrap_optional(tp[0])[0]) if tp else None
+        section = tp is None and any(s.startswith(f"{key}.") for s in keys)
+        want = ("a mapping" if origin in (dict, Dict) or (section and isinstance(v, list))
+                else "a list" if origin in (list, List) and isinstance(v, dict) else None)
+        if want and (isinstance(v, list) or want == "a list"):
+            return ConfigError(f"`{key}` must be {want}, got {_short(v)}")
+        if isinstance(v, dict) and (section or origin in (dict, Dict)):
+            sub = {f"{key}.{s[len(key) + 1:]}": t for s, t in keys.items() if s.startswith(f"{key}.")}
+            if (err := _container_error(v, {**keys, **sub}, f"{key}.")) is not None:
+                return err
+    return None
+
+
+def _short(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def section_view(cfg: DictConfig, name: str) -> DictConfig:

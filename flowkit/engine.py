@@ -66,39 +66,16 @@ from omegaconf.errors import OmegaConfBaseException
 from flowkit import _ray
 from flowkit._guard import GUARD, Interrupted, check_cpus, check_new_run_dir, lock_run_dir
 from flowkit.checkpoint import config_yaml, find_checkpoint, load_trained, restore, resume_config, save_checkpoint  # noqa: F401
-from flowkit.config import ConfigError, build_config, check_run, plugin_modules_from
+from flowkit.config import ConfigError, build_config, check_run, check_unused_sections, plugin_modules_from
 from flowkit.core import EnvContext, derive_seed, env_name, make_env
 from flowkit.core.context import RunContext, make_context
 from flowkit.core.learner import NonFiniteError
+from flowkit.core.metrics import Result
 from flowkit.core.ops import StandardMetricsReporting
 from flowkit.core.workers import kill_prestarted
 from flowkit.hooks import PluginError, get_plugin_manager
-from flowkit.reporters import kept_rows, read_metrics  # noqa: F401  (read_metrics: public here too)
-
-
-class Result:
-    """What :func:`train` returns.
-
-    Attributes:
-        metrics: the last result row, plus the final evaluation if any (``{column: value}``,
-            the columns of ``metrics.csv``; also written to ``result.json``).
-        history: every row, in order (a resumed run: the rows kept up to its checkpoint, then
-            the new ones).
-        run_dir: the run folder.
-        checkpoint: the last checkpoint folder, or None when none was written.
-        stop_reason: why the run stopped, e.g. ``stop.env_steps=100000 reached`` or
-            ``interrupted (SIGTERM)``.
-        config: the resolved config (an OmegaConf DictConfig).
-    """
-
-    def __init__(self, metrics, history, run_dir, checkpoint, stop_reason, config):
-        self.metrics, self.history, self.run_dir = metrics, history, run_dir
-        self.checkpoint, self.stop_reason, self.config = checkpoint, stop_reason, config
-
-    def __repr__(self) -> str:
-        r = self.metrics.get("episode_return_mean")
-        return (f"Result(stop_reason={self.stop_reason!r}, env_steps={self.metrics.get('env_steps_sampled')}, "
-                f"episode_return_mean={r}, run_dir={self.run_dir!r})")
+from flowkit.hooks.manager import worker_plugin_manager
+from flowkit.reporters import kept_rows, policy_metrics, read_metrics  # noqa: F401  (read_metrics: public here too)
 
 
 # ---- set-up ----------------------------------------------------------------------------------
@@ -116,6 +93,8 @@ def load_config(user: Any = None, config_file: Union[str, Sequence[str], None] =
 
 def _validate(cfg: DictConfig, pm: Any) -> Dict[str, Any]:
     check_run(cfg, pm)  # each key's own range or choices: declared in the schema, checked by build_config
+    for w in check_unused_sections(cfg, pm.algorithms(load=False), pm.config_sections()):
+        warnings.warn(w, stacklevel=3)
     algos = pm.algorithms()
     for key, on, rep in (("evaluation.interval", int(cfg.evaluation.interval) > 0, "evaluation"),
                          ("evaluation.final", bool(cfg.evaluation.final), "evaluation"),
@@ -161,13 +140,14 @@ def setup(cfg: DictConfig, pm: Any, run_dir: Optional[str] = None) -> RunContext
     for w in warns:
         warnings.warn(w, stacklevel=2)
     try:
-        ctx = make_context(cfg, pm, instances, specs, run_dir)
+        ctx = make_context(cfg, pm, instances, specs, run_dir, make_pm=worker_plugin_manager)
     except (MemoryError, RuntimeError) as e:  # torch reports a failed allocation as a RuntimeError
         if "allocate" not in str(e):
             raise
         raise ConfigError(f"the networks do not fit in memory (model.hidden_sizes={list(cfg.model.hidden_sizes)}): "
                           f"{str(e).splitlines()[0]}") from None
     ctx.config_warnings = warns
+    ctx.workers.sample_deadline = GUARD.sample_deadline  # its watchdog interrupts a local sample
     return ctx
 
 
@@ -234,9 +214,14 @@ NO_STOP = ("flowkit: no stop condition (stop.env_steps, stop.iterations, stop.ep
 
 def summary(res: Result) -> str:
     """The lines ``flowkit train`` and :func:`train` print at the end of a run: run folder,
-    stop reason, the last row's main metrics and the last checkpoint."""
+    stop reason, the last row's main metrics (a multi-agent run's per policy, with the
+    evaluation's win rates: :func:`flowkit.reporters.policy_metrics`) and the last checkpoint."""
     m = res.metrics
     keys = ["iteration", "env_steps_sampled", "episode_return_mean", "evaluation_return_mean", "time_total_s"]
+    per = policy_metrics(m)
+    if per:  # multi-agent: each policy's figures, not the sum over players (0 in a zero-sum game)
+        keys[2:4] = [f"policy/{p}/episode_return_mean" for p in per] + [
+            f"evaluation/{p}/{k}" for p in per for k in ("episode_return_mean", "win_rate")]
     lines = [f"run folder: {res.run_dir}", f"stopped: {res.stop_reason}",
              "  " + "  ".join(f"{k}={m[k]:.4g}" if isinstance(m.get(k), float) else f"{k}={m.get(k)}"
                               for k in keys if k in m)]
@@ -300,7 +285,7 @@ def _train(config: Any, config_file: Union[str, Sequence[str], None], plugins: S
             random.seed(derive_seed(int(cfg.seed), "python"))
             torch.set_num_threads(max(1, int(cfg.learner.num_threads)))
             ctx = setup(cfg, pm, run_dir)
-            ctx.t_entry, ctx.extra_metrics["time_config_s"] = t_entry, t_config - t_entry
+            ctx.t_entry, ctx.metrics.extra["time_config_s"] = t_entry, t_config - t_entry
             release = lock_run_dir(run_dir)  # creates run_dir
             try:
                 with _ray_session(cfg, ctx):
@@ -338,12 +323,12 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
     try:
         t0 = time.perf_counter()
         ctx.workers.start()
-        ctx.extra_metrics["time_setup_s"] = time.perf_counter() - t0
+        ctx.metrics.extra["time_setup_s"] = time.perf_counter() - t0
         ctx.mark("actors")
         pm.hook.flowkit_on_run_start(ctx=ctx, run_dir=run_dir, history=list(history))
         ctx.start_clock()
         # start-up: from train() to the first sample request (config, Ray, actors ready)
-        ctx.extra_metrics["time_startup_s"] = (ctx._t_start or t_entry) - t_entry
+        ctx.metrics.extra["time_startup_s"] = (ctx._t_start or t_entry) - t_entry
         limit = cfg.stop.time_s
         if limit is not None:  # whatever the plan waits on, the driver stops it
             GUARD.set_deadline("stop", 1.1 * limit - ctx._time_offset,

@@ -26,13 +26,13 @@ import math
 import os
 from typing import TYPE_CHECKING, Any, Dict, Optional
 
-from flowkit.hooks.manager import hookimpl
-from flowkit.reporters import Reporter, Row
+from flowkit.hooks.manager import Reporter, hookimpl
+from flowkit.hooks.specs import Row
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-    from flowkit.engine import RunContext
+    from flowkit.core.context import RunContext
 
 
 def hyperparameters(config: Any) -> Dict[str, Any]:

@@ -28,7 +28,7 @@ timing         ``perf/iteration_ms`` and ``perf/driver_overhead_ms`` columns fro
 A user reporter is any class with a ``name`` and ``flowkit_*`` hook methods, contributed by a
 plugin's ``flowkit_add_reporters``; list its name in ``run.reporters`` (e.g. in place of
 ``csv`` to replace the CSV writer). ``result.json`` is not a reporter: it is the engine's own
-record of the run (the :class:`flowkit.engine.Result` ``flowkit.train`` returns).
+record of the run (the :class:`flowkit.Result` ``flowkit.train`` returns).
 """
 from __future__ import annotations
 
@@ -41,29 +41,14 @@ import time
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Type
 
 from flowkit.core.flow import NOT_READY
-from flowkit.hooks.manager import hookimpl
+from flowkit.hooks.manager import Reporter, hookimpl
 
 if TYPE_CHECKING:
-    from omegaconf import DictConfig
 
-    from flowkit.engine import Result, RunContext
+    from flowkit.core.context import RunContext
+    from flowkit.core.metrics import Result
 
 Row = Dict[str, Any]
-
-
-class Reporter:
-    """Base of the built-in reporters (optional for user ones): a ``name`` for
-    ``run.reporters``; hooks are plain ``flowkit_*`` methods. Built with no arguments, once per
-    run; ``flowkit_on_run_start`` gives it the run folder, the config and the kept rows.
-    ``flowkit_on_train_end`` may come without a ``flowkit_on_run_start`` (a failed start).
-    A reporter is registered as plugin ``reporter:<name>`` before the plan is built, so it may
-    wrap ``flowkit_build_plan`` and keep state across a resume (``flowkit_state_dict``)."""
-    name = ""
-
-    @classmethod
-    def validate_config(cls, config: "DictConfig") -> None:
-        """Raise :class:`flowkit.ConfigError` if this reporter cannot run with ``config``
-        (checked before anything starts, when the reporter is in ``run.reporters``)."""
 
 
 @hookimpl(trylast=True)
@@ -138,8 +123,26 @@ class CSVReporter(Reporter):
                 csv.DictWriter(f, self.columns).writerow(result)
 
 
+def policy_metrics(row: Row) -> Dict[str, Dict[str, float]]:
+    """A multi-agent row's per-policy headline figures, ``{policy: {"return": training return
+    mean, "eval": greedy evaluation return mean, "win": evaluation win rate}}`` (each where the
+    row has it: ``policy/<id>/episode_return_mean``, ``evaluation/<id>/episode_return_mean``,
+    ``evaluation/<id>/win_rate``); {} for a single-agent row. What the progress bar and the
+    summary show in place of ``episode_return_mean`` and ``evaluation_return_mean``, which sum
+    the players' returns (always 0 in a zero-sum game)."""
+    out: Dict[str, Dict[str, float]] = {}
+    for key, v in row.items():
+        parts = key.split("/")
+        if len(parts) == 3 and parts[0] == "policy" and parts[2] == "episode_return_mean":
+            out.setdefault(parts[1], {})["return"] = v
+        elif len(parts) == 3 and parts[0] == "evaluation" and parts[2] in ("episode_return_mean", "win_rate"):
+            out.setdefault(parts[1], {})["eval" if parts[2] == "episode_return_mean" else "win"] = v
+    return out
+
+
 class ProgressReporter(Reporter):
-    """A tqdm bar on stderr: env steps (of ``stop.env_steps``), return, steps/s, eval. A
+    """A tqdm bar on stderr: env steps (of ``stop.env_steps``), return, steps/s, eval (in a
+    multi-agent run each policy's, and the evaluation's win rates: :func:`policy_metrics`). A
     resumed run's bar starts at the restored env steps (its rate counts only new ones); the
     total grows to the steps done when the last batch passes ``stop.env_steps``."""
     name = "progress"
@@ -155,9 +158,18 @@ class ProgressReporter(Reporter):
                         dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 5.0, file=sys.stderr)
 
     def flowkit_report(self, result: Row) -> None:
-        post = {"return": f"{result['episode_return_mean']:.1f}", "steps/s": f"{result['env_steps_per_s']:.0f}"}
-        if "evaluation_return_mean" in result:
-            post["eval"] = f"{result['evaluation_return_mean']:.1f}"
+        per = policy_metrics(result)
+        if per:  # multi-agent: each policy's return (the sum over players is 0 in a zero-sum game)
+            post = {"return": ",".join(f"{p}:{m['return']:.2f}" for p, m in per.items() if "return" in m)}
+            post["steps/s"] = f"{result['env_steps_per_s']:.0f}"
+            if "evaluation_return_mean" in result:
+                post["eval"] = ",".join(f"{p}:{m['eval']:.2f}" for p, m in per.items() if "eval" in m)
+            if any("win" in m for m in per.values()):
+                post["win"] = ",".join(f"{p}:{m['win']:.3f}" for p, m in per.items() if "win" in m)
+        else:
+            post = {"return": f"{result['episode_return_mean']:.1f}", "steps/s": f"{result['env_steps_per_s']:.0f}"}
+            if "evaluation_return_mean" in result:
+                post["eval"] = f"{result['evaluation_return_mean']:.1f}"
         self.bar.set_postfix(post, refresh=False)
         if self.bar.total is not None and result["env_steps_sampled"] > self.bar.total:
             self.bar.total = result["env_steps_sampled"]

@@ -1,51 +1,19 @@
-"""``flowkit tune``: hyperparameter sweeps on Ray Tune; each trial is a normal flowkit run folder.
+"""``flowkit tune``: hyperparameter sweeps on Ray Tune, each trial an ordinary run folder in
+the sweep folder (usage: README "Sweeps, seeds and plots", docs/experiments.md).
 
-::
+A ``key=value`` whose value is one of these is searched (:func:`parse_space`); any other is an
+override shared by every trial::
 
-    flowkit tune [-c FILE ...] [--no-tuned] [--metric M] [--mode max|min] [--search grid|random|optuna]
-                 [--num-samples N] [--scheduler asha|none] [--grace-period T] [--max-concurrent K]
-                 [key=value ...] [key=SPEC ...]
+    choice(a,b,...)            one of the values          grid: every value; random/optuna: uniform
+    range(n) | range(a,b[,s])  ints as Python's range     same as choice over them
+    uniform(lo,hi)             a float in [lo, hi]        sampled (grid: num_samples per grid point)
+    loguniform(lo,hi)          a float, log-uniform       sampled
+    randint(lo,hi)             an int in [lo, hi)         sampled
 
-Search-space grammar (a ``key=value`` whose value is one of these; anything else is a plain
-override shared by every trial; values are read as in ``flowkit train``: ``1e-3`` is a float,
-``[64,64]`` a list)::
-
-    choice(a,b,...)          one of the values          grid: every value; random/optuna: uniform
-    range(n) | range(a,b[,s])  ints as Python's range   same as choice over them
-    uniform(lo,hi)           a float in [lo, hi]        sampled (grid: num_samples per grid point)
-    loguniform(lo,hi)        a float, log-uniform       sampled
-    randint(lo,hi)           an int in [lo, hi)         sampled
-
-e.g. ``flowkit tune algo=ppo env=CartPole-v1 ppo.lr=choice(1e-3,3e-4) seed=range(3)`` runs 6 trials
-(``--search grid``, the default: the product of the choices and ranges, ``--num-samples`` times;
-``--search random``: ``--num-samples`` draws, default 10; ``--search optuna``: Optuna's TPE, needs
-``pip install 'flowkit[optuna]'``). A seeds-only sweep (``seed=range(3)``) is a multirun:
-``flowkit plot SWEEP_DIR`` draws its seeds' mean and spread.
-
-- Trials: run folders ``SWEEP_DIR/<trial>`` (``SWEEP_DIR``: ``run.dir`` if given, else
-  ``runs/tune-<algo>-<env>-<timestamp>``), named after their searched values; Ray Tune's own
-  records in ``SWEEP_DIR/tune``; no progress bars (``progress`` is taken out of
-  ``run.reporters``). Without ``-c`` the tuned ``configs/<algo>/<env-id>.yaml`` is the base, as
-  for ``flowkit train``.
-- Resources per trial, from ``runtime.*``: ``runtime.backend=local``: 1 CPU (the trial samples
-  and learns in its own process); ``ray``: a placement group of 1 CPU (learner) plus
-  ``runtime.num_cpus_per_worker`` per rollout worker. When one trial needs more CPUs than the
-  cluster has, the workers' CPUs are scaled down (fractional ``runtime.num_cpus_per_worker``) so
-  that a trial fits, and trials run one at a time: a sweep never waits for CPUs that do not exist.
-  The first line of the output states it.
-- Early stopping: ``--scheduler asha`` (the default, unless only ``seed`` is searched) is ASHA on
-  ``--metric``, over env steps when ``stop.env_steps`` is set (else iterations), grace period a
-  tenth of that budget; ``none`` runs every trial to its stop condition. A trial the scheduler
-  stops ends like a run that met its own stop condition: its last row, final checkpoint and
-  result.json with ``stop_reason`` :data:`STOPPED_EARLY` (:class:`_FinishRun`).
-- Trials print nothing (their config warnings are the driver's, said once before the first line).
-- Ray: the same session as training (:mod:`flowkit._ray`): ``runtime.address`` attaches to a
-  cluster; unset, a local one is started (or the caller's own session is used).
-- The end: a table of the trials sorted by the metric's last value (best first), also written to
-  ``SWEEP_DIR/tune_results.csv``.
-
-Exit status: 0 when every trial ended (stopped early included), 1 when a trial failed or has no
-result.json, 2 a config or usage error.
+:func:`main` checks every searched value, fits a trial to the cluster (:func:`plan_resources`),
+runs the trials (:func:`run_trial` in Tune's actors, rows reported by :class:`TuneReport`) and
+writes the table (``tune_results.csv``). Exit status: 0 every trial ended (stopped early
+included), 1 a trial failed or has no result.json, 2 a config or usage error.
 """
 from __future__ import annotations
 
@@ -118,6 +86,8 @@ def parse_space(items: Sequence[str]) -> Tuple[List[str], Dict[str, Dim]]:
         if kind == "range":
             if not (1 <= len(args) <= 3 and all(isinstance(a, int) and not isinstance(a, bool) for a in args)):
                 raise ConfigError(f"{item!r}: range takes 1 to 3 ints, as Python's range")
+            if len(range(*args)) > MAX_TRIALS:
+                raise ConfigError(f"{item!r}: {len(range(*args))} values, more than flowkit tune's {MAX_TRIALS} trials")
             kind, args = "choice", list(range(*args))
         if kind == "choice" and not args:
             raise ConfigError(f"{item!r}: an empty choice")
@@ -271,7 +241,14 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    a = _parser().parse_intermixed_args(argv)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    a, unknown = _parser().parse_known_intermixed_args(argv)
+    from flowkit.cli import option_hint
+    if (hint := option_hint(argv, unknown)) is not None:
+        print(f"flowkit tune: error: {hint}", file=sys.stderr)
+        return 2
+    if unknown:
+        _parser().error(f"unrecognized arguments: {' '.join(unknown)}")
     from flowkit.config import ConfigError
     from flowkit.hooks import PluginError
     try:
@@ -281,15 +258,51 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
 
 
+# the columns of a run's result rows (flowkit.core.context: make_result, evaluate) that Tune can
+# rank by; per-policy, learner, custom and perf columns have a `/` in their names
+METRICS = ("episode_return_mean", "episode_len_mean", "env_steps_sampled", "env_steps_trained",
+           "agent_steps_sampled", "agent_steps_trained", "episodes_this_iter", "episodes_total", "num_updates",
+           "num_worker_restarts", "iteration", "time_total_s", "time_this_iter_s", "env_steps_per_s",
+           "env_steps_trained_per_s", "evaluation_return_mean", "evaluation_return_std", "evaluation_len_mean")
+MAX_TRIALS = 10_000
+
+
+def check_args(a: argparse.Namespace) -> None:
+    """The flags' values, as config keys are checked.
+
+    Raises:
+        ConfigError: ``--num-samples``/``--max-concurrent`` below 1, ``--grace-period`` not
+            > 0, or a ``--metric`` that is not a result column.
+    """
+    from flowkit.config import ConfigError
+    for flag, v in (("--num-samples", a.num_samples), ("--max-concurrent", a.max_concurrent)):
+        if v is not None and not 1 <= v <= MAX_TRIALS:
+            raise ConfigError(f"{flag}={v} must be in [1, {MAX_TRIALS}]")
+    if a.grace_period is not None and not (math.isfinite(a.grace_period) and a.grace_period > 0):
+        raise ConfigError(f"--grace-period={a.grace_period:g} must be finite and > 0")
+    if a.metric not in METRICS and "/" not in a.metric:
+        import difflib
+        close = difflib.get_close_matches(a.metric, METRICS, n=1)
+        raise ConfigError(f"--metric={a.metric!r} is not a result column ({', '.join(METRICS[:3])}, ..., or a "
+                          f"column with a '/' such as policy/<id>/episode_return_mean)"
+                          + (f"; did you mean `{close[0]}`?" if close else ""))
+
+
 def _tune(a: argparse.Namespace) -> int:
     from flowkit.cli import shown_path, tuned_config_path
     from flowkit.config import ConfigError, build_config, plugin_modules_from
     from flowkit.hooks import get_plugin_manager
+    check_args(a)
     plain, space = parse_space(a.overrides)
     a.scheduler = a.scheduler or ("none" if set(space) == {"seed"} else "asha")  # seeds: a multirun, none stops
     if not space:
         raise ConfigError("nothing to search: give at least one key=choice(...), range(...), uniform(...), "
                           "loguniform(...) or randint(...)")
+    n_grid = math.prod(len(d.args) for d in space.values() if d.kind == "choice") if a.search == "grid" else 1
+    samples = a.num_samples or (1 if a.search == "grid" else 10)
+    if n_grid * samples > MAX_TRIALS:
+        raise ConfigError(f"{n_grid} grid points x {samples} samples = {n_grid * samples} trials, more than "
+                          f"flowkit tune's {MAX_TRIALS}")
     files = [os.path.abspath(f) for f in a.config_file or []]  # trials may run elsewhere
     pm = get_plugin_manager(plugin_modules_from(plain, files))
     cfg = build_config(plain, files, pm.config_sections())
@@ -310,6 +323,9 @@ def _tune(a: argparse.Namespace) -> int:
     sweep_dir = os.path.abspath(cfg.run.dir or os.path.join(
         "runs", f"tune-{cfg.algo}-{env_name(cfg.env).replace(':', '_').replace('/', '_')}-"
                 f"{time.strftime('%Y%m%d-%H%M%S')}"))
+    if os.path.exists(os.path.join(sweep_dir, "tune_results.csv")) or os.path.isdir(os.path.join(sweep_dir, "tune")):
+        raise ConfigError(f"run.dir={shown_path(sweep_dir)} holds an earlier sweep (tune_results.csv or tune/); "
+                          "give a new run.dir")
     base = [o for o in plain if not o.startswith("run.dir=")]
 
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's console output off (verbose=0): our table instead
@@ -329,8 +345,6 @@ def _tune(a: argparse.Namespace) -> int:
     at_once = max(1, int(cpus // per_trial)) if per_trial else None
     if a.max_concurrent:
         at_once = min(at_once or a.max_concurrent, a.max_concurrent)
-    n_grid = math.prod(len(d.args) for d in space.values() if d.kind == "choice") if a.search == "grid" else 1
-    samples = a.num_samples or (1 if a.search == "grid" else 10)
     print(f"flowkit tune: {n_grid * samples} trials ({a.search} search"
           f"{f', {n_grid} grid points x {samples}' if a.search == 'grid' else ''}) of {cfg.algo} on "
           f"{env_name(cfg.env)}{f', base {shown_path(tuned)}' if tuned else ''}; trial resources: {res_text}; "

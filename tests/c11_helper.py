@@ -56,10 +56,12 @@ def run1(algo: str, work: str):
     while ctx.counters["env_steps_sampled"] < STEPS[algo]:
         next(plan)
     ck = save_checkpoint(ctx, f"{work}/run")
+    # what the uninterrupted run's worker explores its next fragment with
+    worker_exploration = ctx.workers.local_worker().policies["default"].exploration_state()
     if algo == "ppo":
         from flowkit.checkpoint import save_state
         save_state(ctx.workers.local_worker().sample().to_dict(), f"{work}/fixed_batch.pt")
-    snap = snapshot(ctx)
+    snap = {**snapshot(ctx), "worker_exploration": worker_exploration}
     weights = one_step(algo, ctx, work)
     ctx.shutdown()
     return ck, snap, weights
@@ -72,6 +74,9 @@ def run2(algo: str, work: str):
     snap = snapshot(ctx)
     weights = one_step(algo, ctx, work)
     assert not ctx.workers.started
+    # the resumed run's worker before its first fragment (issue 27 item 4: it had initial_epsilon)
+    snap["worker_exploration"] = ctx.workers.local_worker().policies["default"].exploration_state()
+    ctx.shutdown()
     from flowkit.checkpoint import save_state
     save_state({"snap": snap, "weights": weights}, f"{work}/run2.pt")
 

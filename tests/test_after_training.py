@@ -109,7 +109,7 @@ def test_train_evaluate_watch_export_cartpole(run_dir, tmp_path, capsys):
 
 
 # ---- exported modules against compute_actions ------------------------------------------------------
-EXPORT_RUNS = {
+EXPORT_RUNS = {  # every algorithm `flowkit plugins` lists (test_every_listed_algorithm_has_an_export_case)
     "ppo-discrete": ["algo=ppo", "env=CartPole-v1", *PPO_SMALL],
     "ppo-box": ["algo=ppo", "env=Pendulum-v1", "ppo.normalize_observations=true", *PPO_SMALL],
     "dqn-discrete": ["algo=dqn", "env=CartPole-v1", "dqn.learning_starts=32", "dqn.train_batch_size=16"],
@@ -117,14 +117,42 @@ EXPORT_RUNS = {
                       "dqn.train_batch_size=8", "model.hidden_sizes=[8]"],
     "impala-discrete": ["algo=impala", "env=CartPole-v1", "impala.rollout_mode=bulk_sync",
                         "impala.train_batch_size=64"],
+    "appo-discrete": ["algo=appo", "env=CartPole-v1", "appo.rollout_mode=bulk_sync", "appo.train_batch_size=64"],
+    "a2c-discrete": ["algo=a2c", "env=CartPole-v1"],
+    "a3c-discrete": ["algo=a3c", "env=CartPole-v1"],
+    # issue 27 item 2: SAC and TD3 exported their whole model (no forward: NotImplementedError)
+    "sac-box": ["algo=sac", "env=Pendulum-v1", "sac.learning_starts=32", "sac.train_batch_size=16"],
+    "sac-gsde": ["algo=sac", "env=Pendulum-v1", "sac.learning_starts=32", "sac.train_batch_size=16",
+                 "sac.use_sde=true"],
+    "td3-box": ["algo=td3", "env=Pendulum-v1", "td3.learning_starts=32", "td3.train_batch_size=16"],
+    "sac-normobs": ["algo=sac", "env=Pendulum-v1", "sac.learning_starts=32", "sac.train_batch_size=16",
+                    "model.normalize_obs=true"],  # the statistics inside the exported actor
+    "random": ["algo=random", "env=CartPole-v1"],  # no network: refused in one line
 }
 
 
+def test_every_listed_algorithm_has_an_export_case():
+    p = subprocess.run([sys.executable, "-m", "flowkit.cli", "plugins"], capture_output=True, text=True, timeout=120)
+    listed = {line.split()[1].rstrip(":") for line in p.stdout.splitlines() if line.startswith("  algorithm ")}
+    assert {"ppo", "dqn", "sac", "td3", "random"} <= listed, p.stdout
+    covered = {a.split("=", 1)[1] for run in EXPORT_RUNS.values() for a in run if a.startswith("algo=")}
+    assert listed <= covered, f"no export case for {sorted(listed - covered)}"
+
+
 @pytest.mark.parametrize("name", list(EXPORT_RUNS))
-def test_export_matches_compute_actions(name, run_dir, tmp_path):
+def test_export_matches_compute_actions(name, run_dir, tmp_path, capsys, monkeypatch):
     flowkit.train(local_overrides(run_dir, *SMALL, *EXPORT_RUNS[name], "stop.env_steps=128"))
     policy = flowkit.Algorithm.from_checkpoint(run_dir).get_policy()
-    if name == "ppo-box":  # the observation normalisation is part of the module, and not the identity
+    if name == "random":
+        capsys.readouterr()
+        assert main(["export", run_dir, "--format", "onnx", "--out", str(tmp_path / "new" / "r.onnx")]) == 2
+        err = capsys.readouterr().err.strip()
+        assert err == "flowkit export: error: policy 'default': a RandomPolicy has no network to export"
+        assert not os.path.exists(tmp_path / "new")
+        return
+    if name.startswith(("sac", "td3")):  # the greedy action is not the uniform one of the first steps
+        assert policy.num_updates > 0
+    if name in ("ppo-box", "sac-normobs"):  # the observation normalisation is part of the module, not the identity
         assert policy.model.obs_rms is not None and float(policy.model.obs_rms.count) > 1
     acts = _check_export(policy, tmp_path, name)
     if name == "ppo-discrete":  # a policy that acts otherwise than its network says: refused, no file left
@@ -136,6 +164,37 @@ def test_export_matches_compute_actions(name, run_dir, tmp_path):
         obs = sample_observations(policy.observation_space, 200)
         only0 = (obs["action_mask"][:, 0] == 1) & (obs["action_mask"][:, 1] == 0)
         assert only0.any() and (acts[only0] == 0).all()
+    if name == "td3-box":  # through the CLI: every failure is one line, exit 2, and leaves no file behind
+        _check_cli_export_failures(run_dir, tmp_path, capsys, monkeypatch)
+
+
+def _check_cli_export_failures(run_dir, tmp_path, capsys, monkeypatch):
+    import torch
+    from flowkit_sac import TD3Policy
+    capsys.readouterr()
+    keep = tmp_path / "keep.pt"
+    keep.write_bytes(b"an earlier export")
+
+    def broken_save(module, path, **kwargs):  # a disk that fills up half way
+        with open(path, "wb") as f:
+            f.write(b"partial")
+        raise OSError(28, "No space left on device\nsecond line")
+    with monkeypatch.context() as m:
+        m.setattr(torch.jit, "save", broken_save)
+        for out in (tmp_path / "new" / "dir" / "p.pt", keep):
+            assert main(["export", run_dir, "--format", "torchscript", "--out", str(out)]) == 2
+            err = capsys.readouterr().err.strip()
+            assert err == ("flowkit export: error: policy 'default': cannot write it as torchscript: OSError: "
+                           "[Errno 28] No space left on device"), err
+    with monkeypatch.context() as m:  # a policy whose acting is not its actor's: the check refuses the file
+        m.setattr(TD3Policy, "compute_actions_encoded",
+                  lambda self, obs, mask=None, explore=True: (np.zeros((len(obs), 1), np.float32), {}))
+        out = tmp_path / "odd.onnx"
+        assert main(["export", run_dir, "--format", "onnx", "--out", str(out)]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "differ from compute_actions" in err and f"{out} not kept" in err
+    assert not os.path.exists(tmp_path / "new") and keep.read_bytes() == b"an earlier export"
+    assert sorted(os.listdir(tmp_path)) == ["keep.pt", "run"] + sorted(f"td3-box.{f}" for f in ("onnx", "torchscript"))
 
 
 def test_export_one_policy_of_a_multiagent_run_and_evaluate_its_games(run_dir, tmp_path, capsys):
@@ -191,3 +250,8 @@ def test_a_folder_without_checkpoint_is_one_line(tmp_path, capsys):
     assert main(["evaluate", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no checkpoint at" in err
+    # issue 27 item 3: export gave a FileNotFoundError traceback, exit 1
+    assert main(["export", str(tmp_path), "--format", "onnx"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"flowkit export: error: no checkpoint at '{tmp_path}'") and len(err.splitlines()) == 1
+    assert os.listdir(tmp_path) == []

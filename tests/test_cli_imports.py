@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+import flowkit
+
 CHECK = ("import json, sys\nfrom flowkit.cli import main\nrc = main(sys.argv[1:])\n"
          "print('\\nMODULES ' + json.dumps({'rc': rc, 'torch': 'torch' in sys.modules, 'ray': 'ray' in sys.modules}))")
 
@@ -37,7 +39,16 @@ CHECK = ("import json, sys\nfrom flowkit.cli import main\nrc = main(sys.argv[1:]
                                           (["train", "--no-tuned", "algo=appo", "env=CartPole-v1", "runtime.backend=ray",
                                             "appo.lr_schedule=linear"], 2, "appo.lr_schedule=linear needs a horizon"),
                                           (["train", "env=CartPole-v1", "runtime.backend=ray", "run.reporters=[nope]"], 2,
-                                           "unknown reporter 'nope'")])
+                                           "unknown reporter 'nope'"),
+                                          # issue 27 item 10: --version; an option for a key=value gets the hint
+                                          (["--version"], 0, f"flowkit {flowkit.__version__}\n"),
+                                          (["-V"], 0, f"flowkit {flowkit.__version__}\n"),
+                                          (["evaluate", "no/such/run", "--episodes", "5"], 2, "write episodes=5"),
+                                          (["train", "env=CartPole-v1", "--stop.env_steps=100"], 2,
+                                           "write stop.env_steps=100"),
+                                          (["tune", "seed=range(2)", "--episodes", "5", "--mode", "min"], 2,
+                                           "unrecognised option --episodes: settings are key=value words, not "
+                                           "--options; write episodes=5")])
 def test_cli_without_training_imports_neither_torch_nor_ray(args, rc, text):
     p = subprocess.run([sys.executable, "-c", CHECK, *args], capture_output=True, text=True, timeout=120)
     out = json.loads(p.stdout.rsplit("MODULES ", 1)[1])

@@ -246,3 +246,95 @@ def test_every_config_dry_run_accepts_runs_one_iteration(tmp_path_factory, algo,
         assume(False)  # several valid values that do not fit together: refused before anything starts
     res = flowkit.train(local_overrides(run_dir, *ov))
     assert res.metrics["iteration"] == 1
+
+
+# ---- issue 28 item 3: sizes, container types, duplicates --------------------------------------
+@pytest.mark.parametrize("override,message", [
+    ("runtime.num_envs_per_worker=1e9", r"runtime.num_envs_per_worker=1000000000 must be in \[1, 4096\]"),
+    ("runtime.rollout_fragment_length=1e12", r"runtime.rollout_fragment_length=1000000000000 must be in \[1, 16777216\]"),
+    ("runtime.num_workers=1e6", r"runtime.num_workers=1000000 must be in \[0, 1024\]"),
+    ("ppo.train_batch_size=1e9", r"ppo.train_batch_size=1000000000 must be in \[1, 16777216\]"),
+    ("evaluation.episodes=1e9", r"evaluation.episodes=1000000000 must be in \[1, 100000\]"),
+    ("runtime.async_requests_per_worker=1e9", r"async_requests_per_worker=1000000000 must be in \[1, 64\]"),
+    ("runtime.num_envs_per_worker=4000 runtime.rollout_fragment_length=10000",
+     r"runtime.num_workers=2 x num_envs_per_worker=4000 x rollout_fragment_length=10000 = 80000000 env steps "
+     r"is over flowkit's limit of 16777216"),
+    ("model.hidden_sizes={}", r"`model.hidden_sizes` must be a list, got \{\}"),
+    ("model.hidden_sizes=[[64]]", r"`model.hidden_sizes\[0\]` must be an int, got \[64\]"),
+    ("env.kwargs=[1,2]", r"`env.kwargs` must be a mapping, got \[1, 2\]"),
+    ("multiagent.policies=[a]", r"`multiagent.policies` must be a mapping, got \['a'\]"),
+    ("run.reporters=[csv,progress,csv]", r"run.reporters: 'csv' listed more than once"),
+])
+def test_sizes_and_container_types_are_one_line_config_errors(override, message):
+    """Each hung, exhausted memory or ended in a TypeError/pluggy traceback before (issue 28 item 3)."""
+    with pytest.raises(ConfigError, match=message):
+        validate("env=CartPole-v1", "runtime.num_workers=2", "runtime.num_envs_per_worker=2",
+                 "runtime.rollout_fragment_length=64", *override.split())
+
+
+def test_a_plugin_module_without_hooks_is_refused():
+    with pytest.raises(flowkit.PluginError, match=r"plugin module 'os' \(from `plugins`\) implements no flowkit hook"):
+        validate("env=CartPole-v1", "plugins=[os]")
+
+
+def test_minibatch_larger_than_a_round_warns_that_an_epoch_is_one_step():
+    with pytest.warns(UserWarning, match=r"ppo.minibatch_size=1000 is larger than one sampling round.* = 256\): "
+                                         r"each epoch is one step over the whole round"):
+        validate("env=CartPole-v1", "runtime.num_workers=2", "runtime.num_envs_per_worker=2",
+                 "runtime.rollout_fragment_length=64", "ppo.minibatch_size=1000")
+
+
+@pytest.mark.parametrize("algo,env,message", [
+    ("dqn", "Pendulum-v1", "policy 'default': DQN needs a Discrete action space, got Box(-2.0, 2.0, (1,), float32) "
+                           "(use an algorithm for Box actions, e.g. ppo)"),
+    ("td3", "CartPole-v1", "policy 'default': TD3 needs a Box action space, got Discrete(2) "
+                           "(use an algorithm for Discrete actions, e.g. dqn or ppo)"),
+])
+def test_an_action_space_the_algorithm_refuses_is_reported_before_ray_starts(tmp_path, monkeypatch, capsys,
+                                                                              algo, env, message):
+    """Issue 27 item 10: the mismatch came after Ray's start-up (~12 s); the AlgorithmRef's
+    declared action_spaces are checked before, with the same words as at set-up."""
+    from flowkit import _ray
+    from flowkit.cli import main
+    monkeypatch.setattr(_ray, "start", lambda *a, **k: pytest.fail("Ray started before the action-space check"))
+    assert main(["train", f"algo={algo}", f"env={env}", f"run.dir={tmp_path}/r", "--no-tuned"]) == 2
+    assert capsys.readouterr().err.strip() == f"flowkit: config error: {message}"
+    with pytest.raises(ConfigError) as ei:  # the same words at set-up (flowkit.train, no CLI)
+        validate(f"algo={algo}", f"env={env}")
+    assert str(ei.value) == message
+
+
+def test_a_section_the_run_does_not_use_is_an_error_for_a_variant_and_a_warning_otherwise(tmp_path):
+    """Issue 27 item 5: `-c configs/ppo/CartPole-v1.yaml algo=ppo_l2` (a registered subclass of
+    PPO) trained with ppo_l2's default lr 3e-4: the file's `ppo:` section was ignored."""
+    from flowkit_ppo import PPO
+
+    from flowkit.config import check_run, check_unused_sections
+
+    class PPOL2(PPO):
+        name = "ppo_l2"
+
+    plugin = type("P", (), {"flowkit_add_algorithms": flowkit.hookimpl(lambda self: [PPOL2])})()
+    flowkit.register(plugin)
+    try:
+        tuned = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "ppo",
+                             "CartPole-v1.yaml")
+        with pytest.raises(ConfigError, match=r"^config section `ppo` \(ppo\.lr=0\.001\) is not used by this run, "
+                           r"which trains with algo=ppo_l2; `ppo_l2` takes the same settings: give them as "
+                           r"`ppo_l2\.\*`"):
+            check_run(*reversed(load_config(["algo=ppo_l2"], tuned)))
+        pm, cfg = load_config(["algo=ppo_l2", "env=CartPole-v1", "ppo_l2.lr=1e-3"])  # its own section: used
+        check_run(cfg, pm)
+        assert cfg.ppo_l2.lr == 1e-3
+        # another algorithm's section (a base file shared by runs of several algorithms): a warning
+        pm, cfg = load_config(["algo=ppo", "env=CartPole-v1", "dqn.lr=0.01"])
+        check_run(cfg, pm)
+        assert check_unused_sections(cfg, pm.algorithms(load=False), pm.config_sections()) == [
+            "config section `dqn` (dqn.lr=0.01) is not used by this run, which trains with algo=ppo: it has no effect"]
+        # a multi-agent run uses every policy's algorithm
+        pm, cfg = load_config(["env.factory=pettingzoo.classic.tictactoe_v3:env", "multiagent.policies.a.algo=dqn",
+                               "dqn.lr=0.01"])
+        check_run(cfg, pm)
+        assert cfg.dqn.lr == 0.01 and check_unused_sections(cfg, pm.algorithms(load=False), pm.config_sections()) == []
+    finally:
+        flowkit.unregister(plugin)

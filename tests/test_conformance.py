@@ -79,3 +79,71 @@ def test_check_algorithm_config_section(tmp_path):
         check_algorithm(_variant(config_class=Undocumented), checks=["config"], tmp_dir=str(tmp_path))
     with pytest.raises(ConformanceError, match=r"config: policy_class is None"):
         check_algorithm(_variant(policy_class=None), checks=["config"], tmp_dir=str(tmp_path))
+
+
+# ---- issue 27 item 6: broken plugins the kit must catch --------------------------------------
+class NoSyncPPO(PPO):
+    """PPO whose plan never sends the trained weights to the rollout workers."""
+    name = "nosync"
+
+    def training_flow(self, experiences, ctx, learner):
+        from flowkit.core.ops import ConcatBatches, TrainOneStep
+        cfg = self.config
+        return (experiences.combine(ConcatBatches(cfg.train_batch_size or self.round_size(self.run_config)))
+                .for_each(TrainOneStep(ctx, learner, cfg.num_epochs, cfg.minibatch_size)))
+
+
+def test_check_algorithm_fails_a_plan_that_never_syncs_the_workers(tmp_path):
+    """The learning check acts as a user's run does, through rollout worker 0 after the plan's
+    last sync: before, it scored the learner's own weights, and this plugin passed."""
+    with pytest.raises(ConformanceError) as e:
+        check_algorithm(NoSyncPPO, ["nosync.minibatch_size=32", "nosync.num_epochs=4"], checks=["learn"],
+                        tmp_dir=str(tmp_path))
+    msg = str(e.value)
+    assert msg.startswith("check_algorithm('NoSyncPPO'): learn: greedy return "), msg
+    assert "on rollout worker 0" in msg and "below" in msg
+    m = re.search(r"greedy return ([-\d.e]+) on rollout worker 0 .* below ([\d.]+) .* the learner's own weights "
+                  r"reach ([-\d.e]+): the rollout workers act with other weights", msg)
+    assert m, msg
+    # the learner's weights pass (what the check scored before), the workers' do not
+    assert float(m[1]) < float(m[2]) <= float(m[3]), msg
+
+
+class WrongShapePolicy(PPOPolicy):
+    def compute_actions_encoded(self, obs, mask=None, explore=True):
+        a, extras = super().compute_actions_encoded(obs, mask, explore)
+        return a[:, None], extras  # [B, 1] for a Discrete space
+
+
+class OutOfRangePolicy(PPOPolicy):
+    def compute_actions_encoded(self, obs, mask=None, explore=True):
+        a, extras = super().compute_actions_encoded(obs, mask, explore)
+        return a + self.dist.num_outputs, extras  # past the last action
+
+
+@pytest.mark.parametrize("policy, pattern", [
+    (WrongShapePolicy, r"actions: policy 'default' \(WrongShapePolicy\)\.compute_actions_encoded\(explore=True\): "
+                       r"actions of shape \[5, 1\] for 5 observations; Discrete\(\d+\) needs \[5\]"),
+    (OutOfRangePolicy, r"actions: policy 'default' \(OutOfRangePolicy\)\.compute_actions_encoded\(explore=True\): "
+                       r"action indexes \[\d+, \d+, \d+, \d+, \d+\] outside \[0, \[\d+\]\)"),
+])
+def test_check_algorithm_checks_actions_against_the_action_space(tmp_path, policy, pattern):
+    with pytest.raises(ConformanceError, match=pattern):
+        check_algorithm(_variant(policy_class=policy), checks=["actions"], tmp_dir=str(tmp_path))
+    check_algorithm(PPO, checks=["actions"], tmp_dir=str(tmp_path))  # the shipped policy passes
+
+
+def test_prioritized_replay_without_td_error_stops_the_run(tmp_path):
+    from flowkit_dqn import DQN, DQNPolicy
+
+    class ForgetfulPolicy(DQNPolicy):
+        def loss(self, batch):
+            out = super().loss(batch)
+            self.td_error = None  # a loss written without it
+            return out
+
+    algo = type("Forgetful", (DQN,), {"name": "forgetful", "policy_class": ForgetfulPolicy})
+    with pytest.raises(ValueError, match=r"policy 'default': prioritized replay needs ForgetfulPolicy\.loss to set "
+                                         r"`self\.td_error` \(float32\[B\], one per replayed row: \d+\); it is not set"):
+        check_algorithm(algo, ["forgetful.learning_starts=64", "forgetful.prioritized_replay=true"],
+                        checks=["checkpoint"], tmp_dir=str(tmp_path))

@@ -146,3 +146,92 @@ def test_sde_is_off_by_default_and_ppo_trains_with_it(run_dir):
     w = load_state(res.checkpoint)["policies"]["default"]["weights"]
     assert w["sde_log_std"].shape == (64, 1) and "log_std" not in w
     assert not np.allclose(w["sde_log_std"], -2.0)            # learned through the loss
+
+
+# ---- issue 27 item 11: model.init and gSDE's SB3 options -------------------------------------
+def _linear_layers(module):
+    """(weight, bias, fan_in) of every linear layer, TwinMLP layers included."""
+    from flowkit.core import TwinMLP
+    out = []
+    for m in module.modules():
+        if isinstance(m, TwinMLP):
+            out += [(w, b, w.shape[1]) for w, b in ([(m.w0, m.b0)] if m.hidden else []) + list(zip(m.ws, m.bs))
+                    + [(m.wa, m.ba), (m.wb, m.bb)]]
+        elif isinstance(m, torch.nn.Linear):
+            out.append((m.weight, m.bias, m.weight.shape[1]))
+    return out
+
+
+@pytest.mark.parametrize("algo, env", [("ppo", "Pendulum-v1"), ("ppo", "CartPole-v1"), ("impala", "CartPole-v1"),
+                                       ("a2c", "CartPole-v1"), ("dqn", "CartPole-v1"), ("sac", "Pendulum-v1"),
+                                       ("td3", "Pendulum-v1")])
+def test_model_init_sets_every_network(algo, env):
+    """``model.init=default``: PyTorch's init (weights and biases in +-1/sqrt(fan_in), biases
+    not zero); ``orthogonal``: zero biases, orthogonal weights; ``auto``: as each algorithm
+    builds it (DQN: PyTorch's)."""
+    from flowkit.engine import setup
+    layers = {}
+    for init in ("auto", "orthogonal", "default"):
+        pm, cfg = load_config([f"algo={algo}", f"env={env}", "runtime.backend=local", f"model.init={init}",
+                               "model.hidden_sizes=[16,16]"])
+        layers[init] = _linear_layers(setup(cfg, pm).policies["default"].model)
+        assert len(layers[init]) >= 3, (algo, init)
+    for w, b, fan_in in layers["default"]:
+        w, b = w.detach(), b.detach()
+        assert float(w.abs().max()) <= 1 / np.sqrt(fan_in) + 1e-6 and float(b.abs().max()) <= 1 / np.sqrt(fan_in) + 1e-6
+        assert float(b.abs().max()) > 0
+    for w, b, _ in layers["orthogonal"]:
+        assert float(b.abs().max()) == 0.0
+        w2 = w.detach().reshape(-1, w.shape[-1]) if w.dim() == 2 else w.detach()[0].T  # (out, in) rows
+        rows = w2 if w2.shape[0] <= w2.shape[1] else w2.T
+        gram = rows @ rows.T  # gain^2 I for orthogonal rows
+        np.testing.assert_allclose(gram.numpy(), np.eye(len(gram)) * float(gram[0, 0]), atol=1e-4)
+    auto_zero = all(float(b.abs().max()) == 0.0 for _, b, _ in layers["auto"])
+    assert auto_zero == (algo != "dqn")  # DQN's Q-network: PyTorch's init unless model.init=orthogonal
+
+
+def test_sde_expln_and_learn_features():
+    """SB3's gSDE options. use_expln: std = exp(x) for x <= 0, log1p(x) + 1 above; learn_features:
+    the log-prob's gradient reaches the policy's hidden layer through the std."""
+    from flowkit.core import sde_std
+    x = torch.tensor([-2.0, 0.0, 0.5, 3.0])
+    np.testing.assert_allclose(sde_std(x, True).numpy(), [np.exp(-2.0), 1.0, np.log1p(0.5) + 1, np.log1p(3.0) + 1],
+                               rtol=1e-6)
+    np.testing.assert_allclose(sde_std(x).numpy(), np.exp(x.numpy()), rtol=1e-6)
+    pol = _sde_policy(use_expln="true")
+    with torch.no_grad():
+        pol.model.twin.wa.zero_()
+        pol.model.twin.ba.fill_(0.3)
+        pol.model.sde_log_std.copy_(torch.tensor([[1.0], [-1.0]]))  # stds log1p(1) + 1 and exp(-1)
+    inputs, _ = pol.model(torch.tensor([[1.0, 2.0]]))
+    var = (np.log(2.0) + 1) ** 2 + 4 * np.exp(-2.0)
+    assert float(inputs[0, 1]) == pytest.approx(0.5 * np.log(var + 1e-6), rel=1e-5)
+    a, _ = pol.compute_actions_encoded(np.array([[1.0, 2.0]], np.float32))  # W's entries ~ N(0, std^2)
+    assert pol._sde_w.shape == (1, 2, 1)
+    grads = {}
+    for learn in ("false", "true"):
+        p = _sde_policy(hidden="[4]", learn_features=learn)
+        inputs, _ = p.model(torch.tensor([[1.0, 2.0]]))
+        inputs[0, 1].backward()  # the log-std output: reaches the hidden layer only through z(s) when learned
+        grads[learn] = float(p.model.twin.w0.grad.abs().sum())
+    assert grads["false"] == 0.0 and grads["true"] > 0.0
+
+
+def test_sac_sde_clip_mean_expln_and_learn_features():
+    from flowkit_sac import SACConfig
+    from flowkit_sac.sac import SACPolicy
+    from flowkit.config import ModelConfig
+    obs, act = gym.spaces.Box(-5.0, 5.0, (3,), np.float32), gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    x = torch.tensor([[4.0, -4.0, 4.0]])
+    for clip in (2.0, 0.0):
+        pol = SACPolicy(obs, act, SACConfig(use_sde=True, clip_mean=clip, use_expln=True), ModelConfig(), "cpu", 0)
+        actor = pol.model.actor
+        with torch.no_grad():
+            actor.mu[0].bias.fill_(5.0)  # a pre-tanh mean of about 5
+            actor.log_std.fill_(1.0)
+        mean = float(actor(x)[0, 0])
+        assert mean == pytest.approx(2.0) if clip else mean > 4.0
+        np.testing.assert_allclose(actor.std().detach().numpy(), np.log1p(1.0) + 1.0, rtol=1e-6)
+    pol = SACPolicy(obs, act, SACConfig(use_sde=True, learn_features=True), ModelConfig(), "cpu", 0)
+    pol.model.actor(x)[0, 1].backward()
+    assert float(pol.model.actor.trunk[0].weight.grad.abs().sum()) > 0.0

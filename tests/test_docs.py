@@ -78,3 +78,19 @@ def test_the_multiagent_recipes_pass_dry_run(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)  # the pages give config paths from the repository root
     for cmd in cmds:
         assert main(cmd[1:] + ["--dry-run"]) == 0, (cmd, capsys.readouterr().err)
+
+
+def test_sb3_page_names_only_real_keys():
+    """docs/sb3.md (issue 27 item 11): every flowkit key it names is in the config schema."""
+    import re
+
+    from flowkit.config import make_schema_class, schema_keys
+    from flowkit.hooks import get_plugin_manager
+    keys = set(schema_keys(make_schema_class(get_plugin_manager().config_sections())))
+    text = open(os.path.join(ROOT, "docs", "sb3.md")).read()
+    named = set(re.findall(r"`((?:ppo|sac|td3|dqn|model|runtime|stop|evaluation)\.[a-z_]+)", text))
+    named |= {f"{a}.{k}" for a in ("sac", "td3") for k in re.findall(
+        r"`(buffer_size|learning_starts|train_batch_size|tau|gamma|training_intensity)`", text)}
+    assert len(named) > 40
+    assert sorted(named - keys) == []
+    assert "sb3.md" in open(os.path.join(ROOT, "mkdocs.yml")).read()

@@ -261,6 +261,8 @@ def test_c11_checkpoint_restore_continues_the_same_run(tmp_path):
         assert torch.equal(s2["exp_avg"], s1["exp_avg"]) and torch.equal(s2["exp_avg_sq"], s1["exp_avg_sq"])
         for k in w1:
             np.testing.assert_array_equal(w1[k], w2[k], err_msg=f"{algo}: {k}")
+        assert s2["worker_exploration"] == s1["worker_exploration"]  # the next fragment explores alike
+    assert r1["dqn"][1]["worker_exploration"] == {"epsilon": pytest.approx(0.43)}
     assert r1["dqn"][1]["counters"]["env_steps_sampled"] == 300
     assert r1["dqn"][1]["epsilon"] == pytest.approx(1 - 0.95 * 300 / 500) == pytest.approx(0.43)
     out = from_plain(torch.load(f"{work['dqn']}/run2.pt", weights_only=True))
@@ -283,6 +285,104 @@ def test_train_resume_continues_counters_and_replay(run_dir):
     assert st["stateful"]["dqn/replay_buffer"]["buffers"]["default"]["storage"]["size"] == 300
 
 
+def test_resumed_workers_explore_at_the_restored_epsilon_from_the_first_sample(run_dir, monkeypatch):
+    """Issue 27 item 4: a resumed run's workers sampled their first fragments at
+    initial_epsilon 1.0 (the learner's restored epsilon reached them only after the first
+    stored sample; a probe measured 0.776 on average)."""
+    from flowkit.checkpoint import find_checkpoint
+    from flowkit.core.workers import RolloutWorker
+    base = local_overrides(run_dir, "algo=dqn", "env.factory=dqn_envs:chain5", "runtime.num_workers=2",
+                           "runtime.num_envs_per_worker=1", "runtime.rollout_fragment_length=10",
+                           "dqn.learning_starts=50", "dqn.train_batch_size=8", "model.hidden_sizes=[8]",
+                           "dqn.epsilon_timesteps=500")
+    flowkit.train(base + ["stop.env_steps=200"])
+    restored = load_state(find_checkpoint(run_dir))["policies"]["default"]["epsilon"]
+    assert restored == pytest.approx(1 - 0.98 * 200 / 500, abs=0.05)
+    seen, sample = [], RolloutWorker.sample
+
+    def spy(self, *args, **kwargs):
+        seen.append((self.index, self.policies["default"].epsilon))
+        return sample(self, *args, **kwargs)
+    monkeypatch.setattr(RolloutWorker, "sample", spy)
+    flowkit.train(["resume=" + run_dir, "stop.env_steps=300"])
+    first = {i: e for i, e in reversed(seen)}
+    assert sorted(first) == [0, 1]
+    assert list(first.values()) == pytest.approx([restored] * 2)  # each worker's first sample
+    assert max(e for _, e in seen) == pytest.approx(restored)  # never back to initial_epsilon
+
+
+RESUME_RUNS = {
+    "dqn": ["algo=dqn", "env=CartPole-v1", "dqn.learning_starts=32", "dqn.train_batch_size=16",
+            "dqn.epsilon_timesteps=400"],
+    "sac-gsde": ["algo=sac", "env=Pendulum-v1", "sac.learning_starts=32", "sac.train_batch_size=16",
+                 "sac.use_sde=true", "sac.sde_sample_freq=8"],
+    "td3": ["algo=td3", "env=Pendulum-v1", "td3.learning_starts=32", "td3.train_batch_size=16"],
+    "ppo-gsde": ["algo=ppo", "env=Pendulum-v1", "ppo.use_sde=true", "ppo.normalize_observations=true",
+                 "ppo.train_batch_size=64", "ppo.minibatch_size=32", "ppo.num_epochs=1"],
+}
+
+
+@pytest.mark.parametrize("name", list(RESUME_RUNS))
+def test_resumed_workers_sample_first_with_the_checkpoints_acting_state(name, run_dir, monkeypatch):
+    """Each worker's first post-resume fragment is sampled with the checkpoint's weights (SAC/TD3:
+    with its update count, so not uniformly at random) and exploration state (DQN: epsilon)."""
+    from flowkit.core.workers import RolloutWorker
+    flowkit.train(local_overrides(run_dir, "runtime.num_workers=2", "runtime.num_envs_per_worker=1",
+                                  "runtime.rollout_fragment_length=16", "model.hidden_sizes=[16]",
+                                  *RESUME_RUNS[name], "stop.env_steps=128"))
+    driver = flowkit.Algorithm.from_checkpoint(run_dir).get_policy()
+    want_w, want_x = driver.get_weights(), driver.exploration_state()
+    assert driver.num_updates > 0 and (name != "dqn" or 0.1 < want_x["epsilon"] < 0.9)
+    seen, sample = {}, RolloutWorker.sample
+
+    def spy(self, *args, **kwargs):
+        if self.index not in seen:
+            pol = self.policies["default"]
+            seen[self.index] = ({k: np.array(v) for k, v in pol.get_weights().items()}, pol.exploration_state())
+        return sample(self, *args, **kwargs)
+    monkeypatch.setattr(RolloutWorker, "sample", spy)
+    flowkit.train(["resume=" + run_dir, "stop.env_steps=192"])
+    assert sorted(seen) == [0, 1]
+    for w, x in seen.values():
+        assert x == want_x
+        assert sorted(w) == sorted(want_w)
+        for k in want_w:
+            np.testing.assert_array_equal(w[k], want_w[k], err_msg=k)
+
+
+@pytest.mark.parametrize("apex", [False, True])
+def test_rebuilt_and_new_workers_start_at_the_learners_epsilon(run_dir, apex):
+    """A worker has its epsilon before its first sample: at start (Ape-X: its own) and when
+    rebuilt after a failure (it started at initial_epsilon 1.0 until the next update)."""
+    pm, cfg = load_config(local_overrides(run_dir, "algo=dqn", "env=CartPole-v1", "runtime.num_workers=2",
+                                          "runtime.num_envs_per_worker=1", "runtime.rollout_fragment_length=8",
+                                          "dqn.learning_starts=32", "dqn.train_batch_size=8",
+                                          "dqn.epsilon_timesteps=200", "model.hidden_sizes=[8]",
+                                          "evaluation.episodes=2", "evaluation.explore=true",
+                                          *(["dqn.num_replay_shards=2"] if apex else [])))
+    ctx = setup(cfg, pm, run_dir)
+    try:
+        want = [0.4, 0.4 ** 8] if apex else [1.0, 1.0]
+        assert [a.obj.policies["default"].epsilon for a in ctx.workers.actors] == pytest.approx(want)
+        plan = build_plan(ctx)
+        while ctx.counters["env_steps_sampled"] < 120:
+            next(plan)
+        learner_eps = ctx.policies["default"].epsilon
+        if not apex:
+            assert learner_eps < 0.6
+            want = [learner_eps] * 2
+        old = ctx.workers.actors[1]
+        assert ctx.workers.on_failure(old, RuntimeError("test: worker lost"))
+        new = ctx.workers.actors[1]
+        assert new is not old and new.obj.restart_count == 1
+        assert new.obj.policies["default"].epsilon == pytest.approx(want[1])
+        if not apex:  # evaluation.explore=true explores as training does (it used initial_epsilon)
+            ctx.evaluate()
+            assert ctx._eval_worker.policies["default"].epsilon == pytest.approx(learner_eps)
+    finally:
+        ctx.shutdown()
+
+
 @pytest.mark.ray
 def test_exploration_reaches_ray_workers_in_both_modes(ray_session, run_dir):
     from flowkit_dqn import epsilon_at as eps_at
@@ -293,6 +393,9 @@ def test_exploration_reaches_ray_workers_in_both_modes(ray_session, run_dir):
                                "dqn.learning_starts=64", "dqn.train_batch_size=16", "model.hidden_sizes=[16]",
                                "dqn.epsilon_timesteps=1000", f"run.dir={run_dir}", *extra])
         ctx = setup(cfg, pm, run_dir)
+        ctx.workers.start()  # before the first sample: the numpy acting copies have their epsilon
+        first = ctx.workers.foreach_worker("apply", lambda w: w.policies["default"].epsilon)
+        assert first == pytest.approx([0.4, 0.4 ** 8] if extra else [1.0, 1.0])
         plan = build_plan(ctx)
         try:
             while ctx.counters["env_steps_sampled"] < steps:

@@ -320,7 +320,9 @@ def test_duplicate_algorithm_name_names_both_plugins():
 
 
 def test_plugins_from_config_are_loaded_and_bad_ones_named():
-    pm, cfg = flowkit.load_config(["plugins=[envs]"])
-    assert pm.get_plugin("envs") is not None
+    pm, cfg = flowkit.load_config(["plugins=[ckpt_algos]"])
+    assert pm.get_plugin("ckpt_algos") is not None
+    with pytest.raises(PluginError, match="plugin module 'envs' .* implements no flowkit hook"):
+        flowkit.load_config(["plugins=[envs]"])  # importable, but no plugin (issue 28 item 3: os was accepted)
     with pytest.raises(PluginError, match="no_such_module_xyz"):
         flowkit.load_config(["plugins=[no_such_module_xyz]"])

@@ -14,6 +14,7 @@ from torch import nn
 from flowkit.core import batch as sb
 from flowkit.core.flow import NOT_READY, FlowContext, from_items
 from flowkit.core.learner import Learner
+from flowkit.core.metrics import Metrics
 from flowkit.core.ops import SyncWeights, TrainOneStep
 from flowkit.core.policy import Policy
 
@@ -59,7 +60,7 @@ class FakeWorkers:
 class FakeCtx(FlowContext):
     def __init__(self):
         super().__init__()
-        self.learner_stats, self.extra_metrics, self.workers = {}, {}, FakeWorkers()
+        self.metrics, self.workers = Metrics(), FakeWorkers()
 
 
 def test_update_runs_epochs_times_minibatches_sgd_steps_and_versions_the_weights():
@@ -104,7 +105,7 @@ def test_train_one_step_counts_into_the_context():
     assert op.name == "TrainOneStep(num_epochs=2, minibatch_size=5)"
     op(_mab(10))
     assert ctx.counters["env_steps_trained"] == 10 and ctx.counters["agent_steps_trained"] == 10
-    assert ctx.counters["num_updates"] == 4 and ctx.learner_stats["p"]["num_sgd_steps"] == 4
+    assert ctx.counters["num_updates"] == 4 and ctx.metrics.learner_stats["p"]["num_sgd_steps"] == 4
 
 
 def _pull(flow, n, timeout_s=10.0):
@@ -130,7 +131,7 @@ def test_thread_mode_trains_in_the_background_with_policy_lag_and_stops():
     assert not lr.threaded
     assert ctx.counters["env_steps_trained"] == 12 and ctx.counters["num_updates"] == 2
     assert outs[0]["policy_lag"] == [0] and outs[1]["policy_lag"] == [1, 0]  # updates before - version
-    assert ctx.learner_stats["p"]["policy_lag_max"] == 1.0
+    assert ctx.metrics.learner_stats["p"]["policy_lag_max"] == 1.0
     # restart: the same learner trains again in a new thread
     flow = TrainOneStep(ctx, lr).in_thread(from_items([_mab(4, version=2)], ctx=ctx))
     try:

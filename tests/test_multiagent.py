@@ -287,7 +287,7 @@ def test_frozen_policy_from_checkpoint(run_dir, tmp_path):
     assert all(np.array_equal(now[k], saved[k]) for k in saved)
     worker_w = ctx.workers.local_worker().policies["tank_pol"].get_weights()
     assert all(np.array_equal(worker_w[k], saved[k]) for k in saved)
-    assert ctx.learner_stats.keys() == {"scout_pol"}
+    assert ctx.metrics.learner_stats.keys() == {"scout_pol"}
     ctx.shutdown()
 
 
@@ -425,3 +425,26 @@ def test_opponent_sampling_in_a_run_and_first_policy_in_evaluation():
 def test_mixing_refuses_appo_with_bulk_sync_ppo():
     with pytest.raises(ConfigError, match=r"bulk_sync and async.*appo \(policies tank_pol\): async"):
         make_ctx(SCOUT, *C04_MAP, "multiagent.policies.scout_pol.algo=ppo", "multiagent.policies.tank_pol.algo=appo")
+
+
+def test_zero_sum_progress_and_summary_show_each_policy_and_the_win_rate(run_dir, capsys):
+    """Issue 27 item 7: tic-tac-toe's bar and summary showed `return=0.0` and `eval=0.0` (the sum
+    over both players) for the whole run while metrics.csv held the learner's win rate."""
+    res = flowkit.train(local_overrides(run_dir, "env.factory=pettingzoo.classic.tictactoe_v3:env",
+                                        "runtime.num_workers=1", "runtime.num_envs_per_worker=4",
+                                        "runtime.rollout_fragment_length=16", "stop.iterations=2",
+                                        "multiagent.policies.learner.algo=ppo", "multiagent.policies.opponent.algo=random",
+                                        "multiagent.mapping.player_1=learner", "multiagent.mapping.player_2=opponent",
+                                        "evaluation.final=true", "evaluation.interval=2", "evaluation.episodes=8",
+                                        "multiagent.eval_opponents.opponent=random", "run.reporters=[progress,evaluation]"))
+    out, err = capsys.readouterr()
+    r = res.history[1]  # what the bar shows last (the final evaluation comes after it closed)
+    learner, opponent = r["policy/learner/episode_return_mean"], r["policy/opponent/episode_return_mean"]
+    assert f"return=learner:{learner:.2f},opponent:{opponent:.2f}" in err, err[-1500:]
+    assert f"win=learner:{r['evaluation/learner/win_rate']:.3f}" in err, err[-1500:]
+    assert f"eval=learner:{r['evaluation/learner/episode_return_mean']:.2f}," in err, err[-1500:]
+    m = res.metrics
+    learner, win = m["policy/learner/episode_return_mean"], m["evaluation/learner/win_rate"]
+    line = next(x for x in out.splitlines() if x.startswith("  iteration="))
+    assert f"policy/learner/episode_return_mean={learner:.4g}" in line and f"evaluation/learner/win_rate={win:.4g}" in line
+    assert "  episode_return_mean=" not in line and "evaluation_return_mean=" not in line, line

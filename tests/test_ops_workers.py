@@ -156,8 +156,12 @@ def test_obs_encoding_by_space():
     assert x.tolist() == [[0, 1, 0, 0, 1, 1, 0]]
     img = ObsEncoder(spaces.Box(0, 255, (84, 84, 3), np.uint8))
     assert img.is_image and img.shape == (3, 84, 84)
-    x, _ = img(np.full((2, 84, 84, 3), 255, np.uint8), 2)
-    assert x.shape == (2, 3, 84, 84) and x.max() == 1.0
+    raw = np.random.default_rng(0).integers(0, 256, (2, 84, 84, 3), dtype=np.uint8)
+    x, _ = img(raw, 2)  # uint8 frames stay bytes (issue 23): the CNN scales them on the learner's device
+    assert x.shape == (2, 3, 84, 84) and x.dtype == np.uint8 and np.array_equal(x, raw.transpose(0, 3, 1, 2))
+    from flowkit.core import SmallCNN
+    cnn = SmallCNN(img.shape)
+    torch.testing.assert_close(cnn(torch.from_numpy(x)), cnn(torch.from_numpy(x).float() / 255.0))
 
 
 def test_action_distributions_match_torch():
@@ -323,10 +327,10 @@ def test_ray_workers_of_numpy_policies_import_no_torch(algo, tmp_path):
     c = make_ctx("ray", f"algo={algo}", "runtime.num_workers=1")
     assert type(c.workers.remote_specs["default"].policy_class).__name__ == "partial"
     f = tmp_path / "specs.pkl"
-    f.write_bytes(pickle.dumps((c.workers._container, c.workers.remote_specs, c.get_weights(None))))
+    f.write_bytes(pickle.dumps((c.workers._container, c.workers.remote_specs, c.get_weights(None), c.workers.make_pm)))
     code = ("import pickle, sys\nfrom flowkit.core.workers import RolloutWorker\n"
-            f"cfg, specs, w = pickle.loads(open({str(f)!r}, 'rb').read())\n"
-            "rw = RolloutWorker(cfg, 0, 1, specs)\nrw.set_weights(w, 1)\nb = rw.sample()\n"
+            f"cfg, specs, w, make_pm = pickle.loads(open({str(f)!r}, 'rb').read())\n"
+            "rw = RolloutWorker(cfg, 0, 1, specs, make_pm=make_pm)\nrw.set_weights(w, 1)\nb = rw.sample()\n"
             "print(b.env_steps, 'torch' in sys.modules)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-2000:]

@@ -140,8 +140,9 @@ def test_every_choice_key_refuses_other_values_listing_the_choices(key):
     ("ppo.vf_coef=.nan", "ppo.vf_coef=nan must be finite and >= 0"),
     ("ppo.gamma=1.5", "ppo.gamma=1.5 must be in [0, 1]"),
     ("dqn.n_step=0", "dqn.n_step=0 must be > 0"),
-    ("runtime.num_workers=99999999999999999999", "runtime.num_workers=99999999999999999999 must be >= 0 and fit "
-                                                 "in 64 bits ([-9223372036854775808, 9223372036854775807])"),
+    ("checkpoint.keep=99999999999999999999", "checkpoint.keep=99999999999999999999 must be >= 0 and fit "
+                                             "in 64 bits ([-9223372036854775808, 9223372036854775807])"),
+    ("runtime.num_workers=99999999999999999999", "runtime.num_workers=99999999999999999999 must be in [0, 1024]"),
     ("seed=4294967296", "seed=4294967296 must be in [0, 4294967295]"),
     ("model.hidden_sizes=[64,0]", "model.hidden_sizes[1]=0 must be >= 1"),
     ("model.activation=tan", "model.activation='tan' must be 'tanh', 'relu', 'elu', 'gelu' or 'silu'"),

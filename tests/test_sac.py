@@ -15,7 +15,7 @@ from flowkit import ConfigError
 from flowkit.core import TwinMLP
 from flowkit.core import batch as sb
 from flowkit.engine import build_plan, load_config, setup
-from flowkit_sac import SACConfig, SACPolicy, TD3Config, TD3Policy, sac_targets, squashed_gaussian, td3_targets
+from flowkit_sac import SAC, SACConfig, SACPolicy, TD3Config, TD3Policy, sac_targets, squashed_gaussian, td3_targets
 from flowkit_sac.td3 import smoothed_target_action
 
 BOX = "env.factory=envs:BoxTargetEnv"  # obs 0, action in [0, 1], reward -(a - 0.1)^2, one step
@@ -116,8 +116,11 @@ def test_td3_steps_the_actor_only_on_delayed_updates():
 
 def test_box_actions_required_at_setup(run_dir):
     for algo in ("sac", "td3"):
-        with pytest.raises(ConfigError, match=r"needs a Box action space with finite bounds, got Discrete\(2\)"):
+        with pytest.raises(ConfigError, match=r"needs a Box action space, got Discrete\(2\)"):
             flowkit.train(local_overrides(run_dir, f"algo={algo}", "env=CartPole-v1", "stop.env_steps=10"))
+    unbounded = gym.spaces.Box(-np.inf, np.inf, (1,), np.float32)
+    with pytest.raises(ConfigError, match=r"SAC needs a Box action space with finite bounds, got Box\(-inf, inf"):
+        SAC.check_spaces("default", unbounded, unbounded)
 
 
 def test_random_actions_until_trained_weights_arrive():

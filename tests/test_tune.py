@@ -48,6 +48,27 @@ def test_usage_errors_are_one_line(tmp_path, capsys, monkeypatch):
     assert not os.path.exists(tmp_path / "s")
 
 
+def test_flag_values_and_huge_spaces_are_one_line_errors_before_ray(tmp_path, capsys):
+    """Issue 28 item 11: these announced "-2 trials" and swept forever, gave tracebacks, hung
+    (range(1e8)) or overwrote an earlier sweep's table."""
+    (tmp_path / "old").mkdir()
+    (tmp_path / "old" / "tune_results.csv").write_text("run\n")
+    for args, text in [(["--num-samples", "-1", "seed=range(2)"], "--num-samples=-1 must be in [1, 10000]"),
+                       (["--max-concurrent", "0", "seed=range(2)"], "--max-concurrent=0 must be in [1, 10000]"),
+                       (["--grace-period", "-5", "seed=range(2)"], "--grace-period=-5 must be finite and > 0"),
+                       (["--metric", "nope", "seed=range(2)"], "--metric='nope' is not a result column"),
+                       (["--metric", "episode_retrun_mean", "seed=range(2)"], "did you mean `episode_return_mean`"),
+                       (["seed=range(100000000)"], "100000000 values, more than flowkit tune's 10000 trials"),
+                       (["seed=range(200)", "ppo.lr=choice(1e-3,3e-4)", "--num-samples", "30"],
+                        "400 grid points x 30 samples = 12000 trials"),
+                       ([f"run.dir={tmp_path}/old", "seed=range(2)"], "holds an earlier sweep")]:
+        run_dir = [] if any(x.startswith("run.dir=") for x in args) else [f"run.dir={tmp_path}/s"]
+        assert main(["tune", *SMALL, *run_dir, *args]) == 2, args
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and text in err[0], (args, err)
+    assert not os.path.exists(tmp_path / "s") and os.listdir(tmp_path / "old") == ["tune_results.csv"]
+
+
 def test_trial_resources_fit_the_cluster():
     cfg = OmegaConf.create({"runtime": {"backend": "ray", "num_workers": 2, "num_cpus_per_worker": 1.0}})
     pgf, extra, text = plan_resources(cfg, 2.0)  # 1 + 2 x 1 CPUs would never fit on 2

@@ -98,3 +98,21 @@ def test_a_wheel_install_finds_the_tuned_configs(tmp_path):
     assert out[0].startswith(str(tmp_path / "site")) and out[1] == str(tmp_path / "site" / "flowkit" / "configs" /
                                                                            "dqn" / "CartPole-v1.yaml")
     assert not os.path.islink(str(tmp_path / "site" / "flowkit" / "configs"))
+
+
+def test_a_plugin_ships_its_tuned_configs_in_its_package(tmp_path, monkeypatch):
+    """Issue 27 item 5: a plugin's ``<package>/configs/<algo>/<env-id>.yaml``, found through its
+    ``flowkit`` entry point, is the tuned config of its algorithm (flowkit's own come first)."""
+    import importlib.metadata as md
+    pkg = tmp_path / "my_algo_pkg"
+    (pkg / "configs" / "my_algo").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "configs" / "my_algo" / "CartPole-v1.yaml").write_text("algo: my_algo\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    eps = md.EntryPoints([*md.entry_points(group="flowkit"),
+                          md.EntryPoint(name="my_algo", value="my_algo_pkg", group="flowkit")])
+    monkeypatch.setattr(md, "entry_points", lambda **kw: eps)
+    assert tuned_config_path("my_algo", "CartPole-v1") == str(pkg / "configs" / "my_algo" / "CartPole-v1.yaml")
+    assert tuned_config_path("my_algo", "Pendulum-v1") is None
+    assert os.path.samefile(tuned_config_path("ppo", "CartPole-v1"), os.path.join(REPO, "configs", "ppo",
+                                                                                   "CartPole-v1.yaml"))

@@ -13,7 +13,8 @@ if TYPE_CHECKING:
     from flowkit.core._encoders import MASK_KEY, ObsEncoder, SpaceError, add_batch_axis, batch_len
     from flowkit.core._envs import (EnvContext, EnvError, SpaceCheck, derive_seed, describe_value, env_name,
                                     find_mismatch, make_env)
-    from flowkit.core._models import ACTIVATIONS, ActorCritic, RunningMeanStd, SmallCNN, TwinMLP, build_mlp, build_trunk
+    from flowkit.core._models import (ACTIVATIONS, ActorCritic, RunningMeanStd, SmallCNN, TwinMLP, build_mlp, build_trunk,
+                                      init_weights, sde_std)
     from flowkit.core._numpy_model import NumpyActorCritic, NumpyActorCriticPolicy, sample_logp_numpy
     from flowkit.core._returns import bootstrap_rows, compute_gae, next_values, vtrace
     from flowkit.core._runner import Episode, GymEnvRunner
@@ -27,7 +28,7 @@ __all__ = [  # batches (column names: flowkit.core.batch.OBS, ...), dataflow, po
     "batch", "DEFAULT_POLICY_ID", "MultiAgentBatch", "SampleBatch", "trajectory_ends", "Flow", "FlowContext",
     "NOT_READY", "ParallelFlow", "Algorithm", "Policy", "RandomPolicy", "ActorCriticPolicy", "adapt_kl_coeff", "clipped_surrogate", "to_tensor", "MASK_KEY",
     "ObsEncoder", "SpaceError", "add_batch_axis", "batch_len", "ActionDist", "ACTIVATIONS", "ActorCritic",
-    "RunningMeanStd", "SmallCNN", "TwinMLP", "build_mlp", "build_trunk", "NumpyActorCritic", "NumpyActorCriticPolicy",
+    "RunningMeanStd", "SmallCNN", "TwinMLP", "build_mlp", "build_trunk", "init_weights", "sde_std", "NumpyActorCritic", "NumpyActorCriticPolicy",
     "sample_logp_numpy", "bootstrap_rows", "compute_gae", "next_values", "vtrace", "EnvContext", "EnvError", "Episode", "GymEnvRunner",
     "PolicySpec", "RolloutWorker", "SpaceCheck", "WorkerSet", "derive_seed", "describe_value", "env_name",
     "find_mismatch", "make_env"]
@@ -36,13 +37,37 @@ _MODULES = {  # the module behind each name, imported on first use (torch only w
     "_actor_critic": "ActorCriticPolicy adapt_kl_coeff clipped_surrogate", "_distributions": "ActionDist",
     "_encoders": "MASK_KEY ObsEncoder SpaceError add_batch_axis batch_len",
     "_envs": "EnvContext EnvError SpaceCheck derive_seed describe_value env_name find_mismatch make_env",
-    "_models": "ACTIVATIONS ActorCritic RunningMeanStd SmallCNN TwinMLP build_mlp build_trunk",
+    "_models": "ACTIVATIONS ActorCritic RunningMeanStd SmallCNN TwinMLP build_mlp build_trunk init_weights sde_std",
     "_numpy_model": "NumpyActorCritic NumpyActorCriticPolicy sample_logp_numpy",
     "_returns": "bootstrap_rows compute_gae next_values vtrace", "_runner": "Episode GymEnvRunner",
     "algorithm": "Algorithm", "batch": "DEFAULT_POLICY_ID MultiAgentBatch SampleBatch trajectory_ends",
     "flow": "NOT_READY Flow FlowContext ParallelFlow", "policy": "Policy RandomPolicy to_tensor",
     "workers": "PolicySpec RolloutWorker WorkerSet"}
 _HOME = {n: m for m, names in _MODULES.items() for n in names.split()}
+
+
+def _check_top_package() -> None:
+    """Fail now, naming the folder, where ``import flowkit`` in this process found a folder
+    without ``__init__.py`` (a namespace package) while this module came from the installed
+    package: a Ray worker whose import path starts with a current folder that holds a folder
+    named ``flowkit`` (the parent folder of a clone) would otherwise fail later, in a plugin,
+    with "module 'flowkit' has no attribute 'hookimpl'".
+
+    Raises:
+        ImportError: naming the folder found and the package in use.
+    """
+    import os
+    import sys
+    top = sys.modules.get("flowkit")
+    if top is not None and getattr(top, "__file__", None) is None:
+        found = ", ".join(dict.fromkeys(os.path.abspath(str(p)) for p in getattr(top, "__path__", []))) or "?"
+        pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        raise ImportError(f"`import flowkit` in this process (pid {os.getpid()}) found the folder {found} (no "
+                          f"__init__.py: on the import path through the current folder {os.getcwd()}?), not the "
+                          f"flowkit package {pkg}: start from another folder, or rename that folder")
+
+
+_check_top_package()
 
 
 def __getattr__(name: str) -> Any:

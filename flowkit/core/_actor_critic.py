@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from flowkit.core import batch as sb
-from flowkit.core._models import ActorCritic
+from flowkit.core._models import ActorCritic, sde_std
 from flowkit.core._numpy_model import ActorCriticActing, NumpyActorCritic, NumpyActorCriticPolicy, numpy_layout
 from flowkit.core._returns import bootstrap_rows, next_values, vtrace
 from flowkit.core.policy import Policy, to_tensor
@@ -76,11 +76,13 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
 
     def make_model(self) -> Any:
         """The network (override for a custom model; the numpy mirror then steps aside)."""
-        norm = bool(getattr(self.config, "normalize_observations", False))
+        norm = bool(getattr(self.config, "normalize_observations", False)) or bool(
+            getattr(self.model_config, "normalize_obs", False))
         model = self.build_model(ActorCritic(
             self.encoder, self.dist, self.model_config, norm, self.config.log_std_init, twin=self.twin,
             normalize_rewards=bool(getattr(self.config, "normalize_rewards", False)),
-            use_sde=bool(getattr(self.config, "use_sde", False))))
+            use_sde=bool(getattr(self.config, "use_sde", False)), sde_expln=bool(getattr(self.config, "use_expln", False)),
+            sde_learn_features=bool(getattr(self.config, "learn_features", False))))
         for key, attr in (("normalize_observations", "obs_rms"), ("normalize_rewards", "ret_rms"),
                           ("use_sde", "sde_log_std")):
             if getattr(self.config, key, False) and getattr(model, attr, None) is None:
@@ -152,14 +154,14 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
 
     def sde_noise(self, n: int) -> torch.Tensor:
         """gSDE's exploration matrices W float32[n, h, k], one per row (sub-env), entries
-        ~ N(0, exp(sde_log_std)^2): drawn anew every ``sde_sample_freq`` calls (env steps),
+        ~ N(0, std^2), std = exp(sde_log_std) (expln with ``use_expln``): drawn anew every ``sde_sample_freq`` calls (env steps),
         when ``n`` changes, and when new weights arrive (``sde_sample_freq=-1``: only then,
         i.e. once per rollout fragment; Stable-Baselines3 draws at the start of each rollout
         too). Rows are sub-envs in order, so gSDE suits single-agent vector envs."""
         freq = int(self.config.sde_sample_freq)
         if self._sde_w is None or self._sde_w.shape[0] != n or (freq > 0 and self._sde_steps % freq == 0):
             assert self.model.sde_log_std is not None
-            std = torch.exp(self.model.sde_log_std.detach())
+            std = sde_std(self.model.sde_log_std.detach(), bool(getattr(self.config, "use_expln", False)))
             self._sde_w = torch.randn((n, *std.shape), generator=self.generator) * std
             self._sde_steps = 0
         self._sde_steps += 1
@@ -172,7 +174,7 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
     @torch.inference_mode()
     def compute_values(self, obs: np.ndarray) -> np.ndarray:
         """V(obs) for encoded observations float32[B, *shape] -> float32[B]."""
-        return self.model_value(torch.from_numpy(np.ascontiguousarray(obs, np.float32))).numpy()
+        return self.model_value(torch.from_numpy(np.ascontiguousarray(obs, self.encoder.dtype))).numpy()
 
     # -- returns --
     def add_gae(self, batch: sb.SampleBatch, gae_lambda: Optional[float] = None) -> sb.SampleBatch:
@@ -214,6 +216,12 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
         out[sb.DISCOUNTED_RETURNS] = rets.astype(np.float32)
         out[sb.REWARDS] = rms.scale(r).astype(np.float32)
         return out
+
+    def on_train_batch_end(self, batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
+        """The running statistics take the train batch in (:meth:`update_normalizers`); PPO,
+        IMPALA and APPO call that from their own."""
+        self.update_normalizers(batch)
+        return {}
 
     @torch.no_grad()
     def update_normalizers(self, batch: Dict[str, torch.Tensor]) -> None:

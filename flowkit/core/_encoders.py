@@ -1,7 +1,9 @@
 """Observation encoding by space (:class:`ObsEncoder`).
 
 Box (1-D or any shape that is not image-like) -> flattened float32; Box of shape (H, W, C) or
-(C, H, W) with C <= 4 -> image (C, H, W) for a small CNN, uint8 scaled to [0, 1];
+(C, H, W) with C <= 4 -> image (C, H, W) for a CNN: a uint8 image stays uint8 (1 byte a pixel on
+the wire and in replay; the CNN scales it to [0, 1] on the learner's device, see
+:class:`~flowkit.core.SmallCNN`), other dtypes become float32;
 Discrete(n) -> one-hot n; MultiDiscrete(nvec) -> concatenated one-hots; MultiBinary(n) -> n
 floats; Dict / Tuple -> their parts encoded and concatenated in the space's key order, with
 ``action_mask`` taken out and returned as the action mask.
@@ -21,11 +23,12 @@ class SpaceError(ValueError):
 
 
 class ObsEncoder:
-    """Turns batched raw observations into ``float32[B, *shape]`` plus an optional
-    ``int8[B, n]`` action mask.
+    """Turns batched raw observations into ``float32[B, *shape]`` (``uint8[B, C, H, W]`` for
+    uint8 images) plus an optional ``int8[B, n]`` action mask.
 
     Attributes:
         shape: the encoded shape per observation; ``(D,)`` or ``(C, H, W)`` for images.
+        dtype: the encoded dtype: uint8 for uint8 images, else float32.
         is_image: whether the encoded observation goes through a CNN.
         has_mask: whether observations carry an ``action_mask`` (Dict spaces only).
     """
@@ -42,8 +45,12 @@ class ObsEncoder:
                 self.is_image, self._transpose, self.shape = True, True, (c, h, w)
             elif space.shape[0] <= 4 < min(space.shape[1:]):
                 self.is_image, self.shape = True, tuple(space.shape)
+        self.dtype: np.dtype = np.dtype(np.float32)
         if self.is_image:
+            # _scale: what the network does to the encoded image (flowkit export applies it)
             self._scale = 1.0 / 255.0 if space.dtype == np.uint8 else 1.0
+            if space.dtype == np.uint8:
+                self.dtype = np.dtype(np.uint8)
         else:
             self.shape = (self._flat_size(space),)
         self.fast_box = isinstance(space, gym.spaces.Box) and not self.is_image
@@ -79,10 +86,10 @@ class ObsEncoder:
         if self.fast_box:
             return np.asarray(obs, dtype=np.float32).reshape(batch_size, -1), None
         if self.is_image:
-            x = np.asarray(obs, dtype=np.float32).reshape(batch_size, *(self.space.shape or ()))
+            x = np.asarray(obs, dtype=self.dtype).reshape(batch_size, *(self.space.shape or ()))
             if self._transpose:
                 x = x.transpose(0, 3, 1, 2)
-            return np.ascontiguousarray(x * self._scale), None
+            return np.ascontiguousarray(x), None
         parts = self._encode(self.space, obs, batch_size)
         enc = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
         return enc, (np.asarray(obs[MASK_KEY], dtype=np.int8).reshape(batch_size, -1) if self.has_mask else None)

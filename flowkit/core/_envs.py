@@ -54,10 +54,18 @@ def env_name(env_cfg: Any) -> str:
 
 def make_env(env_cfg: Any, context: EnvContext) -> Any:
     """Build one env from ``env.id`` (gym.make) or ``env.factory`` (called with
-    ``env.kwargs`` and, if it accepts it, ``context=``); wrap in TimeLimit when
-    ``env.max_episode_steps`` is set."""
+    ``env.kwargs`` and, if it accepts it, ``context=``), under the wrappers of ``env.preset``
+    (:mod:`flowkit.core._atari`: training wrappers on rollout workers, ``context.worker_index
+    >= 0``, not on the evaluation side); wrap in TimeLimit when ``env.max_episode_steps`` is set
+    (with a preset: beneath the episode statistics, in agent steps)."""
     kwargs = dict(env_cfg.get("kwargs") or {})
-    if path := env_cfg.get("factory"):
+    if env_cfg.get("preset") == "atari":
+        if env_cfg.get("factory") or not env_cfg.get("id"):
+            raise ValueError("env.preset=atari needs env.id (an ALE id such as PongNoFrameskip-v4), not env.factory")
+        from flowkit.core._atari import make_atari
+        return make_atari(env_cfg["id"], kwargs, training=context.worker_index >= 0,
+                          max_episode_steps=env_cfg.get("max_episode_steps"))
+    elif path := env_cfg.get("factory"):
         if ":" not in path:
             raise ValueError(f"env.factory={path!r} must be of the form module:callable")
         fn = pkgutil.resolve_name(path)

@@ -67,6 +67,47 @@ def _linear(d_in: int, d_out: int, gain: float) -> nn.Linear:
     return lin
 
 
+INITS = ("auto", "orthogonal", "default")
+
+
+def sde_std(log_std: torch.Tensor, use_expln: bool = False) -> torch.Tensor:
+    """gSDE's std of each exploration-matrix entry from its learned log: ``exp(log_std)``, or
+    with ``use_expln`` the paper's expln (Raffin et al. 2021, arXiv 2005.05719, appendix):
+    ``exp(x)`` for x <= 0 and ``log(1 + x) + 1`` above, which keeps the std positive and grows
+    it only logarithmically. Same shape as ``log_std``."""
+    if not use_expln:
+        return torch.exp(log_std)
+    pos = log_std > 0
+    return torch.where(pos, torch.log1p(torch.where(pos, log_std, torch.zeros_like(log_std))) + 1.0,
+                       torch.exp(torch.where(pos, torch.zeros_like(log_std), log_std)))
+
+
+def init_weights(module: nn.Module, model_cfg: Any) -> nn.Module:
+    """``model.init`` applied to ``module`` (in place; returned): ``auto`` and ``orthogonal``
+    leave the networks as built (:func:`build_mlp` and :class:`TwinMLP`: orthogonal weights with
+    gain sqrt(2) for hidden layers and each head's own gain, zero biases, Andrychowicz et al.
+    2021, arXiv 2006.05990; a network with an init of its own, DQN's Q-network, keeps it under
+    ``auto`` and takes the orthogonal one under ``orthogonal``); ``default`` re-initialises every ``nn.Linear`` and ``nn.Conv2d`` with PyTorch's own
+    ``reset_parameters`` (weights and biases ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in))) and every
+    :class:`TwinMLP` the same way (:meth:`TwinMLP.reset_default`): SB3's ``ortho_init=False``,
+    and what SB3's SAC and TD3 always use. Other parameters (log-stds) keep their values.
+    Draws from torch's global generator (seeded by the policy).
+
+    Raises:
+        ValueError: an unknown ``model.init``.
+    """
+    how = str(getattr(model_cfg, "init", None) or "auto")
+    if how not in INITS:
+        raise ValueError(f"model.init={how!r} is not one of {', '.join(INITS)}")
+    if how == "default":
+        for m in module.modules():
+            if isinstance(m, TwinMLP):
+                m.reset_default()
+            elif isinstance(m, (nn.Linear, nn.Conv2d)):
+                m.reset_parameters()
+    return module
+
+
 _ACT_FN = {"tanh": torch.tanh, "relu": torch.relu, "elu": nn.functional.elu,
            "gelu": nn.functional.gelu, "silu": nn.functional.silu}
 
@@ -109,6 +150,17 @@ class TwinMLP(nn.Module):
         self.wa, self.ba = nn.Parameter(ortho(out_a, d, gain_a)), nn.Parameter(torch.zeros(out_a))
         self.wb, self.bb = nn.Parameter(ortho(out_b, d, gain_b)), nn.Parameter(torch.zeros(out_b))
 
+    def reset_default(self) -> None:
+        """PyTorch's default init of ``nn.Linear`` for every layer: weights and biases ~
+        U(-1/sqrt(fan_in), 1/sqrt(fan_in)), fan_in the layer's input size (``model.init=default``)."""
+        layers = ([(self.w0, self.b0)] if self.hidden else []) + list(zip(self.ws, self.bs, strict=True)) + [
+            (self.wa, self.ba), (self.wb, self.bb)]
+        with torch.no_grad():
+            for w, b in layers:
+                bound = 1.0 / math.sqrt(w.shape[1]) if w.shape[1] > 0 else 0.0  # (2, d_in, d_out) or (out, in)
+                nn.init.uniform_(w, -bound, bound)
+                nn.init.uniform_(b, -bound, bound)
+
     def features(self, x: torch.Tensor, detach_params: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
         """The last hidden layer of each MLP: ``(float32[B, h], float32[B, h])`` (``x`` twice
         without hidden layers). ``detach_params``: see :meth:`forward`."""
@@ -134,8 +186,13 @@ class TwinMLP(nn.Module):
 
 
 class SmallCNN(nn.Module):
-    """Conv(32, 8, s4) -> Conv(64, 4, s2) -> Conv(64, 3, s1) -> flatten (Mnih et al. 2015),
-    with kernels shrunk for small images."""
+    """Conv(32, 8, s4) -> Conv(64, 4, s2) -> Conv(64, 3, s1) -> flatten, ReLU after each: the
+    Nature CNN of Mnih et al. 2015 (Nature 518, "Methods: model architecture") for images of
+    36 pixels or more a side (84x84: 3136 features), with kernels shrunk for smaller images.
+
+    ``forward(x: uint8[B, C, H, W] or float32[B, C, H, W]) -> float32[B, out_dim]``: uint8
+    frames are scaled to [0, 1] here, on the device the network lives on, so that observations
+    travel and sit in replay as bytes; float images are taken as they are."""
 
     def __init__(self, shape: Sequence[int]):
         super().__init__()
@@ -149,6 +206,8 @@ class SmallCNN(nn.Module):
             self.out_dim = int(self.net(torch.zeros(1, c, h, w)).shape[1])
 
     def forward(self, x):
+        if x.dtype == torch.uint8:
+            x = x.float() * (1.0 / 255.0)
         return self.net(x)
 
 
@@ -169,15 +228,19 @@ class ActorCritic(nn.Module):
     or with ``use_sde`` the state-dependent std of gSDE (Raffin et al. 2021, arXiv 2005.05719):
     a parameter ``sde_log_std`` float32[h, k] (h: the policy's last hidden layer, k: action dims)
     and per row ``std_j(s) = sqrt(sum_i z_i(s)^2 exp(sde_log_std_ij)^2 + 1e-6)`` where ``z(s)`` is
-    that layer's output (detached, as Stable-Baselines3 by default): the marginal std of the
-    action ``mean(s) + z(s) @ W`` with W ~ N(0, exp(sde_log_std)^2) held between resamples.
+    that layer's output (detached, as Stable-Baselines3 by default; ``sde_learn_features``: not
+    detached, the loss then trains the features through the std too, SB3's ``learn_features``):
+    the marginal std of the action ``mean(s) + z(s) @ W`` with W ~ N(0, exp(sde_log_std)^2)
+    held between resamples (``sde_expln``: :func:`sde_std`'s expln in place of exp, SB3's
+    ``use_expln``).
 
     ``forward(obs float32[B, *shape]) -> (dist_inputs float32[B, k], value float32[B])``."""
 
     def __init__(self, encoder: ObsEncoder, dist: ActionDist, model_cfg: Any, normalize_obs: bool = False,
                  log_std_init: float = 0.0, twin: bool = True, normalize_rewards: bool = False,
-                 use_sde: bool = False):
+                 use_sde: bool = False, sde_expln: bool = False, sde_learn_features: bool = False):
         super().__init__()
+        self.sde_expln, self.sde_learn_features = bool(sde_expln), bool(sde_learn_features)
         hidden, act = list(model_cfg.hidden_sizes), model_cfg.activation
         self.obs_rms = RunningMeanStd(encoder.shape) if normalize_obs else None
         self.ret_rms = RunningMeanStd(()) if normalize_rewards else None
@@ -227,8 +290,9 @@ class ActorCritic(nn.Module):
         return self._with_std(logits, z), value.squeeze(-1), z
 
     def _with_std(self, logits: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        if self.sde_log_std is not None:  # gSDE: var_j = sum_i z_i^2 exp(2 sde_log_std_ij)
-            var = z.detach().pow(2) @ torch.exp(2.0 * self.sde_log_std)
+        if self.sde_log_std is not None:  # gSDE: var_j = sum_i z_i^2 std_ij^2
+            zf = z if self.sde_learn_features else z.detach()
+            var = zf.pow(2) @ sde_std(self.sde_log_std, self.sde_expln).pow(2)
             return torch.cat([logits, 0.5 * torch.log(var + 1e-6)], -1)
         return logits if self.log_std is None else torch.cat([logits, self.log_std.expand_as(logits)], -1)
 

@@ -216,6 +216,16 @@ class Acting:
         env_actions = self.dist.to_env(actions)
         return env_actions if batched else env_actions[0]
 
+    def exploration_state(self) -> Dict[str, Any]:
+        """What the acting explores with that the weights do not carry and that changes during
+        a run (DQN's epsilon), as plain data: the workers get the driver policy's value when
+        they start, are rebuilt or the run resumes (:meth:`set_exploration_state`), before
+        their first sample. Default: ``{}`` (nothing)."""
+        return {}
+
+    def set_exploration_state(self, state: Mapping[str, Any]) -> None:
+        """Take what :meth:`exploration_state` returned (on a rollout worker). Default: nothing."""
+
     def postprocess_trajectory(self, batch: sb.SampleBatch) -> sb.SampleBatch:
         """Per-trajectory processing on the worker (GAE, n-step). Default: unchanged.
 

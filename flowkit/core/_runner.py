@@ -61,6 +61,13 @@ def _thunk(env: Any) -> Callable[[], Any]:
     return lambda: env
 
 
+def _reports_games(env: Any) -> bool:
+    try:
+        return bool(env.get_wrapper_attr("flowkit_game_stats"))
+    except AttributeError:
+        return False
+
+
 class GymEnvRunner:
     """Steps a Gymnasium SyncVectorEnv of ``runtime.num_envs_per_worker`` sub-envs with one
     batched policy call per step, and returns fragments of exactly
@@ -101,6 +108,9 @@ class GymEnvRunner:
         self.policy_id, self.policy = next(iter(worker.policies.items()))
         self.encoder: ObsEncoder = self.policy.encoder
         self.dist = self.policy.dist
+        # envs that report whole games (env.preset=atari: a life loss ends a training episode;
+        # metrics count games, with their unclipped return, from info["game_return"])
+        self.games = not self.native and any(_reports_games(e) for e in envs)
         self._reset_all()
 
     @staticmethod
@@ -208,7 +218,18 @@ class GymEnvRunner:
                 ep.terminated, ep.truncated = bool(term[j]), bool(trunc[j] and not term[j])
                 if ep_hook:
                     pm.hook.flowkit_on_episode_end(episode=ep, worker=self.worker)
-                finished.append(ep.summary())
+                if self.games:  # only whole games count, with their own (unclipped) figures
+                    gi = infos.get("final_info", {}) if self.same_step else infos
+                    if not gi.get("_game_return", np.zeros(n, bool))[j]:
+                        self.episodes[j] = self._new_episode(int(j))
+                        self.eps_ids[j] = self.episodes[j].episode_id
+                        live_eps[self.episodes[j].episode_id] = self.episodes[j]
+                        continue
+                    summary = ep.summary()
+                    summary.update({"return": float(gi["game_return"][j]), "length": int(gi["game_length"][j])})
+                    finished.append(summary)
+                else:
+                    finished.append(ep.summary())
                 self.episodes[j] = self._new_episode(int(j))
                 self.eps_ids[j] = self.episodes[j].episode_id
                 live_eps[self.episodes[j].episode_id] = self.episodes[j]

@@ -2,7 +2,9 @@
 a rollout mode and one method that matters, :meth:`Algorithm.training_flow`."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Optional, Tuple
+
+from flowkit.config import ConfigError, action_space_error
 
 if TYPE_CHECKING:
     from flowkit.core.context import RunContext
@@ -23,10 +25,19 @@ class Algorithm:
             computed in ``meta["gradients"]``: A3C; see ``ParallelRollouts``).
         off_policy: True if it can learn from stale samples (turns ``runtime.prefetch`` on
             by default when every algorithm of the run is off-policy).
+        action_spaces: the Gymnasium action space classes it acts in, by name (``("Discrete",)``;
+            empty: any), checked at set-up by :meth:`check_spaces`; declare the same tuple on
+            the plugin's :class:`flowkit.AlgorithmRef` so the CLI checks it before Ray starts.
 
     Instances hold ``config`` (a read-only, struct-mode view of their own section: reading an
     undeclared key raises) and ``run_config`` (the whole config). ``training_flow`` must not
     report metrics or read other policies' data; the engine wraps it.
+
+    ``MyAlgo.from_checkpoint(path)`` (a class method) rebuilds a trained algorithm, policies
+    with their weights, from a checkpoint folder, a run folder (its latest checkpoint) or a
+    ``state.pt`` file, and starts no worker; it raises FileNotFoundError when there is no
+    checkpoint at ``path``. (flowkit/__init__.py adds it: checkpoints are read by
+    ``flowkit.checkpoint.load_trained``, a layer above core.)
     """
 
     name: str = ""
@@ -34,6 +45,8 @@ class Algorithm:
     policy_class: Optional[type] = None
     rollout_mode: str = "bulk_sync"
     off_policy: bool = False
+    action_spaces: Tuple[str, ...] = ()
+    from_checkpoint: ClassVar[Callable[[str], "Algorithm"]]
 
     def __init__(self, run_config: Any, config: Any = None):
         from flowkit.config import section_view
@@ -52,8 +65,11 @@ class Algorithm:
 
     @classmethod
     def check_spaces(cls, policy_id: str, observation_space: Any, action_space: Any) -> None:
-        """Raise ConfigError if this algorithm cannot handle the spaces of ``policy_id``
-        (DQN refuses non-Discrete action spaces here)."""
+        """Raise ConfigError if this algorithm cannot handle the spaces of ``policy_id``: here,
+        an action space not in :attr:`action_spaces`; subclasses add their own conditions."""
+        why = action_space_error(cls.name, cls.action_spaces, policy_id, action_space)
+        if why:
+            raise ConfigError(why)
 
     def get_rollout_mode(self) -> str:
         """``bulk_sync`` or ``async`` for this instance (a config key may override the class
@@ -73,6 +89,14 @@ class Algorithm:
         """
         raise NotImplementedError
 
+    def worker_exploration_state(self, policy_id: str, state: Dict[str, Any], worker_index: int,
+                                 num_workers: int) -> Dict[str, Any]:
+        """The exploration state a new rollout worker ``worker_index`` (of ``num_workers``) gets
+        for ``policy_id`` before its first sample (at start, rebuilt, resumed), from ``state``,
+        the driver policy's :meth:`~flowkit.core.Policy.exploration_state`. Default: ``state``
+        (Ape-X gives each worker its own epsilon)."""
+        return state
+
     def get_state(self) -> Dict[str, Any]:
         """Algorithm-level state for checkpoints, as plain data (policies, learners and
         replay buffers are saved on their own). None by default."""
@@ -80,17 +104,6 @@ class Algorithm:
 
     def set_state(self, state: Dict[str, Any]) -> None:
         """Restore what :meth:`get_state` returned (nothing to restore by default)."""
-
-    @classmethod
-    def from_checkpoint(cls, path: str) -> "Algorithm":
-        """Rebuild a trained algorithm (policies with their weights) from a checkpoint folder,
-        a run folder (its latest checkpoint) or a ``state.pt`` file. Starts no worker.
-
-        Raises:
-            FileNotFoundError: no checkpoint at ``path``.
-        """
-        from flowkit.checkpoint import load_trained
-        return load_trained(path, cls if cls is not Algorithm else None)
 
     def get_policy(self, policy_id: Optional[str] = None) -> Any:
         """The policy ``policy_id``, or the only one.

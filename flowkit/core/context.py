@@ -9,37 +9,18 @@ import collections
 import contextlib
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Deque, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
 from omegaconf import DictConfig
 
 from flowkit.config import ConfigError
-from flowkit.core import batch as sb
 from flowkit.core.flow import FlowContext, TimerStat
 from flowkit.core.learner import Learner
+from flowkit.core.metrics import Metrics, _means
 from flowkit.core.policy import Policy
 from flowkit.core.workers import PolicySpec, RolloutWorker, WorkerSet, derive_seed
-
-EPISODE_WINDOW = 20
-
-
-def _window() -> Deque[float]:
-    return collections.deque(maxlen=EPISODE_WINDOW)
-
-
-def _mean(xs: Any) -> float:
-    return float(np.mean(xs)) if len(xs) else float("nan")
-
-
-def _means(episodes: List[Dict[str, Any]], field: str, key: Any = lambda k: k) -> Dict[str, float]:
-    """``{key(k): mean}`` over the ``episodes``' ``e[field]`` dicts (custom metrics, per-policy returns)."""
-    vals: Dict[str, List[float]] = collections.defaultdict(list)
-    for e in episodes:
-        for k, v in e.get(field, {}).items():
-            vals[key(k)].append(v)
-    return {k: float(np.mean(vs)) for k, vs in vals.items()}
 
 
 @dataclass(eq=False)
@@ -60,11 +41,10 @@ class RunContext(FlowContext):
             stopped at shutdown (:meth:`add_stateful`).
         counters: the flow's counters (``env_steps_sampled``, ``env_steps_trained``,
             ``agent_steps_*``, ...; see FlowContext); timers and current_actor likewise.
-        learner_stats: the latest stats per trained policy (``learner/<id>/<stat>`` columns).
-        episode_window: returns of the last 20 episodes (also len_window, policy_windows;
-            iter_episodes: this iteration's episode summaries).
+        metrics: the episode windows, learner stats and extra columns of the result rows
+            (:class:`~flowkit.core.metrics.Metrics`).
         run_dir: the run folder; iteration, time_total_s (s), stop_reason (None while
-            running), prefetch, extra_metrics and config_warnings as named.
+            running), prefetch and config_warnings as named.
     """
 
     config: DictConfig
@@ -82,15 +62,10 @@ class RunContext(FlowContext):
     timers: Dict[str, TimerStat] = field(default_factory=lambda: collections.defaultdict(TimerStat))
     current_actor: Any = None
     info: Dict[str, Any] = field(default_factory=dict)
-    learner_stats: Dict[str, Dict[str, float]] = field(default_factory=dict)
-    episode_window: Deque[float] = field(default_factory=_window)
-    len_window: Deque[float] = field(default_factory=_window)
-    policy_windows: Dict[str, Deque[float]] = field(default_factory=lambda: collections.defaultdict(_window))
-    iter_episodes: List[Dict[str, Any]] = field(default_factory=list)
+    metrics: Metrics = field(default_factory=Metrics)
     iteration: int = 0
     time_total_s: float = 0.0
     stop_reason: Optional[str] = None
-    extra_metrics: Dict[str, Any] = field(default_factory=dict)
     config_warnings: List[str] = field(default_factory=list)
     _time_offset: float = 0.0
     _t_start: Optional[float] = None
@@ -155,47 +130,37 @@ class RunContext(FlowContext):
             self.workers.weights_version = max(lr.num_updates for lr in self.learners.values())
         return self.get_weights(None)
 
+    def _exploration_states(self, worker_index: int) -> Dict[str, Any]:
+        """``{policy_id: exploration state}`` for a new worker ``worker_index``: the driver
+        policy's :meth:`~flowkit.core.Policy.exploration_state` (restored on resume), as its
+        algorithm's :meth:`~flowkit.Algorithm.worker_exploration_state` gives it to that
+        worker (Ape-X: the worker's own epsilon); policies with nothing to send left out."""
+        out = {}
+        for pid, st in self._read(lambda pol: pol.exploration_state()).items():
+            algo = self.algorithms.get(self.policy_specs[pid].algo)
+            if algo is not None:
+                st = algo.worker_exploration_state(pid, st, worker_index, self.workers.num_workers)
+            if st:
+                out[pid] = st
+        return out
+
     def request_stop(self, reason: str) -> None:
         """Stop the run after the current iteration (from ``flowkit_on_train_result``);
         ``reason`` becomes the run's ``stop_reason``."""
         self.stop_reason = reason
 
-    def record_episodes(self, episodes: List[Dict[str, Any]]) -> None:
-        for e in episodes:
-            self.episode_window.append(e["return"])
-            self.len_window.append(e["length"])
-            for key, r in e.get("agent_returns", {}).items():
-                self.policy_windows[key.split("|", 1)[1]].append(r)
-            self.iter_episodes.append(e)
-        self.counters["episodes_total"] += len(episodes)
-
     def make_result(self, dt: float, sampled: int, trained: int, n_items: int) -> Dict[str, Any]:
+        """The next iteration's result row (:meth:`Metrics.make_row`)."""
         self.iteration += 1
-        c, nan = self.counters, float("nan")
-        r: Dict[str, Any] = {"iteration": self.iteration, **{k: int(c[k]) for k in (
-            "env_steps_sampled", "env_steps_trained", "agent_steps_sampled", "agent_steps_trained")},
-            "episode_return_mean": _mean(self.episode_window), "episode_len_mean": _mean(self.len_window),
-            "episodes_this_iter": len(self.iter_episodes), "episodes_total": int(c["episodes_total"]),
-            "num_updates": int(c["num_updates"]), "num_worker_restarts": int(self.workers.num_restarts)}
-        if self.policy_ids != [sb.DEFAULT_POLICY_ID]:  # multi-agent, or a policy not named "default"
-            r.update({f"policy/{pid}/episode_return_mean": _mean(self.policy_windows.get(pid, ()))
-                      for pid in self.policy_ids})
-        r.update({f"learner/{pid}/{k}": v for pid, st in self.learner_stats.items() for k, v in st.items()})
-        r.update({f"custom/{k}": v for k, v in _means(self.iter_episodes, "custom").items()})
-        self.iter_episodes = []
-        r.update(self.extra_metrics)
         self.time_total_s = self.elapsed_s()
-        r.update(time_total_s=self.time_total_s, time_this_iter_s=dt, env_steps_per_s=sampled / dt if dt > 0 else nan,
-                 env_steps_trained_per_s=trained / dt if dt > 0 else nan)
-        r.update({f"perf/{name}_time_ms": 1000.0 * t.mean_s for name, t in self.timers.items()})
-        r["perf/train_steps_this_iter"] = n_items
-        return r
+        return self.metrics.make_row(self.iteration, self.counters, self.workers.num_restarts, self.policy_ids,
+                                     self.timers, self.time_total_s, dt, sampled, trained, n_items)
 
     def mark(self, phase: str) -> None:
         """Record ``time_<phase>_s`` (seconds since train() was called) when first reached."""
         key = f"time_{phase}_s"  # called for every sampled and trained batch: look up first
-        if self.t_entry is not None and key not in self.extra_metrics:
-            self.extra_metrics[key] = time.perf_counter() - self.t_entry
+        if self.t_entry is not None and key not in self.metrics.extra:
+            self.metrics.extra[key] = time.perf_counter() - self.t_entry
 
     def start_clock(self) -> None:
         self._t_start = time.perf_counter()
@@ -211,6 +176,7 @@ class RunContext(FlowContext):
             self._eval_worker = RolloutWorker(self.config, -1, self.workers.num_workers, self.policy_specs,
                                               pm=self.pm, num_envs=max(1, min(int(ev.episodes), 8)))
         self._eval_worker.set_weights(self.get_weights(None), self.counters["num_updates"])
+        self._eval_worker.set_exploration_state(self._exploration_states(-1))  # evaluation.explore=true: as training
         with self.timers["evaluate"]:
             eps = self._eval_worker.evaluate(int(ev.episodes), bool(ev.explore))
         rets = [e["return"] for e in eps]
@@ -237,9 +203,11 @@ class RunContext(FlowContext):
 
 
 def make_context(config: DictConfig, pm: Any, algorithms: Dict[str, Any],
-                 policy_specs: Dict[str, PolicySpec], run_dir: Optional[str] = None) -> RunContext:
+                 policy_specs: Dict[str, PolicySpec], run_dir: Optional[str] = None,
+                 make_pm: Optional[Any] = None) -> RunContext:
     """The driver-side policies (on ``learner.device``), the unstarted WorkerSet and the
-    context holding them.
+    context holding them (``make_pm``: builds the Ray workers' plugin managers, see
+    :class:`WorkerSet`).
 
     Raises:
         ConfigError: ``learner.device`` is a CUDA device and torch sees none.
@@ -256,8 +224,9 @@ def make_context(config: DictConfig, pm: Any, algorithms: Dict[str, Any],
     remote = {pid: replace(s, policy_class=c) if (c := policies[pid].worker_policy_class()) else s
               for pid, s in policy_specs.items()} if config.runtime.backend == "ray" else None
     ctx = RunContext(config, pm, algorithms, policy_specs, policies,
-                     WorkerSet(config, policy_specs, pm, remote_specs=remote),
+                     WorkerSet(config, policy_specs, pm, remote_specs=remote, make_pm=make_pm),
                      np.random.default_rng(derive_seed(seed, "learner")), run_dir,
                      bool(off if rt.prefetch is None else rt.prefetch))
     ctx.workers.weights_fn = ctx._initial_weights
+    ctx.workers.exploration_fn = ctx._exploration_states
     return ctx

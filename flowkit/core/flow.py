@@ -25,9 +25,12 @@ import itertools
 import math
 import re
 import time
-from typing import Any, Callable, Deque, Dict, Iterable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, ContextManager, Deque, Dict, Iterable, Iterator, List, Optional, Sequence
 
-from flowkit._guard import GUARD, SampleTimeout
+
+class SampleTimeout(TimeoutError):
+    """A rollout worker did not answer a sample request within ``runtime.sample_timeout_s``
+    (handled like a crashed worker: rebuilt)."""
 
 
 class _NotReady:
@@ -329,10 +332,13 @@ class LocalFuture:
 
 class LocalActor:
     """In-process stand-in for a Ray actor: ``submit`` runs the method at once.
-    ``timeout_s``: the longest a :class:`ParallelFlow` call may take (None: no limit)."""
+    ``timeout_s``: the longest a :class:`ParallelFlow` call may take (None: no limit).
+    ``deadline(seconds, what)``: a context manager that interrupts a call running longer with
+    :class:`SampleTimeout` (the engine hands in its watchdog's; None: not interrupted)."""
 
     is_remote = False
     timeout_s: Optional[float] = None
+    deadline: Optional[Callable[[float, str], ContextManager[Any]]] = None
 
     def __init__(self, obj: Any, index: int = 0):
         self.obj, self.index = obj, index
@@ -405,7 +411,7 @@ class ParallelFlow:
     ``on_failure(actor, exc) -> bool`` decides what a failed shard call means: True = handled
     (item dropped, the actor replaced), False = re-raise with a note naming the actor. A call
     not answered within the actor's ``timeout_s`` fails with :class:`SampleTimeout` (on the
-    local backend the driver's watchdog interrupts it).
+    local backend the actor's ``deadline`` interrupts it).
     """
 
     def __init__(self, actors_fn: Callable[[], List[Any]], method: str, name: str,
@@ -431,9 +437,9 @@ class ParallelFlow:
             args, method = (self.method, self.transforms) + args, "apply_flow"
         else:
             method = self.method
-        if actor.timeout_s is None or actor.is_remote:
+        if actor.timeout_s is None or actor.is_remote or actor.deadline is None:
             return actor.submit(method, *args)
-        with GUARD.sample_deadline(actor.timeout_s, f"rollout worker {actor.index}"):
+        with actor.deadline(actor.timeout_s, f"rollout worker {actor.index}"):
             return actor.submit(method, *args)
 
     @staticmethod

@@ -23,20 +23,16 @@ from __future__ import annotations
 import collections
 import contextlib
 import math
-import os
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 import torch
 
 from flowkit.core import batch as sb
-
-if TYPE_CHECKING:
-    from flowkit.core.context import RunContext
-    from flowkit.core.policy import Policy
+from flowkit.core.policy import Policy, flat_gradient
 
 
 class NonFiniteError(FloatingPointError):
@@ -50,16 +46,6 @@ def weights_versions(b: sb.MultiAgentBatch) -> List[int]:
     def flat(v: Any) -> List[int]:
         return [x for y in v for x in flat(y)] if isinstance(v, (list, tuple)) else [] if v is None else [int(v)]
     return flat(b.meta.get("weights_version"))
-
-
-def flat_gradient(params: Sequence[torch.Tensor], loss: torch.Tensor) -> torch.Tensor:
-    """``d loss / d params`` as one flat float32[P] tensor, ``params`` in order (zeros for a
-    parameter the loss does not reach); their ``.grad`` is reset first."""
-    for p in params:
-        p.grad = None
-    loss.backward()
-    return torch.cat([p.grad.reshape(-1) if p.grad is not None
-                      else torch.zeros(p.numel(), dtype=p.dtype, device=p.device) for p in params])
 
 
 class Learner:
@@ -334,90 +320,3 @@ class Learner:
         if t is not None and t.is_alive() and threading.current_thread() is not t:
             t.join(timeout_s)
         self._thread = None
-
-
-# ---- performance figures ----------------------------------------------------------------------
-_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-
-def process_cpu_s(pid: int) -> Optional[float]:
-    """User + system CPU seconds of process ``pid`` (Linux ``/proc``; None elsewhere or when
-    the process is not on this machine)."""
-    if pid == os.getpid():
-        t = os.times()
-        return t.user + t.system
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / _CLK_TCK
-    except (OSError, IndexError, ValueError):
-        return None
-
-
-class PerfMonitor:
-    """Sets ``ctx.extra_metrics`` (merged into every result) at most every ``period_s``
-    seconds:
-
-    - ``perf/learner_queue_size``: train batches waiting in the learner's in-queue (mean over
-      the train steps of the period);
-    - ``perf/learner_throughput_env_steps_per_s``: env steps trained per second of the
-      learner's busy time (its capacity) and ``perf/learner_busy_frac`` (busy time / wall);
-    - ``perf/cpu_util_driver``: CPU seconds of the driver process (all its threads) per wall
-      second (1.0 = one core busy);
-    - ``perf/cpu_util_workers``: the same, mean over rollout worker processes (Ray workers on
-      this machine; absent on the local backend, where workers run in the driver).
-
-    With several learners (multi-agent groups) the learner figures are ``perf/<group>/learner_*``.
-    """
-
-    def __init__(self, ctx: "RunContext", learner: Optional[Learner] = None, period_s: float = 1.0):
-        self.ctx, self.learner, self.period_s = ctx, learner, float(period_s)
-        self._t: Optional[float] = None
-        self._cpu: Dict[int, Optional[float]] = {}
-        self._pids: Optional[List[int]] = None
-        self._restarts, self._busy, self._trained = 0, 0.0, 0
-        self._qsizes: List[int] = []
-
-    def _sample(self) -> Dict[int, Optional[float]]:
-        """CPU seconds of the driver and of the Ray worker processes."""
-        ws, me = self.ctx.workers, os.getpid()
-        if ws.backend == "ray" and (self._pids is None or self._restarts != ws.num_restarts):
-            self._restarts = ws.num_restarts      # a rebuilt worker is a new process
-            try:
-                self._pids = [int(p) for p in ws.foreach_worker("get_pid")]
-            except Exception:
-                self._pids = []
-        return {p: process_cpu_s(p) for p in [me] + [p for p in self._pids or [] if p != me]}
-
-    def update(self, force: bool = False) -> None:
-        """Call once per train step; refreshes the figures every ``period_s`` seconds."""
-        now = time.perf_counter()
-        lr = self.learner
-        if lr is not None:
-            self._qsizes.append(lr.inqueue.qsize())
-        if self._t is None:
-            self._t, self._cpu = now, self._sample()
-            if lr is not None:
-                self._busy, self._trained = lr.busy_s, lr.env_steps_trained
-            return
-        dt = now - self._t
-        if dt < self.period_s and not force:
-            return
-        cpu = self._sample()
-        m = self.ctx.extra_metrics
-        me = os.getpid()
-        used = {p: (c - c0) / dt for p, c in cpu.items() if c is not None and (c0 := self._cpu.get(p)) is not None}
-        if me in used:
-            m["perf/cpu_util_driver"] = used.pop(me)
-        if used:
-            m["perf/cpu_util_workers"] = float(np.mean(list(used.values())))
-        if lr is not None:
-            busy, trained = lr.busy_s, lr.env_steps_trained
-            k = "perf/learner" if len(getattr(self.ctx, "learners", ())) <= 1 else f"perf/{lr.name}/learner"
-            if busy > self._busy:
-                m[f"{k}_throughput_env_steps_per_s"] = (trained - self._trained) / (busy - self._busy)
-            m[f"{k}_busy_frac"] = (busy - self._busy) / dt
-            m[f"{k}_queue_size"] = float(np.mean(self._qsizes)) if self._qsizes else 0.0
-            self._qsizes = []
-            self._busy, self._trained = busy, trained
-        self._t, self._cpu = now, cpu

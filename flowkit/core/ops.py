@@ -5,6 +5,7 @@ stream hands the same batch to several branches.
 """
 from __future__ import annotations
 
+import os
 import time
 from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -14,7 +15,7 @@ from flowkit.config import RandomConfig
 from flowkit.core import batch as sb
 from flowkit.core.algorithm import Algorithm
 from flowkit.core.flow import NOT_READY, Flow, ParallelFlow, union_tagged
-from flowkit.core.learner import Learner, PerfMonitor
+from flowkit.core.learner import Learner
 from flowkit.core.policy import RandomPolicy
 
 if TYPE_CHECKING:
@@ -56,7 +57,8 @@ def ParallelRollouts(ctx: "RunContext", mode: str = "bulk_sync", num_async: Opti
         ctx.counters["env_steps_sampled"] += b.env_steps
         ctx.counters["agent_steps_sampled"] += b.agent_steps
         ctx.mark("first_sample")
-        ctx.record_episodes(b.episodes)
+        ctx.metrics.record_episodes(b.episodes)
+        ctx.counters["episodes_total"] += len(b.episodes)
         return b
 
     def account_round(items: List[Tuple[Any, sb.MultiAgentBatch]]) -> Any:
@@ -149,7 +151,7 @@ class TrainOneStep:
 
     Output: the learner's result (``{"batch", "stats": {policy_id: mean stats},
     "num_updates", ...}``). Counts ``env_steps_trained``, ``agent_steps_trained`` and
-    ``num_updates``, stores ``ctx.learner_stats`` and refreshes the ``perf/*`` figures.
+    ``num_updates``, stores ``ctx.metrics.learner_stats`` and refreshes the ``perf/*`` figures.
     """
 
     def __init__(self, ctx: "RunContext", learner: Learner, num_epochs: int = 1,
@@ -165,7 +167,7 @@ class TrainOneStep:
         c["env_steps_trained"] += out["env_steps"]
         c["agent_steps_trained"] += out["agent_steps"]
         c["num_updates"] += out["num_updates"]
-        self.ctx.learner_stats.update(out["stats"])
+        self.ctx.metrics.learner_stats.update(out["stats"])
         self.perf.update()
         self.ctx.mark("first_train")
         return out
@@ -323,7 +325,12 @@ class UpdateTargetNetwork:
 class UpdatePriorities:
     """Send new priorities (each trained policy's ``td_error``, float32[B], set by its
     ``loss``) for the rows of a replay batch back to where the batch came from: ``buffer``
-    for plain train results, or the shard actor of ``(shard, result)`` items (Ape-X)."""
+    for plain train results, or the shard actor of ``(shard, result)`` items (Ape-X).
+
+    Raises:
+        ValueError: a trained policy's ``td_error`` is not set (None) or has not one value
+            per replayed row (naming the policy).
+    """
 
     def __init__(self, learner: Learner, buffer: Any = None):
         self.learner, self.buffer = learner, buffer
@@ -333,10 +340,17 @@ class UpdatePriorities:
         shard, res = item if isinstance(item, tuple) else (None, item)
         prios = {}
         for pid in res["stats"]:
-            td = getattr(self.learner.policies[pid], "td_error", None)
+            pol = self.learner.policies[pid]
+            td = getattr(pol, "td_error", None)
             pb = res["batch"].policy_batches[pid]
-            if td is not None and sb.BATCH_INDEXES in pb:
-                prios[pid] = (np.asarray(pb[sb.BATCH_INDEXES]), np.asarray(td))
+            if sb.BATCH_INDEXES not in pb:
+                continue
+            if td is None or np.shape(td) != (len(pb),):
+                got = "not set" if td is None else f"of shape {list(np.shape(td))}"
+                raise ValueError(f"policy {pid!r}: prioritized replay needs {type(pol).__name__}.loss to set "
+                                 f"`self.td_error` (float32[B], one per replayed row: {len(pb)}); it is {got}, "
+                                 "so the priorities would never change")
+            prios[pid] = (np.asarray(pb[sb.BATCH_INDEXES]), np.asarray(td))
         if prios and shard is not None:
             shard.submit("update_priorities", prios)  # fire and forget; ordered per actor
         elif prios:
@@ -408,3 +422,90 @@ def StandardMetricsReporting(train_flow: Flow, ctx: "RunContext") -> Flow:
             t_iter, steps_at_iter, trained_at_iter, n_items = now, sampled, trained, 0
             yield res
     return Flow(gen, "StandardMetricsReporting", [train_flow], ctx)
+
+
+# ---- performance figures ----------------------------------------------------------------------
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def process_cpu_s(pid: int) -> Optional[float]:
+    """User + system CPU seconds of process ``pid`` (Linux ``/proc``; None elsewhere or when
+    the process is not on this machine)."""
+    if pid == os.getpid():
+        t = os.times()
+        return t.user + t.system
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _CLK_TCK
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+class PerfMonitor:
+    """Sets ``ctx.metrics.extra`` (merged into every result) at most every ``period_s``
+    seconds:
+
+    - ``perf/learner_queue_size``: train batches waiting in the learner's in-queue (mean over
+      the train steps of the period);
+    - ``perf/learner_throughput_env_steps_per_s``: env steps trained per second of the
+      learner's busy time (its capacity) and ``perf/learner_busy_frac`` (busy time / wall);
+    - ``perf/cpu_util_driver``: CPU seconds of the driver process (all its threads) per wall
+      second (1.0 = one core busy);
+    - ``perf/cpu_util_workers``: the same, mean over rollout worker processes (Ray workers on
+      this machine; absent on the local backend, where workers run in the driver).
+
+    With several learners (multi-agent groups) the learner figures are ``perf/<group>/learner_*``.
+    """
+
+    def __init__(self, ctx: "RunContext", learner: Optional[Learner] = None, period_s: float = 1.0):
+        self.ctx, self.learner, self.period_s = ctx, learner, float(period_s)
+        self._t: Optional[float] = None
+        self._cpu: Dict[int, Optional[float]] = {}
+        self._pids: Optional[List[int]] = None
+        self._restarts, self._busy, self._trained = 0, 0.0, 0
+        self._qsizes: List[int] = []
+
+    def _sample(self) -> Dict[int, Optional[float]]:
+        """CPU seconds of the driver and of the Ray worker processes."""
+        ws, me = self.ctx.workers, os.getpid()
+        if ws.backend == "ray" and (self._pids is None or self._restarts != ws.num_restarts):
+            self._restarts = ws.num_restarts      # a rebuilt worker is a new process
+            try:
+                self._pids = [int(p) for p in ws.foreach_worker("get_pid")]
+            except Exception:
+                self._pids = []
+        return {p: process_cpu_s(p) for p in [me] + [p for p in self._pids or [] if p != me]}
+
+    def update(self, force: bool = False) -> None:
+        """Call once per train step; refreshes the figures every ``period_s`` seconds."""
+        now = time.perf_counter()
+        lr = self.learner
+        if lr is not None:
+            self._qsizes.append(lr.inqueue.qsize())
+        if self._t is None:
+            self._t, self._cpu = now, self._sample()
+            if lr is not None:
+                self._busy, self._trained = lr.busy_s, lr.env_steps_trained
+            return
+        dt = now - self._t
+        if dt < self.period_s and not force:
+            return
+        cpu = self._sample()
+        m = self.ctx.metrics.extra
+        me = os.getpid()
+        used = {p: (c - c0) / dt for p, c in cpu.items() if c is not None and (c0 := self._cpu.get(p)) is not None}
+        if me in used:
+            m["perf/cpu_util_driver"] = used.pop(me)
+        if used:
+            m["perf/cpu_util_workers"] = float(np.mean(list(used.values())))
+        if lr is not None:
+            busy, trained = lr.busy_s, lr.env_steps_trained
+            k = "perf/learner" if len(getattr(self.ctx, "learners", ())) <= 1 else f"perf/{lr.name}/learner"
+            if busy > self._busy:
+                m[f"{k}_throughput_env_steps_per_s"] = (trained - self._trained) / (busy - self._busy)
+            m[f"{k}_busy_frac"] = (busy - self._busy) / dt
+            m[f"{k}_queue_size"] = float(np.mean(self._qsizes)) if self._qsizes else 0.0
+            self._qsizes = []
+            self._busy, self._trained = busy, trained
+        self._t, self._cpu = now, cpu

@@ -3,7 +3,7 @@
 ``_encoders``, ``_distributions`` and ``_models`` (public through :mod:`flowkit.core`)."""
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import gymnasium as gym
 import numpy as np
@@ -60,7 +60,8 @@ class Policy(Acting):
         self.num_updates = 0  # learner updates applied to these weights (policy lag)
 
     def build_model(self, default: nn.Module) -> nn.Module:
-        """``default`` (the policy's own network), or the custom network of ``model.class``.
+        """``default`` (the policy's own network, initialised as ``model.init`` says:
+        :func:`~flowkit.core.init_weights`), or the custom network of ``model.class``.
 
         The custom-model contract: ``model.class=module:Class`` names a ``torch.nn.Module``
         subclass importable where the run (and a later ``from_checkpoint``) runs; flowkit
@@ -68,7 +69,7 @@ class Policy(Acting):
         :class:`~flowkit.core.ObsEncoder` (``encoder.shape``: the encoded observation's shape),
         ``num_outputs`` the last dimension of the default network's first output, and
         ``model_config`` the ``model.*`` section -- and its ``forward(obs float32[B,
-        *encoder.shape])`` must return what the default network returns, in structure, shape
+        *encoder.shape])`` (``encoder.dtype``: uint8 frames for uint8 images, to be scaled inside) must return what the default network returns, in structure, shape
         and dtype: ``(dist_inputs float32[B, num_outputs], value float32[B])`` for the
         actor-critic policies (PPO, IMPALA), ``q float32[B, num_actions]`` for DQN. Optional
         methods ``policy(obs)`` and ``value(obs)`` (actor-critics) skip the other head;
@@ -81,6 +82,8 @@ class Policy(Acting):
                 those arguments, or its outputs on a probe batch differ from the default's.
         """
         from flowkit.config import ConfigError
+        from flowkit.core._models import init_weights
+        init_weights(default, self.model_config)  # model.init (the custom network's init is its own)
         spec = self.model_config.get("class") if hasattr(self.model_config, "get") else None
         if not spec:
             return default
@@ -92,7 +95,7 @@ class Policy(Acting):
             raise ConfigError(f"model.class={spec!r} does not import: {type(e).__name__}: {e}") from None
         if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
             raise ConfigError(f"model.class={spec!r} is {cls!r}, not a torch.nn.Module subclass")
-        probe = torch.zeros((2, *self.encoder.shape), dtype=torch.float32)
+        probe = torch.from_numpy(np.zeros((2, *self.encoder.shape), self.encoder.dtype))
         with torch.no_grad():
             want = default(probe)
         n = int((want[0] if isinstance(want, tuple) else want).shape[-1])
@@ -102,7 +105,7 @@ class Policy(Acting):
                 got = model(probe)
         except Exception as e:
             raise ConfigError(f"model.class={spec!r}: Class(encoder, num_outputs={n}, model_config) then "
-                              f"forward(float32[2, {', '.join(map(str, self.encoder.shape))}]) failed: "
+                              f"forward({self.encoder.dtype}[2, {', '.join(map(str, self.encoder.shape))}]) failed: "
                               f"{type(e).__name__}: {e}") from None
 
         def shape(x: Any) -> str:
@@ -153,7 +156,6 @@ class Policy(Acting):
         """``(gradient, stats)``: d :meth:`loss` / d parameters on ``batch`` (all its rows, one
         step), float32[P] flat in :meth:`make_optimizer`'s order, and the loss stats. Runs on
         rollout workers in A3C's plan (the Learner applies the gradient)."""
-        from flowkit.core.learner import flat_gradient
         assert self.model is not None, "compute_gradients: the policy has no model"
         params = getattr(self, "_params", None) or [p for p in self.model.parameters() if p.requires_grad]
         loss, stats = self.loss(self.prepare_batch(batch))
@@ -210,6 +212,16 @@ class Policy(Acting):
             self.generator.set_state(state["generator"])
         if state.get("np_random") is not None:
             self.np_random.bit_generator.state = state["np_random"]
+
+
+def flat_gradient(params: Sequence[torch.Tensor], loss: torch.Tensor) -> torch.Tensor:
+    """``d loss / d params`` as one flat float32[P] tensor, ``params`` in order (zeros for a
+    parameter the loss does not reach); their ``.grad`` is reset first."""
+    for p in params:
+        p.grad = None
+    loss.backward()
+    return torch.cat([p.grad.reshape(-1) if p.grad is not None
+                      else torch.zeros(p.numel(), dtype=p.dtype, device=p.device) for p in params])
 
 
 def flat_parameters(module: nn.Module, device: Any = "cpu",

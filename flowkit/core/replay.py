@@ -7,6 +7,7 @@ Schaul et al. 2016, arXiv 1511.05952, section 3.3 and eq. 1-2; sum and min segme
 :class:`MultiAgentReplayBuffer` holds one ReplayBuffer per policy id and is what the operators
 use. Everything here is checkpointable: ``get_state(include_replay=...)`` / ``set_state``
 restore the stored rows, the ring position, the priorities and the sampler's RNG exactly.
+Stacked uint8 frames (``env.preset=atari``) are stored once each (:mod:`flowkit.core._frames`).
 
 Operators (dataflow, after RLlib Flow, arXiv 2011.12719, figure 6):
 
@@ -29,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
 import numpy as np
 
 from flowkit.core import batch as sb
+from flowkit.core._frames import FrameStorage, is_frame_batch
 from flowkit.core.flow import NOT_READY, Flow, LocalActor, ParallelFlow, RayActor, get_result
 
 if TYPE_CHECKING:
@@ -230,14 +232,19 @@ class ReplayBuffer:
     """
 
     def __init__(self, capacity: int, sampler: Any):
-        self.storage = Storage(capacity)
+        self.storage: Any = Storage(capacity)
         self.sampler = sampler
 
     def __len__(self) -> int:
         return len(self.storage)
 
     def add(self, batch: sb.SampleBatch) -> None:
-        """Store the rows of ``batch``; once full, the oldest rows are overwritten (FIFO)."""
+        """Store the rows of ``batch``; once full, the oldest rows are overwritten (FIFO). The
+        first batch decides the storage: stacked uint8 frames (Atari) go to a
+        :class:`~flowkit.core._frames.FrameStorage` (each frame stored once), anything else to
+        a :class:`Storage`."""
+        if type(self.storage) is Storage and not self.storage.cols and is_frame_batch(batch):
+            self.storage = FrameStorage(self.storage.capacity)
         self.sampler.on_add(self.storage.add(batch))
 
     def sample(self, n: int) -> sb.SampleBatch:
@@ -261,6 +268,8 @@ class ReplayBuffer:
         return {"storage": self.storage.get_state(include_replay), "sampler": self.sampler.get_state(include_replay)}
 
     def set_state(self, st: Dict[str, Any]) -> None:
+        if st["storage"].get("kind") == "frames":
+            self.storage = FrameStorage(self.storage.capacity)
         self.storage.set_state(st["storage"])
         self.sampler.set_state(st["sampler"])
 

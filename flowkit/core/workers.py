@@ -54,20 +54,27 @@ class RolloutWorker:
         num_workers: workers in the run.
         policy_specs: ``{policy_id: PolicySpec}``.
         restart_count: times this slot was rebuilt.
-        pm: a plugin manager (local backend); None builds one from importable plugins.
+        pm: a plugin manager (local backend); None: ``make_pm`` builds one.
         num_envs: sub-envs (default ``runtime.num_envs_per_worker``).
+        make_pm: ``make_pm(plugins) -> plugin manager`` from importable plugins (``plugins``:
+            the config's ``plugins`` list; a Ray actor's: a picklable function).
+
+    Raises:
+        ValueError: neither ``pm`` nor ``make_pm`` given.
     """
 
     def __init__(self, config: Any, index: int, num_workers: int, policy_specs: Optional[Dict[str, PolicySpec]],
-                 restart_count: int = 0, pm: Any = None, num_envs: Optional[int] = None):
+                 restart_count: int = 0, pm: Any = None, num_envs: Optional[int] = None,
+                 make_pm: Optional[Callable[[List[str]], Any]] = None):
         from omegaconf import DictConfig, OmegaConf
         if not isinstance(config, DictConfig):
             config = OmegaConf.create(config)
         self.config = config
         self.index, self.num_workers, self.restart_count = index, num_workers, restart_count
         if pm is None:
-            from flowkit.hooks import get_plugin_manager
-            pm = get_plugin_manager(list(config.plugins), include_registered=False)
+            if make_pm is None:
+                raise ValueError("a RolloutWorker needs a plugin manager (pm) or a function that builds one (make_pm)")
+            pm = make_pm(list(config.plugins))
             if "torch" in sys.modules:  # policies that act in numpy leave it unloaded
                 sys.modules["torch"].set_num_threads(max(1, int(config.runtime.torch_threads)))
         self.pm = pm
@@ -169,6 +176,12 @@ class RolloutWorker:
     def get_weights(self) -> Dict[str, Dict[str, np.ndarray]]:
         return {pid: p.get_weights() for pid, p in self.policies.items()}
 
+    def set_exploration_state(self, states: Dict[str, Dict[str, Any]]) -> None:
+        """``{policy_id: Acting.exploration_state()}`` into this worker's policies (others ignored)."""
+        for pid, st in states.items():
+            if pid in self.policies:
+                self.policies[pid].set_exploration_state(st)
+
     def apply(self, fn: Callable[["RolloutWorker"], Any]) -> Any:
         return fn(self)
 
@@ -194,6 +207,24 @@ class RolloutWorker:
 # ---- the worker set ----------------------------------------------------------------------------
 class StartTimeout(TimeoutError):
     """Ray did not place and start every rollout worker within ``runtime.start_timeout_s``."""
+
+
+class WorkerImportError(ImportError):
+    """A rollout worker cannot import flowkit or a plugin: not restarted (a new worker imports
+    from the same path)."""
+
+
+def _import_failure(exc: BaseException, plugins: Sequence[str]) -> Optional[str]:
+    """The worker's own one-line message where ``exc`` (as the driver got it: Ray wraps a
+    worker's error with its traceback) says the worker could not import flowkit or one of
+    ``plugins`` (top-level module names), else None."""
+    import importlib.metadata as md
+    import re
+    tops = [ep.value.split(":")[0] for ep in md.entry_points(group="flowkit")] + [str(p) for p in plugins]
+    names = "|".join(re.escape(p.split(".")[0]) for p in ["flowkit", *tops])
+    m = re.search(rf"(?:ModuleNotFoundError|ImportError): (.*(?:'(?:{names})[.'].*|`import flowkit`.*))|"
+                  rf"AttributeError: (module '(?:{names})(?:\.\w+)*' has no attribute .*)", str(exc))
+    return None if m is None else (m[1] or m[2]).strip()
 
 
 def _kill(actor: Any) -> None:
@@ -243,16 +274,17 @@ def _prestart_key(c: Any) -> str:
                  rt["num_cpus_per_worker"]))
 
 
-def prestart(config: Any) -> tuple:
+def prestart(config: Any, make_pm: Callable[[List[str]], Any]) -> tuple:
     """Ray actors for the rollout workers of a run about to be set up, built as far as they can
     be before its policies are known (plugins and envs; :meth:`RolloutWorker.build` adds the
     rest): ``(key, [actor handle per worker])``, for :meth:`WorkerSet.start`. Their start-up
-    (imports, envs) overlaps the driver's (torch, the learner)."""
+    (imports, envs) overlaps the driver's (torch, the learner). ``make_pm``: as for
+    :class:`RolloutWorker`."""
     from omegaconf import OmegaConf
     c = OmegaConf.to_container(config, resolve=True)
     n = max(1, int(config.runtime.num_workers))
     cls = _actor_class(float(config.runtime.num_cpus_per_worker))
-    return _prestart_key(c), [cls.remote(c, i, n, None, 0) for i in range(n)]
+    return _prestart_key(c), [cls.remote(c, i, n, None, 0, make_pm=make_pm) for i in range(n)]
 
 
 def kill_prestarted(prestarted: Optional[tuple], wait_s: float = 60.0) -> None:
@@ -291,17 +323,28 @@ class WorkerSet:
     includes the restart count, at most ``runtime.max_worker_restarts`` consecutive times per
     slot without a successful sample in between. A sample request not answered within
     ``runtime.sample_timeout_s`` counts as a failure (start-up, the first ``ping``, excluded).
+
+    A new worker (at start, a rebuilt one) gets, before its first sample, the weights of
+    ``weights_fn()`` and the exploration state of ``exploration_fn(worker_index)``
+    (``{policy_id: Acting.exploration_state()}``; DQN's epsilon): see :meth:`_sync_initial`.
+
+    ``pm`` builds the in-process workers' runners; ``make_pm`` the Ray actors' plugin managers
+    (see :class:`RolloutWorker`). ``sample_deadline``: the ``deadline`` of in-process workers
+    (see :class:`~flowkit.core.flow.LocalActor`; the engine hands in its watchdog's).
     """
 
     def __init__(self, config: Any, policy_specs: Dict[str, PolicySpec], pm: Any,
                  weights_fn: Optional[Callable[[], Dict[str, Any]]] = None,
-                 remote_specs: Optional[Dict[str, PolicySpec]] = None):
-        self.config, self.policy_specs, self.pm = config, policy_specs, pm
+                 remote_specs: Optional[Dict[str, PolicySpec]] = None,
+                 exploration_fn: Optional[Callable[[int], Dict[str, Any]]] = None,
+                 make_pm: Optional[Callable[[List[str]], Any]] = None):
+        self.config, self.policy_specs, self.pm, self.make_pm = config, policy_specs, pm, make_pm
+        self.sample_deadline: Optional[Callable[[float, str], Any]] = None
         self.remote_specs = remote_specs or policy_specs  # what Ray actors build (Policy.worker_policy_class)
         self.backend = config.runtime.backend
         self.num_workers = max(1, int(config.runtime.num_workers))
         self.sample_timeout_s = float(config.runtime.get("sample_timeout_s", 300.0))
-        self.weights_fn = weights_fn
+        self.weights_fn, self.exploration_fn = weights_fn, exploration_fn
         self._actors: Optional[List[Any]] = None
         self.prestarted: Optional[tuple] = None  # (key, Ray actor handles) of :func:`prestart`, taken by start()
         self.restart_counts, self.consecutive_failures = [0] * self.num_workers, [0] * self.num_workers
@@ -332,10 +375,11 @@ class WorkerSet:
                 a = RayActor(handle, index)
             else:
                 cls = _actor_class(float(self.config.runtime.num_cpus_per_worker))
-                a = RayActor(cls.remote(self._container, index, n, self.remote_specs, restarts), index)
+                a = RayActor(cls.remote(self._container, index, n, self.remote_specs, restarts,
+                                        make_pm=self.make_pm), index)
         except Exception as e:
             a = _FailedActor(e, index)
-        a.timeout_s = self.sample_timeout_s
+        a.timeout_s, a.deadline = self.sample_timeout_s, self.sample_deadline
         return a
 
     def start(self) -> None:
@@ -357,8 +401,19 @@ class WorkerSet:
             except Exception as e:
                 if not self.on_failure(a, e):
                     raise
+        self._sync_initial(self._actors)
+
+    def _sync_initial(self, actors: Sequence[Any]) -> None:
+        """Weights (``weights_fn``) and exploration state (``exploration_fn``) to new ``actors``;
+        a Ray actor runs calls in the order sent, so both are set before its first sample."""
         if self.weights_fn is not None:
-            self.sync_weights(self.weights_fn())
+            self.sync_weights(self.weights_fn(), actors)
+        fn = self.exploration_fn
+        for a in actors:
+            if fn is not None and (states := fn(a.index)):
+                fut = a.submit("set_exploration_state", states)
+                if not a.is_remote:  # in-process: an error raises here
+                    get_result(fut)
 
     def _await_pings(self, actors: Sequence[Any], bound: Optional[float]) -> Dict[int, Any]:
         """``{index: ping future}`` of ``actors``; on Ray, once each answered (or failed). While
@@ -460,7 +515,8 @@ class WorkerSet:
         """Handle a failed call on ``actor``: rebuild it (True) or let the error stop the run
         (False). The error is annotated with the worker index either way.
 
-        Not restarted: a space mismatch (:class:`EnvError` from :class:`SpaceCheck`: a bug
+        Raises :class:`WorkerImportError` (one line) where the worker could not import flowkit
+        or a plugin. Not restarted: a space mismatch (:class:`EnvError` from :class:`SpaceCheck`: a bug
         in the env, the same after a restart), and any failure once
         ``runtime.max_worker_restarts`` consecutive restarts of the slot did not help. A
         failure reported by an actor that was already replaced (a stale request) is dropped.
@@ -469,6 +525,9 @@ class WorkerSet:
         rt = self.config.runtime
         if self._actors is not None and not any(a is actor for a in self._actors):
             return True  # stale: this actor was already rebuilt
+        bad = _import_failure(exc, self.config.plugins)
+        if bad is not None:
+            raise WorkerImportError(f"rollout worker {i} cannot import flowkit or a plugin: {bad}") from None
         exc_note = f"[flowkit] rollout worker {i} failed"
         if exc_note not in getattr(exc, "__notes__", []):
             exc.add_note(exc_note)
@@ -495,6 +554,5 @@ class WorkerSet:
                 return True
             raise e2 from exc  # the latest failure, chained to the one before it
         self._actors = [new if a is actor else a for a in self._actors]
-        if self.weights_fn is not None:
-            self.sync_weights(self.weights_fn(), [new])
+        self._sync_initial([new])
         return True

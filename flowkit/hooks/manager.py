@@ -6,7 +6,7 @@ import importlib
 import importlib.metadata as md
 import inspect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Type
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Type
 
 import pluggy
 
@@ -17,6 +17,21 @@ if TYPE_CHECKING:
 
 hookimpl = pluggy.HookimplMarker("flowkit")
 _REGISTERED: List[Any] = []  # objects registered in code (driver only)
+
+
+class Reporter:
+    """Base of the built-in reporters (optional for user ones): a ``name`` for
+    ``run.reporters``; hooks are plain ``flowkit_*`` methods. Built with no arguments, once per
+    run; ``flowkit_on_run_start`` gives it the run folder, the config and the kept rows.
+    ``flowkit_on_train_end`` may come without a ``flowkit_on_run_start`` (a failed start).
+    A reporter is registered as plugin ``reporter:<name>`` before the plan is built, so it may
+    wrap ``flowkit_build_plan`` and keep state across a resume (``flowkit_state_dict``)."""
+    name = ""
+
+    @classmethod
+    def validate_config(cls, config: Any) -> None:
+        """Raise :class:`flowkit.ConfigError` if this reporter cannot run with ``config``
+        (checked before anything starts, when the reporter is in ``run.reporters``)."""
 
 
 class PluginError(RuntimeError):
@@ -36,6 +51,7 @@ class AlgorithmRef:
     config_class: Optional[type]
     target: str
     validate: Optional[Callable[[Any, Any, str], List[str]]] = None
+    action_spaces: Tuple[str, ...] = ()  # as Algorithm.action_spaces: checked before Ray starts
 
     def load(self) -> Type[Algorithm]:
         """Import the class.
@@ -102,7 +118,8 @@ class PluginManager(pluggy.PluginManager):
         call :meth:`check_hooks`).
 
         Raises:
-            PluginError: a module that does not import (named, with ``where`` it was listed).
+            PluginError: a module that does not import, or implements no flowkit hook (named, with
+                ``where`` it was listed).
         """
         for mod in modules:
             if self.get_plugin(mod) is None:
@@ -114,6 +131,10 @@ class PluginManager(pluggy.PluginManager):
                     raise PluginError(f"plugin module {mod!r} (from {where}) failed to import: "
                                       f"{type(e).__name__}: {e}{hint}") from e
                 self.register(obj, name=mod)
+                if not self.get_hookcallers(obj):
+                    self.unregister(obj)
+                    raise PluginError(f"plugin module {mod!r} (from {where}) implements no flowkit hook "
+                                      "(a plugin defines flowkit_* functions, e.g. flowkit_add_algorithms)")
 
     def check_hooks(self) -> None:
         """``check_pending()``, an unknown ``flowkit_*`` hook name raised as a PluginError."""
@@ -210,6 +231,12 @@ def get_plugin_manager(plugin_modules: Sequence[str] = (), include_registered: b
             pm.register(obj)
     pm.check_hooks()
     return pm
+
+
+def worker_plugin_manager(plugin_modules: Sequence[str]) -> PluginManager:
+    """A rollout worker's plugin manager (the ``make_pm`` of :class:`flowkit.core.WorkerSet`):
+    importable plugins only; objects registered in code stay on the driver."""
+    return get_plugin_manager(plugin_modules, include_registered=False)
 
 
 def lazy_attrs(home: Dict[str, str]) -> Any:

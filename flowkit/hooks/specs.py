@@ -31,8 +31,9 @@ if TYPE_CHECKING:
     from flowkit.core import EnvContext, Episode, Policy, PolicySpec, RolloutWorker
     from flowkit.core.algorithm import Algorithm
     from flowkit.core.batch import SampleBatch
+    from flowkit.core.context import RunContext
     from flowkit.core.flow import Flow, _NotReady
-    from flowkit.engine import Result, RunContext  # lead: flowkit.core.context.RunContext
+    from flowkit.core.metrics import Result
 
 hookspec = pluggy.HookspecMarker("flowkit")
 

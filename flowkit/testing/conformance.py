@@ -11,7 +11,7 @@ import numpy as np
 from flowkit.testing import local_overrides
 from flowkit.testing.envs import BOX, DISCRETE, TinyEnv
 
-CHECKS = ("config", "plan", "checkpoint", "backends", "learn")
+CHECKS = ("config", "plan", "actions", "checkpoint", "backends", "learn")
 
 
 class ConformanceError(AssertionError):
@@ -32,6 +32,13 @@ def check_algorithm(algo_cls: type, overrides: Sequence[str] = (), *, env: Optio
       unknown key ``<name>.no_such_key`` is a ConfigError).
     - ``plan``: the plan builds and describes itself (``flowkit plan``) without starting a
       worker.
+    - ``actions``: for a batch of observations drawn from the observation space, with and
+      without exploration, the policy's (and its worker copy's, ``worker_policy_class``)
+      ``compute_actions_encoded`` returns one action per row of the distribution's shape and
+      kind (integers in range for discrete spaces, finite floats for Box) and per-row extras,
+      and ``compute_actions`` returns actions inside the action space (shape, dtype, bounds);
+      a failure names the method. (Otherwise a wrong shape surfaces as an error inside the
+      env on a worker, an out-of-range action as an IndexError in the loss.)
     - ``checkpoint``: after the first learner update (iteration 2 at least; at most
       ``learn_env_steps``), a checkpoint restored into a fresh run gives back
       exactly the counters, the iteration, every policy's ``get_state()`` (weights, optimizer,
@@ -41,9 +48,15 @@ def check_algorithm(algo_cls: type, overrides: Sequence[str] = (), *, env: Optio
     - ``backends``: worker 0's first sample batch is the same, column by column, on the local
       and the Ray backend for one seed (starts a local Ray session if none is running; the
       ``ray_session`` fixture gives one).
-    - ``learn``: the greedy evaluation return after ``learn_env_steps`` env steps on a tiny
-      env (:data:`~flowkit.testing.envs.DISCRETE`, or :data:`~flowkit.testing.envs.BOX` for
-      an algorithm that refuses Discrete actions) reaches ``solved`` (default: the env's).
+    - ``learn``: the greedy return after ``learn_env_steps`` env steps on a tiny env
+      (:data:`~flowkit.testing.envs.DISCRETE`, or :data:`~flowkit.testing.envs.BOX` for an
+      algorithm that refuses Discrete actions) reaches ``solved`` (default: the env's),
+      measured as a user's run acts: 20 greedy episodes on rollout worker 0, with the weights
+      the plan last sent the workers (a sync queued to travel with the next sample request is
+      applied first). A plan that never sends the trained weights fails, even where the
+      learner's own weights (the ``evaluation`` reporter's return, also given) would pass.
+      Prioritized replay needs the policy's ``loss`` to set ``td_error`` (float32[B]): a run
+      whose loss forgets it stops with an error naming the policy (``UpdatePriorities``).
 
     Args:
         algo_cls: the Algorithm class; registered for the check unless an installed plugin
@@ -52,7 +65,8 @@ def check_algorithm(algo_cls: type, overrides: Sequence[str] = (), *, env: Optio
         env: the tiny env (default: chosen from the action spaces the algorithm accepts).
         learn_overrides: further overrides for the learning run only.
     Returns:
-        ``{"plan": text, "learn_return": float, ...}`` what the checks measured.
+        ``{"plan": text, "learn_return": float (through the workers), "learner_return": float
+        (the learner's weights, greedy), ...}`` what the checks measured.
     Raises:
         ConformanceError: the first failed check, named with what is wrong.
     """
@@ -88,16 +102,18 @@ def check_algorithm(algo_cls: type, overrides: Sequence[str] = (), *, env: Optio
             _check_config(algo_cls, name, fail, ConfigError, base)
         if "plan" in checks:
             out["plan"] = _check_plan(name, fail, base)
+        if "actions" in checks:
+            _check_actions(fail, base)
         if "checkpoint" in checks:
             _check_checkpoint(name, fail, local_overrides(os.path.join(work, "ckpt"), *base, f"stop.env_steps={learn_env_steps}",
                                                           "run.reporters=[checkpoint]"))
         if "backends" in checks:
             _check_backends(fail, base)
         if "learn" in checks:
-            out["learn_return"] = _check_learn(
+            out.update(_check_learn(
                 fail, env, solved, local_overrides(os.path.join(work, "learn"), *base, *learn_overrides,
                                                    f"stop.env_steps={learn_env_steps}", "evaluation.final=true",
-                                                   "evaluation.episodes=20", "run.reporters=[evaluation]"))
+                                                   "evaluation.episodes=20", "run.reporters=[evaluation]")))
     finally:
         for p in plugins:
             hooks.unregister(p)
@@ -171,6 +187,82 @@ class _Grab:
 
     def flowkit_on_train_end(self, ctx: Any) -> None:
         self.ctx = ctx
+
+
+def _check_actions(fail: Any, base: List[str]) -> None:
+    from flowkit.core.workers import PolicySpec
+    from flowkit.engine import load_config, setup
+    pm, cfg = load_config(["runtime.backend=local", *base])
+    ctx = setup(cfg, pm)
+    for pid, spec in ctx.policy_specs.items():
+        pols = [ctx.policies[pid]] if pid in ctx.policies else []
+        remote: Optional[PolicySpec] = (getattr(ctx.workers, "remote_specs", None) or {}).get(pid)
+        if remote is not None and remote.policy_class is not type(pols[0] if pols else None):
+            pols.append(remote.policy_class(remote.observation_space, remote.action_space, remote.config,
+                                            remote.model_config(cfg), "cpu", 0, inference_only=True))
+        for pol in pols:
+            _check_policy_actions(fail, pid, pol, spec.observation_space, spec.action_space)
+
+
+def _check_policy_actions(fail: Any, pid: str, pol: Any, obs_space: Any, act_space: Any, n: int = 5) -> None:
+    """``pol``'s actions for ``n`` observations sampled from ``obs_space`` (seeded) against
+    ``act_space`` and its distribution (``pol.dist``)."""
+    from flowkit.core._encoders import batch_len
+    obs_space.seed(0)
+    rows = [obs_space.sample() for _ in range(n)]
+    obs = _stack_obs(rows)
+    who = f"policy {pid!r} ({type(pol).__name__})"
+    dist = pol.dist
+    for explore in (True, False):
+        enc, mask = pol.encoder(obs, batch_len(obs))
+        m = f"{who}.compute_actions_encoded(explore={explore})"
+        got = pol.compute_actions_encoded(enc, mask, explore)
+        if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], dict)):
+            raise fail("actions", f"{m} returned {type(got).__name__}, not (actions, extras dict)")
+        a, extras = got
+        a = np.asarray(a)
+        want = (n,) if dist.kind == "cat" else (n, len(dist.nvec)) if dist.kind == "multicat" else \
+            (n, int(dist.num_outputs)) if dist.kind == "bern" else None
+        if want is not None and a.shape != want:
+            raise fail("actions", f"{m}: actions of shape {list(a.shape)} for {n} observations; "
+                                  f"{act_space} needs {list(want)}")
+        if want is None and (a.ndim < 1 or a.shape[0] != n or a.size != n * int(np.prod(act_space.shape))):
+            raise fail("actions", f"{m}: actions of shape {list(a.shape)} for {n} observations; "
+                                  f"{act_space} needs [{n}, {', '.join(map(str, act_space.shape))}]")
+        if dist.kind in ("cat", "multicat", "bern"):
+            hi = np.asarray(dist.nvec if dist.kind != "bern" else [2] * int(dist.num_outputs))
+            if a.dtype.kind not in "iub":
+                raise fail("actions", f"{m}: actions of dtype {a.dtype} for {act_space}; need integers "
+                                      "(0-based action indexes)")
+            if (a < 0).any() or (a >= hi).any():
+                raise fail("actions", f"{m}: action indexes {a.reshape(n, -1)[:, 0].tolist()} outside "
+                                      f"[0, {hi.tolist()}) for {act_space} (0-based, before the space's start)")
+        elif a.dtype.kind != "f" or not np.isfinite(a).all():
+            raise fail("actions", f"{m}: actions of dtype {a.dtype} with values {a.reshape(-1)[:4].tolist()}; "
+                                  f"{act_space} needs finite floats")
+        for k, v in extras.items():
+            if len(np.asarray(v)) != n:
+                raise fail("actions", f"{m}: extra {k!r} has {len(np.asarray(v))} rows for {n} observations")
+        m = f"{who}.compute_actions(explore={explore})"
+        env_a = np.asarray(pol.compute_actions(obs, explore=explore))
+        if env_a.shape[:1] != (n,):
+            raise fail("actions", f"{m}: actions of shape {list(env_a.shape)} for {n} observations; {act_space} "
+                                  f"needs [{', '.join(map(str, (n, *act_space.shape)))}]")
+        bad = [i for i in range(n) if not act_space.contains(env_a[i])]
+        if bad:
+            row = np.asarray(env_a[bad[0]])
+            raise fail("actions", f"{m}: action {_short(row)} (dtype {row.dtype}, shape {list(row.shape)}) of row "
+                                  f"{bad[0]} is not in {act_space}")
+
+
+def _stack_obs(rows: List[Any]) -> Any:
+    """Sampled observations (arrays, or dicts/tuples of them) stacked along a new first axis."""
+    first = rows[0]
+    if isinstance(first, dict):
+        return {k: _stack_obs([r[k] for r in rows]) for k in first}
+    if isinstance(first, tuple):
+        return tuple(_stack_obs([r[i] for r in rows]) for i in range(len(first)))
+    return np.stack([np.asarray(r) for r in rows])
 
 
 def _check_checkpoint(name: str, fail: Any, ov: List[str]) -> None:
@@ -299,13 +391,43 @@ def _check_backends(fail: Any, base: List[str]) -> None:
         raise fail("backends", "the local and Ray backends sample differently for one seed:\n  " + "\n  ".join(diffs[:8]))
 
 
-def _check_learn(fail: Any, env: TinyEnv, solved: Optional[float], ov: List[str]) -> float:
+class _ActAsWorkers:
+    """At the end of a run, before its workers stop: 20 greedy episodes on rollout worker 0 with
+    the weights it holds (a sync queued for the next sample request applied first)."""
+    episodes: Optional[List[Dict[str, Any]]] = None
+    no_workers = False  # a run without rollout workers (input.dataset): the learner's evaluation counts
+
+    def flowkit_on_train_end(self, ctx: Any) -> None:
+        ws = ctx.workers
+        if not ws.actors:
+            self.no_workers = True
+            return
+        for a, ref, version in list(getattr(ws, "_next_sample_weights", {}).values()):
+            a.obj.set_weights(ref, version) if not a.is_remote else a.submit("set_weights", ref, version)
+        self.episodes = ws.actors[0].obj.evaluate(20, False) if not ws.actors[0].is_remote else \
+            ws.foreach_worker("evaluate", 20, False)[0]
+
+
+def _check_learn(fail: Any, env: TinyEnv, solved: Optional[float], ov: List[str]) -> Dict[str, float]:
     import flowkit
-    res = flowkit.train(ov, verbose=False)
-    got = res.metrics.get("evaluation_return_mean")
+    from flowkit import hooks
+    probe = _ActAsWorkers()
+    hooks.register(probe)
+    try:
+        res = flowkit.train(ov, verbose=False)
+    finally:
+        hooks.unregister(probe)
+    learner = res.metrics.get("evaluation_return_mean")
+    got = float(np.mean([e["return"] for e in probe.episodes])) if probe.episodes else None
+    if probe.no_workers and learner is not None:
+        got = float(learner)
     want = env.solved if solved is None else solved
+    steps = res.metrics.get("env_steps_sampled")
     if got is None or not got >= want:
-        raise fail("learn", f"greedy return {got} on {env.factory} after {res.metrics.get('env_steps_sampled')} "
-                            f"env steps, below {want} (the env is solved at {env.solved}; random play is far "
-                            f"below): the algorithm does not learn, or needs other settings (overrides)")
-    return float(got)
+        why = (f"the learner's own weights reach {learner:.4g}: the rollout workers act with other weights (a plan "
+               "that does not send the trained weights to the workers: BroadcastWeights / workers.sync_weights)"
+               if learner is not None and learner >= want else
+               "the algorithm does not learn, or needs other settings (overrides)")
+        raise fail("learn", f"greedy return {got} on rollout worker 0 on {env.factory} after {steps} env steps, below "
+                            f"{want} (the env is solved at {env.solved}; random play is far below): {why}")
+    return {"learn_return": got, "learner_return": float(learner) if learner is not None else float("nan")}

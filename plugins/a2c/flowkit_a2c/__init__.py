@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, List, Optional
 
 import flowkit
-from flowkit.config import F, check_schedules
+from flowkit.config import MAX_BATCH_ROWS, F, check_schedules
 from flowkit.hooks import lazy_attrs
 
 if TYPE_CHECKING:
@@ -44,7 +44,7 @@ class _ActorCriticConfig:
 @dataclass
 class A2CConfig(_ActorCriticConfig):
     """a2c: Advantage Actor-Critic, synchronous (one gradient step per train batch)."""
-    train_batch_size: Optional[int] = F(None, "env steps per train batch (null: one sampling round)", ge=1)
+    train_batch_size: Optional[int] = F(None, "env steps per train batch (null: one sampling round)", ge=1, le=MAX_BATCH_ROWS)
 
 
 @dataclass

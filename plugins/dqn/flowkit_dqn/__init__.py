@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, List, Optional
 
 import flowkit
-from flowkit.config import ConfigError, F, check_schedules
+from flowkit.config import MAX_BATCH_ROWS, ConfigError, F, check_schedules
 from flowkit.hooks import lazy_attrs
 
 if TYPE_CHECKING:
@@ -18,6 +18,9 @@ if TYPE_CHECKING:
 
 __all__ = ["DQN", "DQNConfig", "DQNPolicy", "QNetwork", "apex_epsilon", "compute_n_step",
            "compute_q_targets", "epsilon_at"]
+
+
+ACTION_SPACES = ("Discrete",)  # DQN.action_spaces, also checked before Ray starts
 
 
 @dataclass
@@ -33,7 +36,7 @@ class DQNConfig:
     n_step: int = F(1, "n-step returns (1: one-step TD)", gt=0)
     double_q: bool = F(True, "double-Q target: argmax by the online network, value by the target network")
     dueling: bool = F(True, "dueling heads: Q = V + A - mean(A)")
-    train_batch_size: int = F(32, "replayed transitions per gradient step", gt=0)
+    train_batch_size: int = F(32, "replayed transitions per gradient step", gt=0, le=MAX_BATCH_ROWS)
     buffer_size: int = F(50_000, "replay capacity in transitions (per policy; split over shards in Ape-X)", gt=0)
     learning_starts: int = F(1_000, "env steps sampled before the first gradient step", ge=0)
     training_intensity: Optional[float] = F(None, "transitions trained per transition sampled (null: one "
@@ -72,7 +75,7 @@ def validate(run_config: Any, s: Any, n: str = "dqn") -> List[str]:
 
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("dqn", DQNConfig, "flowkit_dqn.dqn:DQN", validate)]
+    return [flowkit.AlgorithmRef("dqn", DQNConfig, "flowkit_dqn.dqn:DQN", validate, ACTION_SPACES)]
 
 
 __getattr__ = lazy_attrs(dict.fromkeys(__all__, "flowkit_dqn.dqn"))

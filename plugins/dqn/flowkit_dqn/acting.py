@@ -57,7 +57,7 @@ def compute_n_step(rewards: np.ndarray, ends: np.ndarray, gamma: float,
 class DQNActing(Acting):
     """Epsilon-greedy acting over :meth:`q_values` (legal actions only) and the n-step
     postprocessing: what a DQN policy does on a rollout worker. ``epsilon`` is set from
-    outside (:class:`SetEpsilon`)."""
+    outside (:class:`SetEpsilon`; a new worker's first through :meth:`set_exploration_state`)."""
     epsilon: float
     config: Any
     np_random: np.random.Generator
@@ -65,6 +65,14 @@ class DQNActing(Acting):
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         """Q-values float32[B, num_actions] of encoded observations float32[B, *shape]."""
         raise NotImplementedError
+
+    def exploration_state(self) -> Dict[str, Any]:
+        """``{"epsilon": float}``: sent to the workers before their first sample (a resumed
+        run's workers go on at the checkpoint's epsilon, not ``initial_epsilon``)."""
+        return {"epsilon": float(self.epsilon)}
+
+    def set_exploration_state(self, state: Mapping[str, Any]) -> None:
+        self.epsilon = float(state.get("epsilon", self.epsilon))
 
     def compute_actions_encoded(self, obs, mask=None, explore=True):
         q = self.q_values(obs)

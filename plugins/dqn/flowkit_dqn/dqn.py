@@ -36,7 +36,6 @@ import copy
 import functools
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
@@ -49,7 +48,7 @@ from flowkit.core._numpy_model import NP_ACTIVATIONS, linear_names
 from flowkit.core.context import RunContext
 from flowkit.core.flow import get_result
 from flowkit.core.learner import Learner
-from flowkit_dqn import DQNConfig, validate
+from flowkit_dqn import ACTION_SPACES, DQNConfig, validate
 from flowkit_dqn.acting import DQNActing, NumpyDQNPolicy, SetEpsilon, apex_epsilon, compute_n_step, epsilon_at  # noqa: F401
 
 
@@ -84,7 +83,8 @@ def compute_q_targets(rewards: torch.Tensor, terminateds: torch.Tensor, discount
 # ---- the model ---------------------------------------------------------------------------------
 class QNetwork(nn.Module):
     """Encoded observation float32[B, *shape] -> Q-values float32[B, num_actions]; a dueling
-    head computes V + A - mean(A). Layers start from PyTorch's default init."""
+    head computes V + A - mean(A). Layers start from PyTorch's default init (orthogonal with
+    ``model.init=orthogonal``)."""
 
     def __init__(self, encoder: ObsEncoder, num_actions: int, model_cfg: Any, dueling: bool):
         super().__init__()
@@ -97,10 +97,12 @@ class QNetwork(nn.Module):
         else:
             self.q_head = build_mlp(d, [], act, num_actions, 1.0)
         # PyTorch's default (Kaiming-uniform) init, as SB3 and CleanRL use for DQN: with the
-        # orthogonal sqrt(2)-gain init of build_mlp, Q diverged on CartPole in our runs
-        for m in self.modules():
-            if isinstance(m, (nn.Linear, nn.Conv2d)):
-                m.reset_parameters()
+        # orthogonal sqrt(2)-gain init of build_mlp, Q diverged on CartPole in our runs (kept
+        # only with model.init=orthogonal)
+        if str(getattr(model_cfg, "init", None) or "auto") != "orthogonal":
+            for m in self.modules():
+                if isinstance(m, (nn.Linear, nn.Conv2d)):
+                    m.reset_parameters()
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         h = self.trunk(obs)
@@ -253,12 +255,7 @@ class DQN(flowkit.Algorithm):
     policy_class = DQNPolicy
     rollout_mode = "bulk_sync"
     off_policy = True
-
-    @classmethod
-    def check_spaces(cls, policy_id, observation_space, action_space) -> None:
-        if not isinstance(action_space, gym.spaces.Discrete):
-            raise ConfigError(f"policy {policy_id!r}: DQN needs a Discrete action space, got {action_space} "
-                              f"(use an algorithm for {type(action_space).__name__} actions, e.g. ppo)")
+    action_spaces = ACTION_SPACES
 
     @classmethod
     def validate_config(cls, run_config, section) -> List[str]:
@@ -272,6 +269,15 @@ class DQN(flowkit.Algorithm):
 
     def get_rollout_mode(self) -> str:
         return "async" if self.config.num_replay_shards > 0 else self.rollout_mode
+
+    def worker_exploration_state(self, policy_id, state, worker_index, num_workers):
+        """Ape-X: worker ``worker_index``'s fixed epsilon (:func:`apex_epsilon`); else the
+        learner's (the schedule's value at the env steps sampled, restored on resume)."""
+        if self.config.num_replay_shards > 0 and "epsilon" in state:
+            cfg = self.config
+            return {**state, "epsilon": apex_epsilon(worker_index, num_workers, cfg.apex_epsilon_base,
+                                                     cfg.apex_epsilon_alpha)}
+        return state
 
     def round_robin_weights(self, round_env_steps: int) -> List[float]:
         """``[1, k]``: k train steps (``train_batch_size`` transitions each) per sampled item

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, List, Optional
 
 import flowkit
 from flowkit import ConfigError
-from flowkit.config import F, check_schedules
+from flowkit.config import MAX_BATCH_ROWS, F, check_schedules
 from flowkit.hooks import lazy_attrs
 
 if TYPE_CHECKING:
@@ -37,7 +37,7 @@ class IMPALAConfig:
     lr_schedule: str = F("constant", "constant, or linear (to 0 at schedule_env_steps)", choices=("constant", "linear"))
     schedule_env_steps: Optional[int] = F(None, "horizon of lr_schedule=linear, env steps sampled (default stop.env_steps)",
                                           gt=0)
-    train_batch_size: int = F(500, "env steps per train batch (worker fragments are concatenated)", ge=1)
+    train_batch_size: int = F(500, "env steps per train batch (worker fragments are concatenated)", ge=1, le=MAX_BATCH_ROWS)
     num_epochs: int = F(1, "passes of the learner over each train batch", ge=1)
     minibatch_size: Optional[int] = F(None, "rows per SGD step, contiguous slices (null: the whole train batch)", ge=1)
     learner_queue_size: int = F(2, "train batches waiting for the learner thread at most", ge=1)

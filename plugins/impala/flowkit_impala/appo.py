@@ -123,6 +123,7 @@ class APPOPolicy(ActorCriticPolicy):
         self.train_batches += 1
         if self.train_batches % cfg.target_update_freq == 0:
             self.update_target()
+        self.update_normalizers(batch)  # model.normalize_obs
         return {"kl_coeff": self.kl_coeff, "lr": self.current_lr()}
 
     # -- state: the target network and the counters travel with the checkpoint --

@@ -75,7 +75,9 @@ class IMPALAPolicy(ActorCriticPolicy):
                                "rho_clip_frac"), vals, strict=True))
 
     def on_train_batch_end(self, batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
-        """The learning rate the batch trained at (``impala.lr_schedule``)."""
+        """The learning rate the batch trained at (``impala.lr_schedule``); the observation
+        statistics (``model.normalize_obs``) take the batch in."""
+        self.update_normalizers(batch)
         return {"lr": self.current_lr()}
 
 

@@ -100,7 +100,7 @@ def validate(run_config: Any, section: Any, name: str) -> List[str]:
 def flowkit_add_algorithms():
     return [flowkit.AlgorithmRef("bc", BCConfig, "flowkit_offline.marwil:BC", validate),
             flowkit.AlgorithmRef("marwil", MARWILConfig, "flowkit_offline.marwil:MARWIL", validate),
-            flowkit.AlgorithmRef("cql_dqn", CQLDQNConfig, "flowkit_offline.cql:CQLDQN", validate)]
+            flowkit.AlgorithmRef("cql_dqn", CQLDQNConfig, "flowkit_offline.cql:CQLDQN", validate, ("Discrete",))]
 
 
 @flowkit.hookimpl

@@ -58,7 +58,7 @@ class CQLDQN(flowkit.Algorithm):
     name = "cql_dqn"
     config_class: type = CQLDQNConfig
     policy_class, rollout_mode, off_policy = CQLDQNPolicy, "bulk_sync", True
-    check_spaces = DQN.check_spaces
+    action_spaces = DQN.action_spaces
 
     @classmethod
     def validate_config(cls, run_config, section) -> List[str]:

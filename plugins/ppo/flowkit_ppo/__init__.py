@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, List, Optional
 
 import flowkit
-from flowkit.config import ConfigError, F, check_schedules
+from flowkit.config import MAX_BATCH_ROWS, ConfigError, F, check_schedules
 from flowkit.hooks import lazy_attrs
 
 if TYPE_CHECKING:
@@ -36,7 +36,7 @@ class PPOConfig:
     kl_target: float = F(0.01, "target KL for the adaptive penalty", gt=0)
     num_epochs: int = F(10, "passes over each train batch", ge=1)
     minibatch_size: int = F(64, "rows per SGD minibatch", ge=1)
-    train_batch_size: Optional[int] = F(None, "env steps per train batch (null: one sampling round)", ge=1)
+    train_batch_size: Optional[int] = F(None, "env steps per train batch (null: one sampling round)", ge=1, le=MAX_BATCH_ROWS)
     max_grad_norm: Optional[float] = F(0.5, "clip the gradient norm (null: off)", gt=0)
     normalize_advantages: str = F("minibatch", "advantage standardisation: per minibatch, per train batch "
                                   "or none", choices=("minibatch", "batch", "none"))
@@ -49,6 +49,10 @@ class PPOConfig:
                       "noise z(s) @ W from the policy's last hidden layer z(s), W held between draws")
     sde_sample_freq: int = F(-1, "env steps between two draws of gSDE's exploration matrices "
                              "(-1: once per rollout fragment, when new weights arrive)", ge=-1)
+    use_expln: bool = F(False, "gSDE: std of the exploration matrix's entries by expln(log_std) (exp below 0, "
+                        "log1p(x) + 1 above: grows slowly) in place of exp (SB3's use_expln)")
+    learn_features: bool = F(False, "gSDE: the loss trains the policy's last hidden layer through the std too "
+                             "(SB3's learn_features; false: the features are detached there)")
     adam_eps: float = F(1e-5, "Adam epsilon", gt=0)
 
 
@@ -73,6 +77,10 @@ def validate(run_config: Any, section: Any, n: str = "ppo") -> List[str]:
                          f"(runtime.num_workers x num_envs_per_worker x rollout_fragment_length = {rs}); "
                          f"each train batch will hold {actual} env steps (reported as "
                          f"learner/<policy>/train_batch_size)")
+    elif s.minibatch_size > (rs := round_size(run_config)):
+        warns.append(f"{n}.minibatch_size={s.minibatch_size} is larger than one sampling round, the train batch "
+                     f"when {n}.train_batch_size is null (runtime.num_workers x num_envs_per_worker x "
+                     f"rollout_fragment_length = {rs}): each epoch is one step over the whole round")
     if s.sde_sample_freq == 0:
         raise ConfigError(f"{n}.sde_sample_freq=0: use -1 (one draw per rollout fragment) or a number of "
                           "env steps >= 1")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, List, Optional
 
 import flowkit
-from flowkit.config import ConfigError, F
+from flowkit.config import MAX_BATCH_ROWS, ConfigError, F
 from flowkit.hooks import lazy_attrs
 
 if TYPE_CHECKING:
@@ -22,13 +22,16 @@ __all__ = ["SAC", "SACConfig", "SACPolicy", "TD3", "TD3Config", "TD3Policy", "sa
            "td3_targets"]
 
 
+ACTION_SPACES = ("Box",)  # SAC and TD3 (with finite bounds, checked at set-up); also checked before Ray starts
+
+
 @dataclass
 class _OffPolicyConfig:
     """Keys shared by SAC and TD3 (twin critics, Polyak targets, replay)."""
     lr: float = F(1e-3, "Adam learning rate (every network; SAC's temperature too)", gt=0)
     gamma: float = F(0.99, "discount factor", ge=0, le=1)
     tau: float = F(0.005, "Polyak averaging: target <- (1 - tau) * target + tau * online", gt=0, le=1)
-    train_batch_size: int = F(256, "replayed transitions per gradient step", gt=0)
+    train_batch_size: int = F(256, "replayed transitions per gradient step", gt=0, le=MAX_BATCH_ROWS)
     buffer_size: int = F(1_000_000, "replay capacity in transitions (per policy)", gt=0)
     learning_starts: int = F(100, "env steps sampled before the first gradient step; until the first trained "
                                   "weights reach a worker it acts uniformly at random", ge=0)
@@ -49,6 +52,12 @@ class SACConfig(_OffPolicyConfig):
     sde_sample_freq: int = F(-1, "gSDE: acting steps between two draws of theta per sub-env (-1: when new "
                                  "weights arrive, i.e. each sampled round)", ge=-1)
     log_std_init: float = F(-3.0, "gSDE: initial log of the std of theta's entries")
+    use_expln: bool = F(False, "gSDE: std of theta's entries by expln(log_std) (exp below 0, log1p(x) + 1 above) "
+                        "in place of exp (SB3's use_expln)")
+    learn_features: bool = F(False, "gSDE: the actor loss trains the last hidden layer through the std too "
+                             "(SB3's learn_features; false: detached there)")
+    clip_mean: float = F(2.0, "gSDE: clip the pre-tanh mean to [-clip_mean, clip_mean] (SB3's clip_mean, "
+                         "against numerical instability; 0: no clip)", ge=0)
 
 
 @dataclass
@@ -72,8 +81,8 @@ def validate(run_config: Any, section: Any, n: str) -> List[str]:
 
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("sac", SACConfig, "flowkit_sac.sac:SAC", validate),
-            flowkit.AlgorithmRef("td3", TD3Config, "flowkit_sac.td3:TD3", validate)]
+    return [flowkit.AlgorithmRef("sac", SACConfig, "flowkit_sac.sac:SAC", validate, ACTION_SPACES),
+            flowkit.AlgorithmRef("td3", TD3Config, "flowkit_sac.td3:TD3", validate, ACTION_SPACES)]
 
 
 __getattr__ = lazy_attrs({**dict.fromkeys(["SAC", "SACPolicy", "sac_targets", "squashed_gaussian"], "flowkit_sac.sac"),

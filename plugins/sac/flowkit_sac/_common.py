@@ -11,18 +11,17 @@ so a Polyak update is one ``lerp_`` (``target <- target + tau * (online - target
 from __future__ import annotations
 
 import copy
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, List, Optional, Sequence
 
-import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
 
 import flowkit
 from flowkit import ConfigError
-from flowkit.core import Policy, TwinMLP, derive_seed, ops, replay, to_tensor
+from flowkit.core import Policy, RunningMeanStd, TwinMLP, derive_seed, ops, replay, to_tensor
 from flowkit.core import batch as sb
-from flowkit_sac import validate
+from flowkit_sac import ACTION_SPACES, validate
 
 TRAIN_COLS = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.NEXT_OBS)
 
@@ -35,6 +34,24 @@ def twin_critic(obs_dim: int, act_dim: int, model_cfg: Any) -> TwinMLP:
 def polyak(target: torch.Tensor, online: torch.Tensor, tau: float) -> None:
     """``target <- (1 - tau) * target + tau * online`` in place (flat buffers)."""
     target.lerp_(online, tau)
+
+
+class GreedyActor(nn.Module):
+    """Encoded observation float32[B, obs_dim] -> greedy action float32[B, k] in [-1, 1]:
+    ``tanh`` of the actor's first ``k`` outputs (SAC: the squashed Gaussian's mode
+    ``tanh(mean)``, gSDE too; TD3: the deterministic ``mu(s)``), what ``compute_actions(obs,
+    explore=False)`` acts with. ``flowkit export`` wraps it (the Box scaling follows); it
+    shares the actor's parameters; with ``model.normalize_obs`` the observation is first
+    normalised by the policy's running statistics ``obs_rms``, as when acting."""
+
+    def __init__(self, actor: nn.Module, act_dim: int, obs_rms: Optional[nn.Module] = None):
+        super().__init__()
+        self.actor, self.act_dim, self.obs_rms = actor, int(act_dim), obs_rms
+
+    def forward(self, obs: torch.Tensor) -> torch.Tensor:
+        if self.obs_rms is not None:
+            obs = self.obs_rms(obs)
+        return torch.tanh(self.actor(obs)[:, :self.act_dim])
 
 
 class OffPolicyActorCritic(Policy):
@@ -56,9 +73,14 @@ class OffPolicyActorCritic(Policy):
                               f"got {action_space} and {observation_space}")
         torch.manual_seed(seed)
         self.obs_dim, self.act_dim = int(self.encoder.shape[0]), int(self.dist.dim)
+        self.normalize_obs = bool(getattr(self.model_config, "normalize_obs", False))
 
     def finish_init(self, target_modules: Sequence[str], sizes: Any = None) -> None:
+        from flowkit.core._models import init_weights
         from flowkit.core.policy import flat_parameters
+        init_weights(self.model, self.model_config)  # model.init, before the targets copy the weights
+        if self.normalize_obs:  # buffers only: outside the flat parameters, inside state_dict (checkpoints)
+            self.model.obs_rms = RunningMeanStd((self.obs_dim,))
         self.model.to(self.device)
         if self.inference_only:  # the actor alone is synced: one flat array
             _, self.actor_flat = flat_parameters(self.model.actor, self.device, trainable_only=False)
@@ -72,6 +94,11 @@ class OffPolicyActorCritic(Policy):
         self.actor_flat = self._flat[n_critic:n_critic + n_actor]
         assert torch.equal(self.target_flat, self._flat[:self.target_flat.numel()]), "target modules come first"
 
+    def action_model(self) -> nn.Module:
+        """The deterministic actor, :class:`GreedyActor` (see :meth:`Policy.action_model`):
+        the greedy action in [-1, 1], which the exported module scales to the Box bounds."""
+        return GreedyActor(self.model.actor, self.act_dim, getattr(self.model, "obs_rms", None))
+
     # -- acting (worker) --
     def act(self, obs: torch.Tensor, explore: bool) -> torch.Tensor:
         """Actions in [-1, 1], float32[B, dim(A)], for encoded observations float32[B, obs_dim]."""
@@ -81,11 +108,24 @@ class OffPolicyActorCritic(Policy):
         if explore and self.num_updates == 0:  # no trained weights yet: uniform (learning_starts)
             return self.np_random.uniform(-1, 1, (obs.shape[0], self.act_dim)).astype(np.float32), {}
         with torch.inference_mode():
-            return self.act(torch.from_numpy(obs), explore).numpy(), {}
+            return self.act(self.norm(torch.from_numpy(obs)), explore).numpy(), {}
+
+    def norm(self, obs: torch.Tensor) -> torch.Tensor:
+        """``obs`` normalised by the running statistics (``model.normalize_obs``; else as is)."""
+        rms = getattr(self.model, "obs_rms", None)
+        return obs if rms is None else rms(obs)
 
     # -- learning (driver) --
     def prepare_batch(self, batch):
-        return {k: to_tensor(batch[k], self.device) for k in TRAIN_COLS}
+        """Tensors of the train columns; with ``model.normalize_obs`` the statistics first take
+        in the batch's ``obs`` (rows replayed uniformly: the buffer's distribution), then obs and
+        next_obs are normalised (the losses see normalised observations)."""
+        out = {k: to_tensor(batch[k], self.device) for k in TRAIN_COLS}
+        rms = getattr(self.model, "obs_rms", None)
+        if rms is not None:
+            rms.update(out[sb.OBS].float())
+            out[sb.OBS], out[sb.NEXT_OBS] = rms(out[sb.OBS]), rms(out[sb.NEXT_OBS])
+        return out
 
     def q_values(self, obs: torch.Tensor, actions: torch.Tensor, detach_params: bool = False,
                  target: bool = False) -> torch.Tensor:
@@ -102,13 +142,20 @@ class OffPolicyActorCritic(Policy):
     def get_weights(self) -> Dict[str, np.ndarray]:
         """What a worker needs: the actor as one flat array, and ``num_updates`` (0: it acts at
         random). A full state dict (``get_state()["weights"]``) is accepted too."""
-        return {"actor_flat": self.actor_flat.detach().cpu().numpy().copy(),
-                "num_updates": np.asarray(self.num_updates, np.int64)}
+        w = {"actor_flat": self.actor_flat.detach().cpu().numpy().copy(),
+             "num_updates": np.asarray(self.num_updates, np.int64)}
+        rms = getattr(self.model, "obs_rms", None)
+        if rms is not None:  # the observation statistics travel with the actor
+            w.update({f"obs_rms.{k}": v.detach().cpu().numpy().copy() for k, v in rms.state_dict().items()})
+        return w
 
     def set_weights(self, weights: Dict[str, np.ndarray]) -> None:
         w = dict(weights)
         if "num_updates" in w:
             self.num_updates = int(w.pop("num_updates"))
+            rms = getattr(self.model, "obs_rms", None)
+            if rms is not None and "obs_rms.mean" in w:  # a worker's weights (not a full state dict)
+                rms.load_state_dict({k: torch.as_tensor(np.array(w.pop(f"obs_rms.{k}"))) for k in rms.state_dict()})
         if "actor_flat" in w:
             with torch.no_grad():
                 self.actor_flat.copy_(torch.from_numpy(np.array(w.pop("actor_flat"))))  # Ray's are read-only
@@ -139,14 +186,14 @@ class OffPolicyAlgorithm(flowkit.Algorithm):
 
     rollout_mode = "bulk_sync"
     off_policy = True
+    action_spaces = ACTION_SPACES
 
     @classmethod
     def check_spaces(cls, policy_id, observation_space, action_space) -> None:
-        box = isinstance(action_space, gym.spaces.Box)
-        if not box or not (np.isfinite(action_space.low).all() and np.isfinite(action_space.high).all()):
+        super().check_spaces(policy_id, observation_space, action_space)
+        if not (np.isfinite(action_space.low).all() and np.isfinite(action_space.high).all()):
             raise ConfigError(f"policy {policy_id!r}: {cls.name.upper()} needs a Box action space with finite "
-                              f"bounds, got {action_space} (for {type(action_space).__name__} actions use e.g. "
-                              f"{'ppo' if box else 'dqn or ppo'})")
+                              f"bounds, got {action_space} (for unbounded actions use e.g. ppo)")
 
     @classmethod
     def validate_config(cls, run_config, section) -> List[str]:

@@ -19,7 +19,10 @@ scaled to the Box bounds on the way to the env):
         features z(s) (as constants) and a learned log-std matrix S [h, k] give the state-dependent
         std sigma_j(s) = sqrt(sum_i z_i(s)^2 exp(2 S_ij)) of the same squashed Gaussian (eq. 5);
         acting uses u = mu(s) + z(s) theta, theta_ij ~ N(0, exp(2 S_ij)) held for
-        ``sde_sample_freq`` steps (smooth, state-dependent exploration).
+        ``sde_sample_freq`` steps (smooth, state-dependent exploration). As in SB3: ``use_expln``
+        takes the std of theta's entries as expln(S) (exp below 0, log1p + 1 above) in place of
+        exp(S), ``learn_features`` lets the loss reach z(s) through sigma, ``clip_mean`` clips
+        mu(s) to [-clip_mean, clip_mean] (2 by default; 0: not).
 
 One gradient step: the three losses are summed and take one backward pass and one Adam step
 over one flat buffer (critics, actor, log alpha). The actor loss reaches the critics through
@@ -39,7 +42,7 @@ import torch
 from torch import nn
 
 from flowkit.core import batch as sb
-from flowkit.core import build_mlp
+from flowkit.core import build_mlp, sde_std
 from flowkit_sac import SACConfig
 from flowkit_sac._common import OffPolicyActorCritic, OffPolicyAlgorithm, twin_critic
 
@@ -85,22 +88,34 @@ class SDEActor(nn.Module):
     """gSDE actor: obs -> (mean, log sigma(s)) float32[B, 2k] (the input of :func:`squashed_gaussian`),
     and :meth:`explore` for acting with a held noise matrix."""
 
-    def __init__(self, obs_dim: int, act_dim: int, model_cfg, log_std_init: float):
+    def __init__(self, obs_dim: int, act_dim: int, model_cfg, log_std_init: float, use_expln: bool = False,
+                 learn_features: bool = False, clip_mean: float = 0.0):
         super().__init__()
+        self.use_expln, self.learn_features, self.clip_mean = bool(use_expln), bool(learn_features), float(clip_mean)
         hidden = list(model_cfg.hidden_sizes)
         self.trunk = build_mlp(obs_dim, hidden, model_cfg.activation)
         self.mu = build_mlp(hidden[-1] if hidden else obs_dim, [], model_cfg.activation, act_dim, 0.01)
         self.log_std = nn.Parameter(torch.full((hidden[-1] if hidden else obs_dim, act_dim), float(log_std_init)))
 
+    def mean(self, z: torch.Tensor) -> torch.Tensor:
+        """The pre-tanh mean from the features z, clipped to +-``clip_mean`` (0: not)."""
+        mu = self.mu(z)
+        return mu.clamp(-self.clip_mean, self.clip_mean) if self.clip_mean > 0 else mu
+
+    def std(self) -> torch.Tensor:
+        """The std of theta's entries, float32[h, k] (exp, or expln with ``use_expln``)."""
+        return sde_std(self.log_std, self.use_expln)
+
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         z = self.trunk(obs)
-        var = z.detach().pow(2) @ (2 * self.log_std).exp()  # sum_i z_i^2 exp(2 S_ij): float32[B, k]
-        return torch.cat([self.mu(z), 0.5 * torch.log(var + 1e-12)], -1)
+        zf = z if self.learn_features else z.detach()
+        var = zf.pow(2) @ self.std().pow(2)  # sum_i z_i^2 std_ij^2: float32[B, k]
+        return torch.cat([self.mean(z), 0.5 * torch.log(var + 1e-12)], -1)
 
     def explore(self, obs: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
-        """Pre-tanh actions mu(s) + z(s) theta, theta float32[B, h, k] (one matrix per row)."""
+        """Pre-tanh actions mean(s) + z(s) theta, theta float32[B, h, k] (one matrix per row)."""
         z = self.trunk(obs)
-        return self.mu(z) + torch.bmm(z.unsqueeze(1), theta).squeeze(1)
+        return self.mean(z) + torch.bmm(z.unsqueeze(1), theta).squeeze(1)
 
 
 class SACModel(nn.Module):
@@ -111,7 +126,8 @@ class SACModel(nn.Module):
     def __init__(self, obs_dim: int, act_dim: int, model_cfg, cfg):
         super().__init__()
         self.critic = twin_critic(obs_dim, act_dim, model_cfg)
-        self.actor = (SDEActor(obs_dim, act_dim, model_cfg, cfg.log_std_init) if cfg.use_sde else
+        self.actor = (SDEActor(obs_dim, act_dim, model_cfg, cfg.log_std_init, cfg.use_expln, cfg.learn_features,
+                               cfg.clip_mean) if cfg.use_sde else
                       build_mlp(obs_dim, list(model_cfg.hidden_sizes), model_cfg.activation, 2 * act_dim, 0.01))
         # a submodule, so log alpha comes after the critic and the actor in the flat buffer
         self.temperature = nn.ParameterDict({"log_alpha": nn.Parameter(torch.tensor(math.log(cfg.initial_alpha)),
@@ -148,7 +164,7 @@ class SACPolicy(OffPolicyActorCritic):
         freq = self.config.sde_sample_freq
         if self.theta is None or len(self.theta) != len(obs) or (freq > 0 and self.sde_steps % freq == 0):
             eps = torch.randn(len(obs), *actor.log_std.shape, generator=self.generator)
-            self.theta = actor.log_std.exp() * eps
+            self.theta = actor.std().detach() * eps
         self.sde_steps += 1
         return torch.tanh(actor.explore(obs, self.theta))
 

@@ -1,0 +1,153 @@
+"""The ``env.preset=atari`` wrappers: DeepMind's Atari preprocessing (Mnih et al. 2015,
+Nature 518, "Methods: preprocessing"; Machado et al. 2018 for the v5 sticky-action ids) built
+from Gymnasium's own wrappers, plus the three small ones Gymnasium lacks.
+
+From the base ALE env (frameskip 1) outwards::
+
+    AtariPreprocessing(noop_max=30, frame_skip=4, screen_size=84, grayscale_obs=True)
+        -- up to 30 no-ops after reset, each action repeated 4 frames with the last two
+           frames max-pooled, 84x84 grayscale uint8; terminal_on_life_loss stays off (see
+           EpisodicLife)
+    GameStats           -- the unclipped return and length (agent steps) of each whole game,
+                           in ``info["game_return"]`` / ``info["game_length"]`` at its end
+    EpisodicLife        -- training only: terminated on a life loss; the game goes on
+    FireReset           -- games whose action 1 is FIRE: FIRE after every (re)start
+    TransformReward(np.sign)  -- training only: rewards clipped to their sign
+    FrameStackObservation(4)  -- uint8[4, 84, 84], the oldest frame first (padded with the
+                                 reset frame at an episode's start)
+
+"Training" is a rollout worker (``EnvContext.worker_index >= 0``); evaluation (the run's
+evaluation worker, ``flowkit evaluate``) plays whole games with raw rewards.
+
+Why not AtariPreprocessing's own ``terminal_on_life_loss``: it ends the episode at a life loss
+and the next ``reset()`` (the vector env's autoreset) restarts the whole game, so training never
+sees a second life. EpisodicLife keeps the game running across the life boundary, as the
+DeepMind and Stable-Baselines3 implementations do.
+
+``ALE/<Game>-v5`` ids skip 4 frames in the env itself (and repeat the previous action with
+probability 0.25): the preset makes them with ``frameskip=1`` so that AtariPreprocessing
+skips and max-pools, as CleanRL and the RL Baselines3 Zoo do; sticky actions stay.
+``<Game>NoFrameskip-v4`` ids (no sticky actions) are the classic setup of the DQN paper, the
+Zoo's and CleanRL's published Atari figures.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import gymnasium as gym
+import numpy as np
+
+FRAME_STACK = 4
+
+
+class GameStats(gym.Wrapper):
+    """Adds ``info["game_return"]`` (float, unclipped) and ``info["game_length"]`` (agent steps)
+    on the step that ends a whole game (terminated or truncated below the life-loss wrapper);
+    the env runner reports these as the episode's return and length. ``flowkit_game_stats``
+    is how the runner finds out that an env reports games."""
+
+    flowkit_game_stats = True
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self._ret, self._len = 0.0, 0
+
+    def reset(self, **kw):
+        self._ret, self._len = 0.0, 0
+        return self.env.reset(**kw)
+
+    def step(self, action):
+        obs, rew, term, trunc, info = self.env.step(action)
+        self._ret += float(rew)
+        self._len += 1
+        if term or trunc:
+            info = {**info, "game_return": self._ret, "game_length": self._len}
+        return obs, rew, term, trunc, info
+
+
+class EpisodicLife(gym.Wrapper):
+    """Terminated when a life is lost; ``reset()`` then only steps a no-op (the game goes on)
+    unless the game is really over. ``info["game_over"]``: whether the last end was the game's."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        self.ale = env.unwrapped.ale  # type: ignore[attr-defined]
+        self.lives, self.game_over = 0, True
+
+    def step(self, action):
+        obs, rew, term, trunc, info = self.env.step(action)
+        self.game_over = bool(term or trunc)
+        lives = self.ale.lives()
+        if 0 < lives < self.lives:
+            term = True
+        self.lives = lives
+        return obs, rew, term, trunc, info
+
+    def reset(self, **kw):
+        if self.game_over:
+            obs, info = self.env.reset(**kw)
+        else:
+            obs, _, term, trunc, info = self.env.step(0)
+            if term or trunc:  # the no-op ended the game
+                obs, info = self.env.reset(**kw)
+        self.lives = self.ale.lives()
+        self.game_over = False
+        return obs, info
+
+
+class FireReset(gym.Wrapper):
+    """After a reset, presses FIRE (action 1) then action 2, for games that wait for FIRE to
+    start (Breakout, Pong's serve); a step that ends the game resets again."""
+
+    def reset(self, **kw):
+        self.env.reset(**kw)
+        obs: Any = None
+        info: Dict[str, Any] = {}
+        for a in (1, 2):
+            obs, _, term, trunc, info = self.env.step(a)
+            if term or trunc:
+                obs, info = self.env.reset(**kw)
+        return obs, info
+
+
+def _has_fire(env: gym.Env) -> bool:
+    meanings = env.unwrapped.get_action_meanings()  # type: ignore[attr-defined]
+    return len(meanings) >= 3 and meanings[1] == "FIRE"
+
+
+def make_atari(env_id: str, kwargs: Dict[str, Any], training: bool, max_episode_steps: Optional[int] = None) -> gym.Env:
+    """The base ALE env ``env_id`` (``kwargs`` to gym.make) under the preset's wrappers (see the
+    module docstring); ``training`` adds the life-loss terminal and reward clipping;
+    ``max_episode_steps`` (agent steps) truncates a game below GameStats, so a truncated game
+    is still reported.
+
+    Raises:
+        ImportError: ale-py is not installed (``pip install 'flowkit[atari]'``).
+        ValueError: ``env_id`` is not an ALE env.
+    """
+    try:
+        import ale_py
+    except ImportError:
+        raise ImportError("env.preset=atari needs ale-py: pip install 'flowkit[atari]'") from None
+    gym.register_envs(ale_py)
+    kw = dict(kwargs)
+    if env_id.startswith("ALE/"):
+        kw.setdefault("frameskip", 1)
+    env = gym.make(env_id, **kw)
+    if not hasattr(env.unwrapped, "ale"):
+        raise ValueError(f"env.preset=atari: env.id={env_id!r} is not an Atari (ALE) env")
+    if env.unwrapped.spec is not None and env.unwrapped._frameskip != 1:  # type: ignore[attr-defined]
+        raise ValueError(f"env.preset=atari skips frames itself: make env.id={env_id!r} with frameskip=1 "
+                         f"(env.kwargs.frameskip={kw.get('frameskip')!r})")
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84,
+                                          terminal_on_life_loss=False, grayscale_obs=True, scale_obs=False)
+    if max_episode_steps:
+        env = gym.wrappers.TimeLimit(env, max_episode_steps=int(max_episode_steps))
+    env = GameStats(env)
+    if training:
+        env = EpisodicLife(env)
+    if _has_fire(env):
+        env = FireReset(env)
+    if training:
+        env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(float(r))))
+    return gym.wrappers.FrameStackObservation(env, FRAME_STACK)

@@ -1,0 +1,181 @@
+"""Atari end to end (issue 23): the env.preset=atari wrappers (training and evaluation sides),
+uint8 frames on the wire and in the frame replay, PPO and DQN through the preset, evaluate and
+export of an Atari policy that takes the uint8 frame stack."""
+import gymnasium as gym
+import numpy as np
+import pytest
+
+pytest.importorskip("ale_py")
+pytest.importorskip("cv2")
+
+import flowkit  # noqa: E402
+from flowkit.checkpoint import load_state  # noqa: E402
+from flowkit.core import EnvContext, make_env  # noqa: E402
+from flowkit.core import batch as sb  # noqa: E402
+from flowkit.core._atari import EpisodicLife, FireReset, GameStats  # noqa: E402
+from flowkit.engine import load_config, setup  # noqa: E402
+from flowkit.testing import local_overrides  # noqa: E402
+
+ATARI = ["env=PongNoFrameskip-v4", "env.preset=atari", "model.hidden_sizes=[32]", "model.activation=relu",
+         "runtime.num_workers=1", "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=32", "seed=0"]
+TRAIN, EVAL = EnvContext(0, 0, 1, 0, 0), EnvContext(-1, 0, 1, 0, 0)
+
+
+def wrappers(env):
+    out = []
+    while isinstance(env, gym.Wrapper):
+        out.append(type(env).__name__)
+        env = env.env
+    return out
+
+
+@pytest.mark.parametrize("env_id", ["PongNoFrameskip-v4", "ALE/Pong-v5"])
+def test_preset_wraps_training_and_evaluation_envs(env_id):
+    train, ev = make_env({"id": env_id, "preset": "atari"}, TRAIN), make_env({"id": env_id, "preset": "atari"}, EVAL)
+    for env in (train, ev):
+        assert env.observation_space.shape == (4, 84, 84) and env.observation_space.dtype == np.uint8
+        obs, _ = env.reset(seed=1)
+        assert obs.shape == (4, 84, 84) and obs.dtype == np.uint8
+        assert env.unwrapped._frameskip == 1  # v5: the preset skips (and max-pools), not the env
+    t = wrappers(train)
+    assert t[:5] == ["FrameStackObservation", "TransformReward", "FireReset", "EpisodicLife", "GameStats"]
+    assert "AtariPreprocessing" in t
+    assert wrappers(ev)[:3] == ["FrameStackObservation", "FireReset", "GameStats"]  # no life loss, raw rewards
+    assert train.get_wrapper_attr("flowkit_game_stats") is True
+
+
+def test_life_loss_ends_a_training_episode_but_not_the_game():
+    env = make_env({"id": "BreakoutNoFrameskip-v4", "preset": "atari"}, TRAIN)
+    assert FireReset in {type(w) for w in _chain(env)}
+    env.reset(seed=0)
+    ale = env.unwrapped.ale
+    assert ale.lives() == 5
+    rng = np.random.default_rng(0)
+    for _ in range(5000):
+        obs, rew, term, trunc, info = env.step(int(rng.integers(4)))
+        assert rew in (0.0, 1.0)  # clipped to its sign (bricks are worth 1, 4 or 7)
+        if term:
+            break
+    assert term and "game_return" not in info and ale.lives() == 4  # a life lost, the game goes on
+    env.reset()
+    assert ale.lives() == 4  # the soft reset kept the game (AtariPreprocessing's flag would restart it)
+
+
+def _chain(env):
+    while isinstance(env, gym.Wrapper):
+        yield env
+        env = env.env
+
+
+def test_game_stats_report_the_unclipped_game():
+    env = GameStats(gym.make("CartPole-v1"))
+    env.reset(seed=0)
+    n, done, info = 0, False, {}
+    while not done:
+        _, _, term, trunc, info = env.step(0)
+        n, done = n + 1, term or trunc
+    assert info["game_return"] == float(n) and info["game_length"] == n
+    with pytest.raises(AttributeError):
+        EpisodicLife(gym.make("CartPole-v1"))  # not an ALE env
+
+
+def test_ppo_through_the_preset_uint8_on_the_wire_then_export_and_evaluate(run_dir, tmp_path):
+    over = local_overrides(run_dir, "algo=ppo", *ATARI, "ppo.train_batch_size=64", "ppo.minibatch_size=32",
+                           "ppo.num_epochs=1", "model.shared_value_network=true")
+    pm, cfg = load_config(over)
+    ctx = setup(cfg, pm, run_dir)
+    try:
+        b = ctx.workers.local_worker().sample().policy_batches["default"]
+    finally:
+        ctx.shutdown()
+    assert b[sb.OBS].dtype == np.uint8 and b[sb.OBS].shape == (64, 4, 84, 84)
+    assert b[sb.NEXT_OBS].dtype == np.uint8
+    assert b[sb.OBS].nbytes / len(b) == 4 * 84 * 84  # 28,224 bytes a row (float32: 112,896)
+    res = flowkit.train(over + ["stop.env_steps=256", f"run.dir={run_dir}/run"])
+    assert res.metrics["env_steps_sampled"] == 256 and np.isfinite(res.metrics["learner/default/total_loss"])
+    algo = flowkit.Algorithm.from_checkpoint(res.checkpoint)
+    pol = algo.get_policy()
+    from flowkit.export import export_policy, run_exported
+    sig = export_policy(pol, "torchscript", str(tmp_path / "policy.pt"), check=16)
+    assert sig["inputs"][0]["dtype"] == "uint8" and sig["inputs"][0]["shape"][1:] == [4, 84, 84]
+    assert sig["checked"] == 16
+    env = make_env(dict(cfg.env), EVAL)
+    obs, _ = env.reset(seed=3)
+    got = run_exported(str(tmp_path / "policy.pt"), "torchscript", [obs[None]])
+    assert got.tolist() == [int(pol.compute_actions(obs, explore=False))]
+    # flowkit evaluate plays through the evaluation side of the preset: raw rewards, whole games
+    # (cut here at 150 agent steps by env.max_episode_steps, beneath the game statistics and
+    # FireReset: its two steps at the start count, so the policy takes 148)
+    from omegaconf import OmegaConf
+
+    from flowkit.evaluation import run_gym_episodes
+    env_cfg = {**OmegaConf.to_container(cfg.env), "max_episode_steps": 150}
+    eps = run_gym_episodes(pol, env_cfg, episodes=1, seed=0, num_envs=1)
+    assert eps[0]["length"] == 148 and -21 <= eps[0]["return"] <= 0 and float(eps[0]["return"]).is_integer()
+
+
+def test_dqn_through_the_preset_keeps_frames_once_in_replay(run_dir):
+    res = flowkit.train(local_overrides(run_dir, "algo=dqn", *ATARI, "dqn.learning_starts=128",
+                                        "dqn.train_batch_size=16", "dqn.buffer_size=1000", "dqn.n_step=3",
+                                        "dqn.prioritized_replay=true", "stop.env_steps=512"))
+    assert res.metrics["env_steps_sampled"] == 512 and res.metrics["num_updates"] > 0
+    st = load_state(res.checkpoint)["stateful"]["dqn/replay_buffer"]["buffers"]["default"]["storage"]
+    assert st["kind"] == "frames" and st["rest"]["size"] == 512
+    assert st["frames"].dtype == np.uint8 and st["frames"].shape[1:] == (84, 84)
+    assert st["refs"].shape == (512, 2, 4)
+    # about one 84x84 frame per transition, not 8
+    assert len(st["frames"]) < 1.1 * 512, len(st["frames"])
+
+
+@pytest.mark.parametrize("algo,extra", [("a2c", []), ("impala", ["impala.train_batch_size=64"]),
+                                        ("appo", ["appo.train_batch_size=64"])])
+def test_nature_cnn_trains_with_the_actor_critics(algo, extra, run_dir):
+    res = flowkit.train(local_overrides(run_dir, f"algo={algo}", *ATARI, "model.shared_value_network=true",
+                                        "stop.env_steps=128", *extra))
+    assert res.metrics["env_steps_trained"] >= 64 and np.isfinite(res.metrics["learner/default/total_loss"])
+    pol = flowkit.Algorithm.from_checkpoint(res.checkpoint).get_policy()
+    from flowkit.core import SmallCNN
+    cnn = [m for m in pol.model.modules() if isinstance(m, SmallCNN)]
+    assert len(cnn) == 1 and cnn[0].out_dim == 64 * 7 * 7  # the Nature CNN's 3136 features of 84x84
+    first = cnn[0].net[0]
+    assert (first.in_channels, first.out_channels, first.kernel_size, first.stride) == (4, 32, (8, 8), (4, 4))
+
+
+class _LivesGame(gym.Env):
+    """A toy 'game' with 2 lives of 3 steps each, reward 5 a step: with the preset's training
+    wrappers a life is an episode of reward 1 a step, the game one of 6 steps and 30 points."""
+    observation_space = gym.spaces.Box(-1.0, 1.0, (2,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self):
+        self.ale = self  # EpisodicLife reads env.unwrapped.ale.lives()
+        self.t = 0
+
+    def lives(self):
+        return 2 - self.t // 3 if self.t < 6 else 0
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t = 0
+        return np.zeros(2, np.float32), {}
+
+    def step(self, action):
+        self.t += 1
+        return np.full(2, self.t / 10, np.float32), 5.0, self.t >= 6, False, {}
+
+
+def lives_game():
+    env = EpisodicLife(GameStats(_LivesGame()))
+    return gym.wrappers.TransformReward(env, lambda r: float(np.sign(r)))
+
+
+@pytest.mark.parametrize("mode", ["next_step", "same_step"])
+def test_the_runner_reports_whole_games_unclipped(mode, run_dir):
+    res = flowkit.train(local_overrides(run_dir, "algo=ppo", "env.factory=test_atari:lives_game",
+                                        f"env.autoreset_mode={mode}", "runtime.num_workers=1",
+                                        "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=30",
+                                        "model.hidden_sizes=[8]", "stop.iterations=1"))
+    # a game: a life of 3 transitions, the soft reset's no-op step (no transition), 2 more: 60
+    # transitions are 12 whole games of 6 steps and 30 points (24 training episodes, clipped)
+    assert res.metrics["episodes_this_iter"] == 12
+    assert res.metrics["episode_return_mean"] == 30.0 and res.metrics["episode_len_mean"] == 6.0

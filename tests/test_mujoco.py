@@ -1,0 +1,49 @@
+"""MuJoCo (issue 23): Gymnasium's HalfCheetah-v5 trains with SAC and model.normalize_obs; the
+observation statistics are saved in the checkpoint, restored, and applied when acting; the
+on-policy algorithms update them too."""
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("mujoco")
+
+import flowkit  # noqa: E402
+from flowkit.checkpoint import load_state  # noqa: E402
+from flowkit.testing import local_overrides  # noqa: E402
+
+SMALL = ["runtime.num_workers=1", "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=25",
+         "model.hidden_sizes=[32,32]", "seed=0"]
+
+
+def test_sac_halfcheetah_with_observation_normalisation_in_the_checkpoint(run_dir):
+    res = flowkit.train(local_overrides(run_dir, "algo=sac", "env=HalfCheetah-v5", *SMALL, "model.normalize_obs=true",
+                                        "sac.learning_starts=100", "sac.train_batch_size=32", "stop.env_steps=300"))
+    assert res.metrics["env_steps_sampled"] == 300 and np.isfinite(res.metrics["learner/default/critic_loss"])
+    w = load_state(res.checkpoint)["policies"]["default"]["weights"]
+    mean, var, count = w["obs_rms.mean"], w["obs_rms.var"], float(w["obs_rms.count"])
+    assert mean.shape == (17,) and count > 1000  # rows of replayed train batches taken in
+    assert np.abs(mean).max() > 0.01 and not np.allclose(var, 1.0)  # not the initial identity
+    pol = flowkit.Algorithm.from_checkpoint(res.checkpoint).get_policy()
+    np.testing.assert_array_equal(pol.model.obs_rms.mean.numpy(), mean)
+    # acting (evaluate, workers) sees the normalised observation: the greedy action by hand
+    obs = np.random.default_rng(0).normal(size=(5, 17)).astype(np.float32)
+    x = torch.clamp((torch.from_numpy(obs) - torch.from_numpy(mean)) / torch.sqrt(torch.from_numpy(var) + 1e-8), -10, 10)
+    with torch.no_grad():
+        want = torch.tanh(pol.model.actor(x).chunk(2, -1)[0]).numpy()
+    got = pol.compute_actions(obs, explore=False)
+    lo, hi = pol.action_space.low, pol.action_space.high
+    np.testing.assert_allclose(got, lo + (want + 1) * 0.5 * (hi - lo), rtol=1e-5, atol=1e-5)
+    # the worker's copy gets the statistics with the weights
+    worker = type(pol)(pol.observation_space, pol.action_space, pol.config, pol.model_config, inference_only=True)
+    worker.set_weights(pol.get_weights())
+    np.testing.assert_array_equal(worker.model.obs_rms.var.numpy(), var)
+
+
+@pytest.mark.parametrize("algo", ["a2c", "impala"])
+def test_on_policy_algorithms_update_the_statistics(algo, run_dir):
+    res = flowkit.train(local_overrides(run_dir, f"algo={algo}", "env=Hopper-v5", *SMALL, "model.normalize_obs=true",
+                                        "stop.env_steps=100"))
+    w = load_state(res.checkpoint)["policies"]["default"]["weights"]
+    trained = res.metrics["env_steps_trained"]
+    assert trained >= 100 and float(w["obs_rms.count"]) == pytest.approx(trained, abs=1e-3)  # each trained row once
+    assert w["obs_rms.mean"].shape == (11,) and np.abs(w["obs_rms.mean"]).max() > 0
