@@ -35,17 +35,20 @@ _HOME = {"ConfigError": "config", "Result": "core.metrics", "RunContext": "core.
          "hookimpl": "hooks", "register": "hooks", "unregister": "hooks"}
 
 
-def _from_checkpoint(cls: type, path: str) -> Any:
+def _from_checkpoint(cls: type, path: str, trust_config: bool = False) -> Any:
     """``Algorithm.from_checkpoint(path)``: rebuild a trained algorithm (policies with their
     weights) from a checkpoint folder, a run folder (its latest checkpoint) or a ``state.pt``
-    file (:func:`flowkit.checkpoint.load_trained`). Starts no worker.
+    file (:func:`flowkit.checkpoint.load_trained`). Starts no worker. ``trust_config``: allow
+    the callables its config names that no installed flowkit plugin provides (a run folder is
+    data; see :mod:`flowkit._trust`).
 
     Raises:
         FileNotFoundError: no checkpoint at ``path``.
         CheckpointError: unreadable, or an algorithm it needs is not registered.
+        ConfigError: its config names such a callable and ``trust_config`` is false.
     """
     from flowkit.checkpoint import load_trained
-    return load_trained(path, cls if cls is not _Algorithm else None)
+    return load_trained(path, cls if cls is not _Algorithm else None, trust_config)
 
 
 _Algorithm.from_checkpoint = classmethod(_from_checkpoint)  # type: ignore[assignment]

@@ -20,7 +20,7 @@ import signal
 import socket
 import threading
 import time
-from typing import Any, Callable, Dict, Iterator, Optional
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
 from flowkit.core.flow import SampleTimeout
 
@@ -224,14 +224,32 @@ def check_new_run_dir(run_dir: Optional[str]) -> None:
                               "it would hide them from `flowkit plot`; give the run a folder of its own")
 
 
-def lock_run_dir(run_dir: str) -> Callable[[], None]:
-    """Create ``run_dir`` and ``run_dir/.lock`` (``pid host``); return its release function.
+def _holder(fd: int) -> Tuple[Optional[int], str]:
+    """``(pid, host)`` written in an open lock file (``(None, "")`` when empty or not ours)."""
+    try:
+        pid_s, _, owner = os.pread(fd, 256, 0).decode("utf-8", "replace").strip().partition(" ")
+        return int(pid_s), owner.strip()
+    except (OSError, ValueError):
+        return None, ""
+
+
+def lock_run_dir(run_dir: str, take_over: bool = False) -> Callable[[], None]:
+    """Create ``run_dir`` and take ``run_dir/.lock`` atomically: an exclusive ``flock`` on it
+    (held until release or until the process ends, so a killed run's lock is free at once),
+    then ``pid host`` written in it. Returns the release function (removes the file, then
+    drops the lock). A lock whose file names a live process of this host is refused too; one
+    naming a process that is gone is taken over; one naming another host (whose process cannot
+    be checked from here) only with ``take_over`` (``--take-over-lock``: that run must be gone,
+    e.g. preempted). Of any number of simultaneous takers exactly one wins.
 
     Raises:
         ConfigError: ``run_dir`` cannot be created or written (the reason named).
-        ConfigError: a live run holds it (same host, pid alive), or a run on another host,
-            whose liveness cannot be checked here (the message says which file to remove).
+        ConfigError: a live run holds it (the pid and host named), or a run on another host
+            and not ``take_over`` (the message names the option).
     """
+    import errno
+    import fcntl
+
     from flowkit.config import ConfigError
     path = os.path.join(run_dir, ".lock")
     me, host = os.getpid(), socket.gethostname()
@@ -242,32 +260,51 @@ def lock_run_dir(run_dir: str) -> Callable[[], None]:
         raise ConfigError(f"run.dir={run_dir!r} cannot be created: {e.strerror or e}") from None
     if not writable:
         raise ConfigError(f"run.dir={run_dir!r} is not writable")
-    try:
-        with open(path) as f:
-            pid_s, _, owner = f.read().strip().partition(" ")
-        pid = int(pid_s)
-    except (OSError, ValueError):
-        pid, owner = None, host
-    if pid is not None and pid != me:
-        if owner != host:
-            raise ConfigError(f"run.dir={run_dir!r} is locked by a run on host {owner!r} (pid {pid}); "
-                               f"remove {path} if that run is gone")
+
+    def refuse(fd: int, why: str) -> ConfigError:
+        os.close(fd)
+        return ConfigError(f"run.dir={run_dir!r} {why}")
+    while True:
         try:
-            os.kill(pid, 0)
-            raise ConfigError(f"run.dir={run_dir!r} is in use by a live run (pid {pid}); choose another "
-                               "run.dir or stop that run")
-        except ProcessLookupError:
-            pass  # stale: taken over
-        except PermissionError:
-            raise ConfigError(f"run.dir={run_dir!r} is in use by a live run (pid {pid}, another user)") from None
-    tmp = f"{path}.{me}"
-    with open(tmp, "w") as f:
-        f.write(f"{me} {host}\n")
-    os.replace(tmp, path)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise ConfigError(f"run.dir={run_dir!r}: cannot create its lock {path}: {e.strerror or e}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            if e.errno not in (errno.EAGAIN, errno.EWOULDBLOCK, errno.EACCES):
+                break  # no flock on this filesystem: the pid and host in the file decide alone
+            pid, owner = _holder(fd)
+            where = "" if owner in ("", host) else f" on host {owner!r}"
+            raise refuse(fd, f"is in use by a live run (pid {pid if pid is not None else '?'}{where}); choose "
+                             "another run.dir or stop that run") from None
+        try:  # released (removed) between our open and our flock: take the new file instead
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)
+    pid, owner = _holder(fd)
+    if pid is not None and pid != me:
+        if owner != host and not take_over:
+            raise refuse(fd, f"is locked by a run on host {owner!r} (pid {pid}), which cannot be checked from "
+                             f"here: if that run is gone, resume with --take-over-lock (flowkit.train(..., "
+                             f"take_over_lock=True)) or remove {path}")
+        if owner == host:
+            try:
+                os.kill(pid, 0)
+                raise refuse(fd, f"is in use by a live run (pid {pid}); choose another run.dir or stop that run")
+            except ProcessLookupError:
+                pass  # gone: taken over
+            except PermissionError:
+                raise refuse(fd, f"is in use by a live run (pid {pid}, another user)") from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{me} {host}\n".encode(), 0)
 
     def release() -> None:
-        with contextlib.suppress(OSError, ValueError):
-            with open(path) as f:
-                if int(f.read().split()[0]) == me:
-                    os.remove(path)
+        with contextlib.suppress(OSError):
+            if _holder(fd)[0] == me and os.stat(path).st_ino == os.fstat(fd).st_ino:
+                os.remove(path)  # before the lock is dropped: a waiter then sees the file gone
+        with contextlib.suppress(OSError):
+            os.close(fd)
     return release

@@ -19,6 +19,7 @@ A checkpoint is a folder ``<run>/checkpoints/<tag>/`` with two files:
     policy_specs: {policy_id: {algo, algo_module, observation_space, action_space,
                                config, extra}}    # spaces: space_to_dict; config: a dict
     policies: {policy_id: Policy.get_state()}       # weights, optimizer, RNG states
+    digests: {policies: sha256 of policies as stored}  # checked on load (digest())
     algorithms: {name: Algorithm.get_state()}
     stateful: {name: obj.get_state(include_replay=...)}  # replay buffers, learner threads
     plugins: {plugin name: flowkit_state_dict()}
@@ -28,18 +29,22 @@ A checkpoint is a folder ``<run>/checkpoints/<tag>/`` with two files:
 Classes are named, never stored: a policy by the registered name of the algorithm that
 trains it (``ppo``, ``random``), looked up in the plugin registry when loading. A
 checkpoint whose algorithm is not registered fails with one line naming it and how to
-register it. Modules named in ``config.yaml`` (``plugins=[...]``) are imported, as for any
-run: installed code is trusted, the checkpoint is not.
+register it. Callables named in ``config.yaml`` (``plugins=[...]``, ``env.factory``,
+``model.class``) are imported only when an installed flowkit plugin provides them or the user
+consents (:mod:`flowkit._trust`): installed code is trusted, the run folder is not.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
 import inspect
 import os
 import random
 import shutil
 import tempfile
 import warnings
+import zipfile
 from collections import OrderedDict
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -48,6 +53,7 @@ import numpy as np
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from flowkit._trust import RunFolderError, UntrustedConfigError, check_config_callables, read_run_config
 from flowkit.config import ConfigError, build_config, used_sections
 from flowkit.core import PolicySpec, derive_seed
 from flowkit.core.learner import NonFiniteError
@@ -64,7 +70,12 @@ _HOW_TO_REGISTER = ("register it before loading: install its package (entry-poin
 
 class CheckpointError(ConfigError):
     """A checkpoint that cannot be used: not format 2, not plain data, or naming an algorithm
-    that is not registered. The message is one line and names the file."""
+    that is not registered. The message is one line and names the file. ``damaged``: the run
+    folder's file is broken (the CLI exits 1), not what the user gave (exit 2)."""
+
+    def __init__(self, msg: str, damaged: bool = False):
+        super().__init__(msg)
+        self.exit_status = 1 if damaged else 2
 
 
 def to_plain(obj: Any, where: str = "state") -> Any:
@@ -112,6 +123,54 @@ def from_plain(obj: Any) -> Any:
     return obj
 
 
+def digest(obj: Any) -> str:
+    """sha256 of plain data as stored (tensors by dtype, shape and bytes; numbers and strings
+    by repr; containers in order): written with a checkpoint's ``policies`` and checked on
+    load, so flipped bytes in a readable archive are found, not trained on or exported."""
+    h = hashlib.sha256()
+
+    def walk(o: Any) -> None:
+        if isinstance(o, torch.Tensor):
+            t = o.detach().cpu().contiguous().reshape(-1)
+            h.update(f"T{t.dtype}{tuple(o.shape)}".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        elif isinstance(o, dict):
+            h.update(b"{")
+            for k, v in o.items():
+                h.update(repr(k).encode())
+                walk(v)
+            h.update(b"}")
+        elif isinstance(o, (list, tuple)):
+            h.update(b"[")
+            for v in o:
+                walk(v)
+            h.update(b"]")
+        else:
+            h.update(repr(o).encode())
+    walk(obj)
+    return h.hexdigest()
+
+
+def write_file(path: str, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file beside it, fsync, then rename: a full
+    disk or a kill leaves the previous file as it was.
+
+    Raises:
+        OSError: it could not be written (the file named; the previous one kept; no temp left).
+    """
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "w") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except OSError as e:
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        raise OSError(e.errno, f"cannot write {path} (the previous file is kept): {e.strerror or e}") from e
+
+
 def save_state(state: Dict[str, Any], path: str) -> None:
     """``torch.save`` of ``to_plain(state)`` (raises TypeError before writing anything)."""
     torch.save(to_plain(state), path)
@@ -134,22 +193,85 @@ def load_state(path: str) -> Dict[str, Any]:
     """
     if os.path.isdir(path):
         path = os.path.join(path, STATE_FILE)
+    try:  # a torch archive is a zip: one cut short lost its central directory (torch would try it as a pickle)
+        with open(path, "rb") as f:
+            head = f.read(4)
+        if head == b"PK\x03\x04"[:len(head)] and not zipfile.is_zipfile(path):  # empty, or a zip cut short
+            raise CheckpointError(f"checkpoint file {path!r} is corrupt or truncated ({os.path.getsize(path)} bytes, "
+                                  "not a complete checkpoint archive; nothing in it was run)", damaged=True)
+    except OSError:
+        pass  # torch.load below names it
     try:
         st = torch.load(path, weights_only=True, map_location="cpu")
     except FileNotFoundError:
         raise CheckpointError(f"checkpoint file {path!r} does not exist") from None
     except RuntimeError as e:  # not a torch zip archive: cut short (a crash mid-copy), or another file
         raise CheckpointError(f"checkpoint file {path!r} is corrupt or truncated (not a complete checkpoint "
-                              f"archive; nothing in it was run): {_why(e)}") from None
+                              f"archive; nothing in it was run): {_why(e)}", damaged=True) from None
+    except IsADirectoryError:
+        raise CheckpointError(f"checkpoint file {path!r} is a folder, not a file", damaged=True) from None
     except Exception as e:
         raise CheckpointError(f"checkpoint file {path!r} was refused: it holds pickled objects, not plain data "
                               f"(a checkpoint written before format {FORMAT}, or not a flowkit checkpoint); "
-                              f"nothing in it was run ({_why(e)})") from None
+                              f"nothing in it was run ({_why(e)})", damaged=True) from None
     if not isinstance(st, dict) or st.get("format") != FORMAT:
         got = st.get("format") if isinstance(st, dict) else type(st).__name__
         raise CheckpointError(f"checkpoint file {path!r} is in format {got!r}, not {FORMAT}: checkpoints written "
-                              "before flowkit stored plain data cannot be loaded; train again")
+                              "before flowkit stored plain data cannot be loaded; train again", damaged=True)
+    if "policy_specs" in st or "policies" in st or "iteration" in st:  # a run's checkpoint: its layout checked
+        check_layout(st, path)
+    want = (st.get("digests") or {}).get("policies") if isinstance(st.get("digests"), dict) else None
+    if want is not None and digest(st["policies"]) != want:  # (checkpoints written before digests: none)
+        raise CheckpointError(f"checkpoint file {path!r} is damaged: its policies do not match the digest written "
+                              "with them (flipped bytes?); use an earlier checkpoint", damaged=True)
     return from_plain(st)
+
+
+def check_layout(st: Dict[str, Any], path: str) -> None:
+    """The keys every run checkpoint has, with the right types: ``iteration`` an int >= 0,
+    ``counters`` ints, ``policy_specs`` and ``policies`` mappings over the same policy ids,
+    each spec naming its algorithm and spaces.
+
+    Raises:
+        CheckpointError: the first key missing or of the wrong type (the file named; damaged).
+    """
+    def bad(what: str) -> CheckpointError:
+        return CheckpointError(f"checkpoint file {path!r} is damaged: {what}", damaged=True)
+    it = st.get("iteration")
+    if type(it) is not int or it < 0:
+        raise bad(f"`iteration` is {it!r}, not an int >= 0")
+    for key in ("counters", "policy_specs", "policies"):
+        if not isinstance(st.get(key), dict):
+            raise bad(f"`{key}` is {'missing' if key not in st else type(st[key]).__name__ + ', not a mapping'}")
+    if not all(type(v) is int for v in st["counters"].values()):
+        raise bad("`counters` holds a value that is not an int")
+    if set(st["policy_specs"]) != set(st["policies"]):
+        raise bad(f"`policies` ({', '.join(map(str, st['policies'])) or 'none'}) and `policy_specs` "
+                  f"({', '.join(map(str, st['policy_specs'])) or 'none'}) name different policies")
+    for pid, d in st["policy_specs"].items():
+        if not (isinstance(d, dict) and isinstance(d.get("algo"), str) and isinstance(d.get("observation_space"), dict)
+                and isinstance(d.get("action_space"), dict)):
+            raise bad(f"`policy_specs.{pid}` does not name its algorithm and spaces")
+        if not isinstance(st["policies"][pid], dict):
+            raise bad(f"`policies.{pid}` is not a mapping")
+
+
+def check_policy_states(st: Dict[str, Any], path: str) -> None:
+    """Every policy's weights in ``st`` (loaded) are finite numeric arrays (NaN or inf weights, as a
+    diverged run or flipped bytes leave them, are never evaluated, exported or trained on).
+
+    Raises:
+        CheckpointError: naming the file, the policy and the weight (damaged).
+    """
+    for pid, pst in st["policies"].items():
+        for name, w in (pst.get("weights") or {}).items() if isinstance(pst.get("weights"), dict) else ():
+            a = np.asarray(w) if isinstance(w, np.ndarray) else None
+            if a is None or a.dtype.kind not in "biuf":
+                raise CheckpointError(f"checkpoint file {path!r} is damaged: policy {pid!r} weight {name!r} is "
+                                      f"{type(w).__name__}, not a numeric array", damaged=True)
+            if a.dtype.kind == "f" and not np.isfinite(a).all():
+                raise CheckpointError(f"checkpoint file {path!r} is damaged: policy {pid!r} weight {name!r} holds "
+                                      f"{int((~np.isfinite(a)).sum())} non-finite values (NaN or inf)", damaged=True)
 
 
 _SPACE_ARGS = {"Box": ("low", "high", "shape", "dtype"), "Discrete": ("n", "start", "dtype"),
@@ -184,16 +306,56 @@ def space_to_dict(space: gym.Space) -> Dict[str, Any]:
                     "(supported: Box, Discrete, MultiDiscrete, MultiBinary, Dict, Tuple)")
 
 
+MAX_SPACE_SIZE = 2 ** 24  # elements of a space (and of its one-hot encoding) a checkpoint may describe
+
+
+def _space_size(d: Any, depth: int = 0) -> int:
+    """Elements a described space holds (Box, MultiBinary: its shape; Discrete: n, its one-hot
+    size; MultiDiscrete: sum(nvec)), from the description alone, before anything is allocated.
+    ValueError for a description that is not one."""
+    if not isinstance(d, dict) or depth > 16:
+        raise ValueError("a space description that is not a mapping (or nested deeper than 16)")
+    kind = d.get("type")
+
+    def ints(v: Any, what: str, lo: int) -> List[int]:
+        vals = np.asarray(v).ravel().tolist() if isinstance(v, (np.ndarray, list, tuple)) else [v]
+        if len(vals) > MAX_SPACE_SIZE or not all(type(x) is int and x >= lo for x in vals):
+            raise ValueError(f"{kind} {what} {v if len(vals) < 8 else '[...]'!r}: ints >= {lo} expected")
+        return vals
+    if kind == "Box":
+        return int(np.prod(ints(d.get("shape"), "shape", 0), dtype=object))
+    if kind == "Discrete":
+        return ints(d.get("n"), "n", 1)[0]
+    if kind == "MultiDiscrete":
+        return sum(ints(d.get("nvec"), "nvec", 1))
+    if kind == "MultiBinary":
+        return int(np.prod(ints(d.get("n"), "n", 0), dtype=object))
+    if kind in ("Dict", "Tuple") and isinstance(d.get("spaces"), list):
+        subs = [v[1] if kind == "Dict" and isinstance(v, (list, tuple)) and len(v) == 2 else v for v in d["spaces"]]
+        return sum(_space_size(v, depth + 1) for v in subs)
+    raise ValueError(f"unknown space type {kind!r}")
+
+
 def space_from_dict(d: Dict[str, Any]) -> gym.Space:
-    """The space :func:`space_to_dict` described (ValueError for an unknown ``type``)."""
+    """The space :func:`space_to_dict` described.
+
+    Raises:
+        ValueError: an unknown ``type``, a malformed description, or a space of more than
+            :data:`MAX_SPACE_SIZE` elements (checked before anything is allocated).
+    """
+    size = _space_size(d)
+    if size > MAX_SPACE_SIZE:
+        raise ValueError(f"a {d.get('type')} space of {size} elements (at most {MAX_SPACE_SIZE})")
+    return _space(d)
+
+
+def _space(d: Dict[str, Any]) -> gym.Space:
     kind = d.get("type")
     if kind in _SPACE_ARGS:
         return getattr(gym.spaces, kind)(**{a: _arg_from_plain(a, d[a]) for a in _SPACE_ARGS[kind]})
     if kind == "Dict":
-        return gym.spaces.Dict([(k, space_from_dict(v)) for k, v in d["spaces"]], sort_keys=False)
-    if kind == "Tuple":
-        return gym.spaces.Tuple([space_from_dict(v) for v in d["spaces"]])
-    raise ValueError(f"unknown space type {kind!r} in a checkpoint")
+        return gym.spaces.Dict([(k, _space(v)) for k, v in d["spaces"]], sort_keys=False)
+    return gym.spaces.Tuple([_space(v) for v in d["spaces"]])
 
 
 _SPEC_FIELDS = {f.name for f in dataclasses.fields(PolicySpec)}
@@ -245,7 +407,7 @@ def spec_from_dict(d: Dict[str, Any], algorithms: Mapping[str, type], path: str 
     cls: Any = algorithms.get(name)
     if cls is None:
         raise missing_algorithm(name, path, d.get("algo_module"), algorithms)
-    conf = d["config"]
+    conf = d.get("config")
     cfg_cls = getattr(cls, "config_class", None)
     if cfg_cls is not None and conf is not None:
         try:
@@ -254,11 +416,15 @@ def spec_from_dict(d: Dict[str, Any], algorithms: Mapping[str, type], path: str 
             raise CheckpointError(f"checkpoint {path!r}: the {name!r} config it stores does not fit the installed "
                                   f"algorithm: {type(e).__name__}: {str(e).splitlines()[0]}") from None
     model = None
-    if d.get("model") is not None:  # a multi-agent policy's own model.*
-        from flowkit.config import ModelConfig
-        model = OmegaConf.merge(OmegaConf.structured(ModelConfig), d["model"])
-    return PolicySpec(cls.policy_class, space_from_dict(d["observation_space"]),
-                      space_from_dict(d["action_space"]), conf, name, model)
+    try:
+        if d.get("model") is not None:  # a multi-agent policy's own model.*
+            from flowkit.config import ModelConfig
+            model = OmegaConf.merge(OmegaConf.structured(ModelConfig), d["model"])
+        spaces = [space_from_dict(d[k]) for k in ("observation_space", "action_space")]
+    except Exception as e:  # a space gymnasium refuses (negative n, bounds of the wrong shape), a bad model.*
+        raise CheckpointError(f"checkpoint {path!r} is damaged: the {name!r} policy spec it stores cannot be built: "
+                              f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}", damaged=True) from None
+    return PolicySpec(cls.policy_class, spaces[0], spaces[1], conf, name, model)
 
 
 def used_config(cfg: DictConfig, specs: Dict[str, PolicySpec], pm: Any) -> Dict[str, Any]:
@@ -319,6 +485,7 @@ def save_checkpoint(ctx: Any, run_dir: str, tag: Optional[str] = None) -> str:
         if not all(np.isfinite(w).all() for w in (st.get("weights") or {}).values()):
             raise NonFiniteError(f"policy {pid!r} has non-finite weights: checkpoint {final!r} not written")
     plain, text = to_plain(state), config_yaml(ctx.config, ctx.policy_specs, ctx.pm)
+    plain["digests"] = {"policies": digest(plain["policies"])}
     tmp = tempfile.mkdtemp(prefix=".tmp-", dir=ck_root)
     try:
         torch.save(plain, os.path.join(tmp, STATE_FILE))
@@ -345,6 +512,21 @@ def save_checkpoint(ctx: Any, run_dir: str, tag: Optional[str] = None) -> str:
             shutil.rmtree(os.path.join(ck_root, old_ck), ignore_errors=True)
     ctx.pm.hook.flowkit_on_checkpoint(path=final, ctx=ctx)
     return final
+
+
+def remove_stale_temp(run_dir: str) -> List[str]:
+    """Remove what a process killed while writing left in a run folder it held: the
+    ``checkpoints/.tmp-*`` folders of :func:`save_checkpoint`, ``metrics.csv.tmp`` and the
+    temporary files of :func:`write_file` (``config.yaml.tmp-PID``, ``result.json.tmp-PID``). Called
+    by a run once it holds the folder's lock (so no live writer owns them). Returns what went."""
+    ck_root = os.path.join(run_dir, "checkpoints")
+    gone = [os.path.join(ck_root, n) for n in (os.listdir(ck_root) if os.path.isdir(ck_root) else [])
+            if n.startswith(".tmp-")]
+    gone += [os.path.join(run_dir, n) for n in os.listdir(run_dir)
+             if n == "metrics.csv.tmp" or n.startswith(("config.yaml.tmp-", "result.json.tmp-"))]
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else os.remove(p)
+    return gone
 
 
 def read_iteration(ck_dir: str) -> int:
@@ -394,6 +576,11 @@ def restore(ctx: Any, ck_dir: str) -> None:
             saved state that does not fit (a changed env or model: the mismatch named).
     """
     st = load_state(path := os.path.join(ck_dir, STATE_FILE))
+    check_policy_states(st, path)
+    if missing := [pid for pid in ctx.policies if pid not in st["policies"]]:
+        raise CheckpointError(f"checkpoint file {path!r} is damaged: it holds no state for polic"
+                              f"{'ies' if len(missing) > 1 else 'y'} {', '.join(map(repr, missing))} of this run "
+                              "(resuming would start it from fresh weights)", damaged=True)
     for pid, d in st["policy_specs"].items():
         if (mine := ctx.policy_specs.get(pid)) is not None and mine.algo != d["algo"]:
             raise CheckpointError(f"checkpoint {path!r}: policy {pid!r} was trained by {d['algo']!r}, "
@@ -424,14 +611,18 @@ def restore(ctx: Any, ck_dir: str) -> None:
     ctx.workers.num_restarts = int(st.get("num_restarts", 0))
 
 
-def resume_config(user: Any, resume: str, pm: Any) -> Tuple[str, DictConfig, Any, int]:
+def resume_config(user: Any, resume: str, pm: Any, trust_config: bool = False) -> Tuple[str, DictConfig, Any, int]:
     """For ``resume=PATH``: ``(checkpoint folder, config, plugin manager, iteration)``; the
     config is the checkpoint's ``config.yaml`` with the user's overrides (``resume`` aside)
-    on top, the plugin manager also loads the ``plugins`` that config names.
+    on top, the plugin manager also loads the ``plugins`` that config names -- once the
+    user consented to its callables (``trust_config``, or the same keys given in ``user``;
+    see :mod:`flowkit._trust`).
 
     Raises:
         CheckpointError: no or an unreadable checkpoint, or an algorithm it needs is not
             registered.
+        RunFolderError: its config.yaml is missing, not plain YAML or holds an interpolation.
+        UntrustedConfigError: it names a callable the user did not consent to (nothing imported).
     """
     from flowkit.config import _as_source
     try:
@@ -439,9 +630,11 @@ def resume_config(user: Any, resume: str, pm: Any) -> Tuple[str, DictConfig, Any
     except FileNotFoundError as e:
         raise CheckpointError(f"resume: {e}") from None
     st = load_state(os.path.join(ck, STATE_FILE))
-    saved = OmegaConf.to_container(OmegaConf.load(os.path.join(ck, "config.yaml")), resolve=True)
+    saved = read_run_config(ck)
+    check_run_algorithm(ck, saved)
     over, _ = _as_source(user)
     over.pop("resume", None)
+    check_config_callables(saved, os.path.join(ck, "config.yaml"), trust_config, over)
     merged: Any = OmegaConf.merge(OmegaConf.create(saved), OmegaConf.create(over))
     pm.load_modules(merged.get("plugins") or [], f"`plugins` in {ck}/config.yaml")  # installed code
     pm.check_hooks()
@@ -450,18 +643,73 @@ def resume_config(user: Any, resume: str, pm: Any) -> Tuple[str, DictConfig, Any
     return ck, cfg, pm, int(st["iteration"])
 
 
-def load_trained(path: str, expected_cls: Optional[type] = None) -> Any:
+def check_spec_callables(state: Dict[str, Any], path: str, trust: bool = False, allowed: Any = ()) -> None:
+    """:func:`~flowkit._trust.check_config_callables` for the ``model`` and ``config`` each
+    policy spec of a loaded ``state`` stores (a policy's own ``model.class``)."""
+    specs: Dict[str, Any] = state["policy_specs"] if isinstance(state.get("policy_specs"), dict) else {}
+    check_config_callables({"policy_specs": {pid: {"model": d.get("model"), "config": d.get("config")}
+                                             for pid, d in specs.items() if isinstance(d, dict)}},
+                           path, trust, allowed=allowed)
+
+
+def check_run_algorithm(ck: str, saved: Dict[str, Any]) -> None:
+    """A checkpoint folder of a run folder (``<run>/checkpoints/<tag>``) names the run's
+    ``algo``: a checkpoint copied in from another run (a DQN one among PPO's) is refused.
+
+    Raises:
+        CheckpointError: naming both config files and both algorithms (damaged).
+    """
+    run_dir = os.path.dirname(os.path.dirname(os.path.abspath(ck)))
+    run_cfg = os.path.join(run_dir, "config.yaml")
+    if os.path.basename(os.path.dirname(os.path.abspath(ck))) != "checkpoints" or not os.path.isfile(run_cfg):
+        return
+    theirs = read_run_config(run_cfg).get("algo")
+    if theirs is not None and saved.get("algo") is not None and theirs != saved["algo"]:
+        raise CheckpointError(f"checkpoint {ck!r} does not belong to its run folder: its config.yaml says "
+                              f"algo={saved['algo']!r}, the run's {run_cfg} says algo={theirs!r}", damaged=True)
+
+
+def check_same_algorithm(st: Dict[str, Any], cfg: Any, path: str) -> None:
+    """The algorithm each policy of ``st`` names is the one the run's config gives it
+    (``algo``, or ``multiagent.policies.<id>.algo`` where set): a checkpoint of another run
+    (a DQN state.pt in a PPO run folder) is refused, never loaded as it.
+
+    Raises:
+        CheckpointError: naming the file, the policy and both algorithms (damaged).
+    """
+    pols = OmegaConf.select(cfg, "multiagent.policies", default=None) or {}
+    specs = st["policy_specs"]
+    for pid, d in specs.items():
+        given = pols.get(pid) if hasattr(pols, "get") else None
+        want = given.get("algo") if given is not None and hasattr(given, "get") else None
+        if want is None and not pols and len(specs) == 1:
+            want = str(cfg.algo)  # a single-agent run
+        if want is not None and d["algo"] != want:
+            raise CheckpointError(f"checkpoint file {path!r} does not belong to this run: policy {pid!r} was trained "
+                                  f"by {d['algo']!r}, the run's config.yaml says {want!r}", damaged=True)
+
+
+def load_trained(path: str, expected_cls: Optional[type] = None, trust_config: bool = False) -> Any:
     """See :meth:`Algorithm.from_checkpoint`: the algorithm of ``config.yaml`` (or
     ``expected_cls``, which then need not be registered) with every policy of the checkpoint
     rebuilt from its algorithm's registered policy class and restored. Starts no worker.
+    The callables its config and policy specs name (``env.factory``, ``model.class``,
+    ``plugins``) must come from installed flowkit plugins unless ``trust_config``
+    (:mod:`flowkit._trust`); nothing is imported before that check.
 
     Raises:
         FileNotFoundError: no checkpoint at ``path``.
         CheckpointError: unreadable, or an algorithm it needs is not registered (one line).
+        RunFolderError: its config.yaml is missing, not plain YAML or holds an interpolation.
+        UntrustedConfigError: a callable named without consent (key and callable named).
     """
     ck = find_checkpoint(path)
     st = load_state(state_path := os.path.join(ck, STATE_FILE))
-    cfg_yaml: Any = OmegaConf.load(os.path.join(ck, "config.yaml"))
+    saved = read_run_config(ck)
+    check_run_algorithm(ck, saved)
+    check_config_callables(saved, os.path.join(ck, "config.yaml"), trust_config)
+    check_spec_callables(st, state_path, trust_config)
+    cfg_yaml: Any = OmegaConf.create(saved)
     pm = get_plugin_manager(list(cfg_yaml.get("plugins") or []))
     exp: Any = expected_cls
     algos: Any = Algorithms({**pm.algorithms(load=False), **({exp.name: exp} if exp is not None else {})})
@@ -470,18 +718,28 @@ def load_trained(path: str, expected_cls: Optional[type] = None) -> Any:
         if getattr(exp, "config_class", None) is not None:
             sections.setdefault(exp.name, exp.config_class)
     check_algorithms(st, algos, state_path, () if exp is not None else (str(cfg_yaml.algo),))
-    cfg = build_config(OmegaConf.to_container(cfg_yaml, resolve=True), None, sections)
+    try:
+        cfg = build_config(OmegaConf.to_container(cfg_yaml, resolve=True), None, sections)
+    except ConfigError as e:  # an unknown key or a wrong type in the folder's file, not in anything the user gave
+        raise CheckpointError(f"{os.path.join(ck, 'config.yaml')}: {e}", damaged=True) from None
+    check_same_algorithm(st, cfg, state_path)
+    check_policy_states(st, state_path)
     algo = (expected_cls or algos[cfg.algo])(cfg)
     for pid, d in st["policy_specs"].items():
         spec = spec_from_dict(d, algos, state_path)
-        algo.policies[pid] = pol = spec.policy_class(spec.observation_space, spec.action_space, spec.config,
-                                                     spec.model_config(cfg), "cpu", derive_seed(int(cfg.seed), "learner", pid))
-        pol.set_state(st["policies"][pid])
+        try:
+            algo.policies[pid] = pol = spec.policy_class(spec.observation_space, spec.action_space, spec.config,
+                                                         spec.model_config(cfg), "cpu", derive_seed(int(cfg.seed), "learner", pid))
+            pol.set_state(st["policies"][pid])
+        except (RuntimeError, ValueError, KeyError, TypeError) as e:  # e.g. load_state_dict's size mismatch
+            raise CheckpointError(f"checkpoint {state_path!r} is damaged: the saved state of policy {pid!r} does not "
+                                  f"fit the network its spec and config.yaml describe: {_why(e)}", damaged=True) from None
     algo.checkpoint_state = st
     return algo
 
 
-__all__ = ["CheckpointError", "FORMAT", "STATE_FILE", "check_algorithms", "config_yaml", "find_checkpoint",
-           "from_plain", "load_state", "load_trained", "missing_algorithm", "read_iteration", "restore",
+__all__ = ["CheckpointError", "FORMAT", "RunFolderError", "STATE_FILE", "UntrustedConfigError", "check_algorithms",
+           "check_config_callables", "check_spec_callables", "digest", "read_run_config", "write_file", "config_yaml", "find_checkpoint",
+           "from_plain", "load_state", "load_trained", "missing_algorithm", "read_iteration", "remove_stale_temp", "restore",
            "resume_config", "save_checkpoint", "save_state", "space_from_dict", "space_to_dict", "spec_from_dict",
            "spec_to_dict", "to_plain", "used_config"]

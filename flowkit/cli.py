@@ -19,18 +19,20 @@ import signal
 import sys
 from typing import Any, Dict, List, Optional, Sequence
 
-USAGE = """flowkit train [-c FILE ...] [--no-tuned] [--dry-run | --print-config] [key=value ...]
+USAGE = """flowkit train [-c FILE ...] [--no-tuned] [--dry-run | --print-config] [--trust-config] [--take-over-lock] [key=value ...]
 flowkit plan [-c FILE ...] [--no-tuned] [key=value ...]
 flowkit plugins [plugins=[module,...]]
-flowkit evaluate RUN_DIR|CHECKPOINT [episodes=N] [seed=S] [explore=false] [render=mp4|gif] [key=value ...]
-flowkit export RUN_DIR|CHECKPOINT --format torchscript|onnx [--out PATH] [--policy ID]
-flowkit record RUN_DIR|CHECKPOINT [episodes=N | steps=N] [explore=greedy|sample|epsilon|random] [out=PATH] [key=value ...]
+flowkit evaluate RUN_DIR|CHECKPOINT [--trust-config] [episodes=N] [seed=S] [explore=false] [render=mp4|gif] [key=value ...]
+flowkit export RUN_DIR|CHECKPOINT --format torchscript|onnx [--out PATH] [--policy ID] [--trust-config]
+flowkit record RUN_DIR|CHECKPOINT [episodes=N | steps=N] [explore=greedy|sample|epsilon|random] [out=PATH] [key=value ...] [--trust-config]
 flowkit plot RUN_DIR... [--x env_steps|time] [--metric M] [--out FILE]
 flowkit tune [-c FILE ...] [--no-tuned] [--metric M] [--mode max|min] [--search grid|random|optuna]
              [--num-samples N] [--scheduler asha|none] [--grace-period T] [--max-concurrent K]
              [key=value ...] [key=choice(a,b) key=range(3) ...]
 flowkit --version"""
 SUBCOMMANDS = {"plot": "flowkit.plot", "tune": "flowkit.tune"}  # commands with arguments of their own
+_TRUST_HELP = ("a run folder's config (resume=, evaluate, export) may call what it names (env.factory, "
+               "model.class, plugins) even where no installed flowkit plugin provides it")
 
 
 def tuned_config_path(algo: str, env_id: Optional[str]) -> Optional[str]:
@@ -102,6 +104,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML; start nothing")
     p.add_argument("--dry-run", action="store_true", help="validate the config and print the plan; start nothing")
     p.add_argument("--mermaid", action="store_true", help="plan: print only the Mermaid graph")
+    p.add_argument("--trust-config", action="store_true", help=_TRUST_HELP)
+    p.add_argument("--take-over-lock", action="store_true",
+                   help="resume=: take over the run folder's lock held by a run on another host that is gone")
     p.add_argument("-h", "--help", action="store_true")
     p.add_argument("-V", "--version", action="store_true", help="print flowkit's version")
     p.add_argument("overrides", nargs="*", help="config overrides key=value")
@@ -198,11 +203,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             check_new_run_dir(cfg.run.dir)
             _ray.start(cfg, prestart=True)  # Ray and the workers come up while torch and the learner load
         from flowkit.engine import train
-        res = train(overrides, args.config_file)  # prints the summary
+        res = train(overrides, args.config_file, trust_config=args.trust_config,
+                    take_over_lock=args.take_over_lock)  # prints the summary
         return exit_status(res.stop_reason)
     except ConfigError as e:
         print(f"flowkit: config error: {e}", file=sys.stderr)
-        return 2
+        return getattr(e, "exit_status", 2)  # 1: a damaged run folder
     except PluginError as e:
         print(f"flowkit: plugin error: {e}", file=sys.stderr)
         return 2
@@ -276,6 +282,7 @@ class _Args(argparse.ArgumentParser):
 def _after_parser(cmd: str, doc: str) -> _Args:
     p = _Args(prog=f"flowkit {cmd}", description=doc, add_help=False)
     p.add_argument("path", nargs="?", help="a run folder (its newest checkpoint) or a checkpoint folder")
+    p.add_argument("--trust-config", action="store_true", help=_TRUST_HELP)
     p.add_argument("-h", "--help", action="store_true")
     return p
 
@@ -294,7 +301,7 @@ def _run_after(cmd: str, fn: Any) -> int:
         return fn()
     except (_ArgError, ConfigError) as e:
         print(f"flowkit {cmd}: error: {e}", file=sys.stderr)
-        return 2
+        return getattr(e, "exit_status", 2)  # 1: a damaged run folder
 
 
 def _evaluate(argv: List[str]) -> int:
@@ -317,7 +324,7 @@ def _evaluate(argv: List[str]) -> int:
         opts = parse_args(a.args)
         path = _checkpoint_path("evaluate", a.path)
         from flowkit.evaluation import evaluate, format_table
-        report = evaluate(path, **opts)
+        report = evaluate(path, **opts, trust_config=a.trust_config)
         print(format_table(report))
         for v in report.get("videos", []):
             print(f"video: {v}")
@@ -357,7 +364,7 @@ def _export(argv: List[str]) -> int:
             ck = find_checkpoint(path)
         except FileNotFoundError as e:  # a folder without checkpoints
             raise _ArgError(str(e)) from None
-        algo = load_trained(ck)
+        algo = load_trained(ck, trust_config=a.trust_config)
         if a.policy is None and len(algo.policies) > 1:
             raise _ArgError(f"the run has several policies ({', '.join(algo.policies)}): name one with --policy")
         if a.policy is not None and a.policy not in algo.policies:
@@ -405,7 +412,7 @@ def _record(argv: List[str]) -> int:
         opts = parse_record_args(a.args)
         path = _checkpoint_path("record", a.path)
         from flowkit.datasets import record
-        res = record(path, **opts)
+        res = record(path, **opts, trust_config=a.trust_config)
         print(f"recorded {res['recorded_steps']} steps from {res['checkpoint']} ({opts['explore']}): whole-episode "
               f"return mean {res['return_mean']:.4g}; the dataset holds {res['episodes']} episodes, {res['steps']} "
               f"steps\nwrote {res['path']} (train from it: input.dataset={res['path']})")

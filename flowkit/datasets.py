@@ -313,10 +313,10 @@ def record_episodes(policy: Any, env_cfg: Dict[str, Any], out: str, *, episodes:
 
 def record(path: str, episodes: Optional[int] = None, steps: Optional[int] = None, explore: str = "greedy",
            epsilon: float = 0.1, seed: Optional[int] = None, out: Optional[str] = None, append: bool = False,
-           num_envs: int = 8) -> Dict[str, Any]:
+           num_envs: int = 8, trust_config: bool = False) -> Dict[str, Any]:
     """``flowkit record``: the policy of the checkpoint at ``path`` (a run folder: its newest
-    checkpoint; loaded as :func:`flowkit.evaluation.evaluate` loads it) rolled out into a
-    dataset (:func:`record_episodes`). Single-agent Gymnasium envs.
+    checkpoint; loaded as :func:`flowkit.evaluation.evaluate` loads it, ``trust_config`` as
+    there) rolled out into a dataset (:func:`record_episodes`). Single-agent Gymnasium envs.
 
     Raises:
         CheckpointError: no or an unreadable checkpoint at ``path``.
@@ -330,7 +330,7 @@ def record(path: str, episodes: Optional[int] = None, steps: Optional[int] = Non
         ck = find_checkpoint(path)
     except FileNotFoundError as e:
         raise CheckpointError(str(e)) from None
-    algo = load_trained(ck)
+    algo = load_trained(ck, trust_config=trust_config)
     cfg = algo.run_config
     if len(algo.policies) != 1:
         raise ConfigError(f"flowkit record: single-agent runs only (this run has policies {', '.join(algo.policies)})")

@@ -65,7 +65,16 @@ from omegaconf.errors import OmegaConfBaseException
 
 from flowkit import _ray
 from flowkit._guard import GUARD, Interrupted, check_cpus, check_new_run_dir, lock_run_dir
-from flowkit.checkpoint import config_yaml, find_checkpoint, load_trained, restore, resume_config, save_checkpoint  # noqa: F401
+from flowkit.checkpoint import (  # noqa: F401
+    config_yaml,
+    find_checkpoint,
+    load_trained,
+    remove_stale_temp,
+    restore,
+    resume_config,
+    save_checkpoint,
+    write_file,
+)
 from flowkit.config import ConfigError, build_config, check_run, check_unused_sections, plugin_modules_from
 from flowkit.core import EnvContext, derive_seed, env_name, make_env
 from flowkit.core.context import RunContext, make_context
@@ -229,7 +238,7 @@ def summary(res: Result) -> str:
 
 
 def train(config: Any = None, config_file: Union[str, Sequence[str], None] = None, plugins: Sequence[Any] = (),
-          verbose: bool = True) -> Result:
+          verbose: bool = True, trust_config: bool = False, take_over_lock: bool = False) -> Result:
     """Train from a config and return a :class:`Result`.
 
     Args:
@@ -242,20 +251,27 @@ def train(config: Any = None, config_file: Union[str, Sequence[str], None] = Non
             stop condition, and at the end (also after Ctrl-C or SIGTERM) the
             :func:`summary` (run folder, stop reason, checkpoint). False: print nothing (the
             ``progress`` reporter is left out too).
+        trust_config: with ``resume=``, allow the callables the run folder's config names
+            that no installed flowkit plugin provides (``env.factory``, ``model.class``,
+            ``plugins``); without it, each must be given again in ``config`` (a run folder is
+            data, see :mod:`flowkit._trust`).
+        take_over_lock: take over the run folder's lock when it names a run on another host
+            (that run must be gone, e.g. preempted); a lock of this host whose process is gone
+            is taken over without it.
 
     Raises:
         ConfigError: a config problem, before anything starts.
         Exception: the original exception of a failed env/worker (with notes naming the
             worker and operator), after a best-effort checkpoint of what was learned.
     """
-    res = _train(config, config_file, plugins, verbose)
+    res = _train(config, config_file, plugins, verbose, trust_config, take_over_lock)
     if verbose:
         print("\n" + summary(res), flush=True)
     return res
 
 
 def _train(config: Any, config_file: Union[str, Sequence[str], None], plugins: Sequence[Any],
-           verbose: bool) -> Result:
+           verbose: bool, trust_config: bool = False, take_over_lock: bool = False) -> Result:
     t_entry = time.perf_counter()
     cfg = run_dir = None
     with GUARD.running():
@@ -264,7 +280,7 @@ def _train(config: Any, config_file: Union[str, Sequence[str], None], plugins: S
             pre = build_config(config, config_file, pm.config_sections())
             resume_from, run_rows = None, []
             if pre.resume:
-                resume_from, cfg, pm, st_iter = resume_config(config, pre.resume, pm)
+                resume_from, cfg, pm, st_iter = resume_config(config, pre.resume, pm, trust_config)
                 run_dir = os.path.dirname(os.path.dirname(resume_from))
                 run_rows = kept_rows(run_dir, st_iter)  # rows up to the checkpoint, each iteration once
             else:
@@ -286,7 +302,8 @@ def _train(config: Any, config_file: Union[str, Sequence[str], None], plugins: S
             torch.set_num_threads(max(1, int(cfg.learner.num_threads)))
             ctx = setup(cfg, pm, run_dir)
             ctx.t_entry, ctx.metrics.extra["time_config_s"] = t_entry, t_config - t_entry
-            release = lock_run_dir(run_dir)  # creates run_dir
+            release = lock_run_dir(run_dir, take_over_lock)  # creates run_dir
+            remove_stale_temp(run_dir)  # a killed writer's temporary checkpoint files
             try:
                 with _ray_session(cfg, ctx):
                     return _run(ctx, cfg, pm, run_dir, resume_from, run_rows, t_entry)
@@ -314,8 +331,7 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
             ctx.shutdown()
             met = met.replace(" reached", " already reached at the checkpoint; nothing trained")
             return Result(last, history, run_dir, resume_from, met, cfg)
-    with open(os.path.join(run_dir, "config.yaml"), "w") as f:  # after a restore that worked
-        f.write(config_yaml(cfg, ctx.policy_specs, pm))
+    write_file(os.path.join(run_dir, "config.yaml"), config_yaml(cfg, ctx.policy_specs, pm))  # after a restore that worked
     results = iter(StandardMetricsReporting(plan, ctx))
     reason: Optional[str] = None
     error: Optional[BaseException] = None
@@ -376,8 +392,7 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
         summary["time_end_s"] = time.perf_counter() - t_entry
         if ckpt_error is not None:
             summary["error"] = f"{type(ckpt_error).__name__}: {ckpt_error}"
-        with open(os.path.join(run_dir, "result.json"), "w") as f:
-            json.dump(summary, f, indent=2, default=float)
+        write_file(os.path.join(run_dir, "result.json"), json.dumps(summary, indent=2, default=float))
         if ckpt_error is not None:
             raise ckpt_error
         result = Result(summary, history, run_dir, last_ckpt.path, summary["stop_reason"], cfg)

@@ -193,17 +193,21 @@ def _multiagent_episodes(algo: Any, cfg: Any, episodes: int, seed: int, explore:
 
 
 def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore: bool = False,
-             render: Optional[str] = None, render_episodes: int = 1, num_envs: int = 8) -> Dict[str, Any]:
+             render: Optional[str] = None, render_episodes: int = 1, num_envs: int = 8,
+             trust_config: bool = False) -> Dict[str, Any]:
     """Evaluate the checkpoint at ``path`` (a run folder: its newest checkpoint) and write
     ``evaluation.json`` in the checkpoint's folder. Returns what it wrote: ``episode_return_*``
     and ``episode_len_*`` (mean, std, min, max over episodes; multi-agent: the sum over
     agents), ``policies`` (per policy: ``episode_return_*`` over its agents' returns and, for
     games with a winner, ``win_rate``, ``draw_rate``, ``loss_rate``), ``returns``,
-    ``lengths``, ``seeds`` and ``videos`` per episode.
+    ``lengths``, ``seeds`` and ``videos`` per episode. ``trust_config``: allow the callables
+    the run's config names that no installed flowkit plugin provides (``env.factory``,
+    ``model.class``, ``plugins``; a run folder is data, see :mod:`flowkit._trust`).
 
     Raises:
         CheckpointError: no or an unreadable checkpoint at ``path`` (one line).
-        ConfigError: ``render`` for a multi-agent env, or without its packages.
+        ConfigError: ``render`` for a multi-agent env, or without its packages; a callable
+            named without consent (nothing imported).
     """
     import gymnasium as gym
     from omegaconf import OmegaConf
@@ -214,7 +218,7 @@ def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore:
         ck = find_checkpoint(path)
     except FileNotFoundError as e:
         raise CheckpointError(str(e)) from None
-    algo = load_trained(ck)
+    algo = load_trained(ck, trust_config=trust_config)
     cfg = algo.run_config
     import torch
     # the run's learner threads (default 1): torch's default of one thread a core spins against

@@ -59,8 +59,14 @@ def run_config(run_dir: str) -> Dict[str, Any]:
     path = os.path.join(run_dir, "config.yaml")
     if not os.path.exists(path):
         return {}
-    with open(path) as f:
-        return _flat(yaml.safe_load(f) or {})
+    try:  # text only: nothing in it is resolved or called
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:
+        raise ValueError(f"{path}: not a run's config (plain YAML): {' '.join(str(e).split())[:200]}") from None
+    if data is not None and not isinstance(data, dict):
+        raise ValueError(f"{path}: holds a {type(data).__name__}, not a mapping of config keys")
+    return _flat(data or {})
 
 
 def group_runs(run_dirs: Sequence[str]) -> List[Tuple[str, List[str]]]:

@@ -74,12 +74,28 @@ def _number(v: str) -> Any:
     return int(fv) if fv.is_integer() and "." not in v and "e" not in v.lower() else fv
 
 
+MAX_METRICS_BYTES = 1 << 30  # a metrics.csv larger than this is not read (a tampered or foreign file)
+
+
 def read_metrics(path: str) -> List[Row]:
     """Rows of a metrics.csv with numbers parsed; a torn row (too few or too many fields,
-    as a killed process may leave at the end) is skipped."""
-    with open(path) as f:
-        return [{k: _number(v) for k, v in r.items() if v not in ("", None)} for r in csv.DictReader(f)
-                if None not in r and None not in r.values()]
+    as a killed process may leave at the end) is skipped.
+
+    Raises:
+        RunFolderError: the file is over :data:`MAX_METRICS_BYTES`, not UTF-8 text or not CSV
+            (one line naming it).
+    """
+    from flowkit._trust import RunFolderError
+    if (size := os.path.getsize(path)) > MAX_METRICS_BYTES:
+        raise RunFolderError(f"{path}: {size} bytes, larger than a run's metrics.csv may be ({MAX_METRICS_BYTES})")
+    try:
+        with open(path, encoding="utf-8") as f:
+            return [{k: _number(v) for k, v in r.items() if v not in ("", None)} for r in csv.DictReader(f)
+                    if None not in r and None not in r.values()]
+    except UnicodeDecodeError as e:
+        raise RunFolderError(f"{path}: not a UTF-8 text file (byte {e.start}); not a metrics.csv") from None
+    except csv.Error as e:
+        raise RunFolderError(f"{path}: not a metrics.csv: {e}") from None
 
 
 def kept_rows(run_dir: str, iteration: int) -> List[Row]:

@@ -212,21 +212,23 @@ def test_an_algorithm_that_is_not_registered_fails_in_one_line(tmp_path):
                                         *[o.replace("ppo.", "my_ppo.") for o in TINY_PPO], "stop.iterations=1"))
     text = open(os.path.join(res.checkpoint, "config.yaml")).read()
     assert "\nmy_ppo:" in text and "\nppo:" not in text and "ckpt_algos" in text
-    # the config names the plugin module: a fresh process imports it and loads
-    code = (f"import flowkit; a = flowkit.Algorithm.from_checkpoint({run!r}); "
+    # the config names the plugin module: a fresh process that trusts the run folder imports it and loads
+    code = (f"import flowkit; a = flowkit.Algorithm.from_checkpoint({run!r}, trust_config=True); "
             "print(type(a).__name__, type(a.get_policy()).__name__)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env())
     assert proc.returncode == 0 and proc.stdout.split() == ["MyPPO", "PPOPolicy"], proc.stderr[-3000:]
     # so does resume, without naming the module again
-    res2 = flowkit.train(["resume=" + run, "stop.iterations=2", "run.reporters=[csv,checkpoint,evaluation]"])
+    res2 = flowkit.train(["resume=" + run, "stop.iterations=2", "run.reporters=[csv,checkpoint,evaluation]"],
+                         trust_config=True)
     assert res2.metrics["iteration"] == 2 and res2.config.algo == "my_ppo"
     text = open(os.path.join(res2.checkpoint, "config.yaml")).read()
     # a checkpoint whose config does not name the module: one line naming the algorithm and the fixes
     cfg = os.path.join(res2.checkpoint, "config.yaml")
     with open(cfg, "w") as f:
         f.write(text.replace("- ckpt_algos", "").replace("plugins:\n", "plugins: []\n"))
-    for fn in (lambda: flowkit.Algorithm.from_checkpoint(run),
-               lambda: flowkit.train(["resume=" + run, "stop.iterations=2", "run.reporters=[csv,plot,checkpoint,evaluation]"])):
+    for fn in (lambda: flowkit.Algorithm.from_checkpoint(run, trust_config=True),
+               lambda: flowkit.train(["resume=" + run, "stop.iterations=2", "run.reporters=[csv,plot,checkpoint,evaluation]"],
+                                     trust_config=True)):
         with pytest.raises(CheckpointError) as e:
             fn()
         msg = str(e.value)
@@ -271,7 +273,7 @@ def test_multiagent_checkpoint_names_every_policy_by_its_algorithm(tmp_path):
     for used in ("ppo:", "random:", "multiagent:"):
         assert f"\n{used}" in text, used
     assert "\ndqn:" not in text and "\nimpala:" not in text
-    algo = flowkit.Algorithm.from_checkpoint(run)
+    algo = flowkit.Algorithm.from_checkpoint(run, trust_config=True)  # env.factory from the tests' folder
     assert {p: type(pol).__name__ for p, pol in algo.policies.items()} == {"learner": "PPOPolicy",
                                                                             "opp": "RandomPolicy"}
 

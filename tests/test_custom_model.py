@@ -20,7 +20,7 @@ def test_a_custom_model_trains_and_loads_in_a_fresh_process(run_dir, algo, cls):
                         verbose=False)
     assert res.checkpoint
     code = ("import sys, flowkit, numpy as np\n"
-            "a = flowkit.Algorithm.from_checkpoint(sys.argv[1])\n"
+            "a = flowkit.Algorithm.from_checkpoint(sys.argv[1], trust_config=True)\n"
             "print(type(a.get_policy().model).__name__, a.compute_actions(1))")
     p = subprocess.run([sys.executable, "-c", code, run_dir], capture_output=True, text=True, timeout=120,
                        env={**os.environ, "PYTHONPATH": os.pathsep.join([HERE, os.environ.get("PYTHONPATH", "")])})
@@ -60,7 +60,7 @@ def test_a_custom_model_per_policy_in_a_multi_agent_run(run_dir):
         "runtime.num_workers=1", "runtime.rollout_fragment_length=16", "stop.iterations=2", "ppo.minibatch_size=16"),
         verbose=False)
     code = ("import sys, flowkit\n"
-            "a = flowkit.Algorithm.from_checkpoint(sys.argv[1])\n"
+            "a = flowkit.Algorithm.from_checkpoint(sys.argv[1], trust_config=True)\n"
             "print(type(a.get_policy('a').model).__name__, type(a.get_policy('b').model).__name__,"
             " a.get_policy('b').model_config.hidden_sizes)")
     p = subprocess.run([sys.executable, "-c", code, res.run_dir], capture_output=True, text=True, timeout=120,

@@ -276,7 +276,8 @@ def test_train_resume_continues_counters_and_replay(run_dir):
                            "dqn.epsilon_timesteps=500")
     r1 = flowkit.train(base + ["stop.env_steps=200"])
     assert r1.metrics["env_steps_sampled"] == 200
-    r2 = flowkit.train(["resume=" + run_dir, "stop.env_steps=300", "run.reporters=[csv,plot,checkpoint,evaluation]"])
+    r2 = flowkit.train(["resume=" + run_dir, "stop.env_steps=300", "run.reporters=[csv,plot,checkpoint,evaluation]"],
+                       trust_config=True)  # env.factory=dqn_envs:chain5, the tests' own
     assert r2.run_dir == run_dir
     assert r2.metrics["env_steps_sampled"] == 300
     assert r2.metrics["iteration"] > r1.metrics["iteration"]

@@ -115,7 +115,7 @@ def test_frame_replay_rebuilds_stacks_exactly(n_step, prioritized):
 
 
 def test_frame_storage_grows_for_frames_that_are_not_shared():
-    st = FrameStorage(50, frame_capacity=60)
+    st = FrameStorage(replay.Storage(50), frame_capacity=60)
     rng = np.random.default_rng(0)
     rows = []
     for _ in range(4):  # no frame repeats: 8 frames a transition, the ring must grow
@@ -143,7 +143,7 @@ def test_frame_replay_bytes_per_transition_fit_1m_in_7_5_gb():
     assert frames_per_row < 1.04, frames_per_row
     assert st.frame_capacity == 2126 and st.nbytes() / cap < 7700  # no growth; 56,448 as stacked columns
     # a 1M buffer allocates its ring by the same rule: frames, ids and the other columns
-    big = FrameStorage(1_000_000)
+    big = FrameStorage(replay.Storage(1_000_000))
     per_row = (st.refs.nbytes + st.minref.nbytes + sum(v.nbytes for v in st.rest.cols.values())) / cap
     total = big.frame_capacity * (H * W + 8) + 1_000_000 * per_row
     assert big.frame_capacity >= 1_000_000 * frames_per_row and total <= 7.5e9, total

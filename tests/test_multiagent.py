@@ -373,7 +373,7 @@ def test_resume_multiagent_run(run_dir):
     first = flowkit.train(local_overrides(run_dir, *base, "stop.iterations=1"))
     res = flowkit.train(local_overrides(run_dir, *base, f"resume={first.run_dir}", "stop.iterations=2"))
     assert res.metrics["iteration"] == 2 and res.metrics["env_steps_sampled"] == 10
-    algo = flowkit.Algorithm.from_checkpoint(res.run_dir)
+    algo = flowkit.Algorithm.from_checkpoint(res.run_dir, trust_config=True)
     a = algo.compute_actions(np.zeros(5, np.float32), policy_id="tank_pol")
     assert a.shape == (2,) and np.all(np.abs(a) <= 1.0)
 

@@ -205,13 +205,16 @@ def test_flowkit_record_command_on_a_trained_run(tmp_path, capsys):
     flowkit.train(local_overrides(run, "algo=random", "env.factory=offline_envs:boundary", "stop.env_steps=64",
                                   "evaluation.interval=0"), verbose=False)
     out = str(tmp_path / "rec-v0")
-    assert main(["record", run, "steps=30", "seed=5", "explore=sample", f"out={out}"]) == 0
+    # the run's env is the tests' own factory: a run folder is data, loading it takes consent
+    assert main(["record", run, "steps=30", "seed=5", "explore=sample", f"out={out}"]) == 2
+    assert "--trust-config" in capsys.readouterr().err
+    assert main(["record", run, "steps=30", "seed=5", "explore=sample", f"out={out}", "--trust-config"]) == 0
     assert f"wrote {out}" in capsys.readouterr().out
     ds, eps, seeds = _episodes(out)
     assert ds.total_steps == 30 and sorted(seeds) == list(range(5, 5 + len(seeds)))  # episode i: seed 5 + i
-    assert main(["record", run, "steps=30", f"out={out}"]) == 2  # a dataset is there: append=true adds
+    assert main(["record", run, "steps=30", f"out={out}", "--trust-config"]) == 2  # a dataset is there
     assert "append=true" in capsys.readouterr().err
-    assert main(["record", run, "episodes=3", f"out={out}", "append=true"]) == 0
+    assert main(["record", run, "episodes=3", f"out={out}", "append=true", "--trust-config"]) == 0
     assert open_dataset(out).total_steps == 30 + sum(2 + s % 5 for s in range(0, 3))  # the run's seed 0
 
 

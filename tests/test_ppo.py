@@ -110,7 +110,7 @@ def test_c06_box_actions_in_bounds_and_reach_the_target(run_dir):
     assert len(got) >= 5000
     assert got.min() >= 0.0 and got.max() <= 1.0           # every action inside the space
     assert (got[:128] < 0.5).mean() > 0.2                  # the lower half reachable from the start
-    algo = flowkit.Algorithm.from_checkpoint(res.run_dir)
+    algo = flowkit.Algorithm.from_checkpoint(res.run_dir, trust_config=True)
     mean_action = algo.compute_actions(np.zeros(1, np.float32), explore=False)
     assert abs(float(mean_action[0]) - 0.1) < 0.05
 
@@ -147,7 +147,7 @@ def test_c07_no_nan_from_advantage_normalisation(run_dir, fragment, minibatch):
     for row in res.history:
         for k in ("learner/default/pg_loss", "learner/default/vf_loss", "learner/default/total_loss"):
             assert np.isfinite(row[k]), (k, row)
-    algo = flowkit.Algorithm.from_checkpoint(res.run_dir)
+    algo = flowkit.Algorithm.from_checkpoint(res.run_dir, trust_config=True)
     for p in algo.get_policy().model.parameters():
         assert torch.isfinite(p).all()
 

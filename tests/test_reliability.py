@@ -271,7 +271,8 @@ def test_sigterm_saves_and_the_run_resumes(tmp_path, backend):
     assert st["iteration"] == rows[-1]["iteration"]
     assert st["counters"]["env_steps_sampled"] == rows[-1]["env_steps_sampled"]
     assert not os.path.exists(os.path.join(run_dir, ".lock"))
-    res = flowkit.train([f"resume={run_dir}", f"stop.iterations={st['iteration'] + 1}", "runtime.backend=local"])
+    res = flowkit.train([f"resume={run_dir}", f"stop.iterations={st['iteration'] + 1}", "runtime.backend=local"],
+                        trust_config=True)  # env.factory=envs:slow, the tests' own
     assert res.metrics["iteration"] == st["iteration"] + 1
 
 
@@ -311,7 +312,7 @@ def test_a_new_run_in_an_earlier_runs_folder_is_refused_and_resume_continues_it(
     assert len(read_metrics(os.path.join(run_dir, "metrics.csv"))) == 2  # untouched
     r = subprocess.run(FLOWKIT + ["train", *args, "stop.iterations=1"], capture_output=True, text=True, env=_env())
     assert r.returncode == 2 and r.stderr.startswith("flowkit: config error: run.dir=") and "Traceback" not in r.stderr
-    res = flowkit.train([f"resume={run_dir}", "stop.iterations=3"])
+    res = flowkit.train([f"resume={run_dir}", "stop.iterations=3"], trust_config=True)
     assert res.metrics["iteration"] == 3
 
 
@@ -335,7 +336,7 @@ def test_a_failed_resume_leaves_the_run_folder_as_it_was(run_dir):
     flowkit.train(TINY + [f"run.dir={run_dir}", "env.factory=envs:FixedLenEnv", "stop.iterations=1"])
     before = {n: open(os.path.join(run_dir, n), "rb").read() for n in ("config.yaml", "metrics.csv")}
     with pytest.raises(Exception):
-        flowkit.train([f"resume={run_dir}", "model.hidden_sizes=[7]", "stop.iterations=2"])
+        flowkit.train([f"resume={run_dir}", "model.hidden_sizes=[7]", "stop.iterations=2"], trust_config=True)
     assert {n: open(os.path.join(run_dir, n), "rb").read() for n in before} == before
 
 

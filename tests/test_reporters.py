@@ -53,7 +53,7 @@ def test_builtin_reporters_off_and_csv_replaced_by_a_user_plugin(run_dir):
     assert [r["iteration"] for r in res.history] == [1, 2, 3, 4]
     assert sorted(os.listdir(os.path.join(run_dir, "checkpoints"))) == ["iter_000002", "iter_000004"]
     assert res.checkpoint == os.path.join(run_dir, "checkpoints", "iter_000004")
-    algo = flowkit.Algorithm.from_checkpoint(res.checkpoint)
+    algo = flowkit.Algorithm.from_checkpoint(res.checkpoint, trust_config=True)
     assert int(algo.compute_actions(np.zeros(1, np.float32))) in (0, 1)
 
 

@@ -45,7 +45,7 @@ def _words(flat: np.ndarray) -> np.ndarray:
 
 
 class FrameStorage:
-    """A ring of ``capacity`` transitions whose ``obs`` / ``next_obs`` are uint8[K, H, W] frame
+    """A ring of ``rest.capacity`` transitions whose ``obs`` / ``next_obs`` are uint8[K, H, W] frame
     stacks, each distinct frame stored once (see the module docstring); the other columns as in
     :class:`~flowkit.core.replay.Storage`. Same interface: ``add`` (returns slot indexes),
     ``get`` (rebuilt stacks), ``get_state`` / ``set_state`` (exact), ``len``.
@@ -56,9 +56,8 @@ class FrameStorage:
         frames_added: frame ids handed out so far.
     """
 
-    def __init__(self, capacity: int, frame_capacity: Optional[int] = None):
-        from flowkit.core.replay import Storage
-        self.rest = Storage(capacity)  # every column but obs and next_obs
+    def __init__(self, rest: Any, frame_capacity: Optional[int] = None):
+        self.rest = rest  # an empty replay.Storage: every column but obs and next_obs
         self.capacity = self.rest.capacity
         # about one new frame per transition, plus one per episode (its last next_obs)
         self.frame_capacity = int(frame_capacity or self.capacity + self.capacity // 32 + 64)

@@ -46,7 +46,7 @@ class Algorithm:
     rollout_mode: str = "bulk_sync"
     off_policy: bool = False
     action_spaces: Tuple[str, ...] = ()
-    from_checkpoint: ClassVar[Callable[[str], "Algorithm"]]
+    from_checkpoint: ClassVar[Callable[..., "Algorithm"]]
 
     def __init__(self, run_config: Any, config: Any = None):
         from flowkit.config import section_view

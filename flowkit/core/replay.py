@@ -244,7 +244,7 @@ class ReplayBuffer:
         :class:`~flowkit.core._frames.FrameStorage` (each frame stored once), anything else to
         a :class:`Storage`."""
         if type(self.storage) is Storage and not self.storage.cols and is_frame_batch(batch):
-            self.storage = FrameStorage(self.storage.capacity)
+            self.storage = FrameStorage(Storage(self.storage.capacity))
         self.sampler.on_add(self.storage.add(batch))
 
     def sample(self, n: int) -> sb.SampleBatch:
@@ -269,7 +269,7 @@ class ReplayBuffer:
 
     def set_state(self, st: Dict[str, Any]) -> None:
         if st["storage"].get("kind") == "frames":
-            self.storage = FrameStorage(self.storage.capacity)
+            self.storage = FrameStorage(Storage(self.storage.capacity))
         self.storage.set_state(st["storage"])
         self.sampler.set_state(st["sampler"])
 

@@ -52,3 +52,8 @@ __getattr__ = lazy_attrs({**dict.fromkeys(["SelectPolicies", "build_plan", "trai
                           **dict.fromkeys(["AECEnvRunner", "ParallelEnvRunner"], "flowkit_multiagent.runners"),
                           **dict.fromkeys(["SHARED_POLICY_ID", "AgentMapping", "MAPolicySpec", "make_policy_specs"],
                                           "flowkit_multiagent.specs")})
+
+# env constructors this plugin vouches for in a run folder's config (flowkit._trust): PettingZoo's
+# and MPE2's games, `module:attr` in full
+FLOWKIT_TRUSTED_CALLABLES = (r"pettingzoo\.(atari|butterfly|classic|mpe|sisl)\.[a-z0-9_]+_v\d+:(env|parallel_env|raw_env)",
+                             r"mpe2\.[a-z0-9_]+_v\d+:(env|parallel_env|raw_env)")

@@ -227,19 +227,30 @@ def section_view_of(data: Dict[str, Any]) -> DictConfig:
 
 # ---- checkpoints ------------------------------------------------------------------------------
 def load_checkpoint_policy(path: str, pid: str, want: Optional[str] = None, key: str = "",
-                           algorithms: Optional[Dict[str, Type[Algorithm]]] = None
+                           algorithms: Optional[Dict[str, Type[Algorithm]]] = None, config: Any = None
                            ) -> Tuple[PolicySpec, Dict[str, Any]]:
     """``(PolicySpec, policy state)`` of one policy stored in a flowkit checkpoint, read as
     plain data (nothing in the file is run); its policy class is that of the registered
     algorithm the checkpoint names (``algorithms``, default: every importable one).
 
     Picks ``want``, else the policy of the same id ``pid``, else the checkpoint's only policy.
+    A callable its spec names (its own ``model.class``) must come from an installed flowkit
+    plugin or be named in this run's ``config`` too (a run folder is data).
 
     Raises:
         ConfigError: no checkpoint at ``path``, a file refused as not plain data, an algorithm
-            that is not registered, or no such policy in it (naming ``key`` and the file).
+            that is not registered, no such policy in it, or a callable named without consent
+            (naming ``key`` and the file).
     """
-    from flowkit.checkpoint import STATE_FILE, CheckpointError, find_checkpoint, load_state, spec_from_dict
+    from flowkit._trust import callables_named
+    from flowkit.checkpoint import (
+        STATE_FILE,
+        CheckpointError,
+        check_spec_callables,
+        find_checkpoint,
+        load_state,
+        spec_from_dict,
+    )
     from flowkit.hooks import get_plugin_manager
     try:
         st = load_state(state_path := os.path.join(find_checkpoint(path), STATE_FILE))
@@ -248,6 +259,9 @@ def load_checkpoint_policy(path: str, pid: str, want: Optional[str] = None, key:
         if pick not in pols:
             raise ConfigError(f"{key}={path!r}: the checkpoint holds policies {sorted(pols)}, not "
                               f"{(want or pid)!r}; name one with multiagent.policies.{pid}.checkpoint_policy")
+        mine: Any = OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else config
+        check_spec_callables({"policy_specs": {pick: st["policy_specs"][pick]}}, state_path,
+                             allowed={v for _, v in callables_named(mine if isinstance(mine, dict) else {})})
         algos = get_plugin_manager().algorithms() if algorithms is None else algorithms
         return spec_from_dict(st["policy_specs"][pick], algos, state_path), pols[pick]
     except (FileNotFoundError, CheckpointError) as e:
@@ -300,7 +314,7 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, Type[Algorith
         o, act = obs_sp[members[pid][0]], act_sp[members[pid][0]]
         if ck_path:
             key = f"multiagent.policies.{pid}.checkpoint"
-            ck_spec, init_state = load_checkpoint_policy(ck_path, pid, pc.checkpoint_policy, key, algorithms)
+            ck_spec, init_state = load_checkpoint_policy(ck_path, pid, pc.checkpoint_policy, key, algorithms, config)
             check_same_spaces(f"{key}={ck_path!r}", ck_spec, o, act)
             algo = algo or ck_spec.algo
         algo = algo or config.algo
@@ -358,7 +372,7 @@ def _check_opponents(config: Any, specs: Dict[str, MAPolicySpec], algorithms: Di
                               f"{did_you_mean(pid, specs, 'multiagent.eval_opponents.')}")
         if str(what) == RANDOM:
             continue
-        ck_spec, _ = load_checkpoint_policy(str(what), pid, None, key, algorithms)
+        ck_spec, _ = load_checkpoint_policy(str(what), pid, None, key, algorithms, config)
         check_same_spaces(f"{key}={what!r}", ck_spec, specs[pid].observation_space, specs[pid].action_space)
 
 
@@ -371,7 +385,7 @@ def build_opponent(config: Any, pid: str, spec: PolicySpec, seed: int,
     if what == RANDOM:
         return RandomPolicy(spec.observation_space, spec.action_space, None, config.model, "cpu", seed,
                             inference_only=True)
-    ck_spec, state = load_checkpoint_policy(what, pid, None, f"multiagent.eval_opponents.{pid}", algorithms)
+    ck_spec, state = load_checkpoint_policy(what, pid, None, f"multiagent.eval_opponents.{pid}", algorithms, config)
     pol = ck_spec.policy_class(ck_spec.observation_space, ck_spec.action_space, ck_spec.config, ck_spec.model_config(config),
                                "cpu", seed, inference_only=True)
     pol.set_weights(state["weights"])

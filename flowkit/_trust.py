@@ -1,0 +1,196 @@
+"""A run folder is data; its callables need your consent.
+
+Reading a run folder (``flowkit evaluate``, ``flowkit export``, ``resume=``, a multi-agent
+``checkpoint=`` opponent, :meth:`Algorithm.from_checkpoint`) reads its ``config.yaml`` with
+:func:`read_run_config`: plain YAML (no ``!!python`` tags), and no ``${...}`` interpolation
+(``${oc.env:HOME}`` would read your environment). :func:`check_config_callables` then lets
+through only the callables that installed flowkit plugins vouch for:
+
+- ``module:attr`` whose module is, or lies below, a module of the ``flowkit`` entry-point
+  group (``flowkit_ppo``, ``flowkit_multiagent``, ...) or ``flowkit.testing``, and whose
+  object, once resolved, is defined there too (``flowkit_x.y:os.system`` is refused);
+- ``module:attr`` matching a pattern an entry-point module lists in
+  ``FLOWKIT_TRUSTED_CALLABLES`` (regular expressions over the whole ``module:attr`` text; the
+  multiagent plugin lists PettingZoo's and MPE2's env constructors).
+
+Any other callable -- ``env.factory``, ``model.class`` (also a policy's own), a ``plugins``
+module, the module of an ``env.id`` of the form ``module:Id``, any other ``module:attr``
+value -- is refused with one line naming the key, the value and the three ways to consent:
+``--trust-config`` (evaluate, export, ``train resume=``), ``trust_config=True`` in Python,
+or the same key given again on the command line. Nothing named by the folder is imported
+before that check. Torch-free.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.metadata as md
+import os
+import pkgutil
+import re
+import sys
+from typing import Any, Collection, Dict, Iterator, List, Optional, Tuple
+
+import yaml
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from flowkit.config import ConfigError
+
+TESTING = "flowkit.testing"
+CONSENT = ("a run folder is data: its callables run only with your consent (--trust-config, "
+           "trust_config=True in Python, or give the same value again on the command line)")
+_CALLABLE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
+_MAX_BYTES = 1 << 20  # a config.yaml is a few KB
+
+
+class RunFolderError(ConfigError):
+    """A run folder's file that cannot be used as it is (unreadable, not plain YAML, an
+    interpolation): one line naming the file and what is wrong. ``exit_status``: 1 for a
+    damaged file, 2 for one refused as untrusted (the CLI's exit status)."""
+
+    def __init__(self, msg: str, damaged: bool = True):
+        super().__init__(msg)
+        self.exit_status = 1 if damaged else 2
+
+
+class UntrustedConfigError(ConfigError):
+    """A run folder's config names a callable the user did not consent to (one line naming
+    the key and the callable)."""
+
+
+def read_run_config(path: str) -> Dict[str, Any]:
+    """The ``config.yaml`` of a checkpoint or run folder (``path``: the file or its folder)
+    as plain data, read with OmegaConf's safe YAML loader; nothing in it is resolved or run.
+
+    Raises:
+        RunFolderError: no such file, unreadable, over 1 MiB, not UTF-8, not YAML (a
+            ``!!python`` tag included), not a mapping, or a value holding a ``${...}``
+            interpolation (the key named).
+    """
+    if os.path.isdir(path):
+        path = os.path.join(path, "config.yaml")
+    try:
+        if os.path.getsize(path) > _MAX_BYTES:
+            raise RunFolderError(f"{path}: {os.path.getsize(path)} bytes, not a run's config (at most {_MAX_BYTES})")
+        with open(path, encoding="utf-8") as f:
+            loaded = OmegaConf.load(f)  # OmegaConf's YAML (a SafeLoader: no tags run; 1e-5 a float); not resolved
+        data: Any = OmegaConf.to_container(loaded, resolve=False) if isinstance(loaded, DictConfig) else None
+    except FileNotFoundError:
+        raise RunFolderError(f"{path}: missing (a checkpoint folder holds state.pt and config.yaml)") from None
+    except UnicodeDecodeError as e:
+        raise RunFolderError(f"{path}: not a UTF-8 text file (byte {e.start})") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        what = " ".join(str(getattr(e, "problem", None) or e).split())
+        raise RunFolderError(f"{path}: not plain YAML{at}: {what}") from None
+    except OSError as e:
+        if e.strerror:
+            raise RunFolderError(f"{path}: cannot be read: {e.strerror}") from None
+        data = None  # OmegaConf's answer to a scalar at the top
+    except OmegaConfBaseException as e:
+        raise RunFolderError(f"{path}: not a config: {str(e).splitlines()[0]}") from None
+    if not isinstance(data, dict):
+        raise RunFolderError(f"{path}: holds a {type(data).__name__}, not a mapping of config keys")
+    for key, v in _leaves(data):
+        if isinstance(v, str) and "${" in v:
+            raise RunFolderError(f"{path}: `{key}` holds the interpolation {v!r}; interpolations in a run "
+                                 "folder's config are not resolved (they could read your environment or files)",
+                                 damaged=False)
+    return data
+
+
+def _leaves(d: Any, prefix: str = "") -> Iterator[Tuple[str, Any]]:
+    """``(dotted key, value)`` of every leaf (list items as ``key[i]``)."""
+    if isinstance(d, dict):
+        for k, v in d.items():
+            yield from _leaves(v, f"{prefix}{k}.")
+    elif isinstance(d, (list, tuple)):
+        for i, v in enumerate(d):
+            yield from _leaves(v, f"{prefix[:-1]}[{i}].")
+    else:
+        yield prefix[:-1], d
+
+
+def callables_named(data: Dict[str, Any]) -> List[Tuple[str, str]]:
+    """``[(key, callable)]`` a config names: each ``plugins`` module, the module of an
+    ``env.id`` of the form ``module:Id``, and every other string value of the form
+    ``module:attr`` (``env.factory``, ``model.class``, a policy's ``model.class``, ...)."""
+    out: List[Tuple[str, str]] = []
+    plugins = data.get("plugins")
+    for i, m in enumerate(plugins if isinstance(plugins, list) else [] if plugins is None else [plugins]):
+        out.append((f"plugins[{i}]", str(m)))
+    env = data.get("env")
+    env_id = env.get("id") if isinstance(env, dict) else None
+    if isinstance(env_id, str) and ":" in env_id:
+        out.append(("env.id", env_id.partition(":")[0] + ":"))
+    for key, v in _leaves({k: v for k, v in data.items() if k != "plugins"}):
+        if key != "env.id" and isinstance(v, str) and _CALLABLE.fullmatch(v.strip()):
+            out.append((key, v.strip()))
+    return out
+
+
+def _entry_modules() -> Tuple[List[str], List[str]]:
+    """(modules of the ``flowkit`` entry points and flowkit.testing, the patterns they list)."""
+    mods, patterns = [TESTING], []
+    for ep in md.entry_points(group="flowkit"):
+        mod = ep.value.partition(":")[0].strip()
+        mods.append(mod)
+        obj = sys.modules.get(mod)  # loaded by the plugin manager (installed code)
+        if obj is None:
+            try:
+                obj = importlib.import_module(mod)
+            except Exception:  # a broken plugin vouches for nothing (the plugin manager names it)
+                continue
+        patterns += [p for p in getattr(obj, "FLOWKIT_TRUSTED_CALLABLES", ()) if isinstance(p, str)]
+    return mods, patterns
+
+
+def _below(module: str, roots: Collection[str]) -> bool:
+    return any(module == r or module.startswith(r + ".") for r in roots)
+
+
+def is_trusted(value: str) -> bool:
+    """Whether an installed flowkit plugin vouches for the callable ``value`` (``module:attr``,
+    or ``module:`` for a module): see the module docstring. Imports only modules below an
+    entry-point module or flowkit.testing (installed code), to see where the object is defined."""
+    roots, patterns = _entry_modules()
+    if any(re.fullmatch(p, value) for p in patterns):
+        return True
+    module, _, attr = value.partition(":")
+    if not _below(module, roots):
+        return False
+    if not attr:
+        return True
+    try:
+        obj = pkgutil.resolve_name(value)
+    except Exception:
+        return False  # not there: refused as not provided
+    home = getattr(obj, "__module__", None)
+    return isinstance(home, str) and _below(home, roots)
+
+
+def check_config_callables(data: Dict[str, Any], where: str, trust: bool = False,
+                           confirmed: Optional[Dict[str, Any]] = None, allowed: Collection[str] = ()) -> None:
+    """Refuse the first callable of ``data`` (a run folder's config, plain data) that no
+    installed flowkit plugin vouches for (:func:`is_trusted`), unless ``trust``, the user
+    gave that key again (``confirmed``: the user's own config as a nested dict: a key there
+    is the user's value, or the same one confirmed) or the value is in ``allowed`` (the
+    callables of a config the user gave or consented to).
+
+    Raises:
+        UntrustedConfigError: one line naming ``where`` (the file), the key and the callable.
+    """
+    if trust:
+        return
+    mine = {re.sub(r"\[\d+\]", "", k) for k, _ in _leaves(confirmed or {})}
+    for key, value in callables_named(data):
+        if re.sub(r"\[\d+\]", "", key) in mine or value in allowed or is_trusted(value):
+            continue
+        shown = value[:-1] if value.endswith(":") else value
+        raise UntrustedConfigError(f"{where}: `{key}` names {shown!r}, which no installed flowkit plugin provides; "
+                                   f"it was not imported: {CONSENT}")
+
+
+__all__ = ["CONSENT", "RunFolderError", "UntrustedConfigError", "callables_named", "check_config_callables",
+           "is_trusted", "read_run_config"]
