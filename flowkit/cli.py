@@ -24,6 +24,7 @@ flowkit plan [-c FILE ...] [--no-tuned] [key=value ...]
 flowkit plugins [plugins=[module,...]]
 flowkit evaluate RUN_DIR|CHECKPOINT [--trust-config] [episodes=N] [seed=S] [explore=false] [render=mp4|gif] [key=value ...]
 flowkit export RUN_DIR|CHECKPOINT --format torchscript|onnx [--out PATH] [--policy ID] [--trust-config]
+flowkit record RUN_DIR|CHECKPOINT [episodes=N | steps=N] [explore=greedy|sample|epsilon|random] [out=PATH] [key=value ...] [--trust-config]
 flowkit plot RUN_DIR... [--x env_steps|time] [--metric M] [--out FILE]
 flowkit tune [-c FILE ...] [--no-tuned] [--metric M] [--mode max|min] [--search grid|random|optuna]
              [--num-samples N] [--scheduler asha|none] [--grace-period T] [--max-concurrent K]
@@ -394,7 +395,32 @@ def _export(argv: List[str]) -> int:
     return _run_after("export", run)
 
 
-_AFTER = {"evaluate": _evaluate, "export": _export}
+def _record(argv: List[str]) -> int:
+    """``flowkit record``: see :mod:`flowkit.datasets`."""
+    p = _after_parser("record", "Roll a saved policy out into a dataset (Minari format; pip install "
+                                "'flowkit[offline]'), for input.dataset=PATH.")
+    p.add_argument("args", nargs="*", help="key=value")
+
+    def run() -> int:
+        a = p.parse_args(argv)
+        from flowkit.datasets import RecordArgs, parse_record_args
+        if a.help:
+            from flowkit.config import schema_keys
+            keys = "\n".join(f"  {k} (default {d!r}): {h}" for k, (_, h, d) in schema_keys(RecordArgs).items())
+            print(f"usage: {USAGE.splitlines()[5]}\n\n{p.description}\n\nkeys:\n{keys}")
+            return 0
+        opts = parse_record_args(a.args)
+        path = _checkpoint_path("record", a.path)
+        from flowkit.datasets import record
+        res = record(path, **opts, trust_config=a.trust_config)
+        print(f"recorded {res['recorded_steps']} steps from {res['checkpoint']} ({opts['explore']}): whole-episode "
+              f"return mean {res['return_mean']:.4g}; the dataset holds {res['episodes']} episodes, {res['steps']} "
+              f"steps\nwrote {res['path']} (train from it: input.dataset={res['path']})")
+        return 0
+    return _run_after("record", run)
+
+
+_AFTER = {"evaluate": _evaluate, "export": _export, "record": _record}
 
 
 def _entry() -> int:

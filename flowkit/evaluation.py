@@ -19,7 +19,7 @@ import json
 import math
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import numpy as np
 
@@ -94,8 +94,13 @@ def _check_video_deps(fmt: str) -> None:
 
 def run_gym_episodes(policy: Any, env_cfg: Dict[str, Any], episodes: int, seed: int, explore: bool = False,
                      num_envs: int = 8, render: Optional[str] = None, render_episodes: int = 1,
-                     video_dir: str = ".") -> List[Dict[str, Any]]:
+                     video_dir: str = ".", on_step: Optional[Callable[..., None]] = None) -> List[Dict[str, Any]]:
     """Episodes of a single-agent Gymnasium env under ``policy`` (see the module docstring).
+
+    ``on_step(episode, obs, action, next_obs, reward, terminated, truncated, info)`` is called
+    after every env step (``obs``: the observation the action was chosen on; episode ``i``
+    reset with ``seed + i``): ``flowkit record`` writes datasets through it; an exception it
+    raises ends the loop (the envs are closed) and reaches the caller.
 
     Returns:
         ``[{"return": float, "length": int, "seed": int, "video": path or None}]`` in episode order.
@@ -141,7 +146,10 @@ def run_gym_episodes(policy: Any, env_cfg: Dict[str, Any], episodes: int, seed: 
             live = [j for j in range(k) if slot_ep[j] is not None]
             actions = policy.compute_actions(_stack([obs[j] for j in live]), explore=explore)
             for j, a in zip(live, actions):
-                obs[j], r, term, trunc, _ = envs[j].step(a)
+                prev = obs[j]
+                obs[j], r, term, trunc, info = envs[j].step(a)
+                if on_step is not None:
+                    on_step(slot_ep[j], prev, a, obs[j], r, term, trunc, info)
                 ret[j] += float(r)
                 length[j] += 1
                 v = videos[j]

@@ -28,7 +28,7 @@ if ! python -c "import torch" 2>/dev/null; then
   echo "set-up 2/3: torch 2.13.0 (CPU build)"
   run pip install "torch==2.13.0"
 fi
-args=(-e ".[test,multiagent,docs,tensorboard,tune,box2d,atari,mujoco]")
+args=(-e ".[test,multiagent,docs,tensorboard,tune,box2d,atari,mujoco,offline]")
 for p in plugins/*/; do
   [[ -f $p/pyproject.toml ]] && args+=(-e "$p")
 done

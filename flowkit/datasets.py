@@ -1,0 +1,350 @@
+"""Offline datasets: ``flowkit record`` (a trained policy's episodes written as a dataset) and
+the checks and reading behind ``input.dataset`` (the offline plugin's source of experience).
+
+Format: the Farama Foundation's Minari (``pip install 'flowkit[offline]'``: minari with its
+HDF5 storage), local only (nothing is downloaded). A dataset is a folder ``PATH`` holding
+``PATH/data/metadata.json`` and ``PATH/data/main_data.hdf5``; Minari's own API opens it as
+``minari.MinariDataset("PATH/data")``, or as ``minari.load_dataset(NAME)`` with
+``MINARI_DATASETS_PATH`` set to the folder above ``PATH`` (``NAME`` = the folder's name, of
+Minari's form ``name-vN``). Per episode Minari keeps ``observations`` (T + 1 rows: the reset
+observation, then each step's), ``actions``, ``rewards``, ``terminations`` and
+``truncations`` (T rows each; the env's flags as the env gave them) and the reset ``seed``.
+
+Recording reuses :func:`flowkit.evaluation.run_gym_episodes` (``flowkit evaluate``'s loop:
+batched policy calls over ``num_envs`` sub-envs, episode ``i`` reset with ``seed + i``) and
+streams finished episodes to the file every ``FLUSH_STEPS`` transitions (bounded memory).
+``episodes=N`` records N whole episodes; ``steps=N`` records exactly N transitions: the
+episodes still running when the N-th step is taken are kept, cut there, with their last
+``truncations`` flag set (a cut, as a time limit: the learner bootstraps, never treats it as
+terminal). Episodes are numbered in the order they end.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+import numpy as np
+
+from flowkit.config import ConfigError, F
+
+FLUSH_STEPS = 10_000  # transitions kept in memory before they are written
+_ID_RE = re.compile(r"^[\w.-]+-v\d+$")
+
+
+# ---- opening and checking -----------------------------------------------------------------------
+def _minari(key: str) -> Any:
+    try:
+        import minari
+    except ImportError:
+        raise ConfigError(f"{key}: datasets need minari with HDF5 (pip install 'flowkit[offline]')") from None
+    return minari
+
+
+def data_dir(path: str, key: str = "input.dataset") -> str:
+    """The Minari data folder (holding ``metadata.json``) of ``path``: a dataset folder, its
+    ``data`` folder, or a Minari dataset id under ``$MINARI_DATASETS_PATH`` (local only).
+
+    Raises:
+        ConfigError: nothing of the kind at ``path`` (one line naming ``key``).
+    """
+    for cand in (os.path.join(path, "data"), path):
+        if os.path.isfile(os.path.join(cand, "metadata.json")):
+            return cand
+    if os.path.exists(path):
+        raise ConfigError(f"{key}={path!r}: not a dataset (no data/metadata.json: write one with flowkit record)")
+    root = os.environ.get("MINARI_DATASETS_PATH") or os.path.join(os.path.expanduser("~"), ".minari", "datasets")
+    local = os.path.join(root, path, "data")
+    if not os.path.isabs(path) and os.path.isfile(os.path.join(local, "metadata.json")):
+        return local
+    raise ConfigError(f"{key}={path!r}: no such dataset (no such folder, nor a local Minari dataset id under {root})")
+
+
+def open_dataset(path: str, key: str = "input.dataset") -> Any:
+    """``path`` as a ``minari.MinariDataset``, checked: readable metadata, at least one
+    transition, and an HDF5 file whose episodes are all there (a file cut short by a crash or
+    a full disk is caught here, not mid-run).
+
+    Raises:
+        ConfigError: missing, not a dataset, unreadable or truncated, or empty (one line).
+    """
+    d = data_dir(path, key)
+    minari = _minari(key)
+    try:
+        ds = minari.MinariDataset(d)
+    except Exception as e:
+        raise ConfigError(f"{key}={path!r}: not a readable Minari dataset ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    n_eps, n_steps = int(ds.total_episodes), int(ds.total_steps)
+    if n_eps == 0 or n_steps == 0:
+        raise ConfigError(f"{key}={path!r}: the dataset is empty ({n_eps} episodes, {n_steps} steps)")
+    h5 = os.path.join(d, "main_data.hdf5")
+    try:
+        expect: Dict[int, int] = {}
+        if os.path.isfile(h5):  # every episode's group is there and the step counts add up
+            import h5py
+            with h5py.File(h5, "r") as f:
+                if len(f.keys()) != n_eps:
+                    raise ValueError(f"{len(f.keys())} episodes in the file, {n_eps} in metadata.json")
+                expect = {i: int(f[f"episode_{i}"].attrs["total_steps"]) for i in range(n_eps)}
+            if sum(expect.values()) != n_steps:
+                raise ValueError(f"{sum(expect.values())} steps in the file, {n_steps} in metadata.json")
+        for ep in ds.storage.get_episodes(sorted({0, n_eps - 1})):  # the first and the last read whole
+            n = len(ep["rewards"])
+            if n < 1 or n != expect.get(int(ep["id"]), n) or len(ep["terminations"]) != n:
+                raise ValueError(f"episode {ep['id']} holds {n} steps, {expect.get(int(ep['id']))} recorded")
+    except Exception as e:
+        raise ConfigError(f"{key}={path!r}: the dataset file is damaged or truncated ({type(e).__name__}: "
+                          f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    return ds
+
+
+def check_spaces(ds: Any, observation_space: Any, action_space: Any, path: str, env: str,
+                 key: str = "input.dataset") -> None:
+    """Raise ConfigError unless the dataset's spaces are the env's (``gymnasium`` equality)."""
+    for what, have, want in (("observation", ds.observation_space, observation_space),
+                             ("action", ds.action_space, action_space)):
+        if have != want:
+            raise ConfigError(f"{key}={path!r}: the dataset's {what} space {have} is not the {what} space "
+                              f"{want} of env {env!r}")
+
+
+def check_dataset(run_config: Any, key: str = "input.dataset") -> Any:
+    """Open ``input.dataset`` and check it against the run's env (built once, then closed):
+    what a run from a dataset checks before anything starts. Returns the dataset.
+
+    Raises:
+        ConfigError: see :func:`open_dataset` and :func:`check_spaces`.
+    """
+    from omegaconf import OmegaConf
+
+    from flowkit.core import EnvContext, env_name, make_env
+    path = str(OmegaConf.select(run_config, key))
+    ds = open_dataset(path, key)
+    env_cfg: Dict[str, Any] = OmegaConf.to_container(run_config.env, resolve=True)  # type: ignore[assignment]
+    try:
+        env = make_env(env_cfg, EnvContext(-1, 0, 1, 0, int(run_config.seed)))
+    except Exception as e:
+        raise ConfigError(f"env {env_name(env_cfg)!r}: cannot build the env: {type(e).__name__}: {e}") from None
+    try:
+        check_spaces(ds, env.observation_space, env.action_space, path, env_name(env_cfg), key)
+    finally:
+        env.close()
+    return ds
+
+
+# ---- writing ------------------------------------------------------------------------------------
+def _stack(xs: List[Any]) -> Any:
+    """Observations or actions (arrays, or dicts / tuples of them) stacked on a leading axis."""
+    if isinstance(xs[0], dict):
+        return {k: _stack([x[k] for x in xs]) for k in xs[0]}
+    if isinstance(xs[0], tuple):
+        return tuple(_stack([x[i] for x in xs]) for i in range(len(xs[0])))
+    return np.stack([np.asarray(x) for x in xs])
+
+
+class DatasetWriter:
+    """Episodes appended to a Minari dataset at ``path`` (created, or ``append=True`` to an
+    existing one with the same spaces), written in chunks of about ``FLUSH_STEPS`` transitions.
+
+    Raises:
+        ConfigError: ``path`` holds a dataset (without ``append``) or its spaces differ.
+    """
+
+    def __init__(self, path: str, observation_space: Any, action_space: Any, append: bool = False,
+                 env_spec: Any = None, metadata: Optional[Dict[str, Any]] = None, key: str = "out"):
+        minari = _minari(key)
+        from minari.dataset.minari_storage import MinariStorage
+        self.path, self.key = path, key
+        d = os.path.join(path, "data")
+        if os.path.exists(os.path.join(d, "metadata.json")):
+            if not append:
+                raise ConfigError(f"{key}={path!r}: a dataset is already there (append=true adds to it)")
+            ds = open_dataset(path, key)
+            check_spaces(ds, observation_space, action_space, path, "recorded", key)
+            self.storage = ds.storage
+        else:
+            os.makedirs(d, exist_ok=True)
+            name = os.path.basename(os.path.normpath(path))
+            self.storage = MinariStorage.new(d, observation_space=observation_space, action_space=action_space,
+                                             env_spec=env_spec, data_format="hdf5")
+            self.storage.update_metadata({"dataset_id": name if _ID_RE.match(name) else f"{name}-v0",
+                                          "minari_version": str(minari.__version__), **(metadata or {})})
+        self.pending: List[Any] = []
+        self.pending_steps = 0
+
+    def add(self, seed: Optional[int], obs: List[Any], actions: List[Any], rewards: List[float],
+            terminations: List[bool], truncations: List[bool]) -> None:
+        """One episode: ``obs`` has one row more than the others (the reset observation first)."""
+        from minari.data_collector import EpisodeBuffer
+        self.pending.append(EpisodeBuffer(
+            seed=seed, observations=_stack(obs), actions=_stack(actions),
+            rewards=np.asarray(rewards, np.float64), terminations=np.asarray(terminations, bool),
+            truncations=np.asarray(truncations, bool)))
+        self.pending_steps += len(rewards)
+        if self.pending_steps >= FLUSH_STEPS:
+            self.flush()
+
+    def flush(self) -> None:
+        if self.pending:
+            self.storage.update_episodes(self.pending)
+        self.pending, self.pending_steps = [], 0
+
+
+@dataclass
+class RecordArgs:
+    """The ``key=value`` arguments of ``flowkit record``."""
+    episodes: Optional[int] = F(None, "record this many whole episodes (default 10 when steps is not given)", ge=1)
+    steps: Optional[int] = F(None, "record exactly this many transitions (episodes still running at the end are "
+                                   "cut there, their last step flagged truncated)", ge=1)
+    explore: str = F("greedy", "greedy: the policy's greedy action; sample: its sampled action; epsilon: greedy, "
+                               "a uniformly random action with probability `epsilon`; random: random actions",
+                     choices=("greedy", "sample", "epsilon", "random"))
+    epsilon: float = F(0.1, "explore=epsilon: probability of a random action", ge=0, le=1)
+    seed: Optional[int] = F(None, "episode i resets with seed + i; seeds the exploration (default: the run's seed)",
+                            ge=0, le=2 ** 32 - 1)
+    out: Optional[str] = F(None, "the dataset folder (default: RUN_DIR/datasets/<explore>-<N><episodes|steps>-"
+                                 "seed<S>-v0)")
+    append: bool = F(False, "add the episodes to the dataset already at `out` (same spaces)")
+    num_envs: int = F(8, "sub-envs stepped together", ge=1)
+
+
+def parse_record_args(items: List[str]) -> Dict[str, Any]:
+    """``key=value`` items as the keyword arguments of :func:`record`, validated against
+    :class:`RecordArgs` (ConfigError, one line)."""
+    from omegaconf import OmegaConf
+
+    from flowkit.config import _dotlist, check_values, merge_overrides
+    cfg = merge_overrides(OmegaConf.structured(RecordArgs), _dotlist(items), RecordArgs)
+    check_values(cfg, RecordArgs)
+    out: Dict[str, Any] = OmegaConf.to_container(cfg)  # type: ignore[assignment]
+    if out["episodes"] is not None and out["steps"] is not None:
+        raise ConfigError(f"give episodes or steps, not both (episodes={out['episodes']}, steps={out['steps']})")
+    return out
+
+
+class _Explore:
+    """``policy`` acting as ``explore`` says (see :class:`RecordArgs`); the random draws come
+    from ``seed``. Actions are what the env receives."""
+
+    def __init__(self, policy: Any, action_space: Any, mode: str, epsilon: float, seed: int):
+        self.policy, self.space, self.mode, self.epsilon = policy, action_space, mode, float(epsilon)
+        self.rng = np.random.default_rng(seed)
+        self.space.seed(int(self.rng.integers(2 ** 31)))
+
+    def compute_actions(self, obs: Any, explore: bool = False) -> Any:
+        from flowkit.core import batch_len
+        n = batch_len(obs)
+        if self.mode == "random":
+            return [self.space.sample() for _ in range(n)]
+        acts = list(self.policy.compute_actions(obs, explore=self.mode == "sample"))
+        if self.mode == "epsilon":
+            for i in np.flatnonzero(self.rng.random(n) < self.epsilon):
+                acts[int(i)] = self.space.sample()
+        return acts
+
+
+class _Full(Exception):
+    """``steps`` transitions recorded: ends the episode loop."""
+
+
+def record_episodes(policy: Any, env_cfg: Dict[str, Any], out: str, *, episodes: Optional[int] = None,
+                    steps: Optional[int] = None, explore: str = "greedy", epsilon: float = 0.1, seed: int = 0,
+                    append: bool = False, num_envs: int = 8, metadata: Optional[Dict[str, Any]] = None
+                    ) -> Dict[str, Any]:
+    """Roll ``policy`` (anything with ``compute_actions(obs, explore)`` over a batch of raw
+    observations, e.g. a :class:`flowkit.Policy` or a scripted one) out in the env of
+    ``env_cfg`` (the run config's ``env`` section as a dict) and write the episodes to the
+    Minari dataset ``out`` (see the module docstring).
+
+    Returns:
+        ``{"path", "episodes", "steps", "return_mean", "returns"}`` (``returns``: per whole
+        episode; cut episodes are left out of the mean).
+    Raises:
+        ConfigError: a bad argument, or ``out`` holds a dataset (without ``append``).
+    """
+    from flowkit.core import EnvContext, make_env
+    from flowkit.evaluation import run_gym_episodes
+    if episodes is None and steps is None:
+        episodes = 10
+    probe = make_env(env_cfg, EnvContext(-1, 0, 1, 0, seed))
+    obs_space, act_space = probe.observation_space, probe.action_space
+    env_spec = getattr(probe, "spec", None) if env_cfg.get("id") else None
+    probe.close()
+    meta = {"flowkit_record": json.dumps({"explore": explore, "epsilon": epsilon, "seed": seed,
+                                          "episodes": episodes, "steps": steps, **(metadata or {})})}
+    writer = DatasetWriter(out, obs_space, act_space, append, env_spec, meta)
+    acting = _Explore(policy, act_space, explore, epsilon, seed)
+    live: Dict[int, Dict[str, List[Any]]] = {}
+    done_returns: List[float] = []
+    total = 0
+
+    def on_step(i: int, obs: Any, action: Any, next_obs: Any, r: float, term: bool, trunc: bool, info: Any) -> None:
+        nonlocal total
+        ep = live.setdefault(i, {"obs": [obs], "actions": [], "rewards": [], "term": [], "trunc": []})
+        ep["obs"].append(next_obs)
+        ep["actions"].append(action)
+        ep["rewards"].append(float(r))
+        ep["term"].append(bool(term))
+        ep["trunc"].append(bool(trunc))
+        total += 1
+        if term or trunc:
+            e = live.pop(i)
+            done_returns.append(float(np.sum(e["rewards"])))
+            writer.add(seed + i, e["obs"], e["actions"], e["rewards"], e["term"], e["trunc"])
+        if steps is not None and total >= steps:
+            raise _Full
+
+    n_eps = episodes if episodes is not None else int(steps or 0)  # an episode has at least one step
+    try:
+        run_gym_episodes(acting, env_cfg, n_eps, seed, False, num_envs, on_step=on_step)
+    except _Full:
+        for i in sorted(live):  # cut: the last step of each running episode is flagged truncated
+            e = live[i]
+            e["trunc"][-1] = True
+            writer.add(seed + i, e["obs"], e["actions"], e["rewards"], e["term"], e["trunc"])
+    writer.flush()
+    return {"path": out, "episodes": int(writer.storage.total_episodes), "steps": int(writer.storage.total_steps),
+            "recorded_steps": total, "return_mean": float(np.mean(done_returns)) if done_returns else float("nan"),
+            "returns": done_returns}
+
+
+def record(path: str, episodes: Optional[int] = None, steps: Optional[int] = None, explore: str = "greedy",
+           epsilon: float = 0.1, seed: Optional[int] = None, out: Optional[str] = None, append: bool = False,
+           num_envs: int = 8, trust_config: bool = False) -> Dict[str, Any]:
+    """``flowkit record``: the policy of the checkpoint at ``path`` (a run folder: its newest
+    checkpoint; loaded as :func:`flowkit.evaluation.evaluate` loads it, ``trust_config`` as
+    there) rolled out into a dataset (:func:`record_episodes`). Single-agent Gymnasium envs.
+
+    Raises:
+        CheckpointError: no or an unreadable checkpoint at ``path``.
+        ConfigError: a multi-agent run, a bad argument, or ``out`` already holds a dataset.
+    """
+    from omegaconf import OmegaConf
+
+    from flowkit.checkpoint import CheckpointError, find_checkpoint, load_trained
+    from flowkit.core import derive_seed
+    try:
+        ck = find_checkpoint(path)
+    except FileNotFoundError as e:
+        raise CheckpointError(str(e)) from None
+    algo = load_trained(ck, trust_config=trust_config)
+    cfg = algo.run_config
+    if len(algo.policies) != 1:
+        raise ConfigError(f"flowkit record: single-agent runs only (this run has policies {', '.join(algo.policies)})")
+    seed = int(cfg.seed) if seed is None else int(seed)
+    pol = algo.get_policy()
+    pol.np_random = np.random.default_rng(derive_seed(seed, "record"))
+    pol.generator.manual_seed(derive_seed(seed, "record"))
+    if out is None:
+        n = f"{episodes}episodes" if episodes is not None else f"{steps}steps" if steps is not None else "10episodes"
+        run_dir = os.path.dirname(os.path.dirname(ck)) if os.path.basename(os.path.dirname(ck)) == "checkpoints" else ck
+        out = os.path.join(run_dir, "datasets", f"{explore}-{n}-seed{seed}-v0")
+    env_cfg: Dict[str, Any] = OmegaConf.to_container(cfg.env, resolve=True)  # type: ignore[assignment]
+    res = record_episodes(pol, env_cfg, out, episodes=episodes, steps=steps, explore=explore, epsilon=epsilon,
+                          seed=seed, append=append, num_envs=num_envs,
+                          metadata={"checkpoint": os.path.abspath(ck), "algo": str(cfg.algo)})
+    res["checkpoint"] = ck
+    return res

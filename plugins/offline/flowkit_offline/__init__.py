@@ -1,0 +1,124 @@
+"""flowkit-offline: learning from recorded datasets (entry point group ``flowkit``).
+
+- the ``input`` config section: ``input.dataset=PATH`` replaces the rollout workers with a
+  reader of a Minari dataset (written by ``flowkit record``, see :mod:`flowkit.datasets`);
+  online evaluation (``evaluation.*``) still runs the env;
+- the algorithms ``bc`` (behavioural cloning) and ``marwil`` (Wang et al. 2018,
+  advantage-weighted imitation; ``marwil.beta=0`` is BC), in :mod:`flowkit_offline.marwil`,
+  and ``cql_dqn`` (conservative Q-learning, Kumar et al. 2020, CQL(H) on DQN's Q-network,
+  Discrete actions), in :mod:`flowkit_offline.cql`.
+
+This module is the plugin's torch-free metadata (config sections, registration, the checks
+made before anything starts); the algorithms and the reader (torch) are imported on first use.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, List, Optional
+
+import flowkit
+from flowkit.config import ConfigError, F
+from flowkit.hooks import lazy_attrs
+
+if TYPE_CHECKING:
+    from flowkit_offline.cql import CQLDQN, CQLDQNPolicy
+    from flowkit_offline.marwil import BC, MARWIL, MARWILPolicy
+    from flowkit_offline.reader import DatasetReader, NoRollouts
+
+__all__ = ["BC", "BCConfig", "CQLDQN", "CQLDQNConfig", "CQLDQNPolicy", "DatasetReader", "InputConfig", "MARWIL", "MARWILConfig", "MARWILPolicy", "NoRollouts"]
+
+OFFLINE_ALGOS = ("bc", "marwil", "cql_dqn")
+
+
+@dataclass
+class InputConfig:
+    """input: where a run's experience comes from: the rollout workers (default) or a dataset."""
+    dataset: Optional[str] = F(None, "a dataset folder written by `flowkit record` (or a local Minari dataset id "
+                                     "under $MINARI_DATASETS_PATH): the run learns from it instead of rollout "
+                                     "workers (algo=bc, marwil, cql_dqn); evaluation still runs the env")
+    shuffle_buffer_size: int = F(100_000, "rows shuffled together, the reader's memory bound: a dataset of at most "
+                                          "this many rows is read once and kept (a full shuffle each epoch); a larger "
+                                          "one is streamed, whole episodes in a random order into a buffer of this "
+                                          "many rows, handed out in a random order", ge=1)
+
+
+@dataclass
+class BCConfig:
+    """bc: behavioural cloning, maximum likelihood of the dataset's actions (MARWIL with beta = 0)."""
+    lr: float = F(1e-3, "Adam learning rate", gt=0)
+    train_batch_size: int = F(256, "dataset rows per gradient step", ge=1)
+    max_grad_norm: Optional[float] = F(None, "clip the gradient's global norm (null: off)", gt=0)
+    log_std_init: float = F(0.0, "initial log-std of the Gaussian (Box actions)", ge=-20, le=20)
+
+
+@dataclass
+class MARWILConfig(BCConfig):
+    """marwil: Monotonic Advantage Re-Weighted Imitation Learning (Wang et al. 2018), exp(beta * A / c)-weighted BC."""
+    beta: float = F(1.0, "advantage temperature: weights exp(beta * A / c) (0: plain BC, no value network trained)",
+                    ge=0)
+    gamma: float = F(0.99, "discount of the returns-to-go", ge=0, le=1)
+    vf_coef: float = F(1.0, "value-loss coefficient", ge=0)
+    moving_average_sqd_adv_norm_start: float = F(100.0, "initial c^2, the moving average of the squared advantage",
+                                                 gt=0)
+    moving_average_sqd_adv_norm_update_rate: float = F(1e-2, "its update rate per gradient step: "
+                                                             "c^2 <- c^2 + rate * (mean(A^2) - c^2)", gt=0, le=1)
+    max_weight: Optional[float] = F(20.0, "clip the weights exp(beta * A / c) at this value (null: off)", gt=0)
+
+
+@dataclass
+class CQLDQNConfig:
+    """cql_dqn: Conservative Q-Learning (Kumar et al. 2020), CQL(H) on DQN's Q-network, Discrete actions."""
+    cql_alpha: float = F(1.0, "weight of the conservative term mean(logsumexp_a Q(s, a) - Q(s, a_data))", ge=0)
+    lr: float = F(5e-4, "Adam learning rate", gt=0)
+    adam_eps: float = F(1e-8, "Adam epsilon", gt=0)
+    gamma: float = F(0.99, "discount factor", ge=0, le=1)
+    n_step: int = F(1, "n-step returns inside each dataset episode (1: one-step TD)", gt=0)
+    double_q: bool = F(True, "double-Q target: argmax by the online network, value by the target network")
+    dueling: bool = F(True, "dueling heads: Q = V + A - mean(A)")
+    train_batch_size: int = F(256, "dataset rows per gradient step", ge=1)
+    target_network_update_freq: int = F(500, "gradient steps between target-network updates", gt=0)
+    max_grad_norm: Optional[float] = F(10.0, "clip the gradient norm (null: off)", gt=0)
+    huber_delta: float = F(1.0, "Huber loss threshold of the TD term", gt=0)
+    initial_epsilon: float = F(0.0, "epsilon of epsilon-greedy acting when sampling (evaluation.explore=true)",
+                               ge=0, le=1)
+
+
+def validate(run_config: Any, section: Any, name: str) -> List[str]:
+    """``BC.validate_config`` and ``MARWIL``'s, torch-free: the run needs ``input.dataset``, and
+    the dataset must open, hold transitions and match the env's spaces (made before torch and
+    Ray load: one-line config errors, exit 2)."""
+    from omegaconf import OmegaConf
+    if not OmegaConf.select(run_config, "input.dataset"):
+        raise ConfigError(f"algo={name} learns from a dataset: set input.dataset=PATH (write one with "
+                          "`flowkit record RUN_DIR`)")
+    from flowkit.datasets import check_dataset
+    check_dataset(run_config)
+    return []
+
+
+@flowkit.hookimpl
+def flowkit_add_algorithms():
+    return [flowkit.AlgorithmRef("bc", BCConfig, "flowkit_offline.marwil:BC", validate),
+            flowkit.AlgorithmRef("marwil", MARWILConfig, "flowkit_offline.marwil:MARWIL", validate),
+            flowkit.AlgorithmRef("cql_dqn", CQLDQNConfig, "flowkit_offline.cql:CQLDQN", validate, ("Discrete",))]
+
+
+@flowkit.hookimpl
+def flowkit_add_config_sections():
+    return {"input": InputConfig}
+
+
+@flowkit.hookimpl(tryfirst=True)
+def flowkit_build_plan(ctx):
+    """Runs on: driver. With ``input.dataset``: the dataset reader instead of the rollout
+    workers, into the algorithm's training flow; None otherwise."""
+    from omegaconf import OmegaConf
+    if not OmegaConf.select(ctx.config, "input.dataset"):
+        return None
+    from flowkit_offline.reader import build_plan
+    return build_plan(ctx)
+
+
+__getattr__ = lazy_attrs({**dict.fromkeys(["BC", "MARWIL", "MARWILPolicy"], "flowkit_offline.marwil"),
+                          **dict.fromkeys(["CQLDQN", "CQLDQNPolicy"], "flowkit_offline.cql"),
+                          **dict.fromkeys(["DatasetReader", "NoRollouts"], "flowkit_offline.reader")})
