@@ -42,6 +42,11 @@ class SampleTimeout(TimeoutError):
     (handled like a crashed worker: rebuilt)."""
 
 
+class EvaluationTimeout(TimeoutError):
+    """An evaluation (periodic or final) did not finish within ``evaluation.timeout_s`` (default
+    ``runtime.sample_timeout_s``): a stuck env or an episode that never ends."""
+
+
 class Guard:
     """Signal handlers and the watchdog of the run in progress (one per process: ``GUARD``)."""
 
@@ -100,13 +105,13 @@ class Guard:
     def _handle(self, signum: int, frame: Any) -> None:
         if signum == signal.SIGALRM:
             fired, self._fired = self._fired, None
-            if fired is None or fired[0] == "sample" and "sample" not in self._deadlines:
-                return  # the sample answered meanwhile
+            if fired is None or fired[0] in ("sample", "evaluate") and fired[0] not in self._deadlines:
+                return  # the sample or the evaluation answered meanwhile
             self._deadlines.pop(fired[0], None)
             exc = fired[1]
         else:
             exc = Interrupted(f"interrupted ({signal.Signals(signum).name})")
-        if isinstance(exc, SampleTimeout) or not self._shield:
+        if isinstance(exc, (SampleTimeout, EvaluationTimeout)) or not self._shield:
             raise exc
         self.pending = self.pending or exc
 
@@ -137,6 +142,23 @@ class Guard:
             yield
         finally:
             self._deadlines.pop("sample", None)
+
+    @contextlib.contextmanager
+    def interruptible(self, seconds: Optional[float], make: Callable[[], BaseException]) -> Iterator[None]:
+        """A step that may hang inside a shielded block (an evaluation while a row is reported or
+        the run ends): signals and the ``stop.time_s`` deadline are let through (a signal held
+        before it is raised at once), and ``make()`` is raised after ``seconds`` (None: no bound;
+        without the watchdog, outside a run, neither applies)."""
+        if self.pending is not None and self._shield:
+            exc, self.pending = self.pending, None
+            raise exc
+        shield, self._shield = self._shield, 0
+        self.set_deadline("evaluate", seconds, make)
+        try:
+            yield
+        finally:
+            self._deadlines.pop("evaluate", None)
+            self._shield = shield
 
     def _watch(self) -> None:
         while not self._stop.wait(0.2):

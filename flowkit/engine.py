@@ -36,9 +36,10 @@ the exact sequence)::
      ends with stop_reason "interrupted (SIGTERM)"; on those and on errors the counters and the
      iteration go back to the last reported row, so a final checkpoint matches metrics.csv)
     loop ended (or error)          D flowkit_on_train_end(summary, error, ctx)
-                                     [progress] closes, [evaluation] final (evaluation.final),
-                                     [checkpoint] at_end, or "crash" on error ->
+                                     [progress] closes, [checkpoint] at_end, or "crash" on error ->
                                    D   flowkit_state_dict(), flowkit_on_checkpoint(path, ctx)
+                                     [evaluation] final (evaluation.final; not after a signal;
+                                     bounded by evaluation.timeout_s, interrupted by signals)
                                      [csv] [tensorboard] close
     error: workers stop, the exception is re-raised; nothing below runs
     workers stop; result.json = summary + stop_reason (also when the final checkpoint failed:
@@ -375,6 +376,7 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
     ctx.iteration = done[1]
     summary = dict(history[-1]) if history else {}
     ckpt_error: Optional[Exception] = None
+    ctx.stop_reason = reason  # what the end hooks see (no final evaluation after a signal)
     with GUARD.shielded():  # a second signal does not tear the final checkpoint
         GUARD.set_deadline("stop", None)
         try:
@@ -387,6 +389,8 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
             error.args = (f"{error}; last good checkpoint: {last_ckpt.path or resume_from or 'none'}",)
         if error is not None:
             raise error
+        if isinstance(GUARD.pending, Interrupted) and not (reason or "").startswith("interrupted"):
+            reason = GUARD.pending.reason  # a signal during the final evaluation
         summary["stop_reason"] = reason or "plan ended"
         summary["time_end_s"] = time.perf_counter() - t_entry
         if ckpt_error is not None:

@@ -230,3 +230,28 @@ class NoSpacesEnv(gym.Env):
 
     def step(self, action):
         return np.zeros(2, np.float32), 0.0, False, False, {}
+
+
+def stuck_eval(context=None, mode="sleep", seconds=60.0, marker=None):
+    """FixedLenEnv that gets stuck on the driver's evaluation worker (worker index -1) only
+    (issue 28): ``sleep``: its first step sleeps ``seconds``; ``endless``: its episodes do not
+    end for ``seconds``. ``marker``: a file created when it gets stuck."""
+    import time
+    env = FixedLenEnv()
+    if context is None or context.worker_index != -1:
+        return env
+    step = env.step
+    t0 = [None]
+
+    def stuck_step(action):
+        if marker:
+            open(marker, "a").close()
+        if mode == "sleep":
+            time.sleep(seconds)
+            return step(action)
+        t0[0] = t0[0] or time.monotonic()
+        obs, r, _, trunc, info = step(action)
+        env.t = 0
+        return obs, r, time.monotonic() - t0[0] > seconds, trunc, info
+    env.step = stuck_step
+    return env
