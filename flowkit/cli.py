@@ -323,8 +323,14 @@ def _evaluate(argv: List[str]) -> int:
         from flowkit.evaluation import parse_args
         opts = parse_args(a.args)
         path = _checkpoint_path("evaluate", a.path)
-        from flowkit.evaluation import evaluate, format_table
-        report = evaluate(path, **opts)
+        from flowkit._guard import EvaluationTimeout
+        from flowkit.core import EnvError
+        from flowkit.evaluation import EnvExit, evaluate, format_table
+        try:
+            report = evaluate(path, **opts)
+        except (EvaluationTimeout, EnvExit, EnvError) as e:  # the env failed: one line, exit 1
+            print(f"flowkit evaluate: error: {e}", file=sys.stderr)
+            return 1
         print(format_table(report))
         for v in report.get("videos", []):
             print(f"video: {v}")

@@ -235,10 +235,15 @@ class NoSpacesEnv(gym.Env):
 def stuck_eval(context=None, mode="sleep", seconds=60.0, marker=None):
     """FixedLenEnv that gets stuck on the driver's evaluation worker (worker index -1) only
     (issue 28): ``sleep``: its first step sleeps ``seconds``; ``endless``: its episodes do not
-    end for ``seconds``. ``marker``: a file created when it gets stuck."""
+    end for ``seconds``; ``exit``: its first step calls ``os._exit(3)``; ``sys.exit``: ``sys.exit(3)``;
+    ``from_env``: the mode named by the environment variable STUCK_EVAL (none: not stuck).
+    ``marker``: a file created when it gets stuck."""
+    import os
+    import sys
     import time
     env = FixedLenEnv()
-    if context is None or context.worker_index != -1:
+    mode = os.environ.get("STUCK_EVAL", "none") if mode == "from_env" else mode
+    if context is None or context.worker_index != -1 or mode == "none":
         return env
     step = env.step
     t0 = [None]
@@ -246,6 +251,10 @@ def stuck_eval(context=None, mode="sleep", seconds=60.0, marker=None):
     def stuck_step(action):
         if marker:
             open(marker, "a").close()
+        if mode == "exit":
+            os._exit(3)
+        if mode == "sys.exit":
+            sys.exit(3)
         if mode == "sleep":
             time.sleep(seconds)
             return step(action)

@@ -142,3 +142,44 @@ def test_a_sigterm_early_in_start_up_exits_143_with_a_message(tmp_path, launcher
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, (proc.returncode, err)
     assert "interrupted (SIGTERM)" in out + err and "Traceback" not in err, err
+
+
+# ---- flowkit evaluate: a deadline, and an env that ends the process ------------------------------
+@pytest.fixture(scope="module")
+def stuck_eval_run(tmp_path_factory):
+    """A trained run whose env gets stuck in evaluation as STUCK_EVAL says (see envs.stuck_eval)."""
+    run_dir = str(tmp_path_factory.mktemp("stuck_eval") / "run")
+    flowkit.train(TINY + [f"run.dir={run_dir}", "env.factory=envs:stuck_eval", "env.kwargs={mode: from_env}",
+                          "stop.iterations=1", "runtime.sample_timeout_s=600"], verbose=False)
+    return run_dir
+
+
+@pytest.mark.parametrize("mode,args,message", [
+    ("sleep", ["timeout_s=2"], "did not finish within timeout_s=2 s: a stuck env"),
+    ("endless", ["timeout_s=2"], "did not finish within timeout_s=2 s: a stuck env"),
+    ("exit", [], "env 'envs:stuck_eval' ended the process (os._exit(3)) during the evaluation"),
+    ("sys.exit", [], "env 'envs:stuck_eval' tried to end the process (sys.exit(3)) during the evaluation"),
+])
+def test_evaluate_bounds_a_stuck_env_and_names_an_env_that_exits(stuck_eval_run, mode, args, message):
+    """Before: a stuck env or an endless episode hung `flowkit evaluate` without bound (the
+    run's 600 s deadline did not apply), and an env's os._exit(3) / sys.exit(3) ended it with
+    exit 3 and nothing said."""
+    ev = os.path.join(find_checkpoint(stuck_eval_run), "evaluation.json")
+    if os.path.exists(ev):
+        os.remove(ev)
+    t0 = time.time()
+    proc = subprocess.run(FLOWKIT + ["evaluate", stuck_eval_run, "episodes=2", *args], capture_output=True,
+                          text=True, env=dict(_env(), STUCK_EVAL=mode), timeout=60)
+    assert proc.returncode == 1 and time.time() - t0 < 30, (proc.returncode, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and lines[0].startswith("flowkit evaluate: error: "), proc.stderr
+    assert not os.path.exists(ev)
+
+
+def test_evaluate_with_a_deadline_that_is_not_reached_is_unchanged(stuck_eval_run):
+    from flowkit.cli import main
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STUCK_EVAL", "none")
+        assert main(["evaluate", stuck_eval_run, "episodes=2", "timeout_s=30"]) == 0
+    rep = json.load(open(os.path.join(find_checkpoint(stuck_eval_run), "evaluation.json")))
+    assert rep["returns"] == [3.0, 3.0]
