@@ -209,8 +209,9 @@ def check_new_run_dir(run_dir: Optional[str]) -> None:
 
     Raises:
         ConfigError: ``run_dir`` holds ``metrics.csv`` or a checkpoint (the message says how to
-            continue that run or start elsewhere), or other runs' folders or a sweep's
-            ``tune_results.csv``.
+            continue that run or start elsewhere), other runs' folders or a sweep's
+            ``tune_results.csv``, or a ``config.yaml`` (``run.dir=.`` in a project: the run
+            would overwrite the project's config).
     """
     from flowkit.config import ConfigError
     if not run_dir:
@@ -222,6 +223,9 @@ def check_new_run_dir(run_dir: Optional[str]) -> None:
     if found:
         raise ConfigError(f"run.dir={run_dir!r} holds an earlier run ({', '.join(found)}): resume={run_dir} "
                           "continues it; another run.dir (or removing this one) starts a new run")
+    if os.path.isfile(os.path.join(run_dir, "config.yaml")):  # (run.dir=. in a project: its own config)
+        raise ConfigError(f"run.dir={run_dir!r} holds a config.yaml that is not a run's (no metrics.csv or checkpoints): "
+                          "the run would overwrite it; give the run a folder of its own (or remove that file)")
     if os.path.isdir(run_dir):  # a sweep's folder: a run in it would hide the trials from `flowkit plot`
         runs_below = [n for n in sorted(os.listdir(run_dir)) if os.path.isfile(os.path.join(run_dir, n, "metrics.csv"))]
         if runs_below or os.path.exists(os.path.join(run_dir, "tune_results.csv")):

@@ -217,10 +217,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"flowkit: config error: out of memory, lower the sizes in the config: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # a bad env, diverged training, no room: one line (torch is loaded by then)
+        from flowkit._outputs import OutputError
         from flowkit.core import EnvError
         from flowkit.core.learner import NonFiniteError
         from flowkit.core.workers import StartTimeout
-        if not isinstance(e, (EnvError, NonFiniteError, StartTimeout)):
+        if not isinstance(e, (EnvError, NonFiniteError, StartTimeout, OutputError)):
             raise
         print(f"flowkit: error: {e}", file=sys.stderr)
         return 1
@@ -324,11 +325,12 @@ def _evaluate(argv: List[str]) -> int:
         opts = parse_args(a.args)
         path = _checkpoint_path("evaluate", a.path)
         from flowkit._guard import EvaluationTimeout
+        from flowkit._outputs import OutputError
         from flowkit.core import EnvError
         from flowkit.evaluation import EnvExit, evaluate, format_table
         try:
             report = evaluate(path, **opts)
-        except (EvaluationTimeout, EnvExit, EnvError) as e:  # the env failed: one line, exit 1
+        except (EvaluationTimeout, EnvExit, EnvError, OutputError) as e:  # the env or the disk failed: one line, exit 1
             print(f"flowkit evaluate: error: {e}", file=sys.stderr)
             return 1
         print(format_table(report))
@@ -364,6 +366,9 @@ def _export(argv: List[str]) -> int:
             raise _ArgError(f"--format {a.fmt!r}: use torchscript or onnx" if a.fmt else "--format is required "
                             "(torchscript or onnx)")
         path = _checkpoint_path("export", a.path)
+        if a.out:  # before any work: a folder, a path under a file, a read-only folder, a run's own file
+            from flowkit._outputs import check_output
+            check_output(a.out, "--out")
         from flowkit.checkpoint import find_checkpoint, load_trained
         from flowkit.export import export_policy
         try:

@@ -66,6 +66,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from flowkit import _ray
 from flowkit._guard import GUARD, Interrupted, check_cpus, check_new_run_dir, lock_run_dir
+from flowkit._outputs import write_text
 from flowkit.checkpoint import config_yaml, find_checkpoint, load_trained, restore, resume_config, save_checkpoint  # noqa: F401
 from flowkit.config import ConfigError, build_config, check_run, plugin_modules_from
 from flowkit.core import EnvContext, derive_seed, env_name, make_env
@@ -395,8 +396,7 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
         summary["time_end_s"] = time.perf_counter() - t_entry
         if ckpt_error is not None:
             summary["error"] = f"{type(ckpt_error).__name__}: {ckpt_error}"
-        with open(os.path.join(run_dir, "result.json"), "w") as f:
-            json.dump(summary, f, indent=2, default=float)
+        write_text(os.path.join(run_dir, "result.json"), json.dumps(summary, indent=2, default=float))
         if ckpt_error is not None:
             raise ckpt_error
         result = Result(summary, history, run_dir, last_ckpt.path, summary["stop_reason"], cfg)

@@ -241,6 +241,10 @@ def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore:
         ck = find_checkpoint(path)
     except FileNotFoundError as e:
         raise CheckpointError(str(e)) from None
+    from flowkit._outputs import check_output
+    check_output(os.path.join(ck, "evaluation.json"), "evaluate: the checkpoint's", own=True)  # before any work
+    if render:
+        check_output(os.path.join(ck, "videos", f"episode_000.{render}"), "evaluate render=: the video", own=True)
     algo = load_trained(ck)
     cfg = algo.run_config
     seed = int(cfg.seed) if seed is None else int(seed)
@@ -291,10 +295,8 @@ def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore:
     report.update(returns=rets, lengths=lens)
     if single:
         report.update(seeds=[e["seed"] for e in eps], videos=[e["video"] for e in eps if e["video"]])
-    tmp = os.path.join(ck, ".evaluation.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(report, f, indent=2)
-    os.replace(tmp, os.path.join(ck, "evaluation.json"))
+    from flowkit._outputs import write_text
+    write_text(os.path.join(ck, "evaluation.json"), json.dumps(report, indent=2))
     return report
 
 

@@ -183,3 +183,117 @@ def test_evaluate_with_a_deadline_that_is_not_reached_is_unchanged(stuck_eval_ru
         assert main(["evaluate", stuck_eval_run, "episodes=2", "timeout_s=30"]) == 0
     rep = json.load(open(os.path.join(find_checkpoint(stuck_eval_run), "evaluation.json")))
     assert rep["returns"] == [3.0, 3.0]
+
+
+# ---- output paths checked before work; run files never replaced; temp-then-rename writes ---------
+@pytest.fixture(scope="module")
+def done_run(tmp_path_factory):
+    run_dir = str(tmp_path_factory.mktemp("done") / "run")
+    flowkit.train(TINY + [f"run.dir={run_dir}", "env.factory=envs:FixedLenEnv", "stop.iterations=2",
+                          "run.reporters=[csv,checkpoint]"], verbose=False)
+    return run_dir
+
+
+def _files(run_dir):
+    out = {}
+    for d, _, fs in os.walk(run_dir):
+        for f in fs:
+            p = os.path.join(d, f)
+            out[os.path.relpath(p, run_dir)] = open(p, "rb").read()
+    return out
+
+
+@pytest.mark.parametrize("cmd,target,message", [
+    ("plot", "{run}/metrics.png", "--out '{run}/metrics.csv' would replace the run's own metrics.csv"),
+    ("plot", "{run}/learning_curve.png", "would replace the run's own learning_curve.png"),
+    ("plot", "{tmp}", "is a folder: give a file name"),
+    ("plot", "{tmp}/afile/p.png", "is a file, not a folder"),
+    ("export", "{run}/metrics.csv", "would replace the run's own metrics.csv"),
+    ("export", "{ck}/state.pt", "would replace the run's own state.pt"),
+    ("export", "{run}/config.yaml", "would replace the run's own config.yaml"),
+    ("export", "{tmp}", "is a folder: give a file name"),
+    ("export", "{tmp}/afile/p.pt", "is a file, not a folder"),
+])
+def test_output_paths_are_checked_before_work_and_never_replace_a_run_file(done_run, tmp_path, capsys, cmd, target,
+                                                                          message):
+    """Before: IsADirectoryError / FileExistsError tracebacks, and `plot --out RUN/metrics.png`
+    replaced the run's metrics.csv with the plot's series."""
+    from flowkit.cli import main
+    (tmp_path / "afile").write_text("x")
+    ck = find_checkpoint(done_run)
+    fill = {"run": done_run, "tmp": str(tmp_path), "ck": ck}
+    out = target.format(**fill)
+    before = _files(done_run)
+    args = [done_run, "--out", out] + (["--format", "torchscript"] if cmd == "export" else [])
+    assert main([cmd, *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message.format(**fill) in err[0], err
+    assert _files(done_run) == before
+
+
+def test_a_read_only_output_folder_is_refused_before_work(done_run, tmp_path, capsys, monkeypatch):
+    """(os.access simulated: these tests may run as root, for whom every folder is writable.)"""
+    from flowkit.cli import main
+    ro = str(tmp_path / "ro")
+    os.makedirs(ro)
+    ck = find_checkpoint(done_run)
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, m, **kw: False if os.path.abspath(p) in (ro, ck) else real(p, m, **kw))
+    for argv in (["plot", done_run, "--out", f"{ro}/p.png"], ["export", done_run, "--format", "onnx", "--out",
+                                                                f"{ro}/p.onnx"], ["evaluate", done_run]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "is not writable" in err[0], err
+    assert not os.listdir(ro) and not os.path.exists(os.path.join(ck, "evaluation.json"))
+
+
+def test_a_full_disk_leaves_the_previous_plot_and_no_partial_file(done_run, tmp_path):
+    """A real write failure: the file size limit (RLIMIT_FSIZE, EFBIG) under the PNG's size.
+    Before: a traceback and a 0-byte or truncated plot.png."""
+    import resource
+    out = tmp_path / "p.png"
+    ok = subprocess.run(FLOWKIT + ["plot", done_run, "--out", str(out)], capture_output=True, text=True, env=_env())
+    assert ok.returncode == 0, ok.stderr
+    before = out.read_bytes()
+    assert len(before) > 4096
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))
+    proc = subprocess.run(FLOWKIT + ["plot", done_run, "--out", str(out), "--x", "time"], capture_output=True,
+                          text=True, env=_env(), preexec_fn=limit)
+    assert proc.returncode == 1, proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"flowkit plot: error: cannot write {out}: File too large"), err
+    assert out.read_bytes() == before and sorted(os.listdir(tmp_path)) == ["p.csv", "p.png"]
+
+
+def test_result_json_is_written_through_a_temporary_file(run_dir, monkeypatch, capsys):
+    """A failed write of result.json (a full disk, simulated at the flush) is one line, exit 1,
+    and leaves no partial file (before: a traceback, result.json left at 0 bytes)."""
+    import errno
+
+    from flowkit import _outputs
+    from flowkit.cli import main
+
+    real = os.fsync
+
+    def full(fd):  # only for result.json (checkpoints fsync too)
+        if ".result.json.tmp-" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd)
+    monkeypatch.setattr(_outputs.os, "fsync", full)
+    assert main(["train", *TINY, f"run.dir={run_dir}", "env.factory=envs:FixedLenEnv", "stop.iterations=1",
+                 "run.reporters=[csv,checkpoint]"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"flowkit: error: cannot write {os.path.abspath(run_dir)}/result.json: No space left on device"
+    assert sorted(os.listdir(run_dir)) == ["checkpoints", "config.yaml", "metrics.csv"]
+    assert load_state(find_checkpoint(run_dir))["iteration"] == 1
+
+
+def test_a_run_dir_holding_a_projects_config_yaml_is_refused(tmp_path, capsys):
+    from flowkit.cli import main
+    (tmp_path / "config.yaml").write_text("algo: ppo\n# my project\n")
+    assert main(["train", *TINY, f"run.dir={tmp_path}", "env.factory=envs:FixedLenEnv", "stop.iterations=1"]) == 2
+    assert "holds a config.yaml that is not a run's" in capsys.readouterr().err
+    assert (tmp_path / "config.yaml").read_text() == "algo: ppo\n# my project\n"
+    assert sorted(os.listdir(tmp_path)) == ["config.yaml"]
