@@ -172,8 +172,14 @@ class Guard:
 GUARD = Guard()
 
 
+MAX_WORKERS_PER_CPU = 4  # rollout worker processes a local Ray cluster may start per CPU
+
+
 def check_cpus(cfg: Any) -> None:
-    """A local Ray cluster that cannot place every worker would wait forever: refuse it."""
+    """A local Ray cluster that cannot place every worker would wait forever: refuse it; and
+    more rollout worker processes than ``MAX_WORKERS_PER_CPU`` x the CPUs (possible with
+    ``runtime.num_cpus_per_worker=0`` or a fraction: each is a Python process with torch, some
+    hundred MB) would swamp the machine: refuse them too, before any is spawned."""
     from flowkit.config import ConfigError
     rt = cfg.runtime
     from flowkit import _ray
@@ -185,6 +191,11 @@ def check_cpus(cfg: Any) -> None:
         raise ConfigError(f"runtime.num_workers={rt.num_workers} x runtime.num_cpus_per_worker={per:g} needs "
                           f"{n * per:g} CPUs, this machine has {have}: lower runtime.num_workers or share CPUs "
                           f"(runtime.num_cpus_per_worker={have / n:g})")
+    if n > MAX_WORKERS_PER_CPU * have:
+        raise ConfigError(f"runtime.num_workers={rt.num_workers}: a local Ray cluster runs at most "
+                          f"{MAX_WORKERS_PER_CPU} rollout worker processes per CPU ({MAX_WORKERS_PER_CPU * have} on this "
+                          f"machine's {have}), whatever runtime.num_cpus_per_worker; more sub-envs per worker "
+                          "(runtime.num_envs_per_worker) sample more at once")
 
 
 def check_env_id(cfg: Any) -> None:

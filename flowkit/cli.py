@@ -218,10 +218,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     except Exception as e:  # a bad env, diverged training, no room: one line (torch is loaded by then)
         from flowkit._outputs import OutputError
+        from flowkit._ray import RayStartError
         from flowkit.core import EnvError
         from flowkit.core.learner import NonFiniteError
         from flowkit.core.workers import StartTimeout
-        if not isinstance(e, (EnvError, NonFiniteError, StartTimeout, OutputError)):
+        if not isinstance(e, (EnvError, NonFiniteError, StartTimeout, OutputError, RayStartError)):
             raise
         print(f"flowkit: error: {e}", file=sys.stderr)
         return 1

@@ -297,3 +297,40 @@ def test_a_run_dir_holding_a_projects_config_yaml_is_refused(tmp_path, capsys):
     assert "holds a config.yaml that is not a run's" in capsys.readouterr().err
     assert (tmp_path / "config.yaml").read_text() == "algo: ppo\n# my project\n"
     assert sorted(os.listdir(tmp_path)) == ["config.yaml"]
+
+
+# ---- Ray start-ups that end ----------------------------------------------------------------------
+_HANG = "import time, ray; ray.init = lambda **kw: time.sleep(3600)"
+_FAIL = "import ray\ndef f(**kw): raise RuntimeError('Failed to create the object store: mmap failed\\nmore')\nray.init = f"
+
+
+@pytest.mark.parametrize("patch,message", [
+    (_HANG, "flowkit: error: Ray did not start a local cluster within 4 s"),
+    (_FAIL, "flowkit: error: Ray could not start a local cluster: RuntimeError: Failed to create the object store: "
+            "mmap failed (is memory"),
+])
+def test_a_ray_start_up_that_hangs_or_fails_ends_with_one_line(tmp_path, patch, message):
+    """Ray's start hung (object store that cannot be mapped under a memory limit) or failed:
+    before, flowkit waited without bound (or printed Ray's traceback)."""
+    code = (f"{patch}\nimport sys\nfrom flowkit.cli import main\n"
+            f"sys.exit(main(['train', 'env=CartPole-v1', 'runtime.num_workers=1', 'runtime.num_cpus_per_worker=0.5', "
+            f"'runtime.start_timeout_s=4', 'ppo.minibatch_size=32', 'stop.iterations=1', 'run.dir={tmp_path / 'run'}']))")
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=60)
+    assert proc.returncode == 1 and time.time() - t0 < 40, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), proc.stderr
+
+
+def test_more_worker_processes_than_a_local_cluster_may_run_are_refused_before_spawning(capsys):
+    """num_cpus_per_worker=0 let num_workers=10000 spawn Ray processes without limit (121 in
+    120 s, 10.5 GB). Now 4 per CPU at most, a config error at once."""
+    from flowkit.cli import main
+    cpus = len(os.sched_getaffinity(0))
+    t0 = time.time()
+    assert main(["train", "--dry-run", "env=CartPole-v1", f"runtime.num_workers={4 * cpus + 1}",
+                 "runtime.num_cpus_per_worker=0"]) == 2
+    assert time.time() - t0 < 20
+    err = capsys.readouterr().err
+    assert f"runtime.num_workers={4 * cpus + 1}: a local Ray cluster runs at most 4 rollout worker processes " \
+           f"per CPU ({4 * cpus} on this machine's {cpus})" in err
