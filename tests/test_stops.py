@@ -127,10 +127,11 @@ def test_the_evaluation_deadline_defaults_to_sample_timeout_s_and_a_good_evaluat
 
 # ---- signals from the first moment of the CLI ----------------------------------------------------
 @pytest.mark.parametrize("launcher", ["module", "script"])
-@pytest.mark.parametrize("delay", [0.3, 0.5, 1.0])
+@pytest.mark.parametrize("delay", [0.5, 1.0])
 def test_a_sigterm_early_in_start_up_exits_143_with_a_message(tmp_path, launcher, delay):
     """Before: the default action (-15, nothing said) up to ~0.25 s in (the CLI took the signals
-    only once main() ran), then 143 with nothing said."""
+    only once main() ran), then 143 with nothing said. (Earlier than the interpreter's own start,
+    ~0.15 s, here up to 0.3 s under load, no Python code can take a signal: not tested.)"""
     script = os.path.join(os.path.dirname(sys.executable), "flowkit")
     cmd = FLOWKIT if launcher == "module" else [script]
     proc = subprocess.Popen(cmd + ["train", "env=CartPole-v1", "runtime.backend=local", f"run.dir={tmp_path / 'run'}",
