@@ -39,6 +39,11 @@ class Interrupted(KeyboardInterrupt):
         self.reason = reason
 
 
+class EvaluationTimeout(TimeoutError):
+    """An evaluation (periodic or final) did not finish within ``evaluation.timeout_s`` (default
+    ``runtime.sample_timeout_s``): a stuck env or an episode that never ends."""
+
+
 class Guard:
     """Signal handlers and the watchdog of the run in progress (one per process: ``GUARD``)."""
 
@@ -97,13 +102,13 @@ class Guard:
     def _handle(self, signum: int, frame: Any) -> None:
         if signum == signal.SIGALRM:
             fired, self._fired = self._fired, None
-            if fired is None or fired[0] == "sample" and "sample" not in self._deadlines:
-                return  # the sample answered meanwhile
+            if fired is None or fired[0] in ("sample", "evaluate") and fired[0] not in self._deadlines:
+                return  # the sample or the evaluation answered meanwhile
             self._deadlines.pop(fired[0], None)
             exc = fired[1]
         else:
             exc = Interrupted(f"interrupted ({signal.Signals(signum).name})")
-        if isinstance(exc, SampleTimeout) or not self._shield:
+        if isinstance(exc, (SampleTimeout, EvaluationTimeout)) or not self._shield:
             raise exc
         self.pending = self.pending or exc
 
@@ -135,6 +140,23 @@ class Guard:
         finally:
             self._deadlines.pop("sample", None)
 
+    @contextlib.contextmanager
+    def interruptible(self, seconds: Optional[float], make: Callable[[], BaseException]) -> Iterator[None]:
+        """A step that may hang inside a shielded block (an evaluation while a row is reported or
+        the run ends): signals and the ``stop.time_s`` deadline are let through (a signal held
+        before it is raised at once), and ``make()`` is raised after ``seconds`` (None: no bound;
+        without the watchdog, outside a run, neither applies)."""
+        if self.pending is not None and self._shield:
+            exc, self.pending = self.pending, None
+            raise exc
+        shield, self._shield = self._shield, 0
+        self.set_deadline("evaluate", seconds, make)
+        try:
+            yield
+        finally:
+            self._deadlines.pop("evaluate", None)
+            self._shield = shield
+
     def _watch(self) -> None:
         while not self._stop.wait(0.2):
             now = time.monotonic()
@@ -147,8 +169,14 @@ class Guard:
 GUARD = Guard()
 
 
+MAX_WORKERS_PER_CPU = 4  # rollout worker processes a local Ray cluster may start per CPU
+
+
 def check_cpus(cfg: Any) -> None:
-    """A local Ray cluster that cannot place every worker would wait forever: refuse it."""
+    """A local Ray cluster that cannot place every worker would wait forever: refuse it; and
+    more rollout worker processes than ``MAX_WORKERS_PER_CPU`` x the CPUs (possible with
+    ``runtime.num_cpus_per_worker=0`` or a fraction: each is a Python process with torch, some
+    hundred MB) would swamp the machine: refuse them too, before any is spawned."""
     from flowkit.config import ConfigError
     rt = cfg.runtime
     from flowkit import _ray
@@ -160,6 +188,11 @@ def check_cpus(cfg: Any) -> None:
         raise ConfigError(f"runtime.num_workers={rt.num_workers} x runtime.num_cpus_per_worker={per:g} needs "
                           f"{n * per:g} CPUs, this machine has {have}: lower runtime.num_workers or share CPUs "
                           f"(runtime.num_cpus_per_worker={have / n:g})")
+    if n > MAX_WORKERS_PER_CPU * have:
+        raise ConfigError(f"runtime.num_workers={rt.num_workers}: a local Ray cluster runs at most "
+                          f"{MAX_WORKERS_PER_CPU} rollout worker processes per CPU ({MAX_WORKERS_PER_CPU * have} on this "
+                          f"machine's {have}), whatever runtime.num_cpus_per_worker; more sub-envs per worker "
+                          "(runtime.num_envs_per_worker) sample more at once")
 
 
 def check_env_id(cfg: Any, pm: Any = None) -> None:
@@ -202,8 +235,9 @@ def check_new_run_dir(run_dir: Optional[str]) -> None:
 
     Raises:
         ConfigError: ``run_dir`` holds ``metrics.csv`` or a checkpoint (the message says how to
-            continue that run or start elsewhere), or other runs' folders or a sweep's
-            ``tune_results.csv``.
+            continue that run or start elsewhere), other runs' folders or a sweep's
+            ``tune_results.csv``, or a ``config.yaml`` (``run.dir=.`` in a project: the run
+            would overwrite the project's config).
     """
     from flowkit.config import ConfigError
     if not run_dir:
@@ -215,6 +249,9 @@ def check_new_run_dir(run_dir: Optional[str]) -> None:
     if found:
         raise ConfigError(f"run.dir={run_dir!r} holds an earlier run ({', '.join(found)}): resume={run_dir} "
                           "continues it; another run.dir (or removing this one) starts a new run")
+    if os.path.isfile(os.path.join(run_dir, "config.yaml")):  # (run.dir=. in a project: its own config)
+        raise ConfigError(f"run.dir={run_dir!r} holds a config.yaml that is not a run's (no metrics.csv or checkpoints): "
+                          "the run would overwrite it; give the run a folder of its own (or remove that file)")
     if os.path.isdir(run_dir):  # a sweep's folder: a run in it would hide the trials from `flowkit plot`
         runs_below = [n for n in sorted(os.listdir(run_dir)) if os.path.isfile(os.path.join(run_dir, n, "metrics.csv"))]
         if runs_below or os.path.exists(os.path.join(run_dir, "tune_results.csv")):

@@ -26,9 +26,10 @@ import time
 from typing import Any, Dict, List, Tuple
 
 CONNECT_TIMEOUT_S = 15.0
+LOCAL_START_TIMEOUT_S = 120.0  # the most a new local session may take to come up (runtime.start_timeout_s if lower)
 AGENT_DELAY_S = 10.0  # how much later than the raylet a local session's agents start (see _local_patches)
 NICE = 19  # the CPU priority of the Ray processes a run does not wait for (Ray runs its workers at 15)
-_S: Dict[str, Any] = {"thread": None, "error": None, "key": None, "atexit": False, "prestarted": None,
+_S: Dict[str, Any] = {"thread": None, "error": None, "key": None, "atexit": False, "prestarted": None, "limit": None,
                       "cancel": threading.Event(), "ready": threading.Event()}
 _USER_AUTH = os.environ.get("RAY_AUTH_MODE")  # the user's choice, before flowkit sets it per session
 
@@ -66,7 +67,7 @@ def start(cfg: Any, prestart: bool = False) -> None:
     import ray  # noqa: F401  (here, not in the thread: the GIL would share it with torch's import)
     _S["cancel"].clear()
     _S["ready"].clear()
-    _S.update(key=key, error=None,
+    _S.update(key=key, error=None, limit=min(LOCAL_START_TIMEOUT_S, float(cfg.runtime.get("start_timeout_s", 600.0))),
               thread=threading.Thread(target=_init, args=(kw, cfg if prestart and not addr else None),
                                       name="flowkit-ray-init", daemon=True))
     _S["thread"].start()
@@ -198,7 +199,8 @@ def _connect(kw: Dict[str, Any]) -> None:
     except BaseException as e:
         msg = str(e).split("\n")[0]
         if addr == "local":
-            _S["error"] = e
+            _S["error"] = RayStartError(f"Ray could not start a local cluster: {type(e).__name__}: {msg} (is memory, "
+                                        "/dev/shm or /tmp short? see Ray's logs under /tmp/ray)")
         elif any(w in f"{e} {e.__cause__}".lower() for w in ("auth", "token")):
             _S["error"] = ConfigError(
                 f"runtime.address={addr!r}: the cluster wants a Ray auth token: set RAY_AUTH_TOKEN (or "
@@ -288,17 +290,31 @@ def _check_grpc(s: socket.socket, gcs: str, what: str) -> None:
                           "the dashboard (port 8265)? Use the address `ray start --head` prints (port 6379 by default)")
 
 
+class RayStartError(RuntimeError):
+    """A new local Ray session failed or did not come up within its deadline (one line)."""
+
+
 def wait() -> None:
     """Block until the session started by :func:`start` is up (interruptible by signals).
 
     Raises:
         ConfigError: ``runtime.address`` cannot be attached to.
+        RayStartError: a new local session failed (its object store could not be created, a
+            process died) or was not up within ``LOCAL_START_TIMEOUT_S`` (120 s; lower
+            ``runtime.start_timeout_s`` lowers it): Ray's own start waits without a bound.
     """
     t = _S["thread"]
     if t is None:
         return
-    end = time.monotonic() + 2 * CONNECT_TIMEOUT_S
+    t0 = time.monotonic()
+    end = t0 + 2 * CONNECT_TIMEOUT_S
     while not _S["ready"].wait(0.1):
+        if not _S["key"][0] and time.monotonic() > t0 + _S["limit"]:
+            limit = _S["limit"]
+            _S["cancel"].set()  # (the thread, stuck in ray.init, is left; Ray's processes die with this one)
+            _S.update(thread=None, error=None, key=None, prestarted=None)
+            raise RayStartError(f"Ray did not start a local cluster within {limit:g} s (is memory, /dev/shm or /tmp "
+                                "short? see Ray's logs under /tmp/ray); runtime.backend=local runs without Ray")
         if _S["key"][0] and time.monotonic() > end:  # an address that answers but is no Ray head
             from flowkit.config import ConfigError
             addr = _S["key"][0]

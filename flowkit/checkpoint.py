@@ -35,7 +35,6 @@ consents (:mod:`flowkit._trust`): installed code is trusted, the run folder is n
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import inspect
@@ -149,26 +148,6 @@ def digest(obj: Any) -> str:
             h.update(repr(o).encode())
     walk(obj)
     return h.hexdigest()
-
-
-def write_file(path: str, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file beside it, fsync, then rename: a full
-    disk or a kill leaves the previous file as it was.
-
-    Raises:
-        OSError: it could not be written (the file named; the previous one kept; no temp left).
-    """
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "w") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except OSError as e:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
-        raise OSError(e.errno, f"cannot write {path} (the previous file is kept): {e.strerror or e}") from e
 
 
 def save_state(state: Dict[str, Any], path: str) -> None:
@@ -517,13 +496,13 @@ def save_checkpoint(ctx: Any, run_dir: str, tag: Optional[str] = None) -> str:
 def remove_stale_temp(run_dir: str) -> List[str]:
     """Remove what a process killed while writing left in a run folder it held: the
     ``checkpoints/.tmp-*`` folders of :func:`save_checkpoint`, ``metrics.csv.tmp`` and the
-    temporary files of :func:`write_file` (``config.yaml.tmp-PID``, ``result.json.tmp-PID``). Called
+    temporary files of :func:`flowkit._outputs.write_atomic` (``.config.yaml.tmp-PID``, ``.result.json.tmp-PID``). Called
     by a run once it holds the folder's lock (so no live writer owns them). Returns what went."""
     ck_root = os.path.join(run_dir, "checkpoints")
     gone = [os.path.join(ck_root, n) for n in (os.listdir(ck_root) if os.path.isdir(ck_root) else [])
             if n.startswith(".tmp-")]
     gone += [os.path.join(run_dir, n) for n in os.listdir(run_dir)
-             if n == "metrics.csv.tmp" or n.startswith(("config.yaml.tmp-", "result.json.tmp-"))]
+             if n == "metrics.csv.tmp" or n.startswith((".config.yaml.tmp-", ".result.json.tmp-"))]
     for p in gone:
         shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else os.remove(p)
     return gone
@@ -739,7 +718,7 @@ def load_trained(path: str, expected_cls: Optional[type] = None, trust_config: b
 
 
 __all__ = ["CheckpointError", "FORMAT", "RunFolderError", "STATE_FILE", "UntrustedConfigError", "check_algorithms",
-           "check_config_callables", "check_spec_callables", "digest", "read_run_config", "write_file", "config_yaml", "find_checkpoint",
+           "check_config_callables", "check_spec_callables", "digest", "read_run_config", "config_yaml", "find_checkpoint",
            "from_plain", "load_state", "load_trained", "missing_algorithm", "read_iteration", "remove_stale_temp", "restore",
            "resume_config", "save_checkpoint", "save_state", "space_from_dict", "space_to_dict", "spec_from_dict",
            "spec_to_dict", "to_plain", "used_config"]

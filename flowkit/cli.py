@@ -8,16 +8,32 @@ place: one line, no traceback), 2 a config error (short message, no traceback),
 """
 from __future__ import annotations
 
-import argparse
-import atexit
-import contextlib
-import gc
 import os
-import re
-import shutil
 import signal
 import sys
-from typing import Any, Dict, List, Optional, Sequence
+
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    """The handler while the program imports this module (nothing started yet): one line and
+    128 + the signal number, not the default action (a silent -15)."""
+    os.write(2, f"flowkit: stopped: interrupted ({signal.Signals(signum).name}) while starting\n".encode())
+    os._exit(128 + signum)
+
+
+# first thing when this module is the program (`flowkit ...`, `python -m flowkit.cli`), never
+# when it is imported as a library; signals inherited as ignored (nohup) stay ignored
+if __name__ == "__main__" or os.path.basename(getattr(sys.modules.get("__main__"), "__file__", None) or "") == "flowkit":
+    for _sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        if signal.getsignal(_sig) != signal.SIG_IGN:
+            signal.signal(_sig, _exit_on_signal)
+
+import argparse  # noqa: E402
+import atexit  # noqa: E402
+import contextlib  # noqa: E402
+import gc  # noqa: E402
+import re  # noqa: E402
+import shutil  # noqa: E402
+from typing import Any, Dict, List, Optional, Sequence  # noqa: E402
 
 USAGE = """flowkit train [-c FILE ...] [--no-tuned] [--dry-run | --print-config] [--trust-config] [--take-over-lock] [key=value ...]
 flowkit plan [-c FILE ...] [--no-tuned] [key=value ...]
@@ -133,10 +149,12 @@ def _early_signal(signum: int, frame: object) -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from flowkit._guard import INHERITED_IGNORED  # (first import: before any handler is set)
+    from flowkit._guard import INHERITED_IGNORED  # (first import: before any handler but _exit_on_signal)
     for sig in (signal.SIGTERM, signal.SIGHUP):  # while importing; the run takes them over
         if sig.name not in INHERITED_IGNORED:
             signal.signal(sig, _early_signal)
+    if signal.getsignal(signal.SIGINT) is _exit_on_signal:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if argv and argv[0] in _AFTER:  # commands on a trained run: their own arguments
         return _AFTER[argv[0]](argv[1:])
     if argv and argv[0] in SUBCOMMANDS:
@@ -216,10 +234,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"flowkit: config error: out of memory, lower the sizes in the config: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # a bad env, diverged training, no room: one line (torch is loaded by then)
+        from flowkit._outputs import OutputError
+        from flowkit._ray import RayStartError
         from flowkit.core import EnvError
         from flowkit.core.learner import NonFiniteError
         from flowkit.core.workers import StartTimeout, WorkerImportError
-        if not isinstance(e, (EnvError, NonFiniteError, StartTimeout, WorkerImportError)):
+        if not isinstance(e, (EnvError, NonFiniteError, StartTimeout, WorkerImportError, OutputError, RayStartError)):
             raise
         print(f"flowkit: error: {e}", file=sys.stderr)
         return 1
@@ -323,8 +343,15 @@ def _evaluate(argv: List[str]) -> int:
         from flowkit.evaluation import parse_args
         opts = parse_args(a.args)
         path = _checkpoint_path("evaluate", a.path)
-        from flowkit.evaluation import evaluate, format_table
-        report = evaluate(path, **opts, trust_config=a.trust_config)
+        from flowkit._guard import EvaluationTimeout
+        from flowkit._outputs import OutputError
+        from flowkit.core import EnvError
+        from flowkit.evaluation import EnvExit, evaluate, format_table
+        try:
+            report = evaluate(path, **opts, trust_config=a.trust_config)
+        except (EvaluationTimeout, EnvExit, EnvError, OutputError) as e:  # the env or the disk failed: one line, exit 1
+            print(f"flowkit evaluate: error: {e}", file=sys.stderr)
+            return 1
         print(format_table(report))
         for v in report.get("videos", []):
             print(f"video: {v}")
@@ -358,6 +385,9 @@ def _export(argv: List[str]) -> int:
             raise _ArgError(f"--format {a.fmt!r}: use torchscript or onnx" if a.fmt else "--format is required "
                             "(torchscript or onnx)")
         path = _checkpoint_path("export", a.path)
+        if a.out:  # before any work: a folder, a path under a file, a read-only folder, a run's own file
+            from flowkit._outputs import check_output
+            check_output(a.out, "--out")
         from flowkit.checkpoint import find_checkpoint, load_trained
         from flowkit.export import export_policy
         try:
@@ -433,8 +463,10 @@ def _entry() -> int:
     except BrokenPipeError:  # `flowkit train --help | head`
         sys.stderr.close()
         return 0
-    except KeyboardInterrupt as e:  # before the run took the signals (imports)
-        return exit_status(getattr(e, "reason", "interrupted (SIGINT)"))
+    except KeyboardInterrupt as e:  # before the run took the signals (imports), or after it
+        reason = getattr(e, "reason", "interrupted (SIGINT)")
+        print(f"flowkit: stopped: {reason}", file=sys.stderr)
+        return exit_status(reason)
 
 
 if __name__ == "__main__":

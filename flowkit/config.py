@@ -266,6 +266,8 @@ class EvaluationConfig:
     episodes: int = F(10, "episodes per evaluation", ge=1, le=MAX_EPISODES)
     final: bool = F(False, "evaluate once at the end of the run")
     explore: bool = F(False, "sample actions instead of acting greedily")
+    timeout_s: Optional[float] = F(None, "seconds one evaluation (periodic or final) may take; then it is abandoned "
+                                         "with a warning and the run goes on (None: runtime.sample_timeout_s)", gt=0)
 
 
 @dataclass

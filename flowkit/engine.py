@@ -36,9 +36,10 @@ the exact sequence)::
      ends with stop_reason "interrupted (SIGTERM)"; on those and on errors the counters and the
      iteration go back to the last reported row, so a final checkpoint matches metrics.csv)
     loop ended (or error)          D flowkit_on_train_end(summary, error, ctx)
-                                     [progress] closes, [evaluation] final (evaluation.final),
-                                     [checkpoint] at_end, or "crash" on error ->
+                                     [progress] closes, [checkpoint] at_end, or "crash" on error ->
                                    D   flowkit_state_dict(), flowkit_on_checkpoint(path, ctx)
+                                     [evaluation] final (evaluation.final; not after a signal;
+                                     bounded by evaluation.timeout_s, interrupted by signals)
                                      [csv] [tensorboard] close
     error: workers stop, the exception is re-raised; nothing below runs
     workers stop; result.json = summary + stop_reason (also when the final checkpoint failed:
@@ -65,6 +66,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from flowkit import _ray
 from flowkit._guard import GUARD, Interrupted, check_cpus, check_new_run_dir, lock_run_dir
+from flowkit._outputs import write_text
 from flowkit.checkpoint import (  # noqa: F401
     config_yaml,
     find_checkpoint,
@@ -73,7 +75,6 @@ from flowkit.checkpoint import (  # noqa: F401
     restore,
     resume_config,
     save_checkpoint,
-    write_file,
 )
 from flowkit.config import ConfigError, build_config, check_run, check_unused_sections, plugin_modules_from
 from flowkit.core import EnvContext, derive_seed, env_name, make_env
@@ -331,7 +332,7 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
             ctx.shutdown()
             met = met.replace(" reached", " already reached at the checkpoint; nothing trained")
             return Result(last, history, run_dir, resume_from, met, cfg)
-    write_file(os.path.join(run_dir, "config.yaml"), config_yaml(cfg, ctx.policy_specs, pm))  # after a restore that worked
+    write_text(os.path.join(run_dir, "config.yaml"), config_yaml(cfg, ctx.policy_specs, pm))  # after a restore that worked
     results = iter(StandardMetricsReporting(plan, ctx))
     reason: Optional[str] = None
     error: Optional[BaseException] = None
@@ -376,6 +377,7 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
     ctx.iteration = done[1]
     summary = dict(history[-1]) if history else {}
     ckpt_error: Optional[Exception] = None
+    ctx.stop_reason = reason  # what the end hooks see (no final evaluation after a signal)
     with GUARD.shielded():  # a second signal does not tear the final checkpoint
         GUARD.set_deadline("stop", None)
         try:
@@ -388,11 +390,13 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
             error.args = (f"{error}; last good checkpoint: {last_ckpt.path or resume_from or 'none'}",)
         if error is not None:
             raise error
+        if isinstance(GUARD.pending, Interrupted) and not (reason or "").startswith("interrupted"):
+            reason = GUARD.pending.reason  # a signal during the final evaluation
         summary["stop_reason"] = reason or "plan ended"
         summary["time_end_s"] = time.perf_counter() - t_entry
         if ckpt_error is not None:
             summary["error"] = f"{type(ckpt_error).__name__}: {ckpt_error}"
-        write_file(os.path.join(run_dir, "result.json"), json.dumps(summary, indent=2, default=float))
+        write_text(os.path.join(run_dir, "result.json"), json.dumps(summary, indent=2, default=float))
         if ckpt_error is not None:
             raise ckpt_error
         result = Result(summary, history, run_dir, last_ckpt.path, summary["stop_reason"], cfg)

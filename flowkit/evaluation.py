@@ -15,11 +15,13 @@ videos, ``videos/episode_NNN.mp4|gif``) in the checkpoint's folder. Videos come 
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import numpy as np
 
@@ -35,6 +37,8 @@ class EvaluateArgs:
     render: Optional[str] = F(None, "record episodes as video files", choices=("mp4", "gif"))
     render_episodes: int = F(1, "with render: record the first N episodes", ge=1)
     num_envs: int = F(8, "sub-envs stepped together", ge=1)
+    timeout_s: Optional[float] = F(None, "seconds the evaluation may take (a stuck env, an episode that never ends): "
+                                         "then one line and exit 1 (default: the run's runtime.sample_timeout_s)", gt=0)
 
 
 def parse_args(items: List[str]) -> Dict[str, Any]:
@@ -192,9 +196,35 @@ def _multiagent_episodes(algo: Any, cfg: Any, episodes: int, seed: int, explore:
         worker.stop()
 
 
+class EnvExit(Exception):
+    """The env tried to end the process (``sys.exit``) during an evaluation."""
+
+
+@contextlib.contextmanager
+def _env_exits_reported(name: str) -> Iterator[None]:
+    """While the env runs: an env that ends the process says so in one line naming it (exit 1),
+    not a silent exit with its own status: ``os._exit(n)`` (the line, then exit 1) and
+    ``sys.exit(n)`` (:class:`EnvExit`). A crash below Python (a segfault) is not covered."""
+    real = os._exit
+
+    def env_exit(code: int) -> None:
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            os.write(2, f"flowkit evaluate: error: env {name!r} ended the process (os._exit({code})) "
+                        "during the evaluation\n".encode())
+        real(1)
+    os._exit = env_exit  # type: ignore[assignment]
+    try:
+        yield
+    except SystemExit as e:
+        raise EnvExit(f"env {name!r} tried to end the process (sys.exit({e.code})) during the evaluation") from None
+    finally:
+        os._exit = real
+
+
 def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore: bool = False,
              render: Optional[str] = None, render_episodes: int = 1, num_envs: int = 8,
-             trust_config: bool = False) -> Dict[str, Any]:
+             trust_config: bool = False, timeout_s: Optional[float] = None) -> Dict[str, Any]:
     """Evaluate the checkpoint at ``path`` (a run folder: its newest checkpoint) and write
     ``evaluation.json`` in the checkpoint's folder. Returns what it wrote: ``episode_return_*``
     and ``episode_len_*`` (mean, std, min, max over episodes; multi-agent: the sum over
@@ -204,10 +234,16 @@ def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore:
     the run's config names that no installed flowkit plugin provides (``env.factory``,
     ``model.class``, ``plugins``; a run folder is data, see :mod:`flowkit._trust`).
 
+    The episodes have a deadline, ``timeout_s`` (default: the run's ``runtime.sample_timeout_s``;
+    enforced from the main thread only), and SIGINT/SIGTERM/SIGHUP stop them
+    (:class:`flowkit._guard.Interrupted`, a KeyboardInterrupt).
+
     Raises:
         CheckpointError: no or an unreadable checkpoint at ``path`` (one line).
         ConfigError: ``render`` for a multi-agent env, or without its packages; a callable
             named without consent (nothing imported).
+        EvaluationTimeout: the episodes took longer than ``timeout_s`` (a TimeoutError).
+        EnvExit: the env called ``sys.exit``.
     """
     import gymnasium as gym
     from omegaconf import OmegaConf
@@ -218,6 +254,10 @@ def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore:
         ck = find_checkpoint(path)
     except FileNotFoundError as e:
         raise CheckpointError(str(e)) from None
+    from flowkit._outputs import check_output
+    check_output(os.path.join(ck, "evaluation.json"), "evaluate: the checkpoint's", own=True)  # before any work
+    if render:
+        check_output(os.path.join(ck, "videos", f"episode_000.{render}"), "evaluate render=: the video", own=True)
     algo = load_trained(ck, trust_config=trust_config)
     cfg = algo.run_config
     import torch
@@ -230,16 +270,23 @@ def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore:
         pol.np_random = np.random.default_rng(derive_seed(seed, "evaluate", pid))
         pol.generator.manual_seed(derive_seed(seed, "evaluate", pid))
     env_cfg: Dict[str, Any] = OmegaConf.to_container(cfg.env, resolve=True)  # type: ignore[assignment]
-    probe = make_env(env_cfg, EnvContext(-1, 0, 1, 0, seed))
-    single = isinstance(probe, gym.Env) and len(algo.policies) == 1
-    probe.close()
-    if single:
-        eps = run_gym_episodes(algo.get_policy(), env_cfg, episodes, seed, explore, num_envs, render,
-                               render_episodes, os.path.join(ck, "videos"))
-    else:
-        if render:
-            raise ConfigError(f"render={render}: video is recorded for single-agent Gymnasium envs only")
-        eps = _multiagent_episodes(algo, cfg, episodes, seed, explore, num_envs)
+    from flowkit._guard import GUARD, EvaluationTimeout
+    limit = float(timeout_s or cfg.runtime.sample_timeout_s)
+    key = "timeout_s" if timeout_s else "the run's runtime.sample_timeout_s"
+    name = env_name(env_cfg)
+    with GUARD.running(), GUARD.interruptible(limit, lambda: EvaluationTimeout(
+            f"env {name!r}: the evaluation ({episodes} episodes) did not finish within {key}={limit:g} s: a stuck env, "
+            "or an episode that never ends? (timeout_s=SECONDS sets the limit)")), _env_exits_reported(name):
+        probe = make_env(env_cfg, EnvContext(-1, 0, 1, 0, seed))
+        single = isinstance(probe, gym.Env) and len(algo.policies) == 1
+        probe.close()
+        if single:
+            eps = run_gym_episodes(algo.get_policy(), env_cfg, episodes, seed, explore, num_envs, render,
+                                   render_episodes, os.path.join(ck, "videos"))
+        else:
+            if render:
+                raise ConfigError(f"render={render}: video is recorded for single-agent Gymnasium envs only")
+            eps = _multiagent_episodes(algo, cfg, episodes, seed, explore, num_envs)
     rets, lens = [e["return"] for e in eps], [e["length"] for e in eps]
     report: Dict[str, Any] = {"checkpoint": ck, "iteration": int(algo.checkpoint_state["iteration"]),
                               "algo": str(cfg.algo), "env": env_name(env_cfg), "episodes": len(eps), "seed": seed,
@@ -265,10 +312,8 @@ def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore:
     report.update(returns=rets, lengths=lens)
     if single:
         report.update(seeds=[e["seed"] for e in eps], videos=[e["video"] for e in eps if e["video"]])
-    tmp = os.path.join(ck, ".evaluation.json.tmp")
-    with open(tmp, "w") as f:
-        json.dump(report, f, indent=2)
-    os.replace(tmp, os.path.join(ck, "evaluation.json"))
+    from flowkit._outputs import write_text
+    write_text(os.path.join(ck, "evaluation.json"), json.dumps(report, indent=2))
     return report
 
 

@@ -124,9 +124,16 @@ def plot_runs(paths: Sequence[str], x: str = "env_steps", metric: str = "episode
     Raises:
         ValueError: an unknown ``x``, or no run has ``metric``.
         FileNotFoundError: a path without a run.
+        ConfigError: ``out`` (or the CSV beside it) cannot be written there or would replace a
+            run's own file (checked before any work; a ValueError).
+        OutputError: writing failed (a full disk); the previous files are left as they were.
     """
     if x not in X_COLUMNS:
         raise ValueError(f"--x must be one of {', '.join(X_COLUMNS)}, got {x!r}")
+    from flowkit._outputs import check_output, write_atomic
+    csv_out = os.path.splitext(out)[0] + ".csv"
+    for path in dict.fromkeys((out, csv_out)):  # before any work (ConfigError: a ValueError)
+        check_output(path, "--out")
     xcol = X_COLUMNS[x]
     result = {label: group_series(rs, xcol, metric) for label, rs in group_runs(find_runs(paths))}
     result = {k: v for k, v in result.items() if v}
@@ -152,14 +159,18 @@ def plot_runs(paths: Sequence[str], x: str = "env_steps", metric: str = "episode
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    with open(os.path.splitext(out)[0] + ".csv", "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(["group", xcol, f"{metric}_mean", f"{metric}_std", f"{metric}_min", f"{metric}_max", "runs"])
-        for label, pts in result.items():
-            w.writerows([label, p["x"], p["mean"], p["std"], p["min"], p["max"], p["runs"]] for p in pts)
+    try:  # each file through a temporary one: a full disk leaves the previous files as they were
+        write_atomic(out, lambda tmp: fig.savefig(tmp, dpi=100, format="png"), mkdirs=True)
+    finally:
+        plt.close(fig)
+
+    def write_csv(tmp: str) -> None:
+        with open(tmp, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(["group", xcol, f"{metric}_mean", f"{metric}_std", f"{metric}_min", f"{metric}_max", "runs"])
+            for label, pts in result.items():
+                w.writerows([label, p["x"], p["mean"], p["std"], p["min"], p["max"], p["runs"]] for p in pts)
+    write_atomic(csv_out, write_csv)
     return result
 
 
@@ -171,11 +182,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--metric", default="episode_return_mean", help="metrics.csv column (default episode_return_mean)")
     p.add_argument("--out", default="plot.png", help="PNG to write (default plot.png); the CSV goes beside it")
     a = p.parse_intermixed_args(argv)
+    from flowkit._outputs import OutputError
     try:
         res = plot_runs(a.runs, a.x, a.metric, a.out)
     except (ValueError, FileNotFoundError) as e:
         print(f"flowkit plot: error: {e}", file=sys.stderr)
         return 2
+    except OutputError as e:  # a full disk, a folder gone read-only
+        print(f"flowkit plot: error: {e}", file=sys.stderr)
+        return 1
     for label, pts in res.items():
         n = max(p["runs"] for p in pts)
         last = [p for p in pts if p["runs"] == n][-1]  # the last point every run of the group reaches

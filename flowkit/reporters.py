@@ -38,6 +38,7 @@ import os
 import sys
 import threading
 import time
+import warnings
 from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Type
 
 from flowkit.core.flow import NOT_READY
@@ -192,7 +193,7 @@ class ProgressReporter(Reporter):
         self.bar.update(result["env_steps_sampled"] - self.bar.n)
 
     @hookimpl(tryfirst=True)
-    def flowkit_on_train_end(self) -> None:  # before the final evaluation, as the bar ends there
+    def flowkit_on_train_end(self) -> None:  # before the final checkpoint and evaluation: the bar ends there
         if hasattr(self, "bar"):
             self.bar.close()
 
@@ -261,6 +262,7 @@ class CheckpointReporter(Reporter):
         if every > 0 and result["iteration"] % every == 0:
             self.save(ctx, self.run_dir)
 
+    @hookimpl(tryfirst=True)  # before the final evaluation, which may hang or be interrupted
     def flowkit_on_train_end(self, ctx: "RunContext", error: Optional[BaseException]) -> None:
         if not hasattr(self, "run_dir"):
             return
@@ -274,19 +276,53 @@ class CheckpointReporter(Reporter):
 class EvaluationReporter(Reporter):
     """Greedy evaluation (``ctx.evaluate()``) merged into the row: every
     ``evaluation.interval`` iterations (before other ``flowkit_on_train_result`` hooks) and,
-    with ``evaluation.final``, into the run's summary (marked ``final_evaluation``)."""
+    with ``evaluation.final``, into the run's summary (marked ``final_evaluation``), after the
+    final checkpoint is written.
+
+    An evaluation obeys stops: SIGINT/SIGTERM/SIGHUP and the ``stop.time_s`` deadline interrupt
+    it (the row is abandoned, the run stops as from any iteration), and one that takes longer
+    than ``evaluation.timeout_s`` (default ``runtime.sample_timeout_s``: a stuck env, an episode
+    that never ends) is abandoned with a warning: the row goes on without ``evaluation_*``
+    columns, the summary gets ``final_evaluation_error``. No final evaluation follows a signal
+    (``final_evaluation_error`` says so); a signal during it ends it the same way."""
     name = "evaluation"
+
+    @staticmethod
+    def _evaluate(ctx: "RunContext", what: str) -> Row:
+        from flowkit._guard import GUARD, EvaluationTimeout
+        cfg = ctx.config
+        limit = cfg.evaluation.timeout_s or cfg.runtime.sample_timeout_s
+        key = "evaluation.timeout_s" if cfg.evaluation.timeout_s else "runtime.sample_timeout_s"
+        with GUARD.interruptible(float(limit), lambda: EvaluationTimeout(
+                f"the {what} evaluation ({cfg.evaluation.episodes} episodes) did not finish within {key}={limit:g} s: "
+                "a stuck env, or an episode that never ends? Abandoned")):
+            return ctx.evaluate()
 
     @hookimpl(tryfirst=True)
     def flowkit_on_train_result(self, result: Row, ctx: "RunContext") -> None:
+        from flowkit._guard import EvaluationTimeout
         every = int(ctx.config.evaluation.interval)
         if every > 0 and result["iteration"] % every == 0:
-            result.update(ctx.evaluate())
+            try:
+                result.update(self._evaluate(ctx, f"iteration {result['iteration']}"))
+            except EvaluationTimeout as e:
+                warnings.warn(str(e), stacklevel=1)
 
-    @hookimpl(tryfirst=True)
     def flowkit_on_train_end(self, summary: Row, ctx: "RunContext", error: Optional[BaseException]) -> None:
-        if error is None and bool(ctx.config.evaluation.final) and summary:
-            summary.update(ctx.evaluate(), final_evaluation=True)
+        from flowkit._guard import GUARD, EvaluationTimeout, Interrupted
+        if error is not None or not bool(ctx.config.evaluation.final) or not summary:
+            return
+        if str(ctx.stop_reason or "").startswith("interrupted"):
+            summary["final_evaluation_error"] = f"not run: {ctx.stop_reason}"
+            return
+        try:
+            summary.update(self._evaluate(ctx, "final"), final_evaluation=True)
+        except EvaluationTimeout as e:
+            warnings.warn(str(e), stacklevel=1)
+            summary["final_evaluation_error"] = str(e)
+        except Interrupted as e:  # the run's stop reason and exit status become the signal's
+            summary["final_evaluation_error"] = f"not finished: {e.reason}"
+            GUARD.pending = e
 
 
 class TimingReporter(Reporter):

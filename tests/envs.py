@@ -230,3 +230,37 @@ class NoSpacesEnv(gym.Env):
 
     def step(self, action):
         return np.zeros(2, np.float32), 0.0, False, False, {}
+
+
+def stuck_eval(context=None, mode="sleep", seconds=60.0, marker=None):
+    """FixedLenEnv that gets stuck on the driver's evaluation worker (worker index -1) only
+    (issue 28): ``sleep``: its first step sleeps ``seconds``; ``endless``: its episodes do not
+    end for ``seconds``; ``exit``: its first step calls ``os._exit(3)``; ``sys.exit``: ``sys.exit(3)``;
+    ``from_env``: the mode named by the environment variable STUCK_EVAL (none: not stuck).
+    ``marker``: a file created when it gets stuck."""
+    import os
+    import sys
+    import time
+    env = FixedLenEnv()
+    mode = os.environ.get("STUCK_EVAL", "none") if mode == "from_env" else mode
+    if context is None or context.worker_index != -1 or mode == "none":
+        return env
+    step = env.step
+    t0 = [None]
+
+    def stuck_step(action):
+        if marker:
+            open(marker, "a").close()
+        if mode == "exit":
+            os._exit(3)
+        if mode == "sys.exit":
+            sys.exit(3)
+        if mode == "sleep":
+            time.sleep(seconds)
+            return step(action)
+        t0[0] = t0[0] or time.monotonic()
+        obs, r, _, trunc, info = step(action)
+        env.t = 0
+        return obs, r, time.monotonic() - t0[0] > seconds, trunc, info
+    env.step = stuck_step
+    return env

@@ -180,8 +180,8 @@ def test_a_killed_writers_temporary_files_are_removed_on_the_next_start(tiny_run
         os.makedirs(d)
         open(os.path.join(d, "state.pt"), "wb").write(b"PK\x03\x04half")
     open(os.path.join(run, "metrics.csv.tmp"), "w").write("iteration\n1\n")
-    open(os.path.join(run, "config.yaml.tmp-999"), "w").write("algo: ppo\n")
-    left.append(os.path.join(run, "config.yaml.tmp-999"))
+    open(os.path.join(run, ".config.yaml.tmp-999"), "w").write("algo: ppo\n")
+    left.append(os.path.join(run, ".config.yaml.tmp-999"))
     res = flowkit.train([f"resume={run}", "stop.iterations=2", "checkpoint.at_end=false",
                          "checkpoint.every_iters=100"], verbose=False)
     assert res.metrics["iteration"] == 2
@@ -208,13 +208,13 @@ def test_flipped_bytes_in_the_weights_are_found_by_the_digest(tiny_run, tmp_path
 
 
 def test_a_full_disk_leaves_the_previous_file_intact(tmp_path, monkeypatch):
-    from flowkit.checkpoint import write_file
+    from flowkit._outputs import OutputError, write_text
     path = str(tmp_path / "result.json")
-    write_file(path, '{"iteration": 1}')
+    write_text(path, '{"iteration": 1}')
 
     def full(fd):
         raise OSError(28, "No space left on device")
     monkeypatch.setattr(os, "fsync", full)
-    with pytest.raises(OSError, match=r"cannot write .*result.json \(the previous file is kept\): No space left"):
-        write_file(path, '{"iteration": 2}')
+    with pytest.raises(OutputError, match=r"cannot write .*result.json: No space left"):
+        write_text(path, '{"iteration": 2}')
     assert open(path).read() == '{"iteration": 1}' and os.listdir(str(tmp_path)) == ["result.json"]

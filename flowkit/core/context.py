@@ -170,15 +170,23 @@ class RunContext(FlowContext):
         return self._time_offset + (time.perf_counter() - self._t_start if self._t_start is not None else 0.0)
 
     def evaluate(self) -> Dict[str, Any]:
-        """Greedy evaluation on the driver over ``evaluation.episodes`` episodes."""
+        """Greedy evaluation on the driver over ``evaluation.episodes`` episodes. An evaluation
+        that raises (also a signal or a deadline that interrupts it) drops its worker: the next
+        one starts with fresh envs."""
         ev = self.config.evaluation
         if self._eval_worker is None:
             self._eval_worker = RolloutWorker(self.config, -1, self.workers.num_workers, self.policy_specs,
                                               pm=self.pm, num_envs=max(1, min(int(ev.episodes), 8)))
         self._eval_worker.set_weights(self.get_weights(None), self.counters["num_updates"])
         self._eval_worker.set_exploration_state(self._exploration_states(-1))  # evaluation.explore=true: as training
-        with self.timers["evaluate"]:
-            eps = self._eval_worker.evaluate(int(ev.episodes), bool(ev.explore))
+        try:
+            with self.timers["evaluate"]:
+                eps = self._eval_worker.evaluate(int(ev.episodes), bool(ev.explore))
+        except BaseException:  # interrupted (a signal, a deadline) or failed mid-episode: built anew next time
+            worker, self._eval_worker = self._eval_worker, None
+            with contextlib.suppress(Exception):
+                worker.stop()
+            raise
         rets = [e["return"] for e in eps]
         out = {"evaluation_return_mean": float(np.mean(rets)),
                "evaluation_return_std": float(np.std(rets)),

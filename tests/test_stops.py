@@ -1,0 +1,337 @@
+"""Issue 28: evaluation obeys stops and deadlines, signals from the first moment of the CLI,
+output paths checked before work starts, Ray start-ups that end."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+import flowkit
+from flowkit.checkpoint import load_state
+from flowkit.engine import find_checkpoint, read_metrics
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TINY = ["runtime.backend=local", "runtime.num_workers=1", "runtime.num_envs_per_worker=1",
+        "runtime.rollout_fragment_length=8", "ppo.minibatch_size=8", "ppo.num_epochs=1",
+        "run.reporters=[csv,checkpoint,evaluation]", "evaluation.episodes=2"]
+FLOWKIT = [sys.executable, "-m", "flowkit.cli"]
+_CHILDREN: list = []
+
+
+def _env():
+    return dict(os.environ, PYTHONUNBUFFERED="1",
+                PYTHONPATH=os.pathsep.join([HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
+
+
+def _popen(args):
+    """``flowkit ARGS`` in a child with SIGINT/SIGHUP at their defaults, killed after the test."""
+    def defaults():
+        for s in (signal.SIGINT, signal.SIGHUP):
+            signal.signal(s, signal.SIG_DFL)
+    proc = subprocess.Popen(FLOWKIT + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env(), preexec_fn=defaults)
+    _CHILDREN.append(proc)
+    return proc
+
+
+@pytest.fixture(autouse=True)
+def _kill_children():
+    yield
+    while _CHILDREN:
+        p = _CHILDREN.pop()
+        if p.poll() is None:
+            p.kill()
+            p.communicate()
+
+
+def _wait_for(path, proc=None, timeout=60.0):
+    end = time.time() + timeout
+    while not os.path.exists(path):
+        assert time.time() < end and (proc is None or proc.poll() is None), (
+            proc.communicate()[1] if proc is not None and proc.poll() is not None else "timed out")
+        time.sleep(0.05)
+
+
+def _resumes(run_dir, iteration):
+    res = flowkit.train([f"resume={run_dir}", f"stop.iterations={iteration + 1}", "evaluation.interval=0",
+                         "evaluation.final=false"], verbose=False)
+    assert res.metrics["iteration"] == iteration + 1
+
+
+# ---- evaluation obeys stops and deadlines --------------------------------------------------------
+@pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_during_a_stuck_evaluation_keeps_a_resumable_run(tmp_path, sig, code):
+    """The periodic evaluation of iteration 2 hangs in env.step (60 s): the signal ends it, the
+    final checkpoint holds iteration 1 (before: the signal was held until the evaluation ended)."""
+    run_dir, marker = str(tmp_path / "run"), tmp_path / "stuck"
+    proc = _popen(["train", *TINY, f"run.dir={run_dir}", "env.factory=envs:stuck_eval",
+                   f"env.kwargs={{marker: '{marker}'}}", "evaluation.interval=2", "evaluation.final=true",
+                   "stop.iterations=100"])
+    _wait_for(marker, proc)
+    t0 = time.time()
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == code and time.time() - t0 < 15, err
+    assert "Traceback" not in err and f"stopped: interrupted ({sig.name})" in out
+    summary = json.load(open(os.path.join(run_dir, "result.json")))
+    assert summary["stop_reason"] == f"interrupted ({sig.name})" and summary["iteration"] == 1
+    assert summary["final_evaluation_error"] == f"not run: interrupted ({sig.name})"
+    assert [r["iteration"] for r in read_metrics(os.path.join(run_dir, "metrics.csv"))] == [1]
+    assert load_state(find_checkpoint(run_dir))["iteration"] == 1
+    _resumes(run_dir, 1)
+
+
+def test_stop_time_s_ends_a_stuck_periodic_evaluation(run_dir):
+    t0 = time.perf_counter()
+    res = flowkit.train(TINY + [f"run.dir={run_dir}", "env.factory=envs:stuck_eval", "evaluation.interval=2",
+                                "stop.time_s=3", "stop.iterations=100"], verbose=False)
+    assert time.perf_counter() - t0 < 25
+    assert res.stop_reason == "stop.time_s=3.0 reached (iteration abandoned)" and res.metrics["iteration"] == 1
+    assert load_state(find_checkpoint(run_dir))["iteration"] == 1
+    _resumes(run_dir, 1)
+
+
+@pytest.mark.parametrize("mode", ["sleep", "endless"])
+def test_a_stuck_evaluation_is_abandoned_after_its_deadline_and_the_final_checkpoint_comes_first(run_dir, mode):
+    """Periodic (iteration 2) and final evaluation stuck (a step that sleeps, an episode that never
+    ends): each is abandoned after evaluation.timeout_s with a warning, the run ends normally with
+    its checkpoint (before: the run hung, and the final checkpoint came after the final evaluation)."""
+    t0 = time.perf_counter()
+    with pytest.warns(UserWarning, match=r"evaluation \(2 episodes\) did not finish within evaluation.timeout_s=1 s"):
+        res = flowkit.train(TINY + [f"run.dir={run_dir}", "env.factory=envs:stuck_eval", f"env.kwargs={{mode: {mode}}}",
+                                    "evaluation.interval=2", "evaluation.final=true", "evaluation.timeout_s=1",
+                                    "stop.iterations=3"], verbose=False)
+    assert time.perf_counter() - t0 < 25
+    assert res.stop_reason == "stop.iterations=3 reached" and res.metrics["iteration"] == 3
+    assert "evaluation_return_mean" not in res.metrics and "final_evaluation" not in res.metrics
+    assert "did not finish within evaluation.timeout_s=1 s" in res.metrics["final_evaluation_error"]
+    assert [r["iteration"] for r in res.history] == [1, 2, 3]
+    assert not any("evaluation_return_mean" in r for r in res.history)
+    assert load_state(find_checkpoint(run_dir))["iteration"] == 3
+    assert json.load(open(os.path.join(run_dir, "result.json")))["iteration"] == 3
+
+
+def test_the_evaluation_deadline_defaults_to_sample_timeout_s_and_a_good_evaluation_is_unchanged(run_dir):
+    with pytest.warns(UserWarning, match="within runtime.sample_timeout_s=1 s"):
+        res = flowkit.train(TINY + [f"run.dir={run_dir}", "env.factory=envs:stuck_eval", "evaluation.final=true",
+                                    "runtime.sample_timeout_s=1", "stop.iterations=1"], verbose=False)
+    assert "final_evaluation_error" in res.metrics
+    res = flowkit.train(TINY + [f"run.dir={run_dir}-ok", "env.factory=envs:FixedLenEnv", "evaluation.final=true",
+                                "evaluation.interval=1", "runtime.sample_timeout_s=1", "stop.iterations=2"], verbose=False)
+    assert res.metrics["final_evaluation"] is True and res.metrics["evaluation_return_mean"] == 3.0
+    assert all(r["evaluation_return_mean"] == 3.0 for r in res.history)
+
+
+# ---- signals from the first moment of the CLI ----------------------------------------------------
+@pytest.mark.parametrize("launcher", ["module", "script"])
+@pytest.mark.parametrize("delay", [0.5, 1.0])
+def test_a_sigterm_early_in_start_up_exits_143_with_a_message(tmp_path, launcher, delay):
+    """Before: the default action (-15, nothing said) up to ~0.25 s in (the CLI took the signals
+    only once main() ran), then 143 with nothing said. (Earlier than the interpreter's own start,
+    ~0.15 s, here up to 0.3 s under load, no Python code can take a signal: not tested.)"""
+    script = os.path.join(os.path.dirname(sys.executable), "flowkit")
+    cmd = FLOWKIT if launcher == "module" else [script]
+    proc = subprocess.Popen(cmd + ["train", "env=CartPole-v1", "runtime.backend=local", f"run.dir={tmp_path / 'run'}",
+                                   "stop.iterations=1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=_env())
+    _CHILDREN.append(proc)
+    time.sleep(delay)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, (proc.returncode, err)
+    assert "interrupted (SIGTERM)" in out + err and "Traceback" not in err, err
+
+
+# ---- flowkit evaluate: a deadline, and an env that ends the process ------------------------------
+@pytest.fixture(scope="module")
+def stuck_eval_run(tmp_path_factory):
+    """A trained run whose env gets stuck in evaluation as STUCK_EVAL says (see envs.stuck_eval)."""
+    run_dir = str(tmp_path_factory.mktemp("stuck_eval") / "run")
+    flowkit.train(TINY + [f"run.dir={run_dir}", "env.factory=envs:stuck_eval", "env.kwargs={mode: from_env}",
+                          "stop.iterations=1", "runtime.sample_timeout_s=600"], verbose=False)
+    return run_dir
+
+
+@pytest.mark.parametrize("mode,args,message", [
+    ("sleep", ["timeout_s=2"], "did not finish within timeout_s=2 s: a stuck env"),
+    ("endless", ["timeout_s=2"], "did not finish within timeout_s=2 s: a stuck env"),
+    ("exit", [], "env 'envs:stuck_eval' ended the process (os._exit(3)) during the evaluation"),
+    ("sys.exit", [], "env 'envs:stuck_eval' tried to end the process (sys.exit(3)) during the evaluation"),
+])
+def test_evaluate_bounds_a_stuck_env_and_names_an_env_that_exits(stuck_eval_run, mode, args, message):
+    """Before: a stuck env or an endless episode hung `flowkit evaluate` without bound (the
+    run's 600 s deadline did not apply), and an env's os._exit(3) / sys.exit(3) ended it with
+    exit 3 and nothing said."""
+    ev = os.path.join(find_checkpoint(stuck_eval_run), "evaluation.json")
+    if os.path.exists(ev):
+        os.remove(ev)
+    t0 = time.time()
+    proc = subprocess.run(FLOWKIT + ["evaluate", stuck_eval_run, "episodes=2", *args], capture_output=True,
+                          text=True, env=dict(_env(), STUCK_EVAL=mode), timeout=60)
+    assert proc.returncode == 1 and time.time() - t0 < 30, (proc.returncode, proc.stderr)
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and lines[0].startswith("flowkit evaluate: error: "), proc.stderr
+    assert not os.path.exists(ev)
+
+
+def test_evaluate_with_a_deadline_that_is_not_reached_is_unchanged(stuck_eval_run):
+    from flowkit.cli import main
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("STUCK_EVAL", "none")
+        assert main(["evaluate", stuck_eval_run, "episodes=2", "timeout_s=30"]) == 0
+    rep = json.load(open(os.path.join(find_checkpoint(stuck_eval_run), "evaluation.json")))
+    assert rep["returns"] == [3.0, 3.0]
+
+
+# ---- output paths checked before work; run files never replaced; temp-then-rename writes ---------
+@pytest.fixture(scope="module")
+def done_run(tmp_path_factory):
+    run_dir = str(tmp_path_factory.mktemp("done") / "run")
+    flowkit.train(TINY + [f"run.dir={run_dir}", "env.factory=envs:FixedLenEnv", "stop.iterations=2",
+                          "run.reporters=[csv,checkpoint]"], verbose=False)
+    return run_dir
+
+
+def _files(run_dir):
+    out = {}
+    for d, _, fs in os.walk(run_dir):
+        for f in fs:
+            p = os.path.join(d, f)
+            out[os.path.relpath(p, run_dir)] = open(p, "rb").read()
+    return out
+
+
+@pytest.mark.parametrize("cmd,target,message", [
+    ("plot", "{run}/metrics.png", "--out '{run}/metrics.csv' would replace the run's own metrics.csv"),
+    ("plot", "{run}/learning_curve.png", "would replace the run's own learning_curve.png"),
+    ("plot", "{tmp}", "is a folder: give a file name"),
+    ("plot", "{tmp}/afile/p.png", "is a file, not a folder"),
+    ("export", "{run}/metrics.csv", "would replace the run's own metrics.csv"),
+    ("export", "{ck}/state.pt", "would replace the run's own state.pt"),
+    ("export", "{run}/config.yaml", "would replace the run's own config.yaml"),
+    ("export", "{tmp}", "is a folder: give a file name"),
+    ("export", "{tmp}/afile/p.pt", "is a file, not a folder"),
+])
+def test_output_paths_are_checked_before_work_and_never_replace_a_run_file(done_run, tmp_path, capsys, cmd, target,
+                                                                          message):
+    """Before: IsADirectoryError / FileExistsError tracebacks, and `plot --out RUN/metrics.png`
+    replaced the run's metrics.csv with the plot's series."""
+    from flowkit.cli import main
+    (tmp_path / "afile").write_text("x")
+    ck = find_checkpoint(done_run)
+    fill = {"run": done_run, "tmp": str(tmp_path), "ck": ck}
+    out = target.format(**fill)
+    before = _files(done_run)
+    args = [done_run, "--out", out] + (["--format", "torchscript"] if cmd == "export" else [])
+    assert main([cmd, *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message.format(**fill) in err[0], err
+    assert _files(done_run) == before
+
+
+def test_a_read_only_output_folder_is_refused_before_work(done_run, tmp_path, capsys, monkeypatch):
+    """(os.access simulated: these tests may run as root, for whom every folder is writable.)"""
+    from flowkit.cli import main
+    ro = str(tmp_path / "ro")
+    os.makedirs(ro)
+    ck = find_checkpoint(done_run)
+    real = os.access
+    monkeypatch.setattr(os, "access", lambda p, m, **kw: False if os.path.abspath(p) in (ro, ck) else real(p, m, **kw))
+    for argv in (["plot", done_run, "--out", f"{ro}/p.png"], ["export", done_run, "--format", "onnx", "--out",
+                                                                f"{ro}/p.onnx"], ["evaluate", done_run]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "is not writable" in err[0], err
+    assert not os.listdir(ro) and not os.path.exists(os.path.join(ck, "evaluation.json"))
+
+
+def test_a_full_disk_leaves_the_previous_plot_and_no_partial_file(done_run, tmp_path):
+    """A real write failure: the file size limit (RLIMIT_FSIZE, EFBIG) under the PNG's size.
+    Before: a traceback and a 0-byte or truncated plot.png."""
+    import resource
+    out = tmp_path / "p.png"
+    ok = subprocess.run(FLOWKIT + ["plot", done_run, "--out", str(out)], capture_output=True, text=True, env=_env())
+    assert ok.returncode == 0, ok.stderr
+    before = out.read_bytes()
+    assert len(before) > 4096
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))
+    proc = subprocess.run(FLOWKIT + ["plot", done_run, "--out", str(out), "--x", "time"], capture_output=True,
+                          text=True, env=_env(), preexec_fn=limit)
+    assert proc.returncode == 1, proc.stderr
+    err = proc.stderr.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"flowkit plot: error: cannot write {out}: File too large"), err
+    assert out.read_bytes() == before and sorted(os.listdir(tmp_path)) == ["p.csv", "p.png"]
+
+
+def test_result_json_is_written_through_a_temporary_file(run_dir, monkeypatch, capsys):
+    """A failed write of result.json (a full disk, simulated at the flush) is one line, exit 1,
+    and leaves no partial file (before: a traceback, result.json left at 0 bytes)."""
+    import errno
+
+    from flowkit import _outputs
+    from flowkit.cli import main
+
+    real = os.fsync
+
+    def full(fd):  # only for result.json (checkpoints fsync too)
+        if ".result.json.tmp-" in os.readlink(f"/proc/self/fd/{fd}"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(fd)
+    monkeypatch.setattr(_outputs.os, "fsync", full)
+    assert main(["train", *TINY, f"run.dir={run_dir}", "env.factory=envs:FixedLenEnv", "stop.iterations=1",
+                 "run.reporters=[csv,checkpoint]"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == f"flowkit: error: cannot write {os.path.abspath(run_dir)}/result.json: No space left on device"
+    assert sorted(os.listdir(run_dir)) == ["checkpoints", "config.yaml", "metrics.csv"]
+    assert load_state(find_checkpoint(run_dir))["iteration"] == 1
+
+
+def test_a_run_dir_holding_a_projects_config_yaml_is_refused(tmp_path, capsys):
+    from flowkit.cli import main
+    (tmp_path / "config.yaml").write_text("algo: ppo\n# my project\n")
+    assert main(["train", *TINY, f"run.dir={tmp_path}", "env.factory=envs:FixedLenEnv", "stop.iterations=1"]) == 2
+    assert "holds a config.yaml that is not a run's" in capsys.readouterr().err
+    assert (tmp_path / "config.yaml").read_text() == "algo: ppo\n# my project\n"
+    assert sorted(os.listdir(tmp_path)) == ["config.yaml"]
+
+
+# ---- Ray start-ups that end ----------------------------------------------------------------------
+_HANG = "import time, ray; ray.init = lambda **kw: time.sleep(3600)"
+_FAIL = "import ray\ndef f(**kw): raise RuntimeError('Failed to create the object store: mmap failed\\nmore')\nray.init = f"
+
+
+@pytest.mark.parametrize("patch,message", [
+    (_HANG, "flowkit: error: Ray did not start a local cluster within 4 s"),
+    (_FAIL, "flowkit: error: Ray could not start a local cluster: RuntimeError: Failed to create the object store: "
+            "mmap failed (is memory"),
+])
+def test_a_ray_start_up_that_hangs_or_fails_ends_with_one_line(tmp_path, patch, message):
+    """Ray's start hung (object store that cannot be mapped under a memory limit) or failed:
+    before, flowkit waited without bound (or printed Ray's traceback)."""
+    code = (f"{patch}\nimport sys\nfrom flowkit.cli import main\n"
+            f"sys.exit(main(['train', 'env=CartPole-v1', 'runtime.num_workers=1', 'runtime.num_cpus_per_worker=0.5', "
+            f"'runtime.start_timeout_s=4', 'ppo.minibatch_size=32', 'stop.iterations=1', 'run.dir={tmp_path / 'run'}']))")
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=_env(), timeout=60)
+    assert proc.returncode == 1 and time.time() - t0 < 40, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(message), proc.stderr
+
+
+def test_more_worker_processes_than_a_local_cluster_may_run_are_refused_before_spawning(capsys):
+    """num_cpus_per_worker=0 let num_workers=10000 spawn Ray processes without limit (121 in
+    120 s, 10.5 GB). Now 4 per CPU at most, a config error at once."""
+    from flowkit.cli import main
+    cpus = len(os.sched_getaffinity(0))
+    t0 = time.time()
+    assert main(["train", "--dry-run", "env=CartPole-v1", f"runtime.num_workers={4 * cpus + 1}",
+                 "runtime.num_cpus_per_worker=0"]) == 2
+    assert time.time() - t0 < 20
+    err = capsys.readouterr().err
+    assert f"runtime.num_workers={4 * cpus + 1}: a local Ray cluster runs at most 4 rollout worker processes " \
+           f"per CPU ({4 * cpus} on this machine's {cpus})" in err
