@@ -4,9 +4,10 @@ The module (:class:`ExportedPolicy`) holds what ``policy.compute_actions(obs, ex
 does, in torch ops only, so it runs without flowkit (TorchScript in any libtorch, ONNX in any
 ONNX runtime):
 
-1. observation encoding by space (:class:`flowkit.core.ObsEncoder`): Box flattened (images
-   transposed to (C, H, W) and uint8 scaled to [0, 1]), Discrete and MultiDiscrete one-hot,
-   MultiBinary as floats, Dict / Tuple leaves concatenated in the space's order;
+1. observation encoding by space: the policy's own :meth:`flowkit.core.ObsEncoder.encode`,
+   traced with tensors (:class:`TorchOps`): Box flattened (images transposed to (C, H, W) and
+   uint8 scaled to [0, 1]), Discrete and MultiDiscrete one-hot, MultiBinary as floats, Dict /
+   Tuple leaves concatenated in the space's order;
 2. the policy's network from :meth:`Policy.action_model` (observation normalisation,
    ``obs_rms``, included);
 3. greedy action selection: argmax of the (masked) logits or Q-values for Discrete and
@@ -27,7 +28,7 @@ import copy
 import json
 import os
 import warnings
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import gymnasium as gym
 import numpy as np
@@ -99,6 +100,49 @@ def run_exported(path: str, fmt: str, inputs: List[np.ndarray]) -> np.ndarray:
     return sess.run(None, {i.name: x for i, x in zip(sess.get_inputs(), inputs)})[0]
 
 
+class TorchOps:
+    """:class:`flowkit.core._encoders.NumpyOps` in torch ops, for tracing :meth:`ObsEncoder.encode`."""
+
+    @staticmethod
+    def flat(x: torch.Tensor, b: int) -> torch.Tensor:
+        return x.float().reshape(b, -1)
+
+    @staticmethod
+    def ints(x: torch.Tensor, b: int) -> torch.Tensor:
+        return x.long().reshape(b, -1)
+
+    @staticmethod
+    def one_hot(i: torch.Tensor, n: int) -> torch.Tensor:
+        return nn.functional.one_hot(i, n).float()
+
+    @staticmethod
+    def cat(parts: List[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(parts, 1)
+
+    @staticmethod
+    def image(x: torch.Tensor, b: int, shape: Tuple[int, ...], transpose: bool, scale: float) -> torch.Tensor:
+        x = x.float().reshape(b, *shape)
+        return (x.permute(0, 3, 1, 2) if transpose else x) * scale
+
+
+class _ByPath:
+    """The exported module's input leaves, indexed like the raw observation (``obs['a'][0]``)."""
+
+    def __init__(self, leaves: Dict[Tuple[Any, ...], torch.Tensor], path: Tuple[Any, ...] = ()):
+        self.leaves, self.path = leaves, path
+
+    def __getitem__(self, k: Any) -> Any:
+        p = (*self.path, k)
+        return self.leaves[p] if p in self.leaves else _ByPath(self.leaves, p)
+
+
+def encode_inputs(encoder: Any, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``float32[B, *encoder.shape]``: the :func:`input_arrays` leaves (as tensors) through
+    ``encoder``'s own :meth:`~flowkit.core.ObsEncoder.encode` in torch ops."""
+    by_path = {path: x for (_, _, path), x in zip(_leaves(encoder.space), inputs)}
+    return encoder.encode(by_path[()] if () in by_path else _ByPath(by_path), inputs[0].shape[0], TorchOps)
+
+
 def _torch_dtype(dtype: Any) -> torch.dtype:
     return torch.from_numpy(np.zeros(0, dtype)).dtype
 
@@ -122,10 +166,9 @@ class ExportedPolicy(nn.Module):
         if net is None:
             raise ValueError(f"a {type(policy).__name__} has no network to export")
         self.net = copy.deepcopy(net).cpu().eval().requires_grad_(False)
-        self.space, enc, dist = policy.observation_space, policy.encoder, policy.dist
+        self.space, self.encoder, dist = policy.observation_space, policy.encoder, policy.dist
         self.leaves = _leaves(self.space)
-        self.has_mask = enc.has_mask
-        self.image = (enc.is_image, enc._transpose, enc._scale if enc.is_image else 1.0)
+        self.has_mask = self.encoder.has_mask
         self.kind, self.nvec = dist.kind, list(dist.nvec) if hasattr(dist, "nvec") else []
         self.start = int(getattr(dist, "start", 0))
         self.act_space = policy.action_space
@@ -135,26 +178,8 @@ class ExportedPolicy(nn.Module):
             self.register_buffer("low", torch.from_numpy(dist.low.copy()))
             self.register_buffer("high", torch.from_numpy(dist.high.copy()))
 
-    def _encode(self, space: gym.Space, x: torch.Tensor) -> List[torch.Tensor]:
-        b = x.shape[0]
-        if isinstance(space, gym.spaces.Discrete):
-            return [nn.functional.one_hot(x.long().reshape(b) - int(space.start), int(space.n)).float()]
-        if isinstance(space, gym.spaces.MultiDiscrete):
-            x = x.long().reshape(b, -1)
-            return [nn.functional.one_hot(x[:, i], int(n)).float()
-                    for i, n in enumerate(np.asarray(space.nvec).reshape(-1))]
-        return [x.float().reshape(b, -1)]
-
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        is_image, transpose, scale = self.image
-        obs = inputs[:len(inputs) - self.has_mask]
-        if is_image:
-            x = obs[0].float()
-            enc = (x.permute(0, 3, 1, 2) if transpose else x) * scale
-        else:
-            parts = [p for (_, s, _), x in zip(self.leaves, obs) for p in self._encode(s, x)]
-            enc = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
-        z = self.net(enc)
+        z = self.net(encode_inputs(self.encoder, inputs))
         if self.kind == "cat":
             if self.has_mask:
                 z = z.masked_fill(inputs[-1] == 0, torch.finfo(z.dtype).min)
