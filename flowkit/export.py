@@ -12,7 +12,7 @@ ONNX runtime):
    ``obs_rms``, included);
 3. greedy action selection: argmax of the (masked) logits or Q-values for Discrete and
    MultiDiscrete, ``logit > 0`` for MultiBinary, the Gaussian mean for Box;
-4. into the env's action space (:meth:`ActionDist.to_env`): Discrete ``start`` added, Box
+4. into the env's action space: the policy's own :meth:`ActionDist.to_env`, traced (:class:`TorchOps`): Discrete ``start`` added, Box
    scaled from [-1, 1] to its bounds, then clipped (integer Box rounded), the space's dtype.
 
 Inputs are the observation's leaves as separate arrays, each with a leading batch axis, in
@@ -101,7 +101,8 @@ def run_exported(path: str, fmt: str, inputs: List[np.ndarray]) -> np.ndarray:
 
 
 class TorchOps:
-    """:class:`flowkit.core._encoders.NumpyOps` in torch ops, for tracing :meth:`ObsEncoder.encode`."""
+    """:class:`flowkit.core._encoders.NumpyOps` in torch ops, for tracing :meth:`ObsEncoder.encode`
+    and :meth:`ActionDist.to_env` (the same code the rollout workers run in numpy)."""
 
     @staticmethod
     def flat(x: torch.Tensor, b: int) -> torch.Tensor:
@@ -118,6 +119,24 @@ class TorchOps:
     @staticmethod
     def cat(parts: List[torch.Tensor]) -> torch.Tensor:
         return torch.cat(parts, 1)
+
+    @staticmethod
+    def cast(x: torch.Tensor, dtype: Any) -> torch.Tensor:
+        return x.to(_torch_dtype(dtype))
+
+    @staticmethod
+    def const(a: np.ndarray) -> torch.Tensor:  # a constant of the trace, as meant
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            return torch.from_numpy(np.array(a))
+
+    @staticmethod
+    def clip(x: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+        return torch.minimum(torch.maximum(x, low), high)
+
+    @staticmethod
+    def rint(x: torch.Tensor) -> torch.Tensor:
+        return torch.round(x)  # half to even, as np.rint
 
     @staticmethod
     def image(x: torch.Tensor, b: int, shape: Tuple[int, ...], transpose: bool, scale: float) -> torch.Tensor:
@@ -144,7 +163,7 @@ def encode_inputs(encoder: Any, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
 
 
 def _torch_dtype(dtype: Any) -> torch.dtype:
-    return torch.from_numpy(np.zeros(0, dtype)).dtype
+    return getattr(torch, np.dtype(dtype).name)  # float32 -> torch.float32, bool -> torch.bool
 
 
 class ExportedPolicy(nn.Module):
@@ -157,9 +176,6 @@ class ExportedPolicy(nn.Module):
         ValueError: the policy has no network to export (the ``random`` policy).
     """
 
-    low: torch.Tensor
-    high: torch.Tensor
-
     def __init__(self, policy: Any):
         super().__init__()
         net = policy.action_model()
@@ -169,32 +185,22 @@ class ExportedPolicy(nn.Module):
         self.space, self.encoder, dist = policy.observation_space, policy.encoder, policy.dist
         self.leaves = _leaves(self.space)
         self.has_mask = self.encoder.has_mask
-        self.kind, self.nvec = dist.kind, list(dist.nvec) if hasattr(dist, "nvec") else []
-        self.start = int(getattr(dist, "start", 0))
+        self.dist, self.kind, self.nvec = dist, dist.kind, list(dist.nvec) if hasattr(dist, "nvec") else []
         self.act_space = policy.action_space
-        self.out_dtype = torch.int64 if self.kind == "cat" else _torch_dtype(self.act_space.dtype)
-        if dist.is_gauss:
-            self.dim, self.shape, self.is_int = dist.dim, tuple(dist.shape), bool(dist.is_int)
-            self.register_buffer("low", torch.from_numpy(dist.low.copy()))
-            self.register_buffer("high", torch.from_numpy(dist.high.copy()))
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
         z = self.net(encode_inputs(self.encoder, inputs))
         if self.kind == "cat":
             if self.has_mask:
                 z = z.masked_fill(inputs[-1] == 0, torch.finfo(z.dtype).min)
-            return z.argmax(-1) + self.start
-        if self.kind == "multicat":
-            return torch.stack([p.argmax(-1) for p in torch.split(z, self.nvec, -1)], -1).to(self.out_dtype)
-        if self.kind == "bern":
-            return (z > 0).to(self.out_dtype)
-        a = z[:, :self.dim]
-        if self.kind == "gauss":
-            a = self.low + (a + 1.0) * 0.5 * (self.high - self.low)  # scale, then clip (ActionDist.to_env)
-        a = torch.minimum(torch.maximum(a, self.low), self.high)
-        if self.is_int:
-            a = torch.round(a)
-        return a.to(self.out_dtype).reshape((a.shape[0],) + self.shape)
+            a = z.argmax(-1)
+        elif self.kind == "multicat":
+            a = torch.stack([p.argmax(-1) for p in torch.split(z, self.nvec, -1)], -1)
+        elif self.kind == "bern":
+            a = z > 0
+        else:
+            a = z[:, :self.dist.dim]
+        return self.dist.to_env(a, TorchOps)
 
     def example_inputs(self, batch: int = 2, seed: int = 0) -> List[np.ndarray]:
         """Inputs for ``batch`` raw observations drawn by :func:`sample_observations`."""

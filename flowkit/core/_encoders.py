@@ -21,8 +21,9 @@ class SpaceError(ValueError):
 
 
 class NumpyOps:
-    """The array operations :meth:`ObsEncoder.encode` is written in, in numpy (``x``: one raw
-    leaf with a leading batch axis of ``b``)."""
+    """The array operations :meth:`ObsEncoder.encode` and ``ActionDist.to_env`` are written in,
+    in numpy (``x``: one raw leaf with a leading batch axis of ``b``); ``flowkit.export.TorchOps``
+    has the same in torch ops, so the exported module traces the workers' code."""
 
     @staticmethod
     def flat(x: Any, b: int) -> np.ndarray:  # -> float32[b, -1]
@@ -41,6 +42,16 @@ class NumpyOps:
     @staticmethod
     def cat(parts: List[np.ndarray]) -> np.ndarray:  # along axis 1
         return np.concatenate(parts, axis=1)
+
+    @staticmethod
+    def cast(x: np.ndarray, dtype: Any) -> np.ndarray:  # no copy when x has that dtype
+        return x.astype(dtype, copy=False)
+
+    @staticmethod
+    def const(a: np.ndarray) -> np.ndarray:  # a constant array, in this namespace's array type
+        return a
+
+    clip, rint = staticmethod(np.clip), staticmethod(np.rint)
 
     @staticmethod
     def image(x: Any, b: int, shape: Tuple[int, ...], transpose: bool, scale: float) -> np.ndarray:
