@@ -8,7 +8,11 @@ clipping 0.5, per-minibatch advantage normalisation, PPO clipped loss), one torc
 and the table shows the median steps/s per minibatch size (at small minibatches the
 per-update overhead decides).
 
-Run: python bench/learner.py [--minibatch 64 256] [--epochs 4] [--repeats 5]
+``--optimizers``: instead, flowkit's Learner with its FlatAdam against the same Learner with
+``torch.optim.Adam`` (default, ``foreach=True``, ``fused=True``) over the same flat buffer,
+alternating, median of ``--repeats`` (the table in FlatAdam's docstring).
+
+Run: python bench/learner.py [--minibatch 64 256] [--epochs 4] [--repeats 5] [--optimizers]
 (needs the `bench` extra: pip install -e .[bench])
 """
 from __future__ import annotations
@@ -78,6 +82,24 @@ def sb3_side(data: dict, minibatch: int, epochs: int):
     return train
 
 
+def optimizer_sides(data: dict, minibatch: int, epochs: int) -> dict:
+    """``{name: train}``: the flowkit side with FlatAdam and with torch.optim.Adam variants."""
+    from flowkit.core.policy import Policy
+    orig = Policy.make_optimizer
+    variants = {"FlatAdam": None, "Adam": {}, "Adam foreach": {"foreach": True}, "Adam fused": {"fused": True}}
+    sides = {}
+    for name, kw in variants.items():
+        def make(self, lr, eps=1e-8, module=None, sizes=None, kw=kw):
+            opt = orig(self, lr, eps, module, sizes)
+            return opt if kw is None else torch.optim.Adam([self._flat], lr=lr, eps=eps, **kw)
+        Policy.make_optimizer = make
+        try:
+            sides[name] = flowkit_side(data, minibatch, epochs)
+        finally:
+            Policy.make_optimizer = orig
+    return sides
+
+
 def measure(train) -> float:
     t0 = time.perf_counter()
     steps = train()
@@ -89,25 +111,34 @@ def main() -> None:
     ap.add_argument("--minibatch", type=int, nargs="+", default=[64, 256])
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--optimizers", action="store_true", help="FlatAdam against torch.optim.Adam")
     args = ap.parse_args()
     torch.set_num_threads(1)
     data = fixed_data()
     rows = []
     for mb in args.minibatch:
-        sides = {"flowkit": flowkit_side(data, mb, args.epochs), "sb3": sb3_side(data, mb, args.epochs)}
+        sides = (optimizer_sides(data, mb, args.epochs) if args.optimizers
+                 else {"flowkit": flowkit_side(data, mb, args.epochs), "sb3": sb3_side(data, mb, args.epochs)})
         for train in sides.values():  # warm-up
             train()
         rates = {k: [] for k in sides}
         for _ in range(args.repeats):  # alternating
             for k, train in sides.items():
                 rates[k].append(measure(train))
-        fk, s3 = statistics.median(rates["flowkit"]), statistics.median(rates["sb3"])
-        rows.append((mb, fk, s3))
+        rows.append((mb, {k: statistics.median(v) for k, v in rates.items()}))
     print(f"\nLearner gradient steps/s ({ROWS} rows, 64x64 MLP, PPO loss, {args.epochs} epochs, "
           f"1 torch thread, median of {args.repeats}, alternating)\n")
+    if args.optimizers:
+        names = list(rows[0][1])
+        print("| minibatch | " + " | ".join(names) + " |")
+        print("|---:|" + "---:|" * len(names))
+        for mb, med in rows:
+            print(f"| {mb} | " + " | ".join(f"{med[k]:,.0f} ({med[k] / med[names[0]]:.2f}x)" for k in names) + " |")
+        return
     print("| minibatch | flowkit Learner | SB3 PPO.train() | ratio |")
     print("|---:|---:|---:|---:|")
-    for mb, fk, s3 in rows:
+    for mb, med in rows:
+        fk, s3 = med["flowkit"], med["sb3"]
         print(f"| {mb} | {fk:,.0f} | {s3:,.0f} | {fk / s3:.2f}x |")
 
 

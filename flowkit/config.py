@@ -175,7 +175,7 @@ def check_values(cfg: Any, schema_cls: Any, prefix: str = "") -> None:
                 raise ConfigError(f"{k}={v!r} must {need}")
 
 
-ACTIVATIONS = ("tanh", "relu", "elu", "gelu", "silu")  # flowkit.core._models._ACT_FN
+ACTIVATIONS = ("tanh", "relu", "elu", "gelu", "silu")  # names of the table in flowkit.core.activations
 
 
 @dataclass

@@ -4,14 +4,15 @@ The module (:class:`ExportedPolicy`) holds what ``policy.compute_actions(obs, ex
 does, in torch ops only, so it runs without flowkit (TorchScript in any libtorch, ONNX in any
 ONNX runtime):
 
-1. observation encoding by space (:class:`flowkit.core.ObsEncoder`): Box flattened (images
-   transposed to (C, H, W) and uint8 scaled to [0, 1]), Discrete and MultiDiscrete one-hot,
-   MultiBinary as floats, Dict / Tuple leaves concatenated in the space's order;
+1. observation encoding by space: the policy's own :meth:`flowkit.core.ObsEncoder.encode`,
+   traced with tensors (:class:`TorchOps`): Box flattened (images transposed to (C, H, W) and
+   uint8 scaled to [0, 1]), Discrete and MultiDiscrete one-hot, MultiBinary as floats, Dict /
+   Tuple leaves concatenated in the space's order;
 2. the policy's network from :meth:`Policy.action_model` (observation normalisation,
    ``obs_rms``, included);
 3. greedy action selection: argmax of the (masked) logits or Q-values for Discrete and
    MultiDiscrete, ``logit > 0`` for MultiBinary, the Gaussian mean for Box;
-4. into the env's action space (:meth:`ActionDist.to_env`): Discrete ``start`` added, Box
+4. into the env's action space: the policy's own :meth:`ActionDist.to_env`, traced (:class:`TorchOps`): Discrete ``start`` added, Box
    scaled from [-1, 1] to its bounds, then clipped (integer Box rounded), the space's dtype.
 
 Inputs are the observation's leaves as separate arrays, each with a leading batch axis, in
@@ -27,7 +28,7 @@ import copy
 import json
 import os
 import warnings
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Sequence, Tuple
 
 import gymnasium as gym
 import numpy as np
@@ -99,8 +100,70 @@ def run_exported(path: str, fmt: str, inputs: List[np.ndarray]) -> np.ndarray:
     return sess.run(None, {i.name: x for i, x in zip(sess.get_inputs(), inputs)})[0]
 
 
+class TorchOps:
+    """:class:`flowkit.core._encoders.NumpyOps` in torch ops, for tracing :meth:`ObsEncoder.encode`
+    and :meth:`ActionDist.to_env` (the same code the rollout workers run in numpy)."""
+
+    @staticmethod
+    def flat(x: torch.Tensor, b: int) -> torch.Tensor:
+        return x.float().reshape(b, -1)
+
+    @staticmethod
+    def ints(x: torch.Tensor, b: int) -> torch.Tensor:
+        return x.long().reshape(b, -1)
+
+    @staticmethod
+    def one_hot(i: torch.Tensor, n: int) -> torch.Tensor:
+        return nn.functional.one_hot(i, n).float()
+
+    @staticmethod
+    def cat(parts: List[torch.Tensor]) -> torch.Tensor:
+        return torch.cat(parts, 1)
+
+    @staticmethod
+    def cast(x: torch.Tensor, dtype: Any) -> torch.Tensor:
+        return x.to(_torch_dtype(dtype))
+
+    @staticmethod
+    def const(a: np.ndarray) -> torch.Tensor:  # a constant of the trace, as meant
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)
+            return torch.from_numpy(np.array(a))
+
+    @staticmethod
+    def clip(x: torch.Tensor, low: torch.Tensor, high: torch.Tensor) -> torch.Tensor:
+        return torch.minimum(torch.maximum(x, low), high)
+
+    @staticmethod
+    def rint(x: torch.Tensor) -> torch.Tensor:
+        return torch.round(x)  # half to even, as np.rint
+
+    @staticmethod
+    def image(x: torch.Tensor, b: int, shape: Tuple[int, ...], transpose: bool, scale: float) -> torch.Tensor:
+        x = x.float().reshape(b, *shape)
+        return (x.permute(0, 3, 1, 2) if transpose else x) * scale
+
+
+class _ByPath:
+    """The exported module's input leaves, indexed like the raw observation (``obs['a'][0]``)."""
+
+    def __init__(self, leaves: Dict[Tuple[Any, ...], torch.Tensor], path: Tuple[Any, ...] = ()):
+        self.leaves, self.path = leaves, path
+
+    def __getitem__(self, k: Any) -> Any:
+        p = (*self.path, k)
+        return self.leaves[p] if p in self.leaves else _ByPath(self.leaves, p)
+
+
+def encode_inputs(encoder: Any, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``float32[B, *encoder.shape]``: the :func:`input_arrays` leaves (as tensors) through
+    ``encoder``'s own :meth:`~flowkit.core.ObsEncoder.encode` in torch ops."""
+    by_path = {path: x for (_, _, path), x in zip(_leaves(encoder.space), inputs)}
+    return encoder.encode(by_path[()] if () in by_path else _ByPath(by_path), inputs[0].shape[0], TorchOps)
+
+
 def _torch_dtype(dtype: Any) -> torch.dtype:
-    return torch.from_numpy(np.zeros(0, dtype)).dtype
+    return getattr(torch, np.dtype(dtype).name)  # float32 -> torch.float32, bool -> torch.bool
 
 
 class ExportedPolicy(nn.Module):
@@ -113,63 +176,31 @@ class ExportedPolicy(nn.Module):
         ValueError: the policy has no network to export (the ``random`` policy).
     """
 
-    low: torch.Tensor
-    high: torch.Tensor
-
     def __init__(self, policy: Any):
         super().__init__()
         net = policy.action_model()
         if net is None:
             raise ValueError(f"a {type(policy).__name__} has no network to export")
         self.net = copy.deepcopy(net).cpu().eval().requires_grad_(False)
-        self.space, enc, dist = policy.observation_space, policy.encoder, policy.dist
+        self.space, self.encoder, dist = policy.observation_space, policy.encoder, policy.dist
         self.leaves = _leaves(self.space)
-        self.has_mask = enc.has_mask
-        self.image = (enc.is_image, enc._transpose, enc._scale if enc.is_image else 1.0)
-        self.kind, self.nvec = dist.kind, list(dist.nvec) if hasattr(dist, "nvec") else []
-        self.start = int(getattr(dist, "start", 0))
+        self.has_mask = self.encoder.has_mask
+        self.dist, self.kind, self.nvec = dist, dist.kind, list(dist.nvec) if hasattr(dist, "nvec") else []
         self.act_space = policy.action_space
-        self.out_dtype = torch.int64 if self.kind == "cat" else _torch_dtype(self.act_space.dtype)
-        if dist.is_gauss:
-            self.dim, self.shape, self.is_int = dist.dim, tuple(dist.shape), bool(dist.is_int)
-            self.register_buffer("low", torch.from_numpy(dist.low.copy()))
-            self.register_buffer("high", torch.from_numpy(dist.high.copy()))
-
-    def _encode(self, space: gym.Space, x: torch.Tensor) -> List[torch.Tensor]:
-        b = x.shape[0]
-        if isinstance(space, gym.spaces.Discrete):
-            return [nn.functional.one_hot(x.long().reshape(b) - int(space.start), int(space.n)).float()]
-        if isinstance(space, gym.spaces.MultiDiscrete):
-            x = x.long().reshape(b, -1)
-            return [nn.functional.one_hot(x[:, i], int(n)).float()
-                    for i, n in enumerate(np.asarray(space.nvec).reshape(-1))]
-        return [x.float().reshape(b, -1)]
 
     def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        is_image, transpose, scale = self.image
-        obs = inputs[:len(inputs) - self.has_mask]
-        if is_image:
-            x = obs[0].float()
-            enc = (x.permute(0, 3, 1, 2) if transpose else x) * scale
-        else:
-            parts = [p for (_, s, _), x in zip(self.leaves, obs) for p in self._encode(s, x)]
-            enc = parts[0] if len(parts) == 1 else torch.cat(parts, 1)
-        z = self.net(enc)
+        z = self.net(encode_inputs(self.encoder, inputs))
         if self.kind == "cat":
             if self.has_mask:
                 z = z.masked_fill(inputs[-1] == 0, torch.finfo(z.dtype).min)
-            return z.argmax(-1) + self.start
-        if self.kind == "multicat":
-            return torch.stack([p.argmax(-1) for p in torch.split(z, self.nvec, -1)], -1).to(self.out_dtype)
-        if self.kind == "bern":
-            return (z > 0).to(self.out_dtype)
-        a = z[:, :self.dim]
-        if self.kind == "gauss":
-            a = self.low + (a + 1.0) * 0.5 * (self.high - self.low)  # scale, then clip (ActionDist.to_env)
-        a = torch.minimum(torch.maximum(a, self.low), self.high)
-        if self.is_int:
-            a = torch.round(a)
-        return a.to(self.out_dtype).reshape((a.shape[0],) + self.shape)
+            a = z.argmax(-1)
+        elif self.kind == "multicat":
+            a = torch.stack([p.argmax(-1) for p in torch.split(z, self.nvec, -1)], -1)
+        elif self.kind == "bern":
+            a = z > 0
+        else:
+            a = z[:, :self.dist.dim]
+        return self.dist.to_env(a, TorchOps)
 
     def example_inputs(self, batch: int = 2, seed: int = 0) -> List[np.ndarray]:
         """Inputs for ``batch`` raw observations drawn by :func:`sample_observations`."""

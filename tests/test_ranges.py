@@ -11,8 +11,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from flowkit.cli import main
-from flowkit.config import (ACTIVATIONS, INT64_MAX, Allowed, ConfigError, _leaf_type, _unwrap_optional,
-                            build_config, make_schema_class, schema_allowed, schema_keys)
+from flowkit.config import (
+    ACTIVATIONS,
+    INT64_MAX,
+    Allowed,
+    ConfigError,
+    _leaf_type,
+    _unwrap_optional,
+    build_config,
+    make_schema_class,
+    schema_allowed,
+    schema_keys,
+)
 from flowkit.engine import load_config
 
 _PM, _ = load_config(["env=CartPole-v1"])
@@ -50,9 +60,26 @@ def test_reflection_finds_every_section_and_every_numeric_key_declares_a_range()
         assert k in CHOICE, k
 
 
-def test_activation_choices_are_the_networks_activations():
-    from flowkit.core._models import ACTIVATIONS as _ACT_FN
-    assert sorted(ACTIVATIONS) == sorted(_ACT_FN)
+def test_activation_registry_torch_module_function_and_numpy_agree():
+    """config's choices are the registry's names; for each, the torch module, the functional
+    form and (where one exists) the numpy function compute the same values."""
+    import numpy as np
+    import torch
+
+    from flowkit.core.activations import ACTIVATIONS as TABLE
+    from flowkit.core.activations import has_numpy, numpy_function, torch_function, torch_module
+    assert tuple(TABLE) == ACTIVATIONS
+    x = np.linspace(-3, 3, 61, dtype=np.float32)
+    for name in ACTIVATIONS:
+        want = torch_function(name)(torch.from_numpy(x.copy())).numpy()
+        np.testing.assert_array_equal(torch_module(name)(torch.from_numpy(x.copy())).numpy(), want)
+        if has_numpy(name):
+            np.testing.assert_allclose(numpy_function(name)(x.copy()), want, atol=1e-6)
+    assert {n for n in ACTIVATIONS if has_numpy(n)} == {"tanh", "relu"}
+    with pytest.raises(ValueError, match="model.activation='gelu' has no numpy function"):
+        numpy_function("gelu")
+    with pytest.raises(ValueError, match="model.activation='swish' is not one of"):
+        torch_module("swish")
 
 
 # ---- property: an out-of-range value of any numeric key is refused, naming the key ---------

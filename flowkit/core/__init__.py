@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from flowkit.core._encoders import MASK_KEY, ObsEncoder, SpaceError, add_batch_axis, batch_len
     from flowkit.core._envs import (EnvContext, EnvError, SpaceCheck, derive_seed, describe_value, env_name,
                                     find_mismatch, make_env)
-    from flowkit.core._models import (ACTIVATIONS, ActorCritic, RunningMeanStd, SmallCNN, TwinMLP, build_mlp, build_trunk,
+    from flowkit.core._models import (ActorCritic, RunningMeanStd, SmallCNN, TwinMLP, build_mlp, build_trunk,
                                       init_weights, sde_std)
     from flowkit.core._numpy_model import NumpyActorCritic, NumpyActorCriticPolicy, sample_logp_numpy
     from flowkit.core._returns import bootstrap_rows, compute_gae, next_values, vtrace
@@ -37,9 +37,9 @@ _MODULES = {  # the module behind each name, imported on first use (torch only w
     "_actor_critic": "ActorCriticPolicy adapt_kl_coeff clipped_surrogate", "_distributions": "ActionDist",
     "_encoders": "MASK_KEY ObsEncoder SpaceError add_batch_axis batch_len",
     "_envs": "EnvContext EnvError SpaceCheck derive_seed describe_value env_name find_mismatch make_env",
-    "_models": "ACTIVATIONS ActorCritic RunningMeanStd SmallCNN TwinMLP build_mlp build_trunk init_weights sde_std",
+    "_models": "ActorCritic RunningMeanStd SmallCNN TwinMLP build_mlp build_trunk init_weights sde_std",
     "_numpy_model": "NumpyActorCritic NumpyActorCriticPolicy sample_logp_numpy",
-    "_returns": "bootstrap_rows compute_gae next_values vtrace", "_runner": "Episode GymEnvRunner",
+    "_returns": "bootstrap_rows compute_gae next_values vtrace", "activations": "ACTIVATIONS", "_runner": "Episode GymEnvRunner",
     "algorithm": "Algorithm", "batch": "DEFAULT_POLICY_ID MultiAgentBatch SampleBatch trajectory_ends",
     "flow": "NOT_READY Flow FlowContext ParallelFlow", "policy": "Policy RandomPolicy to_tensor",
     "workers": "PolicySpec RolloutWorker WorkerSet"}

@@ -6,12 +6,12 @@ what the loss sees, the env receives it scaled from [-1, 1] to the bounds and th
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 
 import gymnasium as gym
 import numpy as np
 
-from flowkit.core._encoders import SpaceError
+from flowkit.core._encoders import NumpyOps, SpaceError
 
 if TYPE_CHECKING:
     import torch
@@ -146,19 +146,21 @@ class ActionDist:
         mn, ln = new[..., :self.dim], new[..., self.dim:]
         return (ln - lo + (torch.exp(2 * lo) + (mo - mn).pow(2)) / (2 * torch.exp(2 * ln)) - 0.5).sum(-1)
 
-    def to_env(self, actions: np.ndarray) -> np.ndarray:
-        """Sampled actions (numpy, batched) -> values inside the env's action space."""
+    def to_env(self, actions: Any, ops: Any = NumpyOps) -> Any:
+        """Sampled actions (batched) -> values inside the env's action space, in ``ops``' array
+        operations (numpy on workers; ``flowkit.export.TorchOps`` traces this same code)."""
         if self.kind == "cat":
-            return actions.astype(np.int64, copy=False) + self.start
+            return ops.cast(actions, np.int64) + self.start
         if self.kind in ("multicat", "bern"):
-            return actions.astype(self.space.dtype, copy=False)
+            return ops.cast(actions, self.space.dtype)
         a = actions.reshape(actions.shape[0], -1)
+        low, high = ops.const(self.low), ops.const(self.high)
         if self.kind == "gauss":
-            a = self.low + (a + 1.0) * 0.5 * (self.high - self.low)  # scale first...
-        a = np.clip(a, self.low, self.high)                          # ...then clip
+            a = low + (a + 1.0) * 0.5 * (high - low)  # scale first...
+        a = ops.clip(a, low, high)                    # ...then clip
         if self.is_int:
-            a = np.rint(a)
-        return a.astype(self.space.dtype).reshape(actions.shape[0], *self.shape)
+            a = ops.rint(a)
+        return ops.cast(a, self.space.dtype).reshape(actions.shape[0], *self.shape)
 
 
 def _gumbel(x: torch.Tensor, generator: Optional[torch.Generator]) -> torch.Tensor:

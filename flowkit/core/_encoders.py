@@ -22,6 +22,46 @@ class SpaceError(ValueError):
     """A space flowkit cannot handle, or a value outside its space."""
 
 
+class NumpyOps:
+    """The array operations :meth:`ObsEncoder.encode` and ``ActionDist.to_env`` are written in,
+    in numpy (``x``: one raw leaf with a leading batch axis of ``b``); ``flowkit.export.TorchOps``
+    has the same in torch ops, so the exported module traces the workers' code."""
+
+    @staticmethod
+    def flat(x: Any, b: int) -> np.ndarray:  # -> float32[b, -1]
+        return np.asarray(x, dtype=np.float32).reshape(b, -1)
+
+    @staticmethod
+    def ints(x: Any, b: int) -> np.ndarray:  # -> int64[b, -1]
+        return np.asarray(x, dtype=np.int64).reshape(b, -1)
+
+    @staticmethod
+    def one_hot(i: np.ndarray, n: int) -> np.ndarray:  # int64[b] in [0, n) -> float32[b, n]
+        out = np.zeros((len(i), n), np.float32)
+        out[np.arange(len(i)), i] = 1.0
+        return out
+
+    @staticmethod
+    def cat(parts: List[np.ndarray]) -> np.ndarray:  # along axis 1
+        return np.concatenate(parts, axis=1)
+
+    @staticmethod
+    def cast(x: np.ndarray, dtype: Any) -> np.ndarray:  # no copy when x has that dtype
+        return x.astype(dtype, copy=False)
+
+    @staticmethod
+    def const(a: np.ndarray) -> np.ndarray:  # a constant array, in this namespace's array type
+        return a
+
+    clip, rint = staticmethod(np.clip), staticmethod(np.rint)
+
+    @staticmethod
+    def image(x: Any, b: int, shape: Tuple[int, ...], transpose: bool, scale: float) -> np.ndarray:
+        """float32[b, C, H, W] (contiguous) from ``x[b, *shape]``, (H, W, C) transposed, times ``scale``."""
+        x = np.asarray(x, dtype=np.float32).reshape(b, *shape)
+        return np.ascontiguousarray((x.transpose(0, 3, 1, 2) if transpose else x) * scale)
+
+
 class ObsEncoder:
     """Turns batched raw observations into ``float32[B, *shape]`` (``uint8[B, C, H, W]`` for
     uint8 images) plus an optional ``int8[B, n]`` action mask.
@@ -65,33 +105,41 @@ class ObsEncoder:
         raise SpaceError(f"observation space {s} is not supported "
                          "(Box, Discrete, MultiDiscrete, MultiBinary, Dict, Tuple are)")
 
-    def _encode(self, s: gym.Space, x: Any, b: int) -> List[np.ndarray]:
+    def _encode(self, s: gym.Space, x: Any, b: int, ops: Any) -> List[Any]:
         if isinstance(s, (gym.spaces.Box, gym.spaces.MultiBinary)):
-            return [np.asarray(x, dtype=np.float32).reshape(b, -1)]
+            return [ops.flat(x, b)]
         if isinstance(s, gym.spaces.Discrete):
-            out = np.zeros((b, int(s.n)), np.float32)
-            out[np.arange(b), np.asarray(x, dtype=np.int64).reshape(b) - int(s.start)] = 1.0
-            return [out]
+            return [ops.one_hot(ops.ints(x, b)[:, 0] - int(s.start), int(s.n))]
         if isinstance(s, gym.spaces.MultiDiscrete):
-            x = np.asarray(x, dtype=np.int64).reshape(b, -1)
-            return [np.eye(int(n), dtype=np.float32)[x[:, i]] for i, n in enumerate(np.asarray(s.nvec).reshape(-1))]
+            x = ops.ints(x, b)
+            return [ops.one_hot(x[:, i], int(n)) for i, n in enumerate(np.asarray(s.nvec).reshape(-1))]
         if isinstance(s, gym.spaces.Dict):
-            return [p for k, v in s.spaces.items() if k != MASK_KEY for p in self._encode(v, x[k], b)]
+            return [p for k, v in s.spaces.items() if k != MASK_KEY for p in self._encode(v, x[k], b, ops)]
         if isinstance(s, gym.spaces.Tuple):
-            return [p for i, v in enumerate(s.spaces) for p in self._encode(v, x[i], b)]
+            return [p for i, v in enumerate(s.spaces) for p in self._encode(v, x[i], b, ops)]
         raise SpaceError(f"observation space {s} is not supported")
 
+    def encode(self, obs: Any, batch_size: int, ops: Any = None) -> Any:
+        """``float32[B, *shape]``: ``batch_size`` raw observations encoded (the action mask left
+        out), with ``ops``' array operations: :class:`NumpyOps` (default; rollout workers) or
+        ``flowkit.export.TorchOps`` (the exported module traces this same code with tensors)."""
+        ops = NumpyOps if ops is None else ops
+        if self.is_image:
+            return ops.image(obs, batch_size, tuple(self.space.shape or ()), self._transpose, self._scale)
+        parts = self._encode(self.space, obs, batch_size, ops)
+        return parts[0] if len(parts) == 1 else ops.cat(parts)
+
     def __call__(self, obs: Any, batch_size: int) -> Tuple[np.ndarray, Optional[np.ndarray]]:
-        """Encode ``batch_size`` observations (as a vector env returns them)."""
+        """Encode ``batch_size`` observations (as a vector env returns them): ``(float32[B,
+        *shape], int8[B, n] action mask or None)``."""
         if self.fast_box:
             return np.asarray(obs, dtype=np.float32).reshape(batch_size, -1), None
-        if self.is_image:
+        if self.is_image:  # uint8 stays uint8 (the network scales it on its device)
             x = np.asarray(obs, dtype=self.dtype).reshape(batch_size, *(self.space.shape or ()))
             if self._transpose:
                 x = x.transpose(0, 3, 1, 2)
             return np.ascontiguousarray(x), None
-        parts = self._encode(self.space, obs, batch_size)
-        enc = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=1)
+        enc = self.encode(obs, batch_size)
         return enc, (np.asarray(obs[MASK_KEY], dtype=np.int8).reshape(batch_size, -1) if self.has_mask else None)
 
     def key_path(self, col: int, s: Optional[gym.Space] = None, path: str = "obs") -> str:

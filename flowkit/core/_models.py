@@ -11,8 +11,7 @@ from torch import nn
 
 from flowkit.core._distributions import ActionDist
 from flowkit.core._encoders import ObsEncoder
-
-ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "elu": nn.ELU, "gelu": nn.GELU, "silu": nn.SiLU}
+from flowkit.core.activations import torch_function, torch_module
 
 
 class RunningMeanStd(nn.Module):
@@ -50,11 +49,10 @@ class RunningMeanStd(nn.Module):
 def build_mlp(in_dim: int, hidden: Sequence[int], activation: str, out_dim: Optional[int] = None,
               out_gain: float = 1.0) -> nn.Sequential:
     """Linear layers with orthogonal init (gain sqrt(2) hidden, ``out_gain`` last)."""
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"model.activation={activation!r} is not one of {sorted(ACTIVATIONS)}")
+    torch_module(activation)  # ValueError naming model.activation before any layer is built
     layers: List[nn.Module] = []
     for d, h in zip([in_dim, *hidden], hidden, strict=False):
-        layers += [_linear(d, h, math.sqrt(2)), ACTIVATIONS[activation]()]
+        layers += [_linear(d, h, math.sqrt(2)), torch_module(activation)]
     if out_dim is not None:
         layers.append(_linear(hidden[-1] if hidden else in_dim, out_dim, out_gain))
     return nn.Sequential(*layers)
@@ -108,10 +106,6 @@ def init_weights(module: nn.Module, model_cfg: Any) -> nn.Module:
     return module
 
 
-_ACT_FN = {"tanh": torch.tanh, "relu": torch.relu, "elu": nn.functional.elu,
-           "gelu": nn.functional.gelu, "silu": nn.functional.silu}
-
-
 class TwinMLP(nn.Module):
     """Two MLPs with the same hidden sizes (e.g. policy and value networks) evaluated
     together: the first layers as one matmul over concatenated weights, deeper layers as one
@@ -126,9 +120,7 @@ class TwinMLP(nn.Module):
     def __init__(self, in_dim: int, hidden: Sequence[int], activation: str, out_a: int, out_b: int,
                  gain_a: float = 0.01, gain_b: float = 1.0):
         super().__init__()
-        if activation not in _ACT_FN:
-            raise ValueError(f"model.activation={activation!r} is not one of {sorted(_ACT_FN)}")
-        self.act = _ACT_FN[activation]
+        self.act = torch_function(activation)
         self.hidden = list(hidden)
 
         def ortho(rows: int, cols: int, gain: float) -> torch.Tensor:

@@ -7,7 +7,7 @@ mirror (the worker process then never imports torch). This module imports no tor
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -15,25 +15,26 @@ from flowkit.core import batch as sb
 from flowkit.core._distributions import ActionDist
 from flowkit.core._encoders import ObsEncoder, add_batch_axis, batch_len
 from flowkit.core._returns import bootstrap_rows, compute_gae, next_values
+from flowkit.core.activations import has_numpy, numpy_function
 
 if TYPE_CHECKING:
     from flowkit.core._models import ActorCritic
 
-NP_ACTIVATIONS: Dict[str, Callable[[np.ndarray], np.ndarray]] = {"tanh": np.tanh, "relu": lambda x: np.maximum(x, 0.0, out=x)}
 
 
 def numpy_layout(model: "ActorCritic", dist: ActionDist, activation: str) -> Optional[Dict[str, Any]]:
     """The structure of an MLP :class:`ActorCritic` in the names of its ``state_dict`` (plain
     data, picklable), or None when :class:`NumpyActorCritic` cannot mirror it (CNNs, a shared
     trunk, other activations or action spaces, a subclassed model)."""
-    from flowkit.core._models import _ACT_FN, ActorCritic, TwinMLP
+    from flowkit.core._models import ActorCritic, TwinMLP
+    from flowkit.core.activations import torch_function
     if (type(model) is not ActorCritic or dist.kind not in ("cat", "gauss", "gauss_unbounded")
-            or activation not in NP_ACTIVATIONS or model.sde_log_std is not None):
+            or not has_numpy(activation) or model.sde_log_std is not None):
         return None
     lay: Dict[str, Any] = {"activation": activation, "log_std": model.log_std is not None,
                            "clip": None if model.obs_rms is None else float(model.obs_rms.clip), "twin": None}
     if model.twin is not None:
-        if type(model.twin) is not TwinMLP or model.twin.act is not _ACT_FN[activation]:
+        if type(model.twin) is not TwinMLP or model.twin.act is not torch_function(activation):
             return None
         lay["twin"] = list(model.twin.hidden)
         return lay
@@ -88,7 +89,7 @@ class NumpyActorCritic:
 
     def __init__(self, layout: Dict[str, Any], weights: Optional[Mapping[str, np.ndarray]] = None,
                  model: Optional["ActorCritic"] = None):
-        self.layout, self.model, self.act = layout, model, NP_ACTIVATIONS[layout["activation"]]
+        self.layout, self.model, self.act = layout, model, numpy_function(layout["activation"])
         self._watch: List[Any] = []
         self._ptrs: Tuple[int, ...] = ()
         self._bind(weights)

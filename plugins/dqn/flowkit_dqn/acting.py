@@ -11,7 +11,8 @@ import numpy as np
 from flowkit.core import batch as sb
 from flowkit.core._distributions import ActionDist
 from flowkit.core._encoders import ObsEncoder
-from flowkit.core._numpy_model import NP_ACTIVATIONS, Acting, linear_layers
+from flowkit.core._numpy_model import Acting, linear_layers
+from flowkit.core.activations import numpy_function
 
 
 # ---- exploration schedules ----------------------------------------------------------------
@@ -126,7 +127,7 @@ class NumpyDQNPolicy(DQNActing):
         self.epsilon = float(config.initial_epsilon)
         self.td_error: Optional[np.ndarray] = None
         self.num_updates = 0
-        self.layout, self.act = layout, NP_ACTIVATIONS[layout["activation"]]
+        self.layout, self.act = layout, numpy_function(layout["activation"])
         self.set_weights(weights)
 
     def set_weights(self, weights: Mapping[str, np.ndarray]) -> None:

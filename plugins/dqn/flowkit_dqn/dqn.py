@@ -44,7 +44,8 @@ import flowkit
 from flowkit import ConfigError
 from flowkit.core import ObsEncoder, Policy, build_mlp, build_trunk, derive_seed, ops, replay, to_tensor
 from flowkit.core import batch as sb
-from flowkit.core._numpy_model import NP_ACTIVATIONS, linear_names
+from flowkit.core._numpy_model import linear_names
+from flowkit.core.activations import has_numpy
 from flowkit.core.context import RunContext
 from flowkit.core.flow import get_result
 from flowkit.core.learner import Learner
@@ -154,7 +155,7 @@ class DQNPolicy(DQNActing, Policy):
         acted on with DQNPolicy's own methods (a subclass overriding them keeps torch)."""
         cls, mc = type(self), self.model_config
         if (any(getattr(cls, m) is not getattr(DQNPolicy, m) for m in _WORKER_SIDE) or type(self.model) is not QNetwork
-                or mc is None or not bool(getattr(mc, "numpy_inference", True)) or mc.activation not in NP_ACTIVATIONS):
+                or mc is None or not bool(getattr(mc, "numpy_inference", True)) or not has_numpy(str(mc.activation))):
             return None
         m = self.model
         heads = ("value_head", "advantage_head") if m.dueling else ("q_head",)
