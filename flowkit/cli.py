@@ -331,7 +331,7 @@ def _evaluate(argv: List[str]) -> int:
     p.add_argument("args", nargs="*", help="key=value")
 
     def run() -> int:
-        a, unknown = p.parse_known_args(argv)
+        a, unknown = p.parse_known_intermixed_args(argv)
         if unknown:
             raise _ArgError(option_hint(argv, unknown) or f"unrecognised arguments {unknown}")
         if a.help:
@@ -432,7 +432,7 @@ def _record(argv: List[str]) -> int:
     p.add_argument("args", nargs="*", help="key=value")
 
     def run() -> int:
-        a = p.parse_args(argv)
+        a = p.parse_intermixed_args(argv)
         from flowkit.datasets import RecordArgs, parse_record_args
         if a.help:
             from flowkit.config import schema_keys

@@ -57,7 +57,7 @@ def _wait_for(path, proc=None, timeout=60.0):
 
 def _resumes(run_dir, iteration):
     res = flowkit.train([f"resume={run_dir}", f"stop.iterations={iteration + 1}", "evaluation.interval=0",
-                         "evaluation.final=false"], verbose=False)
+                         "evaluation.final=false"], verbose=False, trust_config=True)  # envs: the tests' own factory
     assert res.metrics["iteration"] == iteration + 1
 
 
@@ -169,7 +169,7 @@ def test_evaluate_bounds_a_stuck_env_and_names_an_env_that_exits(stuck_eval_run,
     if os.path.exists(ev):
         os.remove(ev)
     t0 = time.time()
-    proc = subprocess.run(FLOWKIT + ["evaluate", stuck_eval_run, "episodes=2", *args], capture_output=True,
+    proc = subprocess.run(FLOWKIT + ["evaluate", stuck_eval_run, "--trust-config", "episodes=2", *args], capture_output=True,
                           text=True, env=dict(_env(), STUCK_EVAL=mode), timeout=60)
     assert proc.returncode == 1 and time.time() - t0 < 30, (proc.returncode, proc.stderr)
     lines = proc.stderr.strip().splitlines()
@@ -181,7 +181,7 @@ def test_evaluate_with_a_deadline_that_is_not_reached_is_unchanged(stuck_eval_ru
     from flowkit.cli import main
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("STUCK_EVAL", "none")
-        assert main(["evaluate", stuck_eval_run, "episodes=2", "timeout_s=30"]) == 0
+        assert main(["evaluate", stuck_eval_run, "--trust-config", "episodes=2", "timeout_s=30"]) == 0
     rep = json.load(open(os.path.join(find_checkpoint(stuck_eval_run), "evaluation.json")))
     assert rep["returns"] == [3.0, 3.0]
 
