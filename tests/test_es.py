@@ -17,6 +17,7 @@ from flowkit_es.evaluate import EvaluatePerturbations, NoiseTable, make_noise, n
 
 import flowkit
 from flowkit.config import ConfigError, section_object
+from flowkit.core import EnvError
 from flowkit.engine import build_plan, load_config, setup
 from flowkit.export import export_policy
 from flowkit.testing import check_algorithm, local_overrides
@@ -197,6 +198,12 @@ def test_config_checks():
                                      "ars.directions_per_worker=8", "ars.top_directions=20"])))
     with pytest.raises(ConfigError, match=r"model.activation='elu': es evaluates its MLP in numpy"):
         setup(*reversed(load_config(["algo=es", "env=CartPole-v1", "model.activation=elu"])))
+
+
+def test_a_multi_agent_env_is_refused_at_the_first_round(tmp_path):
+    with pytest.raises(EnvError, match=r"is a TurnGame, not a Gymnasium env: ES and ARS evaluate single-agent"):
+        flowkit.train(local_overrides(str(tmp_path), "algo=es", "env.factory=flowkit.testing.envs:turn_game",
+                                      "es.noise_size=10000", "stop.iterations=1"), verbose=False)
 
 
 @pytest.mark.parametrize("algo", [ES, ARS])

@@ -355,8 +355,9 @@ class _PerturbationAlgorithm(flowkit.Algorithm):
 
     def training_flow(self, experiences, ctx, learner):
         pids: Sequence[str] = list(learner.policies)
-        if len(pids) != 1:
-            raise ConfigError(f"{self.name} trains one policy; this run maps the env's agents to {sorted(pids)}")
+        if len(pids) != 1 or len(ctx.policy_specs) != 1:
+            raise ConfigError(f"{self.name} trains the one policy of a single-agent env; this run has policies "
+                              f"{sorted(ctx.policy_specs)}")
         pid, c = pids[0], self.config
         k = int(getattr(c, self.per_worker_key))
         requests = EvaluationRequests(ctx, self, learner.policies[pid], self.noise_table(), k)

@@ -205,6 +205,13 @@ def _worker_env(worker: Any) -> Any:
     if env is None:
         from omegaconf import OmegaConf
 
-        from flowkit.core import make_env
-        env = worker._es_env = make_env(OmegaConf.to_container(worker.config.env, resolve=True), worker.env_context)
+        import gymnasium as gym
+
+        from flowkit.core import EnvError, env_name, make_env
+        env_cfg = OmegaConf.to_container(worker.config.env, resolve=True)
+        env = make_env(env_cfg, worker.env_context)
+        if not isinstance(env, gym.Env):
+            raise EnvError(f"env {env_name(env_cfg)!r} is a {type(env).__name__}, not a Gymnasium env: ES and ARS "
+                           "evaluate single-agent Gymnasium envs only")
+        worker._es_env = env
     return env
