@@ -63,8 +63,8 @@ def main() -> None:
     print("|---|---|---|---|---|")
     for w, rs in results.items():
         mid = sorted(rs, key=lambda r: r["rate"])[len(rs) // 2]
-        print(f"| {w} | {med[w]:.0f} | {', '.join(f'{r['rate']:.0f}' for r in rs)} | {med[w] / med[1]:.2f}x "
-              f"| {mid['return']:.1f} |")
+        each = ", ".join(f"{r['rate']:.0f}" for r in rs)
+        print(f"| {w} | {med[w]:.0f} | {each} | {med[w] / med[1]:.2f}x | {mid['return']:.1f} |")
 
 
 if __name__ == "__main__":

@@ -203,9 +203,8 @@ def _worker_env(worker: Any) -> Any:
     """The worker's evaluation env (built once, beside its env runner's, which ES leaves idle)."""
     env = getattr(worker, "_es_env", None)
     if env is None:
-        from omegaconf import OmegaConf
-
         import gymnasium as gym
+        from omegaconf import OmegaConf
 
         from flowkit.core import EnvError, env_name, make_env
         env_cfg = OmegaConf.to_container(worker.config.env, resolve=True)
