@@ -87,19 +87,31 @@ def num_params(layout: Layout) -> int:
     return sum(o * i + (o if bias else 0) for o, i, bias in layout)
 
 
-def forward(theta: np.ndarray, layout: Layout, activation: str, x: np.ndarray) -> np.ndarray:
-    """The MLP of flat parameters ``theta`` (float32[P], ``torch.nn.Linear`` order: each
-    layer's weight [out, in] row-major, then its bias) on ``x`` float32[B, in]:
-    float32[B, out]; ``activation`` between layers, none after the last."""
-    act, off = NP_ACTIVATIONS[activation], 0
-    for k, (o, i, bias) in enumerate(layout):
-        w = theta[off:off + o * i].reshape(o, i)
+def unflatten(theta: np.ndarray, layout: Layout) -> List[Tuple[np.ndarray, Optional[np.ndarray]]]:
+    """Views of flat parameters ``theta`` (float32[P], ``torch.nn.Linear`` order: each layer's
+    weight [out, in] row-major, then its bias): ``(weight.T float32[in, out], bias or None)``
+    per layer."""
+    out, off = [], 0
+    for o, i, bias in layout:
+        w = theta[off:off + o * i].reshape(o, i).T
         off += o * i
-        x = x @ w.T
-        if bias:
-            x = x + theta[off:off + o]
-            off += o
-        if k < len(layout) - 1:
+        out.append((w, theta[off:off + o] if bias else None))
+        off += o if bias else 0
+    return out
+
+
+def forward(theta: np.ndarray, layout: Layout, activation: str, x: np.ndarray,
+            layers: Optional[List[Tuple[np.ndarray, Optional[np.ndarray]]]] = None) -> np.ndarray:
+    """The MLP of flat parameters ``theta`` (see :func:`unflatten`; or its ``layers``, already
+    unflattened) on ``x`` float32[B, in]: float32[B, out]; ``activation`` between layers,
+    none after the last."""
+    act = NP_ACTIVATIONS[activation]
+    layers = unflatten(theta, layout) if layers is None else layers
+    for k, (w, b) in enumerate(layers):
+        x = x @ w
+        if b is not None:
+            x = x + b
+        if k < len(layers) - 1:
             x = act(x)
     return x
 
@@ -184,14 +196,22 @@ class EvaluatePerturbations:
         from flowkit.core import add_batch_axis
         dist, enc = policy.dist, policy.encoder
         nvec = list(getattr(dist, "nvec", []))
+        layers = unflatten(params, self.layout)
+        fast = enc.fast_box and dist.kind == "cat"  # Box observations, Discrete actions: no generic paths
         obs, _ = env.reset(seed=seed)
         total, t = 0.0, 0
         while True:
-            x, mask = enc(add_batch_axis(obs), 1)
+            if fast:
+                x, mask = np.asarray(obs, np.float32).reshape(1, -1), None
+            else:
+                x, mask = enc(add_batch_axis(obs), 1)
             if obs_rows is not None:
                 obs_rows.append(x)
-            z = forward(params, self.layout, self.activation, (x - self.obs_mean) / self.obs_std)
-            action = dist.to_env(greedy(dist.kind, nvec, z, mask))[0]
+            z = forward(params, self.layout, self.activation, (x - self.obs_mean) / self.obs_std, layers)
+            if fast:
+                action = int(z[0].argmax()) + dist.start
+            else:
+                action = dist.to_env(greedy(dist.kind, nvec, z, mask))[0]
             obs, r, terminated, truncated, _ = env.step(action)
             total += float(r)
             t += 1
