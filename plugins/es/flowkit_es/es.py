@@ -132,6 +132,7 @@ class ESPolicy(flowkit.Policy):
         super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
         d = int(np.prod(self.encoder.shape))
         self.activation = str(self.model_config.activation)
+        torch.manual_seed(seed)  # the initial network from the policy's seed, as the other policies
         self.model = PerturbationModel(d, self.make_net(d)).to(self.device)
         self._params, self._flat = flat_parameters(self.model, self.device)
         self.layout: Layout = tuple((m.out_features, m.in_features, m.bias is not None)
