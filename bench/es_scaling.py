@@ -2,8 +2,9 @@
 the same config (ES's workers are independent: each evaluates its own antithetic pairs for a
 round; the driver only ranks the returns and takes an Adam step).
 
-Setting: CartPole-v1, configs/es/CartPole-v1.yaml's ES settings (8 pairs per worker per round,
-1 unperturbed episode per worker) on ``runtime.backend=ray``, one CPU per worker; each run trains
+Setting: CartPole-v1, ES with 8 pairs per worker per round and 1 unperturbed episode per worker
+(configs/es/CartPole-v1.yaml's) and the default 64 x 64 MLP, on ``runtime.backend=ray``, one CPU
+per worker; each run trains
 from scratch for ``--time-s`` seconds; its rate is the steady state (env steps sampled per
 second of training between the first and the last reported iteration, one iteration per second
 at least: start-up left out). The worker counts alternate (1, 2, 1, 2, ...) ``--repeats`` times
