@@ -289,10 +289,10 @@ class _Keep:
 
 
 # ---- learning ------------------------------------------------------------------------------------
-@pytest.mark.slow
-@pytest.mark.parametrize("algo", ["es", "ars"])
+@pytest.mark.parametrize("algo", [pytest.param("es", marks=pytest.mark.slow), "ars"])
 def test_learns_cartpole_with_the_tuned_config(algo, tmp_path):
-    """The tuned config (configs/<algo>/CartPole-v1.yaml) reaches 475 within 500k env steps, seed 0."""
+    """The tuned config (configs/<algo>/CartPole-v1.yaml) reaches 475 within 500k env steps, seed 0
+    (ARS: 155k env steps, 4-17 s; ES: 190k, 6-30 s, marked slow)."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     res = flowkit.train(local_overrides(str(tmp_path), "seed=0", "evaluation.interval=0"),
                         config_file=os.path.join(repo, "configs", algo, "CartPole-v1.yaml"), verbose=False)
