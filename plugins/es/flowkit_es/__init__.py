@@ -1,0 +1,76 @@
+"""flowkit-es: the ES and ARS algorithm plugin (entry point group ``flowkit``).
+
+This module is the plugin's torch-free metadata (the config sections and the registration,
+what ``flowkit train --help`` and ``flowkit plugins`` read); the algorithms and their policies
+(torch) are imported from :mod:`flowkit_es.es` on first use, the worker-side evaluation of
+perturbations (numpy only) from :mod:`flowkit_es.evaluate`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, List, Optional
+
+import flowkit
+from flowkit.config import ConfigError, F
+from flowkit.hooks import lazy_attrs
+
+if TYPE_CHECKING:
+    from flowkit_es.es import ARS, ES, ARSPolicy, ESPolicy
+
+__all__ = ["ARS", "ARSConfig", "ARSPolicy", "ES", "ESConfig", "ESPolicy"]
+
+
+@dataclass
+class _PerturbationConfig:
+    """The keys ES and ARS share: the noise table, the perturbations and their evaluation."""
+    noise_size: int = F(25_000_000, "float32 entries of the shared noise table (N(0, 1), seeded; 100 MB at "
+                                    "25M, put once in Ray's object store and read by index on the workers)", ge=1)
+    noise_seed: Optional[int] = F(None, "seed of the noise table (null: derived from the run's seed)", ge=0)
+    sigma: float = F(0.02, "perturbation scale: episodes run with theta +- sigma * eps", gt=0)
+    eval_episodes: int = F(1, "episodes per worker per round with the unperturbed parameters: the run's "
+                              "episode_return_mean (counted as env steps like the perturbed episodes)", ge=0)
+
+
+@dataclass
+class ESConfig(_PerturbationConfig):
+    """es: Evolution Strategies (Salimans et al. 2017): antithetic pairs, centred ranks, Adam."""
+    pairs_per_worker: int = F(8, "antithetic pairs (2 episodes each) each worker evaluates per round", ge=1)
+    lr: float = F(0.01, "Adam step size on the flat parameter vector", gt=0)
+    l2_coeff: float = F(0.005, "L2 coefficient (weight decay added to the negated gradient estimate)", ge=0)
+    normalize_observations: bool = F(False, "running mean/std observation normalisation (workers' statistics "
+                                            "merged after each round)")
+
+
+@dataclass
+class ARSConfig(_PerturbationConfig):
+    """ars: Augmented Random Search V2-t (Mania et al. 2018): linear policy, top-b directions."""
+    sigma: float = F(0.03, "perturbation scale nu: episodes run with M +- nu * delta", gt=0)
+    directions_per_worker: int = F(8, "directions delta (2 episodes each) each worker evaluates per round", ge=1)
+    top_directions: Optional[int] = F(None, "b: the directions with the best max(r+, r-) used in the update "
+                                            "(null: all of them, ARS V2)", ge=1)
+    step_size: float = F(0.02, "alpha: M += alpha / (b * sigma_R) * sum (r+ - r-) delta", gt=0)
+    normalize_observations: bool = F(True, "state normalisation (V2): running mean/std of the states of all "
+                                           "perturbed episodes, merged from the workers after each round")
+
+
+def validate(run_config: Any, section: Any, n: str) -> List[str]:
+    """``ES.validate_config`` and ``ARS``'s (torch-free): the network's activation has a numpy
+    form; ARS's ``top_directions`` fits in one round's directions."""
+    act = str(run_config.model.activation)
+    if n == "es" and act not in ("tanh", "relu"):
+        raise ConfigError(f"model.activation={act!r}: es evaluates its MLP in numpy on the workers; use tanh or relu")
+    if n == "ars" and section.top_directions is not None:
+        total = max(1, int(run_config.runtime.num_workers)) * int(section.directions_per_worker)
+        if section.top_directions > total:
+            raise ConfigError(f"ars.top_directions={section.top_directions} is more than the directions of one round "
+                              f"(runtime.num_workers x ars.directions_per_worker = {total})")
+    return []
+
+
+@flowkit.hookimpl
+def flowkit_add_algorithms():
+    return [flowkit.AlgorithmRef("es", ESConfig, "flowkit_es.es:ES", validate),
+            flowkit.AlgorithmRef("ars", ARSConfig, "flowkit_es.es:ARS", validate)]
+
+
+__getattr__ = lazy_attrs(dict.fromkeys(__all__, "flowkit_es.es"))
