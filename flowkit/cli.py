@@ -307,6 +307,23 @@ def _after_parser(cmd: str, doc: str) -> _Args:
     return p
 
 
+def _parse_after(p: _Args, argv: List[str]) -> argparse.Namespace:
+    """The path, the flags and the ``key=value`` words in any order; an option the command does
+    not take is one line with the ``key=value`` to write instead."""
+    a, unknown = p.parse_known_intermixed_args(argv)
+    if unknown:
+        raise _ArgError(option_hint(argv, unknown) or f"unrecognised arguments {unknown}")
+    return a
+
+
+def _print_keys(p: _Args, usage_line: int, args_cls: type) -> int:
+    """``--help`` of a command on a trained run: its usage line and its ``key=value`` keys."""
+    from flowkit.config import schema_keys
+    keys = "\n".join(f"  {k} (default {d!r}): {h}" for k, (_, h, d) in schema_keys(args_cls).items())
+    print(f"usage: {USAGE.splitlines()[usage_line]}\n\n{p.description}\n\nkeys:\n{keys}")
+    return 0
+
+
 def _checkpoint_path(cmd: str, path: Optional[str]) -> str:
     if not path:
         raise _ArgError("give a run folder or a checkpoint folder")
@@ -331,15 +348,10 @@ def _evaluate(argv: List[str]) -> int:
     p.add_argument("args", nargs="*", help="key=value")
 
     def run() -> int:
-        a, unknown = p.parse_known_intermixed_args(argv)
-        if unknown:
-            raise _ArgError(option_hint(argv, unknown) or f"unrecognised arguments {unknown}")
+        a = _parse_after(p, argv)
         if a.help:
-            from flowkit.config import schema_keys
             from flowkit.evaluation import EvaluateArgs
-            keys = "\n".join(f"  {k} (default {d!r}): {h}" for k, (_, h, d) in schema_keys(EvaluateArgs).items())
-            print(f"usage: {USAGE.splitlines()[3]}\n\n{p.description}\n\nkeys:\n{keys}")
-            return 0
+            return _print_keys(p, 3, EvaluateArgs)
         from flowkit.evaluation import parse_args
         opts = parse_args(a.args)
         path = _checkpoint_path("evaluate", a.path)
@@ -432,13 +444,10 @@ def _record(argv: List[str]) -> int:
     p.add_argument("args", nargs="*", help="key=value")
 
     def run() -> int:
-        a = p.parse_intermixed_args(argv)
+        a = _parse_after(p, argv)
         from flowkit.datasets import RecordArgs, parse_record_args
         if a.help:
-            from flowkit.config import schema_keys
-            keys = "\n".join(f"  {k} (default {d!r}): {h}" for k, (_, h, d) in schema_keys(RecordArgs).items())
-            print(f"usage: {USAGE.splitlines()[5]}\n\n{p.description}\n\nkeys:\n{keys}")
-            return 0
+            return _print_keys(p, 5, RecordArgs)
         opts = parse_record_args(a.args)
         path = _checkpoint_path("record", a.path)
         from flowkit.datasets import record
