@@ -125,7 +125,7 @@ def test_c04_box_actions_to_dqn_fail_at_setup():
     if "dqn" not in flowkit.get_plugin_manager().algorithms():
         pytest.skip("the dqn plugin is not installed")
     with pytest.raises(ConfigError) as ei:
-        make_ctx(SCOUT, *C04_MAP, "multiagent.policies.scout_pol.algo=ppo", "multiagent.policies.tank_pol.algo=dqn")
+        make_ctx(SCOUT, *C04_MAP, "multiagent.policies.scout_pol.algo=ppo", "multiagent.policies.scout_pol.algo=dqn")
     assert "tank_pol" in str(ei.value) and "Discrete" in str(ei.value)
 
 
@@ -289,6 +289,19 @@ def test_frozen_policy_from_checkpoint(run_dir, tmp_path):
     assert all(np.array_equal(worker_w[k], saved[k]) for k in saved)
     assert ctx.metrics.learner_stats.keys() == {"scout_pol"}
     ctx.shutdown()
+
+
+def test_a_checkpoint_policy_whose_network_differs_names_the_settings(run_dir, tmp_path):
+    """Issue 27 item 10: reloading a policy built with other network settings (QR-DQN's
+    num_quantiles) said only "model.* must match"; now the differing settings are named."""
+    flowkit.train(local_overrides(run_dir, SCOUT, *C04_MAP, "runtime.num_workers=1", "runtime.num_envs_per_worker=1",
+                                  "runtime.rollout_fragment_length=5", "stop.iterations=1",
+                                  "multiagent.policies.scout_pol.algo=dqn"), trust_config=True)
+    with pytest.raises(flowkit.ConfigError, match=r"multiagent.policies.scout_pol.checkpoint=.*its weights do not fit "
+                                                  r"this run's network \(dqn.dueling=True in the checkpoint, False here\)"):
+        setup(*reversed(load_config(local_overrides(
+            str(tmp_path / "r2"), SCOUT, *C04_MAP, "multiagent.policies.scout_pol.algo=dqn",
+            "multiagent.policies.scout_pol.config.dueling=false", f"multiagent.policies.scout_pol.checkpoint={run_dir}"))))
 
 
 # ---- smoke versions of the acceptance runs (full runs: bench/multiagent_acceptance.py) -----------

@@ -188,6 +188,23 @@ def policy_ids_of(config: Any) -> List[str]:
     return list(dict.fromkeys(map(str, [*(ma.policies or {}), *targets]))) or [SHARED_POLICY_ID]
 
 
+def _differing_settings(ck_spec: Any, algo: str, section: Dict[str, Any], model: Any) -> str:
+    """The settings of a checkpoint's policy that differ from this run's (``qrdqn.num_quantiles=51
+    in the checkpoint, 32 here``): the algorithm section (same algorithm only) and ``model.*``."""
+    def plain(x: Any) -> Dict[str, Any]:
+        if x is None:
+            return {}
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            return dataclasses.asdict(x)
+        return dict(OmegaConf.to_container(x, resolve=True) or {}) if isinstance(x, DictConfig) else dict(x)  # type: ignore[arg-type]
+    pairs = [("model", plain(ck_spec.model), plain(model))] if ck_spec.model is not None else []
+    if ck_spec.algo == algo:
+        pairs.insert(0, (algo, plain(ck_spec.config), dict(section)))
+    diffs = [f"{name}.{k}={there[k]!r} in the checkpoint, {here[k]!r} here" for name, there, here in pairs
+             for k in there if k in here and there[k] != here[k]]
+    return "; ".join(diffs[:4]) + (f"; +{len(diffs) - 4} more" if len(diffs) > 4 else "")
+
+
 # ---- per-policy algorithm sections --------------------------------------------------------------
 def policy_section(config: Any, pid: str, algo_cls: Type[Algorithm], overrides: Any) -> Tuple[Any, Dict[str, Any]]:
     """The algorithm section of policy ``pid``: ``<algo>.*`` with
@@ -337,9 +354,10 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, Type[Algorith
                              inference_only=True).set_weights(
                     init_state["weights"])
             except Exception as e:
+                diff = _differing_settings(ck_spec, algo, data, model if model is not None else config.model)
                 raise ConfigError(f"multiagent.policies.{pid}.checkpoint={ck_path!r}: its weights do not fit this "
-                                  f"run's network (model.* must match the run that wrote it): "
-                                  f"{type(e).__name__}: {str(e).splitlines()[0]}") from None
+                                  f"run's network ({diff or 'the settings that shape it must match the run that wrote it'}"
+                                  f"): {type(e).__name__}: {str(e).splitlines()[0]}") from None
         trained = bool(pc.trainable) and algo != RANDOM
         group = "" if not trained else (algo if not overrides else f"{algo}[{pid}]")
         specs[pid] = MAPolicySpec(policy_class, o, act, cfg_obj, algo, model, agents=tuple(members[pid]),
