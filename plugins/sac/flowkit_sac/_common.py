@@ -10,7 +10,6 @@ so a Polyak update is one ``lerp_`` (``target <- target + tau * (online - target
 """
 from __future__ import annotations
 
-import copy
 from typing import Any, Dict, List, Sequence
 
 import numpy as np
@@ -19,21 +18,15 @@ from torch import nn
 
 import flowkit
 from flowkit import ConfigError
-from flowkit.core import Policy, TwinMLP, derive_seed, ops, replay, to_tensor
+from flowkit.core import Policy, TargetNetwork, TwinMLP, derive_seed, ops, replay
 from flowkit.core import batch as sb
+from flowkit.core._target import flat_parameters
 from flowkit_sac import ACTION_SPACES, validate
-
-TRAIN_COLS = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.NEXT_OBS)
 
 
 def twin_critic(obs_dim: int, act_dim: int, model_cfg: Any) -> TwinMLP:
     """Q1, Q2: ``float32[B, obs_dim + act_dim] -> (float32[B, 1], float32[B, 1])``."""
     return TwinMLP(obs_dim + act_dim, list(model_cfg.hidden_sizes), model_cfg.activation, 1, 1, 1.0, 1.0)
-
-
-def polyak(target: torch.Tensor, online: torch.Tensor, tau: float) -> None:
-    """``target <- (1 - tau) * target + tau * online`` in place (flat buffers)."""
-    target.lerp_(online, tau)
 
 
 class GreedyActor(nn.Module):
@@ -61,6 +54,7 @@ class OffPolicyActorCritic(Policy):
     """
 
     model: Any  # the subclass's model: ``critic`` first, then ``actor``
+    train_columns = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.NEXT_OBS)
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):
@@ -72,19 +66,16 @@ class OffPolicyActorCritic(Policy):
         self.obs_dim, self.act_dim = int(self.encoder.shape[0]), int(self.dist.dim)
 
     def finish_init(self, target_modules: Sequence[str], sizes: Any = None) -> None:
-        from flowkit.core.policy import flat_parameters
         self.model.to(self.device)
         if self.inference_only:  # the actor alone is synced: one flat array
             _, self.actor_flat = flat_parameters(self.model.actor, self.device, trainable_only=False)
             return
-        self.target = copy.deepcopy(nn.ModuleDict({n: getattr(self.model, n) for n in target_modules}))
-        self.target.requires_grad_(False)
-        _, self.target_flat = flat_parameters(self.target, self.device, trainable_only=False)
         n_critic = sum(p.numel() for p in self.model.critic.parameters())
         n_actor = sum(p.numel() for p in self.model.actor.parameters())
         self.optimizer = self.make_optimizer(self.config.lr, sizes=sizes)
         self.actor_flat = self._flat[n_critic:n_critic + n_actor]
-        assert torch.equal(self.target_flat, self._flat[:self.target_flat.numel()]), "target modules come first"
+        online = nn.ModuleDict({n: getattr(self.model, n) for n in target_modules})  # first in the flat buffer
+        self.target = TargetNetwork(online, self.config.tau, self._flat[:sum(p.numel() for p in online.parameters())])
 
     def action_model(self) -> nn.Module:
         """The deterministic actor, :class:`GreedyActor` (see :meth:`Policy.action_model`):
@@ -103,19 +94,12 @@ class OffPolicyActorCritic(Policy):
             return self.act(torch.from_numpy(obs), explore).numpy(), {}
 
     # -- learning (driver) --
-    def prepare_batch(self, batch):
-        return {k: to_tensor(batch[k], self.device) for k in TRAIN_COLS}
-
     def q_values(self, obs: torch.Tensor, actions: torch.Tensor, detach_params: bool = False,
                  target: bool = False) -> torch.Tensor:
         """Q1 and Q2 stacked: float32[2, B]."""
-        critic = self.target["critic"] if target else self.model.critic
+        critic = self.target["critic"] if target and self.target is not None else self.model.critic
         q1, q2 = critic(torch.cat([obs, actions], -1), detach_params)
         return torch.stack([q1.squeeze(-1), q2.squeeze(-1)])
-
-    def update_target(self) -> None:
-        """Polyak-average the target networks towards the online ones (``tau``)."""
-        polyak(self.target_flat, self._flat[:self.target_flat.numel()], self.config.tau)
 
     # -- weights and state --
     def get_weights(self) -> Dict[str, np.ndarray]:
@@ -135,16 +119,8 @@ class OffPolicyActorCritic(Policy):
             self.model.load_state_dict({k: torch.as_tensor(np.array(v)) for k, v in w.items()})
 
     def get_state(self) -> Dict[str, Any]:
-        st = super().get_state()
-        st["weights"] = {k: v.detach().cpu().numpy().copy() for k, v in self.model.state_dict().items()}
-        if not self.inference_only:
-            st["target"] = self.target_flat.detach().cpu().numpy().copy()
-        return st
-
-    def set_state(self, state: Dict[str, Any]) -> None:
-        super().set_state(state)
-        if not self.inference_only and state.get("target") is not None:
-            self.target_flat.copy_(torch.as_tensor(np.array(state["target"])))
+        return {**super().get_state(), "weights": {k: v.detach().cpu().numpy().copy()
+                                                   for k, v in self.model.state_dict().items()}}
 
 
 class OffPolicyAlgorithm(flowkit.Algorithm):
