@@ -52,9 +52,7 @@ class IMPALAPolicy(ActorCriticPolicy):
     model: ActorCritic
 
     # -- learning (learner; the Learner runs the epochs over contiguous minibatches) --
-    def prepare_batch(self, batch: sb.SampleBatch) -> Dict[str, torch.Tensor]:
-        """Tensors for :meth:`loss` (see :meth:`ActorCriticPolicy.prepare_vtrace_batch`)."""
-        return self.prepare_vtrace_batch(batch)
+    prepare_batch = ActorCriticPolicy.prepare_vtrace_batch
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg = self.config
