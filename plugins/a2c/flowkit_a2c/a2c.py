@@ -29,7 +29,7 @@ source). On the local backend the same plan runs one worker at a time.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, Tuple
 
 import torch
 
@@ -38,7 +38,7 @@ from flowkit.core import ActorCritic, ActorCriticPolicy
 from flowkit.core import batch as sb
 from flowkit.core.ops import ApplyGradients, ConcatBatches, DropSource, SyncWeights, TrainOneStep, UpdateSchedules
 from flowkit.core.policy import FlatRMSprop
-from flowkit_a2c import A2CConfig, A3CConfig, validate
+from flowkit_a2c import A2CConfig, A3CConfig
 
 
 # ---- the policy ------------------------------------------------------------------------------
@@ -84,10 +84,6 @@ class _ActorCriticAlgorithm(flowkit.Algorithm):
 
     policy_class = A2CPolicy
     off_policy = False
-
-    @classmethod
-    def validate_config(cls, run_config, section) -> List[str]:
-        return validate(run_config, section, cls.name)
 
     def schedules(self, flow, ctx, learner):
         """``flow`` with the linear lr schedule's UpdateSchedules when ``lr_schedule=linear``."""

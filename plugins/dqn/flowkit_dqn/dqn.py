@@ -47,7 +47,7 @@ from flowkit.core._numpy_model import NP_ACTIVATIONS, linear_names
 from flowkit.core.context import RunContext
 from flowkit.core.flow import get_result
 from flowkit.core.learner import Learner
-from flowkit_dqn import ACTION_SPACES, DQNConfig, validate
+from flowkit_dqn import ACTION_SPACES, DQNConfig
 from flowkit_dqn.acting import DQNActing, NumpyDQNPolicy, SetEpsilon, apex_epsilon, compute_n_step, epsilon_at  # noqa: F401
 
 
@@ -226,11 +226,6 @@ class DQN(flowkit.Algorithm):
     rollout_mode = "bulk_sync"
     off_policy = True
     action_spaces = ACTION_SPACES
-
-    @classmethod
-    def validate_config(cls, run_config, section) -> List[str]:
-        """Cross-field checks: :func:`flowkit_dqn.validate` (torch-free, also run before torch loads)."""
-        return validate(run_config, section, cls.name)
 
     @property
     def prioritized(self) -> bool:

@@ -37,7 +37,7 @@ from flowkit.core import ActorCritic, ActorCriticPolicy, derive_seed
 from flowkit.core import batch as sb
 from flowkit.core.context import RunContext
 from flowkit.core.ops import ConcatBatches, DropSource, SyncWeights, TrainOneStep, UpdateSchedules
-from flowkit_impala import IMPALAConfig, validate
+from flowkit_impala import IMPALAConfig
 
 
 # ---- the policy -----------------------------------------------------------------------------------
@@ -123,11 +123,6 @@ class LearnerThreadAlgorithm(flowkit.Algorithm):
 
     rollout_mode = "async"
     off_policy = True
-
-    @classmethod
-    def validate_config(cls, run_config, section) -> List[str]:
-        """Cross-field checks: :func:`flowkit_impala.validate` (torch-free, also run before torch loads)."""
-        return validate(run_config, section, cls.name)
 
     def get_rollout_mode(self) -> str:
         return self.config.rollout_mode

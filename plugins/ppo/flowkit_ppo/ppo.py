@@ -17,7 +17,7 @@ centred when their std is below 1e-8 (tests/test_ppo.py::test_c07_*).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, Tuple
 
 import torch
 
@@ -25,7 +25,7 @@ import flowkit
 from flowkit.core import ActorCritic, ActorCriticPolicy, adapt_kl_coeff, clipped_surrogate
 from flowkit.core import batch as sb
 from flowkit.core.ops import ConcatBatches, StandardizeFields, SyncWeights, TrainOneStep, UpdateSchedules
-from flowkit_ppo import PPOConfig, round_size, validate
+from flowkit_ppo import PPOConfig, round_size
 
 
 # ---- the policy ----------------------------------------------------------------------------
@@ -111,11 +111,6 @@ class PPO(flowkit.Algorithm):
     off_policy = False
 
     round_size = staticmethod(round_size)
-
-    @classmethod
-    def validate_config(cls, run_config, section) -> List[str]:
-        """Cross-field checks: :func:`flowkit_ppo.validate` (torch-free, also run before torch loads)."""
-        return validate(run_config, section, cls.name)
 
     def training_flow(self, experiences, ctx, learner):
         cfg = self.config

@@ -10,7 +10,7 @@ so a Polyak update is one ``lerp_`` (``target <- target + tau * (online - target
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Sequence
+from typing import Any, Dict, Sequence
 
 import numpy as np
 import torch
@@ -21,7 +21,7 @@ from flowkit import ConfigError
 from flowkit.core import Policy, TargetNetwork, TwinMLP, derive_seed, ops, replay
 from flowkit.core import batch as sb
 from flowkit.core._target import flat_parameters
-from flowkit_sac import ACTION_SPACES, validate
+from flowkit_sac import ACTION_SPACES
 
 
 def twin_critic(obs_dim: int, act_dim: int, model_cfg: Any) -> TwinMLP:
@@ -142,10 +142,6 @@ class OffPolicyAlgorithm(flowkit.Algorithm):
         if not (np.isfinite(action_space.low).all() and np.isfinite(action_space.high).all()):
             raise ConfigError(f"policy {policy_id!r}: {cls.name.upper()} needs a Box action space with finite "
                               f"bounds, got {action_space} (for unbounded actions use e.g. ppo)")
-
-    @classmethod
-    def validate_config(cls, run_config, section) -> List[str]:
-        return validate(run_config, section, cls.name)
 
     def target_update_freq(self) -> int:
         raise NotImplementedError
