@@ -468,6 +468,8 @@ def check_run(cfg: Any, pm: Any) -> None:
     a, section = algos[cfg.algo], cfg[cfg.algo] if cfg.algo in cfg else None
     if not hasattr(a, "target"):  # a class registered as it is (loaded)
         a.validate_config(cfg, section)
+    elif getattr(a.config_class, "validate", None) is not None and section is not None:
+        a.config_class.validate(section, cfg, a.name)
     elif a.validate is not None:
         a.validate(cfg, section, a.name)
 

@@ -68,7 +68,7 @@ def test_loss_by_hand(use_kl_loss):
     [1.2, 0.8, 1.2]; A > 0, so the min picks [1.2, 0.5, 1.2] * A."""
     pol = _policy(gamma=0.9, clip_param=0.2, vf_coef=0.5, ent_coef=0.01, use_kl_loss=use_kl_loss, kl_coeff=0.5)
     _set_heads(pol.model, [0.0, math.log(3.0)], 0.5)
-    _set_heads(pol.target_model, [0.0, 0.0], 0.5)
+    _set_heads(pol.target.module, [0.0, 0.0], 0.5)
     loss, st = pol.loss(pol.prepare_batch(_batch()))
     adv = np.array([1.664375, 0.79375, 0.9375])
     pg_loss = -np.mean(np.array([1.2, 0.5, 1.2]) * adv)
@@ -91,13 +91,13 @@ def test_target_network_is_fixed_between_updates_and_kl_coeff_adapts():
     pol = _policy(target_update_freq=2, use_kl_loss=True, kl_coeff=1.0, kl_target=1e-9, lr=0.01)
     learner = Learner("appo", {"default": pol}, num_epochs=2, minibatch_size=None, contiguous=True)
     b = sb.MultiAgentBatch({"default": _batch(np.random.default_rng(0), 10)}, 10)
-    t0 = {k: v.clone() for k, v in pol.target_model.state_dict().items()}
+    t0 = {k: v.clone() for k, v in pol.target.module.state_dict().items()}
     learner.update(b)
-    assert all(torch.equal(t0[k], v) for k, v in pol.target_model.state_dict().items())  # 1 of 2 batches
+    assert all(torch.equal(t0[k], v) for k, v in pol.target.module.state_dict().items())  # 1 of 2 batches
     assert pol.kl_coeff == 1.5                       # kl > 2 * kl_target after 2 epochs
     learner.update(b)
-    assert all(torch.equal(pol.model.state_dict()[k], v) for k, v in pol.target_model.state_dict().items())
-    assert pol.train_batches == 2 and not any(p.requires_grad for p in pol.target_model.parameters())
+    assert all(torch.equal(pol.model.state_dict()[k], v) for k, v in pol.target.module.state_dict().items())
+    assert pol.train_batches == 2 and not any(p.requires_grad for p in pol.target.module.parameters())
 
 
 def test_checkpoint_round_trip_is_exact_with_the_target_network(tmp_path):
@@ -109,7 +109,7 @@ def test_checkpoint_round_trip_is_exact_with_the_target_network(tmp_path):
     path = str(tmp_path / "state.pt")
     torch.save(to_plain(pol.get_state()), path)
     pol2 = _policy(target_update_freq=3, use_kl_loss=True, lr=0.01)
-    _set_heads(pol2.target_model, [3.0, 1.0], 2.0)      # overwritten by set_state
+    _set_heads(pol2.target.module, [3.0, 1.0], 2.0)      # overwritten by set_state
     pol2.set_state(from_plain(torch.load(path, weights_only=True)))
     s1, s2 = pol.get_state(), pol2.get_state()
     for k in ("weights", "target_weights"):

@@ -82,7 +82,7 @@ def masked_policy(double_q):
     # no hidden layer: Q = W one_hot(s) + b; Q(s0) = [0, 0], Q(s1) = [0, 10]
     w = {"q_head.0.weight": np.array([[0.0, 0.0], [0.0, 10.0]], np.float32), "q_head.0.bias": np.zeros(2, np.float32)}
     pol.set_weights(w)
-    pol.update_target()
+    pol.target.update()
     return env, pol
 
 

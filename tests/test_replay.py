@@ -120,8 +120,9 @@ def test_replay_source_not_ready_until_learning_starts():
 class _Pol:
     def __init__(self):
         self.num_updates, self.targets = 0, []
+        self.target = self  # the policy's TargetNetwork
 
-    def update_target(self):
+    def update(self):
         self.targets.append(self.num_updates)
 
 

@@ -70,14 +70,14 @@ def test_td3_smoothed_target_hand_computed():
 @pytest.mark.parametrize("cls,cfg", [(SACPolicy, SACConfig(tau=0.25)), (TD3Policy, TD3Config(tau=0.25))])
 def test_polyak_update_moves_every_target_parameter(cls, cfg):
     pol = pendulum_policy(cls, cfg)
-    n = pol.target_flat.numel()
+    n = pol.target.flat.numel()
     with torch.no_grad():
-        pol.target_flat.fill_(0.0)
+        pol.target.flat.fill_(0.0)
         pol._flat[:n].fill_(1.0)
-    pol.update_target()
-    assert torch.allclose(pol.target_flat, torch.full((n,), 0.25))
-    # the target modules' parameters are views of target_flat: all moved (TD3: the actor's too)
-    for p in pol.target.parameters():
+    pol.target.update()
+    assert torch.allclose(pol.target.flat, torch.full((n,), 0.25))
+    # the target modules' parameters are views of target.flat: all moved (TD3: the actor's too)
+    for p in pol.target.module.parameters():
         assert torch.allclose(p, torch.full_like(p, 0.25))
     assert n == sum(p.numel() for p in pol.model.critic.parameters()) + (
         sum(p.numel() for p in pol.model.actor.parameters()) if cls is TD3Policy else 0)
@@ -182,7 +182,7 @@ def _build(algo, run_dir):
 def _snapshot(ctx, algo):
     pol = ctx.policies["default"]
     st = pol.get_state()
-    return {"weights": st["weights"], "target": st["target"], "opt": copy.deepcopy(pol.optimizer.state_dict()["state"]),
+    return {"weights": st["weights"], "target": st["target_weights"], "opt": copy.deepcopy(pol.optimizer.state_dict()["state"]),
             "counters": dict(ctx.counters), "num_updates": pol.num_updates,
             "replay": ctx.stateful[f"{algo}/replay_buffer"].get_state(),
             "alpha": pol.alpha if algo == "sac" else None}

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from flowkit.core._numpy_model import NumpyActorCritic, NumpyActorCriticPolicy, sample_logp_numpy
     from flowkit.core._returns import bootstrap_rows, compute_gae, next_values, vtrace
     from flowkit.core._runner import Episode, GymEnvRunner
+    from flowkit.core._target import TargetNetwork
     from flowkit.core.algorithm import Algorithm
     from flowkit.core.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch, trajectory_ends
     from flowkit.core.flow import NOT_READY, Flow, FlowContext, ParallelFlow
@@ -30,7 +31,7 @@ __all__ = [  # batches (column names: flowkit.core.batch.OBS, ...), dataflow, po
     "ObsEncoder", "SpaceError", "add_batch_axis", "batch_len", "ActionDist", "ACTIVATIONS", "ActorCritic",
     "RunningMeanStd", "SmallCNN", "TwinMLP", "build_mlp", "build_trunk", "init_weights", "sde_std", "NumpyActorCritic", "NumpyActorCriticPolicy",
     "sample_logp_numpy", "bootstrap_rows", "compute_gae", "next_values", "vtrace", "EnvContext", "EnvError", "Episode", "GymEnvRunner",
-    "PolicySpec", "RolloutWorker", "SpaceCheck", "WorkerSet", "derive_seed", "describe_value", "env_name",
+    "PolicySpec", "TargetNetwork", "RolloutWorker", "SpaceCheck", "WorkerSet", "derive_seed", "describe_value", "env_name",
     "find_mismatch", "make_env"]
 
 _MODULES = {  # the module behind each name, imported on first use (torch only when needed)
@@ -40,6 +41,7 @@ _MODULES = {  # the module behind each name, imported on first use (torch only w
     "_models": "ActorCritic RunningMeanStd SmallCNN TwinMLP build_mlp build_trunk init_weights sde_std",
     "_numpy_model": "NumpyActorCritic NumpyActorCriticPolicy sample_logp_numpy",
     "_returns": "bootstrap_rows compute_gae next_values vtrace", "activations": "ACTIVATIONS", "_runner": "Episode GymEnvRunner",
+    "_target": "TargetNetwork",
     "algorithm": "Algorithm", "batch": "DEFAULT_POLICY_ID MultiAgentBatch SampleBatch trajectory_ends",
     "flow": "NOT_READY Flow FlowContext ParallelFlow", "policy": "Policy RandomPolicy to_tensor",
     "workers": "PolicySpec RolloutWorker WorkerSet"}

@@ -60,8 +60,11 @@ class Algorithm:
         """Check what relates several keys of this algorithm's section (and its fit with
         ``runtime.*``) before anything starts; each key's own range or choices belong in its
         field declaration (``F(3e-4, "...", gt=0)``), checked before this is called. Raise
-        :class:`flowkit.ConfigError` naming keys and values; return warnings."""
-        return []
+        :class:`flowkit.ConfigError` naming keys and values; return warnings. Default: the config
+        class's own ``validate(section, run_config, name)`` where it has one (torch-free, so
+        the CLI runs it before torch loads)."""
+        check = getattr(cls.config_class, "validate", None)
+        return (check(section, run_config, cls.name) or []) if check is not None and section is not None else []
 
     @classmethod
     def check_spaces(cls, policy_id: str, observation_space: Any, action_space: Any) -> None:

@@ -300,7 +300,7 @@ def DropSource(item: Tuple[Any, Any]) -> Any:
 
 
 class UpdateTargetNetwork:
-    """Call ``policy.update_target()`` of each policy trained in a train result whenever its
+    """Update the target network (``policy.target.update()``) of each policy trained in a train result whenever its
     gradient-step count ``policy.num_updates`` crosses a multiple of ``freq`` (so the timing
     survives checkpoint/restore: it depends only on ``num_updates``). Passes items on
     (train results, or ``(source, result)``)."""
@@ -313,11 +313,11 @@ class UpdateTargetNetwork:
 
     def __call__(self, item: Any) -> Any:
         for pid, st in (item[1] if isinstance(item, tuple) else item)["stats"].items():
-            pol: Any = self.learner.policies[pid]  # a policy with a target network (update_target)
+            pol: Any = self.learner.policies[pid]  # a policy with a target network
             now = pol.num_updates
             before = now - int(st.get("num_sgd_steps", 1))
             if now // self.freq > before // self.freq:
-                pol.update_target()
+                pol.target.update()
                 self.ctx.counters["num_target_updates"] += 1
         return item
 

@@ -14,6 +14,7 @@ from flowkit.core import batch as sb
 from flowkit.core._distributions import ActionDist
 from flowkit.core._encoders import ObsEncoder
 from flowkit.core._numpy_model import Acting
+from flowkit.core._target import TargetNetwork, flat_parameters
 
 
 class Policy(Acting):
@@ -37,7 +38,18 @@ class Policy(Acting):
         device: ``"cpu"`` or ``"cuda"`` (the learner's; workers always use cpu).
         seed: seeds this policy's sampling RNG.
         inference_only: build no optimizer (rollout workers).
+
+    Attributes:
+        train_columns: the columns :meth:`prepare_batch` gives :meth:`loss` (those present);
+            None: every column.
+        state_attrs: names of scalar attributes (``float``, ``int``) saved by :meth:`get_state`
+            and restored, with their type, by :meth:`set_state` (DQN's ``("epsilon",)``).
+        target: a :class:`~flowkit.core.TargetNetwork` (learner copies of DQN, APPO, SAC, TD3;
+            saved as ``target_weights``; the ``UpdateTargetNetwork`` operator moves it), or None.
     """
+
+    train_columns: Optional[Tuple[str, ...]] = None
+    state_attrs: Tuple[str, ...] = ()
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, config: Any,
                  model_config: Any = None, device: str = "cpu", seed: int = 0,
@@ -58,6 +70,7 @@ class Policy(Acting):
         self.model: Optional[nn.Module] = None
         self.optimizer: Optional[FlatAdam] = None
         self.num_updates = 0  # learner updates applied to these weights (policy lag)
+        self.target: Optional[TargetNetwork] = None
 
     def build_model(self, default: nn.Module) -> nn.Module:
         """``default`` (the policy's own network, initialised as ``model.init`` says:
@@ -133,8 +146,10 @@ class Policy(Acting):
 
     # ---- learning ---------------------------------------------------------------------------
     def prepare_batch(self, batch: sb.SampleBatch) -> Dict[str, torch.Tensor]:
-        """Columns as tensors on the learner device (once per train batch)."""
-        return {k: to_tensor(v, self.device) for k, v in batch.items()}
+        """The :attr:`train_columns` of ``batch`` as tensors on the learner device (once per
+        train batch)."""
+        keys = batch.keys() if self.train_columns is None else [k for k in self.train_columns if k in batch]
+        return {k: to_tensor(batch[k], self.device) for k in keys}
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         """Return ``(loss, stats)`` for one minibatch of tensors."""
@@ -194,12 +209,15 @@ class Policy(Acting):
         self.model.load_state_dict({k: torch.as_tensor(np.array(v)) for k, v in weights.items()})
 
     def get_state(self) -> Dict[str, Any]:
-        """Weights, optimizer state, update count and RNG states (for exact resume)."""
+        """Weights, optimizer state, update count, RNG states, the :attr:`state_attrs` and the
+        target network's weights (for exact resume)."""
         return {"weights": self.get_weights(),
                 "optimizer": self.optimizer.state_dict() if self.optimizer is not None else None,
                 "num_updates": self.num_updates,
                 "generator": self.generator.get_state(),
-                "np_random": self.np_random.bit_generator.state}
+                "np_random": self.np_random.bit_generator.state,
+                **{k: getattr(self, k) for k in self.state_attrs},
+                **({"target_weights": self.target.get_state()} if self.target is not None else {})}
 
     def set_state(self, state: Dict[str, Any]) -> None:
         """Restore what :meth:`get_state` returned (exact resume: weights, optimizer, update
@@ -212,6 +230,11 @@ class Policy(Acting):
             self.generator.set_state(state["generator"])
         if state.get("np_random") is not None:
             self.np_random.bit_generator.state = state["np_random"]
+        for k in self.state_attrs:
+            if k in state:
+                setattr(self, k, type(getattr(self, k))(state[k]))
+        if self.target is not None and state.get("target_weights") is not None:
+            self.target.set_state(state["target_weights"])
 
 
 def flat_gradient(params: Sequence[torch.Tensor], loss: torch.Tensor) -> torch.Tensor:
@@ -222,23 +245,6 @@ def flat_gradient(params: Sequence[torch.Tensor], loss: torch.Tensor) -> torch.T
     loss.backward()
     return torch.cat([p.grad.reshape(-1) if p.grad is not None
                       else torch.zeros(p.numel(), dtype=p.dtype, device=p.device) for p in params])
-
-
-def flat_parameters(module: nn.Module, device: Any = "cpu",
-                    trainable_only: bool = True) -> Tuple[List[nn.Parameter], torch.Tensor]:
-    """Move the parameters of ``module`` (those with ``requires_grad`` when ``trainable_only``)
-    into one flat buffer, in ``module.parameters()`` order: each becomes a view of it.
-    Returns ``(params, flat)``; an op on ``flat`` (an optimizer step, a Polyak average) acts on
-    all of them at once."""
-    params = [p for p in module.parameters() if p.requires_grad or not trainable_only]
-    flat = torch.zeros(sum(p.numel() for p in params), device=device, dtype=params[0].dtype)
-    off = 0
-    for p in params:
-        n = p.numel()
-        flat[off:off + n].copy_(p.data.reshape(-1))
-        p.data = flat[off:off + n].view_as(p)
-        off += n
-    return params, flat
 
 
 class FlatAdam:

@@ -40,6 +40,11 @@ class _ActorCriticConfig:
     normalize_advantages: bool = F(False, "standardise the advantages of each gradient step")
     log_std_init: float = F(0.0, "initial log-std of the Gaussian (Box actions)", ge=-20, le=20)
 
+    def validate(self, run_config: Any, n: str) -> List[str]:
+        """Cross-field checks: the lr schedule needs a horizon (torch-free)."""
+        check_schedules(self, n, ("lr_schedule",), run_config)
+        return []
+
 
 @dataclass
 class A2CConfig(_ActorCriticConfig):
@@ -52,16 +57,10 @@ class A3CConfig(_ActorCriticConfig):
     """a3c: Asynchronous Advantage Actor-Critic (gradients computed on the workers)."""
 
 
-def validate(run_config: Any, section: Any, n: str) -> List[str]:
-    """``A2C.validate_config`` and ``A3C``'s: the lr schedule needs a horizon (torch-free)."""
-    check_schedules(section, n, ("lr_schedule",), run_config)
-    return []
-
-
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("a2c", A2CConfig, "flowkit_a2c.a2c:A2C", validate),
-            flowkit.AlgorithmRef("a3c", A3CConfig, "flowkit_a2c.a2c:A3C", validate)]
+    return [flowkit.AlgorithmRef("a2c", A2CConfig, "flowkit_a2c.a2c:A2C"),
+            flowkit.AlgorithmRef("a3c", A3CConfig, "flowkit_a2c.a2c:A3C")]
 
 
 __getattr__ = lazy_attrs(dict.fromkeys(__all__, "flowkit_a2c.a2c"))

@@ -29,18 +29,16 @@ source). On the local backend the same plan runs one worker at a time.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, Tuple
 
 import torch
 
 import flowkit
-from flowkit.core import ActorCritic, ActorCriticPolicy, to_tensor
+from flowkit.core import ActorCritic, ActorCriticPolicy
 from flowkit.core import batch as sb
 from flowkit.core.ops import ApplyGradients, ConcatBatches, DropSource, SyncWeights, TrainOneStep, UpdateSchedules
 from flowkit.core.policy import FlatRMSprop
-from flowkit_a2c import A2CConfig, A3CConfig, validate
-
-_TRAIN_COLS = (sb.OBS, sb.ACTIONS, sb.ADVANTAGES, sb.VALUE_TARGETS, sb.ACTION_MASK)
+from flowkit_a2c import A2CConfig, A3CConfig
 
 
 # ---- the policy ------------------------------------------------------------------------------
@@ -49,6 +47,7 @@ class A2CPolicy(ActorCriticPolicy):
     Override :meth:`loss` to make a variant."""
 
     model: ActorCritic
+    train_columns = (sb.OBS, sb.ACTIONS, sb.ADVANTAGES, sb.VALUE_TARGETS, sb.ACTION_MASK)
 
     def make_optimizer(self, lr, eps=1e-8, module=None, sizes=None):
         """RMSprop or Adam over the flat parameter buffer (``optimizer``, ``optimizer_eps``,
@@ -61,9 +60,6 @@ class A2CPolicy(ActorCriticPolicy):
         """Add ``advantages`` and ``value_targets`` (n-step returns or GAE, see the module
         docstring)."""
         return self.add_gae(batch, 1.0 if self.config.returns == "nstep" else None)
-
-    def prepare_batch(self, batch):
-        return {k: to_tensor(batch[k], self.device) for k in _TRAIN_COLS if k in batch}
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg = self.config
@@ -88,10 +84,6 @@ class _ActorCriticAlgorithm(flowkit.Algorithm):
 
     policy_class = A2CPolicy
     off_policy = False
-
-    @classmethod
-    def validate_config(cls, run_config, section) -> List[str]:
-        return validate(run_config, section, cls.name)
 
     def schedules(self, flow, ctx, learner):
         """``flow`` with the linear lr schedule's UpdateSchedules when ``lr_schedule=linear``."""

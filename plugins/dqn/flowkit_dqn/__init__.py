@@ -59,23 +59,23 @@ class DQNConfig:
     apex_epsilon_base: float = F(0.4, "Ape-X: per-worker epsilon_i = base^(1 + alpha*i/(N-1))", ge=0, le=1)
     apex_epsilon_alpha: float = F(7.0, "Ape-X: per-worker epsilon exponent alpha", ge=0)
 
-
-def validate(run_config: Any, s: Any, n: str = "dqn") -> List[str]:
-    """``DQN.validate_config``: the section's cross-field checks (each key's own range is
-    declared in :class:`DQNConfig`), torch-free; ``n``: the algorithm's name."""
-    check_schedules(s, n, ("lr_schedule",), run_config)
-    if s.train_batch_size > s.buffer_size:
-        raise ConfigError(f"{n}.train_batch_size={s.train_batch_size} is larger than {n}.buffer_size={s.buffer_size}")
-    if s.num_replay_shards > 0 and s.buffer_size // s.num_replay_shards < s.train_batch_size:
-        raise ConfigError(f"{n}.buffer_size={s.buffer_size} split over {n}.num_replay_shards="
-                          f"{s.num_replay_shards} leaves fewer than {n}.train_batch_size="
-                          f"{s.train_batch_size} transitions per shard")
-    return []
+    def validate(self, run_config: Any, n: str) -> List[str]:
+        """The section's cross-field checks (each key's own range is
+        declared in :class:`DQNConfig`), torch-free; ``n``: the algorithm's name."""
+        s = self
+        check_schedules(s, n, ("lr_schedule",), run_config)
+        if s.train_batch_size > s.buffer_size:
+            raise ConfigError(f"{n}.train_batch_size={s.train_batch_size} is larger than {n}.buffer_size={s.buffer_size}")
+        if s.num_replay_shards > 0 and s.buffer_size // s.num_replay_shards < s.train_batch_size:
+            raise ConfigError(f"{n}.buffer_size={s.buffer_size} split over {n}.num_replay_shards="
+                              f"{s.num_replay_shards} leaves fewer than {n}.train_batch_size="
+                              f"{s.train_batch_size} transitions per shard")
+        return []
 
 
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("dqn", DQNConfig, "flowkit_dqn.dqn:DQN", validate, ACTION_SPACES)]
+    return [flowkit.AlgorithmRef("dqn", DQNConfig, "flowkit_dqn.dqn:DQN", action_spaces=ACTION_SPACES)]
 
 
 __getattr__ = lazy_attrs(dict.fromkeys(__all__, "flowkit_dqn.dqn"))

@@ -32,7 +32,6 @@ TrainOneStep -> UpdatePriorities (to the serving shard) -> UpdateTargetNetwork.
 """
 from __future__ import annotations
 
-import copy
 import functools
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
@@ -42,14 +41,14 @@ from torch import nn
 
 import flowkit
 from flowkit import ConfigError
-from flowkit.core import ObsEncoder, Policy, build_mlp, build_trunk, derive_seed, ops, replay, to_tensor
+from flowkit.core import ObsEncoder, Policy, TargetNetwork, build_mlp, build_trunk, derive_seed, ops, replay
 from flowkit.core import batch as sb
 from flowkit.core._numpy_model import linear_names
 from flowkit.core.activations import has_numpy
 from flowkit.core.context import RunContext
 from flowkit.core.flow import get_result
 from flowkit.core.learner import Learner
-from flowkit_dqn import ACTION_SPACES, DQNConfig, validate
+from flowkit_dqn import ACTION_SPACES, DQNConfig
 from flowkit_dqn.acting import DQNActing, NumpyDQNPolicy, SetEpsilon, apex_epsilon, compute_n_step, epsilon_at  # noqa: F401
 
 
@@ -114,10 +113,6 @@ class QNetwork(nn.Module):
 
 
 # ---- the policy ---------------------------------------------------------------------------------
-_TRAIN_COLS = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.NEXT_OBS, sb.N_STEPS, sb.PRIO_WEIGHTS,
-               sb.NEXT_ACTION_MASK)
-
-
 _WORKER_SIDE = ("compute_actions_encoded", "compute_actions", "q_values", "postprocess_trajectory", "set_weights")
 
 
@@ -130,6 +125,9 @@ class DQNPolicy(DQNActing, Policy):
     """
 
     model: Any  # a QNetwork, or the network of model.class
+    train_columns = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.NEXT_OBS, sb.N_STEPS, sb.PRIO_WEIGHTS,
+                     sb.NEXT_ACTION_MASK)
+    state_attrs = ("epsilon",)
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):
@@ -141,9 +139,8 @@ class DQNPolicy(DQNActing, Policy):
         self.model = self.build_model(QNetwork(self.encoder, self.num_actions, self.model_config, config.dueling)).to(self.device)
         self.epsilon = float(config.initial_epsilon)
         self.td_error: Optional[np.ndarray] = None
-        self.target_model: Optional[nn.Module] = None
         if not inference_only:
-            self.target_model = copy.deepcopy(self.model).requires_grad_(False)
+            self.target = TargetNetwork(self.model)  # hard copies (target_network_update_freq)
             self.optimizer = self.make_optimizer(config.lr, config.adam_eps)
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
@@ -165,17 +162,14 @@ class DQNPolicy(DQNActing, Policy):
         return functools.partial(NumpyDQNPolicy, layout=lay, weights=self.get_weights())
 
     # -- learning (driver) --
-    def prepare_batch(self, batch):
-        return {k: to_tensor(batch[k], self.device) for k in _TRAIN_COLS if k in batch}
-
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg = self.config
-        assert self.target_model is not None, "loss runs on the learner's policy"
+        assert self.target is not None, "loss runs on the learner's policy"
         q = self.model(batch[sb.OBS])
         q_taken = q.gather(-1, batch[sb.ACTIONS].long().unsqueeze(-1)).squeeze(-1)
         with torch.no_grad():
             next_obs = batch[sb.NEXT_OBS]
-            q_next_target = self.target_model(next_obs)
+            q_next_target = self.target.module(next_obs)
             q_next_online = self.model(next_obs) if cfg.double_q else None
             discounts = torch.pow(torch.tensor(cfg.gamma), batch[sb.N_STEPS].float())  # gamma^n_steps
             y = compute_q_targets(batch[sb.REWARDS].float(), batch[sb.TERMINATEDS], discounts,
@@ -192,27 +186,6 @@ class DQNPolicy(DQNActing, Policy):
     def on_train_batch_end(self, batch):
         assert self.optimizer is not None
         return {"epsilon": self.epsilon, "lr": self.optimizer.param_groups[0]["lr"]}
-
-    def update_target(self) -> None:
-        """Copy the online network's weights into the target network."""
-        assert self.target_model is not None
-        self.target_model.load_state_dict(self.model.state_dict())
-
-    # -- state --
-    def get_state(self):
-        st = super().get_state()
-        st["epsilon"] = self.epsilon
-        if self.target_model is not None:
-            st["target_weights"] = {k: v.detach().cpu().numpy().copy()
-                                    for k, v in self.target_model.state_dict().items()}
-        return st
-
-    def set_state(self, state):
-        super().set_state(state)
-        self.epsilon = float(state.get("epsilon", self.epsilon))
-        if self.target_model is not None and state.get("target_weights") is not None:
-            self.target_model.load_state_dict({k: torch.as_tensor(np.array(v))
-                                               for k, v in state["target_weights"].items()})
 
 
 # ---- operators --------------------------------------------------------------------------------
@@ -257,11 +230,6 @@ class DQN(flowkit.Algorithm):
     rollout_mode = "bulk_sync"
     off_policy = True
     action_spaces = ACTION_SPACES
-
-    @classmethod
-    def validate_config(cls, run_config, section) -> List[str]:
-        """Cross-field checks: :func:`flowkit_dqn.validate` (torch-free, also run before torch loads)."""
-        return validate(run_config, section, cls.name)
 
     @property
     def prioritized(self) -> bool:

@@ -48,6 +48,16 @@ class IMPALAConfig:
                           choices=("async", "bulk_sync"))
     log_std_init: float = F(0.0, "initial log-std of the Gaussian (Box actions)", ge=-20, le=20)
 
+    def validate(self, run_config: Any, n: str) -> List[str]:
+        """``IMPALA.validate_config`` and APPO's: the self's cross-field checks (each key's own
+        range is declared in :class:`IMPALAConfig`), torch-free; ``n``: the algorithm's name."""
+        mb, tb = self.minibatch_size, self.train_batch_size
+        if mb is not None and not 1 <= mb <= tb:
+            raise ConfigError(f"{n}.minibatch_size={mb} must be in [1, {n}.train_batch_size={tb}] "
+                              "(or null: the whole train batch)")
+        check_schedules(self, n, ("lr_schedule",), run_config)
+        return []
+
 
 @dataclass
 class APPOConfig(IMPALAConfig):
@@ -60,21 +70,10 @@ class APPOConfig(IMPALAConfig):
     is_ratio_clip: float = F(2.0, "clip of the ratio pi_target / mu (behaviour) that corrects the surrogate", gt=0)
 
 
-def validate(run_config: Any, section: Any, n: str = "impala") -> List[str]:
-    """``IMPALA.validate_config`` and APPO's: the section's cross-field checks (each key's own
-    range is declared in :class:`IMPALAConfig`), torch-free; ``n``: the algorithm's name."""
-    mb, tb = section.minibatch_size, section.train_batch_size
-    if mb is not None and not 1 <= mb <= tb:
-        raise ConfigError(f"{n}.minibatch_size={mb} must be in [1, {n}.train_batch_size={tb}] "
-                          "(or null: the whole train batch)")
-    check_schedules(section, n, ("lr_schedule",), run_config)
-    return []
-
-
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("impala", IMPALAConfig, "flowkit_impala.impala:IMPALA", validate),
-            flowkit.AlgorithmRef("appo", APPOConfig, "flowkit_impala.appo:APPO", validate)]
+    return [flowkit.AlgorithmRef("impala", IMPALAConfig, "flowkit_impala.impala:IMPALA"),
+            flowkit.AlgorithmRef("appo", APPOConfig, "flowkit_impala.appo:APPO")]
 
 
 __getattr__ = lazy_attrs({**dict.fromkeys(__all__, "flowkit_impala.impala"),

@@ -40,13 +40,11 @@ run in the learner's thread and are saved with its state.
 """
 from __future__ import annotations
 
-import copy
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Tuple
 
-import numpy as np
 import torch
 
-from flowkit.core import ActorCritic, ActorCriticPolicy, adapt_kl_coeff, clipped_surrogate
+from flowkit.core import ActorCritic, ActorCriticPolicy, TargetNetwork, adapt_kl_coeff, clipped_surrogate
 from flowkit.core import batch as sb
 from flowkit_impala import APPOConfig
 from flowkit_impala.impala import LearnerThreadAlgorithm
@@ -56,11 +54,12 @@ _STATS = ("pg_loss", "vf_loss", "entropy", "kl", "total_loss", "clip_frac", "is_
 
 class APPOPolicy(ActorCriticPolicy):
     """APPO's actor-critic: workers act with the policy network (storing the behaviour
-    log-prob); the learner copy also holds :attr:`target_model` (no gradients, not sent to
-    workers, saved with :meth:`get_state`). Override :meth:`loss` to make a variant."""
+    log-prob); the learner copy also holds :attr:`target` (a hard-copy
+    :class:`~flowkit.core.TargetNetwork`). Override :meth:`loss` to make a variant."""
 
     store_values = False  # act with the policy network only
     twin = False
+    state_attrs = ("kl_coeff", "train_batches")
     model: ActorCritic
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
@@ -69,28 +68,21 @@ class APPOPolicy(ActorCriticPolicy):
         self.kl_coeff = float(config.kl_coeff)
         self.train_batches = 0  # train batches learned on (target updates every target_update_freq)
         self._kl_sum, self._kl_n = 0.0, 0
-        self.target_model: Optional[ActorCritic] = None
         if not inference_only:
-            self.target_model = copy.deepcopy(self.model).requires_grad_(False)
-
-    @torch.no_grad()
-    def update_target(self) -> None:
-        """pi_target <- pi (a full copy of the current weights)."""
-        assert self.target_model is not None, "update_target runs on the learner's policy"
-        self.target_model.load_state_dict(self.model.state_dict())
+            self.target = TargetNetwork(self.model)  # pi_target <- pi: full copies
 
     # -- learning (learner; the Learner runs the epochs over contiguous minibatches) --
-    def prepare_batch(self, batch: sb.SampleBatch) -> Dict[str, torch.Tensor]:
-        return self.prepare_vtrace_batch(batch)
+    prepare_batch = ActorCriticPolicy.prepare_vtrace_batch
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg = self.config
-        assert self.target_model is not None, "loss runs on the learner's policy"
+        assert self.target is not None, "loss runs on the learner's policy"
         mask, obs, actions = batch.get(sb.ACTION_MASK), batch[sb.OBS], batch[sb.ACTIONS]
         inputs, values = self.model(obs)
         logp, entropy = self.dist.logp_entropy(inputs, actions, mask, entropy_grad=cfg.ent_coef != 0)
         with torch.no_grad():
-            target_inputs = self.target_model.policy(obs) if hasattr(self.target_model, "policy") else self.target_model(obs)[0]
+            tm: Any = self.target.module
+            target_inputs = tm.policy(obs) if hasattr(tm, "policy") else tm(obs)[0]
             target_logp = self.dist.logp(target_inputs, actions, mask)
         behaviour_logp = batch[sb.ACTION_LOGP]
         log_rhos = target_logp - behaviour_logp
@@ -121,26 +113,10 @@ class APPOPolicy(ActorCriticPolicy):
         if cfg.use_kl_loss:
             self.kl_coeff = adapt_kl_coeff(self.kl_coeff, kl, cfg.kl_target)
         self.train_batches += 1
-        if self.train_batches % cfg.target_update_freq == 0:
-            self.update_target()
+        if self.train_batches % cfg.target_update_freq == 0 and self.target is not None:
+            self.target.update()
         self.update_normalizers(batch)  # model.normalize_obs
         return {"kl_coeff": self.kl_coeff, "lr": self.current_lr()}
-
-    # -- state: the target network and the counters travel with the checkpoint --
-    def get_state(self) -> Dict[str, Any]:
-        state = {**super().get_state(), "kl_coeff": self.kl_coeff, "train_batches": self.train_batches}
-        if self.target_model is not None:
-            state["target_weights"] = {k: v.detach().cpu().numpy().copy()
-                                       for k, v in self.target_model.state_dict().items()}
-        return state
-
-    def set_state(self, state: Dict[str, Any]) -> None:
-        super().set_state(state)
-        self.kl_coeff = float(state.get("kl_coeff", self.kl_coeff))
-        self.train_batches = int(state.get("train_batches", 0))
-        if self.target_model is not None and state.get("target_weights") is not None:
-            self.target_model.load_state_dict({k: torch.as_tensor(np.array(v))
-                                               for k, v in state["target_weights"].items()})
 
 
 class APPO(LearnerThreadAlgorithm):

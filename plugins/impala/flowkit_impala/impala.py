@@ -37,7 +37,7 @@ from flowkit.core import ActorCritic, ActorCriticPolicy, derive_seed
 from flowkit.core import batch as sb
 from flowkit.core.context import RunContext
 from flowkit.core.ops import ConcatBatches, DropSource, SyncWeights, TrainOneStep, UpdateSchedules
-from flowkit_impala import IMPALAConfig, validate
+from flowkit_impala import IMPALAConfig
 
 
 # ---- the policy -----------------------------------------------------------------------------------
@@ -52,9 +52,7 @@ class IMPALAPolicy(ActorCriticPolicy):
     model: ActorCritic
 
     # -- learning (learner; the Learner runs the epochs over contiguous minibatches) --
-    def prepare_batch(self, batch: sb.SampleBatch) -> Dict[str, torch.Tensor]:
-        """Tensors for :meth:`loss` (see :meth:`ActorCriticPolicy.prepare_vtrace_batch`)."""
-        return self.prepare_vtrace_batch(batch)
+    prepare_batch = ActorCriticPolicy.prepare_vtrace_batch
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg = self.config
@@ -127,11 +125,6 @@ class LearnerThreadAlgorithm(flowkit.Algorithm):
 
     rollout_mode = "async"
     off_policy = True
-
-    @classmethod
-    def validate_config(cls, run_config, section) -> List[str]:
-        """Cross-field checks: :func:`flowkit_impala.validate` (torch-free, also run before torch loads)."""
-        return validate(run_config, section, cls.name)
 
     def get_rollout_mode(self) -> str:
         return self.config.rollout_mode

@@ -55,6 +55,31 @@ class PPOConfig:
                              "(SB3's learn_features; false: the features are detached there)")
     adam_eps: float = F(1e-5, "Adam epsilon", gt=0)
 
+    def validate(self, run_config: Any, n: str) -> List[str]:
+        """The section's cross-field checks (each key's own range is
+        declared in :class:`PPOConfig`), torch-free; ``n``: the algorithm's name."""
+        s, warns = self, []
+        if s.train_batch_size is not None:
+            if s.minibatch_size > s.train_batch_size:
+                raise ConfigError(f"{n}.minibatch_size={s.minibatch_size} is larger than "
+                                  f"{n}.train_batch_size={s.train_batch_size}; make minibatch_size <= train_batch_size")
+            rs = round_size(run_config)
+            if s.train_batch_size % rs:
+                actual = -(-s.train_batch_size // rs) * rs
+                warns.append(f"{n}.train_batch_size={s.train_batch_size} is not a multiple of one sampling round "
+                             f"(runtime.num_workers x num_envs_per_worker x rollout_fragment_length = {rs}); "
+                             f"each train batch will hold {actual} env steps (reported as "
+                             f"learner/<policy>/train_batch_size)")
+        elif s.minibatch_size > (rs := round_size(run_config)):
+            warns.append(f"{n}.minibatch_size={s.minibatch_size} is larger than one sampling round, the train batch "
+                         f"when {n}.train_batch_size is null (runtime.num_workers x num_envs_per_worker x "
+                         f"rollout_fragment_length = {rs}): each epoch is one step over the whole round")
+        if s.sde_sample_freq == 0:
+            raise ConfigError(f"{n}.sde_sample_freq=0: use -1 (one draw per rollout fragment) or a number of "
+                              "env steps >= 1")
+        check_schedules(s, n, ("lr_schedule", "clip_schedule"), run_config)
+        return warns
+
 
 def round_size(run_config: Any) -> int:
     """Env steps of one sampling round: num_workers x num_envs_per_worker x rollout_fragment_length."""
@@ -62,35 +87,9 @@ def round_size(run_config: Any) -> int:
     return max(1, int(rt.num_workers)) * int(rt.num_envs_per_worker) * int(rt.rollout_fragment_length)
 
 
-def validate(run_config: Any, section: Any, n: str = "ppo") -> List[str]:
-    """``PPO.validate_config``: the section's cross-field checks (each key's own range is
-    declared in :class:`PPOConfig`), torch-free; ``n``: the algorithm's name."""
-    s, warns = section, []
-    if s.train_batch_size is not None:
-        if s.minibatch_size > s.train_batch_size:
-            raise ConfigError(f"{n}.minibatch_size={s.minibatch_size} is larger than "
-                              f"{n}.train_batch_size={s.train_batch_size}; make minibatch_size <= train_batch_size")
-        rs = round_size(run_config)
-        if s.train_batch_size % rs:
-            actual = -(-s.train_batch_size // rs) * rs
-            warns.append(f"{n}.train_batch_size={s.train_batch_size} is not a multiple of one sampling round "
-                         f"(runtime.num_workers x num_envs_per_worker x rollout_fragment_length = {rs}); "
-                         f"each train batch will hold {actual} env steps (reported as "
-                         f"learner/<policy>/train_batch_size)")
-    elif s.minibatch_size > (rs := round_size(run_config)):
-        warns.append(f"{n}.minibatch_size={s.minibatch_size} is larger than one sampling round, the train batch "
-                     f"when {n}.train_batch_size is null (runtime.num_workers x num_envs_per_worker x "
-                     f"rollout_fragment_length = {rs}): each epoch is one step over the whole round")
-    if s.sde_sample_freq == 0:
-        raise ConfigError(f"{n}.sde_sample_freq=0: use -1 (one draw per rollout fragment) or a number of "
-                          "env steps >= 1")
-    check_schedules(s, n, ("lr_schedule", "clip_schedule"), run_config)
-    return warns
-
-
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("ppo", PPOConfig, "flowkit_ppo.ppo:PPO", validate)]
+    return [flowkit.AlgorithmRef("ppo", PPOConfig, "flowkit_ppo.ppo:PPO")]
 
 
 __getattr__ = lazy_attrs(dict.fromkeys(__all__, "flowkit_ppo.ppo"))

@@ -17,27 +17,27 @@ centred when their std is below 1e-8 (tests/test_ppo.py::test_c07_*).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, Tuple
 
 import torch
 
 import flowkit
-from flowkit.core import ActorCritic, ActorCriticPolicy, adapt_kl_coeff, clipped_surrogate, to_tensor
+from flowkit.core import ActorCritic, ActorCriticPolicy, adapt_kl_coeff, clipped_surrogate
 from flowkit.core import batch as sb
 from flowkit.core.ops import ConcatBatches, StandardizeFields, SyncWeights, TrainOneStep, UpdateSchedules
-from flowkit_ppo import PPOConfig, round_size, validate
+from flowkit_ppo import PPOConfig, round_size
+
 
 # ---- the policy ----------------------------------------------------------------------------
-_TRAIN_COLS = (sb.OBS, sb.ACTIONS, sb.ACTION_LOGP, sb.VF_PREDS, sb.ADVANTAGES, sb.VALUE_TARGETS,
-               sb.ACTION_DIST_INPUTS, sb.ACTION_MASK, sb.DISCOUNTED_RETURNS)
-
-
 class PPOPolicy(ActorCriticPolicy):
     """PPO's actor-critic policy (acting and GAE from :class:`ActorCriticPolicy`). Override
     :meth:`loss` to make a variant."""
 
     model: ActorCritic
     worker_gae = True  # postprocess_trajectory adds ``advantages`` and ``value_targets`` (GAE)
+    train_columns = (sb.OBS, sb.ACTIONS, sb.ACTION_LOGP, sb.VF_PREDS, sb.ADVANTAGES, sb.VALUE_TARGETS,
+                     sb.ACTION_DIST_INPUTS, sb.ACTION_MASK, sb.DISCOUNTED_RETURNS)
+    state_attrs = ("lr", "clip_param", "kl_coeff")  # schedules and the adaptive KL coefficient
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):
@@ -46,9 +46,6 @@ class PPOPolicy(ActorCriticPolicy):
         self._kl_sum, self._kl_n = 0.0, 0
 
     # -- learning (driver) --
-    def prepare_batch(self, batch):
-        return {k: to_tensor(batch[k], self.device) for k in _TRAIN_COLS if k in batch}
-
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg = self.config
         mask = batch.get(sb.ACTION_MASK)
@@ -101,14 +98,6 @@ class PPOPolicy(ActorCriticPolicy):
         if self.config.clip_schedule == "linear":
             self.clip_param = max(self.config.clip_param * (1.0 - frac), 1e-8)
 
-    def get_state(self):
-        return {**super().get_state(), "lr": self.lr, "clip_param": self.clip_param, "kl_coeff": self.kl_coeff}
-
-    def set_state(self, state):
-        super().set_state(state)
-        for k in ("lr", "clip_param", "kl_coeff"):
-            setattr(self, k, state.get(k, getattr(self, k)))
-
 
 # ---- the algorithm --------------------------------------------------------------------------
 class PPO(flowkit.Algorithm):
@@ -122,11 +111,6 @@ class PPO(flowkit.Algorithm):
     off_policy = False
 
     round_size = staticmethod(round_size)
-
-    @classmethod
-    def validate_config(cls, run_config, section) -> List[str]:
-        """Cross-field checks: :func:`flowkit_ppo.validate` (torch-free, also run before torch loads)."""
-        return validate(run_config, section, cls.name)
 
     def training_flow(self, experiences, ctx, learner):
         cfg = self.config

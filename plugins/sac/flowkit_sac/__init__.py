@@ -39,6 +39,13 @@ class _OffPolicyConfig:
                                                   "gradient step per env step, i.e. train_batch_size)", gt=0)
     max_grad_norm: Optional[float] = F(None, "clip the global gradient norm (null: off)", gt=0)
 
+    def validate(self, run_config: Any, n: str) -> List[str]:
+        """Cross-field checks: a train batch fits in the buffer (torch-free)."""
+        if self.train_batch_size > self.buffer_size:
+            raise ConfigError(f"{n}.train_batch_size={self.train_batch_size} is larger than "
+                              f"{n}.buffer_size={self.buffer_size}")
+        return []
+
 
 @dataclass
 class SACConfig(_OffPolicyConfig):
@@ -71,18 +78,10 @@ class TD3Config(_OffPolicyConfig):
                                  ge=0)
 
 
-def validate(run_config: Any, section: Any, n: str) -> List[str]:
-    """``SAC.validate_config`` and ``TD3``'s: a train batch fits in the buffer (torch-free)."""
-    if section.train_batch_size > section.buffer_size:
-        raise ConfigError(f"{n}.train_batch_size={section.train_batch_size} is larger than "
-                          f"{n}.buffer_size={section.buffer_size}")
-    return []
-
-
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("sac", SACConfig, "flowkit_sac.sac:SAC", validate, ACTION_SPACES),
-            flowkit.AlgorithmRef("td3", TD3Config, "flowkit_sac.td3:TD3", validate, ACTION_SPACES)]
+    return [flowkit.AlgorithmRef("sac", SACConfig, "flowkit_sac.sac:SAC", action_spaces=ACTION_SPACES),
+            flowkit.AlgorithmRef("td3", TD3Config, "flowkit_sac.td3:TD3", action_spaces=ACTION_SPACES)]
 
 
 __getattr__ = lazy_attrs({**dict.fromkeys(["SAC", "SACPolicy", "sac_targets", "squashed_gaussian"], "flowkit_sac.sac"),

@@ -10,8 +10,7 @@ so a Polyak update is one ``lerp_`` (``target <- target + tau * (online - target
 """
 from __future__ import annotations
 
-import copy
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence
 
 import numpy as np
 import torch
@@ -19,21 +18,15 @@ from torch import nn
 
 import flowkit
 from flowkit import ConfigError
-from flowkit.core import Policy, RunningMeanStd, TwinMLP, derive_seed, ops, replay, to_tensor
+from flowkit.core import Policy, RunningMeanStd, TargetNetwork, TwinMLP, derive_seed, ops, replay
 from flowkit.core import batch as sb
-from flowkit_sac import ACTION_SPACES, validate
-
-TRAIN_COLS = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.NEXT_OBS)
+from flowkit.core._target import flat_parameters
+from flowkit_sac import ACTION_SPACES
 
 
 def twin_critic(obs_dim: int, act_dim: int, model_cfg: Any) -> TwinMLP:
     """Q1, Q2: ``float32[B, obs_dim + act_dim] -> (float32[B, 1], float32[B, 1])``."""
     return TwinMLP(obs_dim + act_dim, list(model_cfg.hidden_sizes), model_cfg.activation, 1, 1, 1.0, 1.0)
-
-
-def polyak(target: torch.Tensor, online: torch.Tensor, tau: float) -> None:
-    """``target <- (1 - tau) * target + tau * online`` in place (flat buffers)."""
-    target.lerp_(online, tau)
 
 
 class GreedyActor(nn.Module):
@@ -64,6 +57,7 @@ class OffPolicyActorCritic(Policy):
     """
 
     model: Any  # the subclass's model: ``critic`` first, then ``actor``
+    train_columns = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.NEXT_OBS)
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):
@@ -77,7 +71,6 @@ class OffPolicyActorCritic(Policy):
 
     def finish_init(self, target_modules: Sequence[str], sizes: Any = None) -> None:
         from flowkit.core._models import init_weights
-        from flowkit.core.policy import flat_parameters
         init_weights(self.model, self.model_config)  # model.init, before the targets copy the weights
         if self.normalize_obs:  # buffers only: outside the flat parameters, inside state_dict (checkpoints)
             self.model.obs_rms = RunningMeanStd((self.obs_dim,))
@@ -85,14 +78,12 @@ class OffPolicyActorCritic(Policy):
         if self.inference_only:  # the actor alone is synced: one flat array
             _, self.actor_flat = flat_parameters(self.model.actor, self.device, trainable_only=False)
             return
-        self.target = copy.deepcopy(nn.ModuleDict({n: getattr(self.model, n) for n in target_modules}))
-        self.target.requires_grad_(False)
-        _, self.target_flat = flat_parameters(self.target, self.device, trainable_only=False)
         n_critic = sum(p.numel() for p in self.model.critic.parameters())
         n_actor = sum(p.numel() for p in self.model.actor.parameters())
         self.optimizer = self.make_optimizer(self.config.lr, sizes=sizes)
         self.actor_flat = self._flat[n_critic:n_critic + n_actor]
-        assert torch.equal(self.target_flat, self._flat[:self.target_flat.numel()]), "target modules come first"
+        online = nn.ModuleDict({n: getattr(self.model, n) for n in target_modules})  # first in the flat buffer
+        self.target = TargetNetwork(online, self.config.tau, self._flat[:sum(p.numel() for p in online.parameters())])
 
     def action_model(self) -> nn.Module:
         """The deterministic actor, :class:`GreedyActor` (see :meth:`Policy.action_model`):
@@ -120,7 +111,7 @@ class OffPolicyActorCritic(Policy):
         """Tensors of the train columns; with ``model.normalize_obs`` the statistics first take
         in the batch's ``obs`` (rows replayed uniformly: the buffer's distribution), then obs and
         next_obs are normalised (the losses see normalised observations)."""
-        out = {k: to_tensor(batch[k], self.device) for k in TRAIN_COLS}
+        out = super().prepare_batch(batch)
         rms = getattr(self.model, "obs_rms", None)
         if rms is not None:
             rms.update(out[sb.OBS].float())
@@ -130,13 +121,9 @@ class OffPolicyActorCritic(Policy):
     def q_values(self, obs: torch.Tensor, actions: torch.Tensor, detach_params: bool = False,
                  target: bool = False) -> torch.Tensor:
         """Q1 and Q2 stacked: float32[2, B]."""
-        critic = self.target["critic"] if target else self.model.critic
+        critic = self.target["critic"] if target and self.target is not None else self.model.critic
         q1, q2 = critic(torch.cat([obs, actions], -1), detach_params)
         return torch.stack([q1.squeeze(-1), q2.squeeze(-1)])
-
-    def update_target(self) -> None:
-        """Polyak-average the target networks towards the online ones (``tau``)."""
-        polyak(self.target_flat, self._flat[:self.target_flat.numel()], self.config.tau)
 
     # -- weights and state --
     def get_weights(self) -> Dict[str, np.ndarray]:
@@ -163,16 +150,8 @@ class OffPolicyActorCritic(Policy):
             self.model.load_state_dict({k: torch.as_tensor(np.array(v)) for k, v in w.items()})
 
     def get_state(self) -> Dict[str, Any]:
-        st = super().get_state()
-        st["weights"] = {k: v.detach().cpu().numpy().copy() for k, v in self.model.state_dict().items()}
-        if not self.inference_only:
-            st["target"] = self.target_flat.detach().cpu().numpy().copy()
-        return st
-
-    def set_state(self, state: Dict[str, Any]) -> None:
-        super().set_state(state)
-        if not self.inference_only and state.get("target") is not None:
-            self.target_flat.copy_(torch.as_tensor(np.array(state["target"])))
+        return {**super().get_state(), "weights": {k: v.detach().cpu().numpy().copy()
+                                                   for k, v in self.model.state_dict().items()}}
 
 
 class OffPolicyAlgorithm(flowkit.Algorithm):
@@ -194,10 +173,6 @@ class OffPolicyAlgorithm(flowkit.Algorithm):
         if not (np.isfinite(action_space.low).all() and np.isfinite(action_space.high).all()):
             raise ConfigError(f"policy {policy_id!r}: {cls.name.upper()} needs a Box action space with finite "
                               f"bounds, got {action_space} (for unbounded actions use e.g. ppo)")
-
-    @classmethod
-    def validate_config(cls, run_config, section) -> List[str]:
-        return validate(run_config, section, cls.name)
 
     def target_update_freq(self) -> int:
         raise NotImplementedError

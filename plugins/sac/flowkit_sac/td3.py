@@ -82,6 +82,7 @@ class TD3Policy(OffPolicyActorCritic):
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg, m = self.config, self.model
         obs, next_obs = batch[sb.OBS], batch[sb.NEXT_OBS]
+        assert self.target is not None, "loss runs on the learner's policy"
         with torch.no_grad():
             a_next = smoothed_target_action(torch.tanh(self.target["actor"](next_obs)),
                                             self.noise(next_obs, cfg.target_policy_noise), cfg.target_noise_clip)
