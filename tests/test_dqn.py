@@ -305,7 +305,7 @@ def test_resumed_workers_explore_at_the_restored_epsilon_from_the_first_sample(r
         seen.append((self.index, self.policies["default"].epsilon))
         return sample(self, *args, **kwargs)
     monkeypatch.setattr(RolloutWorker, "sample", spy)
-    flowkit.train(["resume=" + run_dir, "stop.env_steps=300"])
+    flowkit.train(["resume=" + run_dir, "stop.env_steps=300"], trust_config=True)  # dqn_envs: the tests' own factory
     first = {i: e for i, e in reversed(seen)}
     assert sorted(first) == [0, 1]
     assert list(first.values()) == pytest.approx([restored] * 2)  # each worker's first sample

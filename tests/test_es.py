@@ -141,7 +141,7 @@ def test_es_gradient_and_adam_step_by_hand():
     noise._array = eps.reshape(-1)  # row i of eps at index 3 i
     learner = SimpleNamespace(policies={"default": pol}, lock=threading.Lock(), num_updates=0)
     ctx = SimpleNamespace(timers={"learn": _Null()}, counters={"env_steps_trained": 0, "agent_steps_trained": 0,
-                                                               "num_updates": 0}, learner_stats={}, mark=lambda p: None)
+                                                               "num_updates": 0}, metrics=SimpleNamespace(learner_stats={}), mark=lambda p: None)
     upd = ESUpdate(ctx, learner, "default", noise, sec)
     out = upd([{"noise_indexes": np.array([0, 3]), "returns": returns, "lengths": np.array([[5, 6], [7, 8]])}])
     descent = -g + 0.5 * before  # [-0.2333, 0.1667, -1.8333]
@@ -163,7 +163,7 @@ def test_ars_top_b_step_by_hand():
     noise._array = eps.reshape(-1)
     learner = SimpleNamespace(policies={"default": pol}, lock=threading.Lock(), num_updates=0)
     ctx = SimpleNamespace(timers={"learn": _Null()}, counters={"env_steps_trained": 0, "agent_steps_trained": 0,
-                                                               "num_updates": 0}, learner_stats={}, mark=lambda p: None)
+                                                               "num_updates": 0}, metrics=SimpleNamespace(learner_stats={}), mark=lambda p: None)
     out = ARSUpdate(ctx, learner, "default", noise, sec)(
         [{"noise_indexes": np.array([0, 2, 4]), "returns": returns, "lengths": np.ones((3, 2), np.int64)}])
     sigma_r = np.sqrt(3.6875)

@@ -14,6 +14,7 @@ from offline_envs import BoundaryEnv, BoundaryPolicy, CartPoleExpert, MatchAntiE
 
 import flowkit  # noqa: E402
 from flowkit.datasets import DatasetWriter, open_dataset, record_episodes  # noqa: E402
+from flowkit.export import export_policy  # noqa: E402
 from flowkit.testing import local_overrides  # noqa: E402
 
 BOUNDARY = {"factory": "offline_envs:boundary"}
@@ -236,6 +237,8 @@ def test_marwil_and_cql_beat_bc_on_a_mixed_dataset(tmp_path):
                                             "run.min_iter_env_steps=5000",
                                             "evaluation.final=true", "evaluation.episodes=20"), verbose=False)
         got[algo] = res.metrics["evaluation_return_mean"]
+        policy = flowkit.Algorithm.from_checkpoint(res.run_dir).get_policy()  # exports as any trained policy
+        export_policy(policy, "torchscript", str(tmp_path / f"{algo}.pt"), check=64)
     assert got["bc"] <= 2.0 and got["marwil"] >= 7.0 and got["cql_dqn"] >= 7.0, got
 
 

@@ -164,6 +164,16 @@ class ESPolicy(flowkit.Policy):
         z = forward(self._flat.detach().cpu().numpy(), self.layout, self.activation, x)
         return greedy(self.dist.kind, list(getattr(self.dist, "nvec", [])), z, mask), {}
 
+    def set_theta(self, theta: np.ndarray, obs_mean: np.ndarray, obs_std: np.ndarray) -> None:
+        """Hold ``theta`` (float32[P]) and the normalisation ``(x - obs_mean) / obs_std`` as the
+        policy's own (a worker, after a round: it then acts, e.g. in ``evaluate``, with the
+        parameters it was last sent)."""
+        m = self.model
+        with torch.no_grad():
+            self._flat.copy_(torch.as_tensor(theta, dtype=self._flat.dtype))
+            m.obs_mean.copy_(torch.as_tensor(obs_mean, dtype=m.obs_mean.dtype))
+            m.obs_var.copy_(torch.as_tensor(np.square(obs_std.astype(np.float64)) - 1e-8, dtype=m.obs_var.dtype))
+
     def merge_obs_stats(self, n: int, s: np.ndarray, ss: np.ndarray) -> None:
         """Merge a batch of ``n`` encoded observations (sum ``s``, sum of squares ``ss``) into
         the normalisation statistics."""
@@ -230,8 +240,9 @@ class AccountEvaluations:
             ctx.counters["env_steps_sampled"] += steps
             ctx.counters["agent_steps_sampled"] += steps
             ctx.counters["episodes_total"] += int(r["lengths"].size)
-            ctx.record_episodes([{"return": float(g), "length": int(t)}
-                                 for g, t in zip(r["eval_returns"], r["eval_lengths"])])
+            evals = [{"return": float(g), "length": int(t)} for g, t in zip(r["eval_returns"], r["eval_lengths"])]
+            ctx.metrics.record_episodes(evals)
+            ctx.counters["episodes_total"] += len(evals)
             out.append(r)
         ctx.mark("first_sample")
         return out
@@ -279,7 +290,7 @@ class _Update:
         ctx.counters["env_steps_trained"] += int(lengths.sum())
         ctx.counters["agent_steps_trained"] += int(lengths.sum())
         ctx.counters["num_updates"] += 1
-        ctx.learner_stats[self.pid] = stats
+        ctx.metrics.learner_stats[self.pid] = stats
         ctx.mark("first_train")
         return {"stats": {self.pid: stats}, "num_updates": 1}
 

@@ -182,6 +182,7 @@ class EvaluatePerturbations:
                 params = (theta + np.float32(sign * self.sigma) * eps).astype(np.float32, copy=False)
                 returns[k, j], lengths[k, j] = self.episode(env, policy, params, int(seeds[k]), obs_rows)
         ev = [self.episode(env, policy, theta, int(s), None) for s in seeds[n:]]
+        policy.set_theta(theta, self.obs_mean, self.obs_std)  # the worker's policy acts with what it was sent
         d = int(self.obs_mean.size)
         x = np.concatenate(obs_rows) if obs_rows else np.zeros((0, d))
         return {"noise_indexes": idx, "returns": returns, "lengths": lengths,
