@@ -5,8 +5,8 @@ does, in torch ops only, so it runs without flowkit (TorchScript in any libtorch
 ONNX runtime):
 
 1. observation encoding by space: the policy's own :meth:`flowkit.core.ObsEncoder.encode`,
-   traced with tensors (:class:`TorchOps`): Box flattened (images transposed to (C, H, W) and
-   uint8 scaled to [0, 1]), Discrete and MultiDiscrete one-hot, MultiBinary as floats, Dict /
+   traced with tensors (:class:`TorchOps`): Box flattened (images transposed to (C, H, W), uint8
+   kept: the network scales it), Discrete and MultiDiscrete one-hot, MultiBinary as floats, Dict /
    Tuple leaves concatenated in the space's order;
 2. the policy's network from :meth:`Policy.action_model` (observation normalisation,
    ``obs_rms``, included);
@@ -139,9 +139,9 @@ class TorchOps:
         return torch.round(x)  # half to even, as np.rint
 
     @staticmethod
-    def image(x: torch.Tensor, b: int, shape: Tuple[int, ...], transpose: bool, scale: float) -> torch.Tensor:
-        x = x.float().reshape(b, *shape)
-        return (x.permute(0, 3, 1, 2) if transpose else x) * scale
+    def image(x: torch.Tensor, b: int, shape: Tuple[int, ...], transpose: bool, dtype: Any) -> torch.Tensor:
+        x = x.to(_torch_dtype(dtype)).reshape(b, *shape)
+        return x.permute(0, 3, 1, 2) if transpose else x
 
 
 class _ByPath:

@@ -56,10 +56,11 @@ class NumpyOps:
     clip, rint = staticmethod(np.clip), staticmethod(np.rint)
 
     @staticmethod
-    def image(x: Any, b: int, shape: Tuple[int, ...], transpose: bool, scale: float) -> np.ndarray:
-        """float32[b, C, H, W] (contiguous) from ``x[b, *shape]``, (H, W, C) transposed, times ``scale``."""
-        x = np.asarray(x, dtype=np.float32).reshape(b, *shape)
-        return np.ascontiguousarray((x.transpose(0, 3, 1, 2) if transpose else x) * scale)
+    def image(x: Any, b: int, shape: Tuple[int, ...], transpose: bool, dtype: Any) -> np.ndarray:
+        """``dtype[b, C, H, W]`` (contiguous) from ``x[b, *shape]``, (H, W, C) transposed; uint8
+        stays uint8 (the network scales it on its device)."""
+        x = np.asarray(x, dtype=dtype).reshape(b, *shape)
+        return np.ascontiguousarray(x.transpose(0, 3, 1, 2) if transpose else x)
 
 
 class ObsEncoder:
@@ -87,8 +88,6 @@ class ObsEncoder:
                 self.is_image, self.shape = True, tuple(space.shape)
         self.dtype: np.dtype = np.dtype(np.float32)
         if self.is_image:
-            # _scale: what the network does to the encoded image (flowkit export applies it)
-            self._scale = 1.0 / 255.0 if space.dtype == np.uint8 else 1.0
             if space.dtype == np.uint8:
                 self.dtype = np.dtype(np.uint8)
         else:
@@ -125,7 +124,7 @@ class ObsEncoder:
         ``flowkit.export.TorchOps`` (the exported module traces this same code with tensors)."""
         ops = NumpyOps if ops is None else ops
         if self.is_image:
-            return ops.image(obs, batch_size, tuple(self.space.shape or ()), self._transpose, self._scale)
+            return ops.image(obs, batch_size, tuple(self.space.shape or ()), self._transpose, self.dtype)
         parts = self._encode(self.space, obs, batch_size, ops)
         return parts[0] if len(parts) == 1 else ops.cat(parts)
 
@@ -134,11 +133,6 @@ class ObsEncoder:
         *shape], int8[B, n] action mask or None)``."""
         if self.fast_box:
             return np.asarray(obs, dtype=np.float32).reshape(batch_size, -1), None
-        if self.is_image:  # uint8 stays uint8 (the network scales it on its device)
-            x = np.asarray(obs, dtype=self.dtype).reshape(batch_size, *(self.space.shape or ()))
-            if self._transpose:
-                x = x.transpose(0, 3, 1, 2)
-            return np.ascontiguousarray(x), None
         enc = self.encode(obs, batch_size)
         return enc, (np.asarray(obs[MASK_KEY], dtype=np.int8).reshape(batch_size, -1) if self.has_mask else None)
 
