@@ -193,7 +193,7 @@ class EnvConfig:
     preset: Optional[str] = F(None, "wrappers for a family of envs: atari (DeepMind preprocessing: 30 no-ops, frame skip 4 "
                               "with max-pooling, 84x84 grayscale uint8, 4 stacked frames, FIRE on reset; for training "
                               "also life loss as terminal and rewards clipped to their sign; returns reported "
-                              "unclipped per game; docs/envs.md)", choices=(None, "atari"))
+                              "unclipped per game; docs/envs.md)", choices=("atari",))
 
 
 @dataclass
