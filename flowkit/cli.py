@@ -141,10 +141,32 @@ def _help(overrides: List[str]) -> str:
             "Config keys (override with key=value; `env=ID` is short for env.id=ID; floats must be finite):" + help_text(secs))
 
 
+_DEFERRED: List[int] = []  # signals held while torch's C extensions import (see _import_engine)
+_DEFER = False
+
+
 def _early_signal(signum: int, frame: object) -> None:
+    if _DEFER:  # a KeyboardInterrupt raised inside a C++ import aborts the process (pybind11 terminate)
+        _DEFERRED.append(signum)
+        return
     e = KeyboardInterrupt()
     e.reason = f"interrupted ({signal.Signals(signum).name})"  # type: ignore[attr-defined]
     raise e
+
+
+def _import_engine() -> Any:
+    """``flowkit.engine.train``, imported (torch with it) with the early signals held until the
+    import is done, then raised: a signal landing inside torch's extension modules ended the
+    process with a C++ ``terminate`` instead of exit 128 + N."""
+    global _DEFER
+    _DEFER = True
+    try:
+        from flowkit.engine import train
+    finally:
+        _DEFER = False
+    if _DEFERRED:
+        _early_signal(_DEFERRED[0], None)
+    return train
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -154,7 +176,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if sig.name not in INHERITED_IGNORED:
             signal.signal(sig, _early_signal)
     if signal.getsignal(signal.SIGINT) is _exit_on_signal:
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, _early_signal)
     if argv and argv[0] in _AFTER:  # commands on a trained run: their own arguments
         return _AFTER[argv[0]](argv[1:])
     if argv and argv[0] in SUBCOMMANDS:
@@ -220,7 +242,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             check_env_id(cfg, pm)
             check_new_run_dir(cfg.run.dir)
             _ray.start(cfg, prestart=True)  # Ray and the workers come up while torch and the learner load
-        from flowkit.engine import train
+        train = _import_engine()
         res = train(overrides, args.config_file, trust_config=args.trust_config,
                     take_over_lock=args.take_over_lock)  # prints the summary
         return exit_status(res.stop_reason)
