@@ -125,7 +125,7 @@ def test_c04_box_actions_to_dqn_fail_at_setup():
     if "dqn" not in flowkit.get_plugin_manager().algorithms():
         pytest.skip("the dqn plugin is not installed")
     with pytest.raises(ConfigError) as ei:
-        make_ctx(SCOUT, *C04_MAP, "multiagent.policies.scout_pol.algo=ppo", "multiagent.policies.scout_pol.algo=dqn")
+        make_ctx(SCOUT, *C04_MAP, "multiagent.policies.scout_pol.algo=ppo", "multiagent.policies.tank_pol.algo=dqn")
     assert "tank_pol" in str(ei.value) and "Discrete" in str(ei.value)
 
 
