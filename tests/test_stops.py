@@ -17,34 +17,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TINY = ["runtime.backend=local", "runtime.num_workers=1", "runtime.num_envs_per_worker=1",
         "runtime.rollout_fragment_length=8", "ppo.minibatch_size=8", "ppo.num_epochs=1",
         "run.reporters=[csv,checkpoint,evaluation]", "evaluation.episodes=2"]
-FLOWKIT = [sys.executable, "-m", "flowkit.cli"]
-_CHILDREN: list = []
-
-
-def _env():
-    return dict(os.environ, PYTHONUNBUFFERED="1",
-                PYTHONPATH=os.pathsep.join([HERE, os.path.dirname(HERE), os.environ.get("PYTHONPATH", "")]))
-
-
-def _popen(args):
-    """``flowkit ARGS`` in a child with SIGINT/SIGHUP at their defaults, killed after the test."""
-    def defaults():
-        for s in (signal.SIGINT, signal.SIGHUP):
-            signal.signal(s, signal.SIG_DFL)
-    proc = subprocess.Popen(FLOWKIT + list(args), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env(), preexec_fn=defaults)
-    _CHILDREN.append(proc)
-    return proc
-
-
-@pytest.fixture(autouse=True)
-def _kill_children():
-    yield
-    while _CHILDREN:
-        p = _CHILDREN.pop()
-        if p.poll() is None:
-            p.kill()
-            p.communicate()
+# child processes: started with SIGINT/SIGHUP at their defaults, killed after each test
+from test_reliability import _CHILDREN, FLOWKIT, _env, _kill_children, _popen  # noqa: E402,F401
 
 
 def _wait_for(path, proc=None, timeout=60.0):
