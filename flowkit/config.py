@@ -31,13 +31,48 @@ class ConfigError(ValueError):
     """A configuration problem; the message names the key(s) and value(s) involved."""
 
 
-def check_schedules(section: Any, name: str, keys: Sequence[str], run_config: Any) -> None:
-    """A linear schedule ``<name>.<key>=linear`` (``key`` in ``keys``) needs a horizon:
-    ``<name>.schedule_env_steps`` or ``stop.env_steps``. (The choices and the range of
-    ``schedule_env_steps`` are declared in the schema.) Raises ConfigError naming the key."""
-    for key in keys:
-        if section[key] == "linear" and section.schedule_env_steps is None and run_config.stop.env_steps is None:
+def schedule_keys(section: Any) -> Tuple[str, ...]:
+    """The schedules a config section declares: its keys named ``*_schedule`` (each
+    ``constant`` or ``linear``; a linear one takes its value from the section's base key to 0
+    over ``schedule_env_steps`` env steps sampled, default ``stop.env_steps``). ``section``: a
+    DictConfig or a dataclass (class or instance)."""
+    names = [f.name for f in dataclasses.fields(section)] if dataclasses.is_dataclass(section) else list(section)
+    return tuple(str(k) for k in names if str(k).endswith("_schedule"))
+
+
+def check_schedules(section: Any, name: str, run_config: Any) -> None:
+    """A linear schedule ``<name>.<key>=linear`` (``key`` in :func:`schedule_keys`) needs a
+    horizon: ``<name>.schedule_env_steps`` or ``stop.env_steps``. Run by :func:`build_config`
+    for every section and by ``Algorithm.validate_config`` (a multi-agent policy's own
+    section), so an algorithm declares a schedule by its field alone.
+
+    Raises:
+        ConfigError: ``<name>.<key>=linear needs a horizon: ...``.
+    """
+    for key in schedule_keys(section):
+        if _field(section, key) == "linear" and _field(section, "schedule_env_steps") is None \
+                and run_config.stop.env_steps is None:
             raise ConfigError(f"{name}.{key}=linear needs a horizon: set {name}.schedule_env_steps or stop.env_steps")
+
+
+def schedule_horizon(section: Any, run_config: Any) -> Optional[int]:
+    """Env steps sampled at which the section's linear schedules reach 0, or None when none
+    of its :func:`schedule_keys` is ``linear``."""
+    if section is None or "linear" not in [_field(section, k) for k in schedule_keys(section)]:
+        return None
+    return int(_field(section, "schedule_env_steps") or run_config.stop.env_steps)
+
+
+def _field(section: Any, key: str) -> Any:
+    """``section.key`` of a DictConfig or a dataclass instance; None where it has no such key."""
+    return section.get(key) if isinstance(section, DictConfig) else getattr(section, key, None)
+
+
+def round_env_steps(run_config: Any) -> int:
+    """Env steps of one sampling round: ``runtime.num_workers`` (0 counts as 1: the local
+    worker samples) x ``num_envs_per_worker`` x ``rollout_fragment_length``."""
+    rt = run_config.runtime
+    return max(1, int(rt.num_workers)) * int(rt.num_envs_per_worker) * int(rt.rollout_fragment_length)
 
 
 INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
@@ -482,8 +517,7 @@ def check_sizes(cfg: Any) -> None:
     Raises:
         ConfigError: naming the product and its factors.
     """
-    rt = cfg.runtime
-    rows = max(1, int(rt.num_workers)) * int(rt.num_envs_per_worker) * int(rt.rollout_fragment_length)
+    rt, rows = cfg.runtime, round_env_steps(cfg)
     if rows > MAX_BATCH_ROWS:
         raise ConfigError(f"one sampling round of runtime.num_workers={rt.num_workers} x num_envs_per_worker="
                           f"{rt.num_envs_per_worker} x rollout_fragment_length={rt.rollout_fragment_length} = "
@@ -630,6 +664,9 @@ def build_config(user: Any = None, config_file: Union[str, Sequence[str], None] 
     except OmegaConfBaseException as e:
         raise _config_error(e, {}) from None
     check_values(merged, schema_cls)
+    for name in sections or {}:
+        if isinstance(merged.get(name), DictConfig):
+            check_schedules(merged[name], name, merged)
     return merged
 
 

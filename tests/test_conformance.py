@@ -89,7 +89,7 @@ class NoSyncPPO(PPO):
     def training_flow(self, experiences, ctx, learner):
         from flowkit.core.ops import ConcatBatches, TrainOneStep
         cfg = self.config
-        return (experiences.combine(ConcatBatches(cfg.train_batch_size or self.round_size(self.run_config)))
+        return (experiences.combine(ConcatBatches(cfg.train_batch_size or ctx.workers.round_env_steps))
                 .for_each(TrainOneStep(ctx, learner, cfg.num_epochs, cfg.minibatch_size)))
 
 

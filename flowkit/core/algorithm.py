@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Optional, Tuple
 
-from flowkit.config import ConfigError, action_space_error
+from flowkit.config import ConfigError, action_space_error, check_schedules
 
 if TYPE_CHECKING:
     from flowkit.core.context import RunContext
@@ -60,9 +60,12 @@ class Algorithm:
         """Check what relates several keys of this algorithm's section (and its fit with
         ``runtime.*``) before anything starts; each key's own range or choices belong in its
         field declaration (``F(3e-4, "...", gt=0)``), checked before this is called. Raise
-        :class:`flowkit.ConfigError` naming keys and values; return warnings. Default: the config
+        :class:`flowkit.ConfigError` naming keys and values; return warnings. Default: the
+        linear schedules' horizon (:func:`flowkit.config.check_schedules`) and the config
         class's own ``validate(section, run_config, name)`` where it has one (torch-free, so
         the CLI runs it before torch loads)."""
+        if section is not None:
+            check_schedules(section, cls.name, run_config)
         check = getattr(cls.config_class, "validate", None)
         return (check(section, run_config, cls.name) or []) if check is not None and section is not None else []
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence,
 
 import numpy as np
 
-from flowkit.config import RandomConfig
+from flowkit.config import RandomConfig, schedule_horizon
 from flowkit.core import batch as sb
 from flowkit.core.algorithm import Algorithm
 from flowkit.core.flow import NOT_READY, Flow, ParallelFlow, union_tagged
@@ -372,6 +372,17 @@ class UpdateSchedules:
             if pid in self.learner.trainable:
                 pol.set_progress(frac)
         return item
+
+
+def algorithm_flow(algo: Any, experiences: Flow, ctx: "RunContext", learner: Learner) -> Flow:
+    """``algo.training_flow(experiences, ctx, learner)``, preceded by :class:`UpdateSchedules`
+    when one of the algorithm's declared schedules (its section's ``*_schedule`` keys, see
+    :func:`flowkit.config.schedule_keys`) is ``linear``: plans never wire schedules
+    themselves. Called by every plan builder (one algorithm, or one per multi-agent group)."""
+    horizon = schedule_horizon(algo.config, algo.run_config)
+    if horizon is not None:
+        experiences = experiences.for_each(UpdateSchedules(ctx, learner, horizon))
+    return algo.training_flow(experiences, ctx, learner)
 
 
 # ---- composition -----------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 import gymnasium as gym
 import numpy as np
 
+from flowkit.config import round_env_steps
 from flowkit.core import batch as sb
 from flowkit.core._envs import EnvContext, EnvError, SpaceCheck, derive_seed, env_name, make_env
 from flowkit.core.flow import LocalActor, LocalFuture, RayActor, get_result
@@ -343,6 +344,9 @@ class WorkerSet:
         self.remote_specs = remote_specs or policy_specs  # what Ray actors build (Policy.worker_policy_class)
         self.backend = config.runtime.backend
         self.num_workers = max(1, int(config.runtime.num_workers))
+        self.round_env_steps = round_env_steps(config)
+        """Env steps of one sampling round over all workers (:func:`flowkit.config.round_env_steps`);
+        an async plan's item holds ``round_env_steps / num_workers`` of them."""
         self.sample_timeout_s = float(config.runtime.get("sample_timeout_s", 300.0))
         self.weights_fn, self.exploration_fn = weights_fn, exploration_fn
         self._actors: Optional[List[Any]] = None

@@ -7,10 +7,10 @@ what ``flowkit train --help`` and ``flowkit plugins`` read); the algorithms and 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import TYPE_CHECKING, Optional
 
 import flowkit
-from flowkit.config import MAX_BATCH_ROWS, F, check_schedules
+from flowkit.config import MAX_BATCH_ROWS, F
 from flowkit.hooks import lazy_attrs
 
 if TYPE_CHECKING:
@@ -39,11 +39,6 @@ class _ActorCriticConfig:
     max_grad_norm: Optional[float] = F(0.5, "clip the gradient's global norm (null: off)", gt=0)
     normalize_advantages: bool = F(False, "standardise the advantages of each gradient step")
     log_std_init: float = F(0.0, "initial log-std of the Gaussian (Box actions)", ge=-20, le=20)
-
-    def validate(self, run_config: Any, n: str) -> List[str]:
-        """Cross-field checks: the lr schedule needs a horizon (torch-free)."""
-        check_schedules(self, n, ("lr_schedule",), run_config)
-        return []
 
 
 @dataclass

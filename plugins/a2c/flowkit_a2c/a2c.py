@@ -36,7 +36,7 @@ import torch
 import flowkit
 from flowkit.core import ActorCritic, ActorCriticPolicy
 from flowkit.core import batch as sb
-from flowkit.core.ops import ApplyGradients, ConcatBatches, DropSource, SyncWeights, TrainOneStep, UpdateSchedules
+from flowkit.core.ops import ApplyGradients, ConcatBatches, DropSource, SyncWeights, TrainOneStep
 from flowkit.core.policy import FlatRMSprop
 from flowkit_a2c import A2CConfig, A3CConfig
 
@@ -79,40 +79,26 @@ class A2CPolicy(ActorCriticPolicy):
 
 
 # ---- the algorithms --------------------------------------------------------------------------
-class _ActorCriticAlgorithm(flowkit.Algorithm):
-    """What A2C and A3C share: the policy, the lr schedule and its check."""
-
-    policy_class = A2CPolicy
-    off_policy = False
-
-    def schedules(self, flow, ctx, learner):
-        """``flow`` with the linear lr schedule's UpdateSchedules when ``lr_schedule=linear``."""
-        if self.config.lr_schedule != "linear":
-            return flow
-        return flow.for_each(UpdateSchedules(ctx, learner, self.config.schedule_env_steps
-                                             or self.run_config.stop.env_steps))
-
-
-class A2C(_ActorCriticAlgorithm):
+class A2C(flowkit.Algorithm):
     """A2C: bulk-sync rollouts -> [ConcatBatches] -> TrainOneStep (one gradient step) ->
     SyncWeights(to all workers)."""
 
-    name, config_class, rollout_mode = "a2c", A2CConfig, "bulk_sync"
+    name, config_class, policy_class, rollout_mode = "a2c", A2CConfig, A2CPolicy, "bulk_sync"
 
     def training_flow(self, experiences, ctx, learner):
         flow = experiences
         if self.config.train_batch_size is not None:
             flow = flow.combine(ConcatBatches(self.config.train_batch_size))
-        return self.schedules(flow, ctx, learner).for_each(TrainOneStep(ctx, learner)).for_each(SyncWeights(ctx, learner))
+        return flow.for_each(TrainOneStep(ctx, learner)).for_each(SyncWeights(ctx, learner))
 
 
-class A3C(_ActorCriticAlgorithm):
+class A3C(flowkit.Algorithm):
     """A3C: gradients from the workers (async) -> ApplyGradients -> SyncWeights(to the worker
     whose gradient was applied, with its next request)."""
 
-    name, config_class, rollout_mode = "a3c", A3CConfig, "async_gradients"
+    name, config_class, policy_class, rollout_mode = "a3c", A3CConfig, A2CPolicy, "async_gradients"
 
     def training_flow(self, experiences, ctx, learner):
-        return (self.schedules(experiences, ctx, learner).for_each(ApplyGradients(ctx, learner))
+        return (experiences.for_each(ApplyGradients(ctx, learner))
                 .for_each(SyncWeights(ctx, learner, to="source", with_next_sample=True))
                 .for_each(DropSource))

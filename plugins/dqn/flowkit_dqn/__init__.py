@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, List, Optional
 
 import flowkit
-from flowkit.config import MAX_BATCH_ROWS, ConfigError, F, check_schedules
+from flowkit.config import MAX_BATCH_ROWS, ConfigError, F
 from flowkit.hooks import lazy_attrs
 
 if TYPE_CHECKING:
@@ -63,7 +63,6 @@ class DQNConfig:
         """The section's cross-field checks (each key's own range is
         declared in :class:`DQNConfig`), torch-free; ``n``: the algorithm's name."""
         s = self
-        check_schedules(s, n, ("lr_schedule",), run_config)
         if s.train_batch_size > s.buffer_size:
             raise ConfigError(f"{n}.train_batch_size={s.train_batch_size} is larger than {n}.buffer_size={s.buffer_size}")
         if s.num_replay_shards > 0 and s.buffer_size // s.num_replay_shards < s.train_batch_size:

@@ -269,9 +269,6 @@ class DQN(flowkit.Algorithm):
                                       replay.MultiAgentReplayBuffer(cfg.buffer_size, self.prioritized, **prio))
             store = experiences.for_each(replay.StoreToReplayBuffer(buffer))
         store = store.for_each(UpdateExploration(ctx, learner, cfg, apex=apex))
-        if cfg.lr_schedule == "linear":  # the lr schedule follows env steps sampled, set on each stored sample
-            horizon = cfg.schedule_env_steps or self.run_config.stop.env_steps
-            store = store.for_each(ops.UpdateSchedules(ctx, learner, horizon))
         sync_every = cfg.weight_sync_freq * cfg.train_batch_size
         if apex:
             store = store.for_each(ops.SyncWeights(ctx, learner, to="source", every=sync_every, with_next_sample=True))
@@ -284,7 +281,6 @@ class DQN(flowkit.Algorithm):
             train = train.for_each(ops.UpdatePriorities(learner, None if apex else buffer))
         train = train.for_each(ops.UpdateTargetNetwork(ctx, learner, cfg.target_network_update_freq))
         train = train.for_each(ops.DropSource if apex else ops.SyncWeights(ctx, learner, every=sync_every))
-        fragment = int(rt.num_envs_per_worker) * int(rt.rollout_fragment_length)
-        round_steps = fragment if apex else max(1, int(rt.num_workers)) * fragment
+        round_steps = ctx.workers.round_env_steps // (ctx.workers.num_workers if apex else 1)
         return ops.Concurrently([store, train], mode="round_robin", output_indexes=[1],
                             round_robin_weights=self.round_robin_weights(round_steps))

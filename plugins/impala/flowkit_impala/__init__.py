@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, List, Optional
 
 import flowkit
 from flowkit import ConfigError
-from flowkit.config import MAX_BATCH_ROWS, F, check_schedules
+from flowkit.config import MAX_BATCH_ROWS, F
 from flowkit.hooks import lazy_attrs
 
 if TYPE_CHECKING:
@@ -55,7 +55,6 @@ class IMPALAConfig:
         if mb is not None and not 1 <= mb <= tb:
             raise ConfigError(f"{n}.minibatch_size={mb} must be in [1, {n}.train_batch_size={tb}] "
                               "(or null: the whole train batch)")
-        check_schedules(self, n, ("lr_schedule",), run_config)
         return []
 
 

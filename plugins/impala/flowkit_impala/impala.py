@@ -36,7 +36,7 @@ import flowkit
 from flowkit.core import ActorCritic, ActorCriticPolicy, derive_seed
 from flowkit.core import batch as sb
 from flowkit.core.context import RunContext
-from flowkit.core.ops import ConcatBatches, DropSource, SyncWeights, TrainOneStep, UpdateSchedules
+from flowkit.core.ops import ConcatBatches, DropSource, SyncWeights, TrainOneStep
 from flowkit_impala import IMPALAConfig
 
 
@@ -135,9 +135,6 @@ class LearnerThreadAlgorithm(flowkit.Algorithm):
         if is_async:
             experiences = experiences.for_each(SyncWeights(ctx, learner, to="source", every=cfg.broadcast_interval,
                                                            unit="batches", with_next_sample=True)).for_each(DropSource)
-        if cfg.lr_schedule == "linear":  # lr * (1 - env steps sampled / horizon), set as batches arrive
-            experiences = experiences.for_each(UpdateSchedules(ctx, learner, cfg.schedule_env_steps
-                                                               or self.run_config.stop.env_steps))
         if cfg.replay_proportion > 0:
             experiences = experiences.combine(ctx.add_stateful(f"{learner.name}/replay", MixInReplay(
                 ctx, cfg.replay_proportion, cfg.replay_buffer_num_slots,

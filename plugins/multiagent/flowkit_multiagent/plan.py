@@ -3,8 +3,8 @@ Liang et al. 2021, sec. 5.3, multi-agent composition)::
 
     rollouts = ParallelRollouts(ctx.workers, mode)              # shared by every algorithm
     branches = rollouts.duplicate(len(groups))                  # bounded buffers
-    flows = [g.algorithm.training_flow(b.for_each(SelectExperiences(g.policy_ids)), ctx,
-                                       ctx.add_learner(g.name, g.policy_ids))   # a Learner per group
+    flows = [algorithm_flow(g.algorithm, b.for_each(SelectExperiences(g.policy_ids)), ctx,
+                            ctx.add_learner(g.name, g.policy_ids))   # a Learner per group
              for g, b in zip(groups, branches)]
     Concurrently(flows, mode="round_robin", round_robin_weights=...)
 
@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional
 from flowkit.config import ConfigError
 from flowkit.core.context import RunContext
 from flowkit.core.flow import Flow
-from flowkit.core.ops import Concurrently, NoTraining, ParallelRollouts, SelectExperiences
+from flowkit.core.ops import Concurrently, NoTraining, ParallelRollouts, SelectExperiences, algorithm_flow
 from flowkit_multiagent.specs import MAPolicySpec, did_you_mean, section_view_of
 
 
@@ -73,7 +73,7 @@ def build_plan(ctx: RunContext) -> Optional[Flow]:
         return rollouts.for_each(NoTraining())
     weights = _weights(ctx.config, groups, specs)
     branches = [rollouts] if len(groups) == 1 else rollouts.duplicate(len(groups))
-    flows = [algos[g].training_flow(b.for_each(SelectPolicies(pids)), ctx, ctx.add_learner(g, pids))
+    flows = [algorithm_flow(algos[g], b.for_each(SelectPolicies(pids)), ctx, ctx.add_learner(g, pids))
              for (g, pids), b in zip(groups.items(), branches, strict=True)]
     if len(flows) == 1:
         return flows[0]

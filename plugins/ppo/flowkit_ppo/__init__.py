@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, List, Optional
 
 import flowkit
-from flowkit.config import MAX_BATCH_ROWS, ConfigError, F, check_schedules
+from flowkit.config import MAX_BATCH_ROWS, ConfigError, F, round_env_steps
 from flowkit.hooks import lazy_attrs
 
 if TYPE_CHECKING:
@@ -63,28 +63,22 @@ class PPOConfig:
             if s.minibatch_size > s.train_batch_size:
                 raise ConfigError(f"{n}.minibatch_size={s.minibatch_size} is larger than "
                                   f"{n}.train_batch_size={s.train_batch_size}; make minibatch_size <= train_batch_size")
-            rs = round_size(run_config)
+            rs = round_env_steps(run_config)
             if s.train_batch_size % rs:
                 actual = -(-s.train_batch_size // rs) * rs
                 warns.append(f"{n}.train_batch_size={s.train_batch_size} is not a multiple of one sampling round "
                              f"(runtime.num_workers x num_envs_per_worker x rollout_fragment_length = {rs}); "
                              f"each train batch will hold {actual} env steps (reported as "
                              f"learner/<policy>/train_batch_size)")
-        elif s.minibatch_size > (rs := round_size(run_config)):
+        elif s.minibatch_size > (rs := round_env_steps(run_config)):
             warns.append(f"{n}.minibatch_size={s.minibatch_size} is larger than one sampling round, the train batch "
                          f"when {n}.train_batch_size is null (runtime.num_workers x num_envs_per_worker x "
                          f"rollout_fragment_length = {rs}): each epoch is one step over the whole round")
         if s.sde_sample_freq == 0:
             raise ConfigError(f"{n}.sde_sample_freq=0: use -1 (one draw per rollout fragment) or a number of "
                               "env steps >= 1")
-        check_schedules(s, n, ("lr_schedule", "clip_schedule"), run_config)
         return warns
 
-
-def round_size(run_config: Any) -> int:
-    """Env steps of one sampling round: num_workers x num_envs_per_worker x rollout_fragment_length."""
-    rt = run_config.runtime
-    return max(1, int(rt.num_workers)) * int(rt.num_envs_per_worker) * int(rt.rollout_fragment_length)
 
 
 @flowkit.hookimpl

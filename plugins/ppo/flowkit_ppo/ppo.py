@@ -24,8 +24,8 @@ import torch
 import flowkit
 from flowkit.core import ActorCritic, ActorCriticPolicy, adapt_kl_coeff, clipped_surrogate
 from flowkit.core import batch as sb
-from flowkit.core.ops import ConcatBatches, StandardizeFields, SyncWeights, TrainOneStep, UpdateSchedules
-from flowkit_ppo import PPOConfig, round_size
+from flowkit.core.ops import ConcatBatches, StandardizeFields, SyncWeights, TrainOneStep
+from flowkit_ppo import PPOConfig
 
 
 # ---- the policy ----------------------------------------------------------------------------
@@ -110,16 +110,11 @@ class PPO(flowkit.Algorithm):
     rollout_mode = "bulk_sync"
     off_policy = False
 
-    round_size = staticmethod(round_size)
-
     def training_flow(self, experiences, ctx, learner):
         cfg = self.config
-        flow = experiences.combine(ConcatBatches(cfg.train_batch_size or self.round_size(self.run_config)))
+        flow = experiences.combine(ConcatBatches(cfg.train_batch_size or ctx.workers.round_env_steps))
         if cfg.normalize_advantages == "batch":
             flow = flow.for_each(StandardizeFields([sb.ADVANTAGES]))
-        if "linear" in (cfg.lr_schedule, cfg.clip_schedule):
-            horizon = cfg.schedule_env_steps or self.run_config.stop.env_steps
-            flow = flow.for_each(UpdateSchedules(ctx, learner, horizon))
         return (flow.for_each(TrainOneStep(ctx, learner, cfg.num_epochs, cfg.minibatch_size))
                     .for_each(SyncWeights(ctx, learner)))
 
