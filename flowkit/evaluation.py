@@ -37,6 +37,10 @@ class EvaluateArgs:
     render: Optional[str] = F(None, "record episodes as video files", choices=("mp4", "gif"))
     render_episodes: int = F(1, "with render: record the first N episodes", ge=1)
     num_envs: int = F(8, "sub-envs stepped together", ge=1)
+    opponents: Dict[str, str] = F(help="multi-agent runs: policy id -> the fixed policy that plays its agents in "
+                                       "this evaluation instead: `random` or a checkpoint path (as the run's "
+                                       "multiagent.eval_opponents, which it extends), e.g. opponents.player_1=random",
+                                  factory=dict)
     timeout_s: Optional[float] = F(None, "seconds the evaluation may take (a stuck env, an episode that never ends): "
                                          "then one line and exit 1 (default: the run's runtime.sample_timeout_s)", gt=0)
 
@@ -178,14 +182,19 @@ def run_gym_episodes(policy: Any, env_cfg: Dict[str, Any], episodes: int, seed: 
 
 
 def _multiagent_episodes(algo: Any, cfg: Any, episodes: int, seed: int, explore: bool,
-                         num_envs: int) -> List[Dict[str, Any]]:
-    """Episode summaries from the env runner's own evaluation (PettingZoo games)."""
+                         num_envs: int, opponents: Dict[str, str]) -> List[Dict[str, Any]]:
+    """Episode summaries from the env runner's own evaluation (PettingZoo games), with
+    ``opponents`` (policy id -> ``random`` or a checkpoint) added to ``multiagent.eval_opponents``."""
     from omegaconf import OmegaConf
 
     from flowkit.core import PolicySpec, RolloutWorker
     from flowkit.hooks.manager import worker_plugin_manager
     cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=True))
     cfg.seed = seed
+    for pid, what in opponents.items():
+        if pid not in algo.policies:
+            raise ConfigError(f"opponents.{pid}: no policy {pid!r} in this run (policies: {', '.join(algo.policies)})")
+        cfg.multiagent.eval_opponents[pid] = str(what)
     specs = {pid: PolicySpec(type(p), p.observation_space, p.action_space, p.config,
                              algo.checkpoint_state["policy_specs"][pid]["algo"]) for pid, p in algo.policies.items()}
     worker = RolloutWorker(cfg, -1, 1, specs, num_envs=max(1, min(num_envs, episodes)), make_pm=worker_plugin_manager)
@@ -224,7 +233,8 @@ def _env_exits_reported(name: str) -> Iterator[None]:
 
 def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore: bool = False,
              render: Optional[str] = None, render_episodes: int = 1, num_envs: int = 8,
-             trust_config: bool = False, timeout_s: Optional[float] = None) -> Dict[str, Any]:
+             trust_config: bool = False, timeout_s: Optional[float] = None,
+             opponents: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     """Evaluate the checkpoint at ``path`` (a run folder: its newest checkpoint) and write
     ``evaluation.json`` in the checkpoint's folder. Returns what it wrote: ``episode_return_*``
     and ``episode_len_*`` (mean, std, min, max over episodes; multi-agent: the sum over
@@ -233,6 +243,8 @@ def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore:
     ``lengths``, ``seeds`` and ``videos`` per episode. ``trust_config``: allow the callables
     the run's config names that no installed flowkit plugin provides (``env.factory``,
     ``model.class``, ``plugins``; a run folder is data, see :mod:`flowkit._trust`).
+    ``opponents``: multi-agent runs, policy id -> ``random`` or a checkpoint path that plays
+    that policy's agents instead (the report's ``policies`` then score the others against it).
 
     The episodes have a deadline, ``timeout_s`` (default: the run's ``runtime.sample_timeout_s``;
     enforced from the main thread only), and SIGINT/SIGTERM/SIGHUP stop them
@@ -240,7 +252,8 @@ def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore:
 
     Raises:
         CheckpointError: no or an unreadable checkpoint at ``path`` (one line).
-        ConfigError: ``render`` for a multi-agent env, or without its packages; a callable
+        ConfigError: ``render`` or ``opponents`` where they do not apply (a multi-agent env;
+            a single-agent one), a policy id ``opponents`` names that the run lacks; a callable
             named without consent (nothing imported).
         EvaluationTimeout: the episodes took longer than ``timeout_s`` (a TimeoutError).
         EnvExit: the env called ``sys.exit``.
@@ -280,22 +293,29 @@ def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore:
         probe = make_env(env_cfg, EnvContext(-1, 0, 1, 0, seed))
         single = isinstance(probe, gym.Env) and len(algo.policies) == 1
         probe.close()
+        if single and opponents:
+            raise ConfigError(f"opponents.{next(iter(opponents))}: opponents apply to multi-agent runs; "
+                              f"this run has one policy on the single-agent env {name!r}")
         if single:
             eps = run_gym_episodes(algo.get_policy(), env_cfg, episodes, seed, explore, num_envs, render,
                                    render_episodes, os.path.join(ck, "videos"))
         else:
             if render:
                 raise ConfigError(f"render={render}: video is recorded for single-agent Gymnasium envs only")
-            eps = _multiagent_episodes(algo, cfg, episodes, seed, explore, num_envs)
+            eps = _multiagent_episodes(algo, cfg, episodes, seed, explore, num_envs, dict(opponents or {}))
     rets, lens = [e["return"] for e in eps], [e["length"] for e in eps]
     report: Dict[str, Any] = {"checkpoint": ck, "iteration": int(algo.checkpoint_state["iteration"]),
                               "algo": str(cfg.algo), "env": env_name(env_cfg), "episodes": len(eps), "seed": seed,
                               "explore": bool(explore)}
+    if opponents:
+        report["opponents"] = dict(opponents)
     report.update({f"episode_return_{k}": v for k, v in _stats(rets).items()})
     report.update({f"episode_len_{k}": v for k, v in _stats(lens).items()})
     if not single:
         pols: Dict[str, Dict[str, float]] = {}
         for pid in algo.policies:
+            if pid in (opponents or {}):  # played by the stand-in, not by this run's policy
+                continue
             mine = [(r, e["length"]) for e in eps for key, r in e.get("agent_returns", {}).items()
                     if key.split("|", 1)[1] == pid]
             if not mine:

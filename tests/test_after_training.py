@@ -59,6 +59,8 @@ def test_train_evaluate_watch_export_cartpole(run_dir, tmp_path, capsys):
     assert main(["evaluate", run_dir, "episodes=5", "seed=7"]) == 0
     out = capsys.readouterr().out
     assert "5 episodes, greedy, seed 7" in out and "return_mean" in out
+    assert main(["evaluate", run_dir, "opponents.default=random"]) == 2
+    assert "opponents apply to multi-agent runs" in capsys.readouterr().err
     ck = res.checkpoint
     with open(os.path.join(ck, "evaluation.json")) as f:
         report = json.load(f)
@@ -222,6 +224,16 @@ def test_export_one_policy_of_a_multiagent_run_and_evaluate_its_games(run_dir, t
     assert main(["evaluate", run_dir, "episodes=6", "seed=3"]) == 0  # reproducible by seed
     with open(os.path.join(find_checkpoint(run_dir), "evaluation.json")) as f:
         assert json.load(f)["returns"] == rep["returns"]
+    # a random stand-in for the learner: it is reported as the opponent, not as the learner's score
+    capsys.readouterr()
+    assert main(["evaluate", run_dir, "episodes=6", "seed=3", "opponents.learner=random"]) == 0
+    with open(os.path.join(find_checkpoint(run_dir), "evaluation.json")) as f:
+        swapped = json.load(f)
+    assert swapped["opponents"] == {"learner": "random"} and "learner" not in swapped["policies"]
+    assert (swapped["lengths"], swapped["policies"]["opponent"]) != (rep["lengths"], rep["policies"]["opponent"])
+    assert main(["evaluate", run_dir, "opponents.learnr=random"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "opponents.learnr: no policy 'learnr'" in err
 
 
 # ---- errors: one line, exit 2, torch not imported for what needs no checkpoint ---------------------
