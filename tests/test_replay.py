@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from flowkit.core import batch as sb
-from flowkit.core.flow import NOT_READY, FlowContext
+from flowkit.core.flow import NOT_READY, FlowContext, Sourced
 from flowkit.core.learner import Learner
 from flowkit.core.ops import UpdatePriorities, UpdateTargetNetwork
 from flowkit.core.replay import (MultiAgentReplayBuffer, PrioritizedSampler, Replay, ReplayBuffer,
@@ -161,7 +161,7 @@ def test_replay_shards_on_ray_priorities_go_back_to_source(ray_session):
         pb = b["p"]
         assert not pb[sb.OBS].flags.writeable  # arrays from Ray are read-only; nothing mutates them
         learner.policies["p"].td_error = np.full(4, 7.0, np.float32)
-        UpdatePriorities(learner)((shard, {"batch": b, "stats": {"p": {}}}))
+        UpdatePriorities(learner)(Sourced(shard, {"batch": b, "stats": {"p": {}}}))
         states = shards.get_state()["shards"]
         tree = [PrioritizedSampler(20, 0, 1.0, 1.0, 1e-6) for _ in range(2)]
         for t, s in zip(tree, states):

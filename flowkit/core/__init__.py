@@ -21,13 +21,13 @@ if TYPE_CHECKING:
     from flowkit.core._target import TargetNetwork
     from flowkit.core.algorithm import Algorithm
     from flowkit.core.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch, trajectory_ends
-    from flowkit.core.flow import NOT_READY, Flow, FlowContext, ParallelFlow
+    from flowkit.core.flow import NOT_READY, Flow, FlowContext, ParallelFlow, Sourced
     from flowkit.core.policy import Policy, RandomPolicy, to_tensor
     from flowkit.core.workers import PolicySpec, RolloutWorker, WorkerSet
 
 __all__ = [  # batches (column names: flowkit.core.batch.OBS, ...), dataflow, policies, envs and workers
     "batch", "DEFAULT_POLICY_ID", "MultiAgentBatch", "SampleBatch", "trajectory_ends", "Flow", "FlowContext",
-    "NOT_READY", "ParallelFlow", "Algorithm", "Policy", "RandomPolicy", "ActorCriticPolicy", "adapt_kl_coeff", "clipped_surrogate", "to_tensor", "MASK_KEY",
+    "NOT_READY", "ParallelFlow", "Sourced", "Algorithm", "Policy", "RandomPolicy", "ActorCriticPolicy", "adapt_kl_coeff", "clipped_surrogate", "to_tensor", "MASK_KEY",
     "ObsEncoder", "SpaceError", "add_batch_axis", "batch_len", "ActionDist", "ACTIVATIONS", "ActorCritic",
     "RunningMeanStd", "SmallCNN", "TwinMLP", "build_mlp", "build_trunk", "init_weights", "sde_std", "NumpyActorCritic", "NumpyActorCriticPolicy",
     "sample_logp_numpy", "bootstrap_rows", "compute_gae", "next_values", "vtrace", "EnvContext", "EnvError", "Episode", "GymEnvRunner",
@@ -43,7 +43,7 @@ _MODULES = {  # the module behind each name, imported on first use (torch only w
     "_returns": "bootstrap_rows compute_gae next_values vtrace", "activations": "ACTIVATIONS", "_runner": "Episode GymEnvRunner",
     "_target": "TargetNetwork",
     "algorithm": "Algorithm", "batch": "DEFAULT_POLICY_ID MultiAgentBatch SampleBatch trajectory_ends",
-    "flow": "NOT_READY Flow FlowContext ParallelFlow", "policy": "Policy RandomPolicy to_tensor",
+    "flow": "NOT_READY Flow FlowContext ParallelFlow Sourced", "policy": "Policy RandomPolicy to_tensor",
     "workers": "PolicySpec RolloutWorker WorkerSet"}
 _HOME = {n: m for m, names in _MODULES.items() for n in names.split()}
 

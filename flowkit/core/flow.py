@@ -25,7 +25,16 @@ import itertools
 import math
 import re
 import time
-from typing import Any, Callable, ContextManager, Deque, Dict, Iterable, Iterator, List, Optional, Sequence
+from typing import Any, Callable, ContextManager, Deque, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence
+
+
+class Sourced(NamedTuple):
+    """An item of an async stream with the actor it came from (a rollout worker, a replay
+    shard): made by :meth:`Flow.zip_with_source_actor`; operators that need the actor
+    (``SyncWeights(to="source")``, ``UpdatePriorities``) read ``.actor``, the others are
+    applied to ``.item`` with ``for_each(op, keep_source=True)``; ``drop_source()`` ends it."""
+    actor: Any
+    item: Any
 
 
 class SampleTimeout(TimeoutError):
@@ -126,10 +135,18 @@ class Flow:
         return list(itertools.islice(items, n))
 
     # ---- combinators ---------------------------------------------------------------------
-    def for_each(self, fn: Callable[[Any], Any], name: Optional[str] = None) -> "Flow":
+    def for_each(self, fn: Callable[[Any], Any], name: Optional[str] = None, keep_source: bool = False) -> "Flow":
         """Apply ``fn`` to every item (one output per input, NOT_READY passed through; ``fn``
-        may return NOT_READY). ``name``: shown by ``describe()`` (default: ``fn``'s name)."""
+        may return NOT_READY). ``name``: shown by ``describe()`` (default: ``fn``'s name).
+        ``keep_source``: items are :class:`Sourced`; ``fn`` gets ``.item`` and its result
+        keeps the actor."""
+        if keep_source:
+            return self.combine(lambda x: (Sourced(x.actor, fn(x.item)),), (name or _op_name(fn)) + " (with source)")
         return self.combine(lambda x: (fn(x),), name or _op_name(fn))
+
+    def drop_source(self) -> "Flow":
+        """:class:`Sourced` items -> their ``item``."""
+        return self.for_each(lambda x: x.item, "DropSource")
 
     def combine(self, fn: Callable[[Any], Iterable[Any]], name: Optional[str] = None) -> "Flow":
         """Flat-map: ``fn(item)`` returns a list of zero or more outputs."""
@@ -174,9 +191,9 @@ class Flow:
         return self.combine(lambda x: x, "flatten")
 
     def zip_with_source_actor(self) -> "Flow":
-        """Items become ``(source_actor, item)``, the actor read from the context as set by
-        the async gather that produced the item."""
-        return self.for_each(lambda x: (self.ctx.current_actor, x), "zip_with_source_actor")
+        """Items become :class:`Sourced` ``(actor, item)``, the actor read from the context as
+        set by the async gather that produced the item."""
+        return self.for_each(lambda x: Sourced(self.ctx.current_actor, x), "zip_with_source_actor")
 
     def duplicate(self, n: int, max_buffer: int = 4) -> List["Flow"]:
         """``n`` flows that each see every item of this one.

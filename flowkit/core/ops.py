@@ -14,7 +14,7 @@ import numpy as np
 from flowkit.config import RandomConfig, schedule_horizon
 from flowkit.core import batch as sb
 from flowkit.core.algorithm import Algorithm
-from flowkit.core.flow import NOT_READY, Flow, ParallelFlow, union_tagged
+from flowkit.core.flow import NOT_READY, Flow, ParallelFlow, Sourced, union_tagged
 from flowkit.core.learner import Learner
 from flowkit.core.policy import RandomPolicy
 
@@ -107,13 +107,16 @@ class ConcatBatches:
 
 
 class SelectExperiences:
-    """Keep only the batches of ``policy_ids`` (a new MultiAgentBatch)."""
+    """Keep only the batches of ``policy_ids`` (a new MultiAgentBatch; the input is not
+    changed), of a MultiAgentBatch or of a :class:`Sourced` one (async streams)."""
 
     def __init__(self, policy_ids: Iterable[str]):
         self.policy_ids = list(policy_ids)
         self.name = f"SelectExperiences({self.policy_ids})"
 
-    def __call__(self, b: sb.MultiAgentBatch) -> sb.MultiAgentBatch:
+    def __call__(self, b: Any) -> Any:
+        if isinstance(b, Sourced):
+            return Sourced(b.actor, b.item.select(self.policy_ids))
         return b.select(self.policy_ids)
 
 
@@ -217,10 +220,10 @@ class ApplyGradients(TrainOneStep):
         super().__init__(ctx, learner)
         self.name = "ApplyGradients"
 
-    def __call__(self, item: Tuple[Any, sb.MultiAgentBatch]) -> Tuple[Any, Dict[str, Any]]:  # type: ignore[override]  # items are (worker, batch)
+    def __call__(self, item: Sourced) -> Sourced:  # type: ignore[override]  # items are (worker, batch)
         with self.ctx.timers["learn"]:
-            out = self.learner.apply_gradients(item[1])
-        return item[0], self.record(out)
+            out = self.learner.apply_gradients(item.item)
+        return Sourced(item.actor, self.record(out))
 
 
 class NoTraining:
@@ -269,7 +272,7 @@ class SyncWeights:
             (", with next sample" if with_next_sample else "") + ")"
 
     def __call__(self, item: Any) -> Any:
-        actor = item[0] if self.to == "source" else None
+        actor = item.actor if self.to == "source" else None
         i = getattr(actor, "index", -1)
         self.seen[i] = self.seen.get(i, 0) + 1
         now = self.seen[i] if self.unit == "batches" else self.ctx.counters["env_steps_trained"]
@@ -294,11 +297,6 @@ class SyncWeights:
             self.ctx.counters["num_weight_pushes"] += 1
 
 
-def DropSource(item: Tuple[Any, Any]) -> Any:
-    """``(source, item) -> item``."""
-    return item[1]
-
-
 class UpdateTargetNetwork:
     """Update the target network (``policy.target.update()``) of each policy trained in a train result whenever its
     gradient-step count ``policy.num_updates`` crosses a multiple of ``freq`` (so the timing
@@ -312,7 +310,7 @@ class UpdateTargetNetwork:
         self.name = f"UpdateTargetNetwork(every {self.freq} gradient steps)"
 
     def __call__(self, item: Any) -> Any:
-        for pid, st in (item[1] if isinstance(item, tuple) else item)["stats"].items():
+        for pid, st in (item.item if isinstance(item, Sourced) else item)["stats"].items():
             pol: Any = self.learner.policies[pid]  # a policy with a target network
             now = pol.num_updates
             before = now - int(st.get("num_sgd_steps", 1))
@@ -337,7 +335,7 @@ class UpdatePriorities:
         self.name = "UpdatePriorities"
 
     def __call__(self, item: Any) -> Any:
-        shard, res = item if isinstance(item, tuple) else (None, item)
+        shard, res = item if isinstance(item, Sourced) else (None, item)
         prios = {}
         for pid in res["stats"]:
             pol = self.learner.policies[pid]

@@ -17,8 +17,8 @@ Operators (dataflow, after RLlib Flow, arXiv 2011.12719, figure 6):
   (UpdateTargetNetwork and UpdatePriorities are in :mod:`flowkit.core.ops`.)
 - Ape-X (Horgan et al. 2018, arXiv 1803.00933): :class:`ReplayShard` (a Ray actor asking for
   ``num_cpus=0``), :class:`ReplayShards` (the set, started lazily, checkpointable),
-  :class:`StoreToReplayShards`, :func:`ReplayFromShards` (``gather_async`` over the shards)
-  and :class:`WithSource`.
+  :class:`StoreToReplayShards`, :func:`ReplayFromShards` (``gather_async`` over the shards; its items
+  become :class:`~flowkit.core.flow.Sourced` with ``zip_with_source_actor``).
 """
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ import numpy as np
 
 from flowkit.core import batch as sb
 from flowkit.core._frames import FrameStorage, is_frame_batch
-from flowkit.core.flow import NOT_READY, Flow, LocalActor, ParallelFlow, RayActor, get_result
+from flowkit.core.flow import NOT_READY, Flow, LocalActor, ParallelFlow, RayActor, Sourced, get_result
 
 if TYPE_CHECKING:
     from flowkit.core.context import RunContext
@@ -354,7 +354,7 @@ class StoreToReplayBuffer:
         self.name = "StoreToReplayBuffer"
 
     def __call__(self, item: Any) -> Any:
-        self.buffer.add(item[1] if isinstance(item, tuple) else item)
+        self.buffer.add(item.item if isinstance(item, Sourced) else item)
         return item
 
 
@@ -388,17 +388,6 @@ def store_train_weights(training_intensity: float, round_env_steps: int, batch_s
     of ``batch_size`` replayed rows per stored round of ``round_env_steps`` env steps, so that
     rows trained / env steps sampled = ``training_intensity`` (fractional ``k`` accumulates)."""
     return [1, float(training_intensity) * int(round_env_steps) / int(batch_size)]
-
-
-class WithSource:
-    """Apply ``op`` to the item of ``(source, item)`` pairs, keeping the source."""
-
-    def __init__(self, op: Any):
-        self.op = op
-        self.name = f"{getattr(op, 'name', type(op).__name__)} (with source)"
-
-    def __call__(self, item: Tuple[Any, Any]) -> Tuple[Any, Any]:
-        return item[0], self.op(item[1])
 
 
 # ---- Ape-X: replay shards ---------------------------------------------------------------------
@@ -502,7 +491,7 @@ class StoreToReplayShards:
         actors = self.shards.actors
         a = actors[self.shards.next_shard % len(actors)]
         self.shards.next_shard = (self.shards.next_shard + 1) % len(actors)
-        fut = a.submit("add", item[1] if isinstance(item, tuple) else item)
+        fut = a.submit("add", item.item if isinstance(item, Sourced) else item)
         if not a.is_remote:
             get_result(fut)  # surface errors at once on the local backend
         return item

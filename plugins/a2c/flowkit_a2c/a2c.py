@@ -36,7 +36,7 @@ import torch
 import flowkit
 from flowkit.core import ActorCritic, ActorCriticPolicy
 from flowkit.core import batch as sb
-from flowkit.core.ops import ApplyGradients, ConcatBatches, DropSource, SyncWeights, TrainOneStep
+from flowkit.core.ops import ApplyGradients, ConcatBatches, SyncWeights, TrainOneStep
 from flowkit.core.policy import FlatRMSprop
 from flowkit_a2c import A2CConfig, A3CConfig
 
@@ -100,5 +100,4 @@ class A3C(flowkit.Algorithm):
 
     def training_flow(self, experiences, ctx, learner):
         return (experiences.for_each(ApplyGradients(ctx, learner))
-                .for_each(SyncWeights(ctx, learner, to="source", with_next_sample=True))
-                .for_each(DropSource))
+                .for_each(SyncWeights(ctx, learner, to="source", with_next_sample=True)).drop_source())

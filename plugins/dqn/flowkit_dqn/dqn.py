@@ -205,7 +205,7 @@ class UpdateExploration:
     def __call__(self, item: Any) -> Any:
         if self.apex:  # items are (worker, batch): the worker's fixed epsilon, sent once
             fn = SetEpsilon(self.policy_ids, apex=(self.cfg.apex_epsilon_base, self.cfg.apex_epsilon_alpha))
-            actors = [item[0]]
+            actors = [item.actor]
         else:
             fn = SetEpsilon(self.policy_ids, epsilon_at(self.cfg, self.ctx.counters["env_steps_sampled"]))
             fn(self.learner)
@@ -273,14 +273,14 @@ class DQN(flowkit.Algorithm):
         if apex:
             store = store.for_each(ops.SyncWeights(ctx, learner, to="source", every=sync_every, with_next_sample=True))
             train = (replay.ReplayFromShards(ctx, shards, cfg.replay_num_async).zip_with_source_actor()
-                     .for_each(replay.WithSource(ops.TrainOneStep(ctx, learner))))
+                     .for_each(ops.TrainOneStep(ctx, learner), keep_source=True))
         else:
             train = (replay.Replay(ctx, buffer, cfg.train_batch_size, cfg.learning_starts)
                      .for_each(ops.TrainOneStep(ctx, learner)))
         if self.prioritized:
             train = train.for_each(ops.UpdatePriorities(learner, None if apex else buffer))
         train = train.for_each(ops.UpdateTargetNetwork(ctx, learner, cfg.target_network_update_freq))
-        train = train.for_each(ops.DropSource if apex else ops.SyncWeights(ctx, learner, every=sync_every))
+        train = train.drop_source() if apex else train.for_each(ops.SyncWeights(ctx, learner, every=sync_every))
         round_steps = ctx.workers.round_env_steps // (ctx.workers.num_workers if apex else 1)
         return ops.Concurrently([store, train], mode="round_robin", output_indexes=[1],
                             round_robin_weights=self.round_robin_weights(round_steps))

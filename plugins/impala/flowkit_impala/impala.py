@@ -36,7 +36,7 @@ import flowkit
 from flowkit.core import ActorCritic, ActorCriticPolicy, derive_seed
 from flowkit.core import batch as sb
 from flowkit.core.context import RunContext
-from flowkit.core.ops import ConcatBatches, DropSource, SyncWeights, TrainOneStep
+from flowkit.core.ops import ConcatBatches, SyncWeights, TrainOneStep
 from flowkit_impala import IMPALAConfig
 
 
@@ -134,7 +134,7 @@ class LearnerThreadAlgorithm(flowkit.Algorithm):
         is_async = self.get_rollout_mode() == "async"
         if is_async:
             experiences = experiences.for_each(SyncWeights(ctx, learner, to="source", every=cfg.broadcast_interval,
-                                                           unit="batches", with_next_sample=True)).for_each(DropSource)
+                                                           unit="batches", with_next_sample=True)).drop_source()
         if cfg.replay_proportion > 0:
             experiences = experiences.combine(ctx.add_stateful(f"{learner.name}/replay", MixInReplay(
                 ctx, cfg.replay_proportion, cfg.replay_buffer_num_slots,

@@ -13,12 +13,12 @@ from flowkit.hooks import lazy_attrs
 from flowkit_multiagent.config import MultiAgentConfig, PolicyConfig
 
 if TYPE_CHECKING:
-    from flowkit_multiagent.plan import SelectPolicies, build_plan, training_groups
+    from flowkit_multiagent.plan import build_plan, training_groups
     from flowkit_multiagent.runners import AECEnvRunner, ParallelEnvRunner
     from flowkit_multiagent.specs import SHARED_POLICY_ID, AgentMapping, MAPolicySpec, make_policy_specs
 
 __all__ = ["AECEnvRunner", "AgentMapping", "MAPolicySpec", "MultiAgentConfig", "ParallelEnvRunner",
-           "PolicyConfig", "SHARED_POLICY_ID", "SelectPolicies", "build_plan", "make_policy_specs", "training_groups"]
+           "PolicyConfig", "SHARED_POLICY_ID", "build_plan", "make_policy_specs", "training_groups"]
 
 
 @flowkit.hookimpl
@@ -48,7 +48,7 @@ def flowkit_build_plan(ctx):
     return build_plan(ctx)
 
 
-__getattr__ = lazy_attrs({**dict.fromkeys(["SelectPolicies", "build_plan", "training_groups"], "flowkit_multiagent.plan"),
+__getattr__ = lazy_attrs({**dict.fromkeys(["build_plan", "training_groups"], "flowkit_multiagent.plan"),
                           **dict.fromkeys(["AECEnvRunner", "ParallelEnvRunner"], "flowkit_multiagent.runners"),
                           **dict.fromkeys(["SHARED_POLICY_ID", "AgentMapping", "MAPolicySpec", "make_policy_specs"],
                                           "flowkit_multiagent.specs")})

@@ -24,14 +24,6 @@ from flowkit.core.ops import Concurrently, NoTraining, ParallelRollouts, SelectE
 from flowkit_multiagent.specs import MAPolicySpec, did_you_mean, section_view_of
 
 
-class SelectPolicies(SelectExperiences):
-    """Keep only ``policy_ids``' batches of a MultiAgentBatch, or of an ``(actor, batch)``
-    item of an async stream (a new batch; the input is not changed)."""
-
-    def __call__(self, item: Any) -> Any:
-        return (item[0], item[1].select(self.policy_ids)) if isinstance(item, tuple) else item.select(self.policy_ids)
-
-
 def training_groups(specs: Dict[str, MAPolicySpec]) -> Dict[str, List[str]]:
     """``{group name: [policy ids]}`` of the trained policies, in policy order."""
     groups: Dict[str, List[str]] = {}
@@ -73,7 +65,7 @@ def build_plan(ctx: RunContext) -> Optional[Flow]:
         return rollouts.for_each(NoTraining())
     weights = _weights(ctx.config, groups, specs)
     branches = [rollouts] if len(groups) == 1 else rollouts.duplicate(len(groups))
-    flows = [algorithm_flow(algos[g], b.for_each(SelectPolicies(pids)), ctx, ctx.add_learner(g, pids))
+    flows = [algorithm_flow(algos[g], b.for_each(SelectExperiences(pids)), ctx, ctx.add_learner(g, pids))
              for (g, pids), b in zip(groups.items(), branches, strict=True)]
     if len(flows) == 1:
         return flows[0]
