@@ -159,6 +159,21 @@ def test_impala_residual_network_trains_and_exports(algo, extra, run_dir, tmp_pa
         int(pol.compute_actions(obs, explore=False))]
 
 
+@pytest.mark.parametrize("algo", ["ppo", "dqn", "impala"])
+def test_the_tuned_pong_configs_pass_the_env_id_check_in_a_fresh_process(algo):
+    """ale-py's ids exist for Gymnasium only once registered: the check before Ray starts
+    registers them for env.preset=atari (`flowkit train -c configs/ppo/PongNoFrameskip-v4.yaml`
+    exited 2 with 'Environment `PongNoFrameskip` doesn't exist')."""
+    import os
+    import subprocess
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = ("from flowkit.engine import load_config; from flowkit._guard import check_env_id; "
+            f"pm, cfg = load_config([], 'configs/{algo}/PongNoFrameskip-v4.yaml'); check_env_id(cfg, pm); print('ok')")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=repo)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
+
+
 class _LivesGame(gym.Env):
     """A toy 'game' with 2 lives of 3 steps each, reward 5 a step: with the preset's training
     wrappers a life is an episode of reward 1 a step, the game one of 6 steps and 30 points."""
