@@ -1,16 +1,20 @@
 """Atari sampling rate: a flowkit rollout worker (env.preset=atari, PPO's Nature-CNN policy
 acting, no learning) against a raw Gymnasium vector loop of the same wrapped envs with random
-actions (no policy), and the bytes per transition of a sample batch.
+actions (no policy), and against the same loop acting as CleanRL's ppo_atari.py does (its Nature
+CNN in plain torch, ``x / 255`` then the convolutions, a Categorical sample and the value, one
+call a step); and the bytes per transition of a sample batch.
 
-Both sides step ``--envs`` sub-envs of ``--env`` built by flowkit's ``make_env`` (the preset's
+Every side steps ``--envs`` sub-envs of ``--env`` built by flowkit's ``make_env`` (the preset's
 training wrappers) in a SyncVectorEnv, for ``--steps`` env steps per sub-env, in this process
 with one torch thread; the sides alternate, ``--runs`` times each, and the table gives the
 median frames/s (env steps x 4: the preset skips 4 frames a step). Acceptance (issue 23):
-flowkit >= 0.8x the raw loop. The bytes per transition are those of the worker's sample batch
+flowkit >= 0.8x the raw loop with random actions; the CleanRL-style loop shows what the same
+network costs outside flowkit. The bytes per transition are those of the worker's sample batch
 (``nbytes`` of its columns / rows), against the same batch with float32 observations (as
 before observations stayed uint8).
 
 Run: python bench/atari_sampling.py [--env PongNoFrameskip-v4] [--envs 8] [--steps 256] [--runs 3]
+(``PYTHONPATH=<an older checkout>`` measures that checkout's worker against the same loops.)
 """
 from __future__ import annotations
 
@@ -35,27 +39,66 @@ def _worker(env_id: str, n: int, steps: int):
     return RolloutWorker(cfg, 0, 1, specs, pm=pm)
 
 
+class _Clock:
+    """Wall and CPU seconds of a block (the CPU time of this process: on a shared machine the
+    wall time also counts the time other processes held the core)."""
+
+    def __enter__(self):
+        self.wall, self.cpu = time.perf_counter(), time.process_time()
+        return self
+
+    def __exit__(self, *exc):
+        self.wall, self.cpu = time.perf_counter() - self.wall, time.process_time() - self.cpu
+
+
 def flowkit_side(worker, steps: int, n: int) -> tuple:
-    t = time.perf_counter()
-    b = worker.sample()
-    dt = time.perf_counter() - t
+    with _Clock() as c:
+        b = worker.sample()
     pb = b.policy_batches["default"]
     assert len(pb) == steps * n
-    return steps * n * 4 / dt, pb
+    return steps * n * 4, c, pb
 
 
-def raw_side(env_id: str, n: int, steps: int, vec=None) -> float:
+def raw_side(vec, n: int, steps: int) -> tuple:
+    with _Clock() as c:
+        for _ in range(steps):
+            vec.step(vec.action_space.sample())
+    return steps * n * 4, c
+
+
+def make_vec(env_id: str, n: int):
     import gymnasium as gym
 
     from flowkit.core import EnvContext, make_env
-    if vec is None:
-        vec = gym.vector.SyncVectorEnv([lambda j=j: make_env({"id": env_id, "preset": "atari"},
-                                                            EnvContext(0, j, 1, 0, j)) for j in range(n)])
-        vec.reset(seed=list(range(n)))
-    t = time.perf_counter()
-    for _ in range(steps):
-        vec.step(vec.action_space.sample())
-    return steps * n * 4 / (time.perf_counter() - t), vec
+    vec = gym.vector.SyncVectorEnv([lambda j=j: make_env({"id": env_id, "preset": "atari"},
+                                                        EnvContext(0, j, 1, 0, j)) for j in range(n)])
+    vec.reset(seed=list(range(n)))
+    return vec
+
+
+def cleanrl_net(n_act: int) -> tuple:
+    """CleanRL's ppo_atari.py Agent: Nature CNN and a 512-unit ReLU layer, actor and critic heads."""
+    from torch import nn
+    return (nn.Sequential(nn.Conv2d(4, 32, 8, stride=4), nn.ReLU(), nn.Conv2d(32, 64, 4, stride=2), nn.ReLU(),
+                          nn.Conv2d(64, 64, 3, stride=1), nn.ReLU(), nn.Flatten(), nn.Linear(64 * 7 * 7, 512),
+                          nn.ReLU()), nn.Linear(512, n_act), nn.Linear(512, 1))
+
+
+def cleanrl_side(vec, n: int, steps: int, net: tuple) -> tuple:
+    """CleanRL's ppo_atari.py acting loop: ``torch.Tensor(obs)``, ``x / 255.0`` inside the
+    network, a Categorical sample, its log-prob and the value per step, under ``torch.no_grad()``."""
+    import torch
+    trunk, actor, critic = net
+    obs = vec.step(vec.action_space.sample())[0]  # (the loops share the vector env: no reset)
+    with _Clock() as c:
+        for _ in range(steps):
+            with torch.no_grad():
+                hidden = trunk(torch.Tensor(obs) / 255.0)
+                dist = torch.distributions.Categorical(logits=actor(hidden))
+                action = dist.sample()
+                dist.log_prob(action), critic(hidden)
+            obs, *_ = vec.step(action.numpy())
+    return steps * n * 4, c
 
 
 def main() -> None:
@@ -68,26 +111,33 @@ def main() -> None:
     import torch
     torch.set_num_threads(1)
     worker = _worker(a.env, a.envs, a.steps)
-    _, vec = raw_side(a.env, a.envs, 1)
+    vec = make_vec(a.env, a.envs)
+    net = cleanrl_net(int(vec.single_action_space.n))
     flowkit_side(worker, a.steps, a.envs)  # warm-up: first fragment, lazy imports
-    fk, raw = [], []
+    cleanrl_side(vec, a.envs, 2, net)
+    names = ("flowkit worker (PPO Nature CNN acting)", "raw gymnasium SyncVectorEnv, random actions",
+             "CleanRL-style loop, same CNN in plain torch")
+    wall: list = [[], [], []]
+    cpu: list = [[], [], []]
     pb = None
     for _ in range(a.runs):
-        f, pb = flowkit_side(worker, a.steps, a.envs)
-        r, _ = raw_side(a.env, a.envs, a.steps, vec)
-        fk.append(f)
-        raw.append(r)
+        frames, c, pb = flowkit_side(worker, a.steps, a.envs)
+        for i, (frames, c) in enumerate([(frames, c), raw_side(vec, a.envs, a.steps),
+                                         cleanrl_side(vec, a.envs, a.steps, net)]):
+            wall[i].append(frames / c.wall)
+            cpu[i].append(frames / c.cpu)
     assert pb is not None
     rows = len(pb)
     now = sum(np.asarray(v).nbytes for v in pb.values()) / rows
     before = now + sum(np.asarray(pb[k]).size * 3 for k in ("obs", "next_obs")) / rows  # uint8 -> float32
+    med = statistics.median
     print(f"{a.env}, {a.envs} sub-envs x {a.steps} steps, one torch thread, median of {a.runs} (alternating)")
-    print(f"{'side':<42}{'frames/s':>10}   runs")
-    print(f"{'flowkit worker (PPO Nature CNN acting)':<42}{statistics.median(fk):>10.0f}   "
-          + " ".join(f"{x:.0f}" for x in fk))
-    print(f"{'raw gymnasium SyncVectorEnv, random actions':<42}{statistics.median(raw):>10.0f}   "
-          + " ".join(f"{x:.0f}" for x in raw))
-    print(f"ratio flowkit / raw: {statistics.median(fk) / statistics.median(raw):.2f} (target >= 0.8)")
+    print(f"{'side':<44}{'frames/s':>9}{'frames/CPU s':>14}   runs (frames/s)")
+    for i, name in enumerate(names):
+        print(f"{name:<44}{med(wall[i]):>9.0f}{med(cpu[i]):>14.0f}   " + " ".join(f"{x:.0f}" for x in wall[i]))
+    print(f"ratio flowkit / raw: {med(wall[0]) / med(wall[1]):.2f} (target >= 0.8), per CPU second "
+          f"{med(cpu[0]) / med(cpu[1]):.2f}; flowkit / CleanRL-style: {med(wall[0]) / med(wall[2]):.2f}, per CPU "
+          f"second {med(cpu[0]) / med(cpu[2]):.2f}")
     print(f"sample batch bytes per transition: {now:,.0f} (obs and next_obs uint8[4, 84, 84]); "
           f"{before:,.0f} with float32 observations")
     vec.close()

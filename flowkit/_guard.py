@@ -206,6 +206,12 @@ def check_env_id(cfg: Any, pm: Any = None) -> None:
     if not eid or cfg.env.factory:
         return  # a factory: the env probe checks it
     import gymnasium as gym
+    if cfg.env.get("preset") == "atari":  # its ids are ale-py's, registered when the preset builds an env
+        from flowkit.core._atari import register_ale
+        try:
+            register_ale()
+        except ImportError as e:
+            raise ConfigError(f"env.id={eid!r}: {e}") from None
     if ":" not in str(eid):  # (`pkg:Id`: importing pkg registers it)
         try:
             gym.spec(str(eid))

@@ -256,6 +256,12 @@ class ModelConfig:
     hidden_sizes: List[int] = F(help="hidden layer sizes of the MLP", factory=lambda: [64, 64], ge=1)
     activation: str = F("tanh", "activation of the hidden layers", choices=ACTIVATIONS)
     shared_value_network: bool = F(False, "share the trunk between policy and value heads")
+    cnn: str = F("nature", "the network in front of model.hidden_sizes for image observations (flat ones have "
+                           "none): nature (Mnih et al. 2015: 3 convolutions, 3,136 features of 84x84; with "
+                           "hidden_sizes=[512]) or impala (Espeholt et al. 2018's deep residual network: 3 stacks "
+                           "of conv, max-pool and 2 residual blocks, 16/32/32 channels, 3,872 features of 84x84; "
+                           "with hidden_sizes=[256]); uint8 frames are scaled to [0, 1] inside either",
+                 choices=("nature", "impala"))
     init: str = F("auto", "weight init of the networks: auto (each algorithm's own: orthogonal for the "
                           "actor-critics, SAC and TD3, PyTorch's for DQN's Q-network), orthogonal (gain sqrt(2) "
                           "hidden, each head's own gain, zero biases; SB3's ortho_init=True) or default (PyTorch's: "

@@ -141,6 +141,39 @@ def test_nature_cnn_trains_with_the_actor_critics(algo, extra, run_dir):
     assert (first.in_channels, first.out_channels, first.kernel_size, first.stride) == (4, 32, (8, 8), (4, 4))
 
 
+@pytest.mark.parametrize("algo,extra", [("impala", ["impala.train_batch_size=64"]),
+                                        ("dqn", ["dqn.learning_starts=64", "dqn.train_batch_size=16"])])
+def test_impala_residual_network_trains_and_exports(algo, extra, run_dir, tmp_path):
+    res = flowkit.train(local_overrides(run_dir, f"algo={algo}", *ATARI, "model.cnn=impala",
+                                        "model.hidden_sizes=[256]", "model.shared_value_network=true",
+                                        "stop.env_steps=128", *extra))
+    assert res.metrics["env_steps_trained"] >= 16
+    pol = flowkit.Algorithm.from_checkpoint(res.checkpoint).get_policy()
+    from flowkit.core import ImpalaCNN
+    assert [m.out_dim for m in pol.model.modules() if isinstance(m, ImpalaCNN)] == [32 * 11 * 11]
+    from flowkit.export import export_policy, run_exported
+    sig = export_policy(pol, "torchscript", str(tmp_path / "policy.pt"), check=4)
+    assert sig["inputs"][0]["dtype"] == "uint8" and sig["checked"] == 4
+    obs = np.random.default_rng(0).integers(0, 256, (4, 84, 84), dtype=np.uint8)
+    assert run_exported(str(tmp_path / "policy.pt"), "torchscript", [obs[None]]).tolist() == [
+        int(pol.compute_actions(obs, explore=False))]
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dqn", "impala"])
+def test_the_tuned_pong_configs_pass_the_env_id_check_in_a_fresh_process(algo):
+    """ale-py's ids exist for Gymnasium only once registered: the check before Ray starts
+    registers them for env.preset=atari (`flowkit train -c configs/ppo/PongNoFrameskip-v4.yaml`
+    exited 2 with 'Environment `PongNoFrameskip` doesn't exist')."""
+    import os
+    import subprocess
+    import sys
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = ("from flowkit.engine import load_config; from flowkit._guard import check_env_id; "
+            f"pm, cfg = load_config([], 'configs/{algo}/PongNoFrameskip-v4.yaml'); check_env_id(cfg, pm); print('ok')")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=repo)
+    assert p.returncode == 0 and p.stdout.strip() == "ok", p.stderr[-2000:]
+
+
 class _LivesGame(gym.Env):
     """A toy 'game' with 2 lives of 3 steps each, reward 5 a step: with the preset's training
     wrappers a life is an episode of reward 1 a step, the game one of 6 steps and 30 points."""

@@ -13,8 +13,8 @@ if TYPE_CHECKING:
     from flowkit.core._encoders import MASK_KEY, ObsEncoder, SpaceError, add_batch_axis, batch_len
     from flowkit.core._envs import (EnvContext, EnvError, SpaceCheck, derive_seed, describe_value, env_name,
                                     find_mismatch, make_env)
-    from flowkit.core._models import (ActorCritic, RunningMeanStd, SmallCNN, TwinMLP, build_mlp, build_trunk,
-                                      init_weights, sde_std)
+    from flowkit.core._models import (ActorCritic, FramesCNN, ImpalaCNN, RunningMeanStd, SmallCNN, TwinMLP, build_mlp,
+                                      build_trunk, init_weights, sde_std)
     from flowkit.core._numpy_model import NumpyActorCritic, NumpyActorCriticPolicy, sample_logp_numpy
     from flowkit.core._returns import bootstrap_rows, compute_gae, next_values, vtrace
     from flowkit.core._runner import Episode, GymEnvRunner
@@ -29,7 +29,7 @@ __all__ = [  # batches (column names: flowkit.core.batch.OBS, ...), dataflow, po
     "batch", "DEFAULT_POLICY_ID", "MultiAgentBatch", "SampleBatch", "trajectory_ends", "Flow", "FlowContext",
     "NOT_READY", "ParallelFlow", "Sourced", "Algorithm", "Policy", "RandomPolicy", "ActorCriticPolicy", "adapt_kl_coeff", "clipped_surrogate", "to_tensor", "MASK_KEY",
     "ObsEncoder", "SpaceError", "add_batch_axis", "batch_len", "ActionDist", "ACTIVATIONS", "ActorCritic",
-    "RunningMeanStd", "SmallCNN", "TwinMLP", "build_mlp", "build_trunk", "init_weights", "sde_std", "NumpyActorCritic", "NumpyActorCriticPolicy",
+    "RunningMeanStd", "FramesCNN", "ImpalaCNN", "SmallCNN", "TwinMLP", "build_mlp", "build_trunk", "init_weights", "sde_std", "NumpyActorCritic", "NumpyActorCriticPolicy",
     "sample_logp_numpy", "bootstrap_rows", "compute_gae", "next_values", "vtrace", "EnvContext", "EnvError", "Episode", "GymEnvRunner",
     "PolicySpec", "TargetNetwork", "RolloutWorker", "SpaceCheck", "WorkerSet", "derive_seed", "describe_value", "env_name",
     "find_mismatch", "make_env"]
@@ -38,7 +38,7 @@ _MODULES = {  # the module behind each name, imported on first use (torch only w
     "_actor_critic": "ActorCriticPolicy adapt_kl_coeff clipped_surrogate", "_distributions": "ActionDist",
     "_encoders": "MASK_KEY ObsEncoder SpaceError add_batch_axis batch_len",
     "_envs": "EnvContext EnvError SpaceCheck derive_seed describe_value env_name find_mismatch make_env",
-    "_models": "ActorCritic RunningMeanStd SmallCNN TwinMLP build_mlp build_trunk init_weights sde_std",
+    "_models": "ActorCritic FramesCNN ImpalaCNN RunningMeanStd SmallCNN TwinMLP build_mlp build_trunk init_weights sde_std",
     "_numpy_model": "NumpyActorCritic NumpyActorCriticPolicy sample_logp_numpy",
     "_returns": "bootstrap_rows compute_gae next_values vtrace", "activations": "ACTIVATIONS", "_runner": "Episode GymEnvRunner",
     "_target": "TargetNetwork",

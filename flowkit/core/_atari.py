@@ -115,6 +115,19 @@ def _has_fire(env: gym.Env) -> bool:
     return len(meanings) >= 3 and meanings[1] == "FIRE"
 
 
+def register_ale() -> None:
+    """Register ale-py's env ids (``PongNoFrameskip-v4``, ``ALE/Pong-v5``) with Gymnasium.
+
+    Raises:
+        ImportError: ale-py is not installed (``pip install 'flowkit[atari]'``).
+    """
+    try:
+        import ale_py
+    except ImportError:
+        raise ImportError("env.preset=atari needs ale-py: pip install 'flowkit[atari]'") from None
+    gym.register_envs(ale_py)
+
+
 def make_atari(env_id: str, kwargs: Dict[str, Any], training: bool, max_episode_steps: Optional[int] = None) -> gym.Env:
     """The base ALE env ``env_id`` (``kwargs`` to gym.make) under the preset's wrappers (see the
     module docstring); ``training`` adds the life-loss terminal and reward clipping;
@@ -125,11 +138,7 @@ def make_atari(env_id: str, kwargs: Dict[str, Any], training: bool, max_episode_
         ImportError: ale-py is not installed (``pip install 'flowkit[atari]'``).
         ValueError: ``env_id`` is not an ALE env.
     """
-    try:
-        import ale_py
-    except ImportError:
-        raise ImportError("env.preset=atari needs ale-py: pip install 'flowkit[atari]'") from None
-    gym.register_envs(ale_py)
+    register_ale()
     kw = dict(kwargs)
     if env_id.startswith("ALE/"):
         kw.setdefault("frameskip", 1)

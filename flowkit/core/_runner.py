@@ -243,17 +243,17 @@ class GymEnvRunner:
                                   meta={"weights_version": self.worker.weights_version})
 
     def _cut(self, steps, valid_l) -> sb.SampleBatch:
-        """Stack steps (S, N, ...) and cut exactly T real transitions per sub-env."""
+        """Stack steps as (N, S, ...) (rows of one sub-env contiguous: one copy of each column)
+        and cut exactly T real transitions per sub-env."""
         T = self.T
-        stacked = {k: np.stack([s[k] for s in steps]) for k in steps[0]}
+        stacked = {k: np.stack([s[k] for s in steps], axis=1) for k in steps[0]}
         valid = np.stack(valid_l)
         if valid.all() and all(c is None for c in self.carry) and valid.shape[0] == T:
-            # fast path: every step real, nothing carried -> (N, T) layout
-            return sb.SampleBatch({k: np.ascontiguousarray(np.swapaxes(v, 0, 1)).reshape(-1, *v.shape[2:])
-                                   for k, v in stacked.items()})
+            # fast path: every step real, nothing carried -> (N, T) layout, as stacked
+            return sb.SampleBatch({k: v.reshape(-1, *v.shape[2:]) for k, v in stacked.items()})
         parts = []
         for j in range(self.n):
-            piece = sb.SampleBatch({k: v[valid[:, j], j] for k, v in stacked.items()})
+            piece = sb.SampleBatch({k: v[j][valid[:, j]] for k, v in stacked.items()})
             carried = self.carry[j]
             if carried is not None:
                 piece = sb.concat_samples([carried, piece])

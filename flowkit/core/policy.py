@@ -95,10 +95,12 @@ class Policy(Acting):
                 those arguments, or its outputs on a probe batch differ from the default's.
         """
         from flowkit.config import ConfigError
-        from flowkit.core._models import init_weights
+        from flowkit.core._models import acting_layout, init_weights
         init_weights(default, self.model_config)  # model.init (the custom network's init is its own)
         spec = self.model_config.get("class") if hasattr(self.model_config, "get") else None
         if not spec:
+            if self.inference_only and self.device.type == "cpu" and self.encoder.is_image:
+                acting_layout(default)  # a rollout worker's CNN: same function, faster on CPU
             return default
         import importlib
         mod, _, name = str(spec).partition(":")

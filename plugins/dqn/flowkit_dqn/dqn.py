@@ -89,7 +89,7 @@ class QNetwork(nn.Module):
     def __init__(self, encoder: ObsEncoder, num_actions: int, model_cfg: Any, dueling: bool):
         super().__init__()
         hidden, act = list(model_cfg.hidden_sizes), model_cfg.activation
-        self.trunk, d = build_trunk(encoder, hidden, act)
+        self.trunk, d = build_trunk(encoder, hidden, act, str(getattr(model_cfg, "cnn", None) or "nature"))
         self.dueling = bool(dueling)
         if self.dueling:
             self.value_head = build_mlp(d, [], act, 1, 1.0)
