@@ -72,8 +72,8 @@ def open_dataset(path: str, key: str = "input.dataset") -> Any:
     """
     d = data_dir(path, key)
     minari = _minari(key)
-    try:
-        ds = minari.MinariDataset(d)
+    try:  # absolute: Minari's storage sizes its files by a path that a relative folder doubles
+        ds = minari.MinariDataset(os.path.abspath(d))
     except Exception as e:
         raise ConfigError(f"{key}={path!r}: not a readable Minari dataset ({type(e).__name__}: "
                           f"{str(e).splitlines()[0] if str(e) else ''})") from None
@@ -168,7 +168,7 @@ class DatasetWriter:
         else:
             os.makedirs(d, exist_ok=True)
             name = os.path.basename(os.path.normpath(path))
-            self.storage = MinariStorage.new(d, observation_space=observation_space, action_space=action_space,
+            self.storage = MinariStorage.new(os.path.abspath(d), observation_space=observation_space, action_space=action_space,
                                              env_spec=env_spec, data_format="hdf5")
             self.storage.update_metadata({"dataset_id": name if _ID_RE.match(name) else f"{name}-v0",
                                           "minari_version": str(minari.__version__), **(metadata or {})})
