@@ -81,6 +81,78 @@ def test_record_to_a_relative_folder(tmp_path, monkeypatch):
     assert open_dataset("rel/b-v0").total_episodes == 3
 
 
+class _MaskedExpert:
+    """The target of flowkit.testing's masked_match env (a Dict observation with an action mask)."""
+
+    def compute_actions(self, obs, explore=False):
+        return np.asarray(obs["observation"]).astype(np.int64).reshape(-1)
+
+
+def _same_steps(a, b):
+    if isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            _same_steps(a[k], b[k])
+    else:
+        np.testing.assert_array_equal(a, b)
+        assert np.asarray(a).dtype == np.asarray(b).dtype
+
+
+@pytest.mark.parametrize("env,policy", [(BOUNDARY, BoundaryPolicy()),
+                                        ({"factory": "flowkit.testing.envs:masked_match"}, _MaskedExpert())])
+def test_columnar_copy_reads_what_minari_reads(tmp_path, env, policy):
+    from flowkit.datasets import COLUMNS_DIR, ColumnStore, steps_of
+    path = str(tmp_path / "d-v0")
+    record_episodes(policy, env, path, episodes=9, seed=10, num_envs=3)
+    store = ColumnStore.open(path)  # written on the first open, next to the dataset
+    assert os.path.isfile(os.path.join(path, COLUMNS_DIR, "index.json"))
+    ds = open_dataset(path)
+    order = [4, 0, 8, 3]
+    got, want = store.read(order), steps_of(list(ds.storage.get_episodes(order)))
+    assert sorted(got) == sorted(want)
+    for k in got:
+        _same_steps(got[k], want[k])
+    assert got["t"].tolist()[:3] == [0, 1, 2] and got["episode_ids"][0] == 4
+    # append=true changes the dataset: the copy is written again on the next open
+    record_episodes(policy, env, path, episodes=2, seed=50, append=True)
+    store = ColumnStore.open(path)
+    assert len(store.lengths) == 11
+    _same_steps(store.read([10])["rewards"], steps_of(list(open_dataset(path).storage.get_episodes([10])))["rewards"])
+
+
+def test_streamed_epoch_hands_out_every_row_once(tmp_path):
+    # 40 episodes of 2-6 steps through a 25-row shuffle buffer: every (episode, t) once per epoch,
+    # obs and next_obs from the right steps; BC's batches carry its train columns only
+    import collections
+    from types import SimpleNamespace
+
+    from flowkit_offline import BCConfig
+    from flowkit_offline.marwil import MARWILPolicy
+    from flowkit_offline.reader import DatasetReader
+    from omegaconf import OmegaConf
+    path = str(tmp_path / "b-v0")
+    res = record_episodes(BoundaryPolicy(), BOUNDARY, path, episodes=40, seed=0, num_envs=4)
+    pol = MARWILPolicy(BoundaryEnv.observation_space, BoundaryEnv.action_space, BCConfig())
+    ctx = SimpleNamespace(policies={"default": pol}, counters=collections.Counter(), mark=lambda _: None,
+                          config=OmegaConf.create({"seed": 3, "env": {"id": "x", "factory": None}}))
+    reader = DatasetReader(ctx, path, "default", 8, 25)
+    batches = list(reader.epoch_batches(0))
+    assert all(sorted(b) == ["actions", "obs"] for b in batches)
+    assert [len(b) for b in batches[:-1]] == [8] * (len(batches) - 1) and sum(map(len, batches)) == res["steps"]
+    pol.train_columns = None  # every column
+    rows = [b for b in DatasetReader(ctx, path, "default", 8, 25).epoch_batches(0)]
+    for a, b in zip(batches, rows):  # the same rows in the same order
+        np.testing.assert_array_equal(a["obs"], b["obs"])
+    obs = np.concatenate([b["obs"] for b in rows])
+    nxt = np.concatenate([b["next_obs"] for b in rows])
+    t = np.concatenate([b["t"] for b in rows])
+    assert sorted(zip(obs[:, 0].tolist(), t.tolist())) == sorted((s, i) for s in range(40) for i in range(2 + s % 5))
+    np.testing.assert_array_equal(obs[:, 1], t)
+    np.testing.assert_array_equal(nxt[:, 1], t + 1)
+    assert len({tuple(b["obs"][0]) for b in rows}) > 1  # shuffled: not in dataset order
+    np.testing.assert_array_equal(np.concatenate([b["actions"] for b in rows]), (obs[:, 0] + t) % 3)
+
+
 @pytest.fixture(scope="module")
 def cartpole_dataset(tmp_path_factory):
     """10,000 transitions of the scripted CartPole expert (greedy)."""

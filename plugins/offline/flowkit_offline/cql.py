@@ -48,13 +48,14 @@ from torch import nn
 
 import flowkit
 from flowkit.core import batch as sb
-from flowkit.core import to_tensor
 from flowkit.core.ops import TrainOneStep, UpdateTargetNetwork
 from flowkit_offline import CQLDQNConfig, CQLSACConfig, validate
 
 
 class CQLDQNPolicy(DQNPolicy):
     """DQN's Q-network and TD loss plus the CQL(H) term (see the module docstring)."""
+
+    train_columns: Tuple[str, ...] = (*DQNPolicy.train_columns, sb.ACTION_MASK)  # the mask keeps illegal actions out of the log-sum-exp
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         td_loss, st = super().loss(batch)
@@ -68,11 +69,6 @@ class CQLDQNPolicy(DQNPolicy):
         st.update(td_loss=st.pop("loss"), cql_loss=float(cql_loss.detach()), loss=float(loss.detach()))
         return loss, st
 
-    def prepare_batch(self, batch):
-        out = super().prepare_batch(batch)
-        if sb.ACTION_MASK in batch:
-            out[sb.ACTION_MASK] = to_tensor(batch[sb.ACTION_MASK], self.device)
-        return out
 
 
 class CQLDQN(flowkit.Algorithm):
