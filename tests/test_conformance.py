@@ -21,7 +21,7 @@ SETTINGS = {
 }
 # the offline algorithms learn from a dataset, not rollouts: tests/test_offline.py checks them
 # (config, plan, checkpoint, learn) with one
-OFFLINE = {"bc", "marwil", "cql_dqn"}
+OFFLINE = {"bc", "marwil", "cql_dqn", "cql_sac"}
 ALGOS = sorted(set(get_plugin_manager().algorithms(load=False)) - {"random"} - OFFLINE) + ["apex"]
 
 

@@ -73,6 +73,86 @@ def test_recorded_dataset_opens_with_minaris_api(tmp_path, monkeypatch):
     assert minari.load_dataset("flowkit-boundary-v0").total_episodes == 6
 
 
+def test_record_to_a_relative_folder(tmp_path, monkeypatch):
+    # Minari sizes its files by a path that a relative data folder doubled (FileNotFoundError on write)
+    monkeypatch.chdir(tmp_path)
+    record_episodes(BoundaryPolicy(), BOUNDARY, "rel/b-v0", episodes=2, seed=10)
+    record_episodes(BoundaryPolicy(), BOUNDARY, "rel/b-v0", episodes=1, seed=20, append=True)
+    assert open_dataset("rel/b-v0").total_episodes == 3
+
+
+class _MaskedExpert:
+    """The target of flowkit.testing's masked_match env (a Dict observation with an action mask)."""
+
+    def compute_actions(self, obs, explore=False):
+        return np.asarray(obs["observation"]).astype(np.int64).reshape(-1)
+
+
+def _same_steps(a, b):
+    if isinstance(a, dict):
+        assert list(a) == list(b)
+        for k in a:
+            _same_steps(a[k], b[k])
+    else:
+        np.testing.assert_array_equal(a, b)
+        assert np.asarray(a).dtype == np.asarray(b).dtype
+
+
+@pytest.mark.parametrize("env,policy", [(BOUNDARY, BoundaryPolicy()),
+                                        ({"factory": "flowkit.testing.envs:masked_match"}, _MaskedExpert())])
+def test_columnar_copy_reads_what_minari_reads(tmp_path, env, policy):
+    from flowkit.datasets import COLUMNS_DIR, ColumnStore, steps_of
+    path = str(tmp_path / "d-v0")
+    record_episodes(policy, env, path, episodes=9, seed=10, num_envs=3)
+    store = ColumnStore.open(path)  # written on the first open, next to the dataset
+    assert os.path.isfile(os.path.join(path, COLUMNS_DIR, "index.json"))
+    ds = open_dataset(path)
+    order = [4, 0, 8, 3]
+    got, want = store.read(order), steps_of(list(ds.storage.get_episodes(order)))
+    assert sorted(got) == sorted(want)
+    for k in got:
+        _same_steps(got[k], want[k])
+    assert got["t"].tolist()[:3] == [0, 1, 2] and got["episode_ids"][0] == 4
+    # append=true changes the dataset: the copy is written again on the next open
+    record_episodes(policy, env, path, episodes=2, seed=50, append=True)
+    store = ColumnStore.open(path)
+    assert len(store.lengths) == 11
+    _same_steps(store.read([10])["rewards"], steps_of(list(open_dataset(path).storage.get_episodes([10])))["rewards"])
+
+
+def test_streamed_epoch_hands_out_every_row_once(tmp_path):
+    # 40 episodes of 2-6 steps through a 25-row shuffle buffer: every (episode, t) once per epoch,
+    # obs and next_obs from the right steps; BC's batches carry its train columns only
+    import collections
+    from types import SimpleNamespace
+
+    from flowkit_offline import BCConfig
+    from flowkit_offline.marwil import MARWILPolicy
+    from flowkit_offline.reader import DatasetReader
+    from omegaconf import OmegaConf
+    path = str(tmp_path / "b-v0")
+    res = record_episodes(BoundaryPolicy(), BOUNDARY, path, episodes=40, seed=0, num_envs=4)
+    pol = MARWILPolicy(BoundaryEnv.observation_space, BoundaryEnv.action_space, BCConfig())
+    ctx = SimpleNamespace(policies={"default": pol}, counters=collections.Counter(), mark=lambda _: None,
+                          config=OmegaConf.create({"seed": 3, "env": {"id": "x", "factory": None}}))
+    reader = DatasetReader(ctx, path, "default", 8, 25)
+    batches = list(reader.epoch_batches(0))
+    assert all(sorted(b) == ["actions", "obs"] for b in batches)
+    assert [len(b) for b in batches[:-1]] == [8] * (len(batches) - 1) and sum(map(len, batches)) == res["steps"]
+    pol.train_columns = None  # every column
+    rows = [b for b in DatasetReader(ctx, path, "default", 8, 25).epoch_batches(0)]
+    for a, b in zip(batches, rows):  # the same rows in the same order
+        np.testing.assert_array_equal(a["obs"], b["obs"])
+    obs = np.concatenate([b["obs"] for b in rows])
+    nxt = np.concatenate([b["next_obs"] for b in rows])
+    t = np.concatenate([b["t"] for b in rows])
+    assert sorted(zip(obs[:, 0].tolist(), t.tolist())) == sorted((s, i) for s in range(40) for i in range(2 + s % 5))
+    np.testing.assert_array_equal(obs[:, 1], t)
+    np.testing.assert_array_equal(nxt[:, 1], t + 1)
+    assert len({tuple(b["obs"][0]) for b in rows}) > 1  # shuffled: not in dataset order
+    np.testing.assert_array_equal(np.concatenate([b["actions"] for b in rows]), (obs[:, 0] + t) % 3)
+
+
 @pytest.fixture(scope="module")
 def cartpole_dataset(tmp_path_factory):
     """10,000 transitions of the scripted CartPole expert (greedy)."""
@@ -254,3 +334,190 @@ def test_bc_learns_box_actions(tmp_path):
     out = check_algorithm(BC, [f"input.dataset={path}", "bc.train_batch_size=64"], env=BOX, checks=("learn",),
                           learn_env_steps=8000, tmp_dir=str(tmp_path))
     assert out["learn_return"] >= BOX.solved  # 6.4 of 8; random play about 2.7
+
+
+# ---- CQL on SAC (Box actions) ----------------------------------------------------------------------
+def _cql_sac_policy(**cfg):
+    """A CQL-SAC policy on flowkit.testing's target env (obs and action in [-1, 1]^1), no hidden
+    layers: each critic is Q_j(s, a) = w_j . [s, a] + b_j."""
+    from flowkit_offline import CQLSACConfig
+    from flowkit_offline.cql import CQLSACPolicy
+    from omegaconf import OmegaConf
+
+    from flowkit.testing.envs import TargetEnv
+    env = TargetEnv()
+    mc = OmegaConf.create({"hidden_sizes": [], "activation": "relu", "shared_value_network": False})
+    return CQLSACPolicy(env.observation_space, env.action_space, CQLSACConfig(**cfg), mc)
+
+
+def test_cql_gap_hand_computed():
+    import math
+
+    import torch
+    from flowkit_offline.cql import cql_gap
+
+    # one Q-function, two states, three sampled actions each
+    q_data = torch.tensor([[2.0, -1.0]])
+    q_s = torch.tensor([[[-1.0, 1.0, 3.0], [0.0, 0.0, 0.0]]])
+    log_mu = torch.tensor([[-math.log(2.0), 0.5, -0.25], [0.0, 0.0, math.log(3.0)]])
+    want = 0.5 * ((math.log(2 * math.exp(-1.0) + math.exp(0.5) + math.exp(3.25)) - 2.0)
+                  + (math.log(2.0 + 1.0 / 3.0) + 1.0))
+    assert cql_gap(q_data, q_s, log_mu).tolist() == pytest.approx([want], rel=1e-6)
+    # temperature T: T logsumexp((Q - log mu) / T)
+    want_t2 = 0.5 * ((2.0 * math.log(math.exp((-1.0 + math.log(2.0)) / 2) + math.exp(0.25) + math.exp(1.625)) - 2.0)
+                     + (2.0 * math.log(2.0 + math.exp(-math.log(3.0) / 2)) + 1.0))
+    assert cql_gap(q_data, q_s, log_mu, 2.0).tolist() == pytest.approx([want_t2], rel=1e-6)
+
+
+def _hand_batch(pol):
+    """Two rows; critics set to Q1 = s + 2a and Q2 = 1 - a, and the sampled actions fixed to
+    [-1, 0, 1] per state with proposal log-densities [-log 2, 0.5, -0.25]."""
+    import math
+
+    import torch
+
+    from flowkit.core import batch as sb
+    c = pol.model.critic
+    with torch.no_grad():
+        c.wa.copy_(torch.tensor([[1.0, 2.0]]))
+        c.ba.zero_()
+        c.wb.copy_(torch.tensor([[0.0, -1.0]]))
+        c.bb.fill_(1.0)
+    a = torch.tensor([-1.0, 0.0, 1.0]).view(1, 3, 1).expand(2, 3, 1)
+    log_mu = torch.tensor([-math.log(2.0), 0.5, -0.25]).expand(2, 3)
+    pol.sampled_actions = lambda obs, next_obs: (a, log_mu)
+    return {sb.OBS: torch.tensor([[1.0], [-0.5]]), sb.NEXT_OBS: torch.tensor([[0.2], [0.3]]),
+            sb.ACTIONS: torch.tensor([[0.5], [-1.0]]), sb.REWARDS: torch.tensor([1.0, 0.0]),
+            sb.TERMINATEDS: torch.tensor([False, True])}
+
+
+def _hand_gaps():
+    import math
+
+    def lse(qs):
+        return math.log(sum(math.exp(q - m) for q, m in zip(qs, (-math.log(2.0), 0.5, -0.25))))
+    # state 1 (s = 1, a = 0.5): Q1 at a = -1, 0, 1: -1, 1, 3, at the data 2; Q2: 2, 1, 0, at the data 0.5
+    # state 2 (s = -0.5, a = -1): Q1: -2.5, -0.5, 1.5, at the data -2.5; Q2: 2, 1, 0, at the data 2
+    gap1 = 0.5 * ((lse([-1, 1, 3]) - 2.0) + (lse([-2.5, -0.5, 1.5]) + 2.5))
+    gap2 = 0.5 * ((lse([2, 1, 0]) - 0.5) + (lse([2, 1, 0]) - 2.0))
+    return gap1, gap2
+
+
+def test_cql_sac_penalty_on_a_hand_computed_batch():
+    import torch
+    from flowkit_sac import SACPolicy
+    gap1, gap2 = _hand_gaps()
+    pol = _cql_sac_policy(cql_alpha=3.0)
+    batch = _hand_batch(pol)
+    g = pol.generator.get_state()
+    sac_loss, _ = SACPolicy.loss(pol, batch)  # SAC's own losses, with the same noise draws
+    pol.generator.set_state(g)
+    loss, st = pol.loss(batch)
+    assert st["cql_gap"] == pytest.approx((gap1 + gap2) / 2, rel=1e-5)
+    assert st["cql_loss"] == pytest.approx(3.0 * (gap1 + gap2), rel=1e-5)
+    assert float((loss - sac_loss).detach()) == pytest.approx(3.0 * (gap1 + gap2), rel=1e-5)
+    # the penalty's gradient reaches the critics only: the actor's gradient is SAC's
+    actor = list(pol.model.actor.parameters())
+    pol.generator.set_state(g)
+    want = torch.autograd.grad(SACPolicy.loss(pol, batch)[0], actor)
+    pol.generator.set_state(g)
+    got = torch.autograd.grad(pol.loss(batch)[0], actor)
+    for w, h in zip(want, got):
+        torch.testing.assert_close(h, w)
+
+
+def test_cql_sac_lagrangian_weight_moves_with_the_gap():
+    import math
+
+    import torch
+    from flowkit_sac import SACPolicy
+    gap1, gap2 = _hand_gaps()
+    for tau in (0.5, 3.0):  # the gaps are about 1.3-2.5: alpha' grows below them, shrinks above
+        pol = _cql_sac_policy(cql_alpha=2.0, lagrangian=True, target_action_gap=tau)
+        batch = _hand_batch(pol)
+        g = pol.generator.get_state()
+        sac_loss, _ = SACPolicy.loss(pol, batch)
+        pol.generator.set_state(g)
+        loss, st = pol.loss(batch)
+        log_ap = pol.log_alpha_prime
+        assert float(log_ap.detach()) == pytest.approx(math.log(2.0)) and st["cql_alpha"] == pytest.approx(2.0)
+        # critics: alpha' (gap_j - tau) summed; the multiplier: -alpha' mean_j (gap_j - tau)
+        assert st["cql_loss"] == pytest.approx(2.0 * (gap1 + gap2 - 2 * tau), rel=1e-5)
+        assert st["lagrange_loss"] == pytest.approx(-2.0 * ((gap1 + gap2) / 2 - tau), rel=1e-5)
+        assert float((loss - sac_loss).detach()) == pytest.approx(st["cql_loss"] + st["lagrange_loss"], rel=1e-5)
+        (grad,) = torch.autograd.grad(loss, [log_ap])
+        assert float(grad) == pytest.approx(-2.0 * ((gap1 + gap2) / 2 - tau), rel=1e-5)  # d/d log alpha'
+
+
+def test_cql_sac_samples_three_proposals_and_splits_the_optimizer():
+    import math
+
+    import torch
+    from flowkit_sac import squashed_gaussian
+    pol = _cql_sac_policy(num_actions=4, actor_lr=1e-5, lr=2e-4)
+    obs, next_obs = torch.tensor([[0.3], [-0.7]]), torch.tensor([[0.1], [0.9]])
+    g = pol.generator.get_state()
+    a, log_mu = pol.sampled_actions(obs, next_obs)
+    assert a.shape == (2, 12, 1) and log_mu.shape == (2, 12)
+    assert ((a >= -1) & (a <= 1)).all()
+    torch.testing.assert_close(log_mu[:, :4], torch.full((2, 4), -math.log(2.0)))  # uniform on [-1, 1]: density 1/2
+    # then 4 draws of pi(.|s) and 4 of pi(.|s'), with their own log-densities
+    pol.generator.set_state(g)
+    torch.rand(8, 1, generator=pol.generator)
+    for k, o in enumerate((obs, next_obs)):
+        o4 = o.repeat_interleave(4, 0)
+        ak, lk = squashed_gaussian(pol.model.actor(o4), pol.noise(o4))
+        torch.testing.assert_close(a[:, 4 + 4 * k:8 + 4 * k].reshape(8, 1), ak.detach())
+        torch.testing.assert_close(log_mu[:, 4 + 4 * k:8 + 4 * k].reshape(8), lk.detach())
+    # one Adam, three segments: critics and temperature at lr, the actor at actor_lr
+    assert [g["lr"] for g in pol.optimizer.param_groups] == [2e-4, 1e-5, 2e-4]
+    n_critic = sum(p.numel() for p in pol.model.critic.parameters())
+    assert pol.optimizer.segments[0] == slice(0, n_critic)
+
+
+@pytest.fixture(scope="module")
+def box_mixed_dataset(tmp_path_factory):
+    """2,000 transitions of flowkit.testing's target env: 30 % from the best policy (a = x),
+    70 % from the worst (a = -x)."""
+    from offline_envs import TargetExpert
+
+    from flowkit.testing.envs import BOX
+
+    class AntiTarget:
+        def compute_actions(self, obs, explore=False):
+            return -np.asarray(obs, np.float32).reshape(-1, 1)
+    path = str(tmp_path_factory.mktemp("offline") / "box-mixed-v0")
+    record_episodes(TargetExpert(), {"factory": BOX.factory}, path, steps=600, seed=0)
+    record_episodes(AntiTarget(), {"factory": BOX.factory}, path, steps=1400, seed=100, append=True)
+    return path
+
+
+@pytest.mark.slow
+def test_cql_sac_beats_bc_on_a_mixed_box_dataset(tmp_path, box_mixed_dataset):
+    # 1,000 gradient steps each (75 s on a busy 2-core machine: slow). BC fits one Gaussian to both modes (a mean near -0.4 x: about 4 of 8); CQL's critics rank
+    # a = x above a = -x and the actor follows them (8 of 8 at best)
+    got = {}
+    for algo, extra in (("bc", ()), ("cql_sac", ("cql_sac.cql_alpha=1.0", "cql_sac.actor_lr=1e-3",
+                                                 "cql_sac.lr=1e-3", "cql_sac.num_actions=4"))):
+        res = flowkit.train(local_overrides(str(tmp_path / algo), f"algo={algo}", *extra,
+                                            "env.factory=flowkit.testing.envs:target", f"input.dataset={box_mixed_dataset}",
+                                            "seed=0", "stop.env_steps=64000", f"{algo}.train_batch_size=64",
+                                            "run.min_iter_env_steps=16000", "evaluation.final=true",
+                                            "evaluation.episodes=20"), verbose=False)
+        got[algo] = res.metrics["evaluation_return_mean"]
+    assert got["bc"] <= 5.5 and got["cql_sac"] >= 7.0, got
+
+
+def test_conformance_cql_sac(tmp_path, box_mixed_dataset):
+    # its learning check is the test above (a few hundred gradient steps; the conformance run takes tens)
+    from flowkit_offline import CQLSAC
+
+    from flowkit.testing import check_algorithm
+    from flowkit.testing.envs import BOX
+    out = check_algorithm(CQLSAC, [f"input.dataset={box_mixed_dataset}", "cql_sac.train_batch_size=64",
+                                   "cql_sac.num_actions=2"], env=BOX, checks=("config", "plan", "checkpoint"),
+                          learn_env_steps=2000, tmp_dir=str(tmp_path))
+    assert "DatasetReader" in out["plan"] and "UpdateTargetNetwork" in out["plan"]
+    policy = flowkit.Algorithm.from_checkpoint(str(tmp_path / "ckpt")).get_policy()  # exports as any trained policy
+    assert policy.num_updates > 0
+    export_policy(policy, "torchscript", str(tmp_path / "cql_sac.pt"), check=64)

@@ -125,8 +125,8 @@ class DQNPolicy(DQNActing, Policy):
     """
 
     model: Any  # a QNetwork, or the network of model.class
-    train_columns = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.NEXT_OBS, sb.N_STEPS, sb.PRIO_WEIGHTS,
-                     sb.NEXT_ACTION_MASK)
+    train_columns: Tuple[str, ...] = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.NEXT_OBS, sb.N_STEPS,
+                                      sb.PRIO_WEIGHTS, sb.NEXT_ACTION_MASK)
     state_attrs = ("epsilon",)
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",

@@ -5,8 +5,9 @@
   online evaluation (``evaluation.*``) still runs the env;
 - the algorithms ``bc`` (behavioural cloning) and ``marwil`` (Wang et al. 2018,
   advantage-weighted imitation; ``marwil.beta=0`` is BC), in :mod:`flowkit_offline.marwil`,
-  and ``cql_dqn`` (conservative Q-learning, Kumar et al. 2020, CQL(H) on DQN's Q-network,
-  Discrete actions), in :mod:`flowkit_offline.cql`.
+  ``cql_dqn`` (conservative Q-learning, Kumar et al. 2020, CQL(H) on DQN's Q-network,
+  Discrete actions) and ``cql_sac`` (CQL(H) on SAC's actor and twin critics, Box actions), in
+  :mod:`flowkit_offline.cql`.
 
 This module is the plugin's torch-free metadata (config sections, registration, the checks
 made before anything starts); the algorithms and the reader (torch) are imported on first use.
@@ -16,18 +17,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, List, Optional
 
+from flowkit_sac import SACLossConfig
+
 import flowkit
-from flowkit.config import ConfigError, F
+from flowkit.config import MAX_BATCH_ROWS, ConfigError, F
 from flowkit.hooks import lazy_attrs
 
 if TYPE_CHECKING:
-    from flowkit_offline.cql import CQLDQN, CQLDQNPolicy
+    from flowkit_offline.cql import CQLDQN, CQLSAC, CQLDQNPolicy, CQLSACPolicy
     from flowkit_offline.marwil import BC, MARWIL, MARWILPolicy
     from flowkit_offline.reader import DatasetReader, NoRollouts
 
-__all__ = ["BC", "BCConfig", "CQLDQN", "CQLDQNConfig", "CQLDQNPolicy", "DatasetReader", "InputConfig", "MARWIL", "MARWILConfig", "MARWILPolicy", "NoRollouts"]
+__all__ = ["BC", "BCConfig", "CQLDQN", "CQLDQNConfig", "CQLDQNPolicy", "CQLSAC", "CQLSACConfig", "CQLSACPolicy",
+           "DatasetReader", "InputConfig", "MARWIL", "MARWILConfig", "MARWILPolicy", "NoRollouts"]
 
-OFFLINE_ALGOS = ("bc", "marwil", "cql_dqn")
+OFFLINE_ALGOS = ("bc", "marwil", "cql_dqn", "cql_sac")
 
 
 @dataclass
@@ -83,6 +87,27 @@ class CQLDQNConfig:
                                ge=0, le=1)
 
 
+@dataclass
+class CQLSACConfig(SACLossConfig):
+    """cql_sac: Conservative Q-Learning (Kumar et al. 2020), CQL(H) on SAC's actor, twin critics and temperature, Box actions."""
+    lr: float = F(3e-4, "Adam learning rate of the critics, SAC's temperature and the Lagrange multiplier", gt=0)
+    train_batch_size: int = F(256, "dataset rows per gradient step", gt=0, le=MAX_BATCH_ROWS)
+    actor_lr: Optional[float] = F(1e-4, "Adam learning rate of the actor (null: lr)", gt=0)
+    cql_alpha: float = F(5.0, "weight of the conservative term mean(T logsumexp(Q(s, a) / T) - Q(s, a_data)) per "
+                              "critic (lagrangian=true: its starting value, then learned)", ge=0)
+    num_actions: int = F(10, "actions drawn per state from each of the three proposals of the log-sum-exp "
+                             "(uniform, pi(.|s), pi(.|s')): 3 x num_actions Q-values per state", ge=1, le=1000)
+    cql_temperature: float = F(1.0, "temperature T of the log-sum-exp", gt=0)
+    lagrangian: bool = F(False, "CQL-Lagrange: learn the weight alpha' >= 0 by dual gradient descent so that the "
+                                "conservative gap stays at target_action_gap (eq. 30)")
+    target_action_gap: float = F(5.0, "lagrangian: the gap's threshold tau (the multiplier grows while the gap is "
+                                      "above it, shrinks below)")
+
+    def validate(self, run_config: Any, name: str) -> List[str]:
+        """The offline checks (``input.dataset`` set, opens, fits the env), torch-free."""
+        return validate(run_config, self, name)  # the module's function below
+
+
 def validate(run_config: Any, section: Any, name: str) -> List[str]:
     """``BC.validate_config`` and ``MARWIL``'s, torch-free: the run needs ``input.dataset``, and
     the dataset must open, hold transitions and match the env's spaces (made before torch and
@@ -100,7 +125,8 @@ def validate(run_config: Any, section: Any, name: str) -> List[str]:
 def flowkit_add_algorithms():
     return [flowkit.AlgorithmRef("bc", BCConfig, "flowkit_offline.marwil:BC", validate),
             flowkit.AlgorithmRef("marwil", MARWILConfig, "flowkit_offline.marwil:MARWIL", validate),
-            flowkit.AlgorithmRef("cql_dqn", CQLDQNConfig, "flowkit_offline.cql:CQLDQN", validate, ("Discrete",))]
+            flowkit.AlgorithmRef("cql_dqn", CQLDQNConfig, "flowkit_offline.cql:CQLDQN", validate, ("Discrete",)),
+            flowkit.AlgorithmRef("cql_sac", CQLSACConfig, "flowkit_offline.cql:CQLSAC", validate, ("Box",))]
 
 
 @flowkit.hookimpl
@@ -120,5 +146,5 @@ def flowkit_build_plan(ctx):
 
 
 __getattr__ = lazy_attrs({**dict.fromkeys(["BC", "MARWIL", "MARWILPolicy"], "flowkit_offline.marwil"),
-                          **dict.fromkeys(["CQLDQN", "CQLDQNPolicy"], "flowkit_offline.cql"),
+                          **dict.fromkeys(["CQLDQN", "CQLDQNPolicy", "CQLSAC", "CQLSACPolicy"], "flowkit_offline.cql"),
                           **dict.fromkeys(["DatasetReader", "NoRollouts"], "flowkit_offline.reader")})

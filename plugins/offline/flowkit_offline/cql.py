@@ -1,37 +1,61 @@
-"""Discrete CQL (Kumar et al. 2020, "Conservative Q-Learning for Offline Reinforcement
-Learning", NeurIPS 2020, arXiv 2006.04779): CQL(H) on DQN's Q-network and TD loss, learning
-from a dataset (``algo=cql_dqn input.dataset=PATH``). Discrete actions.
+"""Conservative Q-learning (Kumar et al. 2020, "Conservative Q-Learning for Offline
+Reinforcement Learning", NeurIPS 2020, arXiv 2006.04779), CQL(H), learning from a dataset
+(``input.dataset=PATH``): on DQN's Q-network and TD loss for Discrete actions (``cql_dqn``),
+on SAC's squashed-Gaussian actor, twin critics and temperature for Box actions (``cql_sac``).
+The TD and actor parts are the base algorithms' own losses (:meth:`flowkit_dqn.DQNPolicy.loss`,
+:meth:`flowkit_sac.SACPolicy.loss`); this module adds the conservative term.
 
-Math, top to bottom (the TD part is :meth:`flowkit_dqn.DQNPolicy.loss`):
-    n-step returns inside each dataset episode (DQN's postprocess, once when it is read);
-    TD target (double-Q by default):  y = R_t + gamma^m (1 - terminated_t) Q_target(s', a*)
-    td_loss  = mean huber(Q(s_t, a_t) - y)
-    The conservative term, CQL(H) (eq. 4, with the maximum-entropy regulariser R(mu) = H(mu),
-    whose solution makes the pushed-down term a log-sum-exp; the discrete form of appendix F):
-        cql_loss = mean_t [ logsumexp_a Q(s_t, a) - Q(s_t, a_t) ]
-    loss = td_loss + cql_alpha * cql_loss
-    It pushes Q down on every action and back up on the dataset's actions: the greedy policy
-    stays on actions the data supports.
+CQL(H) (eq. 4, with the maximum-entropy regulariser R(mu) = H(mu), whose solution makes the
+pushed-down term a log-sum-exp over actions), per Q-function:
+    gap = mean_t [ log sum_a exp Q(s_t, a) - Q(s_t, a_t) ]        (a_t: the dataset's action)
+    loss = base_loss + cql_alpha * gap
+It pushes Q down on every action and back up on the dataset's actions: the greedy (or actor's)
+action stays where the data supports it.
 
-Plan: DatasetReader -> TrainOneStep -> UpdateTargetNetwork(every target_network_update_freq
-gradient steps). Acting: greedy in Q (evaluation), epsilon-greedy when sampling.
+``cql_dqn`` (Discrete; the form of appendix F): the log-sum-exp is exact over the actions
+(illegal ones of an action mask left out); n-step, double-Q TD target of DQN; target network
+copied every ``target_network_update_freq`` gradient steps.
+
+``cql_sac`` (Box, actions in [-1, 1]^k): the integral log int exp Q(s, a) da is estimated by
+importance sampling (appendix F; the authors' code) from N = ``num_actions`` draws of each of
+three proposals, uniform U = U[-1, 1]^k (density 2^-k), pi(.|s_t) and pi(.|s_{t+1}) (actions
+and log-densities as constants), each Q(s_t, .) of every twin critic j:
+    lse_j(s) = T logsumexp_{i=1..3N} ( (Q_j(s, a_i) - log mu_i(a_i)) / T )
+    gap_j = mean_t [ lse_j(s_t) - Q_j(s_t, a_t) ]
+    cql_loss = sum_j cql_alpha * gap_j            (added to SAC's critic, actor and temperature losses)
+(as in the authors' code, without the constant -log 3N of a mean: a shift of every gap by
+log 3N, no change to the gradients). With ``lagrangian`` (CQL-Lagrange, eq. 30) the weight is a
+learned alpha' = exp(log alpha') >= 0, starting at ``cql_alpha``:
+    cql_loss = sum_j alpha' (gap_j - tau),   lagrange_loss = -alpha' mean_j (gap_j - tau)
+(alpha' a constant in the first, the gaps in the second; tau = ``target_action_gap``): alpha'
+grows while the gaps exceed tau. SAC's soft Bellman target, actor and temperature losses stay
+as they are; the actor has its own learning rate (``actor_lr``: one Adam over SAC's flat
+buffer, split into critic, actor and temperature segments). Polyak targets every
+``target_update_freq`` gradient steps.
+
+Plans: DatasetReader -> TrainOneStep -> UpdateTargetNetwork. Acting: greedy in Q (``cql_dqn``),
+tanh of the actor's mean (``cql_sac``) in evaluation.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+import math
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from flowkit_dqn import DQN, DQNPolicy
+from flowkit_sac import SAC, SACPolicy, squashed_gaussian
+from torch import nn
 
 import flowkit
 from flowkit.core import batch as sb
-from flowkit.core import to_tensor
 from flowkit.core.ops import TrainOneStep, UpdateTargetNetwork
-from flowkit_offline import CQLDQNConfig, validate
+from flowkit_offline import CQLDQNConfig, CQLSACConfig, validate
 
 
 class CQLDQNPolicy(DQNPolicy):
     """DQN's Q-network and TD loss plus the CQL(H) term (see the module docstring)."""
+
+    train_columns: Tuple[str, ...] = (*DQNPolicy.train_columns, sb.ACTION_MASK)  # the mask keeps illegal actions out of the log-sum-exp
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         td_loss, st = super().loss(batch)
@@ -45,11 +69,6 @@ class CQLDQNPolicy(DQNPolicy):
         st.update(td_loss=st.pop("loss"), cql_loss=float(cql_loss.detach()), loss=float(loss.detach()))
         return loss, st
 
-    def prepare_batch(self, batch):
-        out = super().prepare_batch(batch)
-        if sb.ACTION_MASK in batch:
-            out[sb.ACTION_MASK] = to_tensor(batch[sb.ACTION_MASK], self.device)
-        return out
 
 
 class CQLDQN(flowkit.Algorithm):
@@ -67,3 +86,106 @@ class CQLDQN(flowkit.Algorithm):
     def training_flow(self, experiences, ctx, learner):
         return (experiences.for_each(TrainOneStep(ctx, learner))
                 .for_each(UpdateTargetNetwork(ctx, learner, int(self.config.target_network_update_freq))))
+
+
+def cql_gap(q_data: torch.Tensor, q_sampled: torch.Tensor, log_mu: torch.Tensor, temperature: float = 1.0
+            ) -> torch.Tensor:
+    """CQL(H)'s gap per Q-function, the log-sum-exp estimated by importance sampling (module
+    docstring): ``mean_t [T logsumexp_i((Q(s_t, a_i) - log mu(a_i)) / T) - Q(s_t, a_t)]``.
+
+    Args:
+        q_data: float32[J, B], each Q-function at the dataset's (s_t, a_t).
+        q_sampled: float32[J, B, M], at M sampled actions per state.
+        log_mu: float32[B, M], the log-density of each sampled action under its proposal.
+        temperature: T.
+    Returns:
+        float32[J].
+    """
+    lse = temperature * torch.logsumexp((q_sampled - log_mu) / temperature, -1)
+    return (lse - q_data).mean(-1)
+
+
+class CQLSACPolicy(SACPolicy):
+    """SAC's actor, twin critics and temperature (its :meth:`~flowkit_sac.SACPolicy.loss`) plus
+    the CQL(H) term with the importance-sampled log-sum-exp (module docstring); with
+    ``lagrangian``, the learned weight ``model.lagrange.log_alpha_prime``."""
+
+    def finish_init(self, target_modules: Sequence[str], sizes: Any = None) -> None:
+        cfg = self.config
+        # after SAC's critic, actor and temperature: the Lagrange multiplier (kept, frozen, without lagrangian)
+        self.model.lagrange = nn.ParameterDict({"log_alpha_prime": nn.Parameter(
+            torch.tensor(math.log(max(float(cfg.cql_alpha), 1e-8))), requires_grad=bool(cfg.lagrangian))})
+        if self.inference_only:
+            return super().finish_init(target_modules)
+        n = [sum(p.numel() for p in getattr(self.model, m).parameters() if p.requires_grad)
+             for m in ("critic", "actor", "temperature", "lagrange")]
+        super().finish_init(target_modules, sizes=[n[0], n[1]] + ([n[2] + n[3]] if n[2] + n[3] else []))
+        assert self.optimizer is not None
+        if cfg.actor_lr is not None:  # the actor's segment of the one Adam
+            self.optimizer.param_groups[1]["lr"] = float(cfg.actor_lr)
+
+    @property
+    def log_alpha_prime(self) -> torch.Tensor:
+        """log alpha', the learned weight of ``lagrangian`` (a scalar parameter)."""
+        lagrange: Any = self.model.lagrange
+        return lagrange["log_alpha_prime"]
+
+    @property
+    def alpha_prime(self) -> float:
+        """The conservative term's weight now (``cql_alpha``, or the learned alpha')."""
+        return float(self.log_alpha_prime.detach().exp()) if self.config.lagrangian else float(self.config.cql_alpha)
+
+    def sampled_actions(self, obs: torch.Tensor, next_obs: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The 3N actions per state of the log-sum-exp and their proposals' log-densities, as
+        constants: ``(float32[B, 3N, k] in [-1, 1], float32[B, 3N])``; per state N uniform, N from
+        pi(.|s), N from pi(.|s')."""
+        n, k, b = int(self.config.num_actions), self.act_dim, len(obs)
+        with torch.no_grad():
+            a_rand = (2.0 * torch.rand(b * n, k, generator=self.generator) - 1.0).to(self.device)
+            obs_n, next_n = obs.repeat_interleave(n, 0), next_obs.repeat_interleave(n, 0)
+            a_cur, logp_cur = squashed_gaussian(self.model.actor(obs_n), self.noise(obs_n))
+            a_next, logp_next = squashed_gaussian(self.model.actor(next_n), self.noise(next_n))
+            log_rand = torch.full_like(logp_cur, -k * math.log(2.0))
+            a = torch.stack([a_rand.view(b, n, k), a_cur.view(b, n, k), a_next.view(b, n, k)], 1)
+            log_mu = torch.stack([log_rand.view(b, n), logp_cur.view(b, n), logp_next.view(b, n)], 1)
+        return a.reshape(b, 3 * n, k), log_mu.reshape(b, 3 * n)
+
+    def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
+        loss, st = super().loss(batch)  # SAC: critics, actor, temperature
+        cfg, obs = self.config, batch[sb.OBS]
+        a, log_mu = self.sampled_actions(obs, batch[sb.NEXT_OBS])
+        b, m = a.shape[:2]
+        q_sampled = self.q_values(obs.repeat_interleave(m, 0), a.reshape(b * m, -1)).view(2, b, m)
+        gap = cql_gap(self.q_values(obs, batch[sb.ACTIONS].float()), q_sampled, log_mu, float(cfg.cql_temperature))
+        lagrange_loss: Optional[torch.Tensor] = None
+        if cfg.lagrangian:
+            alpha_prime = self.log_alpha_prime.exp().clamp(max=1e6)
+            cql_loss = (alpha_prime.detach() * (gap - cfg.target_action_gap)).sum()
+            lagrange_loss = -(alpha_prime * (gap.detach() - cfg.target_action_gap)).mean()
+            loss = loss + cql_loss + lagrange_loss
+        else:
+            cql_loss = float(cfg.cql_alpha) * gap.sum()
+            loss = loss + cql_loss
+        with torch.no_grad():
+            vals = torch.stack([cql_loss, gap.mean(), q_sampled.mean()]).tolist()
+        st.update(cql_loss=vals[0], cql_gap=vals[1], cql_q_sampled=vals[2], cql_alpha=self.alpha_prime)
+        if lagrange_loss is not None:
+            st["lagrange_loss"] = float(lagrange_loss.detach())
+        return loss, st
+
+
+class CQLSAC(SAC):
+    """CQL on SAC: DatasetReader (``input.dataset``) -> TrainOneStep -> UpdateTargetNetwork
+    (Polyak, every ``target_update_freq`` gradient steps)."""
+
+    name = "cql_sac"
+    config_class = CQLSACConfig
+    policy_class = CQLSACPolicy
+
+    @classmethod
+    def validate_config(cls, run_config, section) -> List[str]:
+        return validate(run_config, section, cls.name)
+
+    def training_flow(self, experiences, ctx, learner):
+        return (experiences.for_each(TrainOneStep(ctx, learner))
+                .for_each(UpdateTargetNetwork(ctx, learner, self.target_update_freq())))

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 import flowkit
-from flowkit.core import ActorCriticPolicy, to_tensor
+from flowkit.core import ActorCriticPolicy
 from flowkit.core import batch as sb
 from flowkit.core.ops import TrainOneStep
 from flowkit_offline import BCConfig, MARWILConfig, validate
@@ -60,6 +60,8 @@ class MARWILPolicy(ActorCriticPolicy):
         ma_sqd_adv_norm: c^2, the moving average of the squared advantage (checkpointed).
     """
 
+    train_columns = _TRAIN_COLS
+
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu", seed=0,
                  inference_only=False):
         super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
@@ -77,9 +79,6 @@ class MARWILPolicy(ActorCriticPolicy):
         out = sb.SampleBatch(batch)
         out[sb.VALUE_TARGETS] = returns_to_go(np.asarray(batch[sb.REWARDS]), float(self.config.gamma))
         return out
-
-    def prepare_batch(self, batch):
-        return {k: to_tensor(batch[k], self.device) for k in _TRAIN_COLS if k in batch}
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg = self.config

@@ -5,17 +5,25 @@ Reading, per epoch ``e`` (one pass over every row of the dataset), with the gene
 ``derive_seed(seed, "offline_reader", e)``: a dataset that fits ``input.shuffle_buffer_size``
 is read once (all its episodes, in order) and kept; each epoch hands its rows out in a fresh
 permutation, as batches of the algorithm's ``train_batch_size`` rows (the last may be
-smaller). A larger dataset is streamed: each epoch reads whole episodes, in the order of a
-permutation, into the buffer; once it holds ``input.shuffle_buffer_size`` rows (or the
-epoch's episodes are all read) its rows are permuted and handed out as batches (rows that do
-not fill a batch wait for the next fill). Memory: the buffer plus one episode, whatever the
-dataset's size. Minari's HDF5 storage keeps one group per episode: reading costs about a
-millisecond per episode on top of the rows, so datasets of many short episodes are slow to
-stream (measured in ``bench/offline_reader.py``). Each episode becomes a :class:`~flowkit.core.SampleBatch` as rollout workers
-build them (``obs``/``next_obs`` encoded by the policy's encoder, ``actions`` mapped back
-from the env's space to the sampled form, ``rewards``, ``terminateds``, ``truncateds``,
-``eps_id``, ``t``, ``action_mask`` where the observation has one) and goes through the
-policy's ``postprocess_trajectory`` once, when read (returns-to-go for MARWIL).
+smaller). A larger dataset is streamed: each epoch takes whole episodes, in the order of a
+permutation, until they fill the buffer (``input.shuffle_buffer_size`` rows, or the epoch's
+last episodes), reads them, permutes their rows and hands them out as batches (rows that do
+not fill a batch wait for the next fill). Each fill (or the kept dataset, each epoch) is
+permuted with one gather per column, and the batches are consecutive slices of it (numpy views,
+read-only by the operators' contract). Memory: about twice the buffer, whatever the dataset's
+size.
+
+The steps come from the dataset's columnar copy (:class:`flowkit.datasets.ColumnStore`,
+written next to it on the first read: a one-time pass through Minari's HDF5 storage, whose
+one-group-per-episode layout costs about a millisecond per episode), one positioned read per
+column and episode; a dataset whose spaces have no fixed-shape numeric columns is read through
+Minari. A fill becomes one :class:`~flowkit.core.SampleBatch` as rollout workers build them
+(``obs``/``next_obs`` encoded by the policy's encoder, ``actions`` mapped back from the env's
+space to the sampled form, ``rewards``, ``terminateds``, ``truncateds``, ``eps_id``, ``t``,
+``action_mask`` where the observation has one); each of its episodes goes through the policy's
+``postprocess_trajectory`` (returns-to-go for MARWIL, n-step for CQL on DQN), and the rows keep
+the policy's ``train_columns`` (what its loss reads; every column when it declares none).
+Measured in ``bench/offline_reader.py``.
 
 Exact resume: the reader's state is ``(epoch, batches handed out in it)``; a restored reader
 reads its epoch again from the start and skips that many batches (the same rows, in the same
@@ -33,7 +41,7 @@ from flowkit.core import batch as sb
 from flowkit.core import derive_seed
 from flowkit.core.flow import Flow
 from flowkit.core.workers import WorkerSet
-from flowkit.datasets import check_spaces, data_dir, open_dataset
+from flowkit.datasets import ColumnStore, ColumnsUnsupported, check_spaces, data_dir, open_dataset, steps_of
 from flowkit_offline import OFFLINE_ALGOS
 
 
@@ -50,14 +58,6 @@ def sampled_actions(dist: Any, actions: np.ndarray) -> np.ndarray:
     if dist.kind == "gauss_unbounded":
         return a.reshape(len(a), -1).astype(np.float32)
     return a
-
-
-def _rows(obs: Any, lo: int, hi: int) -> Any:
-    if isinstance(obs, dict):
-        return {k: _rows(v, lo, hi) for k, v in obs.items()}
-    if isinstance(obs, tuple):
-        return tuple(_rows(v, lo, hi) for v in obs)
-    return obs[lo:hi]
 
 
 class DatasetReader:
@@ -87,24 +87,44 @@ class DatasetReader:
         self.seed = int(ctx.config.seed)
         self.epoch, self.batches = 0, 0  # the state: batches handed out in this epoch
         self._rows: Optional[sb.SampleBatch] = None  # every row, when they fit the shuffle buffer
+        self._columns: Any = None  # the ColumnStore (False: the dataset has none), opened on the first read
         self.name = (f"DatasetReader({data_dir(path)}: {self.num_rows} rows in {self.num_episodes} episodes, "
                      f"batch={self.batch_size}, shuffle_buffer={min(self.buffer_size, self.num_rows)})")
 
-    # -- one episode as a SampleBatch --
-    def episode_batch(self, ep: Dict[str, Any]) -> sb.SampleBatch:
-        pol = self.policy
-        n = len(ep["rewards"])
-        enc, mask = pol.encoder(_rows(ep["observations"], 0, n + 1), n + 1)
+    # -- reading --
+    def _steps(self, episodes: List[int]) -> Dict[str, Any]:
+        """The steps of ``episodes`` (see :meth:`ColumnStore.read`): from the columnar copy,
+        written on the first call; through Minari when the dataset cannot have one."""
+        if self._columns is None:
+            try:
+                self._columns = ColumnStore.open(self.path)
+            except ColumnsUnsupported:
+                self._columns = False
+        if self._columns:
+            return self._columns.read(episodes)
+        return steps_of(list(self.storage.get_episodes(episodes)))
+
+    def read(self, episodes: List[int]) -> sb.SampleBatch:
+        """The rows of ``episodes`` (positions in the dataset's id order), in that order: one
+        SampleBatch as rollout workers build it, each episode post-processed by the policy,
+        restricted to the policy's ``train_columns``."""
+        pol, raw = self.policy, self._steps(episodes)
+        n = len(raw["rewards"])
+        obs, mask = pol.encoder(raw["observations"], n)
+        next_obs, next_mask = pol.encoder(raw["next_observations"], n)
         b = sb.SampleBatch({
-            sb.OBS: enc[:n], sb.NEXT_OBS: enc[1:],
-            sb.ACTIONS: sampled_actions(pol.dist, ep["actions"]),
-            sb.REWARDS: np.asarray(ep["rewards"], np.float32),
-            sb.TERMINATEDS: np.asarray(ep["terminations"], bool),
-            sb.TRUNCATEDS: np.asarray(ep["truncations"], bool),
-            sb.EPS_ID: np.full(n, int(ep["id"]), np.int64), sb.T: np.arange(n, dtype=np.int64)})
+            sb.OBS: obs, sb.NEXT_OBS: next_obs, sb.ACTIONS: sampled_actions(pol.dist, raw["actions"]),
+            sb.REWARDS: np.asarray(raw["rewards"], np.float32), sb.TERMINATEDS: np.asarray(raw["terminations"], bool),
+            sb.TRUNCATEDS: np.asarray(raw["truncations"], bool), sb.EPS_ID: raw["episode_ids"], sb.T: raw["t"]})
         if mask is not None:
-            b[sb.ACTION_MASK], b[sb.NEXT_ACTION_MASK] = mask[:n], mask[1:]
-        return pol.postprocess_trajectory(b)
+            b[sb.ACTION_MASK], b[sb.NEXT_ACTION_MASK] = mask, next_mask
+        ends = np.cumsum(raw["lengths"]).tolist()
+        parts = [b.slice(lo, hi) for lo, hi in zip([0, *ends[:-1]], ends)]
+        done = [pol.postprocess_trajectory(p) for p in parts]  # one episode each (views)
+        if any(d is not p for d, p in zip(done, parts, strict=True)):
+            b = sb.concat_samples(done)
+        keep = pol.train_columns
+        return b if keep is None else sb.SampleBatch({k: b[k] for k in keep if k in b})
 
     # -- the stream --
     def epoch_batches(self, epoch: int) -> Iterator[sb.SampleBatch]:
@@ -112,31 +132,39 @@ class DatasetReader:
         rng = np.random.default_rng(derive_seed(self.seed, "offline_reader", epoch))
         if self.num_rows <= self.buffer_size:  # the whole dataset fits the buffer: read once, then kept
             if self._rows is None:
-                self._rows = sb.concat_samples([self.episode_batch(ep) for ep in
-                                                self.storage.get_episodes(range(self.num_episodes))])
-            perm = rng.permutation(self.num_rows)
+                self._rows = self.read(list(range(self.num_episodes)))
+            rows = self._rows.take(rng.permutation(self.num_rows))  # shuffled once; batches are views of it
             for i in range(0, self.num_rows, self.batch_size):
-                yield self._rows.take(perm[i:i + self.batch_size])
+                yield rows.slice(i, i + self.batch_size)
             return
-        order = rng.permutation(self.num_episodes).tolist()
-        buf: List[sb.SampleBatch] = []
-        held = 0
-        for k, ep in enumerate(self.storage.get_episodes(order)):
-            b = self.episode_batch(ep)
-            buf.append(b)
-            held += len(b)
-            last = k == len(order) - 1
-            if held < self.buffer_size and not last:
-                continue
-            rows = sb.concat_samples(buf)
-            perm = rng.permutation(len(rows))
+        order = rng.permutation(self.num_episodes)
+        lengths = self._lengths()[order]
+        rest: Optional[sb.SampleBatch] = None
+        k = 0
+        while k < len(order):
+            held = len(rest) if rest is not None else 0
+            j = k + max(1, int(np.searchsorted(np.cumsum(lengths[k:]), self.buffer_size - held)) + 1)
+            j = min(j, len(order))  # episodes k..j-1 fill the buffer (the last one may overflow it)
+            rows = self.read(order[k:j].tolist())
+            rows = rows if rest is None else sb.concat_samples([rest, rows])
+            last = j == len(order)
+            k = j
+            rows = rows.take(rng.permutation(len(rows)))
             full = len(rows) // self.batch_size * self.batch_size
             for i in range(0, full, self.batch_size):
-                yield rows.take(perm[i:i + self.batch_size])
-            rest = perm[full:]
-            if last and len(rest):
-                yield rows.take(rest)
-            buf, held = ([rows.take(rest)], len(rest)) if not last and len(rest) else ([], 0)
+                yield rows.slice(i, i + self.batch_size)
+            rest = rows.slice(full, len(rows)) if len(rows) > full else None
+            if last and rest is not None:
+                yield rest
+
+    def _lengths(self) -> np.ndarray:
+        """int64[E], the steps of each episode in id order (from the columnar copy or Minari's metadata)."""
+        if self._columns is None:
+            self._steps([])
+        if self._columns:
+            return self._columns.lengths
+        return np.asarray([int(m["total_steps"]) for m in self.storage.get_episode_metadata(range(self.num_episodes))],
+                          np.int64)
 
     def __iter__(self) -> Iterator[sb.MultiAgentBatch]:
         while True:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from flowkit_sac.sac import SAC, SACPolicy, sac_targets, squashed_gaussian
     from flowkit_sac.td3 import TD3, TD3Policy, td3_targets
 
-__all__ = ["SAC", "SACConfig", "SACPolicy", "TD3", "TD3Config", "TD3Policy", "sac_targets", "squashed_gaussian",
+__all__ = ["SAC", "SACConfig", "SACLossConfig", "SACPolicy", "TD3", "TD3Config", "TD3Policy", "sac_targets", "squashed_gaussian",
            "td3_targets"]
 
 
@@ -26,18 +26,23 @@ ACTION_SPACES = ("Box",)  # SAC and TD3 (with finite bounds, checked at set-up);
 
 
 @dataclass
-class _OffPolicyConfig:
-    """Keys shared by SAC and TD3 (twin critics, Polyak targets, replay)."""
+class _ActorCriticConfig:
+    """Keys of the twin-critic actor-critic losses (SAC, TD3; also the offline ``cql_sac``)."""
     lr: float = F(1e-3, "Adam learning rate (every network; SAC's temperature too)", gt=0)
     gamma: float = F(0.99, "discount factor", ge=0, le=1)
     tau: float = F(0.005, "Polyak averaging: target <- (1 - tau) * target + tau * online", gt=0, le=1)
     train_batch_size: int = F(256, "replayed transitions per gradient step", gt=0, le=MAX_BATCH_ROWS)
+    max_grad_norm: Optional[float] = F(None, "clip the global gradient norm (null: off)", gt=0)
+
+
+@dataclass
+class _OffPolicyConfig(_ActorCriticConfig):
+    """Keys shared by SAC and TD3 (twin critics, Polyak targets, replay)."""
     buffer_size: int = F(1_000_000, "replay capacity in transitions (per policy)", gt=0)
     learning_starts: int = F(100, "env steps sampled before the first gradient step; until the first trained "
                                   "weights reach a worker it acts uniformly at random", ge=0)
     training_intensity: Optional[float] = F(None, "transitions trained per transition sampled (null: one "
                                                   "gradient step per env step, i.e. train_batch_size)", gt=0)
-    max_grad_norm: Optional[float] = F(None, "clip the global gradient norm (null: off)", gt=0)
 
     def validate(self, run_config: Any, n: str) -> List[str]:
         """Cross-field checks: a train batch fits in the buffer (torch-free)."""
@@ -48,8 +53,9 @@ class _OffPolicyConfig:
 
 
 @dataclass
-class SACConfig(_OffPolicyConfig):
-    """sac: Soft Actor-Critic with automatic entropy tuning (Box actions)."""
+class SACLossConfig(_ActorCriticConfig):
+    """SAC's networks, temperature and loss, without the replay keys: what :class:`SACConfig` and
+    variants that learn from elsewhere (``cql_sac``, from a dataset) share."""
     initial_alpha: float = F(1.0, "entropy coefficient alpha at the start", gt=0)
     tune_alpha: bool = F(True, "learn alpha so the policy's entropy tracks target_entropy (else alpha stays fixed)")
     target_entropy: Optional[float] = F(None, "target entropy in nats (null: -dim(A))")
@@ -65,6 +71,11 @@ class SACConfig(_OffPolicyConfig):
                              "(SB3's learn_features; false: detached there)")
     clip_mean: float = F(2.0, "gSDE: clip the pre-tanh mean to [-clip_mean, clip_mean] (SB3's clip_mean, "
                          "against numerical instability; 0: no clip)", ge=0)
+
+
+@dataclass
+class SACConfig(SACLossConfig, _OffPolicyConfig):
+    """sac: Soft Actor-Critic with automatic entropy tuning (Box actions)."""
 
 
 @dataclass

@@ -202,7 +202,7 @@ class SAC(OffPolicyAlgorithm):
     ``target_update_freq`` gradient steps."""
 
     name = "sac"
-    config_class = SACConfig
+    config_class: type = SACConfig
     policy_class = SACPolicy
 
     def target_update_freq(self) -> int:
