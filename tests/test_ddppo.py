@@ -180,6 +180,13 @@ def test_conformance_config_plan_actions_checkpoint(algo, tmp_path):
     assert "ParallelTrainRounds(1 workers" in out["plan"]
 
 
+@pytest.mark.slow
+def test_conformance_backends_and_learn(ray_session, tmp_path):
+    out = check_algorithm(DDPPO, ["ddppo.minibatch_size=16", "ddppo.fragments_per_round=2"], checks=["backends", "learn"],
+                          tmp_dir=str(tmp_path))
+    assert out["learn_return"] >= 7.0
+
+
 def _worker_hashes(worker):
     """On a worker: the hashes of its learner copy, of its acting copy (the same weights) and its pid."""
     wl = worker._ddppo

@@ -81,9 +81,14 @@ class ProcessGroup:
     prefix ``ddppo/<generation>/``.
 
     Args:
-        rank, world_size: this worker's rank (its index) and the number of workers.
-        backend: ``gloo`` or ``nccl``; timeout_s: bound of the rendezvous and of every
-        collective (then RuntimeError: the round is given up).
+        host: the driver's address.
+        port: the port of the driver's TCPStore.
+        rank: this worker's rank (its index).
+        world_size: the number of workers.
+        generation: the group's generation (the keys' prefix).
+        backend: ``gloo`` or ``nccl``.
+        timeout_s: the bound of the rendezvous and of every collective; past it they raise
+            RuntimeError and the round is given up.
     """
 
     def __init__(self, host: str, port: int, rank: int, world_size: int, generation: int, backend: str,
