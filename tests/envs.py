@@ -264,3 +264,18 @@ def stuck_eval(context=None, mode="sleep", seconds=60.0, marker=None):
         return obs, r, time.monotonic() - t0[0] > seconds, trunc, info
     env.step = stuck_step
     return env
+
+
+def slow_worker(context=None, worker=1, delay=0.01):
+    """CartPole-v1 whose steps on rollout worker ``worker`` take ``delay`` seconds longer (a
+    straggler, for DD-PPO's preemption)."""
+    import time
+    env = gym.make("CartPole-v1")
+    if context is not None and context.worker_index == worker:
+        step = env.step
+
+        def slow_step(action):
+            time.sleep(delay)
+            return step(action)
+        env.step = slow_step
+    return env

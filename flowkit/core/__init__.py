@@ -11,8 +11,8 @@ if TYPE_CHECKING:
     from flowkit.core._actor_critic import ActorCriticPolicy, adapt_kl_coeff, clipped_surrogate
     from flowkit.core._distributions import ActionDist
     from flowkit.core._encoders import MASK_KEY, ObsEncoder, SpaceError, add_batch_axis, batch_len
-    from flowkit.core._envs import (EnvContext, EnvError, SpaceCheck, derive_seed, describe_value, env_name,
-                                    find_mismatch, make_env)
+    from flowkit.core._envs import (EnvContext, EnvError, SpaceCheck, TaskSettableEnv, derive_seed, describe_value,
+                                    env_name, find_mismatch, make_env, task_env)
     from flowkit.core._models import (ActorCritic, FramesCNN, ImpalaCNN, RunningMeanStd, SmallCNN, TwinMLP, build_mlp,
                                       build_trunk, init_weights, sde_std)
     from flowkit.core._numpy_model import NumpyActorCritic, NumpyActorCriticPolicy, sample_logp_numpy
@@ -32,12 +32,13 @@ __all__ = [  # batches (column names: flowkit.core.batch.OBS, ...), dataflow, po
     "RunningMeanStd", "FramesCNN", "ImpalaCNN", "SmallCNN", "TwinMLP", "build_mlp", "build_trunk", "init_weights", "sde_std", "NumpyActorCritic", "NumpyActorCriticPolicy",
     "sample_logp_numpy", "bootstrap_rows", "compute_gae", "next_values", "vtrace", "EnvContext", "EnvError", "Episode", "GymEnvRunner",
     "PolicySpec", "TargetNetwork", "RolloutWorker", "SpaceCheck", "WorkerSet", "derive_seed", "describe_value", "env_name",
-    "find_mismatch", "make_env"]
+    "find_mismatch", "make_env", "TaskSettableEnv", "task_env"]
 
 _MODULES = {  # the module behind each name, imported on first use (torch only when needed)
     "_actor_critic": "ActorCriticPolicy adapt_kl_coeff clipped_surrogate", "_distributions": "ActionDist",
     "_encoders": "MASK_KEY ObsEncoder SpaceError add_batch_axis batch_len",
-    "_envs": "EnvContext EnvError SpaceCheck derive_seed describe_value env_name find_mismatch make_env",
+    "_envs": "EnvContext EnvError SpaceCheck TaskSettableEnv derive_seed describe_value env_name find_mismatch make_env "
+             "task_env",
     "_models": "ActorCritic FramesCNN ImpalaCNN RunningMeanStd SmallCNN TwinMLP build_mlp build_trunk init_weights sde_std",
     "_numpy_model": "NumpyActorCritic NumpyActorCriticPolicy sample_logp_numpy",
     "_returns": "bootstrap_rows compute_gae next_values vtrace", "activations": "ACTIVATIONS", "_runner": "Episode GymEnvRunner",

@@ -1,5 +1,6 @@
-"""Env construction (:func:`make_env`, :class:`EnvContext`), seeds (:func:`derive_seed`)
-and space checks (:func:`find_mismatch`, :class:`SpaceCheck`).
+"""Env construction (:func:`make_env`, :class:`EnvContext`), seeds (:func:`derive_seed`),
+space checks (:func:`find_mismatch`, :class:`SpaceCheck`) and the task-settable env protocol
+(:class:`TaskSettableEnv`, :func:`task_env`).
 
 Seeds (documented, derived from the one ``seed``): sub-env ``j`` of worker ``i`` after ``r``
 restarts resets first with ``derive_seed(seed, "env", i, j, r)``; worker ``i``'s exploration
@@ -13,7 +14,7 @@ import dataclasses
 import inspect
 import pkgutil
 import zlib
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, List, Optional, Protocol, Tuple, runtime_checkable
 
 import gymnasium as gym
 import numpy as np
@@ -46,6 +47,45 @@ def derive_seed(seed: int, *keys: Any) -> int:
     ints = [int(seed) & 0xFFFFFFFF] + [zlib.crc32(k.encode()) if isinstance(k, str) else int(k) & 0xFFFFFFFF
                                        for k in keys]
     return int(np.random.SeedSequence(ints).generate_state(1)[0])
+
+
+@runtime_checkable
+class TaskSettableEnv(Protocol):
+    """An env whose task can be set: the protocol of meta-learning (MAML) and of
+    RLlib's ``TaskSettableEnv``. A Gymnasium env (or anything under its wrappers) that has
+    these methods is one; no base class is needed.
+
+    - ``sample_tasks(n) -> list``: ``n`` tasks drawn from the task distribution with the env's
+      own RNG (``self.np_random``, seeded by ``reset(seed=...)``: flowkit seeds it before each
+      draw, so the tasks of a run follow from its seed). A task is plain, picklable data (a
+      goal array, a dict of physics parameters): it travels to the rollout workers.
+    - ``set_task(task)``: episodes from the next ``reset()`` on are of ``task``.
+    - ``get_task()``: the current task.
+
+    Example: :class:`flowkit.testing.envs.PointGoalEnv` (the MAML paper's 2D navigation);
+    :meth:`flowkit.core.RolloutWorker.set_task` sets one task on every sub-env of a worker.
+    """
+
+    def sample_tasks(self, n: int) -> List[Any]: ...
+
+    def set_task(self, task: Any) -> None: ...
+
+    def get_task(self) -> Any: ...
+
+
+def task_env(env: Any, name: str = "") -> TaskSettableEnv:
+    """The object under ``env``'s wrappers that implements :class:`TaskSettableEnv` (the env
+    itself, or its ``unwrapped`` env).
+
+    Raises:
+        EnvError: neither has ``sample_tasks``, ``set_task`` and ``get_task`` (``name``: the
+            env's name for the message).
+    """
+    for obj in (env, getattr(env, "unwrapped", None)):
+        if obj is not None and isinstance(obj, TaskSettableEnv):
+            return obj
+    raise EnvError(f"env {name or type(env).__name__!r} is not task-settable: it needs methods sample_tasks(n), "
+                   "set_task(task) and get_task() (flowkit.core.TaskSettableEnv)")
 
 
 def env_name(env_cfg: Any) -> str:

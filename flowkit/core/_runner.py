@@ -152,10 +152,17 @@ class GymEnvRunner:
                                f"returned a bad observation from {where}: at `{m[0]}` expected {m[1]}, "
                                f"received {m[2]}")
 
-    def _reset_all(self):
+    def reset(self) -> None:
+        """Start a new episode in every sub-env (their RNGs go on, no reseeding); what was
+        sampled of the running episodes and not yet returned is dropped (a new task:
+        :meth:`~flowkit.core.RolloutWorker.set_task`)."""
+        self._reset_all(reseed=False)
+
+    def _reset_all(self, reseed: bool = True):
         seeds = [ctx.seed for ctx in self.worker.sub_env_contexts]
         # a native vector env takes one seed for its single RNG (sub-envs still differ)
-        raw, _ = self._call("reset()", self.vec.reset, seed=seeds[0] if self.native else seeds)
+        kw = {"seed": seeds[0] if self.native else seeds} if reseed else {}
+        raw, _ = self._call("reset()", self.vec.reset, **kw)
         if self._check_left > 0:
             self._check_rows(raw, "reset()")
         self.obs_enc, self.mask = self.encoder(raw, self.n)

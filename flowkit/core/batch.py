@@ -38,6 +38,8 @@ WEIGHTS_VERSION = "weights_version"  # int64[B], learner update count of the sam
 N_STEPS = "n_steps"              # int64[B], steps an n-step return covers (reward is discounted sum)
 BATCH_INDEXES = "batch_indexes"  # int64[B], replay-buffer slots of replayed rows
 PRIO_WEIGHTS = "weights"         # float32[B], importance weights of replayed rows (prioritized replay)
+TASK_INDEX = "task_index"        # int64[B], the task of the row in a meta-batch (MAML)
+ADAPTATION_STEP = "adaptation_step"  # int64[B], inner adaptation steps taken before the row was sampled (MAML)
 
 DEFAULT_POLICY_ID = "default"
 

@@ -26,7 +26,7 @@ import math
 import queue
 import threading
 import time
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -62,6 +62,14 @@ class Learner:
         contiguous: minibatches are contiguous slices, each prepared on its own
             (trajectories stay in order: IMPALA), instead of shuffled rows of the batch
             prepared once.
+        num_minibatches: instead of ``minibatch_size``, split each epoch's shuffled rows into
+            exactly this many minibatches (sizes differ by at most one row), whatever the
+            batch's size: learners that step together (DD-PPO's, one per worker, batches cut
+            short by preemption) take the same number of gradient steps.
+        reducer: ``reducer(gradient float32[P], rows) -> gradient``, called between the
+            backward pass and the optimizer step of every minibatch (``rows``: its row count;
+            clipping and the step use what it returns): DD-PPO's all-reduce, the row-weighted
+            mean of the gradients of a group of learners. None: the gradient as it is.
 
     Result of :meth:`update` (also what the thread puts in its out-queue)::
 
@@ -72,12 +80,15 @@ class Learner:
 
     def __init__(self, name: str, policies: Dict[str, "Policy"], trainable: Optional[Iterable[str]] = None,
                  rng: Optional[np.random.Generator] = None, num_epochs: int = 1,
-                 minibatch_size: Optional[int] = None, contiguous: bool = False):
+                 minibatch_size: Optional[int] = None, contiguous: bool = False,
+                 num_minibatches: Optional[int] = None,
+                 reducer: Optional[Callable[[torch.Tensor, int], torch.Tensor]] = None):
         self.name, self.policies = name, dict(policies)
         self.trainable = ({p for p, pol in self.policies.items() if pol.optimizer is not None}
                           if trainable is None else set(trainable))
         self.rng = rng if rng is not None else np.random.default_rng(0)
-        self.configure(num_epochs, minibatch_size, contiguous)
+        self.reducer = reducer
+        self.configure(num_epochs, minibatch_size, contiguous, num_minibatches)
         self.lock = threading.RLock()     # held while updating; weights and state read under it
         self.num_updates = 0              # SGD steps applied: the weights version
         self.env_steps_trained = 0
@@ -90,15 +101,22 @@ class Learner:
         self.inqueue: "queue.Queue[sb.MultiAgentBatch]" = queue.Queue(maxsize=2)
         self.outqueue: "queue.Queue[Dict[str, Any]]" = queue.Queue(maxsize=64)
 
-    def configure(self, num_epochs: int = 1, minibatch_size: Optional[int] = None, contiguous: bool = False) -> None:
+    def configure(self, num_epochs: int = 1, minibatch_size: Optional[int] = None, contiguous: bool = False,
+                  num_minibatches: Optional[int] = None) -> None:
         """Set the update loop (see the class docstring)."""
         if int(num_epochs) < 1:
             raise ValueError(f"Learner {self.name}: num_epochs must be >= 1, got {num_epochs}")
+        if num_minibatches is not None and (int(num_minibatches) < 1 or contiguous):
+            raise ValueError(f"Learner {self.name}: num_minibatches must be >= 1 and not contiguous, got "
+                             f"{num_minibatches} (contiguous={contiguous})")
         self.num_epochs, self.minibatch_size, self.contiguous = int(num_epochs), minibatch_size, bool(contiguous)
+        self.num_minibatches = None if num_minibatches is None else int(num_minibatches)
 
     def describe(self) -> str:
         """The update loop in words (shown in plans): ``num_epochs=10, minibatch_size=64``."""
         mode = ", contiguous" if self.contiguous else ""
+        if self.num_minibatches is not None:
+            return f"num_epochs={self.num_epochs}, num_minibatches={self.num_minibatches}"
         return f"num_epochs={self.num_epochs}, minibatch_size={self.minibatch_size}{mode}"
 
     # ---- the update ------------------------------------------------------------------------
@@ -134,7 +152,12 @@ class Learner:
         n = len(pb)
         if n == 0:
             return None
+        nmb = self.num_minibatches
+        if nmb is not None and nmb > n:
+            raise ValueError(f"Learner {self.name}: policy {pid!r} has {n} rows for {nmb} minibatches")
         mbs = n if not self.minibatch_size else min(int(self.minibatch_size), n)
+        if nmb is not None:
+            mbs = -(-n // nmb)
         if self.contiguous:
             chunks = [policy.prepare_batch(pb.slice(s, min(s + mbs, n))) for s in range(0, n, mbs)]
             tb = chunks[-1]
@@ -148,12 +171,18 @@ class Learner:
             mbs_iter: Iterable[Dict[str, torch.Tensor]] = chunks
             if not self.contiguous and mbs < n:  # one gather per epoch; minibatches are slices (views) of it
                 perm = torch.from_numpy(self.rng.permutation(n)).to(policy.device)
-                shuffled = {k: v[perm] for k, v in tb.items()}
-                mbs_iter = ({k: v[s:s + mbs] for k, v in shuffled.items()} for s in range(0, n, mbs))
+                shuffled = {c: v[perm] for c, v in tb.items()}
+                cuts = (np.linspace(0, n, nmb + 1).round().astype(int).tolist() if nmb is not None
+                        else list(range(0, n, mbs)) + [n])
+                mbs_iter = ({c: v[s:e] for c, v in shuffled.items()} for s, e in zip(cuts[:-1], cuts[1:]))
             for mb in mbs_iter:
                 loss, st = policy.loss(mb)
                 self._check_stats(pid, policy, st, steps)  # the stats are floats already: no sync
-                norm = self.step(policy, loss, max_norm)
+                if self.reducer is None:
+                    norm = self.step(policy, loss, max_norm)
+                else:
+                    g = self.reducer(flat_gradient(policy._params, loss), len(next(iter(mb.values()))))
+                    norm = self.apply_gradient(policy, g, max_norm)
                 if not math.isfinite(norm):
                     raise self._non_finite(pid, policy, f"gradient (norm {norm})", steps)
                 for k, v in st.items():

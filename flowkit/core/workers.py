@@ -20,7 +20,7 @@ import numpy as np
 
 from flowkit.config import round_env_steps
 from flowkit.core import batch as sb
-from flowkit.core._envs import EnvContext, EnvError, SpaceCheck, derive_seed, env_name, make_env
+from flowkit.core._envs import EnvContext, EnvError, SpaceCheck, derive_seed, env_name, make_env, task_env
 from flowkit.core.flow import LocalActor, LocalFuture, RayActor, get_result
 
 if TYPE_CHECKING:
@@ -182,6 +182,24 @@ class RolloutWorker:
         for pid, st in states.items():
             if pid in self.policies:
                 self.policies[pid].set_exploration_state(st)
+
+    def set_task(self, task: Any) -> None:
+        """Set ``task`` on every sub-env (:class:`~flowkit.core.TaskSettableEnv`) and start new
+        episodes in all of them: the next :meth:`sample` holds only episodes of ``task``. Called
+        again with the same task, it starts new episodes (the sub-envs' RNGs go on).
+
+        Raises:
+            EnvError: the env is not task-settable, or its runner cannot restart its episodes
+                (a native vector env: use ``env.vectorization=sync``).
+        """
+        name = env_name(self.config.env)
+        reset = getattr(self.runner, "reset", None)
+        if reset is None or getattr(self.runner, "native", False):
+            raise EnvError(f"env {name!r}: rollout worker {self.index}'s env runner ({type(self.runner).__name__}) "
+                           "cannot start new episodes for a task (set env.vectorization=sync)")
+        for e in self._envs:
+            task_env(e, name).set_task(task)
+        reset()
 
     def apply(self, fn: Callable[["RolloutWorker"], Any]) -> Any:
         return fn(self)

@@ -12,11 +12,14 @@ learnable in a few thousand env steps (the learning check of
 - :func:`turn_game` -- a two-player PettingZoo AEC game (needs ``pettingzoo``): players
   ``p0`` and ``p1`` take turns; each sees :func:`masked_match`'s observation and gets 1 for
   matching its target; the game ends after ``length`` moves.
+- :class:`PointGoalEnv` (Gymnasium id ``flowkit.testing.envs:PointGoal-v0``, or
+  :func:`point_goal`) -- a task distribution, the MAML paper's 2D navigation: a point moves
+  towards a goal it does not see; task-settable (:class:`flowkit.core.TaskSettableEnv`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 import gymnasium as gym
 import numpy as np
@@ -110,6 +113,66 @@ class TargetEnv(_Tiny):
 
     def _reward(self, action: Any) -> float:
         return 1.0 - abs(float(np.clip(np.asarray(action, np.float32).reshape(-1)[0], -1, 1)) - self.xf)
+
+
+class PointGoalEnv(gym.Env):
+    """The 2D navigation task distribution of MAML (Finn, Abbeel, Levine 2017, "Model-Agnostic
+    Meta-Learning for Fast Adaptation of Deep Networks", arXiv 1703.03400, section 5.3).
+
+    A point starts at the origin; its observation is its position (float32[2]); an action is
+    its velocity, Box(-0.1, 0.1, (2,)) (clipped); the reward of a step is minus the distance
+    from the new position to the goal. Episodes last ``horizon`` steps (truncated; never
+    terminated). A task is a goal, float32[2] drawn uniformly from [-0.5, 0.5]^2; the goal is
+    not observed, so a policy finds it only from rewards: what one adaptation step learns.
+
+    Task-settable (:class:`flowkit.core.TaskSettableEnv`): ``sample_tasks(n)`` (with
+    ``self.np_random``), ``set_task(goal)``, ``get_task()``. Until a task is set, every reset
+    draws a new goal: the env is then the whole distribution (multi-task training).
+    Returns of reference: about -38 staying at the origin for a goal drawn at random, and
+    about -0.5 heading straight to a known goal (horizon 100).
+    """
+
+    metadata: Dict[str, Any] = {"render_modes": []}
+
+    def __init__(self, horizon: int = 100, goal: Optional[Any] = None):
+        self.horizon = int(horizon)
+        self.observation_space = spaces.Box(-0.1 * self.horizon, 0.1 * self.horizon, (2,), np.float32)
+        self.action_space = spaces.Box(-0.1, 0.1, (2,), np.float32)
+        self.task: Optional[np.ndarray] = None if goal is None else np.asarray(goal, np.float32).reshape(2)
+        self.goal = np.zeros(2, np.float32)
+        self.pos = np.zeros(2, np.float32)
+        self.t = 0
+
+    def sample_tasks(self, n: int) -> List[np.ndarray]:
+        return [g for g in self.np_random.uniform(-0.5, 0.5, (int(n), 2)).astype(np.float32)]
+
+    def set_task(self, task: Any) -> None:
+        self.task = np.asarray(task, np.float32).reshape(2).copy()
+
+    def get_task(self) -> Optional[np.ndarray]:
+        return None if self.task is None else self.task.copy()
+
+    def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None):
+        super().reset(seed=seed)
+        self.goal = self.task.copy() if self.task is not None else self.sample_tasks(1)[0]
+        self.pos, self.t = np.zeros(2, np.float32), 0
+        return self.pos.copy(), {}
+
+    def step(self, action):
+        a = np.clip(np.asarray(action, np.float32).reshape(2), -0.1, 0.1)
+        lim = 0.1 * self.horizon
+        self.pos = np.clip(self.pos + a, -lim, lim).astype(np.float32)
+        self.t += 1
+        reward = -float(np.linalg.norm(self.pos - self.goal))
+        return self.pos.copy(), reward, False, self.t >= self.horizon, {}
+
+
+def point_goal(horizon: int = 100, goal: Optional[Any] = None) -> PointGoalEnv:
+    return PointGoalEnv(horizon, goal)
+
+
+if "PointGoal-v0" not in gym.registry:
+    gym.register("PointGoal-v0", entry_point="flowkit.testing.envs:PointGoalEnv")
 
 
 def match(n: int = 2, length: int = 8) -> MatchEnv:

@@ -1,11 +1,12 @@
-"""flowkit-ppo: the PPO algorithm plugin (entry point group ``flowkit``).
+"""flowkit-ppo: the PPO and DD-PPO algorithm plugin (entry point group ``flowkit``).
 
-This module is the plugin's torch-free metadata (its config section and its registration,
-what ``flowkit train --help`` and ``flowkit plugins`` read); the algorithm and its policy
-(torch) are imported from :mod:`flowkit_ppo.ppo` on first use.
+This module is the plugin's torch-free metadata (its config sections and their registration,
+what ``flowkit train --help`` and ``flowkit plugins`` read); the algorithms and their policies
+(torch) are imported from :mod:`flowkit_ppo.ppo` and :mod:`flowkit_ppo.ddppo` on first use.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, List, Optional
 
@@ -14,14 +15,15 @@ from flowkit.config import MAX_BATCH_ROWS, ConfigError, F, round_env_steps
 from flowkit.hooks import lazy_attrs
 
 if TYPE_CHECKING:
+    from flowkit_ppo.ddppo import DDPPO, DDPPOPolicy
     from flowkit_ppo.ppo import PPO, PPOPolicy
 
-__all__ = ["PPO", "PPOConfig", "PPOPolicy"]
+__all__ = ["DDPPO", "DDPPOConfig", "DDPPOPolicy", "PPO", "PPOConfig", "PPOLossConfig", "PPOPolicy"]
 
 
 @dataclass
-class PPOConfig:
-    """ppo: Proximal Policy Optimization (clipped surrogate, GAE)."""
+class PPOLossConfig:
+    """The keys of PPO's loss, its optimizer and its epochs (shared by ``ppo.*`` and ``ddppo.*``)."""
     lr: float = F(3e-4, "Adam learning rate", gt=0)
     lr_schedule: str = F("constant", "constant, or linear (to 0 at schedule_env_steps)", choices=("constant", "linear"))
     gamma: float = F(0.99, "discount factor", ge=0, le=1)
@@ -36,13 +38,9 @@ class PPOConfig:
     kl_target: float = F(0.01, "target KL for the adaptive penalty", gt=0)
     num_epochs: int = F(10, "passes over each train batch", ge=1)
     minibatch_size: int = F(64, "rows per SGD minibatch", ge=1)
-    train_batch_size: Optional[int] = F(None, "env steps per train batch (null: one sampling round)", ge=1, le=MAX_BATCH_ROWS)
     max_grad_norm: Optional[float] = F(0.5, "clip the gradient norm (null: off)", gt=0)
     normalize_advantages: str = F("minibatch", "advantage standardisation: per minibatch, per train batch "
                                   "or none", choices=("minibatch", "batch", "none"))
-    normalize_observations: bool = F(False, "running mean/std observation normalisation")
-    normalize_rewards: bool = F(False, "divide rewards by a running std of discounted returns (as SB3's "
-                                "VecNormalize norm_reward; clipped to +-10, statistics saved in checkpoints)")
     log_std_init: float = F(0.0, "initial log-std of the Gaussian (Box actions; with use_sde: of each entry of "
                             "gSDE's exploration matrix)", ge=-20, le=20)
     use_sde: bool = F(False, "generalized state-dependent exploration (gSDE, Raffin et al. 2021; Box actions): "
@@ -54,6 +52,15 @@ class PPOConfig:
     learn_features: bool = F(False, "gSDE: the loss trains the policy's last hidden layer through the std too "
                              "(SB3's learn_features; false: the features are detached there)")
     adam_eps: float = F(1e-5, "Adam epsilon", gt=0)
+
+
+@dataclass
+class PPOConfig(PPOLossConfig):
+    """ppo: Proximal Policy Optimization (clipped surrogate, GAE)."""
+    train_batch_size: Optional[int] = F(None, "env steps per train batch (null: one sampling round)", ge=1, le=MAX_BATCH_ROWS)
+    normalize_observations: bool = F(False, "running mean/std observation normalisation")
+    normalize_rewards: bool = F(False, "divide rewards by a running std of discounted returns (as SB3's "
+                                "VecNormalize norm_reward; clipped to +-10, statistics saved in checkpoints)")
 
     def validate(self, run_config: Any, n: str) -> List[str]:
         """The section's cross-field checks (each key's own range is
@@ -80,10 +87,70 @@ class PPOConfig:
         return warns
 
 
+@dataclass
+class DDPPOConfig(PPOLossConfig):
+    """ddppo: Decentralized Distributed PPO (Wijmans et al. 2020): each worker learns, gradients all-reduced."""
+    minibatch_size: int = F(64, "rows per SGD minibatch of a full worker batch (fragments_per_round fragments): "
+                                "every worker takes ceil(full batch / minibatch_size) minibatches per epoch, so a "
+                                "worker cut short by preemption takes as many, smaller ones", ge=1)
+    fragments_per_round: int = F(4, "fragments (runtime.rollout_fragment_length env steps per sub-env) each worker "
+                                    "samples per round at most: its batch, learned on by the worker itself", ge=1)
+    sync_frac: float = F(0.6, "preemption threshold: once this fraction of the workers has sampled a full batch, "
+                              "the others stop after their current fragment (the paper's 0.6; 1.0: never cut)",
+                         gt=0, le=1)
+    min_rollout_frac: float = F(0.25, "a preempted worker still samples at least this fraction of "
+                                      "fragments_per_round (habitat-lab's short-rollout threshold)", gt=0, le=1)
+    dist_backend: str = F("auto", "torch.distributed backend of the workers' all-reduce: gloo (CPU), nccl "
+                                  "(workers with a GPU), auto: nccl if the workers learn on cuda, else gloo",
+                          choices=("auto", "gloo", "nccl"))
+    worker_device: str = F("cpu", "device the workers learn on (cuda: one GPU per worker, Ray's num_gpus "
+                                  "not reserved by flowkit)", pattern=r"cpu|cuda(:[0-9]+)?")
+    collective_timeout_s: float = F(120.0, "seconds a worker waits in the rendezvous or an all-reduce for the "
+                                           "others before it gives the round up (a lost worker)", gt=0)
+    max_aborted_rounds: int = F(3, "consecutive rounds given up (the group lost a worker and re-forms) before "
+                                   "the run stops", ge=1)
+
+    def validate(self, run_config: Any, n: str) -> List[str]:
+        """The section's cross-field checks (torch-free)."""
+        rt, warns = run_config.runtime, []
+        if rt.backend == "local" and int(rt.num_workers) > 1:
+            raise ConfigError(f"{n} on runtime.backend=local runs one worker (a world of 1, no process group); "
+                              f"runtime.num_workers={rt.num_workers}: set runtime.num_workers=1, or "
+                              "runtime.backend=ray for a group of workers")
+        if bool(run_config.model.get("normalize_obs", False)):
+            raise ConfigError(f"model.normalize_obs=true: {n}'s workers would each keep running observation "
+                              "statistics of their own (and their weights would differ); not supported")
+        per_frag = int(rt.num_envs_per_worker) * int(rt.rollout_fragment_length)
+        full = self.fragments_per_round * per_frag
+        k = num_minibatches(self, run_config)
+        least = min_fragments(self) * per_frag
+        if k > least:
+            raise ConfigError(f"{n}.minibatch_size={self.minibatch_size} makes {k} minibatches of a full worker batch "
+                              f"({full} rows), more than the rows of a preempted one ({least}: "
+                              f"{n}.min_rollout_frac x fragments_per_round fragments); raise {n}.minibatch_size")
+        if self.minibatch_size > full:
+            warns.append(f"{n}.minibatch_size={self.minibatch_size} is larger than a worker's batch "
+                         f"({n}.fragments_per_round x num_envs_per_worker x rollout_fragment_length = {full}): "
+                         "one minibatch per epoch")
+        return warns
+
+
+def min_fragments(c: Any) -> int:
+    """Fragments a worker samples before preemption may cut it: ceil(min_rollout_frac x fragments_per_round)."""
+    return max(1, min(int(c.fragments_per_round), math.ceil(float(c.min_rollout_frac) * int(c.fragments_per_round) - 1e-9)))
+
+
+def num_minibatches(c: Any, run_config: Any) -> int:
+    """DD-PPO's minibatches per epoch: ceil(full worker batch / minibatch_size)."""
+    rt = run_config.runtime
+    full = int(c.fragments_per_round) * int(rt.num_envs_per_worker) * int(rt.rollout_fragment_length)
+    return max(1, -(-full // int(c.minibatch_size)))
 
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("ppo", PPOConfig, "flowkit_ppo.ppo:PPO")]
+    return [flowkit.AlgorithmRef("ppo", PPOConfig, "flowkit_ppo.ppo:PPO"),
+            flowkit.AlgorithmRef("ddppo", DDPPOConfig, "flowkit_ppo.ddppo:DDPPO")]
 
 
-__getattr__ = lazy_attrs(dict.fromkeys(__all__, "flowkit_ppo.ppo"))
+__getattr__ = lazy_attrs({**dict.fromkeys(["PPO", "PPOPolicy"], "flowkit_ppo.ppo"),
+                          **dict.fromkeys(["DDPPO", "DDPPOPolicy"], "flowkit_ppo.ddppo")})
