@@ -23,7 +23,7 @@ def test_layout_and_every_config_is_valid():
         algo_dir, name = path.split(os.sep)[-2:]
         _, cfg = load_config([], path)
         if algo_dir != "multiagent" and algo_dir != "apex":
-            assert (cfg.algo, cfg.env.id) == (algo_dir, name[:-5]), path
+            assert (cfg.algo, cfg.env.id.rpartition(":")[2]) == (algo_dir, name[:-5]), path  # pkg:Id-v0 as Id-v0
             assert os.path.samefile(tuned_config_path(cfg.algo, cfg.env.id), path)
 
 

@@ -195,6 +195,12 @@ class Acting:
                                 explore: bool = True) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
         """Actions for encoded observations ``float32[B, *shape]``.
 
+        A recurrent policy (:meth:`initial_state` not None) also takes ``state=float32[B, S]``,
+        the rows' recurrent states, and returns two more extras: ``state_in`` (that state, stored
+        per row) and ``state_out`` (the state after this step, which the runner keeps for the
+        row's next step and removes from the extras). Runners pass ``state`` only to recurrent
+        policies.
+
         Returns:
             ``(actions, extras)``: actions as sampled (numpy, ``[B]`` or ``[B, k]``) and
             per-row extras to store in the batch (e.g. ``action_logp``, ``vf_preds``).
@@ -203,19 +209,43 @@ class Acting:
         """
         raise NotImplementedError
 
-    def compute_actions(self, obs: Any, explore: bool = False) -> np.ndarray:
+    def initial_state(self, n: int) -> Optional[np.ndarray]:
+        """float32[n, S]: the recurrent state of ``n`` rows at an episode start (runners reset
+        a row's state to it when its episode starts, in both autoreset modes); None: a
+        feed-forward policy (the default)."""
+        return None
+
+    def compute_actions(self, obs: Any, explore: bool = False, state: Optional[np.ndarray] = None) -> Any:
         """Env-ready actions for raw observations (one, or a batch with a leading axis).
 
+        A recurrent policy needs ``state`` (float32[B, S], or [S] for one observation; start from
+        :meth:`initial_state`) and returns ``(actions, state_out)``: pass ``state_out`` back with
+        the next observations of the same episodes.
+
         Raises:
-            ValueError: an observation whose action mask allows nothing.
+            ValueError: an observation whose action mask allows nothing; a recurrent policy
+                called without ``state`` (or a feed-forward one with it).
         """
         batched = self.encoder.is_batched(obs)
         if not batched:
             obs = add_batch_axis(obs)
-        enc, mask = self.encoder(obs, batch_len(obs))
-        actions, _ = self.compute_actions_encoded(enc, mask, explore)
+        n = batch_len(obs)
+        enc, mask = self.encoder(obs, n)
+        recurrent = self.initial_state(0) is not None
+        if recurrent != (state is not None):
+            raise ValueError(f"a recurrent policy needs state= (start from policy.initial_state({n}))" if recurrent
+                             else "state= is for recurrent policies; this one is feed-forward")
+        if state is None:
+            actions, _ = self.compute_actions_encoded(enc, mask, explore)
+        else:
+            st = np.asarray(state, np.float32).reshape(n, -1)
+            act: Any = self.compute_actions_encoded  # a recurrent policy's takes state=
+            actions, extras = act(enc, mask, explore, state=st)
+            state_out = extras[sb.STATE_OUT]
         env_actions = self.dist.to_env(actions)
-        return env_actions if batched else env_actions[0]
+        if state is None:
+            return env_actions if batched else env_actions[0]
+        return (env_actions, state_out) if batched else (env_actions[0], state_out[0])
 
     def exploration_state(self) -> Dict[str, Any]:
         """What the acting explores with that the weights do not carry and that changes during
@@ -252,6 +282,11 @@ class ActorCriticActing(Acting):
         """V(obs) for encoded observations float32[B, *shape] -> float32[B]."""
         raise NotImplementedError
 
+    def bootstrap_values(self, batch: sb.SampleBatch, rows: np.ndarray) -> np.ndarray:
+        """float32[k]: V(``next_obs``) of the ``rows`` of ``batch`` (those that end a piece without
+        terminating); a recurrent policy evaluates it from the state after that row's step."""
+        return self.compute_values(np.asarray(batch[sb.NEXT_OBS])[rows])
+
     def _act_numpy(self, npm: NumpyActorCritic, obs, mask, explore):
         inputs, value = npm.forward(obs, value=self.store_values)
         a, logp = sample_logp_numpy(self.dist, inputs, mask, explore, self.np_random)
@@ -275,7 +310,7 @@ class ActorCriticActing(Acting):
             return out
         v = np.asarray(out[sb.VF_PREDS], np.float32)
         cont, boot = bootstrap_rows(out)
-        boot_v = self.compute_values(np.asarray(out[sb.NEXT_OBS])[boot]) if len(boot) else None
+        boot_v = self.bootstrap_values(out, boot) if len(boot) else None
         adv, vt = compute_gae(np.asarray(out[sb.REWARDS], np.float32), v, next_values(v, cont, boot, boot_v),
                               cont, self.config.gamma, self.config.gae_lambda if gae_lambda is None else gae_lambda)
         out[sb.ADVANTAGES], out[sb.VALUE_TARGETS] = adv, vt

@@ -63,7 +63,7 @@ class A2CPolicy(ActorCriticPolicy):
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg = self.config
-        inputs, values = self.model(batch[sb.OBS])
+        inputs, values = self.model_forward(batch)
         logp, entropy = self.dist.logp_entropy(inputs, batch[sb.ACTIONS], batch.get(sb.ACTION_MASK),
                                                entropy_grad=cfg.ent_coef != 0)
         adv = batch[sb.ADVANTAGES]
@@ -84,6 +84,7 @@ class _ActorCriticAlgorithm(flowkit.Algorithm):
 
     policy_class = A2CPolicy
     off_policy = False
+    recurrent = True
 
     def schedules(self, flow, ctx, learner):
         """``flow`` with the linear lr schedule's UpdateSchedules when ``lr_schedule=linear``."""

@@ -89,7 +89,7 @@ def round_size(run_config: Any) -> int:
 
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("ppo", PPOConfig, "flowkit_ppo.ppo:PPO")]
+    return [flowkit.AlgorithmRef("ppo", PPOConfig, "flowkit_ppo.ppo:PPO", recurrent=True)]
 
 
 __getattr__ = lazy_attrs(dict.fromkeys(__all__, "flowkit_ppo.ppo"))
