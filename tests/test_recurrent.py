@@ -348,3 +348,41 @@ def test_ppo_lstm_solves_cartpole_without_velocities_and_feed_forward_ppo_does_n
     assert sum(solved) >= 2, solved
     ff, steps = run("ff", "seed=0", "model.recurrent=null")
     assert not ff and steps >= 150_000
+
+
+@pytest.mark.parametrize("kind,shared,box", [("lstm", False, False), ("gru", True, True), ("lstm", True, True)])
+def test_the_numpy_acting_mirror_is_the_torch_network(kind, shared, box):
+    """Workers act with a numpy copy of an MLP recurrent actor-critic (one LSTM or GRU step per
+    env step): the same dist inputs, values and next states as the torch network, and the
+    weights it sees are the model's own (an update is seen at once)."""
+    from flowkit_ppo import PPOConfig, PPOPolicy
+    from gymnasium import spaces
+
+    from flowkit.core._recurrent import step
+    mc = OmegaConf.structured(ModelConfig)
+    mc.hidden_sizes, mc.recurrent, mc.recurrent_size, mc.shared_value_network = [6], kind, 5, shared
+    cfg = OmegaConf.structured(PPOConfig)
+    cfg.normalize_observations = True
+    act = spaces.Box(-1, 1, (2,)) if box else spaces.Discrete(3)
+    pol = PPOPolicy(spaces.Box(-5, 5, (3,)), act, cfg, mc, seed=0)
+    with torch.no_grad():
+        pol.model.obs_rms.mean += 0.3
+        pol.model.obs_rms.var *= 2.0
+    pol.numpy_model()
+    assert pol._np_rnn is not None
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(5, 3)).astype(np.float32)
+    s = rng.normal(size=(5, pol.initial_state(1).shape[1])).astype(np.float32)
+    for _ in range(2):
+        inputs, value, s_out = pol._np_rnn.forward(x, s)
+        with torch.no_grad():
+            want = step(pol.model, torch.from_numpy(x), torch.from_numpy(s))
+        for got, w in zip((inputs, value, s_out), want):
+            np.testing.assert_allclose(got, w.numpy(), rtol=1e-5, atol=1e-5)
+        with torch.no_grad():  # an optimizer step in place: the mirror sees it
+            for p in pol.model.parameters():
+                p.add_(0.1)
+    mc.numpy_inference = False
+    off = PPOPolicy(spaces.Box(-5, 5, (3,)), act, cfg, mc, seed=0)
+    off.numpy_model()
+    assert off._np_rnn is None

@@ -12,7 +12,15 @@ from torch import nn
 
 from flowkit.core import batch as sb
 from flowkit.core._models import ActorCritic, sde_std
-from flowkit.core._numpy_model import ActorCriticActing, NumpyActorCritic, NumpyActorCriticPolicy, numpy_layout
+from flowkit.core._numpy_model import (
+    ActorCriticActing,
+    NumpyActorCritic,
+    NumpyActorCriticPolicy,
+    NumpyRecurrentActorCritic,
+    numpy_layout,
+    numpy_recurrent_layout,
+    sample_logp_numpy,
+)
 from flowkit.core._recurrent import RecurrentActorCritic, step
 from flowkit.core._returns import bootstrap_rows, next_values, vtrace
 from flowkit.core.policy import Policy, to_tensor
@@ -69,6 +77,7 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
         torch.manual_seed(seed)
         self.model = self.make_model().to(self.device)
         self._np_model: Optional[NumpyActorCritic] = None
+        self._np_rnn: Optional[NumpyRecurrentActorCritic] = None
         self._np_checked = False
         self._ret_acc: Dict[Tuple[int, int], float] = {}  # running discounted return per live (episode, agent)
         self._sde_w: Optional[torch.Tensor] = None  # gSDE exploration matrices and the steps since drawn
@@ -112,13 +121,16 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
 
     def numpy_model(self) -> Optional[NumpyActorCritic]:
         """The :class:`NumpyActorCritic` mirror of ``self.model`` used for acting on CPU, or
-        None (not an MLP actor-critic, ``model.numpy_inference=false``, or not on CPU)."""
+        None (not an MLP actor-critic, ``model.numpy_inference=false``, or not on CPU); a
+        recurrent MLP actor-critic's mirror is :attr:`_np_rnn` (:class:`NumpyRecurrentActorCritic`)."""
         if not self._np_checked:
             self._np_checked = True
             mc = self.model_config
-            if (self.device.type == "cpu" and isinstance(self.model, ActorCritic) and mc is not None
-                    and bool(getattr(mc, "numpy_inference", True))):
-                self._np_model = NumpyActorCritic.build(self.model, self.dist, str(mc.activation))
+            if self.device.type == "cpu" and mc is not None and bool(getattr(mc, "numpy_inference", True)):
+                if isinstance(self.model, ActorCritic):
+                    self._np_model = NumpyActorCritic.build(self.model, self.dist, str(mc.activation))
+                elif (lay := numpy_recurrent_layout(self.model, self.dist, str(mc.activation))) is not None:
+                    self._np_rnn = NumpyRecurrentActorCritic(lay, self.model)
         return self._np_model
 
     def action_model(self) -> nn.Module:
@@ -160,6 +172,13 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
             raise ValueError("a recurrent policy acts with state= (float32[B, S], from initial_state(B)); "
                              "a feed-forward one without it")
         state = np.ascontiguousarray(state, np.float32)
+        self.numpy_model()
+        if self._np_rnn is not None:  # the same network in numpy (an LSTM step costs tens of torch calls)
+            inputs_np, value_np, s_np = self._np_rnn.forward(obs, state)
+            a_np, logp_np = sample_logp_numpy(self.dist, inputs_np, mask, explore, self.np_random)
+            extras = self._extras(logp_np, value_np, inputs_np)
+            extras.update({sb.STATE_IN: state, sb.STATE_OUT: s_np})
+            return a_np, extras
         inputs, value, s_out = step(self.model, torch.from_numpy(obs), torch.from_numpy(state))
         a, logp = self.dist.sample_logp(inputs, None if mask is None else torch.from_numpy(mask), explore,
                                         self.generator)

@@ -155,6 +155,95 @@ class NumpyActorCritic:
         return inputs, val
 
 
+# ---- recurrent ----------------------------------------------------------------------------------
+def numpy_recurrent_layout(model: Any, dist: ActionDist, activation: str) -> Optional[Dict[str, Any]]:
+    """The structure of a :class:`~flowkit.core.RecurrentActorCritic` whose encoders are MLPs, in
+    the names of its ``state_dict``, or None when :class:`NumpyRecurrentActorCritic` cannot mirror
+    it (a CNN, other activations or action spaces, a subclassed model)."""
+    from flowkit.core._recurrent import RecurrentActorCritic
+    if (type(model) is not RecurrentActorCritic or dist.kind not in ("cat", "gauss", "gauss_unbounded")
+            or not has_numpy(activation)):
+        return None
+    trunks = []
+    for name in ("pi_trunk", "vf_trunk"):
+        trunk = getattr(model, name)
+        if trunk is None:
+            continue
+        enc = linear_names(model, trunk.encoder)
+        if enc is None or trunk.rnn.num_layers != 1 or trunk.rnn.bias is False:
+            return None
+        trunks.append({"encoder": enc, "rnn": f"{name}.rnn", "size": int(trunk.state_size)})
+    return {"activation": activation, "lstm": bool(model.pi_trunk.is_lstm), "hidden": int(model.pi_trunk.hidden_size),
+            "trunks": trunks, "log_std": model.log_std is not None,
+            "clip": None if model.obs_rms is None else float(model.obs_rms.clip)}
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (np.tanh(0.5 * x) + 1.0)  # no overflow warnings
+
+
+class NumpyRecurrentActorCritic:
+    """Acting-time mirror of a :class:`~flowkit.core.RecurrentActorCritic` (MLP encoders, one
+    LSTM or GRU layer each) in numpy: one step for ``B`` rows, as :class:`NumpyActorCritic` does
+    for feed-forward MLPs (views of the model's parameters, rebound when their storage moves).
+    The cells are PyTorch's (gates i, f, g, o for the LSTM; r, z, n for the GRU)."""
+
+    def __init__(self, layout: Dict[str, Any], model: Any):
+        self.layout, self.model, self.act = layout, model, numpy_function(layout["activation"])
+        self._bind()
+
+    def _bind(self) -> None:
+        m, lay = self.model, self.layout
+        w = {k: t.numpy() for k, t in m.state_dict().items()}
+        self._watch = [*m.parameters(), *m.buffers()]
+        self._ptrs = tuple(t.data_ptr() for t in self._watch)
+        self.rms = None if lay["clip"] is None else (w["obs_rms.mean"], w["obs_rms.var"], lay["clip"])
+        self.log_std = w["log_std"] if lay["log_std"] else None
+        self.trunks = [(linear_layers(w, t["encoder"]), w[f"{t['rnn']}.weight_ih_l0"].T, w[f"{t['rnn']}.weight_hh_l0"].T,
+                        w[f"{t['rnn']}.bias_ih_l0"], w[f"{t['rnn']}.bias_hh_l0"], t["size"]) for t in lay["trunks"]]
+        self.heads = [(w["pi_head.weight"].T, w["pi_head.bias"]), (w["vf_head.weight"].T, w["vf_head.bias"])]
+
+    def _cell(self, x: np.ndarray, s: np.ndarray, wi, wh, bi, bh) -> Tuple[np.ndarray, np.ndarray]:
+        h = self.layout["hidden"]
+        if self.layout["lstm"]:
+            hp, cp = s[:, :h], s[:, h:]
+            g = x @ wi + bi + hp @ wh + bh
+            c = _sigmoid(g[:, h:2 * h]) * cp + _sigmoid(g[:, :h]) * np.tanh(g[:, 2 * h:3 * h])
+            hn = _sigmoid(g[:, 3 * h:]) * np.tanh(c)
+            return hn, np.concatenate([hn, c], 1)
+        gi, gh = x @ wi + bi, s @ wh + bh
+        r, z = _sigmoid(gi[:, :h] + gh[:, :h]), _sigmoid(gi[:, h:2 * h] + gh[:, h:2 * h])
+        n = np.tanh(gi[:, 2 * h:] + r * gh[:, 2 * h:])
+        hn = (1.0 - z) * n + z * s
+        return hn, hn
+
+    def forward(self, obs: np.ndarray, state: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """obs float32[B, d], state float32[B, S] -> (dist_inputs float32[B, k], value float32[B],
+        state_out float32[B, S])."""
+        if tuple(t.data_ptr() for t in self._watch) != self._ptrs:
+            self._bind()
+        x = np.asarray(obs, np.float32).reshape(len(obs), -1)
+        if self.rms is not None:
+            mean, var, clip = self.rms
+            x = np.clip((x - mean) / np.sqrt(var + np.float32(1e-8)), -clip, clip).astype(np.float32, copy=False)
+        feats, states, at = [], [], 0
+        for enc, wi, wh, bi, bh, size in self.trunks:
+            z = x
+            for w, b in enc:
+                z = self.act(z @ w + b)
+            f, s = self._cell(z, state[:, at:at + size], wi, wh, bi, bh)
+            feats.append(f)
+            states.append(s)
+            at += size
+        (wp, bp), (wv, bv) = self.heads
+        inputs = feats[0] @ wp + bp
+        value = (feats[-1] @ wv + bv)[:, 0]
+        if self.log_std is not None:
+            inputs = np.concatenate([inputs, np.broadcast_to(self.log_std, inputs.shape)], -1)
+        out = states[0] if len(states) == 1 else np.concatenate(states, 1)
+        return inputs.astype(np.float32, copy=False), value.astype(np.float32, copy=False), out.astype(np.float32, copy=False)
+
+
 def sample_logp_numpy(dist: "ActionDist", inputs: np.ndarray, mask: Optional[np.ndarray], explore: bool,
                       rng: np.random.Generator) -> Tuple[np.ndarray, np.ndarray]:
     """:meth:`ActionDist.sample_logp` in numpy for Discrete (Gumbel-max over the log-softmax,
