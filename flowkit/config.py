@@ -274,6 +274,14 @@ class ModelConfig:
                                    "on the learner from each train batch, sent to the workers with the weights, "
                                    "saved in checkpoints, applied by evaluate and export; PPO's "
                                    "ppo.normalize_observations is the same")
+    recurrent: Optional[str] = F(None, "a recurrent layer on top of the encoder (MLP hidden_sizes, or CNN then MLP "
+                                       "for images): lstm or gru (null: feed-forward); the workers keep one state "
+                                       "per sub-env, the learner trains on whole sequences (actor-critic algorithms)",
+                                 choices=("lstm", "gru"))
+    recurrent_size: int = F(64, "units of the recurrent layer (model.recurrent)", ge=1, le=65536)
+    max_seq_len: int = F(32, "rows per training sequence of a recurrent policy: trajectory pieces are cut into "
+                             "sequences of at most this many steps (backpropagation through time spans one)",
+                         ge=1, le=100000)
 
 
 # `model.class` is a Python keyword: declared by hand, outside __init__, and the class built
@@ -437,6 +445,17 @@ def action_space_error(algo: str, kinds: Sequence[str], policy_id: str, action_s
             f"(use an algorithm for {got} actions, e.g. {other})")
 
 
+def recurrent_error(algo: str, recurrent: bool, policy_id: str, model_config: Any) -> Optional[str]:
+    """Why algorithm ``algo`` (``recurrent``: whether it trains recurrent networks) cannot
+    train the network of ``model_config`` (a ``model.*`` section); None if it can. Shared by
+    :meth:`flowkit.core.Algorithm.check_model` (at set-up) and :func:`check_run`."""
+    kind = model_config.get("recurrent") if hasattr(model_config, "get") else getattr(model_config, "recurrent", None)
+    if not kind or recurrent:
+        return None
+    return (f"policy {policy_id!r}: model.recurrent={kind} but {algo.upper()} trains feed-forward networks only "
+            "(recurrent policies: ppo, a2c, a3c, impala, appo); set model.recurrent=null or change the algorithm")
+
+
 def check_algo(cfg: Any, algos: Any) -> None:
     """``algo`` is one of ``algos`` (names), else a ConfigError naming the closest."""
     if cfg.algo not in algos:
@@ -507,6 +526,8 @@ def check_run(cfg: Any, pm: Any) -> None:
         if callable(check):
             check(cfg)
     a, section = algos[cfg.algo], cfg[cfg.algo] if cfg.algo in cfg else None
+    if why := recurrent_error(cfg.algo, bool(getattr(a, "recurrent", False)), "default", cfg.model):
+        raise ConfigError(why)
     if not hasattr(a, "target"):  # a class registered as it is (loaded)
         a.validate_config(cfg, section)
     elif getattr(a.config_class, "validate", None) is not None and section is not None:

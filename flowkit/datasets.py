@@ -464,16 +464,23 @@ class _Explore:
         self.rng = np.random.default_rng(seed)
         self.space.seed(int(self.rng.integers(2 ** 31)))
 
-    def compute_actions(self, obs: Any, explore: bool = False) -> Any:
+    def initial_state(self, n: int) -> Any:
+        """The policy's recurrent state (None: feed-forward; see ``Acting.initial_state``)."""
+        init = getattr(self.policy, "initial_state", None)
+        return None if init is None else init(n)
+
+    def compute_actions(self, obs: Any, explore: bool = False, state: Any = None) -> Any:
         from flowkit.core import batch_len
         n = batch_len(obs)
-        if self.mode == "random":
-            return [self.space.sample() for _ in range(n)]
-        acts = list(self.policy.compute_actions(obs, explore=self.mode == "sample"))
+        if state is not None:  # a recurrent policy: its state moves on whatever the env receives
+            acts, state = self.policy.compute_actions(obs, explore=self.mode == "sample", state=state)
+        elif self.mode != "random":
+            acts = self.policy.compute_actions(obs, explore=self.mode == "sample")
+        acts = [self.space.sample() for _ in range(n)] if self.mode == "random" else list(acts)
         if self.mode == "epsilon":
             for i in np.flatnonzero(self.rng.random(n) < self.epsilon):
                 acts[int(i)] = self.space.sample()
-        return acts
+        return acts if state is None else (acts, state)
 
 
 class _Full(Exception):

@@ -144,6 +144,7 @@ def setup(cfg: DictConfig, pm: Any, run_dir: Optional[str] = None) -> RunContext
         if cls is None:
             raise ConfigError(f"policy {pid!r}: algorithm {spec.algo!r} is not installed")
         cls.check_spaces(pid, spec.observation_space, spec.action_space)
+        cls.check_model(pid, spec.model_config(cfg))
         if spec.algo not in instances:
             warns += cls.validate_config(cfg, cfg[spec.algo] if spec.algo in cfg else None) or []
             instances[spec.algo] = cls(cfg)

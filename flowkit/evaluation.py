@@ -105,6 +105,9 @@ def run_gym_episodes(policy: Any, env_cfg: Dict[str, Any], episodes: int, seed: 
                      video_dir: str = ".", on_step: Optional[Callable[..., None]] = None) -> List[Dict[str, Any]]:
     """Episodes of a single-agent Gymnasium env under ``policy`` (see the module docstring).
 
+    A recurrent policy (``policy.initial_state(n)`` not None) keeps one state per episode,
+    from its initial state at each reset.
+
     ``on_step(episode, obs, action, next_obs, reward, terminated, truncated, info)`` is called
     after every env step (``obs``: the observation the action was chosen on; episode ``i``
     reset with ``seed + i``): ``flowkit record`` writes datasets through it; an exception it
@@ -134,6 +137,8 @@ def run_gym_episodes(policy: Any, env_cfg: Dict[str, Any], episodes: int, seed: 
     ret, length = np.zeros(k), np.zeros(k, np.int64)
     videos: List[Optional[_Video]] = [None] * k
     next_ep = 0
+    init: Any = getattr(policy, "initial_state", None)
+    state = None if init is None else init(k)  # one recurrent state per slot (None: feed-forward)
 
     def start(j: int) -> None:
         nonlocal next_ep
@@ -143,6 +148,8 @@ def run_gym_episodes(policy: Any, env_cfg: Dict[str, Any], episodes: int, seed: 
         i, next_ep = next_ep, next_ep + 1
         slot_ep[j], ret[j], length[j] = i, 0.0, 0
         obs[j], _ = envs[j].reset(seed=seed + i)
+        if state is not None:
+            state[j] = init(1)[0]
         if render and i < render_episodes:
             videos[j] = v = _Video(os.path.join(video_dir, f"episode_{i:03d}.{render}"), fps)
             v.add(envs[j].render())
@@ -152,7 +159,11 @@ def run_gym_episodes(policy: Any, env_cfg: Dict[str, Any], episodes: int, seed: 
             start(j)
         while any(e is not None for e in slot_ep):
             live = [j for j in range(k) if slot_ep[j] is not None]
-            actions = policy.compute_actions(_stack([obs[j] for j in live]), explore=explore)
+            batch = _stack([obs[j] for j in live])
+            if state is None:
+                actions = policy.compute_actions(batch, explore=explore)
+            else:
+                actions, state[live] = policy.compute_actions(batch, explore=explore, state=state[live])
             for j, a in zip(live, actions):
                 prev = obs[j]
                 obs[j], r, term, trunc, info = envs[j].step(a)

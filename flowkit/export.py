@@ -21,6 +21,11 @@ is one input ``obs`` (its dtype); a Dict observation one input per key (``observ
 ``action_mask``, ...; nested keys joined by ``/``); Discrete and MultiDiscrete leaves int64,
 MultiBinary and ``action_mask`` int8. The output ``action`` has shape ``[B, *action_shape]``.
 A row whose action mask allows nothing gets an arbitrary action (``compute_actions`` raises).
+
+A recurrent policy's module takes its state as one more input, last, ``state_in`` float32[B, S]
+(zeros at an episode start), and returns ``(action, state_out)``: feed ``state_out`` back with
+the next observation of the same episode. The written file is checked against the policy over a
+50-step sequence, the state carried on both sides.
 """
 from __future__ import annotations
 
@@ -88,16 +93,19 @@ def sample_observations(space: gym.Space, n: int, seed: int = 0) -> Any:
     return gym.vector.utils.concatenate(space, obs, out)
 
 
-def run_exported(path: str, fmt: str, inputs: List[np.ndarray]) -> np.ndarray:
+def run_exported(path: str, fmt: str, inputs: List[np.ndarray]) -> Any:
     """Actions of an exported file for :func:`input_arrays` inputs (ONNX: with onnxruntime;
-    ImportError without it)."""
+    ImportError without it); a recurrent policy's file takes the state last and returns
+    ``(actions, state_out)``."""
     if fmt == "torchscript":
         with torch.no_grad(), warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # TorchScript is in maintenance mode
-            return torch.jit.load(path)(*[torch.from_numpy(x) for x in inputs]).numpy()
+            out = torch.jit.load(path)(*[torch.from_numpy(x) for x in inputs])
+        return tuple(o.numpy() for o in out) if isinstance(out, tuple) else out.numpy()
     import onnxruntime as ort
     sess = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
-    return sess.run(None, {i.name: x for i, x in zip(sess.get_inputs(), inputs)})[0]
+    outs = sess.run(None, {i.name: x for i, x in zip(sess.get_inputs(), inputs)})
+    return outs[0] if len(outs) == 1 else tuple(outs)
 
 
 class TorchOps:
@@ -187,9 +195,17 @@ class ExportedPolicy(nn.Module):
         self.has_mask = self.encoder.has_mask
         self.dist, self.kind, self.nvec = dist, dist.kind, list(dist.nvec) if hasattr(dist, "nvec") else []
         self.act_space = policy.action_space
+        init = policy.initial_state(1) if callable(getattr(policy, "initial_state", None)) else None
+        self.state_size = 0 if init is None else int(init.shape[1])  # 0: feed-forward
 
-    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        z = self.net(encode_inputs(self.encoder, inputs))
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        if self.state_size:  # recurrent: the state is the last input
+            *obs_in, state = inputs
+            z, state_out = self.net(encode_inputs(self.encoder, obs_in), state)
+            return self._act(z, obs_in), state_out
+        return self._act(self.net(encode_inputs(self.encoder, inputs)), inputs)
+
+    def _act(self, z: torch.Tensor, inputs: Sequence[torch.Tensor]) -> torch.Tensor:
         if self.kind == "cat":
             if self.has_mask:
                 z = z.masked_fill(inputs[-1] == 0, torch.finfo(z.dtype).min)
@@ -203,8 +219,10 @@ class ExportedPolicy(nn.Module):
         return self.dist.to_env(a, TorchOps)
 
     def example_inputs(self, batch: int = 2, seed: int = 0) -> List[np.ndarray]:
-        """Inputs for ``batch`` raw observations drawn by :func:`sample_observations`."""
-        return input_arrays(self.space, sample_observations(self.space, batch, seed))
+        """Inputs for ``batch`` raw observations drawn by :func:`sample_observations` (and a
+        recurrent policy's initial state)."""
+        obs = input_arrays(self.space, sample_observations(self.space, batch, seed))
+        return obs + [np.zeros((batch, self.state_size), np.float32)] if self.state_size else obs
 
     def signature(self) -> Dict[str, Any]:
         """Input and output names, dtypes and shapes (``B`` the batch axis), as stored with the file."""
@@ -212,8 +230,12 @@ class ExportedPolicy(nn.Module):
             return {"name": name, "dtype": np.dtype(dtype).name, "shape": ["B", *shape]}
         ins = [desc(n, _input_dtype(s), s.shape if s.shape is not None else ()) for n, s, _ in self.leaves]
         out_dtype = np.int64 if self.kind == "cat" else self.act_space.dtype
-        return {"inputs": ins, "outputs": [desc("action", out_dtype, self.act_space.shape or ())],
-                "action_space": str(self.act_space), "observation_space": str(self.space)}
+        outs = [desc("action", out_dtype, self.act_space.shape or ())]
+        if self.state_size:
+            ins.append(desc("state_in", np.float32, (self.state_size,)))
+            outs.append(desc("state_out", np.float32, (self.state_size,)))
+        return {"inputs": ins, "outputs": outs, "action_space": str(self.act_space),
+                "observation_space": str(self.space), "recurrent_state_size": self.state_size}
 
 
 def export_policy(policy: Any, fmt: str, path: str, check: int = 256) -> Dict[str, Any]:
@@ -240,9 +262,9 @@ def export_policy(policy: Any, fmt: str, path: str, check: int = 256) -> Dict[st
             traced = torch.jit.trace(module, example, check_trace=False)
             torch.jit.save(traced, path, _extra_files={"flowkit.json": json.dumps(sig)})
         else:
-            names = [d["name"] for d in sig["inputs"]]
+            names, outs = [d["name"] for d in sig["inputs"]], [d["name"] for d in sig["outputs"]]
             torch.onnx.export(module, example, path, dynamo=False, opset_version=17, input_names=names,
-                              output_names=["action"], dynamic_axes={n: {0: "B"} for n in [*names, "action"]})
+                              output_names=outs, dynamic_axes={n: {0: "B"} for n in [*names, *outs]})
             try:
                 import onnx
             except ImportError:
@@ -254,20 +276,50 @@ def export_policy(policy: Any, fmt: str, path: str, check: int = 256) -> Dict[st
     return sig
 
 
+def _differ(got: np.ndarray, want: np.ndarray, n: int) -> int:
+    """Rows (of ``n``) where the exported actions ``got`` differ from the policy's ``want``."""
+    close = np.isclose(got, want, rtol=1e-4, atol=1e-4) if np.issubdtype(want.dtype, np.floating) else got == want
+    return int((~close.reshape(n, -1).all(1)).sum()) if got.shape == want.shape else n
+
+
 def _check(policy: Any, fmt: str, path: str, n: int) -> int:
+    if callable(getattr(policy, "initial_state", None)) and policy.initial_state(1) is not None:
+        return _check_sequence(policy, fmt, path, max(1, n // SEQUENCE_STEPS))
     obs = sample_observations(policy.observation_space, n, seed=1)
     want = policy.compute_actions(obs, explore=False)
     try:
         got = run_exported(path, fmt, input_arrays(policy.observation_space, obs))
     except ImportError:
         return 0
-    close = np.isclose(got, want, rtol=1e-4, atol=1e-4) if np.issubdtype(want.dtype, np.floating) else got == want
-    bad = int((~close.reshape(n, -1).all(1)).sum()) if got.shape == want.shape else n
-    if bad:
+    if bad := _differ(got, want, n):
         os.remove(path)
         raise ValueError(f"the exported module's actions differ from compute_actions(obs, explore=False) on {bad} "
                          f"of {n} sampled observations (does the policy override its acting?); {path} not kept")
     return n
+
+
+SEQUENCE_STEPS = 50  # a recurrent policy's export is checked over sequences of this many steps
+
+
+def _check_sequence(policy: Any, fmt: str, path: str, rows: int) -> int:
+    """A recurrent policy's file against ``compute_actions(obs, explore=False, state=...)`` over
+    ``rows`` sequences of :data:`SEQUENCE_STEPS` sampled observations, each side carrying its
+    own state; returns the observations compared."""
+    want_s, got_s = policy.initial_state(rows), policy.initial_state(rows)
+    for t in range(SEQUENCE_STEPS):
+        obs = sample_observations(policy.observation_space, rows, seed=1 + t)
+        want, want_s = policy.compute_actions(obs, explore=False, state=want_s)
+        try:
+            got, got_s = run_exported(path, fmt, [*input_arrays(policy.observation_space, obs), got_s])
+        except ImportError:
+            return 0
+        bad = _differ(got, want, rows) or (rows if not np.allclose(got_s, want_s, rtol=1e-4, atol=1e-4) else 0)
+        if bad:
+            os.remove(path)
+            raise ValueError(f"the exported module's actions or state differ from compute_actions(obs, explore=False, "
+                             f"state=...) at step {t} of a {SEQUENCE_STEPS}-step sequence ({bad} of {rows} rows); "
+                             f"{path} not kept")
+    return rows * SEQUENCE_STEPS
 
 
 __all__ = ["FORMATS", "ExportedPolicy", "export_policy", "input_arrays", "run_exported", "sample_observations"]

@@ -33,3 +33,26 @@ class TinyQ(nn.Module):
 
 
 NotAModule = torch.zeros
+
+
+class TinyGRUActorCritic(nn.Module):
+    """A recurrent custom network (the recurrent-model contract of flowkit.core._recurrent): a
+    GRU cell unrolled by hand over the sequence, resets zeroing the state."""
+
+    def __init__(self, encoder, num_outputs, model_config):
+        super().__init__()
+        self.cell = nn.GRUCell(encoder.shape[0], 8)
+        self.pi, self.vf = nn.Linear(8, num_outputs), nn.Linear(8, 1)
+
+    def initial_state(self, n):
+        return torch.zeros(n, 8)
+
+    def forward(self, obs, state, resets=None):
+        outs = []
+        for t in range(obs.shape[1]):
+            if resets is not None:
+                state = state * (~resets[:, t:t + 1]).float()
+            state = self.cell(obs[:, t], state)
+            outs.append(state)
+        h = torch.stack(outs, 1)
+        return self.pi(h), self.vf(h).squeeze(-1), state

@@ -279,3 +279,34 @@ def slow_worker(context=None, worker=1, delay=0.01):
             return step(action)
         env.step = slow_step
     return env
+
+
+class EpisodesEnv(gym.Env):
+    """Recurrent-state tests: episodes of known lengths, obs Box(1,) = 10 * episode + step + 1
+    (never 0, the final observation included), action Discrete(2) ignored, reward 1; sub-env
+    ``j``'s episode ``e`` lasts ``lengths[(e + j) % len(lengths)]`` steps and ends terminated
+    (even ``e``) or truncated (odd ``e``)."""
+
+    lengths = (3, 5, 1, 4)
+
+    def __init__(self, j=0):
+        self.observation_space = spaces.Box(0.0, 1e6, (1,), np.float32)
+        self.action_space = spaces.Discrete(2)
+        self.j, self.e, self.t = j, -1, 0
+
+    def _obs(self):
+        return np.array([10 * self.e + self.t + 1], np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.e, self.t = self.e + 1, 0
+        return self._obs(), {}
+
+    def step(self, action):
+        self.t += 1
+        end = self.t >= self.lengths[(self.e + self.j) % len(self.lengths)]
+        return self._obs(), 1.0, end and self.e % 2 == 0, end and self.e % 2 == 1, {}
+
+
+def episodes(context=None):
+    return EpisodesEnv(0 if context is None else context.vector_index)

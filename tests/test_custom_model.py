@@ -43,6 +43,21 @@ def test_a_model_that_breaks_the_contract_is_a_config_error_at_set_up(run_dir, v
     assert not os.path.exists(os.path.join(run_dir, "checkpoints"))
 
 
+def test_a_recurrent_custom_model_trains_and_a_feed_forward_one_cannot_be_recurrent(run_dir):
+    """A model.class with initial_state is recurrent (its batches carry state_in, its loss runs
+    over sequences) without model.recurrent; with model.recurrent a feed-forward class is an error."""
+    res = flowkit.train(local_overrides(run_dir, "model.class=custom_models:TinyGRUActorCritic", *COMMON),
+                       verbose=False)
+    pol = flowkit.Algorithm.from_checkpoint(res.checkpoint, trust_config=True).get_policy()
+    assert pol.is_recurrent and pol.initial_state(3).shape == (3, 8)
+    actions, state = pol.compute_actions([0, 1, 1], state=pol.initial_state(3))
+    assert actions.shape == (3,) and state.shape == (3, 8) and (state != 0).any()
+    with pytest.raises(flowkit.ConfigError, match="model.recurrent='gru' needs a recurrent network: "
+                                                  "model.class='custom_models:TinyActorCritic' has no initial_state"):
+        flowkit.train(local_overrides(run_dir + "x", "model.class=custom_models:TinyActorCritic",
+                                      "model.recurrent=gru", *COMMON), verbose=False)
+
+
 def test_normalize_observations_needs_obs_rms(run_dir):
     with pytest.raises(flowkit.ConfigError, match="normalize_observations=true needs the model's `obs_rms`"):
         flowkit.train(local_overrides(run_dir, "model.class=custom_models:TinyActorCritic",

@@ -12,7 +12,16 @@ from torch import nn
 
 from flowkit.core import batch as sb
 from flowkit.core._models import ActorCritic, sde_std
-from flowkit.core._numpy_model import ActorCriticActing, NumpyActorCritic, NumpyActorCriticPolicy, numpy_layout
+from flowkit.core._numpy_model import (
+    ActorCriticActing,
+    NumpyActorCritic,
+    NumpyActorCriticPolicy,
+    NumpyRecurrentActorCritic,
+    numpy_layout,
+    numpy_recurrent_layout,
+    sample_logp_numpy,
+)
+from flowkit.core._recurrent import RecurrentActorCritic, step
 from flowkit.core._returns import bootstrap_rows, next_values, vtrace
 from flowkit.core.policy import Policy, to_tensor
 
@@ -35,6 +44,7 @@ def adapt_kl_coeff(kl_coeff: float, kl: float, kl_target: float) -> float:
     return kl_coeff * 0.5 if kl < 0.5 * kl_target else kl_coeff
 
 _WORKER_SIDE = ("compute_actions_encoded", "compute_actions", "postprocess_trajectory", "add_gae", "compute_values",
+                "bootstrap_values",
                 "_extras", "_act_numpy", "_compute_actions_torch", "make_model", "numpy_model", "set_weights")
 
 
@@ -67,6 +77,7 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
         torch.manual_seed(seed)
         self.model = self.make_model().to(self.device)
         self._np_model: Optional[NumpyActorCritic] = None
+        self._np_rnn: Optional[NumpyRecurrentActorCritic] = None
         self._np_checked = False
         self._ret_acc: Dict[Tuple[int, int], float] = {}  # running discounted return per live (episode, agent)
         self._sde_w: Optional[torch.Tensor] = None  # gSDE exploration matrices and the steps since drawn
@@ -75,9 +86,18 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
             self.optimizer = self.make_optimizer(config.lr, getattr(config, "adam_eps", 1e-8))
 
     def make_model(self) -> Any:
-        """The network (override for a custom model; the numpy mirror then steps aside)."""
+        """The network (override for a custom model; the numpy mirror then steps aside): an
+        :class:`ActorCritic`, or with ``model.recurrent`` a :class:`~flowkit.core.RecurrentActorCritic`."""
         norm = bool(getattr(self.config, "normalize_observations", False)) or bool(
             getattr(self.model_config, "normalize_obs", False))
+        if getattr(self.model_config, "recurrent", None):
+            if getattr(self.config, "use_sde", False):
+                from flowkit.config import ConfigError
+                raise ConfigError("use_sde=true does not combine with model.recurrent (gSDE's features are per "
+                                  "observation); turn one of them off")
+            return self.build_model(RecurrentActorCritic(
+                self.encoder, self.dist, self.model_config, norm, self.config.log_std_init,
+                normalize_rewards=bool(getattr(self.config, "normalize_rewards", False))))
         model = self.build_model(ActorCritic(
             self.encoder, self.dist, self.model_config, norm, self.config.log_std_init, twin=self.twin,
             normalize_rewards=bool(getattr(self.config, "normalize_rewards", False)),
@@ -101,18 +121,22 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
 
     def numpy_model(self) -> Optional[NumpyActorCritic]:
         """The :class:`NumpyActorCritic` mirror of ``self.model`` used for acting on CPU, or
-        None (not an MLP actor-critic, ``model.numpy_inference=false``, or not on CPU)."""
+        None (not an MLP actor-critic, ``model.numpy_inference=false``, or not on CPU); a
+        recurrent MLP actor-critic's mirror is :attr:`_np_rnn` (:class:`NumpyRecurrentActorCritic`)."""
         if not self._np_checked:
             self._np_checked = True
             mc = self.model_config
-            if (self.device.type == "cpu" and isinstance(self.model, ActorCritic) and mc is not None
-                    and bool(getattr(mc, "numpy_inference", True))):
-                self._np_model = NumpyActorCritic.build(self.model, self.dist, str(mc.activation))
+            if self.device.type == "cpu" and mc is not None and bool(getattr(mc, "numpy_inference", True)):
+                if isinstance(self.model, ActorCritic):
+                    self._np_model = NumpyActorCritic.build(self.model, self.dist, str(mc.activation))
+                elif (lay := numpy_recurrent_layout(self.model, self.dist, str(mc.activation))) is not None:
+                    self._np_rnn = NumpyRecurrentActorCritic(lay, self.model)
         return self._np_model
 
     def action_model(self) -> nn.Module:
-        """The policy network alone (see :meth:`Policy.action_model`)."""
-        return _PolicyNet(self.model)
+        """The policy network alone (see :meth:`Policy.action_model`); recurrent: one step,
+        ``(obs float32[B, *shape], state float32[B, S]) -> (dist_inputs, state_out)``."""
+        return _RecurrentPolicyNet(self.model) if self.is_recurrent else _PolicyNet(self.model)
 
     def worker_policy_class(self) -> Optional[Callable[..., Any]]:
         """A :class:`NumpyActorCriticPolicy` (torch-free) when this policy acts through its
@@ -130,13 +154,37 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
             weights=self.get_weights())
 
     # -- acting (worker) --
-    def compute_actions_encoded(self, obs, mask=None, explore=True):
+    def compute_actions_encoded(self, obs, mask=None, explore=True, state=None):
         if mask is not None:
             self.check_mask(mask)
+        if state is not None or self.is_recurrent:
+            return self._compute_actions_recurrent(obs, mask, explore, state)
         npm = self.numpy_model()
         if npm is not None:  # the same network in numpy (cheaper per call on a few rows)
             return self._act_numpy(npm, obs, mask, explore)
         return self._compute_actions_torch(obs, mask, explore)
+
+    @torch.inference_mode()
+    def _compute_actions_recurrent(self, obs, mask, explore, state):
+        """One step of the recurrent network from ``state`` (float32[B, S]); extras as
+        :meth:`compute_actions_encoded` says (``state_in``, ``state_out``)."""
+        if state is None or not self.is_recurrent:
+            raise ValueError("a recurrent policy acts with state= (float32[B, S], from initial_state(B)); "
+                             "a feed-forward one without it")
+        state = np.ascontiguousarray(state, np.float32)
+        self.numpy_model()
+        if self._np_rnn is not None:  # the same network in numpy (an LSTM step costs tens of torch calls)
+            inputs_np, value_np, s_np = self._np_rnn.forward(obs, state)
+            a_np, logp_np = sample_logp_numpy(self.dist, inputs_np, mask, explore, self.np_random)
+            extras = self._extras(logp_np, value_np, inputs_np)
+            extras.update({sb.STATE_IN: state, sb.STATE_OUT: s_np})
+            return a_np, extras
+        inputs, value, s_out = step(self.model, torch.from_numpy(obs), torch.from_numpy(state))
+        a, logp = self.dist.sample_logp(inputs, None if mask is None else torch.from_numpy(mask), explore,
+                                        self.generator)
+        extras = self._extras(logp.numpy(), value.numpy(), inputs.numpy())
+        extras.update({sb.STATE_IN: state, sb.STATE_OUT: s_out.numpy()})
+        return a.numpy(), extras
 
     @torch.inference_mode()
     def _compute_actions_torch(self, obs, mask=None, explore=True):
@@ -175,6 +223,22 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
     def compute_values(self, obs: np.ndarray) -> np.ndarray:
         """V(obs) for encoded observations float32[B, *shape] -> float32[B]."""
         return self.model_value(torch.from_numpy(np.ascontiguousarray(obs, self.encoder.dtype))).numpy()
+
+    @torch.inference_mode()
+    def bootstrap_values(self, batch: sb.SampleBatch, rows: np.ndarray) -> np.ndarray:
+        """V(``next_obs``) of ``rows``; recurrent: from the state after each row's step (one
+        step from its ``state_in`` on its ``obs``, then the value of ``next_obs``)."""
+        if not self.is_recurrent:
+            return super().bootstrap_values(batch, rows)
+        t = {k: torch.from_numpy(np.ascontiguousarray(np.asarray(batch[k])[rows])) for k in
+             (sb.OBS, sb.NEXT_OBS, sb.STATE_IN)}
+        return self.recurrent_bootstrap(t[sb.OBS], t[sb.STATE_IN], t[sb.NEXT_OBS]).numpy()
+
+    def recurrent_bootstrap(self, obs: torch.Tensor, state_in: torch.Tensor, next_obs: torch.Tensor) -> torch.Tensor:
+        """float32[k]: V(next_obs) of a recurrent model after the step on ``obs`` from ``state_in``
+        (the value a row that ends a piece without terminating bootstraps from)."""
+        s1 = step(self.model, obs, state_in)[-1]
+        return step(self.model, next_obs, s1)[1]
 
     # -- returns --
     def add_gae(self, batch: sb.SampleBatch, gae_lambda: Optional[float] = None) -> sb.SampleBatch:
@@ -237,11 +301,13 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
     def prepare_vtrace_batch(self, batch: sb.SampleBatch) -> Dict[str, torch.Tensor]:
         """Tensors for a V-trace loss: the acting columns plus ``nextnonterminal`` (float[L])
         and ``boot_idx``/``boot_obs`` (rows that bootstrap from V(next_obs): truncations and
-        cuts)."""
+        cuts); a recurrent policy's ``state_in`` and ``seq_lens`` too."""
         cont, boot = bootstrap_rows(batch)
         cols = {k: batch[k] for k in (sb.OBS, sb.ACTIONS, sb.ACTION_LOGP, sb.REWARDS, sb.ACTION_MASK) if k in batch}
         cols.update(nextnonterminal=cont, boot_idx=boot, boot_obs=np.asarray(batch[sb.NEXT_OBS])[boot])
-        return {k: to_tensor(v, self.device) for k, v in cols.items()}
+        out = {k: to_tensor(v, self.device) for k, v in cols.items()}
+        out.update(self.sequence_columns(batch))
+        return out
 
     @torch.no_grad()
     def vtrace_targets(self, batch: Dict[str, torch.Tensor], log_rhos: torch.Tensor,
@@ -254,7 +320,13 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
         cfg = self.config
         cont, boot_idx = batch["nextnonterminal"].cpu().numpy(), batch["boot_idx"].cpu().numpy()
         v = values.cpu().numpy()
-        boot_v = self.model_value(batch["boot_obs"]).cpu().numpy() if len(boot_idx) else np.zeros(0, np.float32)
+        if not len(boot_idx):
+            boot_v = np.zeros(0, np.float32)
+        elif self.is_recurrent:
+            bi = batch["boot_idx"]
+            boot_v = self.recurrent_bootstrap(batch[sb.OBS][bi], batch[sb.STATE_IN][bi], batch["boot_obs"]).cpu().numpy()
+        else:
+            boot_v = self.model_value(batch["boot_obs"]).cpu().numpy()
         vs, pg_adv = vtrace(log_rhos.cpu().numpy(), batch[sb.REWARDS].cpu().numpy(), v,
                             next_values(v, cont, boot_idx, boot_v), cont, cfg.gamma, cfg.clip_rho_threshold,
                             cfg.clip_c_threshold, cfg.clip_pg_rho_threshold, cfg.vtrace_lambda)
@@ -270,3 +342,16 @@ class _PolicyNet(nn.Module):
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         return self.model.policy(obs) if hasattr(self.model, "policy") else self.model(obs)[0]
+
+
+class _RecurrentPolicyNet(nn.Module):
+    """One step of a recurrent actor-critic as a module: ``(obs float32[B, *shape], state
+    float32[B, S]) -> (dist_inputs float32[B, k], state_out float32[B, S])`` (export)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, obs: torch.Tensor, state: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        outs = step(self.model, obs, state)
+        return outs[0], outs[-1]

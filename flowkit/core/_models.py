@@ -86,7 +86,8 @@ def init_weights(module: nn.Module, model_cfg: Any) -> nn.Module:
     gain sqrt(2) for hidden layers and each head's own gain, zero biases, Andrychowicz et al.
     2021, arXiv 2006.05990; a network with an init of its own, DQN's Q-network, keeps it under
     ``auto`` and takes the orthogonal one under ``orthogonal``); ``default`` re-initialises every ``nn.Linear`` and ``nn.Conv2d`` with PyTorch's own
-    ``reset_parameters`` (weights and biases ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in))) and every
+    ``reset_parameters`` (weights and biases ~ U(-1/sqrt(fan_in), 1/sqrt(fan_in)); an LSTM's
+    or GRU's ~ U(-1/sqrt(hidden), 1/sqrt(hidden))) and every
     :class:`TwinMLP` the same way (:meth:`TwinMLP.reset_default`): SB3's ``ortho_init=False``,
     and what SB3's SAC and TD3 always use. Other parameters (log-stds) keep their values.
     Draws from torch's global generator (seeded by the policy).
@@ -101,7 +102,7 @@ def init_weights(module: nn.Module, model_cfg: Any) -> nn.Module:
         for m in module.modules():
             if isinstance(m, TwinMLP):
                 m.reset_default()
-            elif isinstance(m, (nn.Linear, nn.Conv2d)):
+            elif isinstance(m, (nn.Linear, nn.Conv2d, nn.RNNBase)):  # RNNBase: LSTM, GRU (model.recurrent)
                 m.reset_parameters()
     return module
 

@@ -155,6 +155,95 @@ class NumpyActorCritic:
         return inputs, val
 
 
+# ---- recurrent ----------------------------------------------------------------------------------
+def numpy_recurrent_layout(model: Any, dist: ActionDist, activation: str) -> Optional[Dict[str, Any]]:
+    """The structure of a :class:`~flowkit.core.RecurrentActorCritic` whose encoders are MLPs, in
+    the names of its ``state_dict``, or None when :class:`NumpyRecurrentActorCritic` cannot mirror
+    it (a CNN, other activations or action spaces, a subclassed model)."""
+    from flowkit.core._recurrent import RecurrentActorCritic
+    if (type(model) is not RecurrentActorCritic or dist.kind not in ("cat", "gauss", "gauss_unbounded")
+            or not has_numpy(activation)):
+        return None
+    trunks = []
+    for name in ("pi_trunk", "vf_trunk"):
+        trunk = getattr(model, name)
+        if trunk is None:
+            continue
+        enc = linear_names(model, trunk.encoder)
+        if enc is None or trunk.rnn.num_layers != 1 or trunk.rnn.bias is False:
+            return None
+        trunks.append({"encoder": enc, "rnn": f"{name}.rnn", "size": int(trunk.state_size)})
+    return {"activation": activation, "lstm": bool(model.pi_trunk.is_lstm), "hidden": int(model.pi_trunk.hidden_size),
+            "trunks": trunks, "log_std": model.log_std is not None,
+            "clip": None if model.obs_rms is None else float(model.obs_rms.clip)}
+
+
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (np.tanh(0.5 * x) + 1.0)  # no overflow warnings
+
+
+class NumpyRecurrentActorCritic:
+    """Acting-time mirror of a :class:`~flowkit.core.RecurrentActorCritic` (MLP encoders, one
+    LSTM or GRU layer each) in numpy: one step for ``B`` rows, as :class:`NumpyActorCritic` does
+    for feed-forward MLPs (views of the model's parameters, rebound when their storage moves).
+    The cells are PyTorch's (gates i, f, g, o for the LSTM; r, z, n for the GRU)."""
+
+    def __init__(self, layout: Dict[str, Any], model: Any):
+        self.layout, self.model, self.act = layout, model, numpy_function(layout["activation"])
+        self._bind()
+
+    def _bind(self) -> None:
+        m, lay = self.model, self.layout
+        w = {k: t.numpy() for k, t in m.state_dict().items()}
+        self._watch = [*m.parameters(), *m.buffers()]
+        self._ptrs = tuple(t.data_ptr() for t in self._watch)
+        self.rms = None if lay["clip"] is None else (w["obs_rms.mean"], w["obs_rms.var"], lay["clip"])
+        self.log_std = w["log_std"] if lay["log_std"] else None
+        self.trunks = [(linear_layers(w, t["encoder"]), w[f"{t['rnn']}.weight_ih_l0"].T, w[f"{t['rnn']}.weight_hh_l0"].T,
+                        w[f"{t['rnn']}.bias_ih_l0"], w[f"{t['rnn']}.bias_hh_l0"], t["size"]) for t in lay["trunks"]]
+        self.heads = [(w["pi_head.weight"].T, w["pi_head.bias"]), (w["vf_head.weight"].T, w["vf_head.bias"])]
+
+    def _cell(self, x: np.ndarray, s: np.ndarray, wi, wh, bi, bh) -> Tuple[np.ndarray, np.ndarray]:
+        h = self.layout["hidden"]
+        if self.layout["lstm"]:
+            hp, cp = s[:, :h], s[:, h:]
+            g = x @ wi + bi + hp @ wh + bh
+            c = _sigmoid(g[:, h:2 * h]) * cp + _sigmoid(g[:, :h]) * np.tanh(g[:, 2 * h:3 * h])
+            hn = _sigmoid(g[:, 3 * h:]) * np.tanh(c)
+            return hn, np.concatenate([hn, c], 1)
+        gi, gh = x @ wi + bi, s @ wh + bh
+        r, z = _sigmoid(gi[:, :h] + gh[:, :h]), _sigmoid(gi[:, h:2 * h] + gh[:, h:2 * h])
+        n = np.tanh(gi[:, 2 * h:] + r * gh[:, 2 * h:])
+        hn = (1.0 - z) * n + z * s
+        return hn, hn
+
+    def forward(self, obs: np.ndarray, state: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """obs float32[B, d], state float32[B, S] -> (dist_inputs float32[B, k], value float32[B],
+        state_out float32[B, S])."""
+        if tuple(t.data_ptr() for t in self._watch) != self._ptrs:
+            self._bind()
+        x = np.asarray(obs, np.float32).reshape(len(obs), -1)
+        if self.rms is not None:
+            mean, var, clip = self.rms
+            x = np.clip((x - mean) / np.sqrt(var + np.float32(1e-8)), -clip, clip).astype(np.float32, copy=False)
+        feats, states, at = [], [], 0
+        for enc, wi, wh, bi, bh, size in self.trunks:
+            z = x
+            for w, b in enc:
+                z = self.act(z @ w + b)
+            f, s = self._cell(z, state[:, at:at + size], wi, wh, bi, bh)
+            feats.append(f)
+            states.append(s)
+            at += size
+        (wp, bp), (wv, bv) = self.heads
+        inputs = feats[0] @ wp + bp
+        value = (feats[-1] @ wv + bv)[:, 0]
+        if self.log_std is not None:
+            inputs = np.concatenate([inputs, np.broadcast_to(self.log_std, inputs.shape)], -1)
+        out = states[0] if len(states) == 1 else np.concatenate(states, 1)
+        return inputs.astype(np.float32, copy=False), value.astype(np.float32, copy=False), out.astype(np.float32, copy=False)
+
+
 def sample_logp_numpy(dist: "ActionDist", inputs: np.ndarray, mask: Optional[np.ndarray], explore: bool,
                       rng: np.random.Generator) -> Tuple[np.ndarray, np.ndarray]:
     """:meth:`ActionDist.sample_logp` in numpy for Discrete (Gumbel-max over the log-softmax,
@@ -195,6 +284,12 @@ class Acting:
                                 explore: bool = True) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
         """Actions for encoded observations ``float32[B, *shape]``.
 
+        A recurrent policy (:meth:`initial_state` not None) also takes ``state=float32[B, S]``,
+        the rows' recurrent states, and returns two more extras: ``state_in`` (that state, stored
+        per row) and ``state_out`` (the state after this step, which the runner keeps for the
+        row's next step and removes from the extras). Runners pass ``state`` only to recurrent
+        policies.
+
         Returns:
             ``(actions, extras)``: actions as sampled (numpy, ``[B]`` or ``[B, k]``) and
             per-row extras to store in the batch (e.g. ``action_logp``, ``vf_preds``).
@@ -203,19 +298,43 @@ class Acting:
         """
         raise NotImplementedError
 
-    def compute_actions(self, obs: Any, explore: bool = False) -> np.ndarray:
+    def initial_state(self, n: int) -> Optional[np.ndarray]:
+        """float32[n, S]: the recurrent state of ``n`` rows at an episode start (runners reset
+        a row's state to it when its episode starts, in both autoreset modes); None: a
+        feed-forward policy (the default)."""
+        return None
+
+    def compute_actions(self, obs: Any, explore: bool = False, state: Optional[np.ndarray] = None) -> Any:
         """Env-ready actions for raw observations (one, or a batch with a leading axis).
 
+        A recurrent policy needs ``state`` (float32[B, S], or [S] for one observation; start from
+        :meth:`initial_state`) and returns ``(actions, state_out)``: pass ``state_out`` back with
+        the next observations of the same episodes.
+
         Raises:
-            ValueError: an observation whose action mask allows nothing.
+            ValueError: an observation whose action mask allows nothing; a recurrent policy
+                called without ``state`` (or a feed-forward one with it).
         """
         batched = self.encoder.is_batched(obs)
         if not batched:
             obs = add_batch_axis(obs)
-        enc, mask = self.encoder(obs, batch_len(obs))
-        actions, _ = self.compute_actions_encoded(enc, mask, explore)
+        n = batch_len(obs)
+        enc, mask = self.encoder(obs, n)
+        recurrent = self.initial_state(0) is not None
+        if recurrent != (state is not None):
+            raise ValueError(f"a recurrent policy needs state= (start from policy.initial_state({n}))" if recurrent
+                             else "state= is for recurrent policies; this one is feed-forward")
+        if state is None:
+            actions, _ = self.compute_actions_encoded(enc, mask, explore)
+        else:
+            st = np.asarray(state, np.float32).reshape(n, -1)
+            act: Any = self.compute_actions_encoded  # a recurrent policy's takes state=
+            actions, extras = act(enc, mask, explore, state=st)
+            state_out = extras[sb.STATE_OUT]
         env_actions = self.dist.to_env(actions)
-        return env_actions if batched else env_actions[0]
+        if state is None:
+            return env_actions if batched else env_actions[0]
+        return (env_actions, state_out) if batched else (env_actions[0], state_out[0])
 
     def exploration_state(self) -> Dict[str, Any]:
         """What the acting explores with that the weights do not carry and that changes during
@@ -252,6 +371,11 @@ class ActorCriticActing(Acting):
         """V(obs) for encoded observations float32[B, *shape] -> float32[B]."""
         raise NotImplementedError
 
+    def bootstrap_values(self, batch: sb.SampleBatch, rows: np.ndarray) -> np.ndarray:
+        """float32[k]: V(``next_obs``) of the ``rows`` of ``batch`` (those that end a piece without
+        terminating); a recurrent policy evaluates it from the state after that row's step."""
+        return self.compute_values(np.asarray(batch[sb.NEXT_OBS])[rows])
+
     def _act_numpy(self, npm: NumpyActorCritic, obs, mask, explore):
         inputs, value = npm.forward(obs, value=self.store_values)
         a, logp = sample_logp_numpy(self.dist, inputs, mask, explore, self.np_random)
@@ -275,7 +399,7 @@ class ActorCriticActing(Acting):
             return out
         v = np.asarray(out[sb.VF_PREDS], np.float32)
         cont, boot = bootstrap_rows(out)
-        boot_v = self.compute_values(np.asarray(out[sb.NEXT_OBS])[boot]) if len(boot) else None
+        boot_v = self.bootstrap_values(out, boot) if len(boot) else None
         adv, vt = compute_gae(np.asarray(out[sb.REWARDS], np.float32), v, next_values(v, cont, boot, boot_v),
                               cont, self.config.gamma, self.config.gae_lambda if gae_lambda is None else gae_lambda)
         out[sb.ADVANTAGES], out[sb.VALUE_TARGETS] = adv, vt

@@ -52,6 +52,55 @@ class Episode:
                 "agent_returns": {f"{a}|{p}": float(r) for (a, p), r in self.agent_rewards.items()}}
 
 
+# ---- recurrent state -----------------------------------------------------------------------------
+class RecurrentStates:
+    """The recurrent state of one policy for ``n`` rows a runner acts for (sub-envs): what a
+    runner needs to act with a recurrent policy, for any algorithm (actor-critics, a recurrent
+    Q-network). Torch-free.
+
+    ``act(obs, mask, explore)`` calls ``policy.compute_actions_encoded(..., state=...)`` for
+    every row (or the rows ``rows``), keeps the new states and returns ``(actions, extras)``
+    with ``state_in`` (the states acted from: a batch column) and without ``state_out``;
+    ``reset(rows)`` puts rows (bool[n] or indexes) back to ``policy.initial_state``.
+
+    Attributes:
+        state: float32[n, S], each row's current state.
+    """
+
+    def __init__(self, policy: Any, n: int):
+        self.policy = policy
+        init = policy.initial_state(n)
+        assert init is not None, "RecurrentStates needs a recurrent policy"
+        self.state: np.ndarray = np.array(init, np.float32)
+
+    @classmethod
+    def of(cls, policy: Any, n: int) -> Optional["RecurrentStates"]:
+        """States for ``n`` rows of ``policy``, or None for a feed-forward policy."""
+        init = getattr(policy, "initial_state", None)
+        return None if init is None or init(0) is None else cls(policy, n)
+
+    def act(self, obs: np.ndarray, mask: Optional[np.ndarray], explore: bool,
+            rows: Optional[np.ndarray] = None) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
+        state = self.state if rows is None else self.state[rows]
+        actions, extras = self.policy.compute_actions_encoded(obs, mask, explore, state=state)
+        extras = dict(extras)
+        out = np.asarray(extras.pop(sb.STATE_OUT), np.float32)
+        extras[sb.STATE_IN] = state
+        if rows is None:
+            self.state = out.copy()
+        else:
+            self.state = self.state.copy()
+            self.state[rows] = out
+        return actions, extras
+
+    def reset(self, rows: np.ndarray) -> None:
+        rows = np.asarray(rows)
+        k = int(rows.sum()) if rows.dtype == bool else len(rows)
+        if k:
+            self.state = self.state.copy()  # the old array may be a recorded state_in
+            self.state[rows] = self.policy.initial_state(k)
+
+
 # ---- the Gymnasium vector-env runner ---------------------------------------------------------
 AUTORESET_MODES = {"next_step": gym.vector.AutoresetMode.NEXT_STEP,
                    "same_step": gym.vector.AutoresetMode.SAME_STEP}
@@ -77,6 +126,11 @@ class GymEnvRunner:
     Both autoreset modes give the same transitions: ``next_step`` (the reset step is skipped)
     and ``same_step`` (the final observation is read from ``info["final_obs"]``). Truncated
     rows keep ``next_obs`` = the real final observation.
+
+    A recurrent policy (``policy.initial_state(n)`` not None) acts with one state per sub-env
+    (:class:`RecurrentStates`), back to the initial state when the sub-env's episode starts (in
+    both modes: the first real step of an episode always acts from it); every row records the
+    state it acted from (``state_in``), so any sequence of rows starts from its first row's.
     """
 
     policy_id = sb.DEFAULT_POLICY_ID
@@ -167,6 +221,7 @@ class GymEnvRunner:
             self._check_rows(raw, "reset()")
         self.obs_enc, self.mask = self.encoder(raw, self.n)
         self.reset_pending = np.zeros(self.n, bool)
+        self.states = RecurrentStates.of(self.policy, self.n)
         self.episodes = [self._new_episode(j) for j in range(self.n)]
         self.t = np.zeros(self.n, np.int64)
         # per-sub-env running figures, kept as arrays (no Python loop per env step)
@@ -188,9 +243,13 @@ class GymEnvRunner:
         pm = self.worker.pm
         ep_hook = bool(pm.hook.flowkit_on_episode_end.get_hookimpls())
         live_eps: Dict[int, Episode] = {e.episode_id: e for e in self.episodes}
+        states = self.states
         while (have < T).any():
             obs_enc, mask = self.obs_enc, self.mask
-            actions, extras = pol.compute_actions_encoded(obs_enc, mask, explore)
+            if states is None:
+                actions, extras = pol.compute_actions_encoded(obs_enc, mask, explore)
+            else:
+                actions, extras = states.act(obs_enc, mask, explore)
             raw_next, rew, term, trunc, infos = self._call("step()", self.vec.step, self.dist.to_env(actions))
             if self._check_left > 0:
                 self._check_rows(raw_next, "step()")
@@ -240,6 +299,8 @@ class GymEnvRunner:
                 self.episodes[j] = self._new_episode(int(j))
                 self.eps_ids[j] = self.episodes[j].episode_id
                 live_eps[self.episodes[j].episode_id] = self.episodes[j]
+            if states is not None:  # next acts start an episode: after an end, and after the reset step
+                states.reset(ended | ~valid)
             self.reset_pending = ended if not self.same_step else np.zeros(n, bool)
             self.obs_enc, self.mask = next_enc, next_mask
         for i, ep in enumerate(self.episodes):  # running episodes, as hooks see them
@@ -285,11 +346,17 @@ class GymEnvRunner:
         self._reset_all()
         left = [num_episodes // self.n + (j < num_episodes % self.n) for j in range(self.n)]  # to count per sub-env
         out: List[Dict[str, Any]] = []
+        states = self.states
         while len(out) < num_episodes:
-            actions, _ = self.policy.compute_actions_encoded(self.obs_enc, self.mask, explore)
+            if states is None:
+                actions, _ = self.policy.compute_actions_encoded(self.obs_enc, self.mask, explore)
+            else:
+                actions, _ = states.act(self.obs_enc, self.mask, explore)
             raw_next, rew, term, trunc, _ = self._call("step()", self.vec.step, self.dist.to_env(actions))
             valid = ~self.reset_pending
             ended = (term | trunc) & valid
+            if states is not None:
+                states.reset(ended | ~valid)
             for j in np.flatnonzero(valid):
                 self.episodes[j].length += 1
                 self.episodes[j].total_reward += float(rew[j])

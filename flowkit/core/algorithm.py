@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Optional, Tuple
 
-from flowkit.config import ConfigError, action_space_error, check_schedules
+from flowkit.config import ConfigError, action_space_error, check_schedules, recurrent_error
 
 if TYPE_CHECKING:
     from flowkit.core.context import RunContext
@@ -28,6 +28,10 @@ class Algorithm:
         action_spaces: the Gymnasium action space classes it acts in, by name (``("Discrete",)``;
             empty: any), checked at set-up by :meth:`check_spaces`; declare the same tuple on
             the plugin's :class:`flowkit.AlgorithmRef` so the CLI checks it before Ray starts.
+        recurrent: its policies train recurrent networks (``model.recurrent``, or a recurrent
+            ``model.class``): their batches carry ``state_in`` and the losses run over whole
+            sequences (:meth:`flowkit.Policy.model_forward`); checked by :meth:`check_model`
+            (declare the same on the :class:`flowkit.AlgorithmRef`).
 
     Instances hold ``config`` (a read-only, struct-mode view of their own section: reading an
     undeclared key raises) and ``run_config`` (the whole config). ``training_flow`` must not
@@ -46,6 +50,7 @@ class Algorithm:
     rollout_mode: str = "bulk_sync"
     off_policy: bool = False
     action_spaces: Tuple[str, ...] = ()
+    recurrent: bool = False
     from_checkpoint: ClassVar[Callable[..., "Algorithm"]]
 
     def __init__(self, run_config: Any, config: Any = None):
@@ -74,6 +79,15 @@ class Algorithm:
         """Raise ConfigError if this algorithm cannot handle the spaces of ``policy_id``: here,
         an action space not in :attr:`action_spaces`; subclasses add their own conditions."""
         why = action_space_error(cls.name, cls.action_spaces, policy_id, action_space)
+        if why:
+            raise ConfigError(why)
+
+    @classmethod
+    def check_model(cls, policy_id: str, model_config: Any) -> None:
+        """Raise ConfigError if this algorithm cannot train ``policy_id``'s network as
+        ``model_config`` (its ``model.*``) describes: here, ``model.recurrent`` without
+        :attr:`recurrent`."""
+        why = recurrent_error(cls.name, cls.recurrent, policy_id, model_config)
         if why:
             raise ConfigError(why)
 

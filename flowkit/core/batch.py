@@ -40,6 +40,11 @@ BATCH_INDEXES = "batch_indexes"  # int64[B], replay-buffer slots of replayed row
 PRIO_WEIGHTS = "weights"         # float32[B], importance weights of replayed rows (prioritized replay)
 TASK_INDEX = "task_index"        # int64[B], the task of the row in a meta-batch (MAML)
 ADAPTATION_STEP = "adaptation_step"  # int64[B], inner adaptation steps taken before the row was sampled (MAML)
+STATE_IN = "state_in"            # float32[B, S], a recurrent policy's state before the row's step (per row)
+STATE_OUT = "state_out"          # float32[B, S], acting extras only: the state after the step (kept by the
+                                 # runner for the next step, never a batch column)
+SEQ_LENS = "seq_lens"            # int64[k], prepared batches of recurrent policies: rows of each whole
+                                 # sequence, in row order (see sequence_lengths)
 
 DEFAULT_POLICY_ID = "default"
 
@@ -60,6 +65,28 @@ def trajectory_ends(b: Mapping[str, np.ndarray]):
     if len(ends):
         ends[-1] = True
     return ends, term
+
+
+def sequence_lengths(b: Mapping[str, np.ndarray], max_seq_len: int) -> np.ndarray:
+    """The training sequences of a recurrent policy in ``b``: every trajectory piece (see
+    :func:`trajectory_ends`) cut into runs of ``max_seq_len`` rows from its first row (the last
+    run shorter). Sequences never cross an episode boundary or a fragment cut, so each starts
+    from the state recorded with its first row (``state_in``).
+
+    Returns:
+        int64[k], the rows of each sequence in row order (they sum to ``len(b)``).
+    """
+    if not len(next(iter(b.values()), ())):
+        return np.zeros(0, np.int64)
+    ends, _ = trajectory_ends(b)
+    pieces = np.diff(np.concatenate([[0], np.flatnonzero(ends) + 1]))
+    L = int(max_seq_len)
+    full, rest = pieces // L, pieces % L
+    counts = full + (rest > 0)
+    lens = np.full(int(counts.sum()), L, np.int64)
+    last = np.cumsum(counts) - 1  # each piece's last sequence: the remainder where there is one
+    lens[last[rest > 0]] = rest[rest > 0]
+    return lens
 
 
 class SampleBatch(dict):

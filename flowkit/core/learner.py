@@ -26,7 +26,7 @@ import math
 import queue
 import threading
 import time
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -46,6 +46,44 @@ def weights_versions(b: sb.MultiAgentBatch) -> List[int]:
     def flat(v: Any) -> List[int]:
         return [x for y in v for x in flat(y)] if isinstance(v, (list, tuple)) else [] if v is None else [int(v)]
     return flat(b.meta.get("weights_version"))
+
+
+def sequence_cuts(seq_lens: np.ndarray, rows: int) -> List[int]:
+    """The first rows of contiguous chunks of whole sequences (``seq_lens`` int[k], in row order)
+    of about ``rows`` rows each: a chunk ends at the first sequence end at or past ``rows`` rows."""
+    ends = np.cumsum(seq_lens)
+    cuts, start = [0], 0
+    for e in ends[:-1].tolist():
+        if e - start >= rows:
+            cuts.append(e)
+            start = e
+    return cuts
+
+
+def sequence_minibatches(tb: Dict[str, torch.Tensor], rows: int, rng: np.random.Generator
+                         ) -> Iterator[Dict[str, torch.Tensor]]:
+    """One epoch of shuffled minibatches of whole sequences from a prepared batch ``tb`` with
+    ``seq_lens`` (a recurrent policy's: :meth:`Policy.sequence_columns`): the sequences in a
+    random order, about ``rows`` rows a minibatch (``round(rows * k / B)`` sequences of the
+    ``k`` in ``B`` rows, at least one), each minibatch's rows its sequences' rows in order and
+    its ``seq_lens`` theirs."""
+    lens = tb[sb.SEQ_LENS]
+    k, n = len(lens), int(lens.sum())
+    per = max(1, int(round(rows * k / max(n, 1))))
+    perm = torch.from_numpy(rng.permutation(k)).to(lens.device)
+    starts = torch.cumsum(lens, 0) - lens
+    plens = lens[perm]
+    # rows of the permuted sequences, in order: start of its sequence + offset inside it
+    offsets = torch.arange(n, device=lens.device) - torch.repeat_interleave(torch.cumsum(plens, 0) - plens, plens)
+    idx = torch.repeat_interleave(starts[perm], plens) + offsets
+    shuffled = {key: v[idx] for key, v in tb.items() if key != sb.SEQ_LENS}
+    bounds = torch.cumsum(plens, 0).tolist()
+    for i in range(0, k, per):
+        a = bounds[i - 1] if i else 0
+        b = bounds[min(i + per, k) - 1]
+        mb = {key: v[a:b] for key, v in shuffled.items()}
+        mb[sb.SEQ_LENS] = plens[i:i + per]
+        yield mb
 
 
 class Learner:
@@ -70,6 +108,10 @@ class Learner:
             backward pass and the optimizer step of every minibatch (``rows``: its row count;
             clipping and the step use what it returns): DD-PPO's all-reduce, the row-weighted
             mean of the gradients of a group of learners. None: the gradient as it is.
+
+    A recurrent policy's minibatches are whole sequences (:func:`~flowkit.core.batch.sequence_lengths`
+    with ``model.max_seq_len``): shuffled sequences (:func:`sequence_minibatches`), or contiguous
+    chunks cut at sequence ends (:func:`sequence_cuts`); ``minibatch_size`` stays in rows.
 
     Result of :meth:`update` (also what the thread puts in its out-queue)::
 
@@ -158,8 +200,12 @@ class Learner:
         mbs = n if not self.minibatch_size else min(int(self.minibatch_size), n)
         if nmb is not None:
             mbs = -(-n // nmb)
+        seq_len = policy.max_seq_len if getattr(policy, "is_recurrent", False) else None  # whole sequences
         if self.contiguous:
-            chunks = [policy.prepare_batch(pb.slice(s, min(s + mbs, n))) for s in range(0, n, mbs)]
+            cuts = (range(0, n, mbs) if seq_len is None else
+                    sequence_cuts(sb.sequence_lengths(pb, seq_len), mbs))
+            chunks = [policy.prepare_batch(pb.slice(s, min(s + mbs, n) if seq_len is None else e))
+                      for s, e in zip(cuts, [*list(cuts)[1:], n])]
             tb = chunks[-1]
         else:  # shuffled minibatches are made per epoch when mbs < n
             tb = policy.prepare_batch(pb)
@@ -169,7 +215,9 @@ class Learner:
         steps = 0
         for _ in range(self.num_epochs):
             mbs_iter: Iterable[Dict[str, torch.Tensor]] = chunks
-            if not self.contiguous and mbs < n:  # one gather per epoch; minibatches are slices (views) of it
+            if not self.contiguous and mbs < n and sb.SEQ_LENS in tb:
+                mbs_iter = sequence_minibatches(tb, mbs, self.rng)
+            elif not self.contiguous and mbs < n:  # one gather per epoch; minibatches are slices (views) of it
                 perm = torch.from_numpy(self.rng.permutation(n)).to(policy.device)
                 shuffled = {c: v[perm] for c, v in tb.items()}
                 cuts = (np.linspace(0, n, nmb + 1).round().astype(int).tolist() if nmb is not None

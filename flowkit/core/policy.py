@@ -14,6 +14,7 @@ from flowkit.core import batch as sb
 from flowkit.core._distributions import ActionDist
 from flowkit.core._encoders import ObsEncoder
 from flowkit.core._numpy_model import Acting
+from flowkit.core._recurrent import forward_sequences, is_recurrent
 from flowkit.core._target import TargetNetwork, flat_parameters
 
 
@@ -90,6 +91,13 @@ class Policy(Acting):
         ``normalize_observations``. Checkpoints name the class in their config, never store
         its code.
 
+        A recurrent custom network (one with an ``initial_state`` method) follows the
+        recurrent-model contract of :mod:`flowkit.core._recurrent` instead: ``initial_state(n)
+        -> float32[n, S]`` and ``forward(obs float32[N, L, *shape], state float32[N, S], resets
+        bool[N, L] or None)`` returning the same outputs with the leading axes ``[N, L]``, then
+        the state after the last step; the probe runs it on 2 sequences of 3 steps. With
+        ``model.recurrent`` set the network must be recurrent.
+
         Raises:
             ConfigError: the class does not import, is not a Module, cannot be built with
                 those arguments, or its outputs on a probe batch differ from the default's.
@@ -112,16 +120,21 @@ class Policy(Acting):
             raise ConfigError(f"model.class={spec!r} is {cls!r}, not a torch.nn.Module subclass")
         probe = torch.from_numpy(np.zeros((2, *self.encoder.shape), self.encoder.dtype))
         with torch.no_grad():
-            want = default(probe)
+            want = _probe(default, probe)
         n = int((want[0] if isinstance(want, tuple) else want).shape[-1])
         try:
             model = cls(self.encoder, n, self.model_config)
             with torch.no_grad():
-                got = model(probe)
+                got = _probe(model, probe)
         except Exception as e:
+            call = (f"forward({self.encoder.dtype}[2, 3, {', '.join(map(str, self.encoder.shape))}], initial_state(2), "
+                    "None)" if is_recurrent(locals().get("model")) else
+                    f"forward({self.encoder.dtype}[2, {', '.join(map(str, self.encoder.shape))}])")
             raise ConfigError(f"model.class={spec!r}: Class(encoder, num_outputs={n}, model_config) then "
-                              f"forward({self.encoder.dtype}[2, {', '.join(map(str, self.encoder.shape))}]) failed: "
-                              f"{type(e).__name__}: {e}") from None
+                              f"{call} failed: {type(e).__name__}: {e}") from None
+        if self.model_config.get("recurrent") and not is_recurrent(model):
+            raise ConfigError(f"model.recurrent={self.model_config.get('recurrent')!r} needs a recurrent network: "
+                              f"model.class={spec!r} has no initial_state(n) method (see Policy.build_model)")
 
         def shape(x: Any) -> str:
             if isinstance(x, tuple):
@@ -131,6 +144,50 @@ class Policy(Acting):
             raise ConfigError(f"model.class={spec!r}: forward returned {shape(got)} for a batch of 2 observations; "
                               f"{type(self).__name__} expects {shape(want)} (as its default {type(default).__name__})")
         return model.to(self.device)
+
+    # ---- recurrence (model.recurrent, or a model.class network with initial_state) --------------
+    @property
+    def is_recurrent(self) -> bool:
+        """Whether the network is recurrent (follows the contract of :mod:`flowkit.core._recurrent`)."""
+        return is_recurrent(self.model)
+
+    @property
+    def max_seq_len(self) -> int:
+        """Rows per training sequence (``model.max_seq_len``)."""
+        return int(self.model_config.get("max_seq_len", 32) if hasattr(self.model_config, "get") else 32)
+
+    def initial_state(self, n: int) -> Optional[np.ndarray]:
+        """float32[n, S]: the recurrent state of ``n`` rows at an episode start; None for a
+        feed-forward network (see :meth:`Acting.initial_state`)."""
+        if not self.is_recurrent:
+            return None
+        m: Any = self.model
+        return m.initial_state(n).detach().cpu().numpy().astype(np.float32, copy=False)
+
+    def model_forward(self, batch: Dict[str, torch.Tensor], module: Optional[nn.Module] = None) -> Any:
+        """``module`` (default ``self.model``) on a prepared (mini)batch, as flat rows: a
+        feed-forward network on ``obs``; a recurrent one over the batch's whole sequences
+        (``seq_lens``, each from its first row's ``state_in``: :func:`forward_sequences`),
+        returning what the feed-forward network would (a tuple, or the one output)."""
+        m = self.model if module is None else module
+        assert m is not None, "model_forward: the policy has no model"
+        if not is_recurrent(m):
+            return m(batch[sb.OBS])
+        outs = forward_sequences(m, batch[sb.OBS], batch[sb.SEQ_LENS], batch[sb.STATE_IN])
+        return outs[0] if len(outs) == 1 else outs
+
+    def sequence_columns(self, batch: sb.SampleBatch) -> Dict[str, torch.Tensor]:
+        """What a recurrent policy's prepared batch adds to its columns: ``state_in`` (per row)
+        and ``seq_lens`` (:func:`~flowkit.core.batch.sequence_lengths` with ``model.max_seq_len``);
+        the :class:`~flowkit.core.learner.Learner` cuts minibatches along ``seq_lens``.
+        ``{}`` for a feed-forward policy."""
+        if not self.is_recurrent:
+            return {}
+        if sb.STATE_IN not in batch:
+            raise ValueError(f"a recurrent policy's batch has no `{sb.STATE_IN}` column (columns: {sorted(batch)}): "
+                             "was it sampled by a runner that keeps recurrent state?")
+        return {sb.STATE_IN: to_tensor(batch[sb.STATE_IN], self.device),
+                sb.SEQ_LENS: torch.as_tensor(sb.sequence_lengths(batch, self.max_seq_len), device=self.device)}
 
     # ---- acting (compute_actions_encoded, compute_actions, check_mask, postprocess_trajectory:
     # see Acting) ----------------------------------------------------------------------------
@@ -151,7 +208,9 @@ class Policy(Acting):
         """The :attr:`train_columns` of ``batch`` as tensors on the learner device (once per
         train batch)."""
         keys = batch.keys() if self.train_columns is None else [k for k in self.train_columns if k in batch]
-        return {k: to_tensor(batch[k], self.device) for k in keys}
+        out = {k: to_tensor(batch[k], self.device) for k in keys}
+        out.update(self.sequence_columns(batch))
+        return out
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         """Return ``(loss, stats)`` for one minibatch of tensors."""
@@ -237,6 +296,25 @@ class Policy(Acting):
                 setattr(self, k, type(getattr(self, k))(state[k]))
         if self.target is not None and state.get("target_weights") is not None:
             self.target.set_state(state["target_weights"])
+
+
+def _probe(model: Any, probe: torch.Tensor) -> Any:
+    """A network's outputs on the probe batch ``probe[2, *shape]``, as the feed-forward network
+    returns them: a recurrent one runs on 2 sequences of 3 steps, its state dropped and the
+    last step's outputs kept (``[2, ...]``)."""
+    if not is_recurrent(model):
+        return model(probe)
+    state = model.initial_state(2)
+    if not (isinstance(state, torch.Tensor) and state.ndim == 2 and state.shape[0] == 2):
+        raise TypeError(f"initial_state(2) returned {type(state).__name__} "
+                        f"{list(state.shape) if isinstance(state, torch.Tensor) else ''}, not a float32[2, S] tensor")
+    outs = model(probe[:, None].expand(2, 3, *probe.shape[1:]), state, None)
+    if not (isinstance(outs, tuple) and len(outs) >= 2 and isinstance(outs[-1], torch.Tensor)
+            and tuple(outs[-1].shape) == tuple(state.shape)):
+        raise TypeError("forward(obs, state, resets) must return (*outputs, state_out) with state_out shaped as "
+                        f"the state {list(state.shape)}")
+    last = tuple(o[:, -1] for o in outs[:-1])
+    return last[0] if len(last) == 1 else last
 
 
 def flat_gradient(params: Sequence[torch.Tensor], loss: torch.Tensor) -> torch.Tensor:

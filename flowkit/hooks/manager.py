@@ -52,6 +52,7 @@ class AlgorithmRef:
     target: str
     validate: Optional[Callable[[Any, Any, str], List[str]]] = None
     action_spaces: Tuple[str, ...] = ()  # as Algorithm.action_spaces: checked before Ray starts
+    recurrent: bool = False  # as Algorithm.recurrent: model.recurrent checked before Ray starts
 
     def load(self) -> Type[Algorithm]:
         """Import the class.

@@ -8,6 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
+from flowkit.core import batch as sb
 from flowkit.testing import local_overrides
 from flowkit.testing.envs import BOX, DISCRETE, TinyEnv
 
@@ -213,14 +214,22 @@ def _check_policy_actions(fail: Any, pid: str, pol: Any, obs_space: Any, act_spa
     obs = _stack_obs(rows)
     who = f"policy {pid!r} ({type(pol).__name__})"
     dist = pol.dist
+    state: Any = pol.initial_state(n) if callable(getattr(pol, "initial_state", None)) else None
+    kw = {} if state is None else {"state": state}  # a recurrent policy acts from its initial state
     for explore in (True, False):
         enc, mask = pol.encoder(obs, batch_len(obs))
-        m = f"{who}.compute_actions_encoded(explore={explore})"
-        got = pol.compute_actions_encoded(enc, mask, explore)
+        m = f"{who}.compute_actions_encoded(explore={explore}{', state=initial_state(n)' if kw else ''})"
+        got = pol.compute_actions_encoded(enc, mask, explore, **kw)
         if not (isinstance(got, tuple) and len(got) == 2 and isinstance(got[1], dict)):
             raise fail("actions", f"{m} returned {type(got).__name__}, not (actions, extras dict)")
         a, extras = got
         a = np.asarray(a)
+        if kw:
+            extras = dict(extras)
+            out = np.asarray(extras.pop(sb.STATE_OUT, None))
+            if out.shape != state.shape:
+                raise fail("actions", f"{m}: extra {sb.STATE_OUT!r} of shape {list(out.shape)}, not the state's "
+                                      f"{list(state.shape)} (a recurrent policy returns the state after the step)")
         want = (n,) if dist.kind == "cat" else (n, len(dist.nvec)) if dist.kind == "multicat" else \
             (n, int(dist.num_outputs)) if dist.kind == "bern" else None
         if want is not None and a.shape != want:
@@ -244,7 +253,8 @@ def _check_policy_actions(fail: Any, pid: str, pol: Any, obs_space: Any, act_spa
             if len(np.asarray(v)) != n:
                 raise fail("actions", f"{m}: extra {k!r} has {len(np.asarray(v))} rows for {n} observations")
         m = f"{who}.compute_actions(explore={explore})"
-        env_a = np.asarray(pol.compute_actions(obs, explore=explore))
+        env_a = pol.compute_actions(obs, explore=explore, **kw)
+        env_a = np.asarray(env_a[0] if kw else env_a)
         if env_a.shape[:1] != (n,):
             raise fail("actions", f"{m}: actions of shape {list(env_a.shape)} for {n} observations; {act_space} "
                                   f"needs [{', '.join(map(str, (n, *act_space.shape)))}]")

@@ -15,6 +15,18 @@ learnable in a few thousand env steps (the learning check of
 - :class:`PointGoalEnv` (Gymnasium id ``flowkit.testing.envs:PointGoal-v0``, or
   :func:`point_goal`) -- a task distribution, the MAML paper's 2D navigation: a point moves
   towards a goal it does not see; task-settable (:class:`flowkit.core.TaskSettableEnv`).
+
+Partially observed envs, for recurrent policies (``model.recurrent``):
+
+- :func:`recall` -- a memory task: obs Discrete(n) = a random symbol each step, action
+  Discrete(n), reward 1 when the action is the symbol shown ``k`` steps before (none in the
+  first ``k`` steps): ``length - k`` at best; a feed-forward policy sees only the current
+  symbol, independent of the rewarded one, and stays at chance, ``(length - k) / n``.
+- :func:`cartpole_no_velocity` -- CartPole-v1 with the velocities hidden: obs Box(2,) = (cart
+  position, pole angle). Gymnasium's CartPole otherwise (500 steps, truncated); a policy must
+  infer the velocities from the observations it saw. Also the Gymnasium id ``CartPoleNoVel-v1``
+  (registered when this module is imported: ``env=flowkit.testing.envs:CartPoleNoVel-v1``;
+  the RL Zoo's name for it).
 """
 from __future__ import annotations
 
@@ -173,6 +185,56 @@ def point_goal(horizon: int = 100, goal: Optional[Any] = None) -> PointGoalEnv:
 
 if "PointGoal-v0" not in gym.registry:
     gym.register("PointGoal-v0", entry_point="flowkit.testing.envs:PointGoalEnv")
+class RecallEnv(_Tiny):
+    """See :func:`recall`."""
+
+    def __init__(self, n: int = 2, k: int = 1, length: int = 16):
+        super().__init__(length)
+        self.n, self.k = int(n), int(k)
+        if not 1 <= self.k < self.length:
+            raise ValueError(f"recall: k={k} must be in [1, length={length})")
+        self.observation_space = spaces.Discrete(self.n)
+        self.action_space = spaces.Discrete(self.n)
+        self.shown: list = []
+
+    def _draw(self) -> None:
+        if self.t == 0:
+            self.shown = []
+        self.x = int(self.np_random.integers(self.n))
+        self.shown.append(self.x)
+
+    def _obs(self) -> Any:
+        return self.x
+
+    def _reward(self, action: Any) -> float:  # the symbol shown k steps before this one
+        return float(self.t >= self.k and int(action) == self.shown[self.t - self.k])
+
+
+class CartPoleNoVelocity(gym.ObservationWrapper):
+    """See :func:`cartpole_no_velocity`."""
+
+    def __init__(self, env: gym.Env):
+        super().__init__(env)
+        box = env.observation_space
+        assert isinstance(box, spaces.Box)
+        self.observation_space = spaces.Box(box.low[[0, 2]], box.high[[0, 2]], (2,), np.float32)
+
+    def observation(self, observation: Any) -> Any:
+        return np.asarray(observation, np.float32)[[0, 2]]
+
+
+def recall(n: int = 2, k: int = 1, length: int = 16) -> RecallEnv:
+    return RecallEnv(n, k, length)
+
+
+def cartpole_no_velocity(**kwargs: Any) -> gym.Env:
+    return CartPoleNoVelocity(gym.make("CartPole-v1", **kwargs))
+
+
+if "CartPoleNoVel-v1" not in gym.registry:
+    gym.register("CartPoleNoVel-v1", entry_point="flowkit.testing.envs:cartpole_no_velocity")
+
+
 
 
 def match(n: int = 2, length: int = 8) -> MatchEnv:
@@ -214,3 +276,4 @@ DISCRETE = TinyEnv("flowkit.testing.envs:match", 7.0)   # random: 4 of 8
 BOX = TinyEnv("flowkit.testing.envs:target", 6.4)       # random: about 2.7 of 8
 MASKED = TinyEnv("flowkit.testing.envs:masked_match", 7.0)  # random among legal: 4 of 8
 TURN_GAME = TinyEnv("flowkit.testing.envs:turn_game", 2.5)  # per player; random: 1.5 of 3
+RECALL = TinyEnv("flowkit.testing.envs:recall", 13.0)       # random (and any feed-forward policy): 7.5 of 15

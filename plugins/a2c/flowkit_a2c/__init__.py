@@ -54,8 +54,8 @@ class A3CConfig(_ActorCriticConfig):
 
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("a2c", A2CConfig, "flowkit_a2c.a2c:A2C"),
-            flowkit.AlgorithmRef("a3c", A3CConfig, "flowkit_a2c.a2c:A3C")]
+    return [flowkit.AlgorithmRef("a2c", A2CConfig, "flowkit_a2c.a2c:A2C", recurrent=True),
+            flowkit.AlgorithmRef("a3c", A3CConfig, "flowkit_a2c.a2c:A3C", recurrent=True)]
 
 
 __getattr__ = lazy_attrs(dict.fromkeys(__all__, "flowkit_a2c.a2c"))

@@ -63,7 +63,7 @@ class A2CPolicy(ActorCriticPolicy):
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg = self.config
-        inputs, values = self.model(batch[sb.OBS])
+        inputs, values = self.model_forward(batch)
         logp, entropy = self.dist.logp_entropy(inputs, batch[sb.ACTIONS], batch.get(sb.ACTION_MASK),
                                                entropy_grad=cfg.ent_coef != 0)
         adv = batch[sb.ADVANTAGES]
@@ -84,6 +84,7 @@ class A2C(flowkit.Algorithm):
     SyncWeights(to all workers)."""
 
     name, config_class, policy_class, rollout_mode = "a2c", A2CConfig, A2CPolicy, "bulk_sync"
+    recurrent = True
 
     def training_flow(self, experiences, ctx, learner):
         flow = experiences
@@ -97,6 +98,7 @@ class A3C(flowkit.Algorithm):
     whose gradient was applied, with its next request)."""
 
     name, config_class, policy_class, rollout_mode = "a3c", A3CConfig, A2CPolicy, "async_gradients"
+    recurrent = True
 
     def training_flow(self, experiences, ctx, learner):
         return (experiences.for_each(ApplyGradients(ctx, learner))

@@ -78,11 +78,12 @@ class APPOPolicy(ActorCriticPolicy):
         cfg = self.config
         assert self.target is not None, "loss runs on the learner's policy"
         mask, obs, actions = batch.get(sb.ACTION_MASK), batch[sb.OBS], batch[sb.ACTIONS]
-        inputs, values = self.model(obs)
+        inputs, values = self.model_forward(batch)
         logp, entropy = self.dist.logp_entropy(inputs, actions, mask, entropy_grad=cfg.ent_coef != 0)
         with torch.no_grad():
             tm: Any = self.target.module
-            target_inputs = tm.policy(obs) if hasattr(tm, "policy") else tm(obs)[0]
+            target_inputs = (self.model_forward(batch, tm)[0] if self.is_recurrent
+                             else tm.policy(obs) if hasattr(tm, "policy") else tm(obs)[0])
             target_logp = self.dist.logp(target_inputs, actions, mask)
         behaviour_logp = batch[sb.ACTION_LOGP]
         log_rhos = target_logp - behaviour_logp

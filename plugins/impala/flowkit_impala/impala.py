@@ -57,7 +57,7 @@ class IMPALAPolicy(ActorCriticPolicy):
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg = self.config
         mask = batch.get(sb.ACTION_MASK)
-        inputs, values = self.model(batch[sb.OBS])
+        inputs, values = self.model_forward(batch)
         logp, entropy = self.dist.logp_entropy(inputs, batch[sb.ACTIONS], mask, entropy_grad=cfg.ent_coef != 0)
         log_rhos = logp.detach() - batch[sb.ACTION_LOGP]
         vs_t, pg_t = self.vtrace_targets(batch, log_rhos, values.detach())
@@ -125,6 +125,7 @@ class LearnerThreadAlgorithm(flowkit.Algorithm):
 
     rollout_mode = "async"
     off_policy = True
+    recurrent = True
 
     def get_rollout_mode(self) -> str:
         return self.config.rollout_mode

@@ -22,7 +22,8 @@ boundary bootstraps from it. In an AEC game a transition whose next turn has not
 the fragment boundary is carried into the next fragment, never lost or duplicated (tests/test_multiagent.py::test_c03_*).
 
 Batch columns are GymEnvRunner's plus ``agent_index`` (the agent's index in
-``possible_agents``). ``eps_id`` identifies one agent's trajectory in one episode:
+``possible_agents``). A recurrent policy keeps one state per agent per episode (from its initial
+state at the agent's first action), so recurrent and feed-forward policies mix. ``eps_id`` identifies one agent's trajectory in one episode:
 ``episode_id * len(possible_agents) + agent_index``, so that every consumer that splits
 trajectories where ``eps_id`` changes (GAE, V-trace, n-step) never joins two agents' pieces.
 """
@@ -55,7 +56,7 @@ class _Traj:
     transition (acted, waiting for its reward and next observation), and its return."""
 
     __slots__ = ("agent", "policy_id", "agent_index", "episode", "rows", "pending", "acc", "t", "ret",
-                 "done", "last_enc")
+                 "done", "last_enc", "state")
 
     def __init__(self, agent: str, policy_id: str, agent_index: int, episode: Episode):
         self.agent, self.policy_id, self.agent_index, self.episode = agent, policy_id, agent_index, episode
@@ -65,6 +66,7 @@ class _Traj:
         self.t = 0                              # transitions made so far
         self.ret, self.done = 0.0, False
         self.last_enc: Optional[_Enc] = None    # the newest observation
+        self.state: Optional[np.ndarray] = None  # a recurrent policy's state (None: its initial state)
 
     def complete(self, terminated: bool, truncated: bool, next_enc: np.ndarray, next_mask: Optional[np.ndarray]):
         if self.pending is None:
@@ -189,7 +191,17 @@ class _MultiAgentRunner:
             obs = np.stack([requests[i][1] for i in idx])
             masks = [requests[i][2] for i in idx]  # all None or all arrays: one policy, one space
             mask = None if masks[0] is None else np.stack([m for m in masks if m is not None])
-            actions, extras = pol.compute_actions_encoded(obs, mask, self._explore)
+            init = pol.initial_state(len(idx)) if hasattr(pol, "initial_state") else None
+            if init is None:
+                actions, extras = pol.compute_actions_encoded(obs, mask, self._explore)
+            else:  # a recurrent policy: each agent's own state, from the initial one at its episode's start
+                for k, i in enumerate(idx):
+                    if requests[i][0].state is not None:
+                        init[k] = requests[i][0].state
+                actions, extras = pol.compute_actions_encoded(obs, mask, self._explore, state=init)
+                extras = dict(extras)
+                for k, s in zip(idx, extras.pop(sb.STATE_OUT), strict=True):
+                    requests[k][0].state = s
             env_actions = pol.dist.to_env(actions)
             if pol.dist.kind == "cat":
                 env_actions = env_actions.tolist()

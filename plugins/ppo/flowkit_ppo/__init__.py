@@ -148,7 +148,7 @@ def num_minibatches(c: Any, run_config: Any) -> int:
 
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("ppo", PPOConfig, "flowkit_ppo.ppo:PPO"),
+    return [flowkit.AlgorithmRef("ppo", PPOConfig, "flowkit_ppo.ppo:PPO", recurrent=True),
             flowkit.AlgorithmRef("ddppo", DDPPOConfig, "flowkit_ppo.ddppo:DDPPO")]
 
 

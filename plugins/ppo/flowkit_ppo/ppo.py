@@ -49,7 +49,7 @@ class PPOPolicy(ActorCriticPolicy):
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg = self.config
         mask = batch.get(sb.ACTION_MASK)
-        inputs, values = self.model(batch[sb.OBS])
+        inputs, values = self.model_forward(batch)
         logp, entropy = self.dist.logp_entropy(inputs, batch[sb.ACTIONS], mask, entropy_grad=cfg.ent_coef != 0)
         entropy = entropy.mean()
         ratio = torch.exp(logp - batch[sb.ACTION_LOGP])
@@ -109,6 +109,7 @@ class PPO(flowkit.Algorithm):
     policy_class = PPOPolicy
     rollout_mode = "bulk_sync"
     off_policy = False
+    recurrent = True
 
     def training_flow(self, experiences, ctx, learner):
         cfg = self.config
