@@ -63,8 +63,8 @@ class Guard:
     @contextlib.contextmanager
     def running(self) -> Iterator[None]:
         """:meth:`install` for a run, :meth:`restore` after it (nested runs keep the outer's)."""
-        if owner := not self.active:
-            self.install()
+        owner = not self.active
+        self.install()  # also in a nested run: a library (Ray) may have taken a signal since
         try:
             yield
         finally:
@@ -102,7 +102,12 @@ class Guard:
     def _handle(self, signum: int, frame: Any) -> None:
         if signum == signal.SIGALRM:
             fired, self._fired = self._fired, None
-            if fired is None or fired[0] in ("sample", "evaluate") and fired[0] not in self._deadlines:
+            if fired is None:  # not the watchdog's: whoever set it before us (pytest-timeout, a user's alarm)
+                prev = self._prev.get(signal.SIGALRM)
+                if callable(prev):
+                    prev(signum, frame)
+                return
+            if fired[0] in ("sample", "evaluate") and fired[0] not in self._deadlines:
                 return  # the sample or the evaluation answered meanwhile
             self._deadlines.pop(fired[0], None)
             exc = fired[1]
