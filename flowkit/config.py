@@ -274,9 +274,9 @@ class ModelConfig:
                                    "on the learner from each train batch, sent to the workers with the weights, "
                                    "saved in checkpoints, applied by evaluate and export; PPO's "
                                    "ppo.normalize_observations is the same")
-    recurrent: Optional[str] = F(None, "a recurrent layer on top of the encoder (MLP hidden_sizes, or CNN then MLP "
-                                       "for images): lstm or gru (null: feed-forward); the workers keep one state "
-                                       "per sub-env, the learner trains on whole sequences (actor-critic algorithms)",
+    recurrent: Optional[str] = F(None, "a recurrent layer on the encoded observation (after the CNN for images), "
+                                       "then the MLP hidden_sizes: lstm or gru (null: feed-forward); the workers keep "
+                                       "one state per sub-env, the learner trains on whole sequences (actor-critics)",
                                  choices=("lstm", "gru"))
     recurrent_size: int = F(64, "units of the recurrent layer (model.recurrent)", ge=1, le=65536)
     max_seq_len: int = F(32, "rows per training sequence of a recurrent policy: trajectory pieces are cut into "

@@ -117,7 +117,7 @@ def _trunk_model(seed=0):
             from flowkit.core import ObsEncoder
             from gymnasium import spaces
             self.trunk = RecurrentTrunk(ObsEncoder(spaces.Box(-1, 1, (3,))), mc)
-            self.head = torch.nn.Linear(5, 2)
+            self.head = torch.nn.Linear(self.trunk.out_dim, 2)  # 4: the MLP after the GRU
 
         def initial_state(self, n):
             return self.trunk.initial_state(n)

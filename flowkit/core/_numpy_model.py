@@ -157,8 +157,8 @@ class NumpyActorCritic:
 
 # ---- recurrent ----------------------------------------------------------------------------------
 def numpy_recurrent_layout(model: Any, dist: ActionDist, activation: str) -> Optional[Dict[str, Any]]:
-    """The structure of a :class:`~flowkit.core.RecurrentActorCritic` whose encoders are MLPs, in
-    the names of its ``state_dict``, or None when :class:`NumpyRecurrentActorCritic` cannot mirror
+    """The structure of a :class:`~flowkit.core.RecurrentActorCritic` without a CNN, in the
+    names of its ``state_dict``, or None when :class:`NumpyRecurrentActorCritic` cannot mirror
     it (a CNN, other activations or action spaces, a subclassed model)."""
     from flowkit.core._recurrent import RecurrentActorCritic
     if (type(model) is not RecurrentActorCritic or dist.kind not in ("cat", "gauss", "gauss_unbounded")
@@ -169,10 +169,10 @@ def numpy_recurrent_layout(model: Any, dist: ActionDist, activation: str) -> Opt
         trunk = getattr(model, name)
         if trunk is None:
             continue
-        enc = linear_names(model, trunk.encoder)
-        if enc is None or trunk.rnn.num_layers != 1 or trunk.rnn.bias is False:
+        enc, mlp = linear_names(model, trunk.encoder), linear_names(model, trunk.mlp)
+        if enc != [] or mlp is None or trunk.rnn.num_layers != 1 or trunk.rnn.bias is False:  # enc: a CNN
             return None
-        trunks.append({"encoder": enc, "rnn": f"{name}.rnn", "size": int(trunk.state_size)})
+        trunks.append({"mlp": mlp, "rnn": f"{name}.rnn", "size": int(trunk.state_size)})
     return {"activation": activation, "lstm": bool(model.pi_trunk.is_lstm), "hidden": int(model.pi_trunk.hidden_size),
             "trunks": trunks, "log_std": model.log_std is not None,
             "clip": None if model.obs_rms is None else float(model.obs_rms.clip)}
@@ -183,8 +183,8 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 
 class NumpyRecurrentActorCritic:
-    """Acting-time mirror of a :class:`~flowkit.core.RecurrentActorCritic` (MLP encoders, one
-    LSTM or GRU layer each) in numpy: one step for ``B`` rows, as :class:`NumpyActorCritic` does
+    """Acting-time mirror of a :class:`~flowkit.core.RecurrentActorCritic` (no CNN; one LSTM or
+    GRU layer each, then its MLP) in numpy: one step for ``B`` rows, as :class:`NumpyActorCritic` does
     for feed-forward MLPs (views of the model's parameters, rebound when their storage moves).
     The cells are PyTorch's (gates i, f, g, o for the LSTM; r, z, n for the GRU)."""
 
@@ -199,7 +199,7 @@ class NumpyRecurrentActorCritic:
         self._ptrs = tuple(t.data_ptr() for t in self._watch)
         self.rms = None if lay["clip"] is None else (w["obs_rms.mean"], w["obs_rms.var"], lay["clip"])
         self.log_std = w["log_std"] if lay["log_std"] else None
-        self.trunks = [(linear_layers(w, t["encoder"]), w[f"{t['rnn']}.weight_ih_l0"].T, w[f"{t['rnn']}.weight_hh_l0"].T,
+        self.trunks = [(linear_layers(w, t["mlp"]), w[f"{t['rnn']}.weight_ih_l0"].T, w[f"{t['rnn']}.weight_hh_l0"].T,
                         w[f"{t['rnn']}.bias_ih_l0"], w[f"{t['rnn']}.bias_hh_l0"], t["size"]) for t in lay["trunks"]]
         self.heads = [(w["pi_head.weight"].T, w["pi_head.bias"]), (w["vf_head.weight"].T, w["vf_head.bias"])]
 
@@ -227,11 +227,10 @@ class NumpyRecurrentActorCritic:
             mean, var, clip = self.rms
             x = np.clip((x - mean) / np.sqrt(var + np.float32(1e-8)), -clip, clip).astype(np.float32, copy=False)
         feats, states, at = [], [], 0
-        for enc, wi, wh, bi, bh, size in self.trunks:
-            z = x
-            for w, b in enc:
-                z = self.act(z @ w + b)
-            f, s = self._cell(z, state[:, at:at + size], wi, wh, bi, bh)
+        for mlp, wi, wh, bi, bh, size in self.trunks:
+            f, s = self._cell(x, state[:, at:at + size], wi, wh, bi, bh)
+            for w, b in mlp:
+                f = self.act(f @ w + b)
             feats.append(f)
             states.append(s)
             at += size

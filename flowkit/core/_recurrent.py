@@ -1,5 +1,6 @@
-"""Recurrent networks (``model.recurrent``: LSTM or GRU on top of the MLP or CNN encoder) and
-the sequence forward every recurrent policy trains with.
+"""Recurrent networks (``model.recurrent``: an LSTM or a GRU on the encoded observation, after
+the CNN for images, then the MLP ``model.hidden_sizes``) and the sequence forward every recurrent
+policy trains with.
 
 The recurrent-model contract (the built-in networks here, and a ``model.class`` network that
 has an ``initial_state`` method; see ``docs/custom_models.md``):
@@ -27,27 +28,30 @@ from torch import nn
 
 from flowkit.core._distributions import ActionDist
 from flowkit.core._encoders import ObsEncoder
-from flowkit.core._models import RunningMeanStd, _linear, build_trunk
+from flowkit.core._models import RunningMeanStd, _linear, build_mlp, build_trunk
 
 RECURRENT = ("lstm", "gru")
 
 
 class RecurrentTrunk(nn.Module):
-    """Encoder (CNN for images, then the MLP ``model.hidden_sizes``) then an LSTM or a GRU of
-    ``model.recurrent_size`` units: the reusable recurrent core (actor-critics use one or two,
-    a recurrent Q-network one).
+    """The encoded observation (through the CNN for images) into an LSTM or a GRU of
+    ``model.recurrent_size`` units, then the MLP ``model.hidden_sizes`` on its output: the
+    reusable recurrent core (actor-critics use one or two, a recurrent Q-network one). The
+    recurrent layer sees the observation itself, the MLP after it turns memory into features
+    (sb3-contrib's MlpLstmPolicy, R2D2's conv -> LSTM -> MLP heads).
 
     ``forward(x float32[N, L, *shape], state float32[N, S], resets bool[N, L] or None) ->
-    (features float32[N, L, H], state_out float32[N, S])``; ``S = 2H`` for an LSTM (``h`` then
-    ``c``), ``H`` for a GRU. Weights orthogonal (gain 1), biases zero (CleanRL's LSTM agents);
-    ``model.init=default`` gives PyTorch's own init (:func:`~flowkit.core.init_weights`)."""
+    (features float32[N, L, out_dim], state_out float32[N, S])``; ``S = 2H`` for an LSTM (``h``
+    then ``c``), ``H`` for a GRU; ``out_dim`` the last hidden size (``H`` without hidden layers).
+    Recurrent weights orthogonal (gain 1), biases zero (CleanRL's LSTM agents); ``model.init=default``
+    gives PyTorch's own init (:func:`~flowkit.core.init_weights`)."""
 
     def __init__(self, encoder: ObsEncoder, model_cfg: Any):
         super().__init__()
         kind = str(model_cfg.recurrent or "lstm")
         if kind not in RECURRENT:
             raise ValueError(f"model.recurrent={kind!r} is not one of {', '.join(RECURRENT)}")
-        self.encoder, d = build_trunk(encoder, list(model_cfg.hidden_sizes), model_cfg.activation)
+        self.encoder, d = build_trunk(encoder, [], model_cfg.activation)  # the CNN for images, else nothing
         self.hidden_size = h = int(model_cfg.recurrent_size)
         self.is_lstm = kind == "lstm"
         self.rnn: nn.Module = (nn.LSTM if self.is_lstm else nn.GRU)(d, h, batch_first=True)
@@ -56,6 +60,9 @@ class RecurrentTrunk(nn.Module):
                 nn.init.orthogonal_(p, 1.0)
             else:
                 nn.init.zeros_(p)
+        hidden = list(model_cfg.hidden_sizes)
+        self.mlp = build_mlp(h, hidden, model_cfg.activation)
+        self.out_dim = hidden[-1] if hidden else h
         self.state_size = 2 * h if self.is_lstm else h
 
     def initial_state(self, n: int) -> torch.Tensor:
@@ -74,20 +81,22 @@ class RecurrentTrunk(nn.Module):
         n, L = x.shape[0], x.shape[1]
         f = self.encoder(x.reshape(n * L, *x.shape[2:])).reshape(n, L, -1)
         if resets is None:
-            return self._run(f, state)
-        keep = (~resets).to(f.dtype)  # the initial state is zeros: a reset multiplies the state by 0
-        cuts = [0, *(t for t in range(1, L) if bool(resets[:, t].any())), L]  # one call per reset-free span
-        outs = []
-        for a, b in zip(cuts[:-1], cuts[1:]):
-            out, state = self._run(f[:, a:b], state * keep[:, a:a + 1])
-            outs.append(out)
-        return (outs[0] if len(outs) == 1 else torch.cat(outs, 1)), state
+            out, state = self._run(f, state)
+        else:
+            keep = (~resets).to(f.dtype)  # the initial state is zeros: a reset multiplies the state by 0
+            cuts = [0, *(t for t in range(1, L) if bool(resets[:, t].any())), L]  # one call per reset-free span
+            outs = []
+            for a, b in zip(cuts[:-1], cuts[1:]):
+                o, state = self._run(f[:, a:b], state * keep[:, a:a + 1])
+                outs.append(o)
+            out = outs[0] if len(outs) == 1 else torch.cat(outs, 1)
+        return self.mlp(out), state
 
 
 class RecurrentActorCritic(nn.Module):
     """The recurrent actor-critic of ``model.recurrent``: a :class:`RecurrentTrunk` each for
-    the policy and the value function (``model.shared_value_network``: one for both), then a
-    linear head each (gains 0.01 and 1, as :class:`~flowkit.core.ActorCritic`); optional running
+    the policy and the value function (sb3-contrib's ``enable_critic_lstm``;
+    ``model.shared_value_network``: one for both), then a linear head each (gains 0.01 and 1, as :class:`~flowkit.core.ActorCritic`); optional running
     observation normalisation (``obs_rms``) and return statistics (``ret_rms``); a
     state-independent log-std for Gaussian actions.
 
@@ -103,7 +112,7 @@ class RecurrentActorCritic(nn.Module):
         self.shared = bool(model_cfg.shared_value_network)
         self.pi_trunk = RecurrentTrunk(encoder, model_cfg)
         self.vf_trunk = None if self.shared else RecurrentTrunk(encoder, model_cfg)
-        h = self.pi_trunk.hidden_size
+        h = self.pi_trunk.out_dim
         self.pi_head = _linear(h, dist.num_outputs, 0.01)
         self.vf_head = _linear(h, 1, 1.0)
         self.log_std = nn.Parameter(torch.full((dist.num_outputs,), float(log_std_init))) if dist.is_gauss else None
