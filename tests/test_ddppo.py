@@ -246,6 +246,7 @@ def test_a_straggler_is_preempted(ray_session, tmp_path):
     assert all(h[0] == h[1] for h in grab.rounds)
 
 
+@pytest.mark.slow  # 18-40 s (a worker process is killed and rebuilt)
 @pytest.mark.ray
 def test_a_lost_worker_reforms_the_group(ray_session, tmp_path):
     """Worker 1's process is killed after round 2: its round fails, worker 0's all-reduce gives
