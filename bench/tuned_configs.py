@@ -3,7 +3,9 @@
 its seeds in a fresh process (bench/acceptance.py's ``run_check``: stop at the threshold or the
 budget) and one table says, per config and seed, the env steps at which the metric reached the
 threshold, or the best value within the budget. Learning runs: minutes each; run them on a quiet
-machine and copy the figures into the configs' comments.
+machine and copy the figures into the configs' comments. A config that learns from a dataset
+(``input.dataset``, e.g. configs/cql_sac/Pendulum-v1.yaml) gets it made first when it is missing
+and bench/offline_acceptance.py knows how (its ``DATASETS``).
 
     python bench/tuned_configs.py                          # every config with a target line
     python bench/tuned_configs.py --only dqn/CartPole-v1 --seeds 1
@@ -38,6 +40,19 @@ def targets() -> dict:
     return out
 
 
+def ensure_dataset(config: str) -> None:
+    """Make the ``input.dataset`` of ``config`` if it names a missing dataset that
+    bench/offline_acceptance.py can make."""
+    from omegaconf import OmegaConf
+    path = OmegaConf.select(OmegaConf.load(config), "input.dataset")
+    if path and not os.path.exists(path):
+        import offline_acceptance
+        make = offline_acceptance.DATASETS.get(os.path.basename(os.path.normpath(path)))
+        if make is None:
+            raise SystemExit(f"{config}: input.dataset={path} is missing and bench/offline_acceptance.py cannot make it")
+        make(path)
+
+
 def main() -> None:
     found = targets()
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -51,6 +66,7 @@ def main() -> None:
     print("| config | seed | target | budget | reached at env steps | best | wall s | pass |")
     print("|---|---|---|---|---|---|---|---|")
     for name in args.only or list(found):
+        ensure_dataset(found[name][0])
         for seed in args.seeds if args.seeds is not None else found[name][4]:
             r = acceptance.run_check(name, seed, os.path.join(args.out, name.replace("/", "-")))
             rows.append(acceptance.print_row(name, seed, r, train_s=False))

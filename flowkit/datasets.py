@@ -191,6 +191,16 @@ def _npy_header(f: Any, dtype: np.dtype, shape: Tuple[int, ...]) -> None:
                                              "shape": shape})
 
 
+def _valid_columns(folder: str, data: Any) -> bool:
+    """Whether ``folder`` holds a columnar copy of the dataset as its data folder ``data`` is now."""
+    try:
+        with open(os.path.join(folder, "index.json")) as f:
+            index = json.load(f)
+        return index.get("version") == COLUMNS_VERSION and index.get("signature") == _signature(data)
+    except (OSError, ValueError):
+        return False
+
+
 def columns_folder(data: str) -> str:
     """Where the columnar copy of the dataset whose data folder is ``data`` lives: next to it,
     or in the user's cache when that folder is not writable."""
@@ -203,7 +213,8 @@ def columns_folder(data: str) -> str:
 
 def build_columns(ds: Any, folder: str, chunk_steps: int = 100_000) -> None:
     """Write the columnar copy of the Minari dataset ``ds`` to ``folder`` (episodes in id order,
-    read ``chunk_steps`` at a time: bounded memory), atomically: a temporary folder renamed.
+    read about ``chunk_steps`` steps at a time, by the mean episode length so far: bounded memory
+    for datasets of similar episodes), atomically: a temporary folder renamed.
 
     Raises:
         ColumnsUnsupported: a leaf that is not a fixed-shape numeric array.
@@ -217,11 +228,8 @@ def build_columns(ds: Any, folder: str, chunk_steps: int = 100_000) -> None:
     lengths, ids = np.zeros(n_eps, np.int64), np.zeros(n_eps, np.int64)
     try:
         k = 0
-        lens = np.asarray([int(m.get("total_steps", 0) or 0) for m in ds.storage.get_episode_metadata(range(n_eps))])
-        while k < n_eps:
-            j = k + 1
-            while j < n_eps and lens[k:j + 1].sum() <= chunk_steps:
-                j += 1
+        while k < n_eps:  # about chunk_steps steps at a time, by the mean length so far
+            j = min(n_eps, k + (1 if k == 0 else max(1, int(chunk_steps * k / max(1, int(lengths[:k].sum()))))))
             for ep in ds.storage.get_episodes(range(k, j)):
                 leaves: Dict[str, np.ndarray] = {}
                 trees = {"observations": _tree(ep["observations"], "observations", leaves),
@@ -253,6 +261,9 @@ def build_columns(ds: Any, folder: str, chunk_steps: int = 100_000) -> None:
     index["signature"] = _signature(ds.storage.data_path)
     with open(os.path.join(tmp, "index.json"), "w") as out:
         json.dump(index, out)
+    if _valid_columns(folder, ds.storage.data_path):  # another process wrote it meanwhile: keep that one
+        shutil.rmtree(tmp, ignore_errors=True)
+        return
     old = f"{folder}.old-{os.getpid()}"
     if os.path.exists(folder):
         os.replace(folder, old)
@@ -301,14 +312,8 @@ class ColumnStore:
         """
         data = data_dir(path, key)
         folder = columns_folder(data)
-        try:
-            with open(os.path.join(folder, "index.json")) as f:
-                index = json.load(f)
-            if index.get("version") == COLUMNS_VERSION and index.get("signature") == _signature(data):
-                return cls(folder)
-        except (OSError, ValueError):
-            pass
-        build_columns(open_dataset(path, key), folder)
+        if not _valid_columns(folder, data):
+            build_columns(open_dataset(path, key), folder)
         return cls(folder)
 
     def close(self) -> None:

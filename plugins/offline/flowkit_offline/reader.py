@@ -15,10 +15,10 @@ size.
 
 The steps come from the dataset's columnar copy (:class:`flowkit.datasets.ColumnStore`,
 written next to it on the first read: a one-time pass through Minari's HDF5 storage, whose
-one-group-per-episode layout costs about a millisecond per episode), one positioned read per
-column and episode; a dataset whose spaces have no fixed-shape numeric columns is read through
-Minari. A fill becomes one :class:`~flowkit.core.SampleBatch` as rollout workers build them
-(``obs``/``next_obs`` encoded by the policy's encoder, ``actions`` mapped back from the env's
+one-group-per-episode layout costs about a millisecond per episode), one gather per column and
+fill; a dataset whose spaces have no fixed-shape numeric columns, or whose copy cannot be
+written, is read through Minari. A fill becomes one :class:`~flowkit.core.SampleBatch` as
+rollout workers build them (``obs``/``next_obs`` encoded by the policy's encoder, ``actions`` mapped back from the env's
 space to the sampled form, ``rewards``, ``terminateds``, ``truncateds``, ``eps_id``, ``t``,
 ``action_mask`` where the observation has one); each of its episodes goes through the policy's
 ``postprocess_trajectory`` (returns-to-go for MARWIL, n-step for CQL on DQN), and the rows keep
@@ -31,6 +31,7 @@ order, as the run it continues).
 """
 from __future__ import annotations
 
+import warnings
 from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
@@ -99,6 +100,10 @@ class DatasetReader:
             try:
                 self._columns = ColumnStore.open(self.path)
             except ColumnsUnsupported:
+                self._columns = False
+            except OSError as e:  # e.g. no room for the copy: slower, not wrong
+                warnings.warn(f"input.dataset={self.path!r}: no columnar copy ({type(e).__name__}: {e}); reading "
+                              "it through Minari, episode by episode", stacklevel=2)
                 self._columns = False
         if self._columns:
             return self._columns.read(episodes)
