@@ -91,6 +91,19 @@ class Algorithm:
         if why:
             raise ConfigError(why)
 
+    def only_policy(self, ctx: "RunContext", learner: "Learner") -> str:
+        """The id of the one policy ``learner`` trains, for plans that drive a single-agent env's
+        only policy themselves (ES, ARS, DD-PPO, MAML).
+
+        Raises:
+            ConfigError: the run has several policies, naming them.
+        """
+        pids = list(learner.policies)
+        if len(pids) != 1 or len(ctx.policy_specs) != 1:
+            raise ConfigError(f"{self.name} trains the one policy of a single-agent env; this run has policies "
+                              f"{sorted(ctx.policy_specs)}")
+        return pids[0]
+
     def get_rollout_mode(self) -> str:
         """``bulk_sync`` or ``async`` for this instance (a config key may override the class
         attribute, e.g. ``impala.rollout_mode``)."""

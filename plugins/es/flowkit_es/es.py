@@ -25,7 +25,7 @@ Actions are deterministic (the argmax of the outputs; Box: the outputs through A
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -366,11 +366,7 @@ class _PerturbationAlgorithm(flowkit.Algorithm):
         return self._noise
 
     def training_flow(self, experiences, ctx, learner):
-        pids: Sequence[str] = list(learner.policies)
-        if len(pids) != 1 or len(ctx.policy_specs) != 1:
-            raise ConfigError(f"{self.name} trains the one policy of a single-agent env; this run has policies "
-                              f"{sorted(ctx.policy_specs)}")
-        pid, c = pids[0], self.config
+        pid, c = self.only_policy(ctx, learner), self.config
         k = int(getattr(c, self.per_worker_key))
         requests = EvaluationRequests(ctx, self, learner.policies[pid], self.noise_table(), k)
         evals = ParallelFlow(lambda: ctx.workers.actors, "apply",

@@ -278,11 +278,7 @@ class MAML(flowkit.Algorithm):
     off_policy = False
 
     def training_flow(self, experiences, ctx, learner):
-        pids: Sequence[str] = list(learner.policies)
-        if len(pids) != 1 or len(ctx.policy_specs) != 1:
-            raise ConfigError(f"maml trains the one policy of a single-agent env; this run has policies "
-                              f"{sorted(ctx.policy_specs)}")
-        pid, c = pids[0], self.config
+        pid, c = self.only_policy(ctx, learner), self.config
         n = max(1, int(self.run_config.runtime.num_workers))
         order = "first-order" if c.first_order else "second-order"
         tasks = ParallelFlow(lambda: ctx.workers.actors, "apply",

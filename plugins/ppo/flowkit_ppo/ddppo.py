@@ -29,7 +29,7 @@ import hashlib
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -409,11 +409,7 @@ class DDPPO(flowkit.Algorithm):
     off_policy = False
 
     def training_flow(self, experiences, ctx, learner):
-        pids: Sequence[str] = list(learner.policies)
-        if len(pids) != 1 or len(ctx.policy_specs) != 1:
-            raise ConfigError(f"ddppo trains the one policy of a single-agent env; this run has policies "
-                              f"{sorted(ctx.policy_specs)}")
-        pid, c = pids[0], self.config
+        pid, c = self.only_policy(ctx, learner), self.config
         rendezvous = ctx.add_stateful(f"{learner.name}/rendezvous", Rendezvous(float(c.collective_timeout_s)))
         requests = RoundRequests(ctx, self, learner, pid, rendezvous)
         k, n = num_minibatches(c, self.run_config), max(1, int(self.run_config.runtime.num_workers))
