@@ -12,7 +12,7 @@ from gymnasium import spaces
 from torch import nn
 
 from flowkit.core import batch as sb
-from flowkit.core.flow import NOT_READY, FlowContext, from_items
+from flowkit.core.flow import NOT_READY, FlowContext, Sourced, from_items
 from flowkit.core.learner import Learner
 from flowkit.core.metrics import Metrics
 from flowkit.core.ops import SyncWeights, TrainOneStep
@@ -195,8 +195,8 @@ def test_sync_weights_to_the_source_every_n_batches_per_worker():
     a0, a1 = _Actor(0), _Actor(1)
     for k in range(4):
         lr.num_updates += 1
-        assert op((a0, "b0")) == (a0, "b0")
-        op((a1, "b1"))
+        assert op(Sourced(a0, "b0")) == Sourced(a0, "b0")
+        op(Sourced(a1, "b1"))
     # each worker's 2nd and 4th batch trigger a sync, with the version at that time
     assert ctx.workers.calls == [([0], 2, True), ([1], 2, True), ([0], 4, True), ([1], 4, True)]
 
@@ -206,16 +206,16 @@ def test_sync_weights_to_source_skips_known_versions_and_serves_a_restarted_work
     lr = Learner("g", {"p": LinPolicy()})
     op = SyncWeights(ctx, lr, to="source", every=100, unit="env_steps")
     a0 = _Actor(0)
-    op((a0, 1))                                     # never synced: at once
+    op(Sourced(a0, 1))                                     # never synced: at once
     ctx.counters["env_steps_trained"] = 50
-    op((a0, 2))                                     # 50 < 100 env steps: nothing
+    op(Sourced(a0, 2))                                     # 50 < 100 env steps: nothing
     ctx.counters["env_steps_trained"] = 100
-    op((a0, 3))                                     # due, but the version is unchanged: nothing
+    op(Sourced(a0, 3))                                     # due, but the version is unchanged: nothing
     restarted = _Actor(0)                           # same index, new actor
-    op((restarted, 4))
+    op(Sourced(restarted, 4))
     lr.num_updates = 7
     ctx.counters["env_steps_trained"] = 200
-    op((restarted, 5))
+    op(Sourced(restarted, 5))
     assert ctx.workers.calls == [([0], 0, False), ([0], 0, False), ([0], 7, False)]
     assert ctx.counters["num_weight_pushes"] == 3
 

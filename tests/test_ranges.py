@@ -157,7 +157,7 @@ def test_every_choice_key_refuses_other_values_listing_the_choices(key):
     assert str(ei.value).startswith(f"{key}='nope' must be ")
     assert all(repr(c) in str(ei.value) for c in ALLOWED[key].choices)
     for c in ALLOWED[key].choices:
-        build_config(["env=CartPole-v1", f"{key}={c}"], sections=SECTIONS)
+        build_config(["env=CartPole-v1", "stop.env_steps=1000", f"{key}={c}"], sections=SECTIONS)
 
 
 # ---- exact messages ----------------------------------------------------------------------

@@ -80,7 +80,11 @@ class _StopAfter:
 
 
 @pytest.mark.parametrize("how,reason", [("request", "enough"), ("signal", "interrupted (SIGINT)")])
-def test_train_prints_the_summary_and_says_when_nothing_stops_it(how, reason, run_dir, capsys):
+def test_train_prints_the_summary_and_says_when_nothing_stops_it(how, reason, run_dir, capsys, monkeypatch):
+    # a process whose SIGINT is ignored from the start keeps it ignored (flowkit._guard.INHERITED_IGNORED);
+    # in the whole suite an earlier test may have left it so when the guard was first imported
+    monkeypatch.setattr("flowkit._guard.INHERITED_IGNORED", frozenset())
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     res = flowkit.train(local_overrides(run_dir, "env.factory=flowkit.testing.envs:match", "runtime.num_workers=1",
                                         "runtime.rollout_fragment_length=8"), plugins=[_StopAfter(how)])
     out = capsys.readouterr().out.splitlines()
