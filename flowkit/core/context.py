@@ -23,6 +23,15 @@ from flowkit.core.policy import Policy
 from flowkit.core.workers import PolicySpec, RolloutWorker, WorkerSet, derive_seed
 
 
+def _snapshot(x: Any) -> Any:
+    """``x`` (a state dict) with its torch tensors cloned; other leaves as they are."""
+    if isinstance(x, dict):
+        return {k: _snapshot(v) for k, v in x.items()}
+    if type(x) in (list, tuple):
+        return type(x)(_snapshot(v) for v in x)
+    return x.detach().clone() if callable(getattr(x, "detach", None)) and callable(getattr(x, "clone", None)) else x
+
+
 @dataclass(eq=False)
 class RunContext(FlowContext):
     """Everything a plan needs.
@@ -111,8 +120,10 @@ class RunContext(FlowContext):
         return self._read(lambda pol: pol.get_weights(), policy_ids)
 
     def policy_states(self) -> Dict[str, Any]:
-        """``{policy_id: Policy.get_state()}`` of every driver policy."""
-        return self._read(lambda pol: pol.get_state())
+        """``{policy_id: Policy.get_state()}`` of every driver policy, its tensors (the optimizer's
+        live state) copied under the learner's lock: a learner thread that goes on updating after
+        the read changes nothing in it (a checkpoint's digest is of what it saves)."""
+        return self._read(lambda pol: _snapshot(pol.get_state()))
 
     def _read(self, fn: Any, policy_ids: Optional[Sequence[str]] = None) -> Dict[str, Any]:
         """``{policy_id: fn(policy)}``, each learner's policies read under its update lock (never
