@@ -141,8 +141,17 @@ def test_linear_lr_schedule_follows_env_steps_sampled(run_dir, mode):
                                         "impala.train_batch_size=64", "impala.lr=1e-3", "impala.lr_schedule=linear",
                                         "impala.schedule_env_steps=256", "stop.env_steps=128",
                                         "checkpoint.at_end=false"))
-    assert res.metrics["env_steps_sampled"] == 128
-    assert res.metrics["learner/default/lr"] == pytest.approx(5e-4)
+    m = res.metrics
+    if mode == "bulk_sync":
+        assert m["env_steps_sampled"] == 128
+        assert m["learner/default/lr"] == pytest.approx(5e-4)
+    else:
+        # the sampler runs beside the learner thread, so the stop check may find one or two more
+        # 32-step items sampled; the lr is that of the last batch trained, formed at
+        # env_steps_trained sampled steps (no replay: every sampled step is trained once, in order)
+        assert 128 <= m["env_steps_sampled"] <= 128 + 2 * 32
+        assert m["env_steps_trained"] in (128, 192)
+        assert m["learner/default/lr"] == pytest.approx(1e-3 * (1 - m["env_steps_trained"] / 256))
 
 
 @pytest.mark.parametrize("mode", ["async", "bulk_sync"])
