@@ -274,6 +274,7 @@ def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore:
 
     from flowkit.checkpoint import CheckpointError, find_checkpoint, load_trained
     from flowkit.core import EnvContext, derive_seed, env_name, make_env
+    from flowkit.core.metrics import returns_by_policy
     try:
         ck = find_checkpoint(path)
     except FileNotFoundError as e:
@@ -324,11 +325,11 @@ def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore:
     report.update({f"episode_len_{k}": v for k, v in _stats(lens).items()})
     if not single:
         pols: Dict[str, Dict[str, float]] = {}
+        by_policy = returns_by_policy(eps)
         for pid in algo.policies:
             if pid in (opponents or {}):  # played by the stand-in, not by this run's policy
                 continue
-            mine = [(r, e["length"]) for e in eps for key, r in e.get("agent_returns", {}).items()
-                    if key.split("|", 1)[1] == pid]
+            mine = by_policy.get(pid, [])
             if not mine:
                 continue
             d = {f"episode_return_{k}": v for k, v in _stats([r for r, _ in mine]).items()}

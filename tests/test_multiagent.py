@@ -55,7 +55,7 @@ def test_c03_agents_join_late_leave_early_and_end_on_fragment_boundary():
     assert [len(p) for p in frags[0]["shared"].split_by_episode()] == [2, 2]
     eps = [e for f in frags for e in f.episodes]
     assert len(eps) == 1 and eps[0]["length"] == 6
-    assert eps[0]["agent_returns"] == {"a|shared": 6.0, "b|shared": 2.0, "c|shared": 1.0}
+    assert eps[0]["policy_returns"] == {"shared": {"a": 6.0, "b": 2.0, "c": 1.0}}
     eid = int(frags[0]["shared"][sb.EPS_ID][0]) // 3
     tr = rows_by_agent(frags, eid, 3)
     assert {k: len(v) for k, v in tr.items()} == {0: 6, 1: 2, 2: 1}      # a=6, b=2, c=1: 9 agent steps
@@ -243,7 +243,7 @@ def test_aec_reward_attribution_tiny_game():
     assert p0[sb.NEXT_OBS][0][0] == pytest.approx(2 / 3)  # p0's own next turn, after two moves
     assert p0[sb.NEXT_ACTION_MASK][0].tolist() == [0, 1] and p0[sb.NEXT_ACTION_MASK][1].tolist() == [0, 0]
     (ep,) = f2.episodes
-    assert ep["agent_returns"] == {"p0|shared": 12.0, "p1|shared": -10.5}
+    assert ep["policy_returns"] == {"shared": {"p0": 12.0, "p1": -10.5}}
     assert ep["length"] == 3 and ep["return"] == pytest.approx(1.5)
     ctx.shutdown()
 
@@ -421,7 +421,7 @@ def test_opponent_sampling_in_a_run_and_first_policy_in_evaluation():
     frags = [w.sample() for _ in range(5)]                      # 10 episodes of 6 steps
     eps = [e for f in frags for e in f.episodes]
     assert len(eps) == 10
-    per_episode = [{k.split("|")[1] for k in e["agent_returns"]} for e in eps]
+    per_episode = [set(e["policy_returns"]) for e in eps]
     assert all(len(p) == 1 for p in per_episode)                # every agent of an episode: one policy
     assert {next(iter(p)) for p in per_episode} == {"learner", "rand"}
     for f in frags:                     # an agent's trajectory goes to its episode's policy only

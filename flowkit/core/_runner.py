@@ -49,7 +49,15 @@ class Episode:
     def summary(self) -> Dict[str, Any]:
         return {"return": float(self.total_reward), "length": int(self.length),
                 "custom": dict(self.custom_metrics),
-                "agent_returns": {f"{a}|{p}": float(r) for (a, p), r in self.agent_rewards.items()}}
+                "policy_returns": self.policy_returns()}
+
+    def policy_returns(self) -> Dict[str, Dict[str, float]]:
+        """Each agent's return this episode, by the policy it played: ``{policy_id: {agent_id:
+        return}}`` (empty for a single-agent env)."""
+        out: Dict[str, Dict[str, float]] = {}
+        for (agent, pid), r in self.agent_rewards.items():
+            out.setdefault(pid, {})[agent] = float(r)
+        return out
 
 
 # ---- recurrent state -----------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from flowkit.config import ConfigError
 from flowkit.core.flow import FlowContext, TimerStat
 from flowkit.core.learner import Learner
-from flowkit.core.metrics import Metrics, _means
+from flowkit.core.metrics import Metrics, _means, returns_by_policy
 from flowkit.core.policy import Policy
 from flowkit.core.workers import PolicySpec, RolloutWorker, WorkerSet, derive_seed
 
@@ -204,8 +204,8 @@ class RunContext(FlowContext):
                "evaluation_len_mean": float(np.mean([e["length"] for e in eps])),
                "evaluation_episodes": len(eps)}
         if len(self.policy_specs) > 1:
-            pol = _means(eps, "agent_returns", lambda k: k.split("|", 1)[1])
-            out.update({f"evaluation/{pid}/episode_return_mean": v for pid, v in pol.items()})
+            out.update({f"evaluation/{pid}/episode_return_mean": float(np.mean([r for r, _ in rs]))
+                        for pid, rs in returns_by_policy(eps).items()})
         out.update({f"evaluation/{k}": v for k, v in _means(eps, "eval_metrics").items()})  # win_rate, ...
         return out
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import collections
 from dataclasses import dataclass, field
-from typing import Any, Deque, Dict, List, Mapping, Sequence
+from typing import Any, Deque, Dict, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
@@ -21,6 +21,16 @@ def _window() -> Deque[float]:
 
 def _mean(xs: Any) -> float:
     return float(np.mean(xs)) if len(xs) else float("nan")
+
+
+def returns_by_policy(episodes: List[Dict[str, Any]]) -> Dict[str, List[Tuple[float, int]]]:
+    """``{policy_id: [(return, episode length), ...]}``: every agent's return in ``episodes``
+    (summaries with ``policy_returns``), grouped by the policy the agent played."""
+    out: Dict[str, List[Tuple[float, int]]] = collections.defaultdict(list)
+    for e in episodes:
+        for pid, by_agent in e.get("policy_returns", {}).items():
+            out[pid].extend((float(r), int(e["length"])) for r in by_agent.values())
+    return dict(out)
 
 
 def _means(episodes: List[Dict[str, Any]], field: str, key: Any = lambda k: k) -> Dict[str, float]:
@@ -52,12 +62,12 @@ class Metrics:
     extra: Dict[str, Any] = field(default_factory=dict)
 
     def record_episodes(self, episodes: List[Dict[str, Any]]) -> None:
-        """Add finished episodes' summaries (``return``, ``length``, ``agent_returns``) to the windows."""
+        """Add finished episodes' summaries (``return``, ``length``, ``policy_returns``) to the windows."""
         for e in episodes:
             self.episode_window.append(e["return"])
             self.len_window.append(e["length"])
-            for key, r in e.get("agent_returns", {}).items():
-                self.policy_windows[key.split("|", 1)[1]].append(r)
+            for pid, by_agent in e.get("policy_returns", {}).items():
+                self.policy_windows[pid].extend(by_agent.values())
             self.iter_episodes.append(e)
 
     def make_row(self, iteration: int, counters: Mapping[str, int], num_restarts: int, policy_ids: Sequence[str],
