@@ -305,6 +305,8 @@ class StopConfig:
     env_steps: Optional[int] = F(None, "stop after this many sampled env steps", ge=1)
     iterations: Optional[int] = F(None, "stop after this many iterations", ge=1)
     episode_return_mean: Optional[float] = F(None, "stop when episode_return_mean reaches this")
+    evaluation_return_mean: Optional[float] = F(None, "stop when a greedy evaluation's mean return reaches this "
+                                                      "(needs evaluation.interval >= 1)")
     time_s: Optional[float] = F(None, "stop after this many seconds of training (checked at each iteration's "
                                       "end; an iteration still running at 1.1 x time_s is abandoned)", gt=0)
 
@@ -515,6 +517,9 @@ def check_run(cfg: Any, pm: Any) -> None:
         raise ConfigError("give exactly one of env.id (env=ID) and env.factory "
                           f"(got env.id={cfg.env.id!r}, env.factory={cfg.env.factory!r})")
     check_sizes(cfg)
+    if cfg.stop.evaluation_return_mean is not None and not cfg.evaluation.interval:
+        raise ConfigError(f"stop.evaluation_return_mean={cfg.stop.evaluation_return_mean} needs periodic evaluation: "
+                          "set evaluation.interval (e.g. evaluation.interval=5)")
     known = pm.reporters()
     twice = sorted({r for r in cfg.run.reporters if list(cfg.run.reporters).count(r) > 1})
     if twice:

@@ -214,13 +214,15 @@ def _stop_reason(cfg: DictConfig, r: Dict[str, Any]) -> Optional[str]:
         return f"stop.iterations={s.iterations} reached"
     if s.episode_return_mean is not None and r.get("episode_return_mean", -math.inf) >= s.episode_return_mean:
         return f"stop.episode_return_mean={s.episode_return_mean} reached"
+    if s.evaluation_return_mean is not None and r.get("evaluation_return_mean", -math.inf) >= s.evaluation_return_mean:
+        return f"stop.evaluation_return_mean={s.evaluation_return_mean} reached"
     if s.time_s is not None and r.get("time_total_s", 0.0) >= s.time_s:
         return f"stop.time_s={s.time_s} reached"
     return None
 
 
-NO_STOP = ("flowkit: no stop condition (stop.env_steps, stop.iterations, stop.episode_return_mean or "
-           "stop.time_s): training goes on until interrupted (Ctrl-C saves a checkpoint and stops)")
+NO_STOP = ("flowkit: no stop condition (stop.env_steps, stop.iterations, stop.episode_return_mean, "
+           "stop.evaluation_return_mean or stop.time_s): training goes on until interrupted (Ctrl-C saves a checkpoint and stops)")
 
 
 def summary(res: Result) -> str:

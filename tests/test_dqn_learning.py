@@ -1,5 +1,5 @@
 """DQN learns CartPole-v1 (issue 3 acceptance, one seed; all seeds: bench/dqn_cartpole.py).
-Seed 0 reached 455 at 79,872 env steps (the same curve on the local and Ray backends)."""
+The config stops on a greedy evaluation of 450 (20 episodes every 5 iterations)."""
 import os
 
 import pytest
@@ -16,4 +16,4 @@ def test_dqn_cartpole_seed0_reaches_450_within_100k_env_steps(ray_session, run_d
                          "checkpoint.at_end=false"],
                         config_file=os.path.join(REPO, "configs", "dqn", "CartPole-v1.yaml"))
     assert res.metrics["env_steps_sampled"] <= 100_000
-    assert res.metrics["episode_return_mean"] >= 450, res.metrics
+    assert res.metrics["evaluation_return_mean"] >= 450, res.metrics  # greedy (the config's stop)

@@ -311,3 +311,14 @@ def test_more_worker_processes_than_a_local_cluster_may_run_are_refused_before_s
     err = p.stderr
     assert f"runtime.num_workers={4 * cpus + 1}: a local Ray cluster runs at most 4 rollout worker processes " \
            f"per CPU ({4 * cpus} on this machine's {cpus})" in err
+
+
+def test_stop_evaluation_return_mean_stops_at_the_first_greedy_evaluation_that_reaches_it(run_dir):
+    # FixedLenEnv's episodes return 3.0: evaluated at iterations 2, 4, ..., the run stops at 2
+    res = flowkit.train(TINY + [f"run.dir={run_dir}", "env.factory=envs:FixedLenEnv", "evaluation.interval=2",
+                                "stop.evaluation_return_mean=3", "stop.iterations=10"], verbose=False)
+    assert res.metrics["iteration"] == 2 and res.stop_reason == "stop.evaluation_return_mean=3.0 reached"
+    with pytest.raises(flowkit.ConfigError, match=r"stop.evaluation_return_mean=3.0 needs periodic evaluation: "
+                                                  r"set evaluation.interval"):
+        flowkit.train(TINY + [f"run.dir={run_dir}-x", "env.factory=envs:FixedLenEnv", "evaluation.interval=0",
+                              "stop.evaluation_return_mean=3"], verbose=False)
