@@ -204,6 +204,7 @@ def test_a3c_weights_go_only_to_the_source_worker_local(run_dir):
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_a3c_weights_go_only_to_the_source_worker_on_ray(ray_session, run_dir):
     pm, cfg = load_config(["algo=a3c", "env=CartPole-v1", "runtime.backend=ray", "runtime.num_workers=2",
                            "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=5",
@@ -238,6 +239,7 @@ def test_a2c_and_dqn_in_one_tictactoe_run(run_dir):
 
 
 @pytest.mark.parametrize("algo", ["a2c", "a3c"])
+@pytest.mark.slow
 def test_learns_cartpole_smoke(run_dir, algo):
     """The documented configs on the local backend (A3C one worker at a time), seed 0, a
     loose threshold: a few seconds to a few tens."""

@@ -50,6 +50,7 @@ def _check_export(policy, tmp_path, tag):
 
 
 # ---- the newcomer flow -----------------------------------------------------------------------------
+@pytest.mark.slow
 def test_train_evaluate_watch_export_cartpole(run_dir, tmp_path, capsys):
     res = flowkit.train(local_overrides(run_dir, "algo=ppo", "env=CartPole-v1", *SMALL, "stop.env_steps=2048",
                                         "ppo.train_batch_size=256", "ppo.minibatch_size=64"))
@@ -145,6 +146,7 @@ def test_every_listed_algorithm_has_an_export_case():
 
 
 @pytest.mark.parametrize("name", list(EXPORT_RUNS))
+@pytest.mark.slow
 def test_export_matches_compute_actions(name, run_dir, tmp_path, capsys, monkeypatch):
     flowkit.train(local_overrides(run_dir, *SMALL, *EXPORT_RUNS[name], "stop.env_steps=128"))
     policy = flowkit.Algorithm.from_checkpoint(run_dir, trust_config=True).get_policy()  # dqn_envs: the tests' own factory

@@ -107,6 +107,7 @@ def _check(overrides, config_file=None):
 
 @settings(max_examples=50, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(st.lists(override, min_size=1, max_size=3))
+@pytest.mark.slow
 def test_random_overrides_succeed_or_raise_config_error_naming_the_key(overrides):
     _check(overrides)
 

@@ -206,6 +206,7 @@ def test_an_old_checkpoint_is_refused_naming_the_file(ppo_run, tmp_path):
     assert path in str(e.value)
 
 
+@pytest.mark.slow
 def test_an_algorithm_that_is_not_registered_fails_in_one_line(tmp_path):
     run = str(tmp_path / "run")
     res = flowkit.train(local_overrides(run, "plugins=[ckpt_algos]", "algo=my_ppo", "env=Pendulum-v1",

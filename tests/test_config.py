@@ -230,6 +230,7 @@ _DRAWN = {k: s for k, (tp, _, _) in schema_keys(_SCHEMA).items() if (s := _valid
 
 @settings(max_examples=25, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(algo=st.sampled_from(["ppo", "dqn", "impala"]), data=st.data())
+@pytest.mark.slow
 def test_every_config_dry_run_accepts_runs_one_iteration(tmp_path_factory, algo, data):
     """Any few keys with values valid on their own: if ``--dry-run`` (describe_plan) accepts the
     config, a one-iteration local run starts and ends without a ConfigError."""

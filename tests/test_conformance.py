@@ -94,6 +94,7 @@ class NoSyncPPO(PPO):
                 .for_each(TrainOneStep(ctx, learner, cfg.num_epochs, cfg.minibatch_size)))
 
 
+@pytest.mark.slow
 def test_check_algorithm_fails_a_plan_that_never_syncs_the_workers(tmp_path):
     """The learning check acts as a user's run does, through rollout worker 0 after the plan's
     last sync: before, it scored the learner's own weights, and this plugin passed."""

@@ -15,6 +15,7 @@ COMMON = ["env.factory=flowkit.testing.envs:match", "runtime.num_workers=1", "ru
 
 
 @pytest.mark.parametrize("algo,cls", [("ppo", "TinyActorCritic"), ("impala", "TinyActorCritic"), ("dqn", "TinyQ")])
+@pytest.mark.slow
 def test_a_custom_model_trains_and_loads_in_a_fresh_process(run_dir, algo, cls):
     res = flowkit.train(local_overrides(run_dir, f"algo={algo}", f"model.class=custom_models:{cls}", *COMMON),
                         verbose=False)

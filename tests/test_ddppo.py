@@ -62,6 +62,7 @@ def _rank_main(rank, port, rows, out):
 
 
 # ---- the all-reduce ------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_allreduce_gives_the_single_learner_update_on_the_concatenated_batch():
     """Two gloo processes, one with 40 rows and one with 24: three epochs of one minibatch each,
     every gradient all-reduced with the row weights, end on the weights that one learner reaches
@@ -214,6 +215,7 @@ def _ray(run_dir, *extra, env="env=CartPole-v1"):
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_two_ray_workers_hold_the_same_weights_after_every_round(ray_session, tmp_path):
     """2 Ray workers, gradients all-reduced over gloo: after every round both workers' learner
     copies hash the same (reported by the workers), and at the end the learner and acting copies
@@ -232,6 +234,7 @@ def test_two_ray_workers_hold_the_same_weights_after_every_round(ray_session, tm
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_a_straggler_is_preempted(ray_session, tmp_path):
     """Worker 1 steps slowly (a sleep per step); with sync_frac 0.5 it stops once worker 0 has
     its 4 fragments, after its first (min_rollout_frac 0.25), and both learn on their unequal

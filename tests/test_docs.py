@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 import flowkit
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,6 +41,7 @@ def test_the_tutorial_runs_as_written(tmp_path, monkeypatch):
     assert ns["plan"]["text"].strip() in [s.strip() for s in shown]
 
 
+@pytest.mark.slow
 def test_mkdocs_build_strict(tmp_path):
     """The site builds with no warning (broken links, docstring problems) in well under the
     suite's budget; the config reference lists every key of every installed section."""

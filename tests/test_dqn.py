@@ -240,6 +240,7 @@ def test_apex_local_run_trains_from_shards_with_per_worker_epsilon(run_dir):
 
 
 # ---- C11: exact checkpoint / restore ---------------------------------------------------------------
+@pytest.mark.slow
 def test_c11_checkpoint_restore_continues_the_same_run(tmp_path):
     import c11_helper as h
     work = {a: str(tmp_path / a) for a in ("dqn", "ppo")}
@@ -385,6 +386,7 @@ def test_rebuilt_and_new_workers_start_at_the_learners_epsilon(run_dir, apex):
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_exploration_reaches_ray_workers_in_both_modes(ray_session, run_dir):
     from flowkit_dqn import epsilon_at as eps_at
 

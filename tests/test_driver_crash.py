@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 
 from flowkit.checkpoint import load_state
 from flowkit.engine import find_checkpoint, read_metrics
@@ -24,6 +25,7 @@ def _overrides(run_dir):
             "checkpoint.every_iters=1", "checkpoint.keep=2"]
 
 
+@pytest.mark.slow
 def test_driver_sigkill_then_resume(tmp_path):
     run_dir = str(tmp_path / "run")
     env = dict(os.environ, PYTHONUNBUFFERED="1")

@@ -263,6 +263,7 @@ def test_ars_smoke_merges_state_statistics(tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_ray_backend_puts_the_noise_once_and_matches_local(ray_session, tmp_path):
     """2 Ray workers and 2 in-process ones give the same parameters after 3 rounds (indexes and
     env seeds depend on the round and the worker, not on the backend); the noise table went

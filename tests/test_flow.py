@@ -152,6 +152,7 @@ def test_parallel_flow_failure_handler_and_note():
 
 
 @pytest.mark.usefixtures("ray_session")
+@pytest.mark.slow
 def test_gather_async_on_ray_actors():
     import ray
     from flowkit.core.flow import RayActor

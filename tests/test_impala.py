@@ -190,6 +190,7 @@ def test_learner_thread_crash_stops_the_run_with_the_original_error(run_dir, mon
     assert "boom" in [f.name for f in traceback.extract_tb(ei.value.__traceback__)]
 
 
+@pytest.mark.slow
 def test_async_plan_on_ray_workers(run_dir, ray_session):
     """The operators on the Ray backend (read-only arrays, RayActor weight pushes, remote
     worker CPU figures), a few seconds."""

@@ -14,6 +14,7 @@ from flowkit.engine import load_config
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.slow
 def test_ray_run_from_a_folder_holding_a_flowkit_folder(tmp_path):
     (tmp_path / "flowkit").mkdir()  # as `cd ~` with the clone in ~/flowkit
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}

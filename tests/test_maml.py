@@ -217,6 +217,7 @@ def test_smoke_counts_and_resumes(tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_ray_workers_get_their_tasks(ray_session, tmp_path):
     """On 2 Ray workers a meta step holds every task of the meta step, drawn on the driver, each
     with its adaptation steps (2 x 2 tasks x 2 steps x 80 env steps)."""

@@ -74,6 +74,7 @@ SCRIPT = textwrap.dedent('''
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_node_loss_training_completes_on_remaining_node(tmp_path):
     script = tmp_path / "node_loss.py"
     script.write_text(SCRIPT)

@@ -299,6 +299,7 @@ def test_flowkit_record_command_on_a_trained_run(tmp_path, capsys):
     assert open_dataset(out).total_steps == 30 + sum(2 + s % 5 for s in range(0, 3))  # the run's seed 0
 
 
+@pytest.mark.slow
 def test_marwil_and_cql_beat_bc_on_a_mixed_dataset(tmp_path):
     # 30 % of the rows from the best policy of the match env, 70 % from the worst: BC copies the
     # majority (return near 0 of 8), MARWIL's advantage weights pick the rows that earned reward,

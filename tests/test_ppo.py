@@ -215,6 +215,7 @@ def test_subclassing_the_policy_loss_makes_a_registered_variant(run_dir):
 
 
 # ---- learning --------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_ppo_solves_cartpole_local_backend(run_dir):
     """The main job's config on the local backend, seed 0: >= 475 within 100,000 env steps."""
     res = flowkit.train(["runtime.backend=local", f"run.dir={run_dir}", "run.reporters=[csv,plot,checkpoint,evaluation]", "seed=0"],

@@ -69,6 +69,7 @@ def test_hung_env_local_is_restarted_after_sample_timeout(run_dir):
     assert res.metrics["num_worker_restarts"] == 1 and time.time() - t0 < 20
 
 
+@pytest.mark.slow
 def test_hung_env_on_ray_is_restarted_within_the_timeout(run_dir, ray_session):
     t0 = time.time()
     res = flowkit.train([f"run.dir={run_dir}", "env.factory=envs:hang", "runtime.num_workers=1",
@@ -79,6 +80,7 @@ def test_hung_env_on_ray_is_restarted_within_the_timeout(run_dir, ray_session):
     assert res.metrics["num_worker_restarts"] == 1 and time.time() - t0 < 2 + 30
 
 
+@pytest.mark.slow
 def test_hung_env_in_an_async_plan_on_ray_is_restarted(run_dir, ray_session):
     """IMPALA keeps requests in flight (ray.wait): a worker silent for sample_timeout_s is rebuilt."""
     res = flowkit.train([f"run.dir={run_dir}", "algo=impala", "env.factory=envs:hang", "runtime.num_workers=1",
@@ -110,6 +112,7 @@ def test_a_worker_hung_every_time_stops_the_run_with_a_consistent_crash_checkpoi
 
 
 # ---- 2. start-up -------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_workers_that_do_not_fit_the_cpus_are_a_config_error():
     out = subprocess.run(FLOWKIT + ["train", "--dry-run", "env=CartPole-v1", "runtime.num_workers=64"],
                          capture_output=True, text=True, env=_env(), timeout=120)
@@ -201,6 +204,7 @@ def test_the_start_wait_is_quiet_in_a_placement_group(monkeypatch, caplog):
 
 
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.slow
 def test_a_signal_during_start_up_ends_cleanly(tmp_path, sig, code):
     marker = tmp_path / "building"  # the env is being built: the run has started
     proc = _popen(["train", *TINY, f"run.dir={tmp_path / 'run'}", "env.factory=envs:slow",
@@ -237,6 +241,7 @@ def _signal_after_first_row(args, run_dir, sig, timeout=120):
     return proc.returncode, out, err
 
 
+@pytest.mark.slow
 def test_an_inherited_ignored_sighup_stays_ignored(tmp_path):
     """``nohup flowkit train ...``: SIGHUP comes in ignored, and logging out does not stop the run."""
     run_dir = str(tmp_path / "run")

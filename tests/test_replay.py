@@ -137,6 +137,7 @@ def test_update_target_network_every_n_gradient_steps():
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_replay_shards_on_ray_priorities_go_back_to_source(ray_session):
     import ray
     # both CPUs held by other actors: shards must still schedule (num_cpus=0)

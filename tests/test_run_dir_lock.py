@@ -31,6 +31,7 @@ def _taker(run_dir, start, hold, results):
 
 
 @pytest.mark.parametrize("kind", ["processes", "threads"])
+@pytest.mark.slow
 def test_sixty_simultaneous_takers_exactly_one_wins(tmp_path, kind):
     """(Before: check-then-write; threads of one process all took it, as did 26 of 60 processes
     in the issue's tries.)"""

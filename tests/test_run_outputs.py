@@ -85,6 +85,7 @@ def test_image_observations_go_through_a_cnn():
 
 
 @pytest.mark.usefixtures("ray_session")
+@pytest.mark.slow
 def test_ray_backend_end_to_end(run_dir):
     res = flowkit.train(["env=CartPole-v1", "runtime.backend=ray", "runtime.num_workers=2",
                          "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=64",

@@ -250,6 +250,7 @@ def test_learning_smoke_box_target(algo, run_dir):
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_sac_on_ray_workers(ray_session, run_dir):
     """The plan on Ray workers: weights arrive there as read-only arrays."""
     res = flowkit.train(["runtime.backend=ray", f"run.dir={run_dir}", "run.reporters=[csv,checkpoint,evaluation]",

@@ -37,6 +37,7 @@ def _resumes(run_dir, iteration):
 
 # ---- evaluation obeys stops and deadlines --------------------------------------------------------
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+@pytest.mark.slow
 def test_a_signal_during_a_stuck_evaluation_keeps_a_resumable_run(tmp_path, sig, code):
     """The periodic evaluation of iteration 2 hangs in env.step (60 s): the signal ends it, the
     final checkpoint holds iteration 1 (before: the signal was held until the evaluation ended)."""
@@ -135,6 +136,7 @@ def stuck_eval_run(tmp_path_factory):
     ("exit", [], "env 'envs:stuck_eval' ended the process (os._exit(3)) during the evaluation"),
     ("sys.exit", [], "env 'envs:stuck_eval' tried to end the process (sys.exit(3)) during the evaluation"),
 ])
+@pytest.mark.slow
 def test_evaluate_bounds_a_stuck_env_and_names_an_env_that_exits(stuck_eval_run, mode, args, message):
     """Before: a stuck env or an endless episode hung `flowkit evaluate` without bound (the
     run's 600 s deadline did not apply), and an env's os._exit(3) / sys.exit(3) ended it with
@@ -284,6 +286,7 @@ _FAIL = "import ray\ndef f(**kw): raise RuntimeError('Failed to create the objec
     (_FAIL, "flowkit: error: Ray could not start a local cluster: RuntimeError: Failed to create the object store: "
             "mmap failed (is memory"),
 ])
+@pytest.mark.slow
 def test_a_ray_start_up_that_hangs_or_fails_ends_with_one_line(tmp_path, patch, message):
     """Ray's start hung (object store that cannot be mapped under a memory limit) or failed:
     before, flowkit waited without bound (or printed Ray's traceback)."""
@@ -297,6 +300,7 @@ def test_a_ray_start_up_that_hangs_or_fails_ends_with_one_line(tmp_path, patch, 
     assert len(lines) == 1 and lines[0].startswith(message), proc.stderr
 
 
+@pytest.mark.slow
 def test_more_worker_processes_than_a_local_cluster_may_run_are_refused_before_spawning():
     """num_cpus_per_worker=0 let num_workers=10000 spawn Ray processes without limit (121 in
     120 s, 10.5 GB). Now 4 per CPU at most, a config error at once. (A child process: in this

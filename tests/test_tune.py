@@ -80,6 +80,7 @@ def test_trial_resources_fit_the_cluster():
     assert plan_resources(local, 2.0)[0] == {"CPU": 1}
 
 
+@pytest.mark.slow
 def test_six_trials_on_two_cpus_with_table(ray_session, tmp_path, capsys):
     sweep = str(tmp_path / "sweep")
     rc = main(["tune", *SMALL, "run.reporters=[csv,checkpoint]", "plugins=[slow_end]", "stop.iterations=4",
@@ -105,6 +106,7 @@ def test_six_trials_on_two_cpus_with_table(ray_session, tmp_path, capsys):
         assert os.listdir(os.path.join(d, "checkpoints")) == [f"iter_{res['iteration']:06d}"]
 
 
+@pytest.mark.slow
 def test_seeds_only_sweep_then_plot(ray_session, tmp_path, capsys):
     sweep = str(tmp_path / "seeds")
     assert main(["tune", *SMALL, "stop.iterations=3", f"run.dir={sweep}", "seed=range(3)"]) == 0

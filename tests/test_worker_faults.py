@@ -110,6 +110,7 @@ def test_c12_space_mismatch_is_not_restarted(run_dir):
 
 # ---- Ray ------------------------------------------------------------------------------------
 @pytest.mark.ray
+@pytest.mark.slow
 def test_c12_ray_restarts_off(ray_session, tmp_path):
     with pytest.raises(RuntimeError) as ei:
         flowkit.train(c12(str(tmp_path / "off"), "reset", "runtime.restart_failed_workers=false", backend="ray"))
@@ -126,6 +127,7 @@ def test_c12_ray_restarts_off(ray_session, tmp_path):
 
 
 @pytest.mark.ray
+@pytest.mark.slow
 def test_c12_ray_restarts_on_and_worker_killed_from_outside(ray_session, run_dir):
     """Flaky's reset fault hits worker 1 in round 3; then, once 100 env steps are sampled
     (the hook after iteration 5), worker 0's process is SIGKILLed from outside: round 6 fails
