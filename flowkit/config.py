@@ -455,7 +455,7 @@ def recurrent_error(algo: str, recurrent: bool, policy_id: str, model_config: An
     if not kind or recurrent:
         return None
     return (f"policy {policy_id!r}: model.recurrent={kind} but {algo.upper()} trains feed-forward networks only "
-            "(recurrent policies: ppo, a2c, a3c, impala, appo); set model.recurrent=null or change the algorithm")
+            "(recurrent policies: ppo, a2c, a3c, impala, appo, r2d2); set model.recurrent=null or change the algorithm")
 
 
 def check_algo(cfg: Any, algos: Any) -> None:

@@ -18,6 +18,9 @@ SETTINGS = {
     "apex": ["dqn.learning_starts=64", "dqn.target_network_update_freq=50", "dqn.epsilon_timesteps=2000",
              "dqn.num_replay_shards=2", "dqn.prioritized_replay=true"],
     "impala": ["impala.train_batch_size=64"],
+    "r2d2": ["r2d2.seq_len=8", "r2d2.burn_in=2", "r2d2.learning_starts=64", "r2d2.target_network_update_freq=50",
+             "r2d2.epsilon_timesteps=2000", "r2d2.train_batch_size=16", "r2d2.lr=1e-3", "r2d2.training_intensity=16",
+             "model.recurrent_size=32"],
 }
 # the offline algorithms learn from a dataset, not rollouts: tests/test_offline.py checks them
 # (config, plan, checkpoint, learn) with one

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from flowkit.core._models import (ActorCritic, FramesCNN, ImpalaCNN, RunningMeanStd, SmallCNN, TwinMLP, build_mlp,
                                       build_trunk, init_weights, sde_std)
     from flowkit.core._numpy_model import NumpyActorCritic, NumpyActorCriticPolicy, sample_logp_numpy
-    from flowkit.core._recurrent import RecurrentActorCritic, RecurrentTrunk, forward_sequences
+    from flowkit.core._recurrent import RecurrentActorCritic, RecurrentStep, RecurrentTrunk, forward_sequences
     from flowkit.core._returns import bootstrap_rows, compute_gae, next_values, vtrace
     from flowkit.core._runner import Episode, GymEnvRunner, RecurrentStates
     from flowkit.core._target import TargetNetwork
@@ -32,7 +32,7 @@ __all__ = [  # batches (column names: flowkit.core.batch.OBS, ...), dataflow, po
     "ObsEncoder", "SpaceError", "add_batch_axis", "batch_len", "ActionDist", "ACTIVATIONS", "ActorCritic",
     "RunningMeanStd", "FramesCNN", "ImpalaCNN", "SmallCNN", "TwinMLP", "build_mlp", "build_trunk", "init_weights", "sde_std", "NumpyActorCritic", "NumpyActorCriticPolicy",
     "sample_logp_numpy", "bootstrap_rows", "compute_gae", "next_values", "vtrace", "EnvContext", "EnvError", "Episode", "GymEnvRunner",
-    "RecurrentActorCritic", "RecurrentStates", "RecurrentTrunk", "forward_sequences",
+    "RecurrentActorCritic", "RecurrentStates", "RecurrentStep", "RecurrentTrunk", "forward_sequences",
     "PolicySpec", "TargetNetwork", "RolloutWorker", "SpaceCheck", "WorkerSet", "derive_seed", "describe_value", "env_name",
     "find_mismatch", "make_env", "TaskSettableEnv", "task_env"]
 
@@ -45,7 +45,7 @@ _MODULES = {  # the module behind each name, imported on first use (torch only w
     "_numpy_model": "NumpyActorCritic NumpyActorCriticPolicy sample_logp_numpy",
     "_returns": "bootstrap_rows compute_gae next_values vtrace", "activations": "ACTIVATIONS",
     "_runner": "Episode GymEnvRunner RecurrentStates",
-    "_recurrent": "RecurrentActorCritic RecurrentTrunk forward_sequences",
+    "_recurrent": "RecurrentActorCritic RecurrentStep RecurrentTrunk forward_sequences",
     "_target": "TargetNetwork",
     "algorithm": "Algorithm", "batch": "DEFAULT_POLICY_ID MultiAgentBatch SampleBatch trajectory_ends",
     "flow": "NOT_READY Flow FlowContext ParallelFlow Sourced", "policy": "Policy RandomPolicy to_tensor",

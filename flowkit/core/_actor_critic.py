@@ -21,7 +21,7 @@ from flowkit.core._numpy_model import (
     numpy_recurrent_layout,
     sample_logp_numpy,
 )
-from flowkit.core._recurrent import RecurrentActorCritic, step
+from flowkit.core._recurrent import RecurrentActorCritic, RecurrentStep, step
 from flowkit.core._returns import bootstrap_rows, next_values, vtrace
 from flowkit.core.policy import Policy, to_tensor
 
@@ -136,7 +136,7 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
     def action_model(self) -> nn.Module:
         """The policy network alone (see :meth:`Policy.action_model`); recurrent: one step,
         ``(obs float32[B, *shape], state float32[B, S]) -> (dist_inputs, state_out)``."""
-        return _RecurrentPolicyNet(self.model) if self.is_recurrent else _PolicyNet(self.model)
+        return RecurrentStep(self.model) if self.is_recurrent else _PolicyNet(self.model)
 
     def worker_policy_class(self) -> Optional[Callable[..., Any]]:
         """A :class:`NumpyActorCriticPolicy` (torch-free) when this policy acts through its
@@ -344,14 +344,3 @@ class _PolicyNet(nn.Module):
         return self.model.policy(obs) if hasattr(self.model, "policy") else self.model(obs)[0]
 
 
-class _RecurrentPolicyNet(nn.Module):
-    """One step of a recurrent actor-critic as a module: ``(obs float32[B, *shape], state
-    float32[B, S]) -> (dist_inputs float32[B, k], state_out float32[B, S])`` (export)."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.model = model
-
-    def forward(self, obs: torch.Tensor, state: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        outs = step(self.model, obs, state)
-        return outs[0], outs[-1]

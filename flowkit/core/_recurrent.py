@@ -192,5 +192,20 @@ def step(module: nn.Module, obs: torch.Tensor, state: torch.Tensor) -> Tuple[Any
     return (*(o[:, 0] for o in outs[:-1]), outs[-1])
 
 
-__all__: Sequence[str] = ("RECURRENT", "RecurrentTrunk", "RecurrentActorCritic", "forward_sequences", "is_recurrent",
-                          "pad", "pad_mask", "sequence_starts", "step")
+class RecurrentStep(nn.Module):
+    """One step of a recurrent network as a module: ``(obs float32[B, *shape], state
+    float32[B, S]) -> (first output float32[B, k], state_out float32[B, S])`` -- the
+    distribution inputs of an actor-critic, the Q-values of a recurrent Q-network: what
+    :meth:`~flowkit.core.Policy.action_model` returns for export."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, obs: torch.Tensor, state: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        outs = step(self.model, obs, state)
+        return outs[0], outs[-1]
+
+
+__all__: Sequence[str] = ("RECURRENT", "RecurrentTrunk", "RecurrentActorCritic", "RecurrentStep", "forward_sequences",
+                          "is_recurrent", "pad", "pad_mask", "sequence_starts", "step")

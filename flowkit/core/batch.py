@@ -45,6 +45,9 @@ STATE_OUT = "state_out"          # float32[B, S], acting extras only: the state 
                                  # runner for the next step, never a batch column)
 SEQ_LENS = "seq_lens"            # int64[k], prepared batches of recurrent policies: rows of each whole
                                  # sequence, in row order (see sequence_lengths)
+SEQ_MASK = "seq_mask"            # bool[B, L], sequence replay (R2D2): each row is one stored sequence of L
+                                 # steps (its other columns [B, L, ...] or [B, L + 1, ...]); True at real
+                                 # steps, False in the padding after an episode's end
 
 DEFAULT_POLICY_ID = "default"
 

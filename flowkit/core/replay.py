@@ -322,9 +322,13 @@ class MultiAgentReplayBuffer:
 
     def sample(self, n: int) -> Optional[sb.MultiAgentBatch]:
         """``n`` rows from each policy buffer that holds at least ``n`` (None if none does);
-        ``env_steps`` of the result is ``n``."""
+        ``env_steps`` of the result is ``n``, or ``n * L`` when the rows are stored sequences of
+        ``L`` steps (a ``seq_mask`` bool[n, L] column: R2D2; padding included)."""
         out = {pid: b.sample(n) for pid, b in self.buffers.items() if len(b) >= n}
-        return sb.MultiAgentBatch(out, env_steps=n) if out else None
+        if not out:
+            return None
+        steps = max(int(np.shape(pb[sb.SEQ_MASK])[1]) if sb.SEQ_MASK in pb else 1 for pb in out.values())
+        return sb.MultiAgentBatch(out, env_steps=n * steps)
 
     def update_priorities(self, prios: Dict[str, Tuple[np.ndarray, np.ndarray]]) -> None:
         """``{policy_id: (batch_indexes int64[B], td_error float32[B])}``."""

@@ -1,8 +1,9 @@
-"""flowkit-dqn: the DQN algorithm plugin (entry point group ``flowkit``).
+"""flowkit-dqn: the DQN algorithm plugin (entry point group ``flowkit``): ``algo=dqn`` (Ape-X
+with ``dqn.num_replay_shards``) and ``algo=r2d2`` (recurrent replay).
 
-This module is the plugin's torch-free metadata (its config section and its registration,
-what ``flowkit train --help`` and ``flowkit plugins`` read); the algorithm and its policy
-(torch) are imported from :mod:`flowkit_dqn.dqn` on first use.
+This module is the plugin's torch-free metadata (its config sections and its registration,
+what ``flowkit train --help`` and ``flowkit plugins`` read); the algorithms and their policies
+(torch) are imported from :mod:`flowkit_dqn.dqn` and :mod:`flowkit_dqn.r2d2` on first use.
 """
 from __future__ import annotations
 
@@ -15,9 +16,22 @@ from flowkit.hooks import lazy_attrs
 
 if TYPE_CHECKING:
     from flowkit_dqn.dqn import DQN, DQNPolicy, QNetwork, apex_epsilon, compute_n_step, compute_q_targets, epsilon_at
+    from flowkit_dqn.r2d2 import (
+        R2D2,
+        R2D2Policy,
+        RecurrentQNetwork,
+        SequenceCutter,
+        inverse_value_rescale,
+        r2d2_targets,
+        sequence_priorities,
+        value_rescale,
+    )
 
 __all__ = ["DQN", "DQNConfig", "DQNPolicy", "QNetwork", "apex_epsilon", "compute_n_step",
-           "compute_q_targets", "epsilon_at"]
+           "compute_q_targets", "epsilon_at", "R2D2", "R2D2Config", "R2D2Policy", "RecurrentQNetwork", "SequenceCutter",
+           "inverse_value_rescale", "r2d2_targets", "sequence_priorities", "value_rescale"]
+_R2D2 = ("R2D2", "R2D2Policy", "RecurrentQNetwork", "SequenceCutter", "inverse_value_rescale", "r2d2_targets",
+         "sequence_priorities", "value_rescale")
 
 
 ACTION_SPACES = ("Discrete",)  # DQN.action_spaces, also checked before Ray starts
@@ -72,9 +86,63 @@ class DQNConfig:
         return []
 
 
+@dataclass
+class R2D2Config(DQNConfig):
+    """r2d2: Recurrent Replay Distributed DQN (Kapturowski et al. 2019): an LSTM Q-network trained on replayed sequences with burn-in."""
+    seq_len: int = F(80, "env steps per stored sequence, burn_in included (padded after an episode's end)", gt=1,
+                     le=100_000)
+    burn_in: int = F(40, "first steps of each sequence that only warm the recurrent state up from the stored one "
+                         "(no loss, no gradient)", ge=0)
+    seq_stride: Optional[int] = F(None, "env steps between the starts of two sequences of an episode (null: "
+                                        "seq_len - burn_in: every step after an episode's first burn_in is trained "
+                                        "on once; the paper's sequences overlap by 40)", gt=0)
+    value_rescaling: bool = F(True, "targets through h(x) = sign(x)(sqrt(|x| + 1) - 1) + eps x and its inverse "
+                                    "(false: plain n-step double-Q targets)")
+    value_rescale_eps: float = F(1e-3, "eps of the value rescaling h", gt=0)
+    priority_eta: float = F(0.9, "sequence priority eta max|td| + (1 - eta) mean|td| over its trained steps",
+                            ge=0, le=1)
+    # DQN keys whose meaning or default differs for sequences (the paper's values where they apply)
+    lr: float = F(1e-4, "Adam learning rate", gt=0)
+    adam_eps: float = F(1e-3, "Adam epsilon", gt=0)
+    gamma: float = F(0.997, "discount factor", ge=0, le=1)
+    n_step: int = F(5, "n-step returns inside each sequence (cut at its last real step)", gt=0)
+    train_batch_size: int = F(64, "replayed sequences per gradient step", gt=0, le=MAX_BATCH_ROWS)
+    buffer_size: int = F(10_000, "replay capacity in sequences (per policy; split over shards in Ape-X mode)", gt=0)
+    training_intensity: Optional[float] = F(None, "sequence steps replayed (burn-in and padding included) per env "
+                                                  "step sampled (null: one gradient step per sampling round)", gt=0)
+    target_network_update_freq: int = F(2500, "gradient steps between target-network updates", gt=0)
+    prioritized_replay: Optional[bool] = F(True, "prioritized replay of sequences by priority_eta's max/mean "
+                                                 "mix (null: on in Ape-X mode, off otherwise)")
+    prioritized_replay_alpha: float = F(0.9, "priority exponent alpha (0: uniform)", ge=0)
+    prioritized_replay_beta: float = F(0.6, "importance-weight exponent beta (1: full correction)", ge=0, le=1)
+
+    def validate(self, run_config: Any, n: str) -> List[str]:
+        """DQN's checks (in sequences), then ``burn_in < seq_len`` and ``seq_stride <= seq_len``;
+        a warning when ``seq_stride`` leaves steps that no sequence trains on."""
+        out = DQNConfig.validate(self, run_config, n)
+        if self.burn_in >= self.seq_len:
+            raise ConfigError(f"{n}.burn_in={self.burn_in} must be smaller than {n}.seq_len={self.seq_len}: no step "
+                              "of a sequence would be trained on")
+        if self.seq_stride is not None and self.seq_stride > self.seq_len:
+            raise ConfigError(f"{n}.seq_stride={self.seq_stride} must be at most {n}.seq_len={self.seq_len} (a "
+                              "sequence starts where the previous one has not ended yet, or right after it)")
+        if self.seq_stride is not None and self.seq_stride > self.seq_len - self.burn_in:
+            out.append(f"{n}.seq_stride={self.seq_stride} is larger than {n}.seq_len - {n}.burn_in="
+                       f"{self.seq_len - self.burn_in}: some steps of each episode are never trained on")
+        return out
+
+
+def sequence_stride(cfg: Any) -> int:
+    """Env steps between the starts of two sequences of an episode: ``r2d2.seq_stride``, by
+    default ``seq_len - burn_in`` (``cfg``: the section, a dataclass or its config view)."""
+    return int(cfg.seq_stride) if cfg.seq_stride is not None else int(cfg.seq_len) - int(cfg.burn_in)
+
+
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("dqn", DQNConfig, "flowkit_dqn.dqn:DQN", action_spaces=ACTION_SPACES)]
+    return [flowkit.AlgorithmRef("dqn", DQNConfig, "flowkit_dqn.dqn:DQN", action_spaces=ACTION_SPACES),
+            flowkit.AlgorithmRef("r2d2", R2D2Config, "flowkit_dqn.r2d2:R2D2", action_spaces=ACTION_SPACES,
+                                 recurrent=True)]
 
 
-__getattr__ = lazy_attrs(dict.fromkeys(__all__, "flowkit_dqn.dqn"))
+__getattr__ = lazy_attrs({**dict.fromkeys(__all__, "flowkit_dqn.dqn"), **dict.fromkeys(_R2D2, "flowkit_dqn.r2d2")})

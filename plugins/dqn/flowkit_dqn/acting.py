@@ -76,7 +76,15 @@ class DQNActing(Acting):
         self.epsilon = float(state.get("epsilon", self.epsilon))
 
     def compute_actions_encoded(self, obs, mask=None, explore=True):
-        q = self.q_values(obs)
+        return self.epsilon_greedy(self.q_values(obs), mask, explore), {}
+
+    def epsilon_greedy(self, q: np.ndarray, mask: Optional[np.ndarray] = None, explore: bool = True) -> np.ndarray:
+        """Actions int64[B] from Q-values float32[B, A]: the argmax over legal actions (``mask``
+        int8[B, A], None: all legal), replaced with probability ``epsilon`` (when ``explore``)
+        by a uniform draw over the legal actions.
+
+        Raises:
+            ValueError: a row of ``mask`` allows no action."""
         if mask is not None:
             self.check_mask(mask)
             legal = mask.astype(bool)
@@ -88,7 +96,7 @@ class DQNActing(Acting):
             if mask is not None:
                 scores = np.where(legal, scores, -1.0)
             actions = np.where(u < self.epsilon, scores.argmax(1), actions)
-        return actions.astype(np.int64), {}
+        return actions.astype(np.int64)
 
     def postprocess_trajectory(self, batch: sb.SampleBatch) -> sb.SampleBatch:
         """Add ``n_steps`` and, for ``n_step > 1``, fold rewards into n-step returns with

@@ -81,7 +81,37 @@ def compute_q_targets(rewards: torch.Tensor, terminateds: torch.Tensor, discount
 
 
 # ---- the model ---------------------------------------------------------------------------------
-class QNetwork(nn.Module):
+class QHeads(nn.Module):
+    """The Q head on features float32[..., d]: a linear ``q_head``, or dueling ``value_head`` and
+    ``advantage_head`` combined as V + A - mean(A) (Wang et al. 2016, eq. 9). Shared by
+    :class:`QNetwork` and R2D2's recurrent Q-network (:class:`~flowkit_dqn.r2d2.RecurrentQNetwork`)."""
+
+    def build_heads(self, d: int, num_actions: int, act: str, dueling: bool) -> None:
+        self.dueling = bool(dueling)
+        if self.dueling:
+            self.value_head = build_mlp(d, [], act, 1, 1.0)
+            self.advantage_head = build_mlp(d, [], act, num_actions, 1.0)
+        else:
+            self.q_head = build_mlp(d, [], act, num_actions, 1.0)
+
+    def default_init(self, model_cfg: Any) -> None:
+        """PyTorch's default (Kaiming-uniform) init for every Linear and Conv2d, as SB3 and
+        CleanRL use for DQN: with the orthogonal sqrt(2)-gain init of build_mlp, Q diverged on
+        CartPole in our runs (kept only with ``model.init=orthogonal``)."""
+        if str(getattr(model_cfg, "init", None) or "auto") != "orthogonal":
+            for m in self.modules():
+                if isinstance(m, (nn.Linear, nn.Conv2d)):
+                    m.reset_parameters()
+
+    def q_from_features(self, h: torch.Tensor) -> torch.Tensor:
+        """float32[..., d] -> Q-values float32[..., num_actions]."""
+        if not self.dueling:
+            return self.q_head(h)
+        a = self.advantage_head(h)
+        return self.value_head(h) + a - a.mean(-1, keepdim=True)
+
+
+class QNetwork(QHeads):
     """Encoded observation float32[B, *shape] -> Q-values float32[B, num_actions]; a dueling
     head computes V + A - mean(A). Layers start from PyTorch's default init (orthogonal with
     ``model.init=orthogonal``)."""
@@ -90,30 +120,16 @@ class QNetwork(nn.Module):
         super().__init__()
         hidden, act = list(model_cfg.hidden_sizes), model_cfg.activation
         self.trunk, d = build_trunk(encoder, hidden, act, str(getattr(model_cfg, "cnn", None) or "nature"))
-        self.dueling = bool(dueling)
-        if self.dueling:
-            self.value_head = build_mlp(d, [], act, 1, 1.0)
-            self.advantage_head = build_mlp(d, [], act, num_actions, 1.0)
-        else:
-            self.q_head = build_mlp(d, [], act, num_actions, 1.0)
-        # PyTorch's default (Kaiming-uniform) init, as SB3 and CleanRL use for DQN: with the
-        # orthogonal sqrt(2)-gain init of build_mlp, Q diverged on CartPole in our runs (kept
-        # only with model.init=orthogonal)
-        if str(getattr(model_cfg, "init", None) or "auto") != "orthogonal":
-            for m in self.modules():
-                if isinstance(m, (nn.Linear, nn.Conv2d)):
-                    m.reset_parameters()
+        self.build_heads(d, num_actions, act, dueling)
+        self.default_init(model_cfg)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        h = self.trunk(obs)
-        if not self.dueling:
-            return self.q_head(h)
-        a = self.advantage_head(h)
-        return self.value_head(h) + a - a.mean(-1, keepdim=True)
+        return self.q_from_features(self.trunk(obs))
 
 
 # ---- the policy ---------------------------------------------------------------------------------
-_WORKER_SIDE = ("compute_actions_encoded", "compute_actions", "q_values", "postprocess_trajectory", "set_weights")
+_WORKER_SIDE = ("compute_actions_encoded", "compute_actions", "q_values", "epsilon_greedy", "postprocess_trajectory",
+                "set_weights")
 
 
 class DQNPolicy(DQNActing, Policy):
@@ -136,12 +152,17 @@ class DQNPolicy(DQNActing, Policy):
             raise ConfigError(f"DQN needs a Discrete action space, got {action_space}")
         torch.manual_seed(seed)
         self.num_actions = self.dist.num_outputs
-        self.model = self.build_model(QNetwork(self.encoder, self.num_actions, self.model_config, config.dueling)).to(self.device)
+        self.model = self.make_model().to(self.device)
         self.epsilon = float(config.initial_epsilon)
         self.td_error: Optional[np.ndarray] = None
         if not inference_only:
             self.target = TargetNetwork(self.model)  # hard copies (target_network_update_freq)
             self.optimizer = self.make_optimizer(config.lr, config.adam_eps)
+
+    def make_model(self) -> nn.Module:
+        """The Q-network (override for another default network): a :class:`QNetwork`, or the
+        network of ``model.class``."""
+        return self.build_model(QNetwork(self.encoder, self.num_actions, self.model_config, self.config.dueling))
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
@@ -248,11 +269,17 @@ class DQN(flowkit.Algorithm):
                                                      cfg.apex_epsilon_alpha)}
         return state
 
+    @property
+    def train_batch_env_steps(self) -> int:
+        """Env steps one replayed train batch counts (``env_steps_trained``): ``train_batch_size``
+        transitions (R2D2: sequences of ``seq_len`` steps each)."""
+        return int(self.config.train_batch_size)
+
     def round_robin_weights(self, round_env_steps: int) -> List[float]:
-        """``[1, k]``: k train steps (``train_batch_size`` transitions each) per sampled item
+        """``[1, k]``: k train steps (:attr:`train_batch_env_steps` each) per sampled item
         of ``round_env_steps``, so trained/sampled = ``training_intensity``."""
         ti = self.config.training_intensity
-        return [1, 1] if ti is None else replay.store_train_weights(ti, round_env_steps, self.config.train_batch_size)
+        return [1, 1] if ti is None else replay.store_train_weights(ti, round_env_steps, self.train_batch_env_steps)
 
     def training_flow(self, experiences, ctx, learner):
         cfg, rt = self.config, self.run_config.runtime
@@ -269,7 +296,7 @@ class DQN(flowkit.Algorithm):
                                       replay.MultiAgentReplayBuffer(cfg.buffer_size, self.prioritized, **prio))
             store = experiences.for_each(replay.StoreToReplayBuffer(buffer))
         store = store.for_each(UpdateExploration(ctx, learner, cfg, apex=apex))
-        sync_every = cfg.weight_sync_freq * cfg.train_batch_size
+        sync_every = cfg.weight_sync_freq * self.train_batch_env_steps
         if apex:
             store = store.for_each(ops.SyncWeights(ctx, learner, to="source", every=sync_every, with_next_sample=True))
             train = (replay.ReplayFromShards(ctx, shards, cfg.replay_num_async).zip_with_source_actor()
