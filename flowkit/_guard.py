@@ -238,6 +238,9 @@ def check_env_id(cfg: Any, pm: Any = None) -> None:
         raise ConfigError(why)
 
 
+PROJECT_MARKERS = (".git", "pyproject.toml", "setup.py", "setup.cfg")  # a folder holding one is a project's
+
+
 def check_new_run_dir(run_dir: Optional[str]) -> None:
     """A new (not resumed) run's folder (``run.dir``; None: a new timestamped folder, nothing to
     check) must hold no earlier run's results: its rows and
@@ -248,7 +251,8 @@ def check_new_run_dir(run_dir: Optional[str]) -> None:
         ConfigError: ``run_dir`` holds ``metrics.csv`` or a checkpoint (the message says how to
             continue that run or start elsewhere), other runs' folders or a sweep's
             ``tune_results.csv``, or a ``config.yaml`` (``run.dir=.`` in a project: the run
-            would overwrite the project's config).
+            would overwrite the project's config), or one of :data:`PROJECT_MARKERS` (a project's
+            root).
     """
     from flowkit.config import ConfigError
     if not run_dir:
@@ -263,6 +267,11 @@ def check_new_run_dir(run_dir: Optional[str]) -> None:
     if os.path.isfile(os.path.join(run_dir, "config.yaml")):  # (run.dir=. in a project: its own config)
         raise ConfigError(f"run.dir={run_dir!r} holds a config.yaml that is not a run's (no metrics.csv or checkpoints): "
                           "the run would overwrite it; give the run a folder of its own (or remove that file)")
+    project = [n for n in PROJECT_MARKERS if os.path.exists(os.path.join(run_dir, n))]
+    if project:  # run.dir=. in a project root: the run's files would land among the project's
+        raise ConfigError(f"run.dir={run_dir!r} is a project folder (it holds {', '.join(project)}): the run's "
+                          "config.yaml, metrics.csv and checkpoints would land among its files; give the run a "
+                          "folder of its own (e.g. run.dir=runs/NAME)")
     if os.path.isdir(run_dir):  # a sweep's folder: a run in it would hide the trials from `flowkit plot`
         runs_below = [n for n in sorted(os.listdir(run_dir)) if os.path.isfile(os.path.join(run_dir, n, "metrics.csv"))]
         if runs_below or os.path.exists(os.path.join(run_dir, "tune_results.csv")):

@@ -559,10 +559,12 @@ def check_sizes(cfg: Any) -> None:
 _KINDS = {int: "an int", float: "a float", bool: "true or false", str: "a string"}
 
 
-def _config_error(e: Exception, keys: Dict[str, Tuple[Any, str, Any]], layer: Any = None) -> ConfigError:
+def _config_error(e: Exception, keys: Dict[str, Tuple[Any, str, Any]], layer: Any = None,
+                  algo: Optional[str] = None) -> ConfigError:
     """An OmegaConf error as one line: an unknown key with the closest valid one (an unknown
     section of ``layer`` named with the first key given under it: `xppo.lr`), a value of the
-    wrong type naming the key, the value and the expected type, else OmegaConf's words."""
+    wrong type naming the key, the value and the expected type, else OmegaConf's words. A
+    section's key given bare (`lr`) is pointed to ``algo``'s section (the run's algorithm)."""
     key = str(getattr(e, "full_key", None) or "")
     if isinstance(e, ConfigKeyError):
         node = layer
@@ -572,6 +574,14 @@ def _config_error(e: Exception, keys: Dict[str, Tuple[Any, str, Any]], layer: An
             key, node = f"{key}.{first}", node[first]
         close = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.6)
         hint = f"; did you mean `{close[0]}`?" if close else ""
+        if "." not in key:  # a section's key given bare (`lr=1e-3`): name the sections that have it
+            algo = (layer.get("algo") if isinstance(layer, dict) else None) or algo
+            owners = sorted((k for k in keys if k.endswith(f".{key}") and k.count(".") == 1),
+                            key=lambda k: (k.split(".")[0] != algo, k))
+            if owners:
+                hint = (f"; did you mean `{owners[0]}`?" if owners[0].split(".")[0] == algo or len(owners) == 1 else
+                        f"; it is a key of a section: {', '.join(f'`{k}`' for k in owners[:4])}"
+                        f"{', ...' if len(owners) > 4 else ''}")
         shown = key if key.isprintable() and key.strip() == key else repr(key)  # e.g. a stray '\xa0'
         return ConfigError(f"unknown config key `{shown}`{hint}")
     k = re.sub(r"\[\d+\]$", "", key)
@@ -729,7 +739,7 @@ def merge_overrides(base: DictConfig, overrides: Dict[str, Any], schema: type) -
                     raise
                 OmegaConf.update(node, str(e.full_key), int(v), merge=False)
     except OmegaConfBaseException as e:
-        raise _config_error(e, keys, layer) from None
+        raise _config_error(e, keys, layer, base.get("algo") if isinstance(base, DictConfig) else None) from None
     except TypeError as e:  # OmegaConf: "Cannot merge incompatible container types"
         raise _container_error(layer, keys) or ConfigError(f"config: {e}") from None
 

@@ -228,7 +228,8 @@ NO_STOP = ("flowkit: no stop condition (stop.env_steps, stop.iterations, stop.ep
 def summary(res: Result) -> str:
     """The lines ``flowkit train`` and :func:`train` print at the end of a run: run folder,
     stop reason, the last row's main metrics (a multi-agent run's per policy, with the
-    evaluation's win rates: :func:`flowkit.reporters.policy_metrics`) and the last checkpoint."""
+    evaluation's win rates: :func:`flowkit.reporters.policy_metrics`), the last checkpoint and,
+    after a signal, the command that resumes the run."""
     m = res.metrics
     keys = ["iteration", "env_steps_sampled", "episode_return_mean", "evaluation_return_mean", "time_total_s"]
     per = policy_metrics(m)
@@ -238,7 +239,11 @@ def summary(res: Result) -> str:
     lines = [f"run folder: {res.run_dir}", f"stopped: {res.stop_reason}",
              "  " + "  ".join(f"{k}={m[k]:.4g}" if isinstance(m.get(k), float) else f"{k}={m.get(k)}"
                               for k in keys if k in m)]
-    return "\n".join(lines + ([f"checkpoint: {res.checkpoint}"] if res.checkpoint else []))
+    if res.checkpoint:
+        lines.append(f"checkpoint: {res.checkpoint}")
+        if str(res.stop_reason).startswith("interrupted"):  # a signal: say how to go on
+            lines.append(f"resume: flowkit train resume={res.run_dir}")
+    return "\n".join(lines)
 
 
 def train(config: Any = None, config_file: Union[str, Sequence[str], None] = None, plugins: Sequence[Any] = (),
@@ -287,6 +292,8 @@ def _train(config: Any, config_file: Union[str, Sequence[str], None], plugins: S
                 resume_from, cfg, pm, st_iter = resume_config(config, pre.resume, pm, trust_config)
                 run_dir = os.path.dirname(os.path.dirname(resume_from))
                 run_rows = kept_rows(run_dir, st_iter)  # rows up to the checkpoint, each iteration once
+                if verbose:
+                    print(f"resuming from {resume_from} (iteration {st_iter})", flush=True)
             else:
                 cfg = pre
                 check_new_run_dir(cfg.run.dir)

@@ -3,5 +3,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
+echo "lint: ruff check flowkit plugins examples; mypy"
 "$PY" -m ruff check flowkit plugins examples
 "$PY" -m mypy

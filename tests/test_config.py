@@ -81,6 +81,13 @@ def test_c10_misspelt_key_suggests_the_right_one():
         cfg_of("env=CartPole-v1", "ppo.clip_parm=0.1")
     with pytest.raises(ConfigError, match=r"unknown config key `xppo.ent_coef`; did you mean `ppo.ent_coef`\?"):
         cfg_of("env=CartPole-v1", "xppo.ent_coef=0")  # an unknown section: the key given under it too
+    # a section's key given bare points to the run's algorithm's section (--lr's hint says `lr=`)
+    with pytest.raises(ConfigError, match=r"unknown config key `lr`; did you mean `ppo.lr`\?"):
+        cfg_of("env=CartPole-v1", "lr=1e-3")
+    with pytest.raises(ConfigError, match=r"unknown config key `lr`; did you mean `dqn.lr`\?"):
+        cfg_of("algo=dqn", "env=CartPole-v1", "lr=1e-3")
+    with pytest.raises(ConfigError, match=r"unknown config key `num_workers`; did you mean `runtime.num_workers`\?"):
+        cfg_of("env=CartPole-v1", "num_workers=1")
 
 
 def test_c10_two_keys_for_one_thing_name_both():

@@ -276,6 +276,15 @@ def test_a_run_dir_holding_a_projects_config_yaml_is_refused(tmp_path, capsys):
     assert sorted(os.listdir(tmp_path)) == ["config.yaml"]
 
 
+@pytest.mark.parametrize("marker", [".git", "pyproject.toml"])
+def test_a_project_root_as_run_dir_is_refused(tmp_path, capsys, marker):
+    from flowkit.cli import main
+    (tmp_path / marker).mkdir() if marker == ".git" else (tmp_path / marker).write_text("[project]\n")
+    assert main(["train", *TINY, f"run.dir={tmp_path}", "env.factory=envs:FixedLenEnv", "stop.iterations=1"]) == 2
+    assert f"is a project folder (it holds {marker})" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == [marker]
+
+
 # ---- Ray start-ups that end ----------------------------------------------------------------------
 _HANG = "import time, ray; ray.init = lambda **kw: time.sleep(3600)"
 _FAIL = "import ray\ndef f(**kw): raise RuntimeError('Failed to create the object store: mmap failed\\nmore')\nray.init = f"

@@ -89,8 +89,11 @@ def test_train_prints_the_summary_and_says_when_nothing_stops_it(how, reason, ru
                                         "runtime.rollout_fragment_length=8"), plugins=[_StopAfter(how)])
     out = capsys.readouterr().out.splitlines()
     assert out[0] == NO_STOP and res.stop_reason == reason
-    assert out[-4:] == [f"run folder: {run_dir}", f"stopped: {reason}", out[-2], f"checkpoint: {res.checkpoint}"]
-    assert out[-2].startswith("  iteration=2  env_steps_sampled=")
+    tail = [f"resume: flowkit train resume={run_dir}"] if how == "signal" else []  # how to go on after Ctrl-C
+    n = 4 + len(tail)
+    assert out[-n:] == [f"run folder: {run_dir}", f"stopped: {reason}", out[-n + 2], f"checkpoint: {res.checkpoint}",
+                        *tail]
+    assert out[-n + 2].startswith("  iteration=2  env_steps_sampled=")
     flowkit.train(local_overrides(run_dir + "2", "env.factory=flowkit.testing.envs:match", "stop.iterations=1",
                                   "runtime.num_workers=1", "run.reporters=[progress,csv]"), verbose=False)
     quiet = capsys.readouterr()
