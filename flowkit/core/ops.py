@@ -384,6 +384,44 @@ def algorithm_flow(algo: Any, experiences: Flow, ctx: "RunContext", learner: Lea
 
 
 # ---- composition -----------------------------------------------------------------------------
+def ReplayPlan(ctx: "RunContext", learner: Learner, experiences: Flow, buffer: Any, batch_size: int,
+               learning_starts: int, target_update_freq: int, round_robin_weights: Sequence[float],
+               store_ops: Sequence[Any] = (), train_ops: Sequence[Any] = (), num_async: int = 2) -> Flow:
+    """The off-policy replay plan of DQN, Ape-X, R2D2, SAC and TD3 (Mnih et al. 2015; Horgan
+    et al. 2018 for the shards)::
+
+        store = experiences -> StoreToReplayBuffer(buffer) -> *store_ops
+        train = Replay(buffer) -> TrainOneStep -> [UpdatePriorities] -> UpdateTargetNetwork -> *train_ops
+        Concurrently([store, train], round_robin, output_indexes=[1], round_robin_weights)
+
+    ``buffer``: a :class:`~flowkit.core.replay.MultiAgentReplayBuffer`, or
+    :class:`~flowkit.core.replay.ReplayShards` (Ape-X: StoreToReplayShards; the train branch
+    replays from the shards, ``num_async`` requests in flight per shard, keeps each batch's
+    shard so new priorities go back to it, and drops it after ``train_ops``).
+    UpdatePriorities runs when the buffer is prioritized. ``store_ops`` / ``train_ops``: the
+    algorithm's own operators (exploration, weight sync) after each branch.
+    ``round_robin_weights``: ``[1, k]``, k train steps per stored item
+    (:func:`~flowkit.core.replay.store_train_weights`)."""
+    from flowkit.core import replay
+    shards = isinstance(buffer, replay.ReplayShards)
+    store = experiences.for_each(replay.StoreToReplayShards(buffer) if shards else replay.StoreToReplayBuffer(buffer))
+    for op in store_ops:
+        store = store.for_each(op)
+    if shards:
+        train = (replay.ReplayFromShards(ctx, buffer, num_async).zip_with_source_actor()
+                 .for_each(TrainOneStep(ctx, learner), keep_source=True))
+    else:
+        train = replay.Replay(ctx, buffer, batch_size, learning_starts).for_each(TrainOneStep(ctx, learner))
+    if buffer.prioritized:
+        train = train.for_each(UpdatePriorities(learner, None if shards else buffer))
+    train = train.for_each(UpdateTargetNetwork(ctx, learner, target_update_freq))
+    for op in train_ops:
+        train = train.for_each(op)
+    if shards:
+        train = train.drop_source()
+    return Concurrently([store, train], mode="round_robin", output_indexes=[1], round_robin_weights=round_robin_weights)
+
+
 def Concurrently(flows: Sequence[Flow], mode: str = "round_robin",
                  output_indexes: Optional[Sequence[int]] = None,
                  round_robin_weights: Optional[Sequence[Any]] = None) -> Flow:

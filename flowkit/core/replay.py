@@ -426,7 +426,7 @@ class ReplayShards:
                  prioritized: bool, alpha: float, beta: float, eps: float, seed: int):
         if int(num_shards) < 1:
             raise ValueError(f"ReplayShards: num_shards must be >= 1, got {num_shards}")
-        self.backend, self.num_shards = backend, int(num_shards)
+        self.backend, self.num_shards, self.prioritized = backend, int(num_shards), bool(prioritized)
         self.kw: Dict[str, Any] = dict(capacity=max(1, int(capacity) // self.num_shards), batch_size=int(batch_size),
                        learning_starts=int(learning_starts) // self.num_shards, prioritized=bool(prioritized),
                        alpha=alpha, beta=beta, eps=eps)

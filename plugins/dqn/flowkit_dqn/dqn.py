@@ -286,28 +286,15 @@ class DQN(flowkit.Algorithm):
         apex = cfg.num_replay_shards > 0
         prio = dict(alpha=cfg.prioritized_replay_alpha, beta=cfg.prioritized_replay_beta,
                     eps=cfg.prioritized_replay_eps, seed=derive_seed(int(self.run_config.seed), "replay", self.name))
-        if apex:
-            shards = ctx.add_stateful(f"{learner.name}/replay_shards", replay.ReplayShards(
-                rt.backend, cfg.num_replay_shards, cfg.buffer_size, cfg.train_batch_size, cfg.learning_starts,
-                self.prioritized, **prio))
-            store = experiences.for_each(replay.StoreToReplayShards(shards))
-        else:
-            buffer = ctx.add_stateful(f"{learner.name}/replay_buffer",
-                                      replay.MultiAgentReplayBuffer(cfg.buffer_size, self.prioritized, **prio))
-            store = experiences.for_each(replay.StoreToReplayBuffer(buffer))
-        store = store.for_each(UpdateExploration(ctx, learner, cfg, apex=apex))
+        buffer = ctx.add_stateful(f"{learner.name}/replay_shards", replay.ReplayShards(
+            rt.backend, cfg.num_replay_shards, cfg.buffer_size, cfg.train_batch_size, cfg.learning_starts,
+            self.prioritized, **prio)) if apex else ctx.add_stateful(
+            f"{learner.name}/replay_buffer", replay.MultiAgentReplayBuffer(cfg.buffer_size, self.prioritized, **prio))
         sync_every = cfg.weight_sync_freq * self.train_batch_env_steps
-        if apex:
-            store = store.for_each(ops.SyncWeights(ctx, learner, to="source", every=sync_every, with_next_sample=True))
-            train = (replay.ReplayFromShards(ctx, shards, cfg.replay_num_async).zip_with_source_actor()
-                     .for_each(ops.TrainOneStep(ctx, learner), keep_source=True))
-        else:
-            train = (replay.Replay(ctx, buffer, cfg.train_batch_size, cfg.learning_starts)
-                     .for_each(ops.TrainOneStep(ctx, learner)))
-        if self.prioritized:
-            train = train.for_each(ops.UpdatePriorities(learner, None if apex else buffer))
-        train = train.for_each(ops.UpdateTargetNetwork(ctx, learner, cfg.target_network_update_freq))
-        train = train.drop_source() if apex else train.for_each(ops.SyncWeights(ctx, learner, every=sync_every))
+        sync = ops.SyncWeights(ctx, learner, to="source", every=sync_every, with_next_sample=True) if apex else \
+            ops.SyncWeights(ctx, learner, every=sync_every)
         round_steps = ctx.workers.round_env_steps // (ctx.workers.num_workers if apex else 1)
-        return ops.Concurrently([store, train], mode="round_robin", output_indexes=[1],
-                            round_robin_weights=self.round_robin_weights(round_steps))
+        return ops.ReplayPlan(ctx, learner, experiences, buffer, cfg.train_batch_size, cfg.learning_starts,
+                              cfg.target_network_update_freq, self.round_robin_weights(round_steps),
+                              store_ops=[UpdateExploration(ctx, learner, cfg, apex=apex), *([sync] if apex else [])],
+                              train_ops=[] if apex else [sync], num_async=cfg.replay_num_async)

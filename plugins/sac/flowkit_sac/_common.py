@@ -181,10 +181,8 @@ class OffPolicyAlgorithm(flowkit.Algorithm):
         cfg = self.config
         buffer = ctx.add_stateful(f"{learner.name}/replay_buffer", replay.MultiAgentReplayBuffer(
             cfg.buffer_size, seed=derive_seed(int(self.run_config.seed), "replay", self.name)))
-        store = experiences.for_each(replay.StoreToReplayBuffer(buffer)).for_each(ops.SyncWeights(ctx, learner))
-        train = (replay.Replay(ctx, buffer, cfg.train_batch_size, cfg.learning_starts)
-                 .for_each(ops.TrainOneStep(ctx, learner))
-                 .for_each(ops.UpdateTargetNetwork(ctx, learner, self.target_update_freq())))
         ti = cfg.training_intensity or cfg.train_batch_size
-        return ops.Concurrently([store, train], mode="round_robin", output_indexes=[1], round_robin_weights=
-                                replay.store_train_weights(ti, ctx.workers.round_env_steps, cfg.train_batch_size))
+        return ops.ReplayPlan(ctx, learner, experiences, buffer, cfg.train_batch_size, cfg.learning_starts,
+                              self.target_update_freq(),
+                              replay.store_train_weights(ti, ctx.workers.round_env_steps, cfg.train_batch_size),
+                              store_ops=[ops.SyncWeights(ctx, learner)])
