@@ -39,7 +39,7 @@ class InputConfig:
     """input: where a run's experience comes from: the rollout workers (default) or a dataset."""
     dataset: Optional[str] = F(None, "a dataset folder written by `flowkit record` (or a local Minari dataset id "
                                      "under $MINARI_DATASETS_PATH): the run learns from it instead of rollout "
-                                     "workers (algo=bc, marwil, cql_dqn); evaluation still runs the env")
+                                     "workers (algo=bc, marwil, cql_dqn, cql_sac); evaluation still runs the env")
     shuffle_buffer_size: int = F(100_000, "rows shuffled together, the reader's memory bound: a dataset of at most "
                                           "this many rows is read once and kept (a full shuffle each epoch); a larger "
                                           "one is streamed, whole episodes in a random order into a buffer of this "
