@@ -141,7 +141,8 @@ def test_every_listed_algorithm_has_an_export_case():
     listed = {line.split()[1].rstrip(":") for line in p.stdout.splitlines() if line.startswith("  algorithm ")}
     assert {"ppo", "dqn", "sac", "td3", "random"} <= listed, p.stdout
     covered = {a.split("=", 1)[1] for run in EXPORT_RUNS.values() for a in run if a.startswith("algo=")}
-    covered |= {"es", "ars", "bc", "marwil", "cql_dqn", "cql_sac"}  # exported in test_es.py and test_offline.py (need datasets)
+    covered |= {"es", "ars", "bc", "marwil", "cql_dqn", "cql_sac",  # exported in test_es.py and test_offline.py (need datasets)
+                "r2d2"}  # test_r2d2.py: its recurrent Q-network exported with the state as an input and an output
     assert listed <= covered, f"no export case for {sorted(listed - covered)}"
 
 
@@ -204,6 +205,7 @@ def _check_cli_export_failures(run_dir, tmp_path, capsys, monkeypatch):
     assert sorted(os.listdir(tmp_path)) == ["keep.pt", "run"] + sorted(f"td3-box.{f}" for f in ("onnx", "torchscript"))
 
 
+@pytest.mark.slow
 def test_export_one_policy_of_a_multiagent_run_and_evaluate_its_games(run_dir, tmp_path, capsys):
     flowkit.train(local_overrides(run_dir, "env.factory=pettingzoo.classic.tictactoe_v3:env", "runtime.num_workers=1",
                                   "runtime.num_envs_per_worker=4", "runtime.rollout_fragment_length=16",

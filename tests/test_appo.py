@@ -134,6 +134,7 @@ def test_plan_and_config_keys():
         flowkit.describe_plan(["algo=appo", "env=CartPole-v1", "appo.clip_param=0"])
 
 
+@pytest.mark.slow
 def test_learns_cartpole_locally(run_dir):
     """Smoke test: the acceptance settings on the local backend, a loose threshold (a few
     seconds; ~90k env steps to 450 on seed 0)."""

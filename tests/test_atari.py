@@ -79,6 +79,7 @@ def test_game_stats_report_the_unclipped_game():
         EpisodicLife(gym.make("CartPole-v1"))  # not an ALE env
 
 
+@pytest.mark.slow
 def test_ppo_through_the_preset_uint8_on_the_wire_then_export_and_evaluate(run_dir, tmp_path):
     over = local_overrides(run_dir, "algo=ppo", *ATARI, "ppo.train_batch_size=64", "ppo.minibatch_size=32",
                            "ppo.num_epochs=1", "model.shared_value_network=true")
@@ -114,6 +115,7 @@ def test_ppo_through_the_preset_uint8_on_the_wire_then_export_and_evaluate(run_d
     assert eps[0]["length"] == 148 and -21 <= eps[0]["return"] <= 0 and float(eps[0]["return"]).is_integer()
 
 
+@pytest.mark.slow
 def test_dqn_through_the_preset_keeps_frames_once_in_replay(run_dir):
     res = flowkit.train(local_overrides(run_dir, "algo=dqn", *ATARI, "dqn.learning_starts=128",
                                         "dqn.train_batch_size=16", "dqn.buffer_size=1000", "dqn.n_step=3",
@@ -143,6 +145,7 @@ def test_nature_cnn_trains_with_the_actor_critics(algo, extra, run_dir):
 
 @pytest.mark.parametrize("algo,extra", [("impala", ["impala.train_batch_size=64"]),
                                         ("dqn", ["dqn.learning_starts=64", "dqn.train_batch_size=16"])])
+@pytest.mark.slow
 def test_impala_residual_network_trains_and_exports(algo, extra, run_dir, tmp_path):
     res = flowkit.train(local_overrides(run_dir, f"algo={algo}", *ATARI, "model.cnn=impala",
                                         "model.hidden_sizes=[256]", "model.shared_value_network=true",
@@ -160,6 +163,7 @@ def test_impala_residual_network_trains_and_exports(algo, extra, run_dir, tmp_pa
 
 
 @pytest.mark.parametrize("algo", ["ppo", "dqn", "impala"])
+@pytest.mark.slow
 def test_the_tuned_pong_configs_pass_the_env_id_check_in_a_fresh_process(algo):
     """ale-py's ids exist for Gymnasium only once registered: the check before Ray starts
     registers them for env.preset=atari (`flowkit train -c configs/ppo/PongNoFrameskip-v4.yaml`

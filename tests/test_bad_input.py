@@ -131,6 +131,7 @@ def _nest(flat):
 
 @settings(max_examples=30, deadline=None, derandomize=True, suppress_health_check=list(HealthCheck))
 @given(st.one_of(yaml_doc, st.text(max_size=40)))
+@pytest.mark.slow
 def test_random_yaml_files_succeed_or_raise_config_error(tmp_path_factory, text):
     path = str(tmp_path_factory.mktemp("yaml") / "c.yaml")
     with open(path, "w") as f:

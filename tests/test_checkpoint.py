@@ -119,6 +119,7 @@ def test_resume_of_a_run_whose_stop_condition_was_met_trains_nothing(ppo_run, tm
     assert sorted(os.listdir(os.path.join(run, "checkpoints"))) == before
 
 
+@pytest.mark.slow
 def test_fresh_process_loads_through_the_entry_point_with_the_same_actions(ppo_run, tmp_path):
     parent = flowkit.Algorithm.from_checkpoint(ppo_run.run_dir).compute_actions(OBS, explore=False)
     out = str(tmp_path / "actions.npy")

@@ -148,6 +148,7 @@ def test_cli_config_error_exit_2_short_message_no_traceback():
     assert "did you mean `ppo.clip_param`" in p.stderr and "Traceback" not in p.stderr
 
 
+@pytest.mark.slow
 def test_cli_dry_run_plan_plugins_help():
     p = run_cli("train", "--dry-run", "env=CartPole-v1")
     assert p.returncode == 0 and "config OK" in p.stdout and "TrainOneStep" in p.stdout and "flowchart LR" in p.stdout

@@ -65,6 +65,7 @@ def test_normalize_observations_needs_obs_rms(run_dir):
                                       "ppo.normalize_observations=true", *COMMON), verbose=False)
 
 
+@pytest.mark.slow
 def test_a_custom_model_per_policy_in_a_multi_agent_run(run_dir):
     """multiagent.policies.<id>.model.* overrides model.* for that policy only; the checkpoint
     keeps each policy's model section, so a fresh process rebuilds both networks."""

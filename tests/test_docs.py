@@ -69,6 +69,7 @@ def test_the_concepts_examples_run():
             exec(compile(code, "docs/concepts.md", "exec"), ns)
 
 
+@pytest.mark.slow
 def test_the_multiagent_recipes_pass_dry_run(capsys, monkeypatch):
     """Every ``flowkit train`` line of the bash blocks of the multi-agent page is a valid
     config with a plan (``--dry-run``: nothing starts)."""

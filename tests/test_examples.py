@@ -40,6 +40,7 @@ def test_callback_example_named_in_plugins_needs_its_folder_on_the_path_as_the_r
     assert "flowkit_episode_logger  [`plugins`]" in p.stdout, p.stderr
 
 
+@pytest.mark.slow
 def test_installed_plugin_is_listed_and_trains(installed, tmp_path):
     p = _flowkit(installed, "plugins", cwd=str(tmp_path))
     assert "reinforce  [flowkit-reinforce 0.1.0]" in p.stdout, p.stdout + p.stderr

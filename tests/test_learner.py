@@ -258,6 +258,7 @@ def test_flat_adam_matches_torch_adam_bit_for_bit_and_its_state_round_trips():
     assert torch.equal(ref.detach(), flat) and torch.equal(flat, again.flat)
 
 
+@pytest.mark.slow
 def test_a_policys_optimizer_steps_without_importing_torch_dynamo():
     """Why FlatAdam/FlatRMSprop exist (see FlatAdam's docstring): building and stepping a PPO
     and an A2C-RMSprop optimizer must not import torch._dynamo, which torch.optim's

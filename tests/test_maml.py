@@ -196,6 +196,7 @@ def _run(run_dir, *extra):
                                          "evaluation.interval=0", "run.min_iter_env_steps=0", *extra), verbose=False)
 
 
+@pytest.mark.slow
 def test_smoke_counts_and_resumes(tmp_path):
     """3 meta steps on 2 in-process workers x 2 tasks: 2 x 2 x 2 x 80 env steps each, 2 Adam steps
     each; a run resumed from meta step 2 continues the counts (meta steps, so the tasks drawn)

@@ -316,6 +316,7 @@ def test_smoke_simple_spread_shared_ppo(run_dir):
     assert np.isfinite(m["policy/shared/episode_return_mean"])
 
 
+@pytest.mark.slow
 def test_smoke_simple_tag_ppo_and_dqn_on_ray(ray_session, run_dir):
     if "dqn" not in flowkit.get_plugin_manager().algorithms():
         pytest.skip("the dqn plugin is not installed")

@@ -252,6 +252,7 @@ def match_dataset(tmp_path_factory):
 
 
 @pytest.mark.parametrize("algo", ["bc", "marwil"])
+@pytest.mark.slow
 def test_offline_resume_is_exact(tmp_path, match_dataset, algo):
     base = ["env.factory=flowkit.testing.envs:match", f"algo={algo}", f"input.dataset={match_dataset}", "seed=0",
             f"{algo}.train_batch_size=64", "input.shuffle_buffer_size=300", "evaluation.interval=0"]

@@ -30,6 +30,7 @@ def ctx(request):
     c.shutdown()
 
 
+@pytest.mark.slow
 def test_operators_on_both_backends_do_not_mutate(ctx):
     from flowkit.core.flow import get_result
     rollouts = ParallelRollouts(ctx, "bulk_sync")

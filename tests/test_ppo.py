@@ -99,6 +99,7 @@ def test_c01_bootstrap_uses_final_observation_not_reset_one():
 
 
 # ---- C06 -------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_c06_box_actions_in_bounds_and_reach_the_target(run_dir):
     from envs import BoxTargetEnv
     BoxTargetEnv.received.clear()

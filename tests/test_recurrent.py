@@ -221,6 +221,7 @@ def test_conformance_exact_checkpoint_and_the_same_batch_on_both_backends(ray_se
 
 
 @pytest.mark.parametrize("fmt", ["torchscript", "onnx"])
+@pytest.mark.slow
 def test_export_takes_the_state_and_evaluate_carries_it(tmp_path, fmt):
     """The exported module takes the state as its last input and returns (action, state_out),
     checked against the policy over 50 steps of 5 sequences; `flowkit evaluate` gives each

@@ -281,6 +281,7 @@ def test_sigterm_saves_and_the_run_resumes(tmp_path, backend):
     assert res.metrics["iteration"] == st["iteration"] + 1
 
 
+@pytest.mark.slow
 def test_sigint_exits_130_after_a_clean_save(tmp_path):
     run_dir = str(tmp_path / "run")
     rc, out, err = _signal_after_first_row(TINY + ["env.factory=envs:slow"], run_dir, signal.SIGINT)
@@ -423,6 +424,7 @@ def test_non_finite_weights_are_never_checkpointed(run_dir, monkeypatch):
     assert find_checkpoint(run_dir).endswith("iter_000001")  # no crash checkpoint with inf weights
 
 
+@pytest.mark.slow
 def test_cli_overflowing_loss_exits_1_with_one_line(tmp_path):
     run = str(tmp_path / "run")
     out = subprocess.run(FLOWKIT + ["train", "env.factory=envs:NonFiniteEnv", "env.kwargs={mode: huge}", *TINY,

@@ -138,6 +138,7 @@ COMMANDS = {"evaluate": ["evaluate", "{run}", "episodes=1"], "export": ["export"
 
 @pytest.mark.parametrize("attack", ATTACKS)
 @pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.slow
 def test_security_a_tampered_run_folder_runs_nothing(untrusted_run, tmp_path, attack, command):
     """The acceptance test: a config naming os:system (which would write a marker file) or an
     ${oc.env:...} interpolation, through evaluate, export, resume and plot: no marker, the

@@ -236,6 +236,7 @@ def test_checkpoint_round_trip_is_exact(algo, tmp_path):
 
 # ---- learning smoke tests ------------------------------------------------------------------------
 @pytest.mark.parametrize("algo", ["sac", "td3"])
+@pytest.mark.slow
 def test_learning_smoke_box_target(algo, run_dir):
     """One-step episodes, reward -(a - 0.1)^2 on [0, 1]: uniform acting averages -0.24; the
     greedy policy after 600 env steps is within about 0.2 of the target (seed 0: -0.01)."""

@@ -59,6 +59,7 @@ def test_a_signal_during_a_stuck_evaluation_keeps_a_resumable_run(tmp_path, sig,
     _resumes(run_dir, 1)
 
 
+@pytest.mark.slow
 def test_stop_time_s_ends_a_stuck_periodic_evaluation(run_dir):
     t0 = time.perf_counter()
     res = flowkit.train(TINY + [f"run.dir={run_dir}", "env.factory=envs:stuck_eval", "evaluation.interval=2",
@@ -224,6 +225,7 @@ def test_a_read_only_output_folder_is_refused_before_work(done_run, tmp_path, ca
     assert not os.listdir(ro) and not os.path.exists(os.path.join(ck, "evaluation.json"))
 
 
+@pytest.mark.slow
 def test_a_full_disk_leaves_the_previous_plot_and_no_partial_file(done_run, tmp_path):
     """A real write failure: the file size limit (RLIMIT_FSIZE, EFBIG) under the PNG's size.
     Before: a traceback and a 0-byte or truncated plot.png."""

@@ -22,6 +22,7 @@ def test_flowkit_declares_its_pytest_plugin():
     assert eps == {"flowkit.testing": "flowkit.testing"}
 
 
+@pytest.mark.slow
 def test_the_fixtures_load_without_torch_or_ray(tmp_path):
     (tmp_path / "test_user.py").write_text(
         "import sys\n"

@@ -16,6 +16,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = sorted(glob.glob(os.path.join(REPO, "configs", "*", "*.yaml")))
 
 
+@pytest.mark.slow
 def test_layout_and_every_config_is_valid():
     assert not glob.glob(os.path.join(REPO, "configs", "*.yaml")), "configs/<algo>/<env-id>.yaml only"
     assert len(CONFIGS) >= 8
@@ -77,6 +78,7 @@ def test_configs_are_package_data():
         assert 'flowkit = ["configs/**/*.yaml"]' in f.read()
 
 
+@pytest.mark.slow
 def test_a_wheel_install_finds_the_tuned_configs(tmp_path):
     """A non-editable install (a wheel) carries the configs as package data."""
     import shutil
