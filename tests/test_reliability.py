@@ -32,12 +32,13 @@ _CHILDREN: list = []
 
 
 def _default_signals(ignore=()):
-    """For ``preexec_fn``: the child starts with SIGINT and SIGHUP at their defaults (those in
-    ``ignore`` ignored), whatever the suite was started with: a suite run in the background or
-    under ``nohup`` has them ignored, Python keeps an inherited ignored SIGINT ignored, and the
-    signals these tests send would never arrive."""
+    """For ``preexec_fn``: the child starts with SIGINT, SIGTERM and SIGHUP at their defaults
+    (those in ``ignore`` ignored), whatever the suite was started with: a suite run in the
+    background or under ``nohup`` has some ignored (a CI quick pass once handed a child an
+    ignored SIGTERM: it trained on and exited 0), flowkit keeps an inherited ignored signal
+    ignored, and the signals these tests send would never arrive."""
     def f():
-        for s in (signal.SIGINT, signal.SIGHUP):
+        for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(s, signal.SIG_IGN if s in ignore else signal.SIG_DFL)
     return f
 

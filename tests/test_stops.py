@@ -18,7 +18,7 @@ TINY = ["runtime.backend=local", "runtime.num_workers=1", "runtime.num_envs_per_
         "runtime.rollout_fragment_length=8", "ppo.minibatch_size=8", "ppo.num_epochs=1",
         "run.reporters=[csv,checkpoint,evaluation]", "evaluation.episodes=2"]
 # child processes: started with SIGINT/SIGHUP at their defaults, killed after each test
-from test_reliability import _CHILDREN, FLOWKIT, _env, _kill_children, _popen  # noqa: E402,F401
+from test_reliability import _CHILDREN, FLOWKIT, _default_signals, _env, _kill_children, _popen  # noqa: E402,F401
 
 
 def _wait_for(path, proc=None, timeout=60.0):
@@ -112,7 +112,7 @@ def test_a_sigterm_early_in_start_up_exits_143_with_a_message(tmp_path, launcher
     cmd = FLOWKIT if launcher == "module" else [script]
     proc = subprocess.Popen(cmd + ["train", "env=CartPole-v1", "runtime.backend=local", f"run.dir={tmp_path / 'run'}",
                                    "stop.iterations=1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=_env())
+                            env=_env(), preexec_fn=_default_signals())
     _CHILDREN.append(proc)
     time.sleep(delay)
     proc.send_signal(signal.SIGTERM)
