@@ -19,6 +19,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SKIP = ("bash scripts/", "python bench/", ". .venv", "pip ")
 SMALL = ["stop.iterations=1", "runtime.backend=local", "runtime.num_workers=1", "evaluation.interval=0",
+         "stop.evaluation_return_mean=null",  # (a config that stops on greedy evaluations: DQN's CartPole)
          "evaluation.final=false", "checkpoint.every_iters=0", "run.reporters=[checkpoint]"]
 
 
