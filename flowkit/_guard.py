@@ -113,6 +113,9 @@ class Guard:
             exc = fired[1]
         else:
             exc = Interrupted(f"interrupted ({signal.Signals(signum).name})")
+            # kept even when raised: one raised in a weakref callback or a __del__ is lost (only
+            # printed as ignored); the engine raises it again at the end of the iteration
+            self.pending = self.pending or exc
         if isinstance(exc, (SampleTimeout, EvaluationTimeout)) or not self._shield:
             raise exc
         self.pending = self.pending or exc
@@ -126,6 +129,16 @@ class Guard:
             yield
         finally:
             self._shield -= 1
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """:meth:`shielded`, then the signal that came meanwhile is raised as the block ends: for
+        library code that a KeyboardInterrupt must not land in (OmegaConf turns one raised while
+        it builds a config into an unrelated error, or loses it)."""
+        with self.shielded():
+            yield
+        if self.pending is not None and not self._shield:
+            raise self.pending
 
     def set_deadline(self, name: str, seconds: Optional[float],
                      make: Optional[Callable[[], BaseException]] = None) -> None:

@@ -33,7 +33,7 @@ import contextlib  # noqa: E402
 import gc  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
-from typing import Any, Dict, List, Optional, Sequence  # noqa: E402
+from typing import Any, Dict, Iterator, List, Optional, Sequence  # noqa: E402
 
 USAGE = """flowkit train [-c FILE ...] [--no-tuned] [--dry-run | --print-config] [--trust-config] [--take-over-lock] [key=value ...]
 flowkit plan [-c FILE ...] [--no-tuned] [key=value ...]
@@ -141,32 +141,34 @@ def _help(overrides: List[str]) -> str:
             "Config keys (override with key=value; `env=ID` is short for env.id=ID; floats must be finite):" + help_text(secs))
 
 
-_DEFERRED: List[int] = []  # signals held while torch's C extensions import (see _import_engine)
+_DEFERRED: List[int] = []  # every early signal: raised now, or held while a block of _held() runs
 _DEFER = False
 
 
 def _early_signal(signum: int, frame: object) -> None:
-    if _DEFER:  # a KeyboardInterrupt raised inside a C++ import aborts the process (pybind11 terminate)
-        _DEFERRED.append(signum)
+    _DEFERRED.append(signum)  # (a KeyboardInterrupt raised in a weakref callback is lost: _held() raises it again)
+    if _DEFER:
         return
     e = KeyboardInterrupt()
     e.reason = f"interrupted ({signal.Signals(signum).name})"  # type: ignore[attr-defined]
     raise e
 
 
-def _import_engine() -> Any:
-    """``flowkit.engine.train``, imported (torch with it) with the early signals held until the
-    import is done, then raised: a signal landing inside torch's extension modules ended the
-    process with a C++ ``terminate`` instead of exit 128 + N."""
+@contextlib.contextmanager
+def _held() -> Iterator[None]:
+    """The early signals held while the block runs, then raised (also one that came before and
+    was lost: raised inside importlib's weakref callback, it is only printed as ignored): a
+    KeyboardInterrupt raised inside torch's extension modules ends the process with a C++
+    ``terminate`` (pybind11), and one raised inside OmegaConf becomes an unrelated error or is
+    lost (exit 1, 2 or even 0 instead of 128 + N)."""
     global _DEFER
     _DEFER = True
     try:
-        from flowkit.engine import train
+        yield
     finally:
         _DEFER = False
     if _DEFERRED:
         _early_signal(_DEFERRED[0], None)
-    return train
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -206,43 +208,44 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         if args.command == "plugins":
             return _plugins(plugin_modules_from(overrides, args.config_file))
-        pm = get_plugin_manager(plugin_modules_from(overrides, args.config_file))
-        cfg = build_config(overrides, args.config_file, pm.config_sections())  # errors before torch and Ray load
-        tuned = None if args.config_file or args.no_tuned or cfg.resume else tuned_config_path(cfg.algo, cfg.env.id)
-        if tuned:  # the tuned config for this algo and env, under the overrides
-            args.config_file = [tuned]
-            cfg = build_config(overrides, args.config_file, pm.config_sections())
-            print(f"{'# ' if args.print_config else ''}tuned config: {shown_path(tuned)} (no -c given; "
-                  "--no-tuned for the defaults)", flush=True)
-        if not cfg.resume:  # a resumed run's algo comes from its checkpoint
-            check_algo(cfg, pm.algorithms(load=False))
-        if args.print_config:  # resolved and validated, nothing started
-            from omegaconf import OmegaConf
+        with _held():  # config building, Ray's start and the imports of Ray and torch (see _held)
+            pm = get_plugin_manager(plugin_modules_from(overrides, args.config_file))
+            cfg = build_config(overrides, args.config_file, pm.config_sections())  # errors before torch and Ray load
+            tuned = None if args.config_file or args.no_tuned or cfg.resume else tuned_config_path(cfg.algo, cfg.env.id)
+            if tuned:  # the tuned config for this algo and env, under the overrides
+                args.config_file = [tuned]
+                cfg = build_config(overrides, args.config_file, pm.config_sections())
+                print(f"{'# ' if args.print_config else ''}tuned config: {shown_path(tuned)} (no -c given; "
+                      "--no-tuned for the defaults)", flush=True)
+            if not cfg.resume:  # a resumed run's algo comes from its checkpoint
+                check_algo(cfg, pm.algorithms(load=False))
+            if args.print_config:  # resolved and validated, nothing started
+                from omegaconf import OmegaConf
 
-            from flowkit.config import run_algorithms, used_sections
-            print(OmegaConf.to_yaml(OmegaConf.create(used_sections(cfg, run_algorithms(cfg), pm))), end="")
-            return 0
-        if not cfg.resume:  # config errors found without torch, the env or Ray come before they load
-            check_run(cfg, pm)
-        if args.command == "plan" or args.dry_run:
-            from flowkit.engine import describe_plan
-            d = describe_plan(overrides, args.config_file)
-            if args.mermaid:
-                print(d["mermaid"])
-            else:
-                if args.dry_run:
-                    print("config OK\n")
-                print(d["text"])
-                print("\n```mermaid\n" + d["mermaid"] + "\n```")
-            return 0
-        if not cfg.resume:  # (a resumed run's runtime comes from its checkpoint)
-            from flowkit import _ray
-            from flowkit._guard import check_cpus, check_env_id, check_new_run_dir
-            check_cpus(cfg)
-            check_env_id(cfg, pm)
-            check_new_run_dir(cfg.run.dir)
-            _ray.start(cfg, prestart=True)  # Ray and the workers come up while torch and the learner load
-        train = _import_engine()
+                from flowkit.config import run_algorithms, used_sections
+                print(OmegaConf.to_yaml(OmegaConf.create(used_sections(cfg, run_algorithms(cfg), pm))), end="")
+                return 0
+            if not cfg.resume:  # config errors found without torch, the env or Ray come before they load
+                check_run(cfg, pm)
+            if args.command == "plan" or args.dry_run:
+                from flowkit.engine import describe_plan
+                d = describe_plan(overrides, args.config_file)
+                if args.mermaid:
+                    print(d["mermaid"])
+                else:
+                    if args.dry_run:
+                        print("config OK\n")
+                    print(d["text"])
+                    print("\n```mermaid\n" + d["mermaid"] + "\n```")
+                return 0
+            if not cfg.resume:  # (a resumed run's runtime comes from its checkpoint)
+                from flowkit._guard import check_cpus, check_env_id, check_new_run_dir
+                check_cpus(cfg)
+                check_env_id(cfg, pm)
+                check_new_run_dir(cfg.run.dir)
+                from flowkit import _ray
+                _ray.start(cfg, prestart=True)  # Ray and the workers come up while torch and the learner load
+            from flowkit.engine import train
         res = train(overrides, args.config_file, trust_config=args.trust_config,
                     take_over_lock=args.take_over_lock)  # prints the summary
         return exit_status(res.stop_reason)

@@ -285,25 +285,26 @@ def _train(config: Any, config_file: Union[str, Sequence[str], None], plugins: S
     cfg = run_dir = None
     with GUARD.running():
         try:
-            pm = get_plugin_manager(plugin_modules_from(config, config_file), extra=plugins)
-            pre = build_config(config, config_file, pm.config_sections())
-            resume_from, run_rows = None, []
-            if pre.resume:
-                resume_from, cfg, pm, st_iter = resume_config(config, pre.resume, pm, trust_config)
-                run_dir = os.path.dirname(os.path.dirname(resume_from))
-                run_rows = kept_rows(run_dir, st_iter)  # rows up to the checkpoint, each iteration once
-                if verbose:
-                    print(f"resuming from {resume_from} (iteration {st_iter})", flush=True)
-            else:
-                cfg = pre
-                check_new_run_dir(cfg.run.dir)
-                run_dir = cfg.run.dir or _default_run_dir(cfg)
-            cfg.run.dir = run_dir
-            if not verbose:  # no progress bar either
-                cfg.run.reporters = [r for r in cfg.run.reporters if r != "progress"]
-            if verbose and all(cfg.stop[k] is None for k in cfg.stop):
-                print(NO_STOP, flush=True)
-            check_run(cfg, pm)  # config errors found without the env come before Ray starts
+            with GUARD.held():  # a signal waits until the config is built (see Guard.held)
+                pm = get_plugin_manager(plugin_modules_from(config, config_file), extra=plugins)
+                pre = build_config(config, config_file, pm.config_sections())
+                resume_from, run_rows = None, []
+                if pre.resume:
+                    resume_from, cfg, pm, st_iter = resume_config(config, pre.resume, pm, trust_config)
+                    run_dir = os.path.dirname(os.path.dirname(resume_from))
+                    run_rows = kept_rows(run_dir, st_iter)  # rows up to the checkpoint, each iteration once
+                    if verbose:
+                        print(f"resuming from {resume_from} (iteration {st_iter})", flush=True)
+                else:
+                    cfg = pre
+                    check_new_run_dir(cfg.run.dir)
+                    run_dir = cfg.run.dir or _default_run_dir(cfg)
+                cfg.run.dir = run_dir
+                if not verbose:  # no progress bar either
+                    cfg.run.reporters = [r for r in cfg.run.reporters if r != "progress"]
+                if verbose and all(cfg.stop[k] is None for k in cfg.stop):
+                    print(NO_STOP, flush=True)
+                check_run(cfg, pm)  # config errors found without the env come before Ray starts
             check_cpus(cfg)
             _ray.start(cfg, prestart=True)  # (the CLI started it before importing torch)
             t_config = time.perf_counter()

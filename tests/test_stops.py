@@ -121,6 +121,36 @@ def test_a_sigterm_early_in_start_up_exits_143_with_a_message(tmp_path, launcher
     assert "interrupted (SIGTERM)" in out + err and "Traceback" not in err, err
 
 
+def test_a_signal_while_the_config_is_built_is_held_until_it_is_built(monkeypatch):
+    """The CI run on record: a SIGTERM 0.5 s in landed inside OmegaConf's config building and came
+    out as an unrelated OmegaConf error (exit 1); a loop of 60 such runs also gave exit 2 and even
+    0 (the signal lost). Both the CLI's early handler and the run's guard now hold it there."""
+    from flowkit import cli
+    from flowkit._guard import GUARD, Interrupted
+    from flowkit.config import build_config
+    from flowkit.hooks import get_plugin_manager
+    pm = get_plugin_manager()
+
+    def build():
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs at once, inside the block
+        return build_config(["env=CartPole-v1"], None, pm.config_sections())
+
+    with GUARD.running():
+        with pytest.raises(Interrupted, match=r"interrupted \(SIGTERM\)"):
+            with GUARD.held():
+                cfg = build()
+    assert cfg.env.id == "CartPole-v1" and GUARD.pending is None
+    monkeypatch.setattr(cli, "_DEFERRED", [])
+    prev = signal.signal(signal.SIGTERM, cli._early_signal)
+    try:
+        with pytest.raises(KeyboardInterrupt) as e:
+            with cli._held():
+                cfg = build()
+        assert e.value.reason == "interrupted (SIGTERM)" and cfg.env.id == "CartPole-v1"
+    finally:
+        signal.signal(signal.SIGTERM, prev)
+
+
 # ---- flowkit evaluate: a deadline, and an env that ends the process ------------------------------
 @pytest.fixture(scope="module")
 def stuck_eval_run(tmp_path_factory):
