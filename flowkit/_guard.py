@@ -1,8 +1,8 @@
 """Run guards on the driver: signals, the watchdog and the run-folder lock.
 
 - SIGINT, SIGTERM and SIGHUP raise :class:`Interrupted` in the main thread (the current
-  iteration is abandoned; while the engine reports a row or writes a checkpoint the signal is
-  held until that is done). The engine then writes the final checkpoint and result.json with
+  iteration is abandoned; while the engine builds the config, reports a row or writes a
+  checkpoint the signal is held until that is done). The engine then writes the final checkpoint and result.json with
   ``stop_reason="interrupted (SIGTERM)"``; the CLI exits with 128 + the signal number.
 - A watchdog thread enforces deadlines the main thread cannot check itself because it is
   blocked: a sample on the local backend (``runtime.sample_timeout_s``; the env is
@@ -50,7 +50,7 @@ class Guard:
     def __init__(self) -> None:
         self._prev: Dict[int, Any] = {}
         self._shield = 0
-        self.pending: Optional[BaseException] = None    # held while shielded
+        self.pending: Optional[BaseException] = None    # the first signal (also one raised at once), or a held error
         self._deadlines: Dict[str, tuple] = {}          # name -> (monotonic time, make exception)
         self._fired: Optional[tuple] = None             # (name, exception) for the SIGALRM handler
         self._stop = threading.Event()

@@ -146,6 +146,8 @@ _DEFER = False
 
 
 def _early_signal(signum: int, frame: object) -> None:
+    if _DEFER and _DEFERRED:  # a second signal while one is held (a hung env constructor): at once
+        _exit_on_signal(signum, frame)
     _DEFERRED.append(signum)  # (a KeyboardInterrupt raised in a weakref callback is lost: _held() raises it again)
     if _DEFER:
         return
@@ -160,7 +162,8 @@ def _held() -> Iterator[None]:
     was lost: raised inside importlib's weakref callback, it is only printed as ignored): a
     KeyboardInterrupt raised inside torch's extension modules ends the process with a C++
     ``terminate`` (pybind11), and one raised inside OmegaConf becomes an unrelated error or is
-    lost (exit 1, 2 or even 0 instead of 128 + N)."""
+    lost (exit 1, 2 or even 0 instead of 128 + N). A second signal while one is held ends the
+    process at once (:func:`_exit_on_signal`: nothing has started that would need saving)."""
     global _DEFER
     _DEFER = True
     try:
@@ -168,11 +171,14 @@ def _held() -> Iterator[None]:
     finally:
         _DEFER = False
     if _DEFERRED:
-        _early_signal(_DEFERRED[0], None)
+        signum = _DEFERRED[0]
+        _DEFERRED.clear()
+        _early_signal(signum, None)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    _DEFERRED.clear()  # (main() called again in one process: a signal it already raised is done)
     from flowkit._guard import INHERITED_IGNORED  # (first import: before any handler but _exit_on_signal)
     for sig in (signal.SIGTERM, signal.SIGHUP):  # while importing; the run takes them over
         if sig.name not in INHERITED_IGNORED:

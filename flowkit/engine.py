@@ -55,6 +55,7 @@ import json
 import math
 import os
 import random
+import shlex
 import time
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Union
@@ -242,7 +243,7 @@ def summary(res: Result) -> str:
     if res.checkpoint:
         lines.append(f"checkpoint: {res.checkpoint}")
         if str(res.stop_reason).startswith("interrupted"):  # a signal: say how to go on
-            lines.append(f"resume: flowkit train resume={res.run_dir}")
+            lines.append(f"resume: flowkit train {shlex.quote(f'resume={res.run_dir}')}")
     return "\n".join(lines)
 
 

@@ -151,6 +151,21 @@ def test_a_signal_while_the_config_is_built_is_held_until_it_is_built(monkeypatc
         signal.signal(signal.SIGTERM, prev)
 
 
+def test_a_second_signal_while_one_is_held_ends_the_process_at_once():
+    """A held signal waits for the end of the block (a config build, an import); a hung step
+    there (an env constructor, a plugin's import) still ends on the second signal."""
+    code = ("import signal, time; from flowkit import cli\n"
+            "signal.signal(signal.SIGTERM, cli._early_signal)\n"
+            "with cli._held():\n"
+            "    signal.raise_signal(signal.SIGTERM)\n"
+            "    print('held', flush=True)\n"
+            "    signal.raise_signal(signal.SIGTERM)\n"
+            "    time.sleep(30)\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=_env())
+    assert p.returncode == 143 and p.stdout == "held\n", (p.returncode, p.stdout, p.stderr)
+    assert p.stderr == "flowkit: stopped: interrupted (SIGTERM) while starting\n"
+
+
 # ---- flowkit evaluate: a deadline, and an env that ends the process ------------------------------
 @pytest.fixture(scope="module")
 def stuck_eval_run(tmp_path_factory):

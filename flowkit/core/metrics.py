@@ -33,12 +33,12 @@ def returns_by_policy(episodes: List[Dict[str, Any]]) -> Dict[str, List[Tuple[fl
     return dict(out)
 
 
-def _means(episodes: List[Dict[str, Any]], field: str, key: Any = lambda k: k) -> Dict[str, float]:
-    """``{key(k): mean}`` over the ``episodes``' ``e[field]`` dicts (custom metrics, per-policy returns)."""
+def _means(episodes: List[Dict[str, Any]], field: str) -> Dict[str, float]:
+    """``{k: mean}`` over the ``episodes``' ``e[field]`` dicts (custom metrics)."""
     vals: Dict[str, List[float]] = collections.defaultdict(list)
     for e in episodes:
         for k, v in e.get(field, {}).items():
-            vals[key(k)].append(v)
+            vals[k].append(v)
     return {k: float(np.mean(vs)) for k, vs in vals.items()}
 
 

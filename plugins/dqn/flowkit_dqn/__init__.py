@@ -40,6 +40,7 @@ ACTION_SPACES = ("Discrete",)  # DQN.action_spaces, also checked before Ray star
 @dataclass
 class DQNConfig:
     """dqn: Deep Q-Networks (double-Q, dueling, n-step, prioritized replay, Ape-X shards)."""
+    ROWS = "transitions"  # what a replay row is (in messages)
     lr: float = F(5e-4, "Adam learning rate", gt=0)
     lr_schedule: str = F("constant", "constant, or linear (from lr to 0 at schedule_env_steps)",
                          choices=("constant", "linear"))
@@ -82,13 +83,14 @@ class DQNConfig:
         if s.num_replay_shards > 0 and s.buffer_size // s.num_replay_shards < s.train_batch_size:
             raise ConfigError(f"{n}.buffer_size={s.buffer_size} split over {n}.num_replay_shards="
                               f"{s.num_replay_shards} leaves fewer than {n}.train_batch_size="
-                              f"{s.train_batch_size} transitions per shard")
+                              f"{s.train_batch_size} {s.ROWS} per shard")
         return []
 
 
 @dataclass
 class R2D2Config(DQNConfig):
     """r2d2: Recurrent Replay Distributed DQN (Kapturowski et al. 2019): an LSTM Q-network trained on replayed sequences with burn-in."""
+    ROWS = "sequences"
     seq_len: int = F(80, "env steps per stored sequence, burn_in included (padded after an episode's end)", gt=1,
                      le=100_000)
     burn_in: int = F(40, "first steps of each sequence that only warm the recurrent state up from the stored one "
