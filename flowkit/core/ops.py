@@ -401,7 +401,10 @@ def ReplayPlan(ctx: "RunContext", learner: Learner, experiences: Flow, buffer: A
     UpdatePriorities runs when the buffer is prioritized. ``store_ops`` / ``train_ops``: the
     algorithm's own operators (exploration, weight sync) after each branch.
     ``round_robin_weights``: ``[1, k]``, k train steps per stored item
-    (:func:`~flowkit.core.replay.store_train_weights`)."""
+    (:func:`~flowkit.core.replay.store_train_weights`). ``batch_size`` and ``learning_starts``
+    serve the local buffer only (shards replay the batch size and wait for the
+    ``learning_starts // num_shards`` env steps they were built with); ``num_async`` serves the
+    shards only."""
     from flowkit.core import replay
     shards = isinstance(buffer, replay.ReplayShards)
     store = experiences.for_each(replay.StoreToReplayShards(buffer) if shards else replay.StoreToReplayBuffer(buffer))

@@ -70,14 +70,25 @@ def compute_q_targets(rewards: torch.Tensor, terminateds: torch.Tensor, discount
     Returns:
         float32[B].
     """
-    sel = q_next_online if q_next_online is not None else q_next_target
-    if next_mask is not None:
-        legal = next_mask.bool()
-        legal = legal | ~legal.any(-1, keepdim=True)
-        sel = sel.masked_fill(~legal, float("-inf"))
-    a_star = sel.argmax(-1, keepdim=True)
-    q_next = q_next_target.gather(-1, a_star).squeeze(-1)
+    q_next = bootstrap_q(q_next_target, q_next_online if q_next_online is not None else q_next_target, next_mask)
     return rewards + discounts * (~terminateds.bool()).float() * q_next
+
+
+def bootstrap_q(q_target: torch.Tensor, q_select: torch.Tensor, mask: Optional[torch.Tensor]) -> torch.Tensor:
+    """``Q_target(s, a*)`` with ``a* = argmax_a q_select(s, a)`` over the legal actions of
+    ``mask`` (int8 or bool [..., A]; a row with no legal action, a terminal observation or
+    padding, is treated as unmasked): double-Q when ``q_select`` is the online network's
+    (van Hasselt et al. 2016, eq. 4), vanilla DQN when it is ``q_target``.
+
+    Args:
+        q_target, q_select: float32[..., A].
+    Returns:
+        float32[...].
+    """
+    if mask is not None:
+        legal = mask.bool()
+        q_select = q_select.masked_fill(~(legal | ~legal.any(-1, keepdim=True)), float("-inf"))
+    return q_target.gather(-1, q_select.argmax(-1, keepdim=True)).squeeze(-1)
 
 
 # ---- the model ---------------------------------------------------------------------------------

@@ -59,7 +59,7 @@ from flowkit.core import ObsEncoder, RecurrentStep, RecurrentTrunk
 from flowkit.core import batch as sb
 from flowkit.core._recurrent import is_recurrent, step
 from flowkit_dqn import R2D2Config, sequence_stride
-from flowkit_dqn.dqn import DQN, DQNPolicy, QHeads
+from flowkit_dqn.dqn import DQN, DQNPolicy, QHeads, bootstrap_q
 
 
 # ---- value rescaling, targets, priorities -------------------------------------------------------
@@ -306,12 +306,8 @@ class R2D2Policy(DQNPolicy):
         q_taken = q[:, :L].gather(-1, actions.unsqueeze(-1)).squeeze(-1)             # [B, L]
         with torch.no_grad():
             q_target = self.target.module(obs, state)[0]                             # [B, L + 1, A]
-            sel = q.detach() if cfg.double_q else q_target
-            mask = batch.get(sb.ACTION_MASK)
-            if mask is not None:  # a* over legal actions; a row with none (padding) is left unmasked
-                legal = mask.bool()
-                sel = sel.masked_fill(~(legal | ~legal.any(-1, keepdim=True)), float("-inf"))
-            q_boot = q_target.gather(-1, sel.argmax(-1, keepdim=True)).squeeze(-1)  # [B, L + 1]
+            q_boot = bootstrap_q(q_target, q.detach() if cfg.double_q else q_target,
+                                 batch.get(sb.ACTION_MASK))                          # [B, L + 1]
             y = r2d2_targets(batch[sb.REWARDS].float(), batch[sb.TERMINATEDS], batch[sb.SEQ_MASK], q_boot,
                              cfg.gamma, cfg.n_step, cfg.value_rescale_eps if cfg.value_rescaling else None)
         trained = batch[sb.SEQ_MASK].bool() & (torch.arange(L, device=q.device) >= k)[None]
