@@ -214,7 +214,10 @@ def _local_patches() -> List[Tuple[Any, str, Any]]:
     """``(object, attribute, replacement)`` for a new local node: no dashboard / job API server
     and no autoscaler monitor; the raylet registers without waiting for its agents (a minimal
     Ray: their ports are given, -1 where the minimal dashboard agent serves nothing, as it would
-    write itself); the log monitor and the agents at a lower CPU priority (``nice``): the run's
+    write itself); its processes in a session of their own (a signal to the driver's process
+    group, as Slurm and systemd send one, is the driver's to act on: the GCS and the raylet
+    stay up while the run, or a sweep's trials, stop cleanly; they still die with the thread
+    that started them); the log monitor and the agents at a lower CPU priority (``nice``): the run's
     start-up (torch, the workers) goes first, they are not needed before the first sample. Where
     the raylet does not wait for them, the agents also start ``AGENT_DELAY_S`` later (through
     :func:`_later`): at nice 19 they still took about 1 s of CPU from a 2-core run's first 2.4 s,
@@ -253,8 +256,13 @@ def _local_patches() -> List[Tuple[Any, str, Any]]:
     given = hasattr(ray._raylet, "persist_port") and utils.get_dashboard_dependency_error() is not None
     nice = shutil.which("nice")
     later = subprocess.list2cmdline([sys.executable, "-S", os.path.abspath(__file__), f"{AGENT_DELAY_S:g}", str(NICE)]) + " "
+    class OwnSession(services.ConsolePopen):
+        def __init__(self, *args: Any, **kw: Any) -> None:
+            super().__init__(*args, start_new_session=True, **kw)
+
     return [(node.Node, "start_api_server", lambda self, **kw: setattr(self, "_webui_url", None)),
-            (node.Node, "start_monitor", lambda self: None), (services, "start_ray_process", process)] + (
+            (node.Node, "start_monitor", lambda self: None), (services, "start_ray_process", process),
+            (services, "ConsolePopen", OwnSession)] + (
         [(node.Node, "start_ray_processes", ports)] if given else [])
 
 

@@ -13,21 +13,30 @@ override shared by every trial::
 :func:`main` checks every searched value, fits a trial to the cluster (:func:`plan_resources`),
 runs the trials (:func:`run_trial` in Tune's actors, rows reported by :class:`TuneReport`) and
 writes the table (``tune_results.csv``). Exit status: 0 every trial ended (stopped early
-included), 1 a trial failed or has no result.json, 2 a config or usage error.
+included), 1 a trial failed or has no result.json, 2 a config or usage error, 128 + N a signal.
+
+Signals (:func:`_stopping_on_signals`): SIGINT, SIGTERM or SIGHUP to the sweep, or to its whole
+process group (as Slurm and systemd send them), end it gracefully: Ray Tune stops the trials,
+each trial's run writes its final checkpoint and result.json, and the table is written; the
+trials' processes ignore those signals (the sweep stops them). A second signal ends the sweep
+at once.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
 import json
 import math
 import os
 import re
+import signal
 import sys
+import threading
 import time
 import typing
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 STOPPED_EARLY = "stopped early by the Tune scheduler"
 SPEC = re.compile(r"^(choice|range|uniform|loguniform|randint)\((.*)\)$", re.S)
@@ -152,6 +161,14 @@ class _FinishRun:
     the actor, with that thread, ends right after it. (When the sweep itself ends, Ray 2.x kills
     actors still stopping after 10 s.)"""
     FINISH_S = 120.0
+
+    def setup(self, *args: Any, **kwargs: Any) -> None:
+        """In the trial's process (its main thread): SIGINT, SIGTERM and SIGHUP are the sweep's
+        to act on (a signal to the sweep's process group reaches the trials too)."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                signal.signal(sig, signal.SIG_IGN)
+        super().setup(*args, **kwargs)  # type: ignore[misc]
 
     def cleanup(self) -> None:
         from ray.train._internal.session import get_session
@@ -372,8 +389,37 @@ def _tune(a: argparse.Namespace) -> int:
                                     search_alg=search_alg, max_concurrent_trials=a.max_concurrent),
         run_config=tune.RunConfig(name="tune", storage_path=sweep_dir, verbose=0,
                                   failure_config=tune.FailureConfig(fail_fast=False)))
-    grid = tuner.fit()
-    return _report(grid, space, a, sweep_dir)
+    with _stopping_on_signals() as got:
+        grid = tuner.fit()
+    status = _report(grid, space, a, sweep_dir)
+    if got:
+        print(f"flowkit tune: stopped: interrupted ({signal.Signals(got[0]).name})", file=sys.stderr)
+        return 128 + got[0]
+    return status
+
+
+@contextlib.contextmanager
+def _stopping_on_signals() -> Iterator[List[int]]:
+    """While the sweep runs: the first SIGINT, SIGTERM or SIGHUP (listed in the yielded list)
+    asks Ray Tune to end the sweep gracefully, by the SIGUSR1 it always listens to (Tune stops
+    the trials: each run ends with its final checkpoint); a second one raises KeyboardInterrupt
+    at once. Ray's own SIGINT handler is kept off (it would make SIGINT differ from SIGTERM)."""
+    got: List[int] = []
+
+    def handle(signum: int, frame: Any) -> None:
+        got.append(signum)
+        if len(got) > 1:
+            raise KeyboardInterrupt
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
+    sigs = [s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) != signal.SIG_IGN]
+    prev = {s: signal.signal(s, handle) for s in sigs}
+    try:
+        yield got
+    finally:
+        for s, h in prev.items():
+            signal.signal(s, h if h is not None else signal.SIG_DFL)
 
 
 def _status(sweep_dir: str, run: str, error: Any) -> str:
