@@ -84,11 +84,11 @@ def write_atomic(path: str, write: Callable[[str], None], mkdirs: bool = False) 
         raise
 
 
-def write_text(path: str, text: str, encoding: Optional[str] = "utf-8") -> None:
+def write_text(path: str, text: str, encoding: Optional[str] = "utf-8", mkdirs: bool = False) -> None:
     """:func:`write_atomic` of ``text``, flushed to the disk before the rename."""
     def write(tmp: str) -> None:
         with open(tmp, "w", encoding=encoding) as f:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
-    write_atomic(path, write)
+    write_atomic(path, write, mkdirs)

@@ -39,6 +39,7 @@ The plain-data encoding of values and spaces (:func:`to_plain`, :func:`from_plai
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
 import os
@@ -334,11 +335,28 @@ def save_checkpoint(ctx: Any, run_dir: str, tag: Optional[str] = None) -> str:
         if stale.startswith(".tmp-"):
             shutil.rmtree(os.path.join(ck_root, stale), ignore_errors=True)
     keep = int(ctx.config.checkpoint.keep)
-    for old_ck in sorted(d for d in os.listdir(ck_root) if d.startswith("iter_"))[:-keep] if keep > 0 else []:
+    cks = sorted(d for d in os.listdir(ck_root) if d.startswith("iter_") and os.path.isfile(os.path.join(ck_root, d, STATE_FILE)))
+    for old_ck in cks[:-keep] if keep > 0 else []:
         if os.path.join(ck_root, old_ck) != final:
-            shutil.rmtree(os.path.join(ck_root, old_ck), ignore_errors=True)
+            prune_checkpoint(os.path.join(ck_root, old_ck))
     ctx.pm.hook.flowkit_on_checkpoint(path=final, ctx=ctx)
     return final
+
+
+EVALUATE_OUTPUTS = ("evaluation.json", "videos")  # what `flowkit evaluate` adds to a checkpoint's folder
+
+
+def prune_checkpoint(folder: str) -> None:
+    """Remove a checkpoint that ``checkpoint.keep`` no longer keeps: its own files go, what
+    ``flowkit evaluate`` wrote into its folder (:data:`EVALUATE_OUTPUTS`, perhaps by an
+    evaluation still running beside the run) stays, and the folder goes once it is empty.
+    Without a state file the folder is no checkpoint (:func:`find_checkpoint` skips it)."""
+    with contextlib.suppress(OSError):
+        for name in sorted(os.listdir(folder), key=lambda n: n != STATE_FILE):  # the state file first
+            if name not in EVALUATE_OUTPUTS:
+                p = os.path.join(folder, name)
+                shutil.rmtree(p, ignore_errors=True) if os.path.isdir(p) else os.remove(p)
+        os.rmdir(folder)
 
 
 def remove_stale_temp(run_dir: str) -> List[str]:

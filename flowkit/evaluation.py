@@ -10,7 +10,9 @@ with ``seed`` as the run's seed (sub-env ``j`` first resets with ``derive_seed(s
 
 Nothing of the run changes: the weights are loaded as saved (:func:`flowkit.checkpoint.load_trained`),
 the run folder is not locked, and the only files written are ``evaluation.json`` (and the
-videos, ``videos/episode_NNN.mp4|gif``) in the checkpoint's folder. Videos come from the env's
+videos, ``videos/episode_NNN.mp4|gif``) in the checkpoint's folder. Beside a live run, the
+checkpoint may be pruned (``checkpoint.keep``) while it loads (then the newest is loaded) or
+while it is evaluated: the run leaves these outputs in place (:func:`flowkit.checkpoint.prune_checkpoint`). Videos come from the env's
 ``render_mode="rgb_array"`` frames, written with imageio (imageio-ffmpeg for mp4, pillow for gif).
 """
 from __future__ import annotations
@@ -272,18 +274,25 @@ def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore:
     import gymnasium as gym
     from omegaconf import OmegaConf
 
-    from flowkit.checkpoint import CheckpointError, find_checkpoint, load_trained
+    from flowkit._outputs import check_output
+    from flowkit.checkpoint import STATE_FILE, CheckpointError, find_checkpoint, load_trained
     from flowkit.core import EnvContext, derive_seed, env_name, make_env
     from flowkit.core.metrics import returns_by_policy
-    try:
-        ck = find_checkpoint(path)
-    except FileNotFoundError as e:
-        raise CheckpointError(str(e)) from None
-    from flowkit._outputs import check_output
-    check_output(os.path.join(ck, "evaluation.json"), "evaluate: the checkpoint's", own=True)  # before any work
-    if render:
-        check_output(os.path.join(ck, "videos", f"episode_000.{render}"), "evaluate render=: the video", own=True)
-    algo = load_trained(ck, trust_config=trust_config)
+    for attempt in range(3):  # beside a live run, its newest checkpoint may be pruned while it loads
+        try:
+            ck = find_checkpoint(path)
+        except FileNotFoundError as e:
+            raise CheckpointError(str(e)) from None
+        check_output(os.path.join(ck, "evaluation.json"), "evaluate: the checkpoint's", own=True)  # before any work
+        if render:
+            check_output(os.path.join(ck, "videos", f"episode_000.{render}"), "evaluate render=: the video", own=True)
+        try:
+            algo = load_trained(ck, trust_config=trust_config)
+            break
+        except (CheckpointError, OSError):
+            if attempt == 2 or os.path.realpath(ck) == os.path.realpath(path) or os.path.isfile(
+                    os.path.join(ck, STATE_FILE)):
+                raise  # (not a checkpoint that a live run pruned: a damaged one)
     cfg = algo.run_config
     import torch
     # the run's learner threads (default 1): torch's default of one thread a core spins against
@@ -345,7 +354,7 @@ def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore:
     if single:
         report.update(seeds=[e["seed"] for e in eps], videos=[e["video"] for e in eps if e["video"]])
     from flowkit._outputs import write_text
-    write_text(os.path.join(ck, "evaluation.json"), json.dumps(report, indent=2))
+    write_text(os.path.join(ck, "evaluation.json"), json.dumps(report, indent=2), mkdirs=True)  # (pruned meanwhile)
     return report
 
 

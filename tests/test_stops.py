@@ -435,3 +435,48 @@ def test_a_sigterm_to_a_sweeps_process_group_ends_every_trial_with_its_checkpoin
     for t in trials:
         assert os.path.exists(os.path.join(t, "result.json")) and load_state(find_checkpoint(t)), t
         assert not os.path.exists(os.path.join(t, ".lock")), t
+
+
+# ---- flowkit evaluate beside a live run -------------------------------------------------------------
+def test_pruning_leaves_what_evaluate_wrote_and_evaluate_survives_a_pruned_checkpoint(tmp_path, monkeypatch):
+    """Issue 28: beside a live run with checkpoint.keep=1, `flowkit evaluate` failed 9 of 10 times
+    (its checkpoint pruned while it loaded or ran: "cannot write .../evaluation.json"), and with
+    keep=3 the run's pruning deleted the evaluation results. Now a pruned checkpoint's folder keeps
+    evaluation.json and videos/ (and is no checkpoint any more), and evaluate loads the newest
+    checkpoint again when the one it found is pruned under it."""
+    from flowkit import checkpoint as ckm
+    from flowkit.evaluation import evaluate
+
+    class EvaluatesEachCheckpoint:  # stands in for an evaluation that finished beside the run
+        def flowkit_on_checkpoint(self, path, ctx):
+            with open(os.path.join(path, "evaluation.json"), "w") as f:
+                f.write("{}")
+            os.makedirs(os.path.join(path, "videos"))
+
+    run_dir = str(tmp_path / "run")
+    flowkit.train(TINY + ["env=CartPole-v1", f"run.dir={run_dir}", "stop.iterations=4", "checkpoint.every_iters=1", "checkpoint.keep=1",
+                          "run.reporters=[csv,checkpoint]"], plugins=[EvaluatesEachCheckpoint()], verbose=False)
+    root = os.path.join(run_dir, "checkpoints")
+    assert sorted(os.listdir(root)) == ["iter_000001", "iter_000002", "iter_000003", "iter_000004"]
+    for d in ["iter_000001", "iter_000002", "iter_000003"]:
+        assert sorted(os.listdir(os.path.join(root, d))) == ["evaluation.json", "videos"], d
+    assert find_checkpoint(run_dir) == os.path.join(root, "iter_000004")
+    ckm.prune_checkpoint(os.path.join(root, "iter_000004"))  # no evaluation outputs: the folder goes
+    assert not os.path.exists(os.path.join(root, "iter_000003", "state.pt"))
+
+    flowkit.train(TINY + ["env=CartPole-v1", f"run.dir={tmp_path / 'run2'}", "stop.iterations=2", "checkpoint.every_iters=1",
+                          "checkpoint.keep=0", "run.reporters=[csv,checkpoint]"], verbose=False)
+    first, newest = (os.path.join(str(tmp_path / "run2"), "checkpoints", d) for d in ("iter_000001", "iter_000002"))
+    real_find, calls = ckm.find_checkpoint, []
+
+    def find_then_prune(path):  # the run prunes the checkpoint evaluate found, before it loads
+        calls.append(path)
+        if len(calls) == 1:
+            ckm.prune_checkpoint(newest)
+            return newest
+        return real_find(path)
+
+    monkeypatch.setattr(ckm, "find_checkpoint", find_then_prune)
+    rep = evaluate(str(tmp_path / "run2"), episodes=1)
+    assert calls[0] == str(tmp_path / "run2") and rep["checkpoint"] == first
+    assert os.path.isfile(os.path.join(first, "evaluation.json"))
