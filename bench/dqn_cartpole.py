@@ -57,6 +57,8 @@ def flowkit_solve(seed: int) -> dict:
     import flowkit
     res = flowkit.train([f"seed={seed}", "run.reporters=[csv,checkpoint,evaluation]", "checkpoint.at_end=false",
                          f"stop.episode_return_mean={SOLVE}", f"stop.time_s={UNSOLVED_S}",
+                         # SB3's criterion on both sides (the config's own stop is a greedy evaluation)
+                         "stop.evaluation_return_mean=null", "evaluation.interval=0",
                          f"run.dir=/tmp/flowkit-bench/dqn-solve-{seed}"],
                         config_file=os.path.join(REPO, "configs", "dqn", "CartPole-v1.yaml"))
     m = res.metrics
