@@ -1,7 +1,17 @@
 """Benchmarks' helper: one measurement per fresh (spawned) process."""
 from __future__ import annotations
 
+import os
+import shutil
 import sys
+
+
+def fresh_run_dir(name: str) -> str:
+    """``/tmp/flowkit-bench/NAME``, emptied: a rerun of a bench starts new runs (flowkit refuses
+    a run.dir that holds an earlier run)."""
+    path = os.path.join("/tmp/flowkit-bench", name)
+    shutil.rmtree(path, ignore_errors=True)
+    return path
 
 
 def _child(module: str, fn_name: str, args: tuple, q) -> None:

@@ -25,7 +25,7 @@ import sys
 import time
 import warnings
 
-from _isolated import run_isolated
+from _isolated import fresh_run_dir, run_isolated
 
 warnings.filterwarnings("ignore")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -47,7 +47,7 @@ ZOO_SB3 = dict(learning_rate=2.3e-3, batch_size=64, buffer_size=100_000, learnin
 def flowkit_throughput(seed: int, steps: int) -> dict:
     import flowkit
     res = flowkit.train(ZOO_FLOWKIT + [f"seed={seed}", f"stop.env_steps={steps}", "run.reporters=[csv,checkpoint,evaluation]", "checkpoint.at_end=false",
-                                       f"run.dir=/tmp/flowkit-bench/dqn-thr-{seed}"])
+                                       f"run.dir={fresh_run_dir(f'dqn-thr-{seed}')}"])
     m = res.metrics
     return {"env_steps": m["env_steps_sampled"], "seconds": m["time_total_s"],
             "steps_per_s": m["env_steps_sampled"] / m["time_total_s"]}
@@ -59,7 +59,7 @@ def flowkit_solve(seed: int) -> dict:
                          f"stop.episode_return_mean={SOLVE}", f"stop.time_s={UNSOLVED_S}",
                          # SB3's criterion on both sides (the config's own stop is a greedy evaluation)
                          "stop.evaluation_return_mean=null", "evaluation.interval=0",
-                         f"run.dir=/tmp/flowkit-bench/dqn-solve-{seed}"],
+                         f"run.dir={fresh_run_dir(f'dqn-solve-{seed}')}"],
                         config_file=os.path.join(REPO, "configs", "dqn", "CartPole-v1.yaml"))
     m = res.metrics
     solved = m["episode_return_mean"] >= SOLVE

@@ -26,6 +26,8 @@ import time
 import warnings
 
 warnings.filterwarnings("ignore")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _isolated import fresh_run_dir  # noqa: E402  (bench/ is not a package)
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UNSOLVED_S = 300.0
 SOLVE = 475.0
@@ -39,7 +41,7 @@ def flowkit_throughput(seed: int, steps: int) -> dict:
                          "runtime.rollout_fragment_length=128", "ppo.train_batch_size=2048",
                          "ppo.num_epochs=10", "ppo.minibatch_size=64", "ppo.lr=3e-4",
                          f"stop.env_steps={steps}", "run.reporters=[csv,checkpoint,evaluation]",
-                         "checkpoint.at_end=false", f"run.dir=/tmp/flowkit-bench/thr-{seed}"])
+                         "checkpoint.at_end=false", f"run.dir={fresh_run_dir(f'thr-{seed}')}"])
     m = res.metrics
     return {"env_steps": m["env_steps_sampled"], "seconds": m["time_total_s"],
             "steps_per_s": m["env_steps_sampled"] / m["time_total_s"]}
@@ -49,7 +51,7 @@ def flowkit_solve(seed: int, *extra: str) -> dict:
     import flowkit
     t0 = time.perf_counter()
     res = flowkit.train([f"seed={seed}", "run.reporters=[csv,checkpoint,evaluation]", "checkpoint.at_end=false",
-                         f"run.dir=/tmp/flowkit-bench/solve-{seed}{'-'.join(('',) + extra)}", *extra],
+                         f"run.dir={fresh_run_dir(f'solve-{seed}' + '-'.join(('',) + extra))}", *extra],
                         config_file=os.path.join(REPO, "configs", "ppo", "CartPole-v1.yaml"))
     wall = time.perf_counter() - t0
     m = res.metrics
