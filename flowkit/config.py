@@ -194,15 +194,18 @@ def action_space_error(algo: str, kinds: Sequence[str], policy_id: str, action_s
             f"(use an algorithm for {got} actions, e.g. {other})")
 
 
-def recurrent_error(algo: str, recurrent: bool, policy_id: str, model_config: Any) -> Optional[str]:
+def recurrent_error(algo: str, recurrent: bool, policy_id: str, model_config: Any,
+                    recurrent_algos: Optional[List[str]] = None) -> Optional[str]:
     """Why algorithm ``algo`` (``recurrent``: whether it trains recurrent networks) cannot
     train the network of ``model_config`` (a ``model.*`` section); None if it can. Shared by
-    :meth:`flowkit.core.Algorithm.check_model` (at set-up) and :func:`check_run`."""
+    :meth:`flowkit.core.Algorithm.check_model` (at set-up) and :func:`check_run`, which names
+    the installed algorithms that train recurrent networks (``recurrent_algos``)."""
     kind = model_config.get("recurrent") if hasattr(model_config, "get") else getattr(model_config, "recurrent", None)
     if not kind or recurrent:
         return None
-    return (f"policy {policy_id!r}: model.recurrent={kind} but {algo.upper()} trains feed-forward networks only "
-            "(recurrent policies: ppo, a2c, a3c, impala, appo, r2d2); set model.recurrent=null or change the algorithm")
+    which = f" (installed algorithms that do: {', '.join(sorted(recurrent_algos))})" if recurrent_algos else ""
+    return (f"policy {policy_id!r}: model.recurrent={kind} but {algo.upper()} trains feed-forward networks "
+            f"only{which}; set model.recurrent=null or change the algorithm")
 
 
 def check_algo(cfg: Any, algos: Any) -> None:
@@ -278,7 +281,8 @@ def check_run(cfg: Any, pm: Any) -> None:
         if callable(check):
             check(cfg)
     a, section = algos[cfg.algo], cfg[cfg.algo] if cfg.algo in cfg else None
-    if why := recurrent_error(cfg.algo, bool(getattr(a, "recurrent", False)), "default", cfg.model):
+    if why := recurrent_error(cfg.algo, bool(getattr(a, "recurrent", False)), "default", cfg.model,
+                              [n for n, r in algos.items() if getattr(r, "recurrent", False)]):
         raise ConfigError(why)
     if not hasattr(a, "target"):  # a class registered as it is (loaded)
         a.validate_config(cfg, section)

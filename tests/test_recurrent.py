@@ -196,6 +196,12 @@ def _setup(*overrides):
 def test_recurrent_settings_that_cannot_work_are_config_errors():
     with pytest.raises(ConfigError, match=r"model.recurrent=lstm but DQN trains feed-forward networks only"):
         _setup("algo=dqn", "env=CartPole-v1", "model.recurrent=lstm")
+    # the installed algorithms that train recurrent networks, from their plugins (before Ray or torch)
+    from flowkit.config import check_run
+    pm, cfg = load_config(["algo=sac", "env=Pendulum-v1", "model.recurrent=gru"])
+    with pytest.raises(ConfigError, match=r"SAC trains feed-forward networks only \(installed algorithms that do: "
+                                          r"a2c, a3c, appo, impala, ppo, r2d2\)"):
+        check_run(cfg, pm)
     with pytest.raises(ConfigError, match=r"model.recurrent='rnn'.*'lstm' or 'gru'"):
         load_config(["model.recurrent=rnn"])
     with pytest.raises(ConfigError, match="use_sde=true does not combine with model.recurrent"):

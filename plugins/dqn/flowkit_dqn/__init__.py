@@ -54,8 +54,9 @@ class DQNConfig:
     train_batch_size: int = F(32, "replayed transitions per gradient step", gt=0, le=MAX_BATCH_ROWS)
     buffer_size: int = F(50_000, "replay capacity in transitions (per policy; split over shards in Ape-X)", gt=0)
     learning_starts: int = F(1_000, "env steps sampled before the first gradient step", ge=0)
-    training_intensity: Optional[float] = F(None, "transitions trained per transition sampled (null: one "
-                                                  "gradient step per sampling round)", gt=0)
+    training_intensity: Optional[float] = F(8.0, "transitions trained per transition sampled (8: one gradient "
+                                                 "step of 32 per 4 env steps, SB3's and RLlib's default ratio; null: "
+                                                 "one gradient step per sampling round)", gt=0)
     target_network_update_freq: int = F(500, "gradient steps between target-network updates", gt=0)
     weight_sync_freq: int = F(16, "gradient steps between weight broadcasts to the workers (0: after every step)", ge=0)
     max_grad_norm: Optional[float] = F(10.0, "clip the gradient norm (null: off)", gt=0)
