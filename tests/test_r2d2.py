@@ -128,6 +128,32 @@ def test_burn_in_steps_give_no_gradient_and_no_loss():
     assert b4[sb.OBS].grad[:, 0].abs().sum() > 0
 
 
+def test_an_episode_no_longer_than_the_burn_in_is_trained_without_burn_in():
+    """Row 0 is a whole episode of 2 steps (t = 0, burn-in 3: no step past the burn-in; its stored
+    state is the initial state, not stale), row 1 is not (t = 7): row 0's steps are trained
+    (gradient, their rewards change the loss), row 1's first 3 stay burn-in only, as in the
+    test above; with row 0 starting at t = 7 instead, nothing of it is trained."""
+    pol = make_policy()
+    b = seq_batch()
+    b[sb.SEQ_MASK][0, 2:] = False
+    b[sb.T] = torch.tensor([0, 7])
+    b[sb.OBS].requires_grad_(True)
+    loss, _ = pol.loss(b)
+    loss.backward()
+    g = b[sb.OBS].grad.abs().sum(-1)  # [B, L + 1]
+    assert torch.all(g[0, :2] > 0) and torch.all(g[0, 3:] == 0)
+    assert torch.all(g[1, :3] == 0) and torch.all(g[1, 3:5] > 0)
+    late = {k: v.detach().clone() for k, v in b.items()}
+    late[sb.T] = torch.tensor([7, 7])
+    late[sb.OBS].requires_grad_(True)
+    pol.loss(late)[0].backward()
+    assert torch.all(late[sb.OBS].grad[0] == 0)
+    for row, changes in ((0, True), (1, False)):
+        b2 = {k: v.detach().clone() for k, v in b.items()}
+        b2[sb.REWARDS][row, 0] += 10.0
+        assert (pol.loss(b2)[0].item() != pytest.approx(loss.item(), rel=1e-4)) is changes
+
+
 def test_loss_is_the_rescaled_double_q_td_on_the_unrolled_networks():
     """The policy's priorities are those of the module's functions applied to its own networks:
     online unrolled with burn-in, a* by the online network, Q_target at a*; the targets do not
@@ -187,8 +213,12 @@ def test_sequences_are_cut_per_episode_across_fragments_and_padded_at_its_end():
     # a gap in the steps (rows lost) starts over from the new rows' own recorded state
     out4 = cut.add(rows(3, range(10, 17)))
     assert out4[sb.T].tolist() == [10] and out4[sb.STATE_IN].tolist() == [[3, 10]]
-    # an episode no longer than the burn-in gives no sequence
-    assert len(cut.add(rows(4, range(2), done_at=1))) == 0
+    # an episode no longer than the burn-in gives one sequence (trained without burn-in) ...
+    short = cut.add(rows(4, range(2), done_at=1))
+    assert short[sb.T].tolist() == [0] and short[sb.SEQ_MASK].tolist() == [[1, 1, 0, 0, 0, 0]]
+    assert len(cut.add(rows(6, range(3), done_at=2))) == 1  # 3 steps: one past the burn-in, as before
+    # ... but the rows after a gap that hold no step past the burn-in give none
+    assert len(cut.add(rows(5, range(3, 5), done_at=4))) == 0
 
 
 def test_a_worker_stores_sequences_that_never_cross_an_episode_boundary():
@@ -197,7 +227,8 @@ def test_a_worker_stores_sequences_that_never_cross_an_episode_boundary():
     observations are consecutive steps of one episode and its bootstrap observation the next;
     a sequence that starts an episode starts from the zero state; terminated only at an even
     episode's last step; each step after the burn-in is trained in exactly one sequence, also
-    where a fragment cuts the episode."""
+    where a fragment cuts the episode, and the episodes of 1 step (no longer than the burn-in)
+    are one sequence, trained without burn-in."""
     pm, cfg = load_config(["runtime.backend=local", "algo=r2d2", "env.factory=envs:episodes",
                            "runtime.num_workers=1", "runtime.num_envs_per_worker=2",
                            "runtime.rollout_fragment_length=7", "run.reporters=[]", "model.recurrent_size=4",
@@ -222,7 +253,7 @@ def test_a_worker_stores_sequences_that_never_cross_an_episode_boundary():
             assert np.any(got[sb.STATE_IN][i] != 0)
         term = got[sb.TERMINATEDS][i]
         assert term.sum() <= 1 and (not term.any() or (term[n - 1] and e % 2 == 0))
-        for t in range(1, n):  # burn-in 1
+        for t in range(0 if t0 == 0 and n <= 1 else 1, n):  # burn-in 1, none for a 1-step episode
             key = (int(got[sb.EPS_ID][i]), t0 + t)
             assert key not in trained, f"step {key} trained twice"
             trained[key] = True
@@ -230,8 +261,9 @@ def test_a_worker_stores_sequences_that_never_cross_an_episode_boundary():
     for e, t in trained:
         by_episode.setdefault(e, []).append(t)
     # no step missing either, where fragments cut an episode (its rows wait for the next fragment)
-    assert all(sorted(ts) == list(range(1, len(ts) + 1)) for ts in by_episode.values()), by_episode
+    assert all(sorted(ts) in ([0], list(range(1, len(ts) + 1))) for ts in by_episode.values()), by_episode
     assert max(len(ts) for ts in by_episode.values()) == 4  # an episode of 5 steps, cut by fragments of 7
+    assert [0] in by_episode.values()  # an episode of 1 step
 
 
 # ---- config ------------------------------------------------------------------------------------------

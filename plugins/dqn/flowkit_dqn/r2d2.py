@@ -18,7 +18,10 @@ burn_in``; ``eps = value_rescale_eps``):
         ``l - 1`` (``seq_mask`` False).
     Burn-in (section 3): the online network is unrolled over ``o_0 .. o_{k-1}`` from ``s_0`` without
         gradient, then over ``o_k .. o_L`` from the state it reached, with gradient; the target
-        network over ``o_0 .. o_L`` from ``s_0`` (the stored state).
+        network over ``o_0 .. o_L`` from ``s_0`` (the stored state). An episode of ``k`` steps or
+        fewer, which would leave no step past the burn-in, is one sequence without burn-in
+        (``t = 0`` and ``l <= k``): its stored state is the initial state, which is not stale
+        (burn-in repairs a state stored by an older network), so its steps are trained.
     Value rescaling (Pohlen et al. 2018, arXiv 1805.11593, Proposition A.2; R2D2 section 2.3):
         h(x)      = sign(x) (sqrt(|x| + 1) - 1) + eps x
         h^-1(x)   = sign(x) (((sqrt(1 + 4 eps (|x| + 1 + eps)) - 1) / (2 eps))^2 - 1)
@@ -26,7 +29,7 @@ burn_in``; ``eps = value_rescale_eps``):
         m    = min(n, l - t)
         a*   = argmax_a Q_online(o_{t+m}, a)       (legal actions only; Q_target without double_q)
         y_t  = h( sum_{i<m} gamma^i r_{t+i} + gamma^m (1 - terminated_{t+m-1}) h^-1(Q_target(o_{t+m}, a*)) )
-    Loss: per sequence, the mean over its trained steps (real and ``t >= k``) of
+    Loss: per sequence, the mean over its trained steps (real, and ``t >= k`` unless a short episode's) of
         ``huber(Q(o_t, a_t) - y_t)``, times its importance weight; the batch mean.
     Priority of a sequence (section 2.3), over its trained steps:
         p = eta max_t |delta_t| + (1 - eta) mean_t |delta_t|,   eta = 0.9
@@ -118,7 +121,8 @@ class SequenceCutter:
     """Cuts a worker's fragments into R2D2's stored sequences, episode by episode, across
     fragments: one row per sequence of ``seq_len`` steps, starting every ``stride`` steps of an
     episode (``stride <= seq_len``); at an episode's end (terminated or truncated) the sequences
-    that still hold a step past their ``burn_in`` come out zero-padded. The rows of an episode
+    that still hold a step past their ``burn_in`` come out zero-padded; an episode of ``burn_in``
+    steps or fewer comes out as one sequence (trained without burn-in). The rows of an episode
     not yet in a full sequence wait for its next fragment (at most ``max_open`` episodes wait;
     the oldest is dropped beyond). A sequence never crosses an episode boundary.
 
@@ -168,6 +172,8 @@ class SequenceCutter:
                 seqs.append((piece, s, s + self.L))
                 s += self.stride
             if done[b - 1]:
+                if s == 0 < n <= self.burn_in and int(piece[sb.T][0]) == 0:  # a short episode, whole
+                    seqs.append((piece, 0, n))
                 while s + self.burn_in < n:
                     seqs.append((piece, s, n))
                     s += self.stride
@@ -239,7 +245,7 @@ class R2D2Policy(DQNPolicy):
     (:func:`sequence_priorities`), which prioritized replay stores as it is (plus eps)."""
 
     train_columns = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.SEQ_MASK, sb.STATE_IN, sb.PRIO_WEIGHTS,
-                     sb.ACTION_MASK)
+                     sb.ACTION_MASK, sb.T)
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):
@@ -287,13 +293,20 @@ class R2D2Policy(DQNPolicy):
 
     # -- learning (driver) --
     @staticmethod
-    def unroll(module: nn.Module, obs: torch.Tensor, state: torch.Tensor, burn_in: int) -> torch.Tensor:
+    def unroll(module: nn.Module, obs: torch.Tensor, state: torch.Tensor, burn_in: int,
+               fresh: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Q-values float32[B, T, A] of ``module`` over ``obs`` [B, T, *shape] from ``state``
-        [B, S]; the first ``burn_in`` steps without gradient (nor through the state they hand on)."""
+        [B, S]; the first ``burn_in`` steps without gradient (nor through the state they hand on),
+        except in the rows where ``fresh`` bool[B] is set (short episodes: no burn-in)."""
         if burn_in <= 0:
             return module(obs, state)[0]
-        with torch.no_grad():
+        if fresh is None or not bool(fresh.any()):
+            with torch.no_grad():
+                q_burn, s = module(obs[:, :burn_in], state)
+        else:  # one unroll with gradient, cut (detached) in the rows that burn in
             q_burn, s = module(obs[:, :burn_in], state)
+            q_burn = torch.where(fresh[:, None, None], q_burn, q_burn.detach())
+            s = torch.where(fresh.view(-1, *([1] * (s.dim() - 1))), s, s.detach())
         q_rest, _ = module(obs[:, burn_in:], s)
         return torch.cat([q_burn, q_rest], 1)
 
@@ -302,7 +315,9 @@ class R2D2Policy(DQNPolicy):
         assert self.target is not None, "loss runs on the learner's policy"
         obs, state, actions = batch[sb.OBS], batch[sb.STATE_IN], batch[sb.ACTIONS].long()
         L, k = actions.shape[1], int(cfg.burn_in)
-        q = self.unroll(self.model, obs, state, k)                                    # [B, L + 1, A]
+        fresh = None if sb.T not in batch else (batch[sb.T] == 0) & (batch[sb.SEQ_MASK].sum(1) <= k)
+        # fresh: bool[B], short episodes (no step past the burn-in): trained without burn-in
+        q = self.unroll(self.model, obs, state, k, fresh)                             # [B, L + 1, A]
         q_taken = q[:, :L].gather(-1, actions.unsqueeze(-1)).squeeze(-1)             # [B, L]
         with torch.no_grad():
             q_target = self.target.module(obs, state)[0]                             # [B, L + 1, A]
@@ -311,6 +326,8 @@ class R2D2Policy(DQNPolicy):
             y = r2d2_targets(batch[sb.REWARDS].float(), batch[sb.TERMINATEDS], batch[sb.SEQ_MASK], q_boot,
                              cfg.gamma, cfg.n_step, cfg.value_rescale_eps if cfg.value_rescaling else None)
         trained = batch[sb.SEQ_MASK].bool() & (torch.arange(L, device=q.device) >= k)[None]
+        if fresh is not None:
+            trained = trained | (batch[sb.SEQ_MASK].bool() & fresh[:, None])
         per_step = nn.functional.huber_loss(q_taken, y, reduction="none", delta=cfg.huber_delta) * trained
         count = trained.sum(1)
         per_seq = per_step.sum(1) / count.clamp(min=1)
