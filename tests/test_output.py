@@ -40,13 +40,15 @@ def _check_echo_episodes(ds, box=False):
     return ks
 
 
-def test_run_output_keeps_episode_boundaries_and_flags_exactly(tmp_path, monkeypatch):
+@pytest.mark.parametrize("autoreset", ["next_step", "same_step"])
+def test_run_output_keeps_episode_boundaries_and_flags_exactly(tmp_path, monkeypatch, autoreset):
     # 2 workers x 3 sub-envs, fragments of 7 steps: episodes of 1-4 steps span fragments and end
-    # out of order; each comes back whole, with the env's own terminated / truncated
+    # out of order; each comes back whole, with the env's own terminated / truncated (same_step:
+    # the final observation comes from info["final_obs"])
     import minari
     out = tmp_path / "echo-run-v0"
     res = _train(tmp_path, "algo=random", ECHO, "runtime.num_envs_per_worker=3", "runtime.rollout_fragment_length=7",
-                 "stop.env_steps=400", f"run.output={out}")
+                 "stop.env_steps=400", f"run.output={out}", f"env.autoreset_mode={autoreset}")
     monkeypatch.setenv("MINARI_DATASETS_PATH", str(tmp_path))
     ds = minari.load_dataset("echo-run-v0")  # Minari's own API
     assert ds.observation_space == EchoEnv().observation_space and ds.action_space == EchoEnv().action_space
@@ -246,3 +248,20 @@ def test_input_mix_errors(tmp_path, capsys, expert_cartpole):
                         (("algo=dqn", data, "input.mix=1.0"), "input.mix")):
         rc, err = _cli(capsys, tmp_path, "env=CartPole-v1", *args, name="run-" + args[0])
         assert rc == 2 and words in err and err.count("\n") == 1, (args, err)
+
+
+def test_run_output_of_a_native_vector_env(tmp_path):
+    # CartPole's own vectorized implementation (one numpy step for all sub-envs): episodes end
+    # terminated (the pole fell) before 500 steps, or truncated at 500, once each
+    import minari
+    out = str(tmp_path / "cp-v0")
+    res = _train(tmp_path, "algo=random", "env=CartPole-v1", "runtime.num_workers=1", "runtime.num_envs_per_worker=4",
+                 "runtime.rollout_fragment_length=25", "stop.env_steps=400", f"run.output={out}")
+    ds = minari.MinariDataset(os.path.join(out, "data"))
+    assert ds.total_episodes >= 10 and 0 <= res.metrics["env_steps_sampled"] - ds.total_steps < 4 * 500
+    for ep in ds.iterate_episodes():
+        assert ep.observations.shape == (len(ep) + 1, 4) and ep.observations.dtype == np.float32
+        assert ep.terminations.tolist() == [False] * (len(ep) - 1) + [len(ep) < 500]
+        assert not ep.truncations.any() or len(ep) == 500
+        assert abs(ep.observations[-1, 2]) > 0.2095 or abs(ep.observations[-1, 0]) > 2.4  # it fell: the final obs
+        assert (np.abs(ep.observations[:-1, 2]) <= 0.2095).all()  # not before
