@@ -8,9 +8,15 @@ dataset mixed in", not run in CI.
    ``input.mix=0.5`` (half of every replayed batch from it, RLPD's symmetric sampling), and
    without it: env steps until the first greedy evaluation (20 episodes, every 5 iterations of
    >= 1,000 env steps) reaches 450 (the config's stop), and that evaluation's mean;
-3. (``--offline``) CQL on DQN from the dataset alone (no env steps), greedy mean over 50 episodes.
+   ``--data expert`` mixes in 50,000 greedy transitions of that trained seed-0 policy instead
+   (``flowkit record``, as bench/offline_acceptance.py records its expert);
+3. (``--offline``) CQL on DQN from the run.output dataset alone (no env steps), greedy mean
+   over 50 episodes.
 
-Usage: python bench/offline_mix.py [--out DIR] [--seeds 1 2] [--skip-baseline] [--offline]
+The local backend is deterministic: the online-only figures are those of the tuned config
+(seeds 0-2: 61,440, 66,560, 51,200 env steps; the seed-0 run with run.output gives the same).
+
+Usage: python bench/offline_mix.py [--out DIR] [--seeds 1 2] [--data run|expert] [--skip-baseline] [--offline]
 """
 from __future__ import annotations
 
@@ -21,7 +27,7 @@ import sys
 import time
 
 import flowkit
-from flowkit.datasets import open_dataset
+from flowkit.datasets import open_dataset, record
 
 HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DQN = os.path.join(HERE, "configs", "dqn", "CartPole-v1.yaml")
@@ -44,6 +50,7 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
     p.add_argument("--skip-baseline", action="store_true")
     p.add_argument("--offline", action="store_true")
+    p.add_argument("--data", choices=("run", "expert"), default="run")
     a = p.parse_args(argv)
     os.makedirs(a.out, exist_ok=True)
     data = os.path.join(a.out, "dqn-seed0-v0")
@@ -53,24 +60,30 @@ def main(argv=None) -> int:
               f"{r['seconds']:.0f} s", flush=True)
     ds = open_dataset(data)
     print(f"dataset {data}: {ds.total_episodes} episodes, {ds.total_steps} transitions", flush=True)
+    run_data = data
+    if a.data == "expert":
+        data = os.path.join(a.out, "dqn-seed0-greedy-50k-v0")
+        if not os.path.exists(os.path.join(data, "data", "metadata.json")):
+            r = record(os.path.join(a.out, "dqn-seed0"), steps=50_000, explore="greedy", seed=0, out=data)
+            print(f"recorded {data}: {r['episodes']} episodes, return mean {r['return_mean']:.1f}", flush=True)
     rows = []
     for seed in a.seeds:
         for mode in ("mix 0.5", "online only"):
             if mode == "online only" and a.skip_baseline:
                 continue
             extra = [f"input.dataset={data}", "input.mix=0.5"] if mode != "online only" else []
-            r = dqn(os.path.join(a.out, f"dqn-seed{seed}-{mode.replace(' ', '')}"), seed, extra)
+            r = dqn(os.path.join(a.out, f"dqn-seed{seed}-{mode.replace(' ', '')}-{a.data}"), seed, extra)
             rows.append((mode, seed, r))
             print(f"{mode:12s} seed {seed}: {r['stop']} at {r['env_steps']} env steps (greedy {r['eval']:.1f}; "
                   f"{r['dataset_rows']} of {r['trained']} rows trained from the dataset), {r['seconds']:.0f} s", flush=True)
     if a.offline:
         run = os.path.join(a.out, "cql-dqn")
         shutil.rmtree(run, ignore_errors=True)
-        res = flowkit.train(["algo=cql_dqn", "env=CartPole-v1", f"input.dataset={data}", "seed=0",
+        res = flowkit.train(["algo=cql_dqn", "env=CartPole-v1", f"input.dataset={run_data}", "seed=0",
                              "cql_dqn.target_network_update_freq=100", "cql_dqn.n_step=3", "stop.env_steps=500000",
                              "runtime.backend=local", f"run.dir={run}", "run.reporters=[csv,checkpoint]"], verbose=False)
         ev = flowkit.evaluation.evaluate(res.run_dir, episodes=50, seed=1000)
-        print(f"cql_dqn on {data} alone (500,000 rows): greedy mean {ev['episode_return_mean']:.1f} over 50 episodes",
+        print(f"cql_dqn on {run_data} alone (500,000 rows): greedy mean {ev['episode_return_mean']:.1f} over 50 episodes",
               flush=True)
     print("\nmode          seed  env steps to greedy >= 450  evaluation mean")
     for mode, seed, r in rows:
