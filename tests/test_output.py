@@ -265,3 +265,16 @@ def test_run_output_of_a_native_vector_env(tmp_path):
         assert not ep.truncations.any() or len(ep) == 500
         assert abs(ep.observations[-1, 2]) > 0.2095 or abs(ep.observations[-1, 0]) > 2.4  # it fell: the final obs
         assert (np.abs(ep.observations[:-1, 2]) <= 0.2095).all()  # not before
+
+
+def test_input_mix_reader_resumes_where_it_stopped(tmp_path, expert_cartpole):
+    base = ("algo=dqn", "env=CartPole-v1", f"input.dataset={expert_cartpole}", "input.mix=0.5", "runtime.num_workers=1",
+            "runtime.num_envs_per_worker=4", "runtime.rollout_fragment_length=16", "dqn.train_batch_size=32",
+            "dqn.learning_starts=64", "dqn.training_intensity=4", "run.min_iter_env_steps=64")
+    part = _train(tmp_path, *base, "stop.env_steps=320", name="part")
+    res = flowkit.train([f"resume={part.run_dir}", "stop.env_steps=640"], verbose=False)
+    m = res.metrics
+    reader = flowkit.checkpoint.load_state(os.path.join(res.checkpoint, "state.pt"))["stateful"]["offline/reader"]
+    # the reader went on from its checkpointed position: one batch of 16 dataset rows per update, all run long
+    assert reader == {"epoch": 0, "batches": m["num_updates"]} and m["dataset_rows_replayed"] == 16 * m["num_updates"]
+    assert m["num_updates"] > part.metrics["num_updates"] > 0
