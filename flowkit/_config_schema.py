@@ -235,6 +235,11 @@ class RunConfig:
     reporters: List[str] = F(help="reporters of the run, called in this order (built-in: progress, csv, plot, "
                                   "checkpoint, evaluation, tensorboard, timing; plugins add more)",
                              factory=lambda: ["progress", "csv", "plot", "checkpoint", "evaluation"])
+    output: Optional[str] = F(None, "write the experience the rollout workers sample as a Minari dataset in this "
+                                    "folder (single-agent Gymnasium envs; whole episodes, the env's own observations "
+                                    "and actions; docs/offline.md); an existing dataset there is refused unless "
+                                    "run.output_append=true; a resumed run appends")
+    output_append: bool = F(False, "run.output: add the episodes to the dataset already there (same spaces)")
 
 
 @dataclass

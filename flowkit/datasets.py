@@ -413,9 +413,15 @@ class DatasetWriter:
     def add(self, seed: Optional[int], obs: List[Any], actions: List[Any], rewards: List[float],
             terminations: List[bool], truncations: List[bool]) -> None:
         """One episode: ``obs`` has one row more than the others (the reset observation first)."""
+        self.add_arrays(seed, _stack(obs), _stack(actions), rewards, terminations, truncations)
+
+    def add_arrays(self, seed: Optional[int], obs: Any, actions: Any, rewards: Any, terminations: Any,
+                   truncations: Any) -> None:
+        """One episode as stacked arrays: ``obs`` (an array, or dicts / tuples of them) with T + 1
+        rows, the others T rows (``seed``: the reset seed, or None when unknown)."""
         from minari.data_collector import EpisodeBuffer
         self.pending.append(EpisodeBuffer(
-            seed=seed, observations=_stack(obs), actions=_stack(actions),
+            seed=seed, observations=obs, actions=actions,
             rewards=np.asarray(rewards, np.float64), terminations=np.asarray(terminations, bool),
             truncations=np.asarray(truncations, bool)))
         self.pending_steps += len(rewards)

@@ -66,6 +66,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from flowkit import _ray
+from flowkit._dataset_output import check_output, make_output
 from flowkit._guard import GUARD, Interrupted, check_cpus, check_new_run_dir, lock_run_dir
 from flowkit._outputs import write_text
 from flowkit.checkpoint import (  # noqa: F401
@@ -133,6 +134,7 @@ def setup(cfg: DictConfig, pm: Any, run_dir: Optional[str] = None) -> RunContext
     env = _probe_env(cfg)
     try:
         specs = pm.hook.flowkit_make_policy_specs(config=cfg, env=env, algorithms=algos)
+        output = make_output(cfg, env, specs or {})
     finally:
         with contextlib.suppress(Exception):
             env.close()
@@ -159,6 +161,8 @@ def setup(cfg: DictConfig, pm: Any, run_dir: Optional[str] = None) -> RunContext
         raise ConfigError(f"the networks do not fit in memory (model.hidden_sizes={list(cfg.model.hidden_sizes)}): "
                           f"{str(e).splitlines()[0]}") from None
     ctx.config_warnings = warns
+    if output is not None:  # run.output: the operator after the rollouts, checkpointed
+        ctx.output = ctx.add_stateful("run/output", output)
     ctx.workers.sample_deadline = GUARD.sample_deadline  # its watchdog interrupts a local sample
     return ctx
 
@@ -173,6 +177,9 @@ def build_plan(ctx: RunContext) -> Any:
                           f"declare ({str(e).splitlines()[0]})") from None
     if plan is None:
         raise ConfigError("no plugin built a plan for this run")
+    if ctx.output is not None and not ctx.output.wired:
+        raise ConfigError(f"run.output={ctx.config.run.output!r}: the plan of algo={ctx.config.algo} takes no "
+                          "sample batches from rollout workers (ParallelRollouts): nothing to record")
     return plan
 
 
@@ -306,6 +313,7 @@ def _train(config: Any, config_file: Union[str, Sequence[str], None], plugins: S
                 if verbose and all(cfg.stop[k] is None for k in cfg.stop):
                     print(NO_STOP, flush=True)
                 check_run(cfg, pm)  # config errors found without the env come before Ray starts
+                check_output(cfg, resuming=resume_from is not None)
             check_cpus(cfg)
             _ray.start(cfg, prestart=True)  # (the CLI started it before importing torch)
             t_config = time.perf_counter()

@@ -69,3 +69,40 @@ class TargetExpert:
 
     def compute_actions(self, obs: Any, explore: bool = False) -> np.ndarray:
         return np.asarray(obs, np.float32).reshape(-1, 1)
+
+
+class EchoEnv(gym.Env):
+    """Scripted episodes for ``run.output``: the ``k``-th episode of an env (``k`` counts its
+    resets from 0) lasts ``1 + k % 4`` steps and ends terminated when ``k`` is odd, truncated
+    when even. Observation ``[k, t, a]``: ``a`` is the action the last step received (0 at
+    reset), so a dataset's ``observations[t + 1, 2]`` must equal its ``actions[t]``. Reward
+    ``t + k / 10``. ``box=True``: actions in Box(-0.5, 0.5, (1,)) (a Gaussian policy's draws
+    are scaled and clipped into it); else Discrete(3). ``discrete_obs=True``: the observation
+    is ``Discrete(5)``, the step ``t`` alone."""
+
+    metadata: dict = {}
+
+    def __init__(self, box: bool = False, discrete_obs: bool = False):
+        self.box, self.discrete_obs = box, discrete_obs
+        self.action_space = spaces.Box(-0.5, 0.5, (1,), np.float32) if box else spaces.Discrete(3)
+        self.observation_space = (spaces.Discrete(5) if discrete_obs
+                                  else spaces.Box(-1.0, 1e6, (3,), np.float32))
+        self.k = -1
+
+    def _obs(self, a: float) -> Any:
+        return self.t if self.discrete_obs else np.array([self.k, self.t, a], np.float32)
+
+    def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None):
+        super().reset(seed=seed)
+        self.k, self.t = self.k + 1, 0
+        return self._obs(0.0), {}
+
+    def step(self, action: Any):
+        self.t += 1
+        end = self.t >= 1 + self.k % 4
+        a = float(np.asarray(action).reshape(-1)[0])
+        return self._obs(a), self.t + self.k / 10, end and self.k % 2 == 1, end and self.k % 2 == 0, {}
+
+
+def echo(box: bool = False, discrete_obs: bool = False) -> EchoEnv:
+    return EchoEnv(box, discrete_obs)

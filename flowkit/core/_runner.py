@@ -109,6 +109,32 @@ class RecurrentStates:
             self.state[rows] = self.policy.initial_state(k)
 
 
+# ---- the env's own values (run.output) -------------------------------------------------------
+def raw_leaves(x: Any, prefix: str) -> Dict[str, np.ndarray]:
+    """A batched raw observation or action (an array, or dicts / tuples of them, as a vector
+    env returns them) as ``{column: array}``: ``prefix`` for an array, ``prefix/key`` (or
+    ``prefix/i``) for the leaves of a dict (tuple), nested alike. The arrays are copies (a
+    vector env may reuse its output buffers)."""
+    if isinstance(x, dict):
+        return {k: v for key, sub in x.items() for k, v in raw_leaves(sub, f"{prefix}/{key}").items()}
+    if isinstance(x, tuple):
+        return {k: v for i, sub in enumerate(x) for k, v in raw_leaves(sub, f"{prefix}/{i}").items()}
+    return {prefix: np.array(x, copy=True)}
+
+
+def take_raw(batch: sb.SampleBatch) -> Dict[str, np.ndarray]:
+    """Take the ``raw:*`` columns out of ``batch`` (in place) as the ``meta["raw"]`` of a
+    fragment: every row's ``raw:obs*``, ``raw:actions``, ``raw:rewards`` (float64, as the env
+    gave them), ``raw:terminateds``, ``raw:truncateds`` (the env's own flags), ``eps_id`` and
+    ``t``, and ``raw:next_obs*`` only of the rows that end an episode (in row order)."""
+    raw = {k: batch.pop(k) for k in list(batch) if k.startswith(sb.RAW_PREFIX)}
+    ends = np.asarray(raw[sb.RAW_PREFIX + "terminateds"], bool) | np.asarray(raw[sb.RAW_PREFIX + "truncateds"], bool)
+    nxt = sb.RAW_PREFIX + "next_obs"
+    out = {k: (v[ends] if k == nxt or k.startswith(nxt + "/") else v) for k, v in raw.items()}
+    out[sb.EPS_ID], out[sb.T] = np.array(batch[sb.EPS_ID]), np.array(batch[sb.T])
+    return out
+
+
 # ---- the Gymnasium vector-env runner ---------------------------------------------------------
 AUTORESET_MODES = {"next_step": gym.vector.AutoresetMode.NEXT_STEP,
                    "same_step": gym.vector.AutoresetMode.SAME_STEP}
@@ -139,6 +165,12 @@ class GymEnvRunner:
     (:class:`RecurrentStates`), back to the initial state when the sub-env's episode starts (in
     both modes: the first real step of an episode always acts from it); every row records the
     state it acted from (``state_in``), so any sequence of rows starts from its first row's.
+
+    With ``run.output`` set, every row also carries the env's own values (the observation
+    before encoding, the action as the env received it after ``to_env``, the float64 reward,
+    the env's ``terminated`` / ``truncated``; the final observation of rows that end an
+    episode), cut with the other columns and handed out in ``meta["raw"]`` (:func:`take_raw`)
+    for the driver's dataset writer; post-processing never sees them.
     """
 
     policy_id = sb.DEFAULT_POLICY_ID
@@ -173,6 +205,7 @@ class GymEnvRunner:
         # envs that report whole games (env.preset=atari: a life loss ends a training episode;
         # metrics count games, with their unclipped return, from info["game_return"])
         self.games = not self.native and any(_reports_games(e) for e in envs)
+        self.record = bool(cfg.get("run", {}).get("output"))  # run.output: keep the env's own values
         self._reset_all()
 
     @staticmethod
@@ -228,6 +261,7 @@ class GymEnvRunner:
         if self._check_left > 0:
             self._check_rows(raw, "reset()")
         self.obs_enc, self.mask = self.encoder(raw, self.n)
+        self.raw_obs = raw_leaves(raw, sb.RAW_PREFIX + "obs") if self.record else None
         self.reset_pending = np.zeros(self.n, bool)
         self.states = RecurrentStates.of(self.policy, self.n)
         self.episodes = [self._new_episode(j) for j in range(self.n)]
@@ -258,25 +292,35 @@ class GymEnvRunner:
                 actions, extras = pol.compute_actions_encoded(obs_enc, mask, explore)
             else:
                 actions, extras = states.act(obs_enc, mask, explore)
-            raw_next, rew, term, trunc, infos = self._call("step()", self.vec.step, self.dist.to_env(actions))
+            env_actions = self.dist.to_env(actions)
+            raw_next, rew, term, trunc, infos = self._call("step()", self.vec.step, env_actions)
             if self._check_left > 0:
                 self._check_rows(raw_next, "step()")
             valid = ~self.reset_pending
             next_enc, next_mask = enc(raw_next, n)
-            rec_next, rec_next_mask = next_enc, next_mask
+            rec_next, rec_next_mask, rec_raw_next = next_enc, next_mask, raw_next
             done = term | trunc
             if self.same_step and done.any():  # record the real final observations (from info)
                 space = self.vec.single_observation_space
                 final = [f if d else o for o, f, d in zip(iterate(self.vec.observation_space, raw_next),
                                                           infos["final_obs"], done)]
                 out: Any = create_empty_array(space, n)  # Any: typed Optional, never None here
-                rec_next, rec_next_mask = enc(concatenate(space, final, out), n)
+                rec_raw_next = concatenate(space, final, out)
+                rec_next, rec_next_mask = enc(rec_raw_next, n)
             step = {sb.OBS: obs_enc, sb.ACTIONS: actions, sb.REWARDS: np.asarray(rew, np.float32),
                     sb.TERMINATEDS: term, sb.TRUNCATEDS: trunc & ~term, sb.NEXT_OBS: rec_next,
                     sb.EPS_ID: self.eps_ids.copy(), sb.T: self.t.copy()}
             if mask is not None:
                 step.update({sb.ACTION_MASK: mask, sb.NEXT_ACTION_MASK: rec_next_mask})
             step.update(extras)
+            if self.raw_obs is not None:  # run.output: the env's own values of this step
+                raw_now = raw_leaves(raw_next, sb.RAW_PREFIX + "obs")
+                step.update({**self.raw_obs, **raw_leaves(rec_raw_next, sb.RAW_PREFIX + "next_obs"),
+                             sb.RAW_PREFIX + "actions": np.array(env_actions, copy=True),
+                             sb.RAW_PREFIX + "rewards": np.asarray(rew, np.float64),
+                             sb.RAW_PREFIX + "terminateds": np.asarray(term, bool),
+                             sb.RAW_PREFIX + "truncateds": np.asarray(trunc, bool)})
+                self.raw_obs = raw_now
             steps.append(step)
             valid_l.append(valid)
             # episode bookkeeping (real transitions only)
@@ -313,10 +357,13 @@ class GymEnvRunner:
             self.obs_enc, self.mask = next_enc, next_mask
         for i, ep in enumerate(self.episodes):  # running episodes, as hooks see them
             ep.length, ep.total_reward = int(self.ep_len[i]), float(self.ep_ret[i])
-        batch = self._postprocess(self._cut(steps, valid_l), live_eps)
+        batch = self._cut(steps, valid_l)
+        meta: Dict[str, Any] = {"weights_version": self.worker.weights_version}
+        if self.raw_obs is not None:
+            meta["raw"] = take_raw(batch)
+        batch = self._postprocess(batch, live_eps)
         return sb.MultiAgentBatch({self.policy_id: batch}, env_steps=n * T, agent_steps=n * T,
-                                  episodes=finished, worker_index=self.worker.index,
-                                  meta={"weights_version": self.worker.weights_version})
+                                  episodes=finished, worker_index=self.worker.index, meta=meta)
 
     def _cut(self, steps, valid_l) -> sb.SampleBatch:
         """Stack steps as (N, S, ...) (rows of one sub-env contiguous: one copy of each column)

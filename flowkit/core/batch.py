@@ -49,6 +49,11 @@ SEQ_MASK = "seq_mask"            # bool[B, L], sequence replay (R2D2): each row 
                                  # steps (its other columns [B, L, ...] or [B, L + 1, ...]); True at real
                                  # steps, False in the padding after an episode's end
 
+RAW_PREFIX = "raw:"               # run.output: the env's own values, one column per leaf (raw:obs, raw:obs/key,
+                                 # raw:next_obs, raw:actions, raw:rewards, raw:terminateds, raw:truncateds); the
+                                 # runner takes them out of the batch into MultiAgentBatch.meta["raw"]
+                                 # before post-processing
+
 DEFAULT_POLICY_ID = "default"
 
 

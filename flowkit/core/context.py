@@ -54,6 +54,7 @@ class RunContext(FlowContext):
             (:class:`~flowkit.core.metrics.Metrics`).
         run_dir: the run folder; iteration, time_total_s (s), stop_reason (None while
             running), prefetch and config_warnings as named.
+        output, replay_mix: see their own docstrings (None unless handed in).
     """
 
     config: DictConfig
@@ -80,6 +81,15 @@ class RunContext(FlowContext):
     _t_start: Optional[float] = None
     t_entry: Optional[float] = None  # when train() was called (perf_counter), for the phase times
     _eval_worker: Optional[RolloutWorker] = None
+    output: Any = None
+    """``run.output``'s writer (handed in by the engine: an operator with a ``name``, called with
+    each sampled MultiAgentBatch, returning it without ``meta["raw"]``; ``wired`` set once a
+    plan placed it): :func:`~flowkit.core.ops.ParallelRollouts` puts it right after the
+    rollouts. None: the run records nothing."""
+    replay_mix: Any = None
+    """Rows of a second source mixed into every replayed batch (a
+    :class:`~flowkit.core.replay.ReplayMix`, handed in by a plugin before the plan is built:
+    ``input.dataset`` with ``input.mix``); :func:`~flowkit.core.ops.ReplayPlan` uses it."""
 
     @property
     def policy_ids(self) -> List[str]:

@@ -84,6 +84,7 @@ class Metrics:
             "episode_return_mean": _mean(self.episode_window), "episode_len_mean": _mean(self.len_window),
             "episodes_this_iter": len(self.iter_episodes), "episodes_total": int(c["episodes_total"]),
             "num_updates": int(c["num_updates"]), "num_worker_restarts": int(num_restarts)}
+        r.update({k: int(c[k]) for k in ("dataset_epochs", "dataset_rows_replayed") if k in c})  # offline runs
         if list(policy_ids) != [sb.DEFAULT_POLICY_ID]:  # multi-agent, or a policy not named "default"
             r.update({f"policy/{pid}/episode_return_mean": _mean(self.policy_windows.get(pid, ()))
                       for pid in policy_ids})

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence,
 
 import numpy as np
 
-from flowkit.config import RandomConfig, schedule_horizon
+from flowkit.config import ConfigError, RandomConfig, schedule_horizon
 from flowkit.core import batch as sb
 from flowkit.core.algorithm import Algorithm
 from flowkit.core.flow import NOT_READY, Flow, ParallelFlow, Sourced, union_tagged
@@ -39,7 +39,9 @@ def ParallelRollouts(ctx: "RunContext", mode: str = "bulk_sync", num_async: Opti
             ``runtime.async_requests_per_worker``).
         prefetch: bulk_sync mode: request the next round before handing this one on.
     Counts ``env_steps_sampled`` and ``agent_steps_sampled`` and records finished episodes
-    in ``ctx`` for StandardMetricsReporting.
+    in ``ctx`` for StandardMetricsReporting. With ``ctx.output`` (``run.output``), that writer
+    follows as the next operator: it takes the env's own values out of each batch
+    (``meta["raw"]``) and writes the episodes they complete.
     """
     def sample_args(actor):  # weights waiting to travel with this actor's next request
         f = getattr(ctx.workers, "sample_args", None)
@@ -69,18 +71,23 @@ def ParallelRollouts(ctx: "RunContext", mode: str = "bulk_sync", num_async: Opti
         return sb.MultiAgentBatch.concat(batches)
 
     if mode == "bulk_sync":
-        return pf.gather_sync(per_round=True, prefetch=prefetch).for_each(
+        flow = pf.gather_sync(per_round=True, prefetch=prefetch).for_each(
             account_round, f"ParallelRollouts(bulk_sync{', prefetch' if prefetch else ''})")
-    if mode == "async":
+    elif mode == "async":
         num_async = int(ctx.config.runtime.get("async_requests_per_worker", 2)) if num_async is None else num_async
         if num_async < 1:
             raise ValueError(f"runtime.async_requests_per_worker must be >= 1, got {num_async}")
-        return pf.gather_async(num_async=num_async).for_each(
+        flow = pf.gather_async(num_async=num_async).for_each(
             lambda b: account(ctx.current_actor, b), f"ParallelRollouts(async, num_async={num_async})")
-    if grads:
-        return pf.gather_async(num_async=1, resubmit_after_use=True).for_each(
+    elif grads:
+        flow = pf.gather_async(num_async=1, resubmit_after_use=True).for_each(
             lambda b: account(ctx.current_actor, b), "ParallelRollouts(async_gradients)")
-    raise ValueError(f"ParallelRollouts: mode must be bulk_sync, async or async_gradients, got {mode!r}")
+    else:
+        raise ValueError(f"ParallelRollouts: mode must be bulk_sync, async or async_gradients, got {mode!r}")
+    if ctx.output is not None:
+        ctx.output.wired = True
+        flow = flow.for_each(ctx.output, ctx.output.name)
+    return flow
 
 
 # ---- batch transforms ------------------------------------------------------------------------
@@ -401,18 +408,26 @@ def ReplayPlan(ctx: "RunContext", learner: Learner, experiences: Flow, buffer: A
     UpdatePriorities runs when the buffer is prioritized. ``store_ops`` / ``train_ops``: the
     algorithm's own operators (exploration, weight sync) after each branch.
     ``round_robin_weights``: ``[1, k]``, k train steps per stored item
-    (:func:`~flowkit.core.replay.store_train_weights`). ``batch_size`` and ``learning_starts``
+    (:func:`~flowkit.core.replay.store_train_weights`). ``ctx.replay_mix`` (``input.mix``): a
+    share of each replayed batch from a dataset (:class:`~flowkit.core.replay.ReplayMix`; the
+    local buffer only). ``batch_size`` and ``learning_starts``
     serve the local buffer only (shards replay the batch size and wait for the
     ``learning_starts // num_shards`` env steps they were built with); ``num_async`` serves the
     shards only."""
     from flowkit.core import replay
     shards = isinstance(buffer, replay.ReplayShards)
+    if shards and ctx.replay_mix is not None:
+        raise ConfigError("input.mix: replay shards (Ape-X, dqn.num_replay_shards > 0) do not mix a dataset "
+                          "into their batches; use one local replay buffer")
     store = experiences.for_each(replay.StoreToReplayShards(buffer) if shards else replay.StoreToReplayBuffer(buffer))
     for op in store_ops:
         store = store.for_each(op)
     if shards:
         train = (replay.ReplayFromShards(ctx, buffer, num_async).zip_with_source_actor()
                  .for_each(TrainOneStep(ctx, learner), keep_source=True))
+    elif ctx.replay_mix is not None:  # input.mix: a share of each batch from a dataset
+        train = replay.Replay(ctx, buffer, batch_size, learning_starts,
+                              mix=ctx.replay_mix.bind(batch_size)).for_each(TrainOneStep(ctx, learner))
     else:
         train = replay.Replay(ctx, buffer, batch_size, learning_starts).for_each(TrainOneStep(ctx, learner))
     if buffer.prioritized:
@@ -450,6 +465,7 @@ def StandardMetricsReporting(train_flow: Flow, ctx: "RunContext") -> Flow:
     env_steps_sampled, env_steps_trained, agent_steps_*, episode_return_mean / episode_len_mean
     (last 20 episodes), episodes_this_iter, episodes_total, policy/<id>/episode_return_mean,
     learner/<id>/<stat>, custom/<name> (mean over this iteration's episodes), num_worker_restarts,
+    dataset_epochs and dataset_rows_replayed (runs that read a dataset: ``input.dataset``),
     time_total_s, time_this_iter_s, env_steps_per_s, perf/* timers.
     """
     run, budget = ctx.config.run, ctx.config.stop.env_steps

@@ -261,8 +261,11 @@ class ReplayBuffer:
 
     def update_priorities(self, idx: np.ndarray, td_error: np.ndarray) -> None:
         """New priorities ``|td_error| + eps`` (float32[B]) for slots ``idx`` (int64[B], the
-        ``batch_indexes`` of a sample); a no-op for uniform sampling."""
-        self.sampler.update(idx, td_error)
+        ``batch_indexes`` of a sample; rows of index -1 came from elsewhere (a
+        :class:`ReplayMix`) and are skipped); a no-op for uniform sampling."""
+        idx = np.asarray(idx)
+        keep = idx >= 0
+        self.sampler.update(idx[keep], np.asarray(td_error)[keep])
 
     def get_state(self, include_replay: bool = True) -> Dict[str, Any]:
         return {"storage": self.storage.get_state(include_replay), "sampler": self.sampler.get_state(include_replay)}
@@ -362,8 +365,66 @@ class StoreToReplayBuffer:
         return item
 
 
+class ReplayMix:
+    """Symmetric sampling (Ball, Smith, Kostrikov and Levine 2023, *Efficient Online
+    Reinforcement Learning with Offline Data* (RLPD), arXiv 2302.02948, section 4.1): a fixed
+    ``fraction`` of the rows of every replayed batch comes from a second source (a dataset),
+    the rest from the replay buffer of live experience. Handed in as ``ctx.replay_mix`` before
+    the plan is built; :func:`ReplayPlan` binds it to its :func:`Replay`.
+
+    Args:
+        make_source: ``make_source(k)`` -> an endless iterable of MultiAgentBatches of ``k``
+            rows per policy (fewer allowed: the replay buffer makes up the rest), called once,
+            when a plan binds the mix (``k = round(fraction * batch_size)``).
+        fraction: the share of each replayed batch from the source, in (0, 1).
+        name: the source as the plan shows it.
+    Attributes:
+        rows: ``k`` once bound (None before: no plan replays, e.g. an on-policy algorithm).
+    """
+
+    def __init__(self, make_source: Any, fraction: float, name: str):
+        if not 0.0 < float(fraction) < 1.0:
+            raise ValueError(f"ReplayMix: fraction must be in (0, 1), got {fraction}")
+        self.make_source, self.fraction, self.name = make_source, float(fraction), name
+        self.rows: Optional[int] = None
+        self._it: Any = None
+
+    def bind(self, batch_size: int) -> "ReplayMix":
+        """Start the source for batches of ``batch_size`` replayed rows. Returns self.
+
+        Raises:
+            ValueError: bound twice (one replay per mix).
+        """
+        if self.rows is not None:
+            raise ValueError(f"ReplayMix({self.name}): already bound to a replay")
+        self.rows = max(1, min(int(batch_size) - 1, int(round(self.fraction * int(batch_size)))))
+        self._it = iter(self.make_source(self.rows))
+        return self
+
+    def take(self) -> sb.MultiAgentBatch:
+        """The source's next batch (``rows`` rows per policy, or fewer)."""
+        return next(self._it)
+
+    @staticmethod
+    def combine(online: sb.MultiAgentBatch, offline: sb.MultiAgentBatch) -> sb.MultiAgentBatch:
+        """Per policy, the replayed rows then the source's, in the columns both have (the
+        source's rows get ``batch_indexes`` -1, never updated as priorities, and importance
+        weights 1). ``env_steps``: all rows."""
+        out = {}
+        for pid, on in online.policy_batches.items():
+            off = offline.policy_batches.get(pid)
+            if off is None or not len(off):
+                out[pid] = on
+                continue
+            n = len(off)
+            extra = {sb.BATCH_INDEXES: np.full(n, -1, np.int64), sb.PRIO_WEIGHTS: np.ones(n, np.float32)}
+            cols = [k for k in on if k in off or k in extra]
+            out[pid] = sb.SampleBatch({k: np.concatenate([on[k], off[k] if k in off else extra[k]]) for k in cols})
+        return sb.MultiAgentBatch(out, env_steps=max(len(b) for b in out.values()))
+
+
 def Replay(ctx: "RunContext", buffer: MultiAgentReplayBuffer, batch_size: int, learning_starts: int,
-           wait_s: float = 0.01) -> Flow:
+           wait_s: float = 0.01, mix: Optional[ReplayMix] = None) -> Flow:
     """A source of replayed MultiAgentBatches of ``batch_size`` rows per policy.
 
     NOT_READY until ``ctx.counters["env_steps_sampled"] >= learning_starts`` and a policy
@@ -371,6 +432,10 @@ def Replay(ctx: "RunContext", buffer: MultiAgentReplayBuffer, batch_size: int, l
     it last said so, it sleeps ``wait_s`` seconds first, so a driver whose every branch is
     waiting does not spin (in a round-robin with the store branch the buffer grows between
     two asks, and it never sleeps).
+
+    ``mix`` (a bound :class:`ReplayMix`): each batch takes the source's next batch (``k``
+    rows) and ``batch_size - k`` rows from the buffer; ``dataset_rows_replayed`` counts the
+    source's rows.
     """
     def gen():
         last_added = -1
@@ -382,9 +447,21 @@ def Replay(ctx: "RunContext", buffer: MultiAgentReplayBuffer, batch_size: int, l
                 yield NOT_READY
                 continue
             with ctx.timers["replay"]:
-                b = buffer.sample(batch_size)
+                if mix is None:
+                    b = buffer.sample(batch_size)
+                else:
+                    off = mix.take()
+                    k = max((len(pb) for pb in off.policy_batches.values()), default=0)
+                    b = buffer.sample(batch_size - k)
+                    if b is not None:
+                        b = mix.combine(b, off)
+                        ctx.counters["dataset_rows_replayed"] += k
             yield b
-    return Flow(gen, f"Replay(batch_size={batch_size}, learning_starts={learning_starts})", (), ctx)
+    name = f"Replay(batch_size={batch_size}, learning_starts={learning_starts}"
+    if mix is None:
+        return Flow(gen, name + ")", (), ctx)
+    src = Flow(lambda: iter(()), mix.name, (), ctx)  # shown in the plan; read through the mix
+    return Flow(gen, f"{name}, mix={mix.fraction:g} of {mix.rows} rows from the source)", (src,), ctx)
 
 
 def store_train_weights(training_intensity: float, round_env_steps: int, batch_size: int) -> List[float]:

@@ -40,6 +40,10 @@ class InputConfig:
     dataset: Optional[str] = F(None, "a dataset folder written by `flowkit record` (or a local Minari dataset id "
                                      "under $MINARI_DATASETS_PATH): the run learns from it instead of rollout "
                                      "workers (algo=bc, marwil, cql_dqn, cql_sac); evaluation still runs the env")
+    mix: Optional[float] = F(None, "online and offline: with live rollout workers, this share of every replayed "
+                                   "batch comes from input.dataset, the rest from the replay buffer (RLPD's symmetric "
+                                   "sampling at 0.5; off-policy algorithms that replay: dqn, sac, td3, ...)",
+                             gt=0, lt=1)
     shuffle_buffer_size: int = F(100_000, "rows shuffled together, the reader's memory bound: a dataset of at most "
                                           "this many rows is read once and kept (a full shuffle each epoch); a larger "
                                           "one is streamed, whole episodes in a random order into a buffer of this "
@@ -137,9 +141,13 @@ def flowkit_add_config_sections():
 @flowkit.hookimpl(tryfirst=True)
 def flowkit_build_plan(ctx):
     """Runs on: driver. With ``input.dataset``: the dataset reader instead of the rollout
-    workers, into the algorithm's training flow; None otherwise."""
+    workers, into the algorithm's training flow, or with ``input.mix`` mixed into the replay of
+    a run with rollout workers; None otherwise."""
     from omegaconf import OmegaConf
     if not OmegaConf.select(ctx.config, "input.dataset"):
+        if OmegaConf.select(ctx.config, "input.mix") is not None:
+            raise ConfigError(f"input.mix={OmegaConf.select(ctx.config, 'input.mix')} needs input.dataset=PATH "
+                              "(the dataset mixed into the replayed batches)")
         return None
     from flowkit_offline.reader import build_plan
     return build_plan(ctx)

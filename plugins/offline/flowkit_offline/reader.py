@@ -72,12 +72,16 @@ class DatasetReader:
             ``postprocess_trajectory``).
         batch_size: rows per batch.
         shuffle_buffer_size: rows shuffled together.
+        count_sampled: count the rows handed out as ``env_steps_sampled`` (the run's only
+            source); False: as ``dataset_rows_read`` (a source mixed into replay, ``input.mix``,
+            where sampled env steps are the live workers').
     Raises:
         ConfigError: the dataset is missing, damaged, empty or of other spaces than the policy.
     """
 
-    def __init__(self, ctx: Any, path: str, policy_id: str, batch_size: int, shuffle_buffer_size: int):
-        self.ctx, self.path, self.policy_id = ctx, path, policy_id
+    def __init__(self, ctx: Any, path: str, policy_id: str, batch_size: int, shuffle_buffer_size: int,
+                 count_sampled: bool = True):
+        self.ctx, self.path, self.policy_id, self.count_sampled = ctx, path, policy_id, count_sampled
         self.policy = ctx.policies[policy_id]
         ds = open_dataset(path)
         env = str(ctx.config.env.id or ctx.config.env.factory)
@@ -178,9 +182,12 @@ class DatasetReader:
                 if i < skip:  # a restored reader: the batches the run it continues trained on
                     continue
                 self.batches = i + 1
-                self.ctx.counters["env_steps_sampled"] += len(b)
-                self.ctx.counters["agent_steps_sampled"] += len(b)
-                self.ctx.mark("first_sample")
+                if self.count_sampled:
+                    self.ctx.counters["env_steps_sampled"] += len(b)
+                    self.ctx.counters["agent_steps_sampled"] += len(b)
+                    self.ctx.mark("first_sample")
+                else:
+                    self.ctx.counters["dataset_rows_read"] += len(b)
                 yield sb.MultiAgentBatch({self.policy_id: b}, len(b))
             self.epoch, self.batches = self.epoch + 1, 0
             self.ctx.counters["dataset_epochs"] = self.epoch
@@ -203,19 +210,28 @@ class NoRollouts(WorkerSet):
 
 def build_plan(ctx: Any) -> Flow:
     """``DatasetReader -> <algo>.training_flow`` for a run with ``input.dataset`` (one
-    single-agent policy trained by ``bc`` or ``marwil``); the rollout workers are replaced by
-    :class:`NoRollouts`.
+    single-agent policy trained by ``bc``, ``marwil``, ``cql_dqn`` or ``cql_sac``); the rollout
+    workers are replaced by :class:`NoRollouts`. With ``input.mix`` (another algorithm, one
+    that replays): :func:`build_mixed_plan`.
 
     Raises:
-        ConfigError: another algorithm, or several policies.
+        ConfigError: another algorithm without ``input.mix``, ``input.mix`` with an offline
+            algorithm, or several policies.
     """
     cfg = ctx.config
     name = str(cfg.algo)
-    if name not in OFFLINE_ALGOS:
-        raise ConfigError(f"input.dataset is set but algo={name} learns from rollouts "
-                          f"(algorithms that learn from a dataset: {', '.join(OFFLINE_ALGOS)})")
+    mix = OmegaConf.select(cfg, "input.mix")
     if len(ctx.policy_specs) != 1:
         raise ConfigError(f"input.dataset: single-agent runs only (policies: {', '.join(ctx.policy_specs)})")
+    if name not in OFFLINE_ALGOS:
+        if mix is not None:
+            return build_mixed_plan(ctx, float(mix))
+        raise ConfigError(f"input.dataset is set but algo={name} learns from rollouts "
+                          f"(algorithms that learn from a dataset: {', '.join(OFFLINE_ALGOS)}; off-policy ones that "
+                          "replay, e.g. dqn or sac, mix it into their batches with input.mix=0.5)")
+    if mix is not None:
+        raise ConfigError(f"input.mix={mix}: algo={name} learns from the dataset alone (input.mix mixes a dataset "
+                          "into the replayed batches of an off-policy algorithm with live workers: dqn, sac, td3)")
     old = ctx.workers
     ctx.workers = NoRollouts(cfg, ctx.policy_specs, ctx.pm, remote_specs=old.remote_specs)
     ctx.workers.prestarted, old.prestarted = old.prestarted, None
@@ -228,3 +244,35 @@ def build_plan(ctx: Any) -> Flow:
                                                               int(inp.shuffle_buffer_size)))
     experiences = Flow(lambda: iter(reader), reader.name, [], ctx)
     return algo.training_flow(experiences, ctx, ctx.add_learner(name, ctx.policy_ids))
+
+
+def build_mixed_plan(ctx: Any, mix: float) -> Flow:
+    """Online and offline experience (``input.dataset`` with ``input.mix``): the algorithm's own
+    plan with live rollout workers, whose replay (:func:`~flowkit.core.ops.ReplayPlan`) takes
+    ``input.mix`` of each batch from a :class:`DatasetReader` of the dataset
+    (:class:`~flowkit.core.replay.ReplayMix`: RLPD's symmetric sampling). The reader counts its
+    rows as ``dataset_rows_read`` and is checkpointed (``offline/reader``).
+
+    Raises:
+        ConfigError: the algorithm replays sequences (recurrent: R2D2), or its plan has no
+            replay buffer (on-policy algorithms, IMPALA).
+    """
+    from flowkit.builtin import flowkit_build_plan as default_plan
+    from flowkit.core.replay import ReplayMix
+    cfg = ctx.config
+    name, pid = str(cfg.algo), ctx.policy_ids[0]
+    init = getattr(ctx.policies[pid], "initial_state", None)
+    if init is not None and init(1) is not None:
+        raise ConfigError(f"input.mix={mix}: algo={name} replays sequences of a recurrent network; a dataset's "
+                          "rows mix into the batches of a feed-forward one (dqn, sac, td3)")
+    inp = OmegaConf.select(cfg, "input")
+
+    def reader(rows: int) -> DatasetReader:
+        return ctx.add_stateful("offline/reader", DatasetReader(ctx, str(inp.dataset), pid, rows,
+                                                                int(inp.shuffle_buffer_size), count_sampled=False))
+    ctx.replay_mix = ReplayMix(reader, mix, f"DatasetReader({inp.dataset})")
+    plan = default_plan(ctx)
+    if ctx.replay_mix.rows is None:
+        raise ConfigError(f"input.mix={mix}: algo={name} has no replay buffer to mix the dataset into "
+                          "(on-policy; input.mix is for off-policy algorithms that replay: dqn, sac, td3)")
+    return plan
