@@ -238,6 +238,29 @@ def test_sharded_reader_resumes_with_the_same_batches(tmp_path):
         _sharded(path, k=3)[0].set_state(state)
 
 
+@pytest.mark.slow
+def test_sharded_readers_on_ray_give_the_local_batches(ray_session, tmp_path):
+    path = str(tmp_path / "b-v0")
+    record_episodes(BoundaryPolicy(), BOUNDARY, path, episodes=30, seed=0, num_envs=4)
+    remote, _ = _sharded(path, backend="ray", all_columns=False)
+    try:
+        got = _take(remote, 30)
+        state = remote.get_state()
+        remote.set_state({"shards": [{"epoch": 0, "batches": 3}, {"epoch": 0, "batches": 2}], "next_shard": 1})
+        again = _take(remote, 4)
+    finally:
+        remote.stop()
+    local = _take(_sharded(path, all_columns=False)[0], 30)
+    assert state == {"shards": [dict(local[-2][2]), dict(local[-1][2])], "next_shard": 0}
+    for (i, a, sa), (j, b, sb_) in zip(got, local):
+        assert i == j and sa == sb_ and sorted(a) == ["actions", "obs"]
+        np.testing.assert_array_equal(a["obs"], b["obs"])
+        np.testing.assert_array_equal(a["actions"], b["actions"])
+    for (i, a, _), (j, b, _) in zip(again, local[5:9]):  # shard 1's 3rd batch, shard 0's 4th, ...
+        assert i == j
+        np.testing.assert_array_equal(a["obs"], b["obs"])
+
+
 def test_num_readers_config_errors(tmp_path, capsys, match_dataset):
     from flowkit.cli import main
     rc = main(["train", "algo=dqn", "env.factory=flowkit.testing.envs:match", "input.num_readers=2",
