@@ -79,9 +79,11 @@ class DatasetReader:
         count_sampled: count the rows handed out as ``env_steps_sampled`` (the run's only
             source); False: as ``dataset_rows_read`` (a source mixed into replay, ``input.mix``,
             where sampled env steps are the live workers').
-        shard, num_shards: read only the episodes at positions ``shard, shard + num_shards, ...``
-            of the dataset, with the generators of ``derive_seed(seed, "offline_reader", e, shard)``
-            (one of the shards of :class:`ShardedReader`); ``num_shards=1``: every episode.
+        shard: this reader's index among ``num_shards``: it reads only the episodes at positions
+            ``shard, shard + num_shards, ...`` of the dataset, with the generators of
+            ``derive_seed(seed, "offline_reader", e, shard)`` (one of the shards of
+            :class:`ShardedReader`).
+        num_shards: readers sharing the dataset (1: this one reads every episode).
     Raises:
         ConfigError: the dataset is missing, damaged, empty or of other spaces than the policy.
     """
