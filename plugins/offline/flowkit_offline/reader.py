@@ -260,12 +260,16 @@ class ReaderShard:
             raise self._init_error
         return self.reader.name
 
-    def next_batch(self) -> Tuple[sb.SampleBatch, int, int]:
-        """``(batch, epoch, batches)``: the next batch and the shard's state once it is handed out."""
+    def next_batches(self, n: int) -> List[Tuple[sb.SampleBatch, int, int]]:
+        """The next ``n`` batches, each as ``(batch, epoch, batches)``: the batch and the shard's
+        state once it is handed out."""
         if self._it is None:
             self._it = self.reader.stream()
-        b = next(self._it)
-        return b, self.reader.epoch, self.reader.batches
+        out = []
+        for _ in range(n):
+            b = next(self._it)
+            out.append((b, self.reader.epoch, self.reader.batches))
+        return out
 
     def set_state(self, state: Dict[str, Any]) -> None:
         self.reader.set_state(state)
@@ -279,7 +283,8 @@ class ShardedReader:
     its own generators (``derive_seed(seed, "offline_reader", epoch, shard)``). Batches are taken
     from the shards round-robin in a fixed order (0, 1, ..., k - 1, 0, ...), so a run is
     deterministic; ``in_flight`` requests per shard are kept pending so the shards read while
-    the learner trains. Each shard keeps its own epochs (one that holds fewer rows starts its
+    the learner trains (``batches_per_call`` batches a request: a Ray call costs about a
+    millisecond). Each shard keeps its own epochs (one that holds fewer rows starts its
     next epoch sooner); ``dataset_epochs`` counts the epochs every shard has begun after.
     Started on the first batch (``flowkit plan`` starts nothing).
 
@@ -291,15 +296,17 @@ class ShardedReader:
     """
 
     def __init__(self, ctx: Any, path: str, policy_id: str, batch_size: int, shuffle_buffer_size: int,
-                 num_readers: int, count_sampled: bool = True, in_flight: int = 2):
+                 num_readers: int, count_sampled: bool = True, in_flight: int = 2, batches_per_call: int = 8):
         self.ctx, self.path, self.policy_id, self.count_sampled = ctx, path, policy_id, count_sampled
         self.num_readers, self.in_flight = int(num_readers), max(1, int(in_flight))
+        self.batches_per_call = max(1, int(batches_per_call))
         check_num_readers(open_dataset(path), self.num_readers, path)
         self.batch_size, self.buffer_size = int(batch_size), max(1, int(shuffle_buffer_size) // self.num_readers)
         self.states = [{"epoch": 0, "batches": 0} for _ in range(self.num_readers)]
         self.next_shard = 0
         self._actors: Optional[List[Any]] = None
         self._futures: List[Deque[Any]] = []
+        self._ready: List[Deque[Tuple[sb.SampleBatch, int, int]]] = []  # received, not yet handed out
         self.name = (f"ShardedReader({data_dir(path)}: {self.num_readers} x DatasetReader, batch={self.batch_size}, "
                      f"shuffle_buffer={self.buffer_size} each)")
 
@@ -327,13 +334,14 @@ class ShardedReader:
         return actors
 
     def _send_states(self) -> None:
-        """The states to the shards, then ``in_flight`` batch requests to each (calls to one actor
-        run in the order sent; results requested before are dropped)."""
+        """The states to the shards, then ``in_flight`` requests to each (calls to one actor run
+        in the order sent; batches requested or received before are dropped)."""
         assert self._actors is not None
         for a, st in zip(self._actors, self.states, strict=True):
             get_result(a.submit("set_state", st))
-        self._futures = [collections.deque(a.submit("next_batch") for _ in range(self.in_flight))
-                         for a in self._actors]
+        self._futures = [collections.deque(a.submit("next_batches", self.batches_per_call)
+                                           for _ in range(self.in_flight)) for a in self._actors]
+        self._ready = [collections.deque() for _ in self._actors]
 
     def __iter__(self) -> Iterator[sb.MultiAgentBatch]:
         if self._actors is None:
@@ -341,9 +349,11 @@ class ShardedReader:
         while True:
             assert self._actors is not None
             i = self.next_shard
-            fut = self._futures[i].popleft()
-            self._futures[i].append(self._actors[i].submit("next_batch"))
-            b, epoch, batches = get_result(fut)
+            if not self._ready[i]:
+                fut = self._futures[i].popleft()
+                self._futures[i].append(self._actors[i].submit("next_batches", self.batches_per_call))
+                self._ready[i].extend(get_result(fut))
+            b, epoch, batches = self._ready[i].popleft()
             self.states[i] = {"epoch": int(epoch), "batches": int(batches)}
             self.next_shard = (i + 1) % self.num_readers
             self.ctx.counters["dataset_epochs"] = min(st["epoch"] for st in self.states)
@@ -370,7 +380,7 @@ class ShardedReader:
                 import ray
                 with contextlib.suppress(Exception):
                     ray.kill(a.handle)
-        self._actors, self._futures = None, []
+        self._actors, self._futures, self._ready = None, [], []
 
 
 def make_reader(ctx: Any, policy_id: str, batch_size: int, count_sampled: bool = True) -> Any:
