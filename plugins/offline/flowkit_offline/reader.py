@@ -28,6 +28,9 @@ Measured in ``bench/offline_reader.py``.
 Exact resume: the reader's state is ``(epoch, batches handed out in it)``; a restored reader
 reads its epoch again from the start and skips that many batches (the same rows, in the same
 order, as the run it continues).
+
+``input.num_readers=k``: :class:`ShardedReader`, k such readers (:class:`ReaderShard`, Ray
+actors or in-process) over the episodes ``i, i + k, ...``, taken round-robin.
 """
 from __future__ import annotations
 
