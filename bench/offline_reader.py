@@ -16,14 +16,17 @@ outside the timing), permuted and cut into batches of the same size, two ways:
 Batches/s by the wall clock, and the ratio reader / numpy by the wall clock and by process CPU
 time (steadier on a machine shared with other work). ``--columns-build`` also times writing the
 dataset's columnar copy (``flowkit.datasets.build_columns``, once per dataset) into a
-temporary folder. ``--json PATH`` writes the figures.
+temporary folder. ``--readers K`` (default 2; 0: not) also times ``input.num_readers=K``
+readers on a local Ray cluster (:class:`~flowkit_offline.reader.ShardedReader`: about an
+epoch's batches, round-robin, after as many to warm up) and the driver's CPU time per batch
+(what the learner's process spends on reading). ``--json PATH`` writes the figures.
 
 Before/after comparisons run this script once per code version in fresh processes, alternating
 (e.g. ``PYTHONPATH=/tmp/old:/tmp/old/plugins/offline python bench/offline_reader.py D`` for an
 exported older tree), and take the median of each figure over the runs.
 
 Usage: python bench/offline_reader.py DATASET [DATASET ...] [--algo bc|cql_sac] [--batch 256]
-       [--buffer 100000] [--columns-build] [--json out.json]
+       [--buffer 100000] [--columns-build] [--readers 2] [--ray-cpus 2] [--json out.json]
 """
 from __future__ import annotations
 
@@ -117,6 +120,39 @@ def bench(path: str, a) -> dict:
     return out
 
 
+def bench_sharded(path: str, a, batches: int) -> dict:
+    """``--readers`` k :class:`ShardedReader` shards on Ray (local cluster, ``--ray-cpus``):
+    batches/s of ``batches`` batches taken round-robin after as many taken to warm up (the
+    actors started, each shard's first fill read)."""
+    import ray
+    from flowkit_offline.reader import ShardedReader
+
+    from flowkit._config_schema import ModelConfig
+    from flowkit.core.workers import PolicySpec
+    ds = open_dataset(path)
+    pol = make_policy(a.algo, ds)
+    spec = PolicySpec(type(pol), ds.observation_space, ds.action_space, pol.config, a.algo)
+    cfg = OmegaConf.create({"seed": 0, "env": {"id": "dataset", "factory": None},
+                            "model": OmegaConf.structured(ModelConfig),
+                            "runtime": {"backend": "ray", "torch_threads": 1}})
+    ctx = SimpleNamespace(policy_specs={"default": spec}, counters=collections.Counter(), mark=lambda _: None,
+                          config=cfg)
+    if not ray.is_initialized():
+        ray.init(num_cpus=a.ray_cpus, include_dashboard=False, log_to_driver=False)
+    reader = ShardedReader(ctx, path, "default", a.batch, a.buffer, a.readers)
+    it = iter(reader)
+    try:
+        for _ in range(batches):
+            next(it)
+        t, c = time.perf_counter(), time.process_time()
+        rows = sum(len(next(it)["default"]) for _ in range(batches))
+        dt, dc = time.perf_counter() - t, time.process_time() - c
+    finally:
+        reader.stop()
+    return {"readers": a.readers, "sharded_batches_per_s": batches / dt, "sharded_rows_per_s": rows / dt,
+            "sharded_driver_cpu_s_per_batch": dc / batches}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("datasets", nargs="+")
@@ -124,6 +160,8 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--buffer", type=int, default=100_000)
     p.add_argument("--columns-build", action="store_true", help="also time writing the columnar copy")
+    p.add_argument("--readers", type=int, default=2, help="also time input.num_readers=K readers on Ray (0: not)")
+    p.add_argument("--ray-cpus", type=int, default=2, help="CPUs of the local Ray cluster the readers run on")
     p.add_argument("--json", default=None)
     a = p.parse_args(argv)
     res = []
@@ -137,6 +175,13 @@ def main(argv=None) -> int:
               f"peak RSS +{r['peak_rss_mib']:.0f} MiB while reading"
               + (f"; columnar copy written in {r['columns_build_s']:.1f} s" if "columns_build_s" in r else ""),
               flush=True)
+        if a.readers > 0:
+            n = int(np.ceil(r["rows"] / a.batch))  # about an epoch's batches
+            r.update(bench_sharded(path, a, n))
+            print(f"{path}: input.num_readers={a.readers} on Ray ({a.ray_cpus} CPUs), {n} batches after {n} to warm up: "
+                  f"{r['sharded_batches_per_s']:.0f} batches/s ({r['sharded_rows_per_s']:.0f} rows/s) -> "
+                  f"{r['sharded_batches_per_s'] / r['reader_batches_per_s']:.2f}x the driver's reader; driver CPU "
+                  f"{1e3 * r['sharded_driver_cpu_s_per_batch']:.2f} ms/batch", flush=True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)

@@ -153,6 +153,129 @@ def test_streamed_epoch_hands_out_every_row_once(tmp_path):
     np.testing.assert_array_equal(np.concatenate([b["actions"] for b in rows]), (obs[:, 0] + t) % 3)
 
 
+def _sharded(path, seed=3, k=2, backend="local", all_columns=True):
+    """A ShardedReader of ``k`` shards over the BoundaryEnv dataset at ``path`` (batches of 8, a
+    shuffle buffer of 25 rows in all), for a BC policy that keeps every column."""
+    import collections
+    from types import SimpleNamespace
+
+    from flowkit_offline import BCConfig
+    from flowkit_offline.marwil import MARWILPolicy
+    from flowkit_offline.reader import ShardedReader
+    from omegaconf import OmegaConf
+
+    from flowkit.core.workers import PolicySpec
+
+    class AllColumns(MARWILPolicy):
+        train_columns = None
+
+    spec = PolicySpec(AllColumns if all_columns else MARWILPolicy, BoundaryEnv.observation_space,
+                      BoundaryEnv.action_space, BCConfig(), "bc")
+    from flowkit._config_schema import ModelConfig
+    cfg = OmegaConf.create({"seed": seed, "env": {"id": "x", "factory": None}, "model": OmegaConf.structured(ModelConfig),
+                            "runtime": {"backend": backend, "torch_threads": 1}})
+    ctx = SimpleNamespace(policy_specs={"default": spec}, counters=collections.Counter(), mark=lambda _: None,
+                          config=cfg)
+    return ShardedReader(ctx, path, "default", 8, 25, k), ctx
+
+
+def _take(reader, n):
+    """``n`` batches of ``reader``: [(shard, SampleBatch, shard state after it)]."""
+    out, it = [], iter(reader)
+    for _ in range(n):
+        i = reader.next_shard
+        b = next(it)["default"]
+        out.append((i, b, dict(reader.states[i])))
+    return out
+
+
+def test_sharded_readers_hand_out_every_row_of_an_epoch_once(tmp_path):
+    # 2 readers over 40 episodes (episode j read by reader j % 2), 12-row buffers: together, the
+    # batches of each reader's epoch 0 are every (episode, t) of the dataset once; round-robin
+    path = str(tmp_path / "b-v0")
+    res = record_episodes(BoundaryPolicy(), BOUNDARY, path, episodes=40, seed=0, num_envs=4)
+    reader, ctx = _sharded(path)
+    assert reader.buffer_size == 12
+    got = _take(reader, res["steps"] // 8 + 8)  # 160 rows: 10 batches a shard per epoch, 14 taken
+    assert [i for i, _, _ in got[:6]] == [0, 1, 0, 1, 0, 1]
+    first = [b for _, b, st in got if st["epoch"] == 0]
+    obs = np.concatenate([b["obs"] for b in first])
+    t = np.concatenate([b["t"] for b in first])
+    assert sorted(zip(obs[:, 0].tolist(), t.tolist())) == sorted((s, i) for s in range(40) for i in range(2 + s % 5))
+    np.testing.assert_array_equal(obs[:, 1], t)
+    np.testing.assert_array_equal(np.concatenate([b["next_obs"] for b in first])[:, 1], t + 1)
+    for i, b, _ in got:  # each reader reads its own episodes only
+        assert set((b["eps_id"] % 2).tolist()) == {i}
+    assert ctx.counters["env_steps_sampled"] == sum(len(b) for _, b, _ in got)
+    assert ctx.counters["dataset_epochs"] == 1 and all(st["epoch"] >= 1 for _, _, st in got[-2:])
+    # same seed, same batches (in-process or not, the shards are deterministic); another seed, others
+    again = _take(_sharded(path)[0], 10)
+    other = _take(_sharded(path, seed=4)[0], 10)
+    for (i, a, _), (j, b, _) in zip(got[:10], again):
+        assert i == j
+        np.testing.assert_array_equal(a["obs"], b["obs"])
+    assert any(not np.array_equal(a["obs"], b["obs"]) for (_, a, _), (_, b, _) in zip(got[:10], other))
+
+
+def test_sharded_reader_resumes_with_the_same_batches(tmp_path):
+    path = str(tmp_path / "b-v0")
+    record_episodes(BoundaryPolicy(), BOUNDARY, path, episodes=30, seed=0, num_envs=4)
+    whole = _take(_sharded(path)[0], 40)  # past the end of the shards' first epochs
+    part, _ = _sharded(path)
+    _take(part, 23)
+    state = part.get_state()
+    assert state["next_shard"] == 1 and len(state["shards"]) == 2
+    resumed, _ = _sharded(path)
+    resumed.set_state(state)  # before its shards started, as a run's restore
+    rest = _take(resumed, 17)
+    part.set_state(state)  # and on started shards (their requests in flight dropped)
+    rest2 = _take(part, 17)
+    for (i, a, sa), (j, b, sb_), (k, c, _) in zip(whole[23:], rest, rest2):
+        assert i == j == k and sa == sb_
+        np.testing.assert_array_equal(a["obs"], b["obs"])
+        np.testing.assert_array_equal(a["obs"], c["obs"])
+    with pytest.raises(flowkit.ConfigError, match="input.num_readers=2"):
+        _sharded(path, k=3)[0].set_state(state)
+
+
+@pytest.mark.slow
+def test_sharded_readers_on_ray_give_the_local_batches(ray_session, tmp_path):
+    path = str(tmp_path / "b-v0")
+    record_episodes(BoundaryPolicy(), BOUNDARY, path, episodes=30, seed=0, num_envs=4)
+    remote, _ = _sharded(path, backend="ray", all_columns=False)
+    try:
+        got = _take(remote, 30)
+        state = remote.get_state()
+        remote.set_state({"shards": [{"epoch": 0, "batches": 3}, {"epoch": 0, "batches": 2}], "next_shard": 1})
+        again = _take(remote, 4)
+    finally:
+        remote.stop()
+    local = _take(_sharded(path, all_columns=False)[0], 30)
+    assert state == {"shards": [dict(local[-2][2]), dict(local[-1][2])], "next_shard": 0}
+    for (i, a, sa), (j, b, sb_) in zip(got, local):
+        assert i == j and sa == sb_ and sorted(a) == ["actions", "obs"]
+        np.testing.assert_array_equal(a["obs"], b["obs"])
+        np.testing.assert_array_equal(a["actions"], b["actions"])
+    for (i, a, _), (j, b, _) in zip(again, local[5:9]):  # shard 1's 3rd batch, shard 0's 4th, ...
+        assert i == j
+        np.testing.assert_array_equal(a["obs"], b["obs"])
+
+
+def test_num_readers_config_errors(tmp_path, capsys, match_dataset):
+    from flowkit.cli import main
+    rc = main(["train", "algo=dqn", "env.factory=flowkit.testing.envs:match", "input.num_readers=2",
+               "runtime.backend=local", f"run.dir={tmp_path / 'a'}", "stop.env_steps=100", "--no-tuned"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "input.num_readers=2 needs input.dataset" in err, err
+    n = open_dataset(match_dataset).total_episodes
+    rc = main(["train", "algo=bc", "env.factory=flowkit.testing.envs:match", f"input.dataset={match_dataset}",
+               f"input.num_readers={n + 1}", "runtime.backend=local", f"run.dir={tmp_path / 'b'}",
+               "stop.env_steps=100"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and f"holds {n} episodes, fewer than the readers" in err, err
+    assert not os.path.exists(tmp_path / "b")
+
+
 @pytest.fixture(scope="module")
 def cartpole_dataset(tmp_path_factory):
     """10,000 transitions of the scripted CartPole expert (greedy)."""
@@ -251,15 +374,18 @@ def match_dataset(tmp_path_factory):
     return path
 
 
-@pytest.mark.parametrize("algo", ["bc", "marwil"])
+@pytest.mark.parametrize("algo,readers", [("bc", 0), ("marwil", 0), ("bc", 2)])
 @pytest.mark.slow
-def test_offline_resume_is_exact(tmp_path, match_dataset, algo):
+def test_offline_resume_is_exact(tmp_path, match_dataset, algo, readers):
     base = ["env.factory=flowkit.testing.envs:match", f"algo={algo}", f"input.dataset={match_dataset}", "seed=0",
-            f"{algo}.train_batch_size=64", "input.shuffle_buffer_size=300", "evaluation.interval=0"]
+            f"{algo}.train_batch_size=64", "input.shuffle_buffer_size=300", "evaluation.interval=0",
+            f"input.num_readers={readers}"]
     whole = flowkit.train(local_overrides(str(tmp_path / "whole"), *base, "stop.env_steps=2560"), verbose=False)
     flowkit.train(local_overrides(str(tmp_path / "part"), *base, "stop.env_steps=1280"), verbose=False)
     resumed = flowkit.train([f"resume={tmp_path / 'part'}", "stop.env_steps=2560"], verbose=False)
-    # 2,000 rows an epoch: 31 batches of 64, one of 16, then 9 of the second epoch
+    # 2,000 rows an epoch: 31 batches of 64, one of 16, then 9 of the second epoch (2 readers: the
+    # episodes, of 2 and 8 steps, alternate, so 1,000 rows each: 15 batches of 64 and one of 40
+    # each, taken in turn, then 9 of the second epochs)
     assert whole.metrics["env_steps_trained"] == resumed.metrics["env_steps_trained"] == 2576
     a = flowkit.Algorithm.from_checkpoint(whole.run_dir).get_policy().get_state()
     b = flowkit.Algorithm.from_checkpoint(resumed.run_dir).get_policy().get_state()

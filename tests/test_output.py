@@ -267,6 +267,19 @@ def test_run_output_of_a_native_vector_env(tmp_path):
         assert (np.abs(ep.observations[:-1, 2]) <= 0.2095).all()  # not before
 
 
+def test_input_mix_with_two_readers(tmp_path, expert_cartpole):
+    res = _train(tmp_path, "algo=dqn", "env=CartPole-v1", f"input.dataset={expert_cartpole}", "input.mix=0.5",
+                 "input.num_readers=2", "runtime.num_workers=1", "runtime.num_envs_per_worker=4",
+                 "runtime.rollout_fragment_length=16", "dqn.train_batch_size=32", "dqn.learning_starts=64",
+                 "dqn.training_intensity=4", "stop.env_steps=640")
+    m = res.metrics
+    assert m["num_updates"] >= 8 and m["dataset_rows_replayed"] == 16 * m["num_updates"]
+    reader = flowkit.checkpoint.load_state(os.path.join(res.checkpoint, "state.pt"))["stateful"]["offline/reader"]
+    n = m["num_updates"]  # one batch of 16 rows per update, from the two readers in turn
+    assert reader == {"shards": [{"epoch": 0, "batches": (n + 1) // 2}, {"epoch": 0, "batches": n // 2}],
+                      "next_shard": n % 2}
+
+
 def test_input_mix_reader_resumes_where_it_stopped(tmp_path, expert_cartpole):
     base = ("algo=dqn", "env=CartPole-v1", f"input.dataset={expert_cartpole}", "input.mix=0.5", "runtime.num_workers=1",
             "runtime.num_envs_per_worker=4", "runtime.rollout_fragment_length=16", "dqn.train_batch_size=32",

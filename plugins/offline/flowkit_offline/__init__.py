@@ -26,10 +26,10 @@ from flowkit.hooks import lazy_attrs
 if TYPE_CHECKING:
     from flowkit_offline.cql import CQLDQN, CQLSAC, CQLDQNPolicy, CQLSACPolicy
     from flowkit_offline.marwil import BC, MARWIL, MARWILPolicy
-    from flowkit_offline.reader import DatasetReader, NoRollouts
+    from flowkit_offline.reader import DatasetReader, NoRollouts, ShardedReader
 
 __all__ = ["BC", "BCConfig", "CQLDQN", "CQLDQNConfig", "CQLDQNPolicy", "CQLSAC", "CQLSACConfig", "CQLSACPolicy",
-           "DatasetReader", "InputConfig", "MARWIL", "MARWILConfig", "MARWILPolicy", "NoRollouts"]
+           "DatasetReader", "InputConfig", "MARWIL", "MARWILConfig", "MARWILPolicy", "NoRollouts", "ShardedReader"]
 
 OFFLINE_ALGOS = ("bc", "marwil", "cql_dqn", "cql_sac")
 
@@ -48,6 +48,10 @@ class InputConfig:
                                           "this many rows is read once and kept (a full shuffle each epoch); a larger "
                                           "one is streamed, whole episodes in a random order into a buffer of this "
                                           "many rows, handed out in a random order", ge=1)
+    num_readers: int = F(0, "0: the dataset is read on the driver; k >= 1: by k readers (Ray actors on "
+                            "runtime.backend=ray, in-process on local: the same batches), reader i reading the "
+                            "episodes i, i + k, ... with a shuffle buffer of shuffle_buffer_size / k rows; the driver "
+                            "takes their batches round-robin (deterministic) while they read ahead", ge=0)
 
 
 @dataclass
@@ -121,8 +125,22 @@ def validate(run_config: Any, section: Any, name: str) -> List[str]:
         raise ConfigError(f"algo={name} learns from a dataset: set input.dataset=PATH (write one with "
                           "`flowkit record RUN_DIR`)")
     from flowkit.datasets import check_dataset
-    check_dataset(run_config)
+    ds = check_dataset(run_config)
+    check_num_readers(ds, int(OmegaConf.select(run_config, "input.num_readers") or 0),
+                      str(OmegaConf.select(run_config, "input.dataset")))
     return []
+
+
+def check_num_readers(ds: Any, num_readers: int, path: str) -> None:
+    """``input.num_readers`` against the dataset's episodes (each reader reads whole episodes).
+
+    Raises:
+        ConfigError: more readers than episodes.
+    """
+    if num_readers > int(ds.total_episodes):
+        raise ConfigError(f"input.num_readers={num_readers}: the dataset {path!r} holds {ds.total_episodes} "
+                          f"episodes, fewer than the readers (each reads whole episodes; at most "
+                          f"{ds.total_episodes})")
 
 
 @flowkit.hookimpl
@@ -148,6 +166,9 @@ def flowkit_build_plan(ctx):
         if OmegaConf.select(ctx.config, "input.mix") is not None:
             raise ConfigError(f"input.mix={OmegaConf.select(ctx.config, 'input.mix')} needs input.dataset=PATH "
                               "(the dataset mixed into the replayed batches)")
+        if OmegaConf.select(ctx.config, "input.num_readers"):
+            raise ConfigError(f"input.num_readers={OmegaConf.select(ctx.config, 'input.num_readers')} needs "
+                              "input.dataset=PATH (the dataset the readers read)")
         return None
     from flowkit_offline.reader import build_plan
     return build_plan(ctx)
@@ -155,4 +176,4 @@ def flowkit_build_plan(ctx):
 
 __getattr__ = lazy_attrs({**dict.fromkeys(["BC", "MARWIL", "MARWILPolicy"], "flowkit_offline.marwil"),
                           **dict.fromkeys(["CQLDQN", "CQLDQNPolicy", "CQLSAC", "CQLSACPolicy"], "flowkit_offline.cql"),
-                          **dict.fromkeys(["DatasetReader", "NoRollouts"], "flowkit_offline.reader")})
+                          **dict.fromkeys(["DatasetReader", "NoRollouts", "ShardedReader"], "flowkit_offline.reader")})

@@ -28,11 +28,18 @@ Measured in ``bench/offline_reader.py``.
 Exact resume: the reader's state is ``(epoch, batches handed out in it)``; a restored reader
 reads its epoch again from the start and skips that many batches (the same rows, in the same
 order, as the run it continues).
+
+``input.num_readers=k``: :class:`ShardedReader`, k such readers (:class:`ReaderShard`, Ray
+actors or in-process) over the episodes ``i, i + k, ...``, taken round-robin.
 """
 from __future__ import annotations
 
+import collections
+import contextlib
+import sys
 import warnings
-from typing import Any, Dict, Iterator, List, Optional
+from types import SimpleNamespace
+from typing import Any, Deque, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 from omegaconf import OmegaConf
@@ -40,10 +47,10 @@ from omegaconf import OmegaConf
 from flowkit.config import ConfigError
 from flowkit.core import batch as sb
 from flowkit.core import derive_seed
-from flowkit.core.flow import Flow
-from flowkit.core.workers import WorkerSet
+from flowkit.core.flow import Flow, LocalActor, RayActor, get_result
+from flowkit.core.workers import PolicySpec, WorkerSet
 from flowkit.datasets import ColumnStore, ColumnsUnsupported, check_spaces, data_dir, open_dataset, steps_of
-from flowkit_offline import OFFLINE_ALGOS
+from flowkit_offline import OFFLINE_ALGOS, check_num_readers
 
 
 def sampled_actions(dist: Any, actions: np.ndarray) -> np.ndarray:
@@ -75,12 +82,17 @@ class DatasetReader:
         count_sampled: count the rows handed out as ``env_steps_sampled`` (the run's only
             source); False: as ``dataset_rows_read`` (a source mixed into replay, ``input.mix``,
             where sampled env steps are the live workers').
+        shard: this reader's index among ``num_shards``: it reads only the episodes at positions
+            ``shard, shard + num_shards, ...`` of the dataset, with the generators of
+            ``derive_seed(seed, "offline_reader", e, shard)`` (one of the shards of
+            :class:`ShardedReader`).
+        num_shards: readers sharing the dataset (1: this one reads every episode).
     Raises:
         ConfigError: the dataset is missing, damaged, empty or of other spaces than the policy.
     """
 
     def __init__(self, ctx: Any, path: str, policy_id: str, batch_size: int, shuffle_buffer_size: int,
-                 count_sampled: bool = True):
+                 count_sampled: bool = True, shard: int = 0, num_shards: int = 1):
         self.ctx, self.path, self.policy_id, self.count_sampled = ctx, path, policy_id, count_sampled
         self.policy = ctx.policies[policy_id]
         ds = open_dataset(path)
@@ -90,10 +102,16 @@ class DatasetReader:
         self.num_episodes, self.num_rows = int(ds.total_episodes), int(ds.total_steps)
         self.batch_size, self.buffer_size = int(batch_size), int(shuffle_buffer_size)
         self.seed = int(ctx.config.seed)
+        self.shard, self.num_shards = int(shard), int(num_shards)
+        self.episodes = np.arange(self.num_episodes)[self.shard::self.num_shards]  # this reader's, in id order
         self.epoch, self.batches = 0, 0  # the state: batches handed out in this epoch
         self._rows: Optional[sb.SampleBatch] = None  # every row, when they fit the shuffle buffer
         self._columns: Any = None  # the ColumnStore (False: the dataset has none), opened on the first read
-        self.name = (f"DatasetReader({data_dir(path)}: {self.num_rows} rows in {self.num_episodes} episodes, "
+        part = ""
+        if self.num_shards > 1:
+            self.num_rows = int(self._lengths()[self.episodes].sum())
+            part = f" shard {self.shard}/{self.num_shards}:"
+        self.name = (f"DatasetReader({data_dir(path)}:{part} {self.num_rows} rows in {len(self.episodes)} episodes, "
                      f"batch={self.batch_size}, shuffle_buffer={min(self.buffer_size, self.num_rows)})")
 
     # -- reading --
@@ -138,15 +156,16 @@ class DatasetReader:
     # -- the stream --
     def epoch_batches(self, epoch: int) -> Iterator[sb.SampleBatch]:
         """The batches of epoch ``epoch`` (a pure function of the dataset, the seed and ``epoch``)."""
-        rng = np.random.default_rng(derive_seed(self.seed, "offline_reader", epoch))
+        parts = (epoch,) if self.num_shards == 1 else (epoch, self.shard)
+        rng = np.random.default_rng(derive_seed(self.seed, "offline_reader", *parts))
         if self.num_rows <= self.buffer_size:  # the whole dataset fits the buffer: read once, then kept
             if self._rows is None:
-                self._rows = self.read(list(range(self.num_episodes)))
+                self._rows = self.read(self.episodes.tolist())
             rows = self._rows.take(rng.permutation(self.num_rows))  # shuffled once; batches are views of it
             for i in range(0, self.num_rows, self.batch_size):
                 yield rows.slice(i, i + self.batch_size)
             return
-        order = rng.permutation(self.num_episodes)
+        order = self.episodes[rng.permutation(len(self.episodes))]
         lengths = self._lengths()[order]
         rest: Optional[sb.SampleBatch] = None
         k = 0
@@ -175,28 +194,211 @@ class DatasetReader:
         return np.asarray([int(m["total_steps"]) for m in self.storage.get_episode_metadata(range(self.num_episodes))],
                           np.int64)
 
-    def __iter__(self) -> Iterator[sb.MultiAgentBatch]:
+    def stream(self) -> Iterator[sb.SampleBatch]:
+        """The batches of every epoch from the state on (endless), the state kept up to date."""
         while True:
             skip = self.batches
             for i, b in enumerate(self.epoch_batches(self.epoch)):
                 if i < skip:  # a restored reader: the batches the run it continues trained on
                     continue
                 self.batches = i + 1
-                if self.count_sampled:
-                    self.ctx.counters["env_steps_sampled"] += len(b)
-                    self.ctx.counters["agent_steps_sampled"] += len(b)
-                    self.ctx.mark("first_sample")
-                else:
-                    self.ctx.counters["dataset_rows_read"] += len(b)
-                yield sb.MultiAgentBatch({self.policy_id: b}, len(b))
+                yield b
             self.epoch, self.batches = self.epoch + 1, 0
-            self.ctx.counters["dataset_epochs"] = self.epoch
+
+    def __iter__(self) -> Iterator[sb.MultiAgentBatch]:
+        for b in self.stream():
+            self.ctx.counters["dataset_epochs"] = self.epoch  # epochs handed out whole
+            count_rows(self.ctx, len(b), self.count_sampled)
+            yield sb.MultiAgentBatch({self.policy_id: b}, len(b))
 
     def get_state(self) -> Dict[str, Any]:
         return {"epoch": self.epoch, "batches": self.batches}
 
     def set_state(self, state: Dict[str, Any]) -> None:
+        if "shards" in state:
+            raise ConfigError(f"the checkpoint's dataset reader had input.num_readers={len(state['shards'])} shards; "
+                              "resume it with the same input.num_readers")
         self.epoch, self.batches = int(state["epoch"]), int(state["batches"])
+
+
+def count_rows(ctx: Any, n: int, sampled: bool) -> None:
+    """Count ``n`` dataset rows handed out: as ``env_steps_sampled`` / ``agent_steps_sampled`` (the
+    run's only source) or as ``dataset_rows_read`` (mixed into replay)."""
+    if sampled:
+        ctx.counters["env_steps_sampled"] += n
+        ctx.counters["agent_steps_sampled"] += n
+        ctx.mark("first_sample")
+    else:
+        ctx.counters["dataset_rows_read"] += n
+
+
+class ReaderShard:
+    """One shard of a :class:`ShardedReader` (a Ray actor, or in-process on the local backend):
+    a :class:`DatasetReader` of the episodes ``shard, shard + num_shards, ...`` for an inference
+    copy of the policy built from its spec (its encoder, action distribution,
+    ``postprocess_trajectory`` and ``train_columns``: those of the offline algorithms depend on
+    their config, not on learned weights). An error in the constructor (a bad dataset) is
+    raised by :meth:`ping`, with its own type, as a rollout worker's is."""
+
+    def __init__(self, config: Any, spec: PolicySpec, policy_id: str, path: str, batch_size: int,
+                 shuffle_buffer_size: int, shard: int, num_shards: int):
+        self._init_error: Optional[BaseException] = None
+        self._it: Optional[Iterator[sb.SampleBatch]] = None
+        try:
+            cfg = OmegaConf.create(config)
+            if "torch" in sys.modules:
+                sys.modules["torch"].set_num_threads(max(1, int(cfg.runtime.torch_threads)))
+            pol = spec.policy_class(spec.observation_space, spec.action_space, spec.config, spec.model_config(cfg),
+                                    "cpu", derive_seed(int(cfg.seed), "offline_reader_policy", shard),
+                                    inference_only=True)
+            ctx = SimpleNamespace(policies={policy_id: pol}, config=cfg, counters=collections.Counter(),
+                                  mark=lambda _: None)
+            self.reader = DatasetReader(ctx, path, policy_id, batch_size, shuffle_buffer_size, shard=shard,
+                                        num_shards=num_shards)
+        except Exception as e:
+            self._init_error = e
+
+    def ping(self) -> str:
+        if self._init_error is not None:
+            raise self._init_error
+        return self.reader.name
+
+    def next_batches(self, n: int) -> List[Tuple[sb.SampleBatch, int, int]]:
+        """The next ``n`` batches, each as ``(batch, epoch, batches)``: the batch and the shard's
+        state once it is handed out."""
+        if self._it is None:
+            self._it = self.reader.stream()
+        out = []
+        for _ in range(n):
+            b = next(self._it)
+            out.append((b, self.reader.epoch, self.reader.batches))
+        return out
+
+    def set_state(self, state: Dict[str, Any]) -> None:
+        self.reader.set_state(state)
+        self._it = None
+
+
+class ShardedReader:
+    """``input.num_readers`` = k :class:`ReaderShard` s over one dataset (Ray actors on
+    ``runtime.backend=ray``, in-process on the local backend: the same batches), episode ``j``
+    read by shard ``j % k``, each with a shuffle buffer of ``shuffle_buffer_size // k`` rows and
+    its own generators (``derive_seed(seed, "offline_reader", epoch, shard)``). Batches are taken
+    from the shards round-robin in a fixed order (0, 1, ..., k - 1, 0, ...), so a run is
+    deterministic; ``in_flight`` requests per shard are kept pending so the shards read while
+    the learner trains (``batches_per_call`` batches a request: a Ray call costs about a
+    millisecond). Each shard keeps its own epochs (one that holds fewer rows starts its
+    next epoch sooner); ``dataset_epochs`` counts the epochs every shard has begun after.
+    Started on the first batch (``flowkit plan`` starts nothing).
+
+    State (checkpoints): ``{"shards": [{"epoch", "batches"} handed out, per shard], "next_shard"}``;
+    a restored shard reads its epoch again and skips that many batches, as :class:`DatasetReader`.
+
+    Raises:
+        ConfigError: more readers than the dataset has episodes (and see :class:`DatasetReader`).
+    """
+
+    def __init__(self, ctx: Any, path: str, policy_id: str, batch_size: int, shuffle_buffer_size: int,
+                 num_readers: int, count_sampled: bool = True, in_flight: int = 2, batches_per_call: int = 8):
+        self.ctx, self.path, self.policy_id, self.count_sampled = ctx, path, policy_id, count_sampled
+        self.num_readers, self.in_flight = int(num_readers), max(1, int(in_flight))
+        self.batches_per_call = max(1, int(batches_per_call))
+        check_num_readers(open_dataset(path), self.num_readers, path)
+        self.batch_size, self.buffer_size = int(batch_size), max(1, int(shuffle_buffer_size) // self.num_readers)
+        self.states = [{"epoch": 0, "batches": 0} for _ in range(self.num_readers)]
+        self.next_shard = 0
+        self._actors: Optional[List[Any]] = None
+        self._futures: List[Deque[Any]] = []
+        self._ready: List[Deque[Tuple[sb.SampleBatch, int, int]]] = []  # received, not yet handed out
+        self.name = (f"ShardedReader({data_dir(path)}: {self.num_readers} x DatasetReader, batch={self.batch_size}, "
+                     f"shuffle_buffer={self.buffer_size} each)")
+
+    def _start(self) -> List[Any]:
+        try:  # the columnar copy, written once here rather than by k shards at once
+            ColumnStore.open(self.path)
+        except (ColumnsUnsupported, OSError):
+            pass  # each shard reads through Minari (and warns)
+        cfg = self.ctx.config
+        remote = str(cfg.runtime.backend) != "local"
+        args = (OmegaConf.to_container(cfg, resolve=True), self.ctx.policy_specs[self.policy_id], self.policy_id,
+                self.path, self.batch_size, self.buffer_size)
+        actors: List[Any] = []
+        for i in range(self.num_readers):
+            if remote:
+                import ray
+                cls = ray.remote(num_cpus=0, max_restarts=0)(ReaderShard)
+                actors.append(RayActor(cls.remote(*args, i, self.num_readers), i))
+            else:
+                actors.append(LocalActor(ReaderShard(*args, i, self.num_readers), i))
+        self._actors = actors
+        for a in actors:
+            get_result(a.submit("ping"))
+        self._send_states()
+        return actors
+
+    def _send_states(self) -> None:
+        """The states to the shards, then ``in_flight`` requests to each (calls to one actor run
+        in the order sent; batches requested or received before are dropped)."""
+        assert self._actors is not None
+        for a, st in zip(self._actors, self.states, strict=True):
+            get_result(a.submit("set_state", st))
+        self._futures = [collections.deque(a.submit("next_batches", self.batches_per_call)
+                                           for _ in range(self.in_flight)) for a in self._actors]
+        self._ready = [collections.deque() for _ in self._actors]
+
+    def __iter__(self) -> Iterator[sb.MultiAgentBatch]:
+        if self._actors is None:
+            self._start()
+        while True:
+            assert self._actors is not None
+            i = self.next_shard
+            if not self._ready[i]:
+                fut = self._futures[i].popleft()
+                self._futures[i].append(self._actors[i].submit("next_batches", self.batches_per_call))
+                self._ready[i].extend(get_result(fut))
+            b, epoch, batches = self._ready[i].popleft()
+            self.states[i] = {"epoch": int(epoch), "batches": int(batches)}
+            self.next_shard = (i + 1) % self.num_readers
+            self.ctx.counters["dataset_epochs"] = min(st["epoch"] for st in self.states)
+            count_rows(self.ctx, len(b), self.count_sampled)
+            yield sb.MultiAgentBatch({self.policy_id: b}, len(b))
+
+    def get_state(self) -> Dict[str, Any]:
+        return {"shards": [dict(st) for st in self.states], "next_shard": self.next_shard}
+
+    def set_state(self, state: Dict[str, Any]) -> None:
+        shards = state.get("shards")
+        if shards is None or len(shards) != self.num_readers:
+            was = 0 if shards is None else len(shards)
+            raise ConfigError(f"the checkpoint's dataset reader had input.num_readers={was}, this run has "
+                              f"{self.num_readers}; resume it with the same input.num_readers")
+        self.states = [{"epoch": int(st["epoch"]), "batches": int(st["batches"])} for st in shards]
+        self.next_shard = int(state["next_shard"])
+        if self._actors is not None:
+            self._send_states()
+
+    def stop(self) -> None:
+        for a in self._actors or []:
+            if a.is_remote:
+                import ray
+                with contextlib.suppress(Exception):
+                    ray.kill(a.handle)
+        self._actors, self._futures, self._ready = None, [], []
+
+
+def make_reader(ctx: Any, policy_id: str, batch_size: int, count_sampled: bool = True) -> Any:
+    """The reader of ``input.dataset``: a :class:`DatasetReader` on the driver
+    (``input.num_readers=0``) or a :class:`ShardedReader` of ``input.num_readers`` shards,
+    registered for checkpoints as ``offline/reader``."""
+    inp = OmegaConf.select(ctx.config, "input")
+    k = int(inp.get("num_readers", 0) or 0)
+    if k > 0:
+        reader: Any = ShardedReader(ctx, str(inp.dataset), policy_id, batch_size, int(inp.shuffle_buffer_size), k,
+                                    count_sampled=count_sampled)
+    else:
+        reader = DatasetReader(ctx, str(inp.dataset), policy_id, batch_size, int(inp.shuffle_buffer_size),
+                               count_sampled=count_sampled)
+    return ctx.add_stateful("offline/reader", reader)
 
 
 class NoRollouts(WorkerSet):
@@ -238,10 +440,7 @@ def build_plan(ctx: Any) -> Flow:
     ctx.workers.weights_fn = old.weights_fn
     algo = ctx.algorithms[name]
     pid = ctx.policy_ids[0]
-    inp = OmegaConf.select(cfg, "input")
-    reader = ctx.add_stateful("offline/reader", DatasetReader(ctx, str(inp.dataset), pid,
-                                                              int(algo.config.train_batch_size),
-                                                              int(inp.shuffle_buffer_size)))
+    reader = make_reader(ctx, pid, int(algo.config.train_batch_size))
     experiences = Flow(lambda: iter(reader), reader.name, [], ctx)
     return algo.training_flow(experiences, ctx, ctx.add_learner(name, ctx.policy_ids))
 
@@ -267,9 +466,8 @@ def build_mixed_plan(ctx: Any, mix: float) -> Flow:
                           "rows mix into the batches of a feed-forward one (dqn, sac, td3)")
     inp = OmegaConf.select(cfg, "input")
 
-    def reader(rows: int) -> DatasetReader:
-        return ctx.add_stateful("offline/reader", DatasetReader(ctx, str(inp.dataset), pid, rows,
-                                                                int(inp.shuffle_buffer_size), count_sampled=False))
+    def reader(rows: int) -> Any:
+        return make_reader(ctx, pid, rows, count_sampled=False)
     ctx.replay_mix = ReplayMix(reader, mix, f"DatasetReader({inp.dataset})")
     plan = default_plan(ctx)
     if ctx.replay_mix.rows is None:
