@@ -27,18 +27,18 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import numpy as np
 
-from flowkit.config import ConfigError, F
+from flowkit.config import MAX_EPISODES, ConfigError, F
 
 
 @dataclass
 class EvaluateArgs:
     """The ``key=value`` arguments of ``flowkit evaluate``."""
-    episodes: int = F(10, "episodes to run", ge=1)
+    episodes: int = F(10, "episodes to run", ge=1, le=MAX_EPISODES)
     seed: Optional[int] = F(None, "episode i resets with seed + i (default: the run's seed)", ge=0, le=2 ** 32 - 1)
     explore: bool = F(False, "sample actions (seeded by `seed`) instead of acting greedily")
     render: Optional[str] = F(None, "record episodes as video files", choices=("mp4", "gif"))
-    render_episodes: int = F(1, "with render: record the first N episodes", ge=1)
-    num_envs: int = F(8, "sub-envs stepped together", ge=1)
+    render_episodes: int = F(1, "with render: record the first N episodes", ge=1, le=MAX_EPISODES)
+    num_envs: int = F(8, "sub-envs stepped together", ge=1, le=4096)
     opponents: Dict[str, str] = F(help="multi-agent runs: policy id -> the fixed policy that plays its agents in "
                                        "this evaluation instead: `random` or a checkpoint path (as the run's "
                                        "multiagent.eval_opponents, which it extends), e.g. opponents.player_1=random",
