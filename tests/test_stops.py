@@ -1,5 +1,6 @@
 """Issue 28: evaluation obeys stops and deadlines, signals from the first moment of the CLI,
 output paths checked before work starts, Ray start-ups that end."""
+import csv
 import json
 import os
 import signal
@@ -435,6 +436,10 @@ def test_a_sigterm_to_a_sweeps_process_group_ends_every_trial_with_its_checkpoin
     for t in trials:
         assert os.path.exists(os.path.join(t, "result.json")) and load_state(find_checkpoint(t)), t
         assert not os.path.exists(os.path.join(t, ".lock")), t
+        with open(os.path.join(t, "result.json")) as f:  # not "stopped early by the Tune scheduler"
+            assert json.load(f)["stop_reason"] == "the sweep was stopped by SIGTERM", t
+    with open(os.path.join(sweep, "tune_results.csv")) as f:
+        assert [r["status"] for r in csv.DictReader(f)] == ["stopped by SIGTERM"] * 2
 
 
 # ---- flowkit evaluate beside a live run -------------------------------------------------------------
