@@ -20,7 +20,6 @@ metrics.csv stands for the run folders below it (e.g. a ``flowkit tune`` sweep).
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import os
 import sys
@@ -175,8 +174,9 @@ def plot_runs(paths: Sequence[str], x: str = "env_steps", metric: str = "episode
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="flowkit plot", description="Learning curves of several runs on one PNG, "
-                                "grouped by config: the seeds' mean, their range shaded; the series as CSV beside it.")
+    from flowkit.cli import OneLineArgumentParser
+    p = OneLineArgumentParser(prog="flowkit plot", description="Learning curves of several runs on one PNG, "
+                              "grouped by config: the seeds' mean, their range shaded; the series as CSV beside it.")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (or folders holding run folders)")
     p.add_argument("--x", default="env_steps", choices=list(X_COLUMNS), help="x axis (default env_steps)")
     p.add_argument("--metric", default="episode_return_mean", help="metrics.csv column (default episode_return_mean)")

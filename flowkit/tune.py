@@ -256,9 +256,10 @@ def results_table(rows: List[Dict[str, Any]], cols: List[str]) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="flowkit tune", description="Hyperparameter sweeps on Ray Tune; each trial is "
-                                "a flowkit run folder. Search space: key=choice(a,b) key=range(3) "
-                                "key=uniform(lo,hi) key=loguniform(lo,hi) key=randint(lo,hi).")
+    from flowkit.cli import OneLineArgumentParser
+    p = OneLineArgumentParser(prog="flowkit tune", description="Hyperparameter sweeps on Ray Tune; each trial is "
+                              "a flowkit run folder. Search space: key=choice(a,b) key=range(3) "
+                              "key=uniform(lo,hi) key=loguniform(lo,hi) key=randint(lo,hi).")
     p.add_argument("-c", "--config", dest="config_file", action="append", help="YAML config file(s), as for train")
     p.add_argument("--no-tuned", action="store_true", help="without -c: the defaults, not configs/<algo>/<env>.yaml")
     p.add_argument("--metric", default="episode_return_mean", help="metric to rank and stop by")

@@ -178,3 +178,20 @@ def test_a_space_no_algorithm_takes_is_a_config_error(tmp_path, capsys, algo, fa
     assert rc == 2 and len(err.splitlines()) == 1, err
     assert err.startswith(f"flowkit: config error: policy 'default' ({algo}) cannot be built for the env's "
                           "spaces: ") and says in err, err
+
+
+@pytest.mark.parametrize("args,says", [
+    (["nope"], "flowkit: error: argument command: invalid choice: 'nope'"),
+    (["plot", "run", "--x", "nope"], "flowkit plot: error: argument --x: invalid choice: 'nope'"),
+    (["plot"], "flowkit plot: error: the following arguments are required: RUN_DIR"),
+    (["tune", "--mode", "best", "seed=range(2)"], "flowkit tune: error: argument --mode: invalid choice: 'best'"),
+    (["tune", "--num-samples", "abc", "seed=range(2)"], "flowkit tune: error: argument --num-samples: invalid int"),
+])
+def test_a_usage_error_is_one_line(capsys, args, says):
+    """Issue 28 rerun: argparse printed the whole usage (12 lines for `flowkit nope`) before its
+    error; now one line, exit 2, with where the usage is."""
+    from flowkit.cli import main
+    with pytest.raises(SystemExit) as ei:
+        main(args)
+    err = capsys.readouterr().err
+    assert ei.value.code == 2 and err.count("\n") == 1 and err.startswith(says) and "--help)" in err, err
