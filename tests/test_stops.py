@@ -237,6 +237,9 @@ def _files(run_dir):
     ("export", "{run}/config.yaml", "would replace the run's own config.yaml"),
     ("export", "{tmp}", "is a folder: give a file name"),
     ("export", "{tmp}/afile/p.pt", "is a file, not a folder"),
+    # issue 28 rerun: as root, `--out /dev/full` replaced the device by the output (renamed over it)
+    ("export", "{tmp}/fifo", "is not a regular file (a device, a pipe, a socket or a broken link)"),
+    ("plot", "{tmp}/fifo", "is not a regular file (a device, a pipe, a socket or a broken link)"),
 ])
 def test_output_paths_are_checked_before_work_and_never_replace_a_run_file(done_run, tmp_path, capsys, cmd, target,
                                                                           message):
@@ -244,6 +247,7 @@ def test_output_paths_are_checked_before_work_and_never_replace_a_run_file(done_
     replaced the run's metrics.csv with the plot's series."""
     from flowkit.cli import main
     (tmp_path / "afile").write_text("x")
+    os.mkfifo(tmp_path / "fifo")  # a special file, as /dev/null is
     ck = find_checkpoint(done_run)
     fill = {"run": done_run, "tmp": str(tmp_path), "ck": ck}
     out = target.format(**fill)
