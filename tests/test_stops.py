@@ -200,6 +200,15 @@ def test_evaluate_bounds_a_stuck_env_and_names_an_env_that_exits(stuck_eval_run,
     assert not os.path.exists(ev)
 
 
+def test_evaluate_names_an_env_that_raises_in_one_line(stuck_eval_run, capsys, monkeypatch):
+    """Issue 28 rerun: an env whose step raised in `flowkit evaluate` ended in its traceback."""
+    from flowkit.cli import main
+    monkeypatch.setenv("STUCK_EVAL", "raise")
+    assert main(["evaluate", stuck_eval_run, "--trust-config", "episodes=2"]) == 1
+    assert capsys.readouterr().err == ("flowkit evaluate: error: env 'envs:stuck_eval' (evaluation, sub-env 0) raised "
+                                       "in step(): RuntimeError: simulator disconnected\n")
+
+
 def test_evaluate_with_a_deadline_that_is_not_reached_is_unchanged(stuck_eval_run):
     from flowkit.cli import main
     with pytest.MonkeyPatch.context() as mp:
