@@ -66,6 +66,27 @@ def check_output(path: str, what: str, own: bool = False) -> None:
         raise ConfigError(f"{what} {path!r}: the folder {d!r} is not writable")
 
 
+def check_output_folder(path: str, what: str) -> None:
+    """Check, before any work, that ``path`` can be a folder of outputs (``flowkit record``'s
+    dataset): an existing folder, or one that can be created.
+
+    Raises:
+        ConfigError: ``path`` is a file, a folder on its way is a file, or the folder that
+            would hold it cannot be written.
+    """
+    from flowkit.config import ConfigError
+    ap = os.path.abspath(path)
+    if os.path.lexists(ap) and not os.path.isdir(ap):
+        raise ConfigError(f"{what} {path!r} is a file, not a folder")
+    d = ap
+    while not os.path.lexists(d) and d != os.path.dirname(d):
+        d = os.path.dirname(d)
+    if not os.path.isdir(d):
+        raise ConfigError(f"{what} {path!r}: {d!r} is a file, not a folder")
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {path!r}: the folder {d!r} is not writable")
+
+
 def write_atomic(path: str, write: Callable[[str], None], mkdirs: bool = False) -> None:
     """``write(tmp)`` to a temporary file beside ``path``, then rename it to ``path``.
 
