@@ -207,6 +207,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     bad = [u for u in unknown if "=" not in u or u.startswith("-")]
     if args.help or args.command is None:
         print(_help(overrides))
+        if not args.help:  # the usage on stdout, what went wrong on stderr (as every other usage error)
+            print("flowkit: error: no command given (train, plan, plugins, evaluate, export, record, plot or tune; "
+                  "the usage is above)", file=sys.stderr)
         return 0 if args.help else 2
     if bad:
         print(f"flowkit: error: {option_hint(argv, bad) or f'unrecognised arguments {bad}'}", file=sys.stderr)

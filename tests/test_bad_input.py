@@ -195,3 +195,13 @@ def test_a_usage_error_is_one_line(capsys, args, says):
         main(args)
     err = capsys.readouterr().err
     assert ei.value.code == 2 and err.count("\n") == 1 and err.startswith(says) and "--help)" in err, err
+
+
+def test_no_command_prints_the_usage_and_says_why_it_fails(capsys):
+    """Issue 28 rerun: a bare `flowkit` exited 2 with nothing on stderr."""
+    from flowkit.cli import main
+    assert main([]) == 2
+    out, err = capsys.readouterr()
+    assert out.startswith("usage:\n  flowkit train") and "Config keys" in out
+    assert err == ("flowkit: error: no command given (train, plan, plugins, evaluate, export, record, plot or tune; "
+                   "the usage is above)\n")
