@@ -472,7 +472,7 @@ def config_cases() -> List[Case]:
         "huge": "ppo:\n  lr: 0.001\n" + "# x\n" * 3_000_000,
         "valid": "ppo:\n  lr: 0.001\nruntime:\n  num_workers: 1\n",
         "env.factory os:system": "env:\n  factory: os:system\n  kwargs: {command: 'touch {tmp}/MARKER'}\n",
-        "sizes 1e9": "runtime:\n  num_envs_per_worker: 1000000000\n",
+        "sizes 1e9": "ppo:\n  train_batch_size: 1000000000\n",  # (a key the base overrides do not set)
         "float seed": "seed: 1.5\n",
     }
     for name, content in yml.items():
