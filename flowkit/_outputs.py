@@ -1,8 +1,9 @@
 """Output files of the commands (evaluate, export, plot) and the run's ``result.json``: their
 paths checked before any work starts, and written through a temporary file renamed into place.
 
-- :func:`check_output`: a path that is an existing folder, lies under a file, sits in a folder
-  that cannot be written, or would replace a run's own file (``metrics.csv``, ``config.yaml``,
+- :func:`check_output`: a path that is an existing folder or anything else that is not a
+  regular file (a device such as ``/dev/null``, a pipe, a socket: the rename would replace it),
+  lies under a file, sits in a folder that cannot be written, or would replace a run's own file (``metrics.csv``, ``config.yaml``,
   ``result.json``, ``state.pt``, ... in a run or checkpoint folder) is a one-line
   :class:`~flowkit.ConfigError` naming the option (the CLI exits 2).
 - :func:`write_atomic`: the file is written to ``.NAME.tmp-PID`` beside it, then renamed: a
@@ -42,17 +43,42 @@ def check_output(path: str, what: str, own: bool = False) -> None:
             the run-file check is skipped.
 
     Raises:
-        ConfigError: ``path`` is a folder, a folder on its way is a file, the folder that would
-            hold it cannot be written, or it would replace a run's own file.
+        ConfigError: ``path`` is a folder or another file that is not a regular one (a device,
+            a pipe, a socket), a folder on its way is a file, the folder that would hold it
+            cannot be written, or it would replace a run's own file.
     """
     from flowkit.config import ConfigError
     ap = os.path.abspath(path)
     if os.path.isdir(ap):
         raise ConfigError(f"{what} {path!r} is a folder: give a file name")
+    if os.path.lexists(ap) and not os.path.isfile(ap):  # written to a temporary file, renamed over it as root
+        raise ConfigError(f"{what} {path!r} is not a regular file (a device, a pipe, a socket or a broken link): "
+                          "give a file name")
     folder, name = os.path.split(ap)
     if not own and name in RUN_FILES and is_run_folder(folder):
         raise ConfigError(f"{what} {path!r} would replace the run's own {name}: write it elsewhere")
     d = folder
+    while not os.path.lexists(d) and d != os.path.dirname(d):
+        d = os.path.dirname(d)
+    if not os.path.isdir(d):
+        raise ConfigError(f"{what} {path!r}: {d!r} is a file, not a folder")
+    if not os.access(d, os.W_OK | os.X_OK):
+        raise ConfigError(f"{what} {path!r}: the folder {d!r} is not writable")
+
+
+def check_output_folder(path: str, what: str) -> None:
+    """Check, before any work, that ``path`` can be a folder of outputs (``flowkit record``'s
+    dataset): an existing folder, or one that can be created.
+
+    Raises:
+        ConfigError: ``path`` is a file, a folder on its way is a file, or the folder that
+            would hold it cannot be written.
+    """
+    from flowkit.config import ConfigError
+    ap = os.path.abspath(path)
+    if os.path.lexists(ap) and not os.path.isdir(ap):
+        raise ConfigError(f"{what} {path!r} is a file, not a folder")
+    d = ap
     while not os.path.lexists(d) and d != os.path.dirname(d):
         d = os.path.dirname(d)
     if not os.path.isdir(d):

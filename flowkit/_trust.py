@@ -64,8 +64,8 @@ def read_run_config(path: str) -> Dict[str, Any]:
 
     Raises:
         RunFolderError: no such file, unreadable, over 1 MiB, not UTF-8, not YAML (a
-            ``!!python`` tag included), not a mapping, or a value holding a ``${...}``
-            interpolation (the key named).
+            ``!!python`` tag included), not a mapping, no ``algo`` name (an empty file), or a
+            value holding a ``${...}`` interpolation (the key named).
     """
     if os.path.isdir(path):
         path = os.path.join(path, "config.yaml")
@@ -92,6 +92,9 @@ def read_run_config(path: str) -> Dict[str, Any]:
         raise RunFolderError(f"{path}: not a config: {str(e).splitlines()[0]}") from None
     if not isinstance(data, dict):
         raise RunFolderError(f"{path}: holds a {type(data).__name__}, not a mapping of config keys")
+    if not isinstance(data.get("algo"), str) or not data["algo"]:  # every run's config names its algorithm
+        raise RunFolderError(f"{path}: `algo` is {'missing' if 'algo' not in data else repr(data['algo'])}, "
+                             "not an algorithm name (a run's config.yaml names the algorithm it trained)")
     for key, v in _leaves(data):
         if isinstance(v, str) and "${" in v:
             raise RunFolderError(f"{path}: `{key}` holds the interpolation {v!r}; interpolations in a run "

@@ -33,7 +33,7 @@ import contextlib  # noqa: E402
 import gc  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
-from typing import Any, Dict, Iterator, List, Optional, Sequence  # noqa: E402
+from typing import Any, Dict, Iterator, List, NoReturn, Optional, Sequence  # noqa: E402
 
 USAGE = """flowkit train [-c FILE ...] [--no-tuned] [--dry-run | --print-config] [--trust-config] [--take-over-lock] [key=value ...]
 flowkit plan [-c FILE ...] [--no-tuned] [key=value ...]
@@ -110,9 +110,17 @@ def _is_number(word: str) -> bool:
         return False
 
 
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse, with a usage error as one line on stderr and exit 2 (argparse prints the whole
+    usage first: 12 lines for ``flowkit nope``); ``--help`` still shows the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (usage: {self.prog} --help)\n")
+
+
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="flowkit", description="Reinforcement learning as dataflow, on Ray.",
-                                usage=USAGE, add_help=False)
+    p = OneLineArgumentParser(prog="flowkit", description="Reinforcement learning as dataflow, on Ray.",
+                              usage=USAGE, add_help=False)
     p.add_argument("command", nargs="?", choices=["train", "plan", "plugins", *_AFTER, *SUBCOMMANDS])
     p.add_argument("-c", "--config", dest="config_file", action="append", help="YAML config file (several: merged in order)")
     p.add_argument("--no-tuned", action="store_true",
@@ -199,6 +207,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     bad = [u for u in unknown if "=" not in u or u.startswith("-")]
     if args.help or args.command is None:
         print(_help(overrides))
+        if not args.help:  # the usage on stdout, what went wrong on stderr (as every other usage error)
+            print("flowkit: error: no command given (train, plan, plugins, evaluate, export, record, plot or tune; "
+                  "the usage is above)", file=sys.stderr)
         return 0 if args.help else 2
     if bad:
         print(f"flowkit: error: {option_hint(argv, bad) or f'unrecognised arguments {bad}'}", file=sys.stderr)

@@ -387,6 +387,9 @@ def _load_yaml(path: str) -> Dict[str, Any]:
         raise ConfigError(f"config file {path!r} is not valid YAML: {at(e.problem_mark)}: {what}{ctx}") from None
     except yaml.YAMLError as e:
         raise ConfigError(f"config file {path!r} is not valid YAML: {' '.join(str(e).split())}") from None
+    except OmegaConfBaseException as e:  # YAML OmegaConf cannot hold: a `null:` or `[1]:` key
+        raise ConfigError(f"config file {path!r} is not a config: {str(e).splitlines()[0]} "
+                          "(keys must be strings or ints)") from None
     except OSError as e:
         if e.strerror:
             raise ConfigError(f"config file {path!r} cannot be read: {e.strerror}") from None

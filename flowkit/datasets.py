@@ -568,12 +568,16 @@ def record(path: str, episodes: Optional[int] = None, steps: Optional[int] = Non
 
     Raises:
         CheckpointError: no or an unreadable checkpoint at ``path``.
-        ConfigError: a multi-agent run, a bad argument, or ``out`` already holds a dataset.
+        ConfigError: a multi-agent run, a bad argument, ``out`` already holds a dataset, or
+            ``out`` cannot be a folder (a file, under a file, not writable: before any work).
     """
     from omegaconf import OmegaConf
 
+    from flowkit._outputs import check_output_folder
     from flowkit.checkpoint import CheckpointError, find_checkpoint, load_trained
     from flowkit.core import derive_seed
+    if out is not None:
+        check_output_folder(out, "out=")
     try:
         ck = find_checkpoint(path)
     except FileNotFoundError as e:

@@ -79,7 +79,7 @@ from flowkit.checkpoint import (  # noqa: F401
     save_checkpoint,
 )
 from flowkit.config import ConfigError, build_config, check_run, check_unused_sections, plugin_modules_from
-from flowkit.core import EnvContext, derive_seed, env_name, make_env
+from flowkit.core import EnvContext, SpaceError, derive_seed, env_name, make_env
 from flowkit.core.context import RunContext, make_context
 from flowkit.core.learner import NonFiniteError
 from flowkit.core.metrics import Result
@@ -146,7 +146,10 @@ def setup(cfg: DictConfig, pm: Any, run_dir: Optional[str] = None) -> RunContext
         cls = algos.get(spec.algo)
         if cls is None:
             raise ConfigError(f"policy {pid!r}: algorithm {spec.algo!r} is not installed")
-        cls.check_spaces(pid, spec.observation_space, spec.action_space)
+        try:
+            cls.check_spaces(pid, spec.observation_space, spec.action_space)
+        except SpaceError as e:  # a space no encoder or action distribution takes (Text, Graph, Tuple actions)
+            raise ConfigError(f"policy {pid!r} ({spec.algo}) cannot be built for the env's spaces: {e}") from None
         cls.check_model(pid, spec.model_config(cfg))
         if spec.algo not in instances:
             warns += cls.validate_config(cfg, cfg[spec.algo] if spec.algo in cfg else None) or []

@@ -27,18 +27,18 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 import numpy as np
 
-from flowkit.config import ConfigError, F
+from flowkit.config import MAX_EPISODES, ConfigError, F
 
 
 @dataclass
 class EvaluateArgs:
     """The ``key=value`` arguments of ``flowkit evaluate``."""
-    episodes: int = F(10, "episodes to run", ge=1)
+    episodes: int = F(10, "episodes to run", ge=1, le=MAX_EPISODES)
     seed: Optional[int] = F(None, "episode i resets with seed + i (default: the run's seed)", ge=0, le=2 ** 32 - 1)
     explore: bool = F(False, "sample actions (seeded by `seed`) instead of acting greedily")
     render: Optional[str] = F(None, "record episodes as video files", choices=("mp4", "gif"))
-    render_episodes: int = F(1, "with render: record the first N episodes", ge=1)
-    num_envs: int = F(8, "sub-envs stepped together", ge=1)
+    render_episodes: int = F(1, "with render: record the first N episodes", ge=1, le=MAX_EPISODES)
+    num_envs: int = F(8, "sub-envs stepped together", ge=1, le=4096)
     opponents: Dict[str, str] = F(help="multi-agent runs: policy id -> the fixed policy that plays its agents in "
                                        "this evaluation instead: `random` or a checkpoint path (as the run's "
                                        "multiagent.eval_opponents, which it extends), e.g. opponents.player_1=random",
@@ -119,8 +119,18 @@ def run_gym_episodes(policy: Any, env_cfg: Dict[str, Any], episodes: int, seed: 
         ``[{"return": float, "length": int, "seed": int, "video": path or None}]`` in episode order.
     Raises:
         ConfigError: ``render`` without its packages, or an env that cannot render.
+        EnvError: the env's ``reset`` or ``step`` raised (its type and message, one line).
     """
-    from flowkit.core import EnvContext, make_env
+    from flowkit.core import EnvContext, EnvError, env_name, make_env
+
+    def env_call(j: int, what: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        try:
+            return fn(*args, **kw)
+        except (EnvError, TimeoutError):  # already one line; the evaluation's deadline
+            raise
+        except Exception as e:  # the env's own code: one line naming it (the original chained)
+            raise EnvError(f"env {env_name(env_cfg)!r} (evaluation, sub-env {j}) raised in {what}: "
+                           f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}") from e
     if render:
         _check_video_deps(render)
         os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen: no display needed
@@ -149,7 +159,7 @@ def run_gym_episodes(policy: Any, env_cfg: Dict[str, Any], episodes: int, seed: 
             return
         i, next_ep = next_ep, next_ep + 1
         slot_ep[j], ret[j], length[j] = i, 0.0, 0
-        obs[j], _ = envs[j].reset(seed=seed + i)
+        obs[j], _ = env_call(j, "reset()", envs[j].reset, seed=seed + i)
         if state is not None:
             state[j] = init(1)[0]
         if render and i < render_episodes:
@@ -168,7 +178,7 @@ def run_gym_episodes(policy: Any, env_cfg: Dict[str, Any], episodes: int, seed: 
                 actions, state[live] = policy.compute_actions(batch, explore=explore, state=state[live])
             for j, a in zip(live, actions):
                 prev = obs[j]
-                obs[j], r, term, trunc, info = envs[j].step(a)
+                obs[j], r, term, trunc, info = env_call(j, "step()", envs[j].step, a)
                 if on_step is not None:
                     on_step(slot_ep[j], prev, a, obs[j], r, term, trunc, info)
                 ret[j] += float(r)

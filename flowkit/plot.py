@@ -20,7 +20,6 @@ metrics.csv stands for the run folders below it (e.g. a ``flowkit tune`` sweep).
 """
 from __future__ import annotations
 
-import argparse
 import csv
 import os
 import sys
@@ -54,8 +53,14 @@ def _flat(d: Any, prefix: str = "") -> Dict[str, Any]:
 
 
 def run_config(run_dir: str) -> Dict[str, Any]:
-    """A run's ``config.yaml`` as ``{dotted key: value}`` ({} when it has none)."""
+    """A run's ``config.yaml`` as ``{dotted key: value}`` ({} when it has none).
+
+    Raises:
+        RunFolderError: the file is not plain YAML holding a mapping (a damaged run: exit 1).
+    """
     import yaml
+
+    from flowkit._trust import RunFolderError
     path = os.path.join(run_dir, "config.yaml")
     if not os.path.exists(path):
         return {}
@@ -63,9 +68,9 @@ def run_config(run_dir: str) -> Dict[str, Any]:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f)
     except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:
-        raise ValueError(f"{path}: not a run's config (plain YAML): {' '.join(str(e).split())[:200]}") from None
+        raise RunFolderError(f"{path}: not a run's config (plain YAML): {' '.join(str(e).split())[:200]}") from None
     if data is not None and not isinstance(data, dict):
-        raise ValueError(f"{path}: holds a {type(data).__name__}, not a mapping of config keys")
+        raise RunFolderError(f"{path}: holds a {type(data).__name__}, not a mapping of config keys")
     return _flat(data or {})
 
 
@@ -175,8 +180,9 @@ def plot_runs(paths: Sequence[str], x: str = "env_steps", metric: str = "episode
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    p = argparse.ArgumentParser(prog="flowkit plot", description="Learning curves of several runs on one PNG, "
-                                "grouped by config: the seeds' mean, their range shaded; the series as CSV beside it.")
+    from flowkit.cli import OneLineArgumentParser
+    p = OneLineArgumentParser(prog="flowkit plot", description="Learning curves of several runs on one PNG, "
+                              "grouped by config: the seeds' mean, their range shaded; the series as CSV beside it.")
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (or folders holding run folders)")
     p.add_argument("--x", default="env_steps", choices=list(X_COLUMNS), help="x axis (default env_steps)")
     p.add_argument("--metric", default="episode_return_mean", help="metrics.csv column (default episode_return_mean)")
@@ -185,9 +191,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     from flowkit._outputs import OutputError
     try:
         res = plot_runs(a.runs, a.x, a.metric, a.out)
-    except (ValueError, FileNotFoundError) as e:
+    except (ValueError, FileNotFoundError) as e:  # a run's damaged file (RunFolderError): 1; what was given: 2
         print(f"flowkit plot: error: {e}", file=sys.stderr)
-        return 2
+        return int(getattr(e, "exit_status", 2))
     except OutputError as e:  # a full disk, a folder gone read-only
         print(f"flowkit plot: error: {e}", file=sys.stderr)
         return 1

@@ -17,7 +17,8 @@ included), 1 a trial failed or has no result.json, 2 a config or usage error, 12
 
 Signals (:func:`_stopping_on_signals`): SIGINT, SIGTERM or SIGHUP to the sweep, or to its whole
 process group (as Slurm and systemd send them), end it gracefully: Ray Tune stops the trials,
-each trial's run writes its final checkpoint and result.json, and the table is written; the
+each trial's run writes its final checkpoint and result.json (stop reason ``the sweep was
+stopped by SIGTERM``; table status ``stopped by SIGTERM``), and the table is written; the
 trials' processes ignore those signals (the sweep stops them). A second signal ends the sweep
 at once.
 """
@@ -39,6 +40,8 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 STOPPED_EARLY = "stopped early by the Tune scheduler"
+SWEEP_STOPPED = "the sweep was stopped by"  # a trial's stop reason after a signal to the sweep: + " SIGTERM"
+STOP_FILE = ".stopped_by_signal"  # in the sweep folder: the name of the signal that stopped the sweep
 SPEC = re.compile(r"^(choice|range|uniform|loguniform|randint)\((.*)\)$", re.S)
 
 
@@ -134,11 +137,27 @@ def trial_dirname(values: Dict[str, Any], index: int) -> str:
     return f"{index:05d}-" + re.sub(r"[^A-Za-z0-9_.,=+-]", "_", text)[:120]
 
 
+def trial_stop_reason(sweep_dir: Optional[str]) -> str:
+    """Why Tune stopped a trial: ``the sweep was stopped by SIGTERM`` when a signal to the sweep
+    did (the sweep writes the signal's name in ``sweep_dir/.stopped_by_signal`` before it asks
+    Tune to stop), else :data:`STOPPED_EARLY` (the scheduler's decision)."""
+    try:
+        with open(os.path.join(sweep_dir or "", STOP_FILE)) as f:
+            name = f.read().strip()
+    except OSError:
+        return STOPPED_EARLY
+    return f"{SWEEP_STOPPED} {name}" if re.fullmatch(r"SIG[A-Z]+", name) else STOPPED_EARLY
+
+
 class TuneReport:
-    """A reporter for a trial's run: each row's numbers to Ray Tune (``tune.report``). When the
-    scheduler stops the trial, ``tune.report`` raises SystemExit in the trial's thread: the run
-    then stops the flowkit way (checkpoint, result.json) with that reason, while
-    :class:`_FinishRun` keeps the trial's actor alive."""
+    """A reporter for a trial's run: each row's numbers to Ray Tune (``tune.report``). When Tune
+    stops the trial, ``tune.report`` raises SystemExit in the trial's thread: the run then stops
+    the flowkit way (checkpoint, result.json) with the reason (:func:`trial_stop_reason`: the
+    scheduler, or a signal to the sweep in ``sweep_dir``), while :class:`_FinishRun` keeps the
+    trial's actor alive."""
+
+    def __init__(self, sweep_dir: Optional[str] = None):
+        self.sweep_dir = sweep_dir
 
     def flowkit_report(self, result: Dict[str, Any], ctx: Any) -> None:
         from ray import tune
@@ -151,7 +170,7 @@ class TuneReport:
             session = get_session()
             if session is not None:  # Tune's closing report of the function: nobody would read it
                 session.pause_reporting()
-            ctx.request_stop(STOPPED_EARLY)
+            ctx.request_stop(trial_stop_reason(self.sweep_dir))
 
 
 class _FinishRun:
@@ -190,7 +209,7 @@ def run_trial(values: Dict[str, Any], base: List[str], files: List[str], sweep_d
     from flowkit.engine import train
     warnings.filterwarnings("ignore", category=UserWarning, module=r"flowkit(\.|$)")  # this actor's process only
     run_dir = os.path.join(sweep_dir, trial_dirname(values, _index(tune.get_context().get_trial_id())))
-    res = train(base + extra + trial_overrides(values) + [f"run.dir={run_dir}"], files or None, plugins=[TuneReport()],
+    res = train(base + extra + trial_overrides(values) + [f"run.dir={run_dir}"], files or None, plugins=[TuneReport(sweep_dir)],
                 verbose=False)  # the sweep's table says it
     if res.stop_reason.startswith("interrupted"):
         raise RuntimeError(f"trial {run_dir}: {res.stop_reason}")
@@ -237,9 +256,10 @@ def results_table(rows: List[Dict[str, Any]], cols: List[str]) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="flowkit tune", description="Hyperparameter sweeps on Ray Tune; each trial is "
-                                "a flowkit run folder. Search space: key=choice(a,b) key=range(3) "
-                                "key=uniform(lo,hi) key=loguniform(lo,hi) key=randint(lo,hi).")
+    from flowkit.cli import OneLineArgumentParser
+    p = OneLineArgumentParser(prog="flowkit tune", description="Hyperparameter sweeps on Ray Tune; each trial is "
+                              "a flowkit run folder. Search space: key=choice(a,b) key=range(3) "
+                              "key=uniform(lo,hi) key=loguniform(lo,hi) key=randint(lo,hi).")
     p.add_argument("-c", "--config", dest="config_file", action="append", help="YAML config file(s), as for train")
     p.add_argument("--no-tuned", action="store_true", help="without -c: the defaults, not configs/<algo>/<env>.yaml")
     p.add_argument("--metric", default="episode_return_mean", help="metric to rank and stop by")
@@ -389,7 +409,7 @@ def _tune(a: argparse.Namespace) -> int:
                                     search_alg=search_alg, max_concurrent_trials=a.max_concurrent),
         run_config=tune.RunConfig(name="tune", storage_path=sweep_dir, verbose=0,
                                   failure_config=tune.FailureConfig(fail_fast=False)))
-    with _stopping_on_signals() as got:
+    with _stopping_on_signals(sweep_dir) as got:
         grid = tuner.fit()
     status = _report(grid, space, a, sweep_dir)
     if got:
@@ -399,17 +419,22 @@ def _tune(a: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _stopping_on_signals() -> Iterator[List[int]]:
+def _stopping_on_signals(sweep_dir: str) -> Iterator[List[int]]:
     """While the sweep runs: the first SIGINT, SIGTERM or SIGHUP (listed in the yielded list)
     asks Ray Tune to end the sweep gracefully, by the SIGUSR1 it always listens to (Tune stops
-    the trials: each run ends with its final checkpoint); a second one raises KeyboardInterrupt
-    at once. Ray's own SIGINT handler is kept off (it would make SIGINT differ from SIGTERM)."""
+    the trials: each run ends with its final checkpoint, its reason ``the sweep was stopped by
+    SIGTERM``: the signal's name is written first in ``sweep_dir``, :func:`trial_stop_reason`);
+    a second one raises KeyboardInterrupt at once. Ray's own SIGINT handler is kept off (it
+    would make SIGINT differ from SIGTERM)."""
     got: List[int] = []
 
     def handle(signum: int, frame: Any) -> None:
         got.append(signum)
         if len(got) > 1:
             raise KeyboardInterrupt
+        with contextlib.suppress(OSError):  # the trials' stop reason (a sweep folder that is gone: the scheduler's)
+            with open(os.path.join(sweep_dir, STOP_FILE), "w") as f:
+                f.write(signal.Signals(signum).name)
         os.kill(os.getpid(), signal.SIGUSR1)
 
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
@@ -423,8 +448,9 @@ def _stopping_on_signals() -> Iterator[List[int]]:
 
 
 def _status(sweep_dir: str, run: str, error: Any) -> str:
-    """``done`` (its own stop condition), ``stopped early`` (by the scheduler), ``error``, or
-    ``no result.json`` (the trial's process ended before its run did)."""
+    """``done`` (its own stop condition), ``stopped early`` (by the scheduler), ``stopped by
+    SIGTERM`` (a signal to the sweep), ``error``, or ``no result.json`` (the trial's process
+    ended before its run did)."""
     if error:
         return "error"
     try:
@@ -432,6 +458,8 @@ def _status(sweep_dir: str, run: str, error: Any) -> str:
             reason = json.load(f).get("stop_reason", "")
     except (OSError, ValueError):
         return "no result.json"
+    if reason.startswith(SWEEP_STOPPED + " "):
+        return "stopped by " + reason[len(SWEEP_STOPPED) + 1:]
     return "stopped early" if reason == STOPPED_EARLY else "done"
 
 

@@ -236,6 +236,7 @@ def stuck_eval(context=None, mode="sleep", seconds=60.0, marker=None):
     """FixedLenEnv that gets stuck on the driver's evaluation worker (worker index -1) only
     (issue 28): ``sleep``: its first step sleeps ``seconds``; ``endless``: its episodes do not
     end for ``seconds``; ``exit``: its first step calls ``os._exit(3)``; ``sys.exit``: ``sys.exit(3)``;
+    ``raise``: its first step raises RuntimeError("simulator disconnected");
     ``from_env``: the mode named by the environment variable STUCK_EVAL (none: not stuck).
     ``marker``: a file created when it gets stuck."""
     import os
@@ -255,6 +256,8 @@ def stuck_eval(context=None, mode="sleep", seconds=60.0, marker=None):
             os._exit(3)
         if mode == "sys.exit":
             sys.exit(3)
+        if mode == "raise":
+            raise RuntimeError("simulator disconnected")
         if mode == "sleep":
             time.sleep(seconds)
             return step(action)

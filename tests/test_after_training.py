@@ -253,6 +253,9 @@ CHECK = ("import json, sys\nfrom flowkit.cli import main\nrc = main(sys.argv[1:]
     (["evaluate", "/no/such/run"], 2, "no checkpoint at '/no/such/run'"),
     (["evaluate", ".", "episods=3"], 2, "did you mean `episodes`"),
     (["evaluate", ".", "render=avi"], 2, "render='avi' must be 'mp4' or 'gif'"),
+    # issue 28 rerun: these ran for the whole timeout (1e9 episodes) or built 10^5 envs
+    (["evaluate", ".", "episodes=1e9"], 2, "episodes=1000000000 must be in [1, 100000]"),
+    (["evaluate", ".", "num_envs=1e5"], 2, "num_envs=100000 must be in [1, 4096]"),
     (["export", "/no/such/run", "--format", "onnx"], 2, "no checkpoint at"),
     (["export", ".", "--format", "tflite"], 2, "--format 'tflite': use torchscript or onnx"),
     (["export", ".", "--formt", "onnx"], 2, "unrecognized arguments")])

@@ -49,6 +49,18 @@ def out_of_space_env():
     return _BadObsEnv(lambda t: np.array([0.0, 0.5, 7.5 if t else 0.0], np.float32))
 
 
+def text_obs_env():
+    env = _BadObsEnv(lambda t: "abc")
+    env.observation_space = gym.spaces.Text(5)
+    return env
+
+
+def tuple_action_env():
+    env = _BadObsEnv(lambda t: np.zeros(3, np.float32))
+    env.action_space = gym.spaces.Tuple((gym.spaces.Discrete(2), gym.spaces.Discrete(3)))
+    return env
+
+
 # ---- env outputs ----------------------------------------------------------------------------
 
 
@@ -151,3 +163,45 @@ def test_cli_config_error_exit_2_without_traceback(tmp_path, args, says):
     assert out.returncode == 2
     assert out.stderr.startswith("flowkit: config error: ") and says in out.stderr
     assert "Traceback" not in out.stderr and out.stderr.count("\n") == 1  # one line
+
+
+@pytest.mark.parametrize("algo,factory,says", [
+    (algo, "text_obs_env", "observation space Text(1, 5, charset=") for algo in ("ppo", "dqn", "es")] + [
+    (algo, "tuple_action_env", "action space Tuple(Discrete(2), Discrete(3)) is not supported") for algo in ("ppo", "es")])
+def test_a_space_no_algorithm_takes_is_a_config_error(tmp_path, capsys, algo, factory, says):
+    """Issue 28 rerun: every algorithm on a Text observation space or a Tuple action space
+    ended in a SpaceError traceback (from the policy's encoder or action distribution)."""
+    from flowkit.cli import main
+    rc = main(["train", "--no-tuned", f"algo={algo}", f"env.factory=test_bad_input:{factory}",
+               *local_overrides(str(tmp_path / "run"), "runtime.num_workers=1", "stop.iterations=1")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1, err
+    assert err.startswith(f"flowkit: config error: policy 'default' ({algo}) cannot be built for the env's "
+                          "spaces: ") and says in err, err
+
+
+@pytest.mark.parametrize("args,says", [
+    (["nope"], "flowkit: error: argument command: invalid choice: 'nope'"),
+    (["plot", "run", "--x", "nope"], "flowkit plot: error: argument --x: invalid choice: 'nope'"),
+    (["plot"], "flowkit plot: error: the following arguments are required: RUN_DIR"),
+    (["tune", "--mode", "best", "seed=range(2)"], "flowkit tune: error: argument --mode: invalid choice: 'best'"),
+    (["tune", "--num-samples", "abc", "seed=range(2)"], "flowkit tune: error: argument --num-samples: invalid int"),
+])
+def test_a_usage_error_is_one_line(capsys, args, says):
+    """Issue 28 rerun: argparse printed the whole usage (12 lines for `flowkit nope`) before its
+    error; now one line, exit 2, with where the usage is."""
+    from flowkit.cli import main
+    with pytest.raises(SystemExit) as ei:
+        main(args)
+    err = capsys.readouterr().err
+    assert ei.value.code == 2 and err.count("\n") == 1 and err.startswith(says) and "--help)" in err, err
+
+
+def test_no_command_prints_the_usage_and_says_why_it_fails(capsys):
+    """Issue 28 rerun: a bare `flowkit` exited 2 with nothing on stderr."""
+    from flowkit.cli import main
+    assert main([]) == 2
+    out, err = capsys.readouterr()
+    assert out.startswith("usage:\n  flowkit train") and "Config keys" in out
+    assert err == ("flowkit: error: no command given (train, plan, plugins, evaluate, export, record, plot or tune; "
+                   "the usage is above)\n")

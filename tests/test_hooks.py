@@ -326,3 +326,12 @@ def test_plugins_from_config_are_loaded_and_bad_ones_named():
         flowkit.load_config(["plugins=[envs]"])  # importable, but no plugin (issue 28 item 3: os was accepted)
     with pytest.raises(PluginError, match="no_such_module_xyz"):
         flowkit.load_config(["plugins=[no_such_module_xyz]"])
+
+
+def test_an_installed_plugin_listed_in_plugins_is_loaded_once():
+    """Issue 28 rerun: `plugins=[flowkit_ppo]` (already loaded by its entry point as `ppo`) was
+    pluggy's ValueError traceback, "Plugin already registered under a different name"."""
+    import flowkit_ppo
+    pm, cfg = flowkit.load_config(["env=CartPole-v1", "plugins=[flowkit_ppo]"])
+    assert pm.get_plugin("ppo") is flowkit_ppo and pm.get_plugin("flowkit_ppo") is None
+    assert list(pm.algorithms(load=False)).count("ppo") == 1

@@ -426,6 +426,17 @@ def test_flowkit_record_command_on_a_trained_run(tmp_path, capsys):
     assert open_dataset(out).total_steps == 30 + sum(2 + s % 5 for s in range(0, 3))  # the run's seed 0
 
 
+@pytest.mark.parametrize("out,says", [("afile", "out= '{tmp}/afile' is a file, not a folder"),
+                                      ("afile/d", "out= '{tmp}/afile/d': '{tmp}/afile' is a file, not a folder")])
+def test_flowkit_record_checks_out_before_work(tmp_path, capsys, out, says):
+    """Issue 28 rerun: `flowkit record out=FILE/d` ended in a NotADirectoryError traceback after
+    loading the policy and building the envs."""
+    from flowkit.cli import main
+    (tmp_path / "afile").write_text("x")
+    assert main(["record", str(tmp_path), "steps=3", f"out={tmp_path}/{out}"]) == 2  # before looking for a checkpoint
+    assert capsys.readouterr().err == f"flowkit record: error: {says.format(tmp=tmp_path)}\n"
+
+
 @pytest.mark.slow
 def test_marwil_and_cql_beat_bc_on_a_mixed_dataset(tmp_path):
     # 30 % of the rows from the best policy of the match env, 70 % from the worst: BC copies the

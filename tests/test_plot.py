@@ -114,3 +114,21 @@ def test_two_algorithms_labelled_by_shared_keys_and_counts_agree(tmp_path, capsy
     res = plot_runs([str(tmp_path / "w0"), str(tmp_path / "w1")], out=str(tmp_path / "w.png"))
     assert sorted(res) == ["runtime.x0=0 runtime.x1=0 runtime.x2=0 +3 more",
                            "runtime.x0=1 runtime.x1=2 runtime.x2=3 +3 more"]
+
+
+@pytest.mark.parametrize("damage,says", [
+    (lambda run: open(os.path.join(run, "config.yaml"), "w").write("algo: [ppo\n"), "config.yaml: not a run's config"),
+    (lambda run: open(os.path.join(run, "config.yaml"), "w").write("- 1\n"), "config.yaml: holds a list, not a mapping"),
+    (lambda run: open(os.path.join(run, "metrics.csv"), "wb").write(b"\x00\xff\xfe\x89PNG" * 64),
+     "metrics.csv: not a UTF-8 text file"),
+])
+def test_a_damaged_run_file_is_exit_1_and_what_was_given_exit_2(tmp_path, capsys, damage, says):
+    """Issue 28 rerun: a run's unreadable config.yaml or metrics.csv exited 2, as a bad --metric
+    does; a damaged run folder is exit 1 (as for evaluate, export and resume)."""
+    run = str(tmp_path / "run")
+    _forged_run(run, {"algo": "ppo", "env.id": "CartPole-v1"}, [(64, 1.0), (128, 2.0)])
+    damage(run)
+    assert main([run, "--out", str(tmp_path / "p.png")]) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err, err
+    assert not os.path.exists(tmp_path / "p.png")

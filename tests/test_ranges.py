@@ -234,8 +234,10 @@ def bad_files(tmp_path):
     binary.write_bytes(b"PK\x03\x04\x00\xff\xfe\x80binary")
     plugins = tmp_path / "plugins.yaml"
     plugins.write_text("plugins: notalist\n")
+    null_key = tmp_path / "null_key.yaml"
+    null_key.write_text("ppo:\n  null: 1\n")
     return {"dir": str(tmp_path), "binary": str(binary), "missing": str(tmp_path / "nope.yaml"),
-            "plugins": str(plugins)}
+            "plugins": str(plugins), "null_key": str(null_key)}
 
 
 @pytest.mark.parametrize("which,message", [
@@ -243,6 +245,7 @@ def bad_files(tmp_path):
     ("binary", "config file '{}' is not a UTF-8 text file (byte 5: b'\\xff'); give a YAML file"),
     ("missing", "config file '{}' does not exist"),
     ("plugins", "`plugins` must be a list of module paths, e.g. plugins=[my_pkg.plugin], got 'notalist'"),
+    ("null_key", "config file '{}' is not a config: Incompatible key type 'NoneType' (keys must be strings or ints)"),
 ])
 def test_cli_bad_config_file_exit_2_with_one_line(capsys, bad_files, which, message):
     path = bad_files[which]

@@ -70,6 +70,7 @@ TAMPERS = {  # name: (tamper, exit of evaluate/export, exit of resume (0: resume
     "a !!python tag": (_text("config.yaml", "algo: !!python/object/apply:os.system ['echo pwned']\n"), 1, 1,
                        "config.yaml: not plain YAML"),
     "a list at the top": (_text("config.yaml", "- 1\n"), 1, 1, "config.yaml: holds a NoneType, not a mapping"),
+    "an empty config.yaml": (_text("config.yaml", ""), 1, 1, "config.yaml: `algo` is missing, not an algorithm name"),
     "an unknown key": (lambda run: open(os.path.join(find_checkpoint(run), "config.yaml"), "a").write("nope: 1\n"),
                        1, 2, "unknown config key `nope`"),
     "iteration not an int": (lambda run: _state(run, lambda st: st.__setitem__("iteration", "abc")), 1, 1,

@@ -1,5 +1,6 @@
 """Issue 28: evaluation obeys stops and deadlines, signals from the first moment of the CLI,
 output paths checked before work starts, Ray start-ups that end."""
+import csv
 import json
 import os
 import signal
@@ -199,6 +200,15 @@ def test_evaluate_bounds_a_stuck_env_and_names_an_env_that_exits(stuck_eval_run,
     assert not os.path.exists(ev)
 
 
+def test_evaluate_names_an_env_that_raises_in_one_line(stuck_eval_run, capsys, monkeypatch):
+    """Issue 28 rerun: an env whose step raised in `flowkit evaluate` ended in its traceback."""
+    from flowkit.cli import main
+    monkeypatch.setenv("STUCK_EVAL", "raise")
+    assert main(["evaluate", stuck_eval_run, "--trust-config", "episodes=2"]) == 1
+    assert capsys.readouterr().err == ("flowkit evaluate: error: env 'envs:stuck_eval' (evaluation, sub-env 0) raised "
+                                       "in step(): RuntimeError: simulator disconnected\n")
+
+
 def test_evaluate_with_a_deadline_that_is_not_reached_is_unchanged(stuck_eval_run):
     from flowkit.cli import main
     with pytest.MonkeyPatch.context() as mp:
@@ -236,6 +246,9 @@ def _files(run_dir):
     ("export", "{run}/config.yaml", "would replace the run's own config.yaml"),
     ("export", "{tmp}", "is a folder: give a file name"),
     ("export", "{tmp}/afile/p.pt", "is a file, not a folder"),
+    # issue 28 rerun: as root, `--out /dev/full` replaced the device by the output (renamed over it)
+    ("export", "{tmp}/fifo", "is not a regular file (a device, a pipe, a socket or a broken link)"),
+    ("plot", "{tmp}/fifo", "is not a regular file (a device, a pipe, a socket or a broken link)"),
 ])
 def test_output_paths_are_checked_before_work_and_never_replace_a_run_file(done_run, tmp_path, capsys, cmd, target,
                                                                           message):
@@ -243,6 +256,7 @@ def test_output_paths_are_checked_before_work_and_never_replace_a_run_file(done_
     replaced the run's metrics.csv with the plot's series."""
     from flowkit.cli import main
     (tmp_path / "afile").write_text("x")
+    os.mkfifo(tmp_path / "fifo")  # a special file, as /dev/null is
     ck = find_checkpoint(done_run)
     fill = {"run": done_run, "tmp": str(tmp_path), "ck": ck}
     out = target.format(**fill)
@@ -435,6 +449,10 @@ def test_a_sigterm_to_a_sweeps_process_group_ends_every_trial_with_its_checkpoin
     for t in trials:
         assert os.path.exists(os.path.join(t, "result.json")) and load_state(find_checkpoint(t)), t
         assert not os.path.exists(os.path.join(t, ".lock")), t
+        with open(os.path.join(t, "result.json")) as f:  # not "stopped early by the Tune scheduler"
+            assert json.load(f)["stop_reason"] == "the sweep was stopped by SIGTERM", t
+    with open(os.path.join(sweep, "tune_results.csv")) as f:
+        assert [r["status"] for r in csv.DictReader(f)] == ["stopped by SIGTERM"] * 2
 
 
 # ---- flowkit evaluate beside a live run -------------------------------------------------------------

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 import flowkit
 from flowkit.cli import main
 from flowkit.reporters import read_metrics
-from flowkit.tune import STOPPED_EARLY, Dim, parse_space, plan_resources, trial_dirname
+from flowkit.tune import STOPPED_EARLY, Dim, _status, parse_space, plan_resources, trial_dirname, trial_stop_reason
 
 pytestmark = pytest.mark.ray
 SMALL = ["algo=ppo", "env=CartPole-v1", "--no-tuned", "runtime.backend=local", "runtime.num_workers=1",
@@ -67,6 +67,23 @@ def test_flag_values_and_huge_spaces_are_one_line_errors_before_ray(tmp_path, ca
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and text in err[0], (args, err)
     assert not os.path.exists(tmp_path / "s") and os.listdir(tmp_path / "old") == ["tune_results.csv"]
+
+
+def test_a_trial_stopped_by_a_signal_to_the_sweep_says_so(tmp_path):
+    """Issue 28: after a SIGTERM to `flowkit tune`, every trial's result.json said "stopped early
+    by the Tune scheduler". The sweep writes the signal's name in its folder before it asks Tune
+    to stop; a trial stopped then says the sweep was stopped by that signal, and so does the table."""
+    sweep = str(tmp_path)
+    assert trial_stop_reason(sweep) == STOPPED_EARLY  # no signal: the scheduler stopped it
+    (tmp_path / ".stopped_by_signal").write_text("SIGTERM")
+    assert trial_stop_reason(sweep) == "the sweep was stopped by SIGTERM"
+    (tmp_path / ".stopped_by_signal").write_text("rm -rf /")  # not a signal name: ignored
+    assert trial_stop_reason(sweep) == STOPPED_EARLY
+    for reason, status in [("the sweep was stopped by SIGTERM", "stopped by SIGTERM"),
+                           (STOPPED_EARLY, "stopped early"), ("stop.iterations=4 reached", "done")]:
+        (tmp_path / "00000-seed=0").mkdir(exist_ok=True)
+        (tmp_path / "00000-seed=0" / "result.json").write_text(json.dumps({"stop_reason": reason}))
+        assert _status(sweep, "00000-seed=0", None) == status
 
 
 def test_trial_resources_fit_the_cluster():

@@ -16,6 +16,7 @@ import torch
 from omegaconf import DictConfig
 
 from flowkit.config import ConfigError
+from flowkit.core._encoders import SpaceError
 from flowkit.core.flow import FlowContext, TimerStat
 from flowkit.core.learner import Learner
 from flowkit.core.metrics import Metrics, _means, returns_by_policy
@@ -239,15 +240,22 @@ def make_context(config: DictConfig, pm: Any, algorithms: Dict[str, Any],
     :class:`WorkerSet`).
 
     Raises:
-        ConfigError: ``learner.device`` is a CUDA device and torch sees none.
+        ConfigError: ``learner.device`` is a CUDA device and torch sees none, or a policy's
+            algorithm cannot take its spaces (a Tuple action space, a Text observation space:
+            the :class:`~flowkit.core.SpaceError` of its encoder or action distribution).
     """
     seed = int(config.seed)
     device = config.learner.device
     if device.startswith("cuda") and not torch.cuda.is_available():
         raise ConfigError(f"learner.device={device!r} but torch sees no CUDA device")
-    policies = {pid: s.policy_class(s.observation_space, s.action_space, s.config, s.model_config(config),
-                                    device, derive_seed(seed, "learner", pid))
-                for pid, s in policy_specs.items()}
+    policies = {}
+    for pid, s in policy_specs.items():
+        try:
+            policies[pid] = s.policy_class(s.observation_space, s.action_space, s.config, s.model_config(config),
+                                           device, derive_seed(seed, "learner", pid))
+        except SpaceError as e:  # the env's spaces, not the config's values: before any worker starts
+            raise ConfigError(f"policy {pid!r} ({s.algo or s.policy_class.__name__}) cannot be built for the "
+                              f"env's spaces: {e}") from None
     rt = config.runtime
     off = all(getattr(a, "off_policy", False) for a in algorithms.values())
     remote = {pid: replace(s, policy_class=c) if (c := policies[pid].worker_policy_class()) else s

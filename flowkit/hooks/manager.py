@@ -116,7 +116,8 @@ class PluginManager(pluggy.PluginManager):
 
     def load_modules(self, modules: Sequence[str], where: str = "`plugins`") -> None:
         """Import and register each of ``modules`` not registered yet, named after it (then
-        call :meth:`check_hooks`).
+        call :meth:`check_hooks`); a module already registered under another name (an
+        installed plugin's entry point, e.g. ``plugins=[flowkit_ppo]``) is left as it is.
 
         Raises:
             PluginError: a module that does not import, or implements no flowkit hook (named, with
@@ -131,6 +132,8 @@ class PluginManager(pluggy.PluginManager):
                             "PYTHONPATH") if isinstance(e, ModuleNotFoundError) and e.name == mod.split(".")[0] else ""
                     raise PluginError(f"plugin module {mod!r} (from {where}) failed to import: "
                                       f"{type(e).__name__}: {e}{hint}") from e
+                if self.is_registered(obj):  # (pluggy: "already registered under a different name")
+                    continue
                 self.register(obj, name=mod)
                 if not self.get_hookcallers(obj):
                     self.unregister(obj)
