@@ -57,7 +57,13 @@ def check_output(path: str, what: str, own: bool = False) -> None:
     folder, name = os.path.split(ap)
     if not own and name in RUN_FILES and is_run_folder(folder):
         raise ConfigError(f"{what} {path!r} would replace the run's own {name}: write it elsewhere")
-    d = folder
+    _check_creatable(folder, path, what)
+
+
+def _check_creatable(d: str, path: str, what: str) -> None:
+    """The nearest existing folder on the way to ``d`` (``d`` itself if it exists) is a folder
+    this process can write in, else a ConfigError naming ``what`` and ``path``."""
+    from flowkit.config import ConfigError
     while not os.path.lexists(d) and d != os.path.dirname(d):
         d = os.path.dirname(d)
     if not os.path.isdir(d):
@@ -78,13 +84,7 @@ def check_output_folder(path: str, what: str) -> None:
     ap = os.path.abspath(path)
     if os.path.lexists(ap) and not os.path.isdir(ap):
         raise ConfigError(f"{what} {path!r} is a file, not a folder")
-    d = ap
-    while not os.path.lexists(d) and d != os.path.dirname(d):
-        d = os.path.dirname(d)
-    if not os.path.isdir(d):
-        raise ConfigError(f"{what} {path!r}: {d!r} is a file, not a folder")
-    if not os.access(d, os.W_OK | os.X_OK):
-        raise ConfigError(f"{what} {path!r}: the folder {d!r} is not writable")
+    _check_creatable(ap, path, what)
 
 
 def write_atomic(path: str, write: Callable[[str], None], mkdirs: bool = False) -> None:
