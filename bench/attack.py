@@ -1057,9 +1057,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     if a.only:
         cases = [c for c in cases if fnmatch.fnmatch(f"{c.part}/{c.name}", a.only)]
     if a.list:
-        for c in cases:
-            print(f"{c.part}/{c.name}: flowkit {' '.join(c.argv)}")
-        print(f"{len(cases)} cases")
+        try:
+            for c in cases:
+                print(f"{c.part}/{c.name}: flowkit {' '.join(c.argv)}")
+            print(f"{len(cases)} cases", flush=True)
+        except BrokenPipeError:  # `--list | head`: the reader has what it wanted
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     print(f"{len(cases)} cases against {' '.join(cmd)} (timeout {a.timeout:g} s, {a.jobs} at once); "
           f"results in {out}", flush=True)

@@ -234,8 +234,10 @@ class PlotReporter(Reporter):
     """``learning_curve.png`` from the run's history, once at the end (errors ignored)."""
     name = "plot"
 
-    def __init__(self) -> None:  # matplotlib loads while the rollout workers start (the driver waits then)
-        threading.Thread(target=_preload_pyplot, name="flowkit-import-pyplot", daemon=True).start()
+    def __init__(self) -> None:  # matplotlib loads while the rollout workers start (the driver waits then);
+        # not a daemon: a run that ends at once (a config error found at set-up) waits for the import
+        # instead of tearing the interpreter down under it (an abort, exit 134, in about 1 of 8 such runs)
+        threading.Thread(target=_preload_pyplot, name="flowkit-import-pyplot", daemon=False).start()
 
     def flowkit_on_run_end(self, result: "Result") -> None:
         if not result.history:

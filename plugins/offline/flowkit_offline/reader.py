@@ -468,7 +468,9 @@ def build_mixed_plan(ctx: Any, mix: float) -> Flow:
 
     def reader(rows: int) -> Any:
         return make_reader(ctx, pid, rows, count_sampled=False)
-    ctx.replay_mix = ReplayMix(reader, mix, f"DatasetReader({inp.dataset})")
+    k = int(inp.get("num_readers", 0) or 0)
+    ctx.replay_mix = ReplayMix(reader, mix, f"ShardedReader({inp.dataset}: {k} x DatasetReader)" if k else
+                               f"DatasetReader({inp.dataset})")
     plan = default_plan(ctx)
     if ctx.replay_mix.rows is None:
         raise ConfigError(f"input.mix={mix}: algo={name} has no replay buffer to mix the dataset into "
