@@ -203,7 +203,7 @@ class OutputWriter:
             if ends[hi - 1]:
                 i = final_of[hi - 1]
                 cols = {k: np.concatenate([*ep["obs"][k], raw[_NEXT + k[len(_OBS):]][i:i + 1]]) for k in obs_keys}
-                self._open().add_arrays(None, _tree(self.observation_space, cols, _OBS),
+                self._open().add(None, _tree(self.observation_space, cols, _OBS),
                                         np.concatenate(ep["actions"]), np.concatenate(ep["rewards"]),
                                         np.concatenate(ep["term"]), np.concatenate(ep["trunc"]))
                 del self.pending[e]

@@ -410,15 +410,12 @@ class DatasetWriter:
         self.pending: List[Any] = []
         self.pending_steps = 0
 
-    def add(self, seed: Optional[int], obs: List[Any], actions: List[Any], rewards: List[float],
-            terminations: List[bool], truncations: List[bool]) -> None:
-        """One episode: ``obs`` has one row more than the others (the reset observation first)."""
-        self.add_arrays(seed, _stack(obs), _stack(actions), rewards, terminations, truncations)
-
-    def add_arrays(self, seed: Optional[int], obs: Any, actions: Any, rewards: Any, terminations: Any,
-                   truncations: Any) -> None:
-        """One episode as stacked arrays: ``obs`` (an array, or dicts / tuples of them) with T + 1
-        rows, the others T rows (``seed``: the reset seed, or None when unknown)."""
+    def add(self, seed: Optional[int], obs: Any, actions: Any, rewards: Any, terminations: Any,
+            truncations: Any) -> None:
+        """One episode: ``obs`` has one row more than the others (the reset observation first);
+        ``obs`` and ``actions`` as lists of rows, or stacked (an array, or dicts / tuples of
+        them); ``seed``: the reset seed, or None when unknown."""
+        obs, actions = (_stack(x) if isinstance(x, list) else x for x in (obs, actions))
         from minari.data_collector import EpisodeBuffer
         self.pending.append(EpisodeBuffer(
             seed=seed, observations=obs, actions=actions,

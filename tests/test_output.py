@@ -157,7 +157,7 @@ def test_resumed_run_cuts_the_dataset_back_to_its_checkpoint_and_appends(tmp_pat
     at_ckpt = open_dataset(out).total_episodes
     # a run killed after its checkpoint had written more episodes: k = 999 marks them
     w = DatasetWriter(out, EchoEnv().observation_space, EchoEnv().action_space, append=True)
-    w.add_arrays(None, np.array([[999, 0, 0], [999, 1, 1]], np.float32), np.array([1]), [1.0], [True], [False])
+    w.add(None, np.array([[999, 0, 0], [999, 1, 1]], np.float32), np.array([1]), [1.0], [True], [False])
     w.flush()
     assert open_dataset(out).total_episodes == at_ckpt + 1
     res = flowkit.train([f"resume={part.run_dir}", "stop.env_steps=192"], verbose=False, trust_config=True)
