@@ -44,7 +44,7 @@ class WorkerCpu:
         self.pids, self.rows = None, []
 
     def flowkit_on_train_result(self, result, ctx):
-        from flowkit.core.learner import process_cpu_s
+        from flowkit.core.ops import process_cpu_s
         if self.pids is None:
             self.pids = ctx.workers.foreach_worker("get_pid")
         self.rows.append((result["env_steps_sampled"], sum(process_cpu_s(p) or 0.0 for p in self.pids)))

@@ -157,3 +157,29 @@ def test_no_import_cycle_in_flowkit():
              for m, ts in _imports(mods).items()}
     cycles = _cycles(graph)
     assert not cycles, "import cycles:\n" + "\n".join(" ".join(c) for c in cycles)
+
+
+def test_bench_scripts_and_examples_import_names_that_exist():
+    """A bench script is not run by the tests; its imports of flowkit names are checked here so
+    that a refactor moving a name breaks a test, not the next benchmark run (function-level
+    imports included)."""
+    import importlib.util
+    repo = ROOT
+    missing = []
+    for folder in ("bench", "examples"):
+        for dirpath, _, files in os.walk(os.path.join(repo, folder)):
+            for f in sorted(files):
+                if not f.endswith(".py"):
+                    continue
+                path = os.path.join(dirpath, f)
+                with open(path, encoding="utf-8") as fh:
+                    tree = ast.parse(fh.read(), path)
+                for node in ast.walk(tree):
+                    if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \
+                            node.module.split(".")[0].startswith("flowkit") and \
+                            importlib.util.find_spec(node.module.split(".")[0]) is not None:  # an example's own package may not be installed
+                        mod = importlib.import_module(node.module)
+                        missing += [f"{os.path.relpath(path, repo)}:{node.lineno}: {node.module}.{a.name}"
+                                    for a in node.names if a.name != "*" and not hasattr(mod, a.name)
+                                    and not (hasattr(mod, "__path__") and importlib.util.find_spec(f"{node.module}.{a.name}") is not None)]
+    assert not missing, "names imported by bench/ and examples/ that do not exist:\n" + "\n".join(missing)

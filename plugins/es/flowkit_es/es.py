@@ -170,8 +170,9 @@ class ESPolicy(flowkit.Policy):
         parameters it was last sent)."""
         m = self.model
         with torch.no_grad():
-            self._flat.copy_(torch.as_tensor(theta, dtype=self._flat.dtype))
-            m.obs_mean.copy_(torch.as_tensor(obs_mean, dtype=m.obs_mean.dtype))
+            # theta may be a read-only view of Ray's object store: copied, not wrapped
+            self._flat.copy_(torch.tensor(np.asarray(theta), dtype=self._flat.dtype))
+            m.obs_mean.copy_(torch.tensor(np.asarray(obs_mean), dtype=m.obs_mean.dtype))
             m.obs_var.copy_(torch.as_tensor(np.square(obs_std.astype(np.float64)) - 1e-8, dtype=m.obs_var.dtype))
 
     def merge_obs_stats(self, n: int, s: np.ndarray, ss: np.ndarray) -> None:
