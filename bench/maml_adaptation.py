@@ -15,7 +15,9 @@ one inner adaptation step against the return before it, and against a multi-task
    weights) is the third row.
 
 Columns: the mean episode return over the held-out tasks before adaptation and after one step
-(with the standard error over tasks), their difference, and how many tasks improved.
+(with the standard error over tasks), their difference, and how many tasks improved; then MAML's
+return after one step minus each PPO row's, paired over the same tasks. Both policies adapt with
+the MAML run's ``maml.baseline`` (the baseline of the adaptation step's advantages).
 
     python bench/maml_adaptation.py                              # trains both (minutes to hours)
     python bench/maml_adaptation.py --maml-run runs/maml-... --ppo-run runs/ppo-...
@@ -59,14 +61,14 @@ def tasks(seed: int, n: int) -> list:
     return env.sample_tasks(n)
 
 
-def evaluate(weights: dict, goals: list, inner_lr: float, seed: int) -> np.ndarray:
+def evaluate(weights: dict, goals: list, inner_lr: float, seed: int, baseline: str) -> np.ndarray:
     """``float64[len(goals), 2]``: returns before and after one adaptation step."""
     from flowkit_maml.maml import adaptation_returns
 
     from flowkit.engine import load_config, setup
     pm, cfg = load_config(["algo=maml", ENV, f"seed={seed}", "runtime.backend=local", "runtime.num_workers=1",
                            "runtime.num_envs_per_worker=20", "runtime.rollout_fragment_length=100",
-                           f"maml.inner_lr={inner_lr}"])
+                           f"maml.inner_lr={inner_lr}", f"maml.baseline={baseline}"])
     ctx = setup(cfg, pm)
     try:
         return adaptation_returns(ctx.workers.local_worker(), weights, goals, 1)
@@ -99,25 +101,32 @@ def main() -> None:
     ppo_run = args.ppo_run or train_ppo(args.seed, args.ppo_env_steps, os.path.join(args.out, f"ppo-seed{args.seed}"))
     print(f"runs: {maml_run} (MAML), {ppo_run} (multi-task PPO); {time.perf_counter() - t0:.0f} s", flush=True)
     maml = flowkit.Algorithm.from_checkpoint(maml_run)
-    inner_lr = float(maml.config.inner_lr)
+    inner_lr, baseline = float(maml.config.inner_lr), str(maml.config.baseline)
     theta = maml.get_policy().get_weights()
     ppo = flowkit.Algorithm.from_checkpoint(ppo_run).get_policy().get_weights()
     from flowkit.engine import load_config, setup
     pm, cfg = load_config(["algo=maml", ENV, f"seed={args.seed}", "runtime.backend=local", "runtime.num_workers=1"])
     init = setup(cfg, pm).policies["default"].get_weights()  # the MAML policy before meta-training
     held_out, val = tasks(12345, args.tasks), tasks(999, 10)
-    best = max(args.ppo_lrs, key=lambda lr: float(np.diff(evaluate(ppo, val, lr, args.seed + 1), axis=1).mean()))
-    rows = [row("MAML (meta-trained)", inner_lr, evaluate(theta, held_out, inner_lr, args.seed + 2)),
-            row("multi-task PPO", inner_lr, evaluate(ppo, held_out, inner_lr, args.seed + 2)),
-            row("multi-task PPO, its best step size", best, evaluate(ppo, held_out, best, args.seed + 2)),
-            row("MAML's initial weights (no training)", inner_lr, evaluate(init, held_out, inner_lr, args.seed + 2))]
+    best = max(args.ppo_lrs, key=lambda lr: float(np.diff(evaluate(ppo, val, lr, args.seed + 1, baseline),
+                                                          axis=1).mean()))
+    r_maml, r_ppo, r_best = (evaluate(w, held_out, lr, args.seed + 2, baseline)
+                             for w, lr in ((theta, inner_lr), (ppo, inner_lr), (ppo, best)))
+    rows = [row("MAML (meta-trained)", inner_lr, r_maml), row("multi-task PPO", inner_lr, r_ppo),
+            row("multi-task PPO, its best step size", best, r_best),
+            row("MAML's initial weights (no training)", inner_lr, evaluate(init, held_out, inner_lr, args.seed + 2,
+                                                                            baseline))]
     print(f"\n2D navigation (flowkit.testing.envs:PointGoal-v0), {args.tasks} held-out tasks, 20 episodes of 100 "
-          f"steps per task before and after one adaptation step\n")
+          f"steps per task before and after one adaptation step (baseline of its advantages: {baseline})\n")
     print("| policy | inner_lr | return before adaptation | after one step | improvement | tasks improved |")
     print("|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['policy']} | {r['inner_lr']:g} | {r['pre']:.1f} +- {r['pre_se']:.1f} | {r['post']:.1f} +- "
               f"{r['post_se']:.1f} | {r['delta']:+.1f} +- {r['delta_se']:.1f} | {r['improved']}/{r['tasks']} |")
+    paired = [r_maml[:, 1] - r for r in (r_ppo[:, 1], r_best[:, 1])]
+    for name, d in zip(("multi-task PPO", "multi-task PPO, its best step size"), paired):
+        print(f"MAML - {name}, after one step, paired over the same tasks: {d.mean():+.1f} +- "
+              f"{d.std(ddof=1) / np.sqrt(len(d)):.1f} (MAML higher on {int((d > 0).sum())}/{len(d)} tasks)")
     print(f"\nmeta-training: {maml_run}; PPO: {ppo_run}; (+- one standard error over tasks)")
     if args.json:
         with open(args.json, "w") as f:

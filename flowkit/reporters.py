@@ -184,7 +184,9 @@ class ProgressReporter(Reporter):
             if any("win" in m for m in per.values()):
                 post["win"] = ",".join(f"{p}:{m['win']:.3f}" for p, m in per.items() if "win" in m)
         else:
-            post = {"return": f"{result['episode_return_mean']:.1f}", "steps/s": f"{result['env_steps_per_s']:.0f}"}
+            ret = result.get("episode_return_mean", float("nan"))  # nan: no episode yet (or none played: offline)
+            post = {"return": f"{ret:.1f}"} if ret == ret else {}
+            post["steps/s"] = f"{result['env_steps_per_s']:.0f}"
             if "evaluation_return_mean" in result:
                 post["eval"] = f"{result['evaluation_return_mean']:.1f}"
         self.bar.set_postfix(post, refresh=False)

@@ -111,3 +111,12 @@ def test_plugins_prints_whole_first_sentences_without_rst_backticks(capsys):
     assert ("reporter    checkpoint: `checkpoint.every_iters` (after the row is written), `checkpoint.at_end` and the "
             "crash checkpoint; each calls `save_checkpoint` (which calls `flowkit_on_checkpoint`).\n") in out
     assert "algorithm   impala: asynchronous actor-learner with V-trace (Espeholt et al. 2018).\n" in out
+
+
+def test_python_dash_m_flowkit_is_the_flowkit_command():
+    """``python -m flowkit`` runs the same command line as the ``flowkit`` script: a bad
+    subcommand is one line and exit 2; ``plugins`` lists the built-in algorithms."""
+    p = subprocess.run([sys.executable, "-m", "flowkit", "nope"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "nope" in p.stderr, p.stderr
+    p = subprocess.run([sys.executable, "-m", "flowkit", "plugins"], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "ppo" in p.stdout and "maml" in p.stdout, p.stdout + p.stderr

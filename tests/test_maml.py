@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 from flowkit_maml import MAMLConfig
-from flowkit_maml.maml import MAML, AdaptToTasks, MAMLPolicy, MetaBatch, TaskRequests, adaptation_returns, inner_update
+from flowkit_maml.maml import (MAML, AdaptToTasks, MAMLPolicy, MetaBatch, TaskRequests, adaptation_returns, inner_update,
+                               linear_baseline_advantages)
 
 import flowkit
 from flowkit.config import ConfigError
@@ -138,6 +139,53 @@ def test_the_driver_rebuilds_the_workers_adaptation(tmp_path):
         ad = mb.meta["adaptation"]
         assert set(ad) == {"return_mean_step_0", "return_mean_step_1", "return_mean_step_2", "adaptation_delta",
                            "num_tasks"} and ad["num_tasks"] == 2
+    finally:
+        ctx.shutdown()
+
+
+def test_linear_baseline_by_hand():
+    """Two pieces (gamma 0.5, lambda 1): piece A, 4 steps of reward 1 ending in a truncation,
+    returns to its end [1.875, 1.75, 1.5, 1]; piece B, 2 steps of reward 2 that terminate,
+    returns [3, 2]. The observation (a constant 0) gives no feature, so the fit is a ridge
+    regression (1e-5) on a cubic in t/100 over 6 points; the advantages are the returns minus the fit (lambda 1, nothing after a
+    piece's end), and sum to about 0 over the batch (the constant feature)."""
+    b = sb.SampleBatch({sb.OBS: np.zeros((6, 2), np.float32), sb.T: np.array([0, 1, 2, 3, 0, 1]),
+                        sb.REWARDS: np.array([1, 1, 1, 1, 2, 2], np.float32),
+                        sb.TERMINATEDS: np.array([0, 0, 0, 0, 0, 1], bool),
+                        sb.TRUNCATEDS: np.array([0, 0, 0, 1, 0, 0], bool),
+                        sb.ADVANTAGES: np.full(6, 99.0, np.float32), sb.VALUE_TARGETS: np.full(6, 7.0, np.float32)})
+    y = np.array([1.875, 1.75, 1.5, 1.0, 3.0, 2.0])
+    t = np.array([0, 1, 2, 3, 0, 1]) / 100.0
+    f = np.stack([t, t ** 2, t ** 3, np.ones(6)], 1)
+    fit = f @ np.linalg.solve(f.T @ f + 1e-5 * np.eye(4), f.T @ y)
+    out = linear_baseline_advantages(b, 0.5, 1.0)
+    np.testing.assert_allclose(out[sb.ADVANTAGES], y - fit, atol=2e-3)
+    assert abs(float(out[sb.ADVANTAGES].sum())) < 1e-2
+    np.testing.assert_array_equal(out[sb.VALUE_TARGETS], 7.0)  # the value network's targets are kept
+    assert b[sb.ADVANTAGES][0] == 99.0  # a copy
+    # lambda 0: one-step TD errors over the fit, the next fitted value inside a piece, 0 after its end
+    v = y - np.asarray(out[sb.ADVANTAGES], np.float64)
+    td = linear_baseline_advantages(b, 0.5, 0.0)[sb.ADVANTAGES]
+    nv = np.array([v[1], v[2], v[3], 0.0, v[5], 0.0])
+    np.testing.assert_allclose(td, b[sb.REWARDS] + 0.5 * nv - v, atol=1e-4)
+
+
+def test_linear_baseline_on_the_workers_and_the_driver(tmp_path):
+    """maml.baseline=linear: the worker's advantages are the linear fit's (not the value
+    network's), the inner step uses them, and the driver's rebuilt adaptation still matches the
+    worker's (ratio 1 at the first outer step)."""
+    ctx, w, out, mb = _meta_batch(tmp_path, "maml.baseline=linear")
+    try:
+        pb = mb.policy_batches["default"]
+        for i, k in [(0, 0), (1, 1)]:
+            rows = (pb[sb.TASK_INDEX] == i) & (pb[sb.ADAPTATION_STEP] == k)
+            part = sb.SampleBatch({c: v[rows] for c, v in pb.items()})
+            np.testing.assert_allclose(part[sb.ADVANTAGES], linear_baseline_advantages(part, 0.99, 1.0)[sb.ADVANTAGES],
+                                       rtol=1e-5, atol=1e-4)
+            assert not np.allclose(part[sb.ADVANTAGES], part[sb.VALUE_TARGETS] - part[sb.VF_PREDS], atol=1e-2)
+        pol = ctx.policies["default"]
+        _, st = pol.loss(pol.prepare_batch(pb))
+        assert st["kl"] < 1e-6 and st["clip_frac"] == 0.0
     finally:
         ctx.shutdown()
 

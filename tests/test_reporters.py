@@ -110,6 +110,14 @@ def test_progress_bar_of_a_resumed_run_starts_at_the_restored_steps_and_keeps_a_
     assert (rep.bar.n, rep.bar.total) == (1536, 1536)
     rep.flowkit_on_train_end()
     assert "100%" in capsys.readouterr().err
+    # no episode yet (or an offline run, which plays none): no return shown, not "return=nan"
+    rep = ProgressReporter()
+    rep.flowkit_on_run_start(SimpleNamespace(config=cfg, counters={"env_steps_sampled": 0}))
+    rep.flowkit_report({"episode_return_mean": float("nan"), "env_steps_per_s": 9.0, "env_steps_sampled": 100})
+    rep.bar.refresh()
+    rep.flowkit_on_train_end()
+    err = capsys.readouterr().err
+    assert "steps/s=9" in err and "return" not in err, err
 
 
 class FailAt2:

@@ -35,6 +35,10 @@ class MAMLConfig:
     adam_eps: float = F(1e-8, "Adam epsilon", gt=0)
     gamma: float = F(0.99, "discount factor", ge=0, le=1)
     gae_lambda: float = F(1.0, "GAE lambda of the advantages of every adaptation step (RLlib's 1.0)", ge=0, le=1)
+    baseline: str = F("value", "the baseline of every adaptation step's advantages: value (the value network, "
+                               "as RLlib) or linear (the MAML paper's: a linear fit of the returns on obs, obs^2 and "
+                               "t, t^2, t^3, per task and adaptation step, as rllab's LinearFeatureBaseline)",
+                      choices=("value", "linear"))
     clip_param: float = F(0.3, "clip range epsilon of the outer (post-adaptation) surrogate", gt=0)
     vf_coef: float = F(0.5, "value-loss coefficient (the value network learns from post-adaptation rows)", ge=0)
     ent_coef: float = F(0.0, "entropy bonus coefficient of the outer loss", ge=0)

@@ -61,6 +61,39 @@ def inner_update(loss_fn: Any, params: Params, lr: float, create_graph: bool) ->
     return {n: params[n] if g is None else params[n] - lr * g for n, g in zip(names, grads)}
 
 
+def linear_baseline_advantages(b: sb.SampleBatch, gamma: float, gae_lambda: float) -> sb.SampleBatch:
+    """A copy of ``b`` (trajectory pieces of one task) whose ``advantages`` use the MAML paper's
+    baseline instead of the value network's: rllab's LinearFeatureBaseline (Duan et al. 2016,
+    arXiv 1604.06778, as used by Finn et al. 2017), a ridge fit ``y ~ w . f(s_t, t)`` of the
+    discounted returns to the end of each piece (no bootstrap: the time features tell how much is
+    left), features ``f = [o, o^2, t/100, (t/100)^2, (t/100)^3, 1]`` (``o`` the observation
+    clipped to +-10, float64), regularisation 1e-5 (times 10 until the solution is finite).
+    Advantages: GAE (:func:`compute_gae`) over the fitted values, 0 after each piece's end.
+    ``value_targets`` (the value network's) are kept."""
+    from flowkit.core._returns import bootstrap_rows, compute_gae
+
+    out = sb.SampleBatch(b)
+    if len(out) == 0:
+        return out
+    cont, _ = bootstrap_rows(out)
+    r = np.asarray(out[sb.REWARDS], np.float32)
+    zeros = np.zeros_like(r)
+    y, _ = compute_gae(r, zeros, zeros, cont, gamma, 1.0)  # discounted reward sums to each piece's end
+    o = np.clip(np.asarray(out[sb.OBS], np.float64).reshape(len(out), -1), -10, 10)
+    t = np.asarray(out[sb.T], np.float64).reshape(-1, 1) / 100.0
+    f = np.concatenate([o, o * o, t, t * t, t ** 3, np.ones_like(t)], axis=1)
+    w, reg = None, 1e-5
+    for _ in range(5):
+        w = np.linalg.solve(f.T @ f + reg * np.eye(f.shape[1]), f.T @ y.astype(np.float64))
+        if np.isfinite(w).all():
+            break
+        reg *= 10
+    v = (f @ w).astype(np.float32)
+    nv = np.where(cont > 0, np.roll(v, -1), np.float32(0.0)).astype(np.float32)
+    out[sb.ADVANTAGES], _ = compute_gae(r, v, nv, cont, gamma, gae_lambda)
+    return out
+
+
 # ---- the policy --------------------------------------------------------------------------------
 class MAMLPolicy(ActorCriticPolicy):
     """An actor-critic (separate policy and value MLPs, acting through the numpy mirror) whose
@@ -166,6 +199,9 @@ class AdaptToTasks:
                 for k in range(self.inner_steps + 1):
                     worker.set_task(task)
                     steps.append(worker.sample())
+                    if pol.config.baseline == "linear":
+                        steps[-1].policy_batches[pid] = linear_baseline_advantages(
+                            steps[-1].policy_batches[pid], float(pol.config.gamma), float(pol.config.gae_lambda))
                     if k < self.inner_steps:
                         pol.adapt(steps[-1].policy_batches[pid])
                 pol.set_weights(theta)
