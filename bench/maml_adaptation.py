@@ -90,7 +90,7 @@ def main() -> None:
     ap.add_argument("--ppo-run", default=None)
     ap.add_argument("--ppo-env-steps", type=int, default=2_000_000)
     ap.add_argument("--ppo-lrs", type=float, nargs="*", default=[0.1, 0.3, 1.0, 3.0])
-    ap.add_argument("--tasks", type=int, default=40)
+    ap.add_argument("--tasks", type=int, default=100)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="runs/bench-maml")
     ap.add_argument("--json", default=None)

@@ -291,13 +291,15 @@ def test_adaptation_returns_of_any_actor_critic(tmp_path):
 @pytest.mark.slow
 def test_learns_to_adapt_on_point_goal(tmp_path):
     """configs/maml/PointGoal-v0.yaml, cut to 15 meta steps (1.2M env steps; minutes): one inner step
-    then improves the return on held-out tasks (drawn from another seed) by a clear margin."""
+    then improves the return on held-out tasks (drawn from another seed) by a clear margin, to a
+    return the initial weights do not reach after their step."""
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     res = flowkit.train(local_overrides(str(tmp_path), "seed=0", "evaluation.interval=0", "runtime.backend=local",
                                         "stop.iterations=15"),
                         config_file=os.path.join(repo, "configs", "maml", "PointGoal-v0.yaml"), verbose=False)
     ctx, w = _worker(tmp_path / "eval", "runtime.num_envs_per_worker=20", "runtime.rollout_fragment_length=100",
-                     "env.kwargs.horizon=100", f"maml.inner_lr={res.config.maml.inner_lr}")
+                     "env.kwargs.horizon=100", f"maml.inner_lr={res.config.maml.inner_lr}",
+                     f"maml.baseline={res.config.maml.baseline}")
     try:
         env = PointGoalEnv()
         env.reset(seed=12345)
@@ -306,4 +308,5 @@ def test_learns_to_adapt_on_point_goal(tmp_path):
         r = adaptation_returns(w, theta, held_out, 1)
     finally:
         ctx.shutdown()
-    assert (r[:, 1] - r[:, 0]).mean() > 3.0, r
+    # before meta-training the same held-out measure gives about -70 before and -54 after the step
+    assert (r[:, 1] - r[:, 0]).mean() > 10.0 and r[:, 1].mean() > -25.0, r
