@@ -70,7 +70,7 @@ def linear_baseline_advantages(b: sb.SampleBatch, gamma: float, gae_lambda: floa
     clipped to +-10, float64), regularisation 1e-5 (times 10 until the solution is finite).
     Advantages: GAE (:func:`compute_gae`) over the fitted values, 0 after each piece's end.
     ``value_targets`` (the value network's) are kept."""
-    from flowkit.core._returns import bootstrap_rows, compute_gae
+    from flowkit.core._returns import bootstrap_rows, compute_gae, next_values
 
     out = sb.SampleBatch(b)
     if len(out) == 0:
@@ -89,8 +89,8 @@ def linear_baseline_advantages(b: sb.SampleBatch, gamma: float, gae_lambda: floa
             break
         reg *= 10
     v = (f @ w).astype(np.float32)
-    nv = np.where(cont > 0, np.roll(v, -1), np.float32(0.0)).astype(np.float32)
-    out[sb.ADVANTAGES], _ = compute_gae(r, v, nv, cont, gamma, gae_lambda)
+    no_boot = np.zeros(0, np.int64)  # nothing bootstraps: the fit predicts returns to each piece's end
+    out[sb.ADVANTAGES], _ = compute_gae(r, v, next_values(v, cont, no_boot, None), cont, gamma, gae_lambda)
     return out
 
 
