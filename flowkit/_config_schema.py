@@ -243,6 +243,17 @@ class RunConfig:
 
 
 @dataclass
+class LRConfig:
+    """The learning-rate keys an algorithm section starts from (subclass it; redeclare ``lr``
+    for another default): ``lr_schedule=linear`` takes ``lr`` to 0 at ``schedule_env_steps``,
+    also the horizon of the section's other ``*_schedule`` keys (:func:`flowkit.config.schedule_keys`)."""
+    lr: float = F(1e-3, "learning rate", gt=0)
+    lr_schedule: str = F("constant", "constant, or linear (to 0 at schedule_env_steps)", choices=("constant", "linear"))
+    schedule_env_steps: Optional[int] = F(None, "horizon of the linear schedules, env steps sampled "
+                                                "(default stop.env_steps)", gt=0)
+
+
+@dataclass
 class RandomConfig:
     """random: uniform over the legal actions, learns nothing (baselines, opponents)."""
     report_every_env_steps: int = F(1000, "env steps per reported iteration", ge=1)

@@ -43,6 +43,7 @@ from flowkit._config_schema import (  # noqa: F401
     EvaluationConfig,
     F,
     LearnerConfig,
+    LRConfig,
     ModelConfig,
     RandomConfig,
     RunConfig,

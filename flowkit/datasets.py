@@ -10,7 +10,7 @@ Minari's form ``name-vN``). Per episode Minari keeps ``observations`` (T + 1 row
 observation, then each step's), ``actions``, ``rewards``, ``terminations`` and
 ``truncations`` (T rows each; the env's flags as the env gave them) and the reset ``seed``.
 
-Recording reuses :func:`flowkit.evaluation.run_gym_episodes` (``flowkit evaluate``'s loop:
+Recording reuses :func:`flowkit.core.run_episodes` (``flowkit evaluate``'s loop:
 batched policy calls over ``num_envs`` sub-envs, episode ``i`` reset with ``seed + i``) and
 streams finished episodes to the file every ``FLUSH_STEPS`` transitions (bounded memory).
 ``episodes=N`` records N whole episodes; ``steps=N`` records exactly N transitions: the
@@ -371,15 +371,6 @@ def steps_of(episodes: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
 
 
 # ---- writing ------------------------------------------------------------------------------------
-def _stack(xs: List[Any]) -> Any:
-    """Observations or actions (arrays, or dicts / tuples of them) stacked on a leading axis."""
-    if isinstance(xs[0], dict):
-        return {k: _stack([x[k] for x in xs]) for k in xs[0]}
-    if isinstance(xs[0], tuple):
-        return tuple(_stack([x[i] for x in xs]) for i in range(len(xs[0])))
-    return np.stack([np.asarray(x) for x in xs])
-
-
 class DatasetWriter:
     """Episodes appended to a Minari dataset at ``path`` (created, or ``append=True`` to an
     existing one with the same spaces), written in chunks of about ``FLUSH_STEPS`` transitions.
@@ -415,7 +406,8 @@ class DatasetWriter:
         """One episode: ``obs`` has one row more than the others (the reset observation first);
         ``obs`` and ``actions`` as lists of rows, or stacked (an array, or dicts / tuples of
         them); ``seed``: the reset seed, or None when unknown."""
-        obs, actions = (_stack(x) if isinstance(x, list) else x for x in (obs, actions))
+        from flowkit.core import stack_rows
+        obs, actions = (stack_rows(x) if isinstance(x, list) else x for x in (obs, actions))
         from minari.data_collector import EpisodeBuffer
         self.pending.append(EpisodeBuffer(
             seed=seed, observations=obs, actions=actions,
@@ -510,8 +502,7 @@ def record_episodes(policy: Any, env_cfg: Dict[str, Any], out: str, *, episodes:
     Raises:
         ConfigError: a bad argument, or ``out`` holds a dataset (without ``append``).
     """
-    from flowkit.core import EnvContext, make_env
-    from flowkit.evaluation import run_gym_episodes
+    from flowkit.core import EnvContext, make_env, run_episodes
     if episodes is None and steps is None:
         episodes = 10
     probe = make_env(env_cfg, EnvContext(-1, 0, 1, 0, seed))
@@ -544,7 +535,7 @@ def record_episodes(policy: Any, env_cfg: Dict[str, Any], out: str, *, episodes:
 
     n_eps = episodes if episodes is not None else int(steps or 0)  # an episode has at least one step
     try:
-        run_gym_episodes(acting, env_cfg, n_eps, seed, False, num_envs, on_step=on_step)
+        run_episodes(acting, env_cfg, n_eps, seed, False, num_envs, on_step=on_step)
     except _Full:
         for i in sorted(live):  # cut: the last step of each running episode is flagged truncated
             e = live[i]

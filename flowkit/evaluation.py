@@ -23,7 +23,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional
 
 import numpy as np
 
@@ -63,15 +63,6 @@ def _stats(xs: List[float]) -> Dict[str, float]:
     return {"mean": float(a.mean()), "std": float(a.std()), "min": float(a.min()), "max": float(a.max())}
 
 
-def _stack(obs: List[Any]) -> Any:
-    """Raw observations (arrays, or dicts / tuples of them) with a leading batch axis."""
-    if isinstance(obs[0], dict):
-        return {k: _stack([o[k] for o in obs]) for k in obs[0]}
-    if isinstance(obs[0], tuple):
-        return tuple(_stack([o[i] for o in obs]) for i in range(len(obs[0])))
-    return np.stack([np.asarray(o) for o in obs])
-
-
 class _Video:
     """Frames of one episode streamed to ``path`` (mp4: imageio-ffmpeg, gif: pillow)."""
 
@@ -104,16 +95,9 @@ def _check_video_deps(fmt: str) -> None:
 
 def run_gym_episodes(policy: Any, env_cfg: Dict[str, Any], episodes: int, seed: int, explore: bool = False,
                      num_envs: int = 8, render: Optional[str] = None, render_episodes: int = 1,
-                     video_dir: str = ".", on_step: Optional[Callable[..., None]] = None) -> List[Dict[str, Any]]:
-    """Episodes of a single-agent Gymnasium env under ``policy`` (see the module docstring).
-
-    A recurrent policy (``policy.initial_state(n)`` not None) keeps one state per episode,
-    from its initial state at each reset.
-
-    ``on_step(episode, obs, action, next_obs, reward, terminated, truncated, info)`` is called
-    after every env step (``obs``: the observation the action was chosen on; episode ``i``
-    reset with ``seed + i``): ``flowkit record`` writes datasets through it; an exception it
-    raises ends the loop (the envs are closed) and reaches the caller.
+                     video_dir: str = ".") -> List[Dict[str, Any]]:
+    """:func:`flowkit.core.run_episodes` (the one episode loop, see the module docstring), with
+    the first ``render_episodes`` episodes recorded as ``video_dir/episode_NNN.<render>``.
 
     Returns:
         ``[{"return": float, "length": int, "seed": int, "video": path or None}]`` in episode order.
@@ -121,87 +105,35 @@ def run_gym_episodes(policy: Any, env_cfg: Dict[str, Any], episodes: int, seed: 
         ConfigError: ``render`` without its packages, or an env that cannot render.
         EnvError: the env's ``reset`` or ``step`` raised (its type and message, one line).
     """
-    from flowkit.core import EnvContext, EnvError, env_name, make_env
+    from flowkit.core import run_episodes
+    videos: Dict[int, _Video] = {}
+    paths: Dict[int, str] = {}
 
-    def env_call(j: int, what: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        try:
-            return fn(*args, **kw)
-        except (EnvError, TimeoutError):  # already one line; the evaluation's deadline
-            raise
-        except Exception as e:  # the env's own code: one line naming it (the original chained)
-            raise EnvError(f"env {env_name(env_cfg)!r} (evaluation, sub-env {j}) raised in {what}: "
-                           f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}") from e
+    def film(i: int, env: Any, ended: bool) -> None:
+        if i >= render_episodes:
+            return
+        if i not in videos:
+            fps = float((getattr(env, "metadata", None) or {}).get("render_fps") or 30)
+            videos[i] = _Video(os.path.join(video_dir, f"episode_{i:03d}.{render}"), fps)
+            paths[i] = videos[i].path
+        videos[i].add(env.render())
+        if ended:
+            videos.pop(i).close()
+
     if render:
         _check_video_deps(render)
         os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen: no display needed
         env_cfg = {**env_cfg, "kwargs": {**(env_cfg.get("kwargs") or {}), "render_mode": "rgb_array"}}
-    k = max(1, min(num_envs, episodes))
     try:
-        envs = [make_env(env_cfg, EnvContext(-1, j, 1, 0, seed + j)) for j in range(k)]
+        out = run_episodes(policy, env_cfg, episodes, seed, explore, num_envs, after_env=film if render else None)
     except TypeError as e:
-        if not render:
+        if not render or videos or paths:
             raise
         raise ConfigError(f"render={render}: the env cannot be built with render_mode='rgb_array' ({e})") from None
-    fps = float((getattr(envs[0], "metadata", None) or {}).get("render_fps") or 30)
-    out: List[Dict[str, Any]] = [{} for _ in range(episodes)]
-    slot_ep: List[Optional[int]] = [None] * k
-    obs: List[Any] = [None] * k
-    ret, length = np.zeros(k), np.zeros(k, np.int64)
-    videos: List[Optional[_Video]] = [None] * k
-    next_ep = 0
-    init: Any = getattr(policy, "initial_state", None)
-    state = None if init is None else init(k)  # one recurrent state per slot (None: feed-forward)
-
-    def start(j: int) -> None:
-        nonlocal next_ep
-        if next_ep >= episodes:
-            slot_ep[j] = None
-            return
-        i, next_ep = next_ep, next_ep + 1
-        slot_ep[j], ret[j], length[j] = i, 0.0, 0
-        obs[j], _ = env_call(j, "reset()", envs[j].reset, seed=seed + i)
-        if state is not None:
-            state[j] = init(1)[0]
-        if render and i < render_episodes:
-            videos[j] = v = _Video(os.path.join(video_dir, f"episode_{i:03d}.{render}"), fps)
-            v.add(envs[j].render())
-
-    try:
-        for j in range(k):
-            start(j)
-        while any(e is not None for e in slot_ep):
-            live = [j for j in range(k) if slot_ep[j] is not None]
-            batch = _stack([obs[j] for j in live])
-            if state is None:
-                actions = policy.compute_actions(batch, explore=explore)
-            else:
-                actions, state[live] = policy.compute_actions(batch, explore=explore, state=state[live])
-            for j, a in zip(live, actions):
-                prev = obs[j]
-                obs[j], r, term, trunc, info = env_call(j, "step()", envs[j].step, a)
-                if on_step is not None:
-                    on_step(slot_ep[j], prev, a, obs[j], r, term, trunc, info)
-                ret[j] += float(r)
-                length[j] += 1
-                v = videos[j]
-                if v is not None:
-                    v.add(envs[j].render())
-                if term or trunc:
-                    i = slot_ep[j]
-                    assert i is not None
-                    out[i] = {"return": float(ret[j]), "length": int(length[j]), "seed": seed + i,
-                              "video": v.path if v is not None else None}
-                    if v is not None:
-                        v.close()
-                        videos[j] = None
-                    start(j)
     finally:
-        for v in videos:
-            if v is not None:
-                v.close()
-        for env in envs:
-            env.close()
-    return out
+        for v in videos.values():
+            v.close()
+    return [{**e, "video": paths.get(i)} for i, e in enumerate(out)]
 
 
 def _multiagent_episodes(algo: Any, cfg: Any, episodes: int, seed: int, explore: bool,

@@ -15,23 +15,23 @@ if TYPE_CHECKING:
                                     env_name, find_mismatch, make_env, task_env)
     from flowkit.core._models import (ActorCritic, FramesCNN, ImpalaCNN, RunningMeanStd, SmallCNN, TwinMLP, build_mlp,
                                       build_trunk, init_weights, sde_std)
-    from flowkit.core._numpy_model import NumpyActorCritic, NumpyActorCriticPolicy, sample_logp_numpy
+    from flowkit.core._numpy_model import NumpyActorCritic, NumpyActorCriticPolicy, mlp_forward, sample_logp_numpy
     from flowkit.core._recurrent import RecurrentActorCritic, RecurrentStep, RecurrentTrunk, forward_sequences
     from flowkit.core._returns import bootstrap_rows, compute_gae, next_values, vtrace
-    from flowkit.core._runner import Episode, GymEnvRunner, RecurrentStates
+    from flowkit.core._runner import Episode, GymEnvRunner, RecurrentStates, run_episodes, stack_rows
     from flowkit.core._target import TargetNetwork
     from flowkit.core.algorithm import Algorithm
     from flowkit.core.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch, trajectory_ends
     from flowkit.core.flow import NOT_READY, Flow, FlowContext, ParallelFlow, Sourced
-    from flowkit.core.policy import Policy, RandomPolicy, to_tensor
+    from flowkit.core.policy import Policy, RandomPolicy, loss_stats, to_tensor
     from flowkit.core.workers import PolicySpec, RolloutWorker, WorkerSet
 
 __all__ = [  # batches (column names: flowkit.core.batch.OBS, ...), dataflow, policies, envs and workers
     "batch", "DEFAULT_POLICY_ID", "MultiAgentBatch", "SampleBatch", "trajectory_ends", "Flow", "FlowContext",
-    "NOT_READY", "ParallelFlow", "Sourced", "Algorithm", "Policy", "RandomPolicy", "ActorCriticPolicy", "adapt_kl_coeff", "clipped_surrogate", "to_tensor", "MASK_KEY",
+    "NOT_READY", "ParallelFlow", "Sourced", "Algorithm", "Policy", "RandomPolicy", "loss_stats", "ActorCriticPolicy", "adapt_kl_coeff", "clipped_surrogate", "to_tensor", "MASK_KEY",
     "ObsEncoder", "SpaceError", "add_batch_axis", "batch_len", "ActionDist", "ACTIVATIONS", "ActorCritic",
-    "RunningMeanStd", "FramesCNN", "ImpalaCNN", "SmallCNN", "TwinMLP", "build_mlp", "build_trunk", "init_weights", "sde_std", "NumpyActorCritic", "NumpyActorCriticPolicy",
-    "sample_logp_numpy", "bootstrap_rows", "compute_gae", "next_values", "vtrace", "EnvContext", "EnvError", "Episode", "GymEnvRunner",
+    "RunningMeanStd", "FramesCNN", "ImpalaCNN", "SmallCNN", "TwinMLP", "build_mlp", "build_trunk", "init_weights", "sde_std", "NumpyActorCritic", "NumpyActorCriticPolicy", "mlp_forward",
+    "sample_logp_numpy", "bootstrap_rows", "compute_gae", "next_values", "vtrace", "EnvContext", "EnvError", "Episode", "GymEnvRunner", "run_episodes", "stack_rows",
     "RecurrentActorCritic", "RecurrentStates", "RecurrentStep", "RecurrentTrunk", "forward_sequences",
     "PolicySpec", "TargetNetwork", "RolloutWorker", "SpaceCheck", "WorkerSet", "derive_seed", "describe_value", "env_name",
     "find_mismatch", "make_env", "TaskSettableEnv", "task_env"]
@@ -42,13 +42,13 @@ _MODULES = {  # the module behind each name, imported on first use (torch only w
     "_envs": "EnvContext EnvError SpaceCheck TaskSettableEnv derive_seed describe_value env_name find_mismatch make_env "
              "task_env",
     "_models": "ActorCritic FramesCNN ImpalaCNN RunningMeanStd SmallCNN TwinMLP build_mlp build_trunk init_weights sde_std",
-    "_numpy_model": "NumpyActorCritic NumpyActorCriticPolicy sample_logp_numpy",
+    "_numpy_model": "NumpyActorCritic NumpyActorCriticPolicy mlp_forward sample_logp_numpy",
     "_returns": "bootstrap_rows compute_gae next_values vtrace", "activations": "ACTIVATIONS",
-    "_runner": "Episode GymEnvRunner RecurrentStates",
+    "_runner": "Episode GymEnvRunner RecurrentStates run_episodes stack_rows",
     "_recurrent": "RecurrentActorCritic RecurrentStep RecurrentTrunk forward_sequences",
     "_target": "TargetNetwork",
     "algorithm": "Algorithm", "batch": "DEFAULT_POLICY_ID MultiAgentBatch SampleBatch trajectory_ends",
-    "flow": "NOT_READY Flow FlowContext ParallelFlow Sourced", "policy": "Policy RandomPolicy to_tensor",
+    "flow": "NOT_READY Flow FlowContext ParallelFlow Sourced", "policy": "Policy RandomPolicy loss_stats to_tensor",
     "workers": "PolicySpec RolloutWorker WorkerSet"}
 _HOME = {n: m for m, names in _MODULES.items() for n in names.split()}
 

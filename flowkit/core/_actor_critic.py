@@ -56,7 +56,7 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
     ``action_dist_inputs``. :meth:`add_gae` computes advantages on the worker (as
     :meth:`postprocess_trajectory` when :attr:`worker_gae` is set).
 
-    Config fields read: ``lr``, ``log_std_init``, optionally ``adam_eps``,
+    Config fields read: ``lr``, ``log_std_init``, optionally ``adam_eps`` (or ``optimizer_eps``),
     ``normalize_observations``, ``normalize_rewards`` (:meth:`normalize_rewards`), ``use_sde``
     and ``sde_sample_freq`` (:meth:`sde_noise`); ``gamma`` and ``gae_lambda`` for :meth:`add_gae`.
 
@@ -83,7 +83,7 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
         self._sde_w: Optional[torch.Tensor] = None  # gSDE exploration matrices and the steps since drawn
         self._sde_steps = 0
         if not inference_only:
-            self.optimizer = self.make_optimizer(config.lr, getattr(config, "adam_eps", 1e-8))
+            self.optimizer = self.make_optimizer(config.lr, getattr(config, "optimizer_eps", getattr(config, "adam_eps", 1e-8)))
 
     def make_model(self) -> Any:
         """The network (override for a custom model; the numpy mirror then steps aside): an

@@ -7,7 +7,7 @@ mirror (the worker process then never imports torch). This module imports no tor
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -67,6 +67,19 @@ def linear_layers(weights: Mapping[str, np.ndarray], names: List[str]) -> List[T
     return [(weights[f"{n}.weight"].T, weights[f"{n}.bias"]) for n in names]
 
 
+def mlp_forward(x: np.ndarray, layers: Sequence[Tuple[np.ndarray, Optional[np.ndarray]]],
+                act: Any) -> np.ndarray:
+    """The one numpy MLP executor (actor-critic mirrors, ES and ARS): ``x`` float32[B, in]
+    through ``layers`` (``(W.T float32[in, out], b float32[out] or None)`` each, ``x @ W.T +
+    b``), ``act`` (a numpy function of :mod:`flowkit.core.activations`) between layers, none
+    after the last: float32[B, out]."""
+    for i, (w, b) in enumerate(layers):
+        x = x @ w if b is None else x @ w + b
+        if i < len(layers) - 1:
+            x = act(x)
+    return x
+
+
 class NumpyActorCritic:
     """Acting-time mirror of an :class:`ActorCritic` in numpy, for rollout workers on CPU.
 
@@ -121,13 +134,6 @@ class NumpyActorCritic:
             self.twin = None
             self.pi, self.vf = linear_layers(w, lay["pi"]), linear_layers(w, lay["vf"])
 
-    def _mlp(self, x: np.ndarray, layers) -> np.ndarray:
-        for i, (w, b) in enumerate(layers):
-            x = x @ w + b
-            if i < len(layers) - 1:
-                x = self.act(x)
-        return x
-
     def forward(self, obs: np.ndarray, value: bool = True) -> Tuple[np.ndarray, Optional[np.ndarray]]:
         """obs float32[B, d] -> (dist_inputs float32[B, k], value float32[B] or None)."""
         if self._watch and tuple([t.data_ptr() for t in self._watch]) != self._ptrs:
@@ -148,8 +154,8 @@ class NumpyActorCritic:
             inputs = ha @ wa + ba
             val = (hb @ wb + bb)[:, 0] if value else None
         else:
-            inputs = self._mlp(x, self.pi)
-            val = self._mlp(x, self.vf)[:, 0] if value else None
+            inputs = mlp_forward(x, self.pi, self.act)
+            val = mlp_forward(x, self.vf, self.act)[:, 0] if value else None
         if self.log_std is not None:
             inputs = np.concatenate([inputs, np.broadcast_to(self.log_std, inputs.shape)], -1)
         return inputs, val

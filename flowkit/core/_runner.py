@@ -1,4 +1,6 @@
-"""The Gymnasium vector-env runner (the fast single-agent path) and :class:`Episode`.
+"""The Gymnasium vector-env runner (the fast single-agent path), :class:`Episode`, and
+:func:`run_episodes`, the one episode loop of evaluation (in-run and ``flowkit evaluate``) and
+``flowkit record``.
 
 Counting: a batch's ``env_steps`` are real transitions; the autoreset step of a
 ``next_step`` vector env is not one and is not recorded.
@@ -13,7 +15,7 @@ from gymnasium.vector.utils import concatenate, create_empty_array, iterate
 
 from flowkit.core import batch as sb
 from flowkit.core._encoders import ObsEncoder
-from flowkit.core._envs import EnvError, env_name, find_mismatch
+from flowkit.core._envs import EnvContext, EnvError, env_name, find_mismatch, make_env
 
 if TYPE_CHECKING:
     from flowkit.core.workers import RolloutWorker
@@ -395,36 +397,104 @@ class GymEnvRunner:
         return self.policy.postprocess_trajectory(batch)
 
     def evaluate(self, num_episodes: int, explore: bool = False) -> List[Dict[str, Any]]:
-        """Run ``num_episodes`` whole episodes with fresh resets; return their summaries.
-        Episodes are spread over the sub-envs; an episode only counts if it started after the
-        evaluation began (no bias toward short episodes: each sub-env's first episodes)."""
-        self._reset_all()
-        left = [num_episodes // self.n + (j < num_episodes % self.n) for j in range(self.n)]  # to count per sub-env
-        out: List[Dict[str, Any]] = []
-        states = self.states
-        while len(out) < num_episodes:
-            if states is None:
-                actions, _ = self.policy.compute_actions_encoded(self.obs_enc, self.mask, explore)
-            else:
-                actions, _ = states.act(self.obs_enc, self.mask, explore)
-            raw_next, rew, term, trunc, _ = self._call("step()", self.vec.step, self.dist.to_env(actions))
-            valid = ~self.reset_pending
-            ended = (term | trunc) & valid
-            if states is not None:
-                states.reset(ended | ~valid)
-            for j in np.flatnonzero(valid):
-                self.episodes[j].length += 1
-                self.episodes[j].total_reward += float(rew[j])
-            for j in np.flatnonzero(ended):
-                if left[j] > 0:
-                    out.append(self.episodes[j].summary())
-                    left[j] -= 1
-                self.episodes[j] = self._new_episode(int(j))
-            self.reset_pending = ended if not self.same_step else np.zeros(self.n, bool)
-            self.obs_enc, self.mask = self.encoder(raw_next, self.n)
-        self._reset_all()
-        return out
+        """``num_episodes`` whole episodes on fresh single envs (:func:`run_episodes`), episode
+        ``i`` reset with this worker's first sub-env seed + ``i``: each evaluation of a run
+        starts from the same states, so successive evaluations compare the policies alone."""
+        return run_episodes(self.policy, self.worker.env_cfg, num_episodes,
+                            self.worker.sub_env_contexts[0].seed, explore, self.n)
 
     def close(self):
         self.vec.close()
 
+
+def stack_rows(rows: List[Any]) -> Any:
+    """Observations or actions (arrays, or dicts / tuples of them) stacked on a leading axis."""
+    if isinstance(rows[0], dict):
+        return {k: stack_rows([r[k] for r in rows]) for k in rows[0]}
+    if isinstance(rows[0], tuple):
+        return tuple(stack_rows([r[i] for r in rows]) for i in range(len(rows[0])))
+    return np.stack([np.asarray(r) for r in rows])
+
+
+def run_episodes(policy: Any, env_cfg: Dict[str, Any], episodes: int, seed: int, explore: bool = False,
+                 num_envs: int = 8, on_step: Optional[Callable[..., None]] = None,
+                 after_env: Optional[Callable[[int, Any, bool], None]] = None) -> List[Dict[str, Any]]:
+    """Whole episodes of a single-agent Gymnasium env under ``policy`` (evaluation's wrappers
+    of ``env.preset``: no life loss, unclipped rewards).
+
+    ``episodes`` episodes are spread over ``min(num_envs, episodes)`` single envs stepped
+    together (one batched ``policy.compute_actions(obs, explore)`` call per step); episode ``i``
+    starts with ``reset(seed=seed + i)`` whichever env runs it, so a greedy evaluation equals a
+    plain loop over those seeds and no episode is favoured for being short. A recurrent policy
+    (``policy.initial_state(n)`` not None) keeps one state per episode, from its initial state.
+
+    ``on_step(episode, obs, action, next_obs, reward, terminated, truncated, info)`` is called
+    after every env step (``obs``: the observation the action was chosen on); ``after_env(episode,
+    env, ended)`` after each reset (``ended`` False) and step (a video grabs ``env.render()``).
+    An exception either raises ends the loop (the envs are closed) and reaches the caller.
+
+    Returns:
+        ``[{"return": float, "length": int, "seed": int}]`` in episode order.
+    Raises:
+        EnvError: the env's ``reset`` or ``step`` raised (its type and message, one line).
+    """
+    def env_call(j: int, what: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+        try:
+            return fn(*args, **kw)
+        except (EnvError, TimeoutError):  # already one line; the evaluation's deadline
+            raise
+        except Exception as e:  # the env's own code: one line naming it (the original chained)
+            raise EnvError(f"env {env_name(env_cfg)!r} (evaluation, sub-env {j}) raised in {what}: "
+                           f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}") from e
+    k = max(1, min(num_envs, episodes))
+    out: List[Dict[str, Any]] = [{} for _ in range(episodes)]
+    slot_ep: List[Optional[int]] = [None] * k
+    obs: List[Any] = [None] * k
+    ret, length = np.zeros(k), np.zeros(k, np.int64)
+    init: Any = getattr(policy, "initial_state", None)
+    state = None if init is None else init(k)  # one recurrent state per slot (None: feed-forward)
+    envs: List[Any] = []
+    next_ep = 0
+
+    def start(j: int) -> None:
+        nonlocal next_ep
+        if next_ep >= episodes:
+            slot_ep[j] = None
+            return
+        i, next_ep = next_ep, next_ep + 1
+        slot_ep[j], ret[j], length[j] = i, 0.0, 0
+        obs[j], _ = env_call(j, "reset()", envs[j].reset, seed=seed + i)
+        if state is not None:
+            state[j] = init(1)[0]
+        if after_env is not None:
+            after_env(i, envs[j], False)
+
+    try:
+        for j in range(k):
+            envs.append(make_env(env_cfg, EnvContext(-1, j, 1, 0, seed + j)))
+        for j in range(k):
+            start(j)
+        while any(e is not None for e in slot_ep):
+            live = [j for j in range(k) if slot_ep[j] is not None]
+            batch = stack_rows([obs[j] for j in live])
+            if state is None:
+                actions = policy.compute_actions(batch, explore=explore)
+            else:
+                actions, state[live] = policy.compute_actions(batch, explore=explore, state=state[live])
+            for j, a in zip(live, actions):
+                i, prev = slot_ep[j], obs[j]
+                assert i is not None
+                obs[j], r, term, trunc, info = env_call(j, "step()", envs[j].step, a)
+                if on_step is not None:
+                    on_step(i, prev, a, obs[j], r, term, trunc, info)
+                ret[j] += float(r)
+                length[j] += 1
+                if after_env is not None:
+                    after_env(i, envs[j], bool(term or trunc))
+                if term or trunc:
+                    out[i] = {"return": float(ret[j]), "length": int(length[j]), "seed": seed + i}
+                    start(j)
+    finally:
+        for env in envs:
+            env.close()
+    return out

@@ -218,7 +218,8 @@ class Policy(Acting):
 
     def make_optimizer(self, lr: float, eps: float = 1e-8, module: Optional[nn.Module] = None,
                        sizes: Optional[List[int]] = None) -> "FlatAdam":
-        """Adam over all trainable parameters of ``module`` (default ``self.model``), kept in
+        """Adam (or RMSprop where the config says ``optimizer: rmsprop``, with its
+        ``rmsprop_alpha``) over all trainable parameters of ``module`` (default ``self.model``), kept in
         one flat buffer: the module's parameters become views into it, so Adam and gradient
         clipping are a handful of tensor ops per step instead of a few per parameter (the
         difference is most of a small MLP's step time on CPU). ``sizes``: the buffer split into
@@ -226,6 +227,8 @@ class Policy(Acting):
         module = module if module is not None else self.model
         assert module is not None, "make_optimizer: the policy has no model"
         self._params, self._flat = flat_parameters(module, self.device)
+        if getattr(self.config, "optimizer", "adam") == "rmsprop":
+            return FlatRMSprop(self._flat, lr, self.config.rmsprop_alpha, eps)
         return FlatAdam(self._flat, lr, eps, sizes)
 
     def compute_gradients(self, batch: sb.SampleBatch) -> Tuple[np.ndarray, Dict[str, float]]:
@@ -420,6 +423,16 @@ def to_tensor(x: Any, device: Any = "cpu") -> torch.Tensor:
         a = a.copy()
     return torch.as_tensor(a, device=device)
 
+
+def loss_stats(**terms: Any) -> Dict[str, float]:
+    """The stats a :meth:`Policy.loss` returns: each term (a 0-d tensor or a number) as a
+    float, the tensors detached and read in one device sync (``torch.stack(...).tolist()``)."""
+    keys = [k for k, v in terms.items() if isinstance(v, torch.Tensor)]
+    out = {k: float(v) for k, v in terms.items() if k not in keys}
+    if keys:
+        with torch.no_grad():
+            out.update(zip(keys, torch.stack([terms[k].detach().float().reshape(()) for k in keys]).tolist()))
+    return {k: out[k] for k in terms}
 
 
 class RandomPolicy(Policy):

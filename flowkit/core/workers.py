@@ -85,7 +85,8 @@ class RolloutWorker:
         if policy_specs is not None:
             self._make_policies(policy_specs)
         n = int(num_envs or config.runtime.num_envs_per_worker)
-        env_cfg = OmegaConf.to_container(config.env, resolve=True)
+        self.env_cfg: Dict[str, Any] = OmegaConf.to_container(config.env, resolve=True)  # type: ignore[assignment]
+        env_cfg = self.env_cfg
         self.sub_env_contexts = [EnvContext(index, j, num_workers, restart_count,
                                             derive_seed(int(config.seed), "env", index, j, restart_count))
                                  for j in range(n)]

@@ -9,7 +9,7 @@ import torch
 
 from flowkit import Algorithm, Policy
 from flowkit.core import batch as sb
-from flowkit.core import bootstrap_rows, build_mlp, compute_gae, next_values
+from flowkit.core import bootstrap_rows, build_mlp, compute_gae, loss_stats, next_values
 from flowkit.core.ops import ConcatBatches, SyncWeights, TrainOneStep
 from flowkit_reinforce import ReinforceConfig
 
@@ -19,10 +19,11 @@ RETURNS = "returns"
 class ReinforcePolicy(Policy):
     """An MLP over the encoded observation to the action distribution's inputs.
 
-    State beyond the network and the optimizer: ``baseline`` (float), saved in
-    :meth:`get_state` so that a resumed run goes on with the same baseline."""
+    State beyond the network and the optimizer: ``baseline`` (float), a :attr:`state_attrs`
+    entry, so :meth:`get_state` saves it and a resumed run goes on with the same baseline."""
 
     model: torch.nn.Sequential
+    state_attrs = ("baseline",)
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu", seed=0,
                  inference_only=False):
@@ -54,18 +55,11 @@ class ReinforcePolicy(Policy):
     def loss(self, batch):
         logp = self.dist.logp(self.model(batch[sb.OBS]), batch[sb.ACTIONS])
         loss = -(logp * (batch[RETURNS] - self.baseline)).mean()
-        return loss, {"policy_loss": loss.item()}
+        return loss, loss_stats(policy_loss=loss)
 
     def on_train_batch_end(self, batch):
         self.baseline += self.config.baseline_rate * (float(batch[RETURNS].mean()) - self.baseline)
         return {"baseline": self.baseline}
-
-    def get_state(self):
-        return {**super().get_state(), "baseline": self.baseline}
-
-    def set_state(self, state):
-        super().set_state(state)
-        self.baseline = float(state["baseline"])
 
 
 class Reinforce(Algorithm):

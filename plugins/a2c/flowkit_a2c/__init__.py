@@ -4,13 +4,11 @@ This module is the plugin's torch-free metadata (the config sections and the reg
 what ``flowkit train --help`` and ``flowkit plugins`` read); the algorithms and their policy
 (torch) are imported from :mod:`flowkit_a2c.a2c` on first use.
 """
-from __future__ import annotations
-
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Optional
 
 import flowkit
-from flowkit.config import MAX_BATCH_ROWS, F
+from flowkit.config import MAX_BATCH_ROWS, F, LRConfig
 from flowkit.hooks import lazy_attrs
 
 if TYPE_CHECKING:
@@ -20,19 +18,15 @@ __all__ = ["A2C", "A2CConfig", "A2CPolicy", "A3C", "A3CConfig"]
 
 
 @dataclass
-class _ActorCriticConfig:
+class _ActorCriticConfig(LRConfig):
     """The keys A2C and A3C share (the loss, the returns, the optimizer)."""
     lr: float = F(7e-4, "learning rate", gt=0)
-    lr_schedule: str = F("constant", "constant, or linear (to 0 at schedule_env_steps)", choices=("constant", "linear"))
-    schedule_env_steps: Optional[int] = F(None, "horizon of the linear schedule, env steps (default stop.env_steps)",
-                                          gt=0)
     optimizer: str = F("rmsprop", "rmsprop (the paper's) or adam", choices=("rmsprop", "adam"))
     optimizer_eps: float = F(1e-5, "epsilon of the optimizer's denominator", gt=0)
     rmsprop_alpha: float = F(0.99, "RMSprop decay of the squared-gradient average", ge=0, lt=1)
     gamma: float = F(0.99, "discount factor", ge=0, le=1)
     returns: str = F("nstep", "nstep: each row's return runs to the end of its fragment and bootstraps there "
-                              "(the paper's); gae: generalized advantage estimation with gae_lambda",
-                     choices=("nstep", "gae"))
+                              "(the paper's); gae: GAE with gae_lambda", choices=("nstep", "gae"))
     gae_lambda: float = F(0.95, "GAE lambda (returns=gae; nstep is lambda=1)", ge=0, le=1)
     vf_coef: float = F(0.5, "value-loss coefficient", ge=0)
     ent_coef: float = F(0.01, "entropy bonus coefficient", ge=0)

@@ -27,41 +27,27 @@ applies gradients as they arrive (ApplyGradients) and sends the new weights only
 worker whose gradient it just applied, with that worker's next request (SyncWeights to the
 source). On the local backend the same plan runs one worker at a time.
 """
-from __future__ import annotations
-
-from typing import Dict, Tuple
-
-import torch
-
 import flowkit
-from flowkit.core import ActorCritic, ActorCriticPolicy
+from flowkit.core import ActorCriticPolicy, loss_stats
 from flowkit.core import batch as sb
 from flowkit.core.ops import ApplyGradients, ConcatBatches, SyncWeights, TrainOneStep
-from flowkit.core.policy import FlatRMSprop
 from flowkit_a2c import A2CConfig, A3CConfig
 
 
 # ---- the policy ------------------------------------------------------------------------------
 class A2CPolicy(ActorCriticPolicy):
-    """The actor-critic of A2C and A3C (acting and returns from :class:`ActorCriticPolicy`).
-    Override :meth:`loss` to make a variant."""
+    """The actor-critic of A2C and A3C (acting and returns from :class:`ActorCriticPolicy`;
+    RMSprop or Adam from the config's ``optimizer``). Override :meth:`loss` to make a variant."""
 
-    model: ActorCritic
     train_columns = (sb.OBS, sb.ACTIONS, sb.ADVANTAGES, sb.VALUE_TARGETS, sb.ACTION_MASK)
-
-    def make_optimizer(self, lr, eps=1e-8, module=None, sizes=None):
-        """RMSprop or Adam over the flat parameter buffer (``optimizer``, ``optimizer_eps``,
-        ``rmsprop_alpha``)."""
-        cfg = self.config
-        adam = super().make_optimizer(lr, cfg.optimizer_eps, module, sizes)
-        return adam if cfg.optimizer == "adam" else FlatRMSprop(self._flat, lr, cfg.rmsprop_alpha, cfg.optimizer_eps)
 
     def postprocess_trajectory(self, batch: sb.SampleBatch) -> sb.SampleBatch:
         """Add ``advantages`` and ``value_targets`` (n-step returns or GAE, see the module
         docstring)."""
         return self.add_gae(batch, 1.0 if self.config.returns == "nstep" else None)
 
-    def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
+    def loss(self, batch):
+        """``(loss, stats)`` of one train batch (tensors, see the module docstring)."""
         cfg = self.config
         inputs, values = self.model_forward(batch)
         logp, entropy = self.dist.logp_entropy(inputs, batch[sb.ACTIONS], batch.get(sb.ACTION_MASK),
@@ -71,11 +57,8 @@ class A2CPolicy(ActorCriticPolicy):
             adv = (adv - adv.mean()) / (adv.std(unbiased=False) + 1e-8)
         pg_loss = -(logp * adv).mean()
         vf_loss = 0.5 * (values - batch[sb.VALUE_TARGETS]).pow(2).mean()
-        entropy = entropy.mean()
-        loss = pg_loss + cfg.vf_coef * vf_loss - cfg.ent_coef * entropy
-        with torch.no_grad():
-            vals = torch.stack([pg_loss, vf_loss, entropy, loss]).tolist()
-        return loss, dict(zip(("pg_loss", "vf_loss", "entropy", "total_loss"), vals, strict=True))
+        loss = pg_loss + cfg.vf_coef * vf_loss - cfg.ent_coef * entropy.mean()
+        return loss, loss_stats(pg_loss=pg_loss, vf_loss=vf_loss, entropy=entropy.mean(), total_loss=loss)
 
 
 # ---- the algorithms --------------------------------------------------------------------------

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, List, Optional
 
 import flowkit
-from flowkit.config import MAX_BATCH_ROWS, ConfigError, F
+from flowkit.config import MAX_BATCH_ROWS, ConfigError, F, LRConfig
 from flowkit.hooks import lazy_attrs
 
 if TYPE_CHECKING:
@@ -38,14 +38,10 @@ ACTION_SPACES = ("Discrete",)  # DQN.action_spaces, also checked before Ray star
 
 
 @dataclass
-class DQNConfig:
+class DQNConfig(LRConfig):
     """dqn: Deep Q-Networks (double-Q, dueling, n-step, prioritized replay, Ape-X shards)."""
     ROWS = "transitions"  # what a replay row is (in messages)
     lr: float = F(5e-4, "Adam learning rate", gt=0)
-    lr_schedule: str = F("constant", "constant, or linear (from lr to 0 at schedule_env_steps)",
-                         choices=("constant", "linear"))
-    schedule_env_steps: Optional[int] = F(None, "horizon of the linear lr schedule, env steps (default stop.env_steps)",
-                                          gt=0)
     adam_eps: float = F(1e-8, "Adam epsilon", gt=0)
     gamma: float = F(0.99, "discount factor", ge=0, le=1)
     n_step: int = F(1, "n-step returns (1: one-step TD)", gt=0)

@@ -41,7 +41,7 @@ from torch import nn
 
 import flowkit
 from flowkit import ConfigError
-from flowkit.core import ObsEncoder, Policy, TargetNetwork, build_mlp, build_trunk, derive_seed, ops, replay
+from flowkit.core import ObsEncoder, Policy, TargetNetwork, build_mlp, build_trunk, derive_seed, loss_stats, ops, replay
 from flowkit.core import batch as sb
 from flowkit.core._numpy_model import linear_names
 from flowkit.core.activations import has_numpy
@@ -210,10 +210,8 @@ class DQNPolicy(DQNActing, Policy):
         per_row = nn.functional.huber_loss(q_taken, y, reduction="none", delta=cfg.huber_delta)
         w = batch.get(sb.PRIO_WEIGHTS)
         loss = (per_row * w).mean() if w is not None else per_row.mean()
-        with torch.no_grad():
-            self.td_error = td.detach().cpu().numpy()
-            vals = torch.stack([loss, q_taken.mean(), td.abs().mean(), y.mean()]).tolist()
-        return loss, dict(zip(("loss", "mean_q", "mean_abs_td_error", "mean_target"), vals, strict=True))
+        self.td_error = td.detach().cpu().numpy()
+        return loss, loss_stats(loss=loss, mean_q=q_taken.mean(), mean_abs_td_error=td.abs().mean(), mean_target=y.mean())
 
     def on_train_batch_end(self, batch):
         assert self.optimizer is not None

@@ -58,7 +58,7 @@ import torch
 from torch import nn
 
 from flowkit import ConfigError
-from flowkit.core import ObsEncoder, RecurrentStep, RecurrentTrunk
+from flowkit.core import ObsEncoder, RecurrentStep, RecurrentTrunk, loss_stats
 from flowkit.core import batch as sb
 from flowkit.core._recurrent import is_recurrent, step
 from flowkit_dqn import R2D2Config, sequence_stride
@@ -338,10 +338,8 @@ class R2D2Policy(DQNPolicy):
             prio = sequence_priorities(td, trained, cfg.priority_eta)
             self.td_error = prio.cpu().numpy().astype(np.float32)
             n = count.sum().clamp(min=1)
-            vals = torch.stack([loss, (q_taken * trained).sum() / n, td.abs().sum() / n, (y * trained).sum() / n,
-                                prio.mean()]).tolist()
-        return loss, dict(zip(("loss", "mean_q", "mean_abs_td_error", "mean_target", "mean_priority"), vals,
-                              strict=True))
+        return loss, loss_stats(loss=loss, mean_q=(q_taken * trained).sum() / n, mean_abs_td_error=td.abs().sum() / n,
+                                mean_target=(y * trained).sum() / n, mean_priority=prio.mean())
 
 
 # ---- the algorithm --------------------------------------------------------------------------

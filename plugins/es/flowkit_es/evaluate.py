@@ -13,14 +13,14 @@ same code path, no Ray). Workers send back only the indexes and the returns, nev
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-Layout = Tuple[Tuple[int, int, bool], ...]  # per linear layer: (outputs, inputs, has bias)
+from flowkit.core import mlp_forward
+from flowkit.core.activations import numpy_function
 
-NP_ACTIVATIONS: Dict[str, Callable[[np.ndarray], np.ndarray]] = {
-    "tanh": np.tanh, "relu": lambda x: np.maximum(x, np.float32(0.0))}
+Layout = Tuple[Tuple[int, int, bool], ...]  # per linear layer: (outputs, inputs, has bias)
 
 _RESOLVED: Dict[str, np.ndarray] = {}  # a worker process's resolved noise tables, by ObjectRef
 
@@ -105,15 +105,7 @@ def forward(theta: np.ndarray, layout: Layout, activation: str, x: np.ndarray,
     """The MLP of flat parameters ``theta`` (see :func:`unflatten`; or its ``layers``, already
     unflattened) on ``x`` float32[B, in]: float32[B, out]; ``activation`` between layers,
     none after the last."""
-    act = NP_ACTIVATIONS[activation]
-    layers = unflatten(theta, layout) if layers is None else layers
-    for k, (w, b) in enumerate(layers):
-        x = x @ w
-        if b is not None:
-            x = x + b
-        if k < len(layers) - 1:
-            x = act(x)
-    return x
+    return mlp_forward(x, unflatten(theta, layout) if layers is None else layers, numpy_function(activation))
 
 
 def greedy(kind: str, nvec: Sequence[int], z: np.ndarray, mask: Optional[np.ndarray] = None) -> np.ndarray:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, List, Optional
 
 import flowkit
 from flowkit import ConfigError
-from flowkit.config import MAX_BATCH_ROWS, F
+from flowkit.config import MAX_BATCH_ROWS, F, LRConfig
 from flowkit.hooks import lazy_attrs
 
 if TYPE_CHECKING:
@@ -22,7 +22,7 @@ __all__ = ["APPO", "APPOConfig", "APPOPolicy", "IMPALA", "IMPALAConfig", "IMPALA
 
 
 @dataclass
-class IMPALAConfig:
+class IMPALAConfig(LRConfig):
     """impala: asynchronous actor-learner with V-trace (Espeholt et al. 2018)."""
     lr: float = F(5e-4, "Adam learning rate", gt=0)
     adam_eps: float = F(1e-7, "Adam epsilon", gt=0)
@@ -34,9 +34,6 @@ class IMPALAConfig:
     vf_coef: float = F(0.5, "value-loss coefficient", ge=0)
     ent_coef: float = F(0.01, "entropy bonus coefficient", ge=0)
     max_grad_norm: Optional[float] = F(40.0, "clip the gradient norm (null: off)", gt=0)
-    lr_schedule: str = F("constant", "constant, or linear (to 0 at schedule_env_steps)", choices=("constant", "linear"))
-    schedule_env_steps: Optional[int] = F(None, "horizon of lr_schedule=linear, env steps sampled (default stop.env_steps)",
-                                          gt=0)
     train_batch_size: int = F(500, "env steps per train batch (worker fragments are concatenated)", ge=1, le=MAX_BATCH_ROWS)
     num_epochs: int = F(1, "passes of the learner over each train batch", ge=1)
     minibatch_size: Optional[int] = F(None, "rows per SGD step, contiguous slices (null: the whole train batch)", ge=1)

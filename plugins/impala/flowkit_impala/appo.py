@@ -44,12 +44,10 @@ from typing import Any, Dict, Tuple
 
 import torch
 
-from flowkit.core import ActorCritic, ActorCriticPolicy, TargetNetwork, adapt_kl_coeff, clipped_surrogate
+from flowkit.core import ActorCritic, ActorCriticPolicy, TargetNetwork, adapt_kl_coeff, clipped_surrogate, loss_stats
 from flowkit.core import batch as sb
 from flowkit_impala import APPOConfig
 from flowkit_impala.impala import LearnerThreadAlgorithm
-
-_STATS = ("pg_loss", "vf_loss", "entropy", "kl", "total_loss", "clip_frac", "is_ratio_mean", "rho_mean")
 
 
 class APPOPolicy(ActorCriticPolicy):
@@ -98,12 +96,11 @@ class APPOPolicy(ActorCriticPolicy):
             kl = self.dist.kl(target_inputs, inputs, mask).mean()
         if cfg.use_kl_loss:
             loss = loss + self.kl_coeff * kl
-        with torch.no_grad():
-            clip_frac = ((ratio - 1.0).abs() > cfg.clip_param).float().mean()
-            vals = torch.stack([pg_loss, vf_loss, entropy, kl, loss, clip_frac, is_ratio.mean(),
-                                torch.exp(log_rhos).mean()]).tolist()
-        self._kl_sum, self._kl_n = self._kl_sum + vals[3], self._kl_n + 1
-        return loss, dict(zip(_STATS, vals, strict=True))
+        st = loss_stats(pg_loss=pg_loss, vf_loss=vf_loss, entropy=entropy, kl=kl, total_loss=loss,
+                        clip_frac=((ratio.detach() - 1.0).abs() > cfg.clip_param).float().mean(),
+                        is_ratio_mean=is_ratio.mean(), rho_mean=torch.exp(log_rhos.detach()).mean())
+        self._kl_sum, self._kl_n = self._kl_sum + st["kl"], self._kl_n + 1
+        return loss, st
 
     def on_train_batch_end(self, batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
         """After all epochs on a train batch: adapt ``kl_coeff`` (with ``use_kl_loss``) and

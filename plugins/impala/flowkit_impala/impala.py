@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 import flowkit
-from flowkit.core import ActorCritic, ActorCriticPolicy, derive_seed
+from flowkit.core import ActorCritic, ActorCriticPolicy, derive_seed, loss_stats
 from flowkit.core import batch as sb
 from flowkit.core.context import RunContext
 from flowkit.core.ops import ConcatBatches, SyncWeights, TrainOneStep
@@ -65,12 +65,9 @@ class IMPALAPolicy(ActorCriticPolicy):
         vf_loss = 0.5 * (vs_t - values).pow(2).mean()
         entropy = entropy.mean()
         loss = pg_loss + cfg.vf_coef * vf_loss - cfg.ent_coef * entropy
-        with torch.no_grad():
-            rhos = torch.exp(log_rhos)
-            vals = torch.stack([pg_loss, vf_loss, entropy, loss, rhos.mean(), rhos.max(),
-                                (rhos > cfg.clip_rho_threshold).float().mean()]).tolist()
-        return loss, dict(zip(("pg_loss", "vf_loss", "entropy", "total_loss", "rho_mean", "rho_max",
-                               "rho_clip_frac"), vals, strict=True))
+        rhos = torch.exp(log_rhos.detach())
+        return loss, loss_stats(pg_loss=pg_loss, vf_loss=vf_loss, entropy=entropy, total_loss=loss, rho_mean=rhos.mean(),
+                                rho_max=rhos.max(), rho_clip_frac=(rhos > cfg.clip_rho_threshold).float().mean())
 
     def on_train_batch_end(self, batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
         """The learning rate the batch trained at (``impala.lr_schedule``); the observation

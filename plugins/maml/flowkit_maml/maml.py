@@ -36,6 +36,7 @@ from flowkit.config import ConfigError
 from flowkit.core import NOT_READY, ActorCriticPolicy, EnvContext, ParallelFlow, clipped_surrogate, derive_seed
 from flowkit.core import batch as sb
 from flowkit.core.ops import SyncWeights, TrainOneStep
+from flowkit.core.policy import loss_stats
 from flowkit_maml import MAMLConfig
 
 Params = Dict[str, torch.Tensor]
@@ -169,9 +170,9 @@ class MAMLPolicy(ActorCriticPolicy):
             losses.append(loss)
             terms.append(torch.stack(st))
         meta = torch.stack(losses).mean()
-        with torch.no_grad():
-            vals = torch.stack(terms).mean(0).tolist() + [float(meta)]
-        return meta, dict(zip(("pg_loss", "vf_loss", "entropy", "kl", "clip_frac", "meta_loss"), vals, strict=True))
+        pg_loss, vf_loss, entropy, kl, clip_frac = torch.stack(terms).mean(0)
+        return meta, loss_stats(pg_loss=pg_loss, vf_loss=vf_loss, entropy=entropy, kl=kl, clip_frac=clip_frac,
+                                meta_loss=meta)
 
 
 # ---- the worker's request ----------------------------------------------------------------------

@@ -48,6 +48,7 @@ from torch import nn
 
 import flowkit
 from flowkit.core import batch as sb
+from flowkit.core import loss_stats
 from flowkit.core.ops import TrainOneStep, UpdateTargetNetwork
 from flowkit_offline import CQLDQNConfig, CQLSACConfig, validate
 
@@ -166,9 +167,8 @@ class CQLSACPolicy(SACPolicy):
         else:
             cql_loss = float(cfg.cql_alpha) * gap.sum()
             loss = loss + cql_loss
-        with torch.no_grad():
-            vals = torch.stack([cql_loss, gap.mean(), q_sampled.mean()]).tolist()
-        st.update(cql_loss=vals[0], cql_gap=vals[1], cql_q_sampled=vals[2], cql_alpha=self.alpha_prime)
+        st.update(loss_stats(cql_loss=cql_loss, cql_gap=gap.mean(), cql_q_sampled=q_sampled.mean(),
+                             cql_alpha=self.alpha_prime))
         if lagrange_loss is not None:
             st["lagrange_loss"] = float(lagrange_loss.detach())
         return loss, st

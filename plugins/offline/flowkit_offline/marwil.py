@@ -28,13 +28,13 @@ acts greedily in the env.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Tuple
+from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
 
 import flowkit
-from flowkit.core import ActorCriticPolicy
+from flowkit.core import ActorCriticPolicy, loss_stats
 from flowkit.core import batch as sb
 from flowkit.core.ops import TrainOneStep
 from flowkit_offline import BCConfig, MARWILConfig, validate
@@ -61,6 +61,7 @@ class MARWILPolicy(ActorCriticPolicy):
     """
 
     train_columns = _TRAIN_COLS
+    state_attrs = ("ma_sqd_adv_norm",)
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu", seed=0,
                  inference_only=False):
@@ -98,18 +99,8 @@ class MARWILPolicy(ActorCriticPolicy):
                 w = w.clamp(max=float(cfg.max_weight))
         pi_loss = -(w * logp).mean()
         loss = pi_loss + cfg.vf_coef * vf_loss
-        with torch.no_grad():
-            vals = torch.stack([pi_loss, vf_loss, loss, w.mean(), -logp.mean()]).tolist()
-        st = dict(zip(("pi_loss", "vf_loss", "total_loss", "weight_mean", "nll"), vals, strict=True))
-        st["adv_norm"] = float(np.sqrt(self.ma_sqd_adv_norm))
-        return loss, st
-
-    def get_state(self) -> Dict[str, Any]:
-        return {**super().get_state(), "ma_sqd_adv_norm": self.ma_sqd_adv_norm}
-
-    def set_state(self, state: Dict[str, Any]) -> None:
-        super().set_state(state)
-        self.ma_sqd_adv_norm = float(state.get("ma_sqd_adv_norm", self.ma_sqd_adv_norm))
+        return loss, loss_stats(pi_loss=pi_loss, vf_loss=vf_loss, total_loss=loss, weight_mean=w.mean(), nll=-logp.mean(),
+                                adv_norm=float(np.sqrt(self.ma_sqd_adv_norm)))
 
 
 class MARWIL(flowkit.Algorithm):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, List, Optional
 
 import flowkit
-from flowkit.config import MAX_BATCH_ROWS, ConfigError, F, round_env_steps
+from flowkit.config import MAX_BATCH_ROWS, ConfigError, F, LRConfig, round_env_steps
 from flowkit.hooks import lazy_attrs
 
 if TYPE_CHECKING:
@@ -22,15 +22,13 @@ __all__ = ["DDPPO", "DDPPOConfig", "DDPPOPolicy", "PPO", "PPOConfig", "PPOLossCo
 
 
 @dataclass
-class PPOLossConfig:
+class PPOLossConfig(LRConfig):
     """The keys of PPO's loss, its optimizer and its epochs (shared by ``ppo.*`` and ``ddppo.*``)."""
     lr: float = F(3e-4, "Adam learning rate", gt=0)
-    lr_schedule: str = F("constant", "constant, or linear (to 0 at schedule_env_steps)", choices=("constant", "linear"))
     gamma: float = F(0.99, "discount factor", ge=0, le=1)
     gae_lambda: float = F(0.95, "GAE lambda", ge=0, le=1)
     clip_param: float = F(0.2, "surrogate clip range epsilon", gt=0)
     clip_schedule: str = F("constant", "constant, or linear (to 0 at schedule_env_steps)", choices=("constant", "linear"))
-    schedule_env_steps: Optional[int] = F(None, "horizon of linear schedules, env steps (default stop.env_steps)", gt=0)
     vf_clip_param: Optional[float] = F(None, "clip value updates to +-this around vf_preds (null: off)", gt=0)
     vf_coef: float = F(0.5, "value-loss coefficient", ge=0)
     ent_coef: float = F(0.0, "entropy bonus coefficient", ge=0)

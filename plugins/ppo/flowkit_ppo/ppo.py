@@ -22,7 +22,7 @@ from typing import Dict, Tuple
 import torch
 
 import flowkit
-from flowkit.core import ActorCritic, ActorCriticPolicy, adapt_kl_coeff, clipped_surrogate
+from flowkit.core import ActorCritic, ActorCriticPolicy, adapt_kl_coeff, clipped_surrogate, loss_stats
 from flowkit.core import batch as sb
 from flowkit.core.ops import ConcatBatches, StandardizeFields, SyncWeights, TrainOneStep
 from flowkit_ppo import PPOConfig
@@ -73,11 +73,10 @@ class PPOPolicy(ActorCriticPolicy):
             kl = self.dist.kl(batch[sb.ACTION_DIST_INPUTS], inputs, mask).mean()
         if self.kl_coeff > 0:
             loss = loss + self.kl_coeff * kl
-        with torch.no_grad():
-            clip_frac = ((ratio - 1.0).abs() > clip).float().mean()
-            vals = torch.stack([pg_loss, vf_loss, entropy, kl, clip_frac, loss]).tolist()
-        self._kl_sum, self._kl_n = self._kl_sum + vals[3], self._kl_n + 1
-        return loss, dict(zip(("pg_loss", "vf_loss", "entropy", "kl", "clip_frac", "total_loss"), vals, strict=True))
+        st = loss_stats(pg_loss=pg_loss, vf_loss=vf_loss, entropy=entropy, kl=kl,
+                        clip_frac=((ratio.detach() - 1.0).abs() > clip).float().mean(), total_loss=loss)
+        self._kl_sum, self._kl_n = self._kl_sum + st["kl"], self._kl_n + 1
+        return loss, st
 
     def on_train_batch_end(self, batch):
         stats = {"lr": self.lr, "clip_param": self.clip_param}

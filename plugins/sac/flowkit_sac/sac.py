@@ -42,7 +42,7 @@ import torch
 from torch import nn
 
 from flowkit.core import batch as sb
-from flowkit.core import build_mlp, sde_std
+from flowkit.core import build_mlp, loss_stats, sde_std
 from flowkit_sac import SACConfig
 from flowkit_sac._common import OffPolicyActorCritic, OffPolicyAlgorithm, twin_critic
 
@@ -191,10 +191,8 @@ class SACPolicy(OffPolicyActorCritic):
         actor_loss = (alpha * logp - self.q_values(obs, a_pi, detach_params=True).min(0).values).mean()
         alpha_loss = -(m.log_alpha * (logp.detach() + self.target_entropy)).mean()
         loss = critic_loss + actor_loss + (alpha_loss if cfg.tune_alpha else 0.0)
-        with torch.no_grad():
-            vals = torch.stack([critic_loss, actor_loss, alpha_loss, alpha, q.mean(), -logp.mean()]).tolist()
-        return loss, dict(zip(("critic_loss", "actor_loss", "alpha_loss", "alpha", "mean_q", "entropy"), vals,
-                              strict=True))
+        return loss, loss_stats(critic_loss=critic_loss, actor_loss=actor_loss, alpha_loss=alpha_loss, alpha=alpha,
+                                mean_q=q.mean(), entropy=-logp.mean())
 
 
 class SAC(OffPolicyAlgorithm):

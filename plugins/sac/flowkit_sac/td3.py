@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from flowkit.core import batch as sb
-from flowkit.core import build_mlp
+from flowkit.core import build_mlp, loss_stats
 from flowkit_sac import TD3Config
 from flowkit_sac._common import OffPolicyActorCritic, OffPolicyAlgorithm, twin_critic
 
@@ -94,15 +94,10 @@ class TD3Policy(OffPolicyActorCritic):
         policy_step = (self.num_updates + 1) % cfg.policy_delay == 0
         assert self.optimizer is not None
         self.optimizer.active = None if policy_step else [0]
-        stats = [critic_loss, q.mean()]
-        loss = critic_loss
-        if policy_step:
-            actor_loss = -self.q_values(obs, torch.tanh(m.actor(obs)), detach_params=True)[0].mean()
-            loss = loss + actor_loss
-            stats.append(actor_loss)
-        with torch.no_grad():
-            vals = torch.stack(stats).tolist()
-        return loss, dict(zip(("critic_loss", "mean_q", "actor_loss"), vals, strict=False))
+        if not policy_step:
+            return critic_loss, loss_stats(critic_loss=critic_loss, mean_q=q.mean())
+        actor_loss = -self.q_values(obs, torch.tanh(m.actor(obs)), detach_params=True)[0].mean()
+        return critic_loss + actor_loss, loss_stats(critic_loss=critic_loss, mean_q=q.mean(), actor_loss=actor_loss)
 
 
 class TD3(OffPolicyAlgorithm):
