@@ -188,6 +188,8 @@ class FramesCNN(nn.Module):
     ``conv(x / 255, W) = conv(x, W / 255)`` with zero padding, no pass over the frames); float
     images are taken as they are."""
 
+    channels_last_frames = True  # (Policy.prepare_batch lays a train batch's frames out for it once)
+
     def __init__(self, net: nn.Sequential, shape: Sequence[int]):
         super().__init__()
         self.net = net

@@ -51,6 +51,7 @@ class Policy(Acting):
 
     train_columns: Optional[Tuple[str, ...]] = None
     state_attrs: Tuple[str, ...] = ()
+    _frames_cnn: Optional[bool] = None  # (prepare_batch: the model has a FramesCNN; found on first use)
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, config: Any,
                  model_config: Any = None, device: str = "cpu", seed: int = 0,
@@ -206,9 +207,18 @@ class Policy(Acting):
     # ---- learning ---------------------------------------------------------------------------
     def prepare_batch(self, batch: sb.SampleBatch) -> Dict[str, torch.Tensor]:
         """The :attr:`train_columns` of ``batch`` as tensors on the learner device (once per
-        train batch)."""
+        train batch). Frames (``obs`` and ``next_obs`` of 4 dimensions) for a model with a
+        :class:`~flowkit.core.FramesCNN` on a CPU learner are laid out channels-last here, once:
+        minibatches cut from them stay so, and its convolutions take them without a copy each."""
         keys = batch.keys() if self.train_columns is None else [k for k in self.train_columns if k in batch]
         out = {k: to_tensor(batch[k], self.device) for k in keys}
+        if self.device.type == "cpu":
+            if self._frames_cnn is None:
+                self._frames_cnn = any(getattr(m, "channels_last_frames", False) for m in self.model.modules()) \
+                    if isinstance(self.model, nn.Module) else False
+            for k in (sb.OBS, sb.NEXT_OBS) if self._frames_cnn else ():
+                if k in out and out[k].dim() == 4:
+                    out[k] = out[k].contiguous(memory_format=torch.channels_last)
         out.update(self.sequence_columns(batch))
         return out
 
