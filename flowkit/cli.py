@@ -242,9 +242,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 from flowkit.config import run_algorithms, used_sections
                 print(OmegaConf.to_yaml(OmegaConf.create(used_sections(cfg, run_algorithms(cfg), pm))), end="")
                 return 0
-            if not cfg.resume:  # config errors found without torch, the env or Ray come before they load
-                check_run(cfg, pm)
             if args.command == "plan" or args.dry_run:
+                if not cfg.resume:  # config errors found without torch, the env or Ray come before they load
+                    check_run(cfg, pm)
                 from flowkit.engine import describe_plan
                 d = describe_plan(overrides, args.config_file)
                 if args.mermaid:
@@ -255,16 +255,15 @@ def main(argv: Optional[List[str]] = None) -> int:
                     print(d["text"])
                     print("\n```mermaid\n" + d["mermaid"] + "\n```")
                 return 0
-            if not cfg.resume:  # (a resumed run's runtime comes from its checkpoint)
-                from flowkit._guard import check_cpus, check_env_id, check_new_run_dir
-                check_cpus(cfg)
-                check_env_id(cfg, pm)
-                check_new_run_dir(cfg.run.dir)
+            from flowkit._prepare import prepare
+            run = prepare(overrides, args.config_file, trust_config=args.trust_config, pm=pm, built=cfg)  # once
+            if not cfg.resume:  # (a resumed run's env and runtime come from its checkpoint)
                 from flowkit import _ray
-                _ray.start(cfg, prestart=True)  # Ray and the workers come up while torch and the learner load
+                from flowkit._guard import check_env_id
+                check_env_id(run.config, pm)
+                _ray.start(run.config, prestart=True)  # Ray and the workers come up while torch and the learner load
             from flowkit.engine import train
-        res = train(overrides, args.config_file, trust_config=args.trust_config,
-                    take_over_lock=args.take_over_lock)  # prints the summary
+        res = train(run, take_over_lock=args.take_over_lock)  # prints the summary
         return exit_status(res.stop_reason)
     except ConfigError as e:
         print(f"flowkit: config error: {e}", file=sys.stderr)

@@ -50,7 +50,6 @@ the exact sequence)::
 from __future__ import annotations
 
 import contextlib
-import datetime
 import json
 import math
 import os
@@ -66,9 +65,10 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from flowkit import _ray
-from flowkit._dataset_output import check_output, make_output
-from flowkit._guard import GUARD, Interrupted, check_cpus, check_new_run_dir, lock_run_dir
+from flowkit._dataset_output import make_output
+from flowkit._guard import GUARD, Interrupted, lock_run_dir
 from flowkit._outputs import write_text
+from flowkit._prepare import Prepared, check_config, prepare
 from flowkit.checkpoint import (  # noqa: F401
     config_yaml,
     find_checkpoint,
@@ -78,7 +78,7 @@ from flowkit.checkpoint import (  # noqa: F401
     resume_config,
     save_checkpoint,
 )
-from flowkit.config import ConfigError, build_config, check_run, check_unused_sections, plugin_modules_from
+from flowkit.config import ConfigError, build_config, plugin_modules_from
 from flowkit.core import EnvContext, SpaceError, derive_seed, env_name, make_env
 from flowkit.core.context import RunContext, make_context
 from flowkit.core.learner import NonFiniteError
@@ -103,20 +103,6 @@ def load_config(user: Any = None, config_file: Union[str, Sequence[str], None] =
     return pm, cfg
 
 
-def _validate(cfg: DictConfig, pm: Any) -> Dict[str, Any]:
-    check_run(cfg, pm)  # each key's own range or choices: declared in the schema, checked by build_config
-    for w in check_unused_sections(cfg, pm.algorithms(load=False), pm.config_sections()):
-        warnings.warn(w, stacklevel=3)
-    algos = pm.algorithms()
-    for key, on, rep in (("evaluation.interval", int(cfg.evaluation.interval) > 0, "evaluation"),
-                         ("evaluation.final", bool(cfg.evaluation.final), "evaluation"),
-                         ("checkpoint.every_iters", int(cfg.checkpoint.every_iters) > 0, "checkpoint")):
-        if on and rep not in cfg.run.reporters:
-            warnings.warn(f"{key}={OmegaConf.select(cfg, key)} has no effect: `{rep}` is not in run.reporters",
-                          stacklevel=3)
-    return algos
-
-
 def _probe_env(cfg: DictConfig) -> Any:
     env_cfg = OmegaConf.to_container(cfg.env, resolve=True)
     ctx = EnvContext(-1, 0, max(1, int(cfg.runtime.num_workers)), 0, derive_seed(int(cfg.seed), "probe"))
@@ -127,10 +113,12 @@ def _probe_env(cfg: DictConfig) -> Any:
         raise ConfigError(f"{key}={env_name(env_cfg)!r}: cannot build the env: {type(e).__name__}: {e}") from None
 
 
-def setup(cfg: DictConfig, pm: Any, run_dir: Optional[str] = None) -> RunContext:
-    """Validate, decide policies, build the learner and the (unstarted) WorkerSet."""
-    algos = _validate(cfg, pm)
-    check_cpus(cfg)
+def setup(cfg: DictConfig, pm: Any, run_dir: Optional[str] = None, checked: bool = False) -> RunContext:
+    """Check the config (:func:`flowkit._prepare.check_config`; ``checked``: :func:`prepare`
+    did), decide policies, build the learner and the (unstarted) WorkerSet."""
+    if not checked:
+        check_config(cfg, pm)
+    algos = pm.algorithms()
     env = _probe_env(cfg)
     try:
         specs = pm.hook.flowkit_make_policy_specs(config=cfg, env=env, algorithms=algos)
@@ -198,12 +186,6 @@ def describe_plan(user: Any = None, config_file: Union[str, Sequence[str], None]
 
 
 # ---- train -------------------------------------------------------------------------------------
-def _default_run_dir(cfg: DictConfig) -> str:
-    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
-    env = str(cfg.env.id or cfg.env.factory or "env").replace("/", "_").replace(":", "_")
-    return os.path.join("runs", f"{cfg.algo}-{env}-{stamp}")
-
-
 @contextlib.contextmanager
 def _ray_session(cfg: DictConfig, ctx: RunContext):
     """Wait for the Ray session started in the background (kept for later runs; ended by
@@ -259,11 +241,13 @@ def summary(res: Result) -> str:
 
 def train(config: Any = None, config_file: Union[str, Sequence[str], None] = None, plugins: Sequence[Any] = (),
           verbose: bool = True, trust_config: bool = False, take_over_lock: bool = False) -> Result:
-    """Train from a config and return a :class:`Result`.
+    """Train from a config (or a :class:`Prepared` run) and return a :class:`Result`.
 
     Args:
         config: dotlist overrides (``["algo=ppo", "env=CartPole-v1"]`` or one string of
-            them), a nested dict, or a DictConfig; merged over ``config_file``.
+            them), a nested dict, or a DictConfig; merged over ``config_file``. Or what
+            :func:`prepare` returned (then ``config_file``, ``plugins`` and ``trust_config``
+            were its arguments).
         config_file: YAML file(s), merged in order over the defaults.
         plugins: plugin objects for this run only (as :func:`flowkit.register` would add
             them; they reach workers only on the local backend).
@@ -297,34 +281,21 @@ def _train(config: Any, config_file: Union[str, Sequence[str], None], plugins: S
     with GUARD.running():
         try:
             with GUARD.held():  # a signal waits until the config is built (see Guard.held)
-                pm = get_plugin_manager(plugin_modules_from(config, config_file), extra=plugins)
-                pre = build_config(config, config_file, pm.config_sections())
-                resume_from, run_rows = None, []
-                if pre.resume:
-                    resume_from, cfg, pm, st_iter = resume_config(config, pre.resume, pm, trust_config)
-                    run_dir = os.path.dirname(os.path.dirname(resume_from))
-                    run_rows = kept_rows(run_dir, st_iter)  # rows up to the checkpoint, each iteration once
-                    if verbose:
-                        print(f"resuming from {resume_from} (iteration {st_iter})", flush=True)
-                else:
-                    cfg = pre
-                    check_new_run_dir(cfg.run.dir)
-                    run_dir = cfg.run.dir or _default_run_dir(cfg)
-                cfg.run.dir = run_dir
-                if not verbose:  # no progress bar either
-                    cfg.run.reporters = [r for r in cfg.run.reporters if r != "progress"]
-                if verbose and all(cfg.stop[k] is None for k in cfg.stop):
-                    print(NO_STOP, flush=True)
-                check_run(cfg, pm)  # config errors found without the env come before Ray starts
-                check_output(cfg, resuming=resume_from is not None)
-            check_cpus(cfg)
+                p = config if isinstance(config, Prepared) else prepare(config, config_file, plugins, trust_config)
+            cfg, pm, run_dir, resume_from, run_rows = p.config, p.pm, p.run_dir, p.resume_from, p.run_rows
+            if verbose and resume_from:
+                print(f"resuming from {resume_from} (iteration {p.resume_iteration})", flush=True)
+            if not verbose:  # no progress bar either
+                cfg.run.reporters = [r for r in cfg.run.reporters if r != "progress"]
+            if verbose and all(cfg.stop[k] is None for k in cfg.stop):
+                print(NO_STOP, flush=True)
             _ray.start(cfg, prestart=True)  # (the CLI started it before importing torch)
             t_config = time.perf_counter()
             torch.manual_seed(derive_seed(int(cfg.seed), "torch"))
             np.random.seed(derive_seed(int(cfg.seed), "numpy"))
             random.seed(derive_seed(int(cfg.seed), "python"))
             torch.set_num_threads(max(1, int(cfg.learner.num_threads)))
-            ctx = setup(cfg, pm, run_dir)
+            ctx = setup(cfg, pm, run_dir, checked=True)
             ctx.t_entry, ctx.metrics.extra["time_config_s"] = t_entry, t_config - t_entry
             release = lock_run_dir(run_dir, take_over_lock)  # creates run_dir
             remove_stale_temp(run_dir)  # a killed writer's temporary checkpoint files

@@ -120,3 +120,36 @@ def test_python_dash_m_flowkit_is_the_flowkit_command():
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1 and "nope" in p.stderr, p.stderr
     p = subprocess.run([sys.executable, "-m", "flowkit", "plugins"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "ppo" in p.stdout and "maml" in p.stdout, p.stdout + p.stderr
+
+
+def test_flowkit_train_builds_and_checks_the_run_once(monkeypatch, tmp_path):
+    """Issue 22 item 2: one prepare(), shared by the CLI and flowkit.train: a `flowkit train`
+    builds the plugin manager and the config once and checks the config and the CPUs once (they
+    were built twice and checked three times: by the CLI, by train and by setup)."""
+    import collections
+
+    import flowkit._guard
+    import flowkit._prepare
+    import flowkit.config
+    import flowkit.hooks
+    from flowkit.cli import main
+    calls: collections.Counter = collections.Counter()
+
+    def count(mod, name):
+        real = getattr(mod, name)
+
+        def wrapper(*a, **k):
+            calls[name] += 1
+            return real(*a, **k)
+        monkeypatch.setattr(mod, name, wrapper)
+    for mod in (flowkit.config, flowkit._prepare):
+        count(mod, "build_config")
+        count(mod, "check_run")
+    for mod in (flowkit._guard, flowkit._prepare):
+        count(mod, "check_cpus")
+    for mod in (flowkit.hooks, flowkit._prepare):
+        count(mod, "get_plugin_manager")
+    rc = main(["train", "--no-tuned", "algo=ppo", "env=CartPole-v1", "runtime.backend=local", "stop.iterations=1",
+               "ppo.num_epochs=1", f"run.dir={tmp_path}/run", "run.reporters=[csv,checkpoint]"])
+    assert rc == 0
+    assert dict(calls) == {"build_config": 1, "check_run": 1, "check_cpus": 1, "get_plugin_manager": 1}

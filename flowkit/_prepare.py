@@ -1,0 +1,90 @@
+"""One preparation of a run, shared by ``flowkit train`` and :func:`flowkit.train`: the plugin
+manager, the config (a resumed run's from its checkpoint), the run folder and every check that
+needs neither the env nor torch, each done once. The CLI prepares before torch and Ray load (a
+config error is one line within a second) and hands the result to the engine, which does not
+build or check it again."""
+from __future__ import annotations
+
+import datetime
+import os
+import warnings
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence, Union
+
+from omegaconf import DictConfig, OmegaConf
+
+from flowkit._dataset_output import check_output
+from flowkit._guard import check_cpus, check_new_run_dir
+from flowkit.config import build_config, check_run, check_unused_sections, plugin_modules_from
+from flowkit.hooks import get_plugin_manager
+
+
+@dataclass
+class Prepared:
+    """A run built and checked by :func:`prepare`: ``pm`` the plugin manager, ``config`` the
+    validated config (a resumed run's: its checkpoint's, the overrides on top; ``run.dir``
+    set), ``run_dir`` the run folder (created when the run starts), and for ``resume=`` the
+    checkpoint folder, its iteration and the result rows up to it."""
+    pm: Any
+    config: DictConfig
+    run_dir: str
+    resume_from: Optional[str] = None
+    resume_iteration: int = 0
+    run_rows: List[Dict[str, Any]] = field(default_factory=list)
+
+
+def default_run_dir(cfg: DictConfig) -> str:
+    """``runs/<algo>-<env>-<timestamp>`` (microseconds: two runs started together differ)."""
+    stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
+    env = str(cfg.env.id or cfg.env.factory or "env").replace("/", "_").replace(":", "_")
+    return os.path.join("runs", f"{cfg.algo}-{env}-{stamp}")
+
+
+def check_config(cfg: DictConfig, pm: Any) -> None:
+    """The checks of a built config that need neither the env nor torch: the cross-field rules
+    (:func:`flowkit.config.check_run`), sections no policy of the run reads, keys whose reporter
+    is not in ``run.reporters`` (warnings), and the CPUs of a local Ray cluster.
+
+    Raises:
+        ConfigError: naming the key.
+    """
+    check_run(cfg, pm)
+    for w in check_unused_sections(cfg, pm.algorithms(load=False), pm.config_sections()):
+        warnings.warn(w, stacklevel=3)
+    for key, on, rep in (("evaluation.interval", int(cfg.evaluation.interval) > 0, "evaluation"),
+                         ("evaluation.final", bool(cfg.evaluation.final), "evaluation"),
+                         ("checkpoint.every_iters", int(cfg.checkpoint.every_iters) > 0, "checkpoint")):
+        if on and rep not in cfg.run.reporters:
+            warnings.warn(f"{key}={OmegaConf.select(cfg, key)} has no effect: `{rep}` is not in run.reporters",
+                          stacklevel=3)
+    check_cpus(cfg)
+
+
+def prepare(config: Any = None, config_file: Union[str, Sequence[str], None] = None, plugins: Sequence[Any] = (),
+            trust_config: bool = False, pm: Any = None, built: Optional[DictConfig] = None) -> Prepared:
+    """Build and check a run once (arguments as :func:`flowkit.train`'s): the plugins, the
+    config (``resume=``: :func:`flowkit.checkpoint.resume_config`), the run folder (a new
+    run's must not hold a run), :func:`check_config` and ``run.output``. ``pm`` and ``built``:
+    a plugin manager and the config the caller already built from ``config`` and
+    ``config_file`` (the CLI's), not built again. Imports torch only to resume.
+
+    Raises:
+        ConfigError: what is wrong, naming the key (a resumed run: also CheckpointError,
+            RunFolderError, UntrustedConfigError).
+    """
+    if pm is None:
+        pm = get_plugin_manager(plugin_modules_from(config, config_file), extra=plugins)
+    pre = built if built is not None else build_config(config, config_file, pm.config_sections())
+    if pre.resume:
+        from flowkit.checkpoint import resume_config
+        from flowkit.reporters import kept_rows
+        resume_from, cfg, pm, st_iter = resume_config(config, pre.resume, pm, trust_config)
+        run_dir = os.path.dirname(os.path.dirname(resume_from))
+        p = Prepared(pm, cfg, run_dir, resume_from, st_iter, kept_rows(run_dir, st_iter))  # each iteration once
+    else:
+        check_new_run_dir(pre.run.dir)
+        p = Prepared(pm, pre, pre.run.dir or default_run_dir(pre))
+    p.config.run.dir = p.run_dir
+    check_config(p.config, p.pm)  # config errors found without the env come before Ray starts
+    check_output(p.config, resuming=p.resume_from is not None)
+    return p
