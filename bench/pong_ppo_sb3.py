@@ -30,12 +30,12 @@ REPO = os.path.dirname(os.path.abspath(os.path.dirname(__file__)))
 FRAME_SKIP = 4
 
 
-def flowkit_side(time_s: float, threads: int, i: int) -> dict:
+def flowkit_side(time_s: float, threads: int, i: int, overrides: tuple = ()) -> dict:
     import flowkit
     res = flowkit.train([f"stop.time_s={time_s}", "stop.episode_return_mean=null", "run.reporters=[csv]",
                          "checkpoint.at_end=false", "evaluation.final=false", f"learner.num_threads={threads}",
                          "runtime.torch_threads=1", "run.min_iter_env_steps=0", f"seed={i}",
-                         f"run.dir={fresh_run_dir(f'pong-ppo-{i}')}"],
+                         f"run.dir={fresh_run_dir(f'pong-ppo-{i}')}", *overrides],
                         config_file=os.path.join(REPO, "configs", "ppo", "PongNoFrameskip-v4.yaml"), verbose=False)
     rows = res.history[1:]  # the first train batch carries the start-up
     steps = rows[-1]["env_steps_sampled"] - rows[0]["env_steps_sampled"]

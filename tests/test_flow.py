@@ -1,4 +1,6 @@
 """The dataflow substrate: order semantics of every combinator, hand-checked."""
+import time
+
 import pytest
 
 from flowkit.core.flow import (NOT_READY, Flow, FlowContext, LocalActor, ParallelFlow, from_callable,
@@ -162,5 +164,35 @@ def test_gather_async_on_ray_actors():
     items = f.take(6)
     assert all((a.index == 0) == (x < 100) for a, x in items)
     assert sorted(x for a, x in items if a.index == 0) == list(range(1, 1 + sum(a.index == 0 for a, _ in items)))
+    for a in actors:
+        ray.kill(a.handle)
+
+
+class Sleeper:
+    def __init__(self, s):
+        self.s = s
+
+    def next(self):
+        time.sleep(self.s)
+        return self.s
+
+
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.slow
+def test_gather_sync_times_the_drivers_wait_for_each_round():
+    # perf/sample_wait_time_ms: the time the driver blocks on a round (it once timed the
+    # accounting after the round had arrived, and read about 0 while the driver waited)
+    import ray
+    from flowkit.core.flow import RayActor
+    cls = ray.remote(num_cpus=0)(Sleeper)
+    actors = [RayActor(cls.remote(0.4), 0), RayActor(cls.remote(0.1), 1)]
+    ctx = FlowContext()
+    rounds = ParallelFlow(lambda: actors, "next", "sleepers", ctx).gather_sync(per_round=True, prefetch=True)
+    assert [x for _, x in next(rounds)] == [0.4, 0.1]
+    t = ctx.timers["sample_wait"]
+    assert t.count == 1 and 0.3 <= t.total_s < 3.0
+    time.sleep(0.8)  # the consumer works longer than the prefetched round takes
+    assert [x for _, x in next(rounds)] == [0.4, 0.1]
+    assert t.count == 2 and t.last_s < 0.3
     for a in actors:
         ray.kill(a.handle)

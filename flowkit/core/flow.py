@@ -474,7 +474,8 @@ class ParallelFlow:
         """Each round: call every actor, wait for all, yield their items in actor order
         (``per_round=True``: one list of ``(actor, item)`` per round). ``prefetch`` submits
         the next round before the current one is handed on (sampling overlaps learning, one
-        round stale)."""
+        round stale). The time the driver waits for a round's items is ``ctx.timers["sample_wait"]``
+        (``perf/sample_wait_time_ms``: its mean per round)."""
         def gen():
             nxt = None
             def submit_all():
@@ -482,12 +483,13 @@ class ParallelFlow:
             while True:
                 futs = nxt if nxt is not None else submit_all()
                 got = []
-                for a, f, t in futs:
-                    try:
-                        wait = None if a.timeout_s is None else max(0.0, t + a.timeout_s - time.monotonic())
-                        got.append((a, get_result(f, wait)))
-                    except Exception as e:
-                        self._failed(a, self._timeout(a) if isinstance(e, TimeoutError) and a.is_remote else e)
+                with self.ctx.timers["sample_wait"]:  # the driver blocked on the round's items
+                    for a, f, t in futs:
+                        try:
+                            wait = None if a.timeout_s is None else max(0.0, t + a.timeout_s - time.monotonic())
+                            got.append((a, get_result(f, wait)))
+                        except Exception as e:
+                            self._failed(a, self._timeout(a) if isinstance(e, TimeoutError) and a.is_remote else e)
                 nxt = submit_all() if prefetch else None
                 if per_round:
                     yield got

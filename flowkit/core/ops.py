@@ -66,9 +66,7 @@ def ParallelRollouts(ctx: "RunContext", mode: str = "bulk_sync", num_async: Opti
     def account_round(items: List[Tuple[Any, sb.MultiAgentBatch]]) -> Any:
         if not items:
             return NOT_READY
-        with ctx.timers["sample_wait"]:
-            batches = [account(a, b) for a, b in items]
-        return sb.MultiAgentBatch.concat(batches)
+        return sb.MultiAgentBatch.concat([account(a, b) for a, b in items])
 
     if mode == "bulk_sync":
         flow = pf.gather_sync(per_round=True, prefetch=prefetch).for_each(
