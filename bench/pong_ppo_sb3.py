@@ -1,6 +1,8 @@
 """PPO on Pong with learning: env frames/s of flowkit against Stable-Baselines3 at the RL Zoo's
-Atari settings (issue 23: flowkit >= 1.5x SB3; SB3 acts and learns in one process, flowkit's
-workers sample while the driver learns).
+Atari settings (issue 23: flowkit >= 1.5x SB3; SB3 acts and learns in one process, flowkit's two
+workers sample in parallel and the driver learns; strictly on-policy as in the Zoo, so the
+two phases take turns: ``runtime.prefetch=true`` would overlap them one round stale, slower on
+2 cores, docs/envs.md).
 
 flowkit: ``configs/ppo/PongNoFrameskip-v4.yaml`` (2 Ray workers x 4 sub-envs through
 ``env.preset=atari``, 128-step fragments, 4 epochs of minibatches of 256, the Nature CNN).
@@ -14,6 +16,7 @@ workers one each). The sides alternate, ``--runs`` times each; the table gives t
 
     python bench/pong_ppo_sb3.py                   # 3 x 180 s per side
     python bench/pong_ppo_sb3.py --time-s 60 --runs 1
+    python bench/pong_ppo_sb3.py --override runtime.prefetch=true   # flowkit's side with other settings
 (needs the `bench` and `atari` extras: pip install -e .[bench,atari])
 """
 from __future__ import annotations
@@ -83,14 +86,18 @@ def main() -> int:
     ap.add_argument("--time-s", type=float, default=180.0)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--override", action="append", default=[], help="a config override for flowkit's side "
+                    "(repeatable), e.g. runtime.prefetch=true")
     args = ap.parse_args()
     out: dict = {"flowkit": [], "SB3": []}
     for i in range(args.runs):  # alternating
-        out["flowkit"].append(run_isolated("pong_ppo_sb3", "flowkit_side", args.time_s, args.threads, i, tries=1))
+        out["flowkit"].append(run_isolated("pong_ppo_sb3", "flowkit_side", args.time_s, args.threads, i,
+                                              tuple(args.override), tries=1))
         out["SB3"].append(run_isolated("pong_ppo_sb3", "sb3_side", args.time_s, args.threads, i, tries=1))
     med = {k: statistics.median(r["frames_per_s"] for r in v) for k, v in out.items()}
     print(f"\nPPO PongNoFrameskip-v4 with learning, RL Zoo Atari settings, {args.time_s:.0f} s per run, "
-          f"median of {args.runs} alternating runs, learner torch threads {args.threads}\n")
+          f"median of {args.runs} alternating runs, learner torch threads {args.threads}"
+          + (f", flowkit with {' '.join(args.override)}" if args.override else "") + "\n")
     print("| side | env frames/s (median) | each run | env steps reached |")
     print("|---|---|---|---|")
     for k, v in out.items():
