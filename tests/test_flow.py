@@ -186,6 +186,7 @@ def test_gather_sync_times_the_drivers_wait_for_each_round():
     from flowkit.core.flow import RayActor
     cls = ray.remote(num_cpus=0)(Sleeper)
     actors = [RayActor(cls.remote(0.4), 0), RayActor(cls.remote(0.1), 1)]
+    ray.get([a.handle.next.remote() for a in actors])  # started (not a sample wait)
     ctx = FlowContext()
     rounds = ParallelFlow(lambda: actors, "next", "sleepers", ctx).gather_sync(per_round=True, prefetch=True)
     assert [x for _, x in next(rounds)] == [0.4, 0.1]
