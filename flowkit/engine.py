@@ -186,8 +186,6 @@ def describe_plan(user: Any = None, config_file: Union[str, Sequence[str], None]
 
 
 # ---- train -------------------------------------------------------------------------------------
-
-
 def reuse_freed_memory() -> bool:
     """``learner.reuse_freed_memory``: set glibc malloc's M_MMAP_THRESHOLD to 64 MiB and its
     M_TRIM_THRESHOLD to 1 GiB in this process (mallopt(3)). By default glibc maps a large block
