@@ -355,7 +355,9 @@ def _dotlist(items: Sequence[Any]) -> Dict[str, Any]:
     for item in items:
         spelling, _, raw = item.partition("=") if isinstance(item, str) else ("", "", "")
         if not (spelling := spelling.strip()) or "=" not in item:
-            raise ConfigError(f"override {item!r} is not of the form key=value")
+            hint = (" (a config file goes after -c: `flowkit train -c FILE key=value ...`)"
+                    if isinstance(item, str) and item.endswith((".yaml", ".yml")) else "")
+            raise ConfigError(f"override {item!r} is not of the form key=value{hint}")
         key = "env.id" if spelling == "env" and not raw.lstrip().startswith("{") else spelling
         if seen.setdefault(key, item).split("=", 1)[0].strip() != spelling:  # no silent winner
             raise ConfigError(f"`{key}` is given twice: `{seen[key]}` and `{item}`")

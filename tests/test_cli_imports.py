@@ -46,6 +46,8 @@ CHECK = ("import json, sys\nfrom flowkit.cli import main\nrc = main(sys.argv[1:]
                                           (["evaluate", "no/such/run", "--episodes", "5"], 2, "write episodes=5"),
                                           (["train", "env=CartPole-v1", "--stop.env_steps=100"], 2,
                                            "write stop.env_steps=100"),
+                                          (["train", "configs/ppo/CartPole-v1.yaml"], 2,
+                                           "a config file goes after -c: `flowkit train -c FILE"),
                                           (["tune", "seed=range(2)", "--episodes", "5", "--mode", "min"], 2,
                                            "unrecognised option --episodes: settings are key=value words, not "
                                            "--options; write episodes=5")])
