@@ -115,6 +115,24 @@ def test_ppo_through_the_preset_uint8_on_the_wire_then_export_and_evaluate(run_d
     assert eps[0]["length"] == 148 and -21 <= eps[0]["return"] <= 0 and float(eps[0]["return"]).is_integer()
 
 
+def test_an_ale_id_with_a_vector_env_of_its_own_is_still_sampled_through_the_preset(run_dir):
+    # ALE/Pong-v5 registers ale_py's AtariVectorEnv as its vector entry point; with the preset
+    # the runner must step the preset's wrapped envs (life loss, clipping, whole games) instead
+    over = local_overrides(run_dir, "algo=ppo", *ATARI[1:], "env=ALE/Pong-v5", "ppo.train_batch_size=64",
+                           "ppo.minibatch_size=32", "ppo.num_epochs=1")
+    pm, cfg = load_config(over)
+    ctx = setup(cfg, pm, run_dir)
+    try:
+        runner = ctx.workers.local_worker().runner
+        assert not runner.native and runner.games
+        assert wrappers(runner.vec.envs[0])[:3] == ["SpaceCheck", "FrameStackObservation", "TransformReward"]
+        b = ctx.workers.local_worker().sample().policy_batches["default"]
+    finally:
+        ctx.shutdown()
+    assert b[sb.OBS].dtype == np.uint8 and b[sb.OBS].shape == (64, 4, 84, 84)
+    assert set(np.unique(b[sb.REWARDS])) <= {-1.0, 0.0, 1.0}
+
+
 @pytest.mark.slow
 def test_dqn_through_the_preset_keeps_frames_once_in_replay(run_dir):
     res = flowkit.train(local_overrides(run_dir, "algo=dqn", *ATARI, "dqn.learning_starts=128",

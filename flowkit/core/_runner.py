@@ -216,7 +216,7 @@ class GymEnvRunner:
         if env.vectorization not in ("auto", "sync"):
             raise ValueError(f"env.vectorization={env.vectorization!r} must be auto or sync")
         if (env.vectorization != "auto" or not env.id or env.factory or env.max_episode_steps
-                or env.autoreset_mode != "next_step"):
+                or env.get("preset") or env.autoreset_mode != "next_step"):  # a preset's wrappers define the env
             return False
         try:
             return bool(gym.spec(env.id).vector_entry_point)
