@@ -12,7 +12,7 @@ import flowkit  # noqa: E402
 from flowkit.checkpoint import load_state  # noqa: E402
 from flowkit.core import EnvContext, make_env  # noqa: E402
 from flowkit.core import batch as sb  # noqa: E402
-from flowkit.core._atari import EpisodicLife, FireReset, GameStats  # noqa: E402
+from flowkit.core._atari import AtariVector, EpisodicLife, FireReset, GameStats, make_atari_vector  # noqa: E402
 from flowkit.engine import load_config, setup  # noqa: E402
 from flowkit.testing import local_overrides  # noqa: E402
 
@@ -116,21 +116,90 @@ def test_ppo_through_the_preset_uint8_on_the_wire_then_export_and_evaluate(run_d
 
 
 def test_an_ale_id_with_a_vector_env_of_its_own_is_still_sampled_through_the_preset(run_dir):
-    # ALE/Pong-v5 registers ale_py's AtariVectorEnv as its vector entry point; with the preset
-    # the runner must step the preset's wrapped envs (life loss, clipping, whole games) instead
+    # ALE/Pong-v5 registers ale_py's AtariVectorEnv as its vector entry point, which skips the
+    # preset (no life loss, clipped evaluation rewards, no whole games): the preset's own side runs
     over = local_overrides(run_dir, "algo=ppo", *ATARI[1:], "env=ALE/Pong-v5", "ppo.train_batch_size=64",
                            "ppo.minibatch_size=32", "ppo.num_epochs=1")
     pm, cfg = load_config(over)
     ctx = setup(cfg, pm, run_dir)
     try:
         runner = ctx.workers.local_worker().runner
-        assert not runner.native and runner.games
-        assert wrappers(runner.vec.envs[0])[:3] == ["SpaceCheck", "FrameStackObservation", "TransformReward"]
+        assert isinstance(runner.vec, AtariVector) and runner.games  # not AtariVectorEnv as registered
         b = ctx.workers.local_worker().sample().policy_batches["default"]
     finally:
         ctx.shutdown()
     assert b[sb.OBS].dtype == np.uint8 and b[sb.OBS].shape == (64, 4, 84, 84)
     assert set(np.unique(b[sb.REWARDS])) <= {-1.0, 0.0, 1.0}
+
+
+@pytest.mark.parametrize("extra, native", [((), True), (("env.vectorization=sync",), False),
+                                           (("env.kwargs.mode=0",), False)])
+def test_training_workers_step_ale_pys_vector_env_unless_told_or_unable(extra, native, run_dir):
+    pm, cfg = load_config(local_overrides(run_dir, "algo=ppo", *ATARI, *extra))
+    ctx = setup(cfg, pm, run_dir)
+    try:
+        runner = ctx.workers.local_worker().runner
+        assert isinstance(runner.vec, AtariVector) == native and runner.games
+        if not native:  # the preset's wrappers (env.kwargs.mode: a key ale-py's vector env lacks)
+            assert wrappers(runner.vec.envs[0])[:3] == ["SpaceCheck", "FrameStackObservation", "TransformReward"]
+    finally:
+        ctx.shutdown()
+
+
+def test_ale_pys_vector_env_gets_the_ids_own_settings_and_the_presets(monkeypatch):
+    import ale_py.vector_env as ve
+    seen, real = {}, ve.AtariVectorEnv
+
+    def recording(game, num_envs, **kw):
+        seen.clear()
+        seen.update(kw, game=game, num_envs=num_envs)
+        return real(game, num_envs, **kw)
+
+    monkeypatch.setattr(ve, "AtariVectorEnv", recording)
+    make_atari_vector("ALE/Pong-v5", {}, 2).close()
+    assert {k: seen[k] for k in ("game", "num_envs", "repeat_action_probability", "frameskip", "noop_max",
+                                 "episodic_life", "reward_clipping", "max_num_frames_per_episode")} == {
+        "game": "pong", "num_envs": 2, "repeat_action_probability": 0.25, "frameskip": 4, "noop_max": 30,
+        "episodic_life": False, "reward_clipping": False, "max_num_frames_per_episode": 108000}
+    make_atari_vector("PongNoFrameskip-v4", {"repeat_action_probability": 0.1}, 1).close()
+    assert seen["repeat_action_probability"] == 0.1
+    assert make_atari_vector("PongNoFrameskip-v4", {"mode": 0}, 1) is None  # a key it lacks: the wrappers
+
+
+class _ScriptedALE(gym.vector.VectorEnv):
+    """One sub-env playing a script of (unclipped reward, lives after the step, game over)."""
+
+    def __init__(self, script):
+        self.num_envs, self.script, self.actions = 1, list(script), []
+        self.single_observation_space = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+        self.single_action_space = gym.spaces.Discrete(4)
+
+    def reset(self, *, seed=None, options=None):
+        self.seed_given = seed
+        return np.zeros((1, 4, 84, 84), np.uint8), {"lives": np.array([3])}
+
+    def step(self, actions):
+        self.actions.append(int(actions[0]))
+        rew, lives, over = self.script.pop(0)
+        return (np.zeros((1, 4, 84, 84), np.uint8), np.array([rew], np.float64), np.array([over]),
+                np.array([False]), {"lives": np.array([lives])})
+
+
+def test_atari_vector_ends_episodes_on_a_life_loss_and_reports_whole_games_unclipped():
+    script = [(4, 3, False), (0, 2, False),   # a life lost: the training episode ends
+              (1, 2, False),                  # its reset step: FIRE, whatever the policy chose
+              (7, 2, False), (0, 1, False), (0, 1, False), (-3, 0, True),  # the game ends
+              (0, 3, False),                  # ale-py's own reset step of the next game
+              (2, 3, False)]
+    vec = AtariVector(_ScriptedALE(script), fire=True)
+    vec.reset(seed=2 ** 40 + 5)
+    assert vec.env.seed_given.tolist() == [(2 ** 40 + 5) % (2 ** 31 - 1)]  # in ale-py's int32 range
+    out = [vec.step(np.array([3])) for _ in script]
+    assert vec.env.actions == [3, 3, 1, 3, 3, 1, 3, 3, 3]
+    assert [o[1][0] for o in out] == [1, 0, 1, 1, 0, 0, -1, 0, 1]  # rewards clipped to their sign
+    assert [bool(o[2][0]) for o in out] == [False, True, False, False, True, False, True, False, False]
+    games = [(i, o[4]["game_return"][0], o[4]["game_length"][0]) for i, o in enumerate(out) if "game_return" in o[4]]
+    assert games == [(6, 9.0, 7)]  # 4 + 0 + 1 + 7 + 0 + 0 - 3 over the game's 7 steps, its reset steps too
 
 
 @pytest.mark.slow

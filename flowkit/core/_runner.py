@@ -186,7 +186,12 @@ class GymEnvRunner:
         self.same_step = mode == "same_step"
         self.n = len(envs)
         self.native = self._use_native(cfg)
-        if self.native:
+        atari = self._atari_vector(cfg, worker)
+        if atari is not None:  # the preset's training side on ale-py's own vector env
+            for e in envs:
+                e.close()
+            self.vec, self.native, self._check_left = atari, True, int(cfg.env.check_spaces_steps)
+        elif self.native:
             # the env's own vectorized implementation: one numpy step for all sub-envs
             for e in envs:
                 e.close()
@@ -206,9 +211,20 @@ class GymEnvRunner:
         self.dist = self.policy.dist
         # envs that report whole games (env.preset=atari: a life loss ends a training episode;
         # metrics count games, with their unclipped return, from info["game_return"])
-        self.games = not self.native and any(_reports_games(e) for e in envs)
+        self.games = atari is not None or (not self.native and any(_reports_games(e) for e in envs))
         self.record = bool(cfg.get("run", {}).get("output"))  # run.output: keep the env's own values
         self._reset_all()
+
+    @staticmethod
+    def _atari_vector(cfg, worker) -> Any:
+        """:func:`~flowkit.core._atari.make_atari_vector` for a rollout worker's envs under
+        ``env.preset=atari`` with ``env.vectorization=auto`` (None: the wrapped envs)."""
+        env = cfg.env
+        if (env.get("preset") != "atari" or env.vectorization != "auto" or env.max_episode_steps
+                or env.autoreset_mode != "next_step" or any(c.worker_index < 0 for c in worker.sub_env_contexts)):
+            return None
+        from flowkit.core._atari import make_atari_vector
+        return make_atari_vector(env.id, dict(env.kwargs or {}), len(worker.sub_env_contexts))
 
     @staticmethod
     def _use_native(cfg) -> bool:
