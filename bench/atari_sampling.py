@@ -2,14 +2,17 @@
 acting, no learning) against a raw Gymnasium vector loop of the same wrapped envs with random
 actions (no policy), and against the same loop acting as CleanRL's ppo_atari.py does (its Nature
 CNN in plain torch, ``x / 255`` then the convolutions, a Categorical sample and the value, one
-call a step); and the bytes per transition of a sample batch.
+call a step); and against a raw loop of ale-py's own vector env with random actions (what
+flowkit's rollout workers step under the preset since 2026-12-05: ``AtariVector``, the same
+frames, docs/envs.md); and the bytes per transition of a sample batch.
 
-Every side steps ``--envs`` sub-envs of ``--env`` built by flowkit's ``make_env`` (the preset's
-training wrappers) in a SyncVectorEnv, for ``--steps`` env steps per sub-env, in this process
+The wrapped-env sides step ``--envs`` sub-envs of ``--env`` built by flowkit's ``make_env`` (the
+preset's training wrappers) in a SyncVectorEnv; every side runs ``--steps`` env steps per sub-env, in this process
 with one torch thread; the sides alternate, ``--runs`` times each, and the table gives the
 median frames/s (env steps x 4: the preset skips 4 frames a step). Acceptance (issue 23):
-flowkit >= 0.8x the raw loop with random actions; the CleanRL-style loop shows what the same
-network costs outside flowkit. The bytes per transition are those of the worker's sample batch
+flowkit >= 0.8x the raw loop of the wrapped envs with random actions; the CleanRL-style loop
+shows what the same network costs outside flowkit, and the ale-py loop what flowkit's worker
+costs over the env it now steps. The bytes per transition are those of the worker's sample batch
 (``nbytes`` of its columns / rows), against the same batch with float32 observations (as
 before observations stayed uint8).
 
@@ -113,17 +116,20 @@ def main() -> None:
     worker = _worker(a.env, a.envs, a.steps)
     vec = make_vec(a.env, a.envs)
     net = cleanrl_net(int(vec.single_action_space.n))
+    from flowkit.core._atari import make_atari_vector
+    ale = make_atari_vector(a.env, {}, a.envs)
+    ale.reset(seed=0)
     flowkit_side(worker, a.steps, a.envs)  # warm-up: first fragment, lazy imports
     cleanrl_side(vec, a.envs, 2, net)
     names = ("flowkit worker (PPO Nature CNN acting)", "raw gymnasium SyncVectorEnv, random actions",
-             "CleanRL-style loop, same CNN in plain torch")
-    wall: list = [[], [], []]
-    cpu: list = [[], [], []]
+             "CleanRL-style loop, same CNN in plain torch", "raw ale-py vector env, random actions")
+    wall: list = [[], [], [], []]
+    cpu: list = [[], [], [], []]
     pb = None
     for _ in range(a.runs):
         frames, c, pb = flowkit_side(worker, a.steps, a.envs)
         for i, (frames, c) in enumerate([(frames, c), raw_side(vec, a.envs, a.steps),
-                                         cleanrl_side(vec, a.envs, a.steps, net)]):
+                                         cleanrl_side(vec, a.envs, a.steps, net), raw_side(ale, a.envs, a.steps)]):
             wall[i].append(frames / c.wall)
             cpu[i].append(frames / c.cpu)
     assert pb is not None
@@ -138,9 +144,12 @@ def main() -> None:
     print(f"ratio flowkit / raw: {med(wall[0]) / med(wall[1]):.2f} (target >= 0.8), per CPU second "
           f"{med(cpu[0]) / med(cpu[1]):.2f}; flowkit / CleanRL-style: {med(wall[0]) / med(wall[2]):.2f}, per CPU "
           f"second {med(cpu[0]) / med(cpu[2]):.2f}")
+    print(f"flowkit / raw ale-py vector env: {med(wall[0]) / med(wall[3]):.2f}, per CPU second "
+          f"{med(cpu[0]) / med(cpu[3]):.2f}")
     print(f"sample batch bytes per transition: {now:,.0f} (obs and next_obs uint8[4, 84, 84]); "
           f"{before:,.0f} with float32 observations")
     vec.close()
+    ale.close()
 
 
 if __name__ == "__main__":

@@ -120,7 +120,8 @@ class EnvConfig:
                              choices=("next_step", "same_step"))
     max_episode_steps: Optional[int] = F(None, "wrap each env in a TimeLimit of this many steps", ge=1)
     vectorization: str = F("auto", "auto: the env's own vectorized implementation when it registers one "
-                           "(e.g. CartPole) and no env.preset wraps the env, else sync; sync: always a SyncVectorEnv of single envs",
+                           "(e.g. CartPole) and no preset is set, ale-py's under env.preset=atari on rollout "
+                           "workers, else sync; sync: always a SyncVectorEnv of single envs",
                            choices=("auto", "sync"))
     check_spaces_steps: int = F(2, "env steps per worker whose outputs are checked against the spaces (0: none)", ge=0)
     preset: Optional[str] = F(None, "wrappers for a family of envs: atari (DeepMind preprocessing: 30 no-ops, frame skip 4 "

@@ -17,7 +17,9 @@ From the base ALE env (frameskip 1) outwards::
                                  reset frame at an episode's start)
 
 "Training" is a rollout worker (``EnvContext.worker_index >= 0``); evaluation (the run's
-evaluation worker, ``flowkit evaluate``) plays whole games with raw rewards.
+evaluation worker, ``flowkit evaluate``) plays whole games with raw rewards. A rollout worker's
+sub-envs run in ale-py's own vector env instead, under :class:`AtariVector` (the same frames and
+training side; :func:`make_atari_vector` says when), unless ``env.vectorization=sync``.
 
 Why not AtariPreprocessing's own ``terminal_on_life_loss``: it ends the episode at a life loss
 and the next ``reset()`` (the vector env's autoreset) restarts the whole game, so training never
