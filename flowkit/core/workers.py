@@ -220,8 +220,12 @@ class RolloutWorker:
         return True
 
     def stop(self) -> None:
+        """Close the envs and let them go now: the runner and this worker refer to each other,
+        and the CLI's exit skips the garbage collection that would free the pair (ale-py then
+        reports its envs as leaked)."""
         if hasattr(self.runner, "close"):
             self.runner.close()
+        self.runner = None
 
 
 # ---- the worker set ----------------------------------------------------------------------------
