@@ -166,6 +166,24 @@ def test_ale_pys_vector_env_gets_the_ids_own_settings_and_the_presets(monkeypatc
     assert make_atari_vector("PongNoFrameskip-v4", {"mode": 0}, 1) is None  # a key it lacks: the wrappers
 
 
+def test_ale_pys_vector_env_makes_the_wrappers_frames_once_a_stack_is_full():
+    # what AtariVector stands on: ale-py's skip, max-pool, grayscale and resize are the preset's
+    # (no no-ops and no FIRE here, so both sides play the same frames from the same start)
+    from ale_py.vector_env import AtariVectorEnv
+    vec = AtariVectorEnv("pong", 1, num_threads=1, noop_max=0, use_fire_reset=False, reward_clipping=False)
+    env = gym.wrappers.FrameStackObservation(gym.wrappers.AtariPreprocessing(
+        gym.make("PongNoFrameskip-v4"), noop_max=0, frame_skip=4, screen_size=84, grayscale_obs=True), 4)
+    env.reset(seed=0)
+    vec.reset(seed=0)
+    actions = np.random.default_rng(0).integers(6, size=120)
+    for t, a in enumerate(actions):
+        o1, r1, *_ = env.step(int(a))
+        o2, r2, *_ = vec.step(np.array([a]))
+        if t >= 3:
+            assert np.array_equal(o1, o2[0]) and r1 == r2[0], t
+    vec.close()
+
+
 class _ScriptedALE(gym.vector.VectorEnv):
     """One sub-env playing a script of (unclipped reward, lives after the step, game over)."""
 

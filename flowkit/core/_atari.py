@@ -172,7 +172,7 @@ class AtariVector(gym.vector.VectorWrapper):
     """The preset's training side on ale-py's own vector env (``ale_py.vector_env.AtariVectorEnv``,
     C++, the envpool design): the same frames as the wrappers (noop_max 30, 4 frames skipped with
     the last two max-pooled, 84x84 grayscale, 4 stacked: bit for bit once the stack is full), at
-    about 1.5x fewer CPU seconds per env step than a SyncVectorEnv of the wrapped envs. This
+    about two thirds of the CPU time per env step of a SyncVectorEnv of the wrapped envs. This
     wrapper adds what the preset's training side has on top:
 
     - a life loss ends the training episode and the game goes on (ale-py's ``episodic_life``
