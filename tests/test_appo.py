@@ -87,6 +87,22 @@ def test_loss_by_hand(use_kl_loss):
     assert grad is not None and torch.all(torch.isfinite(grad)) and grad.abs().sum() > 0
 
 
+def test_loss_with_advantages_standardised_per_minibatch():
+    """``appo.normalize_advantages=minibatch``: the batch of test_loss_by_hand with
+    A = [1.664375, 0.79375, 0.9375] standardised (mean 1.13187..., population std) to
+    [+, -, -]; the ratios [1.5, 0.5, 1.5] clip to [1.2, 0.8, 1.2], and the min picks
+    [1.2, 0.8, 1.5] (clipped where A > 0 or the ratio is below 1 - eps, unclipped else)."""
+    pol = _policy(gamma=0.9, clip_param=0.2, normalize_advantages="minibatch")
+    _set_heads(pol.model, [0.0, math.log(3.0)], 0.5)
+    _set_heads(pol.target.module, [0.0, 0.0], 0.5)
+    _, st = pol.loss(pol.prepare_batch(_batch()))
+    adv = np.array([1.664375, 0.79375, 0.9375])
+    z = (adv - adv.mean()) / adv.std()
+    assert np.sign(z).tolist() == [1, -1, -1]
+    assert st["pg_loss"] == pytest.approx(-np.mean(np.array([1.2, 0.8, 1.5]) * z), rel=1e-5)
+    assert st["vf_loss"] == pytest.approx(0.5 * np.mean(adv ** 2), rel=1e-5)  # the value targets are not standardised
+
+
 def test_target_network_is_fixed_between_updates_and_kl_coeff_adapts():
     pol = _policy(target_update_freq=2, use_kl_loss=True, kl_coeff=1.0, kl_target=1e-9, lr=0.01)
     learner = Learner("appo", {"default": pol}, num_epochs=2, minibatch_size=None, contiguous=True)

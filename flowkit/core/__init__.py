@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from flowkit.core import batch  # noqa: I001 - wrapped by hand, two lines instead of ruff's one name per line
-    from flowkit.core._actor_critic import ActorCriticPolicy, adapt_kl_coeff, clipped_surrogate
+    from flowkit.core._actor_critic import ActorCriticPolicy, adapt_kl_coeff, clipped_surrogate, standardized
     from flowkit.core._distributions import ActionDist
     from flowkit.core._encoders import MASK_KEY, ObsEncoder, SpaceError, add_batch_axis, batch_len
     from flowkit.core._envs import (EnvContext, EnvError, SpaceCheck, TaskSettableEnv, derive_seed, describe_value,
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 __all__ = [  # batches (column names: flowkit.core.batch.OBS, ...), dataflow, policies, envs and workers
     "batch", "DEFAULT_POLICY_ID", "MultiAgentBatch", "SampleBatch", "trajectory_ends", "Flow", "FlowContext",
-    "NOT_READY", "ParallelFlow", "Sourced", "Algorithm", "Policy", "RandomPolicy", "loss_stats", "ActorCriticPolicy", "adapt_kl_coeff", "clipped_surrogate", "to_tensor", "MASK_KEY",
+    "NOT_READY", "ParallelFlow", "Sourced", "Algorithm", "Policy", "RandomPolicy", "loss_stats", "ActorCriticPolicy", "adapt_kl_coeff", "clipped_surrogate", "standardized", "to_tensor", "MASK_KEY",
     "ObsEncoder", "SpaceError", "add_batch_axis", "batch_len", "ActionDist", "ACTIVATIONS", "ActorCritic",
     "RunningMeanStd", "FramesCNN", "ImpalaCNN", "SmallCNN", "TwinMLP", "build_mlp", "build_trunk", "init_weights", "sde_std", "NumpyActorCritic", "NumpyActorCriticPolicy", "mlp_forward",
     "sample_logp_numpy", "bootstrap_rows", "compute_gae", "next_values", "vtrace", "EnvContext", "EnvError", "Episode", "GymEnvRunner", "run_episodes", "stack_rows",
@@ -37,7 +37,7 @@ __all__ = [  # batches (column names: flowkit.core.batch.OBS, ...), dataflow, po
     "find_mismatch", "make_env", "TaskSettableEnv", "task_env"]
 
 _MODULES = {  # the module behind each name, imported on first use (torch only when needed)
-    "_actor_critic": "ActorCriticPolicy adapt_kl_coeff clipped_surrogate", "_distributions": "ActionDist",
+    "_actor_critic": "ActorCriticPolicy adapt_kl_coeff clipped_surrogate standardized", "_distributions": "ActionDist",
     "_encoders": "MASK_KEY ObsEncoder SpaceError add_batch_axis batch_len",
     "_envs": "EnvContext EnvError SpaceCheck TaskSettableEnv derive_seed describe_value env_name find_mismatch make_env "
              "task_env",

@@ -34,6 +34,17 @@ def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, clip: float
     return -torch.min(advantages * ratio, advantages * torch.clamp(ratio, 1 - clip, 1 + clip)).mean()
 
 
+def standardized(x: torch.Tensor) -> torch.Tensor:
+    """Advantage standardisation, ``(x - mean(x)) / std(x)`` (population std) over a minibatch
+    (float32[B]), as PPO's implementations do (Engstrom et al. 2020, arXiv 2005.12729, section 3):
+    only centred when the std is below 1e-8, unchanged below 2 rows."""
+    if x.shape[0] < 2:
+        return x
+    c = x - x.mean()
+    s = c.std(unbiased=False)
+    return c / s if s >= 1e-8 else c
+
+
 def adapt_kl_coeff(kl_coeff: float, kl: float, kl_target: float) -> float:
     """The adaptive KL-penalty coefficient, by RLlib's rule: times 1.5 when the measured ``kl``
     exceeds ``2 * kl_target``, times 0.5 below ``kl_target / 2``. This is a milder variant of

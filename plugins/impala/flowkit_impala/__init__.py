@@ -64,6 +64,8 @@ class APPOConfig(IMPALAConfig):
     kl_coeff: float = F(1.0, "initial KL-penalty coefficient (with use_kl_loss; KL is always reported)", ge=0)
     kl_target: float = F(0.01, "target KL for the adaptive penalty", gt=0)
     is_ratio_clip: float = F(2.0, "clip of the ratio pi_target / mu (behaviour) that corrects the surrogate", gt=0)
+    normalize_advantages: str = F("none", "standardise the V-trace advantages per minibatch (as PPO's default) or "
+                                  "not (RLlib's APPO)", choices=("minibatch", "none"))
 
 
 @flowkit.hookimpl

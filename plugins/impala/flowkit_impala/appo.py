@@ -18,7 +18,8 @@ batch, bootstrapping as IMPALA does: see :func:`flowkit.core.vtrace`):
     The surrogate's ratio is pi / pi_target, reached from the stored behaviour log-prob with a
     clipped importance weight (RLlib's ``is_ratio``, clipped to [0, is_ratio_clip]):
         r_s = min(is_ratio_clip, mu(a_s|x_s) / pi_target(a_s|x_s)) * pi(a_s|x_s) / mu(a_s|x_s)
-    Clipped surrogate (Schulman et al. 2017, eq. 7):
+    Clipped surrogate (Schulman et al. 2017, eq. 7), A_s standardised over the minibatch first
+    with ``normalize_advantages=minibatch`` (``(A - mean) / std``, as PPO; off by default):
         pg_loss = -mean(min(r_s A_s, clip(r_s, 1 - eps, 1 + eps) A_s))      (eps: clip_param)
     vf_loss = 0.5 * mean((v_s - V(x_s))^2), entropy = mean(H(pi(.|x_s))),
     kl      = mean(KL(pi_target(.|x_s) || pi(.|x_s)))
@@ -29,7 +30,7 @@ a diagonal Gaussian over the sampled (unclipped) action, as IMPALA.
 
 What RLlib's APPO (old API stack, ``appo_torch_policy.py``) does and this file does too: V-trace
 with the target network's log-probs, the ``is_ratio`` clip at 2, the clipped surrogate without
-advantage standardisation, the KL penalty against the target network off by default, the target
+advantage standardisation (by default), the KL penalty against the target network off by default, the target
 updated after a fixed number of train batches. Differences: no V-trace-free mode (RLlib's
 ``vtrace=False`` falls back to GAE), and the target is a full copy (no Polyak ``tau``).
 
@@ -44,7 +45,15 @@ from typing import Any, Dict, Tuple
 
 import torch
 
-from flowkit.core import ActorCritic, ActorCriticPolicy, TargetNetwork, adapt_kl_coeff, clipped_surrogate, loss_stats
+from flowkit.core import (
+    ActorCritic,
+    ActorCriticPolicy,
+    TargetNetwork,
+    adapt_kl_coeff,
+    clipped_surrogate,
+    loss_stats,
+    standardized,
+)
 from flowkit.core import batch as sb
 from flowkit_impala import APPOConfig
 from flowkit_impala.impala import LearnerThreadAlgorithm
@@ -88,7 +97,8 @@ class APPOPolicy(ActorCriticPolicy):
         vs, adv = self.vtrace_targets(batch, log_rhos, values.detach())
         is_ratio = torch.clamp(torch.exp(-log_rhos), 0.0, cfg.is_ratio_clip)
         ratio = is_ratio * torch.exp(logp - behaviour_logp)
-        pg_loss = clipped_surrogate(ratio, adv, cfg.clip_param)
+        pg_loss = clipped_surrogate(ratio, standardized(adv) if cfg.normalize_advantages == "minibatch" else adv,
+                                    cfg.clip_param)
         vf_loss = 0.5 * (vs - values).pow(2).mean()
         entropy = entropy.mean()
         loss = pg_loss + cfg.vf_coef * vf_loss - cfg.ent_coef * entropy

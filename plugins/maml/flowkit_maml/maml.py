@@ -33,22 +33,21 @@ from torch.func import functional_call
 
 import flowkit
 from flowkit.config import ConfigError
-from flowkit.core import NOT_READY, ActorCriticPolicy, EnvContext, ParallelFlow, clipped_surrogate, derive_seed
+from flowkit.core import (
+    NOT_READY,
+    ActorCriticPolicy,
+    EnvContext,
+    ParallelFlow,
+    clipped_surrogate,
+    derive_seed,
+    standardized,
+)
 from flowkit.core import batch as sb
 from flowkit.core.ops import SyncWeights, TrainOneStep
 from flowkit.core.policy import loss_stats
 from flowkit_maml import MAMLConfig
 
 Params = Dict[str, torch.Tensor]
-
-
-def standardized(x: torch.Tensor) -> torch.Tensor:
-    """``(x - mean) / std`` (only centred when the std is below 1e-8; unchanged below 2 rows)."""
-    if x.shape[0] < 2:
-        return x
-    c = x - x.mean()
-    s = c.std(unbiased=False)
-    return c / s if s >= 1e-8 else c
 
 
 def inner_update(loss_fn: Any, params: Params, lr: float, create_graph: bool) -> Params:

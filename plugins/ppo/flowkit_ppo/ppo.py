@@ -22,7 +22,7 @@ from typing import Dict, Tuple
 import torch
 
 import flowkit
-from flowkit.core import ActorCritic, ActorCriticPolicy, adapt_kl_coeff, clipped_surrogate, loss_stats
+from flowkit.core import ActorCritic, ActorCriticPolicy, adapt_kl_coeff, clipped_surrogate, loss_stats, standardized
 from flowkit.core import batch as sb
 from flowkit.core.ops import ConcatBatches, StandardizeFields, SyncWeights, TrainOneStep
 from flowkit_ppo import PPOConfig
@@ -54,11 +54,8 @@ class PPOPolicy(ActorCriticPolicy):
         entropy = entropy.mean()
         ratio = torch.exp(logp - batch[sb.ACTION_LOGP])
         adv = batch[sb.ADVANTAGES]
-        if cfg.normalize_advantages == "minibatch" and adv.shape[0] >= 2:
-            adv = adv - adv.mean()
-            std = adv.std(unbiased=False)
-            if std >= 1e-8:
-                adv = adv / std
+        if cfg.normalize_advantages == "minibatch":
+            adv = standardized(adv)
         clip = self.clip_param
         pg_loss = clipped_surrogate(ratio, adv, clip)
         vt = batch[sb.VALUE_TARGETS]
