@@ -227,12 +227,15 @@ class AtariVector(gym.vector.VectorWrapper):
         return obs, np.sign(rew), (term & ~restarted) | life_lost, trunc & ~restarted, info
 
 
-def make_atari_vector(env_id: str, kwargs: Dict[str, Any], num_envs: int) -> Optional[gym.vector.VectorEnv]:
+def make_atari_vector(env_id: str, kwargs: Dict[str, Any], num_envs: int,
+                      like: Optional[gym.Env] = None) -> Optional[gym.vector.VectorEnv]:
     """The preset's training side for ``num_envs`` sub-envs of ``env_id`` on ale-py's own vector
     env (:class:`AtariVector`), or None where it cannot stand in for the wrappers: ``kwargs``
     other than ``repeat_action_probability``, ``full_action_space`` and
     ``max_num_frames_per_episode`` (e.g. ``mode``, ``difficulty``), or an ale-py without it.
-    The env id's own settings (sticky actions of the v5 ids, the frame limit) carry over."""
+    The env id's own settings (sticky actions of the v5 ids, the frame limit) carry over.
+    ``like``: an env of the same game (wrapped or not), asked whether it has FIRE; without it
+    one is made for the question."""
     if set(kwargs) - set(_VECTOR_KWARGS):
         return None
     register_ale()
@@ -245,6 +248,8 @@ def make_atari_vector(env_id: str, kwargs: Dict[str, Any], num_envs: int) -> Opt
                          img_height=84, img_width=84, grayscale=True, stack_num=FRAME_STACK,
                          episodic_life=False, reward_clipping=False, use_fire_reset=True,
                          **{k: spec[k] for k in _VECTOR_KWARGS if k in spec})
+    if like is not None:
+        return AtariVector(vec, _has_fire(like))
     probe = gym.make(env_id, **kwargs)
     fire = _has_fire(probe)
     probe.close()

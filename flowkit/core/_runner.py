@@ -186,7 +186,7 @@ class GymEnvRunner:
         self.same_step = mode == "same_step"
         self.n = len(envs)
         self.native = self._use_native(cfg)
-        atari = self._atari_vector(cfg, worker)
+        atari = self._atari_vector(cfg, worker, envs[0] if envs else None)
         if atari is not None:  # the preset's training side on ale-py's own vector env
             for e in envs:
                 e.close()
@@ -216,7 +216,7 @@ class GymEnvRunner:
         self._reset_all()
 
     @staticmethod
-    def _atari_vector(cfg, worker) -> Any:
+    def _atari_vector(cfg, worker, like: Optional[gym.Env]) -> Any:
         """:func:`~flowkit.core._atari.make_atari_vector` for a rollout worker's envs under
         ``env.preset=atari`` with ``env.vectorization=auto`` (None: the wrapped envs)."""
         env = cfg.env
@@ -224,7 +224,7 @@ class GymEnvRunner:
                 or env.autoreset_mode != "next_step" or any(c.worker_index < 0 for c in worker.sub_env_contexts)):
             return None
         from flowkit.core._atari import make_atari_vector
-        return make_atari_vector(env.id, dict(env.kwargs or {}), len(worker.sub_env_contexts))
+        return make_atari_vector(env.id, dict(env.kwargs or {}), len(worker.sub_env_contexts), like)
 
     @staticmethod
     def _use_native(cfg) -> bool:
