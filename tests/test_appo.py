@@ -58,15 +58,17 @@ def _batch(rng=None, n=3):
                            sb.ACTION_LOGP: np.log(np.array([0.5, 0.25, 0.8], np.float32))})
 
 
-@pytest.mark.parametrize("use_kl_loss", [False, True])
-def test_loss_by_hand(use_kl_loss):
+@pytest.mark.parametrize("use_kl_loss,mode", [(False, "contiguous"), (True, "contiguous"), (False, "shuffled")])
+def test_loss_by_hand(use_kl_loss, mode):
     """pi = (0.25, 0.75) and pi_target = (0.5, 0.5) everywhere, V = 0.5, gamma 0.9.
     V-trace with pi_target: rho = 0.5 / mu = [1, 2, 0.625] -> clipped [1, 1, 0.625];
     delta = [0.95, -0.05, 0.9375]; vs - V = [1.664375, 0.79375, 0.9375] (backwards, c = rho);
     A = [1.664375, 0.79375, 0.625 * 1.5]. Surrogate ratio is_ratio * pi / mu with
     is_ratio = min(2, mu / 0.5) = [1, 0.5, 1.6]: [1.5, 0.5, 1.5] = pi / pi_target, clipped to
-    [1.2, 0.8, 1.2]; A > 0, so the min picks [1.2, 0.5, 1.2] * A."""
-    pol = _policy(gamma=0.9, clip_param=0.2, vf_coef=0.5, ent_coef=0.01, use_kl_loss=use_kl_loss, kl_coeff=0.5)
+    [1.2, 0.8, 1.2]; A > 0, so the min picks [1.2, 0.5, 1.2] * A. ``minibatch_mode=shuffled``
+    takes V from the target network, 0.5 too: the same figures, from prepare_batch."""
+    pol = _policy(gamma=0.9, clip_param=0.2, vf_coef=0.5, ent_coef=0.01, use_kl_loss=use_kl_loss, kl_coeff=0.5,
+                  minibatch_mode=mode)
     _set_heads(pol.model, [0.0, math.log(3.0)], 0.5)
     _set_heads(pol.target.module, [0.0, 0.0], 0.5)
     loss, st = pol.loss(pol.prepare_batch(_batch()))
@@ -101,6 +103,30 @@ def test_loss_with_advantages_standardised_per_minibatch():
     assert np.sign(z).tolist() == [1, -1, -1]
     assert st["pg_loss"] == pytest.approx(-np.mean(np.array([1.2, 0.8, 1.5]) * z), rel=1e-5)
     assert st["vf_loss"] == pytest.approx(0.5 * np.mean(adv ** 2), rel=1e-5)  # the value targets are not standardised
+
+
+def test_shuffled_minibatches_take_v_trace_from_the_target_network_once_per_batch():
+    """``minibatch_mode=shuffled``: prepare_batch's targets are V-trace's on the whole batch with
+    the target network's log-probs and values (the online network's value head differs), every
+    column one per row; the Learner shuffles rows (contiguous=False in the plan) and trains."""
+    from flowkit.core import vtrace
+    pol = _policy(gamma=0.9, minibatch_mode="shuffled")
+    _set_heads(pol.target.module, [0.0, 0.0], 0.5)
+    _set_heads(pol.model, [0.0, 1.0], -3.0)
+    b = _batch(np.random.default_rng(0), 10)
+    tb = pol.prepare_batch(b)
+    assert all(v.shape[0] == 10 for v in tb.values()) and "boot_obs" not in tb
+    cont = np.ones(10)
+    cont[[4, 9]] = 0                                  # terminations at rows 4 and 9 (t % 5 == 4)
+    nv = np.where(cont > 0, 0.5, 0.0)
+    vs, adv = vtrace(np.log(0.5) - b[sb.ACTION_LOGP], b[sb.REWARDS], np.full(10, 0.5), nv, cont, 0.9)
+    assert np.allclose(tb["vtrace_vs"].numpy(), vs, atol=1e-6) and np.allclose(tb["vtrace_adv"].numpy(), adv, atol=1e-6)
+    learner = Learner("appo", {"default": pol}, num_epochs=2, minibatch_size=4, contiguous=False)
+    st = learner.update(sb.MultiAgentBatch({"default": b}, 10))["stats"]["default"]
+    assert st["num_sgd_steps"] == 6 and math.isfinite(st["total_loss"])
+    from flowkit_impala.appo import APPO
+    _, cfg = load_config(["algo=appo", "env=CartPole-v1", "appo.minibatch_mode=shuffled"])
+    assert not APPO(cfg).contiguous_minibatches()
 
 
 def test_target_network_is_fixed_between_updates_and_kl_coeff_adapts():

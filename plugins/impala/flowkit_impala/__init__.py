@@ -66,6 +66,10 @@ class APPOConfig(IMPALAConfig):
     is_ratio_clip: float = F(2.0, "clip of the ratio pi_target / mu (behaviour) that corrects the surrogate", gt=0)
     normalize_advantages: str = F("none", "standardise the V-trace advantages per minibatch (as PPO's default) or "
                                   "not (RLlib's APPO)", choices=("minibatch", "none"))
+    minibatch_mode: str = F("contiguous", "contiguous: slices of the train batch in order, V-trace per slice at the "
+                            "current weights (IMPALA's learner); shuffled: V-trace once per train batch with the "
+                            "target network, then rows shuffled into minibatches (as PPO's GAE)",
+                            choices=("contiguous", "shuffled"))
 
 
 @flowkit.hookimpl

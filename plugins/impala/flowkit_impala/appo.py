@@ -28,6 +28,13 @@ batch, bootstrapping as IMPALA does: see :func:`flowkit.core.vtrace`):
 V(x) is the current value network (V-trace's targets are constants of the loss). Box actions:
 a diagonal Gaussian over the sampled (unclipped) action, as IMPALA.
 
+Minibatches (``minibatch_mode``): ``contiguous`` (default; RLlib's) cuts the train batch into
+slices in row order and runs V-trace in each slice's loss, with the current V and pi_target;
+``shuffled`` runs V-trace once per train batch, before the epochs, with the target network's
+log-probs and values (the weights at the start of the batch when ``target_update_freq`` is 1),
+and trains on rows shuffled into minibatches: PPO's learner (Schulman et al. 2017, algorithm 1)
+with V-trace in place of GAE. Each minibatch then mixes many trajectories instead of a few.
+
 What RLlib's APPO (old API stack, ``appo_torch_policy.py``) does and this file does too: V-trace
 with the target network's log-probs, the ``is_ratio`` clip at 2, the clipped surrogate without
 advantage standardisation (by default), the KL penalty against the target network off by default, the target
@@ -78,8 +85,25 @@ class APPOPolicy(ActorCriticPolicy):
         if not inference_only:
             self.target = TargetNetwork(self.model)  # pi_target <- pi: full copies
 
-    # -- learning (learner; the Learner runs the epochs over contiguous minibatches) --
-    prepare_batch = ActorCriticPolicy.prepare_vtrace_batch
+    # -- learning (learner; the Learner runs the epochs over the minibatches) --
+    def prepare_batch(self, batch: sb.SampleBatch) -> Dict[str, torch.Tensor]:
+        """:meth:`ActorCriticPolicy.prepare_vtrace_batch`; with ``minibatch_mode=shuffled`` the
+        V-trace targets of the whole train batch too (``vtrace_vs``, ``vtrace_adv``: float32[B])
+        and pi_target's distribution inputs (``target_inputs``), every column one per row (the
+        values bootstrapped at truncations and cuts are the online network's, as in
+        :meth:`~flowkit.core.ActorCriticPolicy.vtrace_targets`)."""
+        tb = self.prepare_vtrace_batch(batch)
+        if self.config.minibatch_mode != "shuffled":
+            return tb
+        assert self.target is not None, "prepare_batch runs on the learner's policy"
+        with torch.no_grad():
+            target_inputs, target_values = self.model_forward(tb, self.target.module)
+            log_rhos = self.dist.logp(target_inputs, tb[sb.ACTIONS], tb.get(sb.ACTION_MASK)) - tb[sb.ACTION_LOGP]
+            tb["vtrace_vs"], tb["vtrace_adv"] = self.vtrace_targets(tb, log_rhos, target_values)
+        tb["target_inputs"] = target_inputs
+        for k in ("boot_idx", "boot_obs", "nextnonterminal"):  # V-trace's alone, not one per row
+            del tb[k]
+        return tb
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg = self.config
@@ -88,13 +112,19 @@ class APPOPolicy(ActorCriticPolicy):
         inputs, values = self.model_forward(batch)
         logp, entropy = self.dist.logp_entropy(inputs, actions, mask, entropy_grad=cfg.ent_coef != 0)
         with torch.no_grad():
-            tm: Any = self.target.module
-            target_inputs = (self.model_forward(batch, tm)[0] if self.is_recurrent
-                             else tm.policy(obs) if hasattr(tm, "policy") else tm(obs)[0])
+            if "target_inputs" in batch:  # minibatch_mode=shuffled: V-trace ran in prepare_batch
+                target_inputs = batch["target_inputs"]
+            else:
+                tm: Any = self.target.module
+                target_inputs = (self.model_forward(batch, tm)[0] if self.is_recurrent
+                                 else tm.policy(obs) if hasattr(tm, "policy") else tm(obs)[0])
             target_logp = self.dist.logp(target_inputs, actions, mask)
         behaviour_logp = batch[sb.ACTION_LOGP]
         log_rhos = target_logp - behaviour_logp
-        vs, adv = self.vtrace_targets(batch, log_rhos, values.detach())
+        if "target_inputs" in batch:
+            vs, adv = batch["vtrace_vs"], batch["vtrace_adv"]
+        else:
+            vs, adv = self.vtrace_targets(batch, log_rhos, values.detach())
         is_ratio = torch.clamp(torch.exp(-log_rhos), 0.0, cfg.is_ratio_clip)
         ratio = is_ratio * torch.exp(logp - behaviour_logp)
         pg_loss = clipped_surrogate(ratio, standardized(adv) if cfg.normalize_advantages == "minibatch" else adv,
@@ -135,3 +165,6 @@ class APPO(LearnerThreadAlgorithm):
     name = "appo"
     config_class = APPOConfig
     policy_class = APPOPolicy
+
+    def contiguous_minibatches(self) -> bool:
+        return self.config.minibatch_mode == "contiguous"

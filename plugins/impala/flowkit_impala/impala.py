@@ -127,6 +127,11 @@ class LearnerThreadAlgorithm(flowkit.Algorithm):
     def get_rollout_mode(self) -> str:
         return self.config.rollout_mode
 
+    def contiguous_minibatches(self) -> bool:
+        """Whether the Learner cuts a train batch into contiguous slices, each prepared (V-trace
+        run) on its own, rather than shuffled rows of the batch prepared once."""
+        return True
+
     def training_flow(self, experiences, ctx, learner):
         cfg = self.config
         is_async = self.get_rollout_mode() == "async"
@@ -137,7 +142,7 @@ class LearnerThreadAlgorithm(flowkit.Algorithm):
             experiences = experiences.combine(ctx.add_stateful(f"{learner.name}/replay", MixInReplay(
                 ctx, cfg.replay_proportion, cfg.replay_buffer_num_slots,
                 derive_seed(int(self.run_config.seed), self.name, "replay"))))
-        train = TrainOneStep(ctx, learner, cfg.num_epochs, cfg.minibatch_size, contiguous=True)
+        train = TrainOneStep(ctx, learner, cfg.num_epochs, cfg.minibatch_size, contiguous=self.contiguous_minibatches())
         batches = experiences.combine(ConcatBatches(cfg.train_batch_size))
         if is_async:
             return train.in_thread(batches, cfg.learner_queue_size)
