@@ -298,15 +298,20 @@ def test_a_multiagent_game_mixes_a_recurrent_and_a_feed_forward_policy():
         ctx.shutdown()
 
 
-@pytest.mark.parametrize("algo", ["a2c", "a3c", "impala", "appo"])
+@pytest.mark.parametrize("algo", ["a2c", "a3c", "impala", "appo", "appo_shuffled"])
 def test_every_actor_critic_algorithm_trains_a_recurrent_policy(tmp_path, algo):
     """A2C (one step per batch), A3C (gradients on the workers), IMPALA and APPO (V-trace over
-    contiguous chunks of whole sequences, learner thread) train a GRU policy from the same
-    batches PPO does; the checkpoint's policy is recurrent."""
+    contiguous chunks of whole sequences, learner thread; APPO also over the whole batch, then
+    shuffled sequences) train a GRU policy from the same batches PPO does; the checkpoint's
+    policy is recurrent."""
     import flowkit
     from flowkit.testing import local_overrides
-    extra = ([f"{algo}.train_batch_size=64", f"{algo}.minibatch_size=32", f"{algo}.num_epochs=2"]
-             if algo in ("impala", "appo") else [])
+    if algo == "appo_shuffled":
+        algo, extra = "appo", ["appo.minibatch_mode=shuffled"]
+    else:
+        extra = []
+    if algo in ("impala", "appo"):
+        extra += [f"{algo}.train_batch_size=64", f"{algo}.minibatch_size=32", f"{algo}.num_epochs=2"]
     res = flowkit.train(local_overrides(str(tmp_path), *RECALL[:3], "runtime.rollout_fragment_length=16",
                                         "model.recurrent=gru", "model.recurrent_size=8", "model.max_seq_len=6",
                                         f"algo={algo}", "stop.iterations=3", *extra), verbose=False)
