@@ -111,8 +111,9 @@ class APPOPolicy(ActorCriticPolicy):
         mask, obs, actions = batch.get(sb.ACTION_MASK), batch[sb.OBS], batch[sb.ACTIONS]
         inputs, values = self.model_forward(batch)
         logp, entropy = self.dist.logp_entropy(inputs, actions, mask, entropy_grad=cfg.ent_coef != 0)
+        ready = "target_inputs" in batch  # minibatch_mode=shuffled: V-trace ran in prepare_batch
         with torch.no_grad():
-            if "target_inputs" in batch:  # minibatch_mode=shuffled: V-trace ran in prepare_batch
+            if ready:
                 target_inputs = batch["target_inputs"]
             else:
                 tm: Any = self.target.module
@@ -121,10 +122,8 @@ class APPOPolicy(ActorCriticPolicy):
             target_logp = self.dist.logp(target_inputs, actions, mask)
         behaviour_logp = batch[sb.ACTION_LOGP]
         log_rhos = target_logp - behaviour_logp
-        if "target_inputs" in batch:
-            vs, adv = batch["vtrace_vs"], batch["vtrace_adv"]
-        else:
-            vs, adv = self.vtrace_targets(batch, log_rhos, values.detach())
+        vs, adv = ((batch["vtrace_vs"], batch["vtrace_adv"]) if ready
+                   else self.vtrace_targets(batch, log_rhos, values.detach()))
         is_ratio = torch.clamp(torch.exp(-log_rhos), 0.0, cfg.is_ratio_clip)
         ratio = is_ratio * torch.exp(logp - behaviour_logp)
         pg_loss = clipped_surrogate(ratio, standardized(adv) if cfg.normalize_advantages == "minibatch" else adv,
