@@ -6,6 +6,11 @@ call a step); and against a raw loop of ale-py's own vector env with random acti
 flowkit's rollout workers step under the preset since 2026-12-05: ``AtariVector``, the same
 frames, docs/envs.md); and the bytes per transition of a sample batch.
 
+The flowkit worker runs at its defaults: double-buffered (``runtime.double_buffered``: its 8
+sub-envs in two halves, one stepping in ale-py's thread while the CNN acts for the other, so
+it keeps a second core busy; its frames per CPU second say what that costs); the last side is
+the same worker with one vector env (``runtime.double_buffered=false``).
+
 The wrapped-env sides step ``--envs`` sub-envs of ``--env`` built by flowkit's ``make_env`` (the
 preset's training wrappers) in a SyncVectorEnv; every side runs ``--steps`` env steps per sub-env, in this process
 with one torch thread; the sides alternate, ``--runs`` times each, and the table gives the
@@ -28,14 +33,14 @@ import time
 import numpy as np
 
 
-def _worker(env_id: str, n: int, steps: int):
+def _worker(env_id: str, n: int, steps: int, *extra: str):
     from flowkit.core import batch as sb  # noqa: F401
     from flowkit.core.workers import RolloutWorker
     from flowkit.engine import _probe_env, load_config
     pm, cfg = load_config(["algo=ppo", f"env={env_id}", "env.preset=atari", "runtime.backend=local",
                            "runtime.num_workers=1", f"runtime.num_envs_per_worker={n}",
                            f"runtime.rollout_fragment_length={steps}", "model.hidden_sizes=[512]",
-                           "model.activation=relu", "model.shared_value_network=true", "env.check_spaces_steps=0"])
+                           "model.activation=relu", "model.shared_value_network=true", "env.check_spaces_steps=0", *extra])
     env = _probe_env(cfg)
     specs = pm.hook.flowkit_make_policy_specs(config=cfg, env=env, algorithms=pm.algorithms())
     env.close()
@@ -114,22 +119,26 @@ def main() -> None:
     import torch
     torch.set_num_threads(1)
     worker = _worker(a.env, a.envs, a.steps)
+    single = _worker(a.env, a.envs, a.steps, "runtime.double_buffered=false")
     vec = make_vec(a.env, a.envs)
     net = cleanrl_net(int(vec.single_action_space.n))
     from flowkit.core._atari import make_atari_vector
     ale = make_atari_vector(a.env, {}, a.envs)
     ale.reset(seed=0)
     flowkit_side(worker, a.steps, a.envs)  # warm-up: first fragment, lazy imports
+    flowkit_side(single, a.steps, a.envs)
     cleanrl_side(vec, a.envs, 2, net)
     names = ("flowkit worker (PPO Nature CNN acting)", "raw gymnasium SyncVectorEnv, random actions",
-             "CleanRL-style loop, same CNN in plain torch", "raw ale-py vector env, random actions")
-    wall: list = [[], [], [], []]
-    cpu: list = [[], [], [], []]
+             "CleanRL-style loop, same CNN in plain torch", "raw ale-py vector env, random actions",
+             "flowkit worker, not double-buffered")
+    wall: list = [[] for _ in names]
+    cpu: list = [[] for _ in names]
     pb = None
     for _ in range(a.runs):
         frames, c, pb = flowkit_side(worker, a.steps, a.envs)
-        for i, (frames, c) in enumerate([(frames, c), raw_side(vec, a.envs, a.steps),
-                                         cleanrl_side(vec, a.envs, a.steps, net), raw_side(ale, a.envs, a.steps)]):
+        sides = [(frames, c), raw_side(vec, a.envs, a.steps), cleanrl_side(vec, a.envs, a.steps, net),
+                 raw_side(ale, a.envs, a.steps), flowkit_side(single, a.steps, a.envs)[:2]]
+        for i, (frames, c) in enumerate(sides):
             wall[i].append(frames / c.wall)
             cpu[i].append(frames / c.cpu)
     assert pb is not None
@@ -146,6 +155,8 @@ def main() -> None:
           f"second {med(cpu[0]) / med(cpu[2]):.2f}")
     print(f"flowkit / raw ale-py vector env: {med(wall[0]) / med(wall[3]):.2f}, per CPU second "
           f"{med(cpu[0]) / med(cpu[3]):.2f}")
+    print(f"flowkit not double-buffered / raw: {med(wall[4]) / med(wall[1]):.2f}, per CPU second "
+          f"{med(cpu[4]) / med(cpu[1]):.2f}")
     print(f"sample batch bytes per transition: {now:,.0f} (obs and next_obs uint8[4, 84, 84]); "
           f"{before:,.0f} with float32 observations")
     vec.close()

@@ -84,7 +84,7 @@ from flowkit.core.context import RunContext, make_context
 from flowkit.core.learner import NonFiniteError
 from flowkit.core.metrics import Result
 from flowkit.core.ops import StandardMetricsReporting
-from flowkit.core.workers import kill_prestarted
+from flowkit.core.workers import kill_prestarted, reuse_freed_memory
 from flowkit.hooks import PluginError, get_plugin_manager
 from flowkit.hooks.manager import worker_plugin_manager
 from flowkit.reporters import kept_rows, policy_metrics, read_metrics  # noqa: F401  (read_metrics: public here too)
@@ -186,21 +186,6 @@ def describe_plan(user: Any = None, config_file: Union[str, Sequence[str], None]
 
 
 # ---- train -------------------------------------------------------------------------------------
-def reuse_freed_memory() -> bool:
-    """``learner.reuse_freed_memory``: set glibc malloc's M_MMAP_THRESHOLD to 64 MiB and its
-    M_TRIM_THRESHOLD to 1 GiB in this process (mallopt(3)). By default glibc maps a large block
-    (a minibatch's float frames, its activations and gradients: megabytes each) fresh from the
-    kernel and unmaps it when freed, or trims the heap, so every learner step faults in and zeroes
-    new pages (90-130 thousand a PPO Pong train batch, about 10% of its time). Set, the blocks are
-    carved from the heap and freed memory stays there for the next minibatch. Returns False,
-    changing nothing, where the C library has no ``mallopt`` (not glibc)."""
-    import ctypes
-    try:
-        mallopt = ctypes.CDLL(None).mallopt
-    except (AttributeError, OSError):
-        return False
-    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # (malloc.h)
-    return bool(mallopt(M_MMAP_THRESHOLD, 64 << 20)) and bool(mallopt(M_TRIM_THRESHOLD, 1 << 30))
 
 
 @contextlib.contextmanager

@@ -146,6 +146,41 @@ def test_training_workers_step_ale_pys_vector_env_unless_told_or_unable(extra, n
         ctx.shutdown()
 
 
+@pytest.mark.parametrize("extra", [(), ("model.recurrent=gru", "model.recurrent_size=16")])
+def test_double_buffered_sampling_gives_the_transitions_of_one_vector_env(extra, run_dir):
+    # runtime.double_buffered (null: on under the preset): the sub-envs in two halves of ale-py's
+    # vector env, one stepping in its own thread while the policy acts for the other. Greedy
+    # actions are a function of the frames, so every sub-env plays the same games as in one
+    # vector env: the same rows, column for column, fragment after fragment (Asterix: lives lost at
+    # different steps, reset steps skipped, rows carried over to the next fragment; halves of 2
+    # and 1 sub-envs; a recurrent policy: one state per sub-env, acted on per half)
+    frags = {}
+    for double in ("null", "false"):
+        pm, cfg = load_config(local_overrides(run_dir, "algo=ppo", *ATARI, "env=AsterixNoFrameskip-v4",
+                                              "runtime.num_envs_per_worker=3", "runtime.rollout_fragment_length=48",
+                                              f"runtime.double_buffered={double}", *extra))
+        ctx = setup(cfg, pm, run_dir)
+        try:
+            runner = ctx.workers.local_worker().runner
+            assert [v.num_envs for v in runner.vecs] == ([2, 1] if double == "null" else [3])
+            frags[double], carried = [], 0
+            for _ in range(4):
+                frags[double].append(runner.sample(explore=False).policy_batches["default"])
+                carried += sum(c is not None for c in runner.carry)
+        finally:
+            ctx.shutdown()
+    got, want = frags["null"], frags["false"]
+    assert sum(int(b[sb.TERMINATEDS].sum()) for b in want) >= 2 and carried  # lives lost, rows carried
+    for b1, b2 in zip(got, want):
+        assert set(b1) == set(b2) and len(b1) == 3 * 48
+        for k in b2:  # (network outputs of batches of 2 and 3 rows: the same up to float rounding)
+            same = np.allclose if b2[k].dtype.kind == "f" else np.array_equal
+            assert same(b1[k], b2[k], **({"rtol": 1e-4, "atol": 1e-6} if same is np.allclose else {})), k
+    obs, nxt, eps = (np.concatenate([b[k] for b in got]) for k in (sb.OBS, sb.NEXT_OBS, sb.EPS_ID))
+    same = eps[1:] == eps[:-1]  # within an episode a row's next frames are the next row's frames
+    assert np.array_equal(nxt[:-1][same], obs[1:][same])
+
+
 def test_ale_pys_vector_env_gets_the_ids_own_settings_and_the_presets(monkeypatch):
     import ale_py.vector_env as ve
     seen, real = {}, ve.AtariVectorEnv
@@ -196,8 +231,10 @@ class _ScriptedALE(gym.vector.VectorEnv):
         self.seed_given = seed
         return np.zeros((1, 4, 84, 84), np.uint8), {"lives": np.array([3])}
 
-    def step(self, actions):
+    def send(self, actions):  # ale-py's AtariVectorEnv: send starts a step, recv returns its outputs
         self.actions.append(int(actions[0]))
+
+    def recv(self):
         rew, lives, over = self.script.pop(0)
         return (np.zeros((1, 4, 84, 84), np.uint8), np.array([rew], np.float64), np.array([over]),
                 np.array([False]), {"lives": np.array([lives])})

@@ -285,14 +285,14 @@ def test_reuse_freed_memory_serves_a_learners_large_blocks_without_fresh_page_fa
     import sys
     code = """
 import resource, torch
-from flowkit.engine import reuse_freed_memory
+from flowkit.core.workers import reuse_freed_memory
 def faults():
     out = []
-    for _ in range(3):
+    for _ in range(10):
         f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         a = torch.ones(10 << 20); del a
         out.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - f0)
-    return min(out[1:])
+    return min(out[7:])  # (steady state: the first few blocks may not fit the holes small ones left)
 before = faults()
 print(before, reuse_freed_memory() and faults())
 """

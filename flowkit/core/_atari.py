@@ -209,9 +209,20 @@ class AtariVector(gym.vector.VectorWrapper):
         self.after_life[:], self.after_game[:], self.ret[:], self.len[:] = False, False, 0.0, 0
         return obs, info
 
+    def send(self, actions) -> None:
+        """Start a step of every sub-env (ale-py steps them in its own thread, off the GIL);
+        :meth:`recv` waits for its outputs. ``step(a)`` is ``send(a)`` then ``recv()``."""
+        ale: Any = self.env  # (ale-py's AtariVectorEnv: send and recv beyond gymnasium's VectorEnv)
+        ale.send(np.where(self.after_life, self.restart_action, np.asarray(actions, np.int64)))
+
     def step(self, actions):
-        actions = np.where(self.after_life, self.restart_action, np.asarray(actions, np.int64))
-        obs, rew, term, trunc, info = self.env.step(actions)
+        self.send(actions)
+        return self.recv()
+
+    def recv(self):
+        """The outputs of the step :meth:`send` started, as :meth:`step` returns them."""
+        ale: Any = self.env
+        obs, rew, term, trunc, info = ale.recv()
         rew = np.asarray(rew, np.float64)
         restarted = self.after_game  # ale-py's reset step: the game starts again
         self.ret = np.where(restarted, 0.0, self.ret + rew)

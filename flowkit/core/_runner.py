@@ -7,7 +7,7 @@ Counting: a batch's ``env_steps`` are real transitions; the autoreset step of a
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Tuple, Union
 
 import gymnasium as gym
 import numpy as np
@@ -69,7 +69,7 @@ class RecurrentStates:
     Q-network). Torch-free.
 
     ``act(obs, mask, explore)`` calls ``policy.compute_actions_encoded(..., state=...)`` for
-    every row (or the rows ``rows``), keeps the new states and returns ``(actions, extras)``
+    every row (or the rows ``rows``: indexes, a bool mask or a slice), keeps the new states and returns ``(actions, extras)``
     with ``state_in`` (the states acted from: a batch column) and without ``state_out``;
     ``reset(rows)`` puts rows (bool[n] or indexes) back to ``policy.initial_state``.
 
@@ -90,7 +90,7 @@ class RecurrentStates:
         return None if init is None or init(0) is None else cls(policy, n)
 
     def act(self, obs: np.ndarray, mask: Optional[np.ndarray], explore: bool,
-            rows: Optional[np.ndarray] = None) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
+            rows: Optional[Union[np.ndarray, slice]] = None) -> Tuple[np.ndarray, Dict[str, np.ndarray]]:
         state = self.state if rows is None else self.state[rows]
         actions, extras = self.policy.compute_actions_encoded(obs, mask, explore, state=state)
         extras = dict(extras)
@@ -154,7 +154,7 @@ def _reports_games(env: Any) -> bool:
 
 
 class GymEnvRunner:
-    """Steps a Gymnasium SyncVectorEnv of ``runtime.num_envs_per_worker`` sub-envs with one
+    """Steps a Gymnasium vector env of ``runtime.num_envs_per_worker`` sub-envs with one
     batched policy call per step, and returns fragments of exactly
     ``runtime.rollout_fragment_length`` real transitions per sub-env (rows of one sub-env
     contiguous; transitions a sub-env made beyond that are kept for the next fragment).
@@ -162,6 +162,13 @@ class GymEnvRunner:
     Both autoreset modes give the same transitions: ``next_step`` (the reset step is skipped)
     and ``same_step`` (the final observation is read from ``info["final_obs"]``). Truncated
     rows keep ``next_obs`` = the real final observation.
+
+    Double-buffered sampling (``runtime.double_buffered``; Petrenko et al. 2020, Sample
+    Factory, sec. 3.2): the sub-envs are split into two halves (*lanes*), each its own vector
+    env stepping in its own thread off the GIL (ale-py's vector env, C++); while one half
+    steps, the policy acts for the other, so env stepping and inference overlap. Each half
+    acts on its own latest observations, as one vector env would; only the order of calls
+    (and so the draws of exploration noise) differs.
 
     A recurrent policy (``policy.initial_state(n)`` not None) acts with one state per sub-env
     (:class:`RecurrentStates`), back to the initial state when the sub-env's episode starts (in
@@ -186,22 +193,25 @@ class GymEnvRunner:
         self.same_step = mode == "same_step"
         self.n = len(envs)
         self.native = self._use_native(cfg)
-        atari = self._atari_vector(cfg, worker, envs[0] if envs else None)
-        if atari is not None:  # the preset's training side on ale-py's own vector env
+        atari = self._atari_vectors(cfg, worker, envs[0] if envs else None)
+        if atari is not None:  # the preset's training side on ale-py's own vector env(s)
             for e in envs:
                 e.close()
-            self.vec, self.native, self._check_left = atari, True, int(cfg.env.check_spaces_steps)
+            self.vecs, self.native, self._check_left = atari, True, int(cfg.env.check_spaces_steps)
         elif self.native:
             # the env's own vectorized implementation: one numpy step for all sub-envs
             for e in envs:
                 e.close()
-            self.vec = gym.make_vec(cfg.env.id, num_envs=self.n, vectorization_mode="vector_entry_point",
-                                    **dict(cfg.env.kwargs or {}))
+            self.vecs = [gym.make_vec(cfg.env.id, num_envs=self.n, vectorization_mode="vector_entry_point",
+                                      **dict(cfg.env.kwargs or {}))]
             self._check_left = int(cfg.env.check_spaces_steps)
         else:
-            self.vec = gym.vector.SyncVectorEnv([_thunk(e) for e in envs],
-                                                autoreset_mode=AUTORESET_MODES[mode])
+            self.vecs = [gym.vector.SyncVectorEnv([_thunk(e) for e in envs], autoreset_mode=AUTORESET_MODES[mode])]
             self._check_left = 0  # SpaceCheck wraps each sub-env
+        self.vec = self.vecs[0]
+        sizes = np.cumsum([0] + [v.num_envs for v in self.vecs])
+        self.lanes = [slice(int(a), int(b)) for a, b in zip(sizes[:-1], sizes[1:])]  # sub-envs of each vector env
+        self._inflight: List[Any] = [None] * len(self.vecs)
         self.T = int(cfg.runtime.rollout_fragment_length)
         if len(worker.policies) != 1:
             raise ValueError("the Gymnasium runner serves exactly one policy; got "
@@ -216,15 +226,22 @@ class GymEnvRunner:
         self._reset_all()
 
     @staticmethod
-    def _atari_vector(cfg, worker, like: Optional[gym.Env]) -> Any:
+    def _atari_vectors(cfg, worker, like: Optional[gym.Env]) -> Optional[List[Any]]:
         """:func:`~flowkit.core._atari.make_atari_vector` for a rollout worker's envs under
-        ``env.preset=atari`` with ``env.vectorization=auto`` (None: the wrapped envs)."""
-        env = cfg.env
+        ``env.preset=atari`` with ``env.vectorization=auto``: one vector env, or two halves
+        where ``runtime.double_buffered`` is on (None: on with 2+ sub-envs); None: the wrapped
+        envs."""
+        env, n = cfg.env, len(worker.sub_env_contexts)
         if (env.get("preset") != "atari" or env.vectorization != "auto" or env.max_episode_steps
                 or env.autoreset_mode != "next_step" or any(c.worker_index < 0 for c in worker.sub_env_contexts)):
             return None
         from flowkit.core._atari import make_atari_vector
-        return make_atari_vector(env.id, dict(env.kwargs or {}), len(worker.sub_env_contexts), like)
+        double = cfg.runtime.get("double_buffered")
+        sizes = [n - n // 2, n // 2] if n >= 2 and double in (None, True) else [n]
+        vecs = [make_atari_vector(env.id, dict(env.kwargs or {}), k, like) for k in sizes]
+        if any(v is None for v in vecs):
+            return None
+        return vecs
 
     @staticmethod
     def _use_native(cfg) -> bool:
@@ -256,10 +273,11 @@ class GymEnvRunner:
                            f"in {self.vec.single_observation_space}, a float reward, bool terminated and truncated"
                            ) from e
 
-    def _check_rows(self, raw: Any, where: str) -> None:
-        """Space checks for the native vector env (SpaceCheck wraps single envs instead)."""
+    def _check_rows(self, raw: Any, where: str, first: int = 0) -> None:
+        """Space checks for the native vector env (SpaceCheck wraps single envs instead);
+        ``first``: the sub-env index of ``raw``'s first row."""
         self._check_left -= 1
-        for j, x in enumerate(np.asarray(raw)):
+        for j, x in enumerate(np.asarray(raw), first):
             if m := find_mismatch(self.vec.single_observation_space, x):
                 raise EnvError(f"env {self.worker.config.env.id!r} (worker {self.worker.index}, sub-env {j}) "
                                f"returned a bad observation from {where}: at `{m[0]}` expected {m[1]}, "
@@ -273,13 +291,23 @@ class GymEnvRunner:
 
     def _reset_all(self, reseed: bool = True):
         seeds = [ctx.seed for ctx in self.worker.sub_env_contexts]
-        # a native vector env takes one seed for its single RNG (sub-envs still differ)
-        kw = {"seed": seeds[0] if self.native else seeds} if reseed else {}
-        raw, _ = self._call("reset()", self.vec.reset, **kw)
-        if self._check_left > 0:
-            self._check_rows(raw, "reset()")
-        self.obs_enc, self.mask = self.encoder(raw, self.n)
-        self.raw_obs = raw_leaves(raw, sb.RAW_PREFIX + "obs") if self.record else None
+        # per lane (vector env): its latest observations, encoded, and their action masks
+        self.obs_enc: List[Any] = []
+        self.mask: List[Any] = []
+        self.raw_obs: Optional[List[Dict[str, np.ndarray]]] = [] if self.record else None
+        for vec, sl in zip(self.vecs, self.lanes):
+            # a native vector env takes one seed for its single RNG (sub-envs still differ; ale-py's
+            # seeds its sub-envs with consecutive ones: the second lane goes on counting)
+            kw = {"seed": seeds[0] + sl.start if self.native else seeds[sl]} if reseed else {}
+            raw, _ = self._call("reset()", vec.reset, **kw)
+            if self._check_left > 0:
+                self._check_rows(raw, "reset()", sl.start)
+            enc, mask = self.encoder(raw, sl.stop - sl.start)
+            self.obs_enc.append(enc)
+            self.mask.append(mask)
+            if self.raw_obs is not None:
+                self.raw_obs.append(raw_leaves(raw, sb.RAW_PREFIX + "obs"))
+        self._inflight = [None] * len(self.vecs)
         self.reset_pending = np.zeros(self.n, bool)
         self.states = RecurrentStates.of(self.policy, self.n)
         self.episodes = [self._new_episode(j) for j in range(self.n)]
@@ -294,85 +322,22 @@ class GymEnvRunner:
         return Episode(next(self.worker.episode_ids), j, self.worker.index)
 
     def sample(self, explore: bool = True) -> sb.MultiAgentBatch:
-        n, T = self.n, self.T
-        pol, enc = self.policy, self.encoder
+        n, T, L = self.n, self.T, len(self.vecs)
         have = np.array([0 if c is None else len(c) for c in self.carry])
-        steps: List[Dict[str, Any]] = []   # per step: {column: (N, ...)}
-        valid_l: List[np.ndarray] = []
+        steps: List[List[Dict[str, Any]]] = [[] for _ in range(L)]   # per lane, per step: {column: (rows, ...)}
+        valid_l: List[List[np.ndarray]] = [[] for _ in range(L)]
         finished: List[Dict[str, Any]] = []
-        pm = self.worker.pm
-        ep_hook = bool(pm.hook.flowkit_on_episode_end.get_hookimpls())
         live_eps: Dict[int, Episode] = {e.episode_id: e for e in self.episodes}
-        states = self.states
-        while (have < T).any():
-            obs_enc, mask = self.obs_enc, self.mask
-            if states is None:
-                actions, extras = pol.compute_actions_encoded(obs_enc, mask, explore)
-            else:
-                actions, extras = states.act(obs_enc, mask, explore)
-            env_actions = self.dist.to_env(actions)
-            raw_next, rew, term, trunc, infos = self._call("step()", self.vec.step, env_actions)
-            if self._check_left > 0:
-                self._check_rows(raw_next, "step()")
-            valid = ~self.reset_pending
-            next_enc, next_mask = enc(raw_next, n)
-            rec_next, rec_next_mask, rec_raw_next = next_enc, next_mask, raw_next
-            done = term | trunc
-            if self.same_step and done.any():  # record the real final observations (from info)
-                space = self.vec.single_observation_space
-                final = [f if d else o for o, f, d in zip(iterate(self.vec.observation_space, raw_next),
-                                                          infos["final_obs"], done)]
-                out: Any = create_empty_array(space, n)  # Any: typed Optional, never None here
-                rec_raw_next = concatenate(space, final, out)
-                rec_next, rec_next_mask = enc(rec_raw_next, n)
-            step = {sb.OBS: obs_enc, sb.ACTIONS: actions, sb.REWARDS: np.asarray(rew, np.float32),
-                    sb.TERMINATEDS: term, sb.TRUNCATEDS: trunc & ~term, sb.NEXT_OBS: rec_next,
-                    sb.EPS_ID: self.eps_ids.copy(), sb.T: self.t.copy()}
-            if mask is not None:
-                step.update({sb.ACTION_MASK: mask, sb.NEXT_ACTION_MASK: rec_next_mask})
-            step.update(extras)
-            if self.raw_obs is not None:  # run.output: the env's own values of this step
-                raw_now = raw_leaves(raw_next, sb.RAW_PREFIX + "obs")
-                step.update({**self.raw_obs, **raw_leaves(rec_raw_next, sb.RAW_PREFIX + "next_obs"),
-                             sb.RAW_PREFIX + "actions": np.array(env_actions, copy=True),
-                             sb.RAW_PREFIX + "rewards": np.asarray(rew, np.float64),
-                             sb.RAW_PREFIX + "terminateds": np.asarray(term, bool),
-                             sb.RAW_PREFIX + "truncateds": np.asarray(trunc, bool)})
-                self.raw_obs = raw_now
-            steps.append(step)
-            valid_l.append(valid)
-            # episode bookkeeping (real transitions only)
-            self.ep_len += valid
-            self.ep_ret += np.where(valid, rew, 0.0)
-            self.t += valid
-            have += valid
-            ended = done & valid  # (same_step: every step is valid)
-            for j in np.flatnonzero(ended):
-                ep = self.episodes[j]
-                ep.length, ep.total_reward = int(self.ep_len[j]), float(self.ep_ret[j])
-                self.ep_len[j], self.ep_ret[j], self.t[j] = 0, 0.0, 0
-                ep.terminated, ep.truncated = bool(term[j]), bool(trunc[j] and not term[j])
-                if ep_hook:
-                    pm.hook.flowkit_on_episode_end(episode=ep, worker=self.worker)
-                if self.games:  # only whole games count, with their own (unclipped) figures
-                    gi = infos.get("final_info", {}) if self.same_step else infos
-                    if not gi.get("_game_return", np.zeros(n, bool))[j]:
-                        self.episodes[j] = self._new_episode(int(j))
-                        self.eps_ids[j] = self.episodes[j].episode_id
-                        live_eps[self.episodes[j].episode_id] = self.episodes[j]
-                        continue
-                    summary = ep.summary()
-                    summary.update({"return": float(gi["game_return"][j]), "length": int(gi["game_length"][j])})
-                    finished.append(summary)
-                else:
-                    finished.append(ep.summary())
-                self.episodes[j] = self._new_episode(int(j))
-                self.eps_ids[j] = self.episodes[j].episode_id
-                live_eps[self.episodes[j].episode_id] = self.episodes[j]
-            if states is not None:  # next acts start an episode: after an end, and after the reset step
-                states.reset(ended | ~valid)
-            self.reset_pending = ended if not self.same_step else np.zeros(n, bool)
-            self.obs_enc, self.mask = next_enc, next_mask
+        ep_hook = bool(self.worker.pm.hook.flowkit_on_episode_end.get_hookimpls())
+        # each lane acts, its vector env steps (with 2 lanes: in its own thread, while the other
+        # lane's step is recorded and acted on), then its step is recorded; until every sub-env
+        # has T real transitions
+        acted = [self._act(g, explore) if (have[sl] < T).any() else None for g, sl in enumerate(self.lanes)]
+        while any(a is not None for a in acted):
+            for g, sl in enumerate(self.lanes):
+                if (a := acted[g]) is not None:
+                    self._record(g, a, steps[g], valid_l[g], have, finished, live_eps, ep_hook)
+                    acted[g] = self._act(g, explore) if (have[sl] < T).any() else None
         for i, ep in enumerate(self.episodes):  # running episodes, as hooks see them
             ep.length, ep.total_reward = int(self.ep_len[i]), float(self.ep_ret[i])
         batch = self._cut(steps, valid_l)
@@ -383,24 +348,135 @@ class GymEnvRunner:
         return sb.MultiAgentBatch({self.policy_id: batch}, env_steps=n * T, agent_steps=n * T,
                                   episodes=finished, worker_index=self.worker.index, meta=meta)
 
-    def _cut(self, steps, valid_l) -> sb.SampleBatch:
-        """Stack steps as (N, S, ...) (rows of one sub-env contiguous: one copy of each column)
-        and cut exactly T real transitions per sub-env."""
+    def _act(self, g: int, explore: bool) -> Tuple[Any, Dict[str, Any], Any]:
+        """Act for lane ``g``'s sub-envs on their latest observations and send the actions to
+        its vector env (stepped now, or in its own thread with 2 lanes: :meth:`_record` takes
+        the outputs); returns ``(actions, extras, env_actions)``."""
+        obs_enc, mask = self.obs_enc[g], self.mask[g]
+        if self.states is None:
+            actions, extras = self.policy.compute_actions_encoded(obs_enc, mask, explore)
+        else:
+            actions, extras = self.states.act(obs_enc, mask, explore, None if len(self.vecs) == 1 else self.lanes[g])
+        env_actions = self.dist.to_env(actions)
+        vec = self.vecs[g]
+        if len(self.vecs) > 1:
+            self._call("step()", vec.send, env_actions)
+        else:
+            self._inflight[g] = self._call("step()", vec.step, env_actions)
+        return actions, extras, env_actions
+
+    def _record(self, g: int, acted: Tuple[Any, Dict[str, Any], Any], steps: List[Dict[str, Any]],
+                valid_l: List[np.ndarray], have: np.ndarray, finished: List[Dict[str, Any]],
+                live_eps: Dict[int, Episode], ep_hook: bool) -> None:
+        """Take lane ``g``'s step outputs and record the step: its row of every column (in
+        ``steps``), which sub-envs made a real transition (``valid_l``), episode figures, and
+        the episodes that ended (``finished``, ``flowkit_on_episode_end``)."""
+        actions, extras, env_actions = acted
+        vec, sl = self.vecs[g], self.lanes[g]
+        m, pm = sl.stop - sl.start, self.worker.pm
+        out, self._inflight[g] = self._inflight[g], None
+        raw_next, rew, term, trunc, infos = out if out is not None else self._call("step()", vec.recv)
+        if self._check_left > 0:
+            self._check_rows(raw_next, "step()", sl.start)
+        valid = ~self.reset_pending[sl]
+        next_enc, next_mask = self.encoder(raw_next, m)
+        rec_next, rec_next_mask, rec_raw_next = next_enc, next_mask, raw_next
+        done = term | trunc
+        if self.same_step and done.any():  # record the real final observations (from info)
+            space = vec.single_observation_space
+            final = [f if d else o for o, f, d in zip(iterate(vec.observation_space, raw_next),
+                                                      infos["final_obs"], done)]
+            empty: Any = create_empty_array(space, m)  # Any: typed Optional, never None here
+            rec_raw_next = concatenate(space, final, empty)
+            rec_next, rec_next_mask = self.encoder(rec_raw_next, m)
+        step = {sb.OBS: self.obs_enc[g], sb.ACTIONS: actions, sb.REWARDS: np.asarray(rew, np.float32),
+                sb.TERMINATEDS: term, sb.TRUNCATEDS: trunc & ~term, sb.NEXT_OBS: rec_next,
+                sb.EPS_ID: self.eps_ids[sl].copy(), sb.T: self.t[sl].copy()}
+        if self.mask[g] is not None:
+            step.update({sb.ACTION_MASK: self.mask[g], sb.NEXT_ACTION_MASK: rec_next_mask})
+        step.update(extras)
+        if self.raw_obs is not None:  # run.output: the env's own values of this step
+            raw_now = raw_leaves(raw_next, sb.RAW_PREFIX + "obs")
+            step.update({**self.raw_obs[g], **raw_leaves(rec_raw_next, sb.RAW_PREFIX + "next_obs"),
+                         sb.RAW_PREFIX + "actions": np.array(env_actions, copy=True),
+                         sb.RAW_PREFIX + "rewards": np.asarray(rew, np.float64),
+                         sb.RAW_PREFIX + "terminateds": np.asarray(term, bool),
+                         sb.RAW_PREFIX + "truncateds": np.asarray(trunc, bool)})
+            self.raw_obs[g] = raw_now
+        steps.append(step)
+        valid_l.append(valid)
+        # episode bookkeeping (real transitions only; the slices are views: updated in place)
+        self.ep_len[sl] += valid
+        self.ep_ret[sl] += np.where(valid, rew, 0.0)
+        self.t[sl] += valid
+        have[sl] += valid
+        ended = done & valid  # (same_step: every step is valid)
+        for i in np.flatnonzero(ended):
+            j = sl.start + int(i)
+            ep = self.episodes[j]
+            ep.length, ep.total_reward = int(self.ep_len[j]), float(self.ep_ret[j])
+            self.ep_len[j], self.ep_ret[j], self.t[j] = 0, 0.0, 0
+            ep.terminated, ep.truncated = bool(term[i]), bool(trunc[i] and not term[i])
+            if ep_hook:
+                pm.hook.flowkit_on_episode_end(episode=ep, worker=self.worker)
+            if self.games:  # only whole games count, with their own (unclipped) figures
+                gi = infos.get("final_info", {}) if self.same_step else infos
+                if gi.get("_game_return", np.zeros(m, bool))[i]:
+                    summary = ep.summary()
+                    summary.update({"return": float(gi["game_return"][i]), "length": int(gi["game_length"][i])})
+                    finished.append(summary)
+            else:
+                finished.append(ep.summary())
+            self.episodes[j] = self._new_episode(j)
+            self.eps_ids[j] = self.episodes[j].episode_id
+            live_eps[self.episodes[j].episode_id] = self.episodes[j]
+        if self.states is not None:  # next acts start an episode: after an end, and after the reset step
+            self.states.reset(sl.start + np.flatnonzero(ended | ~valid))
+        self.reset_pending[sl] = ended if not self.same_step else False
+        self.obs_enc[g], self.mask[g] = next_enc, next_mask
+
+    def _cut(self, steps: List[List[Dict[str, Any]]], valid_l: List[List[np.ndarray]]) -> sb.SampleBatch:
+        """Rows of sub-env ``j``: its carried rows, then its real transitions of this call,
+        exactly T in all (one copy of each column into the batch); its later ones are carried."""
         T = self.T
-        stacked = {k: np.stack([s[k] for s in steps], axis=1) for k in steps[0]}
-        valid = np.stack(valid_l)
-        if valid.all() and all(c is None for c in self.carry) and valid.shape[0] == T:
+        valid = [np.stack(v) for v in valid_l]  # per lane: bool[S, rows]
+        if (len(steps) == 1 and len(steps[0]) == T and valid[0].all()
+                and all(c is None for c in self.carry)):
             # fast path: every step real, nothing carried -> (N, T) layout, as stacked
-            return sb.SampleBatch({k: v.reshape(-1, *v.shape[2:]) for k, v in stacked.items()})
-        parts = []
-        for j in range(self.n):
-            piece = sb.SampleBatch({k: v[j][valid[:, j]] for k, v in stacked.items()})
-            carried = self.carry[j]
-            if carried is not None:
-                piece = sb.concat_samples([carried, piece])
-            parts.append(piece.slice(0, T))
-            self.carry[j] = piece.slice(T, len(piece)) if len(piece) > T else None
-        return sb.concat_samples(parts)
+            return sb.SampleBatch({k: np.stack([s[k] for s in steps[0]], axis=1).reshape(-1, *steps[0][0][k].shape[1:])
+                                   for k in steps[0][0]})
+        plan = []  # per sub-env: (lane, its row there, rows carried in, step indexes taken, and kept)
+        for g, sl in enumerate(self.lanes):
+            for i in range(sl.stop - sl.start):
+                c = self.carry[sl.start + i]
+                nc = 0 if c is None else len(c)
+                idx = np.flatnonzero(valid[g][:, i])
+                plan.append((g, i, nc, idx[:max(T - nc, 0)], idx[max(T - nc, 0):]))
+        cols: Dict[str, np.ndarray] = {}
+        carry: List[Dict[str, np.ndarray]] = [{} for _ in plan]
+        for k, first in steps[0][0].items():
+            first = np.asarray(first)
+            col = np.empty((self.n * T, *first.shape[1:]), first.dtype)
+            # large rows (frames) are copied once, straight from each step; small ones stacked per lane first
+            big = first[:1].nbytes >= 4096
+            stacked: Any = None if big else [np.stack([s[k] for s in lane], axis=1) for lane in steps]
+            for j, (g, i, nc, take, keep) in enumerate(plan):
+                lo = j * T
+                carried: Any = self.carry[j]
+                if nc:
+                    col[lo:lo + min(nc, T)] = carried[k][:T]
+                if len(take):
+                    if big:
+                        np.stack([steps[g][s][k][i] for s in take], out=col[lo + nc:lo + T])
+                    else:
+                        col[lo + nc:lo + T] = stacked[g][i][take]
+                parts = ([carried[k][T:]] if nc > T else []) + (
+                    [np.stack([steps[g][s][k][i] for s in keep]) if big else stacked[g][i][keep]] if len(keep) else [])
+                if parts:
+                    carry[j][k] = parts[0] if len(parts) == 1 else np.concatenate(parts)
+            cols[k] = col
+        self.carry = [sb.SampleBatch(c) if c else None for c in carry]
+        return sb.SampleBatch(cols)
 
     def _postprocess(self, batch: sb.SampleBatch, live_eps: Dict[int, Episode]) -> sb.SampleBatch:
         pm = self.worker.pm
@@ -420,7 +496,8 @@ class GymEnvRunner:
                             self.worker.sub_env_contexts[0].seed, explore, self.n)
 
     def close(self):
-        self.vec.close()
+        for vec in self.vecs:
+            vec.close()
 
 
 def stack_rows(rows: List[Any]) -> Any:
