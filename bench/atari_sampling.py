@@ -6,10 +6,10 @@ call a step); and against a raw loop of ale-py's own vector env with random acti
 flowkit's rollout workers step under the preset since 2026-12-05: ``AtariVector``, the same
 frames, docs/envs.md); and the bytes per transition of a sample batch.
 
-The flowkit worker runs at its defaults: double-buffered (``runtime.double_buffered``: its 8
-sub-envs in two halves, one stepping in ale-py's thread while the CNN acts for the other, so
-it keeps a second core busy; its frames per CPU second say what that costs); the last side is
-the same worker with one vector env (``runtime.double_buffered=false``).
+The flowkit worker is double-buffered (``runtime.double_buffered=true``, as where a worker
+reserves two cores: its 8 sub-envs in two halves, one stepping in ale-py's thread while the CNN
+acts for the other, so it keeps a second core busy; its frames per CPU second say what that
+costs); the last side is the same worker with one vector env (the default on one core).
 
 The wrapped-env sides step ``--envs`` sub-envs of ``--env`` built by flowkit's ``make_env`` (the
 preset's training wrappers) in a SyncVectorEnv; every side runs ``--steps`` env steps per sub-env, in this process
@@ -118,7 +118,7 @@ def main() -> None:
     a = ap.parse_args()
     import torch
     torch.set_num_threads(1)
-    worker = _worker(a.env, a.envs, a.steps)
+    worker = _worker(a.env, a.envs, a.steps, "runtime.double_buffered=true")
     single = _worker(a.env, a.envs, a.steps, "runtime.double_buffered=false")
     vec = make_vec(a.env, a.envs)
     net = cleanrl_net(int(vec.single_action_space.n))
@@ -130,7 +130,7 @@ def main() -> None:
     cleanrl_side(vec, a.envs, 2, net)
     names = ("flowkit worker (PPO Nature CNN acting)", "raw gymnasium SyncVectorEnv, random actions",
              "CleanRL-style loop, same CNN in plain torch", "raw ale-py vector env, random actions",
-             "flowkit worker, not double-buffered")
+             "flowkit worker, one vector env")
     wall: list = [[] for _ in names]
     cpu: list = [[] for _ in names]
     pb = None
@@ -155,7 +155,7 @@ def main() -> None:
           f"second {med(cpu[0]) / med(cpu[2]):.2f}")
     print(f"flowkit / raw ale-py vector env: {med(wall[0]) / med(wall[3]):.2f}, per CPU second "
           f"{med(cpu[0]) / med(cpu[3]):.2f}")
-    print(f"flowkit not double-buffered / raw: {med(wall[4]) / med(wall[1]):.2f}, per CPU second "
+    print(f"flowkit with one vector env / raw: {med(wall[4]) / med(wall[1]):.2f}, per CPU second "
           f"{med(cpu[4]) / med(cpu[1]):.2f}")
     print(f"sample batch bytes per transition: {now:,.0f} (obs and next_obs uint8[4, 84, 84]); "
           f"{before:,.0f} with float32 observations")

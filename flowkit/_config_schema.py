@@ -151,8 +151,9 @@ class RuntimeConfig:
     torch_threads: int = F(1, "torch threads per rollout worker", ge=1)
     double_buffered: Optional[bool] = F(None, "double-buffered sampling (Sample Factory's): a worker's sub-envs in two "
                                               "halves, one stepping in its own thread while the policy acts for the "
-                                              "other; for envs that step off the GIL: ale-py's vector env under "
-                                              "env.preset=atari (null: on there with 2+ sub-envs; false: one vector env)")
+                                              "other, for envs that step off the GIL (ale-py's vector env under "
+                                              "env.preset=atari, 2+ sub-envs); it keeps a second core busy. null: on "
+                                              "where each worker reserves one, runtime.num_cpus_per_worker >= 2")
 
 
 class ModelConfig:

@@ -146,30 +146,40 @@ def test_training_workers_step_ale_pys_vector_env_unless_told_or_unable(extra, n
         ctx.shutdown()
 
 
+def test_double_buffering_is_on_by_default_where_a_worker_reserves_two_cores(run_dir):
+    for cpus, sizes in ((1, [2]), (2, [1, 1])):
+        pm, cfg = load_config(local_overrides(run_dir, "algo=ppo", *ATARI, f"runtime.num_cpus_per_worker={cpus}"))
+        ctx = setup(cfg, pm, run_dir)
+        try:
+            assert [v.num_envs for v in ctx.workers.local_worker().runner.vecs] == sizes
+        finally:
+            ctx.shutdown()
+
+
 @pytest.mark.parametrize("extra", [(), ("model.recurrent=gru", "model.recurrent_size=16")])
 def test_double_buffered_sampling_gives_the_transitions_of_one_vector_env(extra, run_dir):
-    # runtime.double_buffered (null: on under the preset): the sub-envs in two halves of ale-py's
+    # runtime.double_buffered: the sub-envs in two halves of ale-py's
     # vector env, one stepping in its own thread while the policy acts for the other. Greedy
     # actions are a function of the frames, so every sub-env plays the same games as in one
     # vector env: the same rows, column for column, fragment after fragment (Asterix: lives lost at
     # different steps, reset steps skipped, rows carried over to the next fragment; halves of 2
     # and 1 sub-envs; a recurrent policy: one state per sub-env, acted on per half)
     frags = {}
-    for double in ("null", "false"):
+    for double in ("true", "false"):
         pm, cfg = load_config(local_overrides(run_dir, "algo=ppo", *ATARI, "env=AsterixNoFrameskip-v4",
                                               "runtime.num_envs_per_worker=3", "runtime.rollout_fragment_length=48",
                                               f"runtime.double_buffered={double}", *extra))
         ctx = setup(cfg, pm, run_dir)
         try:
             runner = ctx.workers.local_worker().runner
-            assert [v.num_envs for v in runner.vecs] == ([2, 1] if double == "null" else [3])
+            assert [v.num_envs for v in runner.vecs] == ([2, 1] if double == "true" else [3])
             frags[double], carried = [], 0
             for _ in range(4):
                 frags[double].append(runner.sample(explore=False).policy_batches["default"])
                 carried += sum(c is not None for c in runner.carry)
         finally:
             ctx.shutdown()
-    got, want = frags["null"], frags["false"]
+    got, want = frags["true"], frags["false"]
     assert sum(int(b[sb.TERMINATEDS].sum()) for b in want) >= 2 and carried  # lives lost, rows carried
     for b1, b2 in zip(got, want):
         assert set(b1) == set(b2) and len(b1) == 3 * 48

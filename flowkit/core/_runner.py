@@ -166,9 +166,10 @@ class GymEnvRunner:
     Double-buffered sampling (``runtime.double_buffered``; Petrenko et al. 2020, Sample
     Factory, sec. 3.2): the sub-envs are split into two halves (*lanes*), each its own vector
     env stepping in its own thread off the GIL (ale-py's vector env, C++); while one half
-    steps, the policy acts for the other, so env stepping and inference overlap. Each half
-    acts on its own latest observations, as one vector env would; only the order of calls
-    (and so the draws of exploration noise) differs.
+    steps, the policy acts for the other, so env stepping and inference overlap (a second core
+    busy: by default on where a worker reserves two, ``runtime.num_cpus_per_worker >= 2``).
+    Each half acts on its own latest observations, as one vector env would; only the order of
+    calls (and so the draws of exploration noise) differs.
 
     A recurrent policy (``policy.initial_state(n)`` not None) acts with one state per sub-env
     (:class:`RecurrentStates`), back to the initial state when the sub-env's episode starts (in
@@ -197,7 +198,8 @@ class GymEnvRunner:
         if atari is not None:  # the preset's training side on ale-py's own vector env(s)
             for e in envs:
                 e.close()
-            self.vecs, self.native, self._check_left = atari, True, int(cfg.env.check_spaces_steps)
+            # (space checks count per vector env: each half checks its first steps)
+            self.vecs, self.native, self._check_left = atari, True, int(cfg.env.check_spaces_steps) * len(atari)
         elif self.native:
             # the env's own vectorized implementation: one numpy step for all sub-envs
             for e in envs:
@@ -229,15 +231,17 @@ class GymEnvRunner:
     def _atari_vectors(cfg, worker, like: Optional[gym.Env]) -> Optional[List[Any]]:
         """:func:`~flowkit.core._atari.make_atari_vector` for a rollout worker's envs under
         ``env.preset=atari`` with ``env.vectorization=auto``: one vector env, or two halves
-        where ``runtime.double_buffered`` is on (None: on with 2+ sub-envs); None: the wrapped
-        envs."""
+        where ``runtime.double_buffered`` is on (None: where the worker reserves a second core,
+        ``runtime.num_cpus_per_worker >= 2``) and there are 2+ sub-envs; None: the wrapped envs."""
         env, n = cfg.env, len(worker.sub_env_contexts)
         if (env.get("preset") != "atari" or env.vectorization != "auto" or env.max_episode_steps
                 or env.autoreset_mode != "next_step" or any(c.worker_index < 0 for c in worker.sub_env_contexts)):
             return None
         from flowkit.core._atari import make_atari_vector
         double = cfg.runtime.get("double_buffered")
-        sizes = [n - n // 2, n // 2] if n >= 2 and double in (None, True) else [n]
+        if double is None:  # the second thread wants a core of its own
+            double = float(cfg.runtime.num_cpus_per_worker) >= 2
+        sizes = [n - n // 2, n // 2] if n >= 2 and double else [n]
         vecs = [make_atari_vector(env.id, dict(env.kwargs or {}), k, like) for k in sizes]
         if any(v is None for v in vecs):
             return None
