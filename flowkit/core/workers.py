@@ -241,15 +241,9 @@ class WorkerImportError(ImportError):
 
 
 def reuse_freed_memory() -> bool:
-    """``learner.reuse_freed_memory``: set glibc malloc's M_MMAP_THRESHOLD to 64 MiB and its
-    M_TRIM_THRESHOLD to 1 GiB in this process (mallopt(3)): the driver and each rollout worker.
-    By default glibc maps a large block (a minibatch's float frames, its activations and
-    gradients; a fragment's frame columns: megabytes each) fresh from the kernel and unmaps it
-    when freed, or trims the heap, so every learner step and every fragment faults in and zeroes
-    new pages (90-130 thousand a PPO Pong train batch, about 10% of its time; a 2,048-row Atari
-    fragment's 115 MB of frames, a quarter of a sampling worker's time outside the env and the
-    network). Set, the blocks are carved from the heap and freed memory stays there for the next
-    one. Returns False, changing nothing, where the C library has no ``mallopt`` (not glibc)."""
+    """``learner.reuse_freed_memory`` (driver and rollout workers): mallopt(3) M_MMAP_THRESHOLD 64 MiB,
+    M_TRIM_THRESHOLD 1 GiB, so large freed blocks (minibatch tensors, a fragment's frames) are reused
+    from the heap, not faulted in fresh each time. False, changing nothing, without glibc's mallopt."""
     import ctypes
     try:
         mallopt = ctypes.CDLL(None).mallopt
