@@ -114,6 +114,81 @@ def test_td3_steps_the_actor_only_on_delayed_updates():
     assert float(pol.optimizer.state[0]["step"]) == 2 and float(pol.optimizer.state[1]["step"]) == 1
 
 
+def test_td3_steps_match_a_plain_torch_reference():
+    """Six gradient steps (Learner.update, then the plan's UpdateTargetNetwork) against TD3's
+    algorithm 1 written with separate nn.Linear networks and two torch.optim.Adam (the critics',
+    the actor's): the same weights, targets and Adam moments throughout (target noise 0, so both
+    sides draw nothing). Only the order inside a policy step is flowkit's: the actor loss sees the
+    critics before that step's critic update (one backward pass; see flowkit_sac.td3)."""
+    from torch import nn
+
+    from flowkit.core.learner import Learner
+    from flowkit.core.ops import UpdateTargetNetwork
+    torch.manual_seed(0)
+    cfg = TD3Config(lr=3e-3, tau=0.1, gamma=0.9, policy_delay=2, target_policy_noise=0.0)
+    pol = pendulum_policy(TD3Policy, cfg, hidden=(16, 12))
+    c = pol.model.critic
+
+    def mlp(sizes):
+        layers = [m for a, b in zip(sizes[:-1], sizes[1:]) for m in (nn.Linear(a, b), nn.ReLU())][:-1]
+        return nn.Sequential(*layers)
+    q = [mlp([4, 16, 12, 1]), mlp([4, 16, 12, 1])]
+    actor = mlp([3, 16, 12, 1])
+    with torch.no_grad():  # flowkit's initial weights into the reference
+        for j, net in enumerate(q):
+            net[0].weight.copy_(c.w0[16 * j:16 * (j + 1)]), net[0].bias.copy_(c.b0[16 * j:16 * (j + 1)])
+            net[2].weight.copy_(c.ws[0][j].T), net[2].bias.copy_(c.bs[0][j, 0])
+            net[4].weight.copy_(c.wa if j == 0 else c.wb), net[4].bias.copy_(c.ba if j == 0 else c.bb)
+        for i in (0, 2, 4):
+            actor[i].weight.copy_(pol.model.actor[i].weight), actor[i].bias.copy_(pol.model.actor[i].bias)
+    q_t, actor_t = copy.deepcopy(q), copy.deepcopy(actor)
+    opt_q = torch.optim.Adam([p for net in q for p in net.parameters()], lr=cfg.lr)
+    opt_a = torch.optim.Adam(actor.parameters(), lr=cfg.lr)
+
+    class Ctx:
+        counters: dict = {"num_target_updates": 0}
+        config = None
+    learner = Learner("td3", {"default": pol})
+    target = UpdateTargetNetwork(Ctx(), learner, cfg.policy_delay)  # a stand-in context: it reads counters
+    rng = np.random.default_rng(1)
+    for step in range(1, 7):
+        b = {sb.OBS: rng.normal(size=(8, 3)).astype(np.float32), sb.ACTIONS: rng.uniform(-1, 1, (8, 1)).astype(np.float32),
+             sb.REWARDS: rng.normal(size=8).astype(np.float32), sb.TERMINATEDS: rng.random(8) < 0.3,
+             sb.NEXT_OBS: rng.normal(size=(8, 3)).astype(np.float32)}
+        target(learner.update(sb.MultiAgentBatch({"default": sb.SampleBatch(dict(b))}, env_steps=8)))
+        o, a, r, d, o2 = (torch.from_numpy(b[k]) for k in (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.NEXT_OBS))
+        with torch.no_grad():  # y = r + gamma (1 - d) min_j Q_targ_j(s', mu_targ(s'))
+            x2 = torch.cat([o2, torch.tanh(actor_t(o2))], -1)
+            y = r + cfg.gamma * (~d).float() * torch.minimum(q_t[0](x2), q_t[1](x2)).squeeze(-1)
+        x = torch.cat([o, a], -1)
+        critic_loss = sum(((net(x).squeeze(-1) - y) ** 2).mean() for net in q)
+        opt_q.zero_grad(), opt_a.zero_grad()
+        policy_step = step % cfg.policy_delay == 0
+        if policy_step:  # on the critics as they were before this step's update
+            (-q[0](torch.cat([o, torch.tanh(actor(o))], -1)).mean()).backward()
+            for net in q:
+                for p in net.parameters():
+                    p.grad = None
+        critic_loss.backward()
+        opt_q.step()
+        if policy_step:
+            opt_a.step()
+            with torch.no_grad():
+                for online, tgt in ((q[0], q_t[0]), (q[1], q_t[1]), (actor, actor_t)):
+                    for p, pt in zip(online.parameters(), tgt.parameters()):
+                        pt.lerp_(p, cfg.tau)
+        for net, mine in ((actor, pol.model.actor), (actor_t, pol.target["actor"])):
+            for i in (0, 2, 4):
+                assert torch.allclose(net[i].weight, mine[i].weight, atol=1e-6), (step, i)
+        for j, (net, tgt) in enumerate(zip(q, q_t)):
+            for n_, mine in ((net, c), (tgt, pol.target["critic"])):
+                assert torch.allclose(n_[0].weight, mine.w0[16 * j:16 * (j + 1)], atol=1e-6), (step, j)
+                assert torch.allclose(n_[2].weight, mine.ws[0][j].T, atol=1e-6), (step, j)
+                assert torch.allclose(n_[4].bias, mine.ba if j == 0 else mine.bb, atol=1e-6), (step, j)
+    assert pol.num_updates == 6 and Ctx.counters["num_target_updates"] == 3
+    assert not torch.allclose(actor[4].weight, actor_t[4].weight)  # the steps did move the networks
+
+
 def test_box_actions_required_at_setup(run_dir):
     for algo in ("sac", "td3"):
         with pytest.raises(ConfigError, match=r"needs a Box action space, got Discrete\(2\)"):
