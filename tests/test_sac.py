@@ -120,20 +120,15 @@ def test_td3_steps_match_a_plain_torch_reference():
     the actor's): the same weights, targets and Adam moments throughout (target noise 0, so both
     sides draw nothing). Only the order inside a policy step is flowkit's: the actor loss sees the
     critics before that step's critic update (one backward pass; see flowkit_sac.td3)."""
-    from torch import nn
-
+    from flowkit.core import build_mlp
     from flowkit.core.learner import Learner
     from flowkit.core.ops import UpdateTargetNetwork
     torch.manual_seed(0)
     cfg = TD3Config(lr=3e-3, tau=0.1, gamma=0.9, policy_delay=2, target_policy_noise=0.0)
     pol = pendulum_policy(TD3Policy, cfg, hidden=(16, 12))
     c = pol.model.critic
-
-    def mlp(sizes):
-        layers = [m for a, b in zip(sizes[:-1], sizes[1:]) for m in (nn.Linear(a, b), nn.ReLU())][:-1]
-        return nn.Sequential(*layers)
-    q = [mlp([4, 16, 12, 1]), mlp([4, 16, 12, 1])]
-    actor = mlp([3, 16, 12, 1])
+    q = [build_mlp(4, [16, 12], "relu", 1), build_mlp(4, [16, 12], "relu", 1)]  # plain Linear/ReLU stacks
+    actor = build_mlp(3, [16, 12], "relu", 1)
     with torch.no_grad():  # flowkit's initial weights into the reference
         for j, net in enumerate(q):
             net[0].weight.copy_(c.w0[16 * j:16 * (j + 1)]), net[0].bias.copy_(c.b0[16 * j:16 * (j + 1)])
@@ -147,7 +142,6 @@ def test_td3_steps_match_a_plain_torch_reference():
 
     class Ctx:
         counters: dict = {"num_target_updates": 0}
-        config = None
     learner = Learner("td3", {"default": pol})
     target = UpdateTargetNetwork(Ctx(), learner, cfg.policy_delay)  # a stand-in context: it reads counters
     rng = np.random.default_rng(1)
