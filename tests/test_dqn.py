@@ -287,6 +287,23 @@ def test_train_resume_continues_counters_and_replay(run_dir):
     assert st["stateful"]["dqn/replay_buffer"]["buffers"]["default"]["storage"]["size"] == 300
 
 
+def test_a_resumed_run_trains_the_steps_its_last_iteration_left_in_the_cycle(run_dir, tmp_path):
+    """An iteration ends at the first train step once enough env steps were sampled; with 4
+    train steps per stored fragment the other 3 come at the start of the next iteration. A
+    resume used to start a fresh store/train cycle and drop them (3 gradient steps short per
+    resume, seen on the DQN Pong run): the cycle's position is in the checkpoint now."""
+    args = ["algo=dqn", "env.factory=dqn_envs:chain5", "runtime.num_workers=1", "runtime.num_envs_per_worker=1",
+            "runtime.rollout_fragment_length=10", "dqn.learning_starts=50", "dqn.train_batch_size=8",
+            "model.hidden_sizes=[8]", "dqn.training_intensity=3.2", "run.min_iter_env_steps=30"]  # [1, 4]
+    whole = flowkit.train(local_overrides(str(tmp_path / "whole"), *args) + ["stop.env_steps=200"])
+    half = flowkit.train(local_overrides(run_dir, *args) + ["stop.env_steps=100"])
+    assert load_state(half.checkpoint)["stateful"]["dqn/store_train_cycle"] == {"credit": [0.0, 0.0], "turn": 1,
+                                                                               "left": 3.0}
+    resumed = flowkit.train(["resume=" + run_dir, "stop.env_steps=200"], trust_config=True)
+    assert resumed.metrics["env_steps_sampled"] == whole.metrics["env_steps_sampled"] == 200
+    assert resumed.metrics["env_steps_trained"] == whole.metrics["env_steps_trained"] == 488  # 61 steps of 8
+
+
 def test_resumed_workers_explore_at_the_restored_epsilon_from_the_first_sample(run_dir, monkeypatch):
     """Issue 27 item 4: a resumed run's workers sampled their first fragments at
     initial_epsilon 1.0 (the learner's restored epsilon reached them only after the first
@@ -315,10 +332,11 @@ def test_resumed_workers_explore_at_the_restored_epsilon_from_the_first_sample(r
 
 RESUME_RUNS = {
     "dqn": ["algo=dqn", "env=CartPole-v1", "dqn.learning_starts=32", "dqn.train_batch_size=16",
-            "dqn.epsilon_timesteps=400"],
+            "dqn.epsilon_timesteps=400", "dqn.training_intensity=0.5"],  # one step of 16 per round of 32
     "sac-gsde": ["algo=sac", "env=Pendulum-v1", "sac.learning_starts=32", "sac.train_batch_size=16",
-                 "sac.use_sde=true", "sac.sde_sample_freq=8"],
-    "td3": ["algo=td3", "env=Pendulum-v1", "td3.learning_starts=32", "td3.train_batch_size=16"],
+                 "sac.use_sde=true", "sac.sde_sample_freq=8", "sac.training_intensity=0.5"],
+    "td3": ["algo=td3", "env=Pendulum-v1", "td3.learning_starts=32", "td3.train_batch_size=16",
+            "td3.training_intensity=0.5"],
     "ppo-gsde": ["algo=ppo", "env=Pendulum-v1", "ppo.use_sde=true", "ppo.normalize_observations=true",
                  "ppo.train_batch_size=64", "ppo.minibatch_size=32", "ppo.num_epochs=1"],
     "a2c": ["algo=a2c", "env=CartPole-v1"],
@@ -328,7 +346,7 @@ RESUME_RUNS = {
     "r2d2": ["algo=r2d2", "env=CartPole-v1", "r2d2.seq_len=4", "r2d2.burn_in=1", "r2d2.learning_starts=32",
              "r2d2.train_batch_size=4", "r2d2.epsilon_timesteps=400"],
     "apex": ["algo=dqn", "env=CartPole-v1", "dqn.learning_starts=32", "dqn.train_batch_size=16",
-             "dqn.num_replay_shards=2"],
+             "dqn.num_replay_shards=2", "dqn.training_intensity=1"],  # rounds of 16 per shard
 }  # not here: ES and ARS (a worker gets the centre weights with each perturbation to evaluate: no
 #   acting state between requests), DD-PPO (each worker is a learner that restores its own
 #   checkpointed state: tests/test_ddppo.py), MAML (adapts from the meta-weights on each task)
@@ -342,15 +360,20 @@ def test_resumed_workers_sample_first_with_the_checkpoints_acting_state(name, ru
     the weights; the gSDE noise matrix is drawn anew from the worker's RNG), for every
     algorithm with rollout workers (issue 27 item 4). What is not restored: the envs' own state
     (workers start new episodes; Gymnasium envs have no state API, and a checkpoint holds no
-    pickled objects), so the first batch's observations differ from an uninterrupted run's."""
+    pickled objects), so the first batch's observations differ from an uninterrupted run's.
+    The replay runs train one step per stored round here: with more, the last iteration ends
+    inside a train turn, the resumed run takes that turn's remaining steps first, and its
+    workers sample with the weights of the last sync, as an uninterrupted run's would."""
     from flowkit.core.workers import RolloutWorker
-    flowkit.train(local_overrides(run_dir, "runtime.num_workers=2", "runtime.num_envs_per_worker=1",
-                                  "runtime.rollout_fragment_length=16", "model.hidden_sizes=[16]",
-                                  *RESUME_RUNS[name], "stop.env_steps=128"))
+    first = flowkit.train(local_overrides(run_dir, "runtime.num_workers=2", "runtime.num_envs_per_worker=1",
+                                          "runtime.rollout_fragment_length=16", "model.hidden_sizes=[16]",
+                                          *RESUME_RUNS[name], "stop.env_steps=128"))
     algo = flowkit.Algorithm.from_checkpoint(run_dir)
     driver = algo.get_policy()
     want_w, want_x = driver.get_weights(), driver.exploration_state()
     assert driver.num_updates > 0 and (name not in ("dqn", "r2d2") or 0.1 < want_x["epsilon"] < 0.9)
+    cycle = load_state(first.checkpoint)["stateful"].get(f"{algo.name}/store_train_cycle")
+    assert cycle is None or cycle["left"] == 0  # nothing left in the cycle: the checkpoint's weights act first
     seen, sample = {}, RolloutWorker.sample
 
     def spy(self, *args, **kwargs):

@@ -3,8 +3,8 @@ import time
 
 import pytest
 
-from flowkit.core.flow import (NOT_READY, Flow, FlowContext, LocalActor, ParallelFlow, from_callable,
-                               from_items, union_tagged)
+from flowkit.core.flow import (NOT_READY, Flow, FlowContext, LocalActor, ParallelFlow, RoundRobinCursor,
+                               from_callable, from_items, union_tagged)
 from flowkit.core.ops import Concurrently
 
 
@@ -49,6 +49,31 @@ def test_union_not_ready_branch_ends_its_turn_and_all_waiting_yields_not_ready()
     assert got == [(1, "f1"), (1, "f2"), (0, "late1"), (1, "f3"), (0, "late2")]
     idle = union_tagged([from_callable(lambda: NOT_READY, "idle")])
     assert next(idle) is NOT_READY
+
+
+def test_union_cursor_restored_continues_the_cycle_inside_a_turn():
+    """A checkpoint taken inside a branch's turn (an iteration ends after the first of k
+    train steps): a union built again with the restored cursor takes the rest of that turn
+    first, with the fractional credit carried, so the sequence is the uninterrupted one."""
+    def sources():
+        return [from_items([f"s{i}" for i in range(20)]), from_items([f"t{i}" for i in range(60)])]
+    whole = union_tagged(sources(), weights=[1, 2.5], cursor=RoundRobinCursor(2)).take(21)
+    assert whole[:10] == [(0, "s0"), (1, "t0"), (1, "t1"), (0, "s1"), (1, "t2"), (1, "t3"), (1, "t4"),
+                          (0, "s2"), (1, "t5"), (1, "t6")]
+    first = RoundRobinCursor(2)
+    src = sources()
+    head = union_tagged(src, weights=[1, 2.5], cursor=first).take(2)  # stops after t0, 1 of the turn's 2 left
+    assert first.get_state() == {"credit": [0.0, 0.5], "turn": 1, "left": 1.0}
+    restored = RoundRobinCursor(2)
+    restored.set_state(first.get_state())
+    tail = union_tagged(src, weights=[1, 2.5], cursor=restored).take(19)
+    assert head + tail == whole
+    fresh = union_tagged(sources(), weights=[1, 2.5]).take(5)  # no cursor: a new cycle from the store
+    assert fresh == whole[:5]
+    with pytest.raises(ValueError, match="cursor of 3 branches restored into a union of 2"):
+        RoundRobinCursor(2).set_state({"credit": [0, 0, 0], "turn": None, "left": 0})
+    with pytest.raises(ValueError, match="deterministic round-robin"):
+        union_tagged(sources(), deterministic=False, cursor=RoundRobinCursor(2))
 
 
 def test_union_star_weight_drains_ready_items():

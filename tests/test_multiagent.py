@@ -208,6 +208,25 @@ def test_mixing_plan_composition(recorders):
     ctx.shutdown()
 
 
+def test_mixing_cycle_position_is_checkpointed_and_restored(recorders):
+    """An iteration ends inside one group's turn: the cursor in the state lets a resumed run
+    finish that turn instead of starting the cycle again at the first group."""
+    args = [SCOUT, *C04_MAP, "multiagent.policies.scout_pol.algo=rec_a", "multiagent.policies.tank_pol.algo=rec_b",
+            "multiagent.round_robin_weights.rec_a=2", "runtime.rollout_fragment_length=5"]
+    ctx = make_ctx(*args)
+    build_plan(ctx).take(4)  # rec_a, rec_a, rec_b, rec_a: inside rec_a's second turn
+    state = ctx.stateful["mixing/round_robin_cycle"].get_state()
+    assert state == {"credit": [0.0, 0.0], "turn": 0, "left": 1.0}
+    ctx.shutdown()
+    recorders.seen = []
+    again = make_ctx(*args)
+    plan = build_plan(again)
+    again.stateful["mixing/round_robin_cycle"].set_state(state)  # as restore() does
+    plan.take(4)
+    assert [s[0] for s in recorders.seen] == ["rec_a", "rec_b", "rec_a", "rec_a"]
+    again.shutdown()
+
+
 def test_mixing_refuses_async_with_bulk_sync(recorders):
     with pytest.raises(ConfigError, match=r"bulk_sync and async.*rec_async \(policies tank_pol\): async"):
         make_ctx(SCOUT, *C04_MAP, "multiagent.policies.scout_pol.algo=rec_a",

@@ -285,8 +285,32 @@ def from_callable(fn: Callable[[], Any], name: str, ctx: Optional[FlowContext] =
     return Flow(lambda: (fn() for _ in itertools.count()), name, (), ctx)
 
 
+class RoundRobinCursor:
+    """Where a weighted round-robin union stands (:func:`union_tagged`): the branch whose turn
+    it is, the items left in that turn and the fractional credit of each branch. A plan
+    registers it with ``ctx.add_stateful`` so a resumed run picks the cycle up where the
+    checkpoint left it: an iteration ends inside the train branch's turn (after its first
+    train step once enough env steps were sampled), and without the cursor a resume would
+    start a fresh cycle and drop that turn's remaining train steps (``k - 1`` gradient steps
+    per resume for weights ``[1, k]``)."""
+
+    def __init__(self, num_branches: int):
+        self.credit: List[float] = [0.0] * int(num_branches)
+        self.turn: Optional[int] = None  # the branch inside its turn; None between turns
+        self.left: float = 0.0  # items that turn may still take (math.inf: "*")
+
+    def get_state(self) -> Dict[str, Any]:
+        return {"credit": list(self.credit), "turn": self.turn, "left": float(self.left)}
+
+    def set_state(self, state: Dict[str, Any]) -> None:
+        credit = [float(c) for c in state["credit"]]
+        if len(credit) != len(self.credit):
+            raise ValueError(f"round-robin cursor of {len(credit)} branches restored into a union of {len(self.credit)}")
+        self.credit, self.turn, self.left = credit, state["turn"], float(state["left"])
+
+
 def union_tagged(flows: Sequence[Flow], deterministic: bool = True,
-                 weights: Optional[Sequence[float]] = None) -> Flow:
+                 weights: Optional[Sequence[float]] = None, cursor: Optional[RoundRobinCursor] = None) -> Flow:
     """Interleave ``flows``, yielding ``(branch_index, item)``.
 
     Round-robin: in each cycle branch ``i`` is asked for ``weights[i]`` items (fractional
@@ -295,32 +319,40 @@ def union_tagged(flows: Sequence[Flow], deterministic: bool = True,
     strict cycle order; ``deterministic=False`` (async) starts each cycle at the branch after
     the one that produced last, so no branch is favoured. When a whole cycle produced nothing
     the union yields NOT_READY (its sources have already blocked briefly). The union ends
-    when every branch has ended.
+    when every branch has ended. ``cursor`` (deterministic only): the position in the cycle,
+    kept there as the union goes and read when it starts, so a restored cursor continues a
+    checkpointed turn (:class:`RoundRobinCursor`).
     """
     flows = list(flows)
     n = len(flows)
     w: List[Any] = list(weights) if weights is not None else [1] * n
     if len(w) != n:
         raise ValueError(f"union: {len(w)} weights for {n} flows")
+    if cursor is not None and (not deterministic or len(cursor.credit) != n):
+        raise ValueError(f"union: a cursor needs a deterministic round-robin of its {len(cursor.credit)} branches")
     ctx = flows[0].ctx
 
     def gen():
-        credit = [0.0] * n
+        c = cursor if cursor is not None else RoundRobinCursor(n)
         alive = [True] * n
         start = 0
+        resumed = c.turn  # a checkpointed turn: the first cycle starts inside it
         while any(alive):
             produced = False
             order = list(range(n)) if deterministic else [(start + k) % n for k in range(n)]
+            if resumed is not None:
+                order, resumed = order[resumed:], None
             for i in order:
                 if not alive[i]:
                     continue
-                quota: float = math.inf  # "*": as many as it has ready
-                if w[i] != "*":
-                    credit[i] += float(w[i])
-                    quota = int(credit[i] + 1e-9)
-                    credit[i] -= quota
-                taken = 0
-                while taken < quota:
+                if c.turn != i:  # a new turn: its quota from the weight and the credit
+                    quota: float = math.inf  # "*": as many as it has ready
+                    if w[i] != "*":
+                        c.credit[i] += float(w[i])
+                        quota = int(c.credit[i] + 1e-9)
+                        c.credit[i] -= quota
+                    c.turn, c.left = i, quota
+                while c.left > 0:
                     try:
                         x = next(flows[i])
                     except StopIteration:
@@ -328,10 +360,11 @@ def union_tagged(flows: Sequence[Flow], deterministic: bool = True,
                         break
                     if x is NOT_READY:  # the rest of this turn is forfeit
                         break
-                    taken += 1
+                    c.left -= 1
                     produced = True
                     start = (i + 1) % n
                     yield (i, x)
+                c.turn, c.left = None, 0.0
             if not produced and any(alive):
                 yield NOT_READY
     return Flow(gen, "union" + ("" if weights is None else f"(weights={list(w)})"), flows, ctx)

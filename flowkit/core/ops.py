@@ -14,7 +14,7 @@ import numpy as np
 from flowkit.config import ConfigError, RandomConfig, schedule_horizon
 from flowkit.core import batch as sb
 from flowkit.core.algorithm import Algorithm
-from flowkit.core.flow import NOT_READY, Flow, ParallelFlow, Sourced, union_tagged
+from flowkit.core.flow import NOT_READY, Flow, ParallelFlow, RoundRobinCursor, Sourced, union_tagged
 from flowkit.core.learner import Learner
 from flowkit.core.policy import RandomPolicy
 
@@ -406,7 +406,9 @@ def ReplayPlan(ctx: "RunContext", learner: Learner, experiences: Flow, buffer: A
     UpdatePriorities runs when the buffer is prioritized. ``store_ops`` / ``train_ops``: the
     algorithm's own operators (exploration, weight sync) after each branch.
     ``round_robin_weights``: ``[1, k]``, k train steps per stored item
-    (:func:`~flowkit.core.replay.store_train_weights`). ``ctx.replay_mix`` (``input.mix``): a
+    (:func:`~flowkit.core.replay.store_train_weights`); where the cycle stands is checkpointed
+    (``<learner>/store_train_cycle``), so a resumed run takes the train steps its last
+    iteration left in the cycle. ``ctx.replay_mix`` (``input.mix``): a
     share of each replayed batch from a dataset (:class:`~flowkit.core.replay.ReplayMix`; the
     local buffer only). ``batch_size`` and ``learning_starts``
     serve the local buffer only (shards replay the batch size and wait for the
@@ -435,20 +437,24 @@ def ReplayPlan(ctx: "RunContext", learner: Learner, experiences: Flow, buffer: A
         train = train.for_each(op)
     if shards:
         train = train.drop_source()
-    return Concurrently([store, train], mode="round_robin", output_indexes=[1], round_robin_weights=round_robin_weights)
+    cursor = ctx.add_stateful(f"{learner.name}/store_train_cycle", RoundRobinCursor(2))
+    return Concurrently([store, train], mode="round_robin", output_indexes=[1], round_robin_weights=round_robin_weights,
+                        cursor=cursor)
 
 
 def Concurrently(flows: Sequence[Flow], mode: str = "round_robin",
                  output_indexes: Optional[Sequence[int]] = None,
-                 round_robin_weights: Optional[Sequence[Any]] = None) -> Flow:
+                 round_robin_weights: Optional[Sequence[Any]] = None, cursor: Optional[RoundRobinCursor] = None) -> Flow:
     """Run several flows as one: ``round_robin`` (strict order, each branch asked for its
     weight in items per cycle; a not-ready branch ends its turn) or ``async`` (whichever
-    branch is ready). Only items of ``output_indexes`` (default: all) are passed on."""
+    branch is ready). Only items of ``output_indexes`` (default: all) are passed on.
+    ``cursor`` (round_robin): where the cycle stands, for a plan to checkpoint
+    (:class:`~flowkit.core.flow.RoundRobinCursor`)."""
     if mode not in ("round_robin", "async"):
         raise ValueError(f"Concurrently: mode must be round_robin or async, got {mode!r}")
     if round_robin_weights is not None and mode != "round_robin":
         raise ValueError("Concurrently: round_robin_weights need mode=round_robin")
-    tagged = union_tagged(flows, deterministic=(mode == "round_robin"), weights=round_robin_weights)
+    tagged = union_tagged(flows, deterministic=(mode == "round_robin"), weights=round_robin_weights, cursor=cursor)
     keep = None if output_indexes is None else set(output_indexes)
     name = f"Concurrently({mode}" + (f", output_indexes={sorted(keep)}" if keep is not None else "") + ")"
     return tagged.for_each(lambda x: NOT_READY if keep is not None and x[0] not in keep else x[1], name)

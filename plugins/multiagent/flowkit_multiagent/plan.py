@@ -6,12 +6,14 @@ Liang et al. 2021, sec. 5.3, multi-agent composition)::
     flows = [algorithm_flow(g.algorithm, b.for_each(SelectExperiences(g.policy_ids)), ctx,
                             ctx.add_learner(g.name, g.policy_ids))   # a Learner per group
              for g, b in zip(groups, branches)]
-    Concurrently(flows, mode="round_robin", round_robin_weights=...)
+    Concurrently(flows, mode="round_robin", round_robin_weights=..., cursor=...)
 
-A group is the trained policies of one algorithm (a policy with its own config overrides is a
-group of its own, with its own Algorithm instance, and its own Learner named after the group,
-which prefixes its stateful parts: two DQN groups keep separate replay buffers). Frozen and
-random policies act in the rollouts but belong to no group.
+The cursor (where the cycle stands) is checkpointed as ``mixing/round_robin_cycle``: an
+iteration ends inside one group's turn, and a resumed run goes on from there. A group is the
+trained policies of one algorithm (a policy with its own config overrides is a group of its
+own, with its own Algorithm instance, and its own Learner named after the group, which
+prefixes its stateful parts: two DQN groups keep separate replay buffers). Frozen and random
+policies act in the rollouts but belong to no group.
 """
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from typing import Any, Dict, List, Optional
 
 from flowkit.config import ConfigError
 from flowkit.core.context import RunContext
-from flowkit.core.flow import Flow
+from flowkit.core.flow import Flow, RoundRobinCursor
 from flowkit.core.ops import Concurrently, NoTraining, ParallelRollouts, SelectExperiences, algorithm_flow
 from flowkit_multiagent.specs import MAPolicySpec, did_you_mean, section_view_of
 
@@ -69,7 +71,8 @@ def build_plan(ctx: RunContext) -> Optional[Flow]:
              for (g, pids), b in zip(groups.items(), branches, strict=True)]
     if len(flows) == 1:
         return flows[0]
-    return Concurrently(flows, mode="round_robin", round_robin_weights=weights)
+    cursor = ctx.add_stateful("mixing/round_robin_cycle", RoundRobinCursor(len(flows)))
+    return Concurrently(flows, mode="round_robin", round_robin_weights=weights, cursor=cursor)
 
 
 def _weights(config: Any, groups: Dict[str, List[str]], specs: Dict[str, MAPolicySpec]) -> List[float]:
