@@ -234,7 +234,9 @@ def check_env_id(cfg: Any, pm: Any = None) -> None:
         try:
             gym.spec(str(eid))
         except Exception as e:
-            raise ConfigError(f"env.id={eid!r}: cannot build the env: {type(e).__name__}: {e}") from None
+            from flowkit.core._atari import needs_preset
+            raise ConfigError(needs_preset(eid) or f"env.id={eid!r}: cannot build the env: {type(e).__name__}: {e}") \
+                from None
     ref = pm.algorithms(load=False).get(cfg.algo) if pm is not None else None
     kinds = tuple(getattr(ref, "action_spaces", ()) or ())
     if not kinds or (cfg.get("multiagent") and cfg.multiagent.get("policies")):

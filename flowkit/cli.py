@@ -33,6 +33,7 @@ import contextlib  # noqa: E402
 import gc  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
+import warnings  # noqa: E402
 from typing import Any, Dict, Iterator, List, NoReturn, Optional, Sequence  # noqa: E402
 
 USAGE = """flowkit train [-c FILE ...] [--no-tuned] [--dry-run | --print-config] [--trust-config] [--take-over-lock] [key=value ...]
@@ -82,11 +83,13 @@ def shown_path(path: str) -> str:
     return os.path.realpath(path) if rel.startswith("..") else rel
 
 
-def option_hint(argv: Sequence[str], unknown: Sequence[str]) -> Optional[str]:
+def option_hint(argv: Sequence[str], unknown: Sequence[str],
+                key_for: Optional[Any] = None) -> Optional[str]:
     """The error for options a command does not take among ``unknown`` (``--episodes 5``,
     ``--episodes=5``, ``-x``), with the ``key=value`` to write instead (``episodes=5``: a
-    flag's value is the word after it unless that is an option or a key=value); None when
-    ``unknown`` holds no option."""
+    flag's value is the word after it unless that is an option or a key=value; ``key_for``
+    maps a bare key to the config key, ``lr`` to ``ppo.lr``); None when ``unknown`` holds no
+    option."""
     flags = [u for u in unknown if len(u) > 1 and u.startswith("-") and not _is_number(u)]
     if not flags:
         return None
@@ -97,9 +100,40 @@ def option_hint(argv: Sequence[str], unknown: Sequence[str]) -> Optional[str]:
             i = list(argv).index(f) + 1
             nxt = argv[i] if i < len(argv) else ""
             val = nxt if nxt and not nxt.startswith("-") and "=" not in nxt else "VALUE"
-        hints.append(f"{key}={val}")
+        hints.append(f"{key_for(key) if key_for else key}={val}")
     return (f"unrecognised option{'s' * (len(flags) > 1)} {' '.join(f.partition('=')[0] for f in flags)}: "
             f"settings are key=value words, not --options; write {' '.join(hints)}")
+
+
+def _config_key(key: str, overrides: Sequence[str], config_file: Any) -> str:
+    """``key`` as the config key it most likely means: itself when the config has it, else the
+    run's algorithm's key of that name (``lr`` -> ``ppo.lr``), else a close key; ``key`` when
+    the config cannot be built."""
+    import difflib
+
+    from omegaconf import OmegaConf
+
+    from flowkit.config import ConfigError, build_config
+    from flowkit.hooks import PluginError, get_plugin_manager
+    try:
+        cfg = build_config(list(overrides), config_file, get_plugin_manager().config_sections())
+    except (ConfigError, PluginError):
+        return key
+    flat = list(_flat_keys(OmegaConf.to_container(cfg)))
+    if key in flat:
+        return key
+    if f"{cfg.algo}.{key}" in flat:
+        return f"{cfg.algo}.{key}"
+    if len(owners := [k for k in flat if k.endswith(f".{key}")]) == 1:  # num_workers -> runtime.num_workers
+        return owners[0]
+    close = difflib.get_close_matches(key, flat, n=1, cutoff=0.75)
+    return close[0] if close else key
+
+
+def _flat_keys(d: Any, prefix: str = "") -> Iterator[str]:
+    for k, v in (d.items() if isinstance(d, dict) else ()):
+        yield f"{prefix}{k}"
+        yield from _flat_keys(v, f"{prefix}{k}.")
 
 
 def _is_number(word: str) -> bool:
@@ -137,7 +171,13 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _help(overrides: List[str]) -> str:
+def _help(overrides: List[str], keys: bool = True) -> str:
+    """The usage; ``keys``: with every config key (``flowkit train --help``), else a pointer to
+    it (``flowkit --help``, ``flowkit`` alone)."""
+    if not keys:
+        return (f"usage:\n  {USAGE.replace(chr(10), chr(10) + '  ')}\n\n"
+                "Every config key with its type, allowed values, default and doc: flowkit train --help\n"
+                "A command's own options: flowkit evaluate|export|record|plot|tune --help")
     from flowkit.config import help_text, plugin_modules_from
     from flowkit.hooks import get_plugin_manager
     try:
@@ -206,13 +246,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     overrides = list(args.overrides) + [u for u in unknown if "=" in u and not u.startswith("-")]
     bad = [u for u in unknown if "=" not in u or u.startswith("-")]
     if args.help or args.command is None:
-        print(_help(overrides))
+        print(_help(overrides, keys=args.command in ("train", "plan")))
         if not args.help:  # the usage on stdout, what went wrong on stderr (as every other usage error)
             print("flowkit: error: no command given (train, plan, plugins, evaluate, export, record, plot or tune; "
                   "the usage is above)", file=sys.stderr)
         return 0 if args.help else 2
     if bad:
-        print(f"flowkit: error: {option_hint(argv, bad) or f'unrecognised arguments {bad}'}", file=sys.stderr)
+        hint = option_hint(argv, bad, key_for=lambda k: _config_key(k, overrides, args.config_file))
+        print(f"flowkit: error: {hint or f'unrecognised arguments {bad}'}", file=sys.stderr)
         return 2
     from flowkit.config import (
         ConfigError,
@@ -236,6 +277,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                       "--no-tuned for the defaults)", flush=True)
             if not cfg.resume:  # a resumed run's algo comes from its checkpoint
                 check_algo(cfg, pm.algorithms(load=False))
+            if (args.print_config or args.command == "plan" or args.dry_run) and not cfg.resume:
+                check_run(cfg, pm)  # config errors found without torch, the env or Ray come before they load
             if args.print_config:  # resolved and validated, nothing started
                 from omegaconf import OmegaConf
 
@@ -243,8 +286,6 @@ def main(argv: Optional[List[str]] = None) -> int:
                 print(OmegaConf.to_yaml(OmegaConf.create(used_sections(cfg, run_algorithms(cfg), pm))), end="")
                 return 0
             if args.command == "plan" or args.dry_run:
-                if not cfg.resume:  # config errors found without torch, the env or Ray come before they load
-                    check_run(cfg, pm)
                 from flowkit.engine import describe_plan
                 d = describe_plan(overrides, args.config_file)
                 if args.mermaid:
@@ -266,8 +307,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         res = train(run, take_over_lock=args.take_over_lock)  # prints the summary
         return exit_status(res.stop_reason)
     except ConfigError as e:
-        print(f"flowkit: config error: {e}", file=sys.stderr)
-        return getattr(e, "exit_status", 2)  # 1: a damaged run folder
+        status = getattr(e, "exit_status", 2)  # 1: a damaged run folder (a CheckpointError)
+        print(f"flowkit: {'config error' if status == 2 else 'error'}: {e}", file=sys.stderr)
+        return status
     except PluginError as e:
         print(f"flowkit: plugin error: {e}", file=sys.stderr)
         return 2
@@ -503,11 +545,24 @@ def _record(argv: List[str]) -> int:
 _AFTER = {"evaluate": _evaluate, "export": _export, "record": _record}
 
 
+def _show_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None,
+                  line: Optional[str] = None) -> None:
+    """``warnings.showwarning`` of the command: a warning raised in flowkit's or a plugin's code
+    (a config key without effect, a skipped checkpoint) is one line, ``flowkit: warning: ...``,
+    on stderr; another library's keeps Python's form (file, line, source)."""
+    parts = os.path.normpath(os.path.abspath(filename)).split(os.sep)
+    if any(p == "flowkit" or p.startswith("flowkit_") for p in parts[-4:-1]):
+        print(f"flowkit: warning: {message}", file=file or sys.stderr, flush=True)
+    else:
+        _PY_SHOW_WARNING(message, category, filename, lineno, file, line)
+
+
 def _entry() -> int:
     # runs after every other exit handler (Ray's shutdown, the run's files are done by then):
     # the interpreter's final garbage collections skip the heap that torch, Ray and
     # matplotlib built (seconds under load; objects still go as their references do)
     atexit.register(gc.freeze)
+    warnings.showwarning = _show_warning  # the program only: a library caller keeps its own
     try:
         return main()
     except BrokenPipeError:  # `flowkit train --help | head`
@@ -518,6 +573,8 @@ def _entry() -> int:
         print(f"flowkit: stopped: {reason}", file=sys.stderr)
         return exit_status(reason)
 
+
+_PY_SHOW_WARNING = warnings.showwarning
 
 if __name__ == "__main__":
     sys.exit(_entry())

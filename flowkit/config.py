@@ -22,7 +22,7 @@ import dataclasses
 import difflib
 import re
 import typing
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
@@ -209,12 +209,19 @@ def recurrent_error(algo: str, recurrent: bool, policy_id: str, model_config: An
             f"only{which}; set model.recurrent=null or change the algorithm")
 
 
+def did_you_mean(word: Any, options: Iterable[str], prefix: str = "") -> str:
+    """``"; did you mean `<prefix><closest option>`?"``, or "" when none is close (letter case
+    ignored: ``PPO`` finds ``ppo``)."""
+    lower = {str(o).lower(): str(o) for o in options}
+    close = difflib.get_close_matches(str(word).lower(), list(lower), n=1)
+    return f"; did you mean `{prefix}{lower[close[0]]}`?" if close else ""
+
+
 def check_algo(cfg: Any, algos: Any) -> None:
     """``algo`` is one of ``algos`` (names), else a ConfigError naming the closest."""
     if cfg.algo not in algos:
-        close = difflib.get_close_matches(cfg.algo, list(algos), n=1)
-        hint = f"; did you mean `{close[0]}`?" if close else ""
-        raise ConfigError(f"algo={cfg.algo!r} is not an installed algorithm ({', '.join(sorted(algos))}){hint}")
+        raise ConfigError(f"algo={cfg.algo!r} is not an installed algorithm ({', '.join(sorted(algos))})"
+                          f"{did_you_mean(cfg.algo, algos)}")
 
 
 def check_unused_sections(cfg: Any, algos: Any, sections: Dict[str, type]) -> List[str]:
@@ -265,8 +272,10 @@ def check_run(cfg: Any, pm: Any) -> None:
     check_algo(cfg, algos)
     check_unused_sections(cfg, algos, pm.config_sections())
     if bool(cfg.env.id) == bool(cfg.env.factory):
+        hint = ("; e.g. `flowkit train algo=ppo env=CartPole-v1` (its tuned config is used when there is one) "
+                "or a config file, `flowkit train -c FILE`") if not cfg.env.factory else ""
         raise ConfigError("give exactly one of env.id (env=ID) and env.factory "
-                          f"(got env.id={cfg.env.id!r}, env.factory={cfg.env.factory!r})")
+                          f"(got env.id={cfg.env.id!r}, env.factory={cfg.env.factory!r}){hint}")
     check_sizes(cfg)
     if cfg.stop.evaluation_return_mean is not None and not cfg.evaluation.interval:
         raise ConfigError(f"stop.evaluation_return_mean={cfg.stop.evaluation_return_mean} needs periodic evaluation: "
@@ -342,10 +351,19 @@ def _config_error(e: Exception, keys: Dict[str, Tuple[Any, str, Any]], layer: An
     if tp is not None and isinstance(e, ValidationError) and not isinstance(e, InterpolationResolutionError):
         base = _leaf_type(tp[0]) if item else _unwrap_optional(tp[0])[0]
         origin, v = typing.get_origin(base), getattr(e, "value", None)
-        want = (f"a list, e.g. {key}=[1,2]" if origin in (list, List) else "a mapping" if origin in (dict, Dict)
-                else _KINDS.get(base, _type_name(base)))
+        want = (f"a list, e.g. {key}={_list_example(base, tp[2])}" if origin in (list, List)
+                else "a mapping" if origin in (dict, Dict) else _KINDS.get(base, _type_name(base)))
         return ConfigError(f"`{key}` must be {want}, got {'null' if v is None else repr(v)}")
     return ConfigError(f"config key `{key or '?'}`: {str(e).splitlines()[0]}")
+
+
+def _list_example(tp: Any, default: Any) -> str:
+    """A list value for an error's example: the key's default when it has items, else two
+    items of its element type (``[1,2]``, ``[a,b]``)."""
+    if isinstance(default, (list, tuple)) and default and all(isinstance(d, (str, int, float)) for d in default):
+        return "[" + ",".join(map(str, default)) + "]"
+    elem = (typing.get_args(tp) or (int,))[0]
+    return {str: "[a,b]", float: "[0.5,1.0]"}.get(elem, "[1,2]")
 
 
 def _dotlist(items: Sequence[Any]) -> Dict[str, Any]:

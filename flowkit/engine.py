@@ -109,8 +109,11 @@ def _probe_env(cfg: DictConfig) -> Any:
     try:
         return make_env(env_cfg, ctx)
     except Exception as e:
+        from flowkit.core._atari import needs_preset
         key = "env.factory" if cfg.env.factory else "env.id"
-        raise ConfigError(f"{key}={env_name(env_cfg)!r}: cannot build the env: {type(e).__name__}: {e}") from None
+        atari = None if cfg.env.factory or cfg.env.get("preset") else needs_preset(cfg.env.id)
+        raise ConfigError(atari or f"{key}={env_name(env_cfg)!r}: cannot build the env: {type(e).__name__}: {e}") \
+            from None
 
 
 def setup(cfg: DictConfig, pm: Any, run_dir: Optional[str] = None, checked: bool = False) -> RunContext:

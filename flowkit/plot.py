@@ -140,10 +140,16 @@ def plot_runs(paths: Sequence[str], x: str = "env_steps", metric: str = "episode
     for path in dict.fromkeys((out, csv_out)):  # before any work (ConfigError: a ValueError)
         check_output(path, "--out")
     xcol = X_COLUMNS[x]
-    result = {label: group_series(rs, xcol, metric) for label, rs in group_runs(find_runs(paths))}
+    run_dirs = find_runs(paths)
+    result = {label: group_series(rs, xcol, metric) for label, rs in group_runs(run_dirs)}
     result = {k: v for k, v in result.items() if v}
     if not result:
-        raise ValueError(f"no run has a {metric!r} column with a {xcol!r} column (see their metrics.csv)")
+        from flowkit.config import did_you_mean
+        from flowkit.reporters import read_metrics
+        columns = {c for d in run_dirs for row in read_metrics(os.path.join(d, "metrics.csv")) for c in row}
+        alias = {"episode_reward_mean": "episode_return_mean", "timesteps_total": "env_steps_sampled"}  # RLlib's
+        hint = f"; did you mean `{alias[metric]}`?" if alias.get(metric) in columns else did_you_mean(metric, columns)
+        raise ValueError(f"no run has both the column {metric!r} and {xcol!r} in its metrics.csv{hint}")
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -48,6 +48,20 @@ CHECK = ("import json, sys\nfrom flowkit.cli import main\nrc = main(sys.argv[1:]
                                            "write stop.env_steps=100"),
                                           (["train", "configs/ppo/CartPole-v1.yaml"], 2,
                                            "a config file goes after -c: `flowkit train -c FILE"),
+                                          # a newcomer's tries (2026-12-06)
+                                          (["train", "--lr", "1e-3"], 2, "write ppo.lr=1e-3"),
+                                          (["train", "algo=dqn", "--lr=1e-3"], 2, "write dqn.lr=1e-3"),
+                                          (["train", "--num_workers", "3"], 2, "write runtime.num_workers=3"),
+                                          (["train", "algo=PPO", "env=CartPole-v1"], 2, "did you mean `ppo`"),
+                                          (["train"], 2, "e.g. `flowkit train algo=ppo env=CartPole-v1`"),
+                                          (["train", "--print-config", "stop.env_steps=1e5"], 2,
+                                           "give exactly one of env.id"),
+                                          (["train", "env=CartPole-v1", "run.reporters=[progress,csv"], 2,
+                                           "must be a list, e.g. run.reporters=[progress,csv,plot,checkpoint,"),
+                                          (["train", "algo=ppo", "env=ALE/Pong-v5", "runtime.backend=ray"], 2,
+                                           "env.id='ALE/Pong-v5' is an Atari game: give it with env.preset=atari"),
+                                          (["--help"], 0, "Every config key with its type, allowed values, default "
+                                                          "and doc: flowkit train --help"),
                                           (["tune", "seed=range(2)", "--episodes", "5", "--mode", "min"], 2,
                                            "unrecognised option --episodes: settings are key=value words, not "
                                            "--options; write episodes=5")])
@@ -58,6 +72,19 @@ def test_cli_without_training_imports_neither_torch_nor_ray(args, rc, text):
     assert text in p.stdout + p.stderr
     if rc == 2:
         assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
+
+
+def test_the_commands_warnings_are_one_line(tmp_path):
+    """flowkit's own warnings through the command: `flowkit: warning: ...`, not Python's
+    file:line form with a line of flowkit's source under it."""
+    p = subprocess.run([sys.executable, "-m", "flowkit", "train", "env=CartPole-v1", "dqn.lr=1e-3", "stop.env_steps=64",
+                        "runtime.backend=local", "runtime.num_workers=1", "runtime.num_envs_per_worker=1",
+                        "run.reporters=[csv]", f"run.dir={tmp_path / 'run'}"],
+                       capture_output=True, text=True, timeout=120, cwd=str(tmp_path))
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert ("flowkit: warning: config section `dqn` (dqn.lr=0.001) is not used by this run, which trains with "
+            "algo=ppo: it has no effect\n") in p.stderr
+    assert "UserWarning" not in p.stderr and ".py:" not in p.stderr, p.stderr
 
 
 def test_train_raises_a_config_error_before_ray_starts():

@@ -71,6 +71,11 @@ def test_time_axis_one_group_and_errors(runs, tmp_path, capsys):
     assert main([str(tmp_path / "nothing"), "--out", str(tmp_path / "x.png")]) == 2
     assert "no run folder" in capsys.readouterr().err
     assert main([dirs[(1e-3, 0)], "--metric", "nope", "--out", str(tmp_path / "x.png")]) == 2
+    assert "no run has both the column 'nope' and 'env_steps_sampled' in its metrics.csv" in capsys.readouterr().err
+    assert main([dirs[(1e-3, 0)], "--metric", "episode_reward_mean", "--out", str(tmp_path / "x.png")]) == 2
+    assert "did you mean `episode_return_mean`?" in capsys.readouterr().err  # RLlib's name
+    assert main([dirs[(1e-3, 0)], "--metric", "episode_len_mean_", "--out", str(tmp_path / "x.png")]) == 2
+    assert "did you mean `episode_len_mean`?" in capsys.readouterr().err
 
 
 def _forged_run(path, cfg, rows):

@@ -107,6 +107,8 @@ def test_a_tampered_run_folder_is_one_line(tiny_run, tmp_path, capsys, case, sur
     if rc == 0:  # the spaces a resume uses come from the env, not from state.pt
         return
     assert "\n" not in err and says in err, err
+    if surface == "resume":  # a damaged run folder is an error (exit 1), what the user gave a config error (2)
+        assert err.startswith("flowkit: config error: " if rc == 2 else "flowkit: error: "), err
     if surface == "resume" and case != "weights of the wrong shape":
         assert not os.path.exists(os.path.join(run, "checkpoints", "iter_000002"))
 

@@ -130,6 +130,23 @@ def register_ale() -> None:
     gym.register_envs(ale_py)
 
 
+def needs_preset(env_id: Any) -> Optional[str]:
+    """For an ``env.id`` Gymnasium does not know: the one-line error when it is ale-py's
+    (installed; its ids are registered only under ``env.preset=atari``, which also applies the
+    DeepMind preprocessing the Zoo's, CleanRL's and RLlib's Atari figures use), else None."""
+    try:
+        import ale_py
+    except ImportError:
+        return None
+    gym.register_envs(ale_py)
+    try:
+        gym.spec(str(env_id))
+    except Exception:
+        return None
+    return (f"env.id={env_id!r} is an Atari game: give it with env.preset=atari (ale-py's env under the DeepMind "
+            f"preprocessing), e.g. `flowkit train algo=ppo env={env_id} env.preset=atari`")
+
+
 def make_atari(env_id: str, kwargs: Dict[str, Any], training: bool, max_episode_steps: Optional[int] = None) -> gym.Env:
     """The base ALE env ``env_id`` (``kwargs`` to gym.make) under the preset's wrappers (see the
     module docstring); ``training`` adds the life-loss terminal and reward clipping;

@@ -19,11 +19,11 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from flowkit.config import ConfigError
+from flowkit.config import ConfigError, did_you_mean
 from flowkit.core.context import RunContext
 from flowkit.core.flow import Flow, RoundRobinCursor
 from flowkit.core.ops import Concurrently, NoTraining, ParallelRollouts, SelectExperiences, algorithm_flow
-from flowkit_multiagent.specs import MAPolicySpec, did_you_mean, section_view_of
+from flowkit_multiagent.specs import MAPolicySpec, section_view_of
 
 
 def training_groups(specs: Dict[str, MAPolicySpec]) -> Dict[str, List[str]]:

@@ -8,18 +8,17 @@ the key, policy, agents and spaces involved.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import fnmatch
 import itertools
 import os
 import random
 import warnings
-from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Type
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
 
 import gymnasium as gym
 from omegaconf import DictConfig, OmegaConf
 
-from flowkit.config import ConfigError, check_values, merge_overrides, section_view
+from flowkit.config import ConfigError, check_values, did_you_mean, merge_overrides, section_view
 from flowkit.core import Algorithm, PolicySpec
 from flowkit_multiagent.config import PolicyConfig
 
@@ -31,12 +30,6 @@ def is_pettingzoo(env: Any) -> bool:
     """Whether ``env`` is a PettingZoo ParallelEnv or AECEnv (wrappers included)."""
     from pettingzoo.utils.env import AECEnv, ParallelEnv
     return isinstance(env, (ParallelEnv, AECEnv))
-
-
-def did_you_mean(word: Any, options: Iterable[str], prefix: str = "") -> str:
-    """``"; did you mean `<prefix><closest option>`?"``, or "" when none is close."""
-    close = difflib.get_close_matches(str(word), list(options), n=1)
-    return f"; did you mean `{prefix}{close[0]}`?" if close else ""
 
 
 def _plain(x: Any) -> Any:
