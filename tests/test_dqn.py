@@ -2,6 +2,7 @@
 next-step autoreset in collection (C02), Box refusal, the Ape-X plan and a local Ape-X run,
 exact checkpoint/restore for DQN and PPO (C11), and `train resume=`."""
 import os
+import shutil
 import subprocess
 import sys
 
@@ -299,9 +300,16 @@ def test_a_resumed_run_trains_the_steps_its_last_iteration_left_in_the_cycle(run
     half = flowkit.train(local_overrides(run_dir, *args) + ["stop.env_steps=100"])
     assert load_state(half.checkpoint)["stateful"]["dqn/store_train_cycle"] == {"credit": [0.0, 0.0], "turn": 1,
                                                                                "left": 3.0}
+    older = str(tmp_path / "older")  # a checkpoint from before the cursor: resumes, from a fresh cycle
+    shutil.copytree(run_dir, older)
+    path = os.path.join(half.checkpoint.replace(run_dir, older), "state.pt")
+    st = torch.load(path, weights_only=True)
+    del st["stateful"]["dqn/store_train_cycle"]
+    torch.save(st, path)
     resumed = flowkit.train(["resume=" + run_dir, "stop.env_steps=200"], trust_config=True)
     assert resumed.metrics["env_steps_sampled"] == whole.metrics["env_steps_sampled"] == 200
     assert resumed.metrics["env_steps_trained"] == whole.metrics["env_steps_trained"] == 488  # 61 steps of 8
+    assert flowkit.train(["resume=" + older, "stop.env_steps=200"], trust_config=True).metrics["env_steps_trained"] == 464
 
 
 def test_resumed_workers_explore_at_the_restored_epsilon_from_the_first_sample(run_dir, monkeypatch):
