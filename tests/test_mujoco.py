@@ -1,6 +1,8 @@
 """MuJoCo (issue 23): Gymnasium's HalfCheetah-v5 trains with SAC and model.normalize_obs; the
 observation statistics are saved in the checkpoint, restored, and applied when acting; the
 on-policy algorithms update them too."""
+import os
+
 import numpy as np
 import pytest
 import torch
@@ -47,3 +49,20 @@ def test_on_policy_algorithms_update_the_statistics(algo, run_dir):
     trained = res.metrics["env_steps_trained"]
     assert trained >= 100 and float(w["obs_rms.count"]) == pytest.approx(trained, abs=1e-3)  # each trained row once
     assert w["obs_rms.mean"].shape == (11,) and np.abs(w["obs_rms.mean"]).max() > 0
+
+
+def test_mujocos_own_warnings_are_python_warnings_and_leave_no_log_file(tmp_path, monkeypatch):
+    """mujoco 4 warns of a deprecated attribute in Gymnasium's half_cheetah.xml each time an env is
+    built: that was a line per env on stderr and a MUJOCO_LOG.TXT in the user's folder."""
+    import warnings
+
+    from flowkit.core import EnvContext, make_env
+    monkeypatch.chdir(tmp_path)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for i in range(2):
+            make_env({"id": "HalfCheetah-v5"}, EnvContext(0, i, 1, 0, 0)).close()
+    assert not os.path.exists(tmp_path / "MUJOCO_LOG.TXT")
+    import mujoco
+    if mujoco.__version__.startswith("4."):  # the version that warns (shown once per process by default)
+        assert any(str(w.message).startswith("MuJoCo: compiler attribute 'settotalmass'") for w in seen)

@@ -92,6 +92,29 @@ def env_name(env_cfg: Any) -> str:
     return env_cfg.get("id") or env_cfg.get("factory") or "<no env>"
 
 
+_MUJOCO_QUIET: List[bool] = []
+
+
+def _mujoco_warnings_once(env_id: str) -> None:
+    """Before the first MuJoCo env of a process: MuJoCo's own warnings (mujoco 4 warns of a
+    deprecated attribute in Gymnasium's model files, once per env built) become Python warnings,
+    shown once per process, instead of a line per env on stderr and a MUJOCO_LOG.TXT written
+    into the current folder."""
+    if _MUJOCO_QUIET:
+        return
+    try:
+        spec = gym.spec(str(env_id))
+    except Exception:
+        return  # gym.make gives the error
+    if "mujoco" not in str(spec.entry_point):
+        return
+    import warnings
+
+    import mujoco
+    mujoco.set_mju_user_warning(lambda msg: warnings.warn(f"MuJoCo: {msg.strip()}", stacklevel=2))
+    _MUJOCO_QUIET.append(True)
+
+
 def make_env(env_cfg: Any, context: EnvContext) -> Any:
     """Build one env from ``env.id`` (gym.make) or ``env.factory`` (called with
     ``env.kwargs`` and, if it accepts it, ``context=``), under the wrappers of ``env.preset``
@@ -117,6 +140,7 @@ def make_env(env_cfg: Any, context: EnvContext) -> Any:
             accepts = False
         env = fn(context=context, **kwargs) if accepts else fn(**kwargs)
     else:
+        _mujoco_warnings_once(env_cfg["id"])
         env = gym.make(env_cfg["id"], **kwargs)
     if env_cfg.get("max_episode_steps") and isinstance(env, gym.Env):
         env = gym.wrappers.TimeLimit(env, max_episode_steps=int(env_cfg["max_episode_steps"]))
