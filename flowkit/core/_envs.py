@@ -110,7 +110,7 @@ def _mujoco_warnings_once(env_id: str) -> None:
         return
     import warnings
 
-    import mujoco
+    import mujoco  # type: ignore[import-untyped]
     mujoco.set_mju_user_warning(lambda msg: warnings.warn(f"MuJoCo: {msg.strip()}", stacklevel=2))
     _MUJOCO_QUIET.append(True)
 
