@@ -107,33 +107,27 @@ def option_hint(argv: Sequence[str], unknown: Sequence[str],
 
 def _config_key(key: str, overrides: Sequence[str], config_file: Any) -> str:
     """``key`` as the config key it most likely means: itself when the config has it, else the
-    run's algorithm's key of that name (``lr`` -> ``ppo.lr``), else a close key; ``key`` when
-    the config cannot be built."""
+    run's algorithm's key of that name (``lr`` -> ``ppo.lr``), else the one key ending in it
+    (``num_workers`` -> ``runtime.num_workers``), else a close key; ``key`` when the config
+    cannot be built."""
     import difflib
 
-    from omegaconf import OmegaConf
-
-    from flowkit.config import ConfigError, build_config
+    from flowkit.config import ConfigError, build_config, make_schema_class, schema_keys
     from flowkit.hooks import PluginError, get_plugin_manager
     try:
-        cfg = build_config(list(overrides), config_file, get_plugin_manager().config_sections())
+        sections = get_plugin_manager().config_sections()
+        algo = build_config(list(overrides), config_file, sections).algo
     except (ConfigError, PluginError):
         return key
-    flat = list(_flat_keys(OmegaConf.to_container(cfg)))
+    flat = list(schema_keys(make_schema_class(sections)))
     if key in flat:
         return key
-    if f"{cfg.algo}.{key}" in flat:
-        return f"{cfg.algo}.{key}"
-    if len(owners := [k for k in flat if k.endswith(f".{key}")]) == 1:  # num_workers -> runtime.num_workers
+    if f"{algo}.{key}" in flat:
+        return f"{algo}.{key}"
+    if len(owners := [k for k in flat if k.endswith(f".{key}")]) == 1:
         return owners[0]
     close = difflib.get_close_matches(key, flat, n=1, cutoff=0.75)
     return close[0] if close else key
-
-
-def _flat_keys(d: Any, prefix: str = "") -> Iterator[str]:
-    for k, v in (d.items() if isinstance(d, dict) else ()):
-        yield f"{prefix}{k}"
-        yield from _flat_keys(v, f"{prefix}{k}.")
 
 
 def _is_number(word: str) -> bool:
