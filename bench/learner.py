@@ -8,11 +8,15 @@ clipping 0.5, per-minibatch advantage normalisation, PPO clipped loss), one torc
 and the table shows the median steps/s per minibatch size (at small minibatches the
 per-update overhead decides).
 
-``--optimizers``: instead, flowkit's Learner with its FlatAdam against the same Learner with
+``--optimizers``: instead, flowkit's Learner with its FlatAdam (torch's fused Adam kernel on
+CPU), with FlatAdam on the single-tensor kernel (``fused=None``: the one it used before) and with
 ``torch.optim.Adam`` (default, ``foreach=True``, ``fused=True``) over the same flat buffer,
-alternating, median of ``--repeats`` (the table in FlatAdam's docstring).
+alternating, median of ``--repeats`` (the table in FlatAdam's docstring). ``--net nature``:
+the same on DQN's learner for Atari frames (the Nature CNN with its 512-unit layer, 1.69M
+parameters; ``--minibatch`` rows of random uint8 4x84x84 frame stacks, one gradient step per
+update, 20 updates per measurement) instead of the 64x64 MLP.
 
-Run: python bench/learner.py [--minibatch 64 256] [--epochs 4] [--repeats 5] [--optimizers]
+Run: python bench/learner.py [--minibatch 64 256] [--epochs 4] [--repeats 5] [--optimizers [--net nature]]
 (needs the `bench` extra: pip install -e .[bench])
 """
 from __future__ import annotations
@@ -60,6 +64,26 @@ def flowkit_side(data: dict, minibatch: int, epochs: int):
     return train
 
 
+def nature_side(data: dict, minibatch: int, epochs: int):
+    """DQN's Learner on Pong's frames (the Nature CNN, batches of ``minibatch`` random uint8
+    frame stacks, as the Zoo's ``dqn.yml`` Atari settings); ``train() -> gradient steps``."""
+    from flowkit.core import batch as sb
+    from flowkit.engine import load_config, setup
+    pm, cfg = load_config(["algo=dqn", "env=PongNoFrameskip-v4", "env.preset=atari", "runtime.backend=local",
+                           "model.hidden_sizes=[512]", "model.activation=relu", "dqn.max_grad_norm=10"])
+    learner = setup(cfg, pm).add_learner("dqn", ["default"])
+    rng = np.random.default_rng(0)
+    frames = lambda: rng.integers(0, 256, (minibatch, 4, 84, 84), dtype=np.uint8)  # noqa: E731
+    pb = sb.SampleBatch({sb.OBS: frames(), sb.NEXT_OBS: frames(), sb.ACTIONS: rng.integers(0, 6, minibatch),
+                         sb.REWARDS: rng.normal(size=minibatch).astype(np.float32),
+                         sb.TERMINATEDS: np.zeros(minibatch, bool), sb.N_STEPS: np.ones(minibatch, np.int64)})
+    batch = sb.MultiAgentBatch({"default": pb}, minibatch)
+
+    def train() -> int:
+        return sum(learner.update(batch)["num_updates"] for _ in range(20))
+    return train
+
+
 def sb3_side(data: dict, minibatch: int, epochs: int):
     """SB3's PPO with its rollout buffer filled with the same rows; ``train() -> steps``."""
     from stable_baselines3 import PPO
@@ -82,19 +106,24 @@ def sb3_side(data: dict, minibatch: int, epochs: int):
     return train
 
 
-def optimizer_sides(data: dict, minibatch: int, epochs: int) -> dict:
-    """``{name: train}``: the flowkit side with FlatAdam and with torch.optim.Adam variants."""
+def optimizer_sides(data: dict, minibatch: int, epochs: int, side=flowkit_side) -> dict:
+    """``{name: train}``: ``side`` with FlatAdam (fused kernel, and single-tensor) and with
+    torch.optim.Adam variants."""
     from flowkit.core.policy import Policy
     orig = Policy.make_optimizer
-    variants = {"FlatAdam": None, "Adam": {}, "Adam foreach": {"foreach": True}, "Adam fused": {"fused": True}}
+    variants = {"FlatAdam": None, "FlatAdam single-tensor": "unfused", "Adam": {}, "Adam foreach": {"foreach": True},
+                "Adam fused": {"fused": True}}
     sides = {}
     for name, kw in variants.items():
         def make(self, lr, eps=1e-8, module=None, sizes=None, kw=kw):
             opt = orig(self, lr, eps, module, sizes)
+            if kw == "unfused":
+                opt.fused = None
+                return opt
             return opt if kw is None else torch.optim.Adam([self._flat], lr=lr, eps=eps, **kw)
         Policy.make_optimizer = make
         try:
-            sides[name] = flowkit_side(data, minibatch, epochs)
+            sides[name] = side(data, minibatch, epochs)
         finally:
             Policy.make_optimizer = orig
     return sides
@@ -112,12 +141,17 @@ def main() -> None:
     ap.add_argument("--epochs", type=int, default=4)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--optimizers", action="store_true", help="FlatAdam against torch.optim.Adam")
+    ap.add_argument("--net", choices=["mlp", "nature"], default="mlp",
+                    help="with --optimizers: PPO's 64x64 MLP (CartPole) or DQN's Nature CNN (Pong frames)")
     args = ap.parse_args()
+    if args.net == "nature" and not args.optimizers:
+        ap.error("--net nature goes with --optimizers")
     torch.set_num_threads(1)
     data = fixed_data()
     rows = []
     for mb in args.minibatch:
-        sides = (optimizer_sides(data, mb, args.epochs) if args.optimizers
+        sides = (optimizer_sides(data, mb, args.epochs, nature_side if args.net == "nature" else flowkit_side)
+                 if args.optimizers
                  else {"flowkit": flowkit_side(data, mb, args.epochs), "sb3": sb3_side(data, mb, args.epochs)})
         for train in sides.values():  # warm-up
             train()
@@ -126,14 +160,15 @@ def main() -> None:
             for k, train in sides.items():
                 rates[k].append(measure(train))
         rows.append((mb, {k: statistics.median(v) for k, v in rates.items()}))
-    print(f"\nLearner gradient steps/s ({ROWS} rows, 64x64 MLP, PPO loss, {args.epochs} epochs, "
-          f"1 torch thread, median of {args.repeats}, alternating)\n")
+    what = ("DQN's Nature CNN on uint8 4x84x84 frames, TD loss, 20 updates of one minibatch" if args.net == "nature"
+            else f"{ROWS} rows, 64x64 MLP, PPO loss, {args.epochs} epochs")
+    print(f"\nLearner gradient steps/s ({what}, 1 torch thread, median of {args.repeats}, alternating)\n")
     if args.optimizers:
         names = list(rows[0][1])
         print("| minibatch | " + " | ".join(names) + " |")
         print("|---:|" + "---:|" * len(names))
         for mb, med in rows:
-            print(f"| {mb} | " + " | ".join(f"{med[k]:,.0f} ({med[k] / med[names[0]]:.2f}x)" for k in names) + " |")
+            print(f"| {mb} | " + " | ".join(f"{med[k]:,.{0 if med[k] >= 100 else 1}f} ({med[k] / med[names[0]]:.2f}x)" for k in names) + " |")
         return
     print("| minibatch | flowkit Learner | SB3 PPO.train() | ratio |")
     print("|---:|---:|---:|---:|")

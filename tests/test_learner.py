@@ -233,11 +233,12 @@ def test_restored_learner_versions_the_workers_first_weights():
 
 
 def test_flat_adam_matches_torch_adam_bit_for_bit_and_its_state_round_trips():
+    # on CPU FlatAdam runs torch's fused kernel: the same updates as torch.optim.Adam(fused=True)
     from flowkit.core.policy import FlatAdam
     torch.manual_seed(0)
     ref, flat = torch.randn(50, requires_grad=True), torch.zeros(50)
     flat.copy_(ref.detach())
-    adam, mine = torch.optim.Adam([ref], lr=3e-3, eps=1e-7), FlatAdam(flat, 3e-3, eps=1e-7)
+    adam, mine = torch.optim.Adam([ref], lr=3e-3, eps=1e-7, fused=True), FlatAdam(flat, 3e-3, eps=1e-7)
     for i in range(5):
         g = torch.randn(50)
         ref.grad, flat.grad = g.clone(), g.clone()
