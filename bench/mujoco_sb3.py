@@ -1,10 +1,10 @@
 """MuJoCo against Stable-Baselines3 at the same settings and budget on this machine (issue 23):
-SAC and TD3 on HalfCheetah-v5 (100k env steps), PPO on Hopper-v5 (1M env steps).
+SAC and TD3 on HalfCheetah-v5 (100k env steps), PPO on Hopper-v5 and HalfCheetah-v5 (1M env steps).
 
 flowkit runs ``configs/<algo>/<Env>.yaml`` with ``stop.env_steps`` set to the budget; SB3 runs the
 same settings, key for key (the table ``SB3`` below: the configs' comments give their source, the
-RL Baselines3 Zoo), with ``VecNormalize`` where the config normalises (PPO Hopper: observations
-and rewards, gamma 0.999). Both sides use one torch thread and seed ``--seeds``; each run is a
+RL Baselines3 Zoo), with ``VecNormalize`` where the config normalises (PPO: observations and
+rewards, at the config's gamma). Both sides use one torch thread and seed ``--seeds``; each run is a
 fresh process. After training, both are evaluated greedily over ``--eval-episodes`` episodes of
 the raw env (SB3: ``evaluate_policy``, VecNormalize frozen, unnormalised rewards; flowkit: the
 run's final evaluation, the same).
@@ -49,8 +49,14 @@ SB3 = {
                                   max_grad_norm=0.7, policy_kwargs=dict(log_std_init=-2, ortho_init=False,
                                                                         net_arch=dict(pi=[256, 256], vf=[256, 256]))),
                       None),
+    "ppo/HalfCheetah-v5": ("PPO", dict(n_steps=512, batch_size=64, n_epochs=20, gamma=0.98, gae_lambda=0.92,
+                                       learning_rate=2.0633e-5, clip_range=0.1, ent_coef=0.000401762, vf_coef=0.58096,
+                                       max_grad_norm=0.8, policy_kwargs=dict(log_std_init=-2, ortho_init=False,
+                                                                             net_arch=dict(pi=[256, 256], vf=[256, 256]))),
+                           None),
 }
-NORMALIZE = {"ppo/Hopper-v5": dict(norm_obs=True, norm_reward=True, gamma=0.999)}
+NORMALIZE = {"ppo/Hopper-v5": dict(norm_obs=True, norm_reward=True, gamma=0.999),
+             "ppo/HalfCheetah-v5": dict(norm_obs=True, norm_reward=True, gamma=0.98)}
 
 
 def flowkit_run(name: str, seed: int, budget: int, episodes: int) -> dict:
