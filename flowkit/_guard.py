@@ -243,8 +243,10 @@ def check_env_id(cfg: Any, pm: Any = None) -> None:
         return
     try:
         env = gym.make(str(eid), **dict(cfg.env.kwargs or {}))
-    except Exception:
-        return  # the env probe at set-up gives this its message
+    except Exception as e:
+        if cfg.env.get("preset"):
+            return  # the preset builds it its own way: the env probe at set-up gives this its message
+        raise ConfigError(f"env.id={eid!r}: cannot build the env: {type(e).__name__}: {e}") from None
     try:
         why = action_space_error(cfg.algo, kinds, "default", env.action_space)
     finally:

@@ -60,6 +60,9 @@ CHECK = ("import json, sys\nfrom flowkit.cli import main\nrc = main(sys.argv[1:]
                                            "must be a list, e.g. run.reporters=[progress,csv,plot,checkpoint,"),
                                           (["train", "algo=ppo", "env=ALE/Pong-v5", "runtime.backend=ray"], 2,
                                            "env.id='ALE/Pong-v5' is an Atari game: give it with env.preset=atari"),
+                                          # a registered non-Atari env that fails to build is not "an Atari game"
+                                          (["train", "algo=sac", "env=Hopper-v5", "env.kwargs.foo=1", "runtime.backend=ray"],
+                                           2, "env.id='Hopper-v5': cannot build the env: TypeError"),
                                           (["--help"], 0, "Every config key with its type, allowed values, default "
                                                           "and doc: flowkit train --help"),
                                           (["tune", "seed=range(2)", "--episodes", "5", "--mode", "min"], 2,

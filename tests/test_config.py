@@ -125,6 +125,9 @@ def test_unknown_algorithm_and_env_are_config_errors():
         validate("algo=ppp", "env=CartPole-v1")
     with pytest.raises(ConfigError, match=r"env.id='NoSuchEnv-v0': cannot build the env"):
         validate("env=NoSuchEnv-v0")
+    # a registered env that fails to build gives its own cause (not "an Atari game", ale-py installed or not)
+    with pytest.raises(ConfigError, match=r"env.id='CartPole-v1': cannot build the env: TypeError.*'foo'"):
+        validate("env=CartPole-v1", "env.kwargs.foo=1")
 
 
 def test_yaml_file_then_overrides(tmp_path):

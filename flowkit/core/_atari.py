@@ -131,17 +131,20 @@ def register_ale() -> None:
 
 
 def needs_preset(env_id: Any) -> Optional[str]:
-    """For an ``env.id`` Gymnasium does not know: the one-line error when it is ale-py's
-    (installed; its ids are registered only under ``env.preset=atari``, which also applies the
-    DeepMind preprocessing the Zoo's, CleanRL's and RLlib's Atari figures use), else None."""
+    """For an ``env.id`` that failed to build without a preset: the one-line error when it is
+    ale-py's (installed; its ids are registered only under ``env.preset=atari``, which also
+    applies the DeepMind preprocessing the Zoo's, CleanRL's and RLlib's Atari figures use), else
+    None (any other env: the caller reports the real cause)."""
     try:
         import ale_py
     except ImportError:
         return None
     gym.register_envs(ale_py)
     try:
-        gym.spec(str(env_id))
+        entry = gym.spec(str(env_id)).entry_point
     except Exception:
+        return None
+    if not str(getattr(entry, "__module__", entry)).startswith("ale_py"):
         return None
     return (f"env.id={env_id!r} is an Atari game: give it with env.preset=atari (ale-py's env under the DeepMind "
             f"preprocessing), e.g. `flowkit train algo=ppo env={env_id} env.preset=atari`")
