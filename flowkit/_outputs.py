@@ -43,13 +43,13 @@ def check_output(path: str, what: str, own: bool = False) -> None:
             the run-file check is skipped.
 
     Raises:
-        ConfigError: ``path`` is a folder or another file that is not a regular one (a device,
+        ConfigError: ``path`` is a folder (or ends with a path separator) or another file that is not a regular one (a device,
             a pipe, a socket), a folder on its way is a file, the folder that would hold it
             cannot be written, or it would replace a run's own file.
     """
     from flowkit.config import ConfigError
     ap = os.path.abspath(path)
-    if os.path.isdir(ap):
+    if os.path.isdir(ap) or path.endswith(("/", os.sep)):  # `new/` names a folder, existing or not
         raise ConfigError(f"{what} {path!r} is a folder: give a file name")
     if os.path.lexists(ap) and not os.path.isfile(ap):  # written to a temporary file, renamed over it as root
         raise ConfigError(f"{what} {path!r} is not a regular file (a device, a pipe, a socket or a broken link): "

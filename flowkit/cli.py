@@ -457,6 +457,16 @@ def _top_missing_dir(path: str) -> Optional[str]:
     return top
 
 
+def signature_text(sig: Dict[str, Any]) -> str:
+    """An exported module's signature as ``export`` prints it: ``(obs: uint8[B, 4, 84, 84]) ->
+    action: int64[B]``; several outputs in parentheses (a recurrent policy's ``(action,
+    state_out)``). ``sig``: :func:`flowkit.export.export_policy`'s result."""
+    def names(ds: List[Dict[str, Any]]) -> str:
+        return ", ".join(f"{d['name']}: {d['dtype']}[{', '.join(map(str, d['shape']))}]" for d in ds)
+    outs = names(sig["outputs"]) if len(sig["outputs"]) == 1 else f"({names(sig['outputs'])})"
+    return f"({names(sig['inputs'])}) -> {outs}"
+
+
 def _export(argv: List[str]) -> int:
     """``flowkit export``: see :mod:`flowkit.export`."""
     p = _after_parser("export", "Write a policy as one module from raw observation to greedy action "
@@ -505,8 +515,7 @@ def _export(argv: List[str]) -> int:
             why = (str(e) if isinstance(e, ValueError) else
                    f"cannot write it as {a.fmt}: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}")
             raise _ArgError(f"policy {pid!r}: {why.replace(tmp, out)}") from None
-        ins = [f"{d['name']}: {d['dtype']}[{', '.join(map(str, d['shape']))}]" for d in sig["inputs"] + sig["outputs"]]
-        print(f"wrote {out} ({a.fmt}, policy {pid!r}): ({', '.join(ins[:-1])}) -> {ins[-1]}"
+        print(f"wrote {out} ({a.fmt}, policy {pid!r}): {signature_text(sig)}"
               + (f"; created the folder {new_dir}" if new_dir else ""))
         print(f"same actions as compute_actions(obs, explore=False) on {sig['checked']} sampled observations"
               if sig["checked"] else "not checked against the policy (onnxruntime is not installed)")

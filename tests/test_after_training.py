@@ -98,7 +98,7 @@ def test_train_evaluate_watch_export_cartpole(run_dir, tmp_path, capsys):
         out_path = str(tmp_path / "new" / "dir" / f"cartpole.{ext}")
         assert main(["export", run_dir, "--format", fmt, "--out", out_path]) == 0
         said = capsys.readouterr().out
-        assert f"wrote {out_path}" in said
+        assert f"wrote {out_path} ({fmt}, policy 'default'): (obs: float32[B, 4]) -> action: int64[B]" in said
         assert (f"; created the folder {tmp_path / 'new'}\n" in said) == (fmt == "torchscript")  # once
         obs = sample_observations(policy.observation_space, 200)
         np.testing.assert_array_equal(run_exported(out_path, fmt, input_arrays(policy.observation_space, obs)),

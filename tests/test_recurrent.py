@@ -244,6 +244,8 @@ def test_export_takes_the_state_and_evaluate_carries_it(tmp_path, fmt):
     assert sig["checked"] == 250 and sig["recurrent_state_size"] == 64  # two LSTMs (policy, value): h and c, 16 each
     assert [d["name"] for d in sig["inputs"]] == ["obs", "state_in"]
     assert [d["name"] for d in sig["outputs"]] == ["action", "state_out"]
+    from flowkit.cli import signature_text  # what `flowkit export` prints (before: action listed as an input)
+    assert signature_text(sig).endswith(", state_in: float32[B, 64]) -> (action: int64[B], state_out: float32[B, 64])")
     obs = sample_observations(pol.observation_space, 3, seed=5)
     a, s = run_exported(path, fmt, [*input_arrays(pol.observation_space, obs), pol.initial_state(3)])
     want_a, want_s = pol.compute_actions(obs, state=pol.initial_state(3))

@@ -245,6 +245,8 @@ def _files(run_dir):
     ("export", "{ck}/state.pt", "would replace the run's own state.pt"),
     ("export", "{run}/config.yaml", "would replace the run's own config.yaml"),
     ("export", "{tmp}", "is a folder: give a file name"),
+    ("export", "{tmp}/newdir/", "is a folder: give a file name"),  # before: a file named newdir
+    ("plot", "{tmp}/newdir/", "is a folder: give a file name"),
     ("export", "{tmp}/afile/p.pt", "is a file, not a folder"),
     # issue 28 rerun: as root, `--out /dev/full` replaced the device by the output (renamed over it)
     ("export", "{tmp}/fifo", "is not a regular file (a device, a pipe, a socket or a broken link)"),
