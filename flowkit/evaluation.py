@@ -112,17 +112,26 @@ def run_gym_episodes(policy: Any, env_cfg: Dict[str, Any], episodes: int, seed: 
     def film(i: int, env: Any, ended: bool) -> None:
         if i >= render_episodes:
             return
-        if i not in videos:
+        try:
+            frame = env.render()
+        except Exception as e:  # no OpenGL for MuJoCo, a renderer missing: one line, not a traceback
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise ConfigError(f"render={render}: the env's render() raised {type(e).__name__}: {first}"
+                              + ("; MuJoCo renders off-screen with MUJOCO_GL=egl (or osmesa, with libOSMesa)"
+                                 if "mujoco" in type(e).__module__ or "OpenGL" in first else "")) from None
+        if i not in videos:  # (after the first frame: a failed render leaves no empty video)
             fps = float((getattr(env, "metadata", None) or {}).get("render_fps") or 30)
             videos[i] = _Video(os.path.join(video_dir, f"episode_{i:03d}.{render}"), fps)
             paths[i] = videos[i].path
-        videos[i].add(env.render())
+        videos[i].add(frame)
         if ended:
             videos.pop(i).close()
 
     if render:
         _check_video_deps(render)
         os.environ.setdefault("SDL_VIDEODRIVER", "dummy")  # pygame renders off-screen: no display needed
+        if sys.platform.startswith("linux") and not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")):
+            os.environ.setdefault("MUJOCO_GL", "egl")  # MuJoCo off-screen, as dm_control does headless
         env_cfg = {**env_cfg, "kwargs": {**(env_cfg.get("kwargs") or {}), "render_mode": "rgb_array"}}
     try:
         out = run_episodes(policy, env_cfg, episodes, seed, explore, num_envs, after_env=film if render else None)
@@ -253,7 +262,11 @@ def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore:
     with GUARD.running(), GUARD.interruptible(limit, lambda: EvaluationTimeout(
             f"env {name!r}: the evaluation ({episodes} episodes) did not finish within {key}={limit:g} s: a stuck env, "
             "or an episode that never ends? (timeout_s=SECONDS sets the limit)")), _env_exits_reported(name):
-        probe = make_env(env_cfg, EnvContext(-1, 0, 1, 0, seed))
+        try:
+            probe = make_env(env_cfg, EnvContext(-1, 0, 1, 0, seed))
+        except Exception as e:  # (as the run's set-up reports it): one line
+            raise ConfigError(f"env {name!r}: cannot build the env: {type(e).__name__}: "
+                              f"{(str(e).strip().splitlines() or [''])[0]}") from None
         single = isinstance(probe, gym.Env) and len(algo.policies) == 1
         probe.close()
         if single and opponents:

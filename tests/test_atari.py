@@ -37,6 +37,7 @@ def test_preset_wraps_training_and_evaluation_envs(env_id):
         obs, _ = env.reset(seed=1)
         assert obs.shape == (4, 84, 84) and obs.dtype == np.uint8
         assert env.unwrapped._frameskip == 1  # v5: the preset skips (and max-pools), not the env
+        assert env.metadata["render_fps"] == 15  # videos in real time: 60 console frames a second, 4 a step (was 30)
     t = wrappers(train)
     assert t[:5] == ["FrameStackObservation", "TransformReward", "FireReset", "EpisodicLife", "GameStats"]
     assert "AtariPreprocessing" in t
@@ -59,6 +60,21 @@ def test_life_loss_ends_a_training_episode_but_not_the_game():
     assert term and "game_return" not in info and ale.lives() == 4  # a life lost, the game goes on
     env.reset()
     assert ale.lives() == 4  # the soft reset kept the game (AtariPreprocessing's flag would restart it)
+
+
+def test_evaluation_fires_after_a_lost_life_so_a_game_never_waits_for_fire():
+    """A newcomer's find: a greedy Breakout policy that never chose FIRE stood still after its
+    first lost life until ALE's frame limit (27,000 agent steps a game); training never needs
+    FIRE there (EpisodicLife's reset, then FireReset's)."""
+    env = make_env({"id": "BreakoutNoFrameskip-v4", "preset": "atari"}, EVAL)
+    env.reset(seed=0)
+    ale, n, term, trunc, info = env.unwrapped.ale, 0, False, False, {}
+    while not (term or trunc) and n < 5000:
+        _, _, term, trunc, info = env.step(0)  # NOOP only: the paddle never moves
+        n += 1
+    # the game's length counts FireReset's presses: two at reset, two after each of the 4 lives lost before the last
+    assert term and not trunc and ale.lives() == 0 and info["game_length"] == n + 2 + 2 * 4
+    assert n < 1000  # (before: 26,997)
 
 
 def _chain(env):

@@ -66,3 +66,32 @@ def test_mujocos_own_warnings_are_python_warnings_and_leave_no_log_file(tmp_path
     import mujoco
     if mujoco.__version__.startswith("4."):  # the version that warns (shown once per process by default)
         assert any(str(w.message).startswith("MuJoCo: compiler attribute 'settotalmass'") for w in seen)
+
+
+@pytest.mark.slow
+def test_evaluate_films_a_mujoco_env_without_a_display(run_dir, tmp_path):
+    """A newcomer's find: `flowkit evaluate RUN render=mp4` on HalfCheetah, on a machine with no
+    display, ended in a 68-line traceback (mujoco.FatalError: no OpenGL platform library).
+    Headless, evaluate now renders off-screen (MUJOCO_GL=egl); where render() fails anyway, one line."""
+    import subprocess
+    import sys
+    try:
+        from mujoco.egl import GLContext  # the off-screen backend this machine needs
+        GLContext(8, 8).free()
+    except Exception as e:  # pragma: no cover - a machine without libEGL
+        pytest.skip(f"no EGL here: {e}")
+    res = flowkit.train(local_overrides(run_dir, "algo=sac", "env=HalfCheetah-v5", *SMALL, "env.max_episode_steps=12",
+                                        "sac.learning_starts=50", "sac.train_batch_size=16", "stop.env_steps=100"))
+    env = {k: v for k, v in os.environ.items() if k not in ("DISPLAY", "WAYLAND_DISPLAY", "MUJOCO_GL")}
+    cmd = [sys.executable, "-m", "flowkit.cli", "evaluate", res.run_dir, "episodes=1", "render=mp4"]
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+    assert p.returncode == 0, p.stderr[-2000:]
+    import imageio.v3 as iio
+    frames = iio.imread(os.path.join(res.checkpoint, "videos", "episode_000.mp4"))
+    assert frames.shape[0] == 13 and frames.ndim == 4 and frames.std() > 0  # the reset frame and 12 steps
+    # a display that is not there (glfw fails, as MUJOCO_GL=glfw would headless): one line, exit 2
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**env, "DISPLAY": ":99"})
+    last = p.stderr.strip().splitlines()[-1]
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
+    assert last.startswith("flowkit evaluate: error: render=mp4: the env's render() raised FatalError") \
+        and last.endswith("MuJoCo renders off-screen with MUJOCO_GL=egl (or osmesa, with libOSMesa)")

@@ -11,7 +11,8 @@ From the base ALE env (frameskip 1) outwards::
     GameStats           -- the unclipped return and length (agent steps) of each whole game,
                            in ``info["game_return"]`` / ``info["game_length"]`` at its end
     EpisodicLife        -- training only: terminated on a life loss; the game goes on
-    FireReset           -- games whose action 1 is FIRE: FIRE after every (re)start
+    FireReset           -- games whose action 1 is FIRE: FIRE after every (re)start, and in
+                           evaluation (no EpisodicLife) after every lost life
     TransformReward(np.sign)  -- training only: rewards clipped to their sign
     FrameStackObservation(4)  -- uint8[4, 84, 84], the oldest frame first (padded with the
                                  reset frame at an episode's start)
@@ -40,6 +41,8 @@ import gymnasium as gym
 import numpy as np
 
 FRAME_STACK = 4
+FRAME_SKIP = 4
+ATARI_HZ = 60  # the Atari 2600's frames a second (NTSC)
 
 
 class GameStats(gym.Wrapper):
@@ -99,7 +102,17 @@ class EpisodicLife(gym.Wrapper):
 
 class FireReset(gym.Wrapper):
     """After a reset, presses FIRE (action 1) then action 2, for games that wait for FIRE to
-    start (Breakout, Pong's serve); a step that ends the game resets again."""
+    start (Breakout, Pong's serve); a step that ends the game resets again.
+
+    ``on_life_loss`` (evaluation, where no :class:`EpisodicLife` turns a lost life into a reset):
+    the same two presses right after a step that loses a life, their rewards added to that
+    step's, so a game waits for FIRE at no point of play, as in training (a greedy policy that
+    never chose FIRE would otherwise stand still until ALE's frame limit ends the game)."""
+
+    def __init__(self, env: gym.Env, on_life_loss: bool = False):
+        super().__init__(env)
+        self.ale = env.unwrapped.ale if on_life_loss else None  # type: ignore[attr-defined]
+        self.lives = 0
 
     def reset(self, **kw):
         self.env.reset(**kw)
@@ -109,7 +122,22 @@ class FireReset(gym.Wrapper):
             obs, _, term, trunc, info = self.env.step(a)
             if term or trunc:
                 obs, info = self.env.reset(**kw)
+        if self.ale is not None:
+            self.lives = self.ale.lives()
         return obs, info
+
+    def step(self, action):
+        obs, rew, term, trunc, info = self.env.step(action)
+        if self.ale is None:
+            return obs, rew, term, trunc, info
+        lives = self.ale.lives()
+        lost, self.lives = 0 < lives < self.lives, lives
+        for a in (1, 2):
+            if not lost or term or trunc:
+                break
+            obs, r, term, trunc, info = self.env.step(a)
+            rew = float(rew) + float(r)
+        return obs, rew, term, trunc, info
 
 
 def _has_fire(env: gym.Env) -> bool:
@@ -170,15 +198,17 @@ def make_atari(env_id: str, kwargs: Dict[str, Any], training: bool, max_episode_
     if env.unwrapped.spec is not None and env.unwrapped._frameskip != 1:  # type: ignore[attr-defined]
         raise ValueError(f"env.preset=atari skips frames itself: make env.id={env_id!r} with frameskip=1 "
                          f"(env.kwargs.frameskip={kw.get('frameskip')!r})")
-    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=4, screen_size=84,
+    env = gym.wrappers.AtariPreprocessing(env, noop_max=30, frame_skip=FRAME_SKIP, screen_size=84,
                                           terminal_on_life_loss=False, grayscale_obs=True, scale_obs=False)
+    # a video plays in real time: the console's 60 frames a second, 4 of them an agent step
+    env.metadata = {**env.metadata, "render_fps": ATARI_HZ / FRAME_SKIP}
     if max_episode_steps:
         env = gym.wrappers.TimeLimit(env, max_episode_steps=int(max_episode_steps))
     env = GameStats(env)
     if training:
         env = EpisodicLife(env)
     if _has_fire(env):
-        env = FireReset(env)
+        env = FireReset(env, on_life_loss=not training)
     if training:
         env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(float(r))))
     return gym.wrappers.FrameStackObservation(env, FRAME_STACK)
@@ -275,7 +305,7 @@ def make_atari_vector(env_id: str, kwargs: Dict[str, Any], num_envs: int,
     except ImportError:
         return None
     spec = {**gym.spec(env_id).kwargs, **kwargs}
-    vec = AtariVectorEnv(spec["game"], num_envs, num_threads=1, noop_max=30, frameskip=4, maxpool=True,
+    vec = AtariVectorEnv(spec["game"], num_envs, num_threads=1, noop_max=30, frameskip=FRAME_SKIP, maxpool=True,
                          img_height=84, img_width=84, grayscale=True, stack_num=FRAME_STACK,
                          episodic_life=False, reward_clipping=False, use_fire_reset=True,
                          **{k: spec[k] for k in _VECTOR_KWARGS if k in spec})
