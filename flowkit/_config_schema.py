@@ -173,11 +173,13 @@ class ModelConfig:
                   choices=("auto", "orthogonal", "default"))
     numpy_inference: bool = F(True, "act with a numpy copy of the network on CPU (MLP actor-critics: "
                                     "same math, less per-call overhead); false: torch")
-    normalize_obs: bool = F(False, "running mean/std observation normalisation inside the network, for every "
-                                   "algorithm (flat observations; the Zoo's `normalize: true` for MuJoCo): updated "
-                                   "on the learner from each train batch, sent to the workers with the weights, "
-                                   "saved in checkpoints, applied by evaluate and export; PPO's "
-                                   "ppo.normalize_observations is the same")
+    normalize_obs: bool = F(False, "running mean/std observation normalisation of flat observations (the Zoo's "
+                                   "`normalize: true` for MuJoCo), the statistics kept with the network: updated on "
+                                   "the learner from the train batches, sent to the workers with the weights, saved "
+                                   "in checkpoints, applied by evaluate and export. ppo.normalize_observations, "
+                                   "es.normalize_observations and ars.normalize_observations are the same switch: "
+                                   "either key turns it on, neither alone turns it off (ars's is on by default). "
+                                   "Algorithms that cannot keep the statistics (a3c, ddppo, r2d2, random) refuse true")
     recurrent: Optional[str] = F(None, "a recurrent layer on the encoded observation (after the CNN for images), "
                                        "then the MLP hidden_sizes: lstm or gru (null: feed-forward); the workers keep "
                                        "one state per sub-env, the learner trains on whole sequences (actor-critics)",
@@ -268,6 +270,11 @@ class LRConfig:
 class RandomConfig:
     """random: uniform over the legal actions, learns nothing (baselines, opponents)."""
     report_every_env_steps: int = F(1000, "env steps per reported iteration", ge=1)
+
+
+#: why ``algo=random`` refuses ``model.normalize_obs=true`` (its Algorithm.normalize_obs_refusal)
+RANDOM_NORMALIZE_OBS = ("it has no network and keeps no observation statistics; in a multi-agent run set "
+                        "multiagent.policies.<id>.model.normalize_obs=false for its policies")
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from flowkit.config import ConfigError, RandomConfig, section_object
+from flowkit.config import RANDOM_NORMALIZE_OBS, ConfigError, RandomConfig, section_object
 from flowkit.hooks.manager import AlgorithmRef, hookimpl
 
 if TYPE_CHECKING:  # the rest imports torch: only where a hook runs
@@ -14,7 +14,8 @@ if TYPE_CHECKING:  # the rest imports torch: only where a hook runs
 
 @hookimpl
 def flowkit_add_algorithms():
-    return [AlgorithmRef("random", RandomConfig, "flowkit.core.ops:RandomAlgorithm")]
+    return [AlgorithmRef("random", RandomConfig, "flowkit.core.ops:RandomAlgorithm",
+                         normalize_obs_refusal=RANDOM_NORMALIZE_OBS)]
 
 
 @hookimpl(trylast=True)

@@ -36,6 +36,7 @@ from flowkit._config_schema import (  # noqa: F401
     INT64_MIN,
     MAX_BATCH_ROWS,
     MAX_EPISODES,
+    RANDOM_NORMALIZE_OBS,
     Allowed,
     CheckpointConfig,
     Config,
@@ -209,6 +210,57 @@ def recurrent_error(algo: str, recurrent: bool, policy_id: str, model_config: An
             f"only{which}; set model.recurrent=null or change the algorithm")
 
 
+def _key_of(obj: Any, key: str, default: Any = None) -> Any:
+    """``obj[key]`` of a config section (DictConfig, dict or dataclass object), else ``default``."""
+    if obj is None:
+        return default
+    if isinstance(obj, (DictConfig, dict)):
+        return obj.get(key, default) if key in obj else default
+    return getattr(obj, key, default)
+
+
+def normalize_obs_on(model_config: Any, section: Any = None, own_key: str = "") -> bool:
+    """Whether a policy normalises its observations: ``model.normalize_obs`` of
+    ``model_config`` is true, or its algorithm has a key ``own_key`` in its section
+    ``section`` that is the same switch (``ppo.normalize_observations``,
+    ``es.normalize_observations``, ``ars.normalize_observations``) and that key is true.
+    Either key turns normalisation on; neither alone turns it off. What the policies read;
+    :func:`normalize_obs_error` (at set-up and before Ray starts) refuses what they cannot honour."""
+    return bool(_key_of(model_config, "normalize_obs", False)) or (
+        bool(_key_of(section, own_key, False)) if own_key else False)
+
+
+def normalize_obs_error(algo: str, support: Union[bool, str], policy_id: str, model_config: Any,
+                        section: Any = None, config_class: Optional[type] = None, why: str = "") -> Optional[str]:
+    """Why ``model.normalize_obs=true`` (of ``model_config``, a ``model.*`` section) cannot be
+    honoured for policy ``policy_id`` of algorithm ``algo``; None if it can (or the key is
+    false). Shared by :meth:`flowkit.core.Algorithm.check_model` (at set-up, per policy) and
+    :func:`check_run` (before torch and Ray load).
+
+    Args:
+        support: the algorithm's declaration (:attr:`flowkit.core.Algorithm.normalize_obs`):
+            True: honoured; the name of a key of its own section that is the same switch
+            (``"normalize_observations"``; :func:`normalize_obs_on`): honoured, but refused when
+            that key is given false where its default is true (``ars.normalize_observations=false``:
+            the user's off would be overridden); False: refused, ``why`` says why and what to
+            use instead.
+        section: the algorithm's section (None: not in the config, its defaults apply).
+        config_class: the section's dataclass (the own key's default).
+    """
+    if not bool(_key_of(model_config, "normalize_obs", False)):
+        return None
+    if not support:
+        return (f"policy {policy_id!r}: model.normalize_obs=true is not supported by {algo}: "
+                f"{why or 'its policies keep no running observation statistics'}, or remove model.normalize_obs")
+    if isinstance(support, str) and section is not None:
+        fields = {f.name: f.default for f in dataclasses.fields(config_class)} if dataclasses.is_dataclass(config_class) else {}
+        own = _key_of(section, support)
+        if own is not None and not bool(own) and fields.get(support) is True:
+            return (f"policy {policy_id!r}: model.normalize_obs=true contradicts {algo}.{support}=false: the two keys "
+                    f"are one switch (either turns observation normalisation on); remove one of them")
+    return None
+
+
 def did_you_mean(word: Any, options: Iterable[str], prefix: str = "") -> str:
     """``"; did you mean `<prefix><closest option>`?"``, or "" when none is close (letter case
     ignored: ``PPO`` finds ``ppo``)."""
@@ -261,7 +313,9 @@ def check_run(cfg: Any, pm: Any) -> None:
     """The checks of a run's config that need neither torch, Ray nor the env, made before those
     load (``flowkit train``, :func:`flowkit.train`) and again at set-up: ``algo`` installed,
     no section of a variant of ``algo`` set in its place (:func:`check_unused_sections`), exactly one of ``env.id`` and ``env.factory``, ``run.reporters`` known (and each one's
-    ``validate_config``), and the cross-field checks of ``algo``'s section where its plugin
+    ``validate_config``), ``model.recurrent`` and ``model.normalize_obs`` against what ``algo``
+    declares (:func:`recurrent_error`, :func:`normalize_obs_error`), and the cross-field checks
+    of ``algo``'s section where its plugin
     gives them torch-free (``AlgorithmRef.validate``; otherwise they run at set-up, when the
     class is imported). Their warnings are given at set-up.
 
@@ -293,6 +347,9 @@ def check_run(cfg: Any, pm: Any) -> None:
     a, section = algos[cfg.algo], cfg[cfg.algo] if cfg.algo in cfg else None
     if why := recurrent_error(cfg.algo, bool(getattr(a, "recurrent", False)), "default", cfg.model,
                               [n for n, r in algos.items() if getattr(r, "recurrent", False)]):
+        raise ConfigError(why)
+    if why := normalize_obs_error(cfg.algo, getattr(a, "normalize_obs", False), "default", cfg.model, section,
+                                  getattr(a, "config_class", None), getattr(a, "normalize_obs_refusal", "")):
         raise ConfigError(why)
     if not hasattr(a, "target"):  # a class registered as it is (loaded)
         a.validate_config(cfg, section)

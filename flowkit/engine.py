@@ -141,7 +141,7 @@ def setup(cfg: DictConfig, pm: Any, run_dir: Optional[str] = None, checked: bool
             cls.check_spaces(pid, spec.observation_space, spec.action_space)
         except SpaceError as e:  # a space no encoder or action distribution takes (Text, Graph, Tuple actions)
             raise ConfigError(f"policy {pid!r} ({spec.algo}) cannot be built for the env's spaces: {e}") from None
-        cls.check_model(pid, spec.model_config(cfg))
+        cls.check_model(pid, spec.model_config(cfg), cfg[spec.algo] if spec.algo in cfg else None)
         if spec.algo not in instances:
             warns += cls.validate_config(cfg, cfg[spec.algo] if spec.algo in cfg else None) or []
             instances[spec.algo] = cls(cfg)

@@ -130,6 +130,8 @@ EXPORT_RUNS = {  # every algorithm `flowkit plugins` lists (test_every_listed_al
     "td3-box": ["algo=td3", "env=Pendulum-v1", "td3.learning_starts=32", "td3.train_batch_size=16"],
     "sac-normobs": ["algo=sac", "env=Pendulum-v1", "sac.learning_starts=32", "sac.train_batch_size=16",
                     "model.normalize_obs=true"],  # the statistics inside the exported actor
+    "dqn-normobs": ["algo=dqn", "env=CartPole-v1", "dqn.learning_starts=32", "dqn.train_batch_size=16",
+                    "model.normalize_obs=true"],  # the statistics in front of the exported Q-network
     "ddppo-discrete": ["algo=ddppo", "env=CartPole-v1", "ddppo.fragments_per_round=1"],
     "maml-box": ["algo=maml", "env=flowkit.testing.envs:PointGoal-v0", "env.kwargs.horizon=16", "maml.outer_steps=1"],
     "random": ["algo=random", "env=CartPole-v1"],  # no network: refused in one line

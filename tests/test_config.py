@@ -350,3 +350,58 @@ def test_a_section_the_run_does_not_use_is_an_error_for_a_variant_and_a_warning_
         assert cfg.dqn.lr == 0.01 and check_unused_sections(cfg, pm.algorithms(load=False), pm.config_sections()) == []
     finally:
         flowkit.unregister(plugin)
+
+
+@pytest.mark.parametrize("algo,extra,message", [
+    ("a3c", [], "policy 'default': model.normalize_obs=true is not supported by a3c: its gradients are computed on "
+                "the workers and the learner never sees the observations to keep their running statistics; use a2c "
+                "(the same loss, synchronous), which keeps them, or remove model.normalize_obs"),
+    ("ddppo", [], "policy 'default': model.normalize_obs=true is not supported by ddppo: its workers would each keep "
+                  "running observation statistics of their own (and their weights would differ); use ppo with "
+                  "ppo.normalize_observations=true, or remove model.normalize_obs"),
+    ("r2d2", ["model.recurrent=lstm"], "policy 'default': model.normalize_obs=true is not supported by r2d2: its "
+                                       "replayed sequences and stored recurrent states are not normalised; use dqn, "
+                                       "or a recurrent actor-critic (ppo, a2c, impala or appo with model.recurrent), "
+                                       "which keep the statistics, or remove model.normalize_obs"),
+    ("random", [], "policy 'default': model.normalize_obs=true is not supported by random: it has no network and "
+                   "keeps no observation statistics; in a multi-agent run set "
+                   "multiagent.policies.<id>.model.normalize_obs=false for its policies, or remove model.normalize_obs"),
+    ("ars", ["ars.normalize_observations=false"], "policy 'default': model.normalize_obs=true contradicts "
+                                                  "ars.normalize_observations=false: the two keys are one switch "
+                                                  "(either turns observation normalisation on); remove one of them"),
+])
+def test_model_normalize_obs_an_algorithm_cannot_honour_is_refused_before_ray_starts(tmp_path, monkeypatch, capsys,
+                                                                                     algo, extra, message):
+    """model.normalize_obs=true was silently ignored by the algorithms that keep no statistics:
+    each algorithm declares it (Algorithm.normalize_obs), checked before Ray and at set-up."""
+    from flowkit import _ray
+    from flowkit.cli import main
+    monkeypatch.setattr(_ray, "start", lambda *a, **k: pytest.fail("Ray started before the check"))
+    args = [f"algo={algo}", "env=CartPole-v1", "model.normalize_obs=true", *extra]
+    assert main(["train", *args, f"run.dir={tmp_path}/r", "--no-tuned"]) == 2
+    assert capsys.readouterr().err.strip() == f"flowkit: config error: {message}"
+    with pytest.raises(ConfigError) as ei:  # the same words at set-up (flowkit.train, no CLI)
+        validate(*args)
+    assert str(ei.value) == message
+
+
+def test_every_installed_algorithm_declares_model_normalize_obs_and_the_ref_agrees_with_the_class():
+    """One declaration per algorithm (AlgorithmRef before Ray starts, the class at set-up), so
+    model.normalize_obs is honoured or refused by every algorithm `flowkit plugins` lists."""
+    from flowkit.config import normalize_obs_on
+    pm, _ = load_config(["env=CartPole-v1"])
+    refs = pm.algorithms(load=False)
+    honour = {n: r.normalize_obs for n, r in refs.items()}
+    assert {n for n, v in honour.items() if not v} >= {"a3c", "ddppo", "r2d2", "random"}
+    assert {n for n, v in honour.items() if v} >= {"ppo", "a2c", "impala", "appo", "dqn", "sac", "td3", "es", "ars",
+                                                   "maml", "bc", "marwil", "cql_dqn", "cql_sac"}
+    for name, ref in refs.items():
+        cls = ref.load() if hasattr(ref, "load") else ref
+        assert (cls.normalize_obs, cls.normalize_obs_refusal) == (ref.normalize_obs, ref.normalize_obs_refusal), name
+        assert ref.normalize_obs or ref.normalize_obs_refusal, name
+    # PPO's own key and model.normalize_obs: one switch, either turns it on
+    on = OmegaConf.create({"normalize_observations": True})
+    assert normalize_obs_on({"normalize_obs": False}, on, "normalize_observations")
+    assert normalize_obs_on({"normalize_obs": True}, {"normalize_observations": False}, "normalize_observations")
+    assert not normalize_obs_on({"normalize_obs": False}, {"normalize_observations": False}, "normalize_observations")
+    assert not normalize_obs_on({"normalize_obs": False}, on, "")

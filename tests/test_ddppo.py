@@ -126,7 +126,7 @@ def test_config_checks():
     with pytest.raises(ConfigError, match=r"ddppo.minibatch_size=1 makes 256 minibatches of a full worker batch "
                                           r"\(256 rows\), more than the rows of a preempted one \(64"):
         check("runtime.num_envs_per_worker=4", "runtime.rollout_fragment_length=16", "ddppo.minibatch_size=1")
-    with pytest.raises(ConfigError, match=r"model.normalize_obs=true: ddppo's workers"):
+    with pytest.raises(ConfigError, match=r"model.normalize_obs=true is not supported by ddppo: its workers"):
         check("model.normalize_obs=true")
     with pytest.raises(ConfigError, match=r"ddppo.lr_schedule=linear needs a horizon"):
         check("ddppo.lr_schedule=linear")

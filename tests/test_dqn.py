@@ -198,6 +198,55 @@ def test_bad_dqn_keys_fail_naming_the_key():
         load_and_setup(["dqn.train_batch_size=64", "dqn.buffer_size=32"])
 
 
+def test_model_normalize_obs_keeps_statistics_in_the_checkpoint_and_acts_through_them(run_dir):
+    """model.normalize_obs=true was silently ignored by DQN (no obs_rms in the checkpoint): the
+    replayed batches update the statistics, the loss, the workers (numpy copy), evaluation and
+    export see normalised observations."""
+    res = flowkit.train(local_overrides(run_dir, "algo=dqn", "env=CartPole-v1", "model.normalize_obs=true", "seed=0",
+                                        "runtime.num_workers=1", "runtime.num_envs_per_worker=2",
+                                        "runtime.rollout_fragment_length=16", "dqn.learning_starts=64",
+                                        "dqn.train_batch_size=16", "model.hidden_sizes=[16]", "stop.env_steps=256"),
+                        verbose=False)
+    w = load_state(res.checkpoint)["policies"]["default"]["weights"]
+    mean, var, count = w["obs_rms.mean"], w["obs_rms.var"], float(w["obs_rms.count"])
+    assert mean.shape == (4,) and count > 0 and count == pytest.approx(res.metrics["env_steps_trained"], abs=1e-3)
+    assert np.abs(mean).max() > 0.001 and not np.allclose(var, 1.0)  # not the initial identity
+    pol = flowkit.Algorithm.from_checkpoint(res.checkpoint).get_policy()
+    np.testing.assert_array_equal(pol.model.obs_rms.var.numpy(), var)
+    obs = np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32)
+    x = torch.clamp((torch.from_numpy(obs) - torch.from_numpy(mean)) / torch.sqrt(torch.from_numpy(var) + 1e-8), -10, 10)
+    with torch.no_grad():
+        want = pol.model(x).numpy()
+    np.testing.assert_allclose(pol.q_values(obs), want, rtol=1e-6)
+    np.testing.assert_array_equal(pol.compute_actions(obs, explore=False), want.argmax(1))
+    with torch.no_grad():  # export's network
+        np.testing.assert_allclose(pol.action_model()(torch.from_numpy(obs)).numpy(), want, rtol=1e-6)
+    make = pol.worker_policy_class()  # a Ray worker's torch-free copy, built from the weights
+    worker = make(pol.observation_space, pol.action_space, pol.config, pol.model_config)
+    np.testing.assert_allclose(worker.q_values(obs), want, rtol=1e-5, atol=1e-6)
+    # the loss sees normalised obs and next_obs, after the statistics took the batch in
+    b = sb.SampleBatch({sb.OBS: obs, sb.NEXT_OBS: obs[::-1].copy(), sb.ACTIONS: np.zeros(6, np.int64),
+                        sb.REWARDS: np.ones(6, np.float32), sb.TERMINATEDS: np.zeros(6, bool),
+                        sb.N_STEPS: np.ones(6, np.int64)})
+    t = pol.prepare_batch(b)
+    assert float(pol.model.obs_rms.count) == pytest.approx(count + 6)
+    np.testing.assert_allclose(t[sb.NEXT_OBS].numpy(), pol.model.obs_rms(torch.from_numpy(obs[::-1].copy())).numpy())
+
+
+def test_model_normalize_obs_off_adds_nothing_and_image_observations_are_refused():
+    from omegaconf import OmegaConf
+
+    from flowkit.config import ModelConfig
+    model = OmegaConf.structured(ModelConfig)
+    frames = gym.spaces.Box(0, 255, (4, 84, 84), np.uint8)
+    pol = DQNPolicy(frames, gym.spaces.Discrete(3), DQNConfig(), model)  # Atari, the key off: as before
+    assert not any(k.startswith("obs_rms") for k in pol.get_weights())
+    model.normalize_obs = True
+    with pytest.raises(ConfigError, match=r"^model.normalize_obs=true: DQN normalises flat observations only, got "
+                                          r"image observations Box\(0, 255, \(4, 84, 84\), uint8\)"):
+        DQNPolicy(frames, gym.spaces.Discrete(3), DQNConfig(), model)
+
+
 def load_and_setup(extra):
     pm, cfg = load_config(["algo=dqn", "env=CartPole-v1", "runtime.backend=local", *extra])
     return setup(cfg, pm)

@@ -262,6 +262,25 @@ def test_ars_smoke_merges_state_statistics(tmp_path):
     assert (pol.model.obs_var.numpy() != 1.0).all() and np.abs(pol.theta).sum() > 0
 
 
+
+def test_model_normalize_obs_turns_on_es_state_normalisation(tmp_path):
+    """model.normalize_obs=true was ignored by ES (obs_count 0 in the checkpoint): it is the same
+    switch as es.normalize_observations; ars.normalize_observations=false contradicts it."""
+    res = _run(tmp_path / "es", "es", "stop.iterations=2", "model.normalize_obs=true")
+    pol = flowkit.Algorithm.from_checkpoint(res.checkpoint).get_policy()
+    assert pol.normalize and float(pol.model.obs_count) == res.metrics["env_steps_trained"] > 0
+    assert (pol.model.obs_var.numpy() != 1.0).all()
+    mean, std = pol.obs_mean_std()  # acting (evaluate, export) goes through them
+    obs = np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32)
+    with torch.no_grad():
+        want = pol.model.net(torch.from_numpy((obs - mean) / std)).argmax(-1).numpy()
+    np.testing.assert_array_equal(pol.compute_actions(obs, explore=False), want)
+    with pytest.raises(ConfigError, match=r"^policy 'default': model.normalize_obs=true contradicts "
+                                          r"ars.normalize_observations=false: the two keys are one switch"):
+        setup(*reversed(load_config(["algo=ars", "env=CartPole-v1", "model.normalize_obs=true",
+                                     "ars.normalize_observations=false"])))
+
+
 @pytest.mark.ray
 @pytest.mark.slow
 def test_ray_backend_puts_the_noise_once_and_matches_local(ray_session, tmp_path):

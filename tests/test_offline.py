@@ -396,6 +396,19 @@ def test_offline_resume_is_exact(tmp_path, match_dataset, algo, readers):
 
 
 @pytest.mark.parametrize("algo", ["bc", "marwil", "cql_dqn"])
+def test_model_normalize_obs_statistics_take_in_the_datasets_rows(tmp_path, match_dataset, algo):
+    """The offline algorithms declare model.normalize_obs honoured: each trained row once in obs_rms."""
+    from flowkit.checkpoint import load_state
+    res = flowkit.train(local_overrides(str(tmp_path), "env.factory=flowkit.testing.envs:match", f"algo={algo}",
+                                        f"input.dataset={match_dataset}", "seed=0", f"{algo}.train_batch_size=64",
+                                        "evaluation.interval=0", "model.normalize_obs=true", "stop.env_steps=256"),
+                        verbose=False)
+    w = load_state(res.checkpoint)["policies"]["default"]["weights"]
+    assert float(w["obs_rms.count"]) == pytest.approx(res.metrics["env_steps_trained"], abs=1e-3)
+    assert res.metrics["env_steps_trained"] >= 256 and not np.allclose(w["obs_rms.var"], 1.0)
+
+
+@pytest.mark.parametrize("algo", ["bc", "marwil", "cql_dqn"])
 def test_conformance(tmp_path, match_dataset, algo):
     from flowkit_offline import BC, CQLDQN, MARWIL
 

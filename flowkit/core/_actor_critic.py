@@ -68,7 +68,8 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
     :meth:`postprocess_trajectory` when :attr:`worker_gae` is set).
 
     Config fields read: ``lr``, ``log_std_init``, optionally ``adam_eps`` (or ``optimizer_eps``),
-    ``normalize_observations``, ``normalize_rewards`` (:meth:`normalize_rewards`), ``use_sde``
+    ``normalize_observations`` (the same switch as ``model.normalize_obs``: either turns it on,
+    :func:`flowkit.config.normalize_obs_on`), ``normalize_rewards`` (:meth:`normalize_rewards`), ``use_sde``
     and ``sde_sample_freq`` (:meth:`sde_noise`); ``gamma`` and ``gae_lambda`` for :meth:`add_gae`.
 
     Attributes:
@@ -99,8 +100,10 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
     def make_model(self) -> Any:
         """The network (override for a custom model; the numpy mirror then steps aside): an
         :class:`ActorCritic`, or with ``model.recurrent`` a :class:`~flowkit.core.RecurrentActorCritic`."""
-        norm = bool(getattr(self.config, "normalize_observations", False)) or bool(
-            getattr(self.model_config, "normalize_obs", False))
+        from flowkit.config import normalize_obs_on
+        # model.normalize_obs or the section's normalize_observations (PPO's): one switch, either turns it on
+        norm = normalize_obs_on(self.model_config, self.config, "normalize_observations")
+        norm_key = "model.normalize_obs" if getattr(self.model_config, "normalize_obs", False) else "normalize_observations"
         if getattr(self.model_config, "recurrent", None):
             if getattr(self.config, "use_sde", False):
                 from flowkit.config import ConfigError
@@ -114,9 +117,9 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
             normalize_rewards=bool(getattr(self.config, "normalize_rewards", False)),
             use_sde=bool(getattr(self.config, "use_sde", False)), sde_expln=bool(getattr(self.config, "use_expln", False)),
             sde_learn_features=bool(getattr(self.config, "learn_features", False))))
-        for key, attr in (("normalize_observations", "obs_rms"), ("normalize_rewards", "ret_rms"),
-                          ("use_sde", "sde_log_std")):
-            if getattr(self.config, key, False) and getattr(model, attr, None) is None:
+        for key, attr, on in ((norm_key, "obs_rms", norm), ("normalize_rewards", "ret_rms", None),
+                              ("use_sde", "sde_log_std", None)):
+            if (on if on is not None else getattr(self.config, key, False)) and getattr(model, attr, None) is None:
                 from flowkit.config import ConfigError
                 raise ConfigError(f"{key}=true needs the model's `{attr}`: "
                                   f"model.class={self.model_config.get('class')!r} has none")

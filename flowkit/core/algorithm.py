@@ -2,9 +2,9 @@
 a rollout mode and one method that matters, :meth:`Algorithm.training_flow`."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Optional, Tuple
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Optional, Tuple, Union
 
-from flowkit.config import ConfigError, action_space_error, check_schedules, recurrent_error
+from flowkit.config import ConfigError, action_space_error, check_schedules, normalize_obs_error, recurrent_error
 
 if TYPE_CHECKING:
     from flowkit.core.context import RunContext
@@ -32,6 +32,16 @@ class Algorithm:
             ``model.class``): their batches carry ``state_in`` and the losses run over whole
             sequences (:meth:`flowkit.Policy.model_forward`); checked by :meth:`check_model`
             (declare the same on the :class:`flowkit.AlgorithmRef`).
+        normalize_obs: what it does with ``model.normalize_obs``: True: its policies keep
+            running observation statistics in their model (updated on the learner, sent with
+            the weights, in checkpoints, applied when acting and by export); the name of a key
+            of its own section that is the same switch (PPO's ``"normalize_observations"``:
+            either key turns normalisation on, :func:`flowkit.config.normalize_obs_on`; that key
+            given false where its default is true, with ``model.normalize_obs=true``, is
+            refused); False (the default): ``model.normalize_obs=true`` is refused, with
+            :attr:`normalize_obs_refusal` (why, and what to use instead). Checked by
+            :meth:`check_model`; declare the same on the :class:`flowkit.AlgorithmRef`.
+        normalize_obs_refusal: the reason given when ``model.normalize_obs=true`` is refused.
 
     Instances hold ``config`` (a read-only, struct-mode view of their own section: reading an
     undeclared key raises) and ``run_config`` (the whole config). ``training_flow`` must not
@@ -51,6 +61,8 @@ class Algorithm:
     off_policy: bool = False
     action_spaces: Tuple[str, ...] = ()
     recurrent: bool = False
+    normalize_obs: Union[bool, str] = False
+    normalize_obs_refusal: str = ""
     from_checkpoint: ClassVar[Callable[..., "Algorithm"]]
 
     def __init__(self, run_config: Any, config: Any = None):
@@ -83,11 +95,14 @@ class Algorithm:
             raise ConfigError(why)
 
     @classmethod
-    def check_model(cls, policy_id: str, model_config: Any) -> None:
+    def check_model(cls, policy_id: str, model_config: Any, section: Any = None) -> None:
         """Raise ConfigError if this algorithm cannot train ``policy_id``'s network as
-        ``model_config`` (its ``model.*``) describes: here, ``model.recurrent`` without
-        :attr:`recurrent`."""
-        why = recurrent_error(cls.name, cls.recurrent, policy_id, model_config)
+        ``model_config`` (its ``model.*``) describes: ``model.recurrent`` without
+        :attr:`recurrent`; ``model.normalize_obs=true`` without :attr:`normalize_obs`, or
+        contradicted by the algorithm's own key (``section``: its section, None: defaults;
+        :func:`flowkit.config.normalize_obs_error`)."""
+        why = recurrent_error(cls.name, cls.recurrent, policy_id, model_config) or normalize_obs_error(
+            cls.name, cls.normalize_obs, policy_id, model_config, section, cls.config_class, cls.normalize_obs_refusal)
         if why:
             raise ConfigError(why)
 

@@ -6,7 +6,7 @@ import importlib
 import importlib.metadata as md
 import inspect
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Type
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Type, Union
 
 import pluggy
 
@@ -53,6 +53,8 @@ class AlgorithmRef:
     validate: Optional[Callable[[Any, Any, str], List[str]]] = None
     action_spaces: Tuple[str, ...] = ()  # as Algorithm.action_spaces: checked before Ray starts
     recurrent: bool = False  # as Algorithm.recurrent: model.recurrent checked before Ray starts
+    normalize_obs: Union[bool, str] = False  # as Algorithm.normalize_obs: model.normalize_obs checked before Ray starts
+    normalize_obs_refusal: str = ""  # as Algorithm.normalize_obs_refusal
 
     def load(self) -> Type[Algorithm]:
         """Import the class.

@@ -16,6 +16,10 @@ if TYPE_CHECKING:
 
 __all__ = ["A2C", "A2CConfig", "A2CPolicy", "A3C", "A3CConfig"]
 
+#: why ``algo=a3c`` refuses ``model.normalize_obs=true`` (Algorithm.normalize_obs_refusal)
+A3C_NORMALIZE_OBS = ("its gradients are computed on the workers and the learner never sees the observations to "
+                     "keep their running statistics; use a2c (the same loss, synchronous), which keeps them")
+
 
 @dataclass
 class _ActorCriticConfig(LRConfig):
@@ -48,8 +52,9 @@ class A3CConfig(_ActorCriticConfig):
 
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("a2c", A2CConfig, "flowkit_a2c.a2c:A2C", recurrent=True),
-            flowkit.AlgorithmRef("a3c", A3CConfig, "flowkit_a2c.a2c:A3C", recurrent=True)]
+    return [flowkit.AlgorithmRef("a2c", A2CConfig, "flowkit_a2c.a2c:A2C", recurrent=True, normalize_obs=True),
+            flowkit.AlgorithmRef("a3c", A3CConfig, "flowkit_a2c.a2c:A3C", recurrent=True,
+                                 normalize_obs_refusal=A3C_NORMALIZE_OBS)]
 
 
 __getattr__ = lazy_attrs(dict.fromkeys(__all__, "flowkit_a2c.a2c"))

@@ -31,7 +31,7 @@ import flowkit
 from flowkit.core import ActorCriticPolicy, loss_stats
 from flowkit.core import batch as sb
 from flowkit.core.ops import ApplyGradients, ConcatBatches, SyncWeights, TrainOneStep
-from flowkit_a2c import A2CConfig, A3CConfig
+from flowkit_a2c import A3C_NORMALIZE_OBS, A2CConfig, A3CConfig
 
 
 # ---- the policy ------------------------------------------------------------------------------
@@ -68,6 +68,7 @@ class A2C(flowkit.Algorithm):
 
     name, config_class, policy_class, rollout_mode = "a2c", A2CConfig, A2CPolicy, "bulk_sync"
     recurrent = True
+    normalize_obs = True  # the learner's train batches update the statistics (ActorCriticPolicy)
 
     def training_flow(self, experiences, ctx, learner):
         flow = experiences
@@ -82,6 +83,7 @@ class A3C(flowkit.Algorithm):
 
     name, config_class, policy_class, rollout_mode = "a3c", A3CConfig, A2CPolicy, "async_gradients"
     recurrent = True
+    normalize_obs, normalize_obs_refusal = False, A3C_NORMALIZE_OBS
 
     def training_flow(self, experiences, ctx, learner):
         return (experiences.for_each(ApplyGradients(ctx, learner))

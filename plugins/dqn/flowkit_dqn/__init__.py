@@ -37,6 +37,12 @@ _R2D2 = ("R2D2", "R2D2Policy", "RecurrentQNetwork", "SequenceCutter", "inverse_v
 ACTION_SPACES = ("Discrete",)  # DQN.action_spaces, also checked before Ray starts
 
 
+#: why ``algo=r2d2`` refuses ``model.normalize_obs=true`` (Algorithm.normalize_obs_refusal)
+R2D2_NORMALIZE_OBS = ("its replayed sequences and stored recurrent states are not normalised; use dqn, or a "
+                      "recurrent actor-critic (ppo, a2c, impala or appo with model.recurrent), which keep the "
+                      "statistics")
+
+
 @dataclass
 class DQNConfig(LRConfig):
     """dqn: Deep Q-Networks (double-Q, dueling, n-step, prioritized replay, Ape-X shards)."""
@@ -139,9 +145,10 @@ def sequence_stride(cfg: Any) -> int:
 
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("dqn", DQNConfig, "flowkit_dqn.dqn:DQN", action_spaces=ACTION_SPACES),
+    return [flowkit.AlgorithmRef("dqn", DQNConfig, "flowkit_dqn.dqn:DQN", action_spaces=ACTION_SPACES,
+                                 normalize_obs=True),
             flowkit.AlgorithmRef("r2d2", R2D2Config, "flowkit_dqn.r2d2:R2D2", action_spaces=ACTION_SPACES,
-                                 recurrent=True)]
+                                 recurrent=True, normalize_obs_refusal=R2D2_NORMALIZE_OBS)]
 
 
 __getattr__ = lazy_attrs({**dict.fromkeys(__all__, "flowkit_dqn.dqn"), **dict.fromkeys(_R2D2, "flowkit_dqn.r2d2")})

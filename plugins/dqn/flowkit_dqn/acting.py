@@ -121,7 +121,9 @@ class NumpyDQNPolicy(DQNActing):
     """The acting copy of an MLP :class:`~flowkit_dqn.dqn.DQNPolicy` on a Ray rollout worker:
     the QNetwork (trunk, then a Q head or dueling V + A - mean(A)) in numpy on
     ``{state_dict name: float32 array}`` weights; ``layout``: the Linear layers' names per part
-    (``trunk``, ``q_head`` or ``value_head`` and ``advantage_head``) and ``activation``."""
+    (``trunk``, ``q_head`` or ``value_head`` and ``advantage_head``) and ``activation``. Weights
+    with ``obs_rms.mean`` and ``obs_rms.var`` (``model.normalize_obs``) normalise the observation
+    first, ``clip((obs - mean) / sqrt(var + 1e-8), -10, 10)``, as the torch policy."""
     inference_only = True
     optimizer = None
 
@@ -142,12 +144,17 @@ class NumpyDQNPolicy(DQNActing):
         self._weights = {k: np.asarray(v) for k, v in weights.items()}
         self.parts: Dict[str, List[Tuple[np.ndarray, np.ndarray]]] = {
             k: linear_layers(self._weights, v) for k, v in self.layout.items() if k != "activation"}
+        w = self._weights
+        self.rms = (w["obs_rms.mean"].astype(np.float32), np.sqrt(w["obs_rms.var"].astype(np.float32) + np.float32(1e-8))
+                    ) if "obs_rms.mean" in w else None
 
     def get_weights(self) -> Dict[str, np.ndarray]:
         return {k: v.copy() for k, v in self._weights.items()}
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         x = np.asarray(obs, np.float32).reshape(len(obs), -1)
+        if self.rms is not None:  # RunningMeanStd's clip of 10
+            x = np.clip((x - self.rms[0]) / self.rms[1], -10.0, 10.0)
         for w, b in self.parts["trunk"]:
             x = self.act(x @ w + b)
         if "q_head" in self.parts:

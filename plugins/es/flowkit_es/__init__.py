@@ -38,7 +38,8 @@ class ESConfig(_PerturbationConfig):
     lr: float = F(0.01, "Adam step size on the flat parameter vector", gt=0)
     l2_coeff: float = F(0.005, "L2 coefficient (weight decay added to the negated gradient estimate)", ge=0)
     normalize_observations: bool = F(False, "running mean/std observation normalisation (workers' statistics "
-                                            "merged after each round)")
+                                            "merged after each round); the same switch as model.normalize_obs "
+                                            "(either key turns it on; neither alone turns it off)")
 
 
 @dataclass
@@ -50,7 +51,9 @@ class ARSConfig(_PerturbationConfig):
                                             "(null: all of them, ARS V2)", ge=1)
     step_size: float = F(0.02, "alpha: M += alpha / (b * sigma_R) * sum (r+ - r-) delta", gt=0)
     normalize_observations: bool = F(True, "state normalisation (V2): running mean/std of the states of all "
-                                           "perturbed episodes, merged from the workers after each round")
+                                           "perturbed episodes, merged from the workers after each round; the "
+                                           "same switch as model.normalize_obs (either key turns it on: "
+                                           "false with model.normalize_obs=true is a config error)")
 
 
 def validate(run_config: Any, section: Any, n: str) -> List[str]:
@@ -69,8 +72,8 @@ def validate(run_config: Any, section: Any, n: str) -> List[str]:
 
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("es", ESConfig, "flowkit_es.es:ES", validate),
-            flowkit.AlgorithmRef("ars", ARSConfig, "flowkit_es.es:ARS", validate)]
+    return [flowkit.AlgorithmRef("es", ESConfig, "flowkit_es.es:ES", validate, normalize_obs="normalize_observations"),
+            flowkit.AlgorithmRef("ars", ARSConfig, "flowkit_es.es:ARS", validate, normalize_obs="normalize_observations")]
 
 
 __getattr__ = lazy_attrs(dict.fromkeys(__all__, "flowkit_es.es"))

@@ -32,7 +32,7 @@ import torch
 from torch import nn
 
 import flowkit
-from flowkit.config import ConfigError
+from flowkit.config import ConfigError, normalize_obs_on
 from flowkit.core import NOT_READY, ParallelFlow, build_mlp, derive_seed
 from flowkit.core.learner import NonFiniteError
 from flowkit.core.policy import FlatAdam, flat_parameters
@@ -138,6 +138,8 @@ class ESPolicy(flowkit.Policy):
         self.layout: Layout = tuple((m.out_features, m.in_features, m.bias is not None)
                                     for m in self.model.net.modules() if isinstance(m, nn.Linear))
         self.optimizer = self.make_adam() if not inference_only else None
+        # the normalisation switch: model.normalize_obs or the section's normalize_observations
+        self.normalize = normalize_obs_on(self.model_config, config, "normalize_observations")
 
     def make_net(self, d: int) -> nn.Module:
         return build_mlp(d, list(self.model_config.hidden_sizes), self.activation, self.dist.num_outputs, out_gain=0.01)
@@ -219,7 +221,7 @@ class EvaluationRequests:
         seed = derive_seed(int(self.ctx.config.seed), self.algo.name, "round", pol.num_updates)
         return (EvaluatePerturbations(self.noise.handle(self.ctx.workers.backend), pol.theta, pol.layout,
                                       pol.activation, mean, std, float(c.sigma), self.num_pairs,
-                                      int(c.eval_episodes), seed, bool(c.normalize_observations)),)
+                                      int(c.eval_episodes), seed, pol.normalize),)
 
 
 class AccountEvaluations:
@@ -340,6 +342,7 @@ class _PerturbationAlgorithm(flowkit.Algorithm):
     worker samples fragments."""
 
     off_policy = False
+    normalize_obs = "normalize_observations"  # <name>.normalize_observations: the same switch as model.normalize_obs
     update_class: type = _Update
     per_worker_key = ""
 
@@ -375,7 +378,7 @@ class _PerturbationAlgorithm(flowkit.Algorithm):
                              f"episodes per worker, noise table {c.noise_size})", ctx,
                              on_failure=lambda a, e: ctx.workers.on_failure(a, e), args_fn=requests)
         flow = evals.gather_sync(per_round=True).for_each(AccountEvaluations(ctx))
-        if c.normalize_observations:
+        if learner.policies[pid].normalize:  # model.normalize_obs or <name>.normalize_observations
             flow = flow.for_each(MergeObservationStats(learner.policies[pid]))
         return flow.for_each(self.update_class(ctx, learner, pid, self.noise_table(), c))
 

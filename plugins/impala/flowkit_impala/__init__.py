@@ -74,8 +74,9 @@ class APPOConfig(IMPALAConfig):
 
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("impala", IMPALAConfig, "flowkit_impala.impala:IMPALA", recurrent=True),
-            flowkit.AlgorithmRef("appo", APPOConfig, "flowkit_impala.appo:APPO", recurrent=True)]
+    return [flowkit.AlgorithmRef("impala", IMPALAConfig, "flowkit_impala.impala:IMPALA", recurrent=True,
+                                 normalize_obs=True),
+            flowkit.AlgorithmRef("appo", APPOConfig, "flowkit_impala.appo:APPO", recurrent=True, normalize_obs=True)]
 
 
 __getattr__ = lazy_attrs({**dict.fromkeys(__all__, "flowkit_impala.impala"),

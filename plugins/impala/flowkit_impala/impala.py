@@ -123,6 +123,7 @@ class LearnerThreadAlgorithm(flowkit.Algorithm):
     rollout_mode = "async"
     off_policy = True
     recurrent = True
+    normalize_obs = True  # the learner's train batches update the statistics (on_train_batch_end)
 
     def get_rollout_mode(self) -> str:
         return self.config.rollout_mode

@@ -64,7 +64,7 @@ class MAMLConfig:
 
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("maml", MAMLConfig, "flowkit_maml.maml:MAML")]
+    return [flowkit.AlgorithmRef("maml", MAMLConfig, "flowkit_maml.maml:MAML", normalize_obs=True)]
 
 
 __getattr__ = lazy_attrs(dict.fromkeys(["MAML", "MAMLPolicy"], "flowkit_maml.maml"))

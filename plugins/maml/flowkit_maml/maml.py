@@ -312,6 +312,7 @@ class MAML(flowkit.Algorithm):
     name, config_class, policy_class = "maml", MAMLConfig, MAMLPolicy
     rollout_mode = "bulk_sync"
     off_policy = False
+    normalize_obs = True  # the meta-batches update the statistics (ActorCriticPolicy), the workers adapt through them
 
     def training_flow(self, experiences, ctx, learner):
         pid, c = self.only_policy(ctx, learner), self.config

@@ -145,10 +145,12 @@ def check_num_readers(ds: Any, num_readers: int, path: str) -> None:
 
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("bc", BCConfig, "flowkit_offline.marwil:BC", validate),
-            flowkit.AlgorithmRef("marwil", MARWILConfig, "flowkit_offline.marwil:MARWIL", validate),
-            flowkit.AlgorithmRef("cql_dqn", CQLDQNConfig, "flowkit_offline.cql:CQLDQN", validate, ("Discrete",)),
-            flowkit.AlgorithmRef("cql_sac", CQLSACConfig, "flowkit_offline.cql:CQLSAC", validate, ("Box",))]
+    return [flowkit.AlgorithmRef("bc", BCConfig, "flowkit_offline.marwil:BC", validate, normalize_obs=True),
+            flowkit.AlgorithmRef("marwil", MARWILConfig, "flowkit_offline.marwil:MARWIL", validate, normalize_obs=True),
+            flowkit.AlgorithmRef("cql_dqn", CQLDQNConfig, "flowkit_offline.cql:CQLDQN", validate, ("Discrete",),
+                                 normalize_obs=True),
+            flowkit.AlgorithmRef("cql_sac", CQLSACConfig, "flowkit_offline.cql:CQLSAC", validate, ("Box",),
+                                 normalize_obs=True)]
 
 
 @flowkit.hookimpl

@@ -79,6 +79,7 @@ class CQLDQN(flowkit.Algorithm):
     config_class: type = CQLDQNConfig
     policy_class, rollout_mode, off_policy = CQLDQNPolicy, "bulk_sync", True
     action_spaces = DQN.action_spaces
+    normalize_obs = DQN.normalize_obs  # DQNPolicy's statistics: the dataset's train batches update them
 
     @classmethod
     def validate_config(cls, run_config, section) -> List[str]:

@@ -110,6 +110,7 @@ class MARWIL(flowkit.Algorithm):
     name = "marwil"
     config_class: type = MARWILConfig
     policy_class, rollout_mode, off_policy = MARWILPolicy, "bulk_sync", True
+    normalize_obs = True  # the dataset's train batches update the statistics (ActorCriticPolicy)
 
     @classmethod
     def validate_config(cls, run_config, section) -> List[str]:

@@ -20,6 +20,10 @@ if TYPE_CHECKING:
 
 __all__ = ["DDPPO", "DDPPOConfig", "DDPPOPolicy", "PPO", "PPOConfig", "PPOLossConfig", "PPOPolicy"]
 
+#: why ``algo=ddppo`` refuses ``model.normalize_obs=true`` (Algorithm.normalize_obs_refusal)
+DDPPO_NORMALIZE_OBS = ("its workers would each keep running observation statistics of their own (and their "
+                       "weights would differ); use ppo with ppo.normalize_observations=true")
+
 
 @dataclass
 class PPOLossConfig(LRConfig):
@@ -56,7 +60,8 @@ class PPOLossConfig(LRConfig):
 class PPOConfig(PPOLossConfig):
     """ppo: Proximal Policy Optimization (clipped surrogate, GAE)."""
     train_batch_size: Optional[int] = F(None, "env steps per train batch (null: one sampling round)", ge=1, le=MAX_BATCH_ROWS)
-    normalize_observations: bool = F(False, "running mean/std observation normalisation")
+    normalize_observations: bool = F(False, "running mean/std observation normalisation: the same switch as "
+                                            "model.normalize_obs (either key turns it on; neither alone turns it off)")
     normalize_rewards: bool = F(False, "divide rewards by a running std of discounted returns (as SB3's "
                                 "VecNormalize norm_reward; clipped to +-10, statistics saved in checkpoints)")
 
@@ -115,9 +120,6 @@ class DDPPOConfig(PPOLossConfig):
             raise ConfigError(f"{n} on runtime.backend=local runs one worker (a world of 1, no process group); "
                               f"runtime.num_workers={rt.num_workers}: set runtime.num_workers=1, or "
                               "runtime.backend=ray for a group of workers")
-        if bool(run_config.model.get("normalize_obs", False)):
-            raise ConfigError(f"model.normalize_obs=true: {n}'s workers would each keep running observation "
-                              "statistics of their own (and their weights would differ); not supported")
         per_frag = int(rt.num_envs_per_worker) * int(rt.rollout_fragment_length)
         full = self.fragments_per_round * per_frag
         k = num_minibatches(self, run_config)
@@ -146,8 +148,10 @@ def num_minibatches(c: Any, run_config: Any) -> int:
 
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("ppo", PPOConfig, "flowkit_ppo.ppo:PPO", recurrent=True),
-            flowkit.AlgorithmRef("ddppo", DDPPOConfig, "flowkit_ppo.ddppo:DDPPO")]
+    return [flowkit.AlgorithmRef("ppo", PPOConfig, "flowkit_ppo.ppo:PPO", recurrent=True,
+                                 normalize_obs="normalize_observations"),
+            flowkit.AlgorithmRef("ddppo", DDPPOConfig, "flowkit_ppo.ddppo:DDPPO",
+                                 normalize_obs_refusal=DDPPO_NORMALIZE_OBS)]
 
 
 __getattr__ = lazy_attrs({**dict.fromkeys(["PPO", "PPOPolicy"], "flowkit_ppo.ppo"),

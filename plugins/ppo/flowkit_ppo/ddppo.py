@@ -40,7 +40,7 @@ from flowkit.core import NOT_READY, ParallelFlow, derive_seed
 from flowkit.core import batch as sb
 from flowkit.core.learner import Learner
 from flowkit.core.ops import StandardizeFields
-from flowkit_ppo import DDPPOConfig, min_fragments, num_minibatches
+from flowkit_ppo import DDPPO_NORMALIZE_OBS, DDPPOConfig, min_fragments, num_minibatches
 from flowkit_ppo.ppo import PPOPolicy
 
 SHARED_STATE = ("weights", "optimizer", "num_updates", "lr", "clip_param", "kl_coeff")
@@ -406,6 +406,7 @@ class DDPPO(flowkit.Algorithm):
 
     name, config_class, policy_class = "ddppo", DDPPOConfig, DDPPOPolicy
     rollout_mode = "bulk_sync"
+    normalize_obs, normalize_obs_refusal = False, DDPPO_NORMALIZE_OBS
     off_policy = False
 
     def training_flow(self, experiences, ctx, learner):

@@ -106,6 +106,7 @@ class PPO(flowkit.Algorithm):
     rollout_mode = "bulk_sync"
     off_policy = False
     recurrent = True
+    normalize_obs = "normalize_observations"  # ppo.normalize_observations: the same switch as model.normalize_obs
 
     def training_flow(self, experiences, ctx, learner):
         cfg = self.config

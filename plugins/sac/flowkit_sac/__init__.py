@@ -91,8 +91,10 @@ class TD3Config(_OffPolicyConfig):
 
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("sac", SACConfig, "flowkit_sac.sac:SAC", action_spaces=ACTION_SPACES),
-            flowkit.AlgorithmRef("td3", TD3Config, "flowkit_sac.td3:TD3", action_spaces=ACTION_SPACES)]
+    return [flowkit.AlgorithmRef("sac", SACConfig, "flowkit_sac.sac:SAC", action_spaces=ACTION_SPACES,
+                                 normalize_obs=True),
+            flowkit.AlgorithmRef("td3", TD3Config, "flowkit_sac.td3:TD3", action_spaces=ACTION_SPACES,
+                                 normalize_obs=True)]
 
 
 __getattr__ = lazy_attrs({**dict.fromkeys(["SAC", "SACPolicy", "sac_targets", "squashed_gaussian"], "flowkit_sac.sac"),

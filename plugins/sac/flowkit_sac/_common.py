@@ -166,6 +166,7 @@ class OffPolicyAlgorithm(flowkit.Algorithm):
     rollout_mode = "bulk_sync"
     off_policy = True
     action_spaces = ACTION_SPACES
+    normalize_obs = True  # the replayed train batches update the statistics (prepare_batch)
 
     @classmethod
     def check_spaces(cls, policy_id, observation_space, action_space) -> None:
