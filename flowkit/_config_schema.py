@@ -243,8 +243,10 @@ class CheckpointConfig:
 @dataclass
 class RunConfig:
     dir: Optional[str] = F(None, "run folder; default runs/<algo>-<env>-<timestamp>")
-    min_iter_time_s: float = F(0.0, "merge train steps into one reported iteration until this much time passed", ge=0)
-    min_iter_env_steps: int = F(0, "merge train steps into one reported iteration until this many env steps", ge=0)
+    min_iter_time_s: float = F(0.0, "merge train steps (in the replay warm-up, before learning_starts: sampled "
+                                    "rounds) into one reported iteration until this much time passed", ge=0)
+    min_iter_env_steps: int = F(0, "merge train steps (in the replay warm-up, before learning_starts: sampled "
+                                   "rounds) into one reported iteration until this many env steps", ge=0)
     reporters: List[str] = F(help="reporters of the run, called in this order (built-in: progress, csv, plot, "
                                   "checkpoint, evaluation, tensorboard, timing; plugins add more)",
                              factory=lambda: ["progress", "csv", "plot", "checkpoint", "evaluation"])

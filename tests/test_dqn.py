@@ -17,7 +17,7 @@ from flowkit import ConfigError
 from flowkit.checkpoint import from_plain, load_state
 from flowkit.core import batch as sb
 from flowkit.core.flow import NOT_READY
-from flowkit.engine import build_plan, load_config, setup
+from flowkit.engine import build_plan, load_config, read_metrics, setup
 from flowkit_dqn import DQNPolicy, DQNConfig, apex_epsilon, compute_n_step, compute_q_targets, epsilon_at
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -359,6 +359,62 @@ def test_a_resumed_run_trains_the_steps_its_last_iteration_left_in_the_cycle(run
     assert resumed.metrics["env_steps_sampled"] == whole.metrics["env_steps_sampled"] == 200
     assert resumed.metrics["env_steps_trained"] == whole.metrics["env_steps_trained"] == 488  # 61 steps of 8
     assert flowkit.train(["resume=" + older, "stop.env_steps=200"], trust_config=True).metrics["env_steps_trained"] == 464
+
+
+# ---- the replay warm-up (learning_starts) reports and stops --------------------------------------
+WARM_UP = ["algo=dqn", "env=CartPole-v1", "runtime.num_workers=1", "runtime.num_envs_per_worker=2",
+           "runtime.rollout_fragment_length=64", "model.hidden_sizes=[8]", "dqn.train_batch_size=16"]  # rounds of 128
+
+
+def test_stop_env_steps_below_learning_starts_stops_at_the_first_round_that_reaches_it(run_dir):
+    """learning_starts 5,000 > stop.env_steps 1,000: the run stops at the first sampled round at or
+    after 1,000 env steps (1,024), trains nothing and says so at start-up (before: an iteration
+    ended only with a train step, so the run sampled 5,120 env steps, the first round past
+    learning_starts, and trained one step). Each round of the warm-up is an iteration (as each
+    train step is after it, run.min_iter_env_steps being 0)."""
+    warning = "dqn.learning_starts=5000 >= stop.env_steps=1000: the run stops in the replay warm-up and trains nothing"
+    with pytest.warns(UserWarning, match=warning.replace(".", r"\.")):
+        res = flowkit.train(local_overrides(run_dir, *WARM_UP, "dqn.learning_starts=5000", "stop.env_steps=1000"),
+                            verbose=False)
+    assert res.stop_reason == "stop.env_steps=1000 reached"
+    assert [r["env_steps_sampled"] for r in res.history] == [128 * i for i in range(1, 9)]
+    assert res.metrics["env_steps_sampled"] == 1024 and res.metrics["num_updates"] == res.metrics["env_steps_trained"] == 0
+    rows = read_metrics(os.path.join(run_dir, "metrics.csv"))
+    assert [r["env_steps_sampled"] for r in rows] == [r["env_steps_sampled"] for r in res.history]
+
+
+def test_the_warm_up_reports_by_min_iter_env_steps_and_meets_stop_iterations(run_dir, tmp_path):
+    """In the warm-up an iteration ends on the sampled round that completes run.min_iter_env_steps;
+    the round that reaches learning_starts (512) starts training, and from there iterations end
+    on train steps as before. stop.iterations is met inside the warm-up too."""
+    res = flowkit.train(local_overrides(run_dir, *WARM_UP, "dqn.learning_starts=512", "run.min_iter_env_steps=256",
+                                        "stop.env_steps=1024"), verbose=False)
+    assert [(r["env_steps_sampled"], r["env_steps_trained"] > 0) for r in res.history] == [
+        (256, False), (512, True), (768, True), (1024, True)]
+    assert res.history[0]["perf/train_steps_this_iter"] == 0 and "learner/default/epsilon" not in res.history[0]
+    res = flowkit.train(local_overrides(str(tmp_path / "it"), *WARM_UP, "dqn.learning_starts=100000",
+                                        "run.min_iter_env_steps=256", "stop.iterations=2"), verbose=False)
+    assert res.stop_reason == "stop.iterations=2 reached" and res.metrics["env_steps_sampled"] == 512
+
+
+def test_a_run_resumed_from_a_warm_up_checkpoint_continues_as_the_whole_run(run_dir, tmp_path):
+    """A checkpoint taken in the warm-up (an iteration that ended on a sampled round, inside the
+    store turn of the round-robin) resumes into the same iterations and train steps as a run
+    that never stopped."""
+    args = ["algo=dqn", "env.factory=dqn_envs:chain5", "runtime.num_workers=1", "runtime.num_envs_per_worker=1",
+            "runtime.rollout_fragment_length=10", "dqn.learning_starts=50", "dqn.train_batch_size=8",
+            "model.hidden_sizes=[8]", "dqn.training_intensity=3.2", "run.min_iter_env_steps=30"]  # [1, 4]
+    whole = flowkit.train(local_overrides(str(tmp_path / "whole"), *args, "stop.env_steps=200"), verbose=False)
+    with pytest.warns(UserWarning, match="trains nothing"):
+        half = flowkit.train(local_overrides(run_dir, *args, "stop.env_steps=30"), verbose=False)
+    assert half.metrics["env_steps_sampled"] == 30 and half.metrics["num_updates"] == 0
+    assert load_state(half.checkpoint)["stateful"]["dqn/store_train_cycle"] == {"credit": [0.0, 0.0], "turn": 0,
+                                                                               "left": 0.0}
+    resumed = flowkit.train(["resume=" + run_dir, "stop.env_steps=200"], trust_config=True, verbose=False)
+    assert [r["env_steps_sampled"] for r in resumed.history] == [r["env_steps_sampled"] for r in whole.history] == [
+        30, 60, 90, 120, 150, 180, 200]
+    for k in ("iteration", "env_steps_sampled", "env_steps_trained", "num_updates"):
+        assert resumed.metrics[k] == whole.metrics[k], k
 
 
 def test_resumed_workers_explore_at_the_restored_epsilon_from_the_first_sample(run_dir, monkeypatch):

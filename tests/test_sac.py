@@ -303,6 +303,25 @@ def test_checkpoint_round_trip_is_exact(algo, tmp_path):
     ctx2.shutdown()
 
 
+@pytest.mark.parametrize("algo", ["sac", "td3"])
+def test_stop_env_steps_below_learning_starts_stops_at_the_first_round_that_reaches_it(algo, run_dir):
+    """learning_starts 1,000 > stop.env_steps 100: the run stops at the first sampled round at or
+    after 100 env steps (128), untrained, with a start-up warning naming both keys (before: it
+    sampled until learning_starts, 1,024 env steps, for one train step: SAC Hopper-v5's tuned
+    config ran 10,000 env steps for stop.env_steps=2000). run.min_iter_env_steps=64: an
+    iteration per two rounds of the warm-up."""
+    warning = f"{algo}.learning_starts=1000 >= stop.env_steps=100: the run stops in the replay warm-up and trains nothing"
+    with pytest.warns(UserWarning, match=warning.replace(".", r"\.")):
+        res = flowkit.train(local_overrides(run_dir, f"algo={algo}", "env=Pendulum-v1", "runtime.num_workers=1",
+                                            "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=16",
+                                            "model.hidden_sizes=[16]", f"{algo}.learning_starts=1000",
+                                            f"{algo}.train_batch_size=16", "run.min_iter_env_steps=64",
+                                            "stop.env_steps=100"), verbose=False)
+    assert res.stop_reason == "stop.env_steps=100 reached"
+    assert [r["env_steps_sampled"] for r in res.history] == [64, 128]
+    assert res.metrics["env_steps_trained"] == res.metrics["num_updates"] == 0
+
+
 # ---- learning smoke tests ------------------------------------------------------------------------
 @pytest.mark.parametrize("algo", ["sac", "td3"])
 @pytest.mark.slow

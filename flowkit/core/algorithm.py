@@ -78,13 +78,21 @@ class Algorithm:
         ``runtime.*``) before anything starts; each key's own range or choices belong in its
         field declaration (``F(3e-4, "...", gt=0)``), checked before this is called. Raise
         :class:`flowkit.ConfigError` naming keys and values; return warnings. Default: the
-        linear schedules' horizon (:func:`flowkit.config.check_schedules`) and the config
+        linear schedules' horizon (:func:`flowkit.config.check_schedules`), the config
         class's own ``validate(section, run_config, name)`` where it has one (torch-free, so
-        the CLI runs it before torch loads)."""
-        if section is not None:
-            check_schedules(section, cls.name, run_config)
+        the CLI runs it before torch loads), and a warning when the section's
+        ``learning_starts`` is not below ``stop.env_steps`` (the run stops in the replay
+        warm-up, untrained)."""
+        if section is None:
+            return []
+        check_schedules(section, cls.name, run_config)
         check = getattr(cls.config_class, "validate", None)
-        return (check(section, run_config, cls.name) or []) if check is not None and section is not None else []
+        out = list((check(section, run_config, cls.name) or []) if check is not None else [])
+        starts, budget = section.get("learning_starts"), run_config.stop.env_steps
+        if starts is not None and budget is not None and starts >= budget:
+            out.append(f"{cls.name}.learning_starts={starts} >= stop.env_steps={budget}: the run stops in the "
+                       "replay warm-up and trains nothing")
+        return out
 
     @classmethod
     def check_spaces(cls, policy_id: str, observation_space: Any, action_space: Any) -> None:

@@ -9,7 +9,7 @@ import collections
 import contextlib
 import time
 from dataclasses import dataclass, field, replace
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -56,6 +56,11 @@ class RunContext(FlowContext):
         run_dir: the run folder; iteration, time_total_s (s), stop_reason (None while
             running), prefetch and config_warnings as named.
         output, replay_mix: see their own docstrings (None unless handed in).
+        warmup: one check per replay plan (:func:`~flowkit.core.ops.ReplayPlan`), true
+            while fewer than its ``learning_starts`` env steps were sampled: while every check
+            is true and nothing was trained,
+            :func:`~flowkit.core.ops.StandardMetricsReporting` ends iterations on sampled
+            batches (the replay warm-up reports and meets ``stop.*``).
     """
 
     config: DictConfig
@@ -78,6 +83,7 @@ class RunContext(FlowContext):
     time_total_s: float = 0.0
     stop_reason: Optional[str] = None
     config_warnings: List[str] = field(default_factory=list)
+    warmup: List[Callable[[], bool]] = field(default_factory=list)
     _time_offset: float = 0.0
     _t_start: Optional[float] = None
     t_entry: Optional[float] = None  # when train() was called (perf_counter), for the phase times

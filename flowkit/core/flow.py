@@ -290,9 +290,9 @@ class RoundRobinCursor:
     it is, the items left in that turn and the fractional credit of each branch. A plan
     registers it with ``ctx.add_stateful`` so a resumed run picks the cycle up where the
     checkpoint left it: an iteration ends inside the train branch's turn (after its first
-    train step once enough env steps were sampled), and without the cursor a resume would
-    start a fresh cycle and drop that turn's remaining train steps (``k - 1`` gradient steps
-    per resume for weights ``[1, k]``)."""
+    train step once enough env steps were sampled; in the replay warm-up, after a store
+    turn), and without the cursor a resume would start a fresh cycle and drop that turn's
+    remaining train steps (``k - 1`` gradient steps per resume for weights ``[1, k]``)."""
 
     def __init__(self, num_branches: int):
         self.credit: List[float] = [0.0] * int(num_branches)

@@ -414,13 +414,17 @@ def ReplayPlan(ctx: "RunContext", learner: Learner, experiences: Flow, buffer: A
     local buffer only). ``batch_size`` and ``learning_starts``
     serve the local buffer only (shards replay the batch size and wait for the
     ``learning_starts // num_shards`` env steps they were built with); ``num_async`` serves the
-    shards only."""
+    shards only. The plan adds its warm-up check to ``ctx.warmup`` (true while fewer than
+    ``learning_starts`` env steps were sampled), so the warm-up's iterations end on sampled
+    batches (:func:`StandardMetricsReporting`)."""
     from flowkit.core import replay
     shards = isinstance(buffer, replay.ReplayShards)
     if shards and ctx.replay_mix is not None:
         raise ConfigError("input.mix: replay shards (Ape-X, dqn.num_replay_shards > 0) do not mix a dataset "
                           "into their batches; use one local replay buffer")
     store = experiences.for_each(replay.StoreToReplayShards(buffer) if shards else replay.StoreToReplayBuffer(buffer))
+    starts = int(learning_starts)
+    ctx.warmup.append(lambda: ctx.counters["env_steps_sampled"] < starts)
     for op in store_ops:
         store = store.for_each(op)
     if shards:
@@ -466,28 +470,40 @@ def StandardMetricsReporting(train_flow: Flow, ctx: "RunContext") -> Flow:
 
     An iteration is at least one train step, extended until ``run.min_iter_time_s`` seconds
     and ``run.min_iter_env_steps`` env steps have passed, but not past the ``stop.env_steps``
-    budget (it ends at the first train step that reaches it). Columns: iteration,
+    budget (it ends at the first train step that reaches it). In the replay warm-up (nothing
+    trained yet, and every check of ``ctx.warmup`` true: fewer env steps sampled than each
+    replay plan's ``learning_starts``) an iteration ends on a sampled batch instead, without
+    train steps, once those thresholds are met; so does the sampled batch that reaches
+    ``stop.env_steps`` while nothing has been trained (``learning_starts >= stop.env_steps``
+    trains nothing). Columns: iteration,
     env_steps_sampled, env_steps_trained, agent_steps_*, episode_return_mean / episode_len_mean
     (last 20 episodes), episodes_this_iter, episodes_total, policy/<id>/episode_return_mean,
     learner/<id>/<stat>, custom/<name> (mean over this iteration's episodes), num_worker_restarts,
     dataset_epochs and dataset_rows_replayed (runs that read a dataset: ``input.dataset``),
     time_total_s, time_this_iter_s, env_steps_per_s, perf/* timers.
     """
-    run, budget = ctx.config.run, ctx.config.stop.env_steps
+    run, budget, warmup = ctx.config.run, ctx.config.stop.env_steps, ctx.warmup
+    min_time_s, min_env_steps = float(run.min_iter_time_s), int(run.min_iter_env_steps)
 
     def gen():
         t_iter, n_items = time.perf_counter(), 0
         steps_at_iter, trained_at_iter = ctx.counters["env_steps_sampled"], ctx.counters["env_steps_trained"]
         for x in train_flow:
-            if x is NOT_READY:
-                yield x
-                continue
-            n_items += 1
+            if x is NOT_READY:  # a sampled batch (or none): in the warm-up it may end the iteration
+                if n_items or not warmup or ctx.counters["num_updates"] or \
+                        ctx.counters["env_steps_sampled"] == steps_at_iter:
+                    yield x
+                    continue
+            else:
+                n_items += 1
             now = time.perf_counter()
             sampled = ctx.counters["env_steps_sampled"]
-            short = (now - t_iter) < float(run.min_iter_time_s) or (sampled - steps_at_iter) < int(run.min_iter_env_steps)
-            if short and (budget is None or sampled < budget):
-                continue
+            short = (now - t_iter) < min_time_s or (sampled - steps_at_iter) < min_env_steps
+            if budget is None or sampled < budget:
+                if short or (x is NOT_READY and not all(w() for w in warmup)):
+                    if x is NOT_READY:
+                        yield x
+                    continue
             trained = ctx.counters["env_steps_trained"]
             res = ctx.make_result(now - t_iter, sampled - steps_at_iter, trained - trained_at_iter, n_items)
             t_iter, steps_at_iter, trained_at_iter, n_items = now, sampled, trained, 0
