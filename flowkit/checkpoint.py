@@ -468,6 +468,8 @@ def resume_config(user: Any, resume: str, pm: Any, trust_config: bool = False) -
             registered.
         RunFolderError: its config.yaml is missing, not plain YAML or holds an interpolation.
         UntrustedConfigError: it names a callable the user did not consent to (nothing imported).
+        ConfigError: the overrides change ``env.id``, ``env.factory`` or ``env.preset`` (even
+            where the spaces match: HalfCheetah-v5 on a Walker2d-v5 run would mix two envs' curves).
     """
     from flowkit.config import _as_source
     try:
@@ -481,6 +483,12 @@ def resume_config(user: Any, resume: str, pm: Any, trust_config: bool = False) -
     over.pop("resume", None)
     check_config_callables(saved, os.path.join(ck, "config.yaml"), trust_config, over)
     merged: Any = OmegaConf.merge(OmegaConf.create(saved), OmegaConf.create(over))
+    for key in ("env.id", "env.factory", "env.preset"):  # a run's rows and checkpoints are one env's
+        was, now = OmegaConf.select(OmegaConf.create(saved), key), OmegaConf.select(merged, key)
+        if was != now:
+            raise ConfigError(f"resume: {key}={now!r} is not the run's {key}={was!r} ({ck}/config.yaml): a run goes "
+                              "on with the env it started with (its metrics.csv and checkpoints are that env's); "
+                              "train a new run for another env")
     pm.load_modules(merged.get("plugins") or [], f"`plugins` in {ck}/config.yaml")  # installed code
     pm.check_hooks()
     check_algorithms(st, pm.algorithms(), os.path.join(ck, STATE_FILE), (str(merged.algo),))

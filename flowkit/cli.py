@@ -31,6 +31,7 @@ import argparse  # noqa: E402
 import atexit  # noqa: E402
 import contextlib  # noqa: E402
 import gc  # noqa: E402
+import math  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
 import warnings  # noqa: E402
@@ -538,8 +539,10 @@ def _record(argv: List[str]) -> int:
         path = _checkpoint_path("record", a.path)
         from flowkit.datasets import record
         res = record(path, **opts, trust_config=a.trust_config)
-        print(f"recorded {res['recorded_steps']} steps from {res['checkpoint']} ({opts['explore']}): whole-episode "
-              f"return mean {res['return_mean']:.4g}; the dataset holds {res['episodes']} episodes, {res['steps']} "
+        ret = res["return_mean"]
+        said = (f"whole-episode return mean {ret:.6g}" if math.isfinite(ret) else
+                "no episode ended within these steps (the running ones are kept, cut there)")
+        print(f"recorded {res['recorded_steps']} steps from {res['checkpoint']} ({opts['explore']}): {said}; the dataset holds {res['episodes']} episodes, {res['steps']} "
               f"steps\nwrote {res['path']} (train from it: input.dataset={res['path']})")
         return 0
     return _run_after("record", run)

@@ -314,7 +314,8 @@ def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore:
 
 
 def format_table(report: Dict[str, Any]) -> str:
-    """The report as a text table: one row for whole episodes, one per policy (multi-agent)."""
+    """The report as a text table: one row for whole episodes, one per policy (multi-agent);
+    numbers to 6 significant digits (a 27,000-step episode reads 26997, not 2.7e+04)."""
     cols = ["episodes", "return_mean", "return_std", "return_min", "return_max",
             "len_mean", "len_std", "len_min", "len_max"]
     rows = [("episode", report, report["episodes"])]
@@ -323,7 +324,7 @@ def format_table(report: Dict[str, Any]) -> str:
     head = f"{'':<16}" + "".join(f"{c:>13}" for c in cols + rates)
 
     def cell(v: Any) -> str:
-        return f"{v:>13}" if isinstance(v, (str, int)) else f"{v:>13.4g}" if math.isfinite(v) else f"{'-':>13}"
+        return f"{v:>13}" if isinstance(v, (str, int)) else f"{v:>13.6g}" if math.isfinite(v) else f"{'-':>13}"
     lines = [head]
     for name, d, n in rows:
         vals = [n] + [d[f"episode_{c}"] for c in cols[1:]] + [d.get(c, "") for c in rates]

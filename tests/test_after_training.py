@@ -279,3 +279,15 @@ def test_a_folder_without_checkpoint_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"flowkit export: error: no checkpoint at '{tmp_path}'") and len(err.splitlines()) == 1
     assert os.listdir(tmp_path) == []
+
+
+def test_the_evaluation_table_keeps_six_significant_digits():
+    """A newcomer's find: a 26,997-step Breakout game read `2.7e+04`; MuJoCo returns above
+    10,000 would have lost their last digits the same way."""
+    from flowkit.evaluation import format_table
+    rep = {"algo": "dqn", "env": "BreakoutNoFrameskip-v4", "checkpoint": "c", "iteration": 1, "episodes": 1,
+           "explore": False, "seed": 0, "episode_return_mean": 12345.67, "episode_return_std": 0.0,
+           "episode_return_min": -2.07712, "episode_return_max": 12345.67, "episode_len_mean": 26997.0,
+           "episode_len_std": 0.0, "episode_len_min": 26997, "episode_len_max": 26997}
+    row = format_table(rep).splitlines()[-1].split()
+    assert row == ["episode", "1", "12345.7", "0", "-2.07712", "12345.7", "26997", "0", "26997", "26997"]

@@ -77,6 +77,13 @@ def test_evaluation_fires_after_a_lost_life_so_a_game_never_waits_for_fire():
     assert n < 1000  # (before: 26,997)
 
 
+@pytest.mark.parametrize("p", [2.0, -0.1, "0.25"])
+def test_a_sticky_action_probability_outside_0_1_is_refused(p):
+    """ale-py takes repeat_action_probability=2.0 without a word (a newcomer's find)."""
+    with pytest.raises(ValueError, match=r"env.kwargs.repeat_action_probability=.*: a probability, in \[0, 1\]"):
+        make_env({"id": "ALE/Pong-v5", "preset": "atari", "kwargs": {"repeat_action_probability": p}}, EVAL)
+
+
 def _chain(env):
     while isinstance(env, gym.Wrapper):
         yield env

@@ -437,6 +437,11 @@ def test_flowkit_record_command_on_a_trained_run(tmp_path, capsys):
     assert "append=true" in capsys.readouterr().err
     assert main(["record", run, "episodes=3", f"out={out}", "append=true", "--trust-config"]) == 0
     assert open_dataset(out).total_steps == 30 + sum(2 + s % 5 for s in range(0, 3))  # the run's seed 0
+    capsys.readouterr()
+    # one step: no episode (2-6 steps) ends; the line says so instead of "return mean nan"
+    assert main(["record", run, "steps=1", f"out={out}-1", "--trust-config"]) == 0
+    assert "(greedy): no episode ended within these steps (the running ones are kept, cut there); the dataset holds 1 " \
+        "episodes, 1 steps" in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("out,says", [("afile", "out= '{tmp}/afile' is a file, not a folder"),

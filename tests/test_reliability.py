@@ -486,9 +486,10 @@ def tiny_run(tmp_path_factory):
     (["env=CartPole-v1", "resume={tmp}/nope"], "resume: no checkpoint at '{tmp}/nope' (expected a run folder with checkpoints/, "
                             "a checkpoint folder or a state.pt)"),
     (["env=CartPole-v1", "run.dir={tmp}/file/run"], "run.dir='{tmp}/file/run' cannot be created: Not a directory"),
-    (["resume={run}", "env=Acrobot-v1"], "checkpoint '{run}/checkpoints/iter_000001/state.pt': the saved state of "
-                                         "'default' (policies) does not fit this run (a changed env, model or "
-                                         "algorithm setting?): size mismatch for "),
+    # a newcomer's find: HalfCheetah-v5 on a Walker2d-v5 run (same spaces) went on silently, two envs in one curve
+    (["resume={run}", "env=Acrobot-v1"], "resume: env.id='Acrobot-v1' is not the run's env.id='CartPole-v1' "
+                                         "({run}/checkpoints/iter_000001/config.yaml): a run goes on with the env it "
+                                         "started with"),
     (["resume={run}", "model.hidden_sizes=[32]"], "checkpoint '{run}/checkpoints/iter_000001/state.pt': the saved "
                                                   "state of 'default' (policies) does not fit this run"),
     (["env=CartPole-v1", "model.hidden_sizes=[1000000000000]"], "the networks do not fit in memory (model.hidden_sizes=[1000000000000]): "),

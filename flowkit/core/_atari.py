@@ -186,10 +186,14 @@ def make_atari(env_id: str, kwargs: Dict[str, Any], training: bool, max_episode_
 
     Raises:
         ImportError: ale-py is not installed (``pip install 'flowkit[atari]'``).
-        ValueError: ``env_id`` is not an ALE env.
+        ValueError: ``env_id`` is not an ALE env, or ``repeat_action_probability`` is not in [0, 1].
     """
     register_ale()
     kw = dict(kwargs)
+    p = kw.get("repeat_action_probability")
+    if p is not None and not (isinstance(p, (int, float)) and 0.0 <= float(p) <= 1.0):  # ale-py does not check
+        raise ValueError(f"env.kwargs.repeat_action_probability={p!r}: a probability, in [0, 1] (sticky actions: "
+                         "0.25 in the v5 ids, 0 in NoFrameskip-v4)")
     if env_id.startswith("ALE/"):
         kw.setdefault("frameskip", 1)
     env = gym.make(env_id, **kw)
