@@ -441,6 +441,8 @@ def _evaluate(argv: List[str]) -> int:
             report = evaluate(path, **opts, trust_config=a.trust_config)
         except (EvaluationTimeout, EnvExit, EnvError, OutputError) as e:  # the env or the disk failed: one line, exit 1
             print(f"flowkit evaluate: error: {e}", file=sys.stderr)
+            import traceback  # the frames' envs go now (the exit skips the collection that would free them,
+            traceback.clear_frames(e.__traceback__)  # and ale-py would list them as leaked)
             return 1
         print(format_table(report))
         for v in report.get("videos", []):

@@ -227,7 +227,7 @@ class RolloutWorker:
         reports its envs as leaked)."""
         if hasattr(self.runner, "close"):
             self.runner.close()
-        self.runner = None
+        self.runner, self._envs = None, []  # (the runner's envs, built before it)
 
 
 # ---- the worker set ----------------------------------------------------------------------------
