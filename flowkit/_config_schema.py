@@ -5,9 +5,12 @@ Holds :func:`F` (a dataclass field with its help text and allowed values) and
 :class:`Allowed`, the hard size limits (:data:`MAX_BATCH_ROWS`, :data:`MAX_EPISODES`), the
 core section dataclasses (``env``, ``runtime``, ``model``, ... gathered in :class:`Config`),
 and :func:`schema_keys` / :func:`schema_allowed`, the ``{dotted key: ...}`` view of a schema
-that loading, checking and help text read. Declarations only: nothing here loads, merges or
-checks a config (that is :mod:`flowkit.config`, which re-exports the names here that others
-use; import them from there). Imports nothing of flowkit.
+that loading, checking and help text read; and the checks of what an algorithm declares
+(its action spaces, ``recurrent``, ``normalize_obs``) against a policy's space and ``model.*``
+(:func:`action_space_error`, :func:`recurrent_error`, :func:`normalize_obs_error`,
+:func:`normalize_obs_on`), which the set-up and the check before Ray starts share. Nothing here
+loads or merges a config (that is :mod:`flowkit.config`, which re-exports the names here that
+others use; import them from there). Imports nothing of flowkit.
 """
 from __future__ import annotations
 
@@ -15,6 +18,7 @@ import dataclasses
 import math
 import re
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
@@ -334,3 +338,81 @@ def _type_name(tp) -> str:
     name = (f"{getattr(base, '__name__', base)}[{', '.join(_type_name(a) for a in args)}]" if args
             else getattr(base, "__name__", None) or str(base).replace("typing.", ""))
     return f"{name} or null" if opt else name
+
+
+def _field(section: Any, key: str, default: Any = None) -> Any:
+    """``section.key`` of a config section (a DictConfig or dict, or a dataclass instance);
+    ``default`` where it has no such key or is None."""
+    if section is None:
+        return default
+    return section.get(key, default) if isinstance(section, Mapping) else getattr(section, key, default)
+
+
+# ---- what an algorithm declares, checked against the config (Algorithm.check_model, check_run) --
+
+def action_space_error(algo: str, kinds: Sequence[str], policy_id: str, action_space: Any) -> Optional[str]:
+    """Why algorithm ``algo``, which accepts the action spaces named in ``kinds`` (Gymnasium
+    space class names; empty: any), cannot act in ``action_space``; None if it can. Shared by
+    :meth:`flowkit.core.Algorithm.check_spaces` (at set-up) and the CLI's check before Ray starts."""
+    got = type(action_space).__name__
+    if not kinds or got in kinds:
+        return None
+    other = "dqn or ppo" if got == "Discrete" and "Discrete" not in kinds else "ppo"
+    return (f"policy {policy_id!r}: {algo.upper()} needs a {' or '.join(kinds)} action space, got {action_space} "
+            f"(use an algorithm for {got} actions, e.g. {other})")
+
+
+def recurrent_error(algo: str, recurrent: bool, policy_id: str, model_config: Any,
+                    recurrent_algos: Optional[List[str]] = None) -> Optional[str]:
+    """Why algorithm ``algo`` (``recurrent``: whether it trains recurrent networks) cannot
+    train the network of ``model_config`` (a ``model.*`` section); None if it can. Shared by
+    :meth:`flowkit.core.Algorithm.check_model` (at set-up) and :func:`check_run`, which names
+    the installed algorithms that train recurrent networks (``recurrent_algos``)."""
+    kind = _field(model_config, "recurrent")
+    if not kind or recurrent:
+        return None
+    which = f" (installed algorithms that do: {', '.join(sorted(recurrent_algos))})" if recurrent_algos else ""
+    return (f"policy {policy_id!r}: model.recurrent={kind} but {algo.upper()} trains feed-forward networks "
+            f"only{which}; set model.recurrent=null or change the algorithm")
+
+
+def normalize_obs_on(model_config: Any, section: Any = None, own_key: str = "") -> bool:
+    """Whether a policy normalises its observations: ``model.normalize_obs`` of
+    ``model_config`` is true, or its algorithm has a key ``own_key`` in its section
+    ``section`` that is the same switch (``ppo.normalize_observations``,
+    ``es.normalize_observations``, ``ars.normalize_observations``) and that key is true.
+    Either key turns normalisation on; neither alone turns it off. What the policies read;
+    :func:`normalize_obs_error` (at set-up and before Ray starts) refuses what they cannot honour."""
+    return bool(_field(model_config, "normalize_obs", False)) or (
+        bool(_field(section, own_key, False)) if own_key else False)
+
+
+def normalize_obs_error(algo: str, support: Union[bool, str], policy_id: str, model_config: Any,
+                        section: Any = None, config_class: Optional[type] = None, why: str = "") -> Optional[str]:
+    """Why ``model.normalize_obs=true`` (of ``model_config``, a ``model.*`` section) cannot be
+    honoured for policy ``policy_id`` of algorithm ``algo``; None if it can (or the key is
+    false). Shared by :meth:`flowkit.core.Algorithm.check_model` (at set-up, per policy) and
+    :func:`check_run` (before torch and Ray load).
+
+    Args:
+        support: the algorithm's declaration (:attr:`flowkit.core.Algorithm.normalize_obs`):
+            True: honoured; the name of a key of its own section that is the same switch
+            (``"normalize_observations"``; :func:`normalize_obs_on`): honoured, but refused when
+            that key is given false where its default is true (``ars.normalize_observations=false``:
+            the user's off would be overridden); False: refused, ``why`` says why and what to
+            use instead.
+        section: the algorithm's section (None: not in the config, its defaults apply).
+        config_class: the section's dataclass (the own key's default).
+    """
+    if not bool(_field(model_config, "normalize_obs", False)):
+        return None
+    if not support:
+        return (f"policy {policy_id!r}: model.normalize_obs=true is not supported by {algo}: "
+                f"{why or 'its policies keep no running observation statistics'}, or remove model.normalize_obs")
+    if isinstance(support, str) and section is not None:
+        fields = {f.name: f.default for f in dataclasses.fields(config_class)} if dataclasses.is_dataclass(config_class) else {}
+        own = _field(section, support)
+        if own is not None and not bool(own) and fields.get(support) is True:
+            return (f"policy {policy_id!r}: model.normalize_obs=true contradicts {algo}.{support}=false: the two keys "
+                    f"are one switch (either turns observation normalisation on); remove one of them")
+    return None

@@ -50,9 +50,14 @@ from flowkit._config_schema import (  # noqa: F401
     RunConfig,
     RuntimeConfig,
     StopConfig,
+    _field,
     _leaf_type,
     _type_name,
     _unwrap_optional,
+    action_space_error,
+    normalize_obs_error,
+    normalize_obs_on,
+    recurrent_error,
     schema_allowed,
     schema_keys,
 )
@@ -92,11 +97,6 @@ def schedule_horizon(section: Any, run_config: Any) -> Optional[int]:
     if section is None or "linear" not in [_field(section, k) for k in schedule_keys(section)]:
         return None
     return int(_field(section, "schedule_env_steps") or run_config.stop.env_steps)
-
-
-def _field(section: Any, key: str) -> Any:
-    """``section.key`` of a DictConfig or a dataclass instance; None where it has no such key."""
-    return section.get(key) if isinstance(section, DictConfig) else getattr(section, key, None)
 
 
 def round_env_steps(run_config: Any) -> int:
@@ -182,83 +182,6 @@ def run_algorithms(cfg: Any) -> List[str]:
     if isinstance(pols, DictConfig):
         names += [str(p.algo) for p in pols.values() if isinstance(p, DictConfig) and p.get("algo")]
     return list(dict.fromkeys(names))
-
-
-def action_space_error(algo: str, kinds: Sequence[str], policy_id: str, action_space: Any) -> Optional[str]:
-    """Why algorithm ``algo``, which accepts the action spaces named in ``kinds`` (Gymnasium
-    space class names; empty: any), cannot act in ``action_space``; None if it can. Shared by
-    :meth:`flowkit.core.Algorithm.check_spaces` (at set-up) and the CLI's check before Ray starts."""
-    got = type(action_space).__name__
-    if not kinds or got in kinds:
-        return None
-    other = "dqn or ppo" if got == "Discrete" and "Discrete" not in kinds else "ppo"
-    return (f"policy {policy_id!r}: {algo.upper()} needs a {' or '.join(kinds)} action space, got {action_space} "
-            f"(use an algorithm for {got} actions, e.g. {other})")
-
-
-def recurrent_error(algo: str, recurrent: bool, policy_id: str, model_config: Any,
-                    recurrent_algos: Optional[List[str]] = None) -> Optional[str]:
-    """Why algorithm ``algo`` (``recurrent``: whether it trains recurrent networks) cannot
-    train the network of ``model_config`` (a ``model.*`` section); None if it can. Shared by
-    :meth:`flowkit.core.Algorithm.check_model` (at set-up) and :func:`check_run`, which names
-    the installed algorithms that train recurrent networks (``recurrent_algos``)."""
-    kind = model_config.get("recurrent") if hasattr(model_config, "get") else getattr(model_config, "recurrent", None)
-    if not kind or recurrent:
-        return None
-    which = f" (installed algorithms that do: {', '.join(sorted(recurrent_algos))})" if recurrent_algos else ""
-    return (f"policy {policy_id!r}: model.recurrent={kind} but {algo.upper()} trains feed-forward networks "
-            f"only{which}; set model.recurrent=null or change the algorithm")
-
-
-def _key_of(obj: Any, key: str, default: Any = None) -> Any:
-    """``obj[key]`` of a config section (DictConfig, dict or dataclass object), else ``default``."""
-    if obj is None:
-        return default
-    if isinstance(obj, (DictConfig, dict)):
-        return obj.get(key, default) if key in obj else default
-    return getattr(obj, key, default)
-
-
-def normalize_obs_on(model_config: Any, section: Any = None, own_key: str = "") -> bool:
-    """Whether a policy normalises its observations: ``model.normalize_obs`` of
-    ``model_config`` is true, or its algorithm has a key ``own_key`` in its section
-    ``section`` that is the same switch (``ppo.normalize_observations``,
-    ``es.normalize_observations``, ``ars.normalize_observations``) and that key is true.
-    Either key turns normalisation on; neither alone turns it off. What the policies read;
-    :func:`normalize_obs_error` (at set-up and before Ray starts) refuses what they cannot honour."""
-    return bool(_key_of(model_config, "normalize_obs", False)) or (
-        bool(_key_of(section, own_key, False)) if own_key else False)
-
-
-def normalize_obs_error(algo: str, support: Union[bool, str], policy_id: str, model_config: Any,
-                        section: Any = None, config_class: Optional[type] = None, why: str = "") -> Optional[str]:
-    """Why ``model.normalize_obs=true`` (of ``model_config``, a ``model.*`` section) cannot be
-    honoured for policy ``policy_id`` of algorithm ``algo``; None if it can (or the key is
-    false). Shared by :meth:`flowkit.core.Algorithm.check_model` (at set-up, per policy) and
-    :func:`check_run` (before torch and Ray load).
-
-    Args:
-        support: the algorithm's declaration (:attr:`flowkit.core.Algorithm.normalize_obs`):
-            True: honoured; the name of a key of its own section that is the same switch
-            (``"normalize_observations"``; :func:`normalize_obs_on`): honoured, but refused when
-            that key is given false where its default is true (``ars.normalize_observations=false``:
-            the user's off would be overridden); False: refused, ``why`` says why and what to
-            use instead.
-        section: the algorithm's section (None: not in the config, its defaults apply).
-        config_class: the section's dataclass (the own key's default).
-    """
-    if not bool(_key_of(model_config, "normalize_obs", False)):
-        return None
-    if not support:
-        return (f"policy {policy_id!r}: model.normalize_obs=true is not supported by {algo}: "
-                f"{why or 'its policies keep no running observation statistics'}, or remove model.normalize_obs")
-    if isinstance(support, str) and section is not None:
-        fields = {f.name: f.default for f in dataclasses.fields(config_class)} if dataclasses.is_dataclass(config_class) else {}
-        own = _key_of(section, support)
-        if own is not None and not bool(own) and fields.get(support) is True:
-            return (f"policy {policy_id!r}: model.normalize_obs=true contradicts {algo}.{support}=false: the two keys "
-                    f"are one switch (either turns observation normalisation on); remove one of them")
-    return None
 
 
 def did_you_mean(word: Any, options: Iterable[str], prefix: str = "") -> str:
