@@ -14,8 +14,10 @@ through only the callables that installed flowkit plugins vouch for:
   multiagent plugin lists PettingZoo's and MPE2's env constructors).
 
 Any other callable -- ``env.factory``, ``model.class`` (also a policy's own), a ``plugins``
-module, the module of an ``env.id`` of the form ``module:Id``, any other ``module:attr``
-value -- is refused with one line naming the key, the value and the three ways to consent:
+module, the module of an ``env.id`` of the form ``module:Id``, any other ``module:`` or
+``module:attr`` value; at the keys that name code, every form (``mod``, ``mod:``,
+``mod.attr``), as :func:`flowkit.core.names.code_values` finds them for the one resolver,
+:func:`flowkit.core.names.resolve` -- is refused with one line naming the key, the value and the three ways to consent:
 ``--trust-config`` (evaluate, export, ``train resume=``), ``trust_config=True`` in Python,
 or the same key given again on the command line. Nothing named by the folder is imported
 before that check. Torch-free.
@@ -25,7 +27,6 @@ from __future__ import annotations
 import importlib
 import importlib.metadata as md
 import os
-import pkgutil
 import re
 import sys
 from typing import Any, Collection, Dict, Iterator, List, Optional, Tuple
@@ -35,11 +36,11 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from flowkit.config import ConfigError
+from flowkit.core.names import code_values, module_of, resolve
 
 TESTING = "flowkit.testing"
 CONSENT = ("a run folder is data: its callables run only with your consent (--trust-config, "
            "trust_config=True in Python, or give the same value again on the command line)")
-_CALLABLE = re.compile(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*")
 _MAX_BYTES = 1 << 20  # a config.yaml is a few KB
 
 
@@ -116,21 +117,12 @@ def _leaves(d: Any, prefix: str = "") -> Iterator[Tuple[str, Any]]:
 
 
 def callables_named(data: Dict[str, Any]) -> List[Tuple[str, str]]:
-    """``[(key, callable)]`` a config names: each ``plugins`` module, the module of an
-    ``env.id`` of the form ``module:Id``, and every other string value of the form
-    ``module:attr`` (``env.factory``, ``model.class``, a policy's ``model.class``, ...)."""
-    out: List[Tuple[str, str]] = []
-    plugins = data.get("plugins")
-    for i, m in enumerate(plugins if isinstance(plugins, list) else [] if plugins is None else [plugins]):
-        out.append((f"plugins[{i}]", str(m)))
-    env = data.get("env")
-    env_id = env.get("id") if isinstance(env, dict) else None
-    if isinstance(env_id, str) and ":" in env_id:
-        out.append(("env.id", env_id.partition(":")[0] + ":"))
-    for key, v in _leaves({k: v for k, v in data.items() if k != "plugins"}):
-        if key != "env.id" and isinstance(v, str) and _CALLABLE.fullmatch(v.strip()):
-            out.append((key, v.strip()))
-    return out
+    """``[(key, callable)]`` a config names, as :func:`flowkit.core.names.code_values` finds
+    them (the resolver's own keys, every form): each ``plugins`` module, the module of an
+    ``env.id`` of the form ``module:Id`` (as ``module:``), each ``env.factory`` and
+    ``model.class`` (a policy's own too) whatever its form, and every other string value of
+    the form ``module:`` or ``module:attr``."""
+    return [(k, module_of(v, k) + ":" if k == "env.id" else v) for k, v in code_values(data)]
 
 
 def _entry_modules() -> Tuple[List[str], List[str]]:
@@ -155,20 +147,20 @@ def _below(module: str, roots: Collection[str]) -> bool:
 
 def is_trusted(value: str) -> bool:
     """Whether an installed flowkit plugin vouches for the callable ``value`` (``module:attr``,
-    or ``module:`` for a module): see the module docstring. Imports only modules below an
+    or ``module:`` or ``module`` for a module): see the module docstring. Imports only modules below an
     entry-point module or flowkit.testing (installed code), to see where the object is defined."""
     roots, patterns = _entry_modules()
     if any(re.fullmatch(p, value) for p in patterns):
         return True
     module, _, attr = value.partition(":")
-    if not _below(module, roots):
+    if not _below(module.strip(), roots):
         return False
     if not attr:
-        return True
+        return True  # a module below an entry point's (installed code)
     try:
-        obj = pkgutil.resolve_name(value)
-    except Exception:
-        return False  # not there: refused as not provided
+        obj = resolve(value, "value")
+    except ConfigError:
+        return False  # not there, or not of the resolver's form: refused as not provided
     home = getattr(obj, "__module__", None)
     return isinstance(home, str) and _below(home, roots)
 

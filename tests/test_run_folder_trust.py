@@ -131,9 +131,11 @@ def test_what_installed_plugins_provide_is_trusted():
 
 
 ATTACKS = {"os:system": {"env.factory": "os:system", "env.kwargs": {"command": "touch {marker}"}},
-           "oc.env": {"env.kwargs": {"render_mode": "${oc.env:FK_SECRET}"}}}
+           "oc.env": {"env.kwargs": {"render_mode": "${oc.env:FK_SECRET}"}},
+           "this:": {"env.factory": "this:"}}  # importing `this` prints the Zen of Python
 COMMANDS = {"evaluate": ["evaluate", "{run}", "episodes=1"], "export": ["export", "{run}", "--format", "torchscript"],
-            "resume": ["train", "resume={run}", "stop.iterations=2"], "plot": ["plot", "{run}", "--out", "{tmp}/p.png"]}
+            "resume": ["train", "resume={run}", "stop.iterations=2"], "record": ["record", "{run}", "episodes=1",
+                                                                                 "out={tmp}/ds"], "plot": ["plot", "{run}", "--out", "{tmp}/p.png"]}
 
 
 @pytest.mark.parametrize("attack", ATTACKS)
@@ -153,7 +155,7 @@ def test_security_a_tampered_run_folder_runs_nothing(untrusted_run, tmp_path, at
     p = subprocess.run(FLOWKIT + args, capture_output=True, text=True, timeout=300, env=env, cwd=str(tmp_path))
     out = p.stdout + p.stderr
     assert not os.path.exists(marker), out
-    assert "s3cr3t-value" not in out and "Traceback" not in out, out
+    assert "s3cr3t-value" not in out and "Traceback" not in out and "Beautiful is better" not in out, out
     if command == "plot":
         assert p.returncode == 0, out
         assert "s3cr3t-value" not in open(str(tmp_path / "p.csv")).read()
@@ -161,7 +163,93 @@ def test_security_a_tampered_run_folder_runs_nothing(untrusted_run, tmp_path, at
     assert p.returncode == 2, out
     line = p.stderr.strip()
     assert "\n" not in line, line
-    if attack == "os:system":
-        assert "`env.factory` names 'os:system'" in line and "--trust-config" in line, line
+    if attack in ("os:system", "this:"):
+        assert f"`env.factory` names {attack.rstrip(':')!r}" in line and "--trust-config" in line, line
     else:
         assert "`env.kwargs.render_mode` holds the interpolation '${oc.env:FK_SECRET}'" in line, line
+
+
+# Issue 48, item 1: every form of a name reaches the one resolver's gate. `evilpkg` (a package)
+# and `evilplugin` leave a marker when imported; `mod:` (an empty attribute) was imported before.
+FORMS = {"env.factory": ["evilplugin:", "evilplugin", "evilpkg.sub", "evilpkg.sub:", "evilpkg.sub:make",
+                         "evilplugin:Net.build", " evilplugin: "],
+         "model.class": ["evilplugin:", "evilplugin", "evilpkg.sub", "evilpkg.sub:Net"],
+         "env.id": ["evilplugin:Evil-v0", "evilpkg.sub:Evil-v0"],
+         "ppo.note": ["evilpkg.sub:"]}  # any other key: `mod:` and `mod:attr` count too
+CASES = [(k, v) for k, vs in FORMS.items() for v in vs]
+
+
+@pytest.fixture
+def evil(lib, tmp_path, monkeypatch):
+    """A package ``evilpkg`` (and module ``evilplugin``) whose import writes a marker file."""
+    pkg = os.path.join(lib, "evilpkg")
+    os.makedirs(pkg, exist_ok=True)
+    for name in ("__init__.py", "sub.py"):
+        with open(os.path.join(pkg, name), "w") as f:
+            f.write(LIB["evilplugin.py"])
+    marker = str(tmp_path / "IMPORTED")
+    monkeypatch.setenv("FK_MARKER", marker)
+    for m in ("evilplugin", "evilpkg", "evilpkg.sub"):
+        sys.modules.pop(m, None)
+    yield marker
+    assert not os.path.exists(marker) and not {"evilplugin", "evilpkg", "evilpkg.sub"} & set(sys.modules)
+
+
+def _commands(run, tmp_path):
+    from flowkit.cli import main
+    out = str(tmp_path / "out")
+    return {"evaluate": lambda: main(["evaluate", run, "episodes=1"]),
+            "export": lambda: main(["export", run, "--format", "torchscript", "--out", out + ".pt"]),
+            "record": lambda: main(["record", run, "episodes=1", f"out={out}"]),
+            "resume": lambda: main(["train", f"resume={run}", "stop.iterations=2"]),
+            "from_checkpoint": lambda: flowkit.Algorithm.from_checkpoint(run)}
+
+
+@pytest.mark.parametrize("key,value", CASES, ids=[f"{k}={v.strip()}" for k, v in CASES])
+def test_c48_every_form_of_a_name_is_refused_before_any_import(untrusted_run, tmp_path, evil, key, value, capsys):
+    run = _copy(untrusted_run, tmp_path, **{key: value, "env.factory": "flowkit.testing.envs:match"}
+                if key != "env.factory" else {key: value})
+    if key == "env.id":
+        run = _copy(run, tmp_path / "noid", **{"env.factory": None})
+    shown = value.strip()[:-1] if value.strip().endswith(":") else value.strip()
+    if key == "env.id":
+        shown = value.partition(":")[0]
+    for name, fn in _commands(run, tmp_path).items():
+        if name == "from_checkpoint":
+            with pytest.raises(UntrustedConfigError, match=re.escape(f"`{key}` names {shown!r}")):
+                fn()
+            continue
+        assert fn() == 2, name
+        err = capsys.readouterr().err.strip()
+        assert "\n" not in err and f"`{key}` names {shown!r}" in err and "it was not imported" in err, (name, err)
+    assert flowkit.cli.main(["plot", run, "--out", str(tmp_path / "p.png")]) == 0  # plot reads no callable
+
+
+def test_c48_a_multiagent_opponent_naming_a_module_form_is_refused(untrusted_run, tmp_path, evil):
+    from flowkit.engine import load_config, setup
+    pytest.importorskip("pettingzoo")
+    for value in ("evilplugin:", "evilpkg.sub"):
+        run = _copy(untrusted_run, tmp_path / value.replace(":", "_"))
+        state = os.path.join(find_checkpoint(run), "state.pt")
+        st = torch.load(state, weights_only=True)
+        st["policy_specs"]["default"]["model"] = {"class": value}
+        torch.save(st, state)
+        with pytest.raises(UntrustedConfigError, match=re.escape(f"`policy_specs.default.model.class` names "
+                                                                 f"{value.rstrip(':')!r}")):
+            setup(*reversed(load_config(local_overrides(
+                str(tmp_path / "ma"), "env.factory=flowkit.testing.envs:turn_game", "multiagent.mapping.p0=me",
+                "multiagent.mapping.p1=opp", f"multiagent.policies.opp.checkpoint={run}"))))
+
+
+@pytest.mark.parametrize("key,value", [("env.factory", "evilplugin:"), ("env.factory", "evilpkg.sub"),
+                                       ("model.class", "evilplugin"), ("model.class", "evilpkg.sub")])
+def test_c48_the_resolver_takes_module_attr_only_even_with_consent(untrusted_run, tmp_path, evil, key, value):
+    """Consent does not widen the form: ``mod``, ``mod:`` and ``mod.attr`` are a config error
+    from the one resolver, raised before anything is imported."""
+    from flowkit.core.names import resolve
+    with pytest.raises(flowkit.ConfigError, match=re.escape(f"{key}={value!r} must be of the form module:attr")):
+        resolve(value, key)
+    run = _copy(untrusted_run, tmp_path, **{key: value, "env.factory": "flowkit.testing.envs:match"}
+                if key != "env.factory" else {key: value})
+    with pytest.raises(flowkit.ConfigError, match=re.escape(f"{key}={value!r} must ")):  # (model.class: its pattern)
+        flowkit.train([f"resume={run}", "stop.iterations=2"], verbose=False, trust_config=True)

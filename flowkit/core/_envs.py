@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
-import pkgutil
 import zlib
 from typing import Any, Callable, List, Optional, Protocol, Tuple, runtime_checkable
 
 import gymnasium as gym
 import numpy as np
+
+from flowkit.core.names import resolve
 
 
 class EnvError(RuntimeError):
@@ -129,9 +130,7 @@ def make_env(env_cfg: Any, context: EnvContext) -> Any:
         return make_atari(env_cfg["id"], kwargs, training=context.worker_index >= 0,
                           max_episode_steps=env_cfg.get("max_episode_steps"))
     elif path := env_cfg.get("factory"):
-        if ":" not in path:
-            raise ValueError(f"env.factory={path!r} must be of the form module:callable")
-        fn = pkgutil.resolve_name(path)
+        fn = resolve(path, "env.factory")
         if not callable(fn):
             raise ValueError(f"env.factory={path!r} is not callable")
         try:

@@ -111,12 +111,8 @@ class Policy(Acting):
             if self.inference_only and self.device.type == "cpu" and self.encoder.is_image:
                 acting_layout(default)  # a rollout worker's CNN: same function, faster on CPU
             return default
-        import importlib
-        mod, _, name = str(spec).partition(":")
-        try:
-            cls = getattr(importlib.import_module(mod), name)
-        except Exception as e:
-            raise ConfigError(f"model.class={spec!r} does not import: {type(e).__name__}: {e}") from None
+        from flowkit.core.names import resolve
+        cls = resolve(str(spec), "model.class")
         if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
             raise ConfigError(f"model.class={spec!r} is {cls!r}, not a torch.nn.Module subclass")
         probe = torch.from_numpy(np.zeros((2, *self.encoder.shape), self.encoder.dtype))

@@ -267,9 +267,8 @@ class TinyEnv:
         return f"env.factory={self.factory}"
 
     def make(self, **kwargs: Any) -> Any:
-        import importlib
-        mod, _, name = self.factory.partition(":")
-        return getattr(importlib.import_module(mod), name)(**kwargs)
+        from flowkit.core.names import resolve
+        return resolve(self.factory, "env.factory")(**kwargs)
 
 
 DISCRETE = TinyEnv("flowkit.testing.envs:match", 7.0)   # random: 4 of 8
