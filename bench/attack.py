@@ -749,6 +749,16 @@ DAMAGES: Dict[str, tuple] = {  # name: (damage, marker or None)
     "config.yaml model.class os:system": (_config_edit(lambda s, t: _set_yaml_key("model", "class: os:system")(s, t)),
                                           None),
     "config.yaml plugins [os]": (_config_edit(lambda s, t: s + "plugins: [os]\n"), None),
+    # issue 48: every form of a name (importing `this` prints the Zen of Python: noisy, not clean)
+    "config.yaml env.factory this: (empty attr)": (_config_edit(lambda s, t: _set_yaml_key("env", "factory: 'this:'")(s, t)),
+                                                    None),
+    "config.yaml env.factory this (a module)": (_config_edit(lambda s, t: _set_yaml_key("env", "factory: this")(s, t)),
+                                                None),
+    "config.yaml env.factory json.tool (mod.attr)": (_config_edit(
+        lambda s, t: _set_yaml_key("env", "factory: json.tool")(s, t)), None),
+    "config.yaml model.class this": (_config_edit(lambda s, t: _set_yaml_key("model", "class: this")(s, t)), None),
+    "config.yaml model.class 'this:'": (_config_edit(lambda s, t: _set_yaml_key("model", "class: 'this:'")(s, t)), None),
+    "config.yaml env.id this:Zen-v0": (_config_edit(lambda s, t: _set_yaml_key("env", "id: this:Zen-v0")(s, t)), None),
     "config.yaml algo nope": (_config_edit(lambda s, t: re.sub(r"(?m)^algo: .*$", "algo: nope", s)), None),
     "iteration folder not an int": (_rename_ckpt("iter_abc"), None),
     "checkpoints folder empty": (lambda r, t, c: (shutil.rmtree(os.path.join(r, "checkpoints")),
