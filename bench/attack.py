@@ -640,6 +640,11 @@ def _set_yaml_key(section: str, line: str) -> Callable[[str, str], str]:
     return edit
 
 
+def _set_dotted(key: str, value: str) -> Callable[[str, str], str]:
+    section, _, name = key.partition(".")
+    return _set_yaml_key(section, f"{name}: {value}")
+
+
 def _in_section(text: str, target: str, section: str) -> bool:
     current = None
     for ln in text.splitlines():
@@ -749,16 +754,11 @@ DAMAGES: Dict[str, tuple] = {  # name: (damage, marker or None)
     "config.yaml model.class os:system": (_config_edit(lambda s, t: _set_yaml_key("model", "class: os:system")(s, t)),
                                           None),
     "config.yaml plugins [os]": (_config_edit(lambda s, t: s + "plugins: [os]\n"), None),
-    # issue 48: every form of a name (importing `this` prints the Zen of Python: noisy, not clean)
-    "config.yaml env.factory this: (empty attr)": (_config_edit(lambda s, t: _set_yaml_key("env", "factory: 'this:'")(s, t)),
-                                                    None),
-    "config.yaml env.factory this (a module)": (_config_edit(lambda s, t: _set_yaml_key("env", "factory: this")(s, t)),
-                                                None),
-    "config.yaml env.factory json.tool (mod.attr)": (_config_edit(
-        lambda s, t: _set_yaml_key("env", "factory: json.tool")(s, t)), None),
-    "config.yaml model.class this": (_config_edit(lambda s, t: _set_yaml_key("model", "class: this")(s, t)), None),
-    "config.yaml model.class 'this:'": (_config_edit(lambda s, t: _set_yaml_key("model", "class: 'this:'")(s, t)), None),
-    "config.yaml env.id this:Zen-v0": (_config_edit(lambda s, t: _set_yaml_key("env", "id: this:Zen-v0")(s, t)), None),
+    # issue 48: every form of a name; importing `markmod` (written beside fuzzenvs) leaves MARKER
+    **{f"config.yaml {key} {form}": (_config_edit(_set_dotted(key, f"'{form}'")), "MARKER")
+       for key, form in (("env.factory", "markmod:"), ("env.factory", "markmod"), ("env.factory", "markmod.sub"),
+                         ("env.factory", "markmod.sub:"), ("model.class", "markmod"), ("model.class", "markmod:"),
+                         ("model.class", "markmod.sub"), ("env.id", "markmod:Evil-v0"))},
     "config.yaml algo nope": (_config_edit(lambda s, t: re.sub(r"(?m)^algo: .*$", "algo: nope", s)), None),
     "iteration folder not an int": (_rename_ckpt("iter_abc"), None),
     "checkpoints folder empty": (lambda r, t, c: (shutil.rmtree(os.path.join(r, "checkpoints")),
@@ -1058,6 +1058,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     os.makedirs(fx, exist_ok=True)
     with open(os.path.join(fx, "fuzzenvs.py"), "w") as f:
         f.write(FUZZENVS)
+    os.makedirs(os.path.join(fx, "markmod"), exist_ok=True)
+    for name in ("__init__.py", "sub.py"):  # importing it is running code a run folder named
+        with open(os.path.join(fx, "markmod", name), "w") as f:
+            f.write("open('MARKER', 'w').close()\n")
     ctx = Ctx(cmd, _python_of(cmd), work, fx, a.timeout, a.mem_gb)
     if not a.list and ({"tamper", "surfaces"} & set(parts)):
         print("training the base runs ...", flush=True)

@@ -187,14 +187,26 @@ class Guard:
 GUARD = Guard()
 
 
-MAX_WORKERS_PER_CPU = 4  # rollout worker processes a local Ray cluster may start per CPU
+WORKER_MEMORY_MB = 300  # private memory of one rollout worker process (torch, a CartPole env): 270 MB measured
+
+
+def available_memory_mb() -> float:
+    """This machine's MemAvailable (/proc/meminfo) in MB; inf where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            kb = next(int(line.split()[1]) for line in f if line.startswith("MemAvailable:"))
+        return kb / 1024.0
+    except (OSError, StopIteration, ValueError, IndexError):
+        return float("inf")
 
 
 def check_cpus(cfg: Any) -> None:
     """A local Ray cluster that cannot place every worker would wait forever: refuse it; and
-    more rollout worker processes than ``MAX_WORKERS_PER_CPU`` x the CPUs (possible with
-    ``runtime.num_cpus_per_worker=0`` or a fraction: each is a Python process with torch, some
-    hundred MB) would swamp the machine: refuse them too, before any is spawned."""
+    more rollout worker processes than the available memory holds at ``WORKER_MEMORY_MB`` each
+    (possible with ``runtime.num_cpus_per_worker=0`` or a fraction: each is a Python process
+    with torch) would swamp the machine: refuse them too, before any is spawned. Workers whose
+    envs wait rather than compute (a remote simulator, bench/scaling.py's sleeping env) may
+    share a CPU many to one."""
     from flowkit.config import ConfigError
     rt = cfg.runtime
     from flowkit import _ray
@@ -202,14 +214,15 @@ def check_cpus(cfg: Any) -> None:
         return  # the local backend, an attached cluster, or the caller's own Ray session
     have = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     n, per = max(1, int(rt.num_workers)), float(rt.num_cpus_per_worker)
-    if n * per > have:
+    if n * per > have + 1e-9:
         raise ConfigError(f"runtime.num_workers={rt.num_workers} x runtime.num_cpus_per_worker={per:g} needs "
                           f"{n * per:g} CPUs, this machine has {have}: lower runtime.num_workers or share CPUs "
                           f"(runtime.num_cpus_per_worker={have / n:g})")
-    if n > MAX_WORKERS_PER_CPU * have:
-        raise ConfigError(f"runtime.num_workers={rt.num_workers}: a local Ray cluster runs at most "
-                          f"{MAX_WORKERS_PER_CPU} rollout worker processes per CPU ({MAX_WORKERS_PER_CPU * have} on this "
-                          f"machine's {have}), whatever runtime.num_cpus_per_worker; more sub-envs per worker "
+    room = available_memory_mb()
+    if n * WORKER_MEMORY_MB > room:
+        raise ConfigError(f"runtime.num_workers={rt.num_workers}: {n} rollout worker processes need about "
+                          f"{n * WORKER_MEMORY_MB / 1024:.1f} GB ({WORKER_MEMORY_MB} MB each), this machine has "
+                          f"{room / 1024:.1f} GB available: lower runtime.num_workers; more sub-envs per worker "
                           "(runtime.num_envs_per_worker) sample more at once")
 
 

@@ -256,7 +256,8 @@ class GymEnvRunner:
                 or env.get("preset") or env.autoreset_mode != "next_step"):  # a preset's wrappers define the env
             return False
         try:
-            return bool(gym.spec(env.id).vector_entry_point)
+            # (`module:Id`: the module was imported when the sub-envs were built; spec() looks up Id)
+            return bool(gym.spec(str(env.id).rpartition(":")[2]).vector_entry_point)
         except Exception:
             return False
 

@@ -16,6 +16,17 @@ learnable in a few thousand env steps (the learning check of
   :func:`point_goal`) -- a task distribution, the MAML paper's 2D navigation: a point moves
   towards a goal it does not see; task-settable (:class:`flowkit.core.TaskSettableEnv`).
 
+An env whose cost is waiting, for scaling benchmarks (bench/scaling.py):
+
+- :class:`SleepEnv` (Gymnasium id ``flowkit.testing.envs:Sleep-v0``) -- each step sleeps
+  ``step_s`` seconds and returns a CartPole-sized observation (``obs="vector"``: float32 (4,))
+  or an Atari-sized frame stack (``obs="image"``: uint8 (84, 84, 4)); Discrete(2), reward 1,
+  ``length`` steps (truncated). Made with ``gym.make_vec`` (flowkit's native vector path) it
+  is :class:`SleepVectorEnv`, a batched simulator: one sleep of ``step_s`` per step of all its
+  sub-envs, so a worker with ``k`` sub-envs can at best make ``k / step_s`` env steps per
+  second, and ``N`` workers ``N k / step_s``: the optimum a framework's overhead is measured
+  against when the env computes nothing.
+
 Partially observed envs, for recurrent policies (``model.recurrent``):
 
 - :func:`recall` -- a memory task: obs Discrete(n) = a random symbol each step, action
@@ -30,6 +41,7 @@ Partially observed envs, for recurrent policies (``model.recurrent``):
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
@@ -179,10 +191,66 @@ class PointGoalEnv(gym.Env):
         return self.pos.copy(), reward, False, self.t >= self.horizon, {}
 
 
+class SleepEnv(gym.Env):
+    """See the module docstring: ``step_s`` (seconds, >= 0) of sleep per step."""
+
+    def __init__(self, step_s: float = 0.002, obs: str = "vector", length: int = 200):
+        if obs not in ("vector", "image") or not step_s >= 0 or int(length) < 1:
+            raise ValueError(f"Sleep-v0: obs={obs!r} (vector or image), step_s={step_s} (>= 0), length={length} (>= 1)")
+        self.step_s, self.length, self.t = float(step_s), int(length), 0
+        self.observation_space = (spaces.Box(-1.0, 1.0, (4,), np.float32) if obs == "vector"
+                                  else spaces.Box(0, 255, (84, 84, 4), np.uint8))
+        self.action_space = spaces.Discrete(2)
+        self._obs = np.zeros(self.observation_space.shape, self.observation_space.dtype)
+
+    def reset(self, *, seed: Optional[int] = None, options: Optional[dict] = None):
+        super().reset(seed=seed)
+        self.t = 0
+        return self._obs.copy(), {}
+
+    def step(self, action):
+        time.sleep(self.step_s)
+        self.t += 1
+        return self._obs.copy(), 1.0, False, self.t >= self.length, {}
+
+
+class SleepVectorEnv(gym.vector.VectorEnv):
+    """``num_envs`` :class:`SleepEnv` stepped together, with one sleep of ``step_s`` per step
+    (Gymnasium's next-step autoreset: the step after a truncation resets that sub-env and is
+    not a transition)."""
+
+    metadata = {"autoreset_mode": gym.vector.AutoresetMode.NEXT_STEP}
+
+    def __init__(self, num_envs: int = 1, step_s: float = 0.002, obs: str = "vector", length: int = 200, **_: Any):
+        one = SleepEnv(0.0, obs, length)
+        self.num_envs, self.step_s, self.length = int(num_envs), float(step_s), one.length
+        self.single_observation_space, self.single_action_space = one.observation_space, one.action_space
+        self.observation_space = gym.vector.utils.batch_space(one.observation_space, self.num_envs)
+        self.action_space = gym.vector.utils.batch_space(one.action_space, self.num_envs)
+        self._obs = np.zeros(self.observation_space.shape, self.observation_space.dtype)
+        self.t = np.zeros(self.num_envs, np.int64)
+        self.done = np.zeros(self.num_envs, bool)
+
+    def reset(self, *, seed: Any = None, options: Optional[dict] = None):
+        self.t[:], self.done[:] = 0, False
+        return self._obs.copy(), {}
+
+    def step(self, actions):
+        time.sleep(self.step_s)
+        self.t = np.where(self.done, 0, self.t + 1)
+        reward = np.where(self.done, 0.0, 1.0)
+        trunc = self.t >= self.length
+        self.done = trunc.copy()
+        return self._obs.copy(), reward, np.zeros(self.num_envs, bool), trunc, {}
+
+
 def point_goal(horizon: int = 100, goal: Optional[Any] = None) -> PointGoalEnv:
     return PointGoalEnv(horizon, goal)
 
 
+if "Sleep-v0" not in gym.registry:
+    gym.register("Sleep-v0", entry_point="flowkit.testing.envs:SleepEnv",
+                 vector_entry_point="flowkit.testing.envs:SleepVectorEnv")
 if "PointGoal-v0" not in gym.registry:
     gym.register("PointGoal-v0", entry_point="flowkit.testing.envs:PointGoalEnv")
 class RecallEnv(_Tiny):
