@@ -227,7 +227,7 @@ class SleepVectorEnv(gym.vector.VectorEnv):
         self.single_observation_space, self.single_action_space = one.observation_space, one.action_space
         self.observation_space = gym.vector.utils.batch_space(one.observation_space, self.num_envs)
         self.action_space = gym.vector.utils.batch_space(one.action_space, self.num_envs)
-        self._obs = np.zeros(self.observation_space.shape, self.observation_space.dtype)
+        self._obs = np.zeros((self.num_envs, *one._obs.shape), one._obs.dtype)
         self.t = np.zeros(self.num_envs, np.int64)
         self.done = np.zeros(self.num_envs, bool)
 
