@@ -48,8 +48,6 @@ flowkit tune [-c FILE ...] [--no-tuned] [--metric M] [--mode max|min] [--search 
              [--num-samples N] [--scheduler asha|none] [--grace-period T] [--max-concurrent K]
              [key=value ...] [key=choice(a,b) key=range(3) ...]
 flowkit --version"""
-_TRUST_HELP = ("a run folder's config (resume=, evaluate, export) may call what it names (env.factory, "
-               "model.class, plugins) even where no installed flowkit plugin provides it")
 
 
 def tuned_config_path(algo: str, env_id: Optional[str]) -> Optional[str]:
@@ -147,21 +145,14 @@ class OneLineArgumentParser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = OneLineArgumentParser(prog="flowkit", description="Reinforcement learning as dataflow, on Ray.",
-                              usage=USAGE, add_help=False)
+    """The arguments of train, plan and plugins (``--help`` prints :data:`USAGE`, not argparse's)."""
+    p = OneLineArgumentParser(prog="flowkit", usage=USAGE, add_help=False)
     p.add_argument("command", nargs="?", choices=["train", "plan", "plugins", *COMMANDS])
-    p.add_argument("-c", "--config", dest="config_file", action="append", help="YAML config file (several: merged in order)")
-    p.add_argument("--no-tuned", action="store_true",
-                   help="without -c: the defaults, not the tuned configs/<algo>/<env-id>.yaml")
-    p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML; start nothing")
-    p.add_argument("--dry-run", action="store_true", help="validate the config and print the plan; start nothing")
-    p.add_argument("--mermaid", action="store_true", help="plan: print only the Mermaid graph")
-    p.add_argument("--trust-config", action="store_true", help=_TRUST_HELP)
-    p.add_argument("--take-over-lock", action="store_true",
-                   help="resume=: take over the run folder's lock held by a run on another host that is gone")
-    p.add_argument("-h", "--help", action="store_true")
-    p.add_argument("-V", "--version", action="store_true", help="print flowkit's version")
-    p.add_argument("overrides", nargs="*", help="config overrides key=value")
+    p.add_argument("-c", "--config", dest="config_file", action="append")  # several: merged in order
+    for flag in ("--no-tuned", "--print-config", "--dry-run", "--mermaid", "--trust-config", "--take-over-lock",
+                 "-h/--help", "-V/--version"):
+        p.add_argument(*flag.split("/"), action="store_true")
+    p.add_argument("overrides", nargs="*")
     return p
 
 
@@ -399,27 +390,10 @@ class _Args(argparse.ArgumentParser):
 
 def _after_parser(cmd: str, doc: str) -> _Args:
     p = _Args(prog=f"flowkit {cmd}", description=doc, add_help=False)
-    p.add_argument("path", nargs="?", help="a run folder (its newest checkpoint) or a checkpoint folder")
-    p.add_argument("--trust-config", action="store_true", help=_TRUST_HELP)
+    p.add_argument("path", nargs="?")  # a run folder (its newest checkpoint) or a checkpoint folder
+    p.add_argument("--trust-config", action="store_true")
     p.add_argument("-h", "--help", action="store_true")
     return p
-
-
-def _parse_after(p: _Args, argv: List[str]) -> argparse.Namespace:
-    """The path, the flags and the ``key=value`` words in any order; an option the command does
-    not take is one line with the ``key=value`` to write instead."""
-    a, unknown = p.parse_known_intermixed_args(argv)
-    if unknown:
-        raise _ArgError(option_hint(argv, unknown) or f"unrecognised arguments {unknown}")
-    return a
-
-
-def _print_keys(p: _Args, usage_line: int, args_cls: type) -> int:
-    """``--help`` of a command on a trained run: its usage line and its ``key=value`` keys."""
-    from flowkit.config import schema_keys
-    keys = "\n".join(f"  {k} (default {d!r}): {h}" for k, (_, h, d) in schema_keys(args_cls).items())
-    print(f"usage: {USAGE.splitlines()[usage_line]}\n\n{p.description}\n\nkeys:\n{keys}")
-    return 0
 
 
 def _checkpoint_path(path: Optional[str]) -> str:
@@ -430,36 +404,45 @@ def _checkpoint_path(path: Optional[str]) -> str:
     return path
 
 
-def _key_values(items: List[str], cls: type) -> Dict[str, Any]:
-    """A command's ``key=value`` words as keyword arguments, checked against the dataclass
-    ``cls`` (:class:`flowkit.evaluation.EvaluateArgs`, ...) as config keys are (ConfigError)."""
-    from omegaconf import OmegaConf
+def _keyed(cmd: str, doc: str, usage_line: int, args_cls: type, argv: List[str],
+           act: Callable[[str, Dict[str, Any], bool], int]) -> int:
+    """A command on a trained run whose settings are ``key=value`` words, checked against the
+    dataclass ``args_cls`` as config keys are (evaluate, record): ``act(path, settings,
+    trust_config)``. The path, the flags and the words come in any order; an option the command
+    does not take is one line with the ``key=value`` to write instead."""
+    p = _after_parser(cmd, doc)
+    p.add_argument("args", nargs="*")
 
-    from flowkit.config import _dotlist, check_values, merge_overrides
-    cfg = merge_overrides(OmegaConf.structured(cls), _dotlist(items), cls)
-    check_values(cfg, cls)
-    return OmegaConf.to_container(cfg)  # type: ignore[return-value]
+    def run() -> int:
+        from omegaconf import OmegaConf
+
+        from flowkit.config import _dotlist, check_values, merge_overrides, schema_keys
+        a, unknown = p.parse_known_intermixed_args(argv)
+        if unknown:
+            raise _ArgError(option_hint(argv, unknown) or f"unrecognised arguments {unknown}")
+        if a.help:
+            keys = "\n".join(f"  {k} (default {d!r}): {h}" for k, (_, h, d) in schema_keys(args_cls).items())
+            print(f"usage: {USAGE.splitlines()[usage_line]}\n\n{doc}\n\nkeys:\n{keys}")
+            return 0
+        cfg = merge_overrides(OmegaConf.structured(args_cls), _dotlist(a.args), args_cls)
+        check_values(cfg, args_cls)
+        return act(_checkpoint_path(a.path), OmegaConf.to_container(cfg), a.trust_config)  # type: ignore[arg-type]
+    return _one_line(cmd, run)
 
 
 def _evaluate(argv: List[str]) -> int:
     """``flowkit evaluate``: see :mod:`flowkit.evaluation`."""
-    p = _after_parser("evaluate", "Score a saved policy (no training step; the run is not changed) and write "
-                                  "evaluation.json in the checkpoint's folder.")
-    p.add_argument("args", nargs="*", help="key=value")
+    from flowkit.evaluation import EvaluateArgs, evaluate, format_table
 
-    def run() -> int:
-        from flowkit.evaluation import EvaluateArgs, evaluate, format_table
-        a = _parse_after(p, argv)
-        if a.help:
-            return _print_keys(p, 3, EvaluateArgs)
-        opts = _key_values(a.args, EvaluateArgs)
-        report = evaluate(_checkpoint_path(a.path), **opts, trust_config=a.trust_config)
+    def act(path: str, opts: Dict[str, Any], trust_config: bool) -> int:
+        report = evaluate(path, **opts, trust_config=trust_config)
         print(format_table(report))
         for v in report.get("videos", []):
             print(f"video: {v}")
         print(f"wrote {os.path.join(report['checkpoint'], 'evaluation.json')}")
         return 0
-    return _one_line("evaluate", run)
+    return _keyed("evaluate", "Score a saved policy (no training step; the run is not changed) and write "
+                  "evaluation.json in the checkpoint's folder.", 3, EvaluateArgs, argv, act)
 
 
 def _top_missing_dir(path: str) -> Optional[str]:
@@ -538,25 +521,19 @@ def _export(argv: List[str]) -> int:
 
 def _record(argv: List[str]) -> int:
     """``flowkit record``: see :mod:`flowkit.datasets`."""
-    p = _after_parser("record", "Roll a saved policy out into a dataset (Minari format; pip install "
-                                "'flowkit[offline]'), for input.dataset=PATH.")
-    p.add_argument("args", nargs="*", help="key=value")
+    from flowkit.datasets import RecordArgs, record
 
-    def run() -> int:
-        from flowkit.datasets import RecordArgs, record
-        a = _parse_after(p, argv)
-        if a.help:
-            return _print_keys(p, 5, RecordArgs)
-        opts = _key_values(a.args, RecordArgs)
-        path = _checkpoint_path(a.path)
-        res = record(path, **opts, trust_config=a.trust_config)
+    def act(path: str, opts: Dict[str, Any], trust_config: bool) -> int:
+        res = record(path, **opts, trust_config=trust_config)
         ret = res["return_mean"]
         said = (f"whole-episode return mean {ret:.6g}" if math.isfinite(ret) else
                 "no episode ended within these steps (the running ones are kept, cut there)")
-        print(f"recorded {res['recorded_steps']} steps from {res['checkpoint']} ({opts['explore']}): {said}; the dataset holds {res['episodes']} episodes, {res['steps']} "
-              f"steps\nwrote {res['path']} (train from it: input.dataset={res['path']})")
+        print(f"recorded {res['recorded_steps']} steps from {res['checkpoint']} ({opts['explore']}): {said}; the "
+              f"dataset holds {res['episodes']} episodes, {res['steps']} steps\nwrote {res['path']} (train from "
+              f"it: input.dataset={res['path']})")
         return 0
-    return _one_line("record", run)
+    return _keyed("record", "Roll a saved policy out into a dataset (Minari format; pip install "
+                  "'flowkit[offline]'), for input.dataset=PATH.", 5, RecordArgs, argv, act)
 
 
 def _module_main(module: str) -> Callable[[List[str]], int]:
