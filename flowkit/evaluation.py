@@ -214,10 +214,9 @@ def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore:
     """
     from flowkit._outputs import write_text
     ck, algo = _load(path, render, trust_config)
-    seed = int(algo.run_config.seed) if seed is None else int(seed)
-    eps, single = _run(algo, ck, episodes, seed, explore, render, render_episodes, num_envs, timeout_s,
-                       dict(opponents or {}))
-    report = _report(algo, ck, eps, single, seed, explore, dict(opponents or {}))
+    seed, opponents = int(algo.run_config.seed) if seed is None else int(seed), dict(opponents or {})
+    eps, single = _run(algo, ck, episodes, seed, explore, render, render_episodes, num_envs, timeout_s, opponents)
+    report = _report(algo, ck, eps, single, seed, explore, opponents)
     write_text(os.path.join(ck, "evaluation.json"), json.dumps(report, indent=2), mkdirs=True)  # (pruned meanwhile)
     return report
 
