@@ -75,6 +75,20 @@ def tuned_config_path(algo: str, env_id: Optional[str]) -> Optional[str]:
     return None
 
 
+def build_tuned(overrides: List[str], files: Optional[List[str]], no_tuned: bool, pm: Any
+                ) -> Tuple[Any, Optional[List[str]], Optional[str]]:
+    """``(config, config files, tuned config or None)``: the config of ``files`` and
+    ``overrides``; without ``files`` (unless ``no_tuned``, or a resumed run), on the tuned config
+    of its algo and env (:func:`tuned_config_path`) when there is one. Raises ConfigError."""
+    from flowkit.config import build_config
+    cfg = build_config(overrides, files, pm.config_sections())  # errors before torch and Ray load
+    tuned = None if files or no_tuned or cfg.resume else tuned_config_path(cfg.algo, cfg.env.id)
+    if tuned:  # the tuned config for this algo and env, under the overrides
+        files = [tuned]
+        cfg = build_config(overrides, files, pm.config_sections())
+    return cfg, files, tuned
+
+
 def shown_path(path: str) -> str:
     """``path`` relative to the working directory when it lies below it, else absolute."""
     rel = os.path.relpath(os.path.realpath(path))
@@ -286,17 +300,14 @@ def _run_failures() -> Tuple[type, ...]:
 
 def _config_command(args: argparse.Namespace, overrides: List[str]) -> int:
     """train, plan, plugins (and ``--print-config``, ``--dry-run``)."""
-    from flowkit.config import build_config, check_algo, check_run, plugin_modules_from
+    from flowkit.config import check_algo, check_run, plugin_modules_from
     from flowkit.hooks import get_plugin_manager
     if args.command == "plugins":
         return _plugins(plugin_modules_from(overrides, args.config_file))
     with _held():  # config building, Ray's start and the imports of Ray and torch (see _held)
         pm = get_plugin_manager(plugin_modules_from(overrides, args.config_file))
-        cfg = build_config(overrides, args.config_file, pm.config_sections())  # errors before torch and Ray load
-        tuned = None if args.config_file or args.no_tuned or cfg.resume else tuned_config_path(cfg.algo, cfg.env.id)
-        if tuned:  # the tuned config for this algo and env, under the overrides
-            args.config_file = [tuned]
-            cfg = build_config(overrides, args.config_file, pm.config_sections())
+        cfg, args.config_file, tuned = build_tuned(overrides, args.config_file, args.no_tuned, pm)
+        if tuned:
             print(f"{'# ' if args.print_config else ''}tuned config: {shown_path(tuned)} (no -c given; "
                   "--no-tuned for the defaults)", flush=True)
         if not cfg.resume:  # a resumed run's algo comes from its checkpoint

@@ -39,7 +39,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from flowkit.cli import OneLineArgumentParser, option_hint, shown_path, tuned_config_path
+from flowkit.cli import OneLineArgumentParser, build_tuned, option_hint, shown_path
 from flowkit.config import ConfigError, build_config, plugin_modules_from
 from flowkit.core import env_name
 from flowkit.hooks import PluginError, get_plugin_manager
@@ -355,11 +355,8 @@ def _check_sweep(a: argparse.Namespace, plain: List[str], space: Dict[str, Dim])
     the first trial's plan checked (nothing started)."""
     files = [os.path.abspath(f) for f in a.config_file or []]  # trials may run elsewhere
     pm = get_plugin_manager(plugin_modules_from(plain, files))
-    cfg = build_config(plain, files, pm.config_sections())
-    tuned = None if files or a.no_tuned else tuned_config_path(cfg.algo, cfg.env.id)
-    if tuned:
-        files = [tuned]
-        cfg = build_config(plain, files, pm.config_sections())
+    cfg, found, tuned = build_tuned(plain, files, a.no_tuned, pm)
+    files = found or []
     for k, d in space.items():  # every searched key and value must make a valid config
         for v in d.args if d.kind == "choice" else d.args[:1]:
             build_config(plain + trial_overrides({k: v}), files, pm.config_sections())
