@@ -542,8 +542,7 @@ def record(path: str, episodes: Optional[int] = None, steps: Optional[int] = Non
 
     Raises:
         CheckpointError: no or an unreadable checkpoint at ``path``.
-        ConfigError: a multi-agent run, a bad argument (``episodes`` and ``steps`` both given),
-            ``out`` already holds a dataset, or
+        ConfigError: a multi-agent run, a bad argument, ``out`` already holds a dataset, or
             ``out`` cannot be a folder (a file, under a file, not writable: before any work).
     """
     from omegaconf import OmegaConf
