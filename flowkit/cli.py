@@ -35,7 +35,7 @@ import math  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
 import warnings  # noqa: E402
-from typing import Any, Dict, Iterator, List, NoReturn, Optional, Sequence  # noqa: E402
+from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple  # noqa: E402
 
 USAGE = """flowkit train [-c FILE ...] [--no-tuned] [--dry-run | --print-config] [--trust-config] [--take-over-lock] [key=value ...]
 flowkit plan [-c FILE ...] [--no-tuned] [key=value ...]
@@ -48,9 +48,6 @@ flowkit tune [-c FILE ...] [--no-tuned] [--metric M] [--mode max|min] [--search 
              [--num-samples N] [--scheduler asha|none] [--grace-period T] [--max-concurrent K]
              [key=value ...] [key=choice(a,b) key=range(3) ...]
 flowkit --version"""
-SUBCOMMANDS = {"plot": "flowkit.plot", "tune": "flowkit.tune"}  # commands with arguments of their own
-_TRUST_HELP = ("a run folder's config (resume=, evaluate, export) may call what it names (env.factory, "
-               "model.class, plugins) even where no installed flowkit plugin provides it")
 
 
 def tuned_config_path(algo: str, env_id: Optional[str]) -> Optional[str]:
@@ -76,6 +73,20 @@ def tuned_config_path(algo: str, env_id: Optional[str]) -> Optional[str]:
         if path.is_file():
             return str(path)
     return None
+
+
+def build_tuned(overrides: List[str], files: Optional[List[str]], no_tuned: bool, pm: Any
+                ) -> Tuple[Any, Optional[List[str]], Optional[str]]:
+    """``(config, config files, tuned config or None)``: the config of ``files`` and
+    ``overrides``; without ``files`` (unless ``no_tuned``, or a resumed run), on the tuned config
+    of its algo and env (:func:`tuned_config_path`) when there is one. Raises ConfigError."""
+    from flowkit.config import build_config
+    cfg = build_config(overrides, files, pm.config_sections())  # errors before torch and Ray load
+    tuned = None if files or no_tuned or cfg.resume else tuned_config_path(cfg.algo, cfg.env.id)
+    if tuned:  # the tuned config for this algo and env, under the overrides
+        files = [tuned]
+        cfg = build_config(overrides, files, pm.config_sections())
+    return cfg, files, tuned
 
 
 def shown_path(path: str) -> str:
@@ -148,40 +159,37 @@ class OneLineArgumentParser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = OneLineArgumentParser(prog="flowkit", description="Reinforcement learning as dataflow, on Ray.",
-                              usage=USAGE, add_help=False)
-    p.add_argument("command", nargs="?", choices=["train", "plan", "plugins", *_AFTER, *SUBCOMMANDS])
-    p.add_argument("-c", "--config", dest="config_file", action="append", help="YAML config file (several: merged in order)")
-    p.add_argument("--no-tuned", action="store_true",
-                   help="without -c: the defaults, not the tuned configs/<algo>/<env-id>.yaml")
-    p.add_argument("--print-config", action="store_true", help="print the resolved config as YAML; start nothing")
-    p.add_argument("--dry-run", action="store_true", help="validate the config and print the plan; start nothing")
-    p.add_argument("--mermaid", action="store_true", help="plan: print only the Mermaid graph")
-    p.add_argument("--trust-config", action="store_true", help=_TRUST_HELP)
-    p.add_argument("--take-over-lock", action="store_true",
-                   help="resume=: take over the run folder's lock held by a run on another host that is gone")
-    p.add_argument("-h", "--help", action="store_true")
-    p.add_argument("-V", "--version", action="store_true", help="print flowkit's version")
-    p.add_argument("overrides", nargs="*", help="config overrides key=value")
+    """The arguments of train, plan and plugins (``--help`` prints :data:`USAGE`, not argparse's)."""
+    p = OneLineArgumentParser(prog="flowkit", usage=USAGE, add_help=False)
+    p.add_argument("command", nargs="?", choices=["train", "plan", "plugins", *COMMANDS])
+    p.add_argument("-c", "--config", dest="config_file", action="append")  # several: merged in order
+    for flag in ("--no-tuned", "--print-config", "--dry-run", "--mermaid", "--trust-config", "--take-over-lock",
+                 "-h/--help", "-V/--version"):
+        p.add_argument(*flag.split("/"), action="store_true")
+    p.add_argument("overrides", nargs="*")
     return p
 
 
-def _help(overrides: List[str], keys: bool = True) -> str:
-    """The usage; ``keys``: with every config key (``flowkit train --help``), else a pointer to
-    it (``flowkit --help``, ``flowkit`` alone)."""
-    if not keys:
-        return (f"usage:\n  {USAGE.replace(chr(10), chr(10) + '  ')}\n\n"
-                "Every config key with its type, allowed values, default and doc: flowkit train --help\n"
-                "A command's own options: flowkit evaluate|export|record|plot|tune --help")
-    from flowkit.config import help_text, plugin_modules_from
-    from flowkit.hooks import get_plugin_manager
-    try:
-        pm = get_plugin_manager(plugin_modules_from(overrides))
-        secs = pm.config_sections()
-    except Exception:
-        secs = {}
-    return (f"usage:\n  {USAGE.replace(chr(10), chr(10) + '  ')}\n\n"
-            "Config keys (override with key=value; `env=ID` is short for env.id=ID; floats must be finite):" + help_text(secs))
+def _usage(args: argparse.Namespace, overrides: List[str]) -> int:
+    """The usage: with every config key (``flowkit train --help``), else a pointer to it
+    (``flowkit --help``; ``flowkit`` alone, then exit 2 with why on stderr)."""
+    usage = f"usage:\n  {USAGE.replace(chr(10), chr(10) + '  ')}\n\n"
+    if args.command not in ("train", "plan"):
+        print(usage + "Every config key with its type, allowed values, default and doc: flowkit train --help\n"
+              "A command's own options: flowkit evaluate|export|record|plot|tune --help")
+    else:
+        from flowkit.config import help_text, plugin_modules_from
+        from flowkit.hooks import get_plugin_manager
+        try:
+            secs = get_plugin_manager(plugin_modules_from(overrides)).config_sections()
+        except Exception:
+            secs = {}
+        print(usage + "Config keys (override with key=value; `env=ID` is short for env.id=ID; floats must be "
+              "finite):" + help_text(secs))
+    if not args.help:  # the usage on stdout, what went wrong on stderr (as every other usage error)
+        print("flowkit: error: no command given (train, plan, plugins, evaluate, export, record, plot or tune; "
+              "the usage is above)", file=sys.stderr)
+    return 0 if args.help else 2
 
 
 _DEFERRED: List[int] = []  # every early signal: raised now, or held while a block of _held() runs
@@ -219,20 +227,25 @@ def _held() -> Iterator[None]:
         _early_signal(signum, None)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
+def _take_early_signals() -> None:
+    """SIGTERM and SIGHUP (and SIGINT, where :func:`_exit_on_signal` has it) raise a
+    KeyboardInterrupt while the command starts (:func:`_early_signal`); a run takes them over."""
     _DEFERRED.clear()  # (main() called again in one process: a signal it already raised is done)
     from flowkit._guard import INHERITED_IGNORED  # (first import: before any handler but _exit_on_signal)
-    for sig in (signal.SIGTERM, signal.SIGHUP):  # while importing; the run takes them over
+    for sig in (signal.SIGTERM, signal.SIGHUP):
         if sig.name not in INHERITED_IGNORED:
             signal.signal(sig, _early_signal)
     if signal.getsignal(signal.SIGINT) is _exit_on_signal:
         signal.signal(signal.SIGINT, _early_signal)
-    if argv and argv[0] in _AFTER:  # commands on a trained run: their own arguments
-        return _AFTER[argv[0]](argv[1:])
-    if argv and argv[0] in SUBCOMMANDS:
-        import importlib
-        return int(importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:]))
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """The ``flowkit`` command: ``COMMANDS`` take their own arguments; train, plan and plugins
+    take the config's (``-c FILE``, ``key=value``). Returns the exit status (module docstring)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _take_early_signals()
+    if argv and argv[0] in COMMANDS:
+        return COMMANDS[argv[0]](argv[1:])
     args, unknown = _parser().parse_known_args(argv)
     if args.version:
         from flowkit import __version__
@@ -241,86 +254,95 @@ def main(argv: Optional[List[str]] = None) -> int:
     overrides = list(args.overrides) + [u for u in unknown if "=" in u and not u.startswith("-")]
     bad = [u for u in unknown if "=" not in u or u.startswith("-")]
     if args.help or args.command is None:
-        print(_help(overrides, keys=args.command in ("train", "plan")))
-        if not args.help:  # the usage on stdout, what went wrong on stderr (as every other usage error)
-            print("flowkit: error: no command given (train, plan, plugins, evaluate, export, record, plot or tune; "
-                  "the usage is above)", file=sys.stderr)
-        return 0 if args.help else 2
+        return _usage(args, overrides)
     if bad:
         hint = option_hint(argv, bad, key_for=lambda k: _config_key(k, overrides, args.config_file))
         print(f"flowkit: error: {hint or f'unrecognised arguments {bad}'}", file=sys.stderr)
         return 2
-    from flowkit.config import (
-        ConfigError,
-        build_config,
-        check_algo,
-        check_run,
-        plugin_modules_from,
-    )
-    from flowkit.hooks import PluginError, get_plugin_manager
-    try:
-        if args.command == "plugins":
-            return _plugins(plugin_modules_from(overrides, args.config_file))
-        with _held():  # config building, Ray's start and the imports of Ray and torch (see _held)
-            pm = get_plugin_manager(plugin_modules_from(overrides, args.config_file))
-            cfg = build_config(overrides, args.config_file, pm.config_sections())  # errors before torch and Ray load
-            tuned = None if args.config_file or args.no_tuned or cfg.resume else tuned_config_path(cfg.algo, cfg.env.id)
-            if tuned:  # the tuned config for this algo and env, under the overrides
-                args.config_file = [tuned]
-                cfg = build_config(overrides, args.config_file, pm.config_sections())
-                print(f"{'# ' if args.print_config else ''}tuned config: {shown_path(tuned)} (no -c given; "
-                      "--no-tuned for the defaults)", flush=True)
-            if not cfg.resume:  # a resumed run's algo comes from its checkpoint
-                check_algo(cfg, pm.algorithms(load=False))
-            if (args.print_config or args.command == "plan" or args.dry_run) and not cfg.resume:
-                check_run(cfg, pm)  # config errors found without torch, the env or Ray come before they load
-            if args.print_config:  # resolved and validated, nothing started
-                from omegaconf import OmegaConf
+    return _one_line("", lambda: _config_command(args, overrides))
 
-                from flowkit.config import run_algorithms, used_sections
-                print(OmegaConf.to_yaml(OmegaConf.create(used_sections(cfg, run_algorithms(cfg), pm))), end="")
-                return 0
-            if args.command == "plan" or args.dry_run:
-                from flowkit.engine import describe_plan
-                d = describe_plan(overrides, args.config_file)
-                if args.mermaid:
-                    print(d["mermaid"])
-                else:
-                    if args.dry_run:
-                        print("config OK\n")
-                    print(d["text"])
-                    print("\n```mermaid\n" + d["mermaid"] + "\n```")
-                return 0
-            from flowkit._prepare import prepare
-            run = prepare(overrides, args.config_file, trust_config=args.trust_config, pm=pm, built=cfg)  # once
-            if not cfg.resume:  # (a resumed run's env and runtime come from its checkpoint)
-                from flowkit import _ray
-                from flowkit._guard import check_env_id
-                check_env_id(run.config, pm)
-                _ray.start(run.config, prestart=True)  # Ray and the workers come up while torch and the learner load
-            from flowkit.engine import train
-        res = train(run, take_over_lock=args.take_over_lock)  # prints the summary
-        return exit_status(res.stop_reason)
-    except ConfigError as e:
-        status = getattr(e, "exit_status", 2)  # 1: a damaged run folder (a CheckpointError)
-        print(f"flowkit: {'config error' if status == 2 else 'error'}: {e}", file=sys.stderr)
-        return status
-    except PluginError as e:
-        print(f"flowkit: plugin error: {e}", file=sys.stderr)
-        return 2
-    except MemoryError as e:  # a replay buffer or batch the config sizes too large
-        print(f"flowkit: config error: out of memory, lower the sizes in the config: {e}", file=sys.stderr)
-        return 2
-    except Exception as e:  # a bad env, diverged training, no room: one line (torch is loaded by then)
-        from flowkit._outputs import OutputError
-        from flowkit._ray import RayStartError
-        from flowkit.core import EnvError
-        from flowkit.core.learner import NonFiniteError
-        from flowkit.core.workers import StartTimeout, WorkerImportError
-        if not isinstance(e, (EnvError, NonFiniteError, StartTimeout, WorkerImportError, OutputError, RayStartError)):
+
+def _one_line(cmd: str, fn: Callable[[], int]) -> int:
+    """``fn()``; a bad input or a failed run is one line on stderr, ``flowkit[ CMD]: ...``, no
+    traceback, and its exit status: 2 a config, plugin or usage error (1 a damaged run folder),
+    1 a failed run (a bad env, non-finite training, workers Ray could not place, an output that
+    cannot be written, an evaluation past its deadline or an env that ended the process)."""
+    from flowkit.config import ConfigError
+    from flowkit.hooks import PluginError
+    try:
+        return fn()
+    except (ConfigError, PluginError, MemoryError, _ArgError) as e:  # (MemoryError: a buffer or batch too large)
+        status = getattr(e, "exit_status", 2)
+        what = "error" if cmd or status == 1 else "plugin error" if isinstance(e, PluginError) else "config error"
+        why = f"out of memory, lower the sizes in the config: {e}" if isinstance(e, MemoryError) else str(e)
+    except Exception as e:
+        if not isinstance(e, _run_failures()):
             raise
-        print(f"flowkit: error: {e}", file=sys.stderr)
-        return 1
+        status, what, why = 1, "error", str(e)
+        import traceback  # the frames' envs go now (the exit skips the collection that would free them,
+        traceback.clear_frames(e.__traceback__)  # and ale-py would list them as leaked)
+    print(f"flowkit{' ' + cmd if cmd else ''}: {what}: {why}", file=sys.stderr)
+    return status
+
+
+def _run_failures() -> Tuple[type, ...]:
+    """The errors of a run or an evaluation that end the command with one line and exit 1."""
+    from flowkit._guard import EvaluationTimeout
+    from flowkit._outputs import OutputError
+    from flowkit._ray import RayStartError
+    from flowkit.core import EnvError
+    from flowkit.core.workers import StartTimeout, WorkerImportError
+    from flowkit.evaluation import EnvExit
+    learner = sys.modules.get("flowkit.core.learner")  # (not loaded: no NonFiniteError, and no torch to load for it)
+    return (EnvError, StartTimeout, WorkerImportError, OutputError, RayStartError, EvaluationTimeout, EnvExit,
+            *([learner.NonFiniteError] if learner else []))
+
+
+def _config_command(args: argparse.Namespace, overrides: List[str]) -> int:
+    """train, plan, plugins (and ``--print-config``, ``--dry-run``)."""
+    from flowkit.config import check_algo, check_run, plugin_modules_from
+    from flowkit.hooks import get_plugin_manager
+    if args.command == "plugins":
+        return _plugins(plugin_modules_from(overrides, args.config_file))
+    with _held():  # config building, Ray's start and the imports of Ray and torch (see _held)
+        pm = get_plugin_manager(plugin_modules_from(overrides, args.config_file))
+        cfg, args.config_file, tuned = build_tuned(overrides, args.config_file, args.no_tuned, pm)
+        if tuned:
+            print(f"{'# ' if args.print_config else ''}tuned config: {shown_path(tuned)} (no -c given; "
+                  "--no-tuned for the defaults)", flush=True)
+        if not cfg.resume:  # a resumed run's algo comes from its checkpoint
+            check_algo(cfg, pm.algorithms(load=False))
+        if args.print_config or args.command == "plan" or args.dry_run:
+            if not cfg.resume:
+                check_run(cfg, pm)  # config errors found without torch, the env or Ray come before they load
+            return _show(args, cfg, pm, overrides)
+        from flowkit._prepare import prepare
+        run = prepare(overrides, args.config_file, trust_config=args.trust_config, pm=pm, built=cfg)  # once
+        if not cfg.resume:  # (a resumed run's env and runtime come from its checkpoint)
+            from flowkit import _ray
+            from flowkit._guard import check_env_id
+            check_env_id(run.config, pm)
+            _ray.start(run.config, prestart=True)  # Ray and the workers come up while torch and the learner load
+        from flowkit.engine import train
+    res = train(run, take_over_lock=args.take_over_lock)  # prints the summary
+    return exit_status(res.stop_reason)
+
+
+def _show(args: argparse.Namespace, cfg: Any, pm: Any, overrides: List[str]) -> int:
+    """``--print-config`` (resolved and validated, nothing started), ``plan`` and ``--dry-run``."""
+    if args.print_config:
+        from omegaconf import OmegaConf
+
+        from flowkit.config import run_algorithms, used_sections
+        print(OmegaConf.to_yaml(OmegaConf.create(used_sections(cfg, run_algorithms(cfg), pm))), end="")
+        return 0
+    from flowkit.engine import describe_plan
+    d = describe_plan(overrides, args.config_file)
+    if args.mermaid:
+        print(d["mermaid"])
+        return 0
+    print(("config OK\n\n" if args.dry_run else "") + d["text"] + "\n\n```mermaid\n" + d["mermaid"] + "\n```")
+    return 0
 
 
 def exit_status(stop_reason: str) -> int:
@@ -379,30 +401,13 @@ class _Args(argparse.ArgumentParser):
 
 def _after_parser(cmd: str, doc: str) -> _Args:
     p = _Args(prog=f"flowkit {cmd}", description=doc, add_help=False)
-    p.add_argument("path", nargs="?", help="a run folder (its newest checkpoint) or a checkpoint folder")
-    p.add_argument("--trust-config", action="store_true", help=_TRUST_HELP)
+    p.add_argument("path", nargs="?")  # a run folder (its newest checkpoint) or a checkpoint folder
+    p.add_argument("--trust-config", action="store_true")
     p.add_argument("-h", "--help", action="store_true")
     return p
 
 
-def _parse_after(p: _Args, argv: List[str]) -> argparse.Namespace:
-    """The path, the flags and the ``key=value`` words in any order; an option the command does
-    not take is one line with the ``key=value`` to write instead."""
-    a, unknown = p.parse_known_intermixed_args(argv)
-    if unknown:
-        raise _ArgError(option_hint(argv, unknown) or f"unrecognised arguments {unknown}")
-    return a
-
-
-def _print_keys(p: _Args, usage_line: int, args_cls: type) -> int:
-    """``--help`` of a command on a trained run: its usage line and its ``key=value`` keys."""
-    from flowkit.config import schema_keys
-    keys = "\n".join(f"  {k} (default {d!r}): {h}" for k, (_, h, d) in schema_keys(args_cls).items())
-    print(f"usage: {USAGE.splitlines()[usage_line]}\n\n{p.description}\n\nkeys:\n{keys}")
-    return 0
-
-
-def _checkpoint_path(cmd: str, path: Optional[str]) -> str:
+def _checkpoint_path(path: Optional[str]) -> str:
     if not path:
         raise _ArgError("give a run folder or a checkpoint folder")
     if not os.path.exists(path):  # before torch is imported
@@ -410,46 +415,45 @@ def _checkpoint_path(cmd: str, path: Optional[str]) -> str:
     return path
 
 
-def _run_after(cmd: str, fn: Any) -> int:
-    from flowkit.config import ConfigError
-    try:
-        return fn()
-    except (_ArgError, ConfigError) as e:
-        print(f"flowkit {cmd}: error: {e}", file=sys.stderr)
-        return getattr(e, "exit_status", 2)  # 1: a damaged run folder
+def _keyed(cmd: str, doc: str, usage_line: int, args_cls: type, argv: List[str],
+           act: Callable[[str, Dict[str, Any], bool], int]) -> int:
+    """A command on a trained run whose settings are ``key=value`` words, checked against the
+    dataclass ``args_cls`` as config keys are (evaluate, record): ``act(path, settings,
+    trust_config)``. The path, the flags and the words come in any order; an option the command
+    does not take is one line with the ``key=value`` to write instead."""
+    p = _after_parser(cmd, doc)
+    p.add_argument("args", nargs="*")
+
+    def run() -> int:
+        from omegaconf import OmegaConf
+
+        from flowkit.config import _dotlist, check_values, merge_overrides, schema_keys
+        a, unknown = p.parse_known_intermixed_args(argv)
+        if unknown:
+            raise _ArgError(option_hint(argv, unknown) or f"unrecognised arguments {unknown}")
+        if a.help:
+            keys = "\n".join(f"  {k} (default {d!r}): {h}" for k, (_, h, d) in schema_keys(args_cls).items())
+            print(f"usage: {USAGE.splitlines()[usage_line]}\n\n{doc}\n\nkeys:\n{keys}")
+            return 0
+        cfg = merge_overrides(OmegaConf.structured(args_cls), _dotlist(a.args), args_cls)
+        check_values(cfg, args_cls)
+        return act(_checkpoint_path(a.path), OmegaConf.to_container(cfg), a.trust_config)  # type: ignore[arg-type]
+    return _one_line(cmd, run)
 
 
 def _evaluate(argv: List[str]) -> int:
     """``flowkit evaluate``: see :mod:`flowkit.evaluation`."""
-    p = _after_parser("evaluate", "Score a saved policy (no training step; the run is not changed) and write "
-                                  "evaluation.json in the checkpoint's folder.")
-    p.add_argument("args", nargs="*", help="key=value")
+    from flowkit.evaluation import EvaluateArgs, evaluate, format_table
 
-    def run() -> int:
-        a = _parse_after(p, argv)
-        if a.help:
-            from flowkit.evaluation import EvaluateArgs
-            return _print_keys(p, 3, EvaluateArgs)
-        from flowkit.evaluation import parse_args
-        opts = parse_args(a.args)
-        path = _checkpoint_path("evaluate", a.path)
-        from flowkit._guard import EvaluationTimeout
-        from flowkit._outputs import OutputError
-        from flowkit.core import EnvError
-        from flowkit.evaluation import EnvExit, evaluate, format_table
-        try:
-            report = evaluate(path, **opts, trust_config=a.trust_config)
-        except (EvaluationTimeout, EnvExit, EnvError, OutputError) as e:  # the env or the disk failed: one line, exit 1
-            print(f"flowkit evaluate: error: {e}", file=sys.stderr)
-            import traceback  # the frames' envs go now (the exit skips the collection that would free them,
-            traceback.clear_frames(e.__traceback__)  # and ale-py would list them as leaked)
-            return 1
+    def act(path: str, opts: Dict[str, Any], trust_config: bool) -> int:
+        report = evaluate(path, **opts, trust_config=trust_config)
         print(format_table(report))
         for v in report.get("videos", []):
             print(f"video: {v}")
         print(f"wrote {os.path.join(report['checkpoint'], 'evaluation.json')}")
         return 0
-    return _run_after("evaluate", run)
+    return _keyed("evaluate", "Score a saved policy (no training step; the run is not changed) and write "
+                  "evaluation.json in the checkpoint's folder.", 3, EvaluateArgs, argv, act)
 
 
 def _top_missing_dir(path: str) -> Optional[str]:
@@ -486,7 +490,7 @@ def _export(argv: List[str]) -> int:
         if a.fmt not in ("torchscript", "onnx"):
             raise _ArgError(f"--format {a.fmt!r}: use torchscript or onnx" if a.fmt else "--format is required "
                             "(torchscript or onnx)")
-        path = _checkpoint_path("export", a.path)
+        path = _checkpoint_path(a.path)
         if a.out:  # before any work: a folder, a path under a file, a read-only folder, a run's own file
             from flowkit._outputs import check_output
             check_output(a.out, "--out")
@@ -523,34 +527,35 @@ def _export(argv: List[str]) -> int:
         print(f"same actions as compute_actions(obs, explore=False) on {sig['checked']} sampled observations"
               if sig["checked"] else "not checked against the policy (onnxruntime is not installed)")
         return 0
-    return _run_after("export", run)
+    return _one_line("export", run)
 
 
 def _record(argv: List[str]) -> int:
     """``flowkit record``: see :mod:`flowkit.datasets`."""
-    p = _after_parser("record", "Roll a saved policy out into a dataset (Minari format; pip install "
-                                "'flowkit[offline]'), for input.dataset=PATH.")
-    p.add_argument("args", nargs="*", help="key=value")
+    from flowkit.datasets import RecordArgs, record
 
-    def run() -> int:
-        a = _parse_after(p, argv)
-        from flowkit.datasets import RecordArgs, parse_record_args
-        if a.help:
-            return _print_keys(p, 5, RecordArgs)
-        opts = parse_record_args(a.args)
-        path = _checkpoint_path("record", a.path)
-        from flowkit.datasets import record
-        res = record(path, **opts, trust_config=a.trust_config)
+    def act(path: str, opts: Dict[str, Any], trust_config: bool) -> int:
+        res = record(path, **opts, trust_config=trust_config)
         ret = res["return_mean"]
         said = (f"whole-episode return mean {ret:.6g}" if math.isfinite(ret) else
                 "no episode ended within these steps (the running ones are kept, cut there)")
-        print(f"recorded {res['recorded_steps']} steps from {res['checkpoint']} ({opts['explore']}): {said}; the dataset holds {res['episodes']} episodes, {res['steps']} "
-              f"steps\nwrote {res['path']} (train from it: input.dataset={res['path']})")
+        print(f"recorded {res['recorded_steps']} steps from {res['checkpoint']} ({opts['explore']}): {said}; the "
+              f"dataset holds {res['episodes']} episodes, {res['steps']} steps\nwrote {res['path']} (train from "
+              f"it: input.dataset={res['path']})")
         return 0
-    return _run_after("record", run)
+    return _keyed("record", "Roll a saved policy out into a dataset (Minari format; pip install "
+                  "'flowkit[offline]'), for input.dataset=PATH.", 5, RecordArgs, argv, act)
 
 
-_AFTER = {"evaluate": _evaluate, "export": _export, "record": _record}
+def _module_main(module: str) -> Callable[[List[str]], int]:
+    def run(argv: List[str]) -> int:
+        import importlib
+        return int(importlib.import_module(module).main(argv))
+    return run
+
+
+COMMANDS = {"evaluate": _evaluate, "export": _export, "record": _record,  # commands with arguments of their own
+            "plot": _module_main("flowkit.plot"), "tune": _module_main("flowkit.tune")}
 
 
 def _show_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None,

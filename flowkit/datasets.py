@@ -441,20 +441,6 @@ class RecordArgs:
     num_envs: int = F(8, "sub-envs stepped together", ge=1)
 
 
-def parse_record_args(items: List[str]) -> Dict[str, Any]:
-    """``key=value`` items as the keyword arguments of :func:`record`, validated against
-    :class:`RecordArgs` (ConfigError, one line)."""
-    from omegaconf import OmegaConf
-
-    from flowkit.config import _dotlist, check_values, merge_overrides
-    cfg = merge_overrides(OmegaConf.structured(RecordArgs), _dotlist(items), RecordArgs)
-    check_values(cfg, RecordArgs)
-    out: Dict[str, Any] = OmegaConf.to_container(cfg)  # type: ignore[assignment]
-    if out["episodes"] is not None and out["steps"] is not None:
-        raise ConfigError(f"give episodes or steps, not both (episodes={out['episodes']}, steps={out['steps']})")
-    return out
-
-
 class _Explore:
     """``policy`` acting as ``explore`` says (see :class:`RecordArgs`); the random draws come
     from ``seed``. Actions are what the env receives."""
@@ -564,6 +550,8 @@ def record(path: str, episodes: Optional[int] = None, steps: Optional[int] = Non
     from flowkit._outputs import check_output_folder
     from flowkit.checkpoint import CheckpointError, find_checkpoint, load_trained
     from flowkit.core import derive_seed
+    if episodes is not None and steps is not None:
+        raise ConfigError(f"give episodes or steps, not both (episodes={episodes}, steps={steps})")
     if out is not None:
         check_output_folder(out, "out=")
     try:

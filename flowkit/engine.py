@@ -57,7 +57,7 @@ import random
 import shlex
 import time
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -335,6 +335,19 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
             return Result(last, history, run_dir, resume_from, met, cfg)
     write_text(os.path.join(run_dir, "config.yaml"), config_yaml(cfg, ctx.policy_specs, pm))  # after a restore that worked
     results = iter(StandardMetricsReporting(plan, ctx))
+    reason, error, done = _loop(ctx, cfg, pm, results, history, run_dir, t_entry)
+    # the final (or crash) checkpoint records the last reported row's counters and iteration,
+    # not those of an abandoned one (its weights may include part of its updates)
+    ctx.counters.clear()
+    ctx.counters.update(done[0])
+    ctx.iteration = done[1]
+    return _finish(ctx, cfg, pm, run_dir, history, t_entry, reason, error, last_ckpt, resume_from)
+
+
+def _loop(ctx: RunContext, cfg: DictConfig, pm: Any, results: Any, history: List[Dict[str, Any]], run_dir: str,
+          t_entry: float) -> Tuple[Optional[str], Optional[BaseException], Tuple[Dict[str, int], int]]:
+    """Start the workers and train until a stop condition, a signal or an error: ``(stop
+    reason, error, (counters, iteration) at the end of the last reported iteration)``."""
     reason: Optional[str] = None
     error: Optional[BaseException] = None
     done = (dict(ctx.counters), ctx.iteration)  # at the end of the last completed iteration
@@ -371,11 +384,14 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
         reason = getattr(e, "reason", "interrupted (SIGINT)")
     except BaseException as e:
         error = e
-    # the final (or crash) checkpoint records the last reported row's counters and iteration,
-    # not those of an abandoned one (its weights may include part of its updates)
-    ctx.counters.clear()
-    ctx.counters.update(done[0])
-    ctx.iteration = done[1]
+    return reason, error, done
+
+
+def _finish(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, history: List[Dict[str, Any]], t_entry: float,
+            reason: Optional[str], error: Optional[BaseException], last_ckpt: _LastCheckpoint,
+            resume_from: Optional[str]) -> Result:
+    """The run's end: the end hooks (the final checkpoint), the shutdown and result.json;
+    ``error`` raised again."""
     summary = dict(history[-1]) if history else {}
     ckpt_error: Optional[Exception] = None
     ctx.stop_reason = reason  # what the end hooks see (no final evaluation after a signal)

@@ -23,7 +23,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 
@@ -45,17 +45,6 @@ class EvaluateArgs:
                                   factory=dict)
     timeout_s: Optional[float] = F(None, "seconds the evaluation may take (a stuck env, an episode that never ends): "
                                          "then one line and exit 1 (default: the run's runtime.sample_timeout_s)", gt=0)
-
-
-def parse_args(items: List[str]) -> Dict[str, Any]:
-    """``key=value`` items as the keyword arguments of :func:`evaluate`, validated against
-    :class:`EvaluateArgs` (ConfigError, one line)."""
-    from omegaconf import OmegaConf
-
-    from flowkit.config import _dotlist, check_values, merge_overrides
-    cfg = merge_overrides(OmegaConf.structured(EvaluateArgs), _dotlist(items), EvaluateArgs)
-    check_values(cfg, EvaluateArgs)
-    return OmegaConf.to_container(cfg)  # type: ignore[return-value]
 
 
 def _stats(xs: List[float]) -> Dict[str, float]:
@@ -202,8 +191,9 @@ def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore:
     """Evaluate the checkpoint at ``path`` (a run folder: its newest checkpoint) and write
     ``evaluation.json`` in the checkpoint's folder. Returns what it wrote: ``episode_return_*``
     and ``episode_len_*`` (mean, std, min, max over episodes; multi-agent: the sum over
-    agents), ``policies`` (per policy: ``episode_return_*`` over its agents' returns and, for
-    games with a winner, ``win_rate``, ``draw_rate``, ``loss_rate``), ``returns``,
+    agents), ``policies`` (per policy: ``episode_return_*`` over its agents' returns and the
+    means of what the env runner reports for it, its episodes' ``eval_metrics``: the multiagent
+    plugin's ``win_rate``, ``draw_rate``, ``loss_rate`` in games with a winner), ``returns``,
     ``lengths``, ``seeds`` and ``videos`` per episode. ``trust_config``: allow the callables
     the run's config names that no installed flowkit plugin provides (``env.factory``,
     ``model.class``, ``plugins``; a run folder is data, see :mod:`flowkit._trust`).
@@ -222,13 +212,19 @@ def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore:
         EvaluationTimeout: the episodes took longer than ``timeout_s`` (a TimeoutError).
         EnvExit: the env called ``sys.exit``.
     """
-    import gymnasium as gym
-    from omegaconf import OmegaConf
+    from flowkit._outputs import write_text
+    ck, algo = _load(path, render, trust_config)
+    seed, opponents = int(algo.run_config.seed) if seed is None else int(seed), dict(opponents or {})
+    eps, single = _run(algo, ck, episodes, seed, explore, render, render_episodes, num_envs, timeout_s, opponents)
+    report = _report(algo, ck, eps, single, seed, explore, opponents)
+    write_text(os.path.join(ck, "evaluation.json"), json.dumps(report, indent=2), mkdirs=True)  # (pruned meanwhile)
+    return report
 
+
+def _load(path: str, render: Optional[str], trust_config: bool) -> Tuple[str, Any]:
+    """``(checkpoint folder, trained algorithm)`` of ``path``; the outputs are checked first."""
     from flowkit._outputs import check_output
     from flowkit.checkpoint import STATE_FILE, CheckpointError, find_checkpoint, load_trained
-    from flowkit.core import EnvContext, derive_seed, env_name, make_env
-    from flowkit.core.metrics import returns_by_policy
     for attempt in range(3):  # beside a live run, its newest checkpoint may be pruned while it loads
         try:
             ck = find_checkpoint(path)
@@ -238,24 +234,32 @@ def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore:
         if render:
             check_output(os.path.join(ck, "videos", f"episode_000.{render}"), "evaluate render=: the video", own=True)
         try:
-            algo = load_trained(ck, trust_config=trust_config)
-            break
+            return ck, load_trained(ck, trust_config=trust_config)
         except (CheckpointError, OSError):
             if attempt == 2 or os.path.realpath(ck) == os.path.realpath(path) or os.path.isfile(
                     os.path.join(ck, STATE_FILE)):
                 raise  # (not a checkpoint that a live run pruned: a damaged one)
-    cfg = algo.run_config
+    raise AssertionError  # (not reached: the third attempt returns or raises)
+
+
+def _run(algo: Any, ck: str, episodes: int, seed: int, explore: bool, render: Optional[str], render_episodes: int,
+         num_envs: int, timeout_s: Optional[float], opponents: Dict[str, str]) -> Tuple[List[Dict[str, Any]], bool]:
+    """``(episode summaries, single-agent)``: the episodes, under the deadline and the signals."""
+    import gymnasium as gym
     import torch
+    from omegaconf import OmegaConf
+
+    from flowkit._guard import GUARD, EvaluationTimeout
+    from flowkit.core import EnvContext, derive_seed, env_name, make_env
+    cfg = algo.run_config
     # the run's learner threads (default 1): torch's default of one thread a core spins against
     # the env on a busy machine (a Nature CNN on one frame stack: 3 ms with 1 thread, 170 ms with 2
     # under load)
     torch.set_num_threads(max(1, int(OmegaConf.select(cfg, "learner.num_threads", default=1))))
-    seed = int(cfg.seed) if seed is None else int(seed)
     for pid, pol in algo.policies.items():  # sampling, when asked for, reproducible by seed
         pol.np_random = np.random.default_rng(derive_seed(seed, "evaluate", pid))
         pol.generator.manual_seed(derive_seed(seed, "evaluate", pid))
     env_cfg: Dict[str, Any] = OmegaConf.to_container(cfg.env, resolve=True)  # type: ignore[assignment]
-    from flowkit._guard import GUARD, EvaluationTimeout
     limit = float(timeout_s or cfg.runtime.sample_timeout_s)
     key = "timeout_s" if timeout_s else "the run's runtime.sample_timeout_s"
     name = env_name(env_cfg)
@@ -273,43 +277,36 @@ def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore:
             raise ConfigError(f"opponents.{next(iter(opponents))}: opponents apply to multi-agent runs; "
                               f"this run has one policy on the single-agent env {name!r}")
         if single:
-            eps = run_gym_episodes(algo.get_policy(), env_cfg, episodes, seed, explore, num_envs, render,
-                                   render_episodes, os.path.join(ck, "videos"))
-        else:
-            if render:
-                raise ConfigError(f"render={render}: video is recorded for single-agent Gymnasium envs only")
-            eps = _multiagent_episodes(algo, cfg, episodes, seed, explore, num_envs, dict(opponents or {}))
+            return run_gym_episodes(algo.get_policy(), env_cfg, episodes, seed, explore, num_envs, render,
+                                    render_episodes, os.path.join(ck, "videos")), True
+        if render:
+            raise ConfigError(f"render={render}: video is recorded for single-agent Gymnasium envs only")
+        return _multiagent_episodes(algo, cfg, episodes, seed, explore, num_envs, opponents), False
+
+
+def _report(algo: Any, ck: str, eps: List[Dict[str, Any]], single: bool, seed: int, explore: bool,
+            opponents: Dict[str, str]) -> Dict[str, Any]:
+    """What :func:`evaluate` writes (see there)."""
+    from flowkit.core import env_name
+    from flowkit.core.metrics import _means, returns_by_policy
+    cfg = algo.run_config
     rets, lens = [e["return"] for e in eps], [e["length"] for e in eps]
     report: Dict[str, Any] = {"checkpoint": ck, "iteration": int(algo.checkpoint_state["iteration"]),
-                              "algo": str(cfg.algo), "env": env_name(env_cfg), "episodes": len(eps), "seed": seed,
+                              "algo": str(cfg.algo), "env": env_name(cfg.env), "episodes": len(eps), "seed": seed,
                               "explore": bool(explore)}
     if opponents:
-        report["opponents"] = dict(opponents)
+        report["opponents"] = opponents
     report.update({f"episode_return_{k}": v for k, v in _stats(rets).items()})
     report.update({f"episode_len_{k}": v for k, v in _stats(lens).items()})
     if not single:
-        pols: Dict[str, Dict[str, float]] = {}
-        by_policy = returns_by_policy(eps)
-        for pid in algo.policies:
-            if pid in (opponents or {}):  # played by the stand-in, not by this run's policy
-                continue
-            mine = by_policy.get(pid, [])
-            if not mine:
-                continue
-            d = {f"episode_return_{k}": v for k, v in _stats([r for r, _ in mine]).items()}
-            d.update({f"episode_len_{k}": v for k, v in _stats([n for _, n in mine]).items()})
-            for what in ("win_rate", "draw_rate", "loss_rate"):
-                vals = [e["eval_metrics"][f"{pid}/{what}"] for e in eps
-                        if f"{pid}/{what}" in e.get("eval_metrics", {})]
-                if vals:
-                    d[what] = float(np.mean(vals))
-            pols[pid] = d
-        report["policies"] = pols
-    report.update(returns=rets, lengths=lens)
+        by_policy, reported = returns_by_policy(eps), _means(eps, "eval_metrics")  # eval_metrics: "<policy>/<name>"
+        report["policies"] = {pid: {**{f"episode_return_{k}": v for k, v in _stats([r for r, _ in mine]).items()},
+                                    **{f"episode_len_{k}": v for k, v in _stats([n for _, n in mine]).items()},
+                                    **{k.rpartition("/")[2]: v for k, v in reported.items() if k.rpartition("/")[0] == pid}}
+                              for pid in algo.policies if (mine := by_policy.get(pid)) and pid not in opponents}
+    report.update(returns=rets, lengths=lens)  # (an opponent's agents are played by the stand-in, not this run's policy)
     if single:
         report.update(seeds=[e["seed"] for e in eps], videos=[e["video"] for e in eps if e["video"]])
-    from flowkit._outputs import write_text
-    write_text(os.path.join(ck, "evaluation.json"), json.dumps(report, indent=2), mkdirs=True)  # (pruned meanwhile)
     return report
 
 
@@ -320,7 +317,7 @@ def format_table(report: Dict[str, Any]) -> str:
             "len_mean", "len_std", "len_min", "len_max"]
     rows = [("episode", report, report["episodes"])]
     rows += [(f"policy/{pid}", d, "") for pid, d in report.get("policies", {}).items()]
-    rates = [c for c in ("win_rate", "draw_rate", "loss_rate") if any(c in d for _, d, _ in rows)]
+    rates = list(dict.fromkeys(c for _, d, _ in rows[1:] for c in d if not c.startswith("episode_")))  # eval_metrics
     head = f"{'':<16}" + "".join(f"{c:>13}" for c in cols + rates)
 
     def cell(v: Any) -> str:

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from flowkit.core._encoders import MASK_KEY
+from flowkit.core.encoders import MASK_KEY
 
 FORMATS = ("torchscript", "onnx")
 _Leaf = Tuple[str, gym.Space, Tuple[Any, ...]]  # (input name, space, key path into the raw observation)
@@ -109,7 +109,7 @@ def run_exported(path: str, fmt: str, inputs: List[np.ndarray]) -> Any:
 
 
 class TorchOps:
-    """:class:`flowkit.core._encoders.NumpyOps` in torch ops, for tracing :meth:`ObsEncoder.encode`
+    """:class:`flowkit.core.encoders.NumpyOps` in torch ops, for tracing :meth:`ObsEncoder.encode`
     and :meth:`ActionDist.to_env` (the same code the rollout workers run in numpy)."""
 
     @staticmethod

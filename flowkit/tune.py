@@ -39,6 +39,11 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from flowkit.cli import OneLineArgumentParser, build_tuned, option_hint, shown_path
+from flowkit.config import ConfigError, build_config, plugin_modules_from
+from flowkit.core import env_name
+from flowkit.hooks import PluginError, get_plugin_manager
+
 STOPPED_EARLY = "stopped early by the Tune scheduler"
 SWEEP_STOPPED = "the sweep was stopped by"  # a trial's stop reason after a signal to the sweep: + " SIGTERM"
 STOP_FILE = ".stopped_by_signal"  # in the sweep folder: the name of the signal that stopped the sweep
@@ -85,7 +90,6 @@ def parse_space(items: Sequence[str]) -> Tuple[List[str], Dict[str, Dim]]:
         ConfigError: a malformed spec (``range(a)`` of a non-int, ``uniform`` without two bounds,
             an empty choice) naming the item.
     """
-    from flowkit.config import ConfigError
     plain: List[str] = []
     space: Dict[str, Dim] = {}
     for item in items:
@@ -256,7 +260,6 @@ def results_table(rows: List[Dict[str, Any]], cols: List[str]) -> str:
 
 
 def _parser() -> argparse.ArgumentParser:
-    from flowkit.cli import OneLineArgumentParser
     p = OneLineArgumentParser(prog="flowkit tune", description="Hyperparameter sweeps on Ray Tune; each trial is "
                               "a flowkit run folder. Search space: key=choice(a,b) key=range(3) "
                               "key=uniform(lo,hi) key=loguniform(lo,hi) key=randint(lo,hi).")
@@ -280,14 +283,11 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Optional[List[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     a, unknown = _parser().parse_known_intermixed_args(argv)
-    from flowkit.cli import option_hint
     if (hint := option_hint(argv, unknown)) is not None:
         print(f"flowkit tune: error: {hint}", file=sys.stderr)
         return 2
     if unknown:
         _parser().error(f"unrecognized arguments: {' '.join(unknown)}")
-    from flowkit.config import ConfigError
-    from flowkit.hooks import PluginError
     try:
         return _tune(a)
     except (ConfigError, PluginError) as e:
@@ -311,7 +311,6 @@ def check_args(a: argparse.Namespace) -> None:
         ConfigError: ``--num-samples``/``--max-concurrent`` below 1, ``--grace-period`` not
             > 0, or a ``--metric`` that is not a result column.
     """
-    from flowkit.config import ConfigError
     for flag, v in (("--num-samples", a.num_samples), ("--max-concurrent", a.max_concurrent)):
         if v is not None and not 1 <= v <= MAX_TRIALS:
             raise ConfigError(f"{flag}={v} must be in [1, {MAX_TRIALS}]")
@@ -326,9 +325,6 @@ def check_args(a: argparse.Namespace) -> None:
 
 
 def _tune(a: argparse.Namespace) -> int:
-    from flowkit.cli import shown_path, tuned_config_path
-    from flowkit.config import ConfigError, build_config, plugin_modules_from
-    from flowkit.hooks import get_plugin_manager
     check_args(a)
     plain, space = parse_space(a.overrides)
     a.scheduler = a.scheduler or ("none" if set(space) == {"seed"} else "asha")  # seeds: a multirun, none stops
@@ -340,13 +336,27 @@ def _tune(a: argparse.Namespace) -> int:
     if n_grid * samples > MAX_TRIALS:
         raise ConfigError(f"{n_grid} grid points x {samples} samples = {n_grid * samples} trials, more than "
                           f"flowkit tune's {MAX_TRIALS}")
+    cfg, files, tuned, sweep_dir = _check_sweep(a, plain, space)
+    base = [o for o in plain if not o.startswith("run.dir=")]
+    tuner = _tuner(a, cfg, space, base, files, sweep_dir, f"{n_grid * samples} trials ({a.search} search"
+                   f"{f', {n_grid} grid points x {samples}' if a.search == 'grid' else ''}) of {cfg.algo} on "
+                   f"{env_name(cfg.env)}{f', base {shown_path(tuned)}' if tuned else ''}", samples)
+    with _stopping_on_signals(sweep_dir) as got:
+        grid = tuner.fit()
+    status = _report(grid, space, a, sweep_dir)
+    if got:
+        print(f"flowkit tune: stopped: interrupted ({signal.Signals(got[0]).name})", file=sys.stderr)
+        return 128 + got[0]
+    return status
+
+
+def _check_sweep(a: argparse.Namespace, plain: List[str], space: Dict[str, Dim]) -> Tuple[Any, List[str], Optional[str], str]:
+    """``(config, config files, tuned config or None, sweep folder)``, every searched value and
+    the first trial's plan checked (nothing started)."""
     files = [os.path.abspath(f) for f in a.config_file or []]  # trials may run elsewhere
     pm = get_plugin_manager(plugin_modules_from(plain, files))
-    cfg = build_config(plain, files, pm.config_sections())
-    tuned = None if files or a.no_tuned else tuned_config_path(cfg.algo, cfg.env.id)
-    if tuned:
-        files = [tuned]
-        cfg = build_config(plain, files, pm.config_sections())
+    cfg, found, tuned = build_tuned(plain, files, a.no_tuned, pm)
+    files = found or []
     for k, d in space.items():  # every searched key and value must make a valid config
         for v in d.args if d.kind == "choice" else d.args[:1]:
             build_config(plain + trial_overrides({k: v}), files, pm.config_sections())
@@ -356,23 +366,26 @@ def _tune(a: argparse.Namespace) -> int:
         import importlib.util
         if importlib.util.find_spec("optuna") is None:
             raise ConfigError("--search optuna needs the optuna package (pip install 'flowkit[optuna]')")
-    from flowkit.core import env_name
     sweep_dir = os.path.abspath(cfg.run.dir or os.path.join(
         "runs", f"tune-{cfg.algo}-{env_name(cfg.env).replace(':', '_').replace('/', '_')}-"
                 f"{time.strftime('%Y%m%d-%H%M%S')}"))
     if os.path.exists(os.path.join(sweep_dir, "tune_results.csv")) or os.path.isdir(os.path.join(sweep_dir, "tune")):
         raise ConfigError(f"run.dir={shown_path(sweep_dir)} holds an earlier sweep (tune_results.csv or tune/); "
                           "give a new run.dir")
-    base = [o for o in plain if not o.startswith("run.dir=")]
+    return cfg, files, tuned, sweep_dir
 
+
+def _tuner(a: argparse.Namespace, cfg: Any, space: Dict[str, Dim], base: List[str], files: List[str],
+           sweep_dir: str, what: str, samples: int) -> Any:
+    """Ray started, the trials fitted to it (the sweep's first line printed), and Ray Tune's
+    ``Tuner`` of the sweep."""
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")  # Tune's console output off (verbose=0): our table instead
     import ray
     from omegaconf import DictConfig, OmegaConf
     from ray import tune
 
     from flowkit import _ray
-    on_ray = typing.cast(DictConfig, OmegaConf.merge(cfg, {"runtime": {"backend": "ray"}}))
-    _ray.start(on_ray)
+    _ray.start(typing.cast(DictConfig, OmegaConf.merge(cfg, {"runtime": {"backend": "ray"}})))
     _ray.wait()
     cpus = float(ray.cluster_resources().get("CPU", 1))
     resources, extra, res_text = plan_resources(cfg, cpus)
@@ -382,12 +395,8 @@ def _tune(a: argparse.Namespace) -> int:
     at_once = max(1, int(cpus // per_trial)) if per_trial else None
     if a.max_concurrent:
         at_once = min(at_once or a.max_concurrent, a.max_concurrent)
-    print(f"flowkit tune: {n_grid * samples} trials ({a.search} search"
-          f"{f', {n_grid} grid points x {samples}' if a.search == 'grid' else ''}) of {cfg.algo} on "
-          f"{env_name(cfg.env)}{f', base {shown_path(tuned)}' if tuned else ''}; trial resources: {res_text}; "
-          f"up to {at_once} at once on {cpus:g} CPUs; {a.scheduler} early stopping on {a.metric} ({a.mode}); "
-          f"run folders in {sweep_dir}", flush=True)
-
+    print(f"flowkit tune: {what}; trial resources: {res_text}; up to {at_once} at once on {cpus:g} CPUs; "
+          f"{a.scheduler} early stopping on {a.metric} ({a.mode}); run folders in {sweep_dir}", flush=True)
     scheduler = None
     if a.scheduler == "asha":
         from ray.tune.schedulers import ASHAScheduler
@@ -403,19 +412,12 @@ def _tune(a: argparse.Namespace) -> int:
     trainable = tune.with_resources(tune.with_parameters(run_trial, base=base, files=files, sweep_dir=sweep_dir,
                                                          extra=extra), resources)
     os.makedirs(sweep_dir, exist_ok=True)
-    tuner = tune.Tuner(
+    return tune.Tuner(
         trainable, param_space=param_space(space, a.search),
         tune_config=tune.TuneConfig(metric=a.metric, mode=a.mode, num_samples=samples, scheduler=scheduler,
                                     search_alg=search_alg, max_concurrent_trials=a.max_concurrent),
         run_config=tune.RunConfig(name="tune", storage_path=sweep_dir, verbose=0,
                                   failure_config=tune.FailureConfig(fail_fast=False)))
-    with _stopping_on_signals(sweep_dir) as got:
-        grid = tuner.fit()
-    status = _report(grid, space, a, sweep_dir)
-    if got:
-        print(f"flowkit tune: stopped: interrupted ({signal.Signals(got[0]).name})", file=sys.stderr)
-        return 128 + got[0]
-    return status
 
 
 @contextlib.contextmanager

@@ -36,7 +36,7 @@ NotAModule = torch.zeros
 
 
 class TinyGRUActorCritic(nn.Module):
-    """A recurrent custom network (the recurrent-model contract of flowkit.core._recurrent): a
+    """A recurrent custom network (the recurrent-model contract of flowkit.core.recurrent): a
     GRU cell unrolled by hand over the sequence, resets zeroing the state."""
 
     def __init__(self, encoder, num_outputs, model_config):

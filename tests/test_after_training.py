@@ -281,6 +281,36 @@ def test_a_folder_without_checkpoint_is_one_line(tmp_path, capsys):
     assert os.listdir(tmp_path) == []
 
 
+def test_the_report_averages_what_the_env_runner_reports_for_each_policy():
+    """Issue 49: evaluation.py knows no win rate; a runner's episode summaries carry
+    ``eval_metrics`` (``<policy>/<name>``: the multiagent plugin's win/draw/loss, or any other
+    plugin's figure) and the report averages them per policy, over the episodes that have them;
+    a policy played by a stand-in (``opponents``) is left out."""
+    from types import SimpleNamespace
+
+    from omegaconf import OmegaConf
+
+    from flowkit.evaluation import _report, format_table
+    eps = [{"return": 1.0, "length": 5, "policy_returns": {"a": {"p0": 1.0}, "b": {"p1": 0.0}, "c": {"p2": 3.0}},
+            "eval_metrics": {"a/win_rate": 1.0, "a/loss_rate": 0.0, "b/captures": 2.0}},
+           {"return": 2.0, "length": 7, "policy_returns": {"a": {"p0": -1.0}, "b": {"p1": 3.0}, "c": {"p2": 3.0}},
+            "eval_metrics": {"a/win_rate": 0.0, "a/loss_rate": 1.0, "c/win_rate": 1.0}}]
+    algo = SimpleNamespace(run_config=OmegaConf.create({"algo": "ppo", "env": {"id": None, "factory": "m:env"}}),
+                           checkpoint_state={"iteration": 4}, policies={"a": None, "b": None, "c": None, "d": None})
+    rep = _report(algo, "ck", eps, False, 7, False, {"c": "random"})
+    assert rep["policies"] == {
+        "a": {"episode_return_mean": 0.0, "episode_return_std": 1.0, "episode_return_min": -1.0,
+              "episode_return_max": 1.0, "episode_len_mean": 6.0, "episode_len_std": 1.0, "episode_len_min": 5.0,
+              "episode_len_max": 7.0, "win_rate": 0.5, "loss_rate": 0.5},
+        "b": {"episode_return_mean": 1.5, "episode_return_std": 1.5, "episode_return_min": 0.0,
+              "episode_return_max": 3.0, "episode_len_mean": 6.0, "episode_len_std": 1.0, "episode_len_min": 5.0,
+              "episode_len_max": 7.0, "captures": 2.0}}  # c: the stand-in's; d: no agent played it
+    assert (rep["env"], rep["iteration"], rep["opponents"], rep["returns"]) == ("m:env", 4, {"c": "random"}, [1.0, 2.0])
+    head, _, row_a, row_b = format_table(rep).splitlines()[1:]
+    assert head.split()[-3:] == ["win_rate", "loss_rate", "captures"]
+    assert row_a.split()[-2:] == ["0.5", "0.5"] and row_b.split()[-1] == "2"
+
+
 def test_the_evaluation_table_keeps_six_significant_digits():
     """A newcomer's find: a 26,997-step Breakout game read `2.7e+04`; MuJoCo returns above
     10,000 would have lost their last digits the same way."""

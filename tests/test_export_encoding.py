@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from flowkit.core._encoders import ObsEncoder
+from flowkit.core.encoders import ObsEncoder
 from flowkit.export import encode_inputs, input_arrays, sample_observations
 
 S = gym.spaces
@@ -54,7 +54,7 @@ ACTION_SPACES = {
 def test_traced_to_env_is_the_workers_to_env(name):
     """The exported module's last step is ActionDist.to_env traced with TorchOps: the same
     values and dtype as the workers' numpy call (scale, clip, round, start, shape)."""
-    from flowkit.core._distributions import ActionDist
+    from flowkit.core.distributions import ActionDist
     from flowkit.export import TorchOps
     space, draw = ACTION_SPACES[name]
     dist, a = ActionDist(space), draw(np.random.default_rng(1))

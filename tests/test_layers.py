@@ -183,3 +183,53 @@ def test_bench_scripts_and_examples_import_names_that_exist():
                                     for a in node.names if a.name != "*" and not hasattr(mod, a.name)
                                     and not (hasattr(mod, "__path__") and importlib.util.find_spec(f"{node.module}.{a.name}") is not None)]
     assert not missing, "names imported by bench/ and examples/ that do not exist:\n" + "\n".join(missing)
+
+
+def _private_flowkit_imports(path: str) -> List[str]:
+    """``line: name`` of each import in the file at ``path`` that reaches a private part of
+    flowkit: a dotted path with an ``_underscore`` part (``flowkit.core._runner``,
+    ``flowkit._trust``), or an ``_underscore`` name taken from a flowkit module (``from
+    flowkit.core import _envs``); function-level and ``TYPE_CHECKING`` imports included."""
+    with open(path, encoding="utf-8") as f:
+        tree = ast.parse(f.read(), path)
+    def private(name: str) -> bool:
+        return name.split(".")[0] == "flowkit" and any(p.startswith("_") for p in name.split(".")[1:])
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names = [node.module] if private(node.module) else [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        found += [f"{node.lineno}: {n}" for n in names if private(n)]
+    return found
+
+
+PRIVATE_IMPORTS_LEFT = {  # moved to a public name by the lead's change to flowkit/_trust.py (issue 49)
+    ("plugins/multiagent/flowkit_multiagent/specs.py", "flowkit._trust")}
+
+
+def test_the_private_import_check_sees_every_form(tmp_path):
+    path = tmp_path / "plugin.py"
+    path.write_text("import flowkit\nimport flowkit.core._runner\nfrom flowkit._trust import x\n"
+                    "from flowkit.core import _envs, ObsEncoder\nfrom flowkit.core.encoders import ObsEncoder\n"
+                    "def f():\n    from flowkit.core.returns import _private\n    from flowkit_dqn._acting import y\n")
+    assert _private_flowkit_imports(str(path)) == [
+        "2: flowkit.core._runner", "3: flowkit._trust", "4: flowkit.core._envs", "7: flowkit.core.returns._private"]
+
+
+def test_plugins_and_examples_import_no_private_flowkit_module():
+    """Plugins build on flowkit's public surface (the names of ``flowkit``, ``flowkit.core``'s
+    ``__all__`` and its public modules: encoders, distributions, models, recurrent, returns,
+    target_network); a module or name with a leading underscore may change without notice."""
+    bad = []
+    for folder in ("plugins", "examples"):
+        for dirpath, dirs, files in os.walk(os.path.join(ROOT, folder)):
+            dirs[:] = [d for d in dirs if d not in ("build", "__pycache__") and not d.endswith(".egg-info")]
+            for f in sorted(files):
+                if f.endswith(".py"):
+                    rel = os.path.relpath(os.path.join(dirpath, f), ROOT)
+                    bad += [f"{rel}:{hit}" for hit in _private_flowkit_imports(os.path.join(dirpath, f))
+                            if (rel, hit.partition(": ")[2]) not in PRIVATE_IMPORTS_LEFT]
+    assert not bad, "plugin imports of private flowkit modules:\n" + "\n".join(bad)

@@ -12,8 +12,8 @@ from omegaconf import OmegaConf
 from flowkit.config import ConfigError, ModelConfig
 from flowkit.core import PolicySpec, RandomPolicy, RolloutWorker
 from flowkit.core import batch as sb
-from flowkit.core._recurrent import RecurrentTrunk, forward_sequences
 from flowkit.core.learner import sequence_cuts, sequence_minibatches
+from flowkit.core.recurrent import RecurrentTrunk, forward_sequences
 from flowkit.engine import load_config, setup
 
 
@@ -114,8 +114,9 @@ def _trunk_model(seed=0):
     class Net(torch.nn.Module):  # a recurrent Q-network: the trunk and one head
         def __init__(self):
             super().__init__()
-            from flowkit.core import ObsEncoder
             from gymnasium import spaces
+
+            from flowkit.core import ObsEncoder
             self.trunk = RecurrentTrunk(ObsEncoder(spaces.Box(-1, 1, (3,))), mc)
             self.head = torch.nn.Linear(self.trunk.out_dim, 2)  # 4: the MLP after the GRU
 
@@ -372,7 +373,7 @@ def test_the_numpy_acting_mirror_is_the_torch_network(kind, shared, box):
     from flowkit_ppo import PPOConfig, PPOPolicy
     from gymnasium import spaces
 
-    from flowkit.core._recurrent import step
+    from flowkit.core.recurrent import step
     mc = OmegaConf.structured(ModelConfig)
     mc.hidden_sizes, mc.recurrent, mc.recurrent_size, mc.shared_value_network = [6], kind, 5, shared
     cfg = OmegaConf.structured(PPOConfig)

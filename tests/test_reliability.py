@@ -464,7 +464,8 @@ def test_non_finite_obs_on_ray_is_not_retried(run_dir, ray_session, caplog):
 
 def test_key_path_of_encoded_columns():
     from gymnasium import spaces
-    from flowkit.core._encoders import ObsEncoder
+
+    from flowkit.core.encoders import ObsEncoder
     box = spaces.Box(-1, 1, (2, 3))
     enc = ObsEncoder(spaces.Dict({"a": spaces.Discrete(3), "action_mask": spaces.MultiBinary(2),
                                   "b": spaces.Tuple((spaces.Box(-1, 1, ()), box))}))

@@ -1,25 +1,29 @@
 """The core: batches, the dataflow substrate, workers, policies and the shared math.
 
-The names in ``__all__`` are the public API that plugins and users build on; the ``_name``
-modules behind them are private (their layout may change). Operators are in
-:mod:`flowkit.core.ops` (and :mod:`~flowkit.core.replay`; the learner thread is in :mod:`~flowkit.core.learner`).
+The names in ``__all__`` are the public API that plugins and users build on, as are the public
+modules (each with its ``__all__``): ``encoders`` (observations by space), ``distributions``
+(actions by space), ``models`` (MLPs, CNNs, the actor-critic), ``recurrent`` (LSTM/GRU and the
+sequence forward), ``returns`` (GAE, V-trace), ``target_network``, ``batch``, ``flow``, ``ops``
+and ``replay`` (the operators), ``learner``, ``policy``, ``workers``, ``algorithm``, ``context``.
+The ``_name`` modules are private (their layout may change).
 """
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from flowkit.core import batch  # noqa: I001 - wrapped by hand, two lines instead of ruff's one name per line
     from flowkit.core._actor_critic import ActorCriticPolicy, adapt_kl_coeff, clipped_surrogate, standardized
-    from flowkit.core._distributions import ActionDist
-    from flowkit.core._encoders import MASK_KEY, ObsEncoder, SpaceError, add_batch_axis, batch_len
+    from flowkit.core.distributions import ActionDist
+    from flowkit.core.encoders import MASK_KEY, ObsEncoder, SpaceError, add_batch_axis, batch_len
     from flowkit.core._envs import (EnvContext, EnvError, SpaceCheck, TaskSettableEnv, derive_seed, describe_value,
                                     env_name, find_mismatch, make_env, task_env)
-    from flowkit.core._models import (ActorCritic, FramesCNN, ImpalaCNN, RunningMeanStd, SmallCNN, TwinMLP, build_mlp,
+    from flowkit.core.models import (ActorCritic, FramesCNN, ImpalaCNN, RunningMeanStd, SmallCNN, TwinMLP, build_mlp,
                                       build_trunk, init_weights, sde_std)
-    from flowkit.core._numpy_model import NumpyActorCritic, NumpyActorCriticPolicy, mlp_forward, sample_logp_numpy
-    from flowkit.core._recurrent import RecurrentActorCritic, RecurrentStep, RecurrentTrunk, forward_sequences
-    from flowkit.core._returns import bootstrap_rows, compute_gae, next_values, vtrace
+    from flowkit.core._numpy_model import (Acting, NumpyActorCritic, NumpyActorCriticPolicy, linear_layers, linear_names,
+                                           mlp_forward, sample_logp_numpy)
+    from flowkit.core.recurrent import RecurrentActorCritic, RecurrentStep, RecurrentTrunk, forward_sequences
+    from flowkit.core.returns import bootstrap_rows, compute_gae, next_values, vtrace
     from flowkit.core._runner import Episode, GymEnvRunner, RecurrentStates, run_episodes, stack_rows
-    from flowkit.core._target import TargetNetwork
+    from flowkit.core.target_network import TargetNetwork
     from flowkit.core.algorithm import Algorithm
     from flowkit.core.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch, trajectory_ends
     from flowkit.core.flow import NOT_READY, Flow, FlowContext, ParallelFlow, Sourced
@@ -31,22 +35,22 @@ __all__ = [  # batches (column names: flowkit.core.batch.OBS, ...), dataflow, po
     "NOT_READY", "ParallelFlow", "Sourced", "Algorithm", "Policy", "RandomPolicy", "loss_stats", "ActorCriticPolicy", "adapt_kl_coeff", "clipped_surrogate", "standardized", "to_tensor", "MASK_KEY",
     "ObsEncoder", "SpaceError", "add_batch_axis", "batch_len", "ActionDist", "ACTIVATIONS", "ActorCritic",
     "RunningMeanStd", "FramesCNN", "ImpalaCNN", "SmallCNN", "TwinMLP", "build_mlp", "build_trunk", "init_weights", "sde_std", "NumpyActorCritic", "NumpyActorCriticPolicy", "mlp_forward",
-    "sample_logp_numpy", "bootstrap_rows", "compute_gae", "next_values", "vtrace", "EnvContext", "EnvError", "Episode", "GymEnvRunner", "run_episodes", "stack_rows",
+    "sample_logp_numpy", "Acting", "linear_layers", "linear_names", "bootstrap_rows", "compute_gae", "next_values", "vtrace", "EnvContext", "EnvError", "Episode", "GymEnvRunner", "run_episodes", "stack_rows",
     "RecurrentActorCritic", "RecurrentStates", "RecurrentStep", "RecurrentTrunk", "forward_sequences",
     "PolicySpec", "TargetNetwork", "RolloutWorker", "SpaceCheck", "WorkerSet", "derive_seed", "describe_value", "env_name",
     "find_mismatch", "make_env", "TaskSettableEnv", "task_env"]
 
 _MODULES = {  # the module behind each name, imported on first use (torch only when needed)
-    "_actor_critic": "ActorCriticPolicy adapt_kl_coeff clipped_surrogate standardized", "_distributions": "ActionDist",
-    "_encoders": "MASK_KEY ObsEncoder SpaceError add_batch_axis batch_len",
+    "_actor_critic": "ActorCriticPolicy adapt_kl_coeff clipped_surrogate standardized", "distributions": "ActionDist",
+    "encoders": "MASK_KEY ObsEncoder SpaceError add_batch_axis batch_len",
     "_envs": "EnvContext EnvError SpaceCheck TaskSettableEnv derive_seed describe_value env_name find_mismatch make_env "
              "task_env",
-    "_models": "ActorCritic FramesCNN ImpalaCNN RunningMeanStd SmallCNN TwinMLP build_mlp build_trunk init_weights sde_std",
-    "_numpy_model": "NumpyActorCritic NumpyActorCriticPolicy mlp_forward sample_logp_numpy",
-    "_returns": "bootstrap_rows compute_gae next_values vtrace", "activations": "ACTIVATIONS",
+    "models": "ActorCritic FramesCNN ImpalaCNN RunningMeanStd SmallCNN TwinMLP build_mlp build_trunk init_weights sde_std",
+    "_numpy_model": "Acting NumpyActorCritic NumpyActorCriticPolicy linear_layers linear_names mlp_forward sample_logp_numpy",
+    "returns": "bootstrap_rows compute_gae next_values vtrace", "activations": "ACTIVATIONS",
     "_runner": "Episode GymEnvRunner RecurrentStates run_episodes stack_rows",
-    "_recurrent": "RecurrentActorCritic RecurrentStep RecurrentTrunk forward_sequences",
-    "_target": "TargetNetwork",
+    "recurrent": "RecurrentActorCritic RecurrentStep RecurrentTrunk forward_sequences",
+    "target_network": "TargetNetwork",
     "algorithm": "Algorithm", "batch": "DEFAULT_POLICY_ID MultiAgentBatch SampleBatch trajectory_ends",
     "flow": "NOT_READY Flow FlowContext ParallelFlow Sourced", "policy": "Policy RandomPolicy loss_stats to_tensor",
     "workers": "PolicySpec RolloutWorker WorkerSet"}

@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from flowkit.core import batch as sb
-from flowkit.core._models import ActorCritic, sde_std
 from flowkit.core._numpy_model import (
     ActorCriticActing,
     NumpyActorCritic,
@@ -21,9 +20,10 @@ from flowkit.core._numpy_model import (
     numpy_recurrent_layout,
     sample_logp_numpy,
 )
-from flowkit.core._recurrent import RecurrentActorCritic, RecurrentStep, step
-from flowkit.core._returns import bootstrap_rows, next_values, vtrace
+from flowkit.core.models import ActorCritic, sde_std
 from flowkit.core.policy import Policy, to_tensor
+from flowkit.core.recurrent import RecurrentActorCritic, RecurrentStep, step
+from flowkit.core.returns import bootstrap_rows, next_values, vtrace
 
 
 def clipped_surrogate(ratio: torch.Tensor, advantages: torch.Tensor, clip: float) -> torch.Tensor:

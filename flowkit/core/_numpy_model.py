@@ -12,13 +12,13 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, 
 import numpy as np
 
 from flowkit.core import batch as sb
-from flowkit.core._distributions import ActionDist
-from flowkit.core._encoders import ObsEncoder, add_batch_axis, batch_len
-from flowkit.core._returns import bootstrap_rows, compute_gae, next_values
 from flowkit.core.activations import has_numpy, numpy_function
+from flowkit.core.distributions import ActionDist
+from flowkit.core.encoders import ObsEncoder, add_batch_axis, batch_len
+from flowkit.core.returns import bootstrap_rows, compute_gae, next_values
 
 if TYPE_CHECKING:
-    from flowkit.core._models import ActorCritic
+    from flowkit.core.models import ActorCritic
 
 
 
@@ -26,8 +26,8 @@ def numpy_layout(model: "ActorCritic", dist: ActionDist, activation: str) -> Opt
     """The structure of an MLP :class:`ActorCritic` in the names of its ``state_dict`` (plain
     data, picklable), or None when :class:`NumpyActorCritic` cannot mirror it (CNNs, a shared
     trunk, other activations or action spaces, a subclassed model)."""
-    from flowkit.core._models import ActorCritic, TwinMLP
     from flowkit.core.activations import torch_function
+    from flowkit.core.models import ActorCritic, TwinMLP
     if (type(model) is not ActorCritic or dist.kind not in ("cat", "gauss", "gauss_unbounded")
             or not has_numpy(activation) or model.sde_log_std is not None):
         return None
@@ -166,7 +166,7 @@ def numpy_recurrent_layout(model: Any, dist: ActionDist, activation: str) -> Opt
     """The structure of a :class:`~flowkit.core.RecurrentActorCritic` without a CNN, in the
     names of its ``state_dict``, or None when :class:`NumpyRecurrentActorCritic` cannot mirror
     it (a CNN, other activations or action spaces, a subclassed model)."""
-    from flowkit.core._recurrent import RecurrentActorCritic
+    from flowkit.core.recurrent import RecurrentActorCritic
     if (type(model) is not RecurrentActorCritic or dist.kind not in ("cat", "gauss", "gauss_unbounded")
             or not has_numpy(activation)):
         return None

@@ -14,8 +14,8 @@ import numpy as np
 from gymnasium.vector.utils import concatenate, create_empty_array, iterate
 
 from flowkit.core import batch as sb
-from flowkit.core._encoders import ObsEncoder
 from flowkit.core._envs import EnvContext, EnvError, env_name, find_mismatch, make_env
+from flowkit.core.encoders import ObsEncoder
 
 if TYPE_CHECKING:
     from flowkit.core.workers import RolloutWorker
@@ -401,13 +401,7 @@ class GymEnvRunner:
             step.update({sb.ACTION_MASK: self.mask[g], sb.NEXT_ACTION_MASK: rec_next_mask})
         step.update(extras)
         if self.raw_obs is not None:  # run.output: the env's own values of this step
-            raw_now = raw_leaves(raw_next, sb.RAW_PREFIX + "obs")
-            step.update({**self.raw_obs[g], **raw_leaves(rec_raw_next, sb.RAW_PREFIX + "next_obs"),
-                         sb.RAW_PREFIX + "actions": np.array(env_actions, copy=True),
-                         sb.RAW_PREFIX + "rewards": np.asarray(rew, np.float64),
-                         sb.RAW_PREFIX + "terminateds": np.asarray(term, bool),
-                         sb.RAW_PREFIX + "truncateds": np.asarray(trunc, bool)})
-            self.raw_obs[g] = raw_now
+            step.update(self._raw_columns(g, raw_next, rec_raw_next, env_actions, rew, term, trunc))
         steps.append(step)
         valid_l.append(valid)
         # episode bookkeeping (real transitions only; the slices are views: updated in place)
@@ -439,6 +433,18 @@ class GymEnvRunner:
             self.states.reset(sl.start + np.flatnonzero(ended | ~valid))
         self.reset_pending[sl] = ended if not self.same_step else False
         self.obs_enc[g], self.mask[g] = next_enc, next_mask
+
+    def _raw_columns(self, g: int, raw_next: Any, rec_raw_next: Any, env_actions: Any, rew: Any, term: Any,
+                     trunc: Any) -> Dict[str, np.ndarray]:
+        """``run.output``'s columns of lane ``g``'s step: the env's own values (observations
+        before encoding, actions as the env took them, float64 rewards)."""
+        out = {**self.raw_obs[g], **raw_leaves(rec_raw_next, sb.RAW_PREFIX + "next_obs"),  # type: ignore[index]
+               sb.RAW_PREFIX + "actions": np.array(env_actions, copy=True),
+               sb.RAW_PREFIX + "rewards": np.asarray(rew, np.float64),
+               sb.RAW_PREFIX + "terminateds": np.asarray(term, bool),
+               sb.RAW_PREFIX + "truncateds": np.asarray(trunc, bool)}
+        self.raw_obs[g] = raw_leaves(raw_next, sb.RAW_PREFIX + "obs")  # type: ignore[index]
+        return out
 
     def _cut(self, steps: List[List[Dict[str, Any]]], valid_l: List[List[np.ndarray]]) -> sb.SampleBatch:
         """Rows of sub-env ``j``: its carried rows, then its real transitions of this call,
@@ -514,6 +520,18 @@ def stack_rows(rows: List[Any]) -> Any:
     return np.stack([np.asarray(r) for r in rows])
 
 
+def _eval_env_call(env_cfg: Dict[str, Any], j: int, what: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
+    """``fn(*args, **kw)``, an env method of an evaluation's sub-env ``j``: what it raises is one
+    EnvError line naming the env (the original chained)."""
+    try:
+        return fn(*args, **kw)
+    except (EnvError, TimeoutError):  # already one line; the evaluation's deadline
+        raise
+    except Exception as e:  # the env's own code
+        raise EnvError(f"env {env_name(env_cfg)!r} (evaluation, sub-env {j}) raised in {what}: "
+                       f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}") from e
+
+
 def run_episodes(policy: Any, env_cfg: Dict[str, Any], episodes: int, seed: int, explore: bool = False,
                  num_envs: int = 8, on_step: Optional[Callable[..., None]] = None,
                  after_env: Optional[Callable[[int, Any, bool], None]] = None) -> List[Dict[str, Any]]:
@@ -536,14 +554,6 @@ def run_episodes(policy: Any, env_cfg: Dict[str, Any], episodes: int, seed: int,
     Raises:
         EnvError: the env's ``reset`` or ``step`` raised (its type and message, one line).
     """
-    def env_call(j: int, what: str, fn: Callable[..., Any], *args: Any, **kw: Any) -> Any:
-        try:
-            return fn(*args, **kw)
-        except (EnvError, TimeoutError):  # already one line; the evaluation's deadline
-            raise
-        except Exception as e:  # the env's own code: one line naming it (the original chained)
-            raise EnvError(f"env {env_name(env_cfg)!r} (evaluation, sub-env {j}) raised in {what}: "
-                           f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}") from e
     k = max(1, min(num_envs, episodes))
     out: List[Dict[str, Any]] = [{} for _ in range(episodes)]
     slot_ep: List[Optional[int]] = [None] * k
@@ -561,7 +571,7 @@ def run_episodes(policy: Any, env_cfg: Dict[str, Any], episodes: int, seed: int,
             return
         i, next_ep = next_ep, next_ep + 1
         slot_ep[j], ret[j], length[j] = i, 0.0, 0
-        obs[j], _ = env_call(j, "reset()", envs[j].reset, seed=seed + i)
+        obs[j], _ = _eval_env_call(env_cfg, j, "reset()", envs[j].reset, seed=seed + i)
         if state is not None:
             state[j] = init(1)[0]
         if after_env is not None:
@@ -582,7 +592,7 @@ def run_episodes(policy: Any, env_cfg: Dict[str, Any], episodes: int, seed: int,
             for j, a in zip(live, actions):
                 i, prev = slot_ep[j], obs[j]
                 assert i is not None
-                obs[j], r, term, trunc, info = env_call(j, "step()", envs[j].step, a)
+                obs[j], r, term, trunc, info = _eval_env_call(env_cfg, j, "step()", envs[j].step, a)
                 if on_step is not None:
                     on_step(i, prev, a, obs[j], r, term, trunc, info)
                 ret[j] += float(r)

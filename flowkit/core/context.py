@@ -16,7 +16,7 @@ import torch
 from omegaconf import DictConfig
 
 from flowkit.config import ConfigError
-from flowkit.core._encoders import SpaceError
+from flowkit.core.encoders import SpaceError
 from flowkit.core.flow import FlowContext, TimerStat
 from flowkit.core.learner import Learner
 from flowkit.core.metrics import Metrics, _means, returns_by_policy

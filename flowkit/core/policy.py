@@ -1,6 +1,6 @@
 """The :class:`Policy` base class (owns a network and the math of one algorithm) and
-:class:`RandomPolicy`. Encoders, distributions and networks live in the private modules
-``_encoders``, ``_distributions`` and ``_models`` (public through :mod:`flowkit.core`)."""
+:class:`RandomPolicy`. Encoders, distributions and networks live in
+:mod:`flowkit.core.encoders`, :mod:`~flowkit.core.distributions` and :mod:`~flowkit.core.models`."""
 from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
@@ -11,11 +11,11 @@ import torch
 from torch import nn
 
 from flowkit.core import batch as sb
-from flowkit.core._distributions import ActionDist
-from flowkit.core._encoders import ObsEncoder
 from flowkit.core._numpy_model import Acting
-from flowkit.core._recurrent import forward_sequences, is_recurrent
-from flowkit.core._target import TargetNetwork, flat_parameters
+from flowkit.core.distributions import ActionDist
+from flowkit.core.encoders import ObsEncoder
+from flowkit.core.recurrent import forward_sequences, is_recurrent
+from flowkit.core.target_network import TargetNetwork, flat_parameters
 
 
 class Policy(Acting):
@@ -93,7 +93,7 @@ class Policy(Acting):
         its code.
 
         A recurrent custom network (one with an ``initial_state`` method) follows the
-        recurrent-model contract of :mod:`flowkit.core._recurrent` instead: ``initial_state(n)
+        recurrent-model contract of :mod:`flowkit.core.recurrent` instead: ``initial_state(n)
         -> float32[n, S]`` and ``forward(obs float32[N, L, *shape], state float32[N, S], resets
         bool[N, L] or None)`` returning the same outputs with the leading axes ``[N, L]``, then
         the state after the last step; the probe runs it on 2 sequences of 3 steps. With
@@ -104,7 +104,7 @@ class Policy(Acting):
                 those arguments, or its outputs on a probe batch differ from the default's.
         """
         from flowkit.config import ConfigError
-        from flowkit.core._models import acting_layout, init_weights
+        from flowkit.core.models import acting_layout, init_weights
         init_weights(default, self.model_config)  # model.init (the custom network's init is its own)
         spec = self.model_config.get("class") if hasattr(self.model_config, "get") else None
         if not spec:
@@ -145,7 +145,7 @@ class Policy(Acting):
     # ---- recurrence (model.recurrent, or a model.class network with initial_state) --------------
     @property
     def is_recurrent(self) -> bool:
-        """Whether the network is recurrent (follows the contract of :mod:`flowkit.core._recurrent`)."""
+        """Whether the network is recurrent (follows the contract of :mod:`flowkit.core.recurrent`)."""
         return is_recurrent(self.model)
 
     @property

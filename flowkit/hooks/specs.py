@@ -171,7 +171,11 @@ def flowkit_make_env_runner(env: Any, context: EnvContext, config: DictConfig,
         config: the full run config.
         policies: ``{policy_id: Policy}`` of this worker.
     Returns:
-        an env-runner class (called as ``cls(worker)``), or None if the env is not yours.
+        an env-runner class (called as ``cls(worker)``), or None if the env is not yours. Its
+        ``evaluate(n, explore)`` returns episode summaries; a summary's ``eval_metrics``
+        (``{"<policy>/<name>": float}``, e.g. the multiagent plugin's ``win_rate``) are averaged
+        into the evaluation's per-policy figures (``evaluation/<policy>/<name>`` in a run's rows,
+        ``policies.<policy>.<name>`` in ``flowkit evaluate``'s report and table).
     firstresult: stops at the first non-None result.
     Runs on: worker.
     Implement in: an env-family plugin. The core's Gymnasium runner is tried last; the

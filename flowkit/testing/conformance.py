@@ -208,7 +208,7 @@ def _check_actions(fail: Any, base: List[str]) -> None:
 def _check_policy_actions(fail: Any, pid: str, pol: Any, obs_space: Any, act_space: Any, n: int = 5) -> None:
     """``pol``'s actions for ``n`` observations sampled from ``obs_space`` (seeded) against
     ``act_space`` and its distribution (``pol.dist``)."""
-    from flowkit.core._encoders import batch_len
+    from flowkit.core.encoders import batch_len
     obs_space.seed(0)
     rows = [obs_space.sample() for _ in range(n)]
     obs = _stack_obs(rows)

@@ -8,11 +8,11 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
+from flowkit.core import Acting, linear_layers
 from flowkit.core import batch as sb
-from flowkit.core._distributions import ActionDist
-from flowkit.core._encoders import ObsEncoder
-from flowkit.core._numpy_model import Acting, linear_layers
 from flowkit.core.activations import numpy_function
+from flowkit.core.distributions import ActionDist
+from flowkit.core.encoders import ObsEncoder
 
 
 # ---- exploration schedules ----------------------------------------------------------------

@@ -50,12 +50,12 @@ from flowkit.core import (
     build_mlp,
     build_trunk,
     derive_seed,
+    linear_names,
     loss_stats,
     ops,
     replay,
 )
 from flowkit.core import batch as sb
-from flowkit.core._numpy_model import linear_names
 from flowkit.core.activations import has_numpy
 from flowkit.core.context import RunContext
 from flowkit.core.flow import get_result

@@ -60,7 +60,7 @@ from torch import nn
 from flowkit import ConfigError
 from flowkit.core import ObsEncoder, RecurrentStep, RecurrentTrunk, loss_stats
 from flowkit.core import batch as sb
-from flowkit.core._recurrent import is_recurrent, step
+from flowkit.core.recurrent import is_recurrent, step
 from flowkit_dqn import R2D2_NORMALIZE_OBS, R2D2Config, sequence_stride
 from flowkit_dqn.dqn import DQN, DQNPolicy, QHeads, bootstrap_q
 
@@ -216,7 +216,7 @@ class SequenceCutter:
 class RecurrentQNetwork(QHeads):
     """R2D2's Q-network: a :class:`~flowkit.core.RecurrentTrunk` (``model.recurrent``, an LSTM when
     unset) and DQN's Q head (dueling: V + A - mean(A)), following the recurrent-model contract
-    of :mod:`flowkit.core._recurrent`: ``forward(obs float32[N, T, *shape], state float32[N, S],
+    of :mod:`flowkit.core.recurrent`: ``forward(obs float32[N, T, *shape], state float32[N, S],
     resets bool[N, T] or None) -> (q float32[N, T, num_actions], state_out float32[N, S])``.
     Linear layers start from PyTorch's default init (as :class:`~flowkit_dqn.QNetwork`), the
     recurrent layer orthogonal."""

@@ -70,7 +70,7 @@ def linear_baseline_advantages(b: sb.SampleBatch, gamma: float, gae_lambda: floa
     clipped to +-10, float64), regularisation 1e-5 (times 10 until the solution is finite).
     Advantages: GAE (:func:`compute_gae`) over the fitted values, 0 after each piece's end.
     ``value_targets`` (the value network's) are kept."""
-    from flowkit.core._returns import bootstrap_rows, compute_gae, next_values
+    from flowkit.core.returns import bootstrap_rows, compute_gae, next_values
 
     out = sb.SampleBatch(b)
     if len(out) == 0:

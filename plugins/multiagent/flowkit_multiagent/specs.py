@@ -319,45 +319,52 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, Type[Algorith
         raise ConfigError(f"alternate_seats needs every agent to have the same spaces; {m}")
     specs: Dict[str, MAPolicySpec] = {}
     for pid in pids:
-        pc = (ma.policies or {}).get(pid) or PolicyConfig()
-        algo, ck_path, init_state, ck_spec = pc.algo, pc.checkpoint, None, None
-        o, act = obs_sp[members[pid][0]], act_sp[members[pid][0]]
-        if ck_path:
-            key = f"multiagent.policies.{pid}.checkpoint"
-            ck_spec, init_state = load_checkpoint_policy(ck_path, pid, pc.checkpoint_policy, key, algorithms, config)
-            check_same_spaces(f"{key}={ck_path!r}", ck_spec, o, act)
-            algo = algo or ck_spec.algo
-        algo = algo or config.algo
-        if algo not in algorithms:
-            raise ConfigError(f"multiagent.policies.{pid}.algo={algo!r} is not an installed algorithm "
-                              f"({', '.join(sorted(algorithms))}){did_you_mean(algo, algorithms)}")
-        cls = algorithms[algo]
-        overrides = pc.config
-        cfg_obj, data = policy_section(config, pid, cls, overrides)
-        if overrides:
-            for w in cls.validate_config(config, section_view_of(data)) or []:
-                warnings.warn(f"policy {pid!r}: {w}", stacklevel=2)
-        policy_class = ck_spec.policy_class if ck_spec is not None and ck_spec.algo == algo else cls.policy_class
-        if policy_class is None:
-            raise ConfigError(f"algorithm {algo!r} ({cls.__module__}) declares no policy_class")
-        model = policy_model(config, pid, pc.model)
-        if init_state is not None:  # the checkpoint's weights must fit this run's network
-            try:
-                policy_class(o, act, cfg_obj, model if model is not None else config.model, "cpu", 0,
-                             inference_only=True).set_weights(
-                    init_state["weights"])
-            except Exception as e:
-                diff = _differing_settings(ck_spec, algo, data, model if model is not None else config.model)
-                raise ConfigError(f"multiagent.policies.{pid}.checkpoint={ck_path!r}: its weights do not fit this "
-                                  f"run's network ({diff or 'the settings that shape it must match the run that wrote it'}"
-                                  f"): {type(e).__name__}: {str(e).splitlines()[0]}") from None
-        trained = bool(pc.trainable) and algo != RANDOM
-        group = "" if not trained else (algo if not overrides else f"{algo}[{pid}]")
-        specs[pid] = MAPolicySpec(policy_class, o, act, cfg_obj, algo, model, agents=tuple(members[pid]),
-                                  trainable=trained, group=group, section=data, init_state=init_state)
+        specs[pid] = _policy_spec(config, pid, tuple(members[pid]), obs_sp[members[pid][0]], act_sp[members[pid][0]],
+                                  algorithms)
     _check_opponents(config, specs, algorithms)
     _check_rollout_modes(config, specs, algorithms)
     return specs
+
+
+def _policy_spec(config: Any, pid: str, agents: Tuple[str, ...], o: gym.Space, act: gym.Space,
+                 algorithms: Dict[str, Type[Algorithm]]) -> MAPolicySpec:
+    """Policy ``pid``'s spec (played by ``agents``, spaces ``o`` and ``act``): its algorithm,
+    section overrides, model and checkpoint weights (:class:`PolicyConfig`) checked."""
+    ma = config.multiagent
+    pc = (ma.policies or {}).get(pid) or PolicyConfig()
+    algo, ck_path, init_state, ck_spec = pc.algo, pc.checkpoint, None, None
+    if ck_path:
+        key = f"multiagent.policies.{pid}.checkpoint"
+        ck_spec, init_state = load_checkpoint_policy(ck_path, pid, pc.checkpoint_policy, key, algorithms, config)
+        check_same_spaces(f"{key}={ck_path!r}", ck_spec, o, act)
+        algo = algo or ck_spec.algo
+    algo = algo or config.algo
+    if algo not in algorithms:
+        raise ConfigError(f"multiagent.policies.{pid}.algo={algo!r} is not an installed algorithm "
+                          f"({', '.join(sorted(algorithms))}){did_you_mean(algo, algorithms)}")
+    cls = algorithms[algo]
+    overrides = pc.config
+    cfg_obj, data = policy_section(config, pid, cls, overrides)
+    if overrides:
+        for w in cls.validate_config(config, section_view_of(data)) or []:
+            warnings.warn(f"policy {pid!r}: {w}", stacklevel=3)
+    policy_class = ck_spec.policy_class if ck_spec is not None and ck_spec.algo == algo else cls.policy_class
+    if policy_class is None:
+        raise ConfigError(f"algorithm {algo!r} ({cls.__module__}) declares no policy_class")
+    model = policy_model(config, pid, pc.model)
+    if init_state is not None:  # the checkpoint's weights must fit this run's network
+        try:
+            policy_class(o, act, cfg_obj, model if model is not None else config.model, "cpu", 0,
+                         inference_only=True).set_weights(init_state["weights"])
+        except Exception as e:
+            diff = _differing_settings(ck_spec, algo, data, model if model is not None else config.model)
+            raise ConfigError(f"multiagent.policies.{pid}.checkpoint={ck_path!r}: its weights do not fit this "
+                              f"run's network ({diff or 'the settings that shape it must match the run that wrote it'}"
+                              f"): {type(e).__name__}: {str(e).splitlines()[0]}") from None
+    trained = bool(pc.trainable) and algo != RANDOM
+    group = "" if not trained else (algo if not overrides else f"{algo}[{pid}]")
+    return MAPolicySpec(policy_class, o, act, cfg_obj, algo, model, agents=agents,
+                        trainable=trained, group=group, section=data, init_state=init_state)
 
 
 def _check_rollout_modes(config: Any, specs: Dict[str, MAPolicySpec], algorithms: Dict[str, Type[Algorithm]]) -> None:

@@ -20,7 +20,7 @@ import flowkit
 from flowkit import ConfigError
 from flowkit.core import Policy, RunningMeanStd, TargetNetwork, TwinMLP, derive_seed, ops, replay
 from flowkit.core import batch as sb
-from flowkit.core._target import flat_parameters
+from flowkit.core.target_network import flat_parameters
 from flowkit_sac import ACTION_SPACES
 
 
@@ -70,7 +70,7 @@ class OffPolicyActorCritic(Policy):
         self.normalize_obs = bool(getattr(self.model_config, "normalize_obs", False))
 
     def finish_init(self, target_modules: Sequence[str], sizes: Any = None) -> None:
-        from flowkit.core._models import init_weights
+        from flowkit.core.models import init_weights
         init_weights(self.model, self.model_config)  # model.init, before the targets copy the weights
         if self.normalize_obs:  # buffers only: outside the flat parameters, inside state_dict (checkpoints)
             self.model.obs_rms = RunningMeanStd((self.obs_dim,))

@@ -9,6 +9,8 @@ import numpy as np
 import torch
 from torch import nn
 
+__all__ = ["TargetNetwork", "flat_parameters"]
+
 
 def flat_parameters(module: nn.Module, device: Any = "cpu",
                     trainable_only: bool = True) -> Tuple[List[nn.Parameter], torch.Tensor]:

@@ -11,6 +11,8 @@ import numpy as np
 
 from flowkit.core import batch as sb
 
+__all__ = ["bootstrap_rows", "compute_gae", "next_values", "vtrace"]
+
 
 def bootstrap_rows(batch: Mapping[str, np.ndarray]) -> Tuple[np.ndarray, np.ndarray]:
     """Where the pieces of ``batch`` end and which ends bootstrap.

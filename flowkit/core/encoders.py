@@ -15,6 +15,8 @@ from typing import Any, List, Optional, Tuple
 import gymnasium as gym
 import numpy as np
 
+__all__ = ["MASK_KEY", "NumpyOps", "ObsEncoder", "SpaceError", "add_batch_axis", "batch_len"]
+
 MASK_KEY = "action_mask"
 
 

@@ -9,9 +9,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from flowkit.core._distributions import ActionDist
-from flowkit.core._encoders import ObsEncoder
 from flowkit.core.activations import torch_function, torch_module
+from flowkit.core.distributions import ActionDist
+from flowkit.core.encoders import ObsEncoder
+
+__all__ = ["ActorCritic", "FramesCNN", "ImpalaCNN", "RunningMeanStd", "SmallCNN", "TwinMLP", "acting_layout",
+           "build_mlp", "build_trunk", "init_weights", "sde_std"]
 
 
 class RunningMeanStd(nn.Module):

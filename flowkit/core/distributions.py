@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, List, Optional, Tuple
 import gymnasium as gym
 import numpy as np
 
-from flowkit.core._encoders import NumpyOps, SpaceError
+from flowkit.core.encoders import NumpyOps, SpaceError
 
 if TYPE_CHECKING:
     import torch
@@ -26,6 +26,8 @@ else:  # imported on first use: ActionDist's numpy side (spaces, to_env) serves 
             mod = globals()[self._key] = importlib.import_module(self._name)
             return getattr(mod, attr)
     torch, nn = _Lazy("torch", "torch"), _Lazy("nn", "torch.nn")
+
+__all__ = ["ActionDist"]
 
 
 class ActionDist:

@@ -26,9 +26,9 @@ from typing import Any, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from flowkit.core._distributions import ActionDist
-from flowkit.core._encoders import ObsEncoder
-from flowkit.core._models import RunningMeanStd, _linear, build_mlp, build_trunk
+from flowkit.core.distributions import ActionDist
+from flowkit.core.encoders import ObsEncoder
+from flowkit.core.models import RunningMeanStd, _linear, build_mlp, build_trunk
 
 RECURRENT = ("lstm", "gru")
 
