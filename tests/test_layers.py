@@ -206,8 +206,7 @@ def _private_flowkit_imports(path: str) -> List[str]:
     return found
 
 
-PRIVATE_IMPORTS_LEFT = {  # moved to a public name by the lead's change to flowkit/_trust.py (issue 49)
-    ("plugins/multiagent/flowkit_multiagent/specs.py", "flowkit._trust")}
+PRIVATE_IMPORTS_LEFT: set = set()  # (path, module) pairs allowed to stay: none
 
 
 def test_the_private_import_check_sees_every_form(tmp_path):

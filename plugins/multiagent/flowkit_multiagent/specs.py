@@ -252,7 +252,7 @@ def load_checkpoint_policy(path: str, pid: str, want: Optional[str] = None, key:
             that is not registered, no such policy in it, or a callable named without consent
             (naming ``key`` and the file).
     """
-    from flowkit._trust import callables_named
+    from flowkit.core.names import code_values
     from flowkit.checkpoint import (
         STATE_FILE,
         CheckpointError,
@@ -271,7 +271,7 @@ def load_checkpoint_policy(path: str, pid: str, want: Optional[str] = None, key:
                               f"{(want or pid)!r}; name one with multiagent.policies.{pid}.checkpoint_policy")
         mine: Any = OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else config
         check_spec_callables({"policy_specs": {pick: st["policy_specs"][pick]}}, state_path,
-                             allowed={v for _, v in callables_named(mine if isinstance(mine, dict) else {})})
+                             allowed={v for _, v in code_values(mine if isinstance(mine, dict) else {})})
         algos = get_plugin_manager().algorithms() if algorithms is None else algorithms
         return spec_from_dict(st["policy_specs"][pick], algos, state_path), pols[pick]
     except (FileNotFoundError, CheckpointError) as e:
