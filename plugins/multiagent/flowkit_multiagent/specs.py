@@ -252,7 +252,6 @@ def load_checkpoint_policy(path: str, pid: str, want: Optional[str] = None, key:
             that is not registered, no such policy in it, or a callable named without consent
             (naming ``key`` and the file).
     """
-    from flowkit.core.names import code_values
     from flowkit.checkpoint import (
         STATE_FILE,
         CheckpointError,
@@ -261,6 +260,7 @@ def load_checkpoint_policy(path: str, pid: str, want: Optional[str] = None, key:
         load_state,
         spec_from_dict,
     )
+    from flowkit.core.names import code_values
     from flowkit.hooks import get_plugin_manager
     try:
         st = load_state(state_path := os.path.join(find_checkpoint(path), STATE_FILE))
