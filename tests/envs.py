@@ -313,3 +313,18 @@ class EpisodesEnv(gym.Env):
 
 def episodes(context=None):
     return EpisodesEnv(0 if context is None else context.vector_index)
+
+
+def interrupted_cartpole(render_mode=None, at=5):
+    """CartPole-v1 whose step ``at`` raises KeyboardInterrupt, as Ctrl-C (or flowkit's SIGTERM
+    handler) would in the middle of an evaluation's episode."""
+    env = gym.make("CartPole-v1", render_mode=render_mode)
+    step, n = env.step, [0]
+
+    def interrupted_step(action):
+        n[0] += 1
+        if n[0] == at:
+            raise KeyboardInterrupt
+        return step(action)
+    env.step = interrupted_step
+    return env
