@@ -66,7 +66,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from flowkit import _ray
 from flowkit._dataset_output import make_output
-from flowkit._guard import GUARD, Interrupted, lock_run_dir
+from flowkit._guard import GUARD, Interrupted, check_probe_env, lock_run_dir
 from flowkit._outputs import write_text
 from flowkit._prepare import Prepared, check_config, prepare
 from flowkit.checkpoint import (  # noqa: F401
@@ -107,13 +107,20 @@ def _probe_env(cfg: DictConfig) -> Any:
     env_cfg = OmegaConf.to_container(cfg.env, resolve=True)
     ctx = EnvContext(-1, 0, max(1, int(cfg.runtime.num_workers)), 0, derive_seed(int(cfg.seed), "probe"))
     try:
-        return make_env(env_cfg, ctx)
+        env = make_env(env_cfg, ctx)
     except Exception as e:
         from flowkit.core._atari import needs_preset
         key = "env.factory" if cfg.env.factory else "env.id"
         atari = None if cfg.env.factory or cfg.env.get("preset") else needs_preset(cfg.env.id)
         raise ConfigError(atari or f"{key}={env_name(env_cfg)!r}: cannot build the env: {type(e).__name__}: {e}") \
             from None
+    try:
+        check_probe_env(env, cfg)  # its time step; a registered env's first reset
+    except ConfigError:
+        with contextlib.suppress(Exception):
+            env.close()
+        raise
+    return env
 
 
 def setup(cfg: DictConfig, pm: Any, run_dir: Optional[str] = None, checked: bool = False) -> RunContext:

@@ -95,3 +95,44 @@ def test_evaluate_films_a_mujoco_env_without_a_display(run_dir, tmp_path):
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
     assert last.startswith("flowkit evaluate: error: render=mp4: the env's render() raised FatalError") \
         and last.endswith("MuJoCo renders off-screen with MUJOCO_GL=egl (or osmesa, with libOSMesa)")
+
+
+@pytest.mark.parametrize("kwarg,message", [
+    ("env.kwargs.reset_noise_scale=nan", "env.kwargs.reset_noise_scale='nan' is not a finite number"),
+    ("env.kwargs.reset_noise_scale=.inf", "env.kwargs.reset_noise_scale=inf is not a finite number"),
+    ("env.kwargs.render_mode=human", "env.kwargs.render_mode='human': training renders nothing (each rollout "
+                                     "worker's sub-envs would open windows, and this machine has no display); film the "
+                                     "trained policy with `flowkit evaluate RUN render=mp4`"),
+    ("env.kwargs.frame_skip=-1", "env.id='Hopper-v5': the env's time step dt=-0.002 s is not > 0 "
+                                 "(env.kwargs: {'frame_skip': -1})"),
+    ("env.kwargs.reset_noise_scale=abc", "env.id='Hopper-v5': reset() raised TypeError: bad operand type for unary "
+                                         "-: 'str' (env.kwargs: {'reset_noise_scale': 'abc'})"),
+])
+def test_env_kwargs_no_env_can_train_with_are_one_line_before_anything_starts(tmp_path, monkeypatch, capsys,
+                                                                              kwarg, message):
+    """Issue 48 item 6: `render_mode=human` aborted the process (GLFW) headless, `reset_noise_scale=nan`
+    was retried 3 times into 272 lines of tracebacks, `frame_skip=-1` trained on a simulation
+    that never moves. Each is a config error (exit 2), before the run folder is made."""
+    from flowkit.cli import main
+    for var in ("DISPLAY", "WAYLAND_DISPLAY"):
+        monkeypatch.delenv(var, raising=False)
+    rc = main(["train", "algo=ppo", "env=Hopper-v5", kwarg, "runtime.backend=local", "stop.env_steps=64",
+               f"run.dir={tmp_path}/r", "--no-tuned"])
+    assert rc == 2 and capsys.readouterr().err.strip().splitlines() == [f"flowkit: config error: {message}"]
+    assert not os.path.exists(tmp_path / "r")
+
+
+def test_a_mujoco_run_says_mujocos_deprecation_note_once(tmp_path):
+    """Issue 48 item 13: every MuJoCo run printed the same note twice (once raw from the env-id
+    check before Ray, once as a Python warning; Python's own once-per-place is reset by any
+    change of the warning filters)."""
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-m", "flowkit.cli", "train", "algo=sac", "env=HalfCheetah-v5", "--no-tuned",
+                        "runtime.backend=local", "stop.env_steps=40", "sac.learning_starts=20", "run.reporters=[csv]",
+                        "evaluation.final=false", f"run.dir={tmp_path}/r"], capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    import mujoco
+    if mujoco.__version__.startswith("4."):  # the version that warns
+        assert p.stderr.count("compiler attribute 'settotalmass' is deprecated") == 1, p.stderr[-2000:]

@@ -98,7 +98,7 @@ _MUJOCO_QUIET: List[bool] = []
 def _mujoco_warnings_once(env_id: str) -> None:
     """Before the first MuJoCo env of a process: MuJoCo's own warnings (mujoco 4 warns of a
     deprecated attribute in Gymnasium's model files, once per env built) become Python warnings,
-    shown once per process, instead of a line per env on stderr and a MUJOCO_LOG.TXT written
+    each message once per process, instead of a line per env on stderr and a MUJOCO_LOG.TXT written
     into the current folder."""
     if _MUJOCO_QUIET:
         return
@@ -111,7 +111,14 @@ def _mujoco_warnings_once(env_id: str) -> None:
     import warnings
 
     import mujoco  # type: ignore[import-untyped]
-    mujoco.set_mju_user_warning(lambda msg: warnings.warn(f"MuJoCo: {msg.strip()}", stacklevel=2))
+    seen = set()
+
+    def once(msg: str) -> None:  # (Python's own once-per-place is reset by every filter change, e.g. torch's import)
+        if msg.strip() not in seen:
+            seen.add(msg.strip())
+            warnings.warn(f"MuJoCo: {msg.strip()}", stacklevel=2)
+
+    mujoco.set_mju_user_warning(once)
     _MUJOCO_QUIET.append(True)
 
 
