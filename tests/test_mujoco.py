@@ -136,3 +136,24 @@ def test_a_mujoco_run_says_mujocos_deprecation_note_once(tmp_path):
     import mujoco
     if mujoco.__version__.startswith("4."):  # the version that warns
         assert p.stderr.count("compiler attribute 'settotalmass' is deprecated") == 1, p.stderr[-2000:]
+
+
+def test_an_exported_mujoco_policy_takes_float32_observations_as_the_readme_feeds_them(run_dir, capsys):
+    """Issue 48 item 9: MuJoCo's observations are float64, and the export took float64
+    (`(obs: float64[B, 11])`), so the README's onnxruntime example (`obs[None].astype("float32")`)
+    failed with INVALID_ARGUMENT. Float Boxes are float32 inputs, as the network takes them."""
+    import gymnasium as gym
+    import onnxruntime as ort
+
+    from flowkit.cli import main
+    res = flowkit.train(local_overrides(run_dir, "algo=ppo", "env=Hopper-v5", *SMALL, "ppo.train_batch_size=50",
+                                        "ppo.minibatch_size=50", "ppo.num_epochs=1", "stop.env_steps=50"))
+    assert main(["export", res.checkpoint, "--format", "onnx"]) == 0
+    assert "(obs: float32[B, 11]) -> action: float32[B, 3]" in capsys.readouterr().out
+    env = gym.make("Hopper-v5")
+    obs, _ = env.reset(seed=0)
+    assert obs.dtype == np.float64
+    sess = ort.InferenceSession(os.path.join(res.checkpoint, "policy.onnx"))
+    action = sess.run(None, {"obs": obs[None].astype("float32")})[0][0]
+    policy = flowkit.Algorithm.from_checkpoint(res.run_dir).get_policy()
+    np.testing.assert_allclose(action, policy.compute_actions(obs, explore=False), rtol=1e-5, atol=1e-5)
