@@ -50,12 +50,14 @@ the exact sequence)::
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import math
 import os
 import random
 import shlex
 import time
+import traceback
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Union
 
@@ -241,9 +243,11 @@ def summary(res: Result) -> str:
     if per:  # multi-agent: each policy's figures, not the sum over players (0 in a zero-sum game)
         keys[2:4] = [f"policy/{p}/episode_return_mean" for p in per] + [
             f"evaluation/{p}/{k}" for p in per for k in ("episode_return_mean", "win_rate")]
+    shown = [k for k in keys if k in m]
+    if "evaluation_return_mean" in m and m.get("episode_return_mean") != m.get("episode_return_mean"):
+        shown.remove("episode_return_mean")  # nan: no episode played (an offline run); the evaluation's return
     lines = [f"run folder: {res.run_dir}", f"stopped: {res.stop_reason}",
-             "  " + "  ".join(f"{k}={m[k]:.4g}" if isinstance(m.get(k), float) else f"{k}={m.get(k)}"
-                              for k in keys if k in m)]
+             "  " + "  ".join(f"{k}={m[k]:.4g}" if isinstance(m.get(k), float) else f"{k}={m.get(k)}" for k in shown)]
     if res.checkpoint:
         lines.append(f"checkpoint: {res.checkpoint}")
         if str(res.stop_reason).startswith("interrupted"):  # a signal: say how to go on
@@ -320,6 +324,7 @@ def _train(config: Any, config_file: Union[str, Sequence[str], None], plugins: S
                 release()
         except KeyboardInterrupt as e:  # a signal during start-up: nothing to save
             reason = getattr(e, "reason", "interrupted (SIGINT)")
+            traceback.clear_frames(e.__traceback__)  # (as in _run: no env kept alive by its frames)
             return Result({"stop_reason": reason}, [], run_dir, None, reason, cfg)
         finally:  # workers prestarted for a run that failed before it waited for Ray: their CPUs back
             kill_prestarted(_ray.take_prestarted())
@@ -376,6 +381,10 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
                 break
     except KeyboardInterrupt as e:  # SIGINT, SIGTERM, SIGHUP, the stop.time_s watchdog
         reason = getattr(e, "reason", "interrupted (SIGINT)")
+        # the abandoned iteration's frames (the env runner's among them) let go now: they form a
+        # cycle with the signal handler's frame, which the CLI's exit never collects (ale-py would
+        # list its envs as leaked)
+        traceback.clear_frames(e.__traceback__)
     except BaseException as e:
         error = e
     # the final (or crash) checkpoint records the last reported row's counters and iteration,
@@ -394,6 +403,8 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
             ckpt_error = e
         finally:
             ctx.shutdown()
+            if str(reason or "").startswith("interrupted"):  # what the abandoned iteration half-built (a worker
+                gc.collect()  # the signal cut short, tied to its runner) goes now: the CLI's exit collects nothing
         if isinstance(error, NonFiniteError):  # the crash checkpoint, if any, passed the finite-weights check
             error.args = (f"{error}; last good checkpoint: {last_ckpt.path or resume_from or 'none'}",)
         if error is not None:

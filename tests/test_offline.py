@@ -703,3 +703,17 @@ def test_oversized_or_mistyped_dataset_metadata_is_one_line_with_its_reason(tmp_
                f"run.dir={tmp_path / 'run'}", "stop.env_steps=100"])
     err = capsys.readouterr().err
     assert rc == 2 and err == f"flowkit: config error: input.dataset='{tmp_path / 'ds'}': {says}\n"
+
+
+def test_an_offline_run_evaluates_at_its_end_by_default_so_its_summary_has_a_return(tmp_path, capsys,
+                                                                                    cartpole_dataset):
+    """Issue 48 item 10: docs/offline.md's first command ended with `episode_return_mean=nan`, an
+    offline run plays no episodes; evaluation.final (null) is on for runs without rollout workers."""
+    base = ["algo=bc", "env=CartPole-v1", f"input.dataset={cartpole_dataset}", "stop.env_steps=512",
+            "evaluation.episodes=2"]
+    res = flowkit.train(local_overrides(str(tmp_path / "a"), *base))
+    out = capsys.readouterr().out
+    assert res.metrics["final_evaluation"] is True and res.metrics["evaluation_return_mean"] > 0
+    assert f"evaluation_return_mean={res.metrics['evaluation_return_mean']:.4g}" in out and "=nan" not in out
+    res = flowkit.train(local_overrides(str(tmp_path / "b"), *base, "evaluation.final=false"), verbose=False)
+    assert "evaluation_return_mean" not in res.metrics
