@@ -171,7 +171,8 @@ class ProgressReporter(Reporter):
         cfg = ctx.config
         done = int(ctx.counters.get("env_steps_sampled", 0))
         total = None if cfg.stop.env_steps is None else max(int(cfg.stop.env_steps), done)
-        self.bar = tqdm(total=total, initial=done, desc=f"{cfg.algo} {env_name(cfg.env)}", unit="step",
+        algos = "+".join(dict.fromkeys(str(s.algo) for s in ctx.policy_specs.values())) or cfg.algo  # ppo+dqn: mixed
+        self.bar = tqdm(total=total, initial=done, desc=f"{algos} {env_name(cfg.env)}", unit="step",
                         dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 5.0, file=sys.stderr)
 
     def flowkit_report(self, result: Row) -> None:
