@@ -256,8 +256,9 @@ def check_probe_env(env: Any, cfg: Any) -> None:
     its maker does not: a Gymnasium env's time step ``unwrapped.dt`` (MuJoCo's
     ``frame_skip`` x the model's step) must be finite and > 0 (``frame_skip=-1`` steps the
     simulation backwards in time, without an error); and a registered env (``env.id``) is reset
-    once: an exception there, or a non-finite or out-of-space observation, comes from its
-    ``env.kwargs`` (Gymnasium's own envs reset), not from a worker fault to retry. An
+    and stepped once (a sampled action): an exception there, or a non-finite or out-of-space
+    observation, comes from its ``env.kwargs`` (``frame_skip=1.5``: MuJoCo's step raises), not
+    from a worker fault to retry. An
     ``env.factory``'s reset is left to the workers (its faults are retried, C12).
 
     Raises:
@@ -277,17 +278,20 @@ def check_probe_env(env: Any, cfg: Any) -> None:
         raise ConfigError(f"{what}: the env's time step dt={dt:g} s is not > 0{kw}")
     if cfg.env.factory:
         return
-    try:
-        obs, _ = env.reset(seed=0)
-    except Exception as e:
-        first = (str(e).strip().splitlines() or [""])[0]
-        raise ConfigError(f"{what}: reset() raised {type(e).__name__}: {first}{kw}") from None
-    space, a = env.observation_space, np.asarray(obs) if not isinstance(obs, (dict, tuple)) else None
-    if a is not None and a.dtype.kind == "f" and not np.all(np.isfinite(a)):  # (unbounded Boxes too)
-        raise ConfigError(f"{what}: reset() returned an observation that is not finite: {describe_value(a)}{kw}")
-    if (m := find_mismatch(space, obs)) is not None:
-        raise ConfigError(f"{what}: reset() returned an observation `{m[0]}` outside its space: expected {m[1]}, "
-                          f"received {m[2]}{kw}")
+    env.action_space.seed(0)
+    for call in ("reset()", "step()"):
+        try:
+            obs = env.reset(seed=0)[0] if call == "reset()" else env.step(env.action_space.sample())[0]
+        except Exception as e:
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise ConfigError(f"{what}: its first {call} raised {type(e).__name__}: {first}{kw}") from None
+        a = np.asarray(obs) if not isinstance(obs, (dict, tuple)) else None
+        if a is not None and a.dtype.kind == "f" and not np.all(np.isfinite(a)):  # (unbounded Boxes too)
+            raise ConfigError(f"{what}: its first {call} returned an observation that is not finite: "
+                              f"{describe_value(a)}{kw}")
+        if (m := find_mismatch(env.observation_space, obs)) is not None:
+            raise ConfigError(f"{what}: its first {call} returned an observation `{m[0]}` outside its space: "
+                              f"expected {m[1]}, received {m[2]}{kw}")
 
 
 def check_env_id(cfg: Any, pm: Any = None) -> None:

@@ -105,7 +105,10 @@ def test_evaluate_films_a_mujoco_env_without_a_display(run_dir, tmp_path):
                                      "trained policy with `flowkit evaluate RUN render=mp4`"),
     ("env.kwargs.frame_skip=-1", "env.id='Hopper-v5': the env's time step dt=-0.002 s is not > 0 "
                                  "(env.kwargs: {'frame_skip': -1})"),
-    ("env.kwargs.reset_noise_scale=abc", "env.id='Hopper-v5': reset() raised TypeError: bad operand type for unary "
+    ("env.kwargs.frame_skip=1.5", "env.id='Hopper-v5': its first step() raised TypeError: mj_step(): incompatible "
+                                  "function arguments. The following argument types are supported: "
+                                  "(env.kwargs: {'frame_skip': 1.5})"),
+    ("env.kwargs.reset_noise_scale=abc", "env.id='Hopper-v5': its first reset() raised TypeError: bad operand type for unary "
                                          "-: 'str' (env.kwargs: {'reset_noise_scale': 'abc'})"),
 ])
 def test_env_kwargs_no_env_can_train_with_are_one_line_before_anything_starts(tmp_path, monkeypatch, capsys,
