@@ -323,8 +323,7 @@ def _train(config: Any, config_file: Union[str, Sequence[str], None], plugins: S
             finally:
                 release()
         except KeyboardInterrupt as e:  # a signal during start-up: nothing to save
-            reason = getattr(e, "reason", "interrupted (SIGINT)")
-            traceback.clear_frames(e.__traceback__)  # (as in _run: no env kept alive by its frames)
+            reason = _interrupted(e)
             return Result({"stop_reason": reason}, [], run_dir, None, reason, cfg)
         finally:  # workers prestarted for a run that failed before it waited for Ray: their CPUs back
             kill_prestarted(_ray.take_prestarted())
@@ -380,11 +379,7 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
             if reason:
                 break
     except KeyboardInterrupt as e:  # SIGINT, SIGTERM, SIGHUP, the stop.time_s watchdog
-        reason = getattr(e, "reason", "interrupted (SIGINT)")
-        # the abandoned iteration's frames (the env runner's among them) let go now: they form a
-        # cycle with the signal handler's frame, which the CLI's exit never collects (ale-py would
-        # list its envs as leaked)
-        traceback.clear_frames(e.__traceback__)
+        reason = _interrupted(e)
     except BaseException as e:
         error = e
     # the final (or crash) checkpoint records the last reported row's counters and iteration,
@@ -402,9 +397,7 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
         except Exception as e:  # the final checkpoint failed (disk full): result.json still written
             ckpt_error = e
         finally:
-            ctx.shutdown()
-            if str(reason or "").startswith("interrupted"):  # what the abandoned iteration half-built (a worker
-                gc.collect()  # the signal cut short, tied to its runner) goes now: the CLI's exit collects nothing
+            _shut_down(ctx, reason)
         if isinstance(error, NonFiniteError):  # the crash checkpoint, if any, passed the finite-weights check
             error.args = (f"{error}; last good checkpoint: {last_ckpt.path or resume_from or 'none'}",)
         if error is not None:
@@ -421,6 +414,23 @@ def _run(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, resume_from: O
         result = Result(summary, history, run_dir, last_ckpt.path, summary["stop_reason"], cfg)
         pm.hook.flowkit_on_run_end(result=result, ctx=ctx)
     return result
+
+
+def _interrupted(e: KeyboardInterrupt) -> str:
+    """The stop reason of a signal (``interrupted (SIGTERM)``), its frames cleared: the abandoned
+    iteration's (the env runner's among them) form a cycle with the signal handler's frame."""
+    traceback.clear_frames(e.__traceback__)
+    return getattr(e, "reason", "interrupted (SIGINT)")
+
+
+def _shut_down(ctx: RunContext, reason: Optional[str]) -> None:
+    """Stop the workers and learners; after a signal, also collect what the abandoned iteration
+    left in reference cycles (a worker the signal cut short while it was built, tied to its env
+    runner; the frames of the interrupt, cleared where it was caught): the CLI's exit collects
+    no cycles (``gc.freeze``), and ale-py would list the envs they hold as leaked."""
+    ctx.shutdown()
+    if str(reason or "").startswith("interrupted"):
+        gc.collect()
 
 
 class _LastCheckpoint:
