@@ -235,15 +235,16 @@ def check_env_kwargs(cfg: Any) -> None:
             for i, x in enumerate(v):
                 walk(x, f"{key}[{i}]")
         elif isinstance(v, (int, float, str)) and not isinstance(v, bool):
-            try:
-                bad = not math.isfinite(float(v))
+            try:  # (YAML's spellings too: `.nan`, `-.inf` in a list stay text)
+                bad = not math.isfinite(float(v.replace(".", "", 1) if isinstance(v, str) and "." in v[:2] else v))
             except (ValueError, OverflowError):
                 bad = False  # text that is not a number
             if bad:
                 raise ConfigError(f"{key}={v!r} is not a finite number")
 
+    from omegaconf import DictConfig, OmegaConf
     kwargs = cfg.env.get("kwargs")
-    walk(dict(kwargs) if kwargs else {}, "env.kwargs")
+    walk(OmegaConf.to_container(kwargs) if isinstance(kwargs, DictConfig) else dict(kwargs or {}), "env.kwargs")
     if kwargs and kwargs.get("render_mode") == "human":
         display = bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
         raise ConfigError("env.kwargs.render_mode='human': training renders nothing (each rollout worker's sub-envs "

@@ -100,6 +100,7 @@ def test_evaluate_films_a_mujoco_env_without_a_display(run_dir, tmp_path):
 @pytest.mark.parametrize("kwarg,message", [
     ("env.kwargs.reset_noise_scale=nan", "env.kwargs.reset_noise_scale='nan' is not a finite number"),
     ("env.kwargs.reset_noise_scale=.inf", "env.kwargs.reset_noise_scale=inf is not a finite number"),
+    ("env.kwargs.healthy_z_range=[.nan,1]", "env.kwargs.healthy_z_range[0]=nan is not a finite number"),
     ("env.kwargs.render_mode=human", "env.kwargs.render_mode='human': training renders nothing (each rollout "
                                      "worker's sub-envs would open windows, and this machine has no display); film the "
                                      "trained policy with `flowkit evaluate RUN render=mp4`"),
