@@ -23,7 +23,9 @@ Parts:
   backend, a tiny stop budget so an accepted config ends in seconds): wrong types, sizes,
   containers, unknown keys, algorithms and envs, schedules, reporters, plugins, batch sizes,
   multi-agent mappings, interpolation, YAML files, every algorithm on an action or
-  observation space it cannot take.
+  observation space it cannot take, MuJoCo env kwargs Gymnasium does not check
+  (``render_mode=human``, ``reset_noise_scale=nan``, ``frame_skip=-1``, ...), counts given as
+  floats and numbers given as text.
 - ``tamper`` (~120 cases): one short PPO and one short DQN run (CartPole-v1, local) trained
   once; each case copies a run folder, damages it, and runs one of ``train resume=``,
   ``evaluate``, ``export``, ``plot`` on it.
