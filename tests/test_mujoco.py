@@ -126,14 +126,16 @@ def test_env_kwargs_no_env_can_train_with_are_one_line_before_anything_starts(tm
     assert not os.path.exists(tmp_path / "r")
 
 
-def test_a_mujoco_run_says_mujocos_deprecation_note_once(tmp_path):
+@pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=pytest.mark.slow)])
+def test_a_mujoco_run_says_mujocos_deprecation_note_once(tmp_path, backend):
     """Issue 48 item 13: every MuJoCo run printed the same note twice (once raw from the env-id
     check before Ray, once as a Python warning; Python's own once-per-place is reset by any
-    change of the warning filters)."""
+    change of the warning filters), and once more per Ray rollout worker."""
     import subprocess
     import sys
     p = subprocess.run([sys.executable, "-m", "flowkit.cli", "train", "algo=sac", "env=HalfCheetah-v5", "--no-tuned",
-                        "runtime.backend=local", "stop.env_steps=40", "sac.learning_starts=20", "run.reporters=[csv]",
+                        f"runtime.backend={backend}", "runtime.num_workers=2", "runtime.num_cpus_per_worker=0.5",
+                        "stop.env_steps=40", "sac.learning_starts=20", "run.reporters=[csv]",
                         "evaluation.final=false", f"run.dir={tmp_path}/r"], capture_output=True, text=True, timeout=300,
                        cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-2000:]
