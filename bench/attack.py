@@ -23,7 +23,9 @@ Parts:
   backend, a tiny stop budget so an accepted config ends in seconds): wrong types, sizes,
   containers, unknown keys, algorithms and envs, schedules, reporters, plugins, batch sizes,
   multi-agent mappings, interpolation, YAML files, every algorithm on an action or
-  observation space it cannot take.
+  observation space it cannot take, MuJoCo env kwargs Gymnasium does not check
+  (``render_mode=human``, ``reset_noise_scale=nan``, ``frame_skip=-1``, ...), counts given as
+  floats and numbers given as text.
 - ``tamper`` (~120 cases): one short PPO and one short DQN run (CartPole-v1, local) trained
   once; each case copies a run folder, damages it, and runs one of ``train resume=``,
   ``evaluate``, ``export``, ``plot`` on it.
@@ -494,6 +496,26 @@ def config_cases() -> List[Case]:
                else "env.factory=fuzzenvs:tuple_action")
         add("algo-space", f"{a} actions", f"algo={a}", env)
         add("algo-space", f"{a} Text observations", f"algo={a}", "env.factory=fuzzenvs:text_obs")
+    # MuJoCo kwargs (issue 48): what Gymnasium's MuJoCo envs take without checking
+    mj = ("algo=ppo", "env=Hopper-v5", "stop.env_steps=64", "ppo.train_batch_size=64", "ppo.minibatch_size=32")
+    for o, bad in [("render_mode=human", True), ("render_mode=rgb_array", False), ("render_mode=depth_array", False),
+                   ("reset_noise_scale=nan", True), ("reset_noise_scale=.inf", True), ("reset_noise_scale=-.inf", True),
+                   ("reset_noise_scale=abc", True), ("reset_noise_scale=[1]", True), ("reset_noise_scale=0", False),
+                   ("reset_noise_scale=1e6", False), ("frame_skip=-1", True), ("frame_skip=0", True),
+                   ("frame_skip=1.5", True), ("frame_skip=20", False), ("xml_file=/nonexistent.xml", True),
+                   ("healthy_z_range=[.nan,1]", True), ("ctrl_cost_weight=-1", False), ("bogus=1", True),
+                   ("camera_id=99", False), ("width=0", False),
+                   ("default_camera_config=5", False)]:  # (read only to render: training never does)
+        add("mujoco-kwargs", o, *mj, f"env.kwargs.{o}", must_fail=bad, timeout=300)
+    # counts and numbers (issue 48): a float for a count, numbers as text, a mapping without agents, a FIFO
+    add("counts", "stop.env_steps=1.5e3", "stop.env_steps=1.5e3", must_fail=True)
+    add("counts", "stop.env_steps=1500.0", "stop.env_steps=1500.0", must_fail=True)
+    add("counts", "stop.env_steps=15e1", "stop.env_steps=15e1")
+    add("counts", "hidden_sizes as text", files=["c.yaml"], setup=_file("c.yaml", 'model:\n  hidden_sizes: ["64", "64"]\n'),
+        must_fail=True)
+    add("counts", "mapping on a single-agent env", "multiagent.mapping.agent_*=x", must_fail=True)
+    add("yaml", "a FIFO with no writer", files=["fifo.yaml"], setup=lambda tmp, ctx: os.mkfifo(os.path.join(tmp, "fifo.yaml")),
+        must_fail=True, timeout=60)
     return cases
 
 

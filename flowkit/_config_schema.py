@@ -230,7 +230,9 @@ class StopConfig:
 class EvaluationConfig:
     interval: int = F(0, "greedy evaluation every N iterations (0: never, except with final=True)", ge=0)
     episodes: int = F(10, "episodes per evaluation", ge=1, le=MAX_EPISODES)
-    final: bool = F(False, "evaluate once at the end of the run")
+    final: Optional[bool] = F(None, "evaluate once at the end of the run (null: only a run without rollout workers, "
+                                    "which plays no episodes of its own: an offline run from input.dataset, so that "
+                                    "its summary has a return)")
     explore: bool = F(False, "sample actions instead of acting greedily")
     timeout_s: Optional[float] = F(None, "seconds one evaluation (periodic or final) may take; then it is abandoned "
                                          "with a warning and the run goes on (None: runtime.sample_timeout_s)", gt=0)

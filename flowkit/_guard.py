@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import signal
 import socket
@@ -226,6 +227,87 @@ def check_cpus(cfg: Any) -> None:
                           "(runtime.num_envs_per_worker) sample more at once")
 
 
+def check_env_kwargs(cfg: Any) -> None:
+    """``env.kwargs`` values that no env can mean for training, refused before anything starts
+    (Gymnasium's envs do not check them: MuJoCo's ``reset_noise_scale=nan`` gives NaN states,
+    ``render_mode=human`` opens a window per sub-env, or aborts the process in GLFW where there is
+    no display): a number that is not finite (``nan``, ``inf``, also written as text), and
+    ``render_mode='human'``. The env's own parameters are checked when it is built
+    (:func:`check_probe_env`).
+
+    Raises:
+        ConfigError: naming the key and the value.
+    """
+    from flowkit.config import ConfigError
+
+    def walk(v: Any, key: str) -> None:
+        if isinstance(v, dict):
+            for k, x in v.items():
+                walk(x, f"{key}.{k}")
+        elif isinstance(v, (list, tuple)):
+            for i, x in enumerate(v):
+                walk(x, f"{key}[{i}]")
+        elif isinstance(v, (int, float, str)) and not isinstance(v, bool):
+            try:  # (YAML's spellings too: `.nan`, `-.inf` in a list stay text)
+                bad = not math.isfinite(float(v.replace(".", "", 1) if isinstance(v, str) and "." in v[:2] else v))
+            except (ValueError, OverflowError):
+                bad = False  # text that is not a number
+            if bad:
+                raise ConfigError(f"{key}={v!r} is not a finite number")
+
+    from omegaconf import DictConfig, OmegaConf
+    kwargs = cfg.env.get("kwargs")
+    walk(OmegaConf.to_container(kwargs) if isinstance(kwargs, DictConfig) else dict(kwargs or {}), "env.kwargs")
+    if kwargs and kwargs.get("render_mode") == "human":
+        display = bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+        raise ConfigError("env.kwargs.render_mode='human': training renders nothing (each rollout worker's sub-envs "
+                          f"would open windows{'' if display else ', and this machine has no display'}); film the "
+                          "trained policy with `flowkit evaluate RUN render=mp4`")
+
+
+def check_probe_env(env: Any, cfg: Any) -> None:
+    """The env built on the driver before anything starts (the engine's probe), checked where
+    its maker does not: a Gymnasium env's time step ``unwrapped.dt`` (MuJoCo's
+    ``frame_skip`` x the model's step) must be finite and > 0 (``frame_skip=-1`` steps the
+    simulation backwards in time, without an error); and a registered env (``env.id``) is reset
+    and stepped once (a sampled action): an exception there, or a non-finite or out-of-space
+    observation, comes from its ``env.kwargs`` (``frame_skip=1.5``: MuJoCo's step raises), not
+    from a worker fault to retry. An
+    ``env.factory``'s reset is left to the workers (its faults are retried, C12).
+
+    Raises:
+        ConfigError: one line naming the env, what is wrong and ``env.kwargs``.
+    """
+    import gymnasium as gym
+    import numpy as np
+
+    from flowkit.config import ConfigError
+    from flowkit.core import describe_value, env_name, find_mismatch
+    if not isinstance(env, gym.Env):
+        return
+    what = f"{'env.factory' if cfg.env.factory else 'env.id'}={env_name(cfg.env)!r}"
+    kw = f" (env.kwargs: {dict(cfg.env.kwargs)})" if cfg.env.get("kwargs") else ""
+    dt = getattr(env.unwrapped, "dt", None)
+    if isinstance(dt, (int, float)) and not (math.isfinite(dt) and dt > 0):
+        raise ConfigError(f"{what}: the env's time step dt={dt:g} s is not > 0{kw}")
+    if cfg.env.factory:
+        return
+    env.action_space.seed(0)
+    for call in ("reset()", "step()"):
+        try:
+            obs = env.reset(seed=0)[0] if call == "reset()" else env.step(env.action_space.sample())[0]
+        except Exception as e:
+            first = (str(e).strip().splitlines() or [""])[0]
+            raise ConfigError(f"{what}: its first {call} raised {type(e).__name__}: {first}{kw}") from None
+        a = np.asarray(obs) if not isinstance(obs, (dict, tuple)) else None
+        if a is not None and a.dtype.kind == "f" and not np.all(np.isfinite(a)):  # (unbounded Boxes too)
+            raise ConfigError(f"{what}: its first {call} returned an observation that is not finite: "
+                              f"{describe_value(a)}{kw}")
+        if (m := find_mismatch(env.observation_space, obs)) is not None:
+            raise ConfigError(f"{what}: its first {call} returned an observation `{m[0]}` outside its space: "
+                              f"expected {m[1]}, received {m[2]}{kw}")
+
+
 def check_env_id(cfg: Any, pm: Any = None) -> None:
     """An ``env.id`` Gymnasium does not know, found without building the env (before Ray
     starts): the env probe's one-line ConfigError. With ``pm``, a single-agent run of an
@@ -254,7 +336,9 @@ def check_env_id(cfg: Any, pm: Any = None) -> None:
     kinds = tuple(getattr(ref, "action_spaces", ()) or ())
     if not kinds or (cfg.get("multiagent") and cfg.multiagent.get("policies")):
         return
+    from flowkit.core._envs import _mujoco_warnings_once
     try:
+        _mujoco_warnings_once(str(eid))  # MuJoCo's deprecation notes as one Python warning, as the env probe
         env = gym.make(str(eid), **dict(cfg.env.kwargs or {}))
     except Exception as e:
         if cfg.env.get("preset"):

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 from omegaconf import DictConfig, OmegaConf
 
 from flowkit._dataset_output import check_output
-from flowkit._guard import check_cpus, check_new_run_dir
+from flowkit._guard import check_cpus, check_env_kwargs, check_new_run_dir
 from flowkit.config import build_config, check_run, check_unused_sections, plugin_modules_from
 from flowkit.hooks import get_plugin_manager
 
@@ -58,6 +58,7 @@ def check_config(cfg: DictConfig, pm: Any) -> None:
             warnings.warn(f"{key}={OmegaConf.select(cfg, key)} has no effect: `{rep}` is not in run.reporters",
                           stacklevel=3)
     check_cpus(cfg)
+    check_env_kwargs(cfg)
 
 
 def prepare(config: Any = None, config_file: Union[str, Sequence[str], None] = None, plugins: Sequence[Any] = (),

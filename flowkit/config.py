@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
 import re
 import typing
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
@@ -371,6 +372,9 @@ def _dotlist(items: Sequence[Any]) -> Dict[str, Any]:
 
 def _load_yaml(path: str) -> Dict[str, Any]:
     try:
+        if not os.path.isdir(path) and os.path.exists(path) and not os.path.isfile(path):  # open() would wait
+            raise ConfigError(f"config file {path!r} is not a regular file (a pipe, a device or a socket); give a "
+                              "YAML file")  # for a writer (a FIFO) or read forever (/dev/zero)
         with open(path, encoding="utf-8") as f:
             data = OmegaConf.load(f)  # its YAML reads 1e-5 as a float and refuses duplicate keys
     except FileNotFoundError:
@@ -452,6 +456,7 @@ def build_config(user: Any = None, config_file: Union[str, Sequence[str], None] 
             missing, unreadable or not YAML.
     """
     schema_cls = make_schema_class(sections or {})
+    _decimal_for_int(_as_source(user)[1], schema_keys(schema_cls))
     merged = OmegaConf.structured(schema_cls)
     for layer in _layers(user, config_file):
         merged = merge_overrides(merged, layer, schema_cls)
@@ -477,6 +482,8 @@ def merge_overrides(base: DictConfig, overrides: Dict[str, Any], schema: type) -
     """
     keys = schema_keys(schema)
     layer = dict(overrides)
+    if (err := _text_for_number(layer, keys)) is not None:
+        raise err
     for name in [k for k in layer if any(s.startswith(f"{k}.") for s in keys)]:  # whole sections
         if layer[name] is None:
             del layer[name]
@@ -517,6 +524,45 @@ def _container_error(layer: Any, keys: Dict[str, Tuple[Any, str, Any]], prefix: 
             if (err := _container_error(v, {**keys, **sub}, f"{key}.")) is not None:
                 return err
     return None
+
+
+def _text_for_number(layer: Any, keys: Dict[str, Tuple[Any, str, Any]], prefix: str = "") -> Optional[ConfigError]:
+    """The first int, float or bool key of ``layer`` (a nested dict) given as text (``"64"``
+    in YAML quotes), which OmegaConf would convert without a word; interpolations (``${...}``)
+    are text by nature. None if there is none."""
+    for k, v in (layer.items() if isinstance(layer, dict) else ()):
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            if (err := _text_for_number(v, keys, f"{key}.")) is not None:
+                return err
+            continue
+        leaf = _leaf_type(keys[key][0]) if key in keys else None
+        if leaf not in (int, float, bool):
+            continue
+        items = [(f"{key}[{i}]", x) for i, x in enumerate(v)] if isinstance(v, list) else [(key, v)]
+        for name, x in items:
+            if isinstance(x, str) and "${" not in x:
+                return ConfigError(f"`{name}` must be {_KINDS[leaf]}, got the text {x!r} (write it without quotes)")
+    return None
+
+
+_DECIMAL = re.compile(r"[+-]?(\d+\.\d*|\.\d+)([eE][+-]?\d+)?")
+
+
+def _decimal_for_int(items: Sequence[Any], keys: Dict[str, Tuple[Any, str, Any]]) -> None:
+    """An override giving an int key a number with a decimal point (``stop.env_steps=1.5e3``:
+    a float, which OmegaConf would round to an int without a word); a count in e-notation is
+    written with a whole mantissa (``1e5``, ``15e2``).
+
+    Raises:
+        ConfigError: naming the key and the text.
+    """
+    for item in items:
+        key, _, raw = item.partition("=") if isinstance(item, str) else ("", "", "")
+        key = key.strip()
+        if key in keys and _leaf_type(keys[key][0]) is int and _DECIMAL.fullmatch(raw.strip()):
+            raise ConfigError(f"`{key}` must be an int, got {raw.strip()} (a float; a count in e-notation has a whole "
+                              "mantissa: 1e5, 15e2)")
 
 
 def _short(v: Any) -> str:

@@ -75,6 +75,11 @@ def data_dir(path: str, key: str = "input.dataset") -> str:
     raise ConfigError(f"{key}={path!r}: no such dataset (no such folder, nor a local Minari dataset id under {root})")
 
 
+MAX_METADATA_BYTES = 16 * 2**20  # a dataset's metadata.json: its spaces serialized, counts, names
+_METADATA_TYPES = {"observation_space": str, "action_space": str, "env_spec": str, "dataset_id": str,
+                   "total_episodes": int, "total_steps": int, "minari_version": str, "data_format": str}
+
+
 def open_dataset(path: str, key: str = "input.dataset") -> Any:
     """``path`` as a ``minari.MinariDataset``, checked: readable metadata, at least one
     transition, and an HDF5 file whose episodes are all there (a file cut short by a crash or
@@ -85,11 +90,20 @@ def open_dataset(path: str, key: str = "input.dataset") -> Any:
     """
     d = data_dir(path, key)
     minari = _minari(key)
+    meta = os.path.join(d, "metadata.json")
+    if (size := os.path.getsize(meta)) > MAX_METADATA_BYTES:  # json.load would hold it all, Minari twice
+        raise ConfigError(f"{key}={path!r}: its metadata.json is {size / 2**20:.1f} MiB, over the "
+                          f"{MAX_METADATA_BYTES // 2**20} MiB a dataset's metadata (spaces, counts) may take")
     try:  # absolute: Minari's storage sizes its files by a path that a relative folder doubles
         ds = minari.MinariDataset(os.path.abspath(d))
     except Exception as e:
-        raise ConfigError(f"{key}={path!r}: not a readable Minari dataset ({type(e).__name__}: "
-                          f"{str(e).splitlines()[0] if str(e) else ''})") from None
+        why = str(e).splitlines()[0] if str(e) else ""
+        if isinstance(e, AssertionError):  # Minari asserts the metadata's field types, without words
+            why = "metadata.json: " + ", ".join(
+                f"`{k}` must be {t.__name__}" for k, t in _METADATA_TYPES.items()
+                if k in (m := minari.dataset.minari_storage.MinariStorage.read_raw_metadata(d))
+                and not isinstance(m[k], t)) or "its fields are not what Minari writes"
+        raise ConfigError(f"{key}={path!r}: not a readable Minari dataset ({type(e).__name__}: {why})") from None
     n_eps, n_steps = int(ds.total_episodes), int(ds.total_steps)
     if n_eps == 0 or n_steps == 0:
         raise ConfigError(f"{key}={path!r}: the dataset is empty ({n_eps} episodes, {n_steps} steps)")

@@ -50,12 +50,14 @@ the exact sequence)::
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import math
 import os
 import random
 import shlex
 import time
+import traceback
 import warnings
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -66,7 +68,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from flowkit import _ray
 from flowkit._dataset_output import make_output
-from flowkit._guard import GUARD, Interrupted, lock_run_dir
+from flowkit._guard import GUARD, Interrupted, check_probe_env, lock_run_dir
 from flowkit._outputs import write_text
 from flowkit._prepare import Prepared, check_config, prepare
 from flowkit.checkpoint import (  # noqa: F401
@@ -107,13 +109,20 @@ def _probe_env(cfg: DictConfig) -> Any:
     env_cfg = OmegaConf.to_container(cfg.env, resolve=True)
     ctx = EnvContext(-1, 0, max(1, int(cfg.runtime.num_workers)), 0, derive_seed(int(cfg.seed), "probe"))
     try:
-        return make_env(env_cfg, ctx)
+        env = make_env(env_cfg, ctx)
     except Exception as e:
         from flowkit.core._atari import needs_preset
         key = "env.factory" if cfg.env.factory else "env.id"
         atari = None if cfg.env.factory or cfg.env.get("preset") else needs_preset(cfg.env.id)
         raise ConfigError(atari or f"{key}={env_name(env_cfg)!r}: cannot build the env: {type(e).__name__}: {e}") \
             from None
+    try:
+        check_probe_env(env, cfg)  # its time step; a registered env's first reset
+    except ConfigError:
+        with contextlib.suppress(Exception):
+            env.close()
+        raise
+    return env
 
 
 def setup(cfg: DictConfig, pm: Any, run_dir: Optional[str] = None, checked: bool = False) -> RunContext:
@@ -234,9 +243,11 @@ def summary(res: Result) -> str:
     if per:  # multi-agent: each policy's figures, not the sum over players (0 in a zero-sum game)
         keys[2:4] = [f"policy/{p}/episode_return_mean" for p in per] + [
             f"evaluation/{p}/{k}" for p in per for k in ("episode_return_mean", "win_rate")]
+    shown = [k for k in keys if k in m]
+    if "evaluation_return_mean" in m and m.get("episode_return_mean") != m.get("episode_return_mean"):
+        shown.remove("episode_return_mean")  # nan: no episode played (an offline run); the evaluation's return
     lines = [f"run folder: {res.run_dir}", f"stopped: {res.stop_reason}",
-             "  " + "  ".join(f"{k}={m[k]:.4g}" if isinstance(m.get(k), float) else f"{k}={m.get(k)}"
-                              for k in keys if k in m)]
+             "  " + "  ".join(f"{k}={m[k]:.4g}" if isinstance(m.get(k), float) else f"{k}={m.get(k)}" for k in shown)]
     if res.checkpoint:
         lines.append(f"checkpoint: {res.checkpoint}")
         if str(res.stop_reason).startswith("interrupted"):  # a signal: say how to go on
@@ -312,7 +323,7 @@ def _train(config: Any, config_file: Union[str, Sequence[str], None], plugins: S
             finally:
                 release()
         except KeyboardInterrupt as e:  # a signal during start-up: nothing to save
-            reason = getattr(e, "reason", "interrupted (SIGINT)")
+            reason = _interrupted(e)
             return Result({"stop_reason": reason}, [], run_dir, None, reason, cfg)
         finally:  # workers prestarted for a run that failed before it waited for Ray: their CPUs back
             kill_prestarted(_ray.take_prestarted())
@@ -381,7 +392,7 @@ def _loop(ctx: RunContext, cfg: DictConfig, pm: Any, results: Any, history: List
             if reason:
                 break
     except KeyboardInterrupt as e:  # SIGINT, SIGTERM, SIGHUP, the stop.time_s watchdog
-        reason = getattr(e, "reason", "interrupted (SIGINT)")
+        reason = _interrupted(e)
     except BaseException as e:
         error = e
     return reason, error, done
@@ -402,7 +413,7 @@ def _finish(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, history: Li
         except Exception as e:  # the final checkpoint failed (disk full): result.json still written
             ckpt_error = e
         finally:
-            ctx.shutdown()
+            _shut_down(ctx, reason)
         if isinstance(error, NonFiniteError):  # the crash checkpoint, if any, passed the finite-weights check
             error.args = (f"{error}; last good checkpoint: {last_ckpt.path or resume_from or 'none'}",)
         if error is not None:
@@ -419,6 +430,23 @@ def _finish(ctx: RunContext, cfg: DictConfig, pm: Any, run_dir: str, history: Li
         result = Result(summary, history, run_dir, last_ckpt.path, summary["stop_reason"], cfg)
         pm.hook.flowkit_on_run_end(result=result, ctx=ctx)
     return result
+
+
+def _interrupted(e: KeyboardInterrupt) -> str:
+    """The stop reason of a signal (``interrupted (SIGTERM)``), its frames cleared: the abandoned
+    iteration's (the env runner's among them) form a cycle with the signal handler's frame."""
+    traceback.clear_frames(e.__traceback__)
+    return getattr(e, "reason", "interrupted (SIGINT)")
+
+
+def _shut_down(ctx: RunContext, reason: Optional[str]) -> None:
+    """Stop the workers and learners; after a signal, also collect what the abandoned iteration
+    left in reference cycles (a worker the signal cut short while it was built, tied to its env
+    runner; the frames of the interrupt, cleared where it was caught): the CLI's exit collects
+    no cycles (``gc.freeze``), and ale-py would list the envs they hold as leaked."""
+    ctx.shutdown()
+    if str(reason or "").startswith("interrupted"):
+        gc.collect()
 
 
 class _LastCheckpoint:

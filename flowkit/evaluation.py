@@ -53,15 +53,20 @@ def _stats(xs: List[float]) -> Dict[str, float]:
 
 
 class _Video:
-    """Frames of one episode streamed to ``path`` (mp4: imageio-ffmpeg, gif: pillow)."""
+    """Frames of one episode streamed to a temporary file beside ``path`` (mp4: imageio-ffmpeg,
+    gif: pillow), renamed to ``path`` by :meth:`close` when the episode has ended; :meth:`abort`
+    (an interrupted or failed evaluation) removes it, so ``path`` is never a partial video."""
 
     def __init__(self, path: str, fps: float):
         import imageio.v2 as iio
         os.makedirs(os.path.dirname(path), exist_ok=True)
         self.path = path
+        folder, name = os.path.split(path)
+        stem, ext = os.path.splitext(name)
+        self.tmp = os.path.join(folder, f".{stem}.tmp-{os.getpid()}{ext}")  # (the extension picks the format)
         kw: Dict[str, Any] = ({"fps": fps, "macro_block_size": 1} if path.endswith(".mp4")
                               else {"duration": 1000.0 / fps, "loop": 0})
-        self.writer = iio.get_writer(path, **kw)
+        self.writer = iio.get_writer(self.tmp, **kw)
 
     def add(self, frame: Any) -> None:
         if not isinstance(frame, np.ndarray) or frame.ndim != 3:
@@ -71,6 +76,13 @@ class _Video:
 
     def close(self) -> None:
         self.writer.close()
+        os.replace(self.tmp, self.path)
+
+    def abort(self) -> None:
+        with contextlib.suppress(Exception):
+            self.writer.close()
+        with contextlib.suppress(OSError):
+            os.remove(self.tmp)
 
 
 def _check_video_deps(fmt: str) -> None:
@@ -129,8 +141,8 @@ def run_gym_episodes(policy: Any, env_cfg: Dict[str, Any], episodes: int, seed: 
             raise
         raise ConfigError(f"render={render}: the env cannot be built with render_mode='rgb_array' ({e})") from None
     finally:
-        for v in videos.values():
-            v.close()
+        for v in videos.values():  # episodes not ended: an error or a signal stopped the evaluation
+            v.abort()
     return [{**e, "video": paths.get(i)} for i, e in enumerate(out)]
 
 

@@ -17,7 +17,8 @@ ONNX runtime):
 
 Inputs are the observation's leaves as separate arrays, each with a leading batch axis, in
 the space's order (:func:`input_arrays` builds them from raw observations): a Box observation
-is one input ``obs`` (its dtype); a Dict observation one input per key (``observation``,
+is one input ``obs`` (float32 for a float Box, float64 ones such as MuJoCo's included, as the
+network takes them; an integer Box keeps its dtype, e.g. uint8 frames); a Dict observation one input per key (``observation``,
 ``action_mask``, ...; nested keys joined by ``/``); Discrete and MultiDiscrete leaves int64,
 MultiBinary and ``action_mask`` int8. The output ``action`` has shape ``[B, *action_shape]``.
 A row whose action mask allows nothing gets an arbitrary action (``compute_actions`` raises).
@@ -64,6 +65,8 @@ def _input_dtype(space: gym.Space) -> Any:
         return np.int64
     if isinstance(space, gym.spaces.MultiBinary):
         return np.int8
+    if np.issubdtype(space.dtype, np.floating):  # float64 Boxes (MuJoCo) too: the network takes float32,
+        return np.float32  # as SB3's and RLlib's exports are fed
     return space.dtype
 
 

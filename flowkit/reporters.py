@@ -171,7 +171,8 @@ class ProgressReporter(Reporter):
         cfg = ctx.config
         done = int(ctx.counters.get("env_steps_sampled", 0))
         total = None if cfg.stop.env_steps is None else max(int(cfg.stop.env_steps), done)
-        self.bar = tqdm(total=total, initial=done, desc=f"{cfg.algo} {env_name(cfg.env)}", unit="step",
+        algos = "+".join(dict.fromkeys(str(s.algo) for s in ctx.policy_specs.values())) or cfg.algo  # ppo+dqn: mixed
+        self.bar = tqdm(total=total, initial=done, desc=f"{algos} {env_name(cfg.env)}", unit="step",
                         dynamic_ncols=True, mininterval=0.5 if sys.stderr.isatty() else 5.0, file=sys.stderr)
 
     def flowkit_report(self, result: Row) -> None:
@@ -280,8 +281,9 @@ class CheckpointReporter(Reporter):
 class EvaluationReporter(Reporter):
     """Greedy evaluation (``ctx.evaluate()``) merged into the row: every
     ``evaluation.interval`` iterations (before other ``flowkit_on_train_result`` hooks) and,
-    with ``evaluation.final``, into the run's summary (marked ``final_evaluation``), after the
-    final checkpoint is written.
+    with ``evaluation.final`` (by default, null, in a run without rollout workers: an offline
+    run, which plays no episodes of its own), into the run's summary (marked
+    ``final_evaluation``), after the final checkpoint is written.
 
     An evaluation obeys stops: SIGINT/SIGTERM/SIGHUP and the ``stop.time_s`` deadline interrupt
     it (the row is abandoned, the run stops as from any iteration), and one that takes longer
@@ -314,7 +316,10 @@ class EvaluationReporter(Reporter):
 
     def flowkit_on_train_end(self, summary: Row, ctx: "RunContext", error: Optional[BaseException]) -> None:
         from flowkit._guard import GUARD, EvaluationTimeout, Interrupted
-        if error is not None or not bool(ctx.config.evaluation.final) or not summary:
+        final = ctx.config.evaluation.final
+        if final is None:  # a run that played no episodes (no rollout workers: offline) shows a return
+            final = ctx.workers.started and not ctx.workers.actors
+        if error is not None or not final or not summary:
             return
         if str(ctx.stop_reason or "").startswith("interrupted"):
             summary["final_evaluation_error"] = f"not run: {ctx.stop_reason}"

@@ -313,3 +313,49 @@ class EpisodesEnv(gym.Env):
 
 def episodes(context=None):
     return EpisodesEnv(0 if context is None else context.vector_index)
+
+
+def interrupted_cartpole(render_mode=None, at=5):
+    """CartPole-v1 whose step ``at`` raises KeyboardInterrupt, as Ctrl-C (or flowkit's SIGTERM
+    handler) would in the middle of an evaluation's episode."""
+    env = gym.make("CartPole-v1", render_mode=render_mode)
+    step, n = env.step, [0]
+
+    def interrupted_step(action):
+        n[0] += 1
+        if n[0] == at:
+            raise KeyboardInterrupt
+        return step(action)
+    env.step = interrupted_step
+    return env
+
+
+class _Counted(gym.Wrapper):
+    """Appends "built" to the file ``log`` when made and "released" when freed; with ``at``, sends
+    this process SIGTERM at its step ``at``."""
+
+    def __init__(self, env, log, at=None):
+        super().__init__(env)
+        self.log, self.at, self.n = log, at, 0
+        with open(log, "a") as f:
+            f.write("built\n")
+
+    def step(self, action):
+        self.n += 1
+        if self.n == self.at:
+            import os
+            import signal
+            os.kill(os.getpid(), signal.SIGTERM)
+        return self.env.step(action)
+
+    def __del__(self):
+        with open(self.log, "a") as f:
+            f.write("released\n")
+
+
+def sigterm_at(context=None, at=20, log="envs.log"):
+    """CartPole-v1 that sends this process SIGTERM at step ``at`` of rollout worker 0's sub-env 0
+    (on the local backend the signal lands inside the env's step); every instance is counted in
+    ``log`` (:class:`_Counted`)."""
+    armed = context is not None and (context.worker_index, context.vector_index) == (0, 0)
+    return _Counted(gym.make("CartPole-v1"), log, at if armed else None)

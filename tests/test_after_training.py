@@ -321,3 +321,20 @@ def test_the_evaluation_table_keeps_six_significant_digits():
            "episode_len_std": 0.0, "episode_len_min": 26997, "episode_len_max": 26997}
     row = format_table(rep).splitlines()[-1].split()
     assert row == ["episode", "1", "12345.7", "0", "-2.07712", "12345.7", "26997", "0", "26997", "26997"]
+
+
+@pytest.mark.parametrize("fmt", ["mp4", "gif"])
+def test_an_interrupted_evaluation_leaves_no_partial_video(tmp_path, fmt):
+    """A newcomer's find (issue 48, item 12): Ctrl-C during `flowkit evaluate ... render=mp4` left
+    the partial video under its final name. Frames go to a temporary file, renamed when the
+    episode ends; an interrupted one is removed."""
+    from flowkit.core.policy import RandomPolicy
+    env = gym.make("CartPole-v1")
+    policy = RandomPolicy(env.observation_space, env.action_space, None, seed=0)
+    with pytest.raises(KeyboardInterrupt):
+        run_gym_episodes(policy, {"factory": "envs:interrupted_cartpole", "kwargs": {"at": 5}}, 1, seed=0,
+                         render=fmt, video_dir=str(tmp_path))
+    assert os.listdir(tmp_path) == []
+    (ep,) = run_gym_episodes(policy, {"factory": "envs:interrupted_cartpole", "kwargs": {"at": 10_000}}, 1, seed=0,
+                             render=fmt, video_dir=str(tmp_path))
+    assert os.listdir(tmp_path) == [f"episode_000.{fmt}"] and ep["video"] == str(tmp_path / f"episode_000.{fmt}")

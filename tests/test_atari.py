@@ -413,3 +413,17 @@ def test_the_runner_reports_whole_games_unclipped(mode, run_dir):
     # transitions are 12 whole games of 6 steps and 30 points (24 training episodes, clipped)
     assert res.metrics["episodes_this_iter"] == 12
     assert res.metrics["episode_return_mean"] == 30.0 and res.metrics["episode_len_mean"] == 6.0
+
+
+def test_building_atari_envs_prints_no_ale_banner():
+    """Issue 48 item 13: every process that built an ALE env printed ale-py's banner ("A.L.E:
+    Arcade Learning Environment ...", "[Powered by Stella]"); on Ray the workers' lines came after
+    the run's summary."""
+    import subprocess
+    import sys
+    code = ("from flowkit.core import EnvContext, make_env\n"
+            "make_env({'id': 'PongNoFrameskip-v4', 'preset': 'atari'}, EnvContext(0, 0, 1, 0, 0)).reset(seed=0)\n"
+            "print('built')")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout == "built\n", p.stderr[-2000:]
+    assert "A.L.E" not in p.stderr and "Stella" not in p.stderr, p.stderr[-2000:]

@@ -405,3 +405,46 @@ def test_every_installed_algorithm_declares_model_normalize_obs_and_the_ref_agre
     assert normalize_obs_on({"normalize_obs": True}, {"normalize_observations": False}, "normalize_observations")
     assert not normalize_obs_on({"normalize_obs": False}, {"normalize_observations": False}, "normalize_observations")
     assert not normalize_obs_on({"normalize_obs": False}, on, "")
+
+
+@pytest.mark.parametrize("args,yaml_text,message", [
+    (["stop.env_steps=1.5e3"], None,
+     "`stop.env_steps` must be an int, got 1.5e3 (a float; a count in e-notation has a whole mantissa: 1e5, 15e2)"),
+    (["stop.env_steps=1500.0"], None,
+     "`stop.env_steps` must be an int, got 1500.0 (a float; a count in e-notation has a whole mantissa: 1e5, 15e2)"),
+    ([], 'model:\n  hidden_sizes: ["64", "64"]\n',
+     "`model.hidden_sizes[0]` must be an int, got the text '64' (write it without quotes)"),
+    ([], 'ppo:\n  lr: "1e-3"\n', "`ppo.lr` must be a float, got the text '1e-3' (write it without quotes)"),
+    (["multiagent.mapping.agent_*=prey"], None,
+     "multiagent.mapping: env 'CartPole-v1' is a single-agent env, not a PettingZoo game: it has no agents to map "
+     "to policies"),
+])
+def test_a_number_given_as_text_or_a_float_for_a_count_or_a_mapping_without_agents_is_refused(
+        tmp_path, monkeypatch, capsys, args, yaml_text, message):
+    """Issue 48 item 17: `stop.env_steps=1.5e3`, `model.hidden_sizes: ["64", "64"]` and
+    `multiagent.mapping.*` on a single-agent env were taken without a word (1500, [64, 64], ignored)."""
+    from flowkit.cli import main
+    files = []
+    if yaml_text is not None:
+        (tmp_path / "c.yaml").write_text(yaml_text)
+        files = ["-c", str(tmp_path / "c.yaml")]
+    rc = main(["train", *files, "algo=ppo", "env=CartPole-v1", "runtime.backend=local", "stop.env_steps=100", *args,
+               f"run.dir={tmp_path}/r", "--no-tuned"])
+    assert rc == 2 and capsys.readouterr().err.strip().splitlines()[-1] == f"flowkit: config error: {message}"
+    assert not os.path.exists(tmp_path / "r")
+
+
+def test_counts_in_e_notation_and_interpolated_numbers_are_still_taken():
+    _, cfg = load_config(["env=CartPole-v1", "stop.env_steps=1e5", "ppo.train_batch_size=${ppo.minibatch_size}",
+                          "ppo.lr=2.5e-4"])
+    assert cfg.stop.env_steps == 100_000 and cfg.ppo.train_batch_size == cfg.ppo.minibatch_size
+    assert cfg.ppo.lr == 2.5e-4
+
+
+def test_a_config_file_that_is_a_fifo_is_refused_not_waited_on(tmp_path, capsys):
+    """Issue 48 item 17: `-c FIFO` with no writer blocked in open() for ever."""
+    from flowkit.cli import main
+    os.mkfifo(tmp_path / "c.yaml")
+    assert main(["train", "-c", str(tmp_path / "c.yaml"), "--print-config"]) == 2
+    assert capsys.readouterr().err.strip() == (f"flowkit: config error: config file '{tmp_path / 'c.yaml'}' is not a "
+                                               "regular file (a pipe, a device or a socket); give a YAML file")

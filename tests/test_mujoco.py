@@ -95,3 +95,71 @@ def test_evaluate_films_a_mujoco_env_without_a_display(run_dir, tmp_path):
     assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr[-2000:]
     assert last.startswith("flowkit evaluate: error: render=mp4: the env's render() raised FatalError") \
         and last.endswith("MuJoCo renders off-screen with MUJOCO_GL=egl (or osmesa, with libOSMesa)")
+
+
+@pytest.mark.parametrize("kwarg,message", [
+    ("env.kwargs.reset_noise_scale=nan", "env.kwargs.reset_noise_scale='nan' is not a finite number"),
+    ("env.kwargs.reset_noise_scale=.inf", "env.kwargs.reset_noise_scale=inf is not a finite number"),
+    ("env.kwargs.healthy_z_range=[.nan,1]", "env.kwargs.healthy_z_range[0]=nan is not a finite number"),
+    ("env.kwargs.render_mode=human", "env.kwargs.render_mode='human': training renders nothing (each rollout "
+                                     "worker's sub-envs would open windows, and this machine has no display); film the "
+                                     "trained policy with `flowkit evaluate RUN render=mp4`"),
+    ("env.kwargs.frame_skip=-1", "env.id='Hopper-v5': the env's time step dt=-0.002 s is not > 0 "
+                                 "(env.kwargs: {'frame_skip': -1})"),
+    ("env.kwargs.frame_skip=1.5", "env.id='Hopper-v5': its first step() raised TypeError: mj_step(): incompatible "
+                                  "function arguments. The following argument types are supported: "
+                                  "(env.kwargs: {'frame_skip': 1.5})"),
+    ("env.kwargs.reset_noise_scale=abc", "env.id='Hopper-v5': its first reset() raised TypeError: bad operand type for unary "
+                                         "-: 'str' (env.kwargs: {'reset_noise_scale': 'abc'})"),
+])
+def test_env_kwargs_no_env_can_train_with_are_one_line_before_anything_starts(tmp_path, monkeypatch, capsys,
+                                                                              kwarg, message):
+    """Issue 48 item 6: `render_mode=human` aborted the process (GLFW) headless, `reset_noise_scale=nan`
+    was retried 3 times into 272 lines of tracebacks, `frame_skip=-1` trained on a simulation
+    that never moves. Each is a config error (exit 2), before the run folder is made."""
+    from flowkit.cli import main
+    for var in ("DISPLAY", "WAYLAND_DISPLAY"):
+        monkeypatch.delenv(var, raising=False)
+    rc = main(["train", "algo=ppo", "env=Hopper-v5", kwarg, "runtime.backend=local", "stop.env_steps=64",
+               f"run.dir={tmp_path}/r", "--no-tuned"])
+    assert rc == 2 and capsys.readouterr().err.strip().splitlines() == [f"flowkit: config error: {message}"]
+    assert not os.path.exists(tmp_path / "r")
+
+
+@pytest.mark.parametrize("backend", ["local", pytest.param("ray", marks=pytest.mark.slow)])
+def test_a_mujoco_run_says_mujocos_deprecation_note_once(tmp_path, backend):
+    """Issue 48 item 13: every MuJoCo run printed the same note twice (once raw from the env-id
+    check before Ray, once as a Python warning; Python's own once-per-place is reset by any
+    change of the warning filters), and once more per Ray rollout worker."""
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-m", "flowkit.cli", "train", "algo=sac", "env=HalfCheetah-v5", "--no-tuned",
+                        f"runtime.backend={backend}", "runtime.num_workers=2", "runtime.num_cpus_per_worker=0.5",
+                        "stop.env_steps=40", "sac.learning_starts=20", "run.reporters=[csv]",
+                        "evaluation.final=false", f"run.dir={tmp_path}/r"], capture_output=True, text=True, timeout=300,
+                       cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-2000:]
+    import mujoco
+    if mujoco.__version__.startswith("4."):  # the version that warns
+        assert p.stderr.count("compiler attribute 'settotalmass' is deprecated") == 1, p.stderr[-2000:]
+
+
+def test_an_exported_mujoco_policy_takes_float32_observations_as_the_readme_feeds_them(run_dir, capsys):
+    """Issue 48 item 9: MuJoCo's observations are float64, and the export took float64
+    (`(obs: float64[B, 11])`), so the README's onnxruntime example (`obs[None].astype("float32")`)
+    failed with INVALID_ARGUMENT. Float Boxes are float32 inputs, as the network takes them."""
+    import gymnasium as gym
+    import onnxruntime as ort
+
+    from flowkit.cli import main
+    res = flowkit.train(local_overrides(run_dir, "algo=ppo", "env=Hopper-v5", *SMALL, "ppo.train_batch_size=50",
+                                        "ppo.minibatch_size=50", "ppo.num_epochs=1", "stop.env_steps=50"))
+    assert main(["export", res.checkpoint, "--format", "onnx"]) == 0
+    assert "(obs: float32[B, 11]) -> action: float32[B, 3]" in capsys.readouterr().out
+    env = gym.make("Hopper-v5")
+    obs, _ = env.reset(seed=0)
+    assert obs.dtype == np.float64
+    sess = ort.InferenceSession(os.path.join(res.checkpoint, "policy.onnx"))
+    action = sess.run(None, {"obs": obs[None].astype("float32")})[0][0]
+    policy = flowkit.Algorithm.from_checkpoint(res.run_dir).get_policy()
+    np.testing.assert_allclose(action, policy.compute_actions(obs, explore=False), rtol=1e-5, atol=1e-5)

@@ -481,3 +481,19 @@ def test_zero_sum_progress_and_summary_show_each_policy_and_the_win_rate(run_dir
     line = next(x for x in out.splitlines() if x.startswith("  iteration="))
     assert f"policy/learner/episode_return_mean={learner:.4g}" in line and f"evaluation/learner/win_rate={win:.4g}" in line
     assert "  episode_return_mean=" not in line and "evaluation_return_mean=" not in line, line
+
+
+def test_a_mixed_run_reports_one_row_per_round_of_the_plan_and_labels_its_bar_with_every_algorithm(run_dir, capsys):
+    """Issue 48 item 11: docs/multiagent.md's two-algorithm command logged 262 iterations for
+    6,144 env steps (a row per DQN gradient step: items of the round-robin between rounds) and
+    its progress bar said `ppo`. A mixed run's iteration is one round of the plan: a sampling
+    round (10 env steps here) and every fragment's training on it."""
+    if "dqn" not in flowkit.get_plugin_manager().algorithms():
+        pytest.skip("the dqn plugin is not installed")
+    res = flowkit.train(local_overrides(run_dir, SCOUT, *C04_MAP, "multiagent.policies.scout_pol.algo=dqn",
+                                        "multiagent.policies.tank_pol.algo=ppo", "dqn.learning_starts=10",
+                                        "runtime.num_workers=1",
+                                        "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=5",
+                                        "stop.env_steps=60", "run.reporters=[progress,csv]"))
+    assert [r["env_steps_sampled"] for r in res.history] == [10, 20, 30, 40, 50, 60]
+    assert "dqn+ppo ma_envs:ScoutTankEnv:" in capsys.readouterr().err

@@ -678,3 +678,42 @@ def test_conformance_cql_sac(tmp_path, box_mixed_dataset):
     policy = flowkit.Algorithm.from_checkpoint(str(tmp_path / "ckpt")).get_policy()  # exports as any trained policy
     assert policy.num_updates > 0
     export_policy(policy, "torchscript", str(tmp_path / "cql_sac.pt"), check=64)
+
+
+@pytest.mark.parametrize("case,says", [
+    ("50 MB", "its metadata.json is 47.7 MiB, over the 16 MiB a dataset's metadata (spaces, counts) may take"),
+    ("a space not a string", "not a readable Minari dataset (AssertionError: metadata.json: `observation_space` must "
+                             "be str)"),
+])
+def test_oversized_or_mistyped_dataset_metadata_is_one_line_with_its_reason(tmp_path, capsys, cartpole_dataset,
+                                                                            case, says):
+    """Issue 48 item 17: a metadata.json of 50 MB was refused with the reason `(AssertionError: )`."""
+    import json
+
+    from flowkit.cli import main
+    shutil.copytree(cartpole_dataset, tmp_path / "ds")
+    meta = tmp_path / "ds" / "data" / "metadata.json"
+    m = json.loads(meta.read_text())
+    if case == "50 MB":
+        m["notes"] = "x" * 50_000_000
+    else:
+        m["observation_space"] = {"type": "Box", "shape": [4]}
+    meta.write_text(json.dumps(m))
+    rc = main(["train", "algo=bc", "env=CartPole-v1", f"input.dataset={tmp_path / 'ds'}", "runtime.backend=local",
+               f"run.dir={tmp_path / 'run'}", "stop.env_steps=100"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err == f"flowkit: config error: input.dataset='{tmp_path / 'ds'}': {says}\n"
+
+
+def test_an_offline_run_evaluates_at_its_end_by_default_so_its_summary_has_a_return(tmp_path, capsys,
+                                                                                    cartpole_dataset):
+    """Issue 48 item 10: docs/offline.md's first command ended with `episode_return_mean=nan`, an
+    offline run plays no episodes; evaluation.final (null) is on for runs without rollout workers."""
+    base = ["algo=bc", "env=CartPole-v1", f"input.dataset={cartpole_dataset}", "stop.env_steps=512",
+            "evaluation.episodes=2"]
+    res = flowkit.train(local_overrides(str(tmp_path / "a"), *base))
+    out = capsys.readouterr().out
+    assert res.metrics["final_evaluation"] is True and res.metrics["evaluation_return_mean"] > 0
+    assert f"evaluation_return_mean={res.metrics['evaluation_return_mean']:.4g}" in out and "=nan" not in out
+    res = flowkit.train(local_overrides(str(tmp_path / "b"), *base, "evaluation.final=false"), verbose=False)
+    assert "evaluation_return_mean" not in res.metrics

@@ -104,7 +104,7 @@ def test_progress_bar_of_a_resumed_run_starts_at_the_restored_steps_and_keeps_a_
     from flowkit.reporters import ProgressReporter
     cfg = OmegaConf.create({"algo": "ppo", "env": {"id": "CartPole-v1"}, "stop": {"env_steps": 1200}})
     rep = ProgressReporter()
-    rep.flowkit_on_run_start(SimpleNamespace(config=cfg, counters={"env_steps_sampled": 1000}))
+    rep.flowkit_on_run_start(SimpleNamespace(config=cfg, counters={"env_steps_sampled": 1000}, policy_specs={}))
     assert (rep.bar.n, rep.bar.initial, rep.bar.total) == (1000, 1000, 1200)  # rate: new steps only
     rep.flowkit_report({"episode_return_mean": 1.0, "env_steps_per_s": 9.0, "env_steps_sampled": 1536})
     assert (rep.bar.n, rep.bar.total) == (1536, 1536)
@@ -112,7 +112,7 @@ def test_progress_bar_of_a_resumed_run_starts_at_the_restored_steps_and_keeps_a_
     assert "100%" in capsys.readouterr().err
     # no episode yet (or an offline run, which plays none): no return shown, not "return=nan"
     rep = ProgressReporter()
-    rep.flowkit_on_run_start(SimpleNamespace(config=cfg, counters={"env_steps_sampled": 0}))
+    rep.flowkit_on_run_start(SimpleNamespace(config=cfg, counters={"env_steps_sampled": 0}, policy_specs={}))
     rep.flowkit_report({"episode_return_mean": float("nan"), "env_steps_per_s": 9.0, "env_steps_sampled": 100})
     rep.bar.refresh()
     rep.flowkit_on_train_end()

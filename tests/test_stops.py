@@ -502,3 +502,23 @@ def test_pruning_leaves_what_evaluate_wrote_and_evaluate_survives_a_pruned_check
     rep = evaluate(str(tmp_path / "run2"), episodes=1)
     assert calls[0] == str(tmp_path / "run2") and rep["checkpoint"] == first
     assert os.path.isfile(os.path.join(first, "evaluation.json"))
+
+
+def test_a_run_stopped_by_sigterm_inside_an_env_step_lets_every_env_go_before_the_cli_exits(tmp_path):
+    """Issue 48 item 7: a PPO Atari run on the local backend stopped by SIGTERM printed ale-py's
+    leaked-object report: the abandoned iteration's frames (the env runner's among them) formed a
+    cycle with the signal handler's frame, and the CLI's exit collects no cycles (gc.freeze). Every
+    env built is freed before the process ends (a leaked one never logs "released")."""
+    import subprocess
+    import sys
+    log = tmp_path / "envs.log"
+    p = subprocess.run([sys.executable, "-m", "flowkit.cli", "train", "env.factory=envs:sigterm_at",
+                        f"env.kwargs.log={log}", "env.kwargs.at=40", "algo=ppo", "--no-tuned", "runtime.backend=local",
+                        "runtime.num_workers=1", "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=32",
+                        "ppo.train_batch_size=64", "ppo.minibatch_size=32", "run.reporters=[csv]",
+                        f"run.dir={tmp_path}/run"], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env={**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__),
+                                                                         os.environ.get("PYTHONPATH", "")])})
+    assert p.returncode == 143 and "stopped: interrupted (SIGTERM)" in p.stdout, p.stderr[-2000:]
+    lines = log.read_text().split()
+    assert lines.count("built") == 3 and lines.count("released") == 3, lines  # the probe and 2 sub-envs

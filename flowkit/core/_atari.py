@@ -146,7 +146,8 @@ def _has_fire(env: gym.Env) -> bool:
 
 
 def register_ale() -> None:
-    """Register ale-py's env ids (``PongNoFrameskip-v4``, ``ALE/Pong-v5``) with Gymnasium.
+    """Register ale-py's env ids (``PongNoFrameskip-v4``, ``ALE/Pong-v5``) with Gymnasium, with
+    ale-py's log at errors only (no banner per env built).
 
     Raises:
         ImportError: ale-py is not installed (``pip install 'flowkit[atari]'``).
@@ -155,6 +156,7 @@ def register_ale() -> None:
         import ale_py
     except ImportError:
         raise ImportError("env.preset=atari needs ale-py: pip install 'flowkit[atari]'") from None
+    ale_py.ALEInterface.setLoggerMode(ale_py.LoggerMode.Error)  # no banner per env (Ray prints workers' after the summary)
     gym.register_envs(ale_py)
 
 

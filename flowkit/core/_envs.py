@@ -94,13 +94,20 @@ def env_name(env_cfg: Any) -> str:
 
 
 _MUJOCO_QUIET: List[bool] = []
+_MUJOCO_SHOW = [True]  # False in a Ray rollout worker's process (see mute_env_notes)
+
+
+def mute_env_notes() -> None:
+    """In this process, MuJoCo's notes about its model files are dropped, not shown: a Ray
+    rollout worker's envs are the driver's, which built one first and said them once."""
+    _MUJOCO_SHOW[0] = False
 
 
 def _mujoco_warnings_once(env_id: str) -> None:
     """Before the first MuJoCo env of a process: MuJoCo's own warnings (mujoco 4 warns of a
     deprecated attribute in Gymnasium's model files, once per env built) become Python warnings,
-    shown once per process, instead of a line per env on stderr and a MUJOCO_LOG.TXT written
-    into the current folder."""
+    each message once per process (none in a Ray rollout worker: :func:`mute_env_notes`), instead
+    of a line per env on stderr and a MUJOCO_LOG.TXT written into the current folder."""
     if _MUJOCO_QUIET:
         return
     try:
@@ -112,7 +119,14 @@ def _mujoco_warnings_once(env_id: str) -> None:
     import warnings
 
     import mujoco  # type: ignore[import-untyped]
-    mujoco.set_mju_user_warning(lambda msg: warnings.warn(f"MuJoCo: {msg.strip()}", stacklevel=2))
+    seen = set()
+
+    def once(msg: str) -> None:  # (Python's own once-per-place is reset by every filter change, e.g. torch's import)
+        if _MUJOCO_SHOW[0] and msg.strip() not in seen:
+            seen.add(msg.strip())
+            warnings.warn(f"MuJoCo: {msg.strip()}", stacklevel=2)
+
+    mujoco.set_mju_user_warning(once)
     _MUJOCO_QUIET.append(True)
 
 

@@ -20,7 +20,16 @@ import numpy as np
 
 from flowkit.config import round_env_steps
 from flowkit.core import batch as sb
-from flowkit.core._envs import EnvContext, EnvError, SpaceCheck, derive_seed, env_name, make_env, task_env
+from flowkit.core._envs import (
+    EnvContext,
+    EnvError,
+    SpaceCheck,
+    derive_seed,
+    env_name,
+    make_env,
+    mute_env_notes,
+    task_env,
+)
 from flowkit.core.flow import LocalActor, LocalFuture, RayActor, get_result
 
 if TYPE_CHECKING:
@@ -280,6 +289,7 @@ class _RayRolloutWorker(RolloutWorker):
 
     def __init__(self, *args, **kwargs):
         self._init_error: Optional[BaseException] = None
+        mute_env_notes()  # the driver said MuJoCo's notes on these envs' model files once
         try:
             super().__init__(*args, **kwargs)
         except Exception as e:

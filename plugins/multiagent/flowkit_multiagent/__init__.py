@@ -28,9 +28,21 @@ def flowkit_add_config_sections():
 
 @flowkit.hookimpl
 def flowkit_make_policy_specs(config, env, algorithms):
-    """Runs on: driver. None unless ``env`` is a PettingZoo env."""
+    """Runs on: driver. None unless ``env`` is a PettingZoo env.
+
+    Raises:
+        ConfigError: ``multiagent.mapping`` set for an env that is not a PettingZoo game (no
+            agents to map: it would be ignored).
+    """
     from flowkit_multiagent.specs import is_pettingzoo, make_policy_specs
-    return make_policy_specs(config, env, algorithms) if is_pettingzoo(env) else None
+    if is_pettingzoo(env):
+        return make_policy_specs(config, env, algorithms)
+    if config.get("multiagent") is not None and config.multiagent.get("mapping"):
+        from flowkit.config import ConfigError
+        from flowkit.core import env_name
+        raise ConfigError(f"multiagent.mapping: env {env_name(config.env)!r} is a single-agent env, "
+                          "not a PettingZoo game: it has no agents to map to policies")
+    return None
 
 
 @flowkit.hookimpl

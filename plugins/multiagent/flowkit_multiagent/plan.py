@@ -8,6 +8,8 @@ Liang et al. 2021, sec. 5.3, multi-agent composition)::
              for g, b in zip(groups, branches)]
     Concurrently(flows, mode="round_robin", round_robin_weights=..., cursor=...)
 
+An iteration of a mixed run is at least one sampling round (``run.min_iter_env_steps`` raised to
+it): one row per round of the plan, not one per train step of the fastest fragment.
 The cursor (where the cycle stands) is checkpointed as ``mixing/round_robin_cycle``: an
 iteration ends inside one group's turn, and a resumed run goes on from there. A group is the
 trained policies of one algorithm (a policy with its own config overrides is a group of its
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Optional
 
-from flowkit.config import ConfigError, did_you_mean
+from flowkit.config import ConfigError, did_you_mean, round_env_steps
 from flowkit.core.context import RunContext
 from flowkit.core.flow import Flow, RoundRobinCursor
 from flowkit.core.ops import Concurrently, NoTraining, ParallelRollouts, SelectExperiences, algorithm_flow
@@ -71,6 +73,10 @@ def build_plan(ctx: RunContext) -> Optional[Flow]:
              for (g, pids), b in zip(groups.items(), branches, strict=True)]
     if len(flows) == 1:
         return flows[0]
+    # an iteration (a metrics.csv row) is at least one round of the plan, a sampling round and every
+    # fragment's training on it, as RLlib's training step: not a row per DQN gradient step
+    run = ctx.config.run
+    run.min_iter_env_steps = max(int(run.min_iter_env_steps), round_env_steps(ctx.config))
     cursor = ctx.add_stateful("mixing/round_robin_cycle", RoundRobinCursor(len(flows)))
     return Concurrently(flows, mode="round_robin", round_robin_weights=weights, cursor=cursor)
 
