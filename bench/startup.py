@@ -9,7 +9,7 @@ from ``train()``'s entry, placed by the file's write time): imports, config, Ray
 ready, first sample, first train step, solved (result.json written), process exit. SB3's:
 imports, model and envs, solved, exit.
 
-Usage: ``python bench/startup.py [--repeats 5] [--quick] [--no-sb3] [--against DIR] [--out FILE]``
+Usage: ``python bench/startup.py [--repeats 5] [--seeds 0 1 2] [--quick] [--no-sb3] [--env-steps N] [--against DIR] [--out FILE]``
 (``--quick``: one repeat, seed 0, 20,000 env steps at most: checks that the bench works;
 ``--no-sb3``: flowkit and ``import torch`` only, SB3 needs the ``bench`` extra). ``--against DIR``:
 another checkout of flowkit, set up (its own ``.venv``, e.g. ``git worktree add DIR COMMIT && bash
@@ -120,11 +120,13 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--no-sb3", action="store_true", help="leave Stable-Baselines3 out")
+    ap.add_argument("--env-steps", type=int, help="the budget (default 100,000; the start-up phases need a few thousand)")
     ap.add_argument("--against", metavar="DIR", help="another flowkit checkout (set up) to alternate with")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "startup.json"),
                     help="the JSON file to write (default: bench/results/startup.json)")
     a = ap.parse_args()
     repeats, seeds, budget = (1, [0], 20_000) if a.quick else (a.repeats, a.seeds, 100_000)
+    budget = a.env_steps or budget
     flowkits = [(ROOT, *checkout(ROOT))] + ([(os.path.abspath(a.against), *checkout(a.against))] if a.against else [])
     if len(flowkits) == 2 and flowkits[0][1] == flowkits[1][1]:
         flowkits[1] = (flowkits[1][0], flowkits[1][1] + " (against)", flowkits[1][2])
