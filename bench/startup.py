@@ -70,7 +70,9 @@ def checkout(root: str) -> tuple:
     """(label, Python) of a flowkit checkout: ``flowkit@<short commit>`` (``+`` if it has changes
     not committed) and its ``.venv``'s Python (this process's Python for this checkout)."""
     root = os.path.abspath(root)
-    git = lambda *a: subprocess.run(["git", "-C", root, *a], capture_output=True, text=True).stdout.strip()
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", "-C", root, *a], capture_output=True, text=True).stdout.strip()
     label = f"flowkit@{git('rev-parse', '--short', 'HEAD')}{'+' if git('status', '--porcelain', '-uno') else ''}"
     python = sys.executable if root == ROOT else os.path.join(root, ".venv", "bin", "python")
     if not os.path.exists(python):
@@ -134,9 +136,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(repeats):
             for seed in seeds:
-                sides = [(label, lambda root=root, py=py: run_flowkit(seed, budget, tmp, root, py))
+                sides = [(label, lambda seed=seed, root=root, py=py: run_flowkit(seed, budget, tmp, root, py))
                          for root, label, py in flowkits]
-                sides += [] if a.no_sb3 else [("sb3", lambda: run_sb3(seed, budget))]
+                sides += [] if a.no_sb3 else [("sb3", lambda seed=seed: run_sb3(seed, budget))]
                 for name, fn in sides + [("import torch", run_import_torch)]:
                     r = {"who": name, "seed": seed, "repeat": rep, **fn()}
                     rows.append(r)
