@@ -9,10 +9,15 @@ from ``train()``'s entry, placed by the file's write time): imports, config, Ray
 ready, first sample, first train step, solved (result.json written), process exit. SB3's:
 imports, model and envs, solved, exit.
 
-Usage: ``python bench/startup.py [--repeats 5] [--quick] [--out FILE]``
-(``--quick``: one repeat, seed 0, 20,000 env steps at most: checks that the bench works). The
-rows and medians go to ``--out`` as JSON, by default ``bench/results/startup.json`` in the
-repository (git-ignored), wherever the command runs from; the path is printed.
+Usage: ``python bench/startup.py [--repeats 5] [--seeds 0 1 2] [--quick] [--no-sb3] [--env-steps N] [--against DIR] [--out FILE]``
+(``--quick``: one repeat, seed 0, 20,000 env steps at most: checks that the bench works;
+``--no-sb3``: flowkit and ``import torch`` only, SB3 needs the ``bench`` extra). ``--against DIR``:
+another checkout of flowkit, set up (its own ``.venv``, e.g. ``git worktree add DIR COMMIT && bash
+DIR/scripts/setup.sh``), run with its own Python in turn with this one (each repeat and seed
+runs this checkout, then DIR), so a start-up change is measured against the commit before it
+on the same machine at the same load; its rows are ``flowkit@COMMIT``. The rows and medians go
+to ``--out`` as JSON, by default ``bench/results/startup.json`` in the repository
+(git-ignored), wherever the command runs from; the path is printed with the load average.
 """
 from __future__ import annotations
 
@@ -54,19 +59,33 @@ print(json.dumps({"imports": t_imp, "model": t_model, "solved": time.time(), "en
 FLOWKIT_PHASES = ("config", "ray", "actors", "first_sample", "first_train", "end")
 
 
-def _env():
+def _env(root: str = ROOT):
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    paths = [ROOT] + [os.path.join(ROOT, "plugins", p) for p in ("ppo", "dqn", "impala", "multiagent")]
+    paths = [root] + [os.path.join(root, "plugins", p) for p in ("ppo", "dqn", "impala", "multiagent")]
     env["PYTHONPATH"] = os.pathsep.join(paths + [env.get("PYTHONPATH", "")])
     return env
 
 
-def run_flowkit(seed: int, budget: int, tmp: str) -> dict:
+def checkout(root: str) -> tuple:
+    """(label, Python) of a flowkit checkout: ``flowkit@<short commit>`` (``+`` if it has changes
+    not committed) and its ``.venv``'s Python (this process's Python for this checkout)."""
+    root = os.path.abspath(root)
+
+    def git(*a: str) -> str:
+        return subprocess.run(["git", "-C", root, *a], capture_output=True, text=True).stdout.strip()
+    label = f"flowkit@{git('rev-parse', '--short', 'HEAD')}{'+' if git('status', '--porcelain', '-uno') else ''}"
+    python = sys.executable if root == ROOT else os.path.join(root, ".venv", "bin", "python")
+    if not os.path.exists(python):
+        raise SystemExit(f"--against {root}: no {python} (set that checkout up: bash {root}/scripts/setup.sh)")
+    return label, python
+
+
+def run_flowkit(seed: int, budget: int, tmp: str, root: str = ROOT, python: str = sys.executable) -> dict:
     run_dir = os.path.join(tmp, f"fk-{seed}-{time.time_ns()}")
-    cmd = [sys.executable, "-m", "flowkit.cli", "train", "-c", "configs/ppo/CartPole-v1.yaml", f"seed={seed}",
+    cmd = [python, "-m", "flowkit.cli", "train", "-c", "configs/ppo/CartPole-v1.yaml", f"seed={seed}",
            f"run.dir={run_dir}", "run.reporters=[csv]", "learner.num_threads=1", f"stop.env_steps={budget}"]
     t0 = time.time()
-    p = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True)
+    p = subprocess.run(cmd, cwd=root, env=_env(root), capture_output=True, text=True)
     t_exit = time.time()
     path = os.path.join(run_dir, "result.json")
     if p.returncode != 0 or not os.path.exists(path):
@@ -102,36 +121,60 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--seeds", type=int, nargs="*", default=[0, 1, 2])
     ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--no-sb3", action="store_true", help="leave Stable-Baselines3 out")
+    ap.add_argument("--env-steps", type=int, help="the budget (default 100,000; the start-up phases need a few thousand)")
+    ap.add_argument("--against", metavar="DIR", help="another flowkit checkout (set up) to alternate with")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "startup.json"),
                     help="the JSON file to write (default: bench/results/startup.json)")
     a = ap.parse_args()
     repeats, seeds, budget = (1, [0], 20_000) if a.quick else (a.repeats, a.seeds, 100_000)
-    rows = []
+    budget = a.env_steps or budget
+    flowkits = [(ROOT, *checkout(ROOT))] + ([(os.path.abspath(a.against), *checkout(a.against))] if a.against else [])
+    if len(flowkits) == 2 and flowkits[0][1] == flowkits[1][1]:
+        flowkits[1] = (flowkits[1][0], flowkits[1][1] + " (against)", flowkits[1][2])
+    load0, rows = os.getloadavg(), []
     with tempfile.TemporaryDirectory() as tmp:
         for rep in range(repeats):
             for seed in seeds:
-                for name, fn in (("flowkit", lambda: run_flowkit(seed, budget, tmp)),
-                                 ("sb3", lambda: run_sb3(seed, budget)), ("import torch", run_import_torch)):
+                sides = [(label, lambda seed=seed, root=root, py=py: run_flowkit(seed, budget, tmp, root, py))
+                         for root, label, py in flowkits]
+                sides += [] if a.no_sb3 else [("sb3", lambda seed=seed: run_sb3(seed, budget))]
+                for name, fn in sides + [("import torch", run_import_torch)]:
                     r = {"who": name, "seed": seed, "repeat": rep, **fn()}
                     rows.append(r)
                     print(json.dumps(r), file=sys.stderr)
+    load1 = os.getloadavg()
+    med = table(rows, [label for _, label, _ in flowkits] + ([] if a.no_sb3 else ["sb3"]) + ["import torch"])
+    mine = med[flowkits[0][1]]
+    first = mine.get("first_sample", float("nan")) / med["import torch"]["exit"]
+    ratio = mine["exit"] / med["sb3"]["exit"] if "sb3" in med else float("nan")
+    print(f"\nwhole process flowkit / SB3: {ratio:.2f}x; command to first sample / `import torch`: {first:.2f}x; "
+          f"summary to exit: {mine['exit'] - mine['end']:.2f} s")
+    if a.against:
+        other = med[flowkits[1][1]]
+        print(f"command to first sample: {flowkits[0][1]} {mine['first_sample']:.3f} s, {flowkits[1][1]} "
+              f"{other['first_sample']:.3f} s ({mine['first_sample'] / other['first_sample']:.3f}x)")
+    print(f"load average (1, 5, 15 min) at the start {', '.join(f'{x:.2f}' for x in load0)}; "
+          f"at the end {', '.join(f'{x:.2f}' for x in load1)}; {os.cpu_count()} cores")
+    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
+    with open(a.out, "w") as f:
+        json.dump({"rows": rows, "median": med, "ratio_whole": ratio, "ratio_first_sample": first,
+                   "load_average": [load0, load1]}, f, indent=1)
+    print(f"wrote {a.out}")
+
+
+def table(rows: list, whos: list) -> dict:
+    """Print the median of each phase per side (a Markdown table); returns {who: {phase: median}}."""
     cols = ("imports", "model", "config", "ray", "actors", "first_sample", "first_train", "end", "exit",
             "train_s", "env_steps")
     print("| who | " + " | ".join(cols) + " |  (median s from the command; env_steps median)")
     print("|---" * (len(cols) + 1) + "|")
     med = {}
-    for who in ("flowkit", "sb3", "import torch"):
+    for who in whos:
         mine = [r for r in rows if r["who"] == who]
         med[who] = {c: statistics.median(r[c] for r in mine) for c in cols if all(c in r for r in mine)}
         print(f"| {who} | " + " | ".join(f"{med[who][c]:.4g}" if c in med[who] else "-" for c in cols) + " |")
-    ratio = med["flowkit"]["exit"] / med["sb3"]["exit"]
-    first = med["flowkit"].get("first_sample", float("nan")) / med["import torch"]["exit"]
-    print(f"\nwhole process flowkit / SB3: {ratio:.2f}x; command to first sample / `import torch`: {first:.2f}x; "
-          f"summary to exit: {med['flowkit']['exit'] - med['flowkit']['end']:.2f} s")
-    os.makedirs(os.path.dirname(os.path.abspath(a.out)), exist_ok=True)
-    with open(a.out, "w") as f:
-        json.dump({"rows": rows, "median": med, "ratio_whole": ratio, "ratio_first_sample": first}, f, indent=1)
-    print(f"wrote {a.out}")
+    return med
 
 
 if __name__ == "__main__":

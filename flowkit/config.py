@@ -172,7 +172,21 @@ def used_sections(cfg: Any, algos: Any, pm: Any, keep_packages: Any = ()) -> Dic
     registered, sections = pm.algorithms(load=False), pm.config_sections()
     return {k: v for k, v in data.items() if k in base or (k in sections and k not in registered and (
             sections[k].__module__.split(".")[0] in keep_packages
-            or v != OmegaConf.to_container(OmegaConf.structured(sections[k]), resolve=True)))}
+            or changed_keys(v, sections[k])))}
+
+
+def changed_keys(given: Dict[str, Any], section: type) -> List[str]:
+    """The keys of ``given`` (a config section as plain data, ``OmegaConf.to_container``) whose
+    values differ from the defaults of ``section`` (its dataclass). A section equal to the
+    dataclass's own defaults is told without OmegaConf (``OmegaConf.structured`` takes tens of ms
+    a section, and every run checks each installed algorithm's section before Ray starts)."""
+    try:
+        if dataclasses.asdict(section()) == given:
+            return []
+    except TypeError:  # a field without a default: OmegaConf's MISSING
+        pass
+    default: Dict[str, Any] = OmegaConf.to_container(OmegaConf.structured(section), resolve=True)  # type: ignore[assignment]
+    return [k for k in given if given[k] != default.get(k)]
 
 
 def run_algorithms(cfg: Any) -> List[str]:
@@ -220,8 +234,7 @@ def check_unused_sections(cfg: Any, algos: Any, sections: Dict[str, type]) -> Li
         if name in used or name not in sections or name not in cfg:
             continue
         given: Dict[str, Any] = OmegaConf.to_container(cfg[name], resolve=True)  # type: ignore[assignment]
-        default: Dict[str, Any] = OmegaConf.to_container(OmegaConf.structured(sections[name]), resolve=True)  # type: ignore[assignment]
-        diff = [k for k in given if given[k] != default.get(k)]
+        diff = changed_keys(given, sections[name])
         if not diff:
             continue
         what = (f"config section `{name}` ({name}.{diff[0]}={given[diff[0]]!r}) is not used by this run, which trains "
