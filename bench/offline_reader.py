@@ -19,7 +19,8 @@ dataset's columnar copy (``flowkit.datasets.build_columns``, once per dataset) i
 temporary folder. ``--check`` times the load-time check of a run (issue 48,
 ``flowkit.datasets.check_contents``) on a copy of the dataset: the first load (the columnar copy
 written with each episode's layout and sha256 checked, then the values), a later one (the
-values on the kept copy), and the sha256 verification alone. ``--readers K`` (default 2; 0: not) also times ``input.num_readers=K``
+values on the kept copy), and the sha256 verification alone, every dataset read from the file
+(the check hashes the arrays Minari has read where they are what the file stores). ``--readers K`` (default 2; 0: not) also times ``input.num_readers=K``
 readers on a local Ray cluster (:class:`~flowkit_offline.reader.ShardedReader`: about an
 epoch's batches, round-robin, after as many to warm up) and the driver's CPU time per batch
 (what the learner's process spends on reading). ``--json PATH`` writes the figures.
@@ -208,7 +209,7 @@ def main(argv=None) -> int:
               f"peak RSS +{r['peak_rss_mib']:.0f} MiB while reading"
               + (f"; columnar copy written in {r['columns_build_s']:.1f} s" if "columns_build_s" in r else "")
               + (f"; check: first load {r['check_first_s']:.2f} s, later {r['check_later_s']:.3f} s, sha256 alone "
-                 f"{r['sha256_s']:.2f} s" if "check_first_s" in r else ""), flush=True)
+                 f"{r['sha256_s']:.2f} s (read from the file)" if "check_first_s" in r else ""), flush=True)
         if a.readers > 0:
             n = int(np.ceil(r["rows"] / a.batch))  # about an epoch's batches
             r.update(bench_sharded(path, a, n))

@@ -155,7 +155,7 @@ def check_dataset(run_config: Any, key: str = "input.dataset") -> Any:
 
 # ---- checking episodes against the spaces --------------------------------------------------------
 STEP_KEYS = ("rewards", "terminations", "truncations")
-SHA_ATTR = "flowkit_sha256"  # on each HDF5 dataset flowkit writes: the sha256 of its data
+SHA_ATTR = "flowkit_sha256"  # on each episode flowkit writes: {HDF5 dataset: the sha256 of its data} as JSON
 _CHUNK = 1 << 22  # elements checked at a time: bounded memory on large columns
 _REWARD, _FLAG = "reward", "flag"  # the leaf "spaces" of rewards and of terminations / truncations
 
@@ -381,29 +381,44 @@ def _digest(a: Any) -> str:
 
 
 def write_checksums(h5: str, episodes: Sequence[int]) -> None:
-    """Put the sha256 of every HDF5 dataset of ``episodes`` (ids) of the file ``h5`` in its
-    ``flowkit_sha256`` attribute (what flowkit's writer does after each write)."""
+    """Give each episode of ``episodes`` (ids) of the HDF5 file ``h5`` the sha256 of each of its
+    HDF5 datasets, as stored (:func:`_digest`), in its group's ``flowkit_sha256`` attribute:
+    a JSON object keyed by the dataset's path in the group (what flowkit's writer does after
+    each write)."""
     import h5py
     with h5py.File(h5, "a") as f:
         for i in episodes:
-            f[f"episode_{i}"].visititems(
-                lambda _, d: d.attrs.__setitem__(SHA_ATTR, _digest(d[()])) if isinstance(d, h5py.Dataset) else None)
+            g = f[f"episode_{i}"]
+            g.attrs[SHA_ATTR] = json.dumps({name: _digest(g[name][()]) for name in _dataset_names(g)})
 
 
-def verify_checksums(group: Any) -> None:
-    """Check each HDF5 dataset of one episode's ``group`` against its ``flowkit_sha256`` (those
-    without one, as Minari's own writers leave them, are not checked).
+def _dataset_names(group: Any) -> List[str]:
+    """The paths of the HDF5 datasets under ``group`` (a Dict's or Tuple's leaves in subgroups)."""
+    import h5py
+    names: List[str] = []
+    group.visititems(lambda name, d: names.append(name) if isinstance(d, h5py.Dataset) else None)
+    return names
+
+
+def verify_checksums(group: Any, ep: Optional[Dict[str, Any]] = None) -> None:
+    """Check one episode's HDF5 ``group`` against its ``flowkit_sha256`` (an episode without
+    one, as Minari's own writers leave it, is not checked). ``ep``: the episode as Minari
+    decoded it; a field whose decoded array is what the file stores is hashed from it (no
+    second read), the others (JPEG frames, text) from the file.
 
     Raises:
         BadEpisode: a dataset whose data differs (names the file, the episode and the field).
     """
-    import h5py
-    bad: List[str] = []
-    group.visititems(lambda name, d: bad.append(name) if isinstance(d, h5py.Dataset) and SHA_ATTR in d.attrs
-                     and d.attrs[SHA_ATTR] != _digest(d[()]) else None)
-    if bad:
-        raise BadEpisode(f"main_data.hdf5: episode {group.name.split('_')[-1]}'s {bad[0]} are not what flowkit "
-                         "wrote (their sha256 differs: the file was changed or damaged since)")
+    if SHA_ATTR not in group.attrs:
+        return
+    for name, want in json.loads(group.attrs[SHA_ATTR]).items():
+        x: Any = ep
+        for part in name.split("/"):  # the decoded value at the dataset's path (Tuple leaves: _index_i)
+            x = (x.get(part) if isinstance(x, dict) else x[int(part[7:])]
+                 if isinstance(x, tuple) and part.startswith("_index_") else None)
+        if (not isinstance(x, np.ndarray) or _digest(x) != want) and _digest(group[name][()]) != want:
+            raise BadEpisode(f"main_data.hdf5: episode {group.name.split('_')[-1]}'s {name} are not what flowkit "
+                             "wrote (their sha256 differs: the file was changed or damaged since)")
 
 
 def _read_episodes(ds: Any, ids: Sequence[int], f: Any) -> Iterator[Tuple[Dict[str, Any], Optional[int]]]:
@@ -419,7 +434,7 @@ def _read_episodes(ds: Any, ids: Sequence[int], f: Any) -> Iterator[Tuple[Dict[s
             raise BadEpisode(f"episode {i}: cannot be read ({type(e).__name__}: "
                              f"{(str(e).splitlines() or [''])[0]})") from None
         if g is not None:
-            verify_checksums(g)
+            verify_checksums(g, ep)
         yield ep, (int(g.attrs["total_steps"]) if g is not None and "total_steps" in g.attrs else None)
 
 
