@@ -30,12 +30,13 @@ Parts:
 - ``surfaces`` (~45 cases): output paths of export, evaluate and plot; ``flowkit tune``'s
   flags; evaluate on envs that hang, never end an episode or exit the process; unknown
   commands and options.
-- ``contradict`` and ``corrupt`` (issue 48, 22 damages x 2 runs): a dataset of 3,000 sampled
+- ``contradict`` and ``corrupt`` (issue 48, 23 damages x 2 runs): a dataset of 3,000 sampled
   CartPole steps (``flowkit record`` of the PPO run) copied and damaged (``DAMAGE_PY``): contents
-  that contradict its spaces or its own lengths, and values that are wrong (a byte flip, NaN,
+  that contradict its spaces or its own lengths, and values that are wrong (flipped bytes, NaN,
   float actions, terminal flags mid-episode, a damaged columnar copy); each trained on by
   ``algo=bc`` and by ``algo=dqn input.mix=0.5``. All must be refused but the dataset without
-  flowkit's checksums (what Minari's own writers make).
+  flowkit's checksums (what Minari's own writers make) and the bytes flipped in the middle of
+  the file (ok where they land in the unused end of a chunk: the data is intact).
 - ``record`` (~30 cases): ``flowkit record``'s arguments, output folders, and SIGTERM/SIGINT
   while it records (the exit status 128 + N with a dataset of the finished episodes is ok).
 
@@ -134,6 +135,8 @@ class Outcome:
 def _limits(mem_gb: float, on: bool) -> Callable[[], None]:
     def pre() -> None:
         os.nice(5)
+        for sig in (signal.SIGINT, signal.SIGHUP):  # as a terminal's command gets them, also when this
+            signal.signal(sig, signal.SIG_DFL)      # round runs under nohup or in the background
         if on and mem_gb > 0:
             lim = int(mem_gb * 2 ** 30)
             resource.setrlimit(resource.RLIMIT_DATA, (lim, lim))
@@ -1067,6 +1070,10 @@ with h5py.File(h5, "a") as f:
     g = f[max(mid, key=lambda k: int(f[k].attrs["total_steps"]))]  # the longest of them
     obs, act, rew = g["observations"][()], g["actions"][()], g["rewards"][()]
     i = len(rew) // 2
+    if what == "flip_obs":  # 64 bytes inverted inside the episode's observations (their first chunk), in place
+        d = g["observations"]
+        c = d.id.get_chunk_info(0)
+        mid = c.byte_offset + max(0, min(c.size, d.size * d.dtype.itemsize) // 2 - 32)
     if what == "obs_width3":
         put(g, "observations", obs[:, :3])
     elif what == "obs_one_short":
@@ -1122,8 +1129,14 @@ with h5py.File(h5, "a") as f:
         for k in f:
             if "flowkit_sha256" in f[k].attrs:
                 del f[k].attrs["flowkit_sha256"]
-    else:
+    elif what != "flip_obs":
         raise SystemExit(f"unknown damage {what}")
+if what == "flip_obs":
+    with open(h5, "r+b") as f:
+        f.seek(mid)
+        b = f.read(64)
+        f.seek(mid)
+        f.write(bytes(x ^ 0xFF for x in b))
 '''
 
 DATASET_DAMAGES = {  # name: (damage, family, must the run refuse it)
@@ -1138,7 +1151,10 @@ DATASET_DAMAGES = {  # name: (damage, family, must the run refuse it)
     "rewards stored as strings": ("rewards_strings", "contradict", True),
     "terminations one element short": ("terminations_one_short", "contradict", True),
     "observation outside the Box bounds": ("obs_out_of_bounds", "contradict", True),
-    "64 bytes flipped in main_data.hdf5": ("flip64", "corrupt", True),
+    "64 bytes flipped in an episode's observations": ("flip_obs", "corrupt", True),
+    # the middle of the file: an episode's data (refused), the file's structure (refused) or the
+    # unused end of a chunk (the data intact: ok)
+    "64 bytes flipped in the middle of main_data.hdf5": ("flip64", "corrupt", False),
     "float actions for Discrete(2)": ("actions_float", "corrupt", True),
     "every step terminal": ("all_terminal", "corrupt", True),
     "terminated midway through an episode": ("terminal_midway", "corrupt", True),
@@ -1215,7 +1231,7 @@ def record_cases(ctx: Ctx) -> List[Case]:
     add("out= a dataset, no append", ["steps=10", "out=ds"], _dataset_copy(None), must_fail=True)
     add("out= a dataset, append=true", ["steps=10", "out=ds", "append=true"], _dataset_copy(None),
         _dataset_ok(ctx, "ds"))
-    add("out= a damaged dataset, append=true", ["steps=10", "out=ds", "append=true"], _dataset_copy("flip64"),
+    add("out= a damaged dataset, append=true", ["steps=10", "out=ds", "append=true"], _dataset_copy("flip_obs"),
         must_fail=True)
     add("append=true to nothing", ["steps=10", "out=d-v0", "append=true"], expect=_dataset_ok(ctx, "d-v0"))
     add("out= a folder of other files", ["steps=10", "out=other"], _then(_mkdir("other"), _file("other/x", "x")),
@@ -1231,7 +1247,7 @@ def _sigterm_run(argv: List[str], after: float, cue: str) -> Setup:
     file ``cue`` appears."""
     def setup(tmp: str, ctx: Ctx) -> None:
         p = subprocess.Popen(ctx.flowkit + [_subst(w, tmp, ctx) for w in argv], cwd=tmp, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.DEVNULL, start_new_session=True)
+                             stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=_limits(0, False))
         try:
             _signal_later(p, tmp, "SIGTERM", after, cue, 120.0)
             p.wait(60)

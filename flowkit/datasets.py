@@ -717,8 +717,8 @@ def steps_of(episodes: Sequence[Dict[str, Any]]) -> Dict[str, Any]:
 class DatasetWriter:
     """Episodes appended to a Minari dataset at ``path`` (created, or ``append=True`` to an
     existing one with the same spaces), written in chunks of about ``FLUSH_STEPS`` transitions,
-    each HDF5 dataset with its sha256 (:func:`write_checksums`, verified by the reader). A write
-    is not cut by a signal (held until it is done).
+    each episode with the sha256 of its data (:func:`write_checksums`, verified by the reader).
+    A write is not cut by a signal (held until it is done, then raised).
 
     Raises:
         ConfigError: ``path`` holds a dataset (without ``append``), its spaces differ, or the
@@ -773,10 +773,11 @@ class DatasetWriter:
             self.flush()
 
     def flush(self) -> None:
-        """Write the pending episodes and their checksums (signals held meanwhile)."""
+        """Write the pending episodes and their checksums (a signal that comes meanwhile is
+        raised when they are written)."""
         from flowkit._guard import GUARD
         if self.pending:
-            with GUARD.shielded():
+            with GUARD.held():
                 first = int(self.storage.total_episodes)
                 self.storage.update_episodes(self.pending)
                 write_checksums(os.path.join(str(self.storage.data_path), "main_data.hdf5"),

@@ -230,6 +230,26 @@ def test_record_keeps_the_finished_episodes_on_a_signal(tmp_path):
     assert record_episodes(BoundaryPolicy(), BOUNDARY, out2, episodes=2, seed=0)["episodes"] == 2
 
 
+def test_a_signal_during_a_write_waits_until_it_is_done(tmp_path):
+    # the episodes being written when SIGTERM comes are written whole (with their checksums), then it is raised
+    from gymnasium import spaces
+
+    from flowkit._guard import GUARD
+    w = DatasetWriter(str(tmp_path / "w-v0"), spaces.Box(-1.0, 1.0, (2,), np.float32), spaces.Discrete(3))
+    w.add(0, [np.zeros(2, np.float32)] * 3, [0, 1], [1.0, 2.0], [False, True], [False, False])
+    write = w.storage.update_episodes
+
+    def signalled(episodes):
+        os.kill(os.getpid(), signal.SIGTERM)
+        return write(episodes)
+    w.storage.update_episodes = signalled
+    with GUARD.running(), pytest.raises(Interrupted, match=r"^interrupted \(SIGTERM\)$"):
+        w.flush()
+    ds = open_dataset(str(tmp_path / "w-v0"))
+    assert (ds.total_episodes, ds.total_steps) == (1, 2)
+    check_contents(str(tmp_path / "w-v0"), ds)
+
+
 @pytest.mark.parametrize("arg,says", [("episodes=1e12", "episodes=1000000000000 must be in [1, 100000]"),
                                       ("steps=1e15", "steps=1000000000000000 must be in [1, 100000000]"),
                                       ("num_envs=5000", "num_envs=5000 must be in [1, 4096]")])
