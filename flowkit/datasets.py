@@ -778,11 +778,11 @@ class DatasetWriter:
         from flowkit._guard import GUARD
         if self.pending:
             with GUARD.held():
+                pending, self.pending, self.pending_steps = self.pending, [], 0  # (before a held signal is raised)
                 first = int(self.storage.total_episodes)
-                self.storage.update_episodes(self.pending)
+                self.storage.update_episodes(pending)
                 write_checksums(os.path.join(str(self.storage.data_path), "main_data.hdf5"),
                                 range(first, int(self.storage.total_episodes)))
-        self.pending, self.pending_steps = [], 0
 
     def close(self) -> Tuple[int, int]:
         """:meth:`flush`; a dataset this writer created that holds no episode is removed (a

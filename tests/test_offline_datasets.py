@@ -245,6 +245,7 @@ def test_a_signal_during_a_write_waits_until_it_is_done(tmp_path):
     w.storage.update_episodes = signalled
     with GUARD.running(), pytest.raises(Interrupted, match=r"^interrupted \(SIGTERM\)$"):
         w.flush()
+    assert w.close() == (1, 2)  # written once, not again by the close that follows a signal
     ds = open_dataset(str(tmp_path / "w-v0"))
     assert (ds.total_episodes, ds.total_steps) == (1, 2)
     check_contents(str(tmp_path / "w-v0"), ds)
