@@ -196,15 +196,16 @@ def test_docs_say_how_datacollector_datasets_are_made():
 
 # ---- flowkit record ---------------------------------------------------------------------------
 class _SignalAt(BoundaryPolicy):
-    """BoundaryPolicy that sends this process ``sig`` on its ``at``-th call (one call a step)."""
+    """BoundaryPolicy that sends this process SIGTERM on its ``at``-th call (one call a step;
+    SIGTERM: SIGINT and SIGHUP stay ignored where the tests run in the background or under nohup)."""
 
-    def __init__(self, at, sig=signal.SIGTERM):
-        self.at, self.sig, self.calls = at, sig, 0
+    def __init__(self, at):
+        self.at, self.calls = at, 0
 
     def compute_actions(self, obs, explore=False):
         self.calls += 1
         if self.calls == self.at:
-            os.kill(os.getpid(), self.sig)
+            os.kill(os.getpid(), signal.SIGTERM)
         return super().compute_actions(obs, explore)
 
 
@@ -224,8 +225,8 @@ def test_record_keeps_the_finished_episodes_on_a_signal(tmp_path):
     # a signal before any episode ended: nothing is left behind, the same command runs again
     out2 = str(tmp_path / "e-v0")
     with pytest.raises(Interrupted) as e:
-        record_episodes(_SignalAt(2, signal.SIGINT), BOUNDARY, out2, episodes=10, seed=0, num_envs=1)
-    assert e.value.reason == f"interrupted (SIGINT); no episode had ended: nothing written ({out2!r} removed)"
+        record_episodes(_SignalAt(2), BOUNDARY, out2, episodes=10, seed=0, num_envs=1)
+    assert e.value.reason == f"interrupted (SIGTERM); no episode had ended: nothing written ({out2!r} removed)"
     assert not os.path.exists(out2)
     assert record_episodes(BoundaryPolicy(), BOUNDARY, out2, episodes=2, seed=0)["episodes"] == 2
 
