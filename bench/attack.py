@@ -32,6 +32,15 @@ Parts:
 - ``surfaces`` (~45 cases): output paths of export, evaluate and plot; ``flowkit tune``'s
   flags; evaluate on envs that hang, never end an episode or exit the process; unknown
   commands and options.
+- ``contradict`` and ``corrupt`` (issue 48, 23 damages x 2 runs): a dataset of 3,000 sampled
+  CartPole steps (``flowkit record`` of the PPO run) copied and damaged (``DAMAGE_PY``): contents
+  that contradict its spaces or its own lengths, and values that are wrong (flipped bytes, NaN,
+  float actions, terminal flags mid-episode, a damaged columnar copy); each trained on by
+  ``algo=bc`` and by ``algo=dqn input.mix=0.5``. All must be refused but the dataset without
+  flowkit's checksums (what Minari's own writers make) and the bytes flipped in the middle of
+  the file (ok where they land in the unused end of a chunk: the data is intact).
+- ``record`` (~30 cases): ``flowkit record``'s arguments, output folders, and SIGTERM/SIGINT
+  while it records (the exit status 128 + N with a dataset of the finished episodes is ok).
 
 Usage::
 
@@ -64,9 +73,10 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Callable, Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 CLASSES = ("ok", "clean-error", "traceback", "hang", "killed", "noisy", "wrong-exit")
+PARTS = ("config", "tamper", "surfaces", "contradict", "corrupt", "record")
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -99,6 +109,9 @@ class Case:
     env: Dict[str, str] = dataclasses.field(default_factory=dict)
     timeout: Optional[float] = None
     mem_limit: bool = True  # off for commands that start Ray (its object store maps large areas)
+    signal_after: Optional[Tuple[str, float, str]] = None  # (signal name, seconds, cue): sent to the command
+    # that many seconds after the file ``cue`` (relative to the case folder) appears; its exit status
+    # 128 + N then counts as ok when ``expect`` holds (a clean stop that kept what it should)
 
 
 def _subst(word: str, tmp: str, ctx: Ctx) -> str:
@@ -124,6 +137,8 @@ class Outcome:
 def _limits(mem_gb: float, on: bool) -> Callable[[], None]:
     def pre() -> None:
         os.nice(5)
+        for sig in (signal.SIGINT, signal.SIGHUP):  # as a terminal's command gets them, also when this
+            signal.signal(sig, signal.SIG_DFL)      # round runs under nohup or in the background
         if on and mem_gb > 0:
             lim = int(mem_gb * 2 ** 30)
             resource.setrlimit(resource.RLIMIT_DATA, (lim, lim))
@@ -154,6 +169,10 @@ def classify(case: Case, rc: Optional[int], out: str, err: str, tmp: str) -> tup
     if rc < 0:
         return "killed", f"signal {-rc}"
     lines = _stderr_lines(err)
+    if case.signal_after and rc == 128 + int(getattr(signal, case.signal_after[0])):
+        if not lines or len(lines) > 3:
+            return "noisy", f"stopped by {case.signal_after[0]} with {len(lines)} lines on stderr"
+        return ("ok", "") if _expected(case, tmp) else ("wrong-exit", "stopped without its expected output")
     if rc == 0:
         if case.must_fail:
             return "wrong-exit", "accepted an input that must be refused"
@@ -182,6 +201,8 @@ def run_case(case: Case, ctx: Ctx) -> Outcome:
                          preexec_fn=_limits(ctx.mem_gb, case.mem_limit))
     rc: Optional[int]
     try:
+        if case.signal_after:
+            _signal_later(p, tmp, *case.signal_after, timeout)
         out_b, err_b = p.communicate(timeout=timeout)
         rc = p.returncode
     except subprocess.TimeoutExpired:
@@ -196,6 +217,17 @@ def run_case(case: Case, ctx: Ctx) -> Outcome:
         shutil.rmtree(tmp, ignore_errors=True)
     return Outcome(case.part, case.name, " ".join(shlex.quote(a) for a in ["flowkit", *argv]), cls, rc,
                    round(time.monotonic() - t0, 2), note, [t[:400] for t in tail])
+
+
+def _signal_later(p: subprocess.Popen, tmp: str, sig: str, after: float, cue: str, timeout: float) -> None:
+    """Send ``sig`` to the process ``p`` (not its group: as `kill PID` does) ``after`` seconds
+    after the file ``cue`` appears in ``tmp`` (unless it ended first)."""
+    end = time.monotonic() + timeout
+    while p.poll() is None and not os.path.exists(os.path.join(tmp, cue)) and time.monotonic() < end:
+        time.sleep(0.1)
+    time.sleep(after)
+    if p.poll() is None:
+        p.send_signal(getattr(signal, sig))
 
 
 def _killpg(pid: int) -> None:
@@ -869,6 +901,15 @@ def base_runs(ctx: Ctx) -> None:
         if p.returncode != 0:
             raise SystemExit(f"base run {name} failed ({p.returncode}): {p.stderr[-2000:]}")
         ctx.runs[name] = run
+    data = os.path.join(ctx.work, "base", "dataset-v0")  # the datasets parts' base: 3,000 sampled CartPole steps
+    if not os.path.exists(os.path.join(data, "flowkit-columns", "index.json")):
+        shutil.rmtree(data, ignore_errors=True)
+        p = subprocess.run(ctx.flowkit + ["record", ctx.runs["ppo"], "steps=3000", "explore=sample", "seed=0",
+                                          f"out={data}"], capture_output=True, text=True, timeout=600, cwd=ctx.work)
+        if p.returncode != 0:
+            raise SystemExit(f"base dataset failed ({p.returncode}): {p.stderr[-2000:]}")
+        _python(ctx, "import sys\nfrom flowkit.datasets import ColumnStore\nColumnStore.open(sys.argv[1]).close()", data)
+    ctx.runs["dataset"] = data
 
 
 def _iterations(run: str) -> int:
@@ -1024,6 +1065,229 @@ def surface_cases() -> List[Case]:
     return cases
 
 
+# ---- datasets parts: contradictory and corrupt datasets, record edges ----------------------------
+DAMAGE_PY = r'''
+import os, sys
+import h5py
+import numpy as np
+path, what = sys.argv[1], sys.argv[2]
+h5 = os.path.join(path, "data", "main_data.hdf5")
+
+
+def put(g, key, data):  # rewritten without flowkit's checksums, as another tool would
+    del g[key]
+    g.create_dataset(key, data=data)
+    if "flowkit_sha256" in g.attrs:
+        del g.attrs["flowkit_sha256"]
+
+
+if what == "flip64":  # 64 bytes in the middle of the file, inverted
+    size = os.path.getsize(h5)
+    with open(h5, "r+b") as f:
+        f.seek(size // 2)
+        b = f.read(64)
+        f.seek(size // 2)
+        f.write(bytes(x ^ 0xFF for x in b))
+    sys.exit(0)
+if what == "columns_nan":  # the columnar copy (flowkit's own, next to the dataset): a NaN observation
+    cols = os.path.join(path, "flowkit-columns")
+    import json
+    index = json.load(open(os.path.join(cols, "index.json")))
+    a = np.load(os.path.join(cols, index["columns"]["observations"]["file"]), mmap_mode="r+")
+    a[10, 0] = np.nan
+    a.flush()
+    sys.exit(0)
+with h5py.File(h5, "a") as f:
+    mid = sorted(f.keys(), key=lambda k: int(k.split("_")[1]))[1:-1]  # not the first or last (read whole by the load check)
+    g = f[max(mid, key=lambda k: int(f[k].attrs["total_steps"]))]  # the longest of them
+    obs, act, rew = g["observations"][()], g["actions"][()], g["rewards"][()]
+    i = len(rew) // 2
+    if what == "flip_obs":  # 64 bytes inverted inside the episode's observations (their first chunk), in place
+        d = g["observations"]
+        c = d.id.get_chunk_info(0)
+        mid = c.byte_offset + max(0, min(c.size, d.size * d.dtype.itemsize) // 2 - 32)
+    if what == "obs_width3":
+        put(g, "observations", obs[:, :3])
+    elif what == "obs_one_short":
+        put(g, "observations", obs[:-1])
+    elif what == "obs_strings":
+        put(g, "observations", obs.astype("S12"))
+    elif what == "obs_nan":
+        obs[i, 1] = np.nan
+        put(g, "observations", obs)
+    elif what == "obs_inf":
+        obs[i, 1] = np.inf
+        put(g, "observations", obs)
+    elif what == "obs_out_of_bounds":
+        obs[i, 0] = 10.0  # the cart's position: Box bounds +-4.8
+        put(g, "observations", obs)
+    elif what == "actions_7":
+        act[i] = 7
+        put(g, "actions", act)
+    elif what == "actions_-1":
+        act[i] = -1
+        put(g, "actions", act)
+    elif what == "actions_one_short":
+        put(g, "actions", act[:-1])
+    elif what == "actions_float":
+        put(g, "actions", act.astype(np.float64) + 0.25)
+    elif what == "actions_2d":
+        put(g, "actions", act.reshape(-1, 1))
+    elif what == "rewards_nan":
+        rew[i] = np.nan
+        put(g, "rewards", rew)
+    elif what == "rewards_inf":
+        rew[i] = -np.inf
+        put(g, "rewards", rew)
+    elif what == "rewards_strings":
+        put(g, "rewards", rew.astype("S8"))
+    elif what == "rewards_one_long":
+        put(g, "rewards", np.concatenate([rew, [1.0]]))
+    elif what == "terminations_one_short":
+        put(g, "terminations", g["terminations"][()][:-1])
+    elif what == "all_terminal":  # every step of every episode
+        for k in f:
+            t = f[k]["terminations"][()]
+            put(f[k], "terminations", np.ones_like(t))
+    elif what == "terminal_midway":
+        t = g["terminations"][()]
+        t[i] = True
+        put(g, "terminations", t)
+    elif what == "truncated_midway":
+        t = g["truncations"][()]
+        t[i] = True
+        put(g, "truncations", t)
+    elif what == "no_checksums":  # a dataset as Minari's own tools write it: no flowkit checksums
+        for k in f:
+            if "flowkit_sha256" in f[k].attrs:
+                del f[k].attrs["flowkit_sha256"]
+    elif what != "flip_obs":
+        raise SystemExit(f"unknown damage {what}")
+if what == "flip_obs":
+    with open(h5, "r+b") as f:
+        f.seek(mid)
+        b = f.read(64)
+        f.seek(mid)
+        f.write(bytes(x ^ 0xFF for x in b))
+'''
+
+DATASET_DAMAGES = {  # name: (damage, family, must the run refuse it)
+    "observations of width 3 for a (4,) space": ("obs_width3", "contradict", True),
+    "observations one row short": ("obs_one_short", "contradict", True),
+    "observations stored as strings": ("obs_strings", "contradict", True),
+    "actions 7 for Discrete(2)": ("actions_7", "contradict", True),
+    "actions -1 for Discrete(2)": ("actions_-1", "contradict", True),
+    "actions one element short": ("actions_one_short", "contradict", True),
+    "actions of shape (T, 1) for Discrete(2)": ("actions_2d", "contradict", True),
+    "rewards one element long": ("rewards_one_long", "contradict", True),
+    "rewards stored as strings": ("rewards_strings", "contradict", True),
+    "terminations one element short": ("terminations_one_short", "contradict", True),
+    "observation outside the Box bounds": ("obs_out_of_bounds", "contradict", True),
+    "64 bytes flipped in an episode's observations": ("flip_obs", "corrupt", True),
+    # the middle of the file: an episode's data (refused), the file's structure (refused) or the
+    # unused end of a chunk (the data intact: ok)
+    "64 bytes flipped in the middle of main_data.hdf5": ("flip64", "corrupt", False),
+    "float actions for Discrete(2)": ("actions_float", "corrupt", True),
+    "every step terminal": ("all_terminal", "corrupt", True),
+    "terminated midway through an episode": ("terminal_midway", "corrupt", True),
+    "truncated midway through an episode": ("truncated_midway", "corrupt", True),
+    "NaN observation": ("obs_nan", "corrupt", True),
+    "inf observation": ("obs_inf", "corrupt", True),
+    "NaN reward": ("rewards_nan", "corrupt", True),
+    "-inf reward": ("rewards_inf", "corrupt", True),
+    "NaN in the columnar copy": ("columns_nan", "corrupt", True),
+    "without flowkit's checksums (Minari's own writers)": ("no_checksums", "corrupt", False),
+}
+DATASET_RUNS = {  # surface: the command on {tmp}/ds
+    "bc": ["algo=bc", "stop.env_steps=512"],
+    "dqn input.mix=0.5": ["algo=dqn", "input.mix=0.5", "dqn.learning_starts=32", "stop.env_steps=256"],
+}
+
+
+def _dataset_copy(damage: Optional[str]) -> Setup:
+    """The base dataset copied to ``{tmp}/ds`` (with its columnar copy, written by a first read),
+    then damaged by ``DAMAGE_PY``."""
+    def setup(tmp: str, ctx: Ctx) -> None:
+        ds = os.path.join(tmp, "ds")
+        shutil.copytree(ctx.runs["dataset"], ds, symlinks=True)
+        if damage:
+            _python(ctx, DAMAGE_PY, ds, damage)
+    return setup
+
+
+def dataset_cases() -> List[Case]:
+    cases = []
+    for name, (damage, family, must_fail) in DATASET_DAMAGES.items():
+        for surface, ov in DATASET_RUNS.items():
+            argv = train("input.dataset=ds", *ov)
+            cases.append(Case(family, f"{name}/{surface}", argv, _dataset_copy(damage), "run/result.json",
+                              must_fail=must_fail, timeout=240))
+    return cases
+
+
+def _dataset_ok(ctx: Ctx, rel: str, min_episodes: int = 1) -> Callable[[str], bool]:
+    """The folder ``rel`` holds a dataset that opens and passes flowkit's checks, with at least
+    ``min_episodes`` episodes."""
+    code = ("import sys\nfrom flowkit.datasets import open_dataset\n"
+            "ds = open_dataset(sys.argv[1])\nsys.exit(0 if ds.total_episodes >= int(sys.argv[2]) else 1)")
+
+    def ok(tmp: str) -> bool:
+        p = subprocess.run([ctx.python, "-c", code, os.path.join(tmp, rel), str(min_episodes)], capture_output=True,
+                           timeout=120)
+        return p.returncode == 0
+    return ok
+
+
+def record_cases(ctx: Ctx) -> List[Case]:
+    cases: List[Case] = []
+
+    def add(name: str, args: List[str], setup: Optional[Setup] = None, expect: Expect = None, **kw) -> None:
+        cases.append(Case("record", name, ["record", "{ppo}", *args], setup, expect, **kw))
+
+    add("steps=200", ["steps=200", "out=d-v0"], expect=_dataset_ok(ctx, "d-v0"))
+    add("episodes=2", ["episodes=2", "out=d-v0"], expect=_dataset_ok(ctx, "d-v0", 2))
+    for sig in ("SIGTERM", "SIGINT", "SIGHUP"):  # 3 s into the recording (the dataset folder made)
+        add(f"{sig} while recording keeps the finished episodes", ["episodes=100000", "out=d-v0"],
+            expect=_dataset_ok(ctx, "d-v0"), signal_after=(sig, 3.0, "d-v0/data/metadata.json"))
+    add("SIGTERM while recording, then append=true", ["episodes=3", "out=d-v0", "append=true"],
+        _sigterm_run(["record", "{ppo}", "episodes=100000", "out=d-v0"], 3.0, "d-v0/data/metadata.json"),
+        expect=_dataset_ok(ctx, "d-v0", 4))
+    for o in ["episodes=1e12", "steps=1e15", "episodes=100001", "steps=100000001", "episodes=0", "steps=0",
+              "steps=-1", "episodes=abc", "num_envs=0", "num_envs=100000", "explore=maybe", "epsilon=2",
+              "seed=-1", "nope=1"]:
+        add(o, [o, "out=d-v0"], must_fail=True)
+    add("episodes and steps", ["episodes=2", "steps=10", "out=d-v0"], must_fail=True)
+    add("out=/proc/x", ["steps=10", "out=/proc/x"], must_fail=True)
+    add("out=/proc/x/d-v0", ["steps=10", "out=/proc/x/d-v0"], must_fail=True)
+    add("out=/dev/null", ["steps=10", "out=/dev/null"], must_fail=True)
+    add("out= a dataset, no append", ["steps=10", "out=ds"], _dataset_copy(None), must_fail=True)
+    add("out= a dataset, append=true", ["steps=10", "out=ds", "append=true"], _dataset_copy(None),
+        _dataset_ok(ctx, "ds"))
+    add("out= a damaged dataset, append=true", ["steps=10", "out=ds", "append=true"], _dataset_copy("flip_obs"),
+        must_fail=True)
+    add("append=true to nothing", ["steps=10", "out=d-v0", "append=true"], expect=_dataset_ok(ctx, "d-v0"))
+    add("out= a folder of other files", ["steps=10", "out=other"], _then(_mkdir("other"), _file("other/x", "x")),
+        must_fail=True)
+    cases.append(Case("record", "of a missing folder", ["record", "nope", "steps=10"], must_fail=True))
+    cases.append(Case("record", "of an empty folder", ["record", "empty", "steps=10"], _mkdir("empty"),
+                      must_fail=True))
+    return cases
+
+
+def _sigterm_run(argv: List[str], after: float, cue: str) -> Setup:
+    """Run ``flowkit argv`` in the case's folder and stop it with SIGTERM ``after`` s after the
+    file ``cue`` appears."""
+    def setup(tmp: str, ctx: Ctx) -> None:
+        p = subprocess.Popen(ctx.flowkit + [_subst(w, tmp, ctx) for w in argv], cwd=tmp, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True, preexec_fn=_limits(0, False))
+        try:
+            _signal_later(p, tmp, "SIGTERM", after, cue, 120.0)
+            p.wait(60)
+        finally:
+            _killpg(p.pid)
+    return setup
+
+
 # ---- the round ----------------------------------------------------------------------------------
 def _python_of(cmd: List[str]) -> str:
     """The interpreter of the ``flowkit`` script (its ``#!`` line), else this one."""
@@ -1056,7 +1320,7 @@ def report(outcomes: List[Outcome], parts: Sequence[str]) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--parts", default="config,tamper,surfaces", help="comma-separated: config,tamper,surfaces")
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated: {','.join(PARTS)}")
     p.add_argument("--flowkit", default=os.path.join(HERE, "..", ".venv", "bin", "flowkit"),
                    help="the flowkit command to attack (a path, or a command line)")
     p.add_argument("--out", default=None, help="folder for attack.json (default: a new temporary folder)")
@@ -1068,7 +1332,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--keep", action="store_true", help="keep the shared work folder (base runs)")
     a = p.parse_args(argv)
     parts = [x.strip() for x in a.parts.split(",") if x.strip()]
-    unknown = set(parts) - {"config", "tamper", "surfaces"}
+    unknown = set(parts) - set(PARTS)
     if unknown:
         p.error(f"unknown parts {sorted(unknown)}")
     cmd = shlex.split(a.flowkit)
@@ -1085,11 +1349,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         with open(os.path.join(fx, "markmod", name), "w") as f:
             f.write("open('MARKER', 'w').close()\n")
     ctx = Ctx(cmd, _python_of(cmd), work, fx, a.timeout, a.mem_gb)
-    if not a.list and ({"tamper", "surfaces"} & set(parts)):
+    if not a.list and ({"tamper", "surfaces", "contradict", "corrupt", "record"} & set(parts)):
         print("training the base runs ...", flush=True)
         base_runs(ctx)
     cases = ([c for c in config_cases()] if "config" in parts else []) + \
-            (tamper_cases(ctx) if "tamper" in parts else []) + (surface_cases() if "surfaces" in parts else [])
+            (tamper_cases(ctx) if "tamper" in parts else []) + (surface_cases() if "surfaces" in parts else []) + \
+            [c for c in dataset_cases() if c.part in parts] + (record_cases(ctx) if "record" in parts else [])
     if a.only:
         cases = [c for c in cases if fnmatch.fnmatch(f"{c.part}/{c.name}", a.only)]
     if a.list:
@@ -1111,7 +1376,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             with open(os.path.join(out, "attack.json"), "w") as f:
                 json.dump({"flowkit": cmd, "parts": parts, "seconds": round(time.monotonic() - t0, 1),
                            "cases": [dataclasses.asdict(x) for x in outcomes]}, f, indent=1)
-    text = report(outcomes, [x for x in ("config", "tamper", "surfaces") if x in parts])
+    text = report(outcomes, [x for x in PARTS if x in parts])
     print("\n" + text)
     with open(os.path.join(out, "attack.md"), "w") as f:
         f.write(text + "\n")

@@ -16,7 +16,11 @@ outside the timing), permuted and cut into batches of the same size, two ways:
 Batches/s by the wall clock, and the ratio reader / numpy by the wall clock and by process CPU
 time (steadier on a machine shared with other work). ``--columns-build`` also times writing the
 dataset's columnar copy (``flowkit.datasets.build_columns``, once per dataset) into a
-temporary folder. ``--readers K`` (default 2; 0: not) also times ``input.num_readers=K``
+temporary folder. ``--check`` times the load-time check of a run (issue 48,
+``flowkit.datasets.check_contents``) on a copy of the dataset: the first load (the columnar copy
+written with each episode's layout and sha256 checked, then the values), a later one (the
+values on the kept copy), and the sha256 verification alone, every dataset read from the file
+(the check hashes the arrays Minari has read where they are what the file stores). ``--readers K`` (default 2; 0: not) also times ``input.num_readers=K``
 readers on a local Ray cluster (:class:`~flowkit_offline.reader.ShardedReader`: about an
 epoch's batches, round-robin, after as many to warm up) and the driver's CPU time per batch
 (what the learner's process spends on reading). ``--json PATH`` writes the figures.
@@ -26,7 +30,7 @@ Before/after comparisons run this script once per code version in fresh processe
 exported older tree), and take the median of each figure over the runs.
 
 Usage: python bench/offline_reader.py DATASET [DATASET ...] [--algo bc|cql_sac] [--batch 256]
-       [--buffer 100000] [--columns-build] [--readers 2] [--ray-cpus 2] [--json out.json]
+       [--buffer 100000] [--columns-build] [--check] [--readers 2] [--ray-cpus 2] [--json out.json]
 """
 from __future__ import annotations
 
@@ -117,7 +121,36 @@ def bench(path: str, a) -> dict:
             t = time.perf_counter()
             build_columns(ds, f"{tmp}/columns")
             out["columns_build_s"] = time.perf_counter() - t
+    if a.check:
+        out.update(bench_check(path))
     return out
+
+
+def bench_check(path: str) -> dict:
+    """Seconds of ``check_contents`` on a copy of the dataset (no columnar copy yet): the first
+    load, a later one, and the sha256 verification of every episode alone."""
+    import os
+    import shutil
+
+    import h5py
+
+    from flowkit.datasets import check_contents, data_dir, verify_checksums
+    with tempfile.TemporaryDirectory() as tmp:
+        copy = os.path.join(tmp, "ds")
+        shutil.copytree(os.path.dirname(os.path.abspath(data_dir(path))), copy,
+                        ignore=shutil.ignore_patterns("flowkit-columns*"))
+        ds = open_dataset(copy)
+        times = []
+        for _ in range(2):
+            t = time.perf_counter()
+            check_contents(copy, ds)
+            times.append(time.perf_counter() - t)
+        t = time.perf_counter()
+        with h5py.File(os.path.join(copy, "data", "main_data.hdf5"), "r") as f:
+            for i in range(int(ds.total_episodes)):
+                verify_checksums(f[f"episode_{i}"])
+        sha = time.perf_counter() - t
+    return {"check_first_s": times[0], "check_later_s": times[1], "sha256_s": sha}
 
 
 def bench_sharded(path: str, a, batches: int) -> dict:
@@ -160,6 +193,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch", type=int, default=256)
     p.add_argument("--buffer", type=int, default=100_000)
     p.add_argument("--columns-build", action="store_true", help="also time writing the columnar copy")
+    p.add_argument("--check", action="store_true", help="also time the load-time check of the dataset")
     p.add_argument("--readers", type=int, default=2, help="also time input.num_readers=K readers on Ray (0: not)")
     p.add_argument("--ray-cpus", type=int, default=2, help="CPUs of the local Ray cluster the readers run on")
     p.add_argument("--json", default=None)
@@ -173,8 +207,9 @@ def main(argv=None) -> int:
               f"memory: np3 {r['np3_batches_per_s']:.0f}/s -> {r['ratio_np3']:.3f}x (cpu {r['cpu_ratio_np3']:.3f}x), "
               f"same columns {r['same_batches_per_s']:.0f}/s -> {r['ratio_same']:.3f}x (cpu {r['cpu_ratio_same']:.3f}x); "
               f"peak RSS +{r['peak_rss_mib']:.0f} MiB while reading"
-              + (f"; columnar copy written in {r['columns_build_s']:.1f} s" if "columns_build_s" in r else ""),
-              flush=True)
+              + (f"; columnar copy written in {r['columns_build_s']:.1f} s" if "columns_build_s" in r else "")
+              + (f"; check: first load {r['check_first_s']:.2f} s, later {r['check_later_s']:.3f} s, sha256 alone "
+                 f"{r['sha256_s']:.2f} s (read from the file)" if "check_first_s" in r else ""), flush=True)
         if a.readers > 0:
             n = int(np.ceil(r["rows"] / a.batch))  # about an epoch's batches
             r.update(bench_sharded(path, a, n))

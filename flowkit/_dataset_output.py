@@ -30,7 +30,7 @@ import numpy as np
 
 from flowkit.config import ConfigError
 from flowkit.core import batch as sb
-from flowkit.datasets import DatasetWriter, check_spaces, data_dir, open_dataset
+from flowkit.datasets import DatasetWriter, check_contents, check_spaces, data_dir, open_dataset
 
 KEY = "run.output"
 _OBS, _NEXT = sb.RAW_PREFIX + "obs", sb.RAW_PREFIX + "next_obs"
@@ -89,7 +89,9 @@ def make_output(cfg: Any, env: Any, specs: Dict[str, Any]) -> Optional["OutputWr
     spec = next(iter(specs.values()))
     if cfg.run.get("output_append") and _has_dataset(str(path)):
         name = str(cfg.env.id or cfg.env.factory)
-        check_spaces(open_dataset(str(path), KEY), spec.observation_space, spec.action_space, str(path), name, KEY)
+        ds = open_dataset(str(path), KEY)
+        check_spaces(ds, spec.observation_space, spec.action_space, str(path), name, KEY)
+        check_contents(str(path), ds, KEY, columns=False)  # appended to: sound so far
     meta = {"flowkit_run": json.dumps({"algo": str(cfg.algo), "env": str(cfg.env.id or cfg.env.factory),
                                        "seed": int(cfg.seed), "run_dir": str(cfg.run.dir or "")})}
     return OutputWriter(str(path), spec.observation_space, spec.action_space, bool(cfg.run.get("output_append")),

@@ -250,7 +250,7 @@ def check_run(cfg: Any, pm: Any) -> None:
     """The checks of a run's config that need neither torch, Ray nor the env, made before those
     load (``flowkit train``, :func:`flowkit.train`) and again at set-up: ``algo`` installed,
     no section of a variant of ``algo`` set in its place (:func:`check_unused_sections`), exactly one of ``env.id`` and ``env.factory``, ``run.reporters`` known (and each one's
-    ``validate_config``), ``model.recurrent`` and ``model.normalize_obs`` against what ``algo``
+    ``validate_config``), each plugin config section's ``validate_config(cfg)`` where its class has one, ``model.recurrent`` and ``model.normalize_obs`` against what ``algo``
     declares (:func:`recurrent_error`, :func:`normalize_obs_error`), and the cross-field checks
     of ``algo``'s section where its plugin
     gives them torch-free (``AlgorithmRef.validate``; otherwise they run at set-up, when the
@@ -280,6 +280,10 @@ def check_run(cfg: Any, pm: Any) -> None:
             raise ConfigError(f"run.reporters: unknown reporter {name!r} (known: {', '.join(sorted(known))})")
         check = getattr(known[name], "validate_config", None)
         if callable(check):
+            check(cfg)
+    for name, section_class in pm.config_sections().items():  # a plugin section's own checks (input.dataset)
+        check = getattr(section_class, "validate_config", None)
+        if callable(check) and name not in algos:
             check(cfg)
     a, section = algos[cfg.algo], cfg[cfg.algo] if cfg.algo in cfg else None
     if why := recurrent_error(cfg.algo, bool(getattr(a, "recurrent", False)), "default", cfg.model,

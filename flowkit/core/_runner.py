@@ -555,7 +555,7 @@ def run_episodes(policy: Any, env_cfg: Dict[str, Any], episodes: int, seed: int,
         EnvError: the env's ``reset`` or ``step`` raised (its type and message, one line).
     """
     k = max(1, min(num_envs, episodes))
-    out: List[Dict[str, Any]] = [{} for _ in range(episodes)]
+    out: Dict[int, Dict[str, Any]] = {}  # by episode, as they end (episodes may be a bound never reached: record steps=)
     slot_ep: List[Optional[int]] = [None] * k
     obs: List[Any] = [None] * k
     ret, length = np.zeros(k), np.zeros(k, np.int64)
@@ -605,4 +605,4 @@ def run_episodes(policy: Any, env_cfg: Dict[str, Any], episodes: int, seed: int,
     finally:
         for env in envs:
             env.close()
-    return out
+    return [out[i] for i in range(episodes)]

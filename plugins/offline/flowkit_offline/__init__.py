@@ -53,6 +53,17 @@ class InputConfig:
                             "episodes i, i + k, ... with a shuffle buffer of shuffle_buffer_size / k rows; the driver "
                             "takes their batches round-robin (deterministic) while they read ahead", ge=0)
 
+    @staticmethod
+    def validate_config(run_config: Any) -> None:
+        """With ``input.dataset``: the dataset opens, its spaces are the env's and every episode
+        fits them (:func:`flowkit.datasets.check_dataset`), whichever algorithm reads it (an
+        offline one, or one that mixes it into replay: ``input.mix``); torch-free, before Ray
+        and the run folder (one-line config errors, exit 2)."""
+        from omegaconf import OmegaConf
+        if OmegaConf.select(run_config, "input.dataset"):
+            from flowkit.datasets import check_dataset
+            check_dataset(run_config)
+
 
 @dataclass
 class BCConfig:
@@ -117,17 +128,17 @@ class CQLSACConfig(SACLossConfig):
 
 
 def validate(run_config: Any, section: Any, name: str) -> List[str]:
-    """``BC.validate_config`` and ``MARWIL``'s, torch-free: the run needs ``input.dataset``, and
-    the dataset must open, hold transitions and match the env's spaces (made before torch and
-    Ray load: one-line config errors, exit 2)."""
+    """``BC.validate_config`` and the other offline algorithms', torch-free: the run needs
+    ``input.dataset``, read by at most as many readers as it has episodes (the dataset itself is
+    checked by :meth:`InputConfig.validate_config`, made before this one; one-line config
+    errors, exit 2)."""
     from omegaconf import OmegaConf
     if not OmegaConf.select(run_config, "input.dataset"):
         raise ConfigError(f"algo={name} learns from a dataset: set input.dataset=PATH (write one with "
                           "`flowkit record RUN_DIR`)")
-    from flowkit.datasets import check_dataset
-    ds = check_dataset(run_config)
-    check_num_readers(ds, int(OmegaConf.select(run_config, "input.num_readers") or 0),
-                      str(OmegaConf.select(run_config, "input.dataset")))
+    from flowkit.datasets import open_dataset
+    path = str(OmegaConf.select(run_config, "input.dataset"))
+    check_num_readers(open_dataset(path), int(OmegaConf.select(run_config, "input.num_readers") or 0), path)
     return []
 
 
