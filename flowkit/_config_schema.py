@@ -129,10 +129,10 @@ class EnvConfig:
                            choices=("auto", "sync"))
     check_spaces_steps: int = F(2, "env steps per worker whose outputs are checked against the spaces (0: none)", ge=0)
     preset: Optional[str] = F(None, "wrappers for a family of envs, a preset registered by a plugin (flowkit plugins "
-                              "lists them): atari, built in (DeepMind preprocessing: 30 no-ops, frame skip 4 with "
+                              "lists them): atari (plugins/atari: DeepMind preprocessing, 30 no-ops, frame skip 4 with "
                               "max-pooling, 84x84 grayscale uint8, 4 stacked frames, FIRE on reset; for training also "
                               "life loss as terminal and rewards clipped to their sign; returns reported unclipped "
-                              "per game); minigrid (plugins/minigrid); docs/envs.md")
+                              "per game); minigrid (plugins/minigrid: the 7x7 view); docs/envs.md")
 
 
 @dataclass
