@@ -423,7 +423,8 @@ def test_building_atari_envs_prints_no_ale_banner():
     the run's summary."""
     import subprocess
     import sys
-    code = ("from flowkit.core import EnvContext, make_env\n"
+    code = ("import flowkit\nflowkit.get_plugin_manager()\n"  # (registers the env presets, as every flowkit process does)
+            "from flowkit.core import EnvContext, make_env\n"
             "make_env({'id': 'PongNoFrameskip-v4', 'preset': 'atari'}, EnvContext(0, 0, 1, 0, 0)).reset(seed=0)\n"
             "print('built')")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
