@@ -34,12 +34,12 @@ def main() -> None:
     ap.add_argument("--fragment", type=int, default=64)
     a = ap.parse_args()
     import gymnasium as gym
+    from flowkit_atari.preset import make_env
 
-    from flowkit.core import EnvContext, make_env, replay
+    from flowkit.core import EnvContext, replay
     from flowkit.core import batch as sb
     n = a.envs
-    vec = gym.vector.SyncVectorEnv([lambda j=j: make_env({"id": a.env, "preset": "atari"}, EnvContext(0, j, 1, 0, j))
-                                    for j in range(n)])
+    vec = gym.vector.SyncVectorEnv([lambda j=j: make_env({"id": a.env}, EnvContext(0, j, 1, 0, j)) for j in range(n)])
     obs, _ = vec.reset(seed=list(range(n)))
     buf = replay.MultiAgentReplayBuffer(a.transitions, seed=0).buffer("default")
     rng = np.random.default_rng(0)

@@ -76,10 +76,10 @@ def raw_side(vec, n: int, steps: int) -> tuple:
 
 def make_vec(env_id: str, n: int):
     import gymnasium as gym
+    from flowkit_atari.preset import make_env
 
-    from flowkit.core import EnvContext, make_env
-    vec = gym.vector.SyncVectorEnv([lambda j=j: make_env({"id": env_id, "preset": "atari"},
-                                                        EnvContext(0, j, 1, 0, j)) for j in range(n)])
+    from flowkit.core import EnvContext
+    vec = gym.vector.SyncVectorEnv([lambda j=j: make_env({"id": env_id}, EnvContext(0, j, 1, 0, j)) for j in range(n)])
     vec.reset(seed=list(range(n)))
     return vec
 
@@ -122,8 +122,8 @@ def main() -> None:
     single = _worker(a.env, a.envs, a.steps, "runtime.double_buffered=false")
     vec = make_vec(a.env, a.envs)
     net = cleanrl_net(int(vec.single_action_space.n))
-    from flowkit.core._atari import make_atari_vector
-    ale = make_atari_vector(a.env, {}, a.envs)
+    from flowkit_atari.preset import make_vector_env
+    ale = make_vector_env({"id": a.env}, a.envs)
     ale.reset(seed=0)
     flowkit_side(worker, a.steps, a.envs)  # warm-up: first fragment, lazy imports
     flowkit_side(single, a.steps, a.envs)

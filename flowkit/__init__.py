@@ -19,17 +19,19 @@ if TYPE_CHECKING:
     from flowkit.core.context import RunContext
     from flowkit.core.learner import Learner, NonFiniteError
     from flowkit.core.metrics import Result
+    from flowkit.core.presets import EnvPreset
     from flowkit.engine import describe_plan, load_config, train
     from flowkit.hooks import AlgorithmRef, PluginError, get_plugin_manager, hookimpl, register, unregister
 
 __version__ = "0.1.0"
 
-__all__ = ["ActorCriticPolicy", "Algorithm", "AlgorithmRef", "ConfigError", "DEFAULT_POLICY_ID", "EnvContext", "EnvError", "Episode", "Flow",
+__all__ = ["ActorCriticPolicy", "Algorithm", "AlgorithmRef", "ConfigError", "DEFAULT_POLICY_ID", "EnvContext", "EnvError",
+           "EnvPreset", "Episode", "Flow",
            "FlowContext", "Learner", "MultiAgentBatch", "NonFiniteError", "NOT_READY", "ParallelFlow", "PluginError", "Policy",
            "PolicySpec", "Result", "RunContext", "SampleBatch", "describe_plan", "get_plugin_manager",
            "hookimpl", "load_config", "register", "train", "unregister", "__version__"]
 
-_HOME = {"ConfigError": "config", "Result": "core.metrics", "RunContext": "core.context", "Learner": "core.learner", "NonFiniteError": "core.learner",
+_HOME = {"ConfigError": "config", "EnvPreset": "core.presets", "Result": "core.metrics", "RunContext": "core.context", "Learner": "core.learner", "NonFiniteError": "core.learner",
          "describe_plan": "engine",
          "load_config": "engine", "train": "engine", "PluginError": "hooks", "AlgorithmRef": "hooks", "get_plugin_manager": "hooks",
          "hookimpl": "hooks", "register": "hooks", "unregister": "hooks"}

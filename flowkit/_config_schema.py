@@ -124,14 +124,15 @@ class EnvConfig:
                              choices=("next_step", "same_step"))
     max_episode_steps: Optional[int] = F(None, "wrap each env in a TimeLimit of this many steps", ge=1)
     vectorization: str = F("auto", "auto: the env's own vectorized implementation when it registers one "
-                           "(e.g. CartPole) and no preset is set, ale-py's under env.preset=atari on rollout "
-                           "workers, else sync; sync: always a SyncVectorEnv of single envs",
+                           "(e.g. CartPole) and no preset is set, the preset's own on rollout workers where it "
+                           "has one (atari: ale-py's), else sync; sync: always a SyncVectorEnv of single envs",
                            choices=("auto", "sync"))
     check_spaces_steps: int = F(2, "env steps per worker whose outputs are checked against the spaces (0: none)", ge=0)
-    preset: Optional[str] = F(None, "wrappers for a family of envs: atari (DeepMind preprocessing: 30 no-ops, frame skip 4 "
-                              "with max-pooling, 84x84 grayscale uint8, 4 stacked frames, FIRE on reset; for training "
-                              "also life loss as terminal and rewards clipped to their sign; returns reported "
-                              "unclipped per game; docs/envs.md)", choices=("atari",))
+    preset: Optional[str] = F(None, "wrappers for a family of envs, a preset registered by a plugin (flowkit plugins "
+                              "lists them): atari (plugins/atari: DeepMind preprocessing, 30 no-ops, frame skip 4 with "
+                              "max-pooling, 84x84 grayscale uint8, 4 stacked frames, FIRE on reset; for training also "
+                              "life loss as terminal and rewards clipped to their sign; returns reported unclipped "
+                              "per game); minigrid (plugins/minigrid: the 7x7 view); docs/envs.md")
 
 
 @dataclass

@@ -313,24 +313,23 @@ def check_env_id(cfg: Any, pm: Any = None) -> None:
     starts): the env probe's one-line ConfigError. With ``pm``, a single-agent run of an
     algorithm whose :class:`flowkit.AlgorithmRef` declares ``action_spaces`` also builds the
     env once to check its action space (DQN on Pendulum: the message in ~1 s instead of after
-    Ray's start-up)."""
+    Ray's start-up). With ``env.preset``: the preset's own checks first (they register its ids,
+    e.g. ale-py's)."""
+    from omegaconf import OmegaConf
+
     from flowkit.config import ConfigError, action_space_error
+    from flowkit.core.presets import env_preset, preset_hint
+    if cfg.env.get("preset"):
+        env_preset(cfg.env.preset).check(OmegaConf.to_container(cfg.env, resolve=True))  # type: ignore[arg-type]
     eid = cfg.env.id
     if not eid or cfg.env.factory:
         return  # a factory: the env probe checks it
     import gymnasium as gym
-    if cfg.env.get("preset") == "atari":  # its ids are ale-py's, registered when the preset builds an env
-        from flowkit.core._atari import register_ale
-        try:
-            register_ale()
-        except ImportError as e:
-            raise ConfigError(f"env.id={eid!r}: {e}") from None
     if ":" not in str(eid):  # (`pkg:Id`: importing pkg registers it)
         try:
             gym.spec(str(eid))
         except Exception as e:
-            from flowkit.core._atari import needs_preset
-            raise ConfigError(needs_preset(eid) or f"env.id={eid!r}: cannot build the env: {type(e).__name__}: {e}") \
+            raise ConfigError(preset_hint(eid) or f"env.id={eid!r}: cannot build the env: {type(e).__name__}: {e}") \
                 from None
     ref = pm.algorithms(load=False).get(cfg.algo) if pm is not None else None
     kinds = tuple(getattr(ref, "action_spaces", ()) or ())

@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 from flowkit._dataset_output import check_output
 from flowkit._guard import check_cpus, check_env_kwargs, check_new_run_dir
 from flowkit.config import build_config, check_run, check_unused_sections, plugin_modules_from
+from flowkit.core.presets import env_preset
 from flowkit.hooks import get_plugin_manager
 
 
@@ -42,13 +43,16 @@ def default_run_dir(cfg: DictConfig) -> str:
 
 def check_config(cfg: DictConfig, pm: Any) -> None:
     """The checks of a built config that need neither the env nor torch: the cross-field rules
-    (:func:`flowkit.config.check_run`), sections no policy of the run reads, keys whose reporter
-    is not in ``run.reporters`` (warnings), and the CPUs of a local Ray cluster.
+    (:func:`flowkit.config.check_run`), ``env.preset`` a registered preset, sections no policy of
+    the run reads, keys whose reporter is not in ``run.reporters`` (warnings), and the CPUs of a
+    local Ray cluster.
 
     Raises:
         ConfigError: naming the key.
     """
     check_run(cfg, pm)
+    if cfg.env.get("preset"):
+        env_preset(cfg.env.preset)  # (a name no plugin registered: the error lists those that are)
     for w in check_unused_sections(cfg, pm.algorithms(load=False), pm.config_sections()):
         warnings.warn(w, stacklevel=3)
     for key, on, rep in (("evaluation.interval", int(cfg.evaluation.interval) > 0, "evaluation"),

@@ -48,10 +48,5 @@ def flowkit_make_policy_specs(config, env, algorithms):
 @hookimpl(trylast=True)
 def flowkit_build_plan(ctx: RunContext) -> Flow:
     """The one algorithm of ``algo`` over all policies, with one Learner (named after it)."""
-    from flowkit.core.ops import ParallelRollouts, algorithm_flow
-    algo = ctx.algorithms[ctx.config.algo]
-    mode = algo.get_rollout_mode()
-    experiences = ParallelRollouts(ctx, mode=mode, prefetch=ctx.prefetch)
-    if mode != "bulk_sync":  # async, async_gradients
-        experiences = experiences.zip_with_source_actor()
-    return algorithm_flow(algo, experiences, ctx, ctx.add_learner(algo.name, ctx.policy_ids))
+    from flowkit.core.ops import algorithm_plan
+    return algorithm_plan(ctx, ctx.algorithms[ctx.config.algo])

@@ -360,11 +360,11 @@ def _first_line(obj: object) -> str:
 def _plugins(modules: List[str]) -> int:
     """Every plugin (built-ins, entry points, ``plugins=[...]`` modules, registered objects)
     with what it contributes:
-    algorithms, reporters, config sections, env runners and the other hooks it implements.
+    algorithms, reporters, env presets, config sections, env runners and the other hooks it implements.
     Metadata only (AlgorithmRef, config dataclasses): imports no torch."""
     from flowkit.hooks import get_plugin_manager
     pm = get_plugin_manager(modules)
-    algos, reporters = pm.algorithms(load=False), pm.reporters()
+    algos, reporters, presets = pm.algorithms(load=False), pm.reporters(), pm.env_presets()
     for name, plugin in pm.list_name_plugin():
         impls = {hc.name: impl for hc in pm.get_hookcallers(plugin) or [] for impl in hc.get_hookimpls()
                  if impl.plugin is plugin}
@@ -376,6 +376,8 @@ def _plugins(modules: List[str]) -> int:
             print(f"  algorithm   {doc if doc.startswith(a + ':') else f'{a}: {doc}'}")
         for r in sorted(n for n, o in pm.owner.items() if o == name and n in reporters):
             print(f"  reporter    {r}: {_first_line(reporters[r])}")
+        for p in sorted(n for n, o in pm.owner.items() if o == name and n in presets):
+            print(f"  env preset  {p}: {presets[p].help}")
         if "flowkit_add_config_sections" in impls:
             secs: Dict[str, type] = impls["flowkit_add_config_sections"].function() or {}  # type: ignore[assignment]  # pluggy: object
             for key, sec in secs.items():
@@ -383,7 +385,7 @@ def _plugins(modules: List[str]) -> int:
         if "flowkit_make_env_runner" in impls:
             print(f"  env runner  {_first_line(impls['flowkit_make_env_runner'].function)}")
         rest = sorted(set(impls) - {"flowkit_add_algorithms", "flowkit_add_reporters", "flowkit_add_config_sections",
-                                    "flowkit_make_env_runner"})
+                                    "flowkit_add_env_presets", "flowkit_make_env_runner"})
         if rest:
             print(f"  hooks       {', '.join(rest)}")
     return 0

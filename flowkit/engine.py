@@ -111,10 +111,10 @@ def _probe_env(cfg: DictConfig) -> Any:
     try:
         env = make_env(env_cfg, ctx)
     except Exception as e:
-        from flowkit.core._atari import needs_preset
+        from flowkit.core.presets import preset_hint
         key = "env.factory" if cfg.env.factory else "env.id"
-        atari = None if cfg.env.factory or cfg.env.get("preset") else needs_preset(cfg.env.id)
-        raise ConfigError(atari or f"{key}={env_name(env_cfg)!r}: cannot build the env: {type(e).__name__}: {e}") \
+        hint = None if cfg.env.factory or cfg.env.get("preset") else preset_hint(cfg.env.id)
+        raise ConfigError(hint or f"{key}={env_name(env_cfg)!r}: cannot build the env: {type(e).__name__}: {e}") \
             from None
     try:
         check_probe_env(env, cfg)  # its time step; a registered env's first reset

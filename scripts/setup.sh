@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up: a virtual environment in .venv with flowkit, every plugin under
-# plugins/, the test tools, the docs tools (MkDocs) and the Atari (ale-py, ROMs included) and
-# MuJoCo envs. torch==2.13.0 is installed first,
+# plugins/, the test tools, the docs tools (MkDocs) and the Atari (ale-py, ROMs included),
+# MuJoCo and MiniGrid envs. torch==2.13.0 is installed first,
 # before anything can ask for an unpinned torch (which would pull a multi-GB CUDA build): on
 # the project's machines pip finds that version's CPU wheel on disk; elsewhere set
 # PIP_INDEX_URL=https://download.pytorch.org/whl/cpu for that one step if you want the CPU
@@ -37,7 +37,7 @@ if ! python -c "import torch" 2>/dev/null; then
   echo "set-up 2/3: torch 2.13.0 (CPU build)"
   run pip install "torch==2.13.0" "${lock[@]}"
 fi
-args=(-e ".[test,multiagent,docs,tensorboard,tune,box2d,atari,mujoco,offline]")
+args=(-e ".[test,multiagent,docs,tensorboard,tune,box2d,atari,mujoco,offline,minigrid]")
 for p in plugins/*/; do
   [[ -f $p/pyproject.toml ]] && args+=(-e "$p")
 done

@@ -1,4 +1,4 @@
-"""Atari end to end (issue 23): the env.preset=atari wrappers (training and evaluation sides),
+"""Atari end to end (issue 23; plugins/atari since issue 49): the env.preset=atari wrappers (training and evaluation sides),
 uint8 frames on the wire and in the frame replay, PPO and DQN through the preset, evaluate and
 export of an Atari policy that takes the uint8 frame stack."""
 import gymnasium as gym
@@ -8,17 +8,19 @@ import pytest
 pytest.importorskip("ale_py")
 pytest.importorskip("cv2")
 
+from flowkit_atari.preset import AtariVector, EpisodicLife, FireReset, GameStats, make_vector_env  # noqa: E402
+
 import flowkit  # noqa: E402
 from flowkit.checkpoint import load_state  # noqa: E402
 from flowkit.core import EnvContext, make_env  # noqa: E402
 from flowkit.core import batch as sb  # noqa: E402
-from flowkit.core._atari import AtariVector, EpisodicLife, FireReset, GameStats, make_atari_vector  # noqa: E402
 from flowkit.engine import load_config, setup  # noqa: E402
 from flowkit.testing import local_overrides  # noqa: E402
 
 ATARI = ["env=PongNoFrameskip-v4", "env.preset=atari", "model.hidden_sizes=[32]", "model.activation=relu",
          "runtime.num_workers=1", "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=32", "seed=0"]
 TRAIN, EVAL = EnvContext(0, 0, 1, 0, 0), EnvContext(-1, 0, 1, 0, 0)
+flowkit.get_plugin_manager()  # registers the env presets in this process: make_env finds `atari` by name
 
 
 def wrappers(env):
@@ -224,14 +226,14 @@ def test_ale_pys_vector_env_gets_the_ids_own_settings_and_the_presets(monkeypatc
         return real(game, num_envs, **kw)
 
     monkeypatch.setattr(ve, "AtariVectorEnv", recording)
-    make_atari_vector("ALE/Pong-v5", {}, 2).close()
+    make_vector_env({"id": "ALE/Pong-v5"}, 2).close()
     assert {k: seen[k] for k in ("game", "num_envs", "repeat_action_probability", "frameskip", "noop_max",
                                  "episodic_life", "reward_clipping", "max_num_frames_per_episode")} == {
         "game": "pong", "num_envs": 2, "repeat_action_probability": 0.25, "frameskip": 4, "noop_max": 30,
         "episodic_life": False, "reward_clipping": False, "max_num_frames_per_episode": 108000}
-    make_atari_vector("PongNoFrameskip-v4", {"repeat_action_probability": 0.1}, 1).close()
+    make_vector_env({"id": "PongNoFrameskip-v4", "kwargs": {"repeat_action_probability": 0.1}}, 1).close()
     assert seen["repeat_action_probability"] == 0.1
-    assert make_atari_vector("PongNoFrameskip-v4", {"mode": 0}, 1) is None  # a key it lacks: the wrappers
+    assert make_vector_env({"id": "PongNoFrameskip-v4", "kwargs": {"mode": 0}}, 1) is None  # a key it lacks: the wrappers
 
 
 def test_ale_pys_vector_env_makes_the_wrappers_frames_once_a_stack_is_full():
@@ -421,7 +423,8 @@ def test_building_atari_envs_prints_no_ale_banner():
     the run's summary."""
     import subprocess
     import sys
-    code = ("from flowkit.core import EnvContext, make_env\n"
+    code = ("import flowkit\nflowkit.get_plugin_manager()\n"  # (registers the env presets, as every flowkit process does)
+            "from flowkit.core import EnvContext, make_env\n"
             "make_env({'id': 'PongNoFrameskip-v4', 'preset': 'atari'}, EnvContext(0, 0, 1, 0, 0)).reset(seed=0)\n"
             "print('built')")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)

@@ -131,6 +131,7 @@ def test_golden_hook_order_fresh_and_resume(run_dir):
 
 
 GOLDEN_FRESH = [
+    'flowkit_add_env_presets()',
     'flowkit_add_algorithms()',
     'flowkit_add_config_sections()',
     'flowkit_add_reporters()',
@@ -210,6 +211,7 @@ GOLDEN_FRESH = [
     "flowkit_on_run_end(result=Result(stop_reason='stop.iterations=2 reached'), ctx=RunContext)",
 ]
 GOLDEN_RESUME = [
+    'flowkit_add_env_presets()',
     'flowkit_add_algorithms()',
     'flowkit_add_config_sections()',
     'flowkit_add_reporters()',

@@ -325,6 +325,23 @@ def test_dataset_needs_an_offline_algorithm_and_bc_needs_a_dataset(tmp_path, cap
     assert "set input.dataset=PATH" in capsys.readouterr().err
 
 
+def test_a_dataset_run_starts_no_rollout_workers(tmp_path, cartpole_dataset):
+    # the plan says so through the WorkerSet's public `rollouts` (before: a WorkerSet subclass swapped
+    # into ctx.workers, its private fields copied over)
+    from flowkit.engine import build_plan, load_config, setup
+    run_dir = str(tmp_path / "run")
+    pm, cfg = load_config(local_overrides(run_dir, "algo=bc", "env=CartPole-v1", f"input.dataset={cartpole_dataset}"))
+    ctx = setup(cfg, pm, run_dir)
+    workers = ctx.workers
+    try:
+        assert workers.rollouts and workers.num_workers == 2
+        build_plan(ctx)
+        assert ctx.workers is workers and not workers.rollouts
+        assert workers.actors == [] and workers.started  # start() made none
+    finally:
+        ctx.shutdown()
+
+
 def test_bc_learns_cartpole_from_a_scripted_expert(tmp_path, cartpole_dataset):
     res = flowkit.train(local_overrides(str(tmp_path / "bc"), "algo=bc", "env=CartPole-v1", "seed=0",
                                         f"input.dataset={cartpole_dataset}", "stop.env_steps=40000", "bc.lr=3e-3",

@@ -19,6 +19,7 @@ import gymnasium as gym
 import numpy as np
 
 from flowkit.core.names import resolve
+from flowkit.core.presets import env_preset
 
 
 class EnvError(RuntimeError):
@@ -132,17 +133,18 @@ def _mujoco_warnings_once(env_id: str) -> None:
 
 def make_env(env_cfg: Any, context: EnvContext) -> Any:
     """Build one env from ``env.id`` (gym.make) or ``env.factory`` (called with
-    ``env.kwargs`` and, if it accepts it, ``context=``), under the wrappers of ``env.preset``
-    (:mod:`flowkit.core._atari`: training wrappers on rollout workers, ``context.worker_index
-    >= 0``, not on the evaluation side); wrap in TimeLimit when ``env.max_episode_steps`` is set
-    (with a preset: beneath the episode statistics, in agent steps)."""
+    ``env.kwargs`` and, if it accepts it, ``context=``); wrap in TimeLimit when
+    ``env.max_episode_steps`` is set. With ``env.preset``: the env of the preset registered
+    under that name (:mod:`flowkit.core.presets`: its training wrappers on rollout workers,
+    ``context.worker_index >= 0``, its evaluation ones elsewhere; it applies
+    ``env.max_episode_steps`` itself).
+
+    Raises:
+        ConfigError: ``env.preset`` names no registered preset.
+    """
     kwargs = dict(env_cfg.get("kwargs") or {})
-    if env_cfg.get("preset") == "atari":
-        if env_cfg.get("factory") or not env_cfg.get("id"):
-            raise ValueError("env.preset=atari needs env.id (an ALE id such as PongNoFrameskip-v4), not env.factory")
-        from flowkit.core._atari import make_atari
-        return make_atari(env_cfg["id"], kwargs, training=context.worker_index >= 0,
-                          max_episode_steps=env_cfg.get("max_episode_steps"))
+    if name := env_cfg.get("preset"):
+        return env_preset(name).make_env(env_cfg, context)
     elif path := env_cfg.get("factory"):
         fn = resolve(path, "env.factory")
         if not callable(fn):

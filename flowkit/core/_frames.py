@@ -1,12 +1,12 @@
 """Replay storage that keeps each frame of stacked uint8 observations once (:class:`FrameStorage`).
 
-A DQN transition of Atari frames holds ``obs`` and ``next_obs``, each a stack of K=4 84x84
+A DQN transition of game frames (e.g. Atari's) holds ``obs`` and ``next_obs``, each a stack of K=4 84x84
 frames: 56 KB as plain columns, though consecutive stacks share K-1 frames and ``next_obs`` is
 the next row's ``obs``. As in the DQN paper's implementation (Mnih et al. 2015, "Methods:
 training details", the replay memory of single frames) and Stable-Baselines3's
 ``optimize_memory_usage``, FrameStorage stores each distinct frame once in a ring of frames and
 each transition as 2K frame ids; :meth:`FrameStorage.get` rebuilds the stacks from the ids.
-About one new frame per transition (7,056 bytes), so a million Atari transitions take about
+About one new frame per transition (7,056 bytes), so a million such transitions take about
 7.3 GB instead of 56 GB.
 
 Finding the shared frames needs no knowledge of the wrappers, episodes or n-step windows: every

@@ -16,6 +16,7 @@ from gymnasium.vector.utils import concatenate, create_empty_array, iterate
 from flowkit.core import batch as sb
 from flowkit.core._envs import EnvContext, EnvError, env_name, find_mismatch, make_env
 from flowkit.core.encoders import ObsEncoder
+from flowkit.core.presets import env_preset
 
 if TYPE_CHECKING:
     from flowkit.core.workers import RolloutWorker
@@ -147,8 +148,11 @@ def _thunk(env: Any) -> Callable[[], Any]:
 
 
 def _reports_games(env: Any) -> bool:
+    """Whether ``env`` (a wrapped env, or a vector env) reports whole games (``flowkit_game_stats``:
+    :mod:`flowkit.core.presets`)."""
+    get = getattr(env, "get_wrapper_attr", None)
     try:
-        return bool(env.get_wrapper_attr("flowkit_game_stats"))
+        return bool(get("flowkit_game_stats") if get is not None else getattr(env, "flowkit_game_stats", False))
     except AttributeError:
         return False
 
@@ -194,12 +198,12 @@ class GymEnvRunner:
         self.same_step = mode == "same_step"
         self.n = len(envs)
         self.native = self._use_native(cfg)
-        atari = self._atari_vectors(cfg, worker, envs[0] if envs else None)
-        if atari is not None:  # the preset's training side on ale-py's own vector env(s)
+        own = self._preset_vectors(cfg, worker, envs[0] if envs else None)
+        if own is not None:  # the preset's training side on its own vector env(s)
             for e in envs:
                 e.close()
             # (space checks count per vector env: each half checks its first steps)
-            self.vecs, self.native, self._check_left = atari, True, int(cfg.env.check_spaces_steps) * len(atari)
+            self.vecs, self.native, self._check_left = own, True, int(cfg.env.check_spaces_steps) * len(own)
         elif self.native:
             # the env's own vectorized implementation: one numpy step for all sub-envs
             for e in envs:
@@ -221,28 +225,29 @@ class GymEnvRunner:
         self.policy_id, self.policy = next(iter(worker.policies.items()))
         self.encoder: ObsEncoder = self.policy.encoder
         self.dist = self.policy.dist
-        # envs that report whole games (env.preset=atari: a life loss ends a training episode;
+        # envs that report whole games (a preset's: e.g. a lost life ends a training episode;
         # metrics count games, with their unclipped return, from info["game_return"])
-        self.games = atari is not None or (not self.native and any(_reports_games(e) for e in envs))
+        self.games = any(_reports_games(e) for e in (own or ([] if self.native else envs)))
         self.record = bool(cfg.get("run", {}).get("output"))  # run.output: keep the env's own values
         self._reset_all()
 
     @staticmethod
-    def _atari_vectors(cfg, worker, like: Optional[gym.Env]) -> Optional[List[Any]]:
-        """:func:`~flowkit.core._atari.make_atari_vector` for a rollout worker's envs under
-        ``env.preset=atari`` with ``env.vectorization=auto``: one vector env, or two halves
-        where ``runtime.double_buffered`` is on (None: where the worker reserves a second core,
+    def _preset_vectors(cfg, worker, like: Optional[gym.Env]) -> Optional[List[Any]]:
+        """The vector env(s) of ``env.preset``'s own
+        (:meth:`~flowkit.core.presets.EnvPreset.make_vector_env`) for a rollout worker's sub-envs with
+        ``env.vectorization=auto`` and ``next_step`` autoreset: one, or two halves where
+        ``runtime.double_buffered`` is on (None: where the worker reserves a second core,
         ``runtime.num_cpus_per_worker >= 2``) and there are 2+ sub-envs; None: the wrapped envs."""
         env, n = cfg.env, len(worker.sub_env_contexts)
-        if (env.get("preset") != "atari" or env.vectorization != "auto" or env.max_episode_steps
-                or env.autoreset_mode != "next_step" or any(c.worker_index < 0 for c in worker.sub_env_contexts)):
+        if (not env.get("preset") or env.vectorization != "auto" or env.autoreset_mode != "next_step"
+                or any(c.worker_index < 0 for c in worker.sub_env_contexts)):
             return None
-        from flowkit.core._atari import make_atari_vector
         double = cfg.runtime.get("double_buffered")
         if double is None:  # the second thread wants a core of its own
             double = float(cfg.runtime.num_cpus_per_worker) >= 2
         sizes = [n - n // 2, n // 2] if n >= 2 and double else [n]
-        vecs = [make_atari_vector(env.id, dict(env.kwargs or {}), k, like) for k in sizes]
+        preset = env_preset(env.preset)
+        vecs = [preset.make_vector_env(worker.env_cfg, k, like) for k in sizes]
         if any(v is None for v in vecs):
             return None
         return vecs

@@ -142,6 +142,10 @@ class Algorithm:
             learner: the Learner of these policies (train through ``TrainOneStep``, send
                 weights through ``SyncWeights``); name stateful parts after ``learner.name``
                 so two groups of one algorithm keep separate state.
+
+        An off-policy algorithm that replays takes ``mix=None`` too (a
+        :class:`~flowkit.core.replay.ReplayMix`: rows of a second source in every replayed batch,
+        the offline plugin's ``input.mix``) and passes it to :func:`~flowkit.core.ops.ReplayPlan`.
         """
         raise NotImplementedError
 

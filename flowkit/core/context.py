@@ -55,7 +55,7 @@ class RunContext(FlowContext):
             (:class:`~flowkit.core.metrics.Metrics`).
         run_dir: the run folder; iteration, time_total_s (s), stop_reason (None while
             running), prefetch and config_warnings as named.
-        output, replay_mix: see their own docstrings (None unless handed in).
+        output: see its own docstring (None unless handed in).
         warmup: one check per replay plan (:func:`~flowkit.core.ops.ReplayPlan`), true
             while fewer than its ``learning_starts`` env steps were sampled: while every check
             is true and nothing was trained,
@@ -93,10 +93,6 @@ class RunContext(FlowContext):
     each sampled MultiAgentBatch, returning it without ``meta["raw"]``; ``wired`` set once a
     plan placed it): :func:`~flowkit.core.ops.ParallelRollouts` puts it right after the
     rollouts. None: the run records nothing."""
-    replay_mix: Any = None
-    """Rows of a second source mixed into every replayed batch (a
-    :class:`~flowkit.core.replay.ReplayMix`, handed in by a plugin before the plan is built:
-    ``input.dataset`` with ``input.mix``); :func:`~flowkit.core.ops.ReplayPlan` uses it."""
 
     @property
     def policy_ids(self) -> List[str]:

@@ -378,21 +378,35 @@ class UpdateSchedules:
         return item
 
 
-def algorithm_flow(algo: Any, experiences: Flow, ctx: "RunContext", learner: Learner) -> Flow:
-    """``algo.training_flow(experiences, ctx, learner)``, preceded by :class:`UpdateSchedules`
-    when one of the algorithm's declared schedules (its section's ``*_schedule`` keys, see
-    :func:`flowkit.config.schedule_keys`) is ``linear``: plans never wire schedules
-    themselves. Called by every plan builder (one algorithm, or one per multi-agent group)."""
+def algorithm_flow(algo: Any, experiences: Flow, ctx: "RunContext", learner: Learner, **flow_args: Any) -> Flow:
+    """``algo.training_flow(experiences, ctx, learner, **flow_args)``, preceded by
+    :class:`UpdateSchedules` when one of the algorithm's declared schedules (its section's
+    ``*_schedule`` keys, see :func:`flowkit.config.schedule_keys`) is ``linear``: plans never
+    wire schedules themselves. Called by every plan builder (one algorithm, or one per
+    multi-agent group). ``flow_args``: the keyword arguments of a kind of algorithm (``mix``, a
+    :class:`~flowkit.core.replay.ReplayMix`: off-policy ones pass it to :func:`ReplayPlan`)."""
     horizon = schedule_horizon(algo.config, algo.run_config)
     if horizon is not None:
         experiences = experiences.for_each(UpdateSchedules(ctx, learner, horizon))
-    return algo.training_flow(experiences, ctx, learner)
+    return algo.training_flow(experiences, ctx, learner, **flow_args)
+
+
+def algorithm_plan(ctx: "RunContext", algo: Any, **flow_args: Any) -> Flow:
+    """The plan of a run of one algorithm over all policies, with one Learner (named after it):
+    rollouts in its rollout mode (async ones with their source actor) into
+    :func:`algorithm_flow` (``flow_args`` passed on)."""
+    mode = algo.get_rollout_mode()
+    experiences = ParallelRollouts(ctx, mode=mode, prefetch=ctx.prefetch)
+    if mode != "bulk_sync":  # async, async_gradients
+        experiences = experiences.zip_with_source_actor()
+    return algorithm_flow(algo, experiences, ctx, ctx.add_learner(algo.name, ctx.policy_ids), **flow_args)
 
 
 # ---- composition -----------------------------------------------------------------------------
 def ReplayPlan(ctx: "RunContext", learner: Learner, experiences: Flow, buffer: Any, batch_size: int,
                learning_starts: int, target_update_freq: int, round_robin_weights: Sequence[float],
-               store_ops: Sequence[Any] = (), train_ops: Sequence[Any] = (), num_async: int = 2) -> Flow:
+               store_ops: Sequence[Any] = (), train_ops: Sequence[Any] = (), num_async: int = 2,
+               mix: Optional[Any] = None) -> Flow:
     """The off-policy replay plan of DQN, Ape-X, R2D2, SAC and TD3 (Mnih et al. 2015; Horgan
     et al. 2018 for the shards)::
 
@@ -409,9 +423,9 @@ def ReplayPlan(ctx: "RunContext", learner: Learner, experiences: Flow, buffer: A
     ``round_robin_weights``: ``[1, k]``, k train steps per stored item
     (:func:`~flowkit.core.replay.store_train_weights`); where the cycle stands is checkpointed
     (``<learner>/store_train_cycle``), so a resumed run takes the train steps its last
-    iteration left in the cycle. ``ctx.replay_mix`` (``input.mix``): a
-    share of each replayed batch from a dataset (:class:`~flowkit.core.replay.ReplayMix`; the
-    local buffer only). ``batch_size`` and ``learning_starts``
+    iteration left in the cycle. ``mix``: a :class:`~flowkit.core.replay.ReplayMix`, a share of
+    each replayed batch from a second source (the offline plugin's ``input.mix``: a dataset; the
+    local buffer only: ConfigError with shards). ``batch_size`` and ``learning_starts``
     serve the local buffer only (shards replay the batch size and wait for the
     ``learning_starts // num_shards`` env steps they were built with); ``num_async`` serves the
     shards only. The plan adds its warm-up check to ``ctx.warmup`` (true while fewer than
@@ -419,9 +433,9 @@ def ReplayPlan(ctx: "RunContext", learner: Learner, experiences: Flow, buffer: A
     batches (:func:`StandardMetricsReporting`)."""
     from flowkit.core import replay
     shards = isinstance(buffer, replay.ReplayShards)
-    if shards and ctx.replay_mix is not None:
-        raise ConfigError("input.mix: replay shards (Ape-X, dqn.num_replay_shards > 0) do not mix a dataset "
-                          "into their batches; use one local replay buffer")
+    if shards and mix is not None:
+        raise ConfigError(f"{mix.name}: replay shards (Ape-X) do not mix a second source into their batches; "
+                          "use one local replay buffer")
     store = experiences.for_each(replay.StoreToReplayShards(buffer) if shards else replay.StoreToReplayBuffer(buffer))
     starts = int(learning_starts)
     ctx.warmup.append(lambda: ctx.counters["env_steps_sampled"] < starts)
@@ -430,11 +444,9 @@ def ReplayPlan(ctx: "RunContext", learner: Learner, experiences: Flow, buffer: A
     if shards:
         train = (replay.ReplayFromShards(ctx, buffer, num_async).zip_with_source_actor()
                  .for_each(TrainOneStep(ctx, learner), keep_source=True))
-    elif ctx.replay_mix is not None:  # input.mix: a share of each batch from a dataset
-        train = replay.Replay(ctx, buffer, batch_size, learning_starts,
-                              mix=ctx.replay_mix.bind(batch_size)).for_each(TrainOneStep(ctx, learner))
     else:
-        train = replay.Replay(ctx, buffer, batch_size, learning_starts).for_each(TrainOneStep(ctx, learner))
+        train = replay.Replay(ctx, buffer, batch_size, learning_starts,
+                              mix=None if mix is None else mix.bind(batch_size)).for_each(TrainOneStep(ctx, learner))
     if buffer.prioritized:
         train = train.for_each(UpdatePriorities(learner, None if shards else buffer))
     train = train.for_each(UpdateTargetNetwork(ctx, learner, target_update_freq))

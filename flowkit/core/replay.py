@@ -7,7 +7,7 @@ Schaul et al. 2016, arXiv 1511.05952, section 3.3 and eq. 1-2; sum and min segme
 :class:`MultiAgentReplayBuffer` holds one ReplayBuffer per policy id and is what the operators
 use. Everything here is checkpointable: ``get_state(include_replay=...)`` / ``set_state``
 restore the stored rows, the ring position, the priorities and the sampler's RNG exactly.
-Stacked uint8 frames (``env.preset=atari``) are stored once each (:mod:`flowkit.core._frames`).
+Stacked uint8 frames (a frame-stacking preset's observations) are stored once each (:mod:`flowkit.core._frames`).
 
 Operators (dataflow, after RLlib Flow, arXiv 2011.12719, figure 6):
 
@@ -240,7 +240,7 @@ class ReplayBuffer:
 
     def add(self, batch: sb.SampleBatch) -> None:
         """Store the rows of ``batch``; once full, the oldest rows are overwritten (FIFO). The
-        first batch decides the storage: stacked uint8 frames (Atari) go to a
+        first batch decides the storage: stacked uint8 frames go to a
         :class:`~flowkit.core._frames.FrameStorage` (each frame stored once), anything else to
         a :class:`Storage`."""
         if type(self.storage) is Storage and not self.storage.cols and is_frame_batch(batch):
@@ -369,8 +369,9 @@ class ReplayMix:
     """Symmetric sampling (Ball, Smith, Kostrikov and Levine 2023, *Efficient Online
     Reinforcement Learning with Offline Data* (RLPD), arXiv 2302.02948, section 4.1): a fixed
     ``fraction`` of the rows of every replayed batch comes from a second source (a dataset),
-    the rest from the replay buffer of live experience. Handed in as ``ctx.replay_mix`` before
-    the plan is built; :func:`ReplayPlan` binds it to its :func:`Replay`.
+    the rest from the replay buffer of live experience. An argument of the replay plan
+    (:func:`~flowkit.core.ops.ReplayPlan`'s ``mix``, which binds it to its :func:`Replay`); the
+    offline plugin's ``input.mix`` passes one to an off-policy algorithm's ``training_flow``.
 
     Args:
         make_source: ``make_source(k)`` -> an endless iterable of MultiAgentBatches of ``k``

@@ -380,6 +380,9 @@ class WorkerSet:
     ``pm`` builds the in-process workers' runners; ``make_pm`` the Ray actors' plugin managers
     (see :class:`RolloutWorker`). ``sample_deadline``: the ``deadline`` of in-process workers
     (see :class:`~flowkit.core.flow.LocalActor`; the engine hands in its watchdog's).
+    ``rollouts``: False for a run without rollout workers (one that learns from a dataset: the
+    offline plugin's plan sets it); :meth:`start` then stops the prestarted ones and starts none
+    (the run's evaluation builds its own env on the driver).
     """
 
     def __init__(self, config: Any, policy_specs: Dict[str, PolicySpec], pm: Any,
@@ -398,6 +401,7 @@ class WorkerSet:
         self.sample_timeout_s = float(config.runtime.get("sample_timeout_s", 300.0))
         self.weights_fn, self.exploration_fn = weights_fn, exploration_fn
         self._actors: Optional[List[Any]] = None
+        self.rollouts = True
         self.prestarted: Optional[tuple] = None  # (key, Ray actor handles) of :func:`prestart`, taken by start()
         self.restart_counts, self.consecutive_failures = [0] * self.num_workers, [0] * self.num_workers
         self.num_restarts = 0
@@ -439,11 +443,12 @@ class WorkerSet:
         one's) and wait until each answered."""
         if self._actors is not None:
             return
-        handles = self.prestarted[1] if self.prestarted and self.prestarted[0] == _prestart_key(self._container) else []
+        p = self.prestarted
+        handles = p[1] if self.rollouts and p and p[0] == _prestart_key(self._container) else []
         if handles:
             self.prestarted = None
         self._kill_prestarted()
-        self._actors = [self._make(i, handles[i] if handles else None) for i in range(self.num_workers)]
+        self._actors = [self._make(i, handles[i] if handles else None) for i in range(self.num_workers if self.rollouts else 0)]
         pings = self._await_pings(self._actors, float(self.config.runtime.get("start_timeout_s", 600.0)))
         # surface construction errors (bad env, bad spaces) now, with their own type; a
         # worker whose env fails at start is rebuilt like one that fails while sampling

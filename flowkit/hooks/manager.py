@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, 
 
 import pluggy
 
+from flowkit.core.presets import register_presets
 from flowkit.hooks import specs
 
 if TYPE_CHECKING:
@@ -177,6 +178,11 @@ class PluginManager(pluggy.PluginManager):
         self.owner.update(owner)
         return out
 
+    def env_presets(self) -> Dict[str, Any]:
+        """``{name: EnvPreset}`` from ``flowkit_add_env_presets``; a name contributed twice is
+        an error naming both plugins."""
+        return self._named("env preset", self.hook.flowkit_add_env_presets)
+
     def reporters(self) -> Dict[str, type]:
         """``{name: reporter class}`` from ``flowkit_add_reporters``; a name contributed
         twice is an error naming both plugins."""
@@ -236,6 +242,7 @@ def get_plugin_manager(plugin_modules: Sequence[str] = (), include_registered: b
         if not pm.is_registered(obj):
             pm.register(obj)
     pm.check_hooks()
+    register_presets(pm.env_presets().values())  # (make_env finds them by name in this process)
     return pm
 
 

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from flowkit.core.context import RunContext
     from flowkit.core.flow import Flow, _NotReady
     from flowkit.core.metrics import Result
+    from flowkit.core.presets import EnvPreset
 
 hookspec = pluggy.HookspecMarker("flowkit")
 
@@ -105,6 +106,31 @@ def flowkit_add_reporters() -> List[type]:
         @flowkit.hookimpl
         def flowkit_add_reporters():
             return [JsonLines]          # run.reporters=[progress,jsonl,checkpoint,evaluation]
+    """
+
+
+@hookspec
+def flowkit_add_env_presets() -> List[EnvPreset]:
+    """Contribute env presets: named families of env wrappers that ``env.preset=NAME`` picks.
+
+    Returns:
+        a list of :class:`flowkit.EnvPreset` (``name``, the module that implements it, a
+        one-line ``help``), each with a unique ``name`` (a name contributed by two plugins is an
+        error naming both). The module (imported when a run uses the preset) defines
+        ``make_env(env_cfg, context)``, the training wrappers on rollout workers and the
+        evaluation ones elsewhere, and may define ``check(env_cfg)`` (its checks before Ray
+        starts; registering its env ids), ``make_vector_env(env_cfg, num_envs, like)`` (a vector
+        env of its own for a worker's sub-envs) and ``hint(env_id)`` (the error for one of its
+        ids given without the preset): see :mod:`flowkit.core.presets`.
+    Runs on: driver and workers (at plugin-manager set-up, which registers them in the process).
+    Implement in: a plugin for a family of envs (plugins/atari's ``atari``, plugins/minigrid's
+    ``minigrid``).
+
+    Example::
+
+        @flowkit.hookimpl
+        def flowkit_add_env_presets():
+            return [flowkit.EnvPreset("procgen", "my_pkg.procgen_preset", "Procgen, 64x64 frames")]
     """
 
 

@@ -356,7 +356,7 @@ class DQN(flowkit.Algorithm):
         ti = self.config.training_intensity
         return [1, 1] if ti is None else replay.store_train_weights(ti, round_env_steps, self.train_batch_env_steps)
 
-    def training_flow(self, experiences, ctx, learner):
+    def training_flow(self, experiences, ctx, learner, mix=None):
         cfg, rt = self.config, self.run_config.runtime
         apex = cfg.num_replay_shards > 0
         prio = dict(alpha=cfg.prioritized_replay_alpha, beta=cfg.prioritized_replay_beta,
@@ -372,4 +372,4 @@ class DQN(flowkit.Algorithm):
         return ops.ReplayPlan(ctx, learner, experiences, buffer, cfg.train_batch_size, cfg.learning_starts,
                               cfg.target_network_update_freq, self.round_robin_weights(round_steps),
                               store_ops=[UpdateExploration(ctx, learner, cfg, apex=apex), *([sync] if apex else [])],
-                              train_ops=[] if apex else [sync], num_async=cfg.replay_num_async)
+                              train_ops=[] if apex else [sync], num_async=cfg.replay_num_async, mix=mix)

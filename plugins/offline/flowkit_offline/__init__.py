@@ -26,10 +26,10 @@ from flowkit.hooks import lazy_attrs
 if TYPE_CHECKING:
     from flowkit_offline.cql import CQLDQN, CQLSAC, CQLDQNPolicy, CQLSACPolicy
     from flowkit_offline.marwil import BC, MARWIL, MARWILPolicy
-    from flowkit_offline.reader import DatasetReader, NoRollouts, ShardedReader
+    from flowkit_offline.reader import DatasetReader, ShardedReader
 
 __all__ = ["BC", "BCConfig", "CQLDQN", "CQLDQNConfig", "CQLDQNPolicy", "CQLSAC", "CQLSACConfig", "CQLSACPolicy",
-           "DatasetReader", "InputConfig", "MARWIL", "MARWILConfig", "MARWILPolicy", "NoRollouts", "ShardedReader"]
+           "DatasetReader", "InputConfig", "MARWIL", "MARWILConfig", "MARWILPolicy", "ShardedReader"]
 
 OFFLINE_ALGOS = ("bc", "marwil", "cql_dqn", "cql_sac")
 
@@ -189,4 +189,4 @@ def flowkit_build_plan(ctx):
 
 __getattr__ = lazy_attrs({**dict.fromkeys(["BC", "MARWIL", "MARWILPolicy"], "flowkit_offline.marwil"),
                           **dict.fromkeys(["CQLDQN", "CQLDQNPolicy", "CQLSAC", "CQLSACPolicy"], "flowkit_offline.cql"),
-                          **dict.fromkeys(["DatasetReader", "NoRollouts", "ShardedReader"], "flowkit_offline.reader")})
+                          **dict.fromkeys(["DatasetReader", "ShardedReader"], "flowkit_offline.reader")})

@@ -187,6 +187,7 @@ class CQLSAC(SAC):
     def validate_config(cls, run_config, section) -> List[str]:
         return validate(run_config, section, cls.name)
 
-    def training_flow(self, experiences, ctx, learner):
+    # (no `mix`, unlike SAC's: CQL learns from the dataset alone, it has no replay to mix into)
+    def training_flow(self, experiences, ctx, learner):  # type: ignore[override]
         return (experiences.for_each(TrainOneStep(ctx, learner))
                 .for_each(UpdateTargetNetwork(ctx, learner, self.target_update_freq())))

@@ -48,7 +48,7 @@ from flowkit.config import ConfigError
 from flowkit.core import batch as sb
 from flowkit.core import derive_seed
 from flowkit.core.flow import Flow, LocalActor, RayActor, get_result
-from flowkit.core.workers import PolicySpec, WorkerSet
+from flowkit.core.workers import PolicySpec
 from flowkit.datasets import ColumnStore, ColumnsUnsupported, check_spaces, data_dir, open_dataset, steps_of
 from flowkit_offline import OFFLINE_ALGOS, check_num_readers
 
@@ -401,20 +401,11 @@ def make_reader(ctx: Any, policy_id: str, batch_size: int, count_sampled: bool =
     return ctx.add_stateful("offline/reader", reader)
 
 
-class NoRollouts(WorkerSet):
-    """The WorkerSet of a run that learns from a dataset: no rollout workers (workers
-    prestarted for the run are stopped). Evaluation builds its own env on the driver."""
-
-    def start(self) -> None:
-        self._kill_prestarted()
-        self._actors = []
-
-
 def build_plan(ctx: Any) -> Flow:
     """``DatasetReader -> <algo>.training_flow`` for a run with ``input.dataset`` (one
-    single-agent policy trained by ``bc``, ``marwil``, ``cql_dqn`` or ``cql_sac``); the rollout
-    workers are replaced by :class:`NoRollouts`. With ``input.mix`` (another algorithm, one
-    that replays): :func:`build_mixed_plan`.
+    single-agent policy trained by ``bc``, ``marwil``, ``cql_dqn`` or ``cql_sac``); the run
+    starts no rollout workers (``WorkerSet.rollouts``). With ``input.mix`` (another algorithm,
+    one that replays): :func:`build_mixed_plan`.
 
     Raises:
         ConfigError: another algorithm without ``input.mix``, ``input.mix`` with an offline
@@ -434,10 +425,7 @@ def build_plan(ctx: Any) -> Flow:
     if mix is not None:
         raise ConfigError(f"input.mix={mix}: algo={name} learns from the dataset alone (input.mix mixes a dataset "
                           "into the replayed batches of an off-policy algorithm with live workers: dqn, sac, td3)")
-    old = ctx.workers
-    ctx.workers = NoRollouts(cfg, ctx.policy_specs, ctx.pm, remote_specs=old.remote_specs)
-    ctx.workers.prestarted, old.prestarted = old.prestarted, None
-    ctx.workers.weights_fn = old.weights_fn
+    ctx.workers.rollouts = False
     algo = ctx.algorithms[name]
     pid = ctx.policy_ids[0]
     reader = make_reader(ctx, pid, int(algo.config.train_batch_size))
@@ -447,16 +435,20 @@ def build_plan(ctx: Any) -> Flow:
 
 def build_mixed_plan(ctx: Any, mix: float) -> Flow:
     """Online and offline experience (``input.dataset`` with ``input.mix``): the algorithm's own
-    plan with live rollout workers, whose replay (:func:`~flowkit.core.ops.ReplayPlan`) takes
-    ``input.mix`` of each batch from a :class:`DatasetReader` of the dataset
-    (:class:`~flowkit.core.replay.ReplayMix`: RLPD's symmetric sampling). The reader counts its
-    rows as ``dataset_rows_read`` and is checkpointed (``offline/reader``).
+    plan with live rollout workers (:func:`~flowkit.core.ops.algorithm_plan`), given a
+    :class:`~flowkit.core.replay.ReplayMix` of a :class:`DatasetReader` of the dataset as the
+    ``mix`` argument of its replay plan: ``input.mix`` of each replayed batch from the dataset
+    (RLPD's symmetric sampling). The reader counts its rows as ``dataset_rows_read`` and is
+    checkpointed (``offline/reader``).
 
     Raises:
-        ConfigError: the algorithm replays sequences (recurrent: R2D2), or its plan has no
-            replay buffer (on-policy algorithms, IMPALA).
+        ConfigError: the algorithm replays sequences (recurrent: R2D2), or has no replay plan to
+            take the mix (its ``training_flow`` has no ``mix`` argument: on-policy algorithms,
+            IMPALA).
     """
-    from flowkit.builtin import flowkit_build_plan as default_plan
+    import inspect
+
+    from flowkit.core.ops import algorithm_plan
     from flowkit.core.replay import ReplayMix
     cfg = ctx.config
     name, pid = str(cfg.algo), ctx.policy_ids[0]
@@ -468,11 +460,10 @@ def build_mixed_plan(ctx: Any, mix: float) -> Flow:
 
     def reader(rows: int) -> Any:
         return make_reader(ctx, pid, rows, count_sampled=False)
-    k = int(inp.get("num_readers", 0) or 0)
-    ctx.replay_mix = ReplayMix(reader, mix, f"ShardedReader({inp.dataset}: {k} x DatasetReader)" if k else
-                               f"DatasetReader({inp.dataset})")
-    plan = default_plan(ctx)
-    if ctx.replay_mix.rows is None:
+    algo = ctx.algorithms[name]
+    if "mix" not in inspect.signature(algo.training_flow).parameters:
         raise ConfigError(f"input.mix={mix}: algo={name} has no replay buffer to mix the dataset into "
                           "(on-policy; input.mix is for off-policy algorithms that replay: dqn, sac, td3)")
-    return plan
+    k = int(inp.get("num_readers", 0) or 0)
+    return algorithm_plan(ctx, algo, mix=ReplayMix(reader, mix, f"ShardedReader({inp.dataset}: {k} x DatasetReader)"
+                                                   if k else f"DatasetReader({inp.dataset})"))

@@ -178,7 +178,7 @@ class OffPolicyAlgorithm(flowkit.Algorithm):
     def target_update_freq(self) -> int:
         raise NotImplementedError
 
-    def training_flow(self, experiences, ctx, learner):
+    def training_flow(self, experiences, ctx, learner, mix=None):
         cfg = self.config
         buffer = ctx.add_stateful(f"{learner.name}/replay_buffer", replay.MultiAgentReplayBuffer(
             cfg.buffer_size, seed=derive_seed(int(self.run_config.seed), "replay", self.name)))
@@ -186,4 +186,4 @@ class OffPolicyAlgorithm(flowkit.Algorithm):
         return ops.ReplayPlan(ctx, learner, experiences, buffer, cfg.train_batch_size, cfg.learning_starts,
                               self.target_update_freq(),
                               replay.store_train_weights(ti, ctx.workers.round_env_steps, cfg.train_batch_size),
-                              store_ops=[ops.SyncWeights(ctx, learner)])
+                              store_ops=[ops.SyncWeights(ctx, learner)], mix=mix)

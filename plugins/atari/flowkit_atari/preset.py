@@ -1,4 +1,5 @@
-"""The ``env.preset=atari`` wrappers: DeepMind's Atari preprocessing (Mnih et al. 2015,
+"""The env preset ``atari`` (``env.preset=atari``; :class:`flowkit.EnvPreset` describes the
+functions a preset module defines): DeepMind's Atari preprocessing (Mnih et al. 2015,
 Nature 518, "Methods: preprocessing"; Machado et al. 2018 for the v5 sticky-action ids) built
 from Gymnasium's own wrappers, plus the three small ones Gymnasium lacks.
 
@@ -20,7 +21,7 @@ From the base ALE env (frameskip 1) outwards::
 "Training" is a rollout worker (``EnvContext.worker_index >= 0``); evaluation (the run's
 evaluation worker, ``flowkit evaluate``) plays whole games with raw rewards. A rollout worker's
 sub-envs run in ale-py's own vector env instead, under :class:`AtariVector` (the same frames and
-training side; :func:`make_atari_vector` says when), unless ``env.vectorization=sync``.
+training side; :func:`make_vector_env` says when), unless ``env.vectorization=sync``.
 
 Why not AtariPreprocessing's own ``terminal_on_life_loss``: it ends the episode at a life loss
 and the next ``reset()`` (the vector env's autoreset) restarts the whole game, so training never
@@ -160,7 +161,7 @@ def register_ale() -> None:
     gym.register_envs(ale_py)
 
 
-def needs_preset(env_id: Any) -> Optional[str]:
+def hint(env_id: str) -> Optional[str]:
     """For an ``env.id`` that failed to build without a preset: the one-line error when it is
     ale-py's (installed; its ids are registered only under ``env.preset=atari``, which also
     applies the DeepMind preprocessing the Zoo's, CleanRL's and RLlib's Atari figures use), else
@@ -171,7 +172,7 @@ def needs_preset(env_id: Any) -> Optional[str]:
         return None
     gym.register_envs(ale_py)
     try:
-        entry = gym.spec(str(env_id)).entry_point
+        entry = gym.spec(env_id).entry_point
     except Exception:
         return None
     if not str(getattr(entry, "__module__", entry)).startswith("ale_py"):
@@ -180,22 +181,37 @@ def needs_preset(env_id: Any) -> Optional[str]:
             f"preprocessing), e.g. `flowkit train algo=ppo env={env_id} env.preset=atari`")
 
 
-def make_atari(env_id: str, kwargs: Dict[str, Any], training: bool, max_episode_steps: Optional[int] = None) -> gym.Env:
-    """The base ALE env ``env_id`` (``kwargs`` to gym.make) under the preset's wrappers (see the
-    module docstring); ``training`` adds the life-loss terminal and reward clipping;
-    ``max_episode_steps`` (agent steps) truncates a game below GameStats, so a truncated game
-    is still reported.
+def check(env_cfg: Dict[str, Any]) -> None:
+    """The preset's checks before Ray starts: ``env.id`` given (not ``env.factory``), and
+    ``env.kwargs.repeat_action_probability`` (ale-py does not check it) a probability; then
+    ale-py's ids are registered with Gymnasium.
+
+    Raises:
+        ValueError: naming the key.
+        ImportError: ale-py is not installed (``pip install 'flowkit[atari]'``).
+    """
+    if env_cfg.get("factory") or not env_cfg.get("id"):
+        raise ValueError("env.preset=atari needs env.id (an ALE id such as PongNoFrameskip-v4), not env.factory")
+    p = (env_cfg.get("kwargs") or {}).get("repeat_action_probability")
+    if p is not None and not (isinstance(p, (int, float)) and 0.0 <= float(p) <= 1.0):
+        raise ValueError(f"env.kwargs.repeat_action_probability={p!r}: a probability, in [0, 1] (sticky actions: "
+                         "0.25 in the v5 ids, 0 in NoFrameskip-v4)")
+    register_ale()
+
+
+def make_env(env_cfg: Dict[str, Any], context: Any) -> gym.Env:
+    """The base ALE env of ``env.id`` (``env.kwargs`` to gym.make) under the preset's wrappers
+    (see the module docstring); a rollout worker's (``context.worker_index >= 0``) add the
+    life-loss terminal and reward clipping; ``env.max_episode_steps`` (agent steps) truncates a
+    game below GameStats, so a truncated game is still reported.
 
     Raises:
         ImportError: ale-py is not installed (``pip install 'flowkit[atari]'``).
-        ValueError: ``env_id`` is not an ALE env, or ``repeat_action_probability`` is not in [0, 1].
+        ValueError: see :func:`check`; ``env.id`` is not an ALE env.
     """
-    register_ale()
-    kw = dict(kwargs)
-    p = kw.get("repeat_action_probability")
-    if p is not None and not (isinstance(p, (int, float)) and 0.0 <= float(p) <= 1.0):  # ale-py does not check
-        raise ValueError(f"env.kwargs.repeat_action_probability={p!r}: a probability, in [0, 1] (sticky actions: "
-                         "0.25 in the v5 ids, 0 in NoFrameskip-v4)")
+    check(env_cfg)
+    env_id, kw = str(env_cfg["id"]), dict(env_cfg.get("kwargs") or {})
+    training, max_episode_steps = context.worker_index >= 0, env_cfg.get("max_episode_steps")
     if env_id.startswith("ALE/"):
         kw.setdefault("frameskip", 1)
     env = gym.make(env_id, **kw)
@@ -294,16 +310,16 @@ class AtariVector(gym.vector.VectorWrapper):
         return obs, np.sign(rew), (term & ~restarted) | life_lost, trunc & ~restarted, info
 
 
-def make_atari_vector(env_id: str, kwargs: Dict[str, Any], num_envs: int,
-                      like: Optional[gym.Env] = None) -> Optional[gym.vector.VectorEnv]:
-    """The preset's training side for ``num_envs`` sub-envs of ``env_id`` on ale-py's own vector
-    env (:class:`AtariVector`), or None where it cannot stand in for the wrappers: ``kwargs``
-    other than ``repeat_action_probability``, ``full_action_space`` and
-    ``max_num_frames_per_episode`` (e.g. ``mode``, ``difficulty``), or an ale-py without it.
-    The env id's own settings (sticky actions of the v5 ids, the frame limit) carry over.
-    ``like``: an env of the same game (wrapped or not), asked whether it has FIRE; without it
-    one is made for the question."""
-    if set(kwargs) - set(_VECTOR_KWARGS):
+def make_vector_env(env_cfg: Dict[str, Any], num_envs: int, like: Optional[gym.Env] = None) -> Optional[AtariVector]:
+    """The preset's training side for ``num_envs`` sub-envs of ``env.id`` on ale-py's own vector
+    env (:class:`AtariVector`), or None where it cannot stand in for the wrappers:
+    ``env.max_episode_steps`` set, ``env.kwargs`` other than ``repeat_action_probability``,
+    ``full_action_space`` and ``max_num_frames_per_episode`` (e.g. ``mode``, ``difficulty``), or
+    an ale-py without it. The env id's own settings (sticky actions of the v5 ids, the frame
+    limit) carry over. ``like``: an env of the same game (wrapped or not), asked whether it has
+    FIRE; without it one is made for the question."""
+    env_id, kwargs = str(env_cfg["id"]), dict(env_cfg.get("kwargs") or {})
+    if env_cfg.get("max_episode_steps") or set(kwargs) - set(_VECTOR_KWARGS):
         return None
     register_ale()
     try:
