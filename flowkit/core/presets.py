@@ -28,8 +28,6 @@ from flowkit.config import ConfigError
 if TYPE_CHECKING:
     import gymnasium as gym
 
-    from flowkit.core._envs import EnvContext
-
 
 @dataclass(frozen=True)
 class EnvPreset:
@@ -66,7 +64,7 @@ class EnvPreset:
     def _fn(self, name: str) -> Optional[Callable[..., Any]]:
         return getattr(importlib.import_module(self.module), name, None)
 
-    def make_env(self, env_cfg: Dict[str, Any], context: "EnvContext") -> "gym.Env":
+    def make_env(self, env_cfg: Dict[str, Any], context: Any) -> "gym.Env":  # context: an EnvContext
         return importlib.import_module(self.module).make_env(env_cfg, context)
 
     def check(self, env_cfg: Dict[str, Any]) -> None:
