@@ -60,7 +60,7 @@ from flowkit.core.activations import has_numpy
 from flowkit.core.context import RunContext
 from flowkit.core.flow import get_result
 from flowkit.core.learner import Learner
-from flowkit_dqn import ACTION_SPACES, DQNConfig
+from flowkit_dqn import DQN_REF
 from flowkit_dqn.acting import DQNActing, NumpyDQNPolicy, SetEpsilon, apex_epsilon, compute_n_step, epsilon_at  # noqa: F401
 
 
@@ -315,17 +315,13 @@ class UpdateExploration:
 
 
 # ---- the algorithm --------------------------------------------------------------------------
-class DQN(flowkit.Algorithm):
+class DQN(flowkit.Algorithm, ref=DQN_REF):
     """DQN: store and replay-train branches run concurrently, round-robin with a ratio from
     ``training_intensity``; Ape-X with ``num_replay_shards > 0``."""
 
-    name = "dqn"
-    config_class = DQNConfig
     policy_class = DQNPolicy
     rollout_mode = "bulk_sync"
-    normalize_obs = True  # the replayed train batches update the statistics (DQNPolicy.prepare_batch)
     off_policy = True
-    action_spaces = ACTION_SPACES
 
     @property
     def prioritized(self) -> bool:

@@ -61,7 +61,7 @@ from flowkit import ConfigError
 from flowkit.core import ObsEncoder, RecurrentStep, RecurrentTrunk, loss_stats
 from flowkit.core import batch as sb
 from flowkit.core._recurrent import is_recurrent, step
-from flowkit_dqn import R2D2_NORMALIZE_OBS, R2D2Config, sequence_stride
+from flowkit_dqn import R2D2_REF, sequence_stride
 from flowkit_dqn.dqn import DQN, DQNPolicy, QHeads, bootstrap_q
 
 
@@ -343,15 +343,11 @@ class R2D2Policy(DQNPolicy):
 
 
 # ---- the algorithm --------------------------------------------------------------------------
-class R2D2(DQN):
+class R2D2(DQN, ref=R2D2_REF):
     """R2D2: DQN's plan (Ape-X with ``r2d2.num_replay_shards > 0``) over stored sequences of a
     recurrent Q-network (:class:`R2D2Policy`)."""
 
-    name = "r2d2"
-    config_class = R2D2Config
     policy_class = R2D2Policy
-    recurrent = True
-    normalize_obs, normalize_obs_refusal = False, R2D2_NORMALIZE_OBS
 
     @property
     def train_batch_env_steps(self) -> int:

@@ -39,18 +39,18 @@ tanh of the actor's mean (``cql_sac``) in evaluation.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
-from flowkit_dqn import DQN, DQNPolicy
-from flowkit_sac import SAC, SACPolicy, squashed_gaussian
+from flowkit_dqn.dqn import DQNPolicy
+from flowkit_sac.sac import SAC, SACPolicy, squashed_gaussian
 from torch import nn
 
 import flowkit
 from flowkit.core import batch as sb
 from flowkit.core import loss_stats
 from flowkit.core.ops import TrainOneStep, UpdateTargetNetwork
-from flowkit_offline import CQLDQNConfig, CQLSACConfig, validate
+from flowkit_offline import CQL_DQN_REF, CQL_SAC_REF
 
 
 class CQLDQNPolicy(DQNPolicy):
@@ -72,18 +72,10 @@ class CQLDQNPolicy(DQNPolicy):
 
 
 
-class CQLDQN(flowkit.Algorithm):
+class CQLDQN(flowkit.Algorithm, ref=CQL_DQN_REF):
     """CQL on DQN: DatasetReader (``input.dataset``) -> TrainOneStep -> UpdateTargetNetwork."""
 
-    name = "cql_dqn"
-    config_class: type = CQLDQNConfig
     policy_class, rollout_mode, off_policy = CQLDQNPolicy, "bulk_sync", True
-    action_spaces = DQN.action_spaces
-    normalize_obs = DQN.normalize_obs  # DQNPolicy's statistics: the dataset's train batches update them
-
-    @classmethod
-    def validate_config(cls, run_config, section) -> List[str]:
-        return validate(run_config, section, cls.name)
 
     def training_flow(self, experiences, ctx, learner):
         return (experiences.for_each(TrainOneStep(ctx, learner))
@@ -175,17 +167,11 @@ class CQLSACPolicy(SACPolicy):
         return loss, st
 
 
-class CQLSAC(SAC):
+class CQLSAC(SAC, ref=CQL_SAC_REF):
     """CQL on SAC: DatasetReader (``input.dataset``) -> TrainOneStep -> UpdateTargetNetwork
     (Polyak, every ``target_update_freq`` gradient steps)."""
 
-    name = "cql_sac"
-    config_class = CQLSACConfig
     policy_class = CQLSACPolicy
-
-    @classmethod
-    def validate_config(cls, run_config, section) -> List[str]:
-        return validate(run_config, section, cls.name)
 
     def training_flow(self, experiences, ctx, learner):
         return (experiences.for_each(TrainOneStep(ctx, learner))

@@ -28,7 +28,7 @@ acts greedily in the env.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, Tuple
 
 import numpy as np
 import torch
@@ -37,7 +37,7 @@ import flowkit
 from flowkit.core import ActorCriticPolicy, loss_stats
 from flowkit.core import batch as sb
 from flowkit.core.ops import TrainOneStep
-from flowkit_offline import BCConfig, MARWILConfig, validate
+from flowkit_offline import BC_REF, MARWIL_REF
 
 _TRAIN_COLS = (sb.OBS, sb.ACTIONS, sb.VALUE_TARGETS, sb.ACTION_MASK)
 
@@ -103,25 +103,16 @@ class MARWILPolicy(ActorCriticPolicy):
                                 adv_norm=float(np.sqrt(self.ma_sqd_adv_norm)))
 
 
-class MARWIL(flowkit.Algorithm):
+class MARWIL(flowkit.Algorithm, ref=MARWIL_REF):
     """MARWIL: DatasetReader (``input.dataset``) -> TrainOneStep (one gradient step per batch of
     ``train_batch_size`` rows)."""
 
-    name = "marwil"
-    config_class: type = MARWILConfig
     policy_class, rollout_mode, off_policy = MARWILPolicy, "bulk_sync", True
-    normalize_obs = True  # the dataset's train batches update the statistics (ActorCriticPolicy)
-
-    @classmethod
-    def validate_config(cls, run_config, section) -> List[str]:
-        return validate(run_config, section, cls.name)
 
     def training_flow(self, experiences, ctx, learner):
         return experiences.for_each(TrainOneStep(ctx, learner))
 
 
-class BC(MARWIL):
+class BC(MARWIL, ref=BC_REF):
     """BC: behavioural cloning (MARWIL with beta = 0), the same plan."""
 
-    name = "bc"
-    config_class = BCConfig

@@ -25,7 +25,7 @@ import flowkit
 from flowkit.core import ActorCritic, ActorCriticPolicy, adapt_kl_coeff, clipped_surrogate, loss_stats, standardized
 from flowkit.core import batch as sb
 from flowkit.core.ops import ConcatBatches, StandardizeFields, SyncWeights, TrainOneStep
-from flowkit_ppo import PPOConfig
+from flowkit_ppo import PPO_REF
 
 
 # ---- the policy ----------------------------------------------------------------------------
@@ -96,17 +96,13 @@ class PPOPolicy(ActorCriticPolicy):
 
 
 # ---- the algorithm --------------------------------------------------------------------------
-class PPO(flowkit.Algorithm):
+class PPO(flowkit.Algorithm, ref=PPO_REF):
     """PPO: bulk-sync rollouts -> ConcatBatches -> TrainOneStep(epochs x minibatches) ->
     SyncWeights(to all workers)."""
 
-    name = "ppo"
-    config_class = PPOConfig
     policy_class = PPOPolicy
     rollout_mode = "bulk_sync"
     off_policy = False
-    recurrent = True
-    normalize_obs = "normalize_observations"  # ppo.normalize_observations: the same switch as model.normalize_obs
 
     def training_flow(self, experiences, ctx, learner):
         cfg = self.config

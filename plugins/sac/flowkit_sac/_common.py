@@ -21,7 +21,6 @@ from flowkit import ConfigError
 from flowkit.core import Policy, RunningMeanStd, TargetNetwork, TwinMLP, derive_seed, ops, replay
 from flowkit.core import batch as sb
 from flowkit.core._target import flat_parameters
-from flowkit_sac import ACTION_SPACES
 
 
 def twin_critic(obs_dim: int, act_dim: int, model_cfg: Any) -> TwinMLP:
@@ -165,8 +164,6 @@ class OffPolicyAlgorithm(flowkit.Algorithm):
 
     rollout_mode = "bulk_sync"
     off_policy = True
-    action_spaces = ACTION_SPACES
-    normalize_obs = True  # the replayed train batches update the statistics (prepare_batch)
 
     @classmethod
     def check_spaces(cls, policy_id, observation_space, action_space) -> None:
