@@ -17,7 +17,7 @@ reader (torch) are in :mod:`flowkit_offline.marwil`, :mod:`flowkit_offline.cql` 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, List, Optional
+from typing import Any, ClassVar, List, Optional
 
 from flowkit_dqn import DQN_REF
 from flowkit_sac import SAC_REF, SACLossConfig
@@ -67,6 +67,7 @@ class FromDataset:
 @dataclass
 class BCConfig(FromDataset):
     """bc: behavioural cloning, maximum likelihood of the dataset's actions (MARWIL with beta = 0)."""
+    beta: ClassVar[float] = 0.0  # not a key of bc: MARWILConfig declares it
     lr: float = F(1e-3, "Adam learning rate", gt=0)
     train_batch_size: int = F(256, "dataset rows per gradient step", ge=1)
     max_grad_norm: Optional[float] = F(None, "clip the gradient's global norm (null: off)", gt=0)

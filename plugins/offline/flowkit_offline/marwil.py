@@ -66,11 +66,8 @@ class MARWILPolicy(ActorCriticPolicy):
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu", seed=0,
                  inference_only=False):
         super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
-        self.ma_sqd_adv_norm = float(getattr(config, "moving_average_sqd_adv_norm_start", 100.0))
-
-    @property
-    def beta(self) -> float:
-        return float(getattr(self.config, "beta", 0.0))
+        self.beta = float(config.beta)
+        self.ma_sqd_adv_norm = float(config.moving_average_sqd_adv_norm_start) if self.beta else 0.0
 
     def postprocess_trajectory(self, batch: sb.SampleBatch) -> sb.SampleBatch:
         """One whole episode of the dataset -> with ``value_targets`` = its returns-to-go R_t

@@ -43,7 +43,7 @@ from flowkit.core.ops import StandardizeFields
 from flowkit_ppo import DDPPO_REF, min_fragments, num_minibatches
 from flowkit_ppo.ppo import PPOPolicy
 
-SHARED_STATE = ("weights", "optimizer", "num_updates", "lr", "clip_param", "kl_coeff")
+SHARED_STATE = ("weights", "optimizer", "num_updates", "clip_param", "kl_coeff")
 
 
 # ---- the policy --------------------------------------------------------------------------------

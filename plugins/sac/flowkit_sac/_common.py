@@ -66,7 +66,7 @@ class OffPolicyActorCritic(Policy):
                               f"got {action_space} and {observation_space}")
         torch.manual_seed(seed)
         self.obs_dim, self.act_dim = int(self.encoder.shape[0]), int(self.dist.dim)
-        self.normalize_obs = bool(getattr(self.model_config, "normalize_obs", False))
+        self.normalize_obs = bool(self.model_config.normalize_obs)
 
     def finish_init(self, target_modules: Sequence[str], sizes: Any = None) -> None:
         from flowkit.core._models import init_weights
