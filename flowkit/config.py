@@ -267,19 +267,21 @@ def check_run(cfg: Any, pm: Any) -> None:
     section = section_object(cfg, a.name, a.config_class)
     if why := model_error(a, "default", cfg.model, section, [n for n, r in algos.items() if r.recurrent]):
         raise ConfigError(why)
-    validate_section(a, cfg, section)
+    validate_section(a.name, cfg, section)
+    for name, cls in pm.config_sections().items():
+        if name not in algos:  # the plugins' own sections (input.*, multiagent.*)
+            validate_section(name, cfg, section_object(cfg, name, cls))
 
 
-def validate_section(algo: Any, run_config: Any, section: Any) -> List[str]:
-    """The one validation of an algorithm's section ``section`` (an instance of its
-    ``config_class``; None: it has none), for ``algo`` (an AlgorithmRef or an Algorithm class):
-    the linear schedules' horizon (:func:`check_schedules`), the section's own
+def validate_section(name: str, run_config: Any, section: Any) -> List[str]:
+    """The one validation of a section ``name`` (``section``: an instance of its dataclass;
+    None: the run has none): the linear schedules' horizon (:func:`check_schedules`), the section's own
     ``validate(run_config, name)`` where its class has one (the checks that relate several keys,
     torch-free, written as a table: :func:`config_checks`), and a warning when its
     ``learning_starts`` is not below ``stop.env_steps`` (the run stops in the replay warm-up).
     Each key's own range or choices are declared in its field (:func:`F`), checked before.
-    Run before torch and Ray load (:func:`check_run`), at set-up for each algorithm of a run, and
-    for a multi-agent policy's own section.
+    Run before torch and Ray load (:func:`check_run`: ``algo``'s section and the plugins' own
+    sections), at set-up for each algorithm of a run, and for a multi-agent policy's own section.
 
     Returns:
         the warnings (one line each).
@@ -288,12 +290,12 @@ def validate_section(algo: Any, run_config: Any, section: Any) -> List[str]:
     """
     if section is None:
         return []
-    check_schedules(section, algo.name, run_config)
+    check_schedules(section, name, run_config)
     check = getattr(section, "validate", None)
-    out = list(check(run_config, algo.name) or []) if check is not None else []
+    out = list(check(run_config, name) or []) if check is not None else []
     starts, budget = getattr(section, "learning_starts", None), run_config.stop.env_steps
     if starts is not None and budget is not None and starts >= budget:
-        out.append(f"{algo.name}.learning_starts={starts} >= stop.env_steps={budget}: the run stops in the "
+        out.append(f"{name}.learning_starts={starts} >= stop.env_steps={budget}: the run stops in the "
                    "replay warm-up and trains nothing")
     return out
 

@@ -145,7 +145,7 @@ def setup(cfg: DictConfig, pm: Any, run_dir: Optional[str] = None, checked: bool
         section = section_object(cfg, spec.algo, cls.config_class)
         cls.check_model(pid, spec.model_config(cfg), section)
         if spec.algo not in instances:
-            warns += validate_section(cls, cfg, section)
+            warns += validate_section(spec.algo, cfg, section)
             instances[spec.algo] = cls(cfg, section)
     for w in warns:
         warnings.warn(w, stacklevel=2)

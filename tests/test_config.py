@@ -386,6 +386,15 @@ def test_model_normalize_obs_an_algorithm_cannot_honour_is_refused_before_ray_st
     assert str(ei.value) == message
 
 
+def test_a_sections_combination_checks_are_one_table():
+    """Issue 49 item 6: a config class's ``validate`` is a table of (condition, message) rows:
+    the first error row that holds is raised, else the warning rows that hold are returned."""
+    from flowkit.config import config_checks
+    assert config_checks([(False, "e1")], [(True, "w1"), (0, "w2"), (3, "w3")]) == ["w1", "w3"]
+    with pytest.raises(ConfigError, match="^e2$"):
+        config_checks([(False, "e1"), (True, "e2"), (True, "e3")], [(True, "w1")])
+
+
 def test_every_installed_algorithm_is_declared_once_and_its_class_takes_the_declaration():
     """One declaration per algorithm (issue 49 item 1): the torch-free AlgorithmRef read before
     Ray starts is what the class carries at set-up (``class PPO(Algorithm, ref=PPO_REF)``), and

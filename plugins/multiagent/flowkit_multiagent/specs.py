@@ -330,7 +330,7 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, Type[Algorith
         overrides = pc.config
         cfg_obj, data = policy_section(config, pid, cls, overrides)
         if overrides:
-            for w in validate_section(cls, config, cfg_obj):
+            for w in validate_section(algo, config, cfg_obj):
                 warnings.warn(f"policy {pid!r}: {w}", stacklevel=2)
         policy_class = ck_spec.policy_class if ck_spec is not None and ck_spec.algo == algo else cls.policy_class
         if policy_class is None:

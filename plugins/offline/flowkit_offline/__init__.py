@@ -17,13 +17,13 @@ reader (torch) are in :mod:`flowkit_offline.marwil`, :mod:`flowkit_offline.cql` 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, List, Optional
+from typing import Any, List, Optional
 
 from flowkit_dqn import DQN_REF
 from flowkit_sac import SAC_REF, SACLossConfig
 
 import flowkit
-from flowkit.config import MAX_BATCH_ROWS, ConfigError, F
+from flowkit.config import MAX_BATCH_ROWS, ConfigError, F, config_checks
 
 
 @dataclass
@@ -44,6 +44,15 @@ class InputConfig:
                             "runtime.backend=ray, in-process on local: the same batches), reader i reading the "
                             "episodes i, i + k, ... with a shuffle buffer of shuffle_buffer_size / k rows; the driver "
                             "takes their batches round-robin (deterministic) while they read ahead", ge=0)
+
+    def validate(self, run_config: Any, name: str) -> List[str]:
+        """``input.mix`` and ``input.num_readers`` need ``input.dataset``."""
+        return config_checks([
+            (not self.dataset and self.mix is not None, f"input.mix={self.mix} needs input.dataset=PATH (the dataset "
+                                                        "mixed into the replayed batches)"),
+            (not self.dataset and self.num_readers > 0, f"input.num_readers={self.num_readers} needs "
+                                                        "input.dataset=PATH (the dataset the readers read)"),
+        ])
 
 
 class FromDataset:
@@ -67,7 +76,6 @@ class FromDataset:
 @dataclass
 class BCConfig(FromDataset):
     """bc: behavioural cloning, maximum likelihood of the dataset's actions (MARWIL with beta = 0)."""
-    beta: ClassVar[float] = 0.0  # not a key of bc: MARWILConfig declares it
     lr: float = F(1e-3, "Adam learning rate", gt=0)
     train_batch_size: int = F(256, "dataset rows per gradient step", ge=1)
     max_grad_norm: Optional[float] = F(None, "clip the gradient's global norm (null: off)", gt=0)
@@ -161,12 +169,6 @@ def flowkit_build_plan(ctx):
     a run with rollout workers; None otherwise."""
     from omegaconf import OmegaConf
     if not OmegaConf.select(ctx.config, "input.dataset"):
-        if OmegaConf.select(ctx.config, "input.mix") is not None:
-            raise ConfigError(f"input.mix={OmegaConf.select(ctx.config, 'input.mix')} needs input.dataset=PATH "
-                              "(the dataset mixed into the replayed batches)")
-        if OmegaConf.select(ctx.config, "input.num_readers"):
-            raise ConfigError(f"input.num_readers={OmegaConf.select(ctx.config, 'input.num_readers')} needs "
-                              "input.dataset=PATH (the dataset the readers read)")
         return None
     from flowkit_offline.reader import build_plan
     return build_plan(ctx)

@@ -37,7 +37,7 @@ import flowkit
 from flowkit.core import ActorCriticPolicy, loss_stats
 from flowkit.core import batch as sb
 from flowkit.core.ops import TrainOneStep
-from flowkit_offline import BC_REF, MARWIL_REF
+from flowkit_offline import BC_REF, MARWIL_REF, MARWILConfig
 
 _TRAIN_COLS = (sb.OBS, sb.ACTIONS, sb.VALUE_TARGETS, sb.ACTION_MASK)
 
@@ -66,7 +66,7 @@ class MARWILPolicy(ActorCriticPolicy):
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu", seed=0,
                  inference_only=False):
         super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
-        self.beta = float(config.beta)
+        self.beta = float(config.beta) if isinstance(config, MARWILConfig) else 0.0  # bc: MARWIL with beta = 0
         self.ma_sqd_adv_norm = float(config.moving_average_sqd_adv_norm_start) if self.beta else 0.0
 
     def postprocess_trajectory(self, batch: sb.SampleBatch) -> sb.SampleBatch:
