@@ -76,9 +76,8 @@ def schedule_keys(section: Any) -> Tuple[str, ...]:
 
 def check_schedules(section: Any, name: str, run_config: Any) -> None:
     """A linear schedule ``<name>.<key>=linear`` (``key`` in :func:`schedule_keys`) needs a
-    horizon: ``<name>.schedule_env_steps`` or ``stop.env_steps``. Run by :func:`build_config`
-    for every section and by :func:`validate_section` (a multi-agent policy's own
-    section), so an algorithm declares a schedule by its field alone.
+    horizon: ``<name>.schedule_env_steps`` or ``stop.env_steps``. Run by :func:`validate_section`
+    for each section a run uses, so an algorithm declares a schedule by its field alone.
 
     Raises:
         ConfigError: ``<name>.<key>=linear needs a horizon: ...``.
@@ -494,9 +493,6 @@ def build_config(user: Any = None, config_file: Union[str, Sequence[str], None] 
     except OmegaConfBaseException as e:
         raise _config_error(e, {}) from None
     check_values(merged, schema_cls)
-    for name in sections or {}:
-        if isinstance(merged.get(name), DictConfig):
-            check_schedules(merged[name], name, merged)
     return merged
 
 
