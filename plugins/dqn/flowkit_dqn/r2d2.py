@@ -218,7 +218,7 @@ class RecurrentQNetwork(QHeads):
     unset) and DQN's Q head (dueling: V + A - mean(A)), following the recurrent-model contract
     of :mod:`flowkit.core._recurrent`: ``forward(obs float32[N, T, *shape], state float32[N, S],
     resets bool[N, T] or None) -> (q float32[N, T, num_actions], state_out float32[N, S])``.
-    Linear layers start from PyTorch's default init (as :class:`~flowkit_dqn.QNetwork`), the
+    Linear layers start from PyTorch's default init (as :class:`~flowkit_dqn.dqn.QNetwork`), the
     recurrent layer orthogonal."""
 
     def __init__(self, encoder: ObsEncoder, num_actions: int, model_cfg: Any, dueling: bool):
@@ -238,7 +238,7 @@ class RecurrentQNetwork(QHeads):
 
 # ---- the policy -------------------------------------------------------------------------------
 class R2D2Policy(DQNPolicy):
-    """A :class:`~flowkit_dqn.DQNPolicy` with a recurrent Q-network: acting carries a state per
+    """A :class:`~flowkit_dqn.dqn.DQNPolicy` with a recurrent Q-network: acting carries a state per
     row (``compute_actions_encoded(..., state=)``), the workers' postprocessing cuts sequences
     (:class:`SequenceCutter`), and :meth:`loss` is R2D2's (burn-in, rescaled n-step double-Q
     targets). After each ``loss``, ``td_error`` holds each sequence's priority float32[B]

@@ -2,8 +2,8 @@
 Reinforcement Learning", NeurIPS 2020, arXiv 2006.04779), CQL(H), learning from a dataset
 (``input.dataset=PATH``): on DQN's Q-network and TD loss for Discrete actions (``cql_dqn``),
 on SAC's squashed-Gaussian actor, twin critics and temperature for Box actions (``cql_sac``).
-The TD and actor parts are the base algorithms' own losses (:meth:`flowkit_dqn.DQNPolicy.loss`,
-:meth:`flowkit_sac.SACPolicy.loss`); this module adds the conservative term.
+The TD and actor parts are the base algorithms' own losses (:meth:`flowkit_dqn.dqn.DQNPolicy.loss`,
+:meth:`flowkit_sac.sac.SACPolicy.loss`); this module adds the conservative term.
 
 CQL(H) (eq. 4, with the maximum-entropy regulariser R(mu) = H(mu), whose solution makes the
 pushed-down term a log-sum-exp over actions), per Q-function:
@@ -100,7 +100,7 @@ def cql_gap(q_data: torch.Tensor, q_sampled: torch.Tensor, log_mu: torch.Tensor,
 
 
 class CQLSACPolicy(SACPolicy):
-    """SAC's actor, twin critics and temperature (its :meth:`~flowkit_sac.SACPolicy.loss`) plus
+    """SAC's actor, twin critics and temperature (its :meth:`~flowkit_sac.sac.SACPolicy.loss`) plus
     the CQL(H) term with the importance-sampled log-sum-exp (module docstring); with
     ``lagrangian``, the learned weight ``model.lagrange.log_alpha_prime``."""
 

@@ -47,7 +47,7 @@ class GreedyActor(nn.Module):
 
 
 class OffPolicyActorCritic(Policy):
-    """Base of :class:`~flowkit_sac.SACPolicy` and :class:`~flowkit_sac.TD3Policy`.
+    """Base of :class:`~flowkit_sac.sac.SACPolicy` and :class:`~flowkit_sac.td3.TD3Policy`.
 
     A subclass builds ``self.model`` (``critic`` first, then ``actor``) and calls
     :meth:`finish_init` with the names of the modules that have targets; it implements
