@@ -25,7 +25,7 @@ def raw_loop(env_steps: int, seed: int = 0) -> float:
     from mpe2 import simple_spread_v3
     from flowkit.config import build_config
     from flowkit.hooks import get_plugin_manager
-    from flowkit_ppo import PPOPolicy
+    from flowkit_ppo.ppo import PPOPolicy
     from flowkit.config import section_object
     pm = get_plugin_manager()
     cfg = build_config(["env.factory=mpe2.simple_spread_v3:parallel_env"], None, pm.config_sections())

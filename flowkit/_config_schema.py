@@ -7,8 +7,8 @@ core section dataclasses (``env``, ``runtime``, ``model``, ... gathered in :clas
 and :func:`schema_keys` / :func:`schema_allowed`, the ``{dotted key: ...}`` view of a schema
 that loading, checking and help text read; and the checks of what an algorithm declares
 (its action spaces, ``recurrent``, ``normalize_obs``) against a policy's space and ``model.*``
-(:func:`action_space_error`, :func:`recurrent_error`, :func:`normalize_obs_error`,
-:func:`normalize_obs_on`), which the set-up and the check before Ray starts share. Nothing here
+(:func:`action_space_error`, :func:`model_error`, :func:`normalize_obs_on`), which the set-up
+and the check before Ray starts share. Nothing here
 loads or merges a config (that is :mod:`flowkit.config`, which re-exports the names here that
 others use; import them from there). Imports nothing of flowkit.
 """
@@ -281,11 +281,6 @@ class RandomConfig:
     report_every_env_steps: int = F(1000, "env steps per reported iteration", ge=1)
 
 
-#: why ``algo=random`` refuses ``model.normalize_obs=true`` (its Algorithm.normalize_obs_refusal)
-RANDOM_NORMALIZE_OBS = ("it has no network and keeps no observation statistics; in a multi-agent run set "
-                        "multiagent.policies.<id>.model.normalize_obs=false for its policies")
-
-
 @dataclass
 class Config:
     algo: str = F("ppo", "algorithm name (see `flowkit plugins`)")
@@ -351,32 +346,49 @@ def _field(section: Any, key: str, default: Any = None) -> Any:
     return section.get(key, default) if isinstance(section, Mapping) else getattr(section, key, default)
 
 
-# ---- what an algorithm declares, checked against the config (Algorithm.check_model, check_run) --
+# ---- what an algorithm declares, checked against the config (Algorithm.check_*, check_run) -----
+# ``algo`` below is an algorithm's declaration: a flowkit.AlgorithmRef (before torch loads) or an
+# Algorithm class (at set-up), which carry the same attributes.
 
-def action_space_error(algo: str, kinds: Sequence[str], policy_id: str, action_space: Any) -> Optional[str]:
-    """Why algorithm ``algo``, which accepts the action spaces named in ``kinds`` (Gymnasium
-    space class names; empty: any), cannot act in ``action_space``; None if it can. Shared by
-    :meth:`flowkit.core.Algorithm.check_spaces` (at set-up) and the CLI's check before Ray starts."""
-    got = type(action_space).__name__
+def action_space_error(algo: Any, policy_id: str, action_space: Any) -> Optional[str]:
+    """Why ``algo`` (its ``action_spaces``: Gymnasium space class names; empty: any) cannot act in
+    ``action_space``; None if it can."""
+    kinds, got = algo.action_spaces, type(action_space).__name__
     if not kinds or got in kinds:
         return None
     other = "dqn or ppo" if got == "Discrete" and "Discrete" not in kinds else "ppo"
-    return (f"policy {policy_id!r}: {algo.upper()} needs a {' or '.join(kinds)} action space, got {action_space} "
-            f"(use an algorithm for {got} actions, e.g. {other})")
+    return (f"policy {policy_id!r}: {algo.name.upper()} needs a {' or '.join(kinds)} action space, got "
+            f"{action_space} (use an algorithm for {got} actions, e.g. {other})")
 
 
-def recurrent_error(algo: str, recurrent: bool, policy_id: str, model_config: Any,
-                    recurrent_algos: Optional[List[str]] = None) -> Optional[str]:
-    """Why algorithm ``algo`` (``recurrent``: whether it trains recurrent networks) cannot
-    train the network of ``model_config`` (a ``model.*`` section); None if it can. Shared by
-    :meth:`flowkit.core.Algorithm.check_model` (at set-up) and :func:`check_run`, which names
-    the installed algorithms that train recurrent networks (``recurrent_algos``)."""
-    kind = _field(model_config, "recurrent")
-    if not kind or recurrent:
+def model_error(algo: Any, policy_id: str, model_config: Any, section: Any = None,
+                recurrent_algos: Sequence[str] = ()) -> Optional[str]:
+    """Why ``algo`` cannot train policy ``policy_id``'s network as ``model_config`` (a ``model.*``
+    section) describes; None if it can:
+
+    - ``model.recurrent`` set where ``algo.recurrent`` is false (naming ``recurrent_algos``, the
+      installed algorithms that train recurrent networks);
+    - ``model.normalize_obs=true`` where ``algo.normalize_obs`` is False (giving
+      ``algo.normalize_obs_refusal``), or where it names a key of ``section`` (the algorithm's
+      section; None: its defaults) that is the same switch (:func:`normalize_obs_on`) and that
+      key, true by default, is given false (the user's off would be overridden).
+    """
+    if (kind := _field(model_config, "recurrent")) and not algo.recurrent:
+        which = f" (installed algorithms that do: {', '.join(sorted(recurrent_algos))})" if recurrent_algos else ""
+        return (f"policy {policy_id!r}: model.recurrent={kind} but {algo.name.upper()} trains feed-forward networks "
+                f"only{which}; set model.recurrent=null or change the algorithm")
+    support = algo.normalize_obs
+    if not _field(model_config, "normalize_obs", False) or (support and not isinstance(support, str)):
         return None
-    which = f" (installed algorithms that do: {', '.join(sorted(recurrent_algos))})" if recurrent_algos else ""
-    return (f"policy {policy_id!r}: model.recurrent={kind} but {algo.upper()} trains feed-forward networks "
-            f"only{which}; set model.recurrent=null or change the algorithm")
+    if not support:
+        return (f"policy {policy_id!r}: model.normalize_obs=true is not supported by {algo.name}: "
+                f"{algo.normalize_obs_refusal or 'its policies keep no running observation statistics'}, "
+                "or remove model.normalize_obs")
+    default = {f.name: f.default for f in dataclasses.fields(algo.config_class)}.get(support)
+    if section is not None and _field(section, support) is False and default is True:
+        return (f"policy {policy_id!r}: model.normalize_obs=true contradicts {algo.name}.{support}=false: the two keys "
+                f"are one switch (either turns observation normalisation on); remove one of them")
+    return None
 
 
 def normalize_obs_on(model_config: Any, section: Any = None, own_key: str = "") -> bool:
@@ -385,37 +397,6 @@ def normalize_obs_on(model_config: Any, section: Any = None, own_key: str = "") 
     ``section`` that is the same switch (``ppo.normalize_observations``,
     ``es.normalize_observations``, ``ars.normalize_observations``) and that key is true.
     Either key turns normalisation on; neither alone turns it off. What the policies read;
-    :func:`normalize_obs_error` (at set-up and before Ray starts) refuses what they cannot honour."""
+    :func:`model_error` (at set-up and before Ray starts) refuses what they cannot honour."""
     return bool(_field(model_config, "normalize_obs", False)) or (
         bool(_field(section, own_key, False)) if own_key else False)
-
-
-def normalize_obs_error(algo: str, support: Union[bool, str], policy_id: str, model_config: Any,
-                        section: Any = None, config_class: Optional[type] = None, why: str = "") -> Optional[str]:
-    """Why ``model.normalize_obs=true`` (of ``model_config``, a ``model.*`` section) cannot be
-    honoured for policy ``policy_id`` of algorithm ``algo``; None if it can (or the key is
-    false). Shared by :meth:`flowkit.core.Algorithm.check_model` (at set-up, per policy) and
-    :func:`check_run` (before torch and Ray load).
-
-    Args:
-        support: the algorithm's declaration (:attr:`flowkit.core.Algorithm.normalize_obs`):
-            True: honoured; the name of a key of its own section that is the same switch
-            (``"normalize_observations"``; :func:`normalize_obs_on`): honoured, but refused when
-            that key is given false where its default is true (``ars.normalize_observations=false``:
-            the user's off would be overridden); False: refused, ``why`` says why and what to
-            use instead.
-        section: the algorithm's section (None: not in the config, its defaults apply).
-        config_class: the section's dataclass (the own key's default).
-    """
-    if not bool(_field(model_config, "normalize_obs", False)):
-        return None
-    if not support:
-        return (f"policy {policy_id!r}: model.normalize_obs=true is not supported by {algo}: "
-                f"{why or 'its policies keep no running observation statistics'}, or remove model.normalize_obs")
-    if isinstance(support, str) and section is not None:
-        fields = {f.name: f.default for f in dataclasses.fields(config_class)} if dataclasses.is_dataclass(config_class) else {}
-        own = _field(section, support)
-        if own is not None and not bool(own) and fields.get(support) is True:
-            return (f"policy {policy_id!r}: model.normalize_obs=true contradicts {algo}.{support}=false: the two keys "
-                    f"are one switch (either turns observation normalisation on); remove one of them")
-    return None

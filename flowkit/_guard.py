@@ -332,8 +332,7 @@ def check_env_id(cfg: Any, pm: Any = None) -> None:
             raise ConfigError(preset_hint(eid) or f"env.id={eid!r}: cannot build the env: {type(e).__name__}: {e}") \
                 from None
     ref = pm.algorithms(load=False).get(cfg.algo) if pm is not None else None
-    kinds = tuple(getattr(ref, "action_spaces", ()) or ())
-    if not kinds or (cfg.get("multiagent") and cfg.multiagent.get("policies")):
+    if ref is None or not ref.action_spaces or (cfg.get("multiagent") and cfg.multiagent.get("policies")):
         return
     from flowkit.core._envs import _mujoco_warnings_once
     try:
@@ -344,7 +343,7 @@ def check_env_id(cfg: Any, pm: Any = None) -> None:
             return  # the preset builds it its own way: the env probe at set-up gives this its message
         raise ConfigError(f"env.id={eid!r}: cannot build the env: {type(e).__name__}: {e}") from None
     try:
-        why = action_space_error(cfg.algo, kinds, "default", env.action_space)
+        why = action_space_error(ref, "default", env.action_space)
     finally:
         env.close()
     if why:

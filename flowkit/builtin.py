@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from flowkit.config import RANDOM_NORMALIZE_OBS, ConfigError, RandomConfig, section_object
-from flowkit.hooks.manager import AlgorithmRef, hookimpl
+from flowkit.config import ConfigError, section_object
+from flowkit.core.algorithm import RANDOM
+from flowkit.hooks.manager import hookimpl
 
 if TYPE_CHECKING:  # the rest imports torch: only where a hook runs
     from flowkit.core.context import RunContext
@@ -14,8 +15,7 @@ if TYPE_CHECKING:  # the rest imports torch: only where a hook runs
 
 @hookimpl
 def flowkit_add_algorithms():
-    return [AlgorithmRef("random", RandomConfig, "flowkit.core.ops:RandomAlgorithm",
-                         normalize_obs_refusal=RANDOM_NORMALIZE_OBS)]
+    return [RANDOM]
 
 
 @hookimpl(trylast=True)
@@ -40,7 +40,7 @@ def flowkit_make_policy_specs(config, env, algorithms):
         raise ConfigError(f"env {env_name(config.env)!r} has no observation_space and action_space "
                           "(gymnasium.spaces objects): set both in its constructor")
     algo_cls = algorithms[config.algo]
-    sec = section_object(config, algo_cls.name, algo_cls.config_class) if algo_cls.config_class else None
+    sec = section_object(config, algo_cls.name, algo_cls.config_class)
     return {sb.DEFAULT_POLICY_ID: PolicySpec(algo_cls.policy_class, env.observation_space,
                                              env.action_space, sec, algo_cls.name)}
 

@@ -7,8 +7,8 @@ name (``ppo.*``); plugins may add further sections (``multiagent.*``) through th
 
 Each field declares the values it allows where it is declared (``F(3e-4, "Adam learning
 rate", gt=0)``; floats must be finite, ints fit in 64 bits) and :func:`check_values` checks
-them all once the config is built; an algorithm's ``validate_config`` keeps only checks that
-relate several keys. Every problem is a :class:`ConfigError` raised before anything starts:
+them all once the config is built; a section's ``validate`` keeps only checks that relate
+several keys (:func:`validate_section`). Every problem is a :class:`ConfigError` raised before anything starts:
 one line naming the key, what was expected and what was given, and for an unknown key the
 closest valid one.
 
@@ -37,7 +37,6 @@ from flowkit._config_schema import (  # noqa: F401
     INT64_MIN,
     MAX_BATCH_ROWS,
     MAX_EPISODES,
-    RANDOM_NORMALIZE_OBS,
     Allowed,
     CheckpointConfig,
     Config,
@@ -56,9 +55,8 @@ from flowkit._config_schema import (  # noqa: F401
     _type_name,
     _unwrap_optional,
     action_space_error,
-    normalize_obs_error,
+    model_error,
     normalize_obs_on,
-    recurrent_error,
     schema_allowed,
     schema_keys,
 )
@@ -79,9 +77,8 @@ def schedule_keys(section: Any) -> Tuple[str, ...]:
 
 def check_schedules(section: Any, name: str, run_config: Any) -> None:
     """A linear schedule ``<name>.<key>=linear`` (``key`` in :func:`schedule_keys`) needs a
-    horizon: ``<name>.schedule_env_steps`` or ``stop.env_steps``. Run by :func:`build_config`
-    for every section and by ``Algorithm.validate_config`` (a multi-agent policy's own
-    section), so an algorithm declares a schedule by its field alone.
+    horizon: ``<name>.schedule_env_steps`` or ``stop.env_steps``. Run by :func:`validate_section`
+    for each section a run uses, so an algorithm declares a schedule by its field alone.
 
     Raises:
         ConfigError: ``<name>.<key>=linear needs a horizon: ...``.
@@ -250,11 +247,9 @@ def check_run(cfg: Any, pm: Any) -> None:
     """The checks of a run's config that need neither torch, Ray nor the env, made before those
     load (``flowkit train``, :func:`flowkit.train`) and again at set-up: ``algo`` installed,
     no section of a variant of ``algo`` set in its place (:func:`check_unused_sections`), exactly one of ``env.id`` and ``env.factory``, ``run.reporters`` known (and each one's
-    ``validate_config``), each plugin config section's ``validate_config(cfg)`` where its class has one, ``model.recurrent`` and ``model.normalize_obs`` against what ``algo``
-    declares (:func:`recurrent_error`, :func:`normalize_obs_error`), and the cross-field checks
-    of ``algo``'s section where its plugin
-    gives them torch-free (``AlgorithmRef.validate``; otherwise they run at set-up, when the
-    class is imported). Their warnings are given at set-up.
+    ``validate_config``), ``model.recurrent`` and ``model.normalize_obs`` against what ``algo``
+    declares (:func:`model_error`), and the checks of ``algo``'s section
+    (:func:`validate_section`), whose warnings are given at set-up.
 
     Raises:
         ConfigError: the first problem found.
@@ -281,23 +276,56 @@ def check_run(cfg: Any, pm: Any) -> None:
         check = getattr(known[name], "validate_config", None)
         if callable(check):
             check(cfg)
-    for name, section_class in pm.config_sections().items():  # a plugin section's own checks (input.dataset)
-        check = getattr(section_class, "validate_config", None)
-        if callable(check) and name not in algos:
-            check(cfg)
-    a, section = algos[cfg.algo], cfg[cfg.algo] if cfg.algo in cfg else None
-    if why := recurrent_error(cfg.algo, bool(getattr(a, "recurrent", False)), "default", cfg.model,
-                              [n for n, r in algos.items() if getattr(r, "recurrent", False)]):
+    a = algos[cfg.algo]
+    section = section_object(cfg, a.name, a.config_class)
+    if why := model_error(a, "default", cfg.model, section, [n for n, r in algos.items() if r.recurrent]):
         raise ConfigError(why)
-    if why := normalize_obs_error(cfg.algo, getattr(a, "normalize_obs", False), "default", cfg.model, section,
-                                  getattr(a, "config_class", None), getattr(a, "normalize_obs_refusal", "")):
-        raise ConfigError(why)
-    if not hasattr(a, "target"):  # a class registered as it is (loaded)
-        a.validate_config(cfg, section)
-    elif getattr(a.config_class, "validate", None) is not None and section is not None:
-        a.config_class.validate(section, cfg, a.name)
-    elif a.validate is not None:
-        a.validate(cfg, section, a.name)
+    validate_section(a.name, cfg, section)
+    for name, cls in pm.config_sections().items():
+        if name not in algos:  # the plugins' own sections (input.*, multiagent.*)
+            validate_section(name, cfg, section_object(cfg, name, cls))
+
+
+def validate_section(name: str, run_config: Any, section: Any) -> List[str]:
+    """The one validation of a section ``name`` (``section``: an instance of its dataclass;
+    None: the run has none): the linear schedules' horizon (:func:`check_schedules`), the section's own
+    ``validate(run_config, name)`` where its class has one (the checks that relate several keys,
+    torch-free, written as a table: :func:`config_checks`), and a warning when its
+    ``learning_starts`` is not below ``stop.env_steps`` (the run stops in the replay warm-up).
+    Each key's own range or choices are declared in its field (:func:`F`), checked before.
+    Run before torch and Ray load (:func:`check_run`: ``algo``'s section and the plugins' own
+    sections), at set-up for each algorithm of a run, and for a multi-agent policy's own section.
+
+    Returns:
+        the warnings (one line each).
+    Raises:
+        ConfigError: naming the keys and values.
+    """
+    if section is None:
+        return []
+    check_schedules(section, name, run_config)
+    check = getattr(section, "validate", None)
+    out = list(check(run_config, name) or []) if check is not None else []
+    starts, budget = getattr(section, "learning_starts", None), run_config.stop.env_steps
+    if starts is not None and budget is not None and starts >= budget:
+        out.append(f"{name}.learning_starts={starts} >= stop.env_steps={budget}: the run stops in the "
+                   "replay warm-up and trains nothing")
+    return out
+
+
+def config_checks(errors: Iterable[Tuple[Any, str]], warnings: Iterable[Tuple[Any, str]] = ()) -> List[str]:
+    """A section's combination checks as one table: ``errors`` and ``warnings`` are rows
+    ``(condition, message)``. The first error whose condition holds is raised; otherwise the
+    messages of the warnings whose condition holds are returned (what a config class's
+    ``validate`` returns).
+
+    Raises:
+        ConfigError: the message of the first error that holds.
+    """
+    for bad, message in errors:
+        if bad:
+            raise ConfigError(message)
+    return [message for bad, message in warnings if bad]
 
 
 def check_sizes(cfg: Any) -> None:
@@ -483,9 +511,6 @@ def build_config(user: Any = None, config_file: Union[str, Sequence[str], None] 
     except OmegaConfBaseException as e:
         raise _config_error(e, {}) from None
     check_values(merged, schema_cls)
-    for name in sections or {}:
-        if isinstance(merged.get(name), DictConfig):
-            check_schedules(merged[name], name, merged)
     return merged
 
 
@@ -587,16 +612,12 @@ def _short(v: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def section_view(cfg: DictConfig, name: str) -> DictConfig:
-    """A read-only, struct-mode copy of section ``name``: reading an undeclared key raises."""
-    sec = typing.cast(DictConfig, OmegaConf.create(OmegaConf.to_container(cfg[name], resolve=True)))
-    OmegaConf.set_struct(sec, True)
-    OmegaConf.set_readonly(sec, True)
-    return sec
-
-
-def section_object(cfg: DictConfig, name: str, cls: type) -> Any:
-    """Section ``name`` as an instance of its dataclass ``cls`` (fast attribute access)."""
+def section_object(cfg: DictConfig, name: str, cls: Optional[type]) -> Any:
+    """Section ``name`` of ``cfg`` as an instance of its dataclass ``cls``: the one form of a
+    section that algorithms, policies and validation read (None where ``cls`` is None or
+    ``cfg`` has no such section)."""
+    if cls is None or name not in cfg:
+        return None
     return cls(**typing.cast(Dict[str, Any], OmegaConf.to_container(cfg[name], resolve=True)))
 
 

@@ -50,6 +50,7 @@ the exact sequence)::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import json
 import math
@@ -80,7 +81,7 @@ from flowkit.checkpoint import (  # noqa: F401
     resume_config,
     save_checkpoint,
 )
-from flowkit.config import ConfigError, build_config, plugin_modules_from
+from flowkit.config import ConfigError, build_config, plugin_modules_from, section_object, validate_section
 from flowkit.core import EnvContext, SpaceError, derive_seed, env_name, make_env
 from flowkit.core.context import RunContext, make_context
 from flowkit.core.learner import NonFiniteError
@@ -150,10 +151,11 @@ def setup(cfg: DictConfig, pm: Any, run_dir: Optional[str] = None, checked: bool
             cls.check_spaces(pid, spec.observation_space, spec.action_space)
         except SpaceError as e:  # a space no encoder or action distribution takes (Text, Graph, Tuple actions)
             raise ConfigError(f"policy {pid!r} ({spec.algo}) cannot be built for the env's spaces: {e}") from None
-        cls.check_model(pid, spec.model_config(cfg), cfg[spec.algo] if spec.algo in cfg else None)
+        section = section_object(cfg, spec.algo, cls.config_class)
+        cls.check_model(pid, spec.model_config(cfg), section)
         if spec.algo not in instances:
-            warns += cls.validate_config(cfg, cfg[spec.algo] if spec.algo in cfg else None) or []
-            instances[spec.algo] = cls(cfg)
+            warns += validate_section(spec.algo, cfg, section)
+            instances[spec.algo] = cls(cfg, section)
     for w in warns:
         warnings.warn(w, stacklevel=2)
     try:
@@ -174,9 +176,13 @@ def build_plan(ctx: RunContext) -> Any:
     """The plan, with reads of undeclared config keys turned into ConfigErrors (C10)."""
     try:
         plan = ctx.pm.hook.flowkit_build_plan(ctx=ctx)
-    except OmegaConfBaseException as e:
-        key = getattr(e, "full_key", None) or "?"
-        raise ConfigError(f"a plugin read config key `{key}`, which its config schema does not "
+    except (OmegaConfBaseException, AttributeError) as e:
+        section = getattr(e, "obj", None)  # an AttributeError: of a section (a dataclass instance)?
+        if isinstance(e, AttributeError) and not dataclasses.is_dataclass(section):
+            raise
+        key = (f"`{e.name}` of {type(section).__name__}" if isinstance(e, AttributeError)
+               else f"`{getattr(e, 'full_key', None) or '?'}`")
+        raise ConfigError(f"a plugin read config key {key}, which its config schema does not "
                           f"declare ({str(e).splitlines()[0]})") from None
     if plan is None:
         raise ConfigError("no plugin built a plan for this run")

@@ -1,7 +1,7 @@
 """A plugin module for tests/test_checkpoint.py: a PPO variant that a run names by import
 path (``plugins=[ckpt_algos]``), so loading its checkpoint imports this installed module."""
 import flowkit
-from flowkit_ppo import PPO
+from flowkit_ppo.ppo import PPO
 
 
 class MyPPO(PPO):

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 import torch
 from conftest import local_overrides
-from flowkit_a2c import A2CConfig, A2CPolicy
+from flowkit_a2c import A2CConfig
+from flowkit_a2c.a2c import A2CPolicy
 
 import flowkit
 from flowkit import ConfigError

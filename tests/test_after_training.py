@@ -180,7 +180,7 @@ def test_export_matches_compute_actions(name, run_dir, tmp_path, capsys, monkeyp
 
 def _check_cli_export_failures(run_dir, tmp_path, capsys, monkeypatch):
     import torch
-    from flowkit_sac import TD3Policy
+    from flowkit_sac.td3 import TD3Policy
     capsys.readouterr()
     keep = tmp_path / "keep.pt"
     keep.write_bytes(b"an earlier export")

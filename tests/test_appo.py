@@ -17,7 +17,8 @@ from flowkit.config import section_object
 from flowkit.core import batch as sb
 from flowkit.core.learner import Learner
 from flowkit.engine import load_config
-from flowkit_impala import APPOConfig, APPOPolicy
+from flowkit_impala import APPOConfig
+from flowkit_impala.appo import APPOPolicy
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

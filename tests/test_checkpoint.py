@@ -244,7 +244,7 @@ def test_an_algorithm_that_is_not_registered_fails_in_one_line(tmp_path):
 
 def test_impala_replay_state_is_plain_and_exact():
     from flowkit.core.flow import FlowContext
-    from flowkit_impala import MixInReplay
+    from flowkit_impala.impala import MixInReplay
     rep = MixInReplay(FlowContext(), 1.5, 4, seed=3)
     for i in range(3):
         b = sb.MultiAgentBatch({"default": sb.SampleBatch({"obs": np.full((2, 3), i, np.float32),

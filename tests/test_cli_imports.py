@@ -101,7 +101,8 @@ def test_train_raises_a_config_error_before_ray_starts():
 def test_an_algorithm_registered_as_a_class_or_a_ref():
     """Plugin authors may return the Algorithm class itself (loaded as it is) or an
     AlgorithmRef (its section without torch, the class imported on demand)."""
-    from flowkit_ppo import PPO, PPOConfig
+    from flowkit_ppo.ppo import PPO
+    from flowkit_ppo import PPOConfig
 
     import flowkit
 

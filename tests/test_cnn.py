@@ -20,7 +20,8 @@ def model_cfg(**kw):
 
 
 def ppo_pair(**kw):
-    from flowkit_ppo import PPOConfig, PPOPolicy
+    from flowkit_ppo import PPOConfig
+    from flowkit_ppo.ppo import PPOPolicy
     mc = model_cfg(shared_value_network=True, **kw)
     learner = PPOPolicy(FRAMES, spaces.Discrete(6), PPOConfig(), mc, seed=1)
     worker = PPOPolicy(FRAMES, spaces.Discrete(6), PPOConfig(), mc, seed=2, inference_only=True)
@@ -28,7 +29,8 @@ def ppo_pair(**kw):
 
 
 def dqn_pair(**kw):
-    from flowkit_dqn import DQNConfig, DQNPolicy
+    from flowkit_dqn import DQNConfig
+    from flowkit_dqn.dqn import DQNPolicy
     mc = model_cfg(**kw)
     return (DQNPolicy(FRAMES, spaces.Discrete(6), DQNConfig(), mc, seed=1),
             DQNPolicy(FRAMES, spaces.Discrete(6), DQNConfig(), mc, seed=2, inference_only=True))

@@ -1,4 +1,5 @@
 """Config: cases C08, C09, C10; CLI exit statuses, --help, --dry-run, plan."""
+import dataclasses
 import os
 import subprocess
 import sys
@@ -99,7 +100,7 @@ def test_c10_two_keys_for_one_thing_name_both():
 class SneakyPPOPlugin:
     @flowkit.hookimpl
     def flowkit_add_algorithms(self):
-        from flowkit_ppo import PPO
+        from flowkit_ppo.ppo import PPO
 
         class Sneaky(PPO):
             name = "sneaky"
@@ -319,7 +320,7 @@ def test_an_action_space_the_algorithm_refuses_is_reported_before_ray_starts(tmp
 def test_a_section_the_run_does_not_use_is_an_error_for_a_variant_and_a_warning_otherwise(tmp_path):
     """Issue 27 item 5: `-c configs/ppo/CartPole-v1.yaml algo=ppo_l2` (a registered subclass of
     PPO) trained with ppo_l2's default lr 3e-4: the file's `ppo:` section was ignored."""
-    from flowkit_ppo import PPO
+    from flowkit_ppo.ppo import PPO
 
     from flowkit.config import check_run, check_unused_sections
 
@@ -385,9 +386,22 @@ def test_model_normalize_obs_an_algorithm_cannot_honour_is_refused_before_ray_st
     assert str(ei.value) == message
 
 
-def test_every_installed_algorithm_declares_model_normalize_obs_and_the_ref_agrees_with_the_class():
-    """One declaration per algorithm (AlgorithmRef before Ray starts, the class at set-up), so
-    model.normalize_obs is honoured or refused by every algorithm `flowkit plugins` lists."""
+def test_a_sections_combination_checks_are_one_table():
+    """Issue 49 item 6: a config class's ``validate`` is a table of (condition, message) rows:
+    the first error row that holds is raised, else the warning rows that hold are returned."""
+    from flowkit.config import config_checks
+    assert config_checks([(False, "e1")], [(True, "w1"), (0, "w2"), (3, "w3")]) == ["w1", "w3"]
+    with pytest.raises(ConfigError, match="^e2$"):
+        config_checks([(False, "e1"), (True, "e2"), (True, "e3")], [(True, "w1")])
+
+
+def test_every_installed_algorithm_is_declared_once_and_its_class_takes_the_declaration():
+    """One declaration per algorithm (issue 49 item 1): the torch-free AlgorithmRef read before
+    Ray starts is what the class carries at set-up (``class PPO(Algorithm, ref=PPO_REF)``), and
+    model.normalize_obs is honoured or refused by every algorithm `flowkit plugins` lists; a
+    class that does not take the ref naming it is refused when it is loaded."""
+    from flowkit_ppo import PPOConfig
+
     from flowkit.config import normalize_obs_on
     pm, _ = load_config(["env=CartPole-v1"])
     refs = pm.algorithms(load=False)
@@ -396,9 +410,12 @@ def test_every_installed_algorithm_declares_model_normalize_obs_and_the_ref_agre
     assert {n for n, v in honour.items() if v} >= {"ppo", "a2c", "impala", "appo", "dqn", "sac", "td3", "es", "ars",
                                                    "maml", "bc", "marwil", "cql_dqn", "cql_sac"}
     for name, ref in refs.items():
-        cls = ref.load() if hasattr(ref, "load") else ref
-        assert (cls.normalize_obs, cls.normalize_obs_refusal) == (ref.normalize_obs, ref.normalize_obs_refusal), name
+        cls = pm.algorithms()[name]
+        assert [getattr(cls, f.name) for f in dataclasses.fields(ref) if f.name != "target"] == \
+            [getattr(ref, f.name) for f in dataclasses.fields(ref) if f.name != "target"], name
         assert ref.normalize_obs or ref.normalize_obs_refusal, name
+    with pytest.raises(ImportError, match="flowkit_ppo.ppo:PPO is named 'ppo', not 'ppo2'"):
+        flowkit.AlgorithmRef("ppo2", PPOConfig, "flowkit_ppo.ppo:PPO").load()
     # PPO's own key and model.normalize_obs: one switch, either turns it on
     on = OmegaConf.create({"normalize_observations": True})
     assert normalize_obs_on({"normalize_obs": False}, on, "normalize_observations")

@@ -4,7 +4,8 @@ import re
 from dataclasses import dataclass
 
 import pytest
-from flowkit_ppo import PPO, PPOConfig, PPOPolicy
+from flowkit_ppo.ppo import PPO, PPOPolicy
+from flowkit_ppo import PPOConfig
 
 from flowkit.config import F
 from flowkit.hooks import get_plugin_manager
@@ -139,7 +140,7 @@ def test_check_algorithm_checks_actions_against_the_action_space(tmp_path, polic
 
 
 def test_prioritized_replay_without_td_error_stops_the_run(tmp_path):
-    from flowkit_dqn import DQN, DQNPolicy
+    from flowkit_dqn.dqn import DQN, DQNPolicy
 
     class ForgetfulPolicy(DQNPolicy):
         def loss(self, batch):

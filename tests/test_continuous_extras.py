@@ -11,7 +11,8 @@ from flowkit.checkpoint import from_plain, load_state, to_plain
 from flowkit.config import section_object
 from flowkit.core import batch as sb
 from flowkit.engine import load_config
-from flowkit_ppo import PPOConfig, PPOPolicy
+from flowkit_ppo import PPOConfig
+from flowkit_ppo.ppo import PPOPolicy
 
 BOX1 = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
 

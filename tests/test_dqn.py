@@ -18,7 +18,8 @@ from flowkit.checkpoint import from_plain, load_state
 from flowkit.core import batch as sb
 from flowkit.core.flow import NOT_READY
 from flowkit.engine import build_plan, load_config, read_metrics, setup
-from flowkit_dqn import DQNPolicy, DQNConfig, apex_epsilon, compute_n_step, compute_q_targets, epsilon_at
+from flowkit_dqn.dqn import DQNPolicy, apex_epsilon, compute_n_step, compute_q_targets, epsilon_at
+from flowkit_dqn import DQNConfig
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -540,7 +541,7 @@ def test_rebuilt_and_new_workers_start_at_the_learners_epsilon(run_dir, apex):
 @pytest.mark.ray
 @pytest.mark.slow
 def test_exploration_reaches_ray_workers_in_both_modes(ray_session, run_dir):
-    from flowkit_dqn import epsilon_at as eps_at
+    from flowkit_dqn.dqn import epsilon_at as eps_at
 
     def run(extra, steps):
         pm, cfg = load_config(["algo=dqn", "env=CartPole-v1", "runtime.backend=ray", "runtime.num_workers=2",

@@ -3,7 +3,7 @@ import csv
 import os
 
 import pytest
-from flowkit_ppo import PPO, PPOPolicy
+from flowkit_ppo.ppo import PPO, PPOPolicy
 
 import flowkit
 import flowkit.testing.recorder
@@ -316,7 +316,7 @@ def test_misspelt_hook_fails_loudly():
 class DuplicateName:
     @flowkit.hookimpl
     def flowkit_add_algorithms(self):
-        from flowkit_ppo import PPO
+        from flowkit_ppo.ppo import PPO
         return [type("OtherPPO", (PPO,), {})]  # keeps name "ppo"
 
 

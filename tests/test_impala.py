@@ -18,7 +18,7 @@ from flowkit.core import batch as sb
 from flowkit.core.flow import FlowContext
 from flowkit.core.learner import Learner, weights_versions
 from flowkit.engine import load_config, setup
-from flowkit_impala import IMPALAPolicy, MixInReplay
+from flowkit_impala.impala import IMPALAPolicy, MixInReplay
 from test_returns import paper_vtrace
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -427,7 +427,8 @@ def test_model_normalize_obs_statistics_take_in_the_datasets_rows(tmp_path, matc
 
 @pytest.mark.parametrize("algo", ["bc", "marwil", "cql_dqn"])
 def test_conformance(tmp_path, match_dataset, algo):
-    from flowkit_offline import BC, CQLDQN, MARWIL
+    from flowkit_offline.marwil import BC, MARWIL
+    from flowkit_offline.cql import CQLDQN
 
     from flowkit.testing import check_algorithm
     out = check_algorithm({"bc": BC, "marwil": MARWIL, "cql_dqn": CQLDQN}[algo],
@@ -498,7 +499,7 @@ def test_marwil_and_cql_beat_bc_on_a_mixed_dataset(tmp_path):
 
 def test_bc_learns_box_actions(tmp_path):
     # Box actions go back from the env's bounds to the policy's sampled form (reader.sampled_actions)
-    from flowkit_offline import BC
+    from flowkit_offline.marwil import BC
     from offline_envs import TargetExpert
 
     from flowkit.testing import check_algorithm
@@ -579,7 +580,7 @@ def _hand_gaps():
 
 def test_cql_sac_penalty_on_a_hand_computed_batch():
     import torch
-    from flowkit_sac import SACPolicy
+    from flowkit_sac.sac import SACPolicy
     gap1, gap2 = _hand_gaps()
     pol = _cql_sac_policy(cql_alpha=3.0)
     batch = _hand_batch(pol)
@@ -604,7 +605,7 @@ def test_cql_sac_lagrangian_weight_moves_with_the_gap():
     import math
 
     import torch
-    from flowkit_sac import SACPolicy
+    from flowkit_sac.sac import SACPolicy
     gap1, gap2 = _hand_gaps()
     for tau in (0.5, 3.0):  # the gaps are about 1.3-2.5: alpha' grows below them, shrinks above
         pol = _cql_sac_policy(cql_alpha=2.0, lagrangian=True, target_action_gap=tau)
@@ -627,7 +628,7 @@ def test_cql_sac_samples_three_proposals_and_splits_the_optimizer():
     import math
 
     import torch
-    from flowkit_sac import squashed_gaussian
+    from flowkit_sac.sac import squashed_gaussian
     pol = _cql_sac_policy(num_actions=4, actor_lr=1e-5, lr=2e-4)
     obs, next_obs = torch.tensor([[0.3], [-0.7]]), torch.tensor([[0.1], [0.9]])
     g = pol.generator.get_state()
@@ -684,7 +685,7 @@ def test_cql_sac_beats_bc_on_a_mixed_box_dataset(tmp_path, box_mixed_dataset):
 
 def test_conformance_cql_sac(tmp_path, box_mixed_dataset):
     # its learning check is the test above (a few hundred gradient steps; the conformance run takes tens)
-    from flowkit_offline import CQLSAC
+    from flowkit_offline.cql import CQLSAC
 
     from flowkit.testing import check_algorithm
     from flowkit.testing.envs import BOX

@@ -9,7 +9,7 @@ import flowkit
 from flowkit.testing import local_overrides
 from flowkit.core import batch as sb
 from flowkit.engine import load_config, setup
-from flowkit_ppo import PPO, PPOPolicy
+from flowkit_ppo.ppo import PPO, PPOPolicy
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -19,8 +19,8 @@ from flowkit.config import ModelConfig
 from flowkit.core import batch as sb
 from flowkit.engine import build_plan, load_config, setup
 from flowkit.testing import local_overrides
-from flowkit_dqn import (R2D2, R2D2Config, R2D2Policy, SequenceCutter, inverse_value_rescale, r2d2_targets,
-                         sequence_priorities, value_rescale)
+from flowkit_dqn.r2d2 import R2D2, R2D2Policy, SequenceCutter, inverse_value_rescale, r2d2_targets, sequence_priorities, value_rescale
+from flowkit_dqn import R2D2Config
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOVEL = "env=flowkit.testing.envs:CartPoleNoVel-v1"

@@ -219,7 +219,7 @@ def test_conformance_exact_checkpoint_and_the_same_batch_on_both_backends(ray_se
     """check_algorithm on PPO with an LSTM: acting from the initial state, a checkpoint restored
     into a fresh run gives back exactly the trained state (weights, optimizer, RNGs, counters),
     and worker 0's first batch, state_in included, is the same on the local and Ray backends."""
-    from flowkit_ppo import PPO
+    from flowkit_ppo.ppo import PPO
 
     from flowkit.testing import check_algorithm
     out = check_algorithm(PPO, RECALL, checks=("config", "plan", "actions", "checkpoint", "backends"),
@@ -370,7 +370,8 @@ def test_the_numpy_acting_mirror_is_the_torch_network(kind, shared, box):
     """Workers act with a numpy copy of an MLP recurrent actor-critic (one LSTM or GRU step per
     env step): the same dist inputs, values and next states as the torch network, and the
     weights it sees are the model's own (an update is seen at once)."""
-    from flowkit_ppo import PPOConfig, PPOPolicy
+    from flowkit_ppo import PPOConfig
+    from flowkit_ppo.ppo import PPOPolicy
     from gymnasium import spaces
 
     from flowkit.core.recurrent import step

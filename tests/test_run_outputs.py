@@ -75,7 +75,8 @@ def test_observation_normalisation_and_shared_network_learn(run_dir):
 
 def test_image_observations_go_through_a_cnn():
     from flowkit.config import ModelConfig
-    from flowkit_ppo import PPOConfig, PPOPolicy
+    from flowkit_ppo import PPOConfig
+    from flowkit_ppo.ppo import PPOPolicy
     from omegaconf import OmegaConf
     pol = PPOPolicy(spaces.Box(0, 255, (40, 40, 3), np.uint8), spaces.Discrete(3), PPOConfig(),
                     OmegaConf.structured(ModelConfig))

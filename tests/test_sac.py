@@ -15,7 +15,9 @@ from flowkit import ConfigError
 from flowkit.core import TwinMLP
 from flowkit.core import batch as sb
 from flowkit.engine import build_plan, load_config, setup
-from flowkit_sac import SAC, SACConfig, SACPolicy, TD3Config, TD3Policy, sac_targets, squashed_gaussian, td3_targets
+from flowkit_sac.sac import SAC, SACPolicy, sac_targets, squashed_gaussian
+from flowkit_sac import SACConfig, TD3Config
+from flowkit_sac.td3 import TD3Policy, td3_targets
 from flowkit_sac.td3 import smoothed_target_action
 
 BOX = "env.factory=envs:BoxTargetEnv"  # obs 0, action in [0, 1], reward -(a - 0.1)^2, one step

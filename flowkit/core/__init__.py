@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from flowkit.core.returns import bootstrap_rows, compute_gae, next_values, vtrace
     from flowkit.core._runner import Episode, GymEnvRunner, RecurrentStates, run_episodes, stack_rows
     from flowkit.core.target_network import TargetNetwork
-    from flowkit.core.algorithm import Algorithm
+    from flowkit.core.algorithm import Algorithm, AlgorithmRef
     from flowkit.core.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch, trajectory_ends
     from flowkit.core.flow import NOT_READY, Flow, FlowContext, ParallelFlow, Sourced
     from flowkit.core.policy import Policy, RandomPolicy, loss_stats, to_tensor
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [  # batches (column names: flowkit.core.batch.OBS, ...), dataflow, policies, envs and workers
     "batch", "DEFAULT_POLICY_ID", "MultiAgentBatch", "SampleBatch", "trajectory_ends", "Flow", "FlowContext",
-    "NOT_READY", "ParallelFlow", "Sourced", "Algorithm", "Policy", "RandomPolicy", "loss_stats", "ActorCriticPolicy", "adapt_kl_coeff", "clipped_surrogate", "standardized", "to_tensor", "MASK_KEY",
+    "NOT_READY", "ParallelFlow", "Sourced", "Algorithm", "AlgorithmRef", "Policy", "RandomPolicy", "loss_stats", "ActorCriticPolicy", "adapt_kl_coeff", "clipped_surrogate", "standardized", "to_tensor", "MASK_KEY",
     "ObsEncoder", "SpaceError", "add_batch_axis", "batch_len", "ActionDist", "ACTIVATIONS", "ActorCritic",
     "RunningMeanStd", "FramesCNN", "ImpalaCNN", "SmallCNN", "TwinMLP", "build_mlp", "build_trunk", "init_weights", "sde_std", "NumpyActorCritic", "NumpyActorCriticPolicy", "mlp_forward",
     "sample_logp_numpy", "Acting", "linear_layers", "linear_names", "bootstrap_rows", "compute_gae", "next_values", "vtrace", "EnvContext", "EnvError", "Episode", "GymEnvRunner", "run_episodes", "stack_rows",
@@ -51,7 +51,7 @@ _MODULES = {  # the module behind each name, imported on first use (torch only w
     "_runner": "Episode GymEnvRunner RecurrentStates run_episodes stack_rows",
     "recurrent": "RecurrentActorCritic RecurrentStep RecurrentTrunk forward_sequences",
     "target_network": "TargetNetwork",
-    "algorithm": "Algorithm", "batch": "DEFAULT_POLICY_ID MultiAgentBatch SampleBatch trajectory_ends",
+    "algorithm": "Algorithm AlgorithmRef", "batch": "DEFAULT_POLICY_ID MultiAgentBatch SampleBatch trajectory_ends",
     "flow": "NOT_READY Flow FlowContext ParallelFlow Sourced", "policy": "Policy RandomPolicy loss_stats to_tensor",
     "workers": "PolicySpec RolloutWorker WorkerSet"}
 _HOME = {n: m for m, names in _MODULES.items() for n in names.split()}

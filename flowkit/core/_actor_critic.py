@@ -103,8 +103,8 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
         from flowkit.config import normalize_obs_on
         # model.normalize_obs or the section's normalize_observations (PPO's): one switch, either turns it on
         norm = normalize_obs_on(self.model_config, self.config, "normalize_observations")
-        norm_key = "model.normalize_obs" if getattr(self.model_config, "normalize_obs", False) else "normalize_observations"
-        if getattr(self.model_config, "recurrent", None):
+        norm_key = "model.normalize_obs" if self.model_config.normalize_obs else "normalize_observations"
+        if self.model_config.recurrent:
             if getattr(self.config, "use_sde", False):
                 from flowkit.config import ConfigError
                 raise ConfigError("use_sde=true does not combine with model.recurrent (gSDE's features are per "
@@ -140,7 +140,7 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
         if not self._np_checked:
             self._np_checked = True
             mc = self.model_config
-            if self.device.type == "cpu" and mc is not None and bool(getattr(mc, "numpy_inference", True)):
+            if self.device.type == "cpu" and mc.numpy_inference:
                 if isinstance(self.model, ActorCritic):
                     self._np_model = NumpyActorCritic.build(self.model, self.dist, str(mc.activation))
                 elif (lay := numpy_recurrent_layout(self.model, self.dist, str(mc.activation))) is not None:
@@ -159,7 +159,7 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
         cls = type(self)
         mc = self.model_config
         if any(getattr(cls, m) is not getattr(ActorCriticPolicy, m) for m in _WORKER_SIDE) or (
-                mc is None or not bool(getattr(mc, "numpy_inference", True))
+                not mc.numpy_inference
                 or getattr(self.model, "ret_rms", None) is not None):
             return None
         lay = numpy_layout(self.model, self.dist, str(mc.activation))

@@ -1,10 +1,15 @@
-"""The Algorithm base class (Lightning style): a name, a config dataclass, a policy class,
-a rollout mode and one method that matters, :meth:`Algorithm.training_flow`."""
+"""An algorithm: its torch-free declaration (:class:`AlgorithmRef`: name, config section,
+spaces, recurrence, observation normalisation) and the Algorithm base class (Lightning style)
+that takes it, adds a policy class and a rollout mode, and has one method that matters,
+:meth:`Algorithm.training_flow`. This module imports no torch."""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, List, Optional, Tuple, Union
+import dataclasses
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Dict, Optional, Tuple, Type, Union
 
-from flowkit.config import ConfigError, action_space_error, check_schedules, normalize_obs_error, recurrent_error
+from flowkit.config import ConfigError, RandomConfig, action_space_error, model_error, section_object
 
 if TYPE_CHECKING:
     from flowkit.core.context import RunContext
@@ -12,12 +17,62 @@ if TYPE_CHECKING:
     from flowkit.core.learner import Learner
 
 
+@dataclass(frozen=True)
+class AlgorithmRef:
+    """An algorithm's declaration, torch-free: what ``flowkit_add_algorithms`` returns, read
+    before torch and Ray load (``flowkit plugins``, ``--help``, :func:`flowkit.config.check_run`),
+    and what the class takes its declared attributes from (``class PPO(Algorithm, ref=PPO_REF)``:
+    each is written once, here).
+
+    Attributes:
+        name: registry name and config section (``ppo`` -> ``ppo.*``).
+        config_class: the section's dataclass (torch-free; its docstring is the algorithm's
+            description). Its ``validate(self, run_config, name) -> warnings`` method, where it
+            has one, holds the checks that relate several keys (:func:`flowkit.config.validate_section`).
+        target: where the class is, ``"flowkit_ppo.ppo:PPO"``, imported when a run needs it.
+        action_spaces: the Gymnasium action space classes it acts in, by name (``("Discrete",)``;
+            empty: any).
+        recurrent: its policies train recurrent networks (``model.recurrent``).
+        normalize_obs: what it does with ``model.normalize_obs``: True: honoured; the name of a
+            key of its own section that is the same switch (``"normalize_observations"``); False:
+            refused, with ``normalize_obs_refusal`` (why, and what to use instead).
+        normalize_obs_refusal: the reason given when ``model.normalize_obs=true`` is refused.
+    """
+    name: str
+    config_class: Optional[type]
+    target: str
+    action_spaces: Tuple[str, ...] = ()
+    recurrent: bool = False
+    normalize_obs: Union[bool, str] = False
+    normalize_obs_refusal: str = ""
+
+    def load(self) -> Type["Algorithm"]:
+        """Import the class (what the plugin manager does on the first lookup of ``name``).
+
+        Raises:
+            ImportError: the target does not import, or is not the algorithm declared here
+                (naming the target).
+        """
+        mod, _, attr = self.target.partition(":")
+        try:
+            cls = getattr(importlib.import_module(mod), attr)
+        except Exception as e:
+            raise ImportError(f"{self.target} failed to import: {type(e).__name__}: {e}") from e
+        if getattr(cls, "name", None) != self.name:
+            raise ImportError(f"{self.target} is named {getattr(cls, 'name', None)!r}, not {self.name!r}; declare it "
+                              f"with `class {attr}(flowkit.Algorithm, ref=<its AlgorithmRef>)`")
+        return cls
+
+
 class Algorithm:
     """Base class of every algorithm plugin.
 
     Attributes:
-        name: registry name and config section (``ppo`` -> ``ppo.*``).
-        config_class: dataclass of the section (a docstring per field).
+        name, config_class, action_spaces, recurrent, normalize_obs, normalize_obs_refusal:
+            what the algorithm declares, as :class:`flowkit.AlgorithmRef` describes them; a
+            plugin writes them once, in its torch-free ``AlgorithmRef``, and the class takes
+            them from it (``class PPO(Algorithm, ref=PPO_REF)``); a class registered as it is
+            (a variant, a test's algorithm) sets them as class attributes.
         policy_class: the :class:`flowkit.Policy` subclass it trains.
         rollout_mode: ``bulk_sync`` (experiences are MultiAgentBatches), ``async``
             (experiences are ``(source_actor, MultiAgentBatch)``) or ``async_gradients``
@@ -25,27 +80,10 @@ class Algorithm:
             computed in ``meta["gradients"]``: A3C; see ``ParallelRollouts``).
         off_policy: True if it can learn from stale samples (turns ``runtime.prefetch`` on
             by default when every algorithm of the run is off-policy).
-        action_spaces: the Gymnasium action space classes it acts in, by name (``("Discrete",)``;
-            empty: any), checked at set-up by :meth:`check_spaces`; declare the same tuple on
-            the plugin's :class:`flowkit.AlgorithmRef` so the CLI checks it before Ray starts.
-        recurrent: its policies train recurrent networks (``model.recurrent``, or a recurrent
-            ``model.class``): their batches carry ``state_in`` and the losses run over whole
-            sequences (:meth:`flowkit.Policy.model_forward`); checked by :meth:`check_model`
-            (declare the same on the :class:`flowkit.AlgorithmRef`).
-        normalize_obs: what it does with ``model.normalize_obs``: True: its policies keep
-            running observation statistics in their model (updated on the learner, sent with
-            the weights, in checkpoints, applied when acting and by export); the name of a key
-            of its own section that is the same switch (PPO's ``"normalize_observations"``:
-            either key turns normalisation on, :func:`flowkit.config.normalize_obs_on`; that key
-            given false where its default is true, with ``model.normalize_obs=true``, is
-            refused); False (the default): ``model.normalize_obs=true`` is refused, with
-            :attr:`normalize_obs_refusal` (why, and what to use instead). Checked by
-            :meth:`check_model`; declare the same on the :class:`flowkit.AlgorithmRef`.
-        normalize_obs_refusal: the reason given when ``model.normalize_obs=true`` is refused.
 
-    Instances hold ``config`` (a read-only, struct-mode view of their own section: reading an
-    undeclared key raises) and ``run_config`` (the whole config). ``training_flow`` must not
-    report metrics or read other policies' data; the engine wraps it.
+    Instances hold ``config`` (their own section as an instance of ``config_class``) and
+    ``run_config`` (the whole config). ``training_flow`` must not report metrics or read other
+    policies' data; the engine wraps it.
 
     ``MyAlgo.from_checkpoint(path)`` (a class method) rebuilds a trained algorithm, policies
     with their weights, from a checkpoint folder, a run folder (its latest checkpoint) or a
@@ -65,41 +103,24 @@ class Algorithm:
     normalize_obs_refusal: str = ""
     from_checkpoint: ClassVar[Callable[..., "Algorithm"]]
 
-    def __init__(self, run_config: Any, config: Any = None):
-        from flowkit.config import section_view
-        self.run_config: Any = run_config
-        self.config: Any = config if config is not None else (
-            section_view(run_config, self.name) if self.name in run_config else None)
-        self.policies: Dict[str, Any] = {}
+    def __init_subclass__(cls, ref: Any = None, **kwargs: Any) -> None:
+        """``class PPO(Algorithm, ref=PPO_REF)``: every field of the declaration ``ref`` (a
+        :class:`flowkit.AlgorithmRef`) but its ``target`` becomes a class attribute."""
+        super().__init_subclass__(**kwargs)
+        for f in dataclasses.fields(ref) if ref is not None else ():
+            if f.name != "target":
+                setattr(cls, f.name, getattr(ref, f.name))
 
-    @classmethod
-    def validate_config(cls, run_config: Any, section: Any) -> List[str]:
-        """Check what relates several keys of this algorithm's section (and its fit with
-        ``runtime.*``) before anything starts; each key's own range or choices belong in its
-        field declaration (``F(3e-4, "...", gt=0)``), checked before this is called. Raise
-        :class:`flowkit.ConfigError` naming keys and values; return warnings. Default: the
-        linear schedules' horizon (:func:`flowkit.config.check_schedules`), the config
-        class's own ``validate(section, run_config, name)`` where it has one (torch-free, so
-        the CLI runs it before torch loads), and a warning when the section's
-        ``learning_starts`` is not below ``stop.env_steps`` (the run stops in the replay
-        warm-up, untrained)."""
-        if section is None:
-            return []
-        check_schedules(section, cls.name, run_config)
-        check = getattr(cls.config_class, "validate", None)
-        out = list((check(section, run_config, cls.name) or []) if check is not None else [])
-        starts, budget = section.get("learning_starts"), run_config.stop.env_steps
-        if starts is not None and budget is not None and starts >= budget:
-            out.append(f"{cls.name}.learning_starts={starts} >= stop.env_steps={budget}: the run stops in the "
-                       "replay warm-up and trains nothing")
-        return out
+    def __init__(self, run_config: Any, config: Any = None):
+        self.run_config: Any = run_config
+        self.config: Any = config if config is not None else section_object(run_config, self.name, self.config_class)
+        self.policies: Dict[str, Any] = {}
 
     @classmethod
     def check_spaces(cls, policy_id: str, observation_space: Any, action_space: Any) -> None:
         """Raise ConfigError if this algorithm cannot handle the spaces of ``policy_id``: here,
         an action space not in :attr:`action_spaces`; subclasses add their own conditions."""
-        why = action_space_error(cls.name, cls.action_spaces, policy_id, action_space)
-        if why:
+        if why := action_space_error(cls, policy_id, action_space):
             raise ConfigError(why)
 
     @classmethod
@@ -108,10 +129,8 @@ class Algorithm:
         ``model_config`` (its ``model.*``) describes: ``model.recurrent`` without
         :attr:`recurrent`; ``model.normalize_obs=true`` without :attr:`normalize_obs`, or
         contradicted by the algorithm's own key (``section``: its section, None: defaults;
-        :func:`flowkit.config.normalize_obs_error`)."""
-        why = recurrent_error(cls.name, cls.recurrent, policy_id, model_config) or normalize_obs_error(
-            cls.name, cls.normalize_obs, policy_id, model_config, section, cls.config_class, cls.normalize_obs_refusal)
-        if why:
+        :func:`flowkit.config.model_error`)."""
+        if why := model_error(cls, policy_id, model_config, section):
             raise ConfigError(why)
 
     def only_policy(self, ctx: "RunContext", learner: "Learner") -> str:
@@ -180,3 +199,9 @@ class Algorithm:
     def compute_actions(self, obs: Any, explore: bool = False, policy_id: Optional[str] = None) -> Any:
         """Env-ready actions for raw observations (see :meth:`Policy.compute_actions`)."""
         return self.get_policy(policy_id).compute_actions(obs, explore=explore)
+
+
+#: the built-in ``random`` algorithm (flowkit.core.ops.RandomAlgorithm), registered by flowkit.builtin
+RANDOM = AlgorithmRef("random", RandomConfig, "flowkit.core.ops:RandomAlgorithm", normalize_obs_refusal=(
+    "it has no network and keeps no observation statistics; in a multi-agent run set "
+    "multiagent.policies.<id>.model.normalize_obs=false for its policies"))

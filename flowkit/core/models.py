@@ -98,7 +98,7 @@ def init_weights(module: nn.Module, model_cfg: Any) -> nn.Module:
     Raises:
         ValueError: an unknown ``model.init``.
     """
-    how = str(getattr(model_cfg, "init", None) or "auto")
+    how = str(model_cfg.init)
     if how not in INITS:
         raise ValueError(f"model.init={how!r} is not one of {', '.join(INITS)}")
     if how == "default":
@@ -322,7 +322,7 @@ class ActorCritic(nn.Module):
         super().__init__()
         self.sde_expln, self.sde_learn_features = bool(sde_expln), bool(sde_learn_features)
         hidden, act = list(model_cfg.hidden_sizes), model_cfg.activation
-        cnn = str(getattr(model_cfg, "cnn", None) or "nature")
+        cnn = str(model_cfg.cnn)
         self.obs_rms = RunningMeanStd(encoder.shape) if normalize_obs else None
         self.ret_rms = RunningMeanStd(()) if normalize_rewards else None
         self.shared = bool(model_cfg.shared_value_network)

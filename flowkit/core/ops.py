@@ -11,9 +11,9 @@ from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence,
 
 import numpy as np
 
-from flowkit.config import RANDOM_NORMALIZE_OBS, ConfigError, RandomConfig, schedule_horizon
+from flowkit.config import ConfigError, schedule_horizon
 from flowkit.core import batch as sb
-from flowkit.core.algorithm import Algorithm
+from flowkit.core.algorithm import RANDOM, Algorithm
 from flowkit.core.flow import NOT_READY, Flow, ParallelFlow, RoundRobinCursor, Sourced, union_tagged
 from flowkit.core.learner import Learner
 from flowkit.core.policy import RandomPolicy
@@ -240,10 +240,9 @@ class NoTraining:
         return {"batch": b, "stats": {}}
 
 
-class RandomAlgorithm(Algorithm):
+class RandomAlgorithm(Algorithm, ref=RANDOM):
     """The built-in ``random`` algorithm: acts uniformly over legal actions, learns nothing."""
-    name, config_class, policy_class, off_policy = "random", RandomConfig, RandomPolicy, True
-    normalize_obs, normalize_obs_refusal = False, RANDOM_NORMALIZE_OBS
+    policy_class, off_policy = RandomPolicy, True
 
     def training_flow(self, experiences: Flow, ctx: "RunContext", learner: Learner) -> Flow:
         return experiences.for_each(NoTraining())

@@ -34,8 +34,8 @@ class Policy(Acting):
         observation_space: the raw observation space of the agents mapped to this policy.
         action_space: their action space.
         config: the algorithm's config section (a dataclass instance, read-only by convention).
-        model_config: the ``model.*`` section; None: the defaults of
-            :class:`flowkit.config.ModelConfig` (``self.model_config`` is never None).
+        model_config: the ``model.*`` section; keys not given (None: all) take the defaults of
+            :class:`flowkit.config.ModelConfig` (``self.model_config`` has every key).
         device: ``"cpu"`` or ``"cuda"`` (the learner's; workers always use cpu).
         seed: seeds this policy's sampling RNG.
         inference_only: build no optimizer (rollout workers).
@@ -57,11 +57,11 @@ class Policy(Acting):
                  model_config: Any = None, device: str = "cpu", seed: int = 0,
                  inference_only: bool = False):
         self.observation_space, self.action_space = observation_space, action_space
-        if model_config is None:
-            from omegaconf import OmegaConf
+        from omegaconf import OmegaConf
 
-            from flowkit.config import ModelConfig
-            model_config = OmegaConf.structured(ModelConfig)
+        from flowkit.config import ModelConfig
+        # every key of the model.* section: ModelConfig's defaults under what is given (None: all)
+        model_config = OmegaConf.merge(OmegaConf.structured(ModelConfig), model_config or {})
         self.config, self.model_config = config, model_config
         self.device = torch.device(device)
         self.encoder = ObsEncoder(observation_space)
@@ -106,7 +106,7 @@ class Policy(Acting):
         from flowkit.config import ConfigError
         from flowkit.core.models import acting_layout, init_weights
         init_weights(default, self.model_config)  # model.init (the custom network's init is its own)
-        spec = self.model_config.get("class") if hasattr(self.model_config, "get") else None
+        spec = self.model_config["class"]
         if not spec:
             if self.inference_only and self.device.type == "cpu" and self.encoder.is_image:
                 acting_layout(default)  # a rollout worker's CNN: same function, faster on CPU
@@ -129,8 +129,8 @@ class Policy(Acting):
                     f"forward({self.encoder.dtype}[2, {', '.join(map(str, self.encoder.shape))}])")
             raise ConfigError(f"model.class={spec!r}: Class(encoder, num_outputs={n}, model_config) then "
                               f"{call} failed: {type(e).__name__}: {e}") from None
-        if self.model_config.get("recurrent") and not is_recurrent(model):
-            raise ConfigError(f"model.recurrent={self.model_config.get('recurrent')!r} needs a recurrent network: "
+        if self.model_config.recurrent and not is_recurrent(model):
+            raise ConfigError(f"model.recurrent={self.model_config.recurrent!r} needs a recurrent network: "
                               f"model.class={spec!r} has no initial_state(n) method (see Policy.build_model)")
 
         def shape(x: Any) -> str:
@@ -151,7 +151,7 @@ class Policy(Acting):
     @property
     def max_seq_len(self) -> int:
         """Rows per training sequence (``model.max_seq_len``)."""
-        return int(self.model_config.get("max_seq_len", 32) if hasattr(self.model_config, "get") else 32)
+        return int(self.model_config.max_seq_len)
 
     def initial_state(self, n: int) -> Optional[np.ndarray]:
         """float32[n, S]: the recurrent state of ``n`` rows at an episode start; None for a

@@ -5,16 +5,13 @@ from __future__ import annotations
 import importlib
 import importlib.metadata as md
 import inspect
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Type, Union
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
 import pluggy
 
+from flowkit.core.algorithm import AlgorithmRef
 from flowkit.core.presets import register_presets
 from flowkit.hooks import specs
-
-if TYPE_CHECKING:
-    from flowkit.core.algorithm import Algorithm
 
 hookimpl = pluggy.HookimplMarker("flowkit")
 _REGISTERED: List[Any] = []  # objects registered in code (driver only)
@@ -39,37 +36,6 @@ class PluginError(RuntimeError):
     """A plugin failed to load or misbehaved; the message names it (and its distribution)."""
 
 
-@dataclass(frozen=True)
-class AlgorithmRef:
-    """An algorithm as ``flowkit_add_algorithms`` may return it without importing torch: its
-    ``name``, its config section (``config_class``, a torch-free dataclass) and where the class
-    is (``"flowkit_ppo.ppo:PPO"``), imported when a run needs it. The section's docstring is
-    the algorithm's description (``flowkit plugins``). ``validate``: the class's
-    ``validate_config`` as a torch-free function ``(run_config, section, name) -> warnings``
-    (raising :class:`flowkit.ConfigError`), so that its errors come before torch and Ray load
-    (:func:`flowkit.config.check_run`); without it they come when the class is imported."""
-    name: str
-    config_class: Optional[type]
-    target: str
-    validate: Optional[Callable[[Any, Any, str], List[str]]] = None
-    action_spaces: Tuple[str, ...] = ()  # as Algorithm.action_spaces: checked before Ray starts
-    recurrent: bool = False  # as Algorithm.recurrent: model.recurrent checked before Ray starts
-    normalize_obs: Union[bool, str] = False  # as Algorithm.normalize_obs: model.normalize_obs checked before Ray starts
-    normalize_obs_refusal: str = ""  # as Algorithm.normalize_obs_refusal
-
-    def load(self) -> Type[Algorithm]:
-        """Import the class.
-
-        Raises:
-            PluginError: the target does not import (naming the algorithm and the target).
-        """
-        mod, _, attr = self.target.partition(":")
-        try:
-            return getattr(importlib.import_module(mod), attr)
-        except Exception as e:
-            raise PluginError(f"algorithm {self.name!r}: {self.target} failed to import: {type(e).__name__}: {e}") from e
-
-
 class Algorithms(Mapping):
     """``{name: Algorithm class or AlgorithmRef}`` whose refs are imported on first lookup."""
 
@@ -79,7 +45,10 @@ class Algorithms(Mapping):
     def __getitem__(self, name: str) -> Any:
         a = self._algos[name]
         if isinstance(a, AlgorithmRef):
-            a = self._algos[name] = a.load()
+            try:
+                a = self._algos[name] = a.load()
+            except ImportError as e:
+                raise PluginError(f"algorithm {name!r}: {e}") from e
         return a
 
     def __contains__(self, name: object) -> bool:

@@ -2,22 +2,15 @@
 plugin kept outside flowkit's tree.
 
 This module is the torch-free part that ``flowkit plugins`` and ``flowkit train --help`` read:
-the config section and the registration. The algorithm (torch) is in
+the config section and the algorithm's declaration. The algorithm (torch) is in
 :mod:`flowkit_reinforce.reinforce`, imported when a run needs it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import flowkit
 from flowkit.config import F
-from flowkit.hooks import lazy_attrs
-
-if TYPE_CHECKING:
-    from flowkit_reinforce.reinforce import Reinforce, ReinforcePolicy
-
-__all__ = ["Reinforce", "ReinforceConfig", "ReinforcePolicy"]
 
 
 @dataclass
@@ -29,9 +22,9 @@ class ReinforceConfig:
     train_batch_size: int = F(256, "env steps per policy-gradient step", ge=1)
 
 
+REINFORCE_REF = flowkit.AlgorithmRef("reinforce", ReinforceConfig, "flowkit_reinforce.reinforce:Reinforce")
+
+
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("reinforce", ReinforceConfig, "flowkit_reinforce.reinforce:Reinforce")]
-
-
-__getattr__ = lazy_attrs(dict.fromkeys(["Reinforce", "ReinforcePolicy"], "flowkit_reinforce.reinforce"))
+    return [REINFORCE_REF]

@@ -11,7 +11,7 @@ from flowkit import Algorithm, Policy
 from flowkit.core import batch as sb
 from flowkit.core import bootstrap_rows, build_mlp, compute_gae, loss_stats, next_values
 from flowkit.core.ops import ConcatBatches, SyncWeights, TrainOneStep
-from flowkit_reinforce import ReinforceConfig
+from flowkit_reinforce import REINFORCE_REF
 
 RETURNS = "returns"
 
@@ -62,12 +62,10 @@ class ReinforcePolicy(Policy):
         return {"baseline": self.baseline}
 
 
-class Reinforce(Algorithm):
+class Reinforce(Algorithm, ref=REINFORCE_REF):
     """Collect ``train_batch_size`` env steps, take one policy-gradient step, send the new
     weights to every worker (on-policy, bulk-synchronous)."""
 
-    name = "reinforce"
-    config_class = ReinforceConfig
     policy_class = ReinforcePolicy
 
     def training_flow(self, experiences, ctx, learner):

@@ -1,24 +1,14 @@
 """flowkit-a2c: the A2C and A3C algorithm plugin (entry point group ``flowkit``).
 
-This module is the plugin's torch-free metadata (the config sections and the registration,
-what ``flowkit train --help`` and ``flowkit plugins`` read); the algorithms and their policy
-(torch) are imported from :mod:`flowkit_a2c.a2c` on first use.
+This module is the plugin's torch-free declaration (the config sections and the algorithms'
+:class:`flowkit.AlgorithmRef`); the algorithms and their policy (torch) are in
+:mod:`flowkit_a2c.a2c`, imported when a run uses them.
 """
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Optional
+from typing import Optional
 
 import flowkit
 from flowkit.config import MAX_BATCH_ROWS, F, LRConfig
-from flowkit.hooks import lazy_attrs
-
-if TYPE_CHECKING:
-    from flowkit_a2c.a2c import A2C, A3C, A2CPolicy
-
-__all__ = ["A2C", "A2CConfig", "A2CPolicy", "A3C", "A3CConfig"]
-
-#: why ``algo=a3c`` refuses ``model.normalize_obs=true`` (Algorithm.normalize_obs_refusal)
-A3C_NORMALIZE_OBS = ("its gradients are computed on the workers and the learner never sees the observations to "
-                     "keep their running statistics; use a2c (the same loss, synchronous), which keeps them")
 
 
 @dataclass
@@ -50,11 +40,12 @@ class A3CConfig(_ActorCriticConfig):
     """a3c: Asynchronous Advantage Actor-Critic (gradients computed on the workers)."""
 
 
+A2C_REF = flowkit.AlgorithmRef("a2c", A2CConfig, "flowkit_a2c.a2c:A2C", recurrent=True, normalize_obs=True)
+A3C_REF = flowkit.AlgorithmRef("a3c", A3CConfig, "flowkit_a2c.a2c:A3C", recurrent=True, normalize_obs_refusal=(
+    "its gradients are computed on the workers and the learner never sees the observations to keep their running "
+    "statistics; use a2c (the same loss, synchronous), which keeps them"))
+
+
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("a2c", A2CConfig, "flowkit_a2c.a2c:A2C", recurrent=True, normalize_obs=True),
-            flowkit.AlgorithmRef("a3c", A3CConfig, "flowkit_a2c.a2c:A3C", recurrent=True,
-                                 normalize_obs_refusal=A3C_NORMALIZE_OBS)]
-
-
-__getattr__ = lazy_attrs(dict.fromkeys(__all__, "flowkit_a2c.a2c"))
+    return [A2C_REF, A3C_REF]

@@ -31,7 +31,7 @@ import flowkit
 from flowkit.core import ActorCriticPolicy, loss_stats
 from flowkit.core import batch as sb
 from flowkit.core.ops import ApplyGradients, ConcatBatches, SyncWeights, TrainOneStep
-from flowkit_a2c import A3C_NORMALIZE_OBS, A2CConfig, A3CConfig
+from flowkit_a2c import A2C_REF, A3C_REF
 
 
 # ---- the policy ------------------------------------------------------------------------------
@@ -62,13 +62,11 @@ class A2CPolicy(ActorCriticPolicy):
 
 
 # ---- the algorithms --------------------------------------------------------------------------
-class A2C(flowkit.Algorithm):
+class A2C(flowkit.Algorithm, ref=A2C_REF):
     """A2C: bulk-sync rollouts -> [ConcatBatches] -> TrainOneStep (one gradient step) ->
     SyncWeights(to all workers)."""
 
-    name, config_class, policy_class, rollout_mode = "a2c", A2CConfig, A2CPolicy, "bulk_sync"
-    recurrent = True
-    normalize_obs = True  # the learner's train batches update the statistics (ActorCriticPolicy)
+    policy_class, rollout_mode = A2CPolicy, "bulk_sync"
 
     def training_flow(self, experiences, ctx, learner):
         flow = experiences
@@ -77,13 +75,11 @@ class A2C(flowkit.Algorithm):
         return flow.for_each(TrainOneStep(ctx, learner)).for_each(SyncWeights(ctx, learner))
 
 
-class A3C(flowkit.Algorithm):
+class A3C(flowkit.Algorithm, ref=A3C_REF):
     """A3C: gradients from the workers (async) -> ApplyGradients -> SyncWeights(to the worker
     whose gradient was applied, with its next request)."""
 
-    name, config_class, policy_class, rollout_mode = "a3c", A3CConfig, A2CPolicy, "async_gradients"
-    recurrent = True
-    normalize_obs, normalize_obs_refusal = False, A3C_NORMALIZE_OBS
+    policy_class, rollout_mode = A2CPolicy, "async_gradients"
 
     def training_flow(self, experiences, ctx, learner):
         return (experiences.for_each(ApplyGradients(ctx, learner))

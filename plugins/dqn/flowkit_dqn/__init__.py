@@ -1,46 +1,18 @@
 """flowkit-dqn: the DQN algorithm plugin (entry point group ``flowkit``): ``algo=dqn`` (Ape-X
 with ``dqn.num_replay_shards``) and ``algo=r2d2`` (recurrent replay).
 
-This module is the plugin's torch-free metadata (its config sections and its registration,
-what ``flowkit train --help`` and ``flowkit plugins`` read); the algorithms and their policies
-(torch) are imported from :mod:`flowkit_dqn.dqn` and :mod:`flowkit_dqn.r2d2` on first use.
+This module is the plugin's torch-free declaration (its config sections, their checks and the
+algorithms' :class:`flowkit.AlgorithmRef`, what ``flowkit train --help``, ``flowkit plugins``
+and the checks before torch loads read); the algorithms and their policies (torch) are in
+:mod:`flowkit_dqn.dqn` and :mod:`flowkit_dqn.r2d2`, imported when a run uses them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import Any, List, Optional
 
 import flowkit
-from flowkit.config import MAX_BATCH_ROWS, ConfigError, F, LRConfig
-from flowkit.hooks import lazy_attrs
-
-if TYPE_CHECKING:
-    from flowkit_dqn.dqn import DQN, DQNPolicy, QNetwork, apex_epsilon, compute_n_step, compute_q_targets, epsilon_at
-    from flowkit_dqn.r2d2 import (
-        R2D2,
-        R2D2Policy,
-        RecurrentQNetwork,
-        SequenceCutter,
-        inverse_value_rescale,
-        r2d2_targets,
-        sequence_priorities,
-        value_rescale,
-    )
-
-__all__ = ["DQN", "DQNConfig", "DQNPolicy", "QNetwork", "apex_epsilon", "compute_n_step",
-           "compute_q_targets", "epsilon_at", "R2D2", "R2D2Config", "R2D2Policy", "RecurrentQNetwork", "SequenceCutter",
-           "inverse_value_rescale", "r2d2_targets", "sequence_priorities", "value_rescale"]
-_R2D2 = ("R2D2", "R2D2Policy", "RecurrentQNetwork", "SequenceCutter", "inverse_value_rescale", "r2d2_targets",
-         "sequence_priorities", "value_rescale")
-
-
-ACTION_SPACES = ("Discrete",)  # DQN.action_spaces, also checked before Ray starts
-
-
-#: why ``algo=r2d2`` refuses ``model.normalize_obs=true`` (Algorithm.normalize_obs_refusal)
-R2D2_NORMALIZE_OBS = ("its replayed sequences and stored recurrent states are not normalised; use dqn, or a "
-                      "recurrent actor-critic (ppo, a2c, impala or appo with model.recurrent), which keep the "
-                      "statistics")
+from flowkit.config import MAX_BATCH_ROWS, F, LRConfig, config_checks
 
 
 @dataclass
@@ -78,16 +50,14 @@ class DQNConfig(LRConfig):
     apex_epsilon_alpha: float = F(7.0, "Ape-X: per-worker epsilon exponent alpha", ge=0)
 
     def validate(self, run_config: Any, n: str) -> List[str]:
-        """The section's cross-field checks (each key's own range is
-        declared in :class:`DQNConfig`), torch-free; ``n``: the algorithm's name."""
-        s = self
-        if s.train_batch_size > s.buffer_size:
-            raise ConfigError(f"{n}.train_batch_size={s.train_batch_size} is larger than {n}.buffer_size={s.buffer_size}")
-        if s.num_replay_shards > 0 and s.buffer_size // s.num_replay_shards < s.train_batch_size:
-            raise ConfigError(f"{n}.buffer_size={s.buffer_size} split over {n}.num_replay_shards="
-                              f"{s.num_replay_shards} leaves fewer than {n}.train_batch_size="
-                              f"{s.train_batch_size} {s.ROWS} per shard")
-        return []
+        """The checks that relate several keys (:func:`flowkit.config.validate_section`)."""
+        tb, size, shards = self.train_batch_size, self.buffer_size, self.num_replay_shards
+        return config_checks([
+            (tb > size, f"{n}.train_batch_size={tb} is larger than {n}.buffer_size={size}"),
+            (shards > 0 and size // shards < tb, f"{n}.buffer_size={size} split over {n}.num_replay_shards="
+                                                        f"{shards} leaves fewer than {n}.train_batch_size={tb} "
+                                                        f"{self.ROWS} per shard"),
+        ])
 
 
 @dataclass
@@ -124,17 +94,18 @@ class R2D2Config(DQNConfig):
     def validate(self, run_config: Any, n: str) -> List[str]:
         """DQN's checks (in sequences), then ``burn_in < seq_len`` and ``seq_stride <= seq_len``;
         a warning when ``seq_stride`` leaves steps that no sequence trains on."""
-        out = DQNConfig.validate(self, run_config, n)
-        if self.burn_in >= self.seq_len:
-            raise ConfigError(f"{n}.burn_in={self.burn_in} must be smaller than {n}.seq_len={self.seq_len}: no step "
-                              "of a sequence would be trained on")
-        if self.seq_stride is not None and self.seq_stride > self.seq_len:
-            raise ConfigError(f"{n}.seq_stride={self.seq_stride} must be at most {n}.seq_len={self.seq_len} (a "
-                              "sequence starts where the previous one has not ended yet, or right after it)")
-        if self.seq_stride is not None and self.seq_stride > self.seq_len - self.burn_in:
-            out.append(f"{n}.seq_stride={self.seq_stride} is larger than {n}.seq_len - {n}.burn_in="
-                       f"{self.seq_len - self.burn_in}: some steps of each episode are never trained on")
-        return out
+        stride, seq, burn = self.seq_stride, self.seq_len, self.burn_in
+        return super().validate(run_config, n) + config_checks([
+            (burn >= seq, f"{n}.burn_in={burn} must be smaller than {n}.seq_len={seq}: no step of a sequence would "
+                          "be trained on"),
+            (stride is not None and stride > seq, f"{n}.seq_stride={stride} must be at most {n}.seq_len={seq} (a "
+                                                  "sequence starts where the previous one has not ended yet, or "
+                                                  "right after it)"),
+        ], warnings=[
+            (stride is not None and stride > seq - burn, f"{n}.seq_stride={stride} is larger than {n}.seq_len - "
+                                                         f"{n}.burn_in={seq - burn}: some steps of each episode are "
+                                                         "never trained on"),
+        ])
 
 
 def sequence_stride(cfg: Any) -> int:
@@ -143,12 +114,13 @@ def sequence_stride(cfg: Any) -> int:
     return int(cfg.seq_stride) if cfg.seq_stride is not None else int(cfg.seq_len) - int(cfg.burn_in)
 
 
+DQN_REF = flowkit.AlgorithmRef("dqn", DQNConfig, "flowkit_dqn.dqn:DQN", ("Discrete",), normalize_obs=True)
+R2D2_REF = flowkit.AlgorithmRef("r2d2", R2D2Config, "flowkit_dqn.r2d2:R2D2", ("Discrete",), recurrent=True,
+                                normalize_obs_refusal=(
+    "its replayed sequences and stored recurrent states are not normalised; use dqn, or a recurrent actor-critic "
+    "(ppo, a2c, impala or appo with model.recurrent), which keep the statistics"))
+
+
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("dqn", DQNConfig, "flowkit_dqn.dqn:DQN", action_spaces=ACTION_SPACES,
-                                 normalize_obs=True),
-            flowkit.AlgorithmRef("r2d2", R2D2Config, "flowkit_dqn.r2d2:R2D2", action_spaces=ACTION_SPACES,
-                                 recurrent=True, normalize_obs_refusal=R2D2_NORMALIZE_OBS)]
-
-
-__getattr__ = lazy_attrs({**dict.fromkeys(__all__, "flowkit_dqn.dqn"), **dict.fromkeys(_R2D2, "flowkit_dqn.r2d2")})
+    return [DQN_REF, R2D2_REF]

@@ -60,7 +60,7 @@ from flowkit.core.activations import has_numpy
 from flowkit.core.context import RunContext
 from flowkit.core.flow import get_result
 from flowkit.core.learner import Learner
-from flowkit_dqn import ACTION_SPACES, DQNConfig
+from flowkit_dqn import DQN_REF
 from flowkit_dqn.acting import DQNActing, NumpyDQNPolicy, SetEpsilon, apex_epsilon, compute_n_step, epsilon_at  # noqa: F401
 
 
@@ -121,7 +121,7 @@ class QHeads(nn.Module):
         """PyTorch's default (Kaiming-uniform) init for every Linear and Conv2d, as SB3 and
         CleanRL use for DQN: with the orthogonal sqrt(2)-gain init of build_mlp, Q diverged on
         CartPole in our runs (kept only with ``model.init=orthogonal``)."""
-        if str(getattr(model_cfg, "init", None) or "auto") != "orthogonal":
+        if model_cfg.init != "orthogonal":
             for m in self.modules():
                 if isinstance(m, (nn.Linear, nn.Conv2d)):
                     m.reset_parameters()
@@ -142,7 +142,7 @@ class QNetwork(QHeads):
     def __init__(self, encoder: ObsEncoder, num_actions: int, model_cfg: Any, dueling: bool):
         super().__init__()
         hidden, act = list(model_cfg.hidden_sizes), model_cfg.activation
-        self.trunk, d = build_trunk(encoder, hidden, act, str(getattr(model_cfg, "cnn", None) or "nature"))
+        self.trunk, d = build_trunk(encoder, hidden, act, str(model_cfg.cnn))
         self.build_heads(d, num_actions, act, dueling)
         self.default_init(model_cfg)
 
@@ -195,8 +195,6 @@ class DQNPolicy(DQNActing, Policy):
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):
         super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
-        if self.dist.kind != "cat":
-            raise ConfigError(f"DQN needs a Discrete action space, got {action_space}")
         torch.manual_seed(seed)
         self.num_actions = self.dist.num_outputs
         self.model = self.make_model().to(self.device)
@@ -238,7 +236,7 @@ class DQNPolicy(DQNActing, Policy):
         acted on with DQNPolicy's own methods (a subclass overriding them keeps torch)."""
         cls, mc = type(self), self.model_config
         if (any(getattr(cls, m) is not getattr(DQNPolicy, m) for m in _WORKER_SIDE) or type(self.model) is not QNetwork
-                or mc is None or not bool(getattr(mc, "numpy_inference", True)) or not has_numpy(str(mc.activation))):
+                or not mc.numpy_inference or not has_numpy(str(mc.activation))):
             return None
         m = self.model
         heads = ("value_head", "advantage_head") if m.dueling else ("q_head",)
@@ -280,7 +278,7 @@ class DQNPolicy(DQNActing, Policy):
 
     def on_train_batch_end(self, batch):
         assert self.optimizer is not None
-        return {"epsilon": self.epsilon, "lr": self.optimizer.param_groups[0]["lr"]}
+        return {"epsilon": self.epsilon, "lr": self.current_lr()}
 
 
 # ---- operators --------------------------------------------------------------------------------
@@ -315,17 +313,13 @@ class UpdateExploration:
 
 
 # ---- the algorithm --------------------------------------------------------------------------
-class DQN(flowkit.Algorithm):
+class DQN(flowkit.Algorithm, ref=DQN_REF):
     """DQN: store and replay-train branches run concurrently, round-robin with a ratio from
     ``training_intensity``; Ape-X with ``num_replay_shards > 0``."""
 
-    name = "dqn"
-    config_class = DQNConfig
     policy_class = DQNPolicy
     rollout_mode = "bulk_sync"
-    normalize_obs = True  # the replayed train batches update the statistics (DQNPolicy.prepare_batch)
     off_policy = True
-    action_spaces = ACTION_SPACES
 
     @property
     def prioritized(self) -> bool:

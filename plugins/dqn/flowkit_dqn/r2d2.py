@@ -61,7 +61,7 @@ from flowkit import ConfigError
 from flowkit.core import ObsEncoder, RecurrentStep, RecurrentTrunk, loss_stats
 from flowkit.core import batch as sb
 from flowkit.core.recurrent import is_recurrent, step
-from flowkit_dqn import R2D2_NORMALIZE_OBS, R2D2Config, sequence_stride
+from flowkit_dqn import R2D2_REF, sequence_stride
 from flowkit_dqn.dqn import DQN, DQNPolicy, QHeads, bootstrap_q
 
 
@@ -218,7 +218,7 @@ class RecurrentQNetwork(QHeads):
     unset) and DQN's Q head (dueling: V + A - mean(A)), following the recurrent-model contract
     of :mod:`flowkit.core.recurrent`: ``forward(obs float32[N, T, *shape], state float32[N, S],
     resets bool[N, T] or None) -> (q float32[N, T, num_actions], state_out float32[N, S])``.
-    Linear layers start from PyTorch's default init (as :class:`~flowkit_dqn.QNetwork`), the
+    Linear layers start from PyTorch's default init (as :class:`~flowkit_dqn.dqn.QNetwork`), the
     recurrent layer orthogonal."""
 
     def __init__(self, encoder: ObsEncoder, num_actions: int, model_cfg: Any, dueling: bool):
@@ -238,7 +238,7 @@ class RecurrentQNetwork(QHeads):
 
 # ---- the policy -------------------------------------------------------------------------------
 class R2D2Policy(DQNPolicy):
-    """A :class:`~flowkit_dqn.DQNPolicy` with a recurrent Q-network: acting carries a state per
+    """A :class:`~flowkit_dqn.dqn.DQNPolicy` with a recurrent Q-network: acting carries a state per
     row (``compute_actions_encoded(..., state=)``), the workers' postprocessing cuts sequences
     (:class:`SequenceCutter`), and :meth:`loss` is R2D2's (burn-in, rescaled n-step double-Q
     targets). After each ``loss``, ``td_error`` holds each sequence's priority float32[B]
@@ -343,15 +343,11 @@ class R2D2Policy(DQNPolicy):
 
 
 # ---- the algorithm --------------------------------------------------------------------------
-class R2D2(DQN):
+class R2D2(DQN, ref=R2D2_REF):
     """R2D2: DQN's plan (Ape-X with ``r2d2.num_replay_shards > 0``) over stored sequences of a
     recurrent Q-network (:class:`R2D2Policy`)."""
 
-    name = "r2d2"
-    config_class = R2D2Config
     policy_class = R2D2Policy
-    recurrent = True
-    normalize_obs, normalize_obs_refusal = False, R2D2_NORMALIZE_OBS
 
     @property
     def train_batch_env_steps(self) -> int:

@@ -1,23 +1,17 @@
 """flowkit-es: the ES and ARS algorithm plugin (entry point group ``flowkit``).
 
-This module is the plugin's torch-free metadata (the config sections and the registration,
-what ``flowkit train --help`` and ``flowkit plugins`` read); the algorithms and their policies
-(torch) are imported from :mod:`flowkit_es.es` on first use, the worker-side evaluation of
-perturbations (numpy only) from :mod:`flowkit_es.evaluate`.
+This module is the plugin's torch-free declaration (the config sections, their checks and the
+algorithms' :class:`flowkit.AlgorithmRef`); the algorithms and their policies (torch) are in
+:mod:`flowkit_es.es`, imported when a run uses them, the worker-side evaluation of
+perturbations (numpy only) in :mod:`flowkit_es.evaluate`.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import Any, List, Optional
 
 import flowkit
-from flowkit.config import ConfigError, F
-from flowkit.hooks import lazy_attrs
-
-if TYPE_CHECKING:
-    from flowkit_es.es import ARS, ES, ARSPolicy, ESPolicy
-
-__all__ = ["ARS", "ARSConfig", "ARSPolicy", "ES", "ESConfig", "ESPolicy"]
+from flowkit.config import F, config_checks
 
 
 @dataclass
@@ -41,6 +35,12 @@ class ESConfig(_PerturbationConfig):
                                             "merged after each round); the same switch as model.normalize_obs "
                                             "(either key turns it on; neither alone turns it off)")
 
+    def validate(self, run_config: Any, n: str) -> List[str]:
+        """The network's activation has a numpy form (the workers evaluate the MLP in numpy)."""
+        act = str(run_config.model.activation)
+        return config_checks([(act not in ("tanh", "relu"), f"model.activation={act!r}: {n} evaluates its MLP in "
+                                                            "numpy on the workers; use tanh or relu")])
+
 
 @dataclass
 class ARSConfig(_PerturbationConfig):
@@ -55,25 +55,18 @@ class ARSConfig(_PerturbationConfig):
                                            "same switch as model.normalize_obs (either key turns it on: "
                                            "false with model.normalize_obs=true is a config error)")
 
+    def validate(self, run_config: Any, n: str) -> List[str]:
+        """``top_directions`` fits in one round's directions."""
+        total, top = max(1, int(run_config.runtime.num_workers)) * self.directions_per_worker, self.top_directions
+        return config_checks([(top is not None and top > total, f"{n}.top_directions={top} is more than the directions "
+                                                                f"of one round (runtime.num_workers x "
+                                                                f"{n}.directions_per_worker = {total})")])
 
-def validate(run_config: Any, section: Any, n: str) -> List[str]:
-    """``ES.validate_config`` and ``ARS``'s (torch-free): the network's activation has a numpy
-    form; ARS's ``top_directions`` fits in one round's directions."""
-    act = str(run_config.model.activation)
-    if n == "es" and act not in ("tanh", "relu"):
-        raise ConfigError(f"model.activation={act!r}: es evaluates its MLP in numpy on the workers; use tanh or relu")
-    if n == "ars" and section.top_directions is not None:
-        total = max(1, int(run_config.runtime.num_workers)) * int(section.directions_per_worker)
-        if section.top_directions > total:
-            raise ConfigError(f"ars.top_directions={section.top_directions} is more than the directions of one round "
-                              f"(runtime.num_workers x ars.directions_per_worker = {total})")
-    return []
+
+ES_REF = flowkit.AlgorithmRef("es", ESConfig, "flowkit_es.es:ES", normalize_obs="normalize_observations")
+ARS_REF = flowkit.AlgorithmRef("ars", ARSConfig, "flowkit_es.es:ARS", normalize_obs="normalize_observations")
 
 
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("es", ESConfig, "flowkit_es.es:ES", validate, normalize_obs="normalize_observations"),
-            flowkit.AlgorithmRef("ars", ARSConfig, "flowkit_es.es:ARS", validate, normalize_obs="normalize_observations")]
-
-
-__getattr__ = lazy_attrs(dict.fromkeys(__all__, "flowkit_es.es"))
+    return [ES_REF, ARS_REF]

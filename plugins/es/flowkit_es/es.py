@@ -36,7 +36,7 @@ from flowkit.config import ConfigError, normalize_obs_on
 from flowkit.core import NOT_READY, ParallelFlow, build_mlp, derive_seed
 from flowkit.core.learner import NonFiniteError
 from flowkit.core.policy import FlatAdam, flat_parameters
-from flowkit_es import ARSConfig, ESConfig, validate
+from flowkit_es import ARS_REF, ES_REF
 from flowkit_es.evaluate import EvaluatePerturbations, Layout, NoiseTable, forward, greedy
 
 
@@ -342,17 +342,12 @@ class _PerturbationAlgorithm(flowkit.Algorithm):
     worker samples fragments."""
 
     off_policy = False
-    normalize_obs = "normalize_observations"  # <name>.normalize_observations: the same switch as model.normalize_obs
     update_class: type = _Update
     per_worker_key = ""
 
     def __init__(self, run_config: Any, config: Any = None):
         super().__init__(run_config, config)
         self._noise: Optional[NoiseTable] = None
-
-    @classmethod
-    def validate_config(cls, run_config, section) -> List[str]:
-        return validate(run_config, section, cls.name)
 
     @classmethod
     def check_spaces(cls, policy_id: str, observation_space: Any, action_space: Any) -> None:
@@ -383,16 +378,16 @@ class _PerturbationAlgorithm(flowkit.Algorithm):
         return flow.for_each(self.update_class(ctx, learner, pid, self.noise_table(), c))
 
 
-class ES(_PerturbationAlgorithm):
+class ES(_PerturbationAlgorithm, ref=ES_REF):
     """ES: antithetic pairs on the workers -> centred ranks -> Adam (see the module docstring)."""
 
-    name, config_class, policy_class = "es", ESConfig, ESPolicy
+    policy_class = ESPolicy
     update_class, per_worker_key = ESUpdate, "pairs_per_worker"
 
 
-class ARS(_PerturbationAlgorithm):
+class ARS(_PerturbationAlgorithm, ref=ARS_REF):
     """ARS V2-t: directions on the workers -> state statistics -> top-b step (see the module
     docstring)."""
 
-    name, config_class, policy_class = "ars", ARSConfig, ARSPolicy
+    policy_class = ARSPolicy
     update_class, per_worker_key = ARSUpdate, "directions_per_worker"

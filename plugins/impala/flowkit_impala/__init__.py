@@ -1,24 +1,16 @@
 """flowkit-impala: the IMPALA and APPO algorithm plugin (entry point group ``flowkit``).
 
-This module is the plugin's torch-free metadata (its config section and its registration,
-what ``flowkit train --help`` and ``flowkit plugins`` read); the algorithm and its policy
-(torch) are imported from :mod:`flowkit_impala.impala` and :mod:`flowkit_impala.appo` on first use.
+This module is the plugin's torch-free declaration (its config sections, their checks and the
+algorithms' :class:`flowkit.AlgorithmRef`); the algorithms and their policies (torch) are in
+:mod:`flowkit_impala.impala` and :mod:`flowkit_impala.appo`, imported when a run uses them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import Any, List, Optional
 
 import flowkit
-from flowkit import ConfigError
-from flowkit.config import MAX_BATCH_ROWS, F, LRConfig
-from flowkit.hooks import lazy_attrs
-
-if TYPE_CHECKING:
-    from flowkit_impala.appo import APPO, APPOPolicy
-    from flowkit_impala.impala import IMPALA, IMPALAPolicy, MixInReplay
-
-__all__ = ["APPO", "APPOConfig", "APPOPolicy", "IMPALA", "IMPALAConfig", "IMPALAPolicy", "MixInReplay"]
+from flowkit.config import MAX_BATCH_ROWS, F, LRConfig, config_checks
 
 
 @dataclass
@@ -46,13 +38,10 @@ class IMPALAConfig(LRConfig):
     log_std_init: float = F(0.0, "initial log-std of the Gaussian (Box actions)", ge=-20, le=20)
 
     def validate(self, run_config: Any, n: str) -> List[str]:
-        """``IMPALA.validate_config`` and APPO's: the self's cross-field checks (each key's own
-        range is declared in :class:`IMPALAConfig`), torch-free; ``n``: the algorithm's name."""
+        """The checks that relate several keys (IMPALA's and APPO's)."""
         mb, tb = self.minibatch_size, self.train_batch_size
-        if mb is not None and not 1 <= mb <= tb:
-            raise ConfigError(f"{n}.minibatch_size={mb} must be in [1, {n}.train_batch_size={tb}] "
-                              "(or null: the whole train batch)")
-        return []
+        return config_checks([(mb is not None and mb > tb, f"{n}.minibatch_size={mb} must be in [1, "
+                                                           f"{n}.train_batch_size={tb}] (or null: the whole train batch)")])
 
 
 @dataclass
@@ -72,12 +61,11 @@ class APPOConfig(IMPALAConfig):
                             choices=("contiguous", "shuffled"))
 
 
+IMPALA_REF = flowkit.AlgorithmRef("impala", IMPALAConfig, "flowkit_impala.impala:IMPALA", recurrent=True,
+                                  normalize_obs=True)
+APPO_REF = flowkit.AlgorithmRef("appo", APPOConfig, "flowkit_impala.appo:APPO", recurrent=True, normalize_obs=True)
+
+
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("impala", IMPALAConfig, "flowkit_impala.impala:IMPALA", recurrent=True,
-                                 normalize_obs=True),
-            flowkit.AlgorithmRef("appo", APPOConfig, "flowkit_impala.appo:APPO", recurrent=True, normalize_obs=True)]
-
-
-__getattr__ = lazy_attrs({**dict.fromkeys(__all__, "flowkit_impala.impala"),
-                          **dict.fromkeys(("APPO", "APPOPolicy"), "flowkit_impala.appo")})
+    return [IMPALA_REF, APPO_REF]

@@ -62,7 +62,7 @@ from flowkit.core import (
     standardized,
 )
 from flowkit.core import batch as sb
-from flowkit_impala import APPOConfig
+from flowkit_impala import APPO_REF
 from flowkit_impala.impala import LearnerThreadAlgorithm
 
 
@@ -156,13 +156,11 @@ class APPOPolicy(ActorCriticPolicy):
         return {"kl_coeff": self.kl_coeff, "lr": self.current_lr()}
 
 
-class APPO(LearnerThreadAlgorithm):
+class APPO(LearnerThreadAlgorithm, ref=APPO_REF):
     """APPO: IMPALA's plan (async rollouts -> weights to the producing worker -> train batches
     -> learner thread) with :class:`APPOPolicy`'s clipped-surrogate loss;
     ``appo.rollout_mode=bulk_sync`` drives the same learner synchronously."""
 
-    name = "appo"
-    config_class = APPOConfig
     policy_class = APPOPolicy
 
     def contiguous_minibatches(self) -> bool:

@@ -37,7 +37,7 @@ from flowkit.core import ActorCritic, ActorCriticPolicy, derive_seed, loss_stats
 from flowkit.core import batch as sb
 from flowkit.core.context import RunContext
 from flowkit.core.ops import ConcatBatches, SyncWeights, TrainOneStep
-from flowkit_impala import IMPALAConfig
+from flowkit_impala import IMPALA_REF
 
 
 # ---- the policy -----------------------------------------------------------------------------------
@@ -122,8 +122,6 @@ class LearnerThreadAlgorithm(flowkit.Algorithm):
 
     rollout_mode = "async"
     off_policy = True
-    recurrent = True
-    normalize_obs = True  # the learner's train batches update the statistics (on_train_batch_end)
 
     def get_rollout_mode(self) -> str:
         return self.config.rollout_mode
@@ -150,10 +148,8 @@ class LearnerThreadAlgorithm(flowkit.Algorithm):
         return batches.for_each(train).for_each(SyncWeights(ctx, learner))
 
 
-class IMPALA(LearnerThreadAlgorithm):
+class IMPALA(LearnerThreadAlgorithm, ref=IMPALA_REF):
     """IMPALA: async rollouts -> weights to the producing worker -> train batches -> learner
     thread (V-trace); ``impala.rollout_mode=bulk_sync`` drives the same learner synchronously."""
 
-    name = "impala"
-    config_class = IMPALAConfig
     policy_class = IMPALAPolicy

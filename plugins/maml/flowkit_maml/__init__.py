@@ -1,22 +1,16 @@
 """flowkit-maml: the MAML algorithm plugin (entry point group ``flowkit``).
 
-This module is the plugin's torch-free metadata (the config section and its registration,
-what ``flowkit train --help`` and ``flowkit plugins`` read); the algorithm and its policy
-(torch) are imported from :mod:`flowkit_maml.maml` on first use.
+This module is the plugin's torch-free declaration (the config section, its check and the
+algorithm's :class:`flowkit.AlgorithmRef`); the algorithm and its policy (torch) are in
+:mod:`flowkit_maml.maml`, imported when a run uses them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import Any, List, Optional
 
 import flowkit
-from flowkit.config import ConfigError, F
-from flowkit.hooks import lazy_attrs
-
-if TYPE_CHECKING:
-    from flowkit_maml.maml import MAML, MAMLPolicy
-
-__all__ = ["MAML", "MAMLConfig", "MAMLPolicy"]
+from flowkit.config import F, config_checks
 
 
 @dataclass
@@ -48,23 +42,27 @@ class MAMLConfig:
     log_std_init: float = F(0.0, "initial log-std of the Gaussian (Box actions)", ge=-20, le=20)
 
     def validate(self, run_config: Any, n: str) -> List[str]:
-        """The section's cross-field checks (torch-free)."""
+        """The env's sub-envs can be given tasks (not the env's own vectorized implementation)."""
         env = run_config.env
-        if env.vectorization != "sync" and env.id and not env.factory:
-            try:
-                import gymnasium as gym
-                native = bool(gym.spec(env.id).vector_entry_point)
-            except Exception:
-                native = False
-            if native:
-                raise ConfigError(f"env.vectorization={env.vectorization!r}: {env.id} has a vectorized implementation, "
-                                  f"whose sub-envs {n} cannot set tasks on; set env.vectorization=sync")
-        return []
+        return config_checks([(env.vectorization != "sync" and _native_vector(env), f"env.vectorization="
+                               f"{env.vectorization!r}: {env.id} has a vectorized implementation, whose sub-envs {n} "
+                               "cannot set tasks on; set env.vectorization=sync")])
+
+
+def _native_vector(env: Any) -> bool:
+    """Whether ``env.id`` (a Gymnasium id, not a factory) registers a vectorized implementation."""
+    if not env.id or env.factory:
+        return False
+    import gymnasium as gym
+    try:
+        return bool(gym.spec(env.id).vector_entry_point)
+    except Exception:
+        return False
+
+
+MAML_REF = flowkit.AlgorithmRef("maml", MAMLConfig, "flowkit_maml.maml:MAML", normalize_obs=True)
 
 
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("maml", MAMLConfig, "flowkit_maml.maml:MAML", normalize_obs=True)]
-
-
-__getattr__ = lazy_attrs(dict.fromkeys(["MAML", "MAMLPolicy"], "flowkit_maml.maml"))
+    return [MAML_REF]

@@ -45,7 +45,7 @@ from flowkit.core import (
 from flowkit.core import batch as sb
 from flowkit.core.ops import SyncWeights, TrainOneStep
 from flowkit.core.policy import loss_stats
-from flowkit_maml import MAMLConfig
+from flowkit_maml import MAML_REF
 
 Params = Dict[str, torch.Tensor]
 
@@ -304,15 +304,14 @@ class AdaptationMetrics:
 
 
 # ---- the algorithm -----------------------------------------------------------------------------
-class MAML(flowkit.Algorithm):
+class MAML(flowkit.Algorithm, ref=MAML_REF):
     """MAML: tasks to the workers -> adaptation on the workers -> MetaBatch -> the meta-update
     (TrainOneStep, ``outer_steps`` Adam steps on :meth:`MAMLPolicy.loss`) -> SyncWeights.
     The engine's rollouts are not used: nothing pulls them."""
 
-    name, config_class, policy_class = "maml", MAMLConfig, MAMLPolicy
+    policy_class = MAMLPolicy
     rollout_mode = "bulk_sync"
     off_policy = False
-    normalize_obs = True  # the meta-batches update the statistics (ActorCriticPolicy), the workers adapt through them
 
     def training_flow(self, experiences, ctx, learner):
         pid, c = self.only_policy(ctx, learner), self.config

@@ -6,19 +6,8 @@ Hooks: ``flowkit_add_config_sections`` (``multiagent.*``), ``flowkit_make_policy
 ``flowkit_build_plan`` (the mixing plan). Each returns None for runs that are not
 multi-agent, so single-agent Gymnasium runs keep the core's fast path.
 """
-from typing import TYPE_CHECKING
-
 import flowkit
-from flowkit.hooks import lazy_attrs
-from flowkit_multiagent.config import MultiAgentConfig, PolicyConfig
-
-if TYPE_CHECKING:
-    from flowkit_multiagent.plan import build_plan, training_groups
-    from flowkit_multiagent.runners import AECEnvRunner, ParallelEnvRunner
-    from flowkit_multiagent.specs import SHARED_POLICY_ID, AgentMapping, MAPolicySpec, make_policy_specs
-
-__all__ = ["AECEnvRunner", "AgentMapping", "MAPolicySpec", "MultiAgentConfig", "ParallelEnvRunner",
-           "PolicyConfig", "SHARED_POLICY_ID", "build_plan", "make_policy_specs", "training_groups"]
+from flowkit_multiagent.config import MultiAgentConfig
 
 
 @flowkit.hookimpl
@@ -59,11 +48,6 @@ def flowkit_build_plan(ctx):
     from flowkit_multiagent.plan import build_plan
     return build_plan(ctx)
 
-
-__getattr__ = lazy_attrs({**dict.fromkeys(["build_plan", "training_groups"], "flowkit_multiagent.plan"),
-                          **dict.fromkeys(["AECEnvRunner", "ParallelEnvRunner"], "flowkit_multiagent.runners"),
-                          **dict.fromkeys(["SHARED_POLICY_ID", "AgentMapping", "MAPolicySpec", "make_policy_specs"],
-                                          "flowkit_multiagent.specs")})
 
 # env constructors this plugin vouches for in a run folder's config (flowkit._trust): PettingZoo's
 # and MPE2's games, `module:attr` in full

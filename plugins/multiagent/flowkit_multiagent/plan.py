@@ -25,7 +25,7 @@ from flowkit.config import ConfigError, did_you_mean, round_env_steps
 from flowkit.core.context import RunContext
 from flowkit.core.flow import Flow, RoundRobinCursor
 from flowkit.core.ops import Concurrently, NoTraining, ParallelRollouts, SelectExperiences, algorithm_flow
-from flowkit_multiagent.specs import MAPolicySpec, section_view_of
+from flowkit_multiagent.specs import MAPolicySpec
 
 
 def training_groups(specs: Dict[str, MAPolicySpec]) -> Dict[str, List[str]]:
@@ -59,7 +59,7 @@ def build_plan(ctx: RunContext) -> Optional[Flow]:
             algos[g] = ctx.algorithms[s.algo]
         else:  # a policy with its own config overrides: its own Algorithm instance
             cls = type(ctx.algorithms[s.algo])
-            algos[g] = ctx.add_stateful(f"multiagent/{g}", cls(ctx.config, config=section_view_of(s.section)))
+            algos[g] = ctx.add_stateful(f"multiagent/{g}", cls(ctx.config, config=s.config))
     # one rollout mode for all: make_policy_specs refused a mix
     mode = next((a.get_rollout_mode() for a in algos.values()), "bulk_sync")
     rollouts = ParallelRollouts(ctx, mode=mode, prefetch=ctx.prefetch)

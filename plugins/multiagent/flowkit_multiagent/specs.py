@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
 import gymnasium as gym
 from omegaconf import DictConfig, OmegaConf
 
-from flowkit.config import ConfigError, check_values, did_you_mean, merge_overrides, section_view
+from flowkit.config import ConfigError, check_values, did_you_mean, merge_overrides, validate_section
 from flowkit.core import Algorithm, PolicySpec
 from flowkit_multiagent.config import PolicyConfig
 
@@ -230,11 +230,6 @@ def policy_section(config: Any, pid: str, algo_cls: Type[Algorithm], overrides: 
     return cls(**data), data
 
 
-def section_view_of(data: Dict[str, Any]) -> DictConfig:
-    """A read-only, struct-mode DictConfig of a section dict (what Algorithm.config is)."""
-    return section_view(OmegaConf.create({"section": data}), "section")
-
-
 # ---- checkpoints ------------------------------------------------------------------------------
 def load_checkpoint_policy(path: str, pid: str, want: Optional[str] = None, key: str = "",
                            algorithms: Optional[Dict[str, Type[Algorithm]]] = None, config: Any = None
@@ -346,7 +341,7 @@ def _policy_spec(config: Any, pid: str, agents: Tuple[str, ...], o: gym.Space, a
     overrides = pc.config
     cfg_obj, data = policy_section(config, pid, cls, overrides)
     if overrides:
-        for w in cls.validate_config(config, section_view_of(data)) or []:
+        for w in validate_section(algo, config, cfg_obj):
             warnings.warn(f"policy {pid!r}: {w}", stacklevel=3)
     policy_class = ck_spec.policy_class if ck_spec is not None and ck_spec.algo == algo else cls.policy_class
     if policy_class is None:
@@ -372,7 +367,7 @@ def _check_rollout_modes(config: Any, specs: Dict[str, MAPolicySpec], algorithms
     modes: Dict[str, str] = {}
     for s in specs.values():
         if s.group and s.group not in modes:
-            algo = algorithms[s.algo](config, config=section_view_of(s.section) if s.section else None)
+            algo = algorithms[s.algo](config, config=s.config)
             modes[s.group] = algo.get_rollout_mode()
     if len(set(modes.values())) > 1:
         desc = ", ".join(f"{g} (policies {', '.join(p for p, s in specs.items() if s.group == g)}): {m}"

@@ -9,29 +9,21 @@
   Discrete actions) and ``cql_sac`` (CQL(H) on SAC's actor and twin critics, Box actions), in
   :mod:`flowkit_offline.cql`.
 
-This module is the plugin's torch-free metadata (config sections, registration, the checks
-made before anything starts); the algorithms and the reader (torch) are imported on first use.
+This module is the plugin's torch-free declaration (config sections, the algorithms'
+:class:`flowkit.AlgorithmRef`, the checks made before anything starts); the algorithms and the
+reader (torch) are in :mod:`flowkit_offline.marwil`, :mod:`flowkit_offline.cql` and
+:mod:`flowkit_offline.reader`, imported when a run uses them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import Any, List, Optional
 
-from flowkit_sac import SACLossConfig
+from flowkit_dqn import DQN_REF
+from flowkit_sac import SAC_REF, SACLossConfig
 
 import flowkit
-from flowkit.config import MAX_BATCH_ROWS, ConfigError, F
-from flowkit.hooks import lazy_attrs
-
-if TYPE_CHECKING:
-    from flowkit_offline.cql import CQLDQN, CQLSAC, CQLDQNPolicy, CQLSACPolicy
-    from flowkit_offline.marwil import BC, MARWIL, MARWILPolicy
-    from flowkit_offline.reader import DatasetReader, ShardedReader
-
-__all__ = ["BC", "BCConfig", "CQLDQN", "CQLDQNConfig", "CQLDQNPolicy", "CQLSAC", "CQLSACConfig", "CQLSACPolicy",
-           "DatasetReader", "InputConfig", "MARWIL", "MARWILConfig", "MARWILPolicy", "ShardedReader"]
-
-OFFLINE_ALGOS = ("bc", "marwil", "cql_dqn", "cql_sac")
+from flowkit.config import MAX_BATCH_ROWS, ConfigError, F, config_checks
 
 
 @dataclass
@@ -53,20 +45,43 @@ class InputConfig:
                             "episodes i, i + k, ... with a shuffle buffer of shuffle_buffer_size / k rows; the driver "
                             "takes their batches round-robin (deterministic) while they read ahead", ge=0)
 
-    @staticmethod
-    def validate_config(run_config: Any) -> None:
-        """With ``input.dataset``: the dataset opens, its spaces are the env's and every episode
-        fits them (:func:`flowkit.datasets.check_dataset`), whichever algorithm reads it (an
-        offline one, or one that mixes it into replay: ``input.mix``); torch-free, before Ray
-        and the run folder (one-line config errors, exit 2)."""
-        from omegaconf import OmegaConf
-        if OmegaConf.select(run_config, "input.dataset"):
+    def validate(self, run_config: Any, name: str) -> List[str]:
+        """``input.mix`` and ``input.num_readers`` need ``input.dataset``; with ``input.dataset``:
+        the dataset opens, its spaces are the env's and every episode fits them
+        (:func:`flowkit.datasets.check_dataset`), whichever algorithm reads it (an offline one,
+        or one that mixes it into replay: ``input.mix``); torch-free, before Ray and the run
+        folder (one-line config errors, exit 2)."""
+        warns = config_checks([
+            (not self.dataset and self.mix is not None, f"input.mix={self.mix} needs input.dataset=PATH (the dataset "
+                                                        "mixed into the replayed batches)"),
+            (not self.dataset and self.num_readers > 0, f"input.num_readers={self.num_readers} needs "
+                                                        "input.dataset=PATH (the dataset the readers read)"),
+        ])
+        if self.dataset:
             from flowkit.datasets import check_dataset
             check_dataset(run_config)
+        return warns
+
+
+class FromDataset:
+    """The check of the algorithms that learn from a dataset (a base of their config classes):
+    the run needs ``input.dataset``, with an episode for each reader (its contents are checked
+    by :meth:`InputConfig.validate`; made before torch and Ray load: one-line config errors,
+    exit 2)."""
+
+    def validate(self, run_config: Any, name: str) -> List[str]:
+        from omegaconf import OmegaConf
+        if not OmegaConf.select(run_config, "input.dataset"):
+            raise ConfigError(f"algo={name} learns from a dataset: set input.dataset=PATH (write one with "
+                              "`flowkit record RUN_DIR`)")
+        from flowkit.datasets import open_dataset  # (its contents: InputConfig.validate)
+        path = str(OmegaConf.select(run_config, "input.dataset"))
+        check_num_readers(open_dataset(path), int(OmegaConf.select(run_config, "input.num_readers") or 0), path)
+        return []
 
 
 @dataclass
-class BCConfig:
+class BCConfig(FromDataset):
     """bc: behavioural cloning, maximum likelihood of the dataset's actions (MARWIL with beta = 0)."""
     lr: float = F(1e-3, "Adam learning rate", gt=0)
     train_batch_size: int = F(256, "dataset rows per gradient step", ge=1)
@@ -89,7 +104,7 @@ class MARWILConfig(BCConfig):
 
 
 @dataclass
-class CQLDQNConfig:
+class CQLDQNConfig(FromDataset):
     """cql_dqn: Conservative Q-Learning (Kumar et al. 2020), CQL(H) on DQN's Q-network, Discrete actions."""
     cql_alpha: float = F(1.0, "weight of the conservative term mean(logsumexp_a Q(s, a) - Q(s, a_data))", ge=0)
     lr: float = F(5e-4, "Adam learning rate", gt=0)
@@ -107,7 +122,7 @@ class CQLDQNConfig:
 
 
 @dataclass
-class CQLSACConfig(SACLossConfig):
+class CQLSACConfig(SACLossConfig, FromDataset):
     """cql_sac: Conservative Q-Learning (Kumar et al. 2020), CQL(H) on SAC's actor, twin critics and temperature, Box actions."""
     lr: float = F(3e-4, "Adam learning rate of the critics, SAC's temperature and the Lagrange multiplier", gt=0)
     train_batch_size: int = F(256, "dataset rows per gradient step", gt=0, le=MAX_BATCH_ROWS)
@@ -122,25 +137,6 @@ class CQLSACConfig(SACLossConfig):
     target_action_gap: float = F(5.0, "lagrangian: the gap's threshold tau (the multiplier grows while the gap is "
                                       "above it, shrinks below)")
 
-    def validate(self, run_config: Any, name: str) -> List[str]:
-        """The offline checks (``input.dataset`` set, opens, fits the env), torch-free."""
-        return validate(run_config, self, name)  # the module's function below
-
-
-def validate(run_config: Any, section: Any, name: str) -> List[str]:
-    """``BC.validate_config`` and the other offline algorithms', torch-free: the run needs
-    ``input.dataset``, read by at most as many readers as it has episodes (the dataset itself is
-    checked by :meth:`InputConfig.validate_config`, made before this one; one-line config
-    errors, exit 2)."""
-    from omegaconf import OmegaConf
-    if not OmegaConf.select(run_config, "input.dataset"):
-        raise ConfigError(f"algo={name} learns from a dataset: set input.dataset=PATH (write one with "
-                          "`flowkit record RUN_DIR`)")
-    from flowkit.datasets import open_dataset
-    path = str(OmegaConf.select(run_config, "input.dataset"))
-    check_num_readers(open_dataset(path), int(OmegaConf.select(run_config, "input.num_readers") or 0), path)
-    return []
-
 
 def check_num_readers(ds: Any, num_readers: int, path: str) -> None:
     """``input.num_readers`` against the dataset's episodes (each reader reads whole episodes).
@@ -154,14 +150,18 @@ def check_num_readers(ds: Any, num_readers: int, path: str) -> None:
                           f"{ds.total_episodes})")
 
 
+BC_REF = flowkit.AlgorithmRef("bc", BCConfig, "flowkit_offline.marwil:BC", normalize_obs=True)
+MARWIL_REF = flowkit.AlgorithmRef("marwil", MARWILConfig, "flowkit_offline.marwil:MARWIL", normalize_obs=True)
+CQL_DQN_REF = flowkit.AlgorithmRef("cql_dqn", CQLDQNConfig, "flowkit_offline.cql:CQLDQN", DQN_REF.action_spaces,
+                                   normalize_obs=True)
+CQL_SAC_REF = flowkit.AlgorithmRef("cql_sac", CQLSACConfig, "flowkit_offline.cql:CQLSAC", SAC_REF.action_spaces,
+                                   normalize_obs=True)
+OFFLINE_ALGOS = tuple(r.name for r in (BC_REF, MARWIL_REF, CQL_DQN_REF, CQL_SAC_REF))
+
+
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("bc", BCConfig, "flowkit_offline.marwil:BC", validate, normalize_obs=True),
-            flowkit.AlgorithmRef("marwil", MARWILConfig, "flowkit_offline.marwil:MARWIL", validate, normalize_obs=True),
-            flowkit.AlgorithmRef("cql_dqn", CQLDQNConfig, "flowkit_offline.cql:CQLDQN", validate, ("Discrete",),
-                                 normalize_obs=True),
-            flowkit.AlgorithmRef("cql_sac", CQLSACConfig, "flowkit_offline.cql:CQLSAC", validate, ("Box",),
-                                 normalize_obs=True)]
+    return [BC_REF, MARWIL_REF, CQL_DQN_REF, CQL_SAC_REF]
 
 
 @flowkit.hookimpl
@@ -176,17 +176,6 @@ def flowkit_build_plan(ctx):
     a run with rollout workers; None otherwise."""
     from omegaconf import OmegaConf
     if not OmegaConf.select(ctx.config, "input.dataset"):
-        if OmegaConf.select(ctx.config, "input.mix") is not None:
-            raise ConfigError(f"input.mix={OmegaConf.select(ctx.config, 'input.mix')} needs input.dataset=PATH "
-                              "(the dataset mixed into the replayed batches)")
-        if OmegaConf.select(ctx.config, "input.num_readers"):
-            raise ConfigError(f"input.num_readers={OmegaConf.select(ctx.config, 'input.num_readers')} needs "
-                              "input.dataset=PATH (the dataset the readers read)")
         return None
     from flowkit_offline.reader import build_plan
     return build_plan(ctx)
-
-
-__getattr__ = lazy_attrs({**dict.fromkeys(["BC", "MARWIL", "MARWILPolicy"], "flowkit_offline.marwil"),
-                          **dict.fromkeys(["CQLDQN", "CQLDQNPolicy", "CQLSAC", "CQLSACPolicy"], "flowkit_offline.cql"),
-                          **dict.fromkeys(["DatasetReader", "ShardedReader"], "flowkit_offline.reader")})

@@ -2,8 +2,8 @@
 Reinforcement Learning", NeurIPS 2020, arXiv 2006.04779), CQL(H), learning from a dataset
 (``input.dataset=PATH``): on DQN's Q-network and TD loss for Discrete actions (``cql_dqn``),
 on SAC's squashed-Gaussian actor, twin critics and temperature for Box actions (``cql_sac``).
-The TD and actor parts are the base algorithms' own losses (:meth:`flowkit_dqn.DQNPolicy.loss`,
-:meth:`flowkit_sac.SACPolicy.loss`); this module adds the conservative term.
+The TD and actor parts are the base algorithms' own losses (:meth:`flowkit_dqn.dqn.DQNPolicy.loss`,
+:meth:`flowkit_sac.sac.SACPolicy.loss`); this module adds the conservative term.
 
 CQL(H) (eq. 4, with the maximum-entropy regulariser R(mu) = H(mu), whose solution makes the
 pushed-down term a log-sum-exp over actions), per Q-function:
@@ -39,18 +39,18 @@ tanh of the actor's mean (``cql_sac``) in evaluation.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
-from flowkit_dqn import DQN, DQNPolicy
-from flowkit_sac import SAC, SACPolicy, squashed_gaussian
+from flowkit_dqn.dqn import DQNPolicy
+from flowkit_sac.sac import SAC, SACPolicy, squashed_gaussian
 from torch import nn
 
 import flowkit
 from flowkit.core import batch as sb
 from flowkit.core import loss_stats
 from flowkit.core.ops import TrainOneStep, UpdateTargetNetwork
-from flowkit_offline import CQLDQNConfig, CQLSACConfig, validate
+from flowkit_offline import CQL_DQN_REF, CQL_SAC_REF
 
 
 class CQLDQNPolicy(DQNPolicy):
@@ -72,18 +72,10 @@ class CQLDQNPolicy(DQNPolicy):
 
 
 
-class CQLDQN(flowkit.Algorithm):
+class CQLDQN(flowkit.Algorithm, ref=CQL_DQN_REF):
     """CQL on DQN: DatasetReader (``input.dataset``) -> TrainOneStep -> UpdateTargetNetwork."""
 
-    name = "cql_dqn"
-    config_class: type = CQLDQNConfig
     policy_class, rollout_mode, off_policy = CQLDQNPolicy, "bulk_sync", True
-    action_spaces = DQN.action_spaces
-    normalize_obs = DQN.normalize_obs  # DQNPolicy's statistics: the dataset's train batches update them
-
-    @classmethod
-    def validate_config(cls, run_config, section) -> List[str]:
-        return validate(run_config, section, cls.name)
 
     def training_flow(self, experiences, ctx, learner):
         return (experiences.for_each(TrainOneStep(ctx, learner))
@@ -108,7 +100,7 @@ def cql_gap(q_data: torch.Tensor, q_sampled: torch.Tensor, log_mu: torch.Tensor,
 
 
 class CQLSACPolicy(SACPolicy):
-    """SAC's actor, twin critics and temperature (its :meth:`~flowkit_sac.SACPolicy.loss`) plus
+    """SAC's actor, twin critics and temperature (its :meth:`~flowkit_sac.sac.SACPolicy.loss`) plus
     the CQL(H) term with the importance-sampled log-sum-exp (module docstring); with
     ``lagrangian``, the learned weight ``model.lagrange.log_alpha_prime``."""
 
@@ -175,17 +167,11 @@ class CQLSACPolicy(SACPolicy):
         return loss, st
 
 
-class CQLSAC(SAC):
+class CQLSAC(SAC, ref=CQL_SAC_REF):
     """CQL on SAC: DatasetReader (``input.dataset``) -> TrainOneStep -> UpdateTargetNetwork
     (Polyak, every ``target_update_freq`` gradient steps)."""
 
-    name = "cql_sac"
-    config_class = CQLSACConfig
     policy_class = CQLSACPolicy
-
-    @classmethod
-    def validate_config(cls, run_config, section) -> List[str]:
-        return validate(run_config, section, cls.name)
 
     # (no `mix`, unlike SAC's: CQL learns from the dataset alone, it has no replay to mix into)
     def training_flow(self, experiences, ctx, learner):  # type: ignore[override]

@@ -28,7 +28,7 @@ acts greedily in the env.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+from typing import Dict, Tuple
 
 import numpy as np
 import torch
@@ -37,7 +37,7 @@ import flowkit
 from flowkit.core import ActorCriticPolicy, loss_stats
 from flowkit.core import batch as sb
 from flowkit.core.ops import TrainOneStep
-from flowkit_offline import BCConfig, MARWILConfig, validate
+from flowkit_offline import BC_REF, MARWIL_REF, MARWILConfig
 
 _TRAIN_COLS = (sb.OBS, sb.ACTIONS, sb.VALUE_TARGETS, sb.ACTION_MASK)
 
@@ -66,11 +66,8 @@ class MARWILPolicy(ActorCriticPolicy):
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu", seed=0,
                  inference_only=False):
         super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
-        self.ma_sqd_adv_norm = float(getattr(config, "moving_average_sqd_adv_norm_start", 100.0))
-
-    @property
-    def beta(self) -> float:
-        return float(getattr(self.config, "beta", 0.0))
+        self.beta = float(config.beta) if isinstance(config, MARWILConfig) else 0.0  # bc: MARWIL with beta = 0
+        self.ma_sqd_adv_norm = float(config.moving_average_sqd_adv_norm_start) if self.beta else 0.0
 
     def postprocess_trajectory(self, batch: sb.SampleBatch) -> sb.SampleBatch:
         """One whole episode of the dataset -> with ``value_targets`` = its returns-to-go R_t
@@ -103,25 +100,16 @@ class MARWILPolicy(ActorCriticPolicy):
                                 adv_norm=float(np.sqrt(self.ma_sqd_adv_norm)))
 
 
-class MARWIL(flowkit.Algorithm):
+class MARWIL(flowkit.Algorithm, ref=MARWIL_REF):
     """MARWIL: DatasetReader (``input.dataset``) -> TrainOneStep (one gradient step per batch of
     ``train_batch_size`` rows)."""
 
-    name = "marwil"
-    config_class: type = MARWILConfig
     policy_class, rollout_mode, off_policy = MARWILPolicy, "bulk_sync", True
-    normalize_obs = True  # the dataset's train batches update the statistics (ActorCriticPolicy)
-
-    @classmethod
-    def validate_config(cls, run_config, section) -> List[str]:
-        return validate(run_config, section, cls.name)
 
     def training_flow(self, experiences, ctx, learner):
         return experiences.for_each(TrainOneStep(ctx, learner))
 
 
-class BC(MARWIL):
+class BC(MARWIL, ref=BC_REF):
     """BC: behavioural cloning (MARWIL with beta = 0), the same plan."""
 
-    name = "bc"
-    config_class = BCConfig

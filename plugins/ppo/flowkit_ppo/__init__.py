@@ -1,28 +1,18 @@
 """flowkit-ppo: the PPO and DD-PPO algorithm plugin (entry point group ``flowkit``).
 
-This module is the plugin's torch-free metadata (its config sections and their registration,
-what ``flowkit train --help`` and ``flowkit plugins`` read); the algorithms and their policies
-(torch) are imported from :mod:`flowkit_ppo.ppo` and :mod:`flowkit_ppo.ddppo` on first use.
+This module is the plugin's torch-free declaration (its config sections, their checks and the
+algorithms' :class:`flowkit.AlgorithmRef`, what ``flowkit train --help``, ``flowkit plugins``
+and the checks before torch loads read); the algorithms and their policies (torch) are in
+:mod:`flowkit_ppo.ppo` and :mod:`flowkit_ppo.ddppo`, imported when a run uses them.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import Any, List, Optional
 
 import flowkit
-from flowkit.config import MAX_BATCH_ROWS, ConfigError, F, LRConfig, round_env_steps
-from flowkit.hooks import lazy_attrs
-
-if TYPE_CHECKING:
-    from flowkit_ppo.ddppo import DDPPO, DDPPOPolicy
-    from flowkit_ppo.ppo import PPO, PPOPolicy
-
-__all__ = ["DDPPO", "DDPPOConfig", "DDPPOPolicy", "PPO", "PPOConfig", "PPOLossConfig", "PPOPolicy"]
-
-#: why ``algo=ddppo`` refuses ``model.normalize_obs=true`` (Algorithm.normalize_obs_refusal)
-DDPPO_NORMALIZE_OBS = ("its workers would each keep running observation statistics of their own (and their "
-                       "weights would differ); use ppo with ppo.normalize_observations=true")
+from flowkit.config import MAX_BATCH_ROWS, F, LRConfig, config_checks, round_env_steps
 
 
 @dataclass
@@ -66,28 +56,22 @@ class PPOConfig(PPOLossConfig):
                                 "VecNormalize norm_reward; clipped to +-10, statistics saved in checkpoints)")
 
     def validate(self, run_config: Any, n: str) -> List[str]:
-        """The section's cross-field checks (each key's own range is
-        declared in :class:`PPOConfig`), torch-free; ``n``: the algorithm's name."""
-        s, warns = self, []
-        if s.train_batch_size is not None:
-            if s.minibatch_size > s.train_batch_size:
-                raise ConfigError(f"{n}.minibatch_size={s.minibatch_size} is larger than "
-                                  f"{n}.train_batch_size={s.train_batch_size}; make minibatch_size <= train_batch_size")
-            rs = round_env_steps(run_config)
-            if s.train_batch_size % rs:
-                actual = -(-s.train_batch_size // rs) * rs
-                warns.append(f"{n}.train_batch_size={s.train_batch_size} is not a multiple of one sampling round "
-                             f"(runtime.num_workers x num_envs_per_worker x rollout_fragment_length = {rs}); "
-                             f"each train batch will hold {actual} env steps (reported as "
-                             f"learner/<policy>/train_batch_size)")
-        elif s.minibatch_size > (rs := round_env_steps(run_config)):
-            warns.append(f"{n}.minibatch_size={s.minibatch_size} is larger than one sampling round, the train batch "
-                         f"when {n}.train_batch_size is null (runtime.num_workers x num_envs_per_worker x "
-                         f"rollout_fragment_length = {rs}): each epoch is one step over the whole round")
-        if s.sde_sample_freq == 0:
-            raise ConfigError(f"{n}.sde_sample_freq=0: use -1 (one draw per rollout fragment) or a number of "
-                              "env steps >= 1")
-        return warns
+        """The checks that relate several keys (:func:`flowkit.config.validate_section`)."""
+        tb, mb, rs = self.train_batch_size, self.minibatch_size, round_env_steps(run_config)
+        return config_checks([
+            (tb is not None and mb > tb, f"{n}.minibatch_size={mb} is larger than {n}.train_batch_size={tb}; make "
+                                         "minibatch_size <= train_batch_size"),
+            (self.sde_sample_freq == 0, f"{n}.sde_sample_freq=0: use -1 (one draw per rollout fragment) or a number "
+                                        "of env steps >= 1"),
+        ], warnings=[
+            (tb is not None and tb % rs, f"{n}.train_batch_size={tb} is not a multiple of one sampling round "
+                                         f"(runtime.num_workers x num_envs_per_worker x rollout_fragment_length = "
+                                         f"{rs}); each train batch will hold {-(-(tb or 0) // rs) * rs} env steps "
+                                         "(reported as learner/<policy>/train_batch_size)"),
+            (tb is None and mb > rs, f"{n}.minibatch_size={mb} is larger than one sampling round, the train batch "
+                                     f"when {n}.train_batch_size is null (runtime.num_workers x num_envs_per_worker x "
+                                     f"rollout_fragment_length = {rs}): each epoch is one step over the whole round"),
+        ])
 
 
 @dataclass
@@ -114,25 +98,22 @@ class DDPPOConfig(PPOLossConfig):
                                    "the run stops", ge=1)
 
     def validate(self, run_config: Any, n: str) -> List[str]:
-        """The section's cross-field checks (torch-free)."""
-        rt, warns = run_config.runtime, []
-        if rt.backend == "local" and int(rt.num_workers) > 1:
-            raise ConfigError(f"{n} on runtime.backend=local runs one worker (a world of 1, no process group); "
-                              f"runtime.num_workers={rt.num_workers}: set runtime.num_workers=1, or "
-                              "runtime.backend=ray for a group of workers")
+        """The checks that relate several keys (:func:`flowkit.config.validate_section`)."""
+        rt = run_config.runtime
         per_frag = int(rt.num_envs_per_worker) * int(rt.rollout_fragment_length)
-        full = self.fragments_per_round * per_frag
-        k = num_minibatches(self, run_config)
-        least = min_fragments(self) * per_frag
-        if k > least:
-            raise ConfigError(f"{n}.minibatch_size={self.minibatch_size} makes {k} minibatches of a full worker batch "
-                              f"({full} rows), more than the rows of a preempted one ({least}: "
-                              f"{n}.min_rollout_frac x fragments_per_round fragments); raise {n}.minibatch_size")
-        if self.minibatch_size > full:
-            warns.append(f"{n}.minibatch_size={self.minibatch_size} is larger than a worker's batch "
-                         f"({n}.fragments_per_round x num_envs_per_worker x rollout_fragment_length = {full}): "
-                         "one minibatch per epoch")
-        return warns
+        full, k, least = self.fragments_per_round * per_frag, num_minibatches(self, run_config), min_fragments(self) * per_frag
+        return config_checks([
+            (rt.backend == "local" and int(rt.num_workers) > 1,
+             f"{n} on runtime.backend=local runs one worker (a world of 1, no process group); runtime.num_workers="
+             f"{rt.num_workers}: set runtime.num_workers=1, or runtime.backend=ray for a group of workers"),
+            (k > least, f"{n}.minibatch_size={self.minibatch_size} makes {k} minibatches of a full worker batch ({full} "
+                        f"rows), more than the rows of a preempted one ({least}: {n}.min_rollout_frac x "
+                        f"fragments_per_round fragments); raise {n}.minibatch_size"),
+        ], warnings=[
+            (self.minibatch_size > full, f"{n}.minibatch_size={self.minibatch_size} is larger than a worker's batch "
+                                         f"({n}.fragments_per_round x num_envs_per_worker x rollout_fragment_length = "
+                                         f"{full}): one minibatch per epoch"),
+        ])
 
 
 def min_fragments(c: Any) -> int:
@@ -146,13 +127,14 @@ def num_minibatches(c: Any, run_config: Any) -> int:
     full = int(c.fragments_per_round) * int(rt.num_envs_per_worker) * int(rt.rollout_fragment_length)
     return max(1, -(-full // int(c.minibatch_size)))
 
+
+PPO_REF = flowkit.AlgorithmRef("ppo", PPOConfig, "flowkit_ppo.ppo:PPO", recurrent=True,
+                               normalize_obs="normalize_observations")
+DDPPO_REF = flowkit.AlgorithmRef("ddppo", DDPPOConfig, "flowkit_ppo.ddppo:DDPPO", normalize_obs_refusal=(
+    "its workers would each keep running observation statistics of their own (and their weights would differ); "
+    "use ppo with ppo.normalize_observations=true"))
+
+
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("ppo", PPOConfig, "flowkit_ppo.ppo:PPO", recurrent=True,
-                                 normalize_obs="normalize_observations"),
-            flowkit.AlgorithmRef("ddppo", DDPPOConfig, "flowkit_ppo.ddppo:DDPPO",
-                                 normalize_obs_refusal=DDPPO_NORMALIZE_OBS)]
-
-
-__getattr__ = lazy_attrs({**dict.fromkeys(["PPO", "PPOPolicy"], "flowkit_ppo.ppo"),
-                          **dict.fromkeys(["DDPPO", "DDPPOPolicy"], "flowkit_ppo.ddppo")})
+    return [PPO_REF, DDPPO_REF]

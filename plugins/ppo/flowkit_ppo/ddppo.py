@@ -40,10 +40,10 @@ from flowkit.core import NOT_READY, ParallelFlow, derive_seed
 from flowkit.core import batch as sb
 from flowkit.core.learner import Learner
 from flowkit.core.ops import StandardizeFields
-from flowkit_ppo import DDPPO_NORMALIZE_OBS, DDPPOConfig, min_fragments, num_minibatches
+from flowkit_ppo import DDPPO_REF, min_fragments, num_minibatches
 from flowkit_ppo.ppo import PPOPolicy
 
-SHARED_STATE = ("weights", "optimizer", "num_updates", "lr", "clip_param", "kl_coeff")
+SHARED_STATE = ("weights", "optimizer", "num_updates", "clip_param", "kl_coeff")
 
 
 # ---- the policy --------------------------------------------------------------------------------
@@ -399,14 +399,13 @@ class AccountRound:
 
 
 # ---- the algorithm -----------------------------------------------------------------------------
-class DDPPO(flowkit.Algorithm):
+class DDPPO(flowkit.Algorithm, ref=DDPPO_REF):
     """DD-PPO: every worker samples and learns (PPO's loss), gradients all-reduced over the
     workers; the driver only accounts (see the module docstring). The engine's rollouts are
     not used: nothing pulls them."""
 
-    name, config_class, policy_class = "ddppo", DDPPOConfig, DDPPOPolicy
+    policy_class = DDPPOPolicy
     rollout_mode = "bulk_sync"
-    normalize_obs, normalize_obs_refusal = False, DDPPO_NORMALIZE_OBS
     off_policy = False
 
     def training_flow(self, experiences, ctx, learner):

@@ -25,7 +25,7 @@ import flowkit
 from flowkit.core import ActorCritic, ActorCriticPolicy, adapt_kl_coeff, clipped_surrogate, loss_stats, standardized
 from flowkit.core import batch as sb
 from flowkit.core.ops import ConcatBatches, StandardizeFields, SyncWeights, TrainOneStep
-from flowkit_ppo import PPOConfig
+from flowkit_ppo import PPO_REF
 
 
 # ---- the policy ----------------------------------------------------------------------------
@@ -37,12 +37,12 @@ class PPOPolicy(ActorCriticPolicy):
     worker_gae = True  # postprocess_trajectory adds ``advantages`` and ``value_targets`` (GAE)
     train_columns = (sb.OBS, sb.ACTIONS, sb.ACTION_LOGP, sb.VF_PREDS, sb.ADVANTAGES, sb.VALUE_TARGETS,
                      sb.ACTION_DIST_INPUTS, sb.ACTION_MASK, sb.DISCOUNTED_RETURNS)
-    state_attrs = ("lr", "clip_param", "kl_coeff")  # schedules and the adaptive KL coefficient
+    state_attrs = ("clip_param", "kl_coeff")  # a schedule and the adaptive KL coefficient (lr: the optimizer's)
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):
         super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
-        self.lr, self.clip_param, self.kl_coeff = config.lr, config.clip_param, config.kl_coeff
+        self.clip_param, self.kl_coeff = config.clip_param, config.kl_coeff
         self._kl_sum, self._kl_n = 0.0, 0
 
     # -- learning (driver) --
@@ -76,7 +76,7 @@ class PPOPolicy(ActorCriticPolicy):
         return loss, st
 
     def on_train_batch_end(self, batch):
-        stats = {"lr": self.lr, "clip_param": self.clip_param}
+        stats = {"lr": self.current_lr(), "clip_param": self.clip_param}
         kl = self._kl_sum / max(self._kl_n, 1)
         self._kl_sum, self._kl_n = 0.0, 0
         if self.config.kl_coeff > 0:  # adaptive KL penalty (Schulman et al. 2017, sec. 4)
@@ -88,25 +88,19 @@ class PPOPolicy(ActorCriticPolicy):
     def set_progress(self, frac: float) -> None:
         """Linear schedules: ``frac`` in [0, 1] of ``schedule_env_steps`` done (lr: see Policy)."""
         super().set_progress(frac)
-        assert self.optimizer is not None, "set_progress runs on the learner's policy"
-        self.lr = self.optimizer.param_groups[0]["lr"]
         frac = min(max(frac, 0.0), 1.0)
         if self.config.clip_schedule == "linear":
             self.clip_param = max(self.config.clip_param * (1.0 - frac), 1e-8)
 
 
 # ---- the algorithm --------------------------------------------------------------------------
-class PPO(flowkit.Algorithm):
+class PPO(flowkit.Algorithm, ref=PPO_REF):
     """PPO: bulk-sync rollouts -> ConcatBatches -> TrainOneStep(epochs x minibatches) ->
     SyncWeights(to all workers)."""
 
-    name = "ppo"
-    config_class = PPOConfig
     policy_class = PPOPolicy
     rollout_mode = "bulk_sync"
     off_policy = False
-    recurrent = True
-    normalize_obs = "normalize_observations"  # ppo.normalize_observations: the same switch as model.normalize_obs
 
     def training_flow(self, experiences, ctx, learner):
         cfg = self.config

@@ -1,28 +1,17 @@
 """flowkit-sac: SAC and TD3, off-policy actor-critics for Box actions (entry point group
 ``flowkit``).
 
-This module is the plugin's torch-free metadata (the two config sections and their
-registration, what ``flowkit train --help`` and ``flowkit plugins`` read); the algorithms
-(torch) are imported from :mod:`flowkit_sac.sac` and :mod:`flowkit_sac.td3` on first use.
+This module is the plugin's torch-free declaration (the config sections, their check and the
+algorithms' :class:`flowkit.AlgorithmRef`); the algorithms (torch) are in :mod:`flowkit_sac.sac`
+and :mod:`flowkit_sac.td3`, imported when a run uses them.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, List, Optional
+from typing import Any, List, Optional
 
 import flowkit
-from flowkit.config import MAX_BATCH_ROWS, ConfigError, F
-from flowkit.hooks import lazy_attrs
-
-if TYPE_CHECKING:
-    from flowkit_sac.sac import SAC, SACPolicy, sac_targets, squashed_gaussian
-    from flowkit_sac.td3 import TD3, TD3Policy, td3_targets
-
-__all__ = ["SAC", "SACConfig", "SACLossConfig", "SACPolicy", "TD3", "TD3Config", "TD3Policy", "sac_targets", "squashed_gaussian",
-           "td3_targets"]
-
-
-ACTION_SPACES = ("Box",)  # SAC and TD3 (with finite bounds, checked at set-up); also checked before Ray starts
+from flowkit.config import MAX_BATCH_ROWS, F, config_checks
 
 
 @dataclass
@@ -45,11 +34,9 @@ class _OffPolicyConfig(_ActorCriticConfig):
                                                   "gradient step per env step, i.e. train_batch_size)", gt=0)
 
     def validate(self, run_config: Any, n: str) -> List[str]:
-        """Cross-field checks: a train batch fits in the buffer (torch-free)."""
-        if self.train_batch_size > self.buffer_size:
-            raise ConfigError(f"{n}.train_batch_size={self.train_batch_size} is larger than "
-                              f"{n}.buffer_size={self.buffer_size}")
-        return []
+        """A train batch fits in the buffer."""
+        tb, size = self.train_batch_size, self.buffer_size
+        return config_checks([(tb > size, f"{n}.train_batch_size={tb} is larger than {n}.buffer_size={size}")])
 
 
 @dataclass
@@ -89,13 +76,11 @@ class TD3Config(_OffPolicyConfig):
                                  ge=0)
 
 
+# Box actions with finite bounds (the bounds checked at set-up: OffPolicyAlgorithm.check_spaces)
+SAC_REF = flowkit.AlgorithmRef("sac", SACConfig, "flowkit_sac.sac:SAC", ("Box",), normalize_obs=True)
+TD3_REF = flowkit.AlgorithmRef("td3", TD3Config, "flowkit_sac.td3:TD3", ("Box",), normalize_obs=True)
+
+
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [flowkit.AlgorithmRef("sac", SACConfig, "flowkit_sac.sac:SAC", action_spaces=ACTION_SPACES,
-                                 normalize_obs=True),
-            flowkit.AlgorithmRef("td3", TD3Config, "flowkit_sac.td3:TD3", action_spaces=ACTION_SPACES,
-                                 normalize_obs=True)]
-
-
-__getattr__ = lazy_attrs({**dict.fromkeys(["SAC", "SACPolicy", "sac_targets", "squashed_gaussian"], "flowkit_sac.sac"),
-                          **dict.fromkeys(["TD3", "TD3Policy", "td3_targets"], "flowkit_sac.td3")})
+    return [SAC_REF, TD3_REF]

@@ -21,7 +21,6 @@ from flowkit import ConfigError
 from flowkit.core import Policy, RunningMeanStd, TargetNetwork, TwinMLP, derive_seed, ops, replay
 from flowkit.core import batch as sb
 from flowkit.core.target_network import flat_parameters
-from flowkit_sac import ACTION_SPACES
 
 
 def twin_critic(obs_dim: int, act_dim: int, model_cfg: Any) -> TwinMLP:
@@ -48,7 +47,7 @@ class GreedyActor(nn.Module):
 
 
 class OffPolicyActorCritic(Policy):
-    """Base of :class:`~flowkit_sac.SACPolicy` and :class:`~flowkit_sac.TD3Policy`.
+    """Base of :class:`~flowkit_sac.sac.SACPolicy` and :class:`~flowkit_sac.td3.TD3Policy`.
 
     A subclass builds ``self.model`` (``critic`` first, then ``actor``) and calls
     :meth:`finish_init` with the names of the modules that have targets; it implements
@@ -67,7 +66,7 @@ class OffPolicyActorCritic(Policy):
                               f"got {action_space} and {observation_space}")
         torch.manual_seed(seed)
         self.obs_dim, self.act_dim = int(self.encoder.shape[0]), int(self.dist.dim)
-        self.normalize_obs = bool(getattr(self.model_config, "normalize_obs", False))
+        self.normalize_obs = bool(self.model_config.normalize_obs)
 
     def finish_init(self, target_modules: Sequence[str], sizes: Any = None) -> None:
         from flowkit.core.models import init_weights
@@ -165,8 +164,6 @@ class OffPolicyAlgorithm(flowkit.Algorithm):
 
     rollout_mode = "bulk_sync"
     off_policy = True
-    action_spaces = ACTION_SPACES
-    normalize_obs = True  # the replayed train batches update the statistics (prepare_batch)
 
     @classmethod
     def check_spaces(cls, policy_id, observation_space, action_space) -> None:

@@ -43,7 +43,7 @@ from torch import nn
 
 from flowkit.core import batch as sb
 from flowkit.core import build_mlp, loss_stats, sde_std
-from flowkit_sac import SACConfig
+from flowkit_sac import SAC_REF
 from flowkit_sac._common import OffPolicyActorCritic, OffPolicyAlgorithm, twin_critic
 
 LOG_STD_MIN, LOG_STD_MAX = -20.0, 2.0
@@ -195,12 +195,10 @@ class SACPolicy(OffPolicyActorCritic):
                                 mean_q=q.mean(), entropy=-logp.mean())
 
 
-class SAC(OffPolicyAlgorithm):
+class SAC(OffPolicyAlgorithm, ref=SAC_REF):
     """SAC: replay plan of :class:`OffPolicyAlgorithm`, Polyak targets every
     ``target_update_freq`` gradient steps."""
 
-    name = "sac"
-    config_class: type = SACConfig
     policy_class = SACPolicy
 
     def target_update_freq(self) -> int:

@@ -27,7 +27,7 @@ from torch import nn
 
 from flowkit.core import batch as sb
 from flowkit.core import build_mlp, loss_stats
-from flowkit_sac import TD3Config
+from flowkit_sac import TD3_REF
 from flowkit_sac._common import OffPolicyActorCritic, OffPolicyAlgorithm, twin_critic
 
 
@@ -100,12 +100,10 @@ class TD3Policy(OffPolicyActorCritic):
         return critic_loss + actor_loss, loss_stats(critic_loss=critic_loss, mean_q=q.mean(), actor_loss=actor_loss)
 
 
-class TD3(OffPolicyAlgorithm):
+class TD3(OffPolicyAlgorithm, ref=TD3_REF):
     """TD3: replay plan of :class:`OffPolicyAlgorithm`; targets move with each delayed actor
     update (every ``policy_delay`` gradient steps)."""
 
-    name = "td3"
-    config_class = TD3Config
     policy_class = TD3Policy
 
     def target_update_freq(self) -> int:
