@@ -51,7 +51,7 @@ def flowkit_build_plan(ctx: RunContext) -> Flow:
     from flowkit.core.ops import ParallelRollouts, algorithm_flow
     algo = ctx.algorithms[ctx.config.algo]
     mode = algo.get_rollout_mode()
-    experiences = ParallelRollouts(ctx, mode=mode, prefetch=ctx.prefetch)
-    if mode != "bulk_sync":  # async, async_gradients
+    experiences = ParallelRollouts(ctx, mode=mode, prefetch=ctx.prefetch) if algo.consumes_rollouts else None
+    if experiences is not None and mode != "bulk_sync":  # async, async_gradients
         experiences = experiences.zip_with_source_actor()
     return algorithm_flow(algo, experiences, ctx, ctx.add_learner(algo.name, ctx.policy_ids))
