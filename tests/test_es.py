@@ -41,7 +41,15 @@ def test_noise_table_is_seeded_and_read_by_index():
     assert a.handle("local") is a.array and a.num_puts == 0  # the local backend: the array itself
 
 
-def test_plan_draws_no_noise(tmp_path):
+def test_plan_draws_no_noise_and_builds_no_rollouts(tmp_path, monkeypatch):
+    """ES consumes no rollouts (``consumes_rollouts = False``): the engine builds no rollout stream."""
+    import flowkit_multiagent.plan  # noqa: F401  (imported now: it binds ParallelRollouts at import)
+
+    import flowkit.core.ops as ops
+
+    def no_rollouts(*a, **kw):
+        raise AssertionError("a rollout stream was built for a plan that consumes none")
+    monkeypatch.setattr(ops, "ParallelRollouts", no_rollouts)
     pm, cfg = load_config(["algo=es", "env=CartPole-v1", "runtime.backend=local"])
     ctx = setup(cfg, pm)
     text = build_plan(ctx).to_text()
@@ -100,8 +108,9 @@ def test_worker_evaluates_antithetic_pairs_on_one_env_seed():
     assert ((x >= 1.0) & (x <= 2.0)).all() and len(set(np.round(x, 5))) == 4  # a new env seed per pair
     np.testing.assert_allclose(r[:, 0] - r[:, 1], 200 * sigma * noise[idx] * x, rtol=1e-4)
     np.testing.assert_array_equal(out["lengths"], np.ones((4, 2)))
-    np.testing.assert_array_equal(out["eval_lengths"], [1, 1])
-    xe = out["eval_returns"] / (100 * 0.3)
+    assert [e["length"] for e in out["episodes"]] == [1, 1]  # the unperturbed episodes: the run's
+    assert out["env_steps"] == out["agent_steps"] == 10  # 4 pairs x 2 + 2 unperturbed, 1 step each
+    xe = np.array([e["return"] for e in out["episodes"]]) / (100 * 0.3)
     assert ((xe >= 1.0) & (xe <= 2.0)).all()
     # state statistics: the 8 perturbed episodes' observations, not the unperturbed ones
     assert out["obs_count"] == 8
@@ -141,12 +150,13 @@ def test_es_gradient_and_adam_step_by_hand():
     noise._array = eps.reshape(-1)  # row i of eps at index 3 i
     learner = SimpleNamespace(policies={"default": pol}, lock=threading.Lock(), num_updates=0)
     ctx = SimpleNamespace(timers={"learn": _Null()}, counters={"env_steps_trained": 0, "agent_steps_trained": 0,
-                                                               "num_updates": 0}, metrics=SimpleNamespace(learner_stats={}), mark=lambda p: None)
+                                                               "num_updates": 0, "episodes_total": 0}, metrics=SimpleNamespace(learner_stats={}), mark=lambda p: None)
     upd = ESUpdate(ctx, learner, "default", noise, sec)
     out = upd([{"noise_indexes": np.array([0, 3]), "returns": returns, "lengths": np.array([[5, 6], [7, 8]])}])
     descent = -g + 0.5 * before  # [-0.2333, 0.1667, -1.8333]
     np.testing.assert_allclose(pol.theta, before - 0.1 * np.sign(descent), atol=1e-6)
     assert pol.num_updates == 1 and learner.num_updates == 1 and ctx.counters["env_steps_trained"] == 26
+    assert ctx.counters["episodes_total"] == 4  # the perturbed episodes (WorkerRounds counts the others)
     assert out["stats"]["default"]["num_pairs"] == 2
 
 
@@ -163,7 +173,7 @@ def test_ars_top_b_step_by_hand():
     noise._array = eps.reshape(-1)
     learner = SimpleNamespace(policies={"default": pol}, lock=threading.Lock(), num_updates=0)
     ctx = SimpleNamespace(timers={"learn": _Null()}, counters={"env_steps_trained": 0, "agent_steps_trained": 0,
-                                                               "num_updates": 0}, metrics=SimpleNamespace(learner_stats={}), mark=lambda p: None)
+                                                               "num_updates": 0, "episodes_total": 0}, metrics=SimpleNamespace(learner_stats={}), mark=lambda p: None)
     out = ARSUpdate(ctx, learner, "default", noise, sec)(
         [{"noise_indexes": np.array([0, 2, 4]), "returns": returns, "lengths": np.ones((3, 2), np.int64)}])
     sigma_r = np.sqrt(3.6875)

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 from flowkit_maml import MAMLConfig
-from flowkit_maml.maml import (MAML, AdaptToTasks, MAMLPolicy, MetaBatch, TaskRequests, adaptation_returns, inner_update,
-                               linear_baseline_advantages)
+from flowkit_maml.maml import (MAML, AdaptToTasks, MAMLPolicy, adaptation_returns, inner_update,
+                               linear_baseline_advantages, meta_batch)
 
 import flowkit
 from flowkit.config import ConfigError
@@ -111,10 +111,11 @@ def test_meta_gradient_of_a_linear_model_by_hand():
 
 def _meta_batch(tmp_path, *extra, tasks=2):
     ctx, w = _worker(tmp_path, f"maml.tasks_per_worker={tasks}", *extra)
-    req = TaskRequests(ctx, ctx.algorithms["maml"])
-    out = AdaptToTasks(req.tasks(0, tasks), int(ctx.algorithms["maml"].config.inner_steps))(w)
-    mb = MetaBatch(ctx, "default", int(ctx.algorithms["maml"].config.inner_steps))([(ctx.workers.actors[0], out)])
-    return ctx, w, out, mb
+    algo = ctx.algorithms["maml"]
+    req, = algo.adaptation_requests(0, 1)
+    assert req.tasks == algo.tasks(0, tasks)
+    out = req(w)
+    return ctx, w, out, meta_batch([out], "default", int(algo.config.inner_steps))
 
 
 def test_the_driver_rebuilds_the_workers_adaptation(tmp_path):
@@ -126,12 +127,13 @@ def test_the_driver_rebuilds_the_workers_adaptation(tmp_path):
         theta = ctx.policies["default"].get_weights()
         for k, v in next(iter(w.policies.values())).get_weights().items():
             np.testing.assert_array_equal(v, theta[k])
-        assert len(out) == 2 and all(len(steps) == 3 for steps in out)
+        assert len(out["tasks"]) == 2 and all(len(steps) == 3 for steps in out["tasks"])
         pb = mb.policy_batches["default"]
         assert sorted(set(zip(pb[sb.TASK_INDEX].tolist(), pb[sb.ADAPTATION_STEP].tolist()))) == \
             [(t, k) for t in range(2) for k in range(3)]
-        assert mb.env_steps == 2 * 3 * 40 and ctx.counters["env_steps_sampled"] == 240
-        assert ctx.metrics.episode_window and len(ctx.metrics.episode_window) == 2 * 4  # post-adaptation only
+        assert mb.env_steps == out["env_steps"] == 2 * 3 * 40
+        assert out["episodes"] == out["tasks"][0][-1].episodes + out["tasks"][1][-1].episodes  # post-adaptation only
+        assert len(out["episodes"]) == 2 * 4
         pol = ctx.policies["default"]
         loss, st = pol.loss(pol.prepare_batch(pb))
         assert st["kl"] < 1e-6 and st["clip_frac"] == 0.0

@@ -8,7 +8,7 @@ from gymnasium import spaces
 from flowkit.core import batch as sb
 from flowkit.core.flow import NOT_READY
 from flowkit.core.ops import (ConcatBatches, ParallelRollouts, SelectExperiences, StandardizeFields,
-                              SyncWeights, TrainOneStep, standardize)
+                              SyncWeights, TrainOneStep, WorkerRounds, standardize)
 from flowkit.core import ActionDist, EnvError, ObsEncoder, derive_seed
 from flowkit.engine import load_config, setup
 
@@ -72,6 +72,48 @@ def test_async_rollouts_record_source_worker(ctx):
         if seen == {0, 1}:
             break
     assert seen == {0, 1}
+
+
+class _Play:
+    """A worker round's request: ``steps`` env steps and one episode per worker; fails once on
+    worker ``fail`` (its first round)."""
+
+    def __init__(self, tag, steps, fail=None):
+        self.tag, self.steps, self.fail = tag, steps, fail
+
+    def __call__(self, worker):
+        if worker.index == self.fail and not getattr(worker, "_failed_once", False):
+            worker._failed_once = True
+            raise RuntimeError("worker lost")
+        return {"tag": self.tag, "index": worker.index, "env_steps": self.steps, "agent_steps": 2 * self.steps,
+                "episodes": [{"return": float(self.steps), "length": self.steps}]}
+
+
+def test_worker_rounds_send_each_worker_its_request_and_count_the_round():
+    """One request per worker per round (made once per round, for the workers of the round), the
+    results in worker order, their env and agent steps counted as sampled and their episodes
+    recorded; a worker that fails is replaced and missing from that round only."""
+    ctx = make_ctx("local", "runtime.restart_failed_workers=true")
+    try:
+        made = []
+
+        def requests(n):
+            made.append(n)
+            return [_Play(f"r{len(made)}w{i}", 3 + i, fail=1 if len(made) == 2 else None) for i in range(n)]
+        rounds = WorkerRounds(ctx, requests, "Rounds(test)")
+        assert "Rounds(test)" in rounds.to_text() and not ctx.workers.started
+        first = next(rounds)
+        assert [(r["tag"], r["index"]) for r in first] == [("r1w0", 0), ("r1w1", 1)] and made == [2]
+        assert ctx.counters["env_steps_sampled"] == 3 + 4 and ctx.counters["agent_steps_sampled"] == 14
+        assert ctx.counters["episodes_total"] == 2
+        assert list(ctx.metrics.episode_window) == [3.0, 4.0]
+        second = next(rounds)  # worker 1 fails: replaced, its result missing
+        assert [r["tag"] for r in second] == ["r2w0"] and ctx.workers.num_restarts == 1
+        assert ctx.counters["env_steps_sampled"] == 7 + 3 and ctx.counters["episodes_total"] == 3
+        third = next(rounds)
+        assert [r["tag"] for r in third] == ["r3w0", "r3w1"] and made == [2, 2, 2]
+    finally:
+        ctx.shutdown()
 
 
 def test_standardize_guards():

@@ -78,6 +78,9 @@ class Algorithm:
             (experiences are ``(source_actor, MultiAgentBatch)``) or ``async_gradients``
             (as ``async``, the batches without rows and with the gradients the worker
             computed in ``meta["gradients"]``: A3C; see ``ParallelRollouts``).
+        consumes_rollouts: False for an algorithm whose plan takes no rollout fragments
+            (ES, ARS, DD-PPO, MAML: its source is :func:`flowkit.core.ops.WorkerRounds`): the
+            engine then builds no rollout stream and passes ``experiences=None``.
         off_policy: True if it can learn from stale samples (turns ``runtime.prefetch`` on
             by default when every algorithm of the run is off-policy).
 
@@ -96,6 +99,7 @@ class Algorithm:
     config_class: Optional[type] = None
     policy_class: Optional[type] = None
     rollout_mode: str = "bulk_sync"
+    consumes_rollouts: bool = True
     off_policy: bool = False
     action_spaces: Tuple[str, ...] = ()
     recurrent: bool = False
@@ -151,12 +155,13 @@ class Algorithm:
         attribute, e.g. ``impala.rollout_mode``)."""
         return self.rollout_mode
 
-    def training_flow(self, experiences: "Flow", ctx: "RunContext", learner: "Learner") -> "Flow":
+    def training_flow(self, experiences: Optional["Flow"], ctx: "RunContext", learner: "Learner") -> "Flow":
         """From this algorithm's experiences to train steps (one item per train step).
 
         Args:
             experiences: a Flow of MultiAgentBatch (bulk_sync) or of (actor, MultiAgentBatch)
-                (async, async_gradients), already restricted to this algorithm's policies.
+                (async, async_gradients), already restricted to this algorithm's policies;
+                None when :attr:`consumes_rollouts` is False.
             ctx: the RunContext (``ctx.workers``, ``ctx.counters``, ``ctx.add_stateful``).
             learner: the Learner of these policies (train through ``TrainOneStep``, send
                 weights through ``SyncWeights``); name stateful parts after ``learner.name``

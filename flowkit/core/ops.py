@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING, Any, Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -244,7 +244,8 @@ class RandomAlgorithm(Algorithm, ref=RANDOM):
     """The built-in ``random`` algorithm: acts uniformly over legal actions, learns nothing."""
     policy_class, off_policy = RandomPolicy, True
 
-    def training_flow(self, experiences: Flow, ctx: "RunContext", learner: Learner) -> Flow:
+    def training_flow(self, experiences: Optional[Flow], ctx: "RunContext", learner: Learner) -> Flow:
+        assert experiences is not None  # (it consumes rollouts)
         return experiences.for_each(NoTraining())
 
 
@@ -377,28 +378,78 @@ class UpdateSchedules:
         return item
 
 
-def algorithm_flow(algo: Any, experiences: Flow, ctx: "RunContext", learner: Learner, **flow_args: Any) -> Flow:
+def algorithm_flow(algo: Any, experiences: Optional[Flow], ctx: "RunContext", learner: Learner,
+                   **flow_args: Any) -> Flow:
     """``algo.training_flow(experiences, ctx, learner, **flow_args)``, preceded by
     :class:`UpdateSchedules` when one of the algorithm's declared schedules (its section's
     ``*_schedule`` keys, see :func:`flowkit.config.schedule_keys`) is ``linear``: plans never
-    wire schedules themselves. Called by every plan builder (one algorithm, or one per
-    multi-agent group). ``flow_args``: the keyword arguments of a kind of algorithm (``mix``, a
+    wire schedules themselves (``experiences`` None, an algorithm that consumes no rollouts: it
+    sets its own progress). Called by every plan builder (one algorithm, or one per multi-agent
+    group). ``flow_args``: the keyword arguments of a kind of algorithm (``mix``, a
     :class:`~flowkit.core.replay.ReplayMix`: off-policy ones pass it to :func:`ReplayPlan`)."""
     horizon = schedule_horizon(algo.config, algo.run_config)
-    if horizon is not None:
+    if horizon is not None and experiences is not None:
         experiences = experiences.for_each(UpdateSchedules(ctx, learner, horizon))
     return algo.training_flow(experiences, ctx, learner, **flow_args)
 
 
 def algorithm_plan(ctx: "RunContext", algo: Any, **flow_args: Any) -> Flow:
     """The plan of a run of one algorithm over all policies, with one Learner (named after it):
-    rollouts in its rollout mode (async ones with their source actor) into
-    :func:`algorithm_flow` (``flow_args`` passed on)."""
+    rollouts in its rollout mode (async ones with their source actor; none where it consumes
+    no rollouts: ``Algorithm.consumes_rollouts``) into :func:`algorithm_flow` (``flow_args``
+    passed on)."""
     mode = algo.get_rollout_mode()
-    experiences = ParallelRollouts(ctx, mode=mode, prefetch=ctx.prefetch)
-    if mode != "bulk_sync":  # async, async_gradients
+    experiences = ParallelRollouts(ctx, mode=mode, prefetch=ctx.prefetch) if algo.consumes_rollouts else None
+    if experiences is not None and mode != "bulk_sync":  # async, async_gradients
         experiences = experiences.zip_with_source_actor()
     return algorithm_flow(algo, experiences, ctx, ctx.add_learner(algo.name, ctx.policy_ids), **flow_args)
+
+
+# ---- worker rounds ---------------------------------------------------------------------------
+def WorkerRounds(ctx: "RunContext", requests: Callable[[int], Sequence[Callable[[Any], Dict[str, Any]]]],
+                 name: str) -> Flow:
+    """The source of a plan that consumes no rollouts (``Algorithm.consumes_rollouts = False``:
+    ES, ARS, DD-PPO, MAML): rounds of work on every rollout worker, bulk-synchronous::
+
+        each round: requests(n) -> worker i runs request i (RolloutWorker.apply) -> account
+
+    Args:
+        requests: called once per round with the number of workers ``n``; returns ``n``
+            picklable callables, the i-th for ``ctx.workers.actors[i]``. Each is called with
+            its RolloutWorker and returns plain data: a dict with at least ``env_steps`` and
+            ``agent_steps`` (counted as sampled) and ``episodes`` (``[{"return", "length"}]``:
+            recorded as the run's episodes and counted in ``episodes_total``).
+        name: the source's name in ``flowkit plan``.
+
+    Output: one list per round, the results of the workers that answered, in worker order; a
+    worker that failed is replaced (``ctx.workers.on_failure``) and missing from its round's
+    list. A round where none answered is NOT_READY.
+    """
+    made: Dict[str, Any] = {"round": -1, "done": 0, "requests": {}}
+
+    def args(actor: Any) -> tuple:
+        if made["round"] != made["done"]:  # the round's first request: made for the workers of now
+            actors = list(ctx.workers.actors)
+            made.update(round=made["done"], requests={id(a): r for a, r in zip(actors, requests(len(actors)),
+                                                                              strict=True)})
+        return (made["requests"][id(actor)],)
+
+    def account(items: List[Tuple[Any, Dict[str, Any]]]) -> Any:
+        made["done"] += 1
+        if not items:
+            return NOT_READY
+        c = ctx.counters
+        for actor, r in items:
+            ctx.workers.mark_success(actor)
+            c["env_steps_sampled"] += int(r["env_steps"])
+            c["agent_steps_sampled"] += int(r["agent_steps"])
+            ctx.metrics.record_episodes(r["episodes"])
+            c["episodes_total"] += len(r["episodes"])
+        ctx.mark("first_sample")
+        return [r for _, r in items]
+    rounds = ParallelFlow(lambda: ctx.workers.actors, "apply", name, ctx,
+                          on_failure=lambda a, e: ctx.workers.on_failure(a, e), args_fn=args)
+    return rounds.gather_sync(per_round=True).for_each(account, "AccountWorkerRounds")
 
 
 # ---- composition -----------------------------------------------------------------------------

@@ -363,6 +363,12 @@ class FlatAdam:
     ``flowkit train`` that solves CartPole in about 5.1 s (README) -- and ``sizes``/``active``
     would need one optimizer per segment.
 
+    Issue 49 (5 fresh processes each, alternating, a 2-core machine under a load of 20-25): the
+    first ``torch.optim.Adam(...)`` of a process took 15.4 s median (``fused=True`` 12.9 s),
+    ``FlatAdam(...)`` 0.00015 s: kept, as every learning process pays that once. The steps
+    (``bench/learner.py --optimizers``, same run, median of 5): minibatch 64, 138 steps/s
+    against 124 for ``Adam(fused=True)``; 256, 150 against 86 (noisy at that load).
+
     The fused kernel (2026-12-06, ``python bench/learner.py --optimizers [--net nature
     --minibatch 32]``, the same machine quiet, one torch thread, median of 5, two runs each):
     FlatAdam's gradient steps/s with the fused kernel against the single-tensor one it used

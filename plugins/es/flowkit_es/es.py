@@ -33,8 +33,9 @@ from torch import nn
 
 import flowkit
 from flowkit.config import ConfigError, normalize_obs_on
-from flowkit.core import NOT_READY, ParallelFlow, build_mlp, derive_seed
+from flowkit.core import build_mlp, derive_seed
 from flowkit.core.learner import NonFiniteError
+from flowkit.core.ops import WorkerRounds
 from flowkit.core.policy import FlatAdam, flat_parameters
 from flowkit_es import ARS_REF, ES_REF
 from flowkit_es.evaluate import EvaluatePerturbations, Layout, NoiseTable, forward, greedy
@@ -206,51 +207,6 @@ class ARSPolicy(ESPolicy):
 
 
 # ---- the operators ---------------------------------------------------------------------------
-class EvaluationRequests:
-    """``args_fn`` of the plan's ParallelFlow: the :class:`EvaluatePerturbations` each worker
-    gets this round (theta and the normalisation as they are now; the round's seed from the
-    run's seed and the policy's update count, so a resumed run draws what it would have)."""
-
-    def __init__(self, ctx: Any, algo: "_PerturbationAlgorithm", policy: ESPolicy, noise: NoiseTable,
-                 num_pairs: int):
-        self.ctx, self.algo, self.policy, self.noise, self.num_pairs = ctx, algo, policy, noise, num_pairs
-
-    def __call__(self, actor: Any) -> tuple:
-        c, pol = self.algo.config, self.policy
-        mean, std = pol.obs_mean_std()
-        seed = derive_seed(int(self.ctx.config.seed), self.algo.name, "round", pol.num_updates)
-        return (EvaluatePerturbations(self.noise.handle(self.ctx.workers.backend), pol.theta, pol.layout,
-                                      pol.activation, mean, std, float(c.sigma), self.num_pairs,
-                                      int(c.eval_episodes), seed, pol.normalize),)
-
-
-class AccountEvaluations:
-    """A round's ``[(worker, result)]`` -> the results: counts every episode's steps as
-    ``env_steps_sampled`` and records the unperturbed episodes as the run's episodes."""
-
-    name = "AccountEvaluations(every episode counts as env steps)"
-
-    def __init__(self, ctx: Any):
-        self.ctx = ctx
-
-    def __call__(self, items: List[tuple]) -> Any:
-        if not items:
-            return NOT_READY
-        ctx, out = self.ctx, []
-        for actor, r in items:
-            ctx.workers.mark_success(actor)
-            steps = int(r["lengths"].sum() + r["eval_lengths"].sum())
-            ctx.counters["env_steps_sampled"] += steps
-            ctx.counters["agent_steps_sampled"] += steps
-            ctx.counters["episodes_total"] += int(r["lengths"].size)
-            evals = [{"return": float(g), "length": int(t)} for g, t in zip(r["eval_returns"], r["eval_lengths"])]
-            ctx.metrics.record_episodes(evals)
-            ctx.counters["episodes_total"] += len(evals)
-            out.append(r)
-        ctx.mark("first_sample")
-        return out
-
-
 class MergeObservationStats:
     """Merge the workers' observation statistics of the round into the policy's
     normalisation (used from the next round on). Passes the results on."""
@@ -268,7 +224,9 @@ class MergeObservationStats:
 
 class _Update:
     """Base of :class:`ESUpdate` and :class:`ARSUpdate`: gathers the round, applies
-    :meth:`step`, counts the update. Output: ``{"stats": {policy_id: stats}, "num_updates": 1}``."""
+    :meth:`step`, counts the update (and the perturbed episodes in ``episodes_total``: core's
+    ``WorkerRounds`` counts the unperturbed ones, the run's episodes). Output: ``{"stats":
+    {policy_id: stats}, "num_updates": 1}``."""
 
     def __init__(self, ctx: Any, learner: Any, pid: str, noise: NoiseTable, config: Any):
         self.ctx, self.learner, self.pid, self.noise, self.config = ctx, learner, pid, noise, config
@@ -290,6 +248,7 @@ class _Update:
             self.learner.num_updates += 1
         stats.update(perturbed_return_mean=float(returns.mean()), perturbed_return_max=float(returns.max()),
                      num_pairs=int(len(idx)), theta_norm=float(pol._flat.norm()))
+        ctx.counters["episodes_total"] += int(lengths.size)
         ctx.counters["env_steps_trained"] += int(lengths.sum())
         ctx.counters["agent_steps_trained"] += int(lengths.sum())
         ctx.counters["num_updates"] += 1
@@ -336,12 +295,12 @@ class ARSUpdate(_Update):
 class _PerturbationAlgorithm(flowkit.Algorithm):
     """What ES and ARS share: the noise table, the evaluation requests and the plan.
 
-    Plan: ParallelEvaluations (a ParallelFlow of :class:`EvaluatePerturbations` requests,
-    bulk-synchronous) -> AccountEvaluations -> [MergeObservationStats] -> the update. The
-    engine's ``experiences`` (rollout fragments) are not used: nothing pulls them, so no
-    worker samples fragments."""
+    Plan: ParallelEvaluations (core's ``WorkerRounds`` of :class:`EvaluatePerturbations`
+    requests, bulk-synchronous) -> [MergeObservationStats] -> the update. It consumes no
+    rollouts: no worker samples fragments."""
 
     off_policy = False
+    consumes_rollouts = False
     update_class: type = _Update
     per_worker_key = ""
 
@@ -364,17 +323,25 @@ class _PerturbationAlgorithm(flowkit.Algorithm):
             self._noise = NoiseTable(int(c.noise_size), int(seed))
         return self._noise
 
+    def evaluations(self, ctx: Any, policy: ESPolicy, num_pairs: int, world: int) -> List[EvaluatePerturbations]:
+        """The round's request for each of ``world`` workers: theta and the normalisation as
+        they are now; the round's seed from the run's seed and the policy's update count, so a
+        resumed run draws what it would have."""
+        c = self.config
+        mean, std = policy.obs_mean_std()
+        seed = derive_seed(int(ctx.config.seed), self.name, "round", policy.num_updates)
+        return [EvaluatePerturbations(self.noise_table().handle(ctx.workers.backend), policy.theta, policy.layout,
+                                      policy.activation, mean, std, float(c.sigma), num_pairs, int(c.eval_episodes),
+                                      seed, policy.normalize)] * world
+
     def training_flow(self, experiences, ctx, learner):
         pid, c = self.only_policy(ctx, learner), self.config
-        k = int(getattr(c, self.per_worker_key))
-        requests = EvaluationRequests(ctx, self, learner.policies[pid], self.noise_table(), k)
-        evals = ParallelFlow(lambda: ctx.workers.actors, "apply",
-                             f"ParallelEvaluations({k} antithetic pairs + {c.eval_episodes} unperturbed "
-                             f"episodes per worker, noise table {c.noise_size})", ctx,
-                             on_failure=lambda a, e: ctx.workers.on_failure(a, e), args_fn=requests)
-        flow = evals.gather_sync(per_round=True).for_each(AccountEvaluations(ctx))
-        if learner.policies[pid].normalize:  # model.normalize_obs or <name>.normalize_observations
-            flow = flow.for_each(MergeObservationStats(learner.policies[pid]))
+        k, pol = int(getattr(c, self.per_worker_key)), learner.policies[pid]
+        flow = WorkerRounds(ctx, lambda n: self.evaluations(ctx, pol, k, n),
+                            f"ParallelEvaluations({k} antithetic pairs + {c.eval_episodes} unperturbed "
+                            f"episodes per worker, noise table {c.noise_size})")
+        if pol.normalize:  # model.normalize_obs or <name>.normalize_observations
+            flow = flow.for_each(MergeObservationStats(pol))
         return flow.for_each(self.update_class(ctx, learner, pid, self.noise_table(), c))
 
 

@@ -137,10 +137,10 @@ class EvaluatePerturbations:
     ``(x - obs_mean) / obs_std`` (float32[d]); with ``collect_obs_stats`` the perturbed
     episodes' encoded observations are summed (ARS V2's state statistics).
 
-    Returns (plain numpy, no noise): ``noise_indexes`` int64[n], ``returns`` float64[n, 2]
-    (column 0: +, 1: -), ``lengths`` int64[n, 2], ``eval_returns`` float64[e],
-    ``eval_lengths`` int64[e], ``obs_count`` int, ``obs_sum`` and ``obs_sumsq`` float64[d],
-    ``worker_index`` int.
+    Returns (plain data, no noise): ``noise_indexes`` int64[n], ``returns`` float64[n, 2]
+    (column 0: +, 1: -), ``lengths`` int64[n, 2], ``env_steps`` and ``agent_steps`` (every
+    episode's steps), ``episodes`` (the ``eval_episodes`` with theta: ``[{"return", "length"}]``),
+    ``obs_count`` int, ``obs_sum`` and ``obs_sumsq`` float64[d], ``worker_index`` int.
     """
     noise: Any
     theta: np.ndarray
@@ -177,9 +177,10 @@ class EvaluatePerturbations:
         policy.set_theta(theta, self.obs_mean, self.obs_std)  # the worker's policy acts with what it was sent
         d = int(self.obs_mean.size)
         x = np.concatenate(obs_rows) if obs_rows else np.zeros((0, d))
+        steps = int(lengths.sum()) + sum(t for _, t in ev)
         return {"noise_indexes": idx, "returns": returns, "lengths": lengths,
-                "eval_returns": np.array([r for r, _ in ev], np.float64),
-                "eval_lengths": np.array([t for _, t in ev], np.int64),
+                "env_steps": steps, "agent_steps": steps,
+                "episodes": [{"return": float(g), "length": int(t)} for g, t in ev],
                 "obs_count": int(len(x)), "obs_sum": x.sum(0, dtype=np.float64),
                 "obs_sumsq": np.square(x, dtype=np.float64).sum(0), "worker_index": int(worker.index)}
 

@@ -2,7 +2,8 @@
 Networks", arXiv 1703.03400, algorithm 3) with the PPO-style outer objective of RLlib's MAML,
 as a flowkit plugin: the workers adapt, the driver takes the meta-gradient.
 
-One meta step (the plan's shape; the workers' side is :class:`AdaptToTasks`):
+One meta step (the plan's shape; core's ``WorkerRounds`` sends each worker its
+:class:`AdaptToTasks`):
     the driver draws ``num_workers x tasks_per_worker`` tasks from the env's task distribution
     (:class:`flowkit.core.TaskSettableEnv`, seeded by the meta step) and sends each worker its
     share; for each task T_i a worker sets the task, samples D_i^0 with theta, and for
@@ -33,17 +34,9 @@ from torch.func import functional_call
 
 import flowkit
 from flowkit.config import ConfigError
-from flowkit.core import (
-    NOT_READY,
-    ActorCriticPolicy,
-    EnvContext,
-    ParallelFlow,
-    clipped_surrogate,
-    derive_seed,
-    standardized,
-)
+from flowkit.core import ActorCriticPolicy, EnvContext, clipped_surrogate, derive_seed, standardized
 from flowkit.core import batch as sb
-from flowkit.core.ops import SyncWeights, TrainOneStep
+from flowkit.core.ops import SyncWeights, TrainOneStep, WorkerRounds
 from flowkit.core.policy import loss_stats
 from flowkit_maml import MAML_REF
 
@@ -180,14 +173,16 @@ class AdaptToTasks:
     """One worker's share of a meta step (``RolloutWorker.apply(request)``): for each task, set
     it (:meth:`RolloutWorker.set_task`: new episodes in every sub-env), sample one fragment,
     and ``inner_steps`` times adapt (:meth:`MAMLPolicy.adapt`) and sample new episodes; then
-    restore the parameters the worker was sent. Returns, per task, the fragments of each
-    adaptation step: ``[[MultiAgentBatch] * (inner_steps + 1)] * len(tasks)``."""
+    restore the parameters the worker was sent. Returns ``tasks``, per task the fragments of
+    each adaptation step (``[[MultiAgentBatch] * (inner_steps + 1)] * len(tasks)``), with
+    ``env_steps`` and ``agent_steps`` (all of them) and ``episodes`` (the post-adaptation ones:
+    the run's episodes)."""
     tasks: List[Any]
     inner_steps: int
 
     name = "AdaptToTasks"
 
-    def __call__(self, worker: Any) -> List[List[sb.MultiAgentBatch]]:
+    def __call__(self, worker: Any) -> Dict[str, Any]:
         pid, pol = next(iter(worker.policies.items()))
         if not isinstance(pol, MAMLPolicy):
             raise ConfigError(f"maml: rollout worker {worker.index} holds a {type(pol).__name__}, not a MAMLPolicy")
@@ -208,83 +203,33 @@ class AdaptToTasks:
                 out.append(steps)
         finally:
             pol.set_weights(theta)
-        return out
+        return {"tasks": out, "env_steps": sum(b.env_steps for steps in out for b in steps),
+                "agent_steps": sum(b.agent_steps for steps in out for b in steps),
+                "episodes": [e for steps in out for e in steps[-1].episodes]}
 
 
 # ---- the driver's operators --------------------------------------------------------------------
-class TaskRequests:
-    """``args_fn`` of the plan's ParallelFlow: each worker's :class:`AdaptToTasks`. The tasks
-    of meta step ``m`` (``ctx.counters["meta_updates"]``) are drawn by the driver's copy of the
-    env after ``reset(seed=derive_seed(seed, "maml", "tasks", m))``: the same tasks on either
-    backend and after a resume."""
-
-    def __init__(self, ctx: Any, algo: "MAML"):
-        self.ctx, self.algo = ctx, algo
-        self._env: Any = None
-        self._drawn: Optional[Tuple[int, List[Any]]] = None
-
-    def tasks(self, meta_step: int, n: int) -> List[Any]:
-        """``n`` tasks of meta step ``meta_step`` (drawn once per step)."""
-        from omegaconf import OmegaConf
-
-        from flowkit.core import env_name, make_env, task_env
-        if self._drawn is None or self._drawn[0] != meta_step or len(self._drawn[1]) != n:
-            cfg = self.algo.run_config
-            if self._env is None:
-                env_cfg = OmegaConf.to_container(cfg.env, resolve=True)
-                self._env = make_env(env_cfg, EnvContext(-1, 0, 1, 0, derive_seed(int(cfg.seed), "maml", "tasks")))
-            self._env.reset(seed=derive_seed(int(cfg.seed), "maml", "tasks", meta_step))
-            self._drawn = (meta_step, list(task_env(self._env, env_name(cfg.env)).sample_tasks(n)))
-        return self._drawn[1]
-
-    def __call__(self, actor: Any) -> tuple:
-        actors = self.ctx.workers.actors
-        k = int(self.algo.config.tasks_per_worker)
-        pos = next(i for i, a in enumerate(actors) if a is actor)
-        tasks = self.tasks(int(self.ctx.counters["meta_updates"]), k * len(actors))
-        return (AdaptToTasks(tasks[pos * k:(pos + 1) * k], int(self.algo.config.inner_steps)),)
-
-
-class MetaBatch:
-    """A meta step's ``[(worker, [[batch per adaptation step] per task])]`` -> one
+def meta_batch(results: List[Dict[str, Any]], pid: str, inner_steps: int) -> sb.MultiAgentBatch:
+    """A meta step's worker results (:class:`AdaptToTasks`, in worker order) -> one
     MultiAgentBatch of every row, with the columns ``task_index`` (the task's position in the
-    meta step) and ``adaptation_step``. Counts every env step as sampled; the
-    post-adaptation episodes are the run's episodes; the mean episode return of each
-    adaptation step goes into ``meta["adaptation"]`` (see :class:`AdaptationMetrics`)."""
-
-    def __init__(self, ctx: Any, pid: str, inner_steps: int):
-        self.ctx, self.pid, self.inner_steps = ctx, pid, int(inner_steps)
-        self.name = f"MetaBatch(tasks x {self.inner_steps + 1} adaptation steps; post-adaptation episodes reported)"
-
-    def __call__(self, items: List[Tuple[Any, List[List[sb.MultiAgentBatch]]]]) -> Any:
-        if not items:
-            return NOT_READY
-        ctx, c, pid, last = self.ctx, self.ctx.counters, self.pid, self.inner_steps
-        rows: List[sb.SampleBatch] = []
-        returns: List[List[float]] = [[] for _ in range(last + 1)]
-        env_steps = agent_steps = 0
-        for actor, tasks in items:
-            ctx.workers.mark_success(actor)
-            for steps in tasks:
-                i = len(rows) // (last + 1)
-                for k, b in enumerate(steps):
-                    env_steps, agent_steps = env_steps + b.env_steps, agent_steps + b.agent_steps
-                    pb = b.policy_batches[pid]
-                    n = len(pb)
-                    rows.append(sb.SampleBatch({**pb, sb.TASK_INDEX: np.full(n, i, np.int64),
-                                                sb.ADAPTATION_STEP: np.full(n, k, np.int64)}))
-                    returns[k] += [e["return"] for e in b.episodes]
-                    if k == last:
-                        ctx.metrics.record_episodes(b.episodes)
-                        c["episodes_total"] += len(b.episodes)
-        c["env_steps_sampled"] += env_steps
-        c["agent_steps_sampled"] += agent_steps
-        ctx.mark("first_sample")
-        means = [float(np.mean(r)) if r else float("nan") for r in returns]
-        adaptation = {f"return_mean_step_{k}": m for k, m in enumerate(means)}
-        adaptation.update(adaptation_delta=means[-1] - means[0], num_tasks=len(rows) // (last + 1))
-        return sb.MultiAgentBatch({pid: sb.concat_samples(rows)}, env_steps, agent_steps, [], -1,
-                                  {"adaptation": adaptation})
+    meta step) and ``adaptation_step``; the mean episode return of each adaptation step goes
+    into ``meta["adaptation"]`` (see :class:`AdaptationMetrics`)."""
+    last = int(inner_steps)
+    rows: List[sb.SampleBatch] = []
+    returns: List[List[float]] = [[] for _ in range(last + 1)]
+    for steps in (steps for r in results for steps in r["tasks"]):
+        i = len(rows) // (last + 1)
+        for k, b in enumerate(steps):
+            pb = b.policy_batches[pid]
+            n = len(pb)
+            rows.append(sb.SampleBatch({**pb, sb.TASK_INDEX: np.full(n, i, np.int64),
+                                        sb.ADAPTATION_STEP: np.full(n, k, np.int64)}))
+            returns[k] += [e["return"] for e in b.episodes]
+    means = [float(np.mean(r)) if r else float("nan") for r in returns]
+    adaptation = {f"return_mean_step_{k}": m for k, m in enumerate(means)}
+    adaptation.update(adaptation_delta=means[-1] - means[0], num_tasks=len(rows) // (last + 1))
+    return sb.MultiAgentBatch({pid: sb.concat_samples(rows)}, sum(r["env_steps"] for r in results),
+                              sum(r["agent_steps"] for r in results), [], -1, {"adaptation": adaptation})
 
 
 class AdaptationMetrics:
@@ -305,24 +250,53 @@ class AdaptationMetrics:
 
 # ---- the algorithm -----------------------------------------------------------------------------
 class MAML(flowkit.Algorithm, ref=MAML_REF):
-    """MAML: tasks to the workers -> adaptation on the workers -> MetaBatch -> the meta-update
-    (TrainOneStep, ``outer_steps`` Adam steps on :meth:`MAMLPolicy.loss`) -> SyncWeights.
-    The engine's rollouts are not used: nothing pulls them."""
+    """MAML: tasks to the workers (core's ``WorkerRounds`` of :class:`AdaptToTasks`) ->
+    adaptation on the workers -> :func:`meta_batch` -> the meta-update (TrainOneStep,
+    ``outer_steps`` Adam steps on :meth:`MAMLPolicy.loss`) -> SyncWeights. It consumes no
+    rollouts."""
 
     policy_class = MAMLPolicy
     rollout_mode = "bulk_sync"
+    consumes_rollouts = False
     off_policy = False
+
+    def __init__(self, run_config: Any, config: Any = None):
+        super().__init__(run_config, config)
+        self._task_env: Any = None
+        self._drawn: Optional[Tuple[int, List[Any]]] = None
+
+    def tasks(self, meta_step: int, n: int) -> List[Any]:
+        """``n`` tasks of meta step ``meta_step``, drawn once per step by the driver's copy of
+        the env after ``reset(seed=derive_seed(seed, "maml", "tasks", meta_step))``: the same
+        tasks on either backend and after a resume."""
+        from omegaconf import OmegaConf
+
+        from flowkit.core import env_name, make_env, task_env
+        if self._drawn is None or self._drawn[0] != meta_step or len(self._drawn[1]) != n:
+            cfg = self.run_config
+            if self._task_env is None:
+                env_cfg = OmegaConf.to_container(cfg.env, resolve=True)
+                self._task_env = make_env(env_cfg, EnvContext(-1, 0, 1, 0, derive_seed(int(cfg.seed), "maml", "tasks")))
+            self._task_env.reset(seed=derive_seed(int(cfg.seed), "maml", "tasks", meta_step))
+            self._drawn = (meta_step, list(task_env(self._task_env, env_name(cfg.env)).sample_tasks(n)))
+        return self._drawn[1]
+
+    def adaptation_requests(self, meta_step: int, world: int) -> List[AdaptToTasks]:
+        """Each of ``world`` workers' :class:`AdaptToTasks`: its ``tasks_per_worker`` of the meta step's tasks."""
+        k = int(self.config.tasks_per_worker)
+        tasks = self.tasks(meta_step, k * world)
+        return [AdaptToTasks(tasks[i * k:(i + 1) * k], int(self.config.inner_steps)) for i in range(world)]
 
     def training_flow(self, experiences, ctx, learner):
         pid, c = self.only_policy(ctx, learner), self.config
         n = max(1, int(self.run_config.runtime.num_workers))
         order = "first-order" if c.first_order else "second-order"
-        tasks = ParallelFlow(lambda: ctx.workers.actors, "apply",
-                             f"ParallelAdaptation({n} workers x {c.tasks_per_worker} tasks: sample, {c.inner_steps} "
-                             f"inner step(s) of lr {c.inner_lr:g}, sample)", ctx,
-                             on_failure=lambda a, e: ctx.workers.on_failure(a, e), args_fn=TaskRequests(ctx, self))
-        return (tasks.gather_sync(per_round=True)
-                .for_each(MetaBatch(ctx, pid, c.inner_steps))
+        rounds = WorkerRounds(ctx, lambda world: self.adaptation_requests(int(ctx.counters["meta_updates"]), world),
+                              f"ParallelAdaptation({n} workers x {c.tasks_per_worker} tasks: sample, {c.inner_steps} "
+                              f"inner step(s) of lr {c.inner_lr:g}, sample)")
+        return (rounds.for_each(lambda results: meta_batch(results, pid, c.inner_steps),
+                                f"MetaBatch(tasks x {c.inner_steps + 1} adaptation steps; post-adaptation episodes "
+                                "reported)")
                 .for_each(TrainOneStep(ctx, learner, num_epochs=c.outer_steps), f"MetaUpdate({order}, "
                           f"{c.outer_steps} Adam steps on the clipped surrogate after adaptation)")
                 .for_each(AdaptationMetrics(ctx, pid))
@@ -339,5 +313,5 @@ def adaptation_returns(worker: Any, weights: Dict[str, np.ndarray], tasks: Seque
     network, e.g. a PPO policy's, for a baseline)."""
     pid, pol = next(iter(worker.policies.items()))
     pol.set_weights(weights)
-    out = AdaptToTasks(list(tasks), int(inner_steps))(worker)
+    out = AdaptToTasks(list(tasks), int(inner_steps))(worker)["tasks"]
     return np.array([[np.mean([e["return"] for e in b.episodes]) for b in steps] for steps in out])

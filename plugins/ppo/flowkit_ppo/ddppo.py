@@ -18,7 +18,8 @@ One round (the plan's shape; the workers' side is :class:`TrainRound`):
     by a hash each round). The KL that drives the adaptive penalty is averaged the same way.
 The driver learns nothing: it hosts the rendezvous (a ``TCPStore``; the group's keys are
 prefixed by a generation, so a group that lost a worker re-forms under fresh keys), sends
-each worker a :class:`TrainRound` request, accounts the round, and keeps worker 0's policy
+each worker a :class:`TrainRound` request through core's ``WorkerRounds``, accounts the round
+(:class:`GroupRounds`), and keeps worker 0's policy
 state (weights, Adam, schedules) for checkpoints, evaluation and workers that join.
 """
 from __future__ import annotations
@@ -36,10 +37,10 @@ import torch
 
 import flowkit
 from flowkit.config import ConfigError
-from flowkit.core import NOT_READY, ParallelFlow, derive_seed
 from flowkit.core import batch as sb
+from flowkit.core import derive_seed
 from flowkit.core.learner import Learner
-from flowkit.core.ops import StandardizeFields
+from flowkit.core.ops import StandardizeFields, WorkerRounds
 from flowkit_ppo import DDPPO_REF, min_fragments, num_minibatches
 from flowkit_ppo.ppo import PPOPolicy
 
@@ -280,28 +281,29 @@ class Rendezvous:
         self._store, self.address = None, None
 
 
-class RoundRequests:
-    """``args_fn`` of the plan's ParallelFlow: the :class:`TrainRound` each worker gets.
+class GroupRounds:
+    """The driver's side of the rounds (:func:`flowkit.core.ops.WorkerRounds` makes them and
+    counts the sampled steps and episodes): :meth:`requests` makes each worker's
+    :class:`TrainRound`, :meth:`account` turns the round's results into one train result.
 
     A new generation (the group formed anew, every member sent the driver's policy state)
-    starts at the first round, after a worker was replaced, and after a round that some
-    worker gave up (:meth:`regroup`)."""
+    starts at the first round, after a worker was replaced, and after a round that some worker
+    gave up. :meth:`account` counts every worker's env steps as trained, checks that every
+    worker holds the same weights (raises RuntimeError naming the hashes otherwise) and takes
+    worker 0's policy state into the driver's policy (checkpoints, evaluation, the state of the
+    next group). A round that a worker gave up, or lost a worker, trains nothing: the group
+    re-forms (RuntimeError after ``max_aborted_rounds`` such rounds in a row)."""
+
+    name = "AccountRound(weights identical on every worker; worker 0's state kept)"
 
     def __init__(self, ctx: Any, algo: "DDPPO", learner: Learner, pid: str, rendezvous: Rendezvous):
-        self.ctx, self.algo, self.learner, self.rendezvous = ctx, algo, learner, rendezvous
+        self.ctx, self.algo, self.learner, self.pid, self.rendezvous = ctx, algo, learner, pid, rendezvous
         self.policy: Any = learner.policies[pid]  # a DDPPOPolicy
-        self.round_index = 0
-        self.generation = -1
+        self.round_index, self.generation, self.aborted_in_a_row = 0, -1, 0
         self._members: Tuple[Any, ...] = ()
-        self._prepared: Optional[Tuple[int, Dict[str, Any]]] = None  # (round, fields of its requests)
+        self.last_hashes: List[str] = []
 
-    def regroup(self) -> None:
-        self._members = ()
-
-    def end_round(self) -> None:
-        self.round_index += 1
-
-    def _prepare(self) -> Dict[str, Any]:
+    def requests(self, world: int) -> List[TrainRound]:
         ctx, c = self.ctx, self.algo.config
         members = tuple(ctx.workers.actors)
         state = None
@@ -310,79 +312,46 @@ class RoundRequests:
             self._members = members
             with self.learner.lock:
                 state = self.policy.shared_state()
-        world = len(members)
         rt = self.algo.run_config.runtime
         horizon = c.schedule_env_steps or self.algo.run_config.stop.env_steps
         full_round = world * int(c.fragments_per_round) * int(rt.num_envs_per_worker) * int(rt.rollout_fragment_length)
         progress = ((ctx.counters["env_steps_sampled"] + full_round) / horizon  # as PPO's: with this round's steps
                     if "linear" in (c.lr_schedule, c.clip_schedule) and horizon else None)
-        return dict(rendezvous=self.rendezvous.start(ctx.workers.backend) if world > 1 else None, world_size=world,
-                    generation=self.generation, round_index=self.round_index, state=state, progress=progress,
-                    fragments_per_round=int(c.fragments_per_round), min_fragments=min_fragments(c),
-                    sync_frac=float(c.sync_frac), num_epochs=int(c.num_epochs),
-                    num_minibatches=num_minibatches(c, self.algo.run_config),
-                    standardize_batch=c.normalize_advantages == "batch", dist_backend=str(c.dist_backend),
-                    device=str(c.worker_device), timeout_s=float(c.collective_timeout_s))
+        req = TrainRound(rendezvous=self.rendezvous.start(ctx.workers.backend) if world > 1 else None,
+                         world_size=world, generation=self.generation, round_index=self.round_index, state=state,
+                         progress=progress, fragments_per_round=int(c.fragments_per_round),
+                         min_fragments=min_fragments(c), sync_frac=float(c.sync_frac), num_epochs=int(c.num_epochs),
+                         num_minibatches=num_minibatches(c, self.algo.run_config),
+                         standardize_batch=c.normalize_advantages == "batch", dist_backend=str(c.dist_backend),
+                         device=str(c.worker_device), timeout_s=float(c.collective_timeout_s))
+        return [req] * world
 
-    def __call__(self, actor: Any) -> tuple:
-        if self._prepared is None or self._prepared[0] != self.round_index:
-            self._prepared = (self.round_index, self._prepare())
-        return (TrainRound(**self._prepared[1]),)
-
-
-class AccountRound:
-    """A round's ``[(worker, result)]`` -> one train result. Counts every worker's env steps
-    as sampled and trained, records their episodes, checks that every worker holds the same
-    weights (raises RuntimeError naming the hashes otherwise), and takes worker 0's policy
-    state into the driver's policy (checkpoints, evaluation, the state of the next group).
-    A round that a worker gave up, or lost a worker, trains nothing here: the group re-forms
-    (RuntimeError after ``max_aborted_rounds`` such rounds in a row)."""
-
-    name = "AccountRound(weights identical on every worker; worker 0's state kept)"
-
-    def __init__(self, ctx: Any, learner: Learner, pid: str, requests: RoundRequests, max_aborted: int):
-        self.ctx, self.learner, self.pid, self.requests, self.max_aborted = ctx, learner, pid, requests, max_aborted
-        self.policy: Any = learner.policies[pid]  # a DDPPOPolicy
-        self.aborted_in_a_row = 0
-        self.last_hashes: List[str] = []
-
-    def __call__(self, items: List[Tuple[Any, Dict[str, Any]]]) -> Any:
-        if not items:
-            return NOT_READY
-        ctx, c = self.ctx, self.ctx.counters
-        results = [r for _, r in items]
-        for actor, r in items:
-            ctx.workers.mark_success(actor)
-            c["env_steps_sampled"] += r["env_steps"]
-            c["agent_steps_sampled"] += r["agent_steps"]
-            ctx.metrics.record_episodes(r["episodes"])
-            c["episodes_total"] += len(r["episodes"])
-        ctx.mark("first_sample")
-        self.requests.end_round()
+    def account(self, results: List[Dict[str, Any]]) -> Dict[str, Any]:
+        ctx, c, max_aborted = self.ctx, self.ctx.counters, int(self.algo.config.max_aborted_rounds)
+        self.round_index += 1
         aborted = [r["aborted"] for r in results if "aborted" in r]
-        if aborted or len(items) < ctx.workers.num_workers:
-            self.requests.regroup()
+        if aborted or len(results) < ctx.workers.num_workers:
+            self._members = ()  # a new group next round
             self.aborted_in_a_row += 1
             c["ddppo_aborted_rounds"] += 1
-            if self.aborted_in_a_row >= self.max_aborted:
+            if self.aborted_in_a_row >= max_aborted:
                 raise RuntimeError(f"ddppo: {self.aborted_in_a_row} rounds in a row given up (ddppo.max_aborted_rounds="
-                                   f"{self.max_aborted}): the workers' group could not train together; last: "
+                                   f"{max_aborted}): the workers' group could not train together; last: "
                                    f"{'; '.join(aborted) or 'a worker failed and was replaced'}")
             return {"stats": {}, "num_updates": 0}
         self.aborted_in_a_row = 0
         self.last_hashes = [r["weights_hash"] for r in sorted(results, key=lambda r: r["worker_index"])]
         ctx.info["ddppo/weights_hashes"] = list(self.last_hashes)
         if len(set(self.last_hashes)) > 1:
-            raise RuntimeError(f"ddppo: the workers' weights differ after round {self.requests.round_index - 1} "
+            raise RuntimeError(f"ddppo: the workers' weights differ after round {self.round_index - 1} "
                                f"(hashes by worker: {self.last_hashes}): their updates were not the same")
-        state = next(r["state"] for r in results if r["worker_index"] == 0)
-        rows = [r["rows"] for r in results]
-        steps = int(results[0]["num_sgd_steps"])
+        rows, steps = [r["rows"] for r in results], int(results[0]["num_sgd_steps"])
+        trained = sum(r["env_steps"] for r in results)
         with self.learner.lock:
-            self.policy.set_state(state)
+            self.policy.set_state(next(r["state"] for r in results if r["worker_index"] == 0))
             self.learner.num_updates += steps
-            self.learner.env_steps_trained += sum(r["env_steps"] for r in results)
-        c["env_steps_trained"] += sum(r["env_steps"] for r in results)
+            self.learner.env_steps_trained += trained
+        c["env_steps_trained"] += trained
         c["agent_steps_trained"] += sum(rows)
         c["num_updates"] += steps
         stats = {k: float(np.average([r["stats"].get(k, np.nan) for r in results], weights=rows))
@@ -391,7 +360,7 @@ class AccountRound:
         stats.update(num_workers=len(results), preempted_workers=sum(r["preempted"] for r in results),
                      rows_min=min(rows), rows_max=max(rows), sample_time_s=max(r["sample_s"] for r in results),
                      learn_time_s=learn_s, allreduce_time_s=max(r["allreduce_s"] for r in results),
-                     generation=self.requests.generation, aborted_rounds=int(c["ddppo_aborted_rounds"]))
+                     generation=self.generation, aborted_rounds=int(c["ddppo_aborted_rounds"]))
         ctx.metrics.learner_stats[self.pid] = stats
         ctx.metrics.extra["perf/learner_throughput_env_steps_per_s"] = sum(rows) / max(learn_s, 1e-9)
         ctx.mark("first_train")
@@ -401,25 +370,25 @@ class AccountRound:
 # ---- the algorithm -----------------------------------------------------------------------------
 class DDPPO(flowkit.Algorithm, ref=DDPPO_REF):
     """DD-PPO: every worker samples and learns (PPO's loss), gradients all-reduced over the
-    workers; the driver only accounts (see the module docstring). The engine's rollouts are
-    not used: nothing pulls them."""
+    workers; the driver only accounts (see the module docstring). It consumes no rollouts: its
+    source is core's ``WorkerRounds``."""
 
     policy_class = DDPPOPolicy
     rollout_mode = "bulk_sync"
     off_policy = False
 
+    consumes_rollouts = False
+
     def training_flow(self, experiences, ctx, learner):
         pid, c = self.only_policy(ctx, learner), self.config
         rendezvous = ctx.add_stateful(f"{learner.name}/rendezvous", Rendezvous(float(c.collective_timeout_s)))
-        requests = RoundRequests(ctx, self, learner, pid, rendezvous)
+        group = GroupRounds(ctx, self, learner, pid, rendezvous)
         k, n = num_minibatches(c, self.run_config), max(1, int(self.run_config.runtime.num_workers))
         cut = f"preempted at {c.sync_frac:g} of the workers" if n > 1 else "no preemption"
         backend = c.dist_backend if c.dist_backend != "auto" else (
             "nccl" if str(c.worker_device).startswith("cuda") else "gloo")
-        group = f"gradients all-reduced ({backend})" if n > 1 else "world of 1, no all-reduce"
-        rounds = ParallelFlow(lambda: ctx.workers.actors, "apply",
-                              f"ParallelTrainRounds({n} workers: sample <= {c.fragments_per_round} fragments, {cut}; "
-                              f"PPO loss, num_epochs={c.num_epochs}, num_minibatches={k}, {group})", ctx,
-                              on_failure=lambda a, e: ctx.workers.on_failure(a, e), args_fn=requests)
-        return rounds.gather_sync(per_round=True).for_each(
-            AccountRound(ctx, learner, pid, requests, int(c.max_aborted_rounds)))
+        reduce = f"gradients all-reduced ({backend})" if n > 1 else "world of 1, no all-reduce"
+        return WorkerRounds(ctx, group.requests,
+                            f"ParallelTrainRounds({n} workers: sample <= {c.fragments_per_round} fragments, {cut}; "
+                            f"PPO loss, num_epochs={c.num_epochs}, num_minibatches={k}, {reduce})"
+                            ).for_each(group.account, group.name)
