@@ -241,15 +241,14 @@ def test_action_distributions_match_torch():
     ("impala", spaces.Box(-1.0, 1.0, (2,)), {"hidden": [8, 8, 8]}),
 ])
 def test_numpy_inference_matches_torch(algo, space, over):
-    from types import SimpleNamespace
     import flowkit
     from flowkit.core import ActorCritic
     cls = flowkit.get_plugin_manager().algorithms()[algo]
     cfg = cls.config_class()
     if "normalize_observations" in over:
         cfg.normalize_observations = True
-    model_cfg = SimpleNamespace(hidden_sizes=over.get("hidden", [32, 32]), activation=over.get("activation", "tanh"),
-                                shared_value_network=False, numpy_inference=True)
+    model_cfg = dict(hidden_sizes=over.get("hidden", [32, 32]), activation=over.get("activation", "tanh"),
+                     shared_value_network=False, numpy_inference=True)
     obs_space = spaces.Box(-5.0, 5.0, (6,))
     pol = cls.policy_class(obs_space, space, cfg, model_cfg, "cpu", seed=3, inference_only=True)
     npm = pol.numpy_model()
