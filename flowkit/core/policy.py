@@ -3,6 +3,7 @@
 :mod:`flowkit.core.encoders`, :mod:`~flowkit.core.distributions` and :mod:`~flowkit.core.models`."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import gymnasium as gym
@@ -61,7 +62,10 @@ class Policy(Acting):
 
         from flowkit.config import ModelConfig
         # every key of the model.* section: ModelConfig's defaults under what is given (None: all)
-        model_config = OmegaConf.merge(OmegaConf.structured(ModelConfig), model_config or {})
+        given = model_config or {}
+        if hasattr(given, "__dict__") and not OmegaConf.is_config(given) and not dataclasses.is_dataclass(given):
+            given = vars(given)  # a namespace of model.* keys
+        model_config = OmegaConf.merge(OmegaConf.structured(ModelConfig), given)
         self.config, self.model_config = config, model_config
         self.device = torch.device(device)
         self.encoder = ObsEncoder(observation_space)
