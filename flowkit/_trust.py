@@ -29,14 +29,14 @@ import importlib.metadata as md
 import os
 import re
 import sys
-from typing import Any, Collection, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Collection, Dict, List, Optional, Tuple
 
 import yaml
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from flowkit.config import ConfigError
-from flowkit.core.names import code_values, module_of, resolve
+from flowkit.core.names import code_values, leaves, module_of, resolve
 
 TESTING = "flowkit.testing"
 CONSENT = ("a run folder is data: its callables run only with your consent (--trust-config, "
@@ -96,24 +96,12 @@ def read_run_config(path: str) -> Dict[str, Any]:
     if not isinstance(data.get("algo"), str) or not data["algo"]:  # every run's config names its algorithm
         raise RunFolderError(f"{path}: `algo` is {'missing' if 'algo' not in data else repr(data['algo'])}, "
                              "not an algorithm name (a run's config.yaml names the algorithm it trained)")
-    for key, v in _leaves(data):
+    for key, v in leaves(data):
         if isinstance(v, str) and "${" in v:
             raise RunFolderError(f"{path}: `{key}` holds the interpolation {v!r}; interpolations in a run "
                                  "folder's config are not resolved (they could read your environment or files)",
                                  damaged=False)
     return data
-
-
-def _leaves(d: Any, prefix: str = "") -> Iterator[Tuple[str, Any]]:
-    """``(dotted key, value)`` of every leaf (list items as ``key[i]``)."""
-    if isinstance(d, dict):
-        for k, v in d.items():
-            yield from _leaves(v, f"{prefix}{k}.")
-    elif isinstance(d, (list, tuple)):
-        for i, v in enumerate(d):
-            yield from _leaves(v, f"{prefix[:-1]}[{i}].")
-    else:
-        yield prefix[:-1], d
 
 
 def callables_named(data: Dict[str, Any]) -> List[Tuple[str, str]]:
@@ -178,7 +166,7 @@ def check_config_callables(data: Dict[str, Any], where: str, trust: bool = False
     """
     if trust:
         return
-    mine = {re.sub(r"\[\d+\]", "", k) for k, _ in _leaves(confirmed or {})}
+    mine = {re.sub(r"\[\d+\]", "", k) for k, _ in leaves(confirmed or {})}
     for key, value in callables_named(data):
         if re.sub(r"\[\d+\]", "", key) in mine or value in allowed or is_trusted(value):
             continue

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 import re
-from typing import Any, Iterator, List, Tuple
+from typing import Any, Iterator, Tuple
 
 from flowkit.config import ConfigError
 
@@ -43,22 +43,27 @@ def module_of(value: str, key: str) -> str:
     return value.partition(":")[0].strip() if ":" in value else value.strip()
 
 
-def code_values(data: Any, prefix: str = "") -> Iterator[Tuple[str, str]]:
+def leaves(data: Any, prefix: str = "") -> Iterator[Tuple[str, Any]]:
+    """``(dotted key, value)`` of every leaf of plain data (list items as ``key[i]``)."""
+    if isinstance(data, dict):
+        for k, v in data.items():
+            yield from leaves(v, f"{prefix}{k}.")
+    elif isinstance(data, (list, tuple)):
+        for i, v in enumerate(data):
+            yield from leaves(v, f"{prefix[:-1]}[{i}].")
+    else:
+        yield prefix[:-1], data
+
+
+def code_values(data: Any) -> Iterator[Tuple[str, str]]:
     """``(dotted key, value)`` for every value of a plain-data config that names code: each
     non-empty string at a :func:`is_code_key` key, in any form (``env.id`` only with a ``:``),
     and every other string of the form ``mod:`` or ``mod:attr`` (:data:`LOOSE`)."""
-    if isinstance(data, dict):
-        for k, v in data.items():
-            yield from code_values(v, f"{prefix}{k}.")
-    elif isinstance(data, (list, tuple)):
-        for i, v in enumerate(data):
-            yield from code_values(v, f"{prefix[:-1]}[{i}].")
-    elif isinstance(data, str) and data.strip():
-        key, v = prefix[:-1], data.strip()
-        if key == "env.id":
-            if ":" in v:
-                yield key, v
-        elif is_code_key(key) or LOOSE.fullmatch(v):
+    for key, v in leaves(data):
+        if not isinstance(v, str) or not v.strip():
+            continue
+        v = v.strip()
+        if (":" in v) if key == "env.id" else (is_code_key(key) or LOOSE.fullmatch(v)):
             yield key, v
 
 
@@ -94,9 +99,4 @@ def resolve(value: Any, key: str) -> Any:
     return obj
 
 
-def modules_named(data: Any) -> List[str]:
-    """The modules the code values of ``data`` (plain data) would import, in order."""
-    return [module_of(v, k) for k, v in code_values(data)]
-
-
-__all__ = ["CODE_KEYS", "LOOSE", "code_values", "is_code_key", "module_of", "modules_named", "resolve", "split"]
+__all__ = ["CODE_KEYS", "LOOSE", "code_values", "is_code_key", "leaves", "module_of", "resolve", "split"]
