@@ -43,7 +43,8 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from flowkit_dqn import DQN, DQNPolicy
-from flowkit_sac import SAC, SACPolicy, squashed_gaussian
+from flowkit_sac import SAC, SACPolicy, sac_targets, squashed_gaussian
+from flowkit_sac.sac import LOG_STD_MAX, LOG_STD_MIN
 from torch import nn
 
 import flowkit
@@ -152,13 +153,44 @@ class CQLSACPolicy(SACPolicy):
             log_mu = torch.stack([log_rand.view(b, n), logp_cur.view(b, n), logp_next.view(b, n)], 1)
         return a.reshape(b, 3 * n, k), log_mu.reshape(b, 3 * n)
 
+    def data_log_prob(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """log pi(a_t|s_t) of the dataset's actions under the squashed Gaussian, float32[B]
+        (actions clipped to +-(1 - 1e-6) before atanh: a greedy expert's saturated actions)."""
+        inputs = self.model.actor(obs)
+        mean, log_std = inputs.chunk(2, -1)
+        u = torch.atanh(actions.clamp(-1.0 + 1e-6, 1.0 - 1e-6))
+        return squashed_gaussian(inputs, (u - mean) / log_std.clamp(LOG_STD_MIN, LOG_STD_MAX).exp())[1]
+
+    def sac_terms(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """SAC's losses (:meth:`flowkit_sac.SACPolicy.loss`) with the backup and the actor of
+        CQL (module docstring): ``critic_loss``, ``actor_loss``, ``alpha_loss`` and ``q`` (the
+        twin critics at the data, float32[2, B])."""
+        cfg, m = self.config, self.model
+        obs, next_obs = batch[sb.OBS], batch[sb.NEXT_OBS]
+        alpha = m.log_alpha.detach().exp()
+        with torch.no_grad():
+            a_next, logp_next = squashed_gaussian(m.actor(next_obs), self.noise(next_obs))
+            y = sac_targets(batch[sb.REWARDS].float(), batch[sb.TERMINATEDS], cfg.gamma,
+                            self.q_values(next_obs, a_next, target=True), logp_next,
+                            alpha if cfg.backup_entropy else torch.zeros(()))
+        q = self.q_values(obs, batch[sb.ACTIONS].float())
+        a_pi, logp = squashed_gaussian(m.actor(obs), self.noise(obs))
+        if self.num_updates < int(cfg.bc_steps):  # behavioural cloning of the dataset's actions first
+            fit = self.data_log_prob(obs, batch[sb.ACTIONS].float())
+        else:
+            fit = self.q_values(obs, a_pi, detach_params=True).min(0).values
+        return {"critic_loss": 0.5 * (q - y).pow(2).mean(-1).sum(), "actor_loss": (alpha * logp - fit).mean(),
+                "alpha_loss": -(m.log_alpha * (logp.detach() + self.target_entropy)).mean(), "q": q,
+                "alpha": alpha, "entropy": -logp.detach().mean()}
+
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
-        loss, st = super().loss(batch)  # SAC: critics, actor, temperature
         cfg, obs = self.config, batch[sb.OBS]
+        t = self.sac_terms(batch)
+        loss = t["critic_loss"] + t["actor_loss"] + (t["alpha_loss"] if cfg.tune_alpha else 0.0)
         a, log_mu = self.sampled_actions(obs, batch[sb.NEXT_OBS])
         b, m = a.shape[:2]
         q_sampled = self.q_values(obs.repeat_interleave(m, 0), a.reshape(b * m, -1)).view(2, b, m)
-        gap = cql_gap(self.q_values(obs, batch[sb.ACTIONS].float()), q_sampled, log_mu, float(cfg.cql_temperature))
+        gap = cql_gap(t["q"], q_sampled, log_mu, float(cfg.cql_temperature))
         lagrange_loss: Optional[torch.Tensor] = None
         if cfg.lagrangian:
             alpha_prime = self.log_alpha_prime.exp().clamp(max=1e6)
@@ -168,8 +200,9 @@ class CQLSACPolicy(SACPolicy):
         else:
             cql_loss = float(cfg.cql_alpha) * gap.sum()
             loss = loss + cql_loss
-        st.update(loss_stats(cql_loss=cql_loss, cql_gap=gap.mean(), cql_q_sampled=q_sampled.mean(),
-                             cql_alpha=self.alpha_prime))
+        st = loss_stats(critic_loss=t["critic_loss"], actor_loss=t["actor_loss"], alpha_loss=t["alpha_loss"],
+                        alpha=t["alpha"], mean_q=t["q"].mean(), entropy=t["entropy"], cql_loss=cql_loss,
+                        cql_gap=gap.mean(), cql_q_sampled=q_sampled.mean(), cql_alpha=self.alpha_prime)
         if lagrange_loss is not None:
             st["lagrange_loss"] = float(lagrange_loss.detach())
         return loss, st
