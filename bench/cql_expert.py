@@ -1,7 +1,7 @@
 """CQL against BC on greedy expert data (issue 48, item 16), not run in CI:
 
-1. Pendulum-v1: an expert SAC (configs/sac/Pendulum-v1.yaml, seed 0, 20,000 env steps; greedy
-   about -133), ``flowkit record`` 40,000 of its greedy transitions; BC (64x64 ReLU, as the
+1. Pendulum-v1: an expert SAC (configs/sac/Pendulum-v1.yaml, seed 0, stopped at
+   ``--sac-env-steps`` 10,000 env steps), ``flowkit record`` 40,000 of its greedy transitions; BC (64x64 ReLU, as the
    CQL config) and CQL on SAC (``-c configs/cql_sac/Pendulum-v1.yaml`` with the dataset
    swapped in, ``--pendulum-rows`` rows) on it, seeds 0-2;
 2. CartPole-v1: an expert PPO (configs/ppo/CartPole-v1.yaml, seed 0, local backend),
@@ -53,7 +53,7 @@ def greedy_dataset(run: str, path: str, steps: int) -> str:
 
 
 def pendulum(a, rows: list) -> None:
-    sac = expert(os.path.join(a.out, "sac-expert"), "sac/Pendulum-v1.yaml")
+    sac = expert(os.path.join(a.out, "sac-expert"), "sac/Pendulum-v1.yaml", [f"stop.env_steps={a.sac_env_steps}"])
     data = greedy_dataset(sac, os.path.join(a.out, "pendulum-sac-greedy-40k-v0"), 40_000)
     config = os.path.join(REPO, "configs", "cql_sac", "Pendulum-v1.yaml")
     for seed in a.seeds:
@@ -100,6 +100,7 @@ def main(argv=None) -> int:
     p.add_argument("--parts", nargs="+", choices=("pendulum", "cartpole"), default=["pendulum", "cartpole"])
     p.add_argument("--out", default="runs/cql-expert")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--sac-env-steps", type=int, default=10_000, help="env steps of the Pendulum expert")
     p.add_argument("--bc-rows", type=int, default=1_000_000, help="rows per BC run")
     p.add_argument("--pendulum-rows", type=int, default=2_560_000, help="rows per CQL-SAC run (256 a step)")
     p.add_argument("--cartpole-rows", type=int, default=1_000_000, help="rows per CQL-DQN run (256 a step)")

@@ -190,7 +190,8 @@ class CQLSACPolicy(SACPolicy):
         a, log_mu = self.sampled_actions(obs, batch[sb.NEXT_OBS])
         b, m = a.shape[:2]
         q_sampled = self.q_values(obs.repeat_interleave(m, 0), a.reshape(b * m, -1)).view(2, b, m)
-        gap = cql_gap(t["q"], q_sampled, log_mu, float(cfg.cql_temperature))
+        # Q at the data again (not t["q"]): the same gradients summed in the same order as SAC's loss plus this term
+        gap = cql_gap(self.q_values(obs, batch[sb.ACTIONS].float()), q_sampled, log_mu, float(cfg.cql_temperature))
         lagrange_loss: Optional[torch.Tensor] = None
         if cfg.lagrangian:
             alpha_prime = self.log_alpha_prime.exp().clamp(max=1e6)
