@@ -80,7 +80,8 @@ class MARWILConfig(BCConfig):
 @dataclass
 class CQLDQNConfig:
     """cql_dqn: Conservative Q-Learning (Kumar et al. 2020), CQL(H) on DQN's Q-network, Discrete actions."""
-    cql_alpha: float = F(1.0, "weight of the conservative term mean(logsumexp_a Q(s, a) - Q(s, a_data))", ge=0)
+    cql_alpha: float = F(1.0, "weight of the conservative term mean(logsumexp_a Q(s, a) - Q(s, a_data)) (a greedy "
+                              "expert's data: 10, the authors' DQN value; docs/offline.md)", ge=0)
     lr: float = F(5e-4, "Adam learning rate", gt=0)
     adam_eps: float = F(1e-8, "Adam epsilon", gt=0)
     gamma: float = F(0.99, "discount factor", ge=0, le=1)

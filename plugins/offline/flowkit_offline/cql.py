@@ -28,10 +28,25 @@ log 3N, no change to the gradients). With ``lagrangian`` (CQL-Lagrange, eq. 30) 
 learned alpha' = exp(log alpha') >= 0, starting at ``cql_alpha``:
     cql_loss = sum_j alpha' (gap_j - tau),   lagrange_loss = -alpha' mean_j (gap_j - tau)
 (alpha' a constant in the first, the gaps in the second; tau = ``target_action_gap``): alpha'
-grows while the gaps exceed tau. SAC's soft Bellman target, actor and temperature losses stay
-as they are; the actor has its own learning rate (``actor_lr``: one Adam over SAC's flat
-buffer, split into critic, actor and temperature segments). Polyak targets every
-``target_update_freq`` gradient steps.
+grows while the gaps exceed tau.
+
+The rest is SAC's (twin critics, squashed-Gaussian actor, temperature tuned to the target
+entropy) with two changes of the paper's and the authors' code:
+    Bellman target (eq. 3, the paper's policy-evaluation backup; the authors'
+    ``deterministic_backup``, CORL's ``backup_entropy=False``), a' ~ pi(.|s_{t+1}):
+        y = r + gamma (1 - terminated) min_j Q_targ_j(s', a')
+    (``backup_entropy``: SAC's soft target, minus alpha log pi(a'|s')). With SAC's target a
+    narrow dataset (a greedy expert's actions) drives the policy's entropy below the target,
+    the learned temperature up, and every Q down by alpha (-log pi) / (1 - gamma).
+    Critic loss J_Q = sum_j 0.5 mean (Q_j(s_t, a_t) - y)^2 (SAC's; the authors' MSE is twice it,
+    so their min_q_weight w is cql_alpha = w / 2 here).
+    Actor: for the first ``bc_steps`` gradient steps behavioural cloning (the authors'
+    ``policy_eval_start``): J_pi = mean (alpha log pi(a~|s_t) - log pi(a_t|s_t)); then SAC's
+    J_pi = mean (alpha log pi(a~|s_t) - min_j Q_j(s_t, a~)). log pi(a_t|s_t) of a dataset
+    action: u = atanh(a_t) (a_t clipped to +-(1 - 1e-6)), the squashed Gaussian's density.
+The actor has its own learning rate (``actor_lr``: one Adam over SAC's flat buffer, split
+into critic, actor and temperature segments). Polyak targets every ``target_update_freq``
+gradient steps.
 
 Plans: DatasetReader -> TrainOneStep -> UpdateTargetNetwork. Acting: greedy in Q (``cql_dqn``),
 tanh of the actor's mean (``cql_sac``) in evaluation.
