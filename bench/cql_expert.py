@@ -1,20 +1,23 @@
 """CQL against BC on greedy expert data (issue 48, item 16), not run in CI:
 
-1. Pendulum-v1: an expert SAC (configs/sac/Pendulum-v1.yaml, seed 0, stopped at
-   ``--sac-env-steps`` 10,000 env steps), ``flowkit record`` 40,000 of its greedy transitions; BC (64x64 ReLU, as the
-   CQL config) and CQL on SAC (``-c configs/cql_sac/Pendulum-v1.yaml`` with the dataset
-   swapped in, ``--pendulum-rows`` rows) on it, seeds 0-2;
+1. Pendulum-v1: an expert SAC (configs/sac/Pendulum-v1.yaml, seed 0, ``--sac-env-steps``
+   8,000 env steps), ``flowkit record`` 40,000 of its greedy transitions; BC (64x64 ReLU, as
+   the CQL config) and CQL on SAC (``-c configs/cql_sac/Pendulum-v1.yaml`` with the dataset
+   swapped in, ``--pendulum-rows`` rows, ``--extra-cql`` overrides: by default the BC warm
+   start and fixed temperature of docs/offline.md's table) on it, seeds 0-2;
 2. CartPole-v1: an expert PPO (configs/ppo/CartPole-v1.yaml, seed 0, local backend),
-   ``flowkit record`` 50,000 of its greedy transitions; BC and CQL on DQN (the defaults,
-   ``--cartpole-rows`` rows) on it, seeds 0-2.
+   ``flowkit record`` 50,000 of its greedy transitions; BC and CQL on DQN (the defaults and
+   ``--extra-dqn``, ``--cartpole-rows`` rows) on it, seeds 0-2.
 
-Each offline run is evaluated greedily over 50 episodes reset with seeds 1000-1049
+The experts run without the evaluation reporter (DQN's tuned config would train its whole
+budget). Each offline run is evaluated greedily over 50 episodes reset with seeds 1000-1049
 (bench/offline_acceptance.py's ``offline_run``). Acceptance: per env, CQL's median over the
-seeds is no more than 10 % of |BC's median| below BC's median. Experts and datasets already
-under ``--out`` are reused.
+seeds is no more than 10 % of |BC's median| below BC's median. Experts, datasets and finished
+offline runs already under ``--out`` are reused (``--tag`` names the offline runs' folder).
 
 Usage: python bench/cql_expert.py [--parts pendulum cartpole] [--out DIR] [--seeds 0 1 2]
-       [--pendulum-rows N] [--cartpole-rows N] [--extra-cql KEY=VALUE ...]
+       [--tag NAME] [--pendulum-rows N] [--cartpole-rows N] [--extra-cql KEY=VALUE ...]
+       [--extra-dqn KEY=VALUE ...]
 """
 from __future__ import annotations
 
@@ -112,9 +115,10 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--sac-env-steps", type=int, default=8_000, help="env steps of the Pendulum expert")
     p.add_argument("--bc-rows", type=int, default=1_000_000, help="rows per BC run")
-    p.add_argument("--pendulum-rows", type=int, default=2_560_000, help="rows per CQL-SAC run (256 a step)")
+    p.add_argument("--pendulum-rows", type=int, default=768_000, help="rows per CQL-SAC run (256 a step)")
     p.add_argument("--cartpole-rows", type=int, default=1_000_000, help="rows per CQL-DQN run (256 a step)")
-    p.add_argument("--extra-cql", nargs="*", default=[], help="overrides of the CQL-SAC runs")
+    p.add_argument("--extra-cql", nargs="*", help="overrides of the CQL-SAC runs",
+                   default=["cql_sac.bc_steps=2000", "cql_sac.tune_alpha=false", "cql_sac.initial_alpha=0.05"])
     p.add_argument("--tag", default="runs", help="the offline runs go to OUT/TAG/<algo>-<env>-<seed>")
     p.add_argument("--extra-dqn", nargs="*", default=[], help="overrides of the CQL-DQN runs")
     a = p.parse_args(argv)
