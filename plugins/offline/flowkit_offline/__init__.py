@@ -111,8 +111,8 @@ class CQLSACConfig(SACLossConfig):
                                 "conservative gap stays at target_action_gap (eq. 30)")
     target_action_gap: float = F(5.0, "lagrangian: the gap's threshold tau (the multiplier grows while the gap is "
                                       "above it, shrinks below)")
-    backup_entropy: bool = F(False, "subtract alpha log pi(a'|s') in the Bellman target (SAC's soft backup); false: "
-                                    "the paper's backup r + gamma min_j Q_targ_j(s', a'), as the authors' code and CORL")
+    backup_entropy: bool = F(True, "subtract alpha log pi(a'|s') in the Bellman target (SAC's soft backup); false: "
+                                   "the paper's backup r + gamma min_j Q_targ_j(s', a'), as the authors' code and CORL")
     bc_steps: int = F(0, "the actor's first gradient steps fit the dataset's actions (alpha log pi(a~|s) - log "
                          "pi(a_t|s_t)) instead of maximising Q (the authors' policy_eval_start)", ge=0)
 

@@ -31,13 +31,15 @@ learned alpha' = exp(log alpha') >= 0, starting at ``cql_alpha``:
 grows while the gaps exceed tau.
 
 The rest is SAC's (twin critics, squashed-Gaussian actor, temperature tuned to the target
-entropy) with two changes of the paper's and the authors' code:
-    Bellman target (eq. 3, the paper's policy-evaluation backup; the authors'
-    ``deterministic_backup``, CORL's ``backup_entropy=False``), a' ~ pi(.|s_{t+1}):
-        y = r + gamma (1 - terminated) min_j Q_targ_j(s', a')
-    (``backup_entropy``: SAC's soft target, minus alpha log pi(a'|s')). With SAC's target a
-    narrow dataset (a greedy expert's actions) drives the policy's entropy below the target,
-    the learned temperature up, and every Q down by alpha (-log pi) / (1 - gamma).
+entropy), with two options of the paper's and the authors' code:
+    Bellman target, a' ~ pi(.|s_{t+1}): SAC's soft target (``backup_entropy``, the default)
+        y = r + gamma (1 - terminated) (min_j Q_targ_j(s', a') - alpha log pi(a'|s')),
+    or with ``backup_entropy=false`` the paper's (eq. 3, policy evaluation; the authors'
+    ``deterministic_backup``, their default, and CORL's ``backup_entropy=False``)
+        y = r + gamma (1 - terminated) min_j Q_targ_j(s', a').
+    With the soft target, a narrow dataset (a greedy expert's actions) that keeps the policy's
+    entropy below the target drives the learned temperature up and every Q down by about
+    alpha (-entropy) / (1 - gamma) (docs/offline.md has what each measured).
     Critic loss J_Q = sum_j 0.5 mean (Q_j(s_t, a_t) - y)^2 (SAC's; the authors' MSE is twice it,
     so their min_q_weight w is cql_alpha = w / 2 here).
     Actor: for the first ``bc_steps`` gradient steps behavioural cloning (the authors'
