@@ -621,8 +621,9 @@ def _hand_sac_terms(gamma, alpha, backup_entropy, bc, data_actions):
     actor = alpha_loss = 0.0
     for s, a_d, eps in zip(obs, data_actions, (0.5, 0.0)):
         a, lp = squashed(s, eps)
-        if bc:  # log pi(a_d|s): the draw that gives a_d
-            _, fit = squashed(s, (math.atanh(a_d) - 0.5 * s - 0.1) / 0.5)
+        if bc:  # beta-NLL of u = atanh(a_d) under N(0.5 s + 0.1, 0.5^2), weighted by the variance 0.25
+            u = math.atanh(a_d)
+            fit = -0.25 * (0.5 * ((u - 0.5 * s - 0.1) / 0.5) ** 2 + math.log(0.5) + 0.5 * math.log(2 * math.pi))
         else:
             fit = min(s + 2 * a, 1 - a)
         actor += (alpha * lp - fit) / 2

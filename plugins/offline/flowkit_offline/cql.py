@@ -43,9 +43,12 @@ entropy), with two options of the paper's and the authors' code:
     Critic loss J_Q = sum_j 0.5 mean (Q_j(s_t, a_t) - y)^2 (SAC's; the authors' MSE is twice it,
     so their min_q_weight w is cql_alpha = w / 2 here).
     Actor: for the first ``bc_steps`` gradient steps behavioural cloning (the authors'
-    ``policy_eval_start``): J_pi = mean (alpha log pi(a~|s_t) - log pi(a_t|s_t)); then SAC's
-    J_pi = mean (alpha log pi(a~|s_t) - min_j Q_j(s_t, a~)). log pi(a_t|s_t) of a dataset
-    action: u = atanh(a_t) (a_t clipped to +-(1 - 1e-6)), the squashed Gaussian's density.
+    ``policy_eval_start``): J_pi = mean (alpha log pi(a~|s_t) + sum_d sg(sigma_d^2) NLL_d), then
+    SAC's J_pi = mean (alpha log pi(a~|s_t) - min_j Q_j(s_t, a~)); NLL_d = 0.5 ((u_d - mu_d) /
+    sigma_d)^2 + log sigma_d + 0.5 log 2 pi of u = atanh(a_t) (a_t clipped to +-(1 - 1e-6)), sg a
+    constant: beta-NLL (Seitzer et al. 2022, beta = 1) in place of the authors' log pi(a_t|s_t),
+    whose learned std lets badly fitted rows stop pulling the mean (docs/offline.md: 10x the
+    squared error after 2,000 steps on a greedy Pendulum expert's data).
 The actor has its own learning rate (``actor_lr``: one Adam over SAC's flat buffer, split
 into critic, actor and temperature segments). Polyak targets every ``target_update_freq``
 gradient steps.
@@ -170,13 +173,16 @@ class CQLSACPolicy(SACPolicy):
             log_mu = torch.stack([log_rand.view(b, n), logp_cur.view(b, n), logp_next.view(b, n)], 1)
         return a.reshape(b, 3 * n, k), log_mu.reshape(b, 3 * n)
 
-    def data_log_prob(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
-        """log pi(a_t|s_t) of the dataset's actions under the squashed Gaussian, float32[B]
-        (actions clipped to +-(1 - 1e-6) before atanh: a greedy expert's saturated actions)."""
-        inputs = self.model.actor(obs)
-        mean, log_std = inputs.chunk(2, -1)
+    def bc_fit(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """How well the actor fits the dataset's actions, float32[B] (higher is better): minus
+        the Gaussian's negative log-likelihood of u_t = atanh(a_t) per dimension, each weighted
+        by its variance as a constant (beta-NLL with beta = 1, Seitzer et al. 2022, eq. 7);
+        actions clipped to +-(1 - 1e-6) before atanh."""
+        mean, log_std = self.model.actor(obs).chunk(2, -1)
+        log_std = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
         u = torch.atanh(actions.clamp(-1.0 + 1e-6, 1.0 - 1e-6))
-        return squashed_gaussian(inputs, (u - mean) / log_std.clamp(LOG_STD_MIN, LOG_STD_MAX).exp())[1]
+        nll = 0.5 * ((u - mean) / log_std.exp()).pow(2) + log_std + 0.5 * math.log(2 * math.pi)
+        return -((2.0 * log_std).exp().detach() * nll).sum(-1)
 
     def sac_terms(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         """SAC's losses (:meth:`flowkit_sac.SACPolicy.loss`) with the backup and the actor of
@@ -193,7 +199,7 @@ class CQLSACPolicy(SACPolicy):
         q = self.q_values(obs, batch[sb.ACTIONS].float())
         a_pi, logp = squashed_gaussian(m.actor(obs), self.noise(obs))
         if self.num_updates < int(cfg.bc_steps):  # behavioural cloning of the dataset's actions first
-            fit = self.data_log_prob(obs, batch[sb.ACTIONS].float())
+            fit = self.bc_fit(obs, batch[sb.ACTIONS].float())
         else:
             fit = self.q_values(obs, a_pi, detach_params=True).min(0).values
         return {"critic_loss": 0.5 * (q - y).pow(2).mean(-1).sum(), "actor_loss": (alpha * logp - fit).mean(),
