@@ -115,7 +115,7 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--sac-env-steps", type=int, default=8_000, help="env steps of the Pendulum expert")
     p.add_argument("--bc-rows", type=int, default=1_000_000, help="rows per BC run")
-    p.add_argument("--pendulum-rows", type=int, default=768_000, help="rows per CQL-SAC run (256 a step)")
+    p.add_argument("--pendulum-rows", type=int, default=2_560_000, help="rows per CQL-SAC run (256 a step)")
     p.add_argument("--cartpole-rows", type=int, default=1_000_000, help="rows per CQL-DQN run (256 a step)")
     p.add_argument("--extra-cql", nargs="*", help="overrides of the CQL-SAC runs",
                    default=["cql_sac.bc_steps=2000", "cql_sac.tune_alpha=false", "cql_sac.initial_alpha=0.05"])
