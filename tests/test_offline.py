@@ -511,6 +511,39 @@ def test_bc_learns_box_actions(tmp_path):
     assert out["learn_return"] >= BOX.solved  # 6.4 of 8; random play about 2.7
 
 
+def test_cql_dqn_loss_term_by_term_on_a_hand_computed_batch():
+    """CQL(H) on DQN (appendix F): Huber TD loss + cql_alpha * mean_t [log sum_a exp Q(s_t, a) -
+    Q(s_t, a_t)], the log-sum-exp over the legal actions only; each term by hand."""
+    import math
+
+    import gymnasium as gym
+    import torch
+    from flowkit_offline import CQLDQNConfig
+    from flowkit_offline.cql import CQLDQNPolicy
+    from omegaconf import OmegaConf
+
+    from flowkit.core import batch as sb
+    mc = OmegaConf.create({"hidden_sizes": [], "activation": "relu", "shared_value_network": False})
+    pol = CQLDQNPolicy(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Discrete(3),
+                       CQLDQNConfig(cql_alpha=2.0, gamma=0.9, dueling=False, double_q=False), mc, seed=0)
+    # no hidden layer: Q = W s + b; Q(e1) = [1, 2, 0], Q(e2) = [0.5, -1, 3]
+    pol.set_weights({"q_head.0.weight": np.array([[1.0, 0.5, 0.0], [2.0, -1.0, 0.0], [0.0, 3.0, 0.0]], np.float32),
+                     "q_head.0.bias": np.zeros(3, np.float32)})
+    pol.target.update()
+    e1, e2 = [1.0, 0.0, 0.0], [0.0, 1.0, 0.0]
+    batch = {sb.OBS: torch.tensor([e1, e2]), sb.ACTIONS: torch.tensor([0, 2]), sb.REWARDS: torch.tensor([1.0, 0.0]),
+             sb.TERMINATEDS: torch.tensor([False, True]), sb.NEXT_OBS: torch.tensor([e2, e1]),
+             sb.N_STEPS: torch.tensor([1, 1]), sb.ACTION_MASK: torch.tensor([[1, 1, 1], [1, 0, 1]], dtype=torch.int8)}
+    loss, st = pol.loss(batch)
+    # TD: row 1: Q = 1, y = 1 + 0.9 * 3 = 3.7, Huber(2.7) = 2.2; row 2: Q = 3, y = 0 (terminal), Huber(3) = 2.5
+    td = (2.2 + 2.5) / 2
+    # the gap: row 1 over the three actions, row 2 over actions 0 and 2 (action 1 masked)
+    gap = ((math.log(math.exp(1) + math.exp(2) + math.exp(0)) - 1) + (math.log(math.exp(0.5) + math.exp(3)) - 3)) / 2
+    assert st["td_loss"] == pytest.approx(td, rel=1e-5)
+    assert st["cql_loss"] == pytest.approx(gap, rel=1e-5)
+    assert float(loss.detach()) == pytest.approx(td + 2.0 * gap, rel=1e-5) and st["loss"] == pytest.approx(td + 2.0 * gap, rel=1e-5)
+
+
 # ---- CQL on SAC (Box actions) ----------------------------------------------------------------------
 def _cql_sac_policy(**cfg):
     """A CQL-SAC policy on flowkit.testing's target env (obs and action in [-1, 1]^1), no hidden
@@ -544,61 +577,107 @@ def test_cql_gap_hand_computed():
     assert cql_gap(q_data, q_s, log_mu, 2.0).tolist() == pytest.approx([want_t2], rel=1e-6)
 
 
-def _hand_batch(pol):
-    """Two rows; critics set to Q1 = s + 2a and Q2 = 1 - a, and the sampled actions fixed to
-    [-1, 0, 1] per state with proposal log-densities [-log 2, 0.5, -0.25]."""
+def _hand_batch(pol, data_actions=(0.5, -1.0)):
+    """Two rows; critics set to Q1 = s + 2a and Q2 = 1 - a, target critics to Q1' = 2s - a + 0.5
+    and Q2' = s + a, the actor to mean(s) = 0.5 s + 0.1 and std 0.5, its standard normal draws
+    fixed to (1, -2) at s' then (0.5, 0) at s, and the sampled actions of the log-sum-exp fixed
+    to [-1, 0, 1] per state with proposal log-densities [-log 2, 0.5, -0.25]."""
     import math
 
     import torch
 
     from flowkit.core import batch as sb
-    c = pol.model.critic
     with torch.no_grad():
-        c.wa.copy_(torch.tensor([[1.0, 2.0]]))
-        c.ba.zero_()
-        c.wb.copy_(torch.tensor([[0.0, -1.0]]))
-        c.bb.fill_(1.0)
+        for c, w1, b1, w2, b2 in ((pol.model.critic, [1.0, 2.0], 0.0, [0.0, -1.0], 1.0),
+                                  (pol.target["critic"], [2.0, -1.0], 0.5, [1.0, 1.0], 0.0)):
+            c.wa.copy_(torch.tensor([w1]))
+            c.ba.fill_(b1)
+            c.wb.copy_(torch.tensor([w2]))
+            c.bb.fill_(b2)
+        lin = pol.model.actor[0]
+        lin.weight.copy_(torch.tensor([[0.5], [0.0]]))
+        lin.bias.copy_(torch.tensor([0.1, math.log(0.5)]))
+    draws = [torch.tensor([[1.0], [-2.0]]), torch.tensor([[0.5], [0.0]])]
+    pol.noise = lambda like: draws.pop(0)
     a = torch.tensor([-1.0, 0.0, 1.0]).view(1, 3, 1).expand(2, 3, 1)
     log_mu = torch.tensor([-math.log(2.0), 0.5, -0.25]).expand(2, 3)
     pol.sampled_actions = lambda obs, next_obs: (a, log_mu)
     return {sb.OBS: torch.tensor([[1.0], [-0.5]]), sb.NEXT_OBS: torch.tensor([[0.2], [0.3]]),
-            sb.ACTIONS: torch.tensor([[0.5], [-1.0]]), sb.REWARDS: torch.tensor([1.0, 0.0]),
+            sb.ACTIONS: torch.tensor([[data_actions[0]], [data_actions[1]]]), sb.REWARDS: torch.tensor([1.0, 0.0]),
             sb.TERMINATEDS: torch.tensor([False, True])}
 
 
-def _hand_gaps():
+def _hand_gaps(data_actions=(0.5, -1.0)):
+    """Each critic's gap mean_t [log sum_i exp(Q(s_t, a_i) - log mu_i) - Q(s_t, a_t)] on the
+    batch of :func:`_hand_batch`."""
     import math
 
     def lse(qs):
         return math.log(sum(math.exp(q - m) for q, m in zip(qs, (-math.log(2.0), 0.5, -0.25))))
-    # state 1 (s = 1, a = 0.5): Q1 at a = -1, 0, 1: -1, 1, 3, at the data 2; Q2: 2, 1, 0, at the data 0.5
-    # state 2 (s = -0.5, a = -1): Q1: -2.5, -0.5, 1.5, at the data -2.5; Q2: 2, 1, 0, at the data 2
-    gap1 = 0.5 * ((lse([-1, 1, 3]) - 2.0) + (lse([-2.5, -0.5, 1.5]) + 2.5))
-    gap2 = 0.5 * ((lse([2, 1, 0]) - 0.5) + (lse([2, 1, 0]) - 2.0))
+    obs = (1.0, -0.5)
+    gap1 = sum(lse([s + 2 * a for a in (-1, 0, 1)]) - (s + 2 * d) for s, d in zip(obs, data_actions)) / 2
+    gap2 = sum(lse([1 - a for a in (-1, 0, 1)]) - (1 - d) for d in data_actions) / 2
     return gap1, gap2
 
 
-def test_cql_sac_penalty_on_a_hand_computed_batch():
+def _hand_sac_terms(gamma, alpha, backup_entropy, bc, data_actions):
+    """The critic, actor and temperature losses of :func:`_hand_batch`, by hand (float64)."""
+    import math
+
+    def squashed(s, eps):  # the actor at s with draw eps: (a, log pi(a|s))
+        u = 0.5 * s + 0.1 + 0.5 * eps
+        return math.tanh(u), -0.5 * eps ** 2 - math.log(0.5) - 0.5 * math.log(2 * math.pi) - math.log(1 - math.tanh(u) ** 2)
+
+    obs, nxt, rew, term = (1.0, -0.5), (0.2, 0.3), (1.0, 0.0), (0, 1)
+    ys = []
+    for s2, r, d, eps in zip(nxt, rew, term, (1.0, -2.0)):
+        a2, lp2 = squashed(s2, eps)
+        v = min(2 * s2 - a2 + 0.5, s2 + a2) - (alpha * lp2 if backup_entropy else 0.0)
+        ys.append(r + gamma * (1 - d) * v)
+    critic = 0.5 * (sum((s + 2 * a - y) ** 2 for s, a, y in zip(obs, data_actions, ys)) / 2
+                    + sum((1 - a - y) ** 2 for a, y in zip(data_actions, ys)) / 2)
+    actor = alpha_loss = 0.0
+    for s, a_d, eps in zip(obs, data_actions, (0.5, 0.0)):
+        a, lp = squashed(s, eps)
+        if bc:  # beta-NLL of u = atanh(a_d) under N(0.5 s + 0.1, 0.5^2), weighted by the variance 0.25
+            u = math.atanh(a_d)
+            fit = -0.25 * (0.5 * ((u - 0.5 * s - 0.1) / 0.5) ** 2 + math.log(0.5) + 0.5 * math.log(2 * math.pi))
+        else:
+            fit = min(s + 2 * a, 1 - a)
+        actor += (alpha * lp - fit) / 2
+        alpha_loss += -math.log(alpha) * (lp - 1.0) / 2  # target entropy -dim(A) = -1
+    return critic, actor, alpha_loss
+
+
+@pytest.mark.parametrize("backup_entropy,bc_steps,data_actions", [(False, 0, (0.5, -1.0)), (True, 0, (0.5, -1.0)),
+                                                                  (False, 1, (0.5, -0.8))])
+def test_cql_sac_loss_term_by_term_on_a_hand_computed_batch(backup_entropy, bc_steps, data_actions):
+    """Each term of the CQL-SAC loss against a hand computation: the Bellman target without the
+    entropy term (the paper's eq. 3 backup; SAC's soft backup with backup_entropy), the critic,
+    actor (or, for the first bc_steps, behavioural cloning) and temperature losses, and CQL(H)'s
+    importance-sampled gap per critic times cql_alpha."""
+    import math
+
     import torch
-    from flowkit_sac.sac import SACPolicy
-    gap1, gap2 = _hand_gaps()
-    pol = _cql_sac_policy(cql_alpha=3.0)
-    batch = _hand_batch(pol)
-    g = pol.generator.get_state()
-    sac_loss, _ = SACPolicy.loss(pol, batch)  # SAC's own losses, with the same noise draws
-    pol.generator.set_state(g)
-    loss, st = pol.loss(batch)
+    gamma, alpha, cql_alpha = 0.9, 0.5, 3.0
+    pol = _cql_sac_policy(cql_alpha=cql_alpha, gamma=gamma, initial_alpha=alpha, backup_entropy=backup_entropy,
+                          bc_steps=bc_steps)
+    loss, st = pol.loss(_hand_batch(pol, data_actions))
+    critic, actor, alpha_loss = _hand_sac_terms(gamma, alpha, backup_entropy, bc_steps > 0, data_actions)
+    gap1, gap2 = _hand_gaps(data_actions)
+    assert st["critic_loss"] == pytest.approx(critic, rel=1e-5)
+    assert st["actor_loss"] == pytest.approx(actor, rel=1e-5)
+    assert st["alpha_loss"] == pytest.approx(alpha_loss, rel=1e-5) and st["alpha"] == pytest.approx(alpha)
     assert st["cql_gap"] == pytest.approx((gap1 + gap2) / 2, rel=1e-5)
-    assert st["cql_loss"] == pytest.approx(3.0 * (gap1 + gap2), rel=1e-5)
-    assert float((loss - sac_loss).detach()) == pytest.approx(3.0 * (gap1 + gap2), rel=1e-5)
-    # the penalty's gradient reaches the critics only: the actor's gradient is SAC's
-    actor = list(pol.model.actor.parameters())
-    pol.generator.set_state(g)
-    want = torch.autograd.grad(SACPolicy.loss(pol, batch)[0], actor)
-    pol.generator.set_state(g)
-    got = torch.autograd.grad(pol.loss(batch)[0], actor)
-    for w, h in zip(want, got):
+    assert st["cql_loss"] == pytest.approx(cql_alpha * (gap1 + gap2), rel=1e-5)
+    assert float(loss.detach()) == pytest.approx(critic + actor + alpha_loss + cql_alpha * (gap1 + gap2), rel=1e-5)
+    # the penalty's gradient reaches the critics only: the actor's gradient is its own loss's
+    grads = torch.autograd.grad(loss, list(pol.model.actor.parameters()))
+    want = torch.autograd.grad(pol.sac_terms(_hand_batch(pol, data_actions))["actor_loss"],
+                               list(pol.model.actor.parameters()))
+    for w, h in zip(want, grads):
         torch.testing.assert_close(h, w)
+    assert math.isfinite(float(loss.detach()))
 
 
 def test_cql_sac_lagrangian_weight_moves_with_the_gap():
@@ -608,11 +687,11 @@ def test_cql_sac_lagrangian_weight_moves_with_the_gap():
     from flowkit_sac.sac import SACPolicy
     gap1, gap2 = _hand_gaps()
     for tau in (0.5, 3.0):  # the gaps are about 1.3-2.5: alpha' grows below them, shrinks above
-        pol = _cql_sac_policy(cql_alpha=2.0, lagrangian=True, target_action_gap=tau)
+        # with SAC's soft backup the rest of the loss is SAC's own
+        pol = _cql_sac_policy(cql_alpha=2.0, lagrangian=True, target_action_gap=tau, backup_entropy=True)
         batch = _hand_batch(pol)
-        g = pol.generator.get_state()
         sac_loss, _ = SACPolicy.loss(pol, batch)
-        pol.generator.set_state(g)
+        _hand_batch(pol)  # the same draws again
         loss, st = pol.loss(batch)
         log_ap = pol.log_alpha_prime
         assert float(log_ap.detach()) == pytest.approx(math.log(2.0)) and st["cql_alpha"] == pytest.approx(2.0)

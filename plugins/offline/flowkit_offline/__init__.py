@@ -106,7 +106,8 @@ class MARWILConfig(BCConfig):
 @dataclass
 class CQLDQNConfig(FromDataset):
     """cql_dqn: Conservative Q-Learning (Kumar et al. 2020), CQL(H) on DQN's Q-network, Discrete actions."""
-    cql_alpha: float = F(1.0, "weight of the conservative term mean(logsumexp_a Q(s, a) - Q(s, a_data))", ge=0)
+    cql_alpha: float = F(1.0, "weight of the conservative term mean(logsumexp_a Q(s, a) - Q(s, a_data)) (a greedy "
+                              "expert's data: 10, the authors' DQN value; docs/offline.md)", ge=0)
     lr: float = F(5e-4, "Adam learning rate", gt=0)
     adam_eps: float = F(1e-8, "Adam epsilon", gt=0)
     gamma: float = F(0.99, "discount factor", ge=0, le=1)
@@ -136,6 +137,10 @@ class CQLSACConfig(SACLossConfig, FromDataset):
                                 "conservative gap stays at target_action_gap (eq. 30)")
     target_action_gap: float = F(5.0, "lagrangian: the gap's threshold tau (the multiplier grows while the gap is "
                                       "above it, shrinks below)")
+    backup_entropy: bool = F(True, "subtract alpha log pi(a'|s') in the Bellman target (SAC's soft backup); false: "
+                                   "the paper's backup r + gamma min_j Q_targ_j(s', a'), as the authors' code and CORL")
+    bc_steps: int = F(0, "the actor's first gradient steps fit the dataset's actions (alpha log pi(a~|s) - log "
+                         "pi(a_t|s_t)) instead of maximising Q (the authors' policy_eval_start)", ge=0)
 
 
 def check_num_readers(ds: Any, num_readers: int, path: str) -> None:

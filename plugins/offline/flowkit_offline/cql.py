@@ -28,10 +28,30 @@ log 3N, no change to the gradients). With ``lagrangian`` (CQL-Lagrange, eq. 30) 
 learned alpha' = exp(log alpha') >= 0, starting at ``cql_alpha``:
     cql_loss = sum_j alpha' (gap_j - tau),   lagrange_loss = -alpha' mean_j (gap_j - tau)
 (alpha' a constant in the first, the gaps in the second; tau = ``target_action_gap``): alpha'
-grows while the gaps exceed tau. SAC's soft Bellman target, actor and temperature losses stay
-as they are; the actor has its own learning rate (``actor_lr``: one Adam over SAC's flat
-buffer, split into critic, actor and temperature segments). Polyak targets every
-``target_update_freq`` gradient steps.
+grows while the gaps exceed tau.
+
+The rest is SAC's (twin critics, squashed-Gaussian actor, temperature tuned to the target
+entropy), with two options of the paper's and the authors' code:
+    Bellman target, a' ~ pi(.|s_{t+1}): SAC's soft target (``backup_entropy``, the default)
+        y = r + gamma (1 - terminated) (min_j Q_targ_j(s', a') - alpha log pi(a'|s')),
+    or with ``backup_entropy=false`` the paper's (eq. 3, policy evaluation; the authors'
+    ``deterministic_backup``, their default, and CORL's ``backup_entropy=False``)
+        y = r + gamma (1 - terminated) min_j Q_targ_j(s', a').
+    With the soft target, a narrow dataset (a greedy expert's actions) that keeps the policy's
+    entropy below the target drives the learned temperature up and every Q down by about
+    alpha (-entropy) / (1 - gamma) (docs/offline.md has what each measured).
+    Critic loss J_Q = sum_j 0.5 mean (Q_j(s_t, a_t) - y)^2 (SAC's; the authors' MSE is twice it,
+    so their min_q_weight w is cql_alpha = w / 2 here).
+    Actor: for the first ``bc_steps`` gradient steps behavioural cloning (the authors'
+    ``policy_eval_start``): J_pi = mean (alpha log pi(a~|s_t) + sum_d sg(sigma_d^2) NLL_d), then
+    SAC's J_pi = mean (alpha log pi(a~|s_t) - min_j Q_j(s_t, a~)); NLL_d = 0.5 ((u_d - mu_d) /
+    sigma_d)^2 + log sigma_d + 0.5 log 2 pi of u = atanh(a_t) (a_t clipped to +-(1 - 1e-6)), sg a
+    constant: beta-NLL (Seitzer et al. 2022, beta = 1) in place of the authors' log pi(a_t|s_t),
+    whose learned std lets badly fitted rows stop pulling the mean (docs/offline.md: 10x the
+    squared error after 2,000 steps on a greedy Pendulum expert's data).
+The actor has its own learning rate (``actor_lr``: one Adam over SAC's flat buffer, split
+into critic, actor and temperature segments). Polyak targets every ``target_update_freq``
+gradient steps.
 
 Plans: DatasetReader -> TrainOneStep -> UpdateTargetNetwork. Acting: greedy in Q (``cql_dqn``),
 tanh of the actor's mean (``cql_sac``) in evaluation.
@@ -43,7 +63,7 @@ from typing import Any, Dict, Optional, Sequence, Tuple
 
 import torch
 from flowkit_dqn.dqn import DQNPolicy
-from flowkit_sac.sac import SAC, SACPolicy, squashed_gaussian
+from flowkit_sac.sac import LOG_STD_MAX, LOG_STD_MIN, SAC, SACPolicy, sac_targets, squashed_gaussian
 from torch import nn
 
 import flowkit
@@ -144,12 +164,47 @@ class CQLSACPolicy(SACPolicy):
             log_mu = torch.stack([log_rand.view(b, n), logp_cur.view(b, n), logp_next.view(b, n)], 1)
         return a.reshape(b, 3 * n, k), log_mu.reshape(b, 3 * n)
 
+    def bc_fit(self, obs: torch.Tensor, actions: torch.Tensor) -> torch.Tensor:
+        """How well the actor fits the dataset's actions, float32[B] (higher is better): minus
+        the Gaussian's negative log-likelihood of u_t = atanh(a_t) per dimension, each weighted
+        by its variance as a constant (beta-NLL with beta = 1, Seitzer et al. 2022, eq. 7);
+        actions clipped to +-(1 - 1e-6) before atanh."""
+        mean, log_std = self.model.actor(obs).chunk(2, -1)
+        log_std = log_std.clamp(LOG_STD_MIN, LOG_STD_MAX)
+        u = torch.atanh(actions.clamp(-1.0 + 1e-6, 1.0 - 1e-6))
+        nll = 0.5 * ((u - mean) / log_std.exp()).pow(2) + log_std + 0.5 * math.log(2 * math.pi)
+        return -((2.0 * log_std).exp().detach() * nll).sum(-1)
+
+    def sac_terms(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """SAC's losses (:meth:`flowkit_sac.SACPolicy.loss`) with the backup and the actor of
+        CQL (module docstring): ``critic_loss``, ``actor_loss``, ``alpha_loss`` and ``q`` (the
+        twin critics at the data, float32[2, B])."""
+        cfg, m = self.config, self.model
+        obs, next_obs = batch[sb.OBS], batch[sb.NEXT_OBS]
+        alpha = m.log_alpha.detach().exp()
+        with torch.no_grad():
+            a_next, logp_next = squashed_gaussian(m.actor(next_obs), self.noise(next_obs))
+            y = sac_targets(batch[sb.REWARDS].float(), batch[sb.TERMINATEDS], cfg.gamma,
+                            self.q_values(next_obs, a_next, target=True), logp_next,
+                            alpha if cfg.backup_entropy else torch.zeros(()))
+        q = self.q_values(obs, batch[sb.ACTIONS].float())
+        a_pi, logp = squashed_gaussian(m.actor(obs), self.noise(obs))
+        if self.num_updates < int(cfg.bc_steps):  # behavioural cloning of the dataset's actions first
+            fit = self.bc_fit(obs, batch[sb.ACTIONS].float())
+        else:
+            fit = self.q_values(obs, a_pi, detach_params=True).min(0).values
+        return {"critic_loss": 0.5 * (q - y).pow(2).mean(-1).sum(), "actor_loss": (alpha * logp - fit).mean(),
+                "alpha_loss": -(m.log_alpha * (logp.detach() + self.target_entropy)).mean(), "q": q,
+                "alpha": alpha, "entropy": -logp.detach().mean()}
+
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
-        loss, st = super().loss(batch)  # SAC: critics, actor, temperature
         cfg, obs = self.config, batch[sb.OBS]
+        t = self.sac_terms(batch)
+        loss = t["critic_loss"] + t["actor_loss"] + (t["alpha_loss"] if cfg.tune_alpha else 0.0)
         a, log_mu = self.sampled_actions(obs, batch[sb.NEXT_OBS])
         b, m = a.shape[:2]
         q_sampled = self.q_values(obs.repeat_interleave(m, 0), a.reshape(b * m, -1)).view(2, b, m)
+        # Q at the data again (not t["q"]): the same gradients summed in the same order as SAC's loss plus this term
         gap = cql_gap(self.q_values(obs, batch[sb.ACTIONS].float()), q_sampled, log_mu, float(cfg.cql_temperature))
         lagrange_loss: Optional[torch.Tensor] = None
         if cfg.lagrangian:
@@ -160,8 +215,9 @@ class CQLSACPolicy(SACPolicy):
         else:
             cql_loss = float(cfg.cql_alpha) * gap.sum()
             loss = loss + cql_loss
-        st.update(loss_stats(cql_loss=cql_loss, cql_gap=gap.mean(), cql_q_sampled=q_sampled.mean(),
-                             cql_alpha=self.alpha_prime))
+        st = loss_stats(critic_loss=t["critic_loss"], actor_loss=t["actor_loss"], alpha_loss=t["alpha_loss"],
+                        alpha=t["alpha"], mean_q=t["q"].mean(), entropy=t["entropy"], cql_loss=cql_loss,
+                        cql_gap=gap.mean(), cql_q_sampled=q_sampled.mean(), cql_alpha=self.alpha_prime)
         if lagrange_loss is not None:
             st["lagrange_loss"] = float(lagrange_loss.detach())
         return loss, st
