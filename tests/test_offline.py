@@ -427,8 +427,8 @@ def test_model_normalize_obs_statistics_take_in_the_datasets_rows(tmp_path, matc
 
 @pytest.mark.parametrize("algo", ["bc", "marwil", "cql_dqn"])
 def test_conformance(tmp_path, match_dataset, algo):
-    from flowkit_offline.marwil import BC, MARWIL
     from flowkit_offline.cql import CQLDQN
+    from flowkit_offline.marwil import BC, MARWIL
 
     from flowkit.testing import check_algorithm
     out = check_algorithm({"bc": BC, "marwil": MARWIL, "cql_dqn": CQLDQN}[algo],
