@@ -56,8 +56,11 @@ def test_mujocos_own_warnings_are_python_warnings_and_leave_no_log_file(tmp_path
     built: that was a line per env on stderr and a MUJOCO_LOG.TXT in the user's folder."""
     import warnings
 
-    from flowkit.core import EnvContext, make_env
+    from flowkit.core import EnvContext, _envs, make_env
     monkeypatch.chdir(tmp_path)
+    # each note is said once per process: start this process's account afresh (an earlier test built one)
+    monkeypatch.setattr(_envs, "_MUJOCO_QUIET", [])
+    monkeypatch.setattr(_envs, "_MUJOCO_SHOW", [True])
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         for i in range(2):
