@@ -111,6 +111,21 @@ def test_concat_obs_joins_the_teams_observations_with_zeros_for_an_absent_agent(
     np.testing.assert_array_equal(pb[CRITIC_OBS][a_rows[3]], np.array([0.3, 0.0, 0.0, 0.0, 0.3, 2 / 3], np.float32))
 
 
+def test_the_team_is_the_training_group():
+    from flowkit_multiagent.centralized import team_of
+    from flowkit_multiagent.specs import build_mapping
+    mixed = [TEAM, "multiagent.policies.team.algo=mappo", "multiagent.policies.solo.algo=ppo",
+             "multiagent.mapping.a0=team", "multiagent.mapping.a1=solo", "mappo.critic_input=concat_obs"]
+    ctx = make_ctx(*mixed)
+    assert ctx.policy_specs["team"].config.critic_input_dim == 2 + 2  # a0's observation alone, + 2 agent ids
+    _, cfg = load_config(["runtime.backend=local", *mixed])
+    m = build_mapping(cfg, ["a0", "a1"])
+    assert team_of(cfg, m, ["a0", "a1"], "team") == ["a0"] and team_of(cfg, m, ["a0", "a1"], "solo") == ["a1"]
+    _, cfg = load_config(["runtime.backend=local", TEAM, "multiagent.share_parameters=false", "algo=mappo"])
+    m = build_mapping(cfg, ["a0", "a1"])  # two policies of one group: one team
+    assert team_of(cfg, m, ["a0", "a1"], "a1") == ["a0", "a1"]
+
+
 def test_critic_input_config_errors_name_the_key():
     with pytest.raises(ConfigError, match=r"^mappo\.critic_input=state: env LateEarlyEnv declares no state_space"):
         make_ctx("algo=mappo", LATE, "mappo.critic_input=state")

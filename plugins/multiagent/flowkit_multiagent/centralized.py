@@ -23,9 +23,10 @@ exported and evaluated policy takes the same Dict observation.
 
 and, with ``critic_agent_id`` (default true), the one-hot agent index float32[n]: the
 "agent-specific global state" of Yu et al. 2022 ("The Surprising Effectiveness of PPO in
-Cooperative Multi-Agent Games", NeurIPS Datasets and Benchmarks, sec. 4.2). The team of a
-trained policy is every agent mapped (first choice of ``multiagent.mapping``) to a trained
-policy of the same algorithm; a frozen policy's team is its own agents.
+Cooperative Multi-Agent Games", NeurIPS Datasets and Benchmarks, sec. 4.2). The **team** of a
+trained policy (:func:`team_of`) is every agent mapped (first choice of ``multiagent.mapping``) to
+a policy of its training group (one algorithm, one section: the plan's group); a frozen
+policy's team is its own agents.
 
 The runners add two batch columns for such a policy: ``critic_obs`` float32[B, D] (the row
 at the row's action) and ``next_critic_obs`` float32[B, D] (at the agent's next observation:
@@ -35,7 +36,7 @@ them. ``critic_input`` and ``critic_input_dim`` of the policy's section are reso
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set
 
 import gymnasium as gym
 import numpy as np
@@ -92,20 +93,25 @@ def policy_members(mapping: Any, possible_agents: Sequence[str]) -> Dict[str, Li
 
 
 # ---- teams ----------------------------------------------------------------------------------------
-def _algo_trained(config: Any, pid: str) -> Tuple[str, bool]:
+def training_group(config: Any, pid: str) -> str:
+    """Policy ``pid``'s training group from the config alone, as :class:`~flowkit_multiagent.specs.MAPolicySpec`
+    names it: ``""`` when not trained (``trainable: false``, ``algo: random``), the algorithm's
+    name, or ``<algo>[<pid>]`` for a policy with its own ``config`` overrides."""
     pc = (config.multiagent.policies or {}).get(pid)
     algo = str((pc.algo if pc is not None else None) or config.algo)
-    return algo, (pc is None or bool(pc.trainable)) and algo != RANDOM
+    if (pc is not None and not bool(pc.trainable)) or algo == RANDOM:
+        return ""
+    return f"{algo}[{pid}]" if pc is not None and pc.config else algo
 
 
 def team_of(config: Any, mapping: Any, possible_agents: Sequence[str], pid: str) -> List[str]:
-    """The agents whose observations policy ``pid``'s ``concat_obs`` critic input joins: every
-    agent whose first-choice policy is trained by ``pid``'s algorithm (``pid`` trained), else
-    the agents of ``pid`` alone; in ``possible_agents`` order."""
-    algo, trained = _algo_trained(config, pid)
-    if not trained:
+    """The team of policy ``pid``: the agents whose first-choice policy (``multiagent.mapping``)
+    is in ``pid``'s training group (:func:`training_group`), in ``possible_agents`` order; a
+    policy that is not trained: its own agents."""
+    group = training_group(config, pid)
+    if not group:
         return [a for a in possible_agents if mapping.base(a) == pid]
-    return [a for a in possible_agents if _algo_trained(config, mapping.base(a)) == (algo, True)]
+    return [a for a in possible_agents if training_group(config, mapping.base(a)) == group]
 
 
 # ---- the centralized value input -------------------------------------------------------------------
