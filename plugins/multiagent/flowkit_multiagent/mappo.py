@@ -56,11 +56,13 @@ class CentralizedActorCritic(nn.Module):
         self.log_std = nn.Parameter(torch.full((dist.num_outputs,), float(log_std_init))) if dist.is_gauss else None
 
     def policy(self, obs: torch.Tensor) -> torch.Tensor:
+        """The actor: own encoded observations float32[B, *shape] -> dist_inputs float32[B, k]."""
         x = self.obs_rms(obs) if self.obs_rms is not None else obs
         logits = self.pi(x)
         return logits if self.log_std is None else torch.cat([logits, self.log_std.expand_as(logits)], -1)
 
     def value(self, critic_obs: torch.Tensor) -> torch.Tensor:
+        """The critic: centralized value inputs float32[B, D] -> V float32[B]."""
         x = self.critic_rms(critic_obs) if self.critic_rms is not None else critic_obs
         return self.vf(x).squeeze(-1)
 
