@@ -202,9 +202,9 @@ class _MultiAgentRunner:
     def _critic_rows(self, slot: _Slot, trajs: Sequence[_Traj], observe: Any) -> None:
         """Set ``critic`` of every traj in ``trajs`` whose policy has a centralized value input,
         from ``slot``'s env now (``observe(agent)``: its current raw observation or None)."""
-        bases: Dict[int, np.ndarray] = {}  # one base per CriticInput and moment
-        if self._eval:
+        if self._eval:  # evaluation acts only: no critic
             return
+        bases: Dict[int, np.ndarray] = {}  # one base per CriticInput and moment
         for tr in trajs:
             ci = self.critics.get(tr.policy_id)
             if ci is not None:
