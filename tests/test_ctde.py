@@ -167,7 +167,7 @@ def test_share_parameters_false_gives_each_agent_its_own_policy():
         make_ctx(TEAM, "multiagent.share_parameters=false", "multiagent.mapping.a0=x", "multiagent.mapping.a1=x")
 
 
-def test_obs_agent_id_one_network_and_the_one_hot_tells_the_agents_apart():
+def test_obs_agent_id_one_network_and_the_one_hot_tells_the_agents_apart(tmp_path):
     ctx = make_ctx(TEAM, "multiagent.obs_agent_id=true", "runtime.rollout_fragment_length=2")
     spec = ctx.policy_specs["shared"]
     assert spec.observation_space == spaces.Dict({"obs": spaces.Box(0.0, 1.0, (2,), np.float32),
@@ -185,6 +185,11 @@ def test_obs_agent_id_one_network_and_the_one_hot_tells_the_agents_apart():
     two = pol.encoder({"agent_id": np.array([0, 1]), "obs": np.full((2, 2), 0.5, np.float32)}, 2)[0]
     _, ex = pol.compute_actions_encoded(two, None, False)
     assert not np.allclose(ex[sb.ACTION_DIST_INPUTS][0], ex[sb.ACTION_DIST_INPUTS][1])
+    # exported, the one network takes the agent id as an input of its own
+    from flowkit.export import export_policy
+    sig = export_policy(pol, "torchscript", str(tmp_path / "shared.pt"))
+    assert [(i["name"], i["dtype"], i["shape"]) for i in sig["inputs"]] == [("agent_id", "int64", ["B"]),
+                                                                            ("obs", "float32", ["B", 2])]
     # off (the default): the observation is the env's
     assert make_ctx(TEAM).policy_specs["shared"].observation_space == spaces.Box(0.0, 1.0, (2,), np.float32)
 
