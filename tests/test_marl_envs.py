@@ -17,8 +17,9 @@ VMAS = "env.factory=flowkit_multiagent.vmas:parallel_env"
 TEAMS = "env.factory=flowkit_multiagent.gym_teams:parallel_env"
 
 
-def make_ctx(*overrides, n=4, T=5):
-    pm, cfg = load_config(["runtime.backend=local", "runtime.num_workers=1", f"runtime.num_envs_per_worker={n}", "ppo.minibatch_size=8",
+def make_ctx(*overrides, n=4, T=5, algo="ppo"):
+    pm, cfg = load_config(["runtime.backend=local", "runtime.num_workers=1", f"runtime.num_envs_per_worker={n}",
+                           f"algo={algo}", f"{algo}.minibatch_size=8",
                            f"runtime.rollout_fragment_length={T}", *overrides])
     return setup(cfg, pm)
 
@@ -118,6 +119,27 @@ def test_vmas_discrete_actions_and_evaluation_from_the_same_states():
     assert len(e1) == 5 and [e["return"] for e in e1] == [e["return"] for e in e2]
     assert all(e["length"] <= 4 for e in e1)
     assert len(w.sample()["shared"]) == 24  # training goes on after the evaluation
+    ctx.shutdown()
+
+
+def test_vmas_mappo_critic_rows_are_the_team_observations_and_obs_agent_id_tells_agents_apart():
+    """MAPPO on balance (3 agents, observations of 16): the critic's row of agent k is the 3 agents'
+    observations of the same sub-env and step, then k one-hot (48 + 3 = 51); with obs_agent_id the
+    shared actor's observation is k one-hot, then its own 16."""
+    from flowkit_multiagent.centralized import CRITIC_OBS, NEXT_CRITIC_OBS
+    n, T = 2, 4
+    ctx = make_ctx(VMAS, "env.kwargs.scenario=balance", "env.kwargs.n_agents=3", "multiagent.obs_agent_id=true",
+                   n=n, T=T, algo="mappo")
+    pb = ctx.workers.local_worker().sample()["shared"]
+    assert pb[sb.OBS].shape == (24, 19) and pb[CRITIC_OBS].shape == (24, 51) and pb[NEXT_CRITIC_OBS].shape == (24, 51)
+    own = pb[sb.OBS][:, 3:].reshape(3, n * T, 16)  # agent-major rows
+    nxt = pb[sb.NEXT_OBS][:, 3:].reshape(3, n * T, 16)
+    np.testing.assert_array_equal(pb[sb.OBS][:, :3], np.repeat(np.eye(3, dtype=np.float32), n * T, axis=0))
+    for k in range(3):
+        rows = slice(k * n * T, (k + 1) * n * T)
+        np.testing.assert_allclose(pb[CRITIC_OBS][rows, :48], np.concatenate(list(own), axis=1), atol=1e-6)
+        np.testing.assert_allclose(pb[NEXT_CRITIC_OBS][rows, :48], np.concatenate(list(nxt), axis=1), atol=1e-6)
+        assert (pb[CRITIC_OBS][rows, 48:] == np.eye(3)[k]).all()
     ctx.shutdown()
 
 

@@ -26,7 +26,10 @@ every step (``agent_steps = n_agents x env_steps``); VMAS ends all agents of a s
 together (``terminated``: the scenario's ``done()``, e.g. balance's package fell or reached
 the goal; ``truncated``: ``max_steps``); the sub-env is reset in the same call (VMAS has no
 autoreset step), and the row that ends the episode keeps the final observation as
-``next_obs``. VMAS has no global state: a centralized critic reads the team's observations.
+``next_obs``. The CTDE layer (:mod:`flowkit_multiagent.centralized`) works as in the other
+runners, batched: ``multiagent.obs_agent_id`` adds each agent's id to the observations of a
+shared policy, and a policy with a centralized value input gets ``critic_obs`` /
+``next_critic_obs`` rows (VMAS has no global state: ``concat_obs``, the team's observations).
 """
 from __future__ import annotations
 
@@ -41,6 +44,14 @@ from pettingzoo.utils.env import ParallelEnv
 from flowkit.config import ConfigError
 from flowkit.core import EnvError, Episode, RecurrentStates, env_name, find_mismatch
 from flowkit.core import batch as sb
+from flowkit_multiagent.centralized import (
+    AGENT_ID,
+    CRITIC_OBS,
+    NEXT_CRITIC_OBS,
+    agent_id_policies,
+    critic_inputs,
+    policy_members,
+)
 from flowkit_multiagent.specs import build_mapping, build_opponent
 
 DEFAULT_MAX_STEPS = 100
@@ -181,6 +192,11 @@ def gymnasium_space(space: Any) -> gym.Space:
     raise TypeError(f"a VMAS space of kind {kind} ({space}) has no Gymnasium equivalent here")
 
 
+def _numpy(x: Any) -> Any:
+    """A VMAS observation (a tensor, or a dict of them) as numpy arrays (sharing memory)."""
+    return {k: _numpy(v) for k, v in x.items()} if isinstance(x, dict) else x.numpy()
+
+
 def to_torch(space: gym.Space, actions: np.ndarray) -> Any:
     """Env actions of one agent for ``B`` sub-envs (numpy, ``[B, *space.shape]``) as the tensor
     VMAS takes: float32 for Box, int64 otherwise."""
@@ -235,8 +251,11 @@ class VmasRunner:
         self.env = game.make(self.n, self.seed)
         mapping = build_mapping(self.config, self.agents)
         self.pid_of = [mapping.base(a) for a in self.agents]
+        self.with_id = agent_id_policies(self.config, policy_members(mapping, self.agents))
+        self.critics = critic_inputs(self.config, worker.policies, game, mapping, self.agents)
         self.check_left = int(self.config.env.check_spaces_steps)
         self._opponents: Dict[str, Any] = {}
+        self._eval = False
         self._live = False  # the training episodes are running (an evaluation resets the sub-envs)
         self._seed_next: Optional[int] = self.seed  # the first training reset reseeds VMAS's RNG
 
@@ -255,21 +274,48 @@ class VmasRunner:
         self.ret = np.zeros((self.n, len(self.agents)), np.float64)
 
     def _observe(self, obs: Dict[str, Any], what: str) -> None:
-        """Encode every agent's observations (``obs``: agent -> float32 tensor [N, d]) into
-        ``self.enc`` (agent index -> float32[N, ...]), checking them in the first steps."""
-        raw = [obs[a].numpy() for a in self.agents]
+        """Encode every agent's observations (``obs``: agent -> float32 tensor [N, d], or a dict
+        of them) into ``self.enc`` (agent index -> float32[N, ...]), checking them in the first
+        steps; and the team observations of the centralized value inputs (``self.bases``: policy
+        id -> float32[N, base_dim])."""
+        raw = [_numpy(obs[a]) for a in self.agents]
         if self.check_left > 0:
             self.check_left -= 1
             for a, x in zip(self.agents, raw, strict=True):
-                m = find_mismatch(self.obs_spaces[a], x[0], f"obs[{a}]") if x.shape[:1] == (self.n,) else \
-                    ("obs[" + a + "]", f"{self.n} rows (one per sub-env)", f"shape {x.shape}")
+                m = self._mismatch(a, x)
                 if m:
                     raise EnvError(f"env {self.name!r} (worker {self.worker.index}) returned a bad observation from "
                                    f"{what} for agent {a!r}: at `{m[0]}` expected {m[1]}, received {m[2]}")
         self.enc: Dict[int, np.ndarray] = {}
         for g in self.groups:
             for i in g.agents:
-                self.enc[i] = g.policy.encoder(raw[i], self.n)[0]
+                x = raw[i]
+                if g.pid in self.with_id:  # (centralized.add_agent_id, for N rows)
+                    ids = np.full(self.n, i, np.int64)
+                    x = {**x, AGENT_ID: ids} if isinstance(x, dict) else {"obs": x, AGENT_ID: ids}
+                self.enc[i] = g.policy.encoder(x, self.n)[0]
+        self.bases = {pid: np.concatenate([ci.encoders[a](raw[self.agents.index(a)], self.n)[0].reshape(self.n, -1)
+                                           for a in ci.team], axis=1)
+                      for pid, ci in self.critics.items() if not self._eval}
+
+    def _mismatch(self, agent: str, x: Any) -> Optional[Tuple[str, str, str]]:
+        """The first sub-env's observation of ``agent`` against its space, after the batch's rows."""
+        first = next(iter(x.values())) if isinstance(x, dict) else x
+        if np.shape(first)[:1] != (self.n,):
+            return f"obs[{agent}]", f"{self.n} rows (one per sub-env)", f"shape {np.shape(first)}"
+        row = {k: v[0] for k, v in x.items()} if isinstance(x, dict) else x[0]
+        return find_mismatch(self.obs_spaces[agent], row, f"obs[{agent}]")
+
+    def _critic_rows(self, g: _Group) -> np.ndarray:
+        """float32[k N, dim]: the centralized value input of group ``g``'s rows (agent-major):
+        the team's observations of each sub-env, then (``critic_agent_id``) the agent's one-hot id."""
+        ci, base = self.critics[g.pid], self.bases[g.pid]
+        if not ci.agent_id:
+            return np.tile(base, (len(g.agents), 1))
+        out = np.zeros((len(g.agents), self.n, ci.dim), np.float32)
+        out[:, :, :ci.base_dim] = base
+        out[np.arange(len(g.agents)), :, ci.base_dim + np.asarray(g.agents)] = 1.0
+        return out.reshape(-1, ci.dim)
 
     def _act(self, g: _Group, explore: bool) -> Tuple[np.ndarray, np.ndarray, Dict[str, np.ndarray], Dict[str, Any]]:
         """One policy call for group ``g``'s rows; returns (obs, actions, extras, env actions by agent)."""
@@ -289,6 +335,7 @@ class VmasRunner:
         ``record``: per group, per step a dict of columns), advance the episode figures.
         Returns (rewards float32[N, n_agents], terminated bool[N], truncated bool[N])."""
         acted = [self._act(g, explore) for g in self.groups]
+        critic = {g.pid: self._critic_rows(g) for g in self.groups if g.pid in self.bases}
         actions = {a: x for _, _, _, out in acted for a, x in out.items()}
         obs, rew, term, trunc, _ = self.env.step(actions)
         r = np.stack([rew[a].numpy() for a in self.agents], axis=1).astype(np.float32)
@@ -306,6 +353,8 @@ class VmasRunner:
                              sb.EPS_ID: np.concatenate([self.eps * len(self.agents) + i for i in g.agents]),
                              sb.T: np.tile(self.t, k),
                              sb.AGENT_INDEX: np.repeat(np.asarray(g.agents, np.int64), self.n)})
+                if g.pid in critic:
+                    rows[-1].update({CRITIC_OBS: critic[g.pid], NEXT_CRITIC_OBS: self._critic_rows(g)})
         self.t += 1
         self.ret += r
         return r, te, tu
@@ -384,15 +433,18 @@ class VmasRunner:
             if pid not in self._opponents:
                 self._opponents[pid] = build_opponent(self.config, pid, self.worker.policies[pid],
                                                       self.worker.index + 7919, self.worker.pm.algorithms())
-        self._live = False
-        self._start({**self.worker.policies, **self._opponents}, self.seed)
-        quota = np.array([len(range(j, num_episodes, self.n)) for j in range(self.n)])
-        finished: List[Dict[str, Any]] = []
-        while len(finished) < num_episodes:
-            _, te, tu = self._step(explore, None)
-            done = te | tu
-            self._end(done, te, finished, False, counted=quota > 0)
-            quota -= done
+        self._live, self._eval = False, True
+        try:
+            self._start({**self.worker.policies, **self._opponents}, self.seed)
+            quota = np.array([len(range(j, num_episodes, self.n)) for j in range(self.n)])
+            finished: List[Dict[str, Any]] = []
+            while len(finished) < num_episodes:
+                _, te, tu = self._step(explore, None)
+                done = te | tu
+                self._end(done, te, finished, False, counted=quota > 0)
+                quota -= done
+        finally:
+            self._eval = False
         return finished
 
     def close(self) -> None:
