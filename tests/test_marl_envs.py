@@ -165,6 +165,18 @@ def test_vmas_ppo_trains_two_iterations(run_dir):
     assert m["episodes_total"] <= 8 and m["learner/shared/num_sgd_steps"] > 0
 
 
+def test_vmas_mappo_on_ray_workers(ray_session, run_dir):
+    """Two Ray rollout workers (numpy acting copies of the policies), each one VMAS env of 3 sub-envs."""
+    res = flowkit.train(["runtime.backend=ray", f"run.dir={run_dir}", "run.reporters=[csv]", "algo=mappo", VMAS,
+                         "env.kwargs.scenario=balance", "env.kwargs.n_agents=2", "env.kwargs.max_steps=10",
+                         "runtime.num_workers=2", "runtime.num_envs_per_worker=3", "runtime.rollout_fragment_length=10",
+                         "mappo.train_batch_size=60", "mappo.minibatch_size=60", "mappo.num_epochs=1",
+                         "stop.iterations=2"])
+    m = res.metrics
+    assert (m["env_steps_sampled"], m["agent_steps_sampled"], m["episodes_total"]) == (120, 240, 12)
+    assert np.isfinite(m["policy/shared/episode_return_mean"]) and np.isfinite(m["learner/shared/vf_loss"])
+
+
 @pytest.mark.slow
 def test_ippo_learns_vmas_balance(run_dir):
     """IPPO (one PPO policy shared by the 4 agents, each acting on its own observation) on VMAS
