@@ -83,7 +83,7 @@ def flowkit_overrides(algo: str, task: str, frames: int, seed: int, hidden: list
         out += ["runtime.num_envs_per_worker=10", "runtime.rollout_fragment_length=600",
                 f"{fk}.train_batch_size=6000", f"{fk}.minibatch_size={400 * n_agents}", f"{fk}.num_epochs=3",
                 f"{fk}.lr=5e-5", f"{fk}.gamma=0.99", f"{fk}.gae_lambda=0.9", f"{fk}.clip_param=0.2",
-                f"{fk}.ent_coef=0.0", f"{fk}.vf_coef=1.0", f"{fk}.max_grad_norm=5.0"]
+                f"{fk}.ent_coef=0.0", f"{fk}.vf_coef=1.0", f"{fk}.max_grad_norm=5.0", f"{fk}.adam_eps=1e-6"]
     else:  # off-policy: BenchMARL's 1,000 frames per batch in 10 envs, lr 5e-5... (the algorithm's own keys)
         out += ["runtime.num_envs_per_worker=10", "runtime.rollout_fragment_length=100", f"{fk}.lr=5e-5",
                 f"{fk}.gamma=0.99"]
@@ -101,11 +101,30 @@ def run_flowkit(algo: str, task: str, frames: int, seed: int, hidden: list, thre
 
 
 # ---- the BenchMARL side (runs in BenchMARL's venv: nothing of flowkit imported) ----------------------
+try:  # (BenchMARL pickles its callbacks: the class lives at module level)
+    from benchmarl.experiment import Callback as _Callback
+except ImportError:  # flowkit's venv: the class is never used there
+    _Callback = object  # type: ignore[misc,assignment]
+
+
+class Returns(_Callback):  # type: ignore[misc,valid-type]
+    """The per-agent episode returns of the episodes that ended in the last collected batch."""
+    last: list = []
+
+    def on_batch_collected(self, batch):
+        vals = []
+        for group in self.experiment.group_map:
+            done = batch.get(("next", group, "done"))
+            vals += batch.get(("next", group, "episode_reward"))[done].flatten().tolist()
+        if vals:
+            Returns.last = vals
+
+
 def benchmarl_child(spec: dict) -> dict:
     import torch
     from benchmarl.algorithms import IppoConfig, MappoConfig, MasacConfig, QmixConfig, VdnConfig
     from benchmarl.environments import PettingZooTask, VmasTask
-    from benchmarl.experiment import Callback, Experiment, ExperimentConfig
+    from benchmarl.experiment import Experiment, ExperimentConfig
     from benchmarl.models.mlp import MlpConfig
     torch.set_num_threads(spec["threads"])
     kind, name, kw = TASKS[spec["task"]]
@@ -119,18 +138,6 @@ def benchmarl_child(spec: dict) -> dict:
     exp.sampling_device = exp.train_device = exp.buffer_device = "cpu"
     exp.gamma, exp.lr = 0.99, 5e-5
     model = MlpConfig(num_cells=list(spec["hidden"]), activation_class=torch.nn.Tanh, layer_class=torch.nn.Linear)
-
-    class Returns(Callback):
-        """The per-agent episode returns of the episodes that ended in each collected batch."""
-        last: list = []
-
-        def on_batch_collected(self, batch):
-            vals = []
-            for group in self.experiment.group_map:
-                done = batch.get(("next", group, "done"))
-                vals += batch.get(("next", group, "episode_reward"))[done].tolist()
-            if vals:
-                Returns.last = vals
 
     experiment = Experiment(task=task, algorithm_config=algo, model_config=model, critic_model_config=model,
                             seed=spec["seed"], config=exp, callbacks=[Returns()])
