@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
 from flowkit.config import F
+from flowkit_sac import SACConfig, TD3Config
 
 
 @dataclass
@@ -52,3 +53,25 @@ class MultiAgentConfig:
     eval_alternate_seats: bool = F(False, "rotate the seats (agent -> policy) every evaluation episode")
     alternate_seats: bool = F(False, "training: rotate the agent -> policy assignment every episode "
                                      "(turn-based games: each policy plays every seat; agents must share spaces)")
+
+
+
+# ---- continuous centralized critics (flowkit_multiagent.centralized_critics) ------------------------
+_TEAM_HELP = ("set by the multiagent plugin at set-up, not by hand: the team the centralized critic sees (its "
+              "agents in possible_agents order, each agent's policy, encoded observation and action sizes); "
+              "null: a team of one (the policy's own agent)")
+
+
+@dataclass
+class MASACConfig(SACConfig):
+    """masac: multi-agent SAC, per-agent squashed Gaussian actors on their own observation and a
+    centralized twin critic Q(all agents' observations, all agents' actions) (Box actions)."""
+    team: Optional[Dict[str, Any]] = F(None, _TEAM_HELP)
+
+
+@dataclass
+class MATD3Config(TD3Config):
+    """matd3: MADDPG with TD3's twin critics, delayed actor updates and target smoothing (MATD3):
+    per-agent deterministic actors on their own observation and a centralized twin critic (Box
+    actions)."""
+    team: Optional[Dict[str, Any]] = F(None, _TEAM_HELP)

@@ -318,7 +318,30 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, Type[Algorith
                                   algorithms)
     _check_opponents(config, specs, algorithms)
     _check_rollout_modes(config, specs, algorithms)
+    assign_teams(specs, agents, obs_sp, act_sp)
     return specs
+
+
+def assign_teams(specs: Dict[str, MAPolicySpec], possible_agents: Sequence[str], obs_sp: Dict[str, gym.Space],
+                 act_sp: Dict[str, gym.Space]) -> None:
+    """Give the policies of an algorithm with a centralized critic (a ``team`` key in its section:
+    ``masac``, ``matd3``) the team of their training group: its agents in ``possible_agents``
+    order, ``{"agents", "policies", "agent_indexes", "n_agents" (len of possible_agents),
+    "obs_dims", "act_dims"}`` (flattened sizes), set in the spec's config and section."""
+    groups: Dict[str, List[str]] = {}
+    for pid, s in specs.items():
+        if s.group and hasattr(s.config, "team"):
+            groups.setdefault(s.group, []).append(pid)
+    for pids in groups.values():
+        policy_of = {a: pid for pid in pids for a in specs[pid].agents}
+        order = [a for a in possible_agents if a in policy_of]
+        team = {"agents": order, "policies": [policy_of[a] for a in order],
+                "agent_indexes": [list(possible_agents).index(a) for a in order], "n_agents": len(possible_agents),
+                "obs_dims": [int(gym.spaces.flatdim(obs_sp[a])) for a in order],
+                "act_dims": [int(gym.spaces.flatdim(act_sp[a])) for a in order]}
+        for pid in pids:
+            specs[pid].config.team = team
+            specs[pid].section["team"] = team
 
 
 def _policy_spec(config: Any, pid: str, agents: Tuple[str, ...], o: gym.Space, act: gym.Space,
