@@ -244,3 +244,19 @@ def test_short_run_on_simple_spread_per_agent_policies_resumes_and_exports(algo,
     algo_obj = flowkit.Algorithm.from_checkpoint(res.run_dir, trust_config=True)
     act = algo_obj.compute_actions(np.zeros(18, np.float32), policy_id="a1", explore=False)
     assert act.shape == (5,) and np.all((act >= 0) & (act <= 1))
+
+
+@pytest.mark.parametrize("algo", ["masac", "matd3"])
+def test_conformance_kit_on_simple_spread_with_per_agent_policies(algo, tmp_path):
+    """flowkit.testing's checks (config, plan, actions, exact checkpoint round trip) on the
+    multi-agent game; the single-agent kit (learning included) runs in test_conformance.py."""
+    from flowkit.testing import check_algorithm
+    from flowkit.testing.envs import TinyEnv
+    cls = flowkit.get_plugin_manager().algorithms()[algo]
+    env = TinyEnv("mpe2.simple_spread_v3:parallel_env", 0.0)
+    out = check_algorithm(cls, [*SPREAD[1:], f"{algo}.learning_starts=32", f"{algo}.train_batch_size=16",
+                                "model.hidden_sizes=[16]", "multiagent.mapping.agent_0=a0",
+                                "multiagent.mapping.agent_*=rest"],
+                          env=env, checks=("config", "plan", "actions", "checkpoint"), learn_env_steps=200,
+                          tmp_dir=str(tmp_path))
+    assert "JoinTeam(agent_0, agent_1, agent_2)" in out["plan"]

@@ -278,7 +278,8 @@ def _team_flow(algo: Any, experiences: Any, ctx: Any, learner: Any, mix: Any, ba
             raise ConfigError(f"{algo.name}: the team's policies {missing} are not trained in group "
                               f"{learner.name!r} (give them the same algorithm and no per-policy overrides)")
         pol.team.bind([pols[p] for p in pol.team.policy_ids] or [pol])
-    return base.training_flow(algo, experiences.for_each(JoinTeam(team)), ctx, learner, mix)
+    join = JoinTeam(team)
+    return base.training_flow(algo, experiences.for_each(join, repr(join)), ctx, learner, mix)
 
 
 class MASAC(SAC, ref=MASAC_REF):
