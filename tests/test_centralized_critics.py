@@ -4,8 +4,6 @@ deterministic policy gradient through the own action slot only, Polyak targets, 
 being SAC/TD3, and short runs on MPE2 simple_spread with continuous actions."""
 from __future__ import annotations
 
-import dataclasses
-
 import gymnasium as gym
 import numpy as np
 import pytest
@@ -140,12 +138,12 @@ def test_own_action_slot_is_replaced_and_is_the_only_gradient_path():
     out0 = team.with_own_action(actions, torch.tensor([0, 1]), torch.tensor([[0.5], [0.6]]))
     np.testing.assert_allclose(out0.detach(), [[0.5, -0.3, -0.4], [0.2, 0.6, -0.2]])  # mixed members
     x = torch.randn(2, 5)
-    q = p1.central_q(x, out, torch.tensor([1, 1]), detach_params=True)[0].sum()
+    q = team.q(p1.model.critic, x, out, torch.tensor([1, 1]), detach_params=True)[0].sum()
     q.backward()
     assert actions.grad is None or torch.count_nonzero(actions.grad) == 0
     # dQ/d own equals the critic's gradient at agent_1's slot (columns 1, 2 of A)
     a_full = out.detach().clone().requires_grad_(True)
-    p1.central_q(x, a_full, torch.tensor([1, 1]))[0].sum().backward()
+    team.q(p1.model.critic, x, a_full, torch.tensor([1, 1]))[0].sum().backward()
     torch.testing.assert_close(own.grad, a_full.grad[:, 1:3])
     assert torch.count_nonzero(own.grad) > 0
 

@@ -85,6 +85,13 @@ class Team:
         parts = [x, actions] + ([torch.nn.functional.one_hot(member, self.n).to(x.dtype)] if self.n > 1 else [])
         return torch.cat(parts, -1)
 
+    def q(self, critic: Any, x: torch.Tensor, actions: torch.Tensor, member: torch.Tensor,
+          detach_params: bool = False) -> torch.Tensor:
+        """Q1 and Q2 of a centralized twin ``critic`` at ``[x, A, e_i]``, float32[2, B]
+        (``detach_params``: the critic's parameters enter as constants, the actor loss's way)."""
+        q1, q2 = critic(self.critic_input(x, actions, member), detach_params)
+        return torch.stack([q1.squeeze(-1), q2.squeeze(-1)])
+
     def with_own_action(self, actions: torch.Tensor, member: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
         """``A`` float32[B, K] with each row's own slot (member ``member[b]``, k columns)
         replaced by ``own`` float32[B, k]; the gradient reaches ``own`` and nothing else."""
@@ -178,7 +185,7 @@ class MASACPolicy(SACPolicy):
     """SAC's squashed Gaussian actor on the agent's own observation; the twin critic over the
     team's observations and actions (module docstring)."""
 
-    train_columns = (*OffPolicyActorCritic.train_columns, *TEAM_COLUMNS)
+    train_columns: Tuple[str, ...] = (*OffPolicyActorCritic.train_columns, *TEAM_COLUMNS)
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):
@@ -193,16 +200,11 @@ class MASACPolicy(SACPolicy):
         self.sde_steps = 0
         self.finish_init(["critic"])
 
-    def central_q(self, x, actions, member, target=False, detach_params=False) -> torch.Tensor:
-        """Q1 and Q2 of the centralized critic, float32[2, B]."""
-        critic = self.target["critic"] if target and self.target is not None else self.model.critic
-        q1, q2 = critic(self.team.critic_input(x, actions, member), detach_params)
-        return torch.stack([q1.squeeze(-1), q2.squeeze(-1)])
-
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg, m, team = self.config, self.model, self.team
         x, member, actions = batch[TEAM_OBS], batch[TEAM_MEMBER], batch[TEAM_ACTIONS].float()
         alpha = m.log_alpha.detach().exp()
+        assert self.target is not None, "loss runs on the learner's policy"
         with torch.no_grad():
             def sample(pol, o):
                 return squashed_gaussian(pol.model.actor(o), torch.randn(o.shape[0], pol.act_dim,
@@ -210,11 +212,11 @@ class MASACPolicy(SACPolicy):
             a_next, logp_next = team.next_actions(batch[TEAM_NEXT_OBS], sample)
             own_logp_next = logp_next.gather(1, member[:, None]).squeeze(1)
             y = sac_targets(batch[sb.REWARDS].float(), batch[sb.TERMINATEDS], cfg.gamma,
-                            self.central_q(batch[TEAM_NEXT_OBS], a_next, member, target=True), own_logp_next, alpha)
-        q = self.central_q(x, actions, member)
+                            team.q(self.target["critic"], batch[TEAM_NEXT_OBS], a_next, member), own_logp_next, alpha)
+        q = team.q(m.critic, x, actions, member)
         critic_loss = 0.5 * (q - y).pow(2).mean(-1).sum()
         a_pi, logp = squashed_gaussian(m.actor(batch[sb.OBS]), self.noise(x))
-        q_pi = self.central_q(x, team.with_own_action(actions, member, a_pi), member, detach_params=True)
+        q_pi = team.q(m.critic, x, team.with_own_action(actions, member, a_pi), member, detach_params=True)
         actor_loss = (alpha * logp - q_pi.min(0).values).mean()
         alpha_loss = -(m.log_alpha * (logp.detach() + self.target_entropy)).mean()
         loss = critic_loss + actor_loss + (alpha_loss if cfg.tune_alpha else 0.0)
@@ -227,7 +229,7 @@ class MATD3Policy(TD3Policy):
     """TD3's deterministic actor on the agent's own observation; the twin critic over the team's
     observations and actions (module docstring)."""
 
-    train_columns = (*OffPolicyActorCritic.train_columns, *TEAM_COLUMNS)
+    train_columns: Tuple[str, ...] = (*OffPolicyActorCritic.train_columns, *TEAM_COLUMNS)
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):
@@ -240,8 +242,6 @@ class MATD3Policy(TD3Policy):
         n_actor = sum(p.numel() for p in self.model.actor.parameters())
         self.finish_init(["critic", "actor"], sizes=[n_critic, n_actor])
 
-    central_q = MASACPolicy.central_q
-
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg, m, team = self.config, self.model, self.team
         x, member, actions = batch[TEAM_OBS], batch[TEAM_MEMBER], batch[TEAM_ACTIONS].float()
@@ -253,8 +253,8 @@ class MATD3Policy(TD3Policy):
                 return a, torch.zeros(o.shape[0])
             a_next, _ = team.next_actions(batch[TEAM_NEXT_OBS], target_action)
             y = td3_targets(batch[sb.REWARDS].float(), batch[sb.TERMINATEDS], cfg.gamma,
-                            self.central_q(batch[TEAM_NEXT_OBS], a_next, member, target=True))
-        q = self.central_q(x, actions, member)
+                            team.q(self.target["critic"], batch[TEAM_NEXT_OBS], a_next, member))
+        q = team.q(m.critic, x, actions, member)
         critic_loss = (q - y).pow(2).mean(-1).sum()
         policy_step = (self.num_updates + 1) % cfg.policy_delay == 0  # gradient step num_updates + 1
         assert self.optimizer is not None
@@ -262,7 +262,7 @@ class MATD3Policy(TD3Policy):
         if not policy_step:
             return critic_loss, loss_stats(critic_loss=critic_loss, mean_q=q.mean())
         own = torch.tanh(m.actor(batch[sb.OBS]))
-        actor_loss = -self.central_q(x, team.with_own_action(actions, member, own), member, detach_params=True)[0].mean()
+        actor_loss = -team.q(m.critic, x, team.with_own_action(actions, member, own), member, True)[0].mean()
         return critic_loss + actor_loss, loss_stats(critic_loss=critic_loss, mean_q=q.mean(), actor_loss=actor_loss)
 
 

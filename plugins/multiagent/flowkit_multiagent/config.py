@@ -17,8 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
-from flowkit.config import F
 from flowkit_sac import SACConfig, TD3Config
+
+from flowkit.config import F
 
 
 @dataclass
