@@ -8,15 +8,8 @@ import gymnasium as gym
 import numpy as np
 import pytest
 import torch
-from flowkit_multiagent.centralized_critics import (
-    TEAM_ACTIONS,
-    TEAM_MEMBER,
-    TEAM_NEXT_OBS,
-    TEAM_OBS,
-    MASACPolicy,
-    MATD3Policy,
-    join_team,
-)
+from flowkit_multiagent.centralized import CRITIC_OBS, NEXT_CRITIC_OBS, TEAM_MEMBER, join_team
+from flowkit_multiagent.centralized_critics import TEAM_ACTIONS, TEAM_NEXT_OBS, MASACPolicy, MATD3Policy, team_rows
 from flowkit_multiagent.config import MASACConfig, MATD3Config
 from flowkit_sac import SACConfig, TD3Config
 from flowkit_sac.sac import SACPolicy
@@ -35,8 +28,12 @@ MODEL = ModelConfig(hidden_sizes=[8, 8])
 
 
 def rows(agent_index, ts, obs, actions, episode=7, n_agents=2):
+    """One agent's rows; its critic_obs at step t: the "state" [t, 10 + t, 20 + t] and the agent's one-hot."""
     n = len(ts)
+    state = np.array([[t, 10 + t, 20 + t] for t in ts], np.float32)
+    one_hot = np.eye(n_agents, dtype=np.float32)[[agent_index] * n]
     return sb.SampleBatch({
+        CRITIC_OBS: np.concatenate([state, one_hot], 1), NEXT_CRITIC_OBS: np.concatenate([state + 1, one_hot], 1),
         sb.OBS: np.asarray(obs, np.float32), sb.NEXT_OBS: np.asarray(obs, np.float32) + 100,
         sb.ACTIONS: np.asarray(actions, np.float32), sb.REWARDS: np.arange(n, dtype=np.float32),
         sb.TERMINATEDS: np.zeros(n, bool), sb.TRUNCATEDS: np.zeros(n, bool),
@@ -50,17 +47,21 @@ def two_agent_batch():
             "p1": rows(1, [1, 0], [[10, 11, 12], [13, 14, 15]], [[-0.1, -0.2], [-0.3, -0.4]])}
 
 
+def join(b, team=TEAM):
+    return join_team(b, team["agents"], team["agent_indexes"], team["n_agents"],
+                     {"team_obs": (sb.OBS, team["obs_dims"]), TEAM_ACTIONS: (sb.ACTIONS, team["act_dims"])})
+
+
 def test_join_team_puts_every_agents_observation_and_action_in_member_order():
-    out = join_team(two_agent_batch(), TEAM)
+    out = join(two_agent_batch())
     p0, p1 = out["p0"], out["p1"]
     assert len(p0) == 2 and len(p1) == 2  # agent_0's t=2 has no partner row: dropped
     np.testing.assert_array_equal(p0[sb.T], [0, 1])
-    np.testing.assert_array_equal(p0[TEAM_OBS], [[1, 2, 13, 14, 15], [3, 4, 10, 11, 12]])
-    np.testing.assert_array_equal(p0[TEAM_NEXT_OBS], [[101, 102, 113, 114, 115], [103, 104, 110, 111, 112]])
+    np.testing.assert_array_equal(p0["team_obs"], [[1, 2, 13, 14, 15], [3, 4, 10, 11, 12]])
     np.testing.assert_allclose(p0[TEAM_ACTIONS], [[0.1, -0.3, -0.4], [0.2, -0.1, -0.2]])
     np.testing.assert_array_equal(p0[TEAM_MEMBER], [0, 0])
     # agent_1's rows in its own order (t = 1, 0), same joint rows
-    np.testing.assert_array_equal(p1[TEAM_OBS], [[3, 4, 10, 11, 12], [1, 2, 13, 14, 15]])
+    np.testing.assert_array_equal(p1["team_obs"], [[3, 4, 10, 11, 12], [1, 2, 13, 14, 15]])
     np.testing.assert_allclose(p1[TEAM_ACTIONS], [[0.2, -0.1, -0.2], [0.1, -0.3, -0.4]])
     np.testing.assert_array_equal(p1[TEAM_MEMBER], [1, 1])
     np.testing.assert_array_equal(p1[sb.OBS], [[10, 11, 12], [13, 14, 15]])  # own columns untouched
@@ -70,25 +71,25 @@ def test_join_team_keeps_episodes_apart_and_a_team_of_one_is_its_own_rows():
     b = {"p0": sb.concat_samples([rows(0, [0], [[1, 2]], [[0.5]], episode=1), rows(0, [0], [[3, 4]], [[0.6]], episode=2)]),
          "p1": sb.concat_samples([rows(1, [0], [[7, 7, 7]], [[0, 0]], episode=2),
                                   rows(1, [0], [[8, 8, 8]], [[1, 1]], episode=1)])}
-    out = join_team(b, TEAM)
-    np.testing.assert_array_equal(out["p0"][TEAM_OBS], [[1, 2, 8, 8, 8], [3, 4, 7, 7, 7]])
-    one = join_team({"p0": rows(0, [0, 1], [[1, 2], [3, 4]], [[0.1], [0.2]])}, None)["p0"]
-    np.testing.assert_array_equal(one[TEAM_OBS], [[1, 2], [3, 4]])
+    out = join(b)
+    np.testing.assert_array_equal(out["p0"]["team_obs"], [[1, 2, 8, 8, 8], [3, 4, 7, 7, 7]])
+    one = team_rows({"p0": rows(0, [0, 1], [[1, 2], [3, 4]], [[0.1], [0.2]])}, None)["p0"]
+    np.testing.assert_array_equal(one[CRITIC_OBS], [[1, 2], [3, 4]])
+    np.testing.assert_array_equal(one[TEAM_NEXT_OBS], [[101, 102], [103, 104]])
     np.testing.assert_allclose(one[TEAM_ACTIONS], [[0.1], [0.2]])
     np.testing.assert_array_equal(one[TEAM_MEMBER], [0, 0])
 
 
 def test_join_team_names_an_agent_outside_the_team_and_a_wrong_size():
-    with pytest.raises(ConfigError, match=r"policy 'p0': agent index 2 is not in its centralized critic's team "
-                                          r"\['agent_0', 'agent_1'\]"):
-        join_team({"p0": rows(2, [0], [[1, 2]], [[0.1]], n_agents=3)}, {**TEAM, "n_agents": 3})
+    with pytest.raises(ConfigError, match=r"policy 'p0': agent index 2 is not in its team \['agent_0', 'agent_1'\]"):
+        join({"p0": rows(2, [0], [[1, 2]], [[0.1]], n_agents=3)}, {**TEAM, "n_agents": 3})
     with pytest.raises(ConfigError, match=r"policy 'p1': obs has 2 columns, the team says 3 for agent 'agent_1'"):
-        join_team({"p1": rows(1, [0], [[1, 2]], [[0.1, 0.2]])}, TEAM)
+        join({"p1": rows(1, [0], [[1, 2]], [[0.1, 0.2]])})
 
 
 def make_pair(policy_cls, config_cls, **cfg):
     """Policies p0 (agent_0) and p1 (agent_1) of TEAM, bound to each other as a learner binds them."""
-    conf = config_cls(team=TEAM, **cfg)
+    conf = config_cls(team=TEAM, critic_input="state", critic_input_dim=5, **cfg)
     p0 = policy_cls(gym.spaces.Box(-1, 1, (2,)), gym.spaces.Box(-1, 1, (1,)), conf, MODEL, seed=1)
     p1 = policy_cls(gym.spaces.Box(-1, 1, (3,)), gym.spaces.Box(-1, 1, (2,)), conf, MODEL, seed=2)
     for p in (p0, p1):
@@ -103,7 +104,7 @@ def tensors(b):
 @pytest.mark.parametrize("policy_cls,config_cls", [(MATD3Policy, MATD3Config), (MASACPolicy, MASACConfig)])
 def test_the_critic_sees_the_team_and_each_actor_only_its_own_observation(policy_cls, config_cls):
     p0, p1 = make_pair(policy_cls, config_cls, **({"policy_delay": 1} if policy_cls is MATD3Policy else {}))
-    batch = tensors(join_team(two_agent_batch(), TEAM)["p1"])
+    batch = tensors(team_rows(two_agent_batch(), TEAM)["p1"])
     seen = {"critic": [], "actor0": [], "actor1": []}
     hooks = [p1.model.critic.register_forward_pre_hook(lambda m, a: seen["critic"].append(a[0].clone())),
              p0.model.actor.register_forward_pre_hook(lambda m, a: seen["actor0"].append(a[0].clone())),
@@ -115,13 +116,14 @@ def test_the_critic_sees_the_team_and_each_actor_only_its_own_observation(policy
     p1.loss(batch)
     for h in hooks:
         h.remove()
-    one_hot = torch.tensor([[0.0, 1.0], [0.0, 1.0]])
-    x, a = batch[TEAM_OBS], batch[TEAM_ACTIONS]
-    # critic (Q(x, A, e_1) on the replayed actions), target critic on x' and every member's next action
-    assert any(torch.equal(c, torch.cat([x, a, one_hot], 1)) for c in seen["critic"])
-    assert all(c.shape == (2, 5 + 3 + 2) for c in seen["critic"])
-    target_in = [c for c in seen["critic"] if torch.equal(c[:, :5], batch[TEAM_NEXT_OBS])]
-    assert target_in and torch.equal(target_in[0][:, 8:], one_hot)
+    # agent_1's rows at t = 1, 0: critic_obs = [t, 10 + t, 20 + t, one-hot of agent 1]
+    x = torch.tensor([[1.0, 11, 21, 0, 1], [0, 10, 20, 0, 1]])
+    a = torch.tensor([[0.2, -0.1, -0.2], [0.1, -0.3, -0.4]])
+    # critic Q(x, A) on the replayed actions of both agents; target critic on x' = [t + 1, ...]
+    assert any(torch.equal(c, torch.cat([x, a], 1)) for c in seen["critic"])
+    assert all(c.shape == (2, 5 + 3) for c in seen["critic"])
+    x_next = torch.tensor([[2.0, 12, 22, 0, 1], [1, 11, 21, 0, 1]])
+    assert any(torch.equal(c[:, :5], x_next) for c in seen["critic"])
     # actors: agent_0's only ever sees agent_0's 2 observation numbers, agent_1's its own 3
     assert all(o.shape[1] == 2 for o in seen["actor0"]) and all(o.shape[1] == 3 for o in seen["actor1"])
     assert any(torch.equal(o, batch[TEAM_NEXT_OBS][:, :2]) for o in seen["actor0"])
@@ -138,19 +140,19 @@ def test_own_action_slot_is_replaced_and_is_the_only_gradient_path():
     out0 = team.with_own_action(actions, torch.tensor([0, 1]), torch.tensor([[0.5], [0.6]]))
     np.testing.assert_allclose(out0.detach(), [[0.5, -0.3, -0.4], [0.2, 0.6, -0.2]])  # mixed members
     x = torch.randn(2, 5)
-    q = team.q(p1.model.critic, x, out, torch.tensor([1, 1]), detach_params=True)[0].sum()
+    q = team.q(p1.model.critic, x, out, detach_params=True)[0].sum()
     q.backward()
     assert actions.grad is None or torch.count_nonzero(actions.grad) == 0
     # dQ/d own equals the critic's gradient at agent_1's slot (columns 1, 2 of A)
     a_full = out.detach().clone().requires_grad_(True)
-    team.q(p1.model.critic, x, a_full, torch.tensor([1, 1]))[0].sum().backward()
+    team.q(p1.model.critic, x, a_full)[0].sum().backward()
     torch.testing.assert_close(own.grad, a_full.grad[:, 1:3])
     assert torch.count_nonzero(own.grad) > 0
 
 
 def test_matd3_actor_loss_moves_only_its_own_actor():
     p0, p1 = make_pair(MATD3Policy, MATD3Config, policy_delay=1)
-    batch = tensors(join_team(two_agent_batch(), TEAM)["p0"])
+    batch = tensors(team_rows(two_agent_batch(), TEAM)["p0"])
     loss, stats = p0.loss(batch)
     loss.backward()
     assert "actor_loss" in stats
@@ -161,16 +163,15 @@ def test_matd3_actor_loss_moves_only_its_own_actor():
 
 def test_matd3_critic_target_is_the_hand_assembled_clipped_double_q():
     p0, p1 = make_pair(MATD3Policy, MATD3Config, policy_delay=2, target_policy_noise=0.0, gamma=0.9)
-    b = join_team(two_agent_batch(), TEAM)["p0"]
+    b = team_rows(two_agent_batch(), TEAM)["p0"]
     b[sb.TERMINATEDS] = np.array([False, True])
     batch = tensors(b)
     with torch.no_grad():
         xn = batch[TEAM_NEXT_OBS]
         a_next = torch.cat([torch.tanh(p0.target["actor"](xn[:, :2])), torch.tanh(p1.target["actor"](xn[:, 2:]))], 1)
-        e0 = torch.tensor([[1.0, 0.0], [1.0, 0.0]])
-        q1t, q2t = p0.target["critic"](torch.cat([xn, a_next, e0], 1))
+        q1t, q2t = p0.target["critic"](torch.cat([batch[NEXT_CRITIC_OBS], a_next], 1))
         y = batch[sb.REWARDS] + 0.9 * torch.tensor([1.0, 0.0]) * torch.minimum(q1t, q2t).squeeze(-1)
-        q1, q2 = p0.model.critic(torch.cat([batch[TEAM_OBS], batch[TEAM_ACTIONS], e0], 1))
+        q1, q2 = p0.model.critic(torch.cat([batch[CRITIC_OBS], batch[TEAM_ACTIONS]], 1))
         expected = ((q1.squeeze(-1) - y) ** 2).mean() + ((q2.squeeze(-1) - y) ** 2).mean()
     loss, stats = p0.loss(batch)  # update 1 of policy_delay=2: the critic loss alone
     assert set(stats) == {"critic_loss", "mean_q"}
@@ -207,7 +208,7 @@ def test_a_team_of_one_is_td3_and_sac_exactly(multi, single, mcfg, scfg):
                         sb.REWARDS: rng.normal(size=4).astype(np.float32), sb.TERMINATEDS: np.array([0, 0, 1, 0], bool)})
     m.generator.manual_seed(5)
     s.generator.manual_seed(5)
-    lm, sm = m.loss(tensors(join_team({"x": b}, None)["x"])), s.loss(tensors(b))
+    lm, sm = m.loss(tensors(team_rows({"x": b}, None)["x"])), s.loss(tensors(b))
     torch.testing.assert_close(lm[0], sm[0])
     assert lm[1] == sm[1]
 
@@ -220,7 +221,9 @@ def test_config_team_is_set_for_the_training_group_at_setup():
     team = ctx.policy_specs["shared"].config.team
     assert team == {"agents": ["agent_0", "agent_1", "agent_2"], "policies": ["shared"] * 3,
                     "agent_indexes": [0, 1, 2], "n_agents": 3, "obs_dims": [18] * 3, "act_dims": [5] * 3}
-    assert ctx.policies["shared"].team.critic_in == 3 * 18 + 3 * 5 + 3
+    # simple_spread's state() is the three observations (54); the agent id (3); every agent's action (15)
+    assert ctx.policy_specs["shared"].config.critic_input == "state"
+    assert ctx.policies["shared"].team.critic_in == 54 + 3 + 3 * 5
     ctx.workers.stop()
 
 

@@ -7,19 +7,23 @@ arXiv 1910.01465 (MADDPG with TD3's clipped double Q, delayed actor updates and 
 smoothing); MASAC: the SAC loss (Haarnoja et al. 2018, arXiv 1812.05905, eq. 3, 5, 7, 18) with
 that centralized critic, as BenchMARL's ``masac``.
 
-The team: the agents mapped to the policies of one training group, in ``possible_agents`` order,
-members ``j = 0..N-1``, member j with encoded observation o_j (float32[d_j]), action a_j in
-[-1, 1]^k_j and policy pi_j (several members may share one policy: parameter sharing). Per env
-step and sub-env the team's rows are joined (:func:`join_team`, before the replay buffer):
+The team (:func:`~flowkit_multiagent.centralized.team_of`): the agents mapped to the policies
+of one training group, in ``possible_agents`` order, members ``j = 0..N-1``, member j with
+encoded observation o_j (float32[d_j]), action a_j in [-1, 1]^k_j and policy pi_j (several
+members may share one policy: parameter sharing, ``multiagent.obs_agent_id`` for ids in o_j).
+Per row of agent i:
 
-    x  = [o_1, ..., o_N]     float32[D],  D = sum d_j   (every agent's observation)
-    A  = [a_1, ..., a_N]     float32[K],  K = sum k_j   (every agent's action)
-    x', member index i of the row's own agent
+    x, x'  the centralized value input at the step and after it, ``critic_obs`` /
+           ``next_critic_obs`` (:mod:`flowkit_multiagent.centralized`: the env's ``state()`` or
+           the team's observations, with ``critic_agent_id`` the one-hot id of agent i)
+    A  = [a_1, ..., a_N]      float32[K], K = sum k_j, every member's action at the step
+    o' = [o'_1, ..., o'_N]    every member's next observation (its target action's input)
 
-Every policy keeps its own twin critic over the team's input (MADDPG's Q_i; a shared policy's
-critic also takes the member one-hot e_i so its members' rewards stay apart):
+A and o' are joined from the members' rows of the same env step before the replay buffer
+(:func:`~flowkit_multiagent.centralized.join_team`). Every policy keeps its own twin critic
+(MADDPG's Q_i; one shared by the agents of a shared policy, told apart by the id in x):
 
-    Q_i(x, A) = TwinMLP([x, A, e_i])                       (e_i only when N > 1)
+    Q_i(x, A) = TwinMLP([x, A])
 
 MATD3 (per row of agent i, actions of the other members as replayed):
     a'_j = clip(mu'_j(o'_j) + clip(eps_j, -c, c), -1, 1)   every member, its own target actor
@@ -51,13 +55,11 @@ from flowkit import ConfigError
 from flowkit.core import batch as sb
 from flowkit.core import loss_stats
 from flowkit_multiagent import MASAC_REF, MATD3_REF
+from flowkit_multiagent.centralized import CRITIC_OBS, NEXT_CRITIC_OBS, TEAM_MEMBER, join_team
 
-TEAM_OBS = "team_obs"            # float32[B, D], every member's encoded observation, member order
-TEAM_NEXT_OBS = "team_next_obs"  # float32[B, D], the same after the step
-TEAM_ACTIONS = "team_actions"    # float32[B, K], every member's action in [-1, 1]
-TEAM_MEMBER = "team_member"      # int64[B], the member index of the row's own agent
-TEAM_COLUMNS = (TEAM_OBS, TEAM_NEXT_OBS, TEAM_ACTIONS, TEAM_MEMBER)
-_T_BITS = 20                     # step keys: episode * 2**20 + t
+TEAM_NEXT_OBS = "team_next_obs"  # float32[B, sum d_j], every member's encoded next observation, team order
+TEAM_ACTIONS = "team_actions"    # float32[B, K], every member's action in [-1, 1], team order
+TEAM_COLUMNS = (CRITIC_OBS, NEXT_CRITIC_OBS, TEAM_NEXT_OBS, TEAM_ACTIONS, TEAM_MEMBER)
 
 
 # ---- the team -----------------------------------------------------------------------------------
@@ -66,30 +68,24 @@ class Team:
     in ``<algo>.team``; None: a team of one with
     ``obs_dim``, ``act_dim``) and, on the learner, its members' policies (:meth:`bind`)."""
 
-    def __init__(self, team: Optional[Dict[str, Any]], obs_dim: int, act_dim: int):
+    def __init__(self, team: Optional[Dict[str, Any]], critic_obs_dim: int, obs_dim: int, act_dim: int):
         self.obs_dims = list(team["obs_dims"]) if team else [obs_dim]
         self.act_dims = list(team["act_dims"]) if team else [act_dim]
         self.policy_ids: List[str] = list(team["policies"]) if team else []
         self.n = len(self.obs_dims)
         self.obs_offsets = np.cumsum([0, *self.obs_dims]).tolist()
         self.act_offsets = np.cumsum([0, *self.act_dims]).tolist()
-        self.critic_in = self.obs_offsets[-1] + self.act_offsets[-1] + (self.n if self.n > 1 else 0)
+        self.critic_in = int(critic_obs_dim) + self.act_offsets[-1]
         self.members: List[Any] = []
 
     def bind(self, policies: Sequence[Any]) -> None:
         """The policy of each member (learner side: the target actions of MATD3/MASAC use them)."""
         self.members = list(policies)
 
-    def critic_input(self, x: torch.Tensor, actions: torch.Tensor, member: torch.Tensor) -> torch.Tensor:
-        """``[x, A, e_i]`` float32[B, critic_in] (e_i the member one-hot, only when N > 1)."""
-        parts = [x, actions] + ([torch.nn.functional.one_hot(member, self.n).to(x.dtype)] if self.n > 1 else [])
-        return torch.cat(parts, -1)
-
-    def q(self, critic: Any, x: torch.Tensor, actions: torch.Tensor, member: torch.Tensor,
-          detach_params: bool = False) -> torch.Tensor:
-        """Q1 and Q2 of a centralized twin ``critic`` at ``[x, A, e_i]``, float32[2, B]
+    def q(self, critic: Any, x: torch.Tensor, actions: torch.Tensor, detach_params: bool = False) -> torch.Tensor:
+        """Q1 and Q2 of a centralized twin ``critic`` at ``[x, A]``, float32[2, B]
         (``detach_params``: the critic's parameters enter as constants, the actor loss's way)."""
-        q1, q2 = critic(self.critic_input(x, actions, member), detach_params)
+        q1, q2 = critic(torch.cat([x, actions], -1), detach_params)
         return torch.stack([q1.squeeze(-1), q2.squeeze(-1)])
 
     def with_own_action(self, actions: torch.Tensor, member: torch.Tensor, own: torch.Tensor) -> torch.Tensor:
@@ -110,70 +106,30 @@ class Team:
         return torch.cat([a for a, _ in out], -1), torch.stack([lp for _, lp in out], -1)
 
 
-def join_team(policy_batches: Dict[str, sb.SampleBatch], team: Optional[Dict[str, Any]]) -> Dict[str, sb.SampleBatch]:
-    """Each policy's rows with the team columns (:data:`TEAM_COLUMNS`) of their env step: the
-    rows of one sub-env step are those with the same episode (``eps_id // n_agents``) and ``t``.
-    A step where some member has no row (an agent that is done while others go on) is dropped.
-    ``team`` None: a team of one (the columns are the row's own). Inputs are not modified.
-
-    Raises:
-        ConfigError: a row of an agent that is not in the team, or a row whose observation or
-            action size is not the team's for that agent.
-    """
+def team_rows(policy_batches: Dict[str, sb.SampleBatch], team: Optional[Dict[str, Any]]) -> Dict[str, sb.SampleBatch]:
+    """Each policy's rows with every team member's action and next observation at the row's env
+    step (:data:`TEAM_ACTIONS`, :data:`TEAM_NEXT_OBS`, :data:`TEAM_MEMBER`:
+    :func:`~flowkit_multiagent.centralized.join_team`; a step some member has no row in is
+    dropped). ``team`` None: a team of one, the row's own columns, its observations as the
+    critic's input. Inputs are not modified."""
     if not team:
-        return {pid: sb.SampleBatch({**b, TEAM_OBS: b[sb.OBS], TEAM_NEXT_OBS: b[sb.NEXT_OBS],
-                                     TEAM_ACTIONS: b[sb.ACTIONS], TEAM_MEMBER: np.zeros(len(b), np.int64)})
+        return {pid: sb.SampleBatch({**b, TEAM_ACTIONS: b[sb.ACTIONS], TEAM_NEXT_OBS: b[sb.NEXT_OBS],
+                                     TEAM_MEMBER: np.zeros(len(b), np.int64), CRITIC_OBS: b[sb.OBS],
+                                     NEXT_CRITIC_OBS: b[sb.NEXT_OBS]})
                 for pid, b in policy_batches.items()}
-    lut = np.full(int(team["n_agents"]), -1, np.int64)
-    lut[team["agent_indexes"]] = np.arange(len(team["agent_indexes"]))
-    n = len(team["agents"])
-    obs_off, act_off = np.cumsum([0, *team["obs_dims"]]), np.cumsum([0, *team["act_dims"]])
-    parts = {pid: b for pid, b in policy_batches.items() if len(b)}
-    keys = {pid: (b[sb.EPS_ID] // int(team["n_agents"])) * (1 << _T_BITS) + b[sb.T] for pid, b in parts.items()}
-    members = {pid: lut[b[sb.AGENT_INDEX]] for pid, b in parts.items()}
-    for pid, m in members.items():
-        if (m < 0).any():
-            raise ConfigError(f"policy {pid!r}: agent index {int(parts[pid][sb.AGENT_INDEX][m < 0][0])} is not in "
-                              f"its centralized critic's team {team['agents']}")
-    uniq, inv = np.unique(np.concatenate(list(keys.values()) or [np.zeros(0, np.int64)]), return_inverse=True)
-    tables = {c: np.zeros((len(uniq), int(off[-1])), np.float32)
-              for c, off in ((TEAM_OBS, obs_off), (TEAM_NEXT_OBS, obs_off), (TEAM_ACTIONS, act_off))}
-    start, rows = 0, {}
-    for pid, b in parts.items():
-        rows[pid] = inv[start:start + len(b)]
-        start += len(b)
-        for c, src, off, dims in ((TEAM_OBS, sb.OBS, obs_off, team["obs_dims"]),
-                                  (TEAM_NEXT_OBS, sb.NEXT_OBS, obs_off, team["obs_dims"]),
-                                  (TEAM_ACTIONS, sb.ACTIONS, act_off, team["act_dims"])):
-            v = np.asarray(b[src], np.float32).reshape(len(b), -1)
-            m = members[pid]
-            if v.shape[1] != dims[m[0]]:
-                raise ConfigError(f"policy {pid!r}: {src} has {v.shape[1]} columns, the team says "
-                                  f"{dims[m[0]]} for agent {team['agents'][m[0]]!r}")
-            tables[c][rows[pid][:, None], off[m][:, None] + np.arange(v.shape[1])] = v
-    complete = np.bincount(inv, minlength=len(uniq)) == n
-    out = {}
-    for pid, b in policy_batches.items():
-        if pid not in parts:
-            out[pid] = b
-            continue
-        keep = np.flatnonzero(complete[rows[pid]])
-        nb = b.take(keep)
-        nb.update({c: t[rows[pid][keep]] for c, t in tables.items()})
-        nb[TEAM_MEMBER] = members[pid][keep]
-        out[pid] = nb
-    return out
+    return join_team(policy_batches, team["agents"], team["agent_indexes"], team["n_agents"],
+                     {TEAM_ACTIONS: (sb.ACTIONS, team["act_dims"]), TEAM_NEXT_OBS: (sb.NEXT_OBS, team["obs_dims"])})
 
 
 class JoinTeam:
     """Operator: a MultiAgentBatch of one training group -> the same with the team columns
-    (:func:`join_team`), before the replay buffer."""
+    (:func:`team_rows`), before the replay buffer."""
 
     def __init__(self, team: Optional[Dict[str, Any]]):
         self.team = team
 
     def __call__(self, batch: sb.MultiAgentBatch) -> sb.MultiAgentBatch:
-        return sb.MultiAgentBatch(join_team(batch.policy_batches, self.team), batch.env_steps, batch.agent_steps,
+        return sb.MultiAgentBatch(team_rows(batch.policy_batches, self.team), batch.env_steps, batch.agent_steps,
                                   batch.episodes, batch.worker_index, batch.meta)
 
     def __repr__(self) -> str:
@@ -191,7 +147,7 @@ class MASACPolicy(SACPolicy):
                  seed=0, inference_only=False):
         OffPolicyActorCritic.__init__(self, observation_space, action_space, config, model_config, device, seed,
                                       inference_only)
-        self.team = Team(config.team, self.obs_dim, self.act_dim)
+        self.team = Team(config.team, config.critic_input_dim or self.obs_dim, self.obs_dim, self.act_dim)
         self.model = SACModel(self.obs_dim, self.act_dim, self.model_config, config)
         self.model.critic = twin_critic(self.team.critic_in, 0, self.model_config)  # stays first
         te = config.target_entropy
@@ -202,7 +158,7 @@ class MASACPolicy(SACPolicy):
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg, m, team = self.config, self.model, self.team
-        x, member, actions = batch[TEAM_OBS], batch[TEAM_MEMBER], batch[TEAM_ACTIONS].float()
+        x, member, actions = batch[CRITIC_OBS], batch[TEAM_MEMBER], batch[TEAM_ACTIONS].float()
         alpha = m.log_alpha.detach().exp()
         assert self.target is not None, "loss runs on the learner's policy"
         with torch.no_grad():
@@ -212,11 +168,11 @@ class MASACPolicy(SACPolicy):
             a_next, logp_next = team.next_actions(batch[TEAM_NEXT_OBS], sample)
             own_logp_next = logp_next.gather(1, member[:, None]).squeeze(1)
             y = sac_targets(batch[sb.REWARDS].float(), batch[sb.TERMINATEDS], cfg.gamma,
-                            team.q(self.target["critic"], batch[TEAM_NEXT_OBS], a_next, member), own_logp_next, alpha)
-        q = team.q(m.critic, x, actions, member)
+                            team.q(self.target["critic"], batch[NEXT_CRITIC_OBS], a_next), own_logp_next, alpha)
+        q = team.q(m.critic, x, actions)
         critic_loss = 0.5 * (q - y).pow(2).mean(-1).sum()
         a_pi, logp = squashed_gaussian(m.actor(batch[sb.OBS]), self.noise(x))
-        q_pi = team.q(m.critic, x, team.with_own_action(actions, member, a_pi), member, detach_params=True)
+        q_pi = team.q(m.critic, x, team.with_own_action(actions, member, a_pi), detach_params=True)
         actor_loss = (alpha * logp - q_pi.min(0).values).mean()
         alpha_loss = -(m.log_alpha * (logp.detach() + self.target_entropy)).mean()
         loss = critic_loss + actor_loss + (alpha_loss if cfg.tune_alpha else 0.0)
@@ -235,7 +191,7 @@ class MATD3Policy(TD3Policy):
                  seed=0, inference_only=False):
         OffPolicyActorCritic.__init__(self, observation_space, action_space, config, model_config, device, seed,
                                       inference_only)
-        self.team = Team(config.team, self.obs_dim, self.act_dim)
+        self.team = Team(config.team, config.critic_input_dim or self.obs_dim, self.obs_dim, self.act_dim)
         self.model = TD3Model(self.obs_dim, self.act_dim, self.model_config)
         self.model.critic = twin_critic(self.team.critic_in, 0, self.model_config)  # stays first
         n_critic = sum(p.numel() for p in self.model.critic.parameters())
@@ -244,7 +200,7 @@ class MATD3Policy(TD3Policy):
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg, m, team = self.config, self.model, self.team
-        x, member, actions = batch[TEAM_OBS], batch[TEAM_MEMBER], batch[TEAM_ACTIONS].float()
+        x, member, actions = batch[CRITIC_OBS], batch[TEAM_MEMBER], batch[TEAM_ACTIONS].float()
         assert self.target is not None, "loss runs on the learner's policy"
         with torch.no_grad():
             def target_action(pol, o):
@@ -253,8 +209,8 @@ class MATD3Policy(TD3Policy):
                 return a, torch.zeros(o.shape[0])
             a_next, _ = team.next_actions(batch[TEAM_NEXT_OBS], target_action)
             y = td3_targets(batch[sb.REWARDS].float(), batch[sb.TERMINATEDS], cfg.gamma,
-                            team.q(self.target["critic"], batch[TEAM_NEXT_OBS], a_next, member))
-        q = team.q(m.critic, x, actions, member)
+                            team.q(self.target["critic"], batch[NEXT_CRITIC_OBS], a_next))
+        q = team.q(m.critic, x, actions)
         critic_loss = (q - y).pow(2).mean(-1).sum()
         policy_step = (self.num_updates + 1) % cfg.policy_delay == 0  # gradient step num_updates + 1
         assert self.optimizer is not None
@@ -262,7 +218,7 @@ class MATD3Policy(TD3Policy):
         if not policy_step:
             return critic_loss, loss_stats(critic_loss=critic_loss, mean_q=q.mean())
         own = torch.tanh(m.actor(batch[sb.OBS]))
-        actor_loss = -team.q(m.critic, x, team.with_own_action(actions, member, own), member, True)[0].mean()
+        actor_loss = -team.q(m.critic, x, team.with_own_action(actions, member, own), True)[0].mean()
         return critic_loss + actor_loss, loss_stats(critic_loss=critic_loss, mean_q=q.mean(), actor_loss=actor_loss)
 
 

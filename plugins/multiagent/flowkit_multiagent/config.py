@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
+from flowkit_ppo import PPOConfig
 from flowkit_sac import SACConfig, TD3Config
 
 from flowkit.config import F
@@ -54,25 +55,41 @@ class MultiAgentConfig:
     eval_alternate_seats: bool = F(False, "rotate the seats (agent -> policy) every evaluation episode")
     alternate_seats: bool = F(False, "training: rotate the agent -> policy assignment every episode "
                                      "(turn-based games: each policy plays every seat; agents must share spaces)")
-
-
-
-# ---- continuous centralized critics (flowkit_multiagent.centralized_critics) ------------------------
-_TEAM_HELP = ("set by the multiagent plugin at set-up, not by hand: the team the centralized critic sees (its "
-              "agents in possible_agents order, each agent's policy, encoded observation and action sizes); "
-              "null: a team of one (the policy's own agent)")
+    share_parameters: bool = F(True, "without policies and mapping: true, every agent shares one policy "
+                                     "`shared`; false, each agent gets a policy of its own (id = agent id)")
+    obs_agent_id: bool = F(False, "append the one-hot agent id to the observation of every policy that several "
+                                  "agents share (its space becomes Dict(..., agent_id=Discrete(n agents)))")
 
 
 @dataclass
-class MASACConfig(SACConfig):
+class CriticInputKeys:
+    """The centralized value input of an algorithm's critic (:mod:`flowkit_multiagent.centralized`):
+    a section with these keys gets the ``critic_obs`` / ``next_critic_obs`` columns."""
+    critic_input: str = F("auto", "the critic's input: state (the env's global state()), concat_obs (the team's "
+                                  "observations), auto (state where the env declares a state_space, else concat_obs)",
+                          choices=("auto", "state", "concat_obs"))
+    critic_agent_id: bool = F(True, "append the one-hot agent id to the critic's input (agent-specific global state)")
+    critic_input_dim: Optional[int] = F(None, "width of the critic's input: filled in at set-up from the env "
+                                              "(leave unset; a value given must match)", ge=1)
+
+
+@dataclass
+class MAPPOConfig(CriticInputKeys, PPOConfig):
+    """mappo: Multi-Agent PPO (Yu et al. 2022): PPO whose critic sees a centralized value input, actors their own observation."""
+
+
+@dataclass
+class MASACConfig(CriticInputKeys, SACConfig):
     """masac: multi-agent SAC, per-agent squashed Gaussian actors on their own observation and a
-    centralized twin critic Q(all agents' observations, all agents' actions) (Box actions)."""
-    team: Optional[Dict[str, Any]] = F(None, _TEAM_HELP)
+    centralized twin critic Q(centralized value input, every team agent's action) (Box actions)."""
+    team: Optional[Dict[str, Any]] = F(None, "set up by the multiagent plugin, not by hand: the team whose actions "
+                                             "the critic sees (agents, their policies, observation and action sizes)")
 
 
 @dataclass
-class MATD3Config(TD3Config):
+class MATD3Config(CriticInputKeys, TD3Config):
     """matd3: MADDPG with TD3's twin critics, delayed actor updates and target smoothing (MATD3):
     per-agent deterministic actors on their own observation and a centralized twin critic (Box
     actions)."""
-    team: Optional[Dict[str, Any]] = F(None, _TEAM_HELP)
+    team: Optional[Dict[str, Any]] = F(None, "set up by the multiagent plugin, not by hand: the team whose actions "
+                                             "the critic sees (agents, their policies, observation and action sizes)")

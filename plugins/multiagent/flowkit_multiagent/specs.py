@@ -20,6 +20,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from flowkit.config import ConfigError, check_values, did_you_mean, merge_overrides, validate_section
 from flowkit.core import Algorithm, PolicySpec
+from flowkit_multiagent.centralized import (
+    agent_id_policies,
+    policy_members,
+    resolve_critic_input,
+    team_of,
+    with_agent_id,
+)
 from flowkit_multiagent.config import PolicyConfig
 
 SHARED_POLICY_ID = "shared"
@@ -169,16 +176,28 @@ class AgentMapping:
 
 def build_mapping(config: Any, possible_agents: Sequence[str]) -> AgentMapping:
     """The run's :class:`AgentMapping` from ``multiagent.*`` (weighted draws seeded by ``seed``)."""
-    return AgentMapping(config.multiagent.mapping or {}, policy_ids_of(config), possible_agents,
+    return AgentMapping(config.multiagent.mapping or {}, policy_ids_of(config, possible_agents), possible_agents,
                         seed=int(config.get("seed") or 0))
 
 
-def policy_ids_of(config: Any) -> List[str]:
+def policy_ids_of(config: Any, possible_agents: Sequence[str] = ()) -> List[str]:
     """Policy ids: ``multiagent.policies`` keys, then the mapping's other targets (trained by
-    ``algo``); ``shared`` when both are empty."""
+    ``algo``); when both are empty, ``shared`` (``multiagent.share_parameters``, the default) or
+    one policy per agent of ``possible_agents``.
+
+    Raises:
+        ConfigError: ``share_parameters=false`` with a mapping or policies (they decide who shares).
+    """
     ma = config.multiagent
     targets = (p for v in (ma.mapping or {}).values() for p in (v if isinstance(v, (dict, DictConfig)) else [v]))
-    return list(dict.fromkeys(map(str, [*(ma.policies or {}), *targets]))) or [SHARED_POLICY_ID]
+    pids = list(dict.fromkeys(map(str, [*(ma.policies or {}), *targets])))
+    if not bool(ma.get("share_parameters", True)):
+        if pids:
+            raise ConfigError("multiagent.share_parameters=false gives each agent a policy of its own; it does not "
+                              "combine with multiagent.policies / multiagent.mapping (they decide which agents share "
+                              "a policy): drop one")
+        return list(map(str, possible_agents)) or [SHARED_POLICY_ID]
+    return pids or [SHARED_POLICY_ID]
 
 
 def _differing_settings(ck_spec: Any, algo: str, section: Dict[str, Any], model: Any) -> str:
@@ -299,10 +318,7 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, Type[Algorith
     ma = config.multiagent
     mapping = build_mapping(config, agents)
     pids = mapping.policy_ids
-    members: Dict[str, List[str]] = {p: [] for p in pids}
-    for a in agents:
-        for p in mapping.options(a):
-            members[p].append(a)
+    members = policy_members(mapping, agents)
     for pid, ags in members.items():
         if not ags:
             raise ConfigError(f"multiagent.policies.{pid}: no agent is mapped to policy {pid!r} "
@@ -312,42 +328,44 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, Type[Algorith
                               "map them to different policies")
     if (bool(ma.alternate_seats) or bool(ma.eval_alternate_seats)) and (m := mismatch(agents)):
         raise ConfigError(f"alternate_seats needs every agent to have the same spaces; {m}")
+    with_id = agent_id_policies(config, members)
     specs: Dict[str, MAPolicySpec] = {}
     for pid in pids:
-        specs[pid] = _policy_spec(config, pid, tuple(members[pid]), obs_sp[members[pid][0]], act_sp[members[pid][0]],
-                                  algorithms)
+        o = obs_sp[members[pid][0]]
+        specs[pid] = _policy_spec(config, pid, tuple(members[pid]), with_agent_id(o, len(agents)) if pid in with_id
+                                  else o, act_sp[members[pid][0]], algorithms, (env, mapping))
     _check_opponents(config, specs, algorithms)
     _check_rollout_modes(config, specs, algorithms)
-    assign_teams(specs, agents, obs_sp, act_sp)
+    assign_teams(config, specs, mapping, agents)
     return specs
 
 
-def assign_teams(specs: Dict[str, MAPolicySpec], possible_agents: Sequence[str], obs_sp: Dict[str, gym.Space],
-                 act_sp: Dict[str, gym.Space]) -> None:
-    """Give the policies of an algorithm with a centralized critic (a ``team`` key in its section:
-    ``masac``, ``matd3``) the team of their training group: its agents in ``possible_agents``
-    order, ``{"agents", "policies", "agent_indexes", "n_agents" (len of possible_agents),
-    "obs_dims", "act_dims"}`` (flattened sizes), set in the spec's config and section."""
-    groups: Dict[str, List[str]] = {}
+def assign_teams(config: Any, specs: Dict[str, MAPolicySpec], mapping: AgentMapping,
+                 possible_agents: Sequence[str]) -> None:
+    """Give each trained policy of an algorithm whose section has a ``team`` key (``masac``,
+    ``matd3``: a critic over every team agent's action) its team
+    (:func:`~flowkit_multiagent.centralized.team_of`) as plain data in its spec's config and section:
+    ``{"agents", "policies" (each agent's), "agent_indexes", "n_agents" (len of possible_agents),
+    "obs_dims", "act_dims" (flattened sizes of each agent's policy's spaces)}``."""
     for pid, s in specs.items():
-        if s.group and hasattr(s.config, "team"):
-            groups.setdefault(s.group, []).append(pid)
-    for pids in groups.values():
-        policy_of = {a: pid for pid in pids for a in specs[pid].agents}
-        order = [a for a in possible_agents if a in policy_of]
-        team = {"agents": order, "policies": [policy_of[a] for a in order],
-                "agent_indexes": [list(possible_agents).index(a) for a in order], "n_agents": len(possible_agents),
-                "obs_dims": [int(gym.spaces.flatdim(obs_sp[a])) for a in order],
-                "act_dims": [int(gym.spaces.flatdim(act_sp[a])) for a in order]}
-        for pid in pids:
-            specs[pid].config.team = team
-            specs[pid].section["team"] = team
+        if not (s.group and hasattr(s.config, "team")):
+            continue
+        agents = team_of(config, mapping, possible_agents, pid)
+        pols = [mapping.base(a) for a in agents]
+        team = {"agents": agents, "policies": pols, "agent_indexes": [list(possible_agents).index(a) for a in agents],
+                "n_agents": len(possible_agents),
+                "obs_dims": [int(gym.spaces.flatdim(specs[p].observation_space)) for p in pols],
+                "act_dims": [int(gym.spaces.flatdim(specs[p].action_space)) for p in pols]}
+        s.config = dataclasses.replace(s.config, team=team)
+        s.section["team"] = team
 
 
 def _policy_spec(config: Any, pid: str, agents: Tuple[str, ...], o: gym.Space, act: gym.Space,
-                 algorithms: Dict[str, Type[Algorithm]]) -> MAPolicySpec:
+                 algorithms: Dict[str, Type[Algorithm]], env_mapping: Tuple[Any, AgentMapping]) -> MAPolicySpec:
     """Policy ``pid``'s spec (played by ``agents``, spaces ``o`` and ``act``): its algorithm,
-    section overrides, model and checkpoint weights (:class:`PolicyConfig`) checked."""
+    section overrides, model and checkpoint weights (:class:`PolicyConfig`) checked; a
+    centralized critic's input (a section with ``critic_input``) resolved on the env of
+    ``env_mapping`` (:func:`~flowkit_multiagent.centralized.resolve_critic_input`)."""
     ma = config.multiagent
     pc = (ma.policies or {}).get(pid) or PolicyConfig()
     algo, ck_path, init_state, ck_spec = pc.algo, pc.checkpoint, None, None
@@ -363,6 +381,11 @@ def _policy_spec(config: Any, pid: str, agents: Tuple[str, ...], o: gym.Space, a
     cls = algorithms[algo]
     overrides = pc.config
     cfg_obj, data = policy_section(config, pid, cls, overrides)
+    if "critic_input" in data:
+        env, mapping = env_mapping
+        ci = resolve_critic_input(config, pid, algo, cfg_obj, env, mapping, mapping.possible_agents)
+        data = {**data, "critic_input": ci.kind, "critic_input_dim": ci.dim}
+        cfg_obj = dataclasses.replace(cfg_obj, critic_input=ci.kind, critic_input_dim=ci.dim)
     if overrides:
         for w in validate_section(algo, config, cfg_obj):
             warnings.warn(f"policy {pid!r}: {w}", stacklevel=3)
