@@ -111,6 +111,21 @@ def test_concat_obs_joins_the_teams_observations_with_zeros_for_an_absent_agent(
     np.testing.assert_array_equal(pb[CRITIC_OBS][a_rows[3]], np.array([0.3, 0.0, 0.0, 0.0, 0.3, 2 / 3], np.float32))
 
 
+def test_turn_based_games_get_the_critic_input_at_each_agents_turn():
+    # AEC: p0 and p1 move in turns; concat_obs of both (masks taken out) + the one-hot id
+    ctx = make_ctx("algo=mappo", "env.factory=flowkit.testing.envs:turn_game", "runtime.rollout_fragment_length=8")
+    assert ctx.policy_specs["shared"].config.critic_input == "concat_obs"
+    pb = ctx.workers.local_worker().sample().policy_batches["shared"]
+    d = pb[sb.OBS].shape[1]
+    assert pb[CRITIC_OBS].shape == (len(pb), 2 * d + 2)
+    for k in range(len(pb)):  # the own slot holds the row's observation (and, next, its next observation)
+        i = int(pb[sb.AGENT_INDEX][k])
+        np.testing.assert_array_equal(pb[CRITIC_OBS][k][i * d:(i + 1) * d], pb[sb.OBS][k])
+        np.testing.assert_array_equal(pb[CRITIC_OBS][k][2 * d:], np.eye(2, dtype=np.float32)[i])
+        if not pb[sb.TERMINATEDS][k]:
+            np.testing.assert_array_equal(pb[NEXT_CRITIC_OBS][k][i * d:(i + 1) * d], pb[sb.NEXT_OBS][k])
+
+
 def test_the_team_is_the_training_group():
     from flowkit_multiagent.centralized import team_of
     from flowkit_multiagent.specs import build_mapping
