@@ -278,3 +278,32 @@ def test_masac_learns_simple_spread_clearly_better_than_random(tmp_path):
     random_return = rnd.metrics["evaluation/shared/episode_return_mean"]
     masac_return = res.metrics["evaluation/shared/episode_return_mean"]
     assert masac_return > random_return + 5, (masac_return, random_return)
+
+
+@pytest.mark.parametrize("algo,scenario", [("masac", "balance"), ("matd3", "navigation")])
+def test_short_run_on_vmas_batched_env(algo, scenario, run_dir):
+    res = flowkit.train(local_overrides(
+        run_dir, f"algo={algo}", "env.factory=flowkit_multiagent.vmas:parallel_env", f"env.kwargs.scenario={scenario}",
+        "env.kwargs.max_steps=20", "runtime.num_workers=1", "runtime.num_envs_per_worker=4",
+        "runtime.rollout_fragment_length=20", f"{algo}.learning_starts=40", f"{algo}.train_batch_size=32",
+        "model.hidden_sizes=[32]", "stop.env_steps=160"))
+    assert res.metrics["env_steps_sampled"] == 160
+    assert np.isfinite(res.metrics["learner/shared/critic_loss"])
+    team = flowkit.Algorithm.from_checkpoint(res.run_dir, trust_config=True).policies["shared"].config.team
+    assert team["n_agents"] == len(team["agents"]) and team["policies"] == ["shared"] * team["n_agents"]
+
+
+def test_parameter_sharing_with_agent_ids(run_dir):
+    """multiagent.obs_agent_id: the shared actor sees its own observation and its one-hot id (the
+    team's next observations too, for the target actions); the critic the state and every action."""
+    res = flowkit.train(local_overrides(run_dir, *SPREAD, "algo=matd3", "multiagent.obs_agent_id=true",
+                                        "runtime.num_workers=1", "runtime.num_envs_per_worker=2",
+                                        "runtime.rollout_fragment_length=25", "matd3.learning_starts=50",
+                                        "matd3.train_batch_size=32", "model.hidden_sizes=[32]", "stop.env_steps=100"))
+    assert np.isfinite(res.metrics["learner/shared/critic_loss"])
+    algo = flowkit.Algorithm.from_checkpoint(res.run_dir, trust_config=True)
+    pol = algo.policies["shared"]
+    assert pol.config.team["obs_dims"] == [18 + 3] * 3 and pol.obs_dim == 21
+    assert pol.team.critic_in == 54 + 3 + 15
+    a = algo.compute_actions({"obs": np.zeros(18, np.float32), "agent_id": 1}, policy_id="shared", explore=False)
+    assert a.shape == (5,)
