@@ -266,8 +266,9 @@ def test_conformance_kit_on_simple_spread_with_per_agent_policies(algo, tmp_path
 @pytest.mark.slow
 def test_masac_learns_simple_spread_clearly_better_than_random(tmp_path):
     """MASAC (one shared policy, centralized critic on simple_spread's state) after 12,000 env
-    steps: greedy per-agent return over 50 episodes at least 5 above a random policy's (random:
-    about -26; MASAC reaches about -17 at 16,000 env steps, docs/multiagent.md)."""
+    steps: the greedy return (the three agents' sum) over 50 episodes at least 8 above a random
+    policy's (measured on a loaded machine: random -78.8, MASAC -61.4; each about +-3 standard
+    error; 6 minutes there, about 1 on 2 quiet cores)."""
     common = [*SPREAD, "runtime.num_workers=1", "runtime.num_envs_per_worker=8", "runtime.rollout_fragment_length=25",
               "evaluation.final=true", "evaluation.episodes=50", "seed=0"]
     rnd = flowkit.train(local_overrides(str(tmp_path / "random"), *common, "multiagent.policies.shared.algo=random",
@@ -275,9 +276,8 @@ def test_masac_learns_simple_spread_clearly_better_than_random(tmp_path):
     res = flowkit.train(local_overrides(str(tmp_path / "masac"), *common, "algo=masac", "model.hidden_sizes=[64,64]",
                                         "masac.lr=1e-3", "masac.gamma=0.95", "masac.training_intensity=64",
                                         "masac.learning_starts=2000", "stop.env_steps=12000"))
-    random_return = rnd.metrics["evaluation/shared/episode_return_mean"]
-    masac_return = res.metrics["evaluation/shared/episode_return_mean"]
-    assert masac_return > random_return + 5, (masac_return, random_return)
+    random_return, masac_return = rnd.metrics["evaluation_return_mean"], res.metrics["evaluation_return_mean"]
+    assert masac_return > random_return + 8, (masac_return, random_return)
 
 
 @pytest.mark.parametrize("algo,scenario", [("masac", "balance"), ("matd3", "navigation")])

@@ -65,8 +65,9 @@ TEAM_COLUMNS = (CRITIC_OBS, NEXT_CRITIC_OBS, TEAM_NEXT_OBS, TEAM_ACTIONS, TEAM_M
 # ---- the team -----------------------------------------------------------------------------------
 class Team:
     """Sizes and offsets of a team (the dict :func:`flowkit_multiagent.specs.assign_teams` puts
-    in ``<algo>.team``; None: a team of one with
-    ``obs_dim``, ``act_dim``) and, on the learner, its members' policies (:meth:`bind`)."""
+    in ``<algo>.team``; None: a team of one with ``obs_dim``, ``act_dim``), the critic's input
+    width (``critic_obs_dim`` + every member's action) and, on the learner, its members'
+    policies (:meth:`bind`)."""
 
     def __init__(self, team: Optional[Dict[str, Any]], critic_obs_dim: int, obs_dim: int, act_dim: int):
         self.obs_dims = list(team["obs_dims"]) if team else [obs_dim]
@@ -92,7 +93,7 @@ class Team:
         """``A`` float32[B, K] with each row's own slot (member ``member[b]``, k columns)
         replaced by ``own`` float32[B, k]; the gradient reaches ``own`` and nothing else."""
         k = own.shape[-1]
-        cols = torch.as_tensor(self.act_offsets[:-1], device=own.device)[member][:, None] + torch.arange(k)
+        cols = torch.as_tensor(self.act_offsets[:-1], device=own.device)[member][:, None] + torch.arange(k, device=own.device)
         return actions.detach().scatter(1, cols, own)
 
     def next_actions(self, next_x: torch.Tensor,
