@@ -1,24 +1,28 @@
 """flowkit-multiagent: PettingZoo Parallel and AEC games, agents mapped to policies by glob
 patterns, and a different algorithm per policy in one run (entry point group ``flowkit``).
 
-Algorithms: ``mappo`` (:mod:`flowkit_multiagent.mappo`: PPO with a centralized critic).
+Algorithms: ``mappo`` (:mod:`flowkit_multiagent.mappo`: PPO with a centralized critic), ``masac``
+and ``matd3`` (:mod:`flowkit_multiagent.centralized_critics`: continuous centralized critics).
 
-Hooks: ``flowkit_add_algorithms`` (``mappo``), ``flowkit_add_config_sections`` (``multiagent.*``), ``flowkit_make_policy_specs``
+Hooks: ``flowkit_add_algorithms``, ``flowkit_add_config_sections`` (``multiagent.*``), ``flowkit_make_policy_specs``
 (spaces inferred per policy), ``flowkit_make_env_runner`` (Parallel / AEC runners, and the
 batched VMAS runner: :mod:`flowkit_multiagent.vmas`) and
 ``flowkit_build_plan`` (the mixing plan). Each returns None for runs that are not
 multi-agent, so single-agent Gymnasium runs keep the core's fast path.
 """
 import flowkit
-from flowkit_multiagent.config import MAPPOConfig, MultiAgentConfig
+from flowkit_multiagent.config import MAPPOConfig, MASACConfig, MATD3Config, MultiAgentConfig
 
 MAPPO_REF = flowkit.AlgorithmRef("mappo", MAPPOConfig, "flowkit_multiagent.mappo:MAPPO",
                                  normalize_obs="normalize_observations")
+# continuous centralized critics (Box actions; bounds checked at set-up as SAC's and TD3's)
+MASAC_REF = flowkit.AlgorithmRef("masac", MASACConfig, "flowkit_multiagent.centralized_critics:MASAC", ("Box",))
+MATD3_REF = flowkit.AlgorithmRef("matd3", MATD3Config, "flowkit_multiagent.centralized_critics:MATD3", ("Box",))
 
 
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [MAPPO_REF]
+    return [MAPPO_REF, MASAC_REF, MATD3_REF]
 
 
 @flowkit.hookimpl

@@ -218,3 +218,64 @@ def critic_inputs(config: Any, policies: Mapping[str, Any], env: Any, mapping: A
                                    possible_agents, {a: env.observation_space(a) for a in possible_agents}, st,
                                    bool(sec.critic_agent_id))
     return out
+
+
+# ---- joining a team's rows of one env step (driver side, before replay) ------------------------------
+TEAM_MEMBER = "team_member"  # int64[B], the index of the row's agent in its team
+_T_BITS = 20                 # step keys: episode * 2**20 + t
+
+
+def join_team(policy_batches: Mapping[str, Any], team: Sequence[str], agent_indexes: Sequence[int], n_agents: int,
+              columns: Mapping[str, Any]) -> Dict[str, Any]:
+    """Each policy's rows with the values of every team member at the row's env step.
+
+    The rows of one env step of one sub-env are those of one episode (``eps_id // n_agents``:
+    a multi-agent ``eps_id`` is ``episode_id * n_agents + agent_index``) with the same ``t``.
+    A step where some member has no row (an agent that is done while others go on) is dropped.
+    Inputs are not modified.
+
+    Args:
+        policy_batches: ``{policy id: SampleBatch}`` of the team's policies (rows with ``eps_id``,
+            ``t``, ``agent_index``).
+        team: the members' agent ids; ``agent_indexes``: their indexes in ``possible_agents``;
+            ``n_agents``: ``len(possible_agents)``.
+        columns: ``{out column: (source column, [width per member])}``: the out column is
+            float32[B, sum(widths)], every member's source row flattened, in team order.
+    Returns:
+        ``{policy id: SampleBatch}`` with the out columns and :data:`TEAM_MEMBER` added.
+    Raises:
+        ConfigError: a row of an agent outside the team, or a source row whose width is not
+            the member's.
+    """
+    from flowkit.core import batch as sb
+    lut = np.full(int(n_agents), -1, np.int64)
+    lut[list(agent_indexes)] = np.arange(len(agent_indexes))
+    parts = {pid: b for pid, b in policy_batches.items() if len(b)}
+    members = {pid: lut[b[sb.AGENT_INDEX]] for pid, b in parts.items()}
+    for pid, m in members.items():
+        if (m < 0).any():
+            raise ConfigError(f"policy {pid!r}: agent index {int(parts[pid][sb.AGENT_INDEX][m < 0][0])} is not in "
+                              f"its team {list(team)}")
+    keys = [(b[sb.EPS_ID] // int(n_agents)) * (1 << _T_BITS) + b[sb.T] for b in parts.values()]
+    uniq, inv = np.unique(np.concatenate(keys or [np.zeros(0, np.int64)]), return_inverse=True)
+    offsets = {c: np.cumsum([0, *widths]) for c, (_, widths) in columns.items()}
+    tables = {c: np.zeros((len(uniq), int(off[-1])), np.float32) for c, off in offsets.items()}
+    start, rows = 0, {}
+    for pid, b in parts.items():
+        rows[pid], m = inv[start:start + len(b)], members[pid]
+        start += len(b)
+        for c, (src, widths) in columns.items():
+            v = np.asarray(b[src], np.float32).reshape(len(b), -1)
+            if (bad := np.flatnonzero(np.asarray(widths)[m] != v.shape[1])).size:
+                raise ConfigError(f"policy {pid!r}: {src} has {v.shape[1]} columns, the team says "
+                                  f"{widths[m[bad[0]]]} for agent {team[m[bad[0]]]!r}")
+            tables[c][rows[pid][:, None], offsets[c][m][:, None] + np.arange(v.shape[1])] = v
+    complete = np.bincount(inv, minlength=len(uniq)) == len(team)
+    out = dict(policy_batches)
+    for pid, b in parts.items():
+        keep = np.flatnonzero(complete[rows[pid]])
+        nb = b.take(keep)
+        nb.update({c: t[rows[pid][keep]] for c, t in tables.items()})
+        nb[TEAM_MEMBER] = members[pid][keep]
+        out[pid] = nb
+    return out

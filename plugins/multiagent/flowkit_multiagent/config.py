@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
 from flowkit_ppo import PPOConfig
+from flowkit_sac import SACConfig, TD3Config
 
 from flowkit.config import F
 
@@ -61,11 +62,34 @@ class MultiAgentConfig:
 
 
 @dataclass
-class MAPPOConfig(PPOConfig):
-    """mappo: Multi-Agent PPO (Yu et al. 2022): PPO whose critic sees a centralized value input, actors their own observation."""
+class CriticInputKeys:
+    """The centralized value input of an algorithm's critic (:mod:`flowkit_multiagent.centralized`):
+    a section with these keys gets the ``critic_obs`` / ``next_critic_obs`` columns."""
     critic_input: str = F("auto", "the critic's input: state (the env's global state()), concat_obs (the team's "
                                   "observations), auto (state where the env declares a state_space, else concat_obs)",
                           choices=("auto", "state", "concat_obs"))
     critic_agent_id: bool = F(True, "append the one-hot agent id to the critic's input (agent-specific global state)")
     critic_input_dim: Optional[int] = F(None, "width of the critic's input: filled in at set-up from the env "
                                               "(leave unset; a value given must match)", ge=1)
+
+
+@dataclass
+class MAPPOConfig(CriticInputKeys, PPOConfig):
+    """mappo: Multi-Agent PPO (Yu et al. 2022): PPO whose critic sees a centralized value input, actors their own observation."""
+
+
+@dataclass
+class MASACConfig(CriticInputKeys, SACConfig):
+    """masac: multi-agent SAC, per-agent squashed Gaussian actors on their own observation and a
+    centralized twin critic Q(centralized value input, every team agent's action) (Box actions)."""
+    team: Optional[Dict[str, Any]] = F(None, "set up by the multiagent plugin, not by hand: the team whose actions "
+                                             "the critic sees (agents, their policies, observation and action sizes)")
+
+
+@dataclass
+class MATD3Config(CriticInputKeys, TD3Config):
+    """matd3: MADDPG with TD3's twin critics, delayed actor updates and target smoothing (MATD3):
+    per-agent deterministic actors on their own observation and a centralized twin critic (Box
+    actions)."""
+    team: Optional[Dict[str, Any]] = F(None, "set up by the multiagent plugin, not by hand: the team whose actions "
+                                             "the critic sees (agents, their policies, observation and action sizes)")

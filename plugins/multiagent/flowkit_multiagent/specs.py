@@ -20,7 +20,13 @@ from omegaconf import DictConfig, OmegaConf
 
 from flowkit.config import ConfigError, check_values, did_you_mean, merge_overrides, validate_section
 from flowkit.core import Algorithm, PolicySpec
-from flowkit_multiagent.centralized import agent_id_policies, policy_members, resolve_critic_input, with_agent_id
+from flowkit_multiagent.centralized import (
+    agent_id_policies,
+    policy_members,
+    resolve_critic_input,
+    team_of,
+    with_agent_id,
+)
 from flowkit_multiagent.config import PolicyConfig
 
 SHARED_POLICY_ID = "shared"
@@ -330,7 +336,28 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, Type[Algorith
                                   else o, act_sp[members[pid][0]], algorithms, (env, mapping))
     _check_opponents(config, specs, algorithms)
     _check_rollout_modes(config, specs, algorithms)
+    assign_teams(config, specs, mapping, agents)
     return specs
+
+
+def assign_teams(config: Any, specs: Dict[str, MAPolicySpec], mapping: AgentMapping,
+                 possible_agents: Sequence[str]) -> None:
+    """Give each trained policy of an algorithm whose section has a ``team`` key (``masac``,
+    ``matd3``: a critic over every team agent's action) its team
+    (:func:`~flowkit_multiagent.centralized.team_of`) as plain data in its spec's config and section:
+    ``{"agents", "policies" (each agent's), "agent_indexes", "n_agents" (len of possible_agents),
+    "obs_dims", "act_dims" (flattened sizes of each agent's policy's spaces)}``."""
+    for pid, s in specs.items():
+        if not (s.group and hasattr(s.config, "team")):
+            continue
+        agents = team_of(config, mapping, possible_agents, pid)
+        pols = [mapping.base(a) for a in agents]
+        team = {"agents": agents, "policies": pols, "agent_indexes": [list(possible_agents).index(a) for a in agents],
+                "n_agents": len(possible_agents),
+                "obs_dims": [int(gym.spaces.flatdim(specs[p].observation_space)) for p in pols],
+                "act_dims": [int(gym.spaces.flatdim(specs[p].action_space)) for p in pols]}
+        s.config = dataclasses.replace(s.config, team=team)
+        s.section["team"] = team
 
 
 def _policy_spec(config: Any, pid: str, agents: Tuple[str, ...], o: gym.Space, act: gym.Space,

@@ -10,7 +10,7 @@ so a Polyak update is one ``lerp_`` (``target <- target + tau * (online - target
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Sequence
+from typing import Any, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -56,7 +56,7 @@ class OffPolicyActorCritic(Policy):
     """
 
     model: Any  # the subclass's model: ``critic`` first, then ``actor``
-    train_columns = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.NEXT_OBS)
+    train_columns: Tuple[str, ...] = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.NEXT_OBS)
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):
