@@ -10,6 +10,8 @@ import os
 import numpy as np
 import pytest
 import torch
+from flowkit_multiagent.config import QMIXConfig, VDNConfig
+from flowkit_multiagent.qmix import QMIX, VDN, QMixer, QMIXPolicy, VDNMixer, VDNPolicy, join_team
 from gymnasium import spaces
 from torch import nn
 
@@ -18,8 +20,6 @@ from flowkit import ConfigError
 from flowkit.core import batch as sb
 from flowkit.testing import check_algorithm, local_overrides
 from flowkit.testing.envs import TinyEnv
-from flowkit_multiagent.config import QMIXConfig, VDNConfig
-from flowkit_multiagent.qmix import QMIX, VDN, QMixer, QMIXPolicy, VDNMixer, VDNPolicy, join_team
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OBS, ACT3 = spaces.Box(0.0, 1.0, (2,), np.float32), spaces.Discrete(3)
@@ -231,3 +231,20 @@ def test_export_acts_from_the_agents_own_observation_with_the_agent_network_only
         want_a, want_s = pol.compute_actions(obs, state=pol.initial_state(3))
         np.testing.assert_array_equal(a, want_a)
         np.testing.assert_allclose(s, want_s, rtol=1e-4, atol=1e-5)
+
+
+def test_the_value_decomposition_page_commands_pass_dry_run(capsys, monkeypatch):
+    """Every ``flowkit train`` line of the bash blocks of docs/value_decomposition.md is a valid
+    config with a plan (``--dry-run``: nothing starts)."""
+    import re
+    import shlex
+
+    from flowkit.cli import main
+    text = open(os.path.join(ROOT, "docs", "value_decomposition.md"), encoding="utf-8").read()
+    blocks = re.findall(r"^```(\w*)\n(.*?)^```", text, flags=re.S | re.M)
+    cmds = [shlex.split(c, comments=True) for lang, code in blocks if lang == "bash"
+            for c in code.replace("\\\n", " ").splitlines() if c.startswith("flowkit train")]
+    assert len(cmds) == 3
+    monkeypatch.chdir(ROOT)
+    for cmd in cmds:
+        assert main(cmd[1:] + ["--dry-run"]) == 0, (cmd, capsys.readouterr().err)

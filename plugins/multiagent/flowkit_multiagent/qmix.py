@@ -57,6 +57,8 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import torch
+from flowkit_dqn.dqn import DQNPolicy, UpdateExploration, bootstrap_q
+from flowkit_dqn.r2d2 import RecurrentQNetwork, SequenceCutter
 from torch import nn
 
 import flowkit
@@ -64,8 +66,6 @@ from flowkit import ConfigError
 from flowkit.core import RecurrentStep, derive_seed, loss_stats, ops, replay
 from flowkit.core import batch as sb
 from flowkit.core.recurrent import is_recurrent, step
-from flowkit_dqn.dqn import DQNPolicy, UpdateExploration, bootstrap_q
-from flowkit_dqn.r2d2 import RecurrentQNetwork, SequenceCutter
 from flowkit_multiagent.config import QMIX_REF, VDN_REF
 
 
@@ -116,6 +116,8 @@ class TeamQ(nn.Module):
     acting, the workers and export use) and ``mixer`` (learner side). ``forward`` and
     ``initial_state`` are the agent network's (the recurrent-model contract of
     :mod:`flowkit.core.recurrent`)."""
+
+    agent: Any  # the recurrent-model contract (initial_state, forward)
 
     def __init__(self, agent: nn.Module, mixer: nn.Module):
         super().__init__()
@@ -289,7 +291,7 @@ class VDNPolicy(DQNPolicy):
         return {}
 
     # -- learning (driver) --
-    def team_q(self, module: TeamQ, obs: torch.Tensor, state_in: torch.Tensor) -> torch.Tensor:
+    def team_q(self, module: Any, obs: torch.Tensor, state_in: torch.Tensor) -> torch.Tensor:
         """Q-values float32[B, T, n, A] of ``module``'s agent network over team sequences ``obs``
         [B, T, n, *shape], each agent from its ``state_in`` [B, n, S]."""
         B, T, n = obs.shape[:3]
@@ -302,6 +304,7 @@ class VDNPolicy(DQNPolicy):
         batch of team sequences (the module docstring's math; ``real``: 1 at the real steps)."""
         cfg = self.config
         assert self.target is not None, "team_values runs on the learner's policy"
+        target: Any = self.target.module
         obs, state_in, actions = batch[sb.OBS], batch[sb.STATE_IN], batch[sb.ACTIONS].long()
         B, L = actions.shape[:2]
         s = obs.reshape(B, L + 1, -1).float()                                      # s_t: the team's observations
@@ -309,11 +312,11 @@ class VDNPolicy(DQNPolicy):
         q_taken = q[:, :L].gather(-1, actions.unsqueeze(-1)).squeeze(-1)           # [B, L, n]
         q_tot = self.model.mixer(q_taken, s[:, :L])                                # [B, L]
         with torch.no_grad():
-            q_target = self.team_q(self.target.module, obs, state_in)              # [B, L + 1, n, A]
+            q_target = self.team_q(target, obs, state_in)              # [B, L + 1, n, A]
             select = q.detach() if cfg.double_q else q_target                      # a* at t + 1: online (double Q)
             mask = batch.get(sb.ACTION_MASK)
             y = team_targets(batch[sb.REWARDS].float(), batch[sb.TERMINATEDS], q_target[:, 1:], select[:, 1:],
-                             self.target.module.mixer, s[:, 1:], cfg.gamma, None if mask is None else mask[:, 1:])
+                             target.mixer, s[:, 1:], cfg.gamma, None if mask is None else mask[:, 1:])
         return q_tot, y, batch[sb.SEQ_MASK].to(q_tot.dtype)
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
