@@ -10,6 +10,7 @@ import os
 import numpy as np
 import pytest
 import torch
+from flowkit_multiagent.centralized import CRITIC_OBS, NEXT_CRITIC_OBS
 from flowkit_multiagent.config import QMIXConfig, VDNConfig
 from flowkit_multiagent.qmix import QMIX, VDN, QMixer, QMIXPolicy, VDNMixer, VDNPolicy, join_team
 from gymnasium import spaces
@@ -61,16 +62,20 @@ def test_qmix_mixer_by_hand():
 # ---- a policy, its batches ------------------------------------------------------------------------
 def policy(algo="vdn", num_actions=2, seq_len=6, gamma=0.5, **kw):
     cfg_cls, pol_cls = (VDNConfig, VDNPolicy) if algo == "vdn" else (QMIXConfig, QMIXPolicy)
+    if algo == "qmix":  # the global state: both agents' observations (critic_input=concat_obs)
+        kw = {"critic_input": "concat_obs", "critic_input_dim": 4, **kw}
     cfg = cfg_cls(team_size=2, seq_len=seq_len, gamma=gamma, **kw)
     return pol_cls(OBS, spaces.Discrete(num_actions), cfg, {"recurrent": "gru", "recurrent_size": 4,
                                                              "hidden_sizes": [4]}, seed=0)
 
 
 def agent_piece(agent_index, length=4, terminated=False, episode=3, rng=None):
-    """One agent's whole episode as the Parallel runner gives it (obs = (t / 4, agent index / 2))."""
+    """One agent's whole episode as the Parallel runner gives it (obs = (t / 4, agent index / 2); the
+    centralized value input: both agents' observations)."""
     t = np.arange(length)
     obs = np.stack([t / 4, np.full(length, agent_index / 2)], 1).astype(np.float32)
     nxt = np.stack([(t + 1) / 4, np.full(length, agent_index / 2)], 1).astype(np.float32)
+    both = np.stack([t / 4, np.zeros(length), t / 4, np.full(length, 0.5)], 1).astype(np.float32)
     term = np.zeros(length, bool)
     term[-1] = terminated
     trunc = np.zeros(length, bool)
@@ -80,7 +85,8 @@ def agent_piece(agent_index, length=4, terminated=False, episode=3, rng=None):
                            sb.REWARDS: np.ones(length, np.float32), sb.TERMINATEDS: term, sb.TRUNCATEDS: trunc,
                            sb.NEXT_OBS: nxt, sb.STATE_IN: np.zeros((length, 4), np.float32),
                            sb.EPS_ID: np.full(length, episode * 2 + agent_index), sb.T: t,
-                           sb.AGENT_INDEX: np.full(length, agent_index)})
+                           sb.AGENT_INDEX: np.full(length, agent_index), CRITIC_OBS: both,
+                           NEXT_CRITIC_OBS: both + np.float32([0.25, 0, 0.25, 0])})
 
 
 def team_batch(pol, terminated=False, rng=None):
@@ -115,6 +121,9 @@ def test_team_sequences_from_the_agents_pieces():
     np.testing.assert_allclose(b[sb.OBS][0, :, 1, :], [[0, .5], [.25, .5], [.5, .5], [.75, .5], [1, .5], [0, 0], [0, 0]])
     assert b[sb.OBS][0, 4, 0].tolist() == [1.0, 0.0]                # the final observation after step 4
     assert b[sb.EPS_ID].tolist() == [6] and b[sb.T].tolist() == [0]
+    assert CRITIC_OBS not in b                                       # vdn's mixer reads no global state
+    q = team_batch(policy("qmix"))
+    np.testing.assert_allclose(q[CRITIC_OBS][0, :, 2], [0, .25, .5, .75, 1, 0, 0])  # s_t, s_l after step 4, padding
 
 
 @pytest.mark.parametrize("algo", ["vdn", "qmix"])

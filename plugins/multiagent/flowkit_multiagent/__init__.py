@@ -1,25 +1,30 @@
 """flowkit-multiagent: PettingZoo Parallel and AEC games, agents mapped to policies by glob
 patterns, and a different algorithm per policy in one run (entry point group ``flowkit``).
 
-Hooks: ``flowkit_add_config_sections`` (``multiagent.*``), ``flowkit_add_algorithms`` (``vdn``,
-``qmix``: value decomposition for a team), ``flowkit_make_policy_specs``
+Algorithms: ``mappo`` (:mod:`flowkit_multiagent.mappo`: PPO with a centralized critic), ``vdn`` and
+``qmix`` (:mod:`flowkit_multiagent.qmix`: value decomposition for a team).
+
+Hooks: ``flowkit_add_algorithms`` (``mappo``, ``vdn``, ``qmix``), ``flowkit_add_config_sections`` (``multiagent.*``), ``flowkit_make_policy_specs``
 (spaces inferred per policy), ``flowkit_make_env_runner`` (Parallel / AEC runners) and
 ``flowkit_build_plan`` (the mixing plan). Each returns None for runs that are not
 multi-agent, so single-agent Gymnasium runs keep the core's fast path.
 """
 import flowkit
-from flowkit_multiagent.config import QMIX_REF, VDN_REF, MultiAgentConfig
+from flowkit_multiagent.config import QMIX_REF, VDN_REF, MAPPOConfig, MultiAgentConfig
+
+MAPPO_REF = flowkit.AlgorithmRef("mappo", MAPPOConfig, "flowkit_multiagent.mappo:MAPPO",
+                                 normalize_obs="normalize_observations")
+
+
+@flowkit.hookimpl
+def flowkit_add_algorithms():
+    """MAPPO, and value decomposition for teams of agents: ``vdn`` and ``qmix``."""
+    return [MAPPO_REF, VDN_REF, QMIX_REF]
 
 
 @flowkit.hookimpl
 def flowkit_add_config_sections():
     return {"multiagent": MultiAgentConfig}
-
-
-@flowkit.hookimpl
-def flowkit_add_algorithms():
-    """Value decomposition for teams of agents: ``vdn`` and ``qmix`` (:mod:`flowkit_multiagent.qmix`)."""
-    return [VDN_REF, QMIX_REF]
 
 
 @flowkit.hookimpl

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
+from flowkit_ppo import PPOConfig
+
 import flowkit
 from flowkit.config import MAX_BATCH_ROWS, F, LRConfig, config_checks
 
@@ -53,6 +55,21 @@ class MultiAgentConfig:
     eval_alternate_seats: bool = F(False, "rotate the seats (agent -> policy) every evaluation episode")
     alternate_seats: bool = F(False, "training: rotate the agent -> policy assignment every episode "
                                      "(turn-based games: each policy plays every seat; agents must share spaces)")
+    share_parameters: bool = F(True, "without policies and mapping: true, every agent shares one policy "
+                                     "`shared`; false, each agent gets a policy of its own (id = agent id)")
+    obs_agent_id: bool = F(False, "append the one-hot agent id to the observation of every policy that several "
+                                  "agents share (its space becomes Dict(..., agent_id=Discrete(n agents)))")
+
+
+@dataclass
+class MAPPOConfig(PPOConfig):
+    """mappo: Multi-Agent PPO (Yu et al. 2022): PPO whose critic sees a centralized value input, actors their own observation."""
+    critic_input: str = F("auto", "the critic's input: state (the env's global state()), concat_obs (the team's "
+                                  "observations), auto (state where the env declares a state_space, else concat_obs)",
+                          choices=("auto", "state", "concat_obs"))
+    critic_agent_id: bool = F(True, "append the one-hot agent id to the critic's input (agent-specific global state)")
+    critic_input_dim: Optional[int] = F(None, "width of the critic's input: filled in at set-up from the env "
+                                              "(leave unset; a value given must match)", ge=1)
 
 
 @dataclass
@@ -97,6 +114,19 @@ class QMIXConfig(VDNConfig):
     mixing_embed_dim: int = F(32, "units of the mixing network's hidden layer", gt=0)
     hypernet_layers: int = F(2, "layers of the hypernetworks that make the mixing weights", choices=(1, 2))
     hypernet_embed: int = F(64, "hidden units of two-layer hypernetworks", gt=0)
+    critic_input: str = F("auto", "the mixer's global state s: state (the env's global state()), concat_obs (the "
+                                  "team's observations), auto (state where the env declares a state_space, else "
+                                  "concat_obs)", choices=("auto", "state", "concat_obs"))
+    critic_agent_id: bool = F(False, "must stay false: the mixer takes one global state per step, the same for "
+                                     "every agent (no agent id in it)")
+    critic_input_dim: Optional[int] = F(None, "width of the global state: filled in at set-up from the env (leave "
+                                              "unset; a value given must match)", ge=1)
+
+    def validate(self, run_config: Any, n: str) -> List[str]:
+        """VDN's checks, and no agent id in the global state."""
+        return super().validate(run_config, n) + config_checks([
+            (self.critic_agent_id, f"{n}.critic_agent_id=true: the mixer takes one global state per step, the same "
+                                   "for every agent of the team; leave it false")])
 
 
 _VD_REFUSAL = "its replayed team sequences and stored recurrent states are not normalised"

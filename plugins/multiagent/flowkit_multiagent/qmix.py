@@ -20,7 +20,9 @@ of them real; ``s_t`` the global state):
         ReLU between (``hypernet_layers=2``, ``hypernet_embed`` units, EPyMARL's default). The
         absolute value makes the weights non-negative, so ``dQ_tot / dq_a >= 0`` (eq. 5:
         monotonic in every agent's Q, so each agent's greedy action is the team's).
-        ``s_t``: the concatenation of the team's encoded observations ``o^1_t .. o^n_t``.
+        ``s_t``: the global state, the multiagent plugin's centralized value input
+        (:mod:`flowkit_multiagent.centralized`, ``qmix.critic_input``: the env's ``state()``, or the
+        team's encoded observations concatenated), without agent id.
     Team reward: ``r_t = sum_a r^a_t`` (``team_reward=sum``, EPyMARL's) or the mean.
     Target of each real step ``t`` (double Q, van Hasselt et al. 2016: the action is chosen by the
     online network at the next step ``t+1``, valued by the target network there; legal actions
@@ -42,7 +44,7 @@ a whole episode when ``seq_len`` is the episode limit, zero-padded); the driver 
 sequences of one episode and step (:func:`join_team`) into one replay row::
 
     obs [L + 1, n, *shape], actions [L, n], rewards [L] (team), terminateds [L], seq_mask [L],
-    state_in [n, S], action_mask [L + 1, n, A] (with masks)
+    state_in [n, S], action_mask [L + 1, n, A] (with masks), critic_obs [L + 1, D] (QMIX: s_t)
 
 Dataflow (``flowkit plan -c configs/multiagent/qmix_simple_spread.yaml``)::
 
@@ -66,6 +68,7 @@ from flowkit import ConfigError
 from flowkit.core import RecurrentStep, derive_seed, loss_stats, ops, replay
 from flowkit.core import batch as sb
 from flowkit.core.recurrent import is_recurrent, step
+from flowkit_multiagent.centralized import CRITIC_OBS, NEXT_CRITIC_OBS
 from flowkit_multiagent.config import QMIX_REF, VDN_REF
 
 
@@ -103,6 +106,9 @@ class QMixer(nn.Module):
         self.hyper_b2 = nn.Sequential(nn.Linear(state_dim, self.embed), nn.ReLU(), nn.Linear(self.embed, 1))  # V(s)
 
     def forward(self, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        if s.shape[-1] != self.state_dim:
+            raise ValueError(f"QMixer: a global state of width {s.shape[-1]}, expected {self.state_dim} (a batch "
+                             "without the critic_obs column?)")
         lead, m = q.shape[:-1], self.embed
         q, s = q.reshape(-1, 1, self.n), s.reshape(-1, self.state_dim)
         w1 = self.hyper_w1(s).abs().view(-1, self.n, m)
@@ -157,7 +163,8 @@ def join_team(batch: sb.SampleBatch, team_size: int, team_reward: str = "sum", w
     ``agent_index``) -> one row per team sequence (the agents of one episode and first step, in
     agent-index order), laid out as the module docstring says: per-agent columns get an agent
     axis after the time axis, rewards are summed (or averaged) over the team, a step is
-    terminated when an agent's is; ``eps_id`` is the episode's (``eps_id - agent_index``).
+    terminated when an agent's is, the global state ``critic_obs`` (the same for every agent)
+    is the first agent's; ``eps_id`` is the episode's (``eps_id - agent_index``).
 
     Raises:
         ValueError: a sequence without all ``team_size`` agents, or agents whose sequences end
@@ -197,6 +204,8 @@ def join_team(batch: sb.SampleBatch, team_size: int, team_reward: str = "sum", w
            sb.EPS_ID: ep[::n].copy(), sb.T: t[::n].copy()}
     if sb.ACTION_MASK in batch:
         out[sb.ACTION_MASK] = team(sb.ACTION_MASK)
+    if CRITIC_OBS in batch:
+        out[CRITIC_OBS] = np.asarray(batch[CRITIC_OBS])[order][::n]
     return sb.SampleBatch(out)
 
 
@@ -231,13 +240,15 @@ class VDNPolicy(DQNPolicy):
             feed-forward network.
     """
 
-    train_columns = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.SEQ_MASK, sb.STATE_IN, sb.ACTION_MASK)
+    train_columns = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.SEQ_MASK, sb.STATE_IN, sb.ACTION_MASK,
+                     CRITIC_OBS)
     ALGO = "vdn"
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):
         super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
-        self.cutter = SequenceCutter(config.seq_len, config.seq_len, 0)
+        carry = [(CRITIC_OBS, NEXT_CRITIC_OBS)] if getattr(config, "critic_input", None) else []
+        self.cutter = SequenceCutter(config.seq_len, config.seq_len, 0, carry=carry)
 
     def make_mixer(self) -> nn.Module:
         """The mixer: VDN's sum."""
@@ -253,10 +264,6 @@ class VDNPolicy(DQNPolicy):
             raise ConfigError(f"{self.ALGO} trains a recurrent agent network: model.class="
                               f"{self.model_config.get('class')!r} has no initial_state(n) method (see Policy.build_model)")
         return TeamQ(agent, self.make_mixer())
-
-    def state_dim(self) -> int:
-        """Size of the global state ``s``: the team's encoded observations, concatenated."""
-        return int(self.config.team_size) * int(np.prod(self.encoder.shape))
 
     # -- acting (worker) --
     def q_values(self, obs: np.ndarray) -> np.ndarray:
@@ -307,7 +314,7 @@ class VDNPolicy(DQNPolicy):
         target: Any = self.target.module
         obs, state_in, actions = batch[sb.OBS], batch[sb.STATE_IN], batch[sb.ACTIONS].long()
         B, L = actions.shape[:2]
-        s = obs.reshape(B, L + 1, -1).float()                                      # s_t: the team's observations
+        s = batch[CRITIC_OBS].float() if CRITIC_OBS in batch else obs.new_zeros(B, L + 1, 0)  # s_t [B, L + 1, D]
         q = self.team_q(self.model, obs, state_in)                                 # [B, L + 1, n, A]
         q_taken = q[:, :L].gather(-1, actions.unsqueeze(-1)).squeeze(-1)           # [B, L, n]
         q_tot = self.model.mixer(q_taken, s[:, :L])                                # [B, L]
@@ -335,7 +342,10 @@ class QMIXPolicy(VDNPolicy):
 
     def make_mixer(self) -> nn.Module:
         cfg = self.config
-        return QMixer(cfg.team_size, self.state_dim(), cfg.mixing_embed_dim, cfg.hypernet_layers, cfg.hypernet_embed)
+        if not cfg.critic_input_dim:
+            raise ConfigError("qmix.critic_input_dim: the global state's width is not set (the multiagent plugin "
+                              "fills it in from the env at set-up)")
+        return QMixer(cfg.team_size, cfg.critic_input_dim, cfg.mixing_embed_dim, cfg.hypernet_layers, cfg.hypernet_embed)
 
 
 # ---- the algorithms ------------------------------------------------------------------------------
