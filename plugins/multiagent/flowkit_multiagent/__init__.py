@@ -5,7 +5,8 @@ Algorithms: ``mappo`` (:mod:`flowkit_multiagent.mappo`: PPO with a centralized c
 ``qmix`` (:mod:`flowkit_multiagent.qmix`: value decomposition for a team).
 
 Hooks: ``flowkit_add_algorithms`` (``mappo``, ``vdn``, ``qmix``), ``flowkit_add_config_sections`` (``multiagent.*``), ``flowkit_make_policy_specs``
-(spaces inferred per policy), ``flowkit_make_env_runner`` (Parallel / AEC runners) and
+(spaces inferred per policy), ``flowkit_make_env_runner`` (Parallel / AEC runners, and the
+batched VMAS runner: :mod:`flowkit_multiagent.vmas`) and
 ``flowkit_build_plan`` (the mixing plan). Each returns None for runs that are not
 multi-agent, so single-agent Gymnasium runs keep the core's fast path.
 """
@@ -37,6 +38,9 @@ def flowkit_make_policy_specs(config, env, algorithms):
     """
     from flowkit_multiagent.specs import is_pettingzoo, make_policy_specs
     if is_pettingzoo(env):
+        from flowkit_multiagent.vmas import VmasEnv, check_mapping
+        if isinstance(env, VmasEnv):
+            check_mapping(config)
         return make_policy_specs(config, env, algorithms)
     if config.get("multiagent") is not None and config.multiagent.get("mapping"):
         from flowkit.config import ConfigError
@@ -48,9 +52,12 @@ def flowkit_make_policy_specs(config, env, algorithms):
 
 @flowkit.hookimpl
 def flowkit_make_env_runner(env, context, config, policies):
-    """PettingZoo Parallel and AEC envs (runs on: worker; None for any other env)."""
+    """PettingZoo Parallel and AEC envs, VMAS's batched one (runs on: worker; None for any other env)."""
     from flowkit_multiagent.runners import runner_for
     from flowkit_multiagent.specs import is_pettingzoo
+    from flowkit_multiagent.vmas import VmasEnv, VmasRunner
+    if isinstance(env, VmasEnv):
+        return VmasRunner
     return runner_for(env) if is_pettingzoo(env) else None
 
 
