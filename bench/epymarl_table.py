@@ -60,7 +60,7 @@ def train(out: str, task: str, algo: str, seed: int, env_steps: int) -> float:
 def random_team(out: str, task: str, algo: str, env_steps: int = 5000) -> float:
     """A team acting at random on the same env: the mean episode return of ``env_steps`` steps."""
     if not os.path.exists(os.path.join(out, "metrics.csv")):
-        flowkit.train([f"run.dir={out}", f"stop.env_steps={env_steps}", "multiagent.policies.team.algo=random",
+        flowkit.train([f"run.dir={out}", f"stop.env_steps={env_steps}", "multiagent.policies.team.algo=random", "model.recurrent=null",
                        "run.reporters=[csv]"], config_file=config_path(task, algo), verbose=False)
     with open(os.path.join(out, "metrics.csv")) as f:
         rows = list(csv.DictReader(f))
