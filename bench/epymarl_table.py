@@ -20,7 +20,7 @@ Runs already finished under ``--out`` are reused (evaluated again). ``simple_spr
 not an EPyMARL task here: the paper used its own MPE fork) runs the same way for the docs' table.
 
 Usage: nice -n 19 python bench/epymarl_table.py [--task lbf rware simple_spread] [--algo qmix]
-       [--seeds 0 1 2] [--env-steps N] [--out DIR] [--paper TASK=RETURN ...]
+       [--seeds 0 1 2] [--env-steps N] [--eval-episodes N] [--out DIR] [--paper TASK=RETURN ...]
 """
 from __future__ import annotations
 
@@ -49,12 +49,12 @@ def config_path(task: str, algo: str) -> str:
     return os.path.join(REPO, "configs", "multiagent", name if algo == "qmix" else name.replace("qmix_", f"{algo}_"))
 
 
-def train(out: str, task: str, algo: str, seed: int, env_steps: int) -> float:
-    """One run (reused when finished at ``out``), then its greedy return over 100 episodes."""
+def train(out: str, task: str, algo: str, seed: int, env_steps: int, episodes: int = 100) -> float:
+    """One run (reused when finished at ``out``), then its greedy return over ``episodes`` episodes."""
     if not os.path.exists(os.path.join(out, "result.json")):
         flowkit.train([f"seed={seed}", f"run.dir={out}", f"stop.env_steps={env_steps}",
                        "run.reporters=[csv,checkpoint]"], config_file=config_path(task, algo), verbose=False)
-    return float(evaluate(out, episodes=100, seed=1000, trust_config=True)["episode_return_mean"])
+    return float(evaluate(out, episodes=episodes, seed=1000, trust_config=True)["episode_return_mean"])
 
 
 def random_team(out: str, task: str, algo: str, env_steps: int = 5000) -> float:
@@ -80,6 +80,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
     p.add_argument("--env-steps", type=int, default=200_000)
     p.add_argument("--out", default=os.path.join(REPO, "runs", "epymarl_table"))
+    p.add_argument("--eval-episodes", type=int, default=100, help="greedy evaluation episodes per run")
     p.add_argument("--paper", nargs="*", default=[], help="TASK=RETURN: the paper's figure for a task")
     a = p.parse_args(argv)
     paper = {**PAPER, **{k: float(v) for k, v in (x.split("=", 1) for x in a.paper)}}
@@ -90,12 +91,12 @@ def main(argv: Optional[List[str]] = None) -> None:
         got = []
         for s in a.seeds:
             out = os.path.join(base, f"{a.env_steps}-seed{s}")
-            got.append(train(out, task, a.algo, s, a.env_steps))
-            print(f"{task} seed {s}: greedy {got[-1]:.3f} over 100 episodes; training curve "
+            got.append(train(out, task, a.algo, s, a.env_steps, a.eval_episodes))
+            print(f"{task} seed {s}: greedy {got[-1]:.3f} over {a.eval_episodes} episodes; training curve "
                   f"{', '.join(learning_curve(out))}", flush=True)
         rows.append((task, got, rnd))
-    print(f"\n{a.algo.upper()} at {a.env_steps:,} env steps, seeds {' '.join(map(str, a.seeds))} (greedy, 100 episodes "
-          "each); paper: Papoudakis et al. 2021, QMIX with parameter sharing")
+    print(f"\n{a.algo.upper()} at {a.env_steps:,} env steps, seeds {' '.join(map(str, a.seeds))} (greedy, "
+          f"{a.eval_episodes} episodes each); paper: Papoudakis et al. 2021, QMIX with parameter sharing")
     print(f"| task | {' | '.join(f'seed {s}' for s in a.seeds)} | median | random team | paper |")
     print("|---|" + "---|" * (len(a.seeds) + 3))
     for task, got, rnd in rows:
