@@ -51,7 +51,7 @@ A replayed batch counts ``train_batch_size * seq_len`` env steps trained.
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -137,15 +137,20 @@ class SequenceCutter:
       ``seq_mask`` bool[k, L] (True at the ``l`` real steps), zeros in the padding;
     - ``state_in`` float32[k, S]: the state the first step acted from;
     - ``action_mask`` [k, L + 1, A] (with masks: the last real one from ``next_action_mask``);
-    - ``eps_id``, ``t`` int64[k]: the episode and step index of the first step.
+    - ``eps_id``, ``t`` int64[k]: the episode and step index of the first step;
+    - each ``(column, next column)`` pair of ``carry`` (observation-like columns, e.g. a
+      centralized value input and its value after the step): ``column`` [k, L + 1, ...] stacked as
+      ``obs`` is (at ``l`` the last real row's ``next column``).
     """
 
-    def __init__(self, seq_len: int, stride: int, burn_in: int, max_open: int = 4096):
+    def __init__(self, seq_len: int, stride: int, burn_in: int, max_open: int = 4096,
+                 carry: Sequence[Tuple[str, str]] = ()):
         if not 0 <= int(burn_in) < int(seq_len) or not 0 < int(stride) <= int(seq_len):
             raise ValueError(f"SequenceCutter: need 0 <= burn_in < seq_len and 0 < stride <= seq_len; got "
                              f"seq_len={seq_len}, stride={stride}, burn_in={burn_in}")
         self.L, self.stride, self.burn_in, self.max_open = int(seq_len), int(stride), int(burn_in), int(max_open)
         self.open: "OrderedDict[Tuple[int, int], sb.SampleBatch]" = OrderedDict()
+        self.carry = [(str(c), str(nc)) for c, nc in carry]
 
     def add(self, batch: sb.SampleBatch) -> sb.SampleBatch:
         """The sequences completed by ``batch`` (rows of contiguous trajectory pieces in time
@@ -153,7 +158,8 @@ class SequenceCutter:
 
         Raises:
             ValueError: a column it needs is missing."""
-        need = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.TRUNCATEDS, sb.NEXT_OBS, sb.STATE_IN, sb.EPS_ID, sb.T)
+        need = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.TRUNCATEDS, sb.NEXT_OBS, sb.STATE_IN, sb.EPS_ID, sb.T,
+                *(c for pair in self.carry for c in pair))
         if missing := [c for c in need if c not in batch]:
             raise ValueError(f"R2D2 cuts sequences from rows with columns {list(need)}; missing {missing} (a "
                              "runner that keeps a recurrent state per sub-env records state_in)")
@@ -196,6 +202,8 @@ class SequenceCutter:
         masks = sb.ACTION_MASK in like and sb.NEXT_ACTION_MASK in like
         if masks:
             out[sb.ACTION_MASK] = zeros(sb.ACTION_MASK, L + 1)
+        for col, _ in self.carry:
+            out[col] = zeros(col, L + 1)
         for i, (p, s, e) in enumerate(seqs):
             ln = e - s
             out[sb.OBS][i, :ln] = p[sb.OBS][s:e]
@@ -209,6 +217,9 @@ class SequenceCutter:
             if masks:
                 out[sb.ACTION_MASK][i, :ln] = p[sb.ACTION_MASK][s:e]
                 out[sb.ACTION_MASK][i, ln] = p[sb.NEXT_ACTION_MASK][e - 1]
+            for col, nxt in self.carry:
+                out[col][i, :ln] = p[col][s:e]
+                out[col][i, ln] = p[nxt][e - 1]
         return sb.SampleBatch(out)
 
 

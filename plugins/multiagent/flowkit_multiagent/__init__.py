@@ -2,7 +2,8 @@
 patterns, and a different algorithm per policy in one run (entry point group ``flowkit``).
 
 Algorithms: ``mappo`` (:mod:`flowkit_multiagent.mappo`: PPO with a centralized critic), ``masac``
-and ``matd3`` (:mod:`flowkit_multiagent.centralized_critics`: continuous centralized critics).
+and ``matd3`` (:mod:`flowkit_multiagent.centralized_critics`: continuous centralized critics), ``vdn``
+and ``qmix`` (:mod:`flowkit_multiagent.qmix`: value decomposition for a team).
 
 Hooks: ``flowkit_add_algorithms``, ``flowkit_add_config_sections`` (``multiagent.*``), ``flowkit_make_policy_specs``
 (spaces inferred per policy), ``flowkit_make_env_runner`` (Parallel / AEC runners, and the
@@ -11,7 +12,7 @@ batched VMAS runner: :mod:`flowkit_multiagent.vmas`) and
 multi-agent, so single-agent Gymnasium runs keep the core's fast path.
 """
 import flowkit
-from flowkit_multiagent.config import MAPPOConfig, MASACConfig, MATD3Config, MultiAgentConfig
+from flowkit_multiagent.config import QMIX_REF, VDN_REF, MAPPOConfig, MASACConfig, MATD3Config, MultiAgentConfig
 
 MAPPO_REF = flowkit.AlgorithmRef("mappo", MAPPOConfig, "flowkit_multiagent.mappo:MAPPO",
                                  normalize_obs="normalize_observations")
@@ -22,7 +23,8 @@ MATD3_REF = flowkit.AlgorithmRef("matd3", MATD3Config, "flowkit_multiagent.centr
 
 @flowkit.hookimpl
 def flowkit_add_algorithms():
-    return [MAPPO_REF, MASAC_REF, MATD3_REF]
+    """MAPPO, MASAC and MATD3 (centralized critics), and value decomposition for teams: ``vdn`` and ``qmix``."""
+    return [MAPPO_REF, MASAC_REF, MATD3_REF, VDN_REF, QMIX_REF]
 
 
 @flowkit.hookimpl

@@ -15,12 +15,13 @@ Example (simple_tag: PPO for the adversaries, DQN for the prey)::
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from flowkit_ppo import PPOConfig
 from flowkit_sac import SACConfig, TD3Config
 
-from flowkit.config import F
+import flowkit
+from flowkit.config import MAX_BATCH_ROWS, F, LRConfig, config_checks
 
 
 @dataclass
@@ -93,3 +94,62 @@ class MATD3Config(CriticInputKeys, TD3Config):
     actions)."""
     team: Optional[Dict[str, Any]] = F(None, "set up by the multiagent plugin, not by hand: the team whose actions "
                                              "the critic sees (agents, their policies, observation and action sizes)")
+
+
+@dataclass
+class VDNConfig(LRConfig):
+    """vdn: Value-Decomposition Networks (Sunehag et al. 2018): a team's recurrent agent Q-networks, their sum trained on the team reward."""
+    ROWS = "team sequences"  # what a replay row is (in messages)
+    lr: float = F(5e-4, "Adam learning rate", gt=0)
+    adam_eps: float = F(1e-8, "Adam epsilon", gt=0)
+    gamma: float = F(0.99, "discount factor", ge=0, le=1)
+    double_q: bool = F(True, "double-Q target: each agent's argmax by the online network at the next step, valued "
+                             "by the target network")
+    dueling: bool = F(False, "dueling heads in the agent network: Q = V + A - mean(A)")
+    seq_len: int = F(100, "env steps per stored team sequence (the episode limit: whole episodes, zero-padded; "
+                          "longer episodes are cut into sequences that start from the stored recurrent state)",
+                     gt=0, le=100_000)
+    team_reward: str = F("sum", "the team reward: the sum (EPyMARL's) or the mean of the agents' rewards",
+                         choices=("sum", "mean"))
+    team_size: Optional[int] = F(None, "agents in the team (set from the agents mapped to the policy)", gt=0)
+    train_batch_size: int = F(32, "replayed team sequences per gradient step", gt=0, le=MAX_BATCH_ROWS)
+    buffer_size: int = F(5_000, "replay capacity in team sequences (per policy)", gt=0)
+    learning_starts: int = F(1_000, "env steps sampled before the first gradient step", ge=0)
+    training_intensity: Optional[float] = F(None, "sequence steps replayed (padding included) per env step sampled "
+                                                  "(null: one gradient step per sampling round)", gt=0)
+    target_network_update_freq: int = F(200, "gradient steps between target-network (agent network and mixer) "
+                                              "updates", gt=0)
+    weight_sync_freq: int = F(0, "gradient steps between weight broadcasts to the workers (0: after every step)",
+                              ge=0)
+    max_grad_norm: Optional[float] = F(10.0, "clip the gradient norm (null: off)", gt=0)
+    initial_epsilon: float = F(1.0, "epsilon-greedy: epsilon at the start", ge=0, le=1)
+    final_epsilon: float = F(0.05, "epsilon-greedy: epsilon after epsilon_timesteps", ge=0, le=1)
+    epsilon_timesteps: int = F(50_000, "env steps sampled over which epsilon decays linearly", ge=0)
+
+    def validate(self, run_config: Any, n: str) -> List[str]:
+        """``train_batch_size <= buffer_size``."""
+        tb, size = self.train_batch_size, self.buffer_size
+        return config_checks([(tb > size, f"{n}.train_batch_size={tb} is larger than {n}.buffer_size={size}")])
+
+
+@dataclass
+class QMIXConfig(CriticInputKeys, VDNConfig):
+    """qmix: QMIX (Rashid et al. 2018): a team's recurrent agent Q-networks under a monotonic mixing network of the global state, built by hypernetworks."""
+    mixing_embed_dim: int = F(32, "units of the mixing network's hidden layer", gt=0)
+    hypernet_layers: int = F(2, "layers of the hypernetworks that make the mixing weights", choices=(1, 2))
+    hypernet_embed: int = F(64, "hidden units of two-layer hypernetworks", gt=0)
+    critic_agent_id: bool = F(False, "must stay false: the mixer takes one global state per step, the same for "
+                                     "every agent (no agent id in it)")
+
+    def validate(self, run_config: Any, n: str) -> List[str]:
+        """VDN's checks, and no agent id in the global state."""
+        return super().validate(run_config, n) + config_checks([
+            (self.critic_agent_id, f"{n}.critic_agent_id=true: the mixer takes one global state per step, the same "
+                                   "for every agent of the team; leave it false")])
+
+
+_VD_REFUSAL = "its replayed team sequences and stored recurrent states are not normalised"
+VDN_REF = flowkit.AlgorithmRef("vdn", VDNConfig, "flowkit_multiagent.qmix:VDN", ("Discrete",), recurrent=True,
+                               normalize_obs_refusal=_VD_REFUSAL)
+QMIX_REF = flowkit.AlgorithmRef("qmix", QMIXConfig, "flowkit_multiagent.qmix:QMIX", ("Discrete",), recurrent=True,
+                                normalize_obs_refusal=_VD_REFUSAL)

@@ -381,6 +381,8 @@ def _policy_spec(config: Any, pid: str, agents: Tuple[str, ...], o: gym.Space, a
     cls = algorithms[algo]
     overrides = pc.config
     cfg_obj, data = policy_section(config, pid, cls, overrides)
+    if cfg_obj is not None and "team_size" in data:  # a team algorithm (vdn, qmix): the agents mapped to the policy
+        cfg_obj, data = dataclasses.replace(cfg_obj, team_size=len(agents)), {**data, "team_size": len(agents)}
     if "critic_input" in data:
         env, mapping = env_mapping
         ci = resolve_critic_input(config, pid, algo, cfg_obj, env, mapping, mapping.possible_agents)
