@@ -315,7 +315,7 @@ def _leaves(cls: Any, prefix: str = "") -> Tuple[Tuple[str, Any, Any], ...]:
     hints = typing.get_type_hints(cls)
     out: List[Tuple[str, Any, Any]] = []
     for f in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(base := _unwrap_optional(hints[f.name])[0]):
+        if isinstance(base := _unwrap_optional(hints[f.name])[0], type) and dataclasses.is_dataclass(base):
             out.extend(_leaves(base, f"{prefix}{f.name}."))
         else:
             out.append((prefix + f.name, f, hints[f.name]))
