@@ -15,12 +15,13 @@ others use; import them from there). Imports nothing of flowkit.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import re
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
 # Hard limits of the size keys (far above any real run on one machine; a value past them is a
@@ -306,14 +307,19 @@ def _unwrap_optional(tp):
     return tp, False
 
 
-def _leaves(cls: Any, prefix: str = "") -> Iterator[Tuple[str, Any, Any]]:
-    """``(dotted key, dataclass field, type)`` of every leaf of a dataclass schema."""
+@functools.lru_cache(maxsize=64)
+def _leaves(cls: Any, prefix: str = "") -> Tuple[Tuple[str, Any, Any], ...]:
+    """``(dotted key, dataclass field, type)`` of every leaf of a dataclass schema (kept per
+    schema: a config build reads its schema's leaves three times, each read resolving the type
+    hints of every section)."""
     hints = typing.get_type_hints(cls)
+    out: List[Tuple[str, Any, Any]] = []
     for f in dataclasses.fields(cls):
-        if dataclasses.is_dataclass(base := _unwrap_optional(hints[f.name])[0]):
-            yield from _leaves(base, f"{prefix}{f.name}.")
+        if isinstance(base := _unwrap_optional(hints[f.name])[0], type) and dataclasses.is_dataclass(base):
+            out.extend(_leaves(base, f"{prefix}{f.name}."))
         else:
-            yield prefix + f.name, f, hints[f.name]
+            out.append((prefix + f.name, f, hints[f.name]))
+    return tuple(out)
 
 
 def schema_keys(cls: Any, prefix: str = "") -> Dict[str, Tuple[Any, str, Any]]:

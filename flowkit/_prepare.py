@@ -13,7 +13,6 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 from omegaconf import DictConfig, OmegaConf
 
-from flowkit._dataset_output import check_output
 from flowkit._guard import check_cpus, check_env_kwargs, check_new_run_dir
 from flowkit.config import build_config, check_run, check_unused_sections, plugin_modules_from
 from flowkit.core.presets import env_preset
@@ -91,5 +90,7 @@ def prepare(config: Any = None, config_file: Union[str, Sequence[str], None] = N
         p = Prepared(pm, pre, pre.run.dir or default_run_dir(pre))
     p.config.run.dir = p.run_dir
     check_config(p.config, p.pm)  # config errors found without the env come before Ray starts
-    check_output(p.config, resuming=p.resume_from is not None)
+    if p.config.run.get("output"):  # (the dataset writer's module and numpy load only for a run that records)
+        from flowkit._dataset_output import check_output
+        check_output(p.config, resuming=p.resume_from is not None)
     return p

@@ -90,6 +90,20 @@ def test_the_commands_warnings_are_one_line(tmp_path):
     assert "UserWarning" not in p.stderr and ".py:" not in p.stderr, p.stderr
 
 
+def test_a_run_is_prepared_without_numpy_unless_it_records(tmp_path):
+    """Issue 48 item 15: the checks before Ray starts load the dataset writer (and numpy with
+    it) only for a run with ``run.output``; its checks still run there."""
+    code = ("import sys\nfrom flowkit._prepare import prepare\nfrom flowkit import ConfigError\n"
+            f"prepare(['env=CartPole-v1', 'runtime.backend=local', 'run.dir={tmp_path / 'a'}'])\n"
+            "print('LOADED', 'flowkit.datasets' in sys.modules, 'numpy' in sys.modules)\n"
+            f"open('{tmp_path / 'file'}', 'w').close()\n"
+            f"try:\n    prepare(['env=CartPole-v1', 'runtime.backend=local', 'run.dir={tmp_path / 'b'}', "
+            f"'run.output={tmp_path / 'file'}'])\nexcept ConfigError as e:\n    print('ERR', e)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "LOADED False False\n" in p.stdout, p.stderr[-2000:]
+    assert f"ERR run.output={str(tmp_path / 'file')!r}: a file is there, not a dataset folder" in p.stdout, p.stderr[-2000:]
+
+
 def test_train_raises_a_config_error_before_ray_starts():
     """``flowkit.train`` (torch is loaded with the engine) checks what needs no env before Ray."""
     code = ("import sys, flowkit\ntry:\n    flowkit.train(['env=CartPole-v1', 'runtime.backend=ray', 'algo=dqn',"

@@ -729,6 +729,39 @@ def test_cql_sac_samples_three_proposals_and_splits_the_optimizer():
     assert pol.optimizer.segments[0] == slice(0, n_critic)
 
 
+def test_cql_sac_actor_takes_a_fresh_adam_when_the_warm_start_ends():
+    """Issue 48 item 16: the warm start (``bc_steps``) and SAC's actor loss are two objectives;
+    the first SAC step of the actor starts its Adam afresh (one step on its gradient g: step 1,
+    m = 0.1 g, v = 0.001 g^2, a move of about actor_lr per weight), the critics' Adam goes on.
+    With the cloning's moments kept, the small second moment of a fitted warm start made the
+    first SAC steps several times actor_lr each, all one way, and lost the fit."""
+    import torch
+
+    from flowkit.core import batch as sb
+    from flowkit.core.learner import Learner
+    pol = _cql_sac_policy(num_actions=2, bc_steps=3, lr=1e-3, actor_lr=1e-3, tune_alpha=False)
+    g = torch.Generator().manual_seed(0)
+
+    def step() -> None:
+        b = {sb.OBS: torch.rand(8, 1, generator=g) * 2 - 1, sb.NEXT_OBS: torch.rand(8, 1, generator=g) * 2 - 1,
+             sb.ACTIONS: torch.rand(8, 1, generator=g) * 2 - 1, sb.REWARDS: torch.rand(8, generator=g),
+             sb.TERMINATEDS: torch.zeros(8, dtype=torch.bool)}
+        loss, _ = pol.loss(b)
+        Learner.step(pol, loss)
+        pol.num_updates += 1
+    for _ in range(3):
+        step()
+    assert [float(pol.optimizer.state[i]["step"]) for i in (0, 1)] == [3.0, 3.0]
+    step()  # the first step of SAC's actor loss
+    critic, actor = pol.optimizer.state[0], pol.optimizer.state[1]
+    grad = pol._flat.grad[pol.optimizer.segments[1]]
+    assert float(critic["step"]) == 4.0 and float(actor["step"]) == 1.0
+    torch.testing.assert_close(actor["exp_avg"], 0.1 * grad)
+    torch.testing.assert_close(actor["exp_avg_sq"], 0.001 * grad.pow(2))
+    step()
+    assert float(actor["step"]) == 2.0  # once only
+
+
 @pytest.fixture(scope="module")
 def box_mixed_dataset(tmp_path_factory):
     """2,000 transitions of flowkit.testing's target env: 30 % from the best policy (a = x),

@@ -48,7 +48,10 @@ entropy), with two options of the paper's and the authors' code:
     sigma_d)^2 + log sigma_d + 0.5 log 2 pi of u = atanh(a_t) (a_t clipped to +-(1 - 1e-6)), sg a
     constant: beta-NLL (Seitzer et al. 2022, beta = 1) in place of the authors' log pi(a_t|s_t),
     whose learned std lets badly fitted rows stop pulling the mean (docs/offline.md: 10x the
-    squared error after 2,000 steps on a greedy Pendulum expert's data).
+    squared error after 2,000 steps on a greedy Pendulum expert's data). The first SAC step
+    starts the actor's Adam afresh (moments zero, step count 0): the warm start's second
+    moment, small once the actions fit, would make the first steps of the new loss several
+    times ``actor_lr`` per weight, all one way, and undo the fit within a few steps.
 The actor has its own learning rate (``actor_lr``: one Adam over SAC's flat buffer, split
 into critic, actor and temperature segments). Polyak targets every ``target_update_freq``
 gradient steps.
@@ -137,6 +140,7 @@ class CQLSACPolicy(SACPolicy):
         assert self.optimizer is not None
         if cfg.actor_lr is not None:  # the actor's segment of the one Adam
             self.optimizer.param_groups[1]["lr"] = float(cfg.actor_lr)
+        self.actor_adam_restarted = False  # (bc_steps: at the switch to SAC's actor loss)
 
     @property
     def log_alpha_prime(self) -> torch.Tensor:
@@ -199,6 +203,9 @@ class CQLSACPolicy(SACPolicy):
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg, obs = self.config, batch[sb.OBS]
+        if self.num_updates == int(cfg.bc_steps) > 0 and self.optimizer is not None and not self.actor_adam_restarted:
+            self.optimizer.state.pop(1, None)  # the warm start's moments do not carry into SAC's actor loss
+            self.actor_adam_restarted = True
         t = self.sac_terms(batch)
         loss = t["critic_loss"] + t["actor_loss"] + (t["alpha_loss"] if cfg.tune_alpha else 0.0)
         a, log_mu = self.sampled_actions(obs, batch[sb.NEXT_OBS])
