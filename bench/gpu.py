@@ -1,0 +1,99 @@
+"""The learner on a GPU against the CPU: PPO (CartPole, Pong), DQN (Pong), SAC (HalfCheetah) and
+PPO CartPole with a learner group (``learner.num_learners=2``), each trained with
+``learner.device=<--device>`` and with ``learner.device=cpu`` from its tuned config
+(configs/<algo>/<env>.yaml), alternating the sides, ``--repeats`` times each.
+
+The figure is the learner's own throughput, ``perf/learner_throughput_env_steps_per_s`` (env
+steps trained per second of the learner's busy time; the run's last row), so sampling speed
+does not enter it; the env steps per second of the whole run are printed next to it.
+Workers act on CPU either way. A workload whose env is not installed here (``ale-py`` for
+Pong, ``mujoco`` for HalfCheetah) is listed as skipped, saying why.
+
+``--device cpu`` compares the CPU with itself: the smoke test of this script on a machine
+without a GPU. ``--budget short`` trains a few iterations per run (a smoke test, minutes);
+``--budget full`` (default) trains ``--env-steps`` env steps per run.
+
+Run: python bench/gpu.py [--device cuda] [--budget short|full] [--env-steps 50000] [--repeats 1]
+                         [--only ppo-cartpole ppo-pong dqn-pong sac-halfcheetah group-cartpole]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import statistics
+import sys
+import tempfile
+import warnings
+
+warnings.filterwarnings("ignore")
+HERE = os.path.dirname(os.path.abspath(__file__))
+CONFIGS = os.path.join(os.path.dirname(HERE), "configs")
+
+# name: (config file, extra overrides, the module its env needs)
+WORKLOADS = {
+    "ppo-cartpole": ("ppo/CartPole-v1.yaml", [], None),
+    "ppo-pong": ("ppo/PongNoFrameskip-v4.yaml", [], "ale_py"),
+    "dqn-pong": ("dqn/PongNoFrameskip-v4.yaml", [], "ale_py"),
+    "sac-halfcheetah": ("sac/HalfCheetah-v5.yaml", [], "mujoco"),
+    "group-cartpole": ("ppo/CartPole-v1.yaml", ["learner.num_learners=2", "learner.num_cpus_per_learner=0.5",
+                                                "runtime.num_cpus_per_worker=0.5"], None),
+}
+SHORT = ["stop.iterations=3", "stop.env_steps=null", "stop.episode_return_mean=null",
+         "runtime.num_workers=1", "run.min_iter_time_s=0", "run.min_iter_env_steps=0"]
+
+
+def run_once(name: str, device: str, args: argparse.Namespace) -> dict:
+    """One training run of workload ``name`` with ``learner.device=device``: the learner's env
+    steps trained per second and the run's env steps sampled per second."""
+    import flowkit
+    cfg, extra, _ = WORKLOADS[name]
+    budget = SHORT if args.budget == "short" else [f"stop.env_steps={args.env_steps}", "stop.episode_return_mean=null"]
+    if args.budget == "short" and name.startswith("group"):
+        budget = [o for o in budget if not o.startswith("runtime.num_workers")]
+    with tempfile.TemporaryDirectory() as d:
+        res = flowkit.train([f"learner.device={device}", "seed=0", f"run.dir={d}/run", "run.reporters=[csv]",
+                             "evaluation.interval=0", "evaluation.final=false", *extra, *budget],
+                            config_file=os.path.join(CONFIGS, cfg), verbose=False)
+    m = res.metrics
+    return {"learner": float(m.get("perf/learner_throughput_env_steps_per_s", float("nan"))),
+            "run": m["env_steps_sampled"] / max(m["time_total_s"], 1e-9)}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--budget", choices=("short", "full"), default="full")
+    ap.add_argument("--env-steps", type=int, default=50_000)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--only", nargs="+", choices=sorted(WORKLOADS), default=list(WORKLOADS))
+    args = ap.parse_args()
+    if args.device.startswith("cuda"):
+        import torch
+        if not torch.cuda.is_available():
+            sys.exit(f"--device {args.device}: torch sees no CUDA device here (--device cpu: the smoke test)")
+    rows = []
+    for name in args.only:
+        need = WORKLOADS[name][2]
+        if need and importlib.util.find_spec(need) is None:
+            rows.append((name, f"skipped: {need} is not installed"))
+            continue
+        sides: dict = {"cpu": [], args.device: []} if args.device != "cpu" else {"cpu": [], "cpu ": []}
+        for _ in range(args.repeats):
+            for side in sides:
+                sides[side].append(run_once(name, side.strip(), args))
+        (a, ra), (b, rb) = ((k, v) for k, v in sides.items())
+        la, lb = (statistics.median(r["learner"] for r in v) for v in (ra, rb))
+        sa, sb_ = (statistics.median(r["run"] for r in v) for v in (ra, rb))
+        rows.append((name, f"{la:>12,.0f} {lb:>12,.0f} {lb / la:>7.2f}x {sa:>12,.0f} {sb_:>12,.0f}"))
+        print(f"{name}: learner {la:,.0f} (cpu) / {lb:,.0f} ({args.device}) env steps/s", flush=True)
+    print(f"\nlearner env steps trained per second of busy time (median of {args.repeats}), "
+          f"budget {args.budget}; run env steps/s beside it")
+    print(f"{'workload':<17}{'learner cpu':>12} {'learner ' + args.device:>12} {'ratio':>8} "
+          f"{'run cpu':>12} {'run ' + args.device:>12}")
+    for name, text in rows:
+        print(f"{name:<17}{text}")
+
+
+if __name__ == "__main__":
+    main()
