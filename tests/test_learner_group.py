@@ -90,7 +90,7 @@ def test_two_learners_update_as_one_learner_on_the_same_batch(ray_session, name)
         assert group.generation == 1 and group.num_rebuilds == 0
     finally:
         group.stop()
-    assert group.actors == [] and group._pg is None
+    assert group.actors == [] and group._pg is None and _live_learners() == 0
 
 
 def test_a_lost_learner_is_rebuilt_and_the_update_retried(ray_session):
@@ -151,3 +151,52 @@ def test_bad_learner_group_settings_fail_before_anything_starts(tmp_path, monkey
                        *overrides], verbose=False)
     assert str(e.value) == message
     assert not (tmp_path / "r").exists()
+
+
+def _timing(k):
+    return k.startswith(("time_", "perf/")) or k.endswith("_per_s")
+
+
+@pytest.mark.slow
+def test_a_run_with_two_learners_resumes_exactly(ray_session, tmp_path):
+    """PPO CartPole on Ray, 1 worker and 2 learner processes, 2 iterations; resumed from its
+    checkpoint to 4 iterations with the 2 learners, and again with one learner in the driver:
+    the same rows (every count, episode and learner figure) and weights to 1e-5, so the group's
+    checkpoint is one learner's state; the group's processes are gone after each run."""
+    base = ["algo=ppo", "env=CartPole-v1", "seed=3", "runtime.backend=ray", "runtime.num_workers=1",
+            "runtime.num_cpus_per_worker=0.5", "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=32",
+            "learner.num_learners=2", "learner.num_cpus_per_learner=0.5", "ppo.num_epochs=2", "ppo.minibatch_size=32",
+            "run.min_iter_env_steps=0", "evaluation.interval=0", "evaluation.final=false",
+            "run.reporters=[csv,checkpoint]", "checkpoint.every_iters=1"]
+    assert _live_learners(0) == 0
+    half = flowkit.train([*base, f"run.dir={tmp_path / 'a'}", "stop.iterations=2"], verbose=False)
+    import shutil
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    ckpt_b = half.checkpoint.replace(str(tmp_path / "a"), str(tmp_path / "b"))
+    group = flowkit.train([f"resume={half.checkpoint}", "stop.iterations=4"], verbose=False)
+    assert _live_learners() == 0
+    one = flowkit.train([f"resume={ckpt_b}", "stop.iterations=4", "learner.num_learners=0"], verbose=False)
+    rows = [[{k: v for k, v in r.items() if not _timing(k)} for r in res.history if r["iteration"] > 2]
+            for res in (group, one)]
+    assert [r["num_updates"] for r in rows[0]] == [12, 16] and [r["env_steps_trained"] for r in rows[0]] == [192, 256]
+    for a, b in zip(*rows):
+        assert a.keys() == b.keys()
+        assert {k: (a[k], b[k]) for k in a if a[k] != pytest.approx(b[k], rel=1e-4, abs=1e-6)} == {}
+    w1 = flowkit.Algorithm.from_checkpoint(group.checkpoint).policies["default"].get_weights()
+    w2 = flowkit.Algorithm.from_checkpoint(one.checkpoint).policies["default"].get_weights()
+    for k in w1:
+        np.testing.assert_allclose(w1[k], w2[k], atol=1e-5)
+
+
+def _live_learners(wait_s=10.0):
+    """The Ray session's CPUs still held (0 once every learner process and placement group is
+    gone; waiting up to ``wait_s`` for killed ones to release theirs)."""
+    import time
+
+    import ray
+    t0 = time.monotonic()
+    while True:
+        held = ray.cluster_resources().get("CPU", 0) - ray.available_resources().get("CPU", 0)
+        if held < 1e-6 or time.monotonic() - t0 > wait_s:
+            return held
+        time.sleep(0.5)
