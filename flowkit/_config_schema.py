@@ -142,6 +142,8 @@ class RuntimeConfig:
     num_envs_per_worker: int = F(8, "sub-envs in each worker's vector env", ge=1, le=4096)
     rollout_fragment_length: int = F(64, "env steps per sub-env in each sample batch", ge=1, le=MAX_BATCH_ROWS)
     num_cpus_per_worker: float = F(1.0, "CPUs each rollout worker reserves (Ray)", ge=0)
+    worker_scheduling: str = F("DEFAULT", "Ray scheduling strategy of the rollout workers: DEFAULT, or SPREAD over "
+                                          "the cluster's nodes", choices=("DEFAULT", "SPREAD"))
     address: Optional[str] = F(None, "Ray cluster address (`auto` for an existing cluster); None starts a local one")
     async_requests_per_worker: int = F(2, "async rollout mode (IMPALA): sample requests in flight per "
                                           "worker, so a worker starts its next fragment while the driver "

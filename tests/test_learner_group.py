@@ -188,6 +188,24 @@ def test_a_run_with_two_learners_resumes_exactly(ray_session, tmp_path):
         np.testing.assert_allclose(w1[k], w2[k], atol=1e-5)
 
 
+REPO = __import__("os").path.dirname(__import__("os").path.dirname(__import__("os").path.abspath(__file__)))
+GROUP = ["learner.num_learners=2", "learner.num_cpus_per_learner=0.5", "runtime.num_cpus_per_worker=0.5", "seed=0",
+         "run.reporters=[csv,checkpoint]", "checkpoint.at_end=false"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("algo, target, budget", [("ppo", 475, 100_000), ("appo", 450, 500_000)])
+def test_two_learners_meet_the_cartpole_target_line(ray_session, run_dir, algo, target, budget):
+    """configs/ppo and configs/appo CartPole-v1 with 2 learner processes (and the 2 workers at
+    half a CPU each, so that all fit the 2 CPUs): the configs' target lines, seed 0."""
+    import os
+    res = flowkit.train([f"run.dir={run_dir}", *GROUP], config_file=os.path.join(REPO, "configs", algo, "CartPole-v1.yaml"),
+                        verbose=False)
+    assert res.metrics["episode_return_mean"] >= target, res.metrics
+    assert res.metrics["env_steps_sampled"] <= budget
+    assert _live_learners() == 0
+
+
 def _live_learners(wait_s=10.0):
     """The Ray session's CPUs still held (0 once every learner process and placement group is
     gone; waiting up to ``wait_s`` for killed ones to release theirs)."""

@@ -557,7 +557,8 @@ class LearnerGroup(Learner):
             for p in res[0]["stats"]:
                 tds = [r["td_error"].get(p) for r in res]
                 if all(td is not None for td in tds):
-                    setattr(self.policies[p], "td_error", np.concatenate(tds))
+                    pol: Any = self.policies[p]  # a policy with priorities (UpdatePriorities' contract)
+                    pol.td_error = np.concatenate(tds)
                 stats = {k: float(np.mean([r["stats"][p][k] for r in res])) for k in res[0]["stats"][p]}
                 stats["train_batch_size"] = len(b.policy_batches[p])
                 per_pid[p] = (stats, int(stats["num_sgd_steps"]), len(b.policy_batches[p]))
