@@ -3,9 +3,10 @@ PPO CartPole with a learner group (``learner.num_learners=2``), each trained wit
 ``learner.device=<--device>`` and with ``learner.device=cpu`` from its tuned config
 (configs/<algo>/<env>.yaml), alternating the sides, ``--repeats`` times each.
 
-The figure is the learner's own throughput, ``perf/learner_throughput_env_steps_per_s`` (env
-steps trained per second of the learner's busy time; the run's last row), so sampling speed
-does not enter it; the env steps per second of the whole run are printed next to it.
+The figure is the learner's own throughput: env steps trained per second of the learner's busy
+time (``Learner.env_steps_trained / Learner.busy_s`` at the run's end, what
+``perf/learner_throughput_env_steps_per_s`` reports), so sampling speed does not enter it; the
+env steps per second of the whole run are printed next to it.
 Workers act on CPU either way. A workload whose env is not installed here (``ale-py`` for
 Pong, ``mujoco`` for HalfCheetah) is listed as skipped, saying why.
 
@@ -51,13 +52,24 @@ def run_once(name: str, device: str, args: argparse.Namespace) -> dict:
     budget = SHORT if args.budget == "short" else [f"stop.env_steps={args.env_steps}", "stop.episode_return_mean=null"]
     if args.budget == "short" and name.startswith("group"):
         budget = [o for o in budget if not o.startswith("runtime.num_workers")]
+    probe = LearnerProbe()
     with tempfile.TemporaryDirectory() as d:
         res = flowkit.train([f"learner.device={device}", "seed=0", f"run.dir={d}/run", "run.reporters=[csv]",
                              "evaluation.interval=0", "evaluation.final=false", *extra, *budget],
-                            config_file=os.path.join(CONFIGS, cfg), verbose=False)
+                            config_file=os.path.join(CONFIGS, cfg), plugins=[probe], verbose=False)
     m = res.metrics
-    return {"learner": float(m.get("perf/learner_throughput_env_steps_per_s", float("nan"))),
+    return {"learner": probe.trained / max(probe.busy_s, 1e-9),
             "run": m["env_steps_sampled"] / max(m["time_total_s"], 1e-9)}
+
+
+class LearnerProbe:
+    """At the run's end: env steps trained and seconds spent updating, over the run's learners."""
+    trained = 0
+    busy_s = 0.0
+
+    def flowkit_on_train_end(self, summary, error, ctx):
+        self.trained = sum(lr.env_steps_trained for lr in ctx.learners.values())
+        self.busy_s = sum(lr.busy_s for lr in ctx.learners.values())
 
 
 def main() -> None:

@@ -93,6 +93,25 @@ def test_two_learners_update_as_one_learner_on_the_same_batch(ray_session, name)
     assert group.actors == [] and group._pg is None and _live_learners() == 0
 
 
+def test_a_group_trains_in_the_learner_thread(ray_session):
+    """Thread mode (IMPALA's and APPO's learner thread): a batch put in the group's in-queue
+    comes out trained, as one learner's update."""
+    one, group, batches = _pair("dqn")
+    try:
+        group.start()
+        assert group.put(batches[0], timeout=5.0)
+        out = None
+        for _ in range(300):  # starting the group's processes on a busy machine: up to minutes
+            if (out := group.get(1.0)) is not None:
+                break
+        assert out is not None and out["num_updates"] == 1
+        one.update(batches[0])
+        for k, w in one.policies["default"].get_weights().items():
+            np.testing.assert_allclose(group.policies["default"].get_weights()[k], w, atol=1e-5)
+    finally:
+        group.stop()
+
+
 def test_a_lost_learner_is_rebuilt_and_the_update_retried(ray_session):
     """A learner process killed between updates: the next update rebuilds the group (generation
     2) and still equals one learner's, since the driver held every state."""

@@ -103,6 +103,7 @@ def test_workers_and_learners_spread_over_nodes_and_a_lost_learner_node_is_survi
 @pytest.mark.slow
 def test_a_learner_node_lost_without_room_stops_with_a_clear_error_and_a_resumable_checkpoint(tmp_path):
     r, _ = _run(tmp_path, "no_room")
+    assert r["before"] is not None, r
     assert len(set(r["before"]["learners"])) == 3
     assert r["error"].startswith("RuntimeError: learner group ppo: 3 x {'CPU': 0.25} (STRICT_SPREAD) could not be "
                                  "placed within 60 s; free: "), r["error"]

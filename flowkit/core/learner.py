@@ -548,7 +548,7 @@ class LearnerGroup(Learner):
         t0 = time.perf_counter()
         with self.lock:
             pids = [p for p in b.policy_batches if p in self.trainable and len(b.policy_batches[p])]
-            res = self._run(b, {p: self.policies[p].get_state() for p in pids})
+            res = self._remote_update(b, {p: self.policies[p].get_state() for p in pids})
             for p, st in res[0]["states"].items():
                 self.policies[p].set_state(st)
             self.rng.bit_generator.state = res[0]["rng"]
@@ -573,7 +573,7 @@ class LearnerGroup(Learner):
                                   "learner; set learner.num_learners=0")
 
     # ---- the processes ---------------------------------------------------------------------
-    def _run(self, b: sb.MultiAgentBatch, states: Dict[str, Any]) -> List[Dict[str, Any]]:
+    def _remote_update(self, b: sb.MultiAgentBatch, states: Dict[str, Any]) -> List[Dict[str, Any]]:
         """Every learner's result of one update, in rank order; the group rebuilt and the update
         retried once if a learner was lost."""
         import ray
