@@ -12,7 +12,7 @@ learner is what is measured). Workers act on CPU either way. A workload whose en
 Pong, ``mujoco`` for HalfCheetah) is listed as skipped, saying why.
 
 ``--device cpu`` compares the CPU with itself: the smoke test of this script on a machine
-without a GPU. ``--budget short`` trains a few iterations per run (a smoke test, minutes);
+without a GPU. ``--budget short`` trains 2,000 env steps per run (a smoke test, minutes);
 ``--budget full`` (default) trains ``--env-steps`` env steps per run.
 
 Run: python bench/gpu.py [--device cuda] [--budget short|full] [--env-steps 50000] [--repeats 1]
@@ -41,7 +41,7 @@ WORKLOADS = {
     "group-cartpole": ("ppo/CartPole-v1.yaml", ["learner.num_learners=2", "learner.num_cpus_per_learner=0.5",
                                                 "runtime.num_cpus_per_worker=0.5"], None),
 }
-SHORT = ["stop.iterations=3", "stop.episode_return_mean=null",
+SHORT = ["stop.env_steps=2000", "stop.episode_return_mean=null",
          "runtime.num_workers=1", "run.min_iter_time_s=0", "run.min_iter_env_steps=0"]
 
 
