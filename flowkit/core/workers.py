@@ -315,7 +315,8 @@ def _actor_class(num_cpus: float, scheduling: str = "DEFAULT") -> Any:
     """The Ray actor class of a rollout worker: ``num_cpus`` reserved, placed by Ray's
     ``scheduling`` strategy (``DEFAULT``, or ``SPREAD``: over as many nodes as it can)."""
     import ray
-    return ray.remote(num_cpus=num_cpus, max_restarts=0, scheduling_strategy=scheduling)(_RayRolloutWorker)
+    strategy: Any = scheduling  # (a config string: "DEFAULT" or "SPREAD")
+    return ray.remote(num_cpus=num_cpus, max_restarts=0, scheduling_strategy=strategy)(_RayRolloutWorker)
 
 
 def _prestart_key(c: Any) -> str:
