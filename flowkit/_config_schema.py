@@ -143,6 +143,8 @@ class RuntimeConfig:
     num_envs_per_worker: int = F(8, "sub-envs in each worker's vector env", ge=1, le=4096)
     rollout_fragment_length: int = F(64, "env steps per sub-env in each sample batch", ge=1, le=MAX_BATCH_ROWS)
     num_cpus_per_worker: float = F(1.0, "CPUs each rollout worker reserves (Ray)", ge=0)
+    worker_scheduling: str = F("DEFAULT", "Ray scheduling strategy of the rollout workers: DEFAULT, or SPREAD over "
+                                          "the cluster's nodes", choices=("DEFAULT", "SPREAD"))
     address: Optional[str] = F(None, "Ray cluster address (`auto` for an existing cluster); None starts a local one")
     async_requests_per_worker: int = F(2, "async rollout mode (IMPALA): sample requests in flight per "
                                           "worker, so a worker starts its next fragment while the driver "
@@ -209,7 +211,12 @@ ModelConfig = dataclass(repr=False, eq=False)(ModelConfig)  # type: ignore[misc]
 @dataclass
 class LearnerConfig:
     device: str = F("cpu", "learner device: cpu, cuda or cuda:N", pattern=r"cpu|cuda(:[0-9]+)?")
-    num_threads: int = F(1, "torch threads of the learner (driver)", ge=1)
+    num_threads: int = F(1, "torch threads of the learner (driver), and of each learner process of a group", ge=1)
+    num_learners: int = F(0, "learner processes (Ray actors) that share every train batch and all-reduce gradients "
+                             "(a learner group; ppo, impala, appo, dqn, sac); 0: the learner in the driver", ge=0)
+    num_cpus_per_learner: float = F(1.0, "CPUs each learner process of a group reserves", ge=0)
+    placement_strategy: str = F("PACK", "Ray placement-group strategy of a learner group's processes",
+                                choices=("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"))
     reuse_freed_memory: bool = F(True, "glibc malloc in the driver and the rollout workers: blocks up to 64 MiB from "
                                        "the heap, up to 1 GiB of freed memory kept there for reuse (mallopt "
                                        "M_MMAP_THRESHOLD and M_TRIM_THRESHOLD), so each minibatch's tensors and each "

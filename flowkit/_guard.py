@@ -219,6 +219,12 @@ def check_cpus(cfg: Any) -> None:
         raise ConfigError(f"runtime.num_workers={rt.num_workers} x runtime.num_cpus_per_worker={per:g} needs "
                           f"{n * per:g} CPUs, this machine has {have}: lower runtime.num_workers or share CPUs "
                           f"(runtime.num_cpus_per_worker={have / n:g})")
+    nl, lper = int(cfg.learner.num_learners), float(cfg.learner.num_cpus_per_learner)
+    if nl and n * per + nl * lper > have + 1e-9:
+        raise ConfigError(f"learner.num_learners={nl} x learner.num_cpus_per_learner={lper:g} and "
+                          f"runtime.num_workers={rt.num_workers} x runtime.num_cpus_per_worker={per:g} need "
+                          f"{n * per + nl * lper:g} CPUs, this machine has {have}: lower them or share CPUs "
+                          f"(learner.num_cpus_per_learner={max(have - n * per, 0) / nl:g})")
     room = available_memory_mb()
     if n * WORKER_MEMORY_MB > room:
         raise ConfigError(f"runtime.num_workers={rt.num_workers}: {n} rollout worker processes need about "

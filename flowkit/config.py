@@ -281,9 +281,28 @@ def check_run(cfg: Any, pm: Any) -> None:
     if why := model_error(a, "default", cfg.model, section, [n for n, r in algos.items() if r.recurrent]):
         raise ConfigError(why)
     validate_section(a.name, cfg, section)
+    check_learner_group(cfg, algos)
     for name, cls in pm.config_sections().items():
         if name not in algos:  # the plugins' own sections (input.*, multiagent.*)
             validate_section(name, cfg, section_object(cfg, name, cls))
+
+
+def check_learner_group(cfg: Any, algos: Any) -> None:
+    """``learner.num_learners`` > 0 needs Ray (``runtime.backend=ray``), feed-forward policies and
+    algorithms that declare ``learner_group`` (:class:`flowkit.AlgorithmRef`)."""
+    n = int(cfg.learner.num_learners)
+    if n == 0:
+        return
+    if cfg.runtime.backend != "ray":
+        raise ConfigError(f"learner.num_learners={n} runs learner processes on Ray: it needs runtime.backend=ray "
+                          f"(got {cfg.runtime.backend}); learner.num_learners=0 trains in this process")
+    if bad := [a for a in run_algorithms(cfg) if a in algos and not getattr(algos[a], "learner_group", False)]:
+        ok = sorted(k for k, r in algos.items() if getattr(r, "learner_group", False))
+        raise ConfigError(f"learner.num_learners={n}: algo {bad[0]} does not train through a learner group "
+                          f"(those that do: {', '.join(ok)}); set learner.num_learners=0")
+    if cfg.model.recurrent:
+        raise ConfigError(f"learner.num_learners={n}: a learner group trains feed-forward policies only "
+                          f"(model.recurrent={cfg.model.recurrent})")
 
 
 def validate_section(name: str, run_config: Any, section: Any) -> List[str]:

@@ -37,6 +37,10 @@ class AlgorithmRef:
             key of its own section that is the same switch (``"normalize_observations"``); False:
             refused, with ``normalize_obs_refusal`` (why, and what to use instead).
         normalize_obs_refusal: the reason given when ``model.normalize_obs=true`` is refused.
+        learner_group: its plan trains through ``TrainOneStep`` on a learner whose policies'
+            losses are per-row means and draw per-row noise only through ``Policy.randn``, so
+            ``learner.num_learners`` > 0 (a :class:`~flowkit.core.learner.LearnerGroup`) gives
+            one learner's update; False: the key is refused for it.
     """
     name: str
     config_class: Optional[type]
@@ -45,6 +49,7 @@ class AlgorithmRef:
     recurrent: bool = False
     normalize_obs: Union[bool, str] = False
     normalize_obs_refusal: str = ""
+    learner_group: bool = False
 
     def load(self) -> Type["Algorithm"]:
         """Import the class (what the plugin manager does on the first lookup of ``name``).
@@ -68,7 +73,7 @@ class Algorithm:
     """Base class of every algorithm plugin.
 
     Attributes:
-        name, config_class, action_spaces, recurrent, normalize_obs, normalize_obs_refusal:
+        name, config_class, action_spaces, recurrent, normalize_obs, normalize_obs_refusal, learner_group:
             what the algorithm declares, as :class:`flowkit.AlgorithmRef` describes them; a
             plugin writes them once, in its torch-free ``AlgorithmRef``, and the class takes
             them from it (``class PPO(Algorithm, ref=PPO_REF)``); a class registered as it is
@@ -105,6 +110,7 @@ class Algorithm:
     recurrent: bool = False
     normalize_obs: Union[bool, str] = False
     normalize_obs_refusal: str = ""
+    learner_group: bool = False
     from_checkpoint: ClassVar[Callable[..., "Algorithm"]]
 
     def __init_subclass__(cls, ref: Any = None, **kwargs: Any) -> None:

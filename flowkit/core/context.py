@@ -18,7 +18,7 @@ from omegaconf import DictConfig
 from flowkit.config import ConfigError
 from flowkit.core.encoders import SpaceError
 from flowkit.core.flow import FlowContext, TimerStat
-from flowkit.core.learner import Learner
+from flowkit.core.learner import Learner, LearnerGroup
 from flowkit.core.metrics import Metrics, _means, returns_by_policy
 from flowkit.core.policy import Policy
 from flowkit.core.workers import PolicySpec, RolloutWorker, WorkerSet, derive_seed
@@ -125,7 +125,16 @@ class RunContext(FlowContext):
         trainable = [p for p in pids if self.policies[p].optimizer is not None
                      and getattr(self.algorithms.get(self.policy_specs[p].algo), "trainable", True)
                      and getattr(self.policy_specs[p], "trainable", True)]
-        self.learners[group] = lr = Learner(group, {p: self.policies[p] for p in pids}, trainable, self.rng)
+        pols = {p: self.policies[p] for p in pids}
+        lc = self.config.learner
+        if int(lc.num_learners) > 0:  # a group of learner processes (started on the first update)
+            lr: Learner = LearnerGroup(group, pols, trainable, self.rng, {p: self.policy_specs[p] for p in pids},
+                                       {p: self.policy_specs[p].model_config(self.config) for p in pids},
+                                       int(lc.num_learners), float(lc.num_cpus_per_learner), str(lc.placement_strategy),
+                                       str(lc.device), int(lc.num_threads), float(self.config.runtime.start_timeout_s))
+        else:
+            lr = Learner(group, pols, trainable, self.rng)
+        self.learners[group] = lr
         return self.add_stateful(f"{group}/learner", lr)
 
     def get_weights(self, policy_ids: Optional[Sequence[str]] = None) -> Dict[str, Any]:

@@ -108,6 +108,11 @@ class Learner:
             backward pass and the optimizer step of every minibatch (``rows``: its row count;
             clipping and the step use what it returns): DD-PPO's all-reduce, the row-weighted
             mean of the gradients of a group of learners. None: the gradient as it is.
+        shard: ``(rank, world)``: this learner is rank ``rank`` of a group of ``world`` that
+            trains on the same train batch (:class:`LearnerGroup`): each minibatch is cut into
+            ``world`` contiguous pieces of rows and this learner's loss and gradient are over
+            piece ``rank`` (the ``reducer`` makes the row-weighted mean); preparing the batch,
+            the minibatch order and ``on_train_batch_end`` are as without a group.
 
     A recurrent policy's minibatches are whole sequences (:func:`~flowkit.core.batch.sequence_lengths`
     with ``model.max_seq_len``): shuffled sequences (:func:`sequence_minibatches`), or contiguous
@@ -124,8 +129,10 @@ class Learner:
                  rng: Optional[np.random.Generator] = None, num_epochs: int = 1,
                  minibatch_size: Optional[int] = None, contiguous: bool = False,
                  num_minibatches: Optional[int] = None,
-                 reducer: Optional[Callable[[torch.Tensor, int], torch.Tensor]] = None):
+                 reducer: Optional[Callable[[torch.Tensor, int], torch.Tensor]] = None,
+                 shard: Optional[Tuple[int, int]] = None):
         self.name, self.policies = name, dict(policies)
+        self.shard = shard
         self.trainable = ({p for p, pol in self.policies.items() if pol.optimizer is not None}
                           if trainable is None else set(trainable))
         self.rng = rng if rng is not None else np.random.default_rng(0)
@@ -224,6 +231,8 @@ class Learner:
                         else list(range(0, n, mbs)) + [n])
                 mbs_iter = ({c: v[s:e] for c, v in shuffled.items()} for s, e in zip(cuts[:-1], cuts[1:]))
             for mb in mbs_iter:
+                if self.shard is not None:
+                    mb = self._piece(pid, policy, policy.prepare_minibatch(mb))
                 loss, st = policy.loss(mb)
                 self._check_stats(pid, policy, st, steps)  # the stats are floats already: no sync
                 if self.reducer is None:
@@ -238,12 +247,30 @@ class Learner:
                 if max_norm:
                     sums["grad_norm"] += norm
                 steps += 1
+        policy.shard_rows = None
         self._check_weights(pid, policy, steps)
         policy.num_updates += steps
         stats = {k: v / max(steps, 1) for k, v in sums.items()}
         stats.update(policy.on_train_batch_end(tb) or {})
         stats.update(train_batch_size=n, num_sgd_steps=steps)
         return stats, steps, n
+
+    def _piece(self, pid: str, policy: "Policy", mb: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """This rank's contiguous piece of the minibatch ``mb`` (``shard``), marked on the policy
+        (:attr:`Policy.shard_rows`)."""
+        assert self.shard is not None
+        rank, world = self.shard
+        n = len(next(iter(mb.values())))
+        a, b = n * rank // world, n * (rank + 1) // world
+        if b <= a:
+            raise ValueError(f"Learner {self.name}: policy {pid!r}'s minibatch of {n} rows cannot be shared by "
+                             f"{world} learners (learner.num_learners): each needs at least one row")
+        if bad := next((k for k, v in mb.items() if len(v) != n), None):
+            raise ValueError(f"Learner {self.name}: policy {pid!r}'s minibatch column {bad!r} has {len(mb[bad])} "
+                             f"values for {n} rows: a learner group needs one per row "
+                             f"({type(policy).__name__}.prepare_minibatch)")
+        policy.shard_rows = (a, b, n)
+        return {k: v[a:b] for k, v in mb.items()}
 
     @staticmethod
     def step(policy: "Policy", loss: torch.Tensor, max_grad_norm: Optional[float] = None) -> float:
@@ -397,3 +424,249 @@ class Learner:
         if t is not None and t.is_alive() and threading.current_thread() is not t:
             t.join(timeout_s)
         self._thread = None
+
+
+# ---- a group of learner processes -----------------------------------------------------------------
+class _GroupMember:
+    """One learner process of a :class:`LearnerGroup` (a Ray actor): torch copies of the group's
+    policies and a :class:`Learner` over them that trains on its ``shard`` of each minibatch and
+    all-reduces the gradient before each optimizer step."""
+
+    def __init__(self, name: str, specs: Dict[str, Any], model_configs: Dict[str, Any], trainable: List[str],
+                 device: str, rank: int, world: int, num_threads: int):
+        torch.set_num_threads(int(num_threads))
+        policies = {p: s.policy_class(s.observation_space, s.action_space, s.config, model_configs[p], device, 0)
+                    for p, s in specs.items()}
+        self.rank = int(rank)
+        self.learner = Learner(name, policies, trainable, shard=(int(rank), int(world)))
+
+    def node_id(self) -> str:
+        import ray
+        return ray.get_runtime_context().get_node_id()
+
+    def join(self, host: str, port: int, generation: int, backend: str, timeout_s: float) -> bool:
+        """Join the group's torch.distributed process group (rendezvous at the driver's
+        TCPStore ``host:port``, keys under ``<name>/<generation>/``)."""
+        import datetime
+
+        import torch.distributed as dist
+        td = datetime.timedelta(seconds=float(timeout_s))
+        lr = self.learner
+        store = dist.PrefixStore(f"{lr.name}/{generation}/", dist.TCPStore(host, int(port), None, False, td))
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        world = lr.shard[1] if lr.shard else 1
+        dist.init_process_group(backend, store=store, rank=self.rank, world_size=world, timeout=td)
+        lr.reducer = self.allreduce_mean
+        return True
+
+    @staticmethod
+    def allreduce_mean(g: torch.Tensor, rows: int) -> torch.Tensor:
+        """``sum_r rows_r g_r / sum_r rows_r`` over the group: the gradient of the mean loss over
+        the whole minibatch (one all-reduce of the gradient and the row count together)."""
+        import torch.distributed as dist
+        buf = torch.cat([g * float(rows), g.new_tensor([float(rows)])])
+        dist.all_reduce(buf)
+        return buf[:-1] / buf[-1]
+
+    def update(self, b: sb.MultiAgentBatch, states: Dict[str, Any], rng_state: Dict[str, Any],
+               loop: Dict[str, Any]) -> Dict[str, Any]:
+        """Train on this rank's share of ``b`` from the driver's policy ``states`` and minibatch
+        RNG state; rank 0 also returns its policies' states and RNG state afterwards."""
+        lr = self.learner
+        for pid, st in states.items():
+            lr.policies[pid].set_state(st)
+        lr.rng.bit_generator.state = rng_state
+        lr.configure(**loop)
+        out = lr.update(b)
+        res: Dict[str, Any] = {"stats": out["stats"], "num_updates": out["num_updates"],
+                               "td_error": {p: getattr(lr.policies[p], "td_error", None) for p in out["stats"]}}
+        if self.rank == 0:
+            res.update(states={p: lr.policies[p].get_state() for p in states}, rng=lr.rng.bit_generator.state)
+        return res
+
+
+class LearnerGroup(Learner):
+    """A :class:`Learner` whose updates run on ``num_learners`` learner processes (Ray actors in
+    one placement group) behind the same interface: plans do not change.
+
+    Each update sends the train batch (one object in Ray's store), the driver policies' full
+    state (:meth:`Policy.get_state`: weights, optimizer, target network, scalar state) and the
+    minibatch RNG state to every learner. Learner ``r`` of ``N`` runs the same epochs x
+    minibatches loop as one learner would, on rows ``[n r / N, n (r + 1) / N)`` of each
+    ``n``-row minibatch, and all-reduces the gradient before every optimizer step
+    (torch.distributed: gloo on CPU, NCCL on CUDA) as the row-weighted mean, the gradient of
+    the mean loss over the minibatch: the group's update is one learner's, up to float
+    summation order (RLlib 2.x's LearnerGroup shards the train batch instead, each learner
+    making its own minibatches). Rank 0's policy states and RNG state then become the driver's:
+    the driver always holds the whole state, so checkpoints, weights for the workers, target
+    updates and schedules work as with one learner, and a lost learner costs nothing learned:
+    the group is rebuilt (new actors, new process group) and the update retried once.
+
+    Stats are the mean of the learners' stats (each over its rows); ``td_error`` (prioritized
+    replay) is the learners' pieces in rank order. Recurrent policies are refused.
+
+    Args (beyond :class:`Learner`'s):
+        specs: ``{policy_id: PolicySpec}`` the learner processes build their policies from.
+        model_configs: ``{policy_id: model.* config}``.
+        num_learners: learner processes (``learner.num_learners``), >= 1.
+        num_cpus: CPUs each reserves (``learner.num_cpus_per_learner``).
+        strategy: the placement group's strategy (``learner.placement_strategy``: PACK, SPREAD,
+            STRICT_PACK, STRICT_SPREAD).
+        device: ``cpu`` or ``cuda`` (each learner then reserves one GPU).
+        num_threads: torch threads of each learner process.
+        timeout_s: bound of placing the group, its rendezvous and each update's collectives.
+
+    Raises:
+        ValueError: a trainable policy is recurrent.
+        RuntimeError: the group cannot be placed within ``timeout_s``, or it lost a learner
+            twice in one update (naming the group and the rank).
+    """
+
+    def __init__(self, name: str, policies: Dict[str, "Policy"], trainable: Optional[Iterable[str]],
+                 rng: Optional[np.random.Generator], specs: Dict[str, Any], model_configs: Dict[str, Any],
+                 num_learners: int, num_cpus: float = 1.0, strategy: str = "PACK", device: str = "cpu",
+                 num_threads: int = 1, timeout_s: float = 300.0):
+        super().__init__(name, policies, trainable, rng)
+        if rec := [p for p in self.trainable if getattr(self.policies[p], "is_recurrent", False)]:
+            raise ValueError(f"learner.num_learners={num_learners}: policy {rec[0]!r} is recurrent; a learner "
+                             "group trains feed-forward policies only")
+        self.specs, self.model_configs = specs, model_configs
+        self.num_learners, self.num_cpus, self.strategy = int(num_learners), float(num_cpus), str(strategy)
+        self.device, self.num_threads, self.timeout_s = str(device), int(num_threads), float(timeout_s)
+        self.actors: List[Any] = []
+        self.generation = 0           # process groups formed so far
+        self.num_rebuilds = 0         # groups rebuilt after a lost learner
+        self._pg: Any = None
+        self._store: Any = None
+
+    def describe(self) -> str:
+        return f"{super().describe()}, {self.num_learners} learner processes"
+
+    def update(self, b: sb.MultiAgentBatch) -> Dict[str, Any]:
+        """As :meth:`Learner.update`, on the group's processes (see the class docstring)."""
+        t0 = time.perf_counter()
+        with self.lock:
+            pids = [p for p in b.policy_batches if p in self.trainable and len(b.policy_batches[p])]
+            res = self._remote_update(b, {p: self.policies[p].get_state() for p in pids})
+            for p, st in res[0]["states"].items():
+                self.policies[p].set_state(st)
+            self.rng.bit_generator.state = res[0]["rng"]
+            self._weights_cache = None
+            per_pid = {}
+            for p in res[0]["stats"]:
+                tds = [r["td_error"].get(p) for r in res]
+                if all(td is not None for td in tds):
+                    pol: Any = self.policies[p]  # a policy with priorities (UpdatePriorities' contract)
+                    pol.td_error = np.concatenate(tds)
+                stats = {k: float(np.mean([r["stats"][p][k] for r in res])) for k in res[0]["stats"][p]}
+                stats["train_batch_size"] = len(b.policy_batches[p])
+                per_pid[p] = (stats, int(stats["num_sgd_steps"]), len(b.policy_batches[p]))
+            out = self._update(b, per_pid.items(), lambda pid, pol, x: x)
+        dt = time.perf_counter() - t0
+        self.busy_s += dt - out["learn_time_s"]
+        out["learn_time_s"] = dt
+        return out
+
+    def apply_gradients(self, b: sb.MultiAgentBatch) -> Dict[str, Any]:
+        raise NotImplementedError(f"learner group {self.name}: workers' gradients (A3C) are applied by one "
+                                  "learner; set learner.num_learners=0")
+
+    # ---- the processes ---------------------------------------------------------------------
+    def _remote_update(self, b: sb.MultiAgentBatch, states: Dict[str, Any]) -> List[Dict[str, Any]]:
+        """Every learner's result of one update, in rank order; the group rebuilt and the update
+        retried once if a learner was lost."""
+        import ray
+        loop = {"num_epochs": self.num_epochs, "minibatch_size": self.minibatch_size,
+                "contiguous": self.contiguous, "num_minibatches": self.num_minibatches}
+        for attempt in (0, 1):
+            if not self.actors:
+                self._start()
+            refs = [ray.put(b), ray.put(states)]
+            rng = self.rng.bit_generator.state
+            try:
+                return self._gather([a.update.remote(refs[0], refs[1], rng, loop) for a in self.actors])
+            except ray.exceptions.RayTaskError as e:  # raised in a learner: its own exception
+                self._teardown()
+                raise e.cause from None
+            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, TimeoutError) as e:
+                self._teardown()
+                what = f"learner group {self.name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+                if attempt:
+                    raise RuntimeError(f"{what}; lost again after the group was rebuilt: giving up (the "
+                                       "driver holds every learned state: resume from the checkpoint)") from None
+                self.num_rebuilds += 1
+                import warnings
+                warnings.warn(f"{what}; rebuilding the group and retrying the update", RuntimeWarning, stacklevel=2)
+        raise AssertionError("unreachable")
+
+    def _gather(self, refs: List[Any]) -> List[Dict[str, Any]]:
+        """``ray.get`` of every learner's update, failing at the first learner that fails (the
+        others may wait in a collective for it) or after ``timeout_s`` without progress."""
+        import ray
+        pending, deadline = list(refs), time.monotonic() + self.timeout_s
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not done:
+                raise TimeoutError(f"{len(pending)} of {len(refs)} learners did not finish an update within "
+                                   f"{self.timeout_s:g} s")
+            ray.get(done)  # raises a failed learner's error now
+            deadline = time.monotonic() + self.timeout_s
+        return ray.get(refs)
+
+    def _start(self) -> None:
+        """Place the group (one bundle per learner), start its actors and form its process group."""
+        import datetime
+
+        import ray
+        import torch.distributed as dist
+        from ray.util.placement_group import placement_group
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+        cuda = self.device.startswith("cuda")
+        bundle = {"CPU": self.num_cpus, **({"GPU": 1.0} if cuda else {})}
+        self._pg = placement_group([bundle] * self.num_learners, strategy=self.strategy,
+                                   name=f"flowkit-{self.name}-learners-{self.generation}")
+        if not ray.wait([self._pg.ready()], timeout=self.timeout_s)[0]:
+            self._teardown()
+            raise RuntimeError(f"learner group {self.name}: {self.num_learners} x {bundle} ({self.strategy}) could "
+                               f"not be placed within {self.timeout_s:g} s; free: {ray.available_resources()}")
+        host = ray.util.get_node_ip_address()
+        self._store = dist.TCPStore(host, 0, None, True, datetime.timedelta(seconds=self.timeout_s),
+                                    wait_for_workers=False)
+        cls = ray.remote(max_restarts=0)(_GroupMember)
+        specs = {p: self.specs[p] for p in self.policies}
+        self.actors = [cls.options(num_cpus=self.num_cpus, num_gpus=1 if cuda else 0,
+                                   scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, i),
+                                   name=None).remote(self.name, specs, self.model_configs, sorted(self.trainable),
+                                                     "cuda" if cuda else "cpu", i, self.num_learners,
+                                                     self.num_threads)
+                       for i in range(self.num_learners)]
+        self._gather([a.join.remote(host, int(self._store.port), self.generation, "nccl" if cuda else "gloo",
+                                    self.timeout_s) for a in self.actors])
+        self.generation += 1
+
+    def node_ids(self) -> List[str]:
+        """The Ray node id of each learner process, in rank order (starts the group)."""
+        import ray
+        with self.lock:
+            if not self.actors:
+                self._start()
+            return ray.get([a.node_id.remote() for a in self.actors])
+
+    def _teardown(self) -> None:
+        import ray
+        from ray.util.placement_group import remove_placement_group
+        actors, self.actors = self.actors, []
+        for a in actors:
+            with contextlib.suppress(Exception):
+                ray.kill(a, no_restart=True)
+        if self._pg is not None:
+            with contextlib.suppress(Exception):
+                remove_placement_group(self._pg)
+        self._pg, self._store = None, None
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the thread (if any), then the learner processes and their placement group."""
+        super().stop(timeout_s)
+        if self.actors or self._pg is not None:
+            self._teardown()

@@ -52,6 +52,10 @@ class Policy(Acting):
 
     train_columns: Optional[Tuple[str, ...]] = None
     state_attrs: Tuple[str, ...] = ()
+    shard_rows: Optional[Tuple[int, int, int]] = None
+    """``(start, stop, rows)`` while a learner of a group computes :meth:`loss` on rows
+    ``[start, stop)`` of a ``rows``-row minibatch (set by the :class:`~flowkit.core.Learner`);
+    None otherwise. :meth:`randn` reads it."""
     _frames_cnn: Optional[bool] = None  # (prepare_batch: the model has a FramesCNN; found on first use)
 
     def __init__(self, observation_space: gym.Space, action_space: gym.Space, config: Any,
@@ -249,6 +253,26 @@ class Policy(Acting):
         params = getattr(self, "_params", None) or [p for p in self.model.parameters() if p.requires_grad]
         loss, stats = self.loss(self.prepare_batch(batch))
         return flat_gradient(params, loss).cpu().numpy(), stats
+
+    def prepare_minibatch(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """A learner of a group calls this on the whole minibatch before it takes its rows
+        (:attr:`shard_rows`) for :meth:`loss`: the place of a loss's statistics over the
+        minibatch (PPO's advantage standardisation), which :meth:`loss` then skips while
+        :attr:`shard_rows` is set. Default: the batch as it is."""
+        return batch
+
+    def randn(self, rows: int, *shape: int) -> torch.Tensor:
+        """Standard normal noise float32[rows, *shape] on :attr:`device` from :attr:`generator`
+        (a loss's per-row noise: SAC's reparameterised actions). In a learner group
+        (:attr:`shard_rows` set) the whole minibatch's noise is drawn and this learner's rows
+        of it returned, so the group draws what one learner would and ends in the same
+        generator state."""
+        if self.shard_rows is None:
+            return torch.randn(rows, *shape, generator=self.generator).to(self.device)
+        a, b, n = self.shard_rows
+        if b - a != rows:
+            raise ValueError(f"randn({rows}) in a learner group's shard of rows [{a}, {b}) of {n}")
+        return torch.randn(n, *shape, generator=self.generator)[a:b].to(self.device)
 
     def on_train_batch_end(self, batch: Dict[str, torch.Tensor]) -> Dict[str, float]:
         """Called by the Learner after all epochs on a train batch (schedules, stats)."""

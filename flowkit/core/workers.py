@@ -311,16 +311,19 @@ class _RayRolloutWorker(RolloutWorker):
 
 
 @functools.lru_cache(maxsize=None)
-def _actor_class(num_cpus: float) -> Any:
+def _actor_class(num_cpus: float, scheduling: str = "DEFAULT") -> Any:
+    """The Ray actor class of a rollout worker: ``num_cpus`` reserved, placed by Ray's
+    ``scheduling`` strategy (``DEFAULT``, or ``SPREAD``: over as many nodes as it can)."""
     import ray
-    return ray.remote(num_cpus=num_cpus, max_restarts=0)(_RayRolloutWorker)
+    strategy: Any = scheduling  # (a config string: "DEFAULT" or "SPREAD")
+    return ray.remote(num_cpus=num_cpus, max_restarts=0, scheduling_strategy=strategy)(_RayRolloutWorker)
 
 
 def _prestart_key(c: Any) -> str:
     """What a prestarted worker was built with (see :func:`prestart`), from a config container."""
     rt = c["runtime"]
     return repr((c["env"], c["seed"], c["plugins"], rt["num_workers"], rt["num_envs_per_worker"],
-                 rt["num_cpus_per_worker"]))
+                 rt["num_cpus_per_worker"], rt["worker_scheduling"]))
 
 
 def prestart(config: Any, make_pm: Callable[[List[str]], Any]) -> tuple:
@@ -332,7 +335,7 @@ def prestart(config: Any, make_pm: Callable[[List[str]], Any]) -> tuple:
     from omegaconf import OmegaConf
     c = OmegaConf.to_container(config, resolve=True)
     n = max(1, int(config.runtime.num_workers))
-    cls = _actor_class(float(config.runtime.num_cpus_per_worker))
+    cls = _actor_class(float(config.runtime.num_cpus_per_worker), str(config.runtime.worker_scheduling))
     return _prestart_key(c), [cls.remote(c, i, n, None, 0, make_pm=make_pm) for i in range(n)]
 
 
@@ -430,7 +433,7 @@ class WorkerSet:
                 handle.build.remote(self.remote_specs, self._container)
                 a = RayActor(handle, index)
             else:
-                cls = _actor_class(float(self.config.runtime.num_cpus_per_worker))
+                cls = _actor_class(float(self.config.runtime.num_cpus_per_worker), str(self.config.runtime.worker_scheduling))
                 a = RayActor(cls.remote(self._container, index, n, self.remote_specs, restarts,
                                         make_pm=self.make_pm), index)
         except Exception as e:

@@ -114,7 +114,7 @@ def sequence_stride(cfg: Any) -> int:
     return int(cfg.seq_stride) if cfg.seq_stride is not None else int(cfg.seq_len) - int(cfg.burn_in)
 
 
-DQN_REF = flowkit.AlgorithmRef("dqn", DQNConfig, "flowkit_dqn.dqn:DQN", ("Discrete",), normalize_obs=True)
+DQN_REF = flowkit.AlgorithmRef("dqn", DQNConfig, "flowkit_dqn.dqn:DQN", ("Discrete",), learner_group=True, normalize_obs=True)
 R2D2_REF = flowkit.AlgorithmRef("r2d2", R2D2Config, "flowkit_dqn.r2d2:R2D2", ("Discrete",), recurrent=True,
                                 normalize_obs_refusal=(
     "its replayed sequences and stored recurrent states are not normalised; use dqn, or a recurrent actor-critic "

@@ -61,9 +61,9 @@ class APPOConfig(IMPALAConfig):
                             choices=("contiguous", "shuffled"))
 
 
-IMPALA_REF = flowkit.AlgorithmRef("impala", IMPALAConfig, "flowkit_impala.impala:IMPALA", recurrent=True,
+IMPALA_REF = flowkit.AlgorithmRef("impala", IMPALAConfig, "flowkit_impala.impala:IMPALA", recurrent=True, learner_group=True,
                                   normalize_obs=True)
-APPO_REF = flowkit.AlgorithmRef("appo", APPOConfig, "flowkit_impala.appo:APPO", recurrent=True, normalize_obs=True)
+APPO_REF = flowkit.AlgorithmRef("appo", APPOConfig, "flowkit_impala.appo:APPO", recurrent=True, learner_group=True, normalize_obs=True)
 
 
 @flowkit.hookimpl

@@ -105,6 +105,24 @@ class APPOPolicy(ActorCriticPolicy):
             del tb[k]
         return tb
 
+    @torch.no_grad()
+    def prepare_minibatch(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """For a learner group: pi_target's inputs and V-trace over the whole minibatch (as
+        :meth:`loss` computes them in ``minibatch_mode=contiguous``; already there in
+        ``shuffled``), the advantages standardised over it (``normalize_advantages=minibatch``),
+        and only the columns with one value per row."""
+        out = {k: v for k, v in batch.items() if k not in ("boot_idx", "boot_obs", "nextnonterminal")}
+        if "target_inputs" not in batch:
+            assert self.target is not None, "prepare_minibatch runs on the learner's policy"
+            mask, actions = batch.get(sb.ACTION_MASK), batch[sb.ACTIONS]
+            values = self.model_forward(batch)[1]
+            out["target_inputs"] = self.model_forward(batch, self.target.module)[0]
+            log_rhos = self.dist.logp(out["target_inputs"], actions, mask) - batch[sb.ACTION_LOGP]
+            out["vtrace_vs"], out["vtrace_adv"] = self.vtrace_targets(batch, log_rhos, values)
+        if self.config.normalize_advantages == "minibatch":
+            out["vtrace_adv"] = standardized(out["vtrace_adv"])
+        return out
+
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg = self.config
         assert self.target is not None, "loss runs on the learner's policy"
@@ -126,8 +144,8 @@ class APPOPolicy(ActorCriticPolicy):
                    else self.vtrace_targets(batch, log_rhos, values.detach()))
         is_ratio = torch.clamp(torch.exp(-log_rhos), 0.0, cfg.is_ratio_clip)
         ratio = is_ratio * torch.exp(logp - behaviour_logp)
-        pg_loss = clipped_surrogate(ratio, standardized(adv) if cfg.normalize_advantages == "minibatch" else adv,
-                                    cfg.clip_param)
+        standardize = cfg.normalize_advantages == "minibatch" and self.shard_rows is None  # (a group's: prepare_minibatch)
+        pg_loss = clipped_surrogate(ratio, standardized(adv) if standardize else adv, cfg.clip_param)
         vf_loss = 0.5 * (vs - values).pow(2).mean()
         entropy = entropy.mean()
         loss = pg_loss + cfg.vf_coef * vf_loss - cfg.ent_coef * entropy

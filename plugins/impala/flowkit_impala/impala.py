@@ -54,13 +54,25 @@ class IMPALAPolicy(ActorCriticPolicy):
     # -- learning (learner; the Learner runs the epochs over contiguous minibatches) --
     prepare_batch = ActorCriticPolicy.prepare_vtrace_batch
 
+    @torch.no_grad()
+    def prepare_minibatch(self, batch: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """For a learner group: V-trace over the whole minibatch (``vtrace_vs``, ``vtrace_pg``:
+        float32[B]) with the current weights, as :meth:`loss` would compute it, and only the
+        columns with one value per row."""
+        inputs, values = self.model_forward(batch)
+        log_rhos = self.dist.logp(inputs, batch[sb.ACTIONS], batch.get(sb.ACTION_MASK)) - batch[sb.ACTION_LOGP]
+        out = {k: v for k, v in batch.items() if k not in ("boot_idx", "boot_obs", "nextnonterminal")}
+        out["vtrace_vs"], out["vtrace_pg"] = self.vtrace_targets(batch, log_rhos, values)
+        return out
+
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg = self.config
         mask = batch.get(sb.ACTION_MASK)
         inputs, values = self.model_forward(batch)
         logp, entropy = self.dist.logp_entropy(inputs, batch[sb.ACTIONS], mask, entropy_grad=cfg.ent_coef != 0)
         log_rhos = logp.detach() - batch[sb.ACTION_LOGP]
-        vs_t, pg_t = self.vtrace_targets(batch, log_rhos, values.detach())
+        vs_t, pg_t = ((batch["vtrace_vs"], batch["vtrace_pg"]) if "vtrace_pg" in batch  # prepare_minibatch's
+                      else self.vtrace_targets(batch, log_rhos, values.detach()))
         pg_loss = -(logp * pg_t).mean()
         vf_loss = 0.5 * (vs_t - values).pow(2).mean()
         entropy = entropy.mean()

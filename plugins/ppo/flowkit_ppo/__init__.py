@@ -128,7 +128,7 @@ def num_minibatches(c: Any, run_config: Any) -> int:
     return max(1, -(-full // int(c.minibatch_size)))
 
 
-PPO_REF = flowkit.AlgorithmRef("ppo", PPOConfig, "flowkit_ppo.ppo:PPO", recurrent=True,
+PPO_REF = flowkit.AlgorithmRef("ppo", PPOConfig, "flowkit_ppo.ppo:PPO", recurrent=True, learner_group=True,
                                normalize_obs="normalize_observations")
 DDPPO_REF = flowkit.AlgorithmRef("ddppo", DDPPOConfig, "flowkit_ppo.ddppo:DDPPO", normalize_obs_refusal=(
     "its workers would each keep running observation statistics of their own (and their weights would differ); "

@@ -54,7 +54,7 @@ class PPOPolicy(ActorCriticPolicy):
         entropy = entropy.mean()
         ratio = torch.exp(logp - batch[sb.ACTION_LOGP])
         adv = batch[sb.ADVANTAGES]
-        if cfg.normalize_advantages == "minibatch":
+        if cfg.normalize_advantages == "minibatch" and self.shard_rows is None:  # (a group's: prepare_minibatch)
             adv = standardized(adv)
         clip = self.clip_param
         pg_loss = clipped_surrogate(ratio, adv, clip)
@@ -74,6 +74,12 @@ class PPOPolicy(ActorCriticPolicy):
                         clip_frac=((ratio.detach() - 1.0).abs() > clip).float().mean(), total_loss=loss)
         self._kl_sum, self._kl_n = self._kl_sum + st["kl"], self._kl_n + 1
         return loss, st
+
+    def prepare_minibatch(self, batch):
+        """The whole minibatch's advantages standardised (``normalize_advantages=minibatch``)."""
+        if self.config.normalize_advantages != "minibatch":
+            return batch
+        return {**batch, sb.ADVANTAGES: standardized(batch[sb.ADVANTAGES])}
 
     def on_train_batch_end(self, batch):
         stats = {"lr": self.current_lr(), "clip_param": self.clip_param}

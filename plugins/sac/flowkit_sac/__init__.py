@@ -77,7 +77,7 @@ class TD3Config(_OffPolicyConfig):
 
 
 # Box actions with finite bounds (the bounds checked at set-up: OffPolicyAlgorithm.check_spaces)
-SAC_REF = flowkit.AlgorithmRef("sac", SACConfig, "flowkit_sac.sac:SAC", ("Box",), normalize_obs=True)
+SAC_REF = flowkit.AlgorithmRef("sac", SACConfig, "flowkit_sac.sac:SAC", ("Box",), learner_group=True, normalize_obs=True)
 TD3_REF = flowkit.AlgorithmRef("td3", TD3Config, "flowkit_sac.td3:TD3", ("Box",), normalize_obs=True)
 
 

@@ -155,7 +155,7 @@ class SACPolicy(OffPolicyActorCritic):
         self.finish_init(["critic"])
 
     def noise(self, like: torch.Tensor) -> torch.Tensor:
-        return torch.randn(like.shape[0], self.act_dim, generator=self.generator).to(self.device)
+        return self.randn(like.shape[0], self.act_dim)
 
     def act(self, obs, explore):
         actor = self.model.actor
