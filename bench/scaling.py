@@ -124,7 +124,9 @@ def rllib_one(mode: str, n: int, a: argparse.Namespace) -> dict:
 
     import ray
     from ray.tune.registry import register_env
-    ray.init(num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False, logging_level="error")
+    # address="local": a session of its own, even where another one's address is on record
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+             logging_level="error")
     register_env("flowkit-sleep", sleep_env_creator)
     from ray.rllib.algorithms.appo import APPOConfig
     from ray.rllib.algorithms.impala import IMPALAConfig
@@ -267,19 +269,24 @@ def main(argv=None) -> int:
                 r = median_run(runs[side])
                 results.append(r)
                 print(f"  {r['mode']:>12} x {n:>2} workers: {r['rate']:,.0f} env steps/s of {r['optimum']:,.0f} "
-                      f"({r['rate'] / r['optimum']:.2f}) load {r['load']:.1f}"
-                      f"{' ' + r.get('error', '') if 'error' in r else ''}", flush=True)
-    text = table(results, a)
-    print("\n" + text)
+                      f"({r['rate'] / r['optimum']:.2f}), driver {r['driver_cpu_s_per_1k']:.3f} CPU s per 1k, "
+                      f"load {r['load']:.1f}{' ' + r.get('error', '') if 'error' in r else ''}", flush=True)
+            save(results, a)
+    print("\n" + table(results, a))
+    if a.plot:
+        print(f"plot: {a.plot}")
+    return 0
+
+
+def save(results: list, a: argparse.Namespace) -> None:
+    """The JSON (``--json``) and the plot (``--plot``) of the points so far (written after each
+    point: a sweep stopped early keeps what it measured)."""
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"settings": vars(a), "results": results, "median_of": a.repeats,
-                       "load": os.getloadavg()[0], "ratio_median": statistics.median(
-                           r["rate"] / r["optimum"] for r in results)}, f, indent=1)
+                       "ratio_median": statistics.median(r["rate"] / r["optimum"] for r in results)}, f, indent=1)
     if a.plot:
         plot(results, a.plot, a)
-        print(f"plot: {a.plot}")
-    return 0
 
 
 if __name__ == "__main__":
