@@ -205,7 +205,8 @@ def table(results: list, a: argparse.Namespace) -> str:
     for r in results:
         note = f" ({r['error']})" if "error" in r else ""
         theirs = rllib.get((f"rllib-{r['mode']}", r["workers"]))
-        vs = f"{r['rate'] / theirs:.2f}x" if theirs else "-"
+        vs = ("-" if theirs is None or theirs != theirs else  # no RLlib point, or it failed (nan)
+              f"{r['rate'] / theirs:.2f}x" if theirs > 0 else "RLlib sampled 0")
         lines.append(f"| {r['mode']} | {r['workers']} | {r['rate']:,.0f} | {r['optimum']:,.0f} | "
                      f"{r['rate'] / r['optimum']:.2f} | {r['driver_cpu_s_per_1k']:.3f}{note} | {vs} "
                      f"| {r.get('load', float('nan')):.1f} |")
@@ -226,6 +227,7 @@ def plot(results: list, path: str, a: argparse.Namespace) -> None:
     ax.set(xscale="log", yscale="log", xlabel="rollout workers", ylabel="env steps/s",
            title=f"Sleep-v0, {a.step_ms:g} ms/step, {a.envs} sub-envs/worker, {os.cpu_count()} CPUs")
     ax.set_xticks(ns, [str(n) for n in ns])
+    ax.minorticks_off()
     ax.legend()
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
