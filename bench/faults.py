@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
     import ray
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="error")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="error")
     try:
         base = run(args, 0)
         hurt = run(args, args.kill_every)

@@ -87,7 +87,7 @@ def run_flowkit(mode: str, prefetch: bool, time_s: float, seed: int, hidden: str
 def rllib_child(time_s: float, seed: int) -> None:
     """Runs inside RLlib's virtualenv; prints one JSON line."""
     import ray
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="error")
+    ray.init(address="local", num_cpus=4, include_dashboard=False, log_to_driver=False, logging_level="error")
     from ray.rllib.algorithms.impala import IMPALAConfig
     cfg = (IMPALAConfig().environment(ENV)
            .api_stack(enable_rl_module_and_learner=False, enable_env_runner_and_connector_v2=False)
@@ -153,7 +153,7 @@ def main(argv=None) -> int:
         rllib_child(args.time_s, args.seed)
         return 0
     import ray
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="error")
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="error")
     if args.acceptance:
         try:
             acceptance(args.acceptance, args.algo)

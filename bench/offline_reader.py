@@ -171,7 +171,7 @@ def bench_sharded(path: str, a, batches: int) -> dict:
     ctx = SimpleNamespace(policy_specs={"default": spec}, counters=collections.Counter(), mark=lambda _: None,
                           config=cfg)
     if not ray.is_initialized():
-        ray.init(num_cpus=a.ray_cpus, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=a.ray_cpus, include_dashboard=False, log_to_driver=False)
     reader = ShardedReader(ctx, path, "default", a.batch, a.buffer, a.readers)
     it = iter(reader)
     try:

@@ -69,7 +69,7 @@ def flowkit_sampling(seconds: float) -> dict:
                            "runtime.num_envs_per_worker=8", "runtime.rollout_fragment_length=256"])
     from flowkit import _ray
     _ray.stop()  # the session flowkit.train kept for part (a): this part starts its own
-    ray.init(include_dashboard=False, logging_level="error", log_to_driver=False)
+    ray.init(address="local", include_dashboard=False, logging_level="error", log_to_driver=False)
     try:
         ctx = setup(cfg, pm)
         ctx.workers.start()

@@ -15,6 +15,24 @@ process with its own local Ray session (``num_cpus`` = this machine's), the work
 CPUs (``runtime.num_cpus_per_worker`` = min(1, CPUs / N)); it trains ``--time-s`` seconds and its
 rate is the steady state between its second and its last row (start-up left out).
 
+RLlib (``--rllib``: RLlib 2.60's own PPO and APPO / IMPALA, new API stack, on the same env
+registered in RLlib, the same worker and sub-env counts, fragment lengths, train batch sizes,
+CPU fractions and an 8-unit MLP; its learner in the driver, ``num_learners=0``) runs in its own
+virtualenv (RLlib pins another Gymnasium); each point runs flowkit, then RLlib, ``--repeats``
+times, alternating. RLlib builds its sub-envs through the env's ``vector_entry_point``
+(``gym_env_vectorize_mode="vector_entry_point"``), one sleep per step of all of them as in
+flowkit. Its APPO / IMPALA run with ``use_env_runner_state_server=False``: with the global
+state-server actor (their 2.60 default) the env runners' first pull never returned here and
+nothing was sampled. The virtualenv (``/work/venvs/rllib``; RLlib ships inside the ray wheel,
+so only its extras are installed, ray and torch come from flowkit's ``.venv`` through a path
+appended last, after the venv's own gymnasium 1.2.2)::
+
+    python3.11 -m venv /work/venvs/rllib
+    echo "import sys; sys.path.append('/work/main/.venv/lib/python3.11/site-packages')" \
+        > /work/venvs/rllib/lib/python3.11/site-packages/zz_main_venv.pth
+    /work/venvs/rllib/bin/pip install "gymnasium==1.2.2" pandas "pyarrow>=17" dm_tree lz4 \
+        "ormsgpack>=1.7" scipy "tensorboardX>=1.9" "pydantic>=2.5,<3" fsspec
+
 Columns: workers, env steps/s, the optimum, their ratio, and the driver's CPU seconds per 1,000
 env steps (its own process: the plan, the learner thread in the async modes, reporting), the
 figure that tells where the driver saturates (1,000 / that = the most env steps/s one driver
@@ -23,6 +41,7 @@ core can take). Writes the table as JSON (``--json``) and a plot (``--plot``, PN
     python bench/scaling.py                                       # every mode, 1..32 workers
     python bench/scaling.py --modes sample --workers 1 2 4 --time-s 10   # a quick look
     python bench/scaling.py --obs image                           # Atari-sized uint8 frames
+    python bench/scaling.py --modes ppo appo --rllib              # flowkit and RLlib, alternating
 """
 from __future__ import annotations
 
@@ -35,6 +54,8 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+ENVS_PY = os.path.join(HERE, "..", "flowkit", "testing", "envs.py")
+RLLIB_PYTHON = "/work/venvs/rllib/bin/python"
 MODES = {
     "sample": ["algo=random"],
     "ppo": ["algo=ppo", "ppo.num_epochs=1", "model.hidden_sizes=[8]"],
@@ -44,14 +65,14 @@ MODES = {
 
 
 class DriverCpu:
-    """A plugin recording after each iteration (env steps sampled, the driver's CPU seconds)."""
+    """A plugin recording after each iteration (env steps sampled, wall s, the driver's CPU s)."""
 
     def __init__(self) -> None:
         self.rows: list = []
 
     def flowkit_on_train_result(self, result, ctx):
         t = os.times()
-        self.rows.append((result["env_steps_sampled"], t.user + t.system))
+        self.rows.append((result["env_steps_sampled"], result["time_total_s"], t.user + t.system))
 
 
 def overrides(mode: str, n: int, a: argparse.Namespace, run_dir: str) -> list:
@@ -69,45 +90,126 @@ def overrides(mode: str, n: int, a: argparse.Namespace, run_dir: str) -> list:
 
 def one(mode: str, n: int, a: argparse.Namespace) -> dict:
     """One run in this process: the steady rate and the driver's CPU per 1,000 env steps."""
+    import shutil
+
     import flowkit
-    from flowkit.engine import read_metrics
     run_dir = tempfile.mkdtemp(prefix=f"flowkit-scaling-{mode}-{n}-")
     cpu = DriverCpu()
-    flowkit.train(overrides(mode, n, a, run_dir), plugins=[cpu], verbose=False)
-    rows = read_metrics(os.path.join(run_dir, "metrics.csv"))
+    try:
+        flowkit.train(overrides(mode, n, a, run_dir), plugins=[cpu], verbose=False)
+    finally:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    return {"mode": mode, "workers": n, "optimum": n * a.envs / (a.step_ms / 1000), "iterations": len(cpu.rows),
+            **steady(cpu.rows)}
+
+
+def sleep_env_creator(ctx):
+    """RLlib's env creator: flowkit's Sleep-v0 (its module loaded from this checkout by path:
+    RLlib's virtualenv does not install flowkit), a :class:`SleepVectorEnv` when RLlib asks for
+    ``num_envs`` (its vector entry point), else one :class:`SleepEnv`."""
+    import importlib.util
+    mod = sys.modules.get("flowkit_sleep_envs")
+    if mod is None:
+        spec = importlib.util.spec_from_file_location("flowkit_sleep_envs", ENVS_PY)
+        mod = importlib.util.module_from_spec(spec)
+        sys.modules["flowkit_sleep_envs"] = mod  # (its dataclasses look their module up)
+        spec.loader.exec_module(mod)
+    kw = {"step_s": ctx["step_s"], "obs": ctx["obs"]}
+    return mod.SleepVectorEnv(num_envs=ctx["num_envs"], **kw) if "num_envs" in ctx else mod.SleepEnv(**kw)
+
+
+def rllib_one(mode: str, n: int, a: argparse.Namespace) -> dict:
+    """One RLlib run in this process (RLlib's virtualenv), as :func:`one` measures flowkit's."""
+    import time
+
+    import ray
+    from ray.tune.registry import register_env
+    # address="local": a session of its own, even where another one's address is on record
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False,
+             logging_level="error")
+    register_env("flowkit-sleep", sleep_env_creator)
+    from ray.rllib.algorithms.appo import APPOConfig
+    from ray.rllib.algorithms.impala import IMPALAConfig
+    from ray.rllib.algorithms.ppo import PPOConfig
+    from ray.rllib.core.rl_module.default_model_config import DefaultModelConfig
+    cpus = os.cpu_count() or 1
+    per_round = n * a.envs * a.fragment
+    cfg = ({"ppo": PPOConfig, "appo": APPOConfig, "impala": IMPALAConfig}[mode]()
+           .environment("flowkit-sleep", env_config={"step_s": a.step_ms / 1000, "obs": a.obs})
+           .env_runners(num_env_runners=n, num_envs_per_env_runner=a.envs, rollout_fragment_length=a.fragment,
+                        num_cpus_per_env_runner=min(1.0, cpus / n), gym_env_vectorize_mode="vector_entry_point",
+                        **({} if mode == "ppo" else {"use_env_runner_state_server": False}))
+           .learners(num_learners=0).rl_module(model_config=DefaultModelConfig(fcnet_hiddens=[8]))
+           .reporting(min_time_s_per_iteration=1).debugging(seed=0))
+    cfg = (cfg.training(train_batch_size_per_learner=per_round, minibatch_size=per_round, num_epochs=1)
+           if mode == "ppo" else cfg.training(train_batch_size_per_learner=a.envs * a.fragment))
+    algo = cfg.build_algo()
+    rows, t0 = [], time.perf_counter()
+    while time.perf_counter() - t0 < a.time_s:
+        r = algo.train()
+        c = os.times()
+        rows.append((r.get("num_env_steps_sampled_lifetime") or 0, time.perf_counter() - t0, c.user + c.system))
+    algo.stop()
+    ray.shutdown()
+    return {"mode": f"rllib-{mode}", "workers": n, "optimum": n * a.envs / (a.step_ms / 1000), "iterations": len(rows),
+            **steady(rows)}
+
+
+def steady(rows: list) -> dict:
+    """The rate (env steps/s) and the driver's CPU s per 1,000 env steps between the second and
+    the last of ``rows`` = [(env steps, wall s, driver CPU s)] (start-up left out)."""
     rows = rows[1:] if len(rows) > 2 else rows
-    rate = ((rows[-1]["env_steps_sampled"] - rows[0]["env_steps_sampled"])
-            / max(rows[-1]["time_total_s"] - rows[0]["time_total_s"], 1e-9)) if len(rows) >= 2 else float("nan")
-    c = cpu.rows[1:] if len(cpu.rows) > 2 else cpu.rows
-    per_k = 1000 * (c[-1][1] - c[0][1]) / max(c[-1][0] - c[0][0], 1) if len(c) >= 2 else float("nan")
-    return {"mode": mode, "workers": n, "rate": rate, "optimum": n * a.envs / (a.step_ms / 1000),
-            "driver_cpu_s_per_1k": per_k, "iterations": len(rows)}
+    if len(rows) < 2 or rows[-1][0] <= rows[0][0]:
+        return {"rate": float("nan") if len(rows) < 2 else 0.0, "driver_cpu_s_per_1k": float("nan")}
+    steps = rows[-1][0] - rows[0][0]
+    return {"rate": steps / max(rows[-1][1] - rows[0][1], 1e-9),
+            "driver_cpu_s_per_1k": 1000 * (rows[-1][2] - rows[0][2]) / steps}
 
 
-def measure(mode: str, n: int, a: argparse.Namespace) -> dict:
-    """:func:`one` in a child process (a fresh Ray session per point)."""
-    cmd = [sys.executable, __file__, "--one", mode, str(n), "--step-ms", str(a.step_ms), "--envs", str(a.envs),
+def measure(mode: str, n: int, a: argparse.Namespace, rllib: bool = False) -> dict:
+    """:func:`one` (``rllib``: :func:`rllib_one` with RLlib's python) in a child process: a
+    fresh Ray session per point."""
+    python, flag = (a.rllib_python, "--rllib-one") if rllib else (sys.executable, "--one")
+    cmd = [python, os.path.abspath(__file__), flag, mode, str(n), "--step-ms", str(a.step_ms), "--envs", str(a.envs),
            "--fragment", str(a.fragment), "--time-s", str(a.time_s), "--obs", a.obs]
-    p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, RAY_DEDUP_LOGS="0"),
-                       timeout=a.time_s * 2 + 600)
+    name = f"rllib-{mode}" if rllib else mode
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, env=dict(os.environ, RAY_DEDUP_LOGS="0"),
+                           timeout=a.time_s * 2 + 600)
+    except subprocess.TimeoutExpired:
+        p = subprocess.CompletedProcess(cmd, -9, "", "timed out")
     for line in reversed(p.stdout.splitlines()):
         if line.startswith("{"):
             return json.loads(line)
     tail = (p.stderr.strip().splitlines() or ["(no output)"])[-1]
-    return {"mode": mode, "workers": n, "rate": float("nan"), "optimum": n * a.envs / (a.step_ms / 1000),
+    return {"mode": name, "workers": n, "rate": float("nan"), "optimum": n * a.envs / (a.step_ms / 1000),
             "driver_cpu_s_per_1k": float("nan"), "error": f"exit {p.returncode}: {tail[:300]}"}
 
 
+def median_run(runs: list) -> dict:
+    """The run of median rate among ``runs`` (failed ones only when all failed), with every
+    run's rate (``each``)."""
+    ok = [r for r in runs if "error" not in r] or runs
+    r = dict(sorted(ok, key=lambda x: x["rate"])[len(ok) // 2])
+    r["each"] = [x["rate"] for x in runs]
+    return r
+
+
 def table(results: list, a: argparse.Namespace) -> str:
+    rllib = {(r["mode"], r["workers"]): r["rate"] for r in results if r["mode"].startswith("rllib-")}
     lines = [f"Sleep-v0 ({a.obs} observations), {a.step_ms:g} ms per vector step, {a.envs} sub-envs per worker, "
              f"fragments of {a.fragment}, {a.time_s:g} s per run, median of {a.repeats}; "
-             f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}", "",
-             "| mode | workers | env steps/s | optimum | ratio | driver CPU s per 1k env steps |",
-             "|---|---:|---:|---:|---:|---:|"]
+             f"{os.cpu_count()} CPUs (load: the 1-minute load average after the point's last run)", "",
+             "| mode | workers | env steps/s | optimum | ratio | driver CPU s per 1k env steps | vs RLlib | load |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         note = f" ({r['error']})" if "error" in r else ""
+        theirs = rllib.get((f"rllib-{r['mode']}", r["workers"]))
+        vs = ("-" if theirs is None or theirs != theirs else  # no RLlib point, or it failed (nan)
+              f"{r['rate'] / theirs:.2f}x" if theirs > 0 else "RLlib sampled 0")
         lines.append(f"| {r['mode']} | {r['workers']} | {r['rate']:,.0f} | {r['optimum']:,.0f} | "
-                     f"{r['rate'] / r['optimum']:.2f} | {r['driver_cpu_s_per_1k']:.3f}{note} |")
+                     f"{r['rate'] / r['optimum']:.2f} | {r['driver_cpu_s_per_1k']:.3f}{note} | {vs} "
+                     f"| {r.get('load', float('nan')):.1f} |")
     return "\n".join(lines)
 
 
@@ -120,10 +222,12 @@ def plot(results: list, path: str, a: argparse.Namespace) -> None:
     ax.plot(ns, [n * a.envs / (a.step_ms / 1000) for n in ns], "k--", label="optimum")
     for mode in dict.fromkeys(r["mode"] for r in results):
         mine = [r for r in results if r["mode"] == mode]
-        ax.plot([r["workers"] for r in mine], [r["rate"] for r in mine], "o-", label=mode)
+        ax.plot([r["workers"] for r in mine], [r["rate"] for r in mine], "s--" if mode.startswith("rllib-") else "o-",
+                label=mode)
     ax.set(xscale="log", yscale="log", xlabel="rollout workers", ylabel="env steps/s",
            title=f"Sleep-v0, {a.step_ms:g} ms/step, {a.envs} sub-envs/worker, {os.cpu_count()} CPUs")
     ax.set_xticks(ns, [str(n) for n in ns])
+    ax.minorticks_off()
     ax.legend()
     fig.tight_layout()
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
@@ -142,32 +246,49 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=1, help="runs per point (the median is shown)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--plot", default=os.path.join(HERE, "results", "scaling.png"))
+    ap.add_argument("--rllib", action="store_true", help="also RLlib's PPO / APPO / IMPALA, alternating")
+    ap.add_argument("--rllib-python", default=RLLIB_PYTHON, help="the python of RLlib's virtualenv")
     ap.add_argument("--one", nargs=2, metavar=("MODE", "N"), help=argparse.SUPPRESS)
+    ap.add_argument("--rllib-one", nargs=2, metavar=("MODE", "N"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.one:
         print(json.dumps(one(a.one[0], int(a.one[1]), a)), flush=True)
         return 0
+    if a.rllib_one:
+        print(json.dumps(rllib_one(a.rllib_one[0], int(a.rllib_one[1]), a)), flush=True)
+        return 0
+    if a.rllib and not os.path.exists(a.rllib_python):
+        ap.error(f"--rllib: no python at --rllib-python={a.rllib_python} (the recipe is in this script's docstring)")
     results = []
     for mode in a.modes:
         for n in a.workers:
-            runs = [measure(mode, n, a) for _ in range(a.repeats)]
-            ok = [r for r in runs if "error" not in r] or runs
-            r = sorted(ok, key=lambda x: x["rate"])[len(ok) // 2]
-            r["each"] = [x["rate"] for x in runs]
-            results.append(r)
-            print(f"  {mode:>6} x {n:>2} workers: {r['rate']:,.0f} env steps/s of {r['optimum']:,.0f} "
-                  f"({r['rate'] / r['optimum']:.2f}){' ' + r.get('error', '') if 'error' in r else ''}", flush=True)
-    text = table(results, a)
-    print("\n" + text)
+            sides = [False] + ([True] if a.rllib and mode != "sample" else [])
+            runs: dict = {side: [] for side in sides}
+            for _ in range(a.repeats):  # alternating: flowkit, RLlib, flowkit, RLlib, ...
+                for side in sides:
+                    runs[side].append(dict(measure(mode, n, a, side), load=os.getloadavg()[0]))
+            for side in sides:
+                r = median_run(runs[side])
+                results.append(r)
+                print(f"  {r['mode']:>12} x {n:>2} workers: {r['rate']:,.0f} env steps/s of {r['optimum']:,.0f} "
+                      f"({r['rate'] / r['optimum']:.2f}), driver {r['driver_cpu_s_per_1k']:.3f} CPU s per 1k, "
+                      f"load {r['load']:.1f}{' ' + r.get('error', '') if 'error' in r else ''}", flush=True)
+            save(results, a)
+    print("\n" + table(results, a))
+    if a.plot:
+        print(f"plot: {a.plot}")
+    return 0
+
+
+def save(results: list, a: argparse.Namespace) -> None:
+    """The JSON (``--json``) and the plot (``--plot``) of the points so far (written after each
+    point: a sweep stopped early keeps what it measured)."""
     if a.json:
         with open(a.json, "w") as f:
             json.dump({"settings": vars(a), "results": results, "median_of": a.repeats,
-                       "load": os.getloadavg()[0], "ratio_median": statistics.median(
-                           r["rate"] / r["optimum"] for r in results)}, f, indent=1)
+                       "ratio_median": statistics.median(r["rate"] / r["optimum"] for r in results)}, f, indent=1)
     if a.plot:
         plot(results, a.plot, a)
-        print(f"plot: {a.plot}")
-    return 0
 
 
 if __name__ == "__main__":

@@ -378,3 +378,29 @@ def test_ray_workers_of_numpy_policies_import_no_torch(algo, tmp_path):
     assert p.returncode == 0, p.stderr[-2000:]
     steps, torch_loaded = p.stdout.split()
     assert int(steps) > 0 and torch_loaded == "False"
+
+
+@pytest.mark.parametrize("inline", [True, False])
+def test_ray_weights_small_go_inside_the_call_large_through_one_put_per_version(ray_session, monkeypatch, inline):
+    """A small network's weights travel by value in each call (no object-store round trip per
+    push); larger ones are put once per version and the reference reused for every worker."""
+    import ray
+    from flowkit.core import workers as W
+    ctx = make_ctx("ray")
+    try:
+        ctx.workers.actors  # started before counting puts
+        w = {"default": {k: v + 1.0 for k, v in ctx.policies["default"].get_weights().items()}}
+        assert 0 < W.weights_nbytes(w) <= W.INLINE_WEIGHTS_BYTES  # CartPole's default MLP is small
+        if not inline:
+            monkeypatch.setattr(W, "INLINE_WEIGHTS_BYTES", 0)
+        puts = []
+        real_put = ray.put
+        monkeypatch.setattr(ray, "put", lambda x, **kw: puts.append(x) or real_put(x, **kw))
+        ctx.workers.sync_weights(w, version=7)
+        ctx.workers.sync_weights(w, actors=ctx.workers.actors[:1], version=7)  # same version: the same ref
+        assert len(puts) == (0 if inline else 1)
+        for r in ctx.workers.foreach_worker("get_weights"):
+            for k, v in w["default"].items():
+                np.testing.assert_array_equal(r["default"][k], v)
+    finally:
+        ctx.shutdown()

@@ -265,9 +265,11 @@ def sample_logp_numpy(dist: "ActionDist", inputs: np.ndarray, mask: Optional[np.
         lg = inputs if mask is None else np.where(mask == 0, np.finfo(np.float32).min, inputs)
         z = lg - lg.max(-1, keepdims=True)
         lp = z - np.log(np.exp(z).sum(-1, keepdims=True))
-        gumbel = -np.log(-np.log(np.clip(rng.random(lp.shape, dtype=np.float32), 1e-20, 1.0))) if explore else 0.0
+        # (uniforms are < 1: a lower bound is all the clipping they need; plain ufuncs and an
+        # index instead of clip / take_along_axis: a few us less per step of a rollout worker)
+        gumbel = -np.log(-np.log(np.maximum(rng.random(lp.shape, dtype=np.float32), np.float32(1e-20)))) if explore else 0.0
         a = (lp + gumbel).argmax(-1)
-        return a.astype(np.int64), np.take_along_axis(lp, a[:, None], -1)[:, 0].astype(np.float32)
+        return a.astype(np.int64), lp[np.arange(len(a)), a].astype(np.float32)
     mean, log_std = inputs[:, :dist.dim], inputs[:, dist.dim:]
     eps = rng.standard_normal(mean.shape, dtype=np.float32) if explore else np.zeros_like(mean)
     a = mean + np.exp(log_std) * eps

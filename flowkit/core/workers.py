@@ -38,6 +38,17 @@ if TYPE_CHECKING:
 _log = logging.getLogger("flowkit")
 
 
+# weights up to this size travel inside each call (below Ray's 100 KiB inlining bound)
+INLINE_WEIGHTS_BYTES = 64 * 1024
+
+
+def weights_nbytes(weights: Any) -> int:
+    """Bytes of the arrays in ``weights`` (nested dicts of arrays; anything else counts 0)."""
+    if isinstance(weights, dict):
+        return sum(weights_nbytes(v) for v in weights.values())
+    return int(getattr(weights, "nbytes", 0))
+
+
 # ---- the rollout worker ----------------------------------------------------------------------
 @dataclasses.dataclass
 class PolicySpec:
@@ -531,9 +542,12 @@ class WorkerSet:
     # -- weights --
     def sync_weights(self, weights: Dict[str, Any], actors: Optional[Sequence[Any]] = None,
                      version: Optional[int] = None, with_next_sample: bool = False) -> None:
-        """Send ``{policy_id: weights}`` to ``actors`` (default: all): one ``ray.put`` per
-        weights object (pushing the same ``weights`` of the same ``version`` to several
-        workers one after another, as IMPALA's push to each producing worker does, reuses it).
+        """Send ``{policy_id: weights}`` to ``actors`` (default: all): weights of up to
+        ``INLINE_WEIGHTS_BYTES`` go by value inside each call (Ray inlines small arguments: no
+        object-store round trip, the driver's largest per-push cost with many workers and a
+        small network); larger ones with one ``ray.put`` per weights object (pushing the same
+        ``weights`` of the same ``version`` to several workers one after another, as IMPALA's
+        push to each producing worker does, reuses it).
 
         ``with_next_sample``: no call of its own; the weights travel with the next ``sample``
         request to each of ``actors`` (see :meth:`sample_args`), which applies them before it
@@ -543,7 +557,7 @@ class WorkerSet:
             self.weights_version = version
         targets = self.actors if actors is None else list(actors)
         ref = weights  # the local backend passes the dict itself
-        if self.backend == "ray":
+        if self.backend == "ray" and weights_nbytes(weights) > INLINE_WEIGHTS_BYTES:
             import ray
             last = self._last_put
             if version is None or last is None or last[0] is not weights or last[1] != version:
