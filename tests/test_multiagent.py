@@ -2,6 +2,9 @@
 evaluation against fixed opponents, and short smoke runs of the acceptance games."""
 from __future__ import annotations
 
+import csv
+import os
+
 import numpy as np
 import pytest
 
@@ -155,7 +158,9 @@ class _Recorder(flowkit.Algorithm):
         tag = self.name
 
         def step(b):
-            type(self).seen.append((tag, sorted(b.policy_batches), sorted(learner.policies)))
+            source = getattr(b, "actor", None)  # an async stream's items: (worker, batch)
+            b = getattr(b, "item", b)
+            type(self).seen.append((tag, sorted(b.policy_batches), sorted(learner.policies), source))
             return {"batch": b, "stats": {}}
         step.name = f"Record({tag})"
         return experiences.for_each(step)
@@ -200,7 +205,7 @@ def test_mixing_plan_composition(recorders):
     assert len(items) == 6
     # round robin with weights 2:1; each fragment sees only its own policies (data and learner)
     assert [s[0] for s in recorders.seen] == ["rec_a", "rec_a", "rec_b"] * 2
-    for tag, pids, learner in recorders.seen:
+    for tag, pids, learner, _ in recorders.seen:
         want = ["scout_pol"] if tag == "rec_a" else ["tank_pol"]
         assert pids == want and learner == want
     # 2 rounds for rec_a per cycle, rec_b reads the same rounds from its duplicate
@@ -227,10 +232,23 @@ def test_mixing_cycle_position_is_checkpointed_and_restored(recorders):
     again.shutdown()
 
 
-def test_mixing_refuses_async_with_bulk_sync(recorders):
-    with pytest.raises(ConfigError, match=r"bulk_sync and async.*rec_async \(policies tank_pol\): async"):
-        make_ctx(SCOUT, *C04_MAP, "multiagent.policies.scout_pol.algo=rec_a",
-                 "multiagent.policies.tank_pol.algo=rec_async")
+def test_mixing_async_with_bulk_sync_each_pulls_its_own_stream(recorders):
+    """Issue 51 item 7: an async algorithm mixes with a bulk-sync one; each pulls the stream of its
+    rollout mode from the same workers and trains only its own policies' rows (the async one
+    with the worker that sampled each fragment)."""
+    ctx = make_ctx(SCOUT, *C04_MAP, "multiagent.policies.scout_pol.algo=rec_a",
+                   "multiagent.policies.tank_pol.algo=rec_async", "runtime.rollout_fragment_length=5")
+    plan = build_plan(ctx)
+    text = plan.to_text()
+    assert "ParallelRollouts(bulk_sync)" in text and "ParallelRollouts(async, num_async=2)" in text
+    assert "duplicate" not in text  # one group per stream
+    plan.take(4)
+    assert [s[0] for s in recorders.seen] == ["rec_a", "rec_async"] * 2
+    for tag, pids, learner, source in recorders.seen:
+        assert pids == learner == (["scout_pol"] if tag == "rec_a" else ["tank_pol"])
+        assert (source is None) == (tag == "rec_a")  # async items come with their worker
+    assert ctx.counters["env_steps_sampled"] == 4 * 5  # two fragments for each stream
+    ctx.shutdown()
 
 
 def test_per_policy_config_override_is_its_own_group():
@@ -455,9 +473,19 @@ def test_opponent_sampling_in_a_run_and_first_policy_in_evaluation():
     ctx.shutdown()
 
 
-def test_mixing_refuses_appo_with_bulk_sync_ppo():
-    with pytest.raises(ConfigError, match=r"bulk_sync and async.*appo \(policies tank_pol\): async"):
-        make_ctx(SCOUT, *C04_MAP, "multiagent.policies.scout_pol.algo=ppo", "multiagent.policies.tank_pol.algo=appo")
+def test_appo_team_and_ppo_team_train_in_one_run(run_dir):
+    """Issue 51 item 7: APPO (async, learner thread) and PPO (bulk-sync) policies in one run,
+    each trained from its own stream; the run resumes."""
+    base = [SCOUT, *C04_MAP, "multiagent.policies.scout_pol.algo=ppo", "multiagent.policies.tank_pol.algo=appo",
+            "runtime.num_workers=1", "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=10",
+            "ppo.train_batch_size=20", "ppo.minibatch_size=10", "ppo.num_epochs=1", "appo.train_batch_size=20"]
+    first = flowkit.train(local_overrides(run_dir, *base, "stop.iterations=10"))
+    with open(os.path.join(first.run_dir, "metrics.csv")) as f:
+        rows = list(csv.DictReader(f))
+    trained = {p: sum(int(r[f"learner/{p}/train_batch_size"] or 0) for r in rows) for p in ("scout_pol", "tank_pol")}
+    assert trained["scout_pol"] >= 20 * 10 and trained["tank_pol"] >= 20  # PPO every round, APPO from its thread
+    res = flowkit.train(local_overrides(run_dir, *base, f"resume={first.run_dir}", "stop.iterations=12"))
+    assert res.metrics["iteration"] == 12 and res.metrics["env_steps_trained"] > int(rows[-1]["env_steps_trained"])
 
 
 def test_zero_sum_progress_and_summary_show_each_policy_and_the_win_rate(run_dir, capsys):

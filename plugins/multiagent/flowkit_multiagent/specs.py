@@ -21,6 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from flowkit.config import ConfigError, check_values, did_you_mean, merge_overrides, validate_section
 from flowkit.core import Algorithm, PolicySpec
 from flowkit_multiagent.config import PolicyConfig
+from flowkit_multiagent.league import League, league_mapping, slot_ids
 
 SHARED_POLICY_ID = "shared"
 RANDOM = "random"
@@ -168,16 +169,21 @@ class AgentMapping:
 
 
 def build_mapping(config: Any, possible_agents: Sequence[str]) -> AgentMapping:
-    """The run's :class:`AgentMapping` from ``multiagent.*`` (weighted draws seeded by ``seed``)."""
-    return AgentMapping(config.multiagent.mapping or {}, policy_ids_of(config), possible_agents,
-                        seed=int(config.get("seed") or 0))
+    """The run's :class:`AgentMapping` from ``multiagent.*`` (weighted draws seeded by ``seed``);
+    with a league, its rules start with the league's first matchmaking distribution."""
+    m = AgentMapping(league_mapping(config), policy_ids_of(config), possible_agents, seed=int(config.get("seed") or 0))
+    if config.multiagent.league.main:
+        league = League.from_config(config)
+        for r in league.rules:
+            m.rules[r] = league.cumulative()
+    return m
 
 
 def policy_ids_of(config: Any) -> List[str]:
     """Policy ids: ``multiagent.policies`` keys, then the mapping's other targets (trained by
-    ``algo``); ``shared`` when both are empty."""
+    ``algo``; a league's snapshot slots among them); ``shared`` when both are empty."""
     ma = config.multiagent
-    targets = (p for v in (ma.mapping or {}).values() for p in (v if isinstance(v, (dict, DictConfig)) else [v]))
+    targets = (p for v in league_mapping(config).values() for p in (v if isinstance(v, (dict, DictConfig)) else [v]))
     return list(dict.fromkeys(map(str, [*(ma.policies or {}), *targets]))) or [SHARED_POLICY_ID]
 
 
@@ -297,6 +303,7 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, Type[Algorith
                           "Gymnasium envs; give a PettingZoo env its own limit through env.kwargs "
                           "(e.g. env.kwargs.max_cycles=25 for MPE)")
     ma = config.multiagent
+    _check_league(config)
     mapping = build_mapping(config, agents)
     pids = mapping.policy_ids
     members: Dict[str, List[str]] = {p: [] for p in pids}
@@ -312,12 +319,18 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, Type[Algorith
                               "map them to different policies")
     if (bool(ma.alternate_seats) or bool(ma.eval_alternate_seats)) and (m := mismatch(agents)):
         raise ConfigError(f"alternate_seats needs every agent to have the same spaces; {m}")
+    slots = slot_ids(config)
     specs: Dict[str, MAPolicySpec] = {}
     for pid in pids:
-        specs[pid] = _policy_spec(config, pid, tuple(members[pid]), obs_sp[members[pid][0]], act_sp[members[pid][0]],
-                                  algorithms)
+        if pid not in slots:
+            specs[pid] = _policy_spec(config, pid, tuple(members[pid]), obs_sp[members[pid][0]],
+                                      act_sp[members[pid][0]], algorithms)
+    main = config.multiagent.league.main
+    for pid in slots:  # a league's snapshot slots: frozen copies of the main policy
+        specs[pid] = dataclasses.replace(specs[main], agents=tuple(members[pid]), trainable=False, group="",
+                                         init_state=None)
+    specs = {pid: specs[pid] for pid in pids}
     _check_opponents(config, specs, algorithms)
-    _check_rollout_modes(config, specs, algorithms)
     return specs
 
 
@@ -362,19 +375,24 @@ def _policy_spec(config: Any, pid: str, agents: Tuple[str, ...], o: gym.Space, a
                         trainable=trained, group=group, section=data, init_state=init_state)
 
 
-def _check_rollout_modes(config: Any, specs: Dict[str, MAPolicySpec], algorithms: Dict[str, Type[Algorithm]]) -> None:
-    """Trained algorithms share one rollout stream: their rollout modes must agree."""
-    modes: Dict[str, str] = {}
-    for s in specs.values():
-        if s.group and s.group not in modes:
-            algo = algorithms[s.algo](config, config=s.config)
-            modes[s.group] = algo.get_rollout_mode()
-    if len(set(modes.values())) > 1:
-        desc = ", ".join(f"{g} (policies {', '.join(p for p, s in specs.items() if s.group == g)}): {m}"
-                         for g, m in modes.items())
-        raise ConfigError("these algorithms cannot share one rollout stream: bulk_sync and async rollout "
-                          f"modes are mixed ({desc}); train them in separate runs, or set the async one to "
-                          "bulk_sync (e.g. impala.rollout_mode=bulk_sync) if it supports it")
+def _check_league(config: Any) -> None:
+    """``multiagent.league.*`` names policies of this run and a seat that some rule maps."""
+    lg, ma = config.multiagent.league, config.multiagent
+    if not lg.main:
+        return
+    own = list(dict.fromkeys([*(ma.policies or {}), *(str(t) for t in (ma.mapping or {}).values()
+                                                     if not isinstance(t, (dict, DictConfig)))]))
+    if lg.main not in own:
+        raise ConfigError(f"multiagent.league.main={lg.main!r}: no policy {lg.main!r} in this run "
+                          f"(policies: {', '.join(own)}){did_you_mean(lg.main, own)}")
+    pc = (ma.policies or {}).get(lg.main)
+    if pc is not None and (not pc.trainable or pc.algo == RANDOM):
+        raise ConfigError(f"multiagent.league.main={lg.main!r}: the main policy must be trained "
+                          f"(it is {'frozen' if not pc.trainable else 'random'})")
+    if lg.opponent == lg.main or not any(str(t) == lg.opponent for t in (ma.mapping or {}).values()):
+        raise ConfigError(f"multiagent.league.opponent={lg.opponent!r}: no multiagent.mapping rule maps to it "
+                          "(the league fills the seat of the policy a rule maps to, e.g. "
+                          f"multiagent.mapping.player_1={lg.opponent}; it must not be the main policy)")
 
 
 def _check_opponents(config: Any, specs: Dict[str, MAPolicySpec], algorithms: Dict[str, Type[Algorithm]]) -> None:
