@@ -145,3 +145,53 @@ class TinyTurnGame(AECEnv):
             self.terminations = {x: True for x in self.agents}
         self._accumulate_rewards()
         self.agent_selection = self._selector.next()
+
+
+class TeamMatch(ParallelEnv):
+    """Centralized critics (issue 51): a cooperative two-agent game with a global state.
+    Agents ``a0``, ``a1``; each sees Box(0, 1, (2,)) = [its own target bit, t / length] and acts
+    Discrete(2); both get the team reward (number of agents whose action is their target) / 2,
+    so an episode of ``length`` steps returns at most ``length`` per agent (random: half).
+    ``state()`` is Box(0, 100, (3,)) = [target of a0, target of a1, 10 * t + 100]: known to
+    the tests, and different from any observation. Truncated after ``length`` steps."""
+
+    metadata = {"name": "team_match_v0"}
+    possible_agents = ["a0", "a1"]
+
+    def __init__(self, length=8):
+        self.length, self.agents, self.t = int(length), [], 0
+        self.state_space = spaces.Box(0.0, 200.0, (3,), np.float32)
+        self.rng = np.random.default_rng(0)
+        self.targets = np.zeros(2, np.int64)
+
+    def observation_space(self, agent):
+        return spaces.Box(0.0, 1.0, (2,), np.float32)
+
+    def action_space(self, agent):
+        return spaces.Discrete(2)
+
+    def _obs(self):
+        return {a: np.array([self.targets[i], self.t / self.length], np.float32) for i, a in enumerate(self.agents)}
+
+    def state(self):
+        return np.array([self.targets[0], self.targets[1], 10.0 * self.t + 100.0], np.float32)
+
+    def reset(self, seed=None, options=None):
+        if seed is not None:
+            self.rng = np.random.default_rng(seed)
+        self.agents, self.t = list(self.possible_agents), 0
+        self.targets = self.rng.integers(0, 2, 2)
+        return self._obs(), {a: {} for a in self.agents}
+
+    def step(self, actions):
+        assert set(actions) == set(self.agents), (actions, self.agents)
+        r = sum(int(actions[a]) == int(self.targets[i]) for i, a in enumerate(self.possible_agents)) / 2.0
+        self.t += 1
+        self.targets = self.rng.integers(0, 2, 2)
+        done = self.t >= self.length
+        obs = self._obs()
+        out = (obs, {a: r for a in self.agents}, {a: False for a in self.agents}, {a: done for a in self.agents},
+               {a: {} for a in self.agents})
+        if done:
+            self.agents = []
+        return out

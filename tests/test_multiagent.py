@@ -525,3 +525,50 @@ def test_a_mixed_run_reports_one_row_per_round_of_the_plan_and_labels_its_bar_wi
                                         "stop.env_steps=60", "run.reporters=[progress,csv]"))
     assert [r["env_steps_sampled"] for r in res.history] == [10, 20, 30, 40, 50, 60]
     assert "dqn+ppo ma_envs:ScoutTankEnv:" in capsys.readouterr().err
+
+
+def test_mappo_team_against_dqn_team_runs_and_resumes_exactly(run_dir):
+    """Issue 51 item 7: a centralized team (MAPPO adversaries, critic on their team's
+    observations) against an independent one (DQN prey) in one simple_tag run; a checkpoint
+    round trip gives back every policy's state (optimizers included), the replay buffer and
+    the mixing cycle, and the run resumes from it."""
+    from flowkit.checkpoint import STATE_FILE, checkpoint_state, restore
+    base = ["env.factory=mpe2.simple_tag_v3:parallel_env", "env.kwargs.max_cycles=25",
+            "multiagent.policies.adversaries.algo=mappo", "multiagent.policies.prey.algo=dqn",
+            "multiagent.mapping.adversary_*=adversaries", "multiagent.mapping.agent_*=prey",
+            "runtime.num_workers=1", "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=25",
+            "mappo.train_batch_size=50", "mappo.minibatch_size=50", "mappo.num_epochs=1",
+            "dqn.learning_starts=50", "dqn.train_batch_size=16", "dqn.buffer_size=1000"]
+    res = flowkit.train(local_overrides(run_dir, *base, "stop.iterations=3"))
+    saved = load_state(os.path.join(res.checkpoint, STATE_FILE))
+    assert saved["policies"]["adversaries"]["num_updates"] > 0 and saved["policies"]["prey"]["num_updates"] > 0
+    pm, cfg = load_config(["runtime.backend=local", *base, "stop.iterations=3"])
+    ctx = setup(cfg, pm)
+    try:
+        build_plan(ctx)
+        restore(ctx, res.checkpoint)
+        now = checkpoint_state(ctx)
+        for key in ("policies", "stateful", "counters", "iteration"):
+            _assert_same(saved[key], now[key], key)
+        assert set(now["stateful"]) == {"mappo/learner", "dqn/learner", "dqn/replay_buffer", "dqn/store_train_cycle",
+                                        "mixing/round_robin_cycle"}
+    finally:
+        ctx.shutdown()
+    again = flowkit.train(local_overrides(run_dir, *base, f"resume={res.run_dir}", "stop.iterations=4"))
+    assert again.metrics["iteration"] == 4 and again.metrics["env_steps_sampled"] == 4 * 50
+
+
+def _assert_same(a, b, where):
+    """``a`` and ``b`` (checkpoint states: dicts, lists, arrays, tensors, numbers) are equal."""
+    if isinstance(a, dict):
+        assert set(a) == set(b), where
+        for k in a:
+            _assert_same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _assert_same(x, y, f"{where}[{i}]")
+    elif hasattr(a, "shape") or hasattr(b, "shape"):
+        assert np.array_equal(np.asarray(a), np.asarray(b)), where
+    else:
+        assert a == b or (a != a and b != b), where

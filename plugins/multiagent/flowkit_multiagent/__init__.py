@@ -1,13 +1,23 @@
 """flowkit-multiagent: PettingZoo Parallel and AEC games, agents mapped to policies by glob
 patterns, and a different algorithm per policy in one run (entry point group ``flowkit``).
 
-Hooks: ``flowkit_add_config_sections`` (``multiagent.*``), ``flowkit_make_policy_specs``
+Algorithms: ``mappo`` (:mod:`flowkit_multiagent.mappo`: PPO with a centralized critic).
+
+Hooks: ``flowkit_add_algorithms`` (``mappo``), ``flowkit_add_config_sections`` (``multiagent.*``), ``flowkit_make_policy_specs``
 (spaces inferred per policy), ``flowkit_make_env_runner`` (Parallel / AEC runners) and
 ``flowkit_build_plan`` (the mixing plan). Each returns None for runs that are not
 multi-agent, so single-agent Gymnasium runs keep the core's fast path.
 """
 import flowkit
-from flowkit_multiagent.config import MultiAgentConfig
+from flowkit_multiagent.config import MAPPOConfig, MultiAgentConfig
+
+MAPPO_REF = flowkit.AlgorithmRef("mappo", MAPPOConfig, "flowkit_multiagent.mappo:MAPPO",
+                                 normalize_obs="normalize_observations")
+
+
+@flowkit.hookimpl
+def flowkit_add_algorithms():
+    return [MAPPO_REF]
 
 
 @flowkit.hookimpl

@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, Optional
 
+from flowkit_ppo import PPOConfig
+
 from flowkit.config import F
 
 
@@ -71,3 +73,18 @@ class MultiAgentConfig:
                                      "(turn-based games: each policy plays every seat; agents must share spaces)")
     league: LeagueConfig = F(help="a league of snapshots with PFSP matchmaking and Elo ratings (league.main "
                                   "names the main policy)", factory=LeagueConfig)
+    share_parameters: bool = F(True, "without policies and mapping: true, every agent shares one policy "
+                                     "`shared`; false, each agent gets a policy of its own (id = agent id)")
+    obs_agent_id: bool = F(False, "append the one-hot agent id to the observation of every policy that several "
+                                  "agents share (its space becomes Dict(..., agent_id=Discrete(n agents)))")
+
+
+@dataclass
+class MAPPOConfig(PPOConfig):
+    """mappo: Multi-Agent PPO (Yu et al. 2022): PPO whose critic sees a centralized value input, actors their own observation."""
+    critic_input: str = F("auto", "the critic's input: state (the env's global state()), concat_obs (the team's "
+                                  "observations), auto (state where the env declares a state_space, else concat_obs)",
+                          choices=("auto", "state", "concat_obs"))
+    critic_agent_id: bool = F(True, "append the one-hot agent id to the critic's input (agent-specific global state)")
+    critic_input_dim: Optional[int] = F(None, "width of the critic's input: filled in at set-up from the env "
+                                              "(leave unset; a value given must match)", ge=1)

@@ -38,6 +38,14 @@ from gymnasium.vector.utils import concatenate, create_empty_array
 
 from flowkit.core import EnvError, Episode, describe_value, env_name, find_mismatch
 from flowkit.core import batch as sb
+from flowkit_multiagent.centralized import (
+    CRITIC_OBS,
+    NEXT_CRITIC_OBS,
+    add_agent_id,
+    agent_id_policies,
+    critic_inputs,
+    policy_members,
+)
 from flowkit_multiagent.specs import build_mapping, build_opponent
 
 
@@ -56,7 +64,7 @@ class _Traj:
     transition (acted, waiting for its reward and next observation), and its return."""
 
     __slots__ = ("agent", "policy_id", "agent_index", "episode", "rows", "pending", "acc", "t", "ret",
-                 "done", "last_enc", "state")
+                 "done", "last_enc", "state", "critic")
 
     def __init__(self, agent: str, policy_id: str, agent_index: int, episode: Episode):
         self.agent, self.policy_id, self.agent_index, self.episode = agent, policy_id, agent_index, episode
@@ -67,11 +75,15 @@ class _Traj:
         self.ret, self.done = 0.0, False
         self.last_enc: Optional[_Enc] = None    # the newest observation
         self.state: Optional[np.ndarray] = None  # a recurrent policy's state (None: its initial state)
+        self.critic: Optional[np.ndarray] = None  # the newest centralized value input (critic_obs), if its policy has one
 
-    def complete(self, terminated: bool, truncated: bool, next_enc: np.ndarray, next_mask: Optional[np.ndarray]):
+    def complete(self, terminated: bool, truncated: bool, next_enc: np.ndarray, next_mask: Optional[np.ndarray],
+                 next_critic: Optional[np.ndarray] = None):
         if self.pending is None:
             return
         o, m, a, ex, t = self.pending
+        if CRITIC_OBS in ex:
+            ex = {**ex, NEXT_CRITIC_OBS: ex[CRITIC_OBS] if next_critic is None else next_critic}
         self.rows.append((o, m, a, ex, self.acc, terminated, truncated and not terminated, next_enc, next_mask, t))
         self.pending, self.acc = None, 0.0
 
@@ -115,6 +127,10 @@ class _MultiAgentRunner:
         self.possible_agents = list(envs[0].possible_agents)
         self.agent_index = {a: i for i, a in enumerate(self.possible_agents)}
         self.mapping = build_mapping(self.config, self.possible_agents)
+        # CTDE (flowkit_multiagent.centralized): policies that see the agent id, and centralized value inputs
+        self.with_id = agent_id_policies(self.config, policy_members(self.mapping, self.possible_agents))
+        self.env_obs_spaces = {a: envs[0].observation_space(a) for a in self.possible_agents}
+        self.critics = critic_inputs(self.config, self.policies, envs[0], self.mapping, self.possible_agents)
         self.alternate = bool(self.config.multiagent.alternate_seats)
         self.check_steps = int(self.config.env.check_spaces_steps)
         self._opponents: Dict[str, Any] = {}
@@ -175,9 +191,26 @@ class _MultiAgentRunner:
             tr.acc += float(r)
         return tr
 
-    def _encode(self, pid: str, raws: List[Any]) -> _Enc:
+    def _encode(self, pid: str, raws: List[Any], agents: Sequence[str]) -> _Enc:
+        """The raw observations of ``agents`` (acting as policy ``pid``) encoded, the agent id added
+        for a policy with ``multiagent.obs_agent_id``."""
         pol = self.policies[pid]
+        if pid in self.with_id:
+            raws = [add_agent_id(self.env_obs_spaces[a], o, self.agent_index[a]) for a, o in zip(agents, raws, strict=True)]
         return pol.encoder(stack_raw(pol.observation_space, raws), len(raws))
+
+    def _critic_rows(self, slot: _Slot, trajs: Sequence[_Traj], observe: Any) -> None:
+        """Set ``critic`` of every traj in ``trajs`` whose policy has a centralized value input,
+        from ``slot``'s env now (``observe(agent)``: its current raw observation or None)."""
+        bases: Dict[int, np.ndarray] = {}  # one base per CriticInput and moment
+        if self._eval:
+            return
+        for tr in trajs:
+            ci = self.critics.get(tr.policy_id)
+            if ci is not None:
+                if id(ci) not in bases:
+                    bases[id(ci)] = ci.base(slot.env.state, observe)
+                tr.critic = ci.row(bases[id(ci)], tr.agent_index)
 
     def _act(self, requests: List[Tuple[_Traj, np.ndarray, Optional[np.ndarray]]]) -> List[Any]:
         """One batched policy call per policy; sets each traj's pending transition and returns
@@ -207,8 +240,10 @@ class _MultiAgentRunner:
                 env_actions = env_actions.tolist()
             for k, i in enumerate(idx):
                 tr = requests[i][0]
-                tr.pending = (obs[k], None if mask is None else mask[k], actions[k],
-                              {key: v[k] for key, v in extras.items()}, tr.t)
+                ex = {key: v[k] for key, v in extras.items()}
+                if tr.critic is not None:
+                    ex[CRITIC_OBS] = tr.critic
+                tr.pending = (obs[k], None if mask is None else mask[k], actions[k], ex, tr.t)
                 tr.acc, tr.t, out[i] = 0.0, tr.t + 1, env_actions[k]
         return out
 
@@ -334,12 +369,14 @@ class ParallelEnvRunner(_MultiAgentRunner):
             self._check_obs(slot, agent, o, what)
             tr = self._traj(slot, agent)
             by_pid.setdefault(tr.policy_id, []).append((tr, o))
+        if self.critics:
+            self._critic_rows(slot, [tr for items in by_pid.values() for tr, _ in items], obs.get)
         for pid, items in by_pid.items():
-            enc, mask = self._encode(pid, [o for _, o in items])
+            enc, mask = self._encode(pid, [o for _, o in items], [tr.agent for tr, _ in items])
             for k, (tr, _) in enumerate(items):
                 m = None if mask is None else mask[k]
                 te, tu = bool(term.get(tr.agent, False)), bool(trunc.get(tr.agent, False))
-                tr.complete(te, tu, enc[k], m)
+                tr.complete(te, tu, enc[k], m, tr.critic)
                 tr.last_enc, tr.done = (enc[k], m), tr.done or te or tu
 
     def _run(self, slots, finished, done_trajs, ticks):
@@ -394,9 +431,11 @@ class AECEnvRunner(_MultiAgentRunner):
             obs, r, term, trunc, _ = env.last()
             self._check_obs(s, agent, obs, "last()")
             tr = self._credit(s, agent, r)
-            enc, mask = self._encode(tr.policy_id, [obs])
+            if tr.policy_id in self.critics:
+                self._critic_rows(s, [tr], lambda a: env.observe(a) if a in env.agents else None)
+            enc, mask = self._encode(tr.policy_id, [obs], [agent])
             m = None if mask is None else mask[0]
-            tr.complete(bool(term), bool(trunc), enc[0], m)
+            tr.complete(bool(term), bool(trunc), enc[0], m, tr.critic)
             if term or trunc:
                 tr.done = True
                 env.step(None)

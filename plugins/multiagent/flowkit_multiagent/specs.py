@@ -20,6 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from flowkit.config import ConfigError, check_values, did_you_mean, merge_overrides, validate_section
 from flowkit.core import Algorithm, PolicySpec
+from flowkit_multiagent.centralized import agent_id_policies, policy_members, resolve_critic_input, with_agent_id
 from flowkit_multiagent.config import PolicyConfig
 from flowkit_multiagent.league import League, league_mapping, slot_ids
 
@@ -171,7 +172,8 @@ class AgentMapping:
 def build_mapping(config: Any, possible_agents: Sequence[str]) -> AgentMapping:
     """The run's :class:`AgentMapping` from ``multiagent.*`` (weighted draws seeded by ``seed``);
     with a league, its rules start with the league's first matchmaking distribution."""
-    m = AgentMapping(league_mapping(config), policy_ids_of(config), possible_agents, seed=int(config.get("seed") or 0))
+    m = AgentMapping(league_mapping(config), policy_ids_of(config, possible_agents), possible_agents,
+                     seed=int(config.get("seed") or 0))
     if config.multiagent.league.main:
         league = League.from_config(config)
         for r in league.rules:
@@ -179,12 +181,24 @@ def build_mapping(config: Any, possible_agents: Sequence[str]) -> AgentMapping:
     return m
 
 
-def policy_ids_of(config: Any) -> List[str]:
+def policy_ids_of(config: Any, possible_agents: Sequence[str] = ()) -> List[str]:
     """Policy ids: ``multiagent.policies`` keys, then the mapping's other targets (trained by
-    ``algo``; a league's snapshot slots among them); ``shared`` when both are empty."""
+    ``algo``; a league's snapshot slots among them); when both are empty, ``shared`` (``multiagent.share_parameters``, the default) or
+    one policy per agent of ``possible_agents``.
+
+    Raises:
+        ConfigError: ``share_parameters=false`` with a mapping or policies (they decide who shares).
+    """
     ma = config.multiagent
     targets = (p for v in league_mapping(config).values() for p in (v if isinstance(v, (dict, DictConfig)) else [v]))
-    return list(dict.fromkeys(map(str, [*(ma.policies or {}), *targets]))) or [SHARED_POLICY_ID]
+    pids = list(dict.fromkeys(map(str, [*(ma.policies or {}), *targets])))
+    if not bool(ma.get("share_parameters", True)):
+        if pids:
+            raise ConfigError("multiagent.share_parameters=false gives each agent a policy of its own; it does not "
+                              "combine with multiagent.policies / multiagent.mapping (they decide which agents share "
+                              "a policy): drop one")
+        return list(map(str, possible_agents)) or [SHARED_POLICY_ID]
+    return pids or [SHARED_POLICY_ID]
 
 
 def _differing_settings(ck_spec: Any, algo: str, section: Dict[str, Any], model: Any) -> str:
@@ -306,10 +320,7 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, Type[Algorith
     _check_league(config)
     mapping = build_mapping(config, agents)
     pids = mapping.policy_ids
-    members: Dict[str, List[str]] = {p: [] for p in pids}
-    for a in agents:
-        for p in mapping.options(a):
-            members[p].append(a)
+    members = policy_members(mapping, agents)
     for pid, ags in members.items():
         if not ags:
             raise ConfigError(f"multiagent.policies.{pid}: no agent is mapped to policy {pid!r} "
@@ -319,12 +330,14 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, Type[Algorith
                               "map them to different policies")
     if (bool(ma.alternate_seats) or bool(ma.eval_alternate_seats)) and (m := mismatch(agents)):
         raise ConfigError(f"alternate_seats needs every agent to have the same spaces; {m}")
+    with_id = agent_id_policies(config, members)
     slots = slot_ids(config)
     specs: Dict[str, MAPolicySpec] = {}
     for pid in pids:
         if pid not in slots:
-            specs[pid] = _policy_spec(config, pid, tuple(members[pid]), obs_sp[members[pid][0]],
-                                      act_sp[members[pid][0]], algorithms)
+            o = obs_sp[members[pid][0]]
+            specs[pid] = _policy_spec(config, pid, tuple(members[pid]), with_agent_id(o, len(agents))
+                                      if pid in with_id else o, act_sp[members[pid][0]], algorithms, (env, mapping))
     main = config.multiagent.league.main
     for pid in slots:  # a league's snapshot slots: frozen copies of the main policy
         specs[pid] = dataclasses.replace(specs[main], agents=tuple(members[pid]), trainable=False, group="",
@@ -335,9 +348,11 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, Type[Algorith
 
 
 def _policy_spec(config: Any, pid: str, agents: Tuple[str, ...], o: gym.Space, act: gym.Space,
-                 algorithms: Dict[str, Type[Algorithm]]) -> MAPolicySpec:
+                 algorithms: Dict[str, Type[Algorithm]], env_mapping: Tuple[Any, AgentMapping]) -> MAPolicySpec:
     """Policy ``pid``'s spec (played by ``agents``, spaces ``o`` and ``act``): its algorithm,
-    section overrides, model and checkpoint weights (:class:`PolicyConfig`) checked."""
+    section overrides, model and checkpoint weights (:class:`PolicyConfig`) checked; a
+    centralized critic's input (a section with ``critic_input``) resolved on the env of
+    ``env_mapping`` (:func:`~flowkit_multiagent.centralized.resolve_critic_input`)."""
     ma = config.multiagent
     pc = (ma.policies or {}).get(pid) or PolicyConfig()
     algo, ck_path, init_state, ck_spec = pc.algo, pc.checkpoint, None, None
@@ -353,6 +368,11 @@ def _policy_spec(config: Any, pid: str, agents: Tuple[str, ...], o: gym.Space, a
     cls = algorithms[algo]
     overrides = pc.config
     cfg_obj, data = policy_section(config, pid, cls, overrides)
+    if "critic_input" in data:
+        env, mapping = env_mapping
+        ci = resolve_critic_input(config, pid, algo, cfg_obj, env, mapping, mapping.possible_agents)
+        data = {**data, "critic_input": ci.kind, "critic_input_dim": ci.dim}
+        cfg_obj = dataclasses.replace(cfg_obj, critic_input=ci.kind, critic_input_dim=ci.dim)
     if overrides:
         for w in validate_section(algo, config, cfg_obj):
             warnings.warn(f"policy {pid!r}: {w}", stacklevel=3)

@@ -1,0 +1,220 @@
+"""Centralized training with decentralized execution (CTDE): what a policy may learn from
+beyond its own observation, and how agents that share one network tell themselves apart.
+
+**Parameter sharing with agent ids** (``multiagent.*``): ``share_parameters`` (default true)
+lets every agent share one policy when no mapping is given; false gives each agent a policy of
+its own (policy id = agent id). ``obs_agent_id`` (EPyMARL's and BenchMARL's name) appends the
+agent's one-hot id to the observation of every policy that several agents play: its
+observation space becomes ``Dict({..., "agent_id": Discrete(n)})`` (``n = len(possible_agents)``;
+a Dict space keeps its keys, any other is put under ``"obs"``), encoded as every Dict is (its
+keys in order, the id one-hot float32[n]), so one network acts differently per agent. The
+exported and evaluated policy takes the same Dict observation.
+
+**The centralized value input** of an algorithm whose section has a ``critic_input`` key
+(MAPPO, :mod:`flowkit_multiagent.mappo`): per agent step a row float32[D] =
+``[base | one-hot agent id]``, ``base`` being
+
+- ``state``: the env's global state, PettingZoo's ``state()`` flattened (float32[S]; the env
+  declares ``state_space``);
+- ``concat_obs``: the observations of the agent's **team**, each encoded as a policy encodes
+  it (Box flattened, Discrete one-hot, Dict flattened without ``action_mask``) and
+  concatenated in ``possible_agents`` order; zeros for a team agent not in the game at that step;
+- ``auto``: ``state`` where the env declares a ``state_space``, else ``concat_obs``;
+
+and, with ``critic_agent_id`` (default true), the one-hot agent index float32[n]: the
+"agent-specific global state" of Yu et al. 2022 ("The Surprising Effectiveness of PPO in
+Cooperative Multi-Agent Games", NeurIPS Datasets and Benchmarks, sec. 4.2). The **team** of a
+trained policy (:func:`team_of`) is every agent mapped (first choice of ``multiagent.mapping``) to
+a policy of its training group (one algorithm, one section: the plan's group); a frozen
+policy's team is its own agents.
+
+The runners add two batch columns for such a policy: ``critic_obs`` float32[B, D] (the row
+at the row's action) and ``next_critic_obs`` float32[B, D] (at the agent's next observation:
+what a truncation or a fragment cut bootstraps from). Acting, export and evaluation never see
+them. ``critic_input`` and ``critic_input_dim`` of the policy's section are resolved at set-up
+(``auto`` made concrete, D filled in) so that a checkpoint rebuilds the same network.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Set
+
+import gymnasium as gym
+import numpy as np
+
+from flowkit.config import ConfigError
+from flowkit.core import ObsEncoder, add_batch_axis
+
+CRITIC_OBS = "critic_obs"            # float32[B, D], the centralized value input at the row's action
+NEXT_CRITIC_OBS = "next_critic_obs"  # float32[B, D], the same at the agent's next observation
+AGENT_ID = "agent_id"                # the key of the agent id in an observation with obs_agent_id
+CRITIC_INPUTS = ("auto", "state", "concat_obs")
+RANDOM = "random"
+
+
+# ---- parameter sharing with agent ids --------------------------------------------------------
+def with_agent_id(space: gym.Space, n_agents: int) -> gym.spaces.Dict:
+    """``space`` with the agent id added: a Dict space gains the key ``agent_id`` (Discrete(n));
+    any other becomes ``Dict(obs=space, agent_id=Discrete(n))``.
+
+    Raises:
+        ConfigError: the Dict space has an ``agent_id`` key already.
+    """
+    if isinstance(space, gym.spaces.Dict):
+        if AGENT_ID in space.spaces:
+            raise ConfigError(f"multiagent.obs_agent_id=true: the observation space {space} has an `{AGENT_ID}` "
+                              "key already")
+        return gym.spaces.Dict({**space.spaces, AGENT_ID: gym.spaces.Discrete(n_agents)})
+    return gym.spaces.Dict({"obs": space, AGENT_ID: gym.spaces.Discrete(n_agents)})
+
+
+def add_agent_id(env_space: gym.Space, obs: Any, agent_index: int) -> Dict[str, Any]:
+    """One raw observation of ``env_space`` in the form of :func:`with_agent_id`'s space."""
+    if isinstance(env_space, gym.spaces.Dict):
+        return {**obs, AGENT_ID: np.int64(agent_index)}
+    return {"obs": obs, AGENT_ID: np.int64(agent_index)}
+
+
+def agent_id_policies(config: Any, members: Mapping[str, Sequence[str]]) -> Set[str]:
+    """Policy ids whose observations get the agent id: with ``multiagent.obs_agent_id``, those
+    that more than one agent plays (``members``: policy id -> its agents)."""
+    if not bool(config.multiagent.get("obs_agent_id", False)):
+        return set()
+    return {pid for pid, ags in members.items() if len(ags) > 1}
+
+
+def policy_members(mapping: Any, possible_agents: Sequence[str]) -> Dict[str, List[str]]:
+    """``{policy id: [agents]}``: every agent a policy may play (any option of a weighted rule),
+    in ``possible_agents`` order."""
+    members: Dict[str, List[str]] = {p: [] for p in mapping.policy_ids}
+    for a in possible_agents:
+        for p in mapping.options(a):
+            members[p].append(a)
+    return members
+
+
+# ---- teams ----------------------------------------------------------------------------------------
+def training_group(config: Any, pid: str) -> str:
+    """Policy ``pid``'s training group from the config alone, as :class:`~flowkit_multiagent.specs.MAPolicySpec`
+    names it: ``""`` when not trained (``trainable: false``, ``algo: random``), the algorithm's
+    name, or ``<algo>[<pid>]`` for a policy with its own ``config`` overrides."""
+    pc = (config.multiagent.policies or {}).get(pid)
+    algo = str((pc.algo if pc is not None else None) or config.algo)
+    if (pc is not None and not bool(pc.trainable)) or algo == RANDOM:
+        return ""
+    return f"{algo}[{pid}]" if pc is not None and pc.config else algo
+
+
+def team_of(config: Any, mapping: Any, possible_agents: Sequence[str], pid: str) -> List[str]:
+    """The team of policy ``pid``: the agents whose first-choice policy (``multiagent.mapping``)
+    is in ``pid``'s training group (:func:`training_group`), in ``possible_agents`` order; a
+    policy that is not trained: its own agents."""
+    group = training_group(config, pid)
+    if not group:
+        return [a for a in possible_agents if mapping.base(a) == pid]
+    return [a for a in possible_agents if training_group(config, mapping.base(a)) == group]
+
+
+# ---- the centralized value input -------------------------------------------------------------------
+def env_state_space(env: Any) -> Optional[gym.Space]:
+    """The PettingZoo env's declared ``state_space`` (wrappers looked through), or None."""
+    for e in (env, getattr(env, "unwrapped", None)):
+        sp = getattr(e, "state_space", None) if e is not None else None
+        if isinstance(sp, gym.Space):
+            return sp
+    return None
+
+
+class CriticInput:
+    """Builds the centralized value input rows of one policy (see module docstring).
+
+    Args:
+        kind: ``state`` or ``concat_obs`` (resolved).
+        team: the agents whose observations ``concat_obs`` joins, in ``possible_agents`` order.
+        possible_agents: every agent of the env (the one-hot id's order).
+        obs_spaces: ``{agent: its raw observation space}`` (the env's).
+        state_space: the env's ``state_space`` (``state``), else None.
+        agent_id: append the one-hot agent index.
+    """
+
+    def __init__(self, kind: str, team: Sequence[str], possible_agents: Sequence[str],
+                 obs_spaces: Mapping[str, gym.Space], state_space: Optional[gym.Space], agent_id: bool):
+        self.kind, self.team, self.agent_id = kind, list(team), bool(agent_id)
+        self.n = len(possible_agents)
+        if kind == "state":
+            assert state_space is not None, "critic_input=state needs the env's state_space"
+            self.base_dim = int(gym.spaces.flatdim(state_space))
+            self.encoders: Dict[str, ObsEncoder] = {}
+        else:
+            self.encoders = {a: ObsEncoder(obs_spaces[a]) for a in self.team}
+            self.base_dim = sum(int(np.prod(e.shape)) for e in self.encoders.values())
+        self.dim = self.base_dim + (self.n if self.agent_id else 0)
+
+    def base(self, state: Callable[[], Any], observe: Callable[[str], Any]) -> np.ndarray:
+        """float32[base_dim] at one moment of one sub-env: ``state()`` flattened, or every team
+        agent's ``observe(agent)`` (None: not in the game, zeros) encoded and concatenated."""
+        if self.kind == "state":
+            return np.asarray(state(), np.float32).reshape(-1)
+        parts = []
+        for a, enc in self.encoders.items():
+            o = observe(a)
+            if o is None:
+                parts.append(np.zeros(int(np.prod(enc.shape)), np.float32))
+            else:
+                parts.append(np.asarray(enc(add_batch_axis(o), 1)[0], np.float32).reshape(-1))
+        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+
+    def row(self, base: np.ndarray, agent_index: int) -> np.ndarray:
+        """float32[dim]: ``base`` then, with ``agent_id``, the one-hot of ``agent_index``."""
+        if not self.agent_id:
+            return base
+        out = np.zeros(self.dim, np.float32)
+        out[:self.base_dim], out[self.base_dim + agent_index] = base, 1.0
+        return out
+
+
+def critic_key(config: Any, pid: str, algo: str) -> str:
+    """The config key a policy's ``critic_input`` comes from (its override, else the section's)."""
+    pc = (config.multiagent.policies or {}).get(pid)
+    over = pc.config if pc is not None else None
+    return f"multiagent.policies.{pid}.config.critic_input" if over and "critic_input" in over else f"{algo}.critic_input"
+
+
+def resolve_critic_input(config: Any, pid: str, algo: str, section: Any, env: Any, mapping: Any,
+                         possible_agents: Sequence[str]) -> CriticInput:
+    """Policy ``pid``'s :class:`CriticInput` from its section's ``critic_input`` and
+    ``critic_agent_id`` (``auto`` resolved on ``env``).
+
+    Raises:
+        ConfigError: ``critic_input=state`` for an env without a ``state_space`` (naming the key
+            and the env), or a ``critic_input_dim`` given that differs from the env's.
+    """
+    kind, key = str(section.critic_input), critic_key(config, pid, algo)
+    st = env_state_space(env)
+    if kind == "auto":
+        kind = "state" if st is not None else "concat_obs"
+    if kind == "state" and st is None:
+        raise ConfigError(f"{key}=state: env {type(env).__name__} declares no state_space (PettingZoo's global "
+                          "state()); use concat_obs (the team's observations) or auto")
+    team = team_of(config, mapping, possible_agents, pid)
+    ci = CriticInput(kind, team, possible_agents, {a: env.observation_space(a) for a in possible_agents}, st,
+                     bool(section.critic_agent_id))
+    given = getattr(section, "critic_input_dim", None)
+    if given is not None and int(given) != ci.dim:
+        raise ConfigError(f"{key.rsplit('.', 1)[0]}.critic_input_dim={given}: the {kind} input of policy {pid!r} "
+                          f"(team {', '.join(team)}) is {ci.dim} wide here; leave it unset (set-up fills it in)")
+    return ci
+
+
+def critic_inputs(config: Any, policies: Mapping[str, Any], env: Any, mapping: Any,
+                  possible_agents: Sequence[str]) -> Dict[str, CriticInput]:
+    """``{policy id: CriticInput}`` of the policies whose section declares a centralized value
+    input (resolved at set-up: ``critic_input`` concrete, ``critic_input_dim`` set); on a worker."""
+    out: Dict[str, CriticInput] = {}
+    for pid, pol in policies.items():
+        sec = getattr(pol, "config", None)
+        if sec is not None and getattr(sec, "critic_input", None) in ("state", "concat_obs"):
+            st = env_state_space(env)
+            out[pid] = CriticInput(str(sec.critic_input), team_of(config, mapping, possible_agents, pid),
+                                   possible_agents, {a: env.observation_space(a) for a in possible_agents}, st,
+                                   bool(sec.critic_agent_id))
+    return out
