@@ -163,3 +163,35 @@ def test_snapshots_every_k_iterations_metrics_and_exact_resume(run_dir):
     report = evaluate(res.run_dir, episodes=4, trust_config=True)
     table = format_table(report)
     assert "league" in table and "learner@2" in table and "elo" in table
+
+
+def _worker_view(slots, worker):
+    """On a rollout worker: its league rule and its snapshot slots' weights."""
+    return worker.runner.mapping.rules["player_2"], {s: worker.policies[s].get_weights() for s in slots}
+
+
+class _AtEnd:
+    """Reads every Ray worker's league rule and snapshot weights when the run ends (the workers
+    still up), with the driver's view."""
+
+    @flowkit.hookimpl
+    def flowkit_on_train_end(self, summary, error, ctx):
+        import functools
+        league = ctx.stateful[STATEFUL_NAME]
+        self.driver = league.cumulative(), {s: ctx.policies[s].get_weights() for s in league.filled}
+        self.workers = ctx.workers.foreach_worker("apply", functools.partial(_worker_view, list(league.filled)))
+
+
+@pytest.mark.ray
+def test_league_reaches_ray_workers(ray_session, run_dir):
+    """On the Ray backend the workers get each snapshot's weights and the new matchmaking."""
+    grab = _AtEnd()
+    flowkit.train([*TTT, "runtime.backend=ray", "runtime.num_workers=2", "runtime.num_cpus_per_worker=0.5",
+                   "multiagent.league.snapshot_interval=1", "stop.iterations=3", f"run.dir={run_dir}",
+                   "run.reporters=[csv]"], plugins=[grab], verbose=False)
+    rule, weights = grab.driver
+    assert len(weights) == 3 and len(grab.workers) == 2
+    for w_rule, w_weights in grab.workers:
+        assert [(p, pytest.approx(c)) for p, c in rule] == w_rule
+        for s, w in weights.items():
+            assert all(np.array_equal(w[k], v) for k, v in w_weights[s].items()), s
