@@ -24,7 +24,8 @@ Where every ``f(p_m)`` is 0 (it beats them all) the choice is uniform. Without o
 (no snapshot yet, no fixed member) the main policy plays itself. The draw is made on the rollout
 workers, once per episode, from the run's seed and the episode id (the mapping's weighted
 choice, :class:`~flowkit_multiagent.specs.AgentMapping`); the driver sends the new
-probabilities after every iteration (:meth:`League.push`).
+probabilities after every iteration (:meth:`League.push`; a restarted worker starts from the
+first distribution and gets the current one with the next iteration's).
 
 Ratings: Elo (Elo 1978; the logistic form of the chess federations) per member: after a game of
 the main policy ``a`` against member ``b`` with score ``s`` (1 win, 0.5 draw, 0 loss)::
@@ -212,11 +213,12 @@ class League:
 
     def table(self) -> Dict[str, Any]:
         """The members as a table (plain lists): member, Elo, games against the main policy,
-        its win rate against them, matchmaking probability, snapshot iteration (-1: none)."""
+        the main policy's win rate against them, matchmaking probability, the iteration of the
+        snapshot (-1: not a snapshot)."""
         probs = self.probabilities()
         rows = [[m, self.ratings[m], self.games[m] if m != self.main else "", self.win_rate(m) if m != self.main else "",
                  probs[m], self.filled.get(m, -1)] for m in self.members if m not in self.slots or m in self.filled]
-        return {"columns": ["member", "elo", "games", "main_win_rate", "prob", "snapshot_iteration"], "rows": rows}
+        return {"columns": ["member", "elo", "games", "win_rate", "prob", "snapshot"], "rows": rows}
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def get_state(self) -> Dict[str, Any]:
