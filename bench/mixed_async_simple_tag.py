@@ -63,7 +63,7 @@ def play(adversaries, prey, episodes, seed):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--env-steps", type=int, default=1_000_000)
+    ap.add_argument("--env-steps", type=int, default=200_000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--episodes", type=int, default=300)
     ap.add_argument("--backend", default="ray")
