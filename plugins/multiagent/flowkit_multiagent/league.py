@@ -158,13 +158,12 @@ class League:
         return list(zip(order, cum, strict=True))
 
     def push(self, workers: Any) -> None:
-        """Send the matchmaking distribution to every rollout worker (their mapping's rules)."""
+        """Send the matchmaking distribution to every rollout worker (their mapping's rules;
+        a Ray actor runs it before its next sample request). Not awaited: a worker that fails
+        reports it with its next sample, and is rebuilt as usual."""
         fn = functools.partial(set_rules, self.rules, self.cumulative())
         for a in workers.actors:
-            if a.is_remote:
-                a.submit("apply", fn)
-            else:
-                a.obj.apply(fn)
+            a.submit("apply", fn)
 
     # ---- results ----------------------------------------------------------------------------
     def __call__(self, batch: Any) -> Any:
