@@ -205,7 +205,9 @@ def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore:
     and ``episode_len_*`` (mean, std, min, max over episodes; multi-agent: the sum over
     agents), ``policies`` (per policy: ``episode_return_*`` over its agents' returns and the
     means of what the env runner reports for it, its episodes' ``eval_metrics``: the multiagent
-    plugin's ``win_rate``, ``draw_rate``, ``loss_rate`` in games with a winner), ``returns``,
+    plugin's ``win_rate``, ``draw_rate``, ``loss_rate`` in games with a winner), ``tables``
+    (``{name: {"columns", "rows"}}``: the ``table`` of a stateful part's checkpointed state,
+    e.g. the multiagent plugin's league members with their Elo ratings; absent when none), ``returns``,
     ``lengths``, ``seeds`` and ``videos`` per episode. ``trust_config``: allow the callables
     the run's config names that no installed flowkit plugin provides (``env.factory``,
     ``model.class``, ``plugins``; a run folder is data, see :mod:`flowkit._trust`).
@@ -316,6 +318,10 @@ def _report(algo: Any, ck: str, eps: List[Dict[str, Any]], single: bool, seed: i
                                     **{f"episode_len_{k}": v for k, v in _stats([n for _, n in mine]).items()},
                                     **{k.rpartition("/")[2]: v for k, v in reported.items() if k.rpartition("/")[0] == pid}}
                               for pid in algo.policies if (mine := by_policy.get(pid)) and pid not in opponents}
+    tables = {name: st["table"] for name, st in (algo.checkpoint_state.get("stateful") or {}).items()
+              if isinstance(st, dict) and isinstance(st.get("table"), dict)}
+    if tables:  # what the run's stateful parts show as tables (the multiagent plugin's league: its members)
+        report["tables"] = tables
     report.update(returns=rets, lengths=lens)  # (an opponent's agents are played by the stand-in, not this run's policy)
     if single:
         report.update(seeds=[e["seed"] for e in eps], videos=[e["video"] for e in eps if e["video"]])
@@ -338,6 +344,9 @@ def format_table(report: Dict[str, Any]) -> str:
     for name, d, n in rows:
         vals = [n] + [d[f"episode_{c}"] for c in cols[1:]] + [d.get(c, "") for c in rates]
         lines.append(f"{name:<16}" + "".join(cell(v) for v in vals))
+    for name, t in report.get("tables", {}).items():  # e.g. a league's members (Elo, win rates)
+        lines += ["", f"{name}:", "".join(f"{c:>13}" if i else f"{c:<16}" for i, c in enumerate(t["columns"]))]
+        lines += ["".join(cell(v) if i else f"{v:<16}" for i, v in enumerate(row)) for row in t["rows"]]
     mode = "sampled" if report["explore"] else "greedy"
     title = (f"{report['algo']} on {report['env']}, checkpoint {report['checkpoint']} (iteration {report['iteration']}): "
              f"{report['episodes']} episode{'s' if report['episodes'] != 1 else ''}, {mode}, seed {report['seed']}")

@@ -218,12 +218,22 @@ def test_a3c_weights_go_only_to_the_source_worker_on_ray(ray_session, run_dir):
         ctx.shutdown()
 
 
-def test_a3c_mixed_with_bulk_sync_is_refused_at_setup():
-    with pytest.raises(ConfigError, match=r"bulk_sync and async.*a3c \(policies p1\): async_gradients"):
-        pm, cfg = load_config(["runtime.backend=local", "env.factory=pettingzoo.classic.tictactoe_v3:env",
-                               "multiagent.policies.p1.algo=a3c", "multiagent.policies.p2.algo=ppo",
-                               "multiagent.mapping.player_1=p1", "multiagent.mapping.player_2=p2"])
-        setup(cfg, pm)
+def test_a3c_mixed_with_bulk_sync_pulls_its_own_gradient_stream():
+    """A3C (async_gradients) beside PPO (bulk_sync): each pulls its own stream (issue 51 item 7)."""
+    pm, cfg = load_config(["runtime.backend=local", "env.factory=pettingzoo.classic.tictactoe_v3:env",
+                           "runtime.num_workers=1", "runtime.num_envs_per_worker=2",
+                           "runtime.rollout_fragment_length=8", "ppo.train_batch_size=16", "ppo.minibatch_size=8",
+                           "multiagent.policies.p1.algo=a3c", "multiagent.policies.p2.algo=ppo",
+                           "multiagent.mapping.player_1=p1", "multiagent.mapping.player_2=p2"])
+    ctx = setup(cfg, pm)
+    try:
+        plan = build_plan(ctx)
+        text = plan.to_text()
+        assert "ParallelRollouts(async_gradients)" in text and "ParallelRollouts(bulk_sync)" in text
+        plan.take(4)
+        assert ctx.policies["p1"].num_updates > 0 and ctx.policies["p2"].num_updates > 0
+    finally:
+        ctx.shutdown()
 
 
 def test_a2c_and_dqn_in_one_tictactoe_run(run_dir):

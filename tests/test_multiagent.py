@@ -2,6 +2,9 @@
 evaluation against fixed opponents, and short smoke runs of the acceptance games."""
 from __future__ import annotations
 
+import csv
+import os
+
 import numpy as np
 import pytest
 
@@ -155,7 +158,9 @@ class _Recorder(flowkit.Algorithm):
         tag = self.name
 
         def step(b):
-            type(self).seen.append((tag, sorted(b.policy_batches), sorted(learner.policies)))
+            source = getattr(b, "actor", None)  # an async stream's items: (worker, batch)
+            b = getattr(b, "item", b)
+            type(self).seen.append((tag, sorted(b.policy_batches), sorted(learner.policies), source))
             return {"batch": b, "stats": {}}
         step.name = f"Record({tag})"
         return experiences.for_each(step)
@@ -200,7 +205,7 @@ def test_mixing_plan_composition(recorders):
     assert len(items) == 6
     # round robin with weights 2:1; each fragment sees only its own policies (data and learner)
     assert [s[0] for s in recorders.seen] == ["rec_a", "rec_a", "rec_b"] * 2
-    for tag, pids, learner in recorders.seen:
+    for tag, pids, learner, _ in recorders.seen:
         want = ["scout_pol"] if tag == "rec_a" else ["tank_pol"]
         assert pids == want and learner == want
     # 2 rounds for rec_a per cycle, rec_b reads the same rounds from its duplicate
@@ -227,10 +232,23 @@ def test_mixing_cycle_position_is_checkpointed_and_restored(recorders):
     again.shutdown()
 
 
-def test_mixing_refuses_async_with_bulk_sync(recorders):
-    with pytest.raises(ConfigError, match=r"bulk_sync and async.*rec_async \(policies tank_pol\): async"):
-        make_ctx(SCOUT, *C04_MAP, "multiagent.policies.scout_pol.algo=rec_a",
-                 "multiagent.policies.tank_pol.algo=rec_async")
+def test_mixing_async_with_bulk_sync_each_pulls_its_own_stream(recorders):
+    """Issue 51 item 7: an async algorithm mixes with a bulk-sync one; each pulls the stream of its
+    rollout mode from the same workers and trains only its own policies' rows (the async one
+    with the worker that sampled each fragment)."""
+    ctx = make_ctx(SCOUT, *C04_MAP, "multiagent.policies.scout_pol.algo=rec_a",
+                   "multiagent.policies.tank_pol.algo=rec_async", "runtime.rollout_fragment_length=5")
+    plan = build_plan(ctx)
+    text = plan.to_text()
+    assert "ParallelRollouts(bulk_sync)" in text and "ParallelRollouts(async, num_async=2)" in text
+    assert "duplicate" not in text  # one group per stream
+    plan.take(4)
+    assert [s[0] for s in recorders.seen] == ["rec_a", "rec_async"] * 2
+    for tag, pids, learner, source in recorders.seen:
+        assert pids == learner == (["scout_pol"] if tag == "rec_a" else ["tank_pol"])
+        assert (source is None) == (tag == "rec_a")  # async items come with their worker
+    assert ctx.counters["env_steps_sampled"] == 4 * 5  # two fragments for each stream
+    ctx.shutdown()
 
 
 def test_per_policy_config_override_is_its_own_group():
@@ -455,9 +473,19 @@ def test_opponent_sampling_in_a_run_and_first_policy_in_evaluation():
     ctx.shutdown()
 
 
-def test_mixing_refuses_appo_with_bulk_sync_ppo():
-    with pytest.raises(ConfigError, match=r"bulk_sync and async.*appo \(policies tank_pol\): async"):
-        make_ctx(SCOUT, *C04_MAP, "multiagent.policies.scout_pol.algo=ppo", "multiagent.policies.tank_pol.algo=appo")
+def test_appo_team_and_ppo_team_train_in_one_run(run_dir):
+    """Issue 51 item 7: APPO (async, learner thread) and PPO (bulk-sync) policies in one run,
+    each trained from its own stream; the run resumes."""
+    base = [SCOUT, *C04_MAP, "multiagent.policies.scout_pol.algo=ppo", "multiagent.policies.tank_pol.algo=appo",
+            "runtime.num_workers=1", "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=10",
+            "ppo.train_batch_size=20", "ppo.minibatch_size=10", "ppo.num_epochs=1", "appo.train_batch_size=20"]
+    first = flowkit.train(local_overrides(run_dir, *base, "stop.iterations=10"))
+    with open(os.path.join(first.run_dir, "metrics.csv")) as f:
+        rows = list(csv.DictReader(f))
+    trained = {p: sum(int(r[f"learner/{p}/train_batch_size"] or 0) for r in rows) for p in ("scout_pol", "tank_pol")}
+    assert trained["scout_pol"] >= 20 * 10 and trained["tank_pol"] >= 20  # PPO every round, APPO from its thread
+    res = flowkit.train(local_overrides(run_dir, *base, f"resume={first.run_dir}", "stop.iterations=12"))
+    assert res.metrics["iteration"] == 12 and res.metrics["env_steps_trained"] > int(rows[-1]["env_steps_trained"])
 
 
 def test_zero_sum_progress_and_summary_show_each_policy_and_the_win_rate(run_dir, capsys):
@@ -497,3 +525,50 @@ def test_a_mixed_run_reports_one_row_per_round_of_the_plan_and_labels_its_bar_wi
                                         "stop.env_steps=60", "run.reporters=[progress,csv]"))
     assert [r["env_steps_sampled"] for r in res.history] == [10, 20, 30, 40, 50, 60]
     assert "dqn+ppo ma_envs:ScoutTankEnv:" in capsys.readouterr().err
+
+
+def test_mappo_team_against_dqn_team_runs_and_resumes_exactly(run_dir):
+    """Issue 51 item 7: a centralized team (MAPPO adversaries, critic on their team's
+    observations) against an independent one (DQN prey) in one simple_tag run; a checkpoint
+    round trip gives back every policy's state (optimizers included), the replay buffer and
+    the mixing cycle, and the run resumes from it."""
+    from flowkit.checkpoint import STATE_FILE, checkpoint_state, restore
+    base = ["env.factory=mpe2.simple_tag_v3:parallel_env", "env.kwargs.max_cycles=25",
+            "multiagent.policies.adversaries.algo=mappo", "multiagent.policies.prey.algo=dqn",
+            "multiagent.mapping.adversary_*=adversaries", "multiagent.mapping.agent_*=prey",
+            "runtime.num_workers=1", "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=25",
+            "mappo.train_batch_size=50", "mappo.minibatch_size=50", "mappo.num_epochs=1",
+            "dqn.learning_starts=50", "dqn.train_batch_size=16", "dqn.buffer_size=1000"]
+    res = flowkit.train(local_overrides(run_dir, *base, "stop.iterations=3"))
+    saved = load_state(os.path.join(res.checkpoint, STATE_FILE))
+    assert saved["policies"]["adversaries"]["num_updates"] > 0 and saved["policies"]["prey"]["num_updates"] > 0
+    pm, cfg = load_config(["runtime.backend=local", *base, "stop.iterations=3"])
+    ctx = setup(cfg, pm)
+    try:
+        build_plan(ctx)
+        restore(ctx, res.checkpoint)
+        now = checkpoint_state(ctx)
+        for key in ("policies", "stateful", "counters", "iteration"):
+            _assert_same(saved[key], now[key], key)
+        assert set(now["stateful"]) == {"mappo/learner", "dqn/learner", "dqn/replay_buffer", "dqn/store_train_cycle",
+                                        "mixing/round_robin_cycle"}
+    finally:
+        ctx.shutdown()
+    again = flowkit.train(local_overrides(run_dir, *base, f"resume={res.run_dir}", "stop.iterations=4"))
+    assert again.metrics["iteration"] == 4 and again.metrics["env_steps_sampled"] == 4 * 50
+
+
+def _assert_same(a, b, where):
+    """``a`` and ``b`` (checkpoint states: dicts, lists, arrays, tensors, numbers) are equal."""
+    if isinstance(a, dict):
+        assert set(a) == set(b), where
+        for k in a:
+            _assert_same(a[k], b[k], f"{where}.{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _assert_same(x, y, f"{where}[{i}]")
+    elif hasattr(a, "shape") or hasattr(b, "shape"):
+        assert np.array_equal(np.asarray(a), np.asarray(b)), where
+    else:
+        assert a == b or (a != a and b != b), where

@@ -72,6 +72,34 @@ def flowkit_build_plan(ctx):
     return build_plan(ctx)
 
 
+@flowkit.hookimpl
+def flowkit_on_run_start(ctx, run_dir, history):
+    """Runs on: driver. A league's matchmaking (restored on resume) to the rollout workers."""
+    from flowkit_multiagent.league import STATEFUL_NAME
+    league = ctx.stateful.get(STATEFUL_NAME)
+    if league is not None:
+        league.push(ctx.workers)
+
+
+@flowkit.hookimpl
+def flowkit_on_train_result(result, ctx):
+    """Runs on: driver. A league's iteration: a snapshot of the main policy every
+    ``multiagent.league.snapshot_interval`` iterations (its weights to the slot's policy on the
+    driver and the workers), the new matchmaking to the workers, its ``league/*`` columns."""
+    from flowkit_multiagent.league import STATEFUL_NAME
+    league = ctx.stateful.get(STATEFUL_NAME)
+    if league is None:
+        return
+    it = int(result["iteration"])
+    if it % int(ctx.config.multiagent.league.snapshot_interval) == 0:
+        slot = league.add_snapshot(it)
+        w = ctx.get_weights([league.main])[league.main]
+        ctx.policies[slot].set_weights(w)
+        ctx.workers.sync_weights({slot: w})
+    league.push(ctx.workers)
+    result.update(league.columns())
+
+
 # env constructors this plugin vouches for in a run folder's config (flowkit._trust): PettingZoo's
 # and MPE2's games, `module:attr` in full
 FLOWKIT_TRUSTED_CALLABLES = (r"pettingzoo\.(atari|butterfly|classic|mpe|sisl)\.[a-z0-9_]+_v\d+:(env|parallel_env|raw_env)",

@@ -39,6 +39,23 @@ class PolicyConfig:
 
 
 @dataclass
+class LeagueConfig:
+    """multiagent.league: a population of past snapshots, PFSP matchmaking and Elo ratings for a
+    two-player game (see flowkit_multiagent.league)."""
+    main: Optional[str] = F(None, "the main policy (trained); unset: no league")
+    opponent: str = F("opponent", "the policy id whose seat the league fills: every mapping rule that targets "
+                                  "it draws a member per episode; it stays a member (a fixed one)")
+    snapshots: int = F(8, "past snapshots of the main policy kept (policies <main>@1..; the oldest replaced)",
+                       ge=1, le=256)
+    snapshot_interval: int = F(5, "iterations between two snapshots", ge=1)
+    pfsp: str = F("hard", "matchmaking weight f(p) of an opponent beaten with probability p: hard (1-p)^2, "
+                          "variance p(1-p), linear 1-p, uniform", choices=("hard", "variance", "linear", "uniform"))
+    self_play: float = F(0.35, "probability that the main policy plays itself in an episode", ge=0, le=1)
+    elo_k: float = F(16.0, "Elo K-factor (rating points per unit of surprise)", gt=0)
+    elo_initial: float = F(1000.0, "Elo rating of every member at the start")
+
+
+@dataclass
 class MultiAgentConfig:
     """multiagent: PettingZoo games, agents mapped to policies, one algorithm per policy."""
     policies: Dict[str, PolicyConfig] = F(help="policy id -> its algorithm, config overrides, trainable, "
@@ -56,6 +73,8 @@ class MultiAgentConfig:
     eval_alternate_seats: bool = F(False, "rotate the seats (agent -> policy) every evaluation episode")
     alternate_seats: bool = F(False, "training: rotate the agent -> policy assignment every episode "
                                      "(turn-based games: each policy plays every seat; agents must share spaces)")
+    league: LeagueConfig = F(help="a league of snapshots with PFSP matchmaking and Elo ratings (league.main "
+                                  "names the main policy)", factory=LeagueConfig)
     share_parameters: bool = F(True, "without policies and mapping: true, every agent shares one policy "
                                      "`shared`; false, each agent gets a policy of its own (id = agent id)")
     obs_agent_id: bool = F(False, "append the one-hot agent id to the observation of every policy that several "

@@ -28,6 +28,7 @@ from flowkit_multiagent.centralized import (
     with_agent_id,
 )
 from flowkit_multiagent.config import PolicyConfig
+from flowkit_multiagent.league import League, league_mapping, slot_ids
 
 SHARED_POLICY_ID = "shared"
 RANDOM = "random"
@@ -175,21 +176,27 @@ class AgentMapping:
 
 
 def build_mapping(config: Any, possible_agents: Sequence[str]) -> AgentMapping:
-    """The run's :class:`AgentMapping` from ``multiagent.*`` (weighted draws seeded by ``seed``)."""
-    return AgentMapping(config.multiagent.mapping or {}, policy_ids_of(config, possible_agents), possible_agents,
-                        seed=int(config.get("seed") or 0))
+    """The run's :class:`AgentMapping` from ``multiagent.*`` (weighted draws seeded by ``seed``);
+    with a league, its rules start with the league's first matchmaking distribution."""
+    m = AgentMapping(league_mapping(config), policy_ids_of(config, possible_agents), possible_agents,
+                     seed=int(config.get("seed") or 0))
+    if config.multiagent.league.main:
+        league = League.from_config(config)
+        for r in league.rules:
+            m.rules[r] = league.cumulative()
+    return m
 
 
 def policy_ids_of(config: Any, possible_agents: Sequence[str] = ()) -> List[str]:
     """Policy ids: ``multiagent.policies`` keys, then the mapping's other targets (trained by
-    ``algo``); when both are empty, ``shared`` (``multiagent.share_parameters``, the default) or
+    ``algo``; a league's snapshot slots among them); when both are empty, ``shared`` (``multiagent.share_parameters``, the default) or
     one policy per agent of ``possible_agents``.
 
     Raises:
         ConfigError: ``share_parameters=false`` with a mapping or policies (they decide who shares).
     """
     ma = config.multiagent
-    targets = (p for v in (ma.mapping or {}).values() for p in (v if isinstance(v, (dict, DictConfig)) else [v]))
+    targets = (p for v in league_mapping(config).values() for p in (v if isinstance(v, (dict, DictConfig)) else [v]))
     pids = list(dict.fromkeys(map(str, [*(ma.policies or {}), *targets])))
     if not bool(ma.get("share_parameters", True)):
         if pids:
@@ -316,6 +323,7 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, Type[Algorith
                           "Gymnasium envs; give a PettingZoo env its own limit through env.kwargs "
                           "(e.g. env.kwargs.max_cycles=25 for MPE)")
     ma = config.multiagent
+    _check_league(config)
     mapping = build_mapping(config, agents)
     pids = mapping.policy_ids
     members = policy_members(mapping, agents)
@@ -329,13 +337,19 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, Type[Algorith
     if (bool(ma.alternate_seats) or bool(ma.eval_alternate_seats)) and (m := mismatch(agents)):
         raise ConfigError(f"alternate_seats needs every agent to have the same spaces; {m}")
     with_id = agent_id_policies(config, members)
+    slots = slot_ids(config)
     specs: Dict[str, MAPolicySpec] = {}
     for pid in pids:
-        o = obs_sp[members[pid][0]]
-        specs[pid] = _policy_spec(config, pid, tuple(members[pid]), with_agent_id(o, len(agents)) if pid in with_id
-                                  else o, act_sp[members[pid][0]], algorithms, (env, mapping))
+        if pid not in slots:
+            o = obs_sp[members[pid][0]]
+            specs[pid] = _policy_spec(config, pid, tuple(members[pid]), with_agent_id(o, len(agents))
+                                      if pid in with_id else o, act_sp[members[pid][0]], algorithms, (env, mapping))
+    main = config.multiagent.league.main
+    for pid in slots:  # a league's snapshot slots: frozen copies of the main policy
+        specs[pid] = dataclasses.replace(specs[main], agents=tuple(members[pid]), trainable=False, group="",
+                                         init_state=None)
+    specs = {pid: specs[pid] for pid in pids}
     _check_opponents(config, specs, algorithms)
-    _check_rollout_modes(config, specs, algorithms)
     assign_teams(config, specs, mapping, agents)
     return specs
 
@@ -410,19 +424,24 @@ def _policy_spec(config: Any, pid: str, agents: Tuple[str, ...], o: gym.Space, a
                         trainable=trained, group=group, section=data, init_state=init_state)
 
 
-def _check_rollout_modes(config: Any, specs: Dict[str, MAPolicySpec], algorithms: Dict[str, Type[Algorithm]]) -> None:
-    """Trained algorithms share one rollout stream: their rollout modes must agree."""
-    modes: Dict[str, str] = {}
-    for s in specs.values():
-        if s.group and s.group not in modes:
-            algo = algorithms[s.algo](config, config=s.config)
-            modes[s.group] = algo.get_rollout_mode()
-    if len(set(modes.values())) > 1:
-        desc = ", ".join(f"{g} (policies {', '.join(p for p, s in specs.items() if s.group == g)}): {m}"
-                         for g, m in modes.items())
-        raise ConfigError("these algorithms cannot share one rollout stream: bulk_sync and async rollout "
-                          f"modes are mixed ({desc}); train them in separate runs, or set the async one to "
-                          "bulk_sync (e.g. impala.rollout_mode=bulk_sync) if it supports it")
+def _check_league(config: Any) -> None:
+    """``multiagent.league.*`` names policies of this run and a seat that some rule maps."""
+    lg, ma = config.multiagent.league, config.multiagent
+    if not lg.main:
+        return
+    own = list(dict.fromkeys([*(ma.policies or {}), *(str(t) for t in (ma.mapping or {}).values()
+                                                     if not isinstance(t, (dict, DictConfig)))]))
+    if lg.main not in own:
+        raise ConfigError(f"multiagent.league.main={lg.main!r}: no policy {lg.main!r} in this run "
+                          f"(policies: {', '.join(own)}){did_you_mean(lg.main, own)}")
+    pc = (ma.policies or {}).get(lg.main)
+    if pc is not None and (not pc.trainable or pc.algo == RANDOM):
+        raise ConfigError(f"multiagent.league.main={lg.main!r}: the main policy must be trained "
+                          f"(it is {'frozen' if not pc.trainable else 'random'})")
+    if lg.opponent == lg.main or not any(str(t) == lg.opponent for t in (ma.mapping or {}).values()):
+        raise ConfigError(f"multiagent.league.opponent={lg.opponent!r}: no multiagent.mapping rule maps to it "
+                          "(the league fills the seat of the policy a rule maps to, e.g. "
+                          f"multiagent.mapping.player_1={lg.opponent}; it must not be the main policy)")
 
 
 def _check_opponents(config: Any, specs: Dict[str, MAPolicySpec], algorithms: Dict[str, Type[Algorithm]]) -> None:
