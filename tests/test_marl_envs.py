@@ -178,11 +178,17 @@ def test_vmas_mappo_on_ray_workers(ray_session, run_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1800)
 def test_ippo_learns_vmas_balance(run_dir):
-    """IPPO (one PPO policy shared by the 4 agents, each acting on its own observation) on VMAS
-    balance: a random policy's mean return per agent is about -X; after ~N env steps it is clearly above."""
-    res = flowkit.train(local_overrides(run_dir, "-c", "configs/multiagent/vmas_balance_ippo.yaml"))
-    assert res.metrics["policy/shared/episode_return_mean"] > 0
+    """IPPO (one PPO policy shared by the 4 agents, each on its own observation) on VMAS balance,
+    configs/multiagent/vmas_balance_ippo.yaml: the team return starts at about -7 (a random
+    policy drops the package) and passes 20 within 100,000 env steps (seed 0: at 48,000)."""
+    import os
+    cfg = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs", "multiagent",
+                       "vmas_balance_ippo.yaml")
+    res = flowkit.train(local_overrides(run_dir, "seed=0"), config_file=cfg)
+    first = res.history[0]["episode_return_mean"]
+    assert first < 0 and res.metrics["episode_return_mean"] >= 20 and res.metrics["env_steps_sampled"] <= 100_000
 
 
 # ---- Level-Based Foraging, the multi-robot warehouse -------------------------------------------
