@@ -144,7 +144,10 @@ def test_every_listed_algorithm_has_an_export_case():
     assert {"ppo", "dqn", "sac", "td3", "random"} <= listed, p.stdout
     covered = {a.split("=", 1)[1] for run in EXPORT_RUNS.values() for a in run if a.startswith("algo=")}
     covered |= {"es", "ars", "bc", "marwil", "cql_dqn", "cql_sac",  # exported in test_es.py and test_offline.py (need datasets)
-                "r2d2"}  # test_r2d2.py: its recurrent Q-network exported with the state as an input and an output
+                "r2d2",  # test_r2d2.py: its recurrent Q-network exported with the state as an input and an output
+                # multi-agent games (an agent's own observation in, its action out): test_ctde.py (mappo),
+                # test_centralized_critics.py (masac, matd3), test_value_decomposition.py (vdn, qmix)
+                "mappo", "masac", "matd3", "vdn", "qmix"}
     assert listed <= covered, f"no export case for {sorted(listed - covered)}"
 
 

@@ -201,7 +201,7 @@ def test_recurrent_settings_that_cannot_work_are_config_errors():
     from flowkit.config import check_run
     pm, cfg = load_config(["algo=sac", "env=Pendulum-v1", "model.recurrent=gru"])
     with pytest.raises(ConfigError, match=r"SAC trains feed-forward networks only \(installed algorithms that do: "
-                                          r"a2c, a3c, appo, impala, ppo, r2d2\)"):
+                                          r"a2c, a3c, appo, impala, ppo, qmix, r2d2, vdn\)"):
         check_run(cfg, pm)
     with pytest.raises(ConfigError, match=r"model.recurrent='rnn'.*'lstm' or 'gru'"):
         load_config(["model.recurrent=rnn"])

@@ -12,13 +12,14 @@ batched VMAS runner: :mod:`flowkit_multiagent.vmas`) and
 multi-agent, so single-agent Gymnasium runs keep the core's fast path.
 """
 import flowkit
-from flowkit_multiagent.config import QMIX_REF, VDN_REF, MAPPOConfig, MASACConfig, MATD3Config, MultiAgentConfig
-
-MAPPO_REF = flowkit.AlgorithmRef("mappo", MAPPOConfig, "flowkit_multiagent.mappo:MAPPO",
-                                 normalize_obs="normalize_observations")
-# continuous centralized critics (Box actions; bounds checked at set-up as SAC's and TD3's)
-MASAC_REF = flowkit.AlgorithmRef("masac", MASACConfig, "flowkit_multiagent.centralized_critics:MASAC", ("Box",))
-MATD3_REF = flowkit.AlgorithmRef("matd3", MATD3Config, "flowkit_multiagent.centralized_critics:MATD3", ("Box",))
+from flowkit_multiagent.config import (
+    MAPPO_REF,
+    MASAC_REF,
+    MATD3_REF,
+    QMIX_REF,
+    VDN_REF,
+    MultiAgentConfig,
+)
 
 
 @flowkit.hookimpl

@@ -54,7 +54,7 @@ from flowkit_sac.td3 import TD3, TD3Model, TD3Policy, smoothed_target_action, td
 from flowkit import ConfigError
 from flowkit.core import batch as sb
 from flowkit.core import loss_stats
-from flowkit_multiagent import MASAC_REF, MATD3_REF
+from flowkit_multiagent.config import MASAC_REF, MATD3_REF
 from flowkit_multiagent.centralized import CRITIC_OBS, NEXT_CRITIC_OBS, TEAM_MEMBER, join_team
 
 TEAM_NEXT_OBS = "team_next_obs"  # float32[B, sum d_j], every member's encoded next observation, team order

@@ -155,7 +155,7 @@ class VDNConfig(LRConfig):
 class QMIXConfig(CriticInputKeys, VDNConfig):
     """qmix: QMIX (Rashid et al. 2018): a team's recurrent agent Q-networks under a monotonic mixing network of the global state, built by hypernetworks."""
     mixing_embed_dim: int = F(32, "units of the mixing network's hidden layer", gt=0)
-    hypernet_layers: int = F(2, "layers of the hypernetworks that make the mixing weights", choices=(1, 2))
+    hypernet_layers: int = F(2, "layers of the hypernetworks that make the mixing weights", ge=1, le=2)
     hypernet_embed: int = F(64, "hidden units of two-layer hypernetworks", gt=0)
     critic_agent_id: bool = F(False, "must stay false: the mixer takes one global state per step, the same for "
                                      "every agent (no agent id in it)")
@@ -167,6 +167,15 @@ class QMIXConfig(CriticInputKeys, VDNConfig):
                                    "for every agent of the team; leave it false")])
 
 
+# the algorithms' declarations (read before torch loads; the classes take them: ``class MAPPO(PPO, ref=MAPPO_REF)``)
+MAPPO_REF = flowkit.AlgorithmRef("mappo", MAPPOConfig, "flowkit_multiagent.mappo:MAPPO",
+                                 normalize_obs="normalize_observations")
+# continuous centralized critics (Box actions; bounds checked at set-up as SAC's and TD3's)
+_CC_REFUSAL = "its centralized critic's team observations are not normalised"
+MASAC_REF = flowkit.AlgorithmRef("masac", MASACConfig, "flowkit_multiagent.centralized_critics:MASAC", ("Box",),
+                                 normalize_obs_refusal=_CC_REFUSAL)
+MATD3_REF = flowkit.AlgorithmRef("matd3", MATD3Config, "flowkit_multiagent.centralized_critics:MATD3", ("Box",),
+                                 normalize_obs_refusal=_CC_REFUSAL)
 _VD_REFUSAL = "its replayed team sequences and stored recurrent states are not normalised"
 VDN_REF = flowkit.AlgorithmRef("vdn", VDNConfig, "flowkit_multiagent.qmix:VDN", ("Discrete",), recurrent=True,
                                normalize_obs_refusal=_VD_REFUSAL)
