@@ -54,8 +54,8 @@ from flowkit_sac.td3 import TD3, TD3Model, TD3Policy, smoothed_target_action, td
 from flowkit import ConfigError
 from flowkit.core import batch as sb
 from flowkit.core import loss_stats
-from flowkit_multiagent.config import MASAC_REF, MATD3_REF
 from flowkit_multiagent.centralized import CRITIC_OBS, NEXT_CRITIC_OBS, TEAM_MEMBER, join_team
+from flowkit_multiagent.config import MASAC_REF, MATD3_REF
 
 TEAM_NEXT_OBS = "team_next_obs"  # float32[B, sum d_j], every member's encoded next observation, team order
 TEAM_ACTIONS = "team_actions"    # float32[B, K], every member's action in [-1, 1], team order

@@ -31,8 +31,8 @@ from torch import nn
 from flowkit.config import ConfigError
 from flowkit.core import RunningMeanStd, build_mlp, build_trunk, init_weights
 from flowkit.core import batch as sb
-from flowkit_multiagent.config import MAPPO_REF
 from flowkit_multiagent.centralized import CRITIC_OBS, NEXT_CRITIC_OBS
+from flowkit_multiagent.config import MAPPO_REF
 
 
 class CentralizedActorCritic(nn.Module):
