@@ -27,8 +27,10 @@ SETTINGS = {
 # (config, plan, checkpoint, learn) with one
 OFFLINE = {"bc", "marwil", "cql_dqn", "cql_sac"}
 # MAML needs a task-settable env: tests/test_maml.py runs the kit on flowkit.testing's PointGoal
-# MAPPO needs a multi-agent env: tests/test_ctde.py runs the kit on its two-agent TeamMatch
-ALGOS = sorted(set(get_plugin_manager().algorithms(load=False)) - {"random", "maml", "mappo"} - OFFLINE) + ["apex"]
+# MAPPO, VDN and QMIX need a multi-agent env: tests/test_ctde.py runs the kit on its two-agent
+# TeamMatch, tests/test_value_decomposition.py on its cooperative team task
+ALGOS = sorted(set(get_plugin_manager().algorithms(load=False)) - {"random", "maml", "mappo", "vdn", "qmix"}
+               - OFFLINE) + ["apex"]
 
 
 @pytest.mark.slow
