@@ -13,7 +13,7 @@ Prints a table (and writes it as JSON with --json PATH):
 Every seed's figure is printed. Both learners use one torch thread.
 
 Run: python bench/dqn_cartpole.py [--seeds 0 1 2] [--json out.json] [--skip a|b]
-(needs the `bench` extra: pip install -e .[bench])
+(run with the bench environment: bash scripts/bench_env.sh, then .venv-bench/bin/python)
 """
 from __future__ import annotations
 

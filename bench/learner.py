@@ -17,7 +17,7 @@ parameters; ``--minibatch`` rows of random uint8 4x84x84 frame stacks, one gradi
 update, 20 updates per measurement) instead of the 64x64 MLP.
 
 Run: python bench/learner.py [--minibatch 64 256] [--epochs 4] [--repeats 5] [--optimizers [--net nature]]
-(needs the `bench` extra: pip install -e .[bench])
+(run with the bench environment: bash scripts/bench_env.sh, then .venv-bench/bin/python)
 """
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ other (``--jobs 1``).
     python bench/mujoco_sb3.py --only sac/HalfCheetah-v5 td3/HalfCheetah-v5 --budget 100000
     python bench/mujoco_sb3.py --only ppo/Hopper-v5 --budget 1000000 --json out.json
     python bench/mujoco_sb3.py --only sac/HalfCheetah-v5 --budget 12000 --eval-episodes 1   # a tiny check
-(needs the `bench` and `mujoco` extras: pip install -e .[bench,mujoco])
+(run with the bench environment: bash scripts/bench_env.sh, then .venv-bench/bin/python)
 """
 from __future__ import annotations
 

@@ -17,7 +17,7 @@ workers one each). The sides alternate, ``--runs`` times each; the table gives t
     python bench/pong_ppo_sb3.py                   # 3 x 180 s per side
     python bench/pong_ppo_sb3.py --time-s 60 --runs 1
     python bench/pong_ppo_sb3.py --override runtime.prefetch=true   # flowkit's side with other settings
-(needs the `bench` and `atari` extras: pip install -e .[bench,atari])
+(run with the bench environment: bash scripts/bench_env.sh, then .venv-bench/bin/python)
 """
 from __future__ import annotations
 

@@ -11,8 +11,8 @@ Prints a table (and writes it as JSON with --json PATH):
   (c) sampling-only throughput (no learning) against a raw loop over the same vector env and
       network on the same number of cores (2 processes).
 
-Run: python bench/ppo_cartpole.py [--seeds 0 1 2] [--json out.json]   (needs the `bench`
-extra: pip install -e .[bench])
+Run: python bench/ppo_cartpole.py [--seeds 0 1 2] [--json out.json]   (run with the bench
+environment: bash scripts/bench_env.sh, then .venv-bench/bin/python)
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ sampling and the learning in one process, as sb3-contrib; sb3-contrib: a DummyVe
 
     python bench/ppo_lstm.py [--repeats 3] [--steps 20480] [--learn --seeds 0 1 2] [--json out.json]
 
-Needs the ``bench`` extra (``pip install -e .[bench]``: sb3-contrib).
+Needs the bench environment (``bash scripts/bench_env.sh``, then ``.venv-bench/bin/python``: sb3-contrib).
 """
 from __future__ import annotations
 

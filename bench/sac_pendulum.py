@@ -18,7 +18,7 @@ Run: python bench/sac_pendulum.py [--algos sac td3] [--seeds 0 1 2] [--skip lear
 Tiny check: python bench/sac_pendulum.py --seeds 0 --steps 300 --eval-episodes 1 --speed-steps 300 --runs 1
 Each flowkit run writes a new folder in the system's temporary folder (``flowkit-bench-<algo>-...``,
 named in the JSON as ``run_dir``), so the bench can run again.
-(needs the `bench` extra for SB3: pip install -e .[bench])
+(run with the bench environment for SB3: bash scripts/bench_env.sh, then .venv-bench/bin/python)
 """
 from __future__ import annotations
 
