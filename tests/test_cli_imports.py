@@ -200,3 +200,19 @@ def test_flowkit_train_builds_and_checks_the_run_once(monkeypatch, tmp_path):
                "ppo.num_epochs=1", f"run.dir={tmp_path}/run", "run.reporters=[csv,checkpoint]"])
     assert rc == 0
     assert dict(calls) == {"build_config": 1, "check_run": 1, "check_cpus": 1, "get_plugin_manager": 1}
+
+
+def test_a_single_agent_run_loads_no_pettingzoo(tmp_path):
+    """Issue 48 item 15: the multi-agent plugin's hooks answer for a Gymnasium env without
+    loading PettingZoo, its runners or VMAS (0.1-0.3 s of every rollout worker's start-up);
+    a PettingZoo game still gets its runner."""
+    code = ("import sys, flowkit\n"
+            f"flowkit.train(['env=CartPole-v1', 'runtime.backend=local', 'stop.env_steps=64', 'run.reporters=[csv]', "
+            f"'run.dir={tmp_path / 'a'}'], verbose=False)\n"
+            "print('LOADED', sorted(m for m in ('pettingzoo', 'vmas', 'flowkit_multiagent.runners') if m in sys.modules))\n"
+            "from mpe2 import simple_spread_v3\n"
+            "from flowkit_multiagent import flowkit_make_env_runner\n"
+            "print('RUNNER', flowkit_make_env_runner(simple_spread_v3.parallel_env(), None, None, None).__name__)")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert "LOADED []\n" in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
+    assert "RUNNER ParallelEnvRunner\n" in p.stdout, p.stderr[-2000:]

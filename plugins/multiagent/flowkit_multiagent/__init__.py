@@ -58,12 +58,12 @@ def flowkit_make_policy_specs(config, env, algorithms):
 @flowkit.hookimpl
 def flowkit_make_env_runner(env, context, config, policies):
     """PettingZoo Parallel and AEC envs, VMAS's batched one (runs on: worker; None for any other env)."""
-    from flowkit_multiagent.runners import runner_for
     from flowkit_multiagent.specs import is_pettingzoo
+    if not is_pettingzoo(env):  # (before the runners and VMAS load: single-agent workers start without them)
+        return None
+    from flowkit_multiagent.runners import runner_for
     from flowkit_multiagent.vmas import VmasEnv, VmasRunner
-    if isinstance(env, VmasEnv):
-        return VmasRunner
-    return runner_for(env) if is_pettingzoo(env) else None
+    return VmasRunner if isinstance(env, VmasEnv) else runner_for(env)
 
 
 @flowkit.hookimpl
