@@ -56,6 +56,7 @@ class Guard:
         self._fired: Optional[tuple] = None             # (name, exception) for the SIGALRM handler
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
+        self._second: Optional[Callable[[int, Any], None]] = None  # held(second=): a second signal's handler
 
     @property
     def active(self) -> bool:
@@ -113,6 +114,8 @@ class Guard:
             self._deadlines.pop(fired[0], None)
             exc = fired[1]
         else:
+            if self._second is not None and self.pending is not None:
+                self._second(signum, frame)  # a second signal while one is held (a hung env constructor)
             exc = Interrupted(f"interrupted ({signal.Signals(signum).name})")
             # kept even when raised: one raised in a weakref callback or a __del__ is lost (only
             # printed as ignored); the engine raises it again at the end of the iteration
@@ -132,12 +135,19 @@ class Guard:
             self._shield -= 1
 
     @contextlib.contextmanager
-    def held(self) -> Iterator[None]:
-        """:meth:`shielded`, then the signal that came meanwhile is raised as the block ends: for
-        library code that a KeyboardInterrupt must not land in (OmegaConf turns one raised while
-        it builds a config into an unrelated error, or loses it)."""
-        with self.shielded():
-            yield
+    def held(self, second: Optional[Callable[[int, Any], None]] = None) -> Iterator[None]:
+        """:meth:`shielded`, then the signal that came meanwhile (also one that came before it and
+        was lost, raised in a weakref callback) is raised as the block ends: for library code that
+        a KeyboardInterrupt must not land in (OmegaConf turns one raised while it builds a config
+        into an unrelated error, or loses it; torch's extension modules end the process with a C++
+        ``terminate``). ``second(signum, frame)``: called for a second signal within the block
+        (the CLI's start-up ends the process at once, where nothing needs saving yet)."""
+        prev, self._second = self._second, second or self._second
+        try:
+            with self.shielded():
+                yield
+        finally:
+            self._second = prev
         if self.pending is not None and not self._shield:
             raise self.pending
 

@@ -100,13 +100,11 @@ def write_atomic(path: str, write: Callable[[str], None], mkdirs: bool = False) 
             os.makedirs(folder, exist_ok=True)
         write(tmp)
         os.replace(tmp, path)
-    except OSError as e:
+    except BaseException as e:
         with contextlib.suppress(OSError):
             os.remove(tmp)
-        raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.remove(tmp)
+        if isinstance(e, OSError):
+            raise OutputError(f"cannot write {path}: {e.strerror or e}") from None
         raise
 
 

@@ -28,7 +28,6 @@ import importlib
 import importlib.metadata as md
 import os
 import re
-import sys
 from typing import Any, Collection, Dict, List, Optional, Tuple
 
 import yaml
@@ -119,12 +118,10 @@ def _entry_modules() -> Tuple[List[str], List[str]]:
     for ep in md.entry_points(group="flowkit"):
         mod = ep.value.partition(":")[0].strip()
         mods.append(mod)
-        obj = sys.modules.get(mod)  # loaded by the plugin manager (installed code)
-        if obj is None:
-            try:
-                obj = importlib.import_module(mod)
-            except Exception:  # a broken plugin vouches for nothing (the plugin manager names it)
-                continue
+        try:  # (installed code, loaded by the plugin manager already)
+            obj = importlib.import_module(mod)
+        except Exception:  # a broken plugin vouches for nothing (the plugin manager names it)
+            continue
         patterns += [p for p in getattr(obj, "FLOWKIT_TRUSTED_CALLABLES", ()) if isinstance(p, str)]
     return mods, patterns
 

@@ -35,7 +35,7 @@ import math  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
 import warnings  # noqa: E402
-from typing import Any, Callable, Dict, Iterator, List, NoReturn, Optional, Sequence, Tuple  # noqa: E402
+from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple  # noqa: E402
 
 USAGE = """flowkit train [-c FILE ...] [--no-tuned] [--dry-run | --print-config] [--trust-config] [--take-over-lock] [key=value ...]
 flowkit plan [-c FILE ...] [--no-tuned] [key=value ...]
@@ -102,7 +102,7 @@ def option_hint(argv: Sequence[str], unknown: Sequence[str],
     flag's value is the word after it unless that is an option or a key=value; ``key_for``
     maps a bare key to the config key, ``lr`` to ``ppo.lr``); None when ``unknown`` holds no
     option."""
-    flags = [u for u in unknown if len(u) > 1 and u.startswith("-") and not _is_number(u)]
+    flags = [u for u in unknown if re.match(r"-+[^\d.\W]", u)]  # (not a negative number)
     if not flags:
         return None
     hints = []
@@ -134,20 +134,9 @@ def _config_key(key: str, overrides: Sequence[str], config_file: Any) -> str:
     flat = list(schema_keys(make_schema_class(sections)))
     if key in flat:
         return key
-    if f"{algo}.{key}" in flat:
-        return f"{algo}.{key}"
-    if len(owners := [k for k in flat if k.endswith(f".{key}")]) == 1:
-        return owners[0]
-    close = difflib.get_close_matches(key, flat, n=1, cutoff=0.75)
-    return close[0] if close else key
-
-
-def _is_number(word: str) -> bool:
-    try:
-        float(word)
-        return True
-    except ValueError:
-        return False
+    owners = [k for k in flat if k.endswith(f".{key}")]
+    best = [f"{algo}.{key}"] if f"{algo}.{key}" in flat else owners if len(owners) == 1 else []
+    return (best or difflib.get_close_matches(key, flat, n=1, cutoff=0.75) or [key])[0]
 
 
 class OneLineArgumentParser(argparse.ArgumentParser):
@@ -192,58 +181,16 @@ def _usage(args: argparse.Namespace, overrides: List[str]) -> int:
     return 0 if args.help else 2
 
 
-_DEFERRED: List[int] = []  # every early signal: raised now, or held while a block of _held() runs
-_DEFER = False
-
-
-def _early_signal(signum: int, frame: object) -> None:
-    if _DEFER and _DEFERRED:  # a second signal while one is held (a hung env constructor): at once
-        _exit_on_signal(signum, frame)
-    _DEFERRED.append(signum)  # (a KeyboardInterrupt raised in a weakref callback is lost: _held() raises it again)
-    if _DEFER:
-        return
-    e = KeyboardInterrupt()
-    e.reason = f"interrupted ({signal.Signals(signum).name})"  # type: ignore[attr-defined]
-    raise e
-
-
-@contextlib.contextmanager
-def _held() -> Iterator[None]:
-    """The early signals held while the block runs, then raised (also one that came before and
-    was lost: raised inside importlib's weakref callback, it is only printed as ignored): a
-    KeyboardInterrupt raised inside torch's extension modules ends the process with a C++
-    ``terminate`` (pybind11), and one raised inside OmegaConf becomes an unrelated error or is
-    lost (exit 1, 2 or even 0 instead of 128 + N). A second signal while one is held ends the
-    process at once (:func:`_exit_on_signal`: nothing has started that would need saving)."""
-    global _DEFER
-    _DEFER = True
-    try:
-        yield
-    finally:
-        _DEFER = False
-    if _DEFERRED:
-        signum = _DEFERRED[0]
-        _DEFERRED.clear()
-        _early_signal(signum, None)
-
-
-def _take_early_signals() -> None:
-    """SIGTERM and SIGHUP (and SIGINT, where :func:`_exit_on_signal` has it) raise a
-    KeyboardInterrupt while the command starts (:func:`_early_signal`); a run takes them over."""
-    _DEFERRED.clear()  # (main() called again in one process: a signal it already raised is done)
-    from flowkit._guard import INHERITED_IGNORED  # (first import: before any handler but _exit_on_signal)
-    for sig in (signal.SIGTERM, signal.SIGHUP):
-        if sig.name not in INHERITED_IGNORED:
-            signal.signal(sig, _early_signal)
-    if signal.getsignal(signal.SIGINT) is _exit_on_signal:
-        signal.signal(signal.SIGINT, _early_signal)
-
-
 def main(argv: Optional[List[str]] = None) -> int:
     """The ``flowkit`` command: ``COMMANDS`` take their own arguments; train, plan and plugins
     take the config's (``-c FILE``, ``key=value``). Returns the exit status (module docstring)."""
+    from flowkit._guard import GUARD  # signals raise Interrupted now (one inherited as ignored stays ignored)
     argv = list(sys.argv[1:] if argv is None else argv)
-    _take_early_signals()
+    with GUARD.running():
+        return _dispatch(argv)
+
+
+def _dispatch(argv: List[str]) -> int:
     if argv and argv[0] in COMMANDS:
         return COMMANDS[argv[0]](argv[1:])
     args, unknown = _parser().parse_known_args(argv)
@@ -300,11 +247,12 @@ def _run_failures() -> Tuple[type, ...]:
 
 def _config_command(args: argparse.Namespace, overrides: List[str]) -> int:
     """train, plan, plugins (and ``--print-config``, ``--dry-run``)."""
+    from flowkit._guard import GUARD
     from flowkit.config import check_algo, check_run, plugin_modules_from
     from flowkit.hooks import get_plugin_manager
     if args.command == "plugins":
         return _plugins(plugin_modules_from(overrides, args.config_file))
-    with _held():  # config building, Ray's start and the imports of Ray and torch (see _held)
+    with GUARD.held(second=_exit_on_signal):  # config building, Ray's start, the imports of Ray and torch
         pm = get_plugin_manager(plugin_modules_from(overrides, args.config_file))
         cfg, args.config_file, tuned = build_tuned(overrides, args.config_file, args.no_tuned, pm)
         if tuned:

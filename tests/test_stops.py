@@ -123,7 +123,7 @@ def test_a_sigterm_early_in_start_up_exits_143_with_a_message(tmp_path, launcher
     assert "interrupted (SIGTERM)" in out + err and "Traceback" not in err, err
 
 
-def test_a_signal_while_the_config_is_built_is_held_until_it_is_built(monkeypatch):
+def test_a_signal_while_the_config_is_built_is_held_until_it_is_built():
     """The CI run on record: a SIGTERM 0.5 s in landed inside OmegaConf's config building and came
     out as an unrelated OmegaConf error (exit 1); a loop of 60 such runs also gave exit 2 and even
     0 (the signal lost). Both the CLI's early handler and the run's guard now hold it there."""
@@ -142,23 +142,19 @@ def test_a_signal_while_the_config_is_built_is_held_until_it_is_built(monkeypatc
             with GUARD.held():
                 cfg = build()
     assert cfg.env.id == "CartPole-v1" and GUARD.pending is None
-    monkeypatch.setattr(cli, "_DEFERRED", [])
-    prev = signal.signal(signal.SIGTERM, cli._early_signal)
-    try:
-        with pytest.raises(KeyboardInterrupt) as e:
-            with cli._held():
+    with GUARD.running():  # the CLI's start-up: a second signal in the block ends the process (next test)
+        with pytest.raises(Interrupted, match=r"interrupted \(SIGTERM\)"):
+            with GUARD.held(second=cli._exit_on_signal):
                 cfg = build()
-        assert e.value.reason == "interrupted (SIGTERM)" and cfg.env.id == "CartPole-v1"
-    finally:
-        signal.signal(signal.SIGTERM, prev)
+    assert cfg.env.id == "CartPole-v1" and GUARD.pending is None
 
 
 def test_a_second_signal_while_one_is_held_ends_the_process_at_once():
     """A held signal waits for the end of the block (a config build, an import); a hung step
     there (an env constructor, a plugin's import) still ends on the second signal."""
     code = ("import signal, time; from flowkit import cli\n"
-            "signal.signal(signal.SIGTERM, cli._early_signal)\n"
-            "with cli._held():\n"
+            "from flowkit._guard import GUARD\n"
+            "with GUARD.running(), GUARD.held(second=cli._exit_on_signal):\n"
             "    signal.raise_signal(signal.SIGTERM)\n"
             "    print('held', flush=True)\n"
             "    signal.raise_signal(signal.SIGTERM)\n"
