@@ -3,8 +3,9 @@
 1. Pendulum-v1: an expert SAC (configs/sac/Pendulum-v1.yaml, seed 0, ``--sac-env-steps``
    8,000 env steps), ``flowkit record`` 40,000 of its greedy transitions; BC (64x64 ReLU, as
    the CQL config) and CQL on SAC (``-c configs/cql_sac/Pendulum-v1.yaml`` with the dataset
-   swapped in, ``--pendulum-rows`` rows, ``--extra-cql`` overrides: by default the BC warm
-   start and fixed temperature of docs/offline.md's table) on it, seeds 0-2;
+   swapped in, ``--pendulum-rows`` rows, ``--extra-cql`` overrides, which replace the
+   defaults: 2,500 warm-start steps of BC at 1e-3, then the actor at 3e-5, fixed temperature
+   0.05; 3,000 gradient steps in all, docs/offline.md) on it, seeds 0-2;
 2. CartPole-v1: an expert PPO (configs/ppo/CartPole-v1.yaml, seed 0, local backend),
    ``flowkit record`` 50,000 of its greedy transitions; BC and CQL on DQN (the defaults and
    ``--extra-dqn``, ``--cartpole-rows`` rows) on it, seeds 0-2.
