@@ -724,7 +724,7 @@ def test_cql_sac_samples_three_proposals_and_splits_the_optimizer():
         torch.testing.assert_close(a[:, 4 + 4 * k:8 + 4 * k].reshape(8, 1), ak.detach())
         torch.testing.assert_close(log_mu[:, 4 + 4 * k:8 + 4 * k].reshape(8), lk.detach())
     # one Adam, three segments: critics and temperature at lr, the actor at actor_lr
-    assert [g["lr"] for g in pol.optimizer.param_groups] == [2e-4, 1e-5]
+    assert [g["lr"] for g in pol.optimizer.param_groups] == [2e-4, 1e-5, 2e-4]
     n_critic = sum(p.numel() for p in pol.model.critic.parameters())
     assert pol.optimizer.segments[0] == slice(0, n_critic)
 
