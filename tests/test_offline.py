@@ -762,6 +762,35 @@ def test_cql_sac_actor_takes_a_fresh_adam_when_the_warm_start_ends():
     assert float(actor["step"]) == 2.0  # once only
 
 
+def test_cql_sac_warm_start_takes_bc_lr_then_the_actor_takes_actor_lr():
+    """Issue 48 item 16: ``bc_lr`` is the actor's learning rate for the ``bc_steps`` warm start,
+    ``actor_lr`` after it. Adam's first step moves every weight with a nonzero gradient by its
+    learning rate (m_hat / sqrt(v_hat) = sign g), so the actor's largest move is 1e-3 on the
+    first warm-start step and 1e-5 on the first SAC step (Adam restarted); the critics keep lr."""
+    import torch
+
+    from flowkit.core import batch as sb
+    from flowkit.core.learner import Learner
+    pol = _cql_sac_policy(num_actions=2, bc_steps=2, lr=2e-4, actor_lr=1e-5, bc_lr=1e-3, tune_alpha=False)
+    g = torch.Generator().manual_seed(0)
+    actor = pol.optimizer.segments[1]
+
+    def step() -> float:
+        b = {sb.OBS: torch.rand(8, 1, generator=g) * 2 - 1, sb.NEXT_OBS: torch.rand(8, 1, generator=g) * 2 - 1,
+             sb.ACTIONS: torch.rand(8, 1, generator=g) * 2 - 1, sb.REWARDS: torch.rand(8, generator=g),
+             sb.TERMINATEDS: torch.zeros(8, dtype=torch.bool)}
+        before = pol._flat.detach()[actor].clone()
+        loss, _ = pol.loss(b)
+        Learner.step(pol, loss)
+        pol.num_updates += 1
+        return float((pol._flat.detach()[actor] - before).abs().max())
+    assert step() == pytest.approx(1e-3, rel=1e-3)
+    assert [g["lr"] for g in pol.optimizer.param_groups] == [2e-4, 1e-3]  # (no temperature segment: tune_alpha=false)
+    step()
+    assert step() == pytest.approx(1e-5, rel=1e-3)  # the first SAC step
+    assert [g["lr"] for g in pol.optimizer.param_groups] == [2e-4, 1e-5]
+
+
 @pytest.fixture(scope="module")
 def box_mixed_dataset(tmp_path_factory):
     """2,000 transitions of flowkit.testing's target env: 30 % from the best policy (a = x),

@@ -139,8 +139,10 @@ class CQLSACConfig(SACLossConfig, FromDataset):
                                       "above it, shrinks below)")
     backup_entropy: bool = F(True, "subtract alpha log pi(a'|s') in the Bellman target (SAC's soft backup); false: "
                                    "the paper's backup r + gamma min_j Q_targ_j(s', a'), as the authors' code and CORL")
-    bc_steps: int = F(0, "the actor's first gradient steps fit the dataset's actions (alpha log pi(a~|s) - log "
-                         "pi(a_t|s_t)) instead of maximising Q (the authors' policy_eval_start)", ge=0)
+    bc_steps: int = F(0, "the actor's first gradient steps fit the dataset's actions (alpha log pi(a~|s) minus "
+                         "the beta-NLL of atanh(a_t)) instead of maximising Q (the authors' policy_eval_start)", ge=0)
+    bc_lr: Optional[float] = F(None, "Adam learning rate of the actor during the bc_steps warm start (null: "
+                                     "actor_lr); after it, actor_lr", gt=0)
 
 
 def check_num_readers(ds: Any, num_readers: int, path: str) -> None:

@@ -51,7 +51,9 @@ entropy), with two options of the paper's and the authors' code:
     squared error after 2,000 steps on a greedy Pendulum expert's data). The first SAC step
     starts the actor's Adam afresh (moments zero, step count 0): the warm start's second
     moment, small once the actions fit, would make the first steps of the new loss several
-    times ``actor_lr`` per weight, all one way, and undo the fit within a few steps.
+    times ``actor_lr`` per weight, all one way, and undo the fit within a few steps. The warm
+    start may take its own learning rate (``bc_lr``): a fast fit, then a slow actor that
+    follows critics still far from their fixed point (docs/offline.md, greedy expert data).
 The actor has its own learning rate (``actor_lr``: one Adam over SAC's flat buffer, split
 into critic, actor and temperature segments). Polyak targets every ``target_update_freq``
 gradient steps.
@@ -203,9 +205,13 @@ class CQLSACPolicy(SACPolicy):
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg, obs = self.config, batch[sb.OBS]
-        if self.num_updates == int(cfg.bc_steps) > 0 and self.optimizer is not None and not self.actor_adam_restarted:
-            self.optimizer.state.pop(1, None)  # the warm start's moments do not carry into SAC's actor loss
-            self.actor_adam_restarted = True
+        if self.optimizer is not None and int(cfg.bc_steps) > 0:
+            warm = self.num_updates < int(cfg.bc_steps)
+            self.optimizer.param_groups[1]["lr"] = float(cfg.bc_lr if warm and cfg.bc_lr is not None else
+                                                         cfg.actor_lr if cfg.actor_lr is not None else cfg.lr)
+            if self.num_updates == int(cfg.bc_steps) and not self.actor_adam_restarted:
+                self.optimizer.state.pop(1, None)  # the warm start's moments do not carry into SAC's actor loss
+                self.actor_adam_restarted = True
         t = self.sac_terms(batch)
         loss = t["critic_loss"] + t["actor_loss"] + (t["alpha_loss"] if cfg.tune_alpha else 0.0)
         a, log_mu = self.sampled_actions(obs, batch[sb.NEXT_OBS])
