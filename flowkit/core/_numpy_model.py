@@ -7,6 +7,7 @@ copy a Ray rollout worker builds instead of an actor-critic policy whose acting 
 mirror (the worker process then never imports torch). This module imports no torch."""
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
@@ -121,24 +122,29 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
     return 0.5 * (np.tanh(0.5 * x) + 1.0)  # no overflow warnings
 
 
-def _prepare(w: Mapping[str, np.ndarray], op: str, args: Sequence[Any]) -> Any:
+def _compile(w: Mapping[str, np.ndarray], op: str, args: Sequence[Any]) -> Any:
+    """The function of one step on the arrays ``w``: ``x -> y``, a cell ``(x, state) -> (h, s)``."""
     if op == "dense":
         wk, bk, sel, transposed = args
         m, b = w[wk], w[bk]
         if sel is not None:
             m, b = (m[sel], b[sel]) if isinstance(sel, int) else (m[sel[0]:sel[1]], b[sel[0]:sel[1]])
-        return m.T if transposed else m, b
+        mt = m.T if transposed else m
+        return lambda x: x @ mt + b
     if op == "act":
         return numpy_function(args[0])
     if op == "norm":
-        return w[f"{args[0]}.mean"], w[f"{args[0]}.var"], args[1]
+        mean, var, clip = w[f"{args[0]}.mean"], w[f"{args[0]}.var"], args[1]  # (views: updates in place are seen)
+        return lambda x: np.clip((x - mean) / np.sqrt(var + np.float32(1e-8)), -clip, clip).astype(np.float32, copy=False)
     if op == "log_std":
-        return w[args[0]]
+        log_std = w[args[0]]
+        return lambda x: np.concatenate([x, np.broadcast_to(log_std, x.shape)], -1)
     k = args[0]  # lstm / gru
-    return (w[f"{k}.weight_ih_l0"].T, w[f"{k}.weight_hh_l0"].T, w[f"{k}.bias_ih_l0"], w[f"{k}.bias_hh_l0"], *args[1:])
+    return functools.partial(_cell, op == "lstm", w[f"{k}.weight_ih_l0"].T, w[f"{k}.weight_hh_l0"].T,
+                             w[f"{k}.bias_ih_l0"], w[f"{k}.bias_hh_l0"], *args[1:])
 
 
-def _cell(lstm: bool, x: np.ndarray, state: np.ndarray, wi, wh, bi, bh, at: int, h: int) -> Tuple[np.ndarray, np.ndarray]:
+def _cell(lstm: bool, wi, wh, bi, bh, at: int, h: int, x: np.ndarray, state: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
     """PyTorch's LSTM (gates i, f, g, o; state h then c) or GRU (r, z, n) cell, one step."""
     if lstm:
         hp, cp = state[:, at:at + h], state[:, at + h:at + 2 * h]
@@ -191,7 +197,7 @@ class NumpyNet:
             w = {k: t.numpy() for k, t in self.model.state_dict().items()}
             self._watch = [*self.model.parameters(), *self.model.buffers()]
             self._ptrs = tuple(t.data_ptr() for t in self._watch)
-        self.steps = [(dst, src, op, _prepare(w, op, args)) for dst, src, op, *args in self.layout]
+        self.steps = [(dst, src, op in ("lstm", "gru"), _compile(w, op, args)) for dst, src, op, *args in self.layout]
 
     def forward(self, obs: np.ndarray, state: Optional[np.ndarray] = None, skip: Sequence[str] = ()) -> Dict[str, np.ndarray]:
         """obs float32[B, d] (and the recurrent ``state`` float32[B, S]) -> ``{name: float32[B, k]}``
@@ -201,23 +207,15 @@ class NumpyNet:
             self._bind()
         x = obs if obs.dtype == np.float32 and obs.ndim == 2 else np.asarray(obs, np.float32).reshape(len(obs), -1)
         out, states = {"obs": x, "x": x}, []
-        for dst, src, op, a in self.steps:
+        for dst, src, cell, f in self.steps:
             if dst in skip:
                 continue
-            x = out[src]
-            if op == "dense":
-                x = x @ a[0] + a[1]
-            elif op == "act":
-                x = a(x)
-            elif op == "norm":
-                x = np.clip((x - a[0]) / np.sqrt(a[1] + np.float32(1e-8)), -a[2], a[2]).astype(np.float32, copy=False)
-            elif op == "log_std":
-                x = np.concatenate([x, np.broadcast_to(a, x.shape)], -1)
-            else:
+            if cell:
                 assert state is not None, "a recurrent mirror needs state="
-                x, s = _cell(op == "lstm", x, state, *a)
+                out[dst], s = f(out[src], state)
                 states.append(s)
-            out[dst] = x
+            else:
+                out[dst] = f(out[src])
         if states:
             out["state_out"] = states[0] if len(states) == 1 else np.concatenate(states, 1)
         return out
