@@ -171,10 +171,17 @@ class NumpyNet:
     ``load_state_dict`` and in-place optimizer steps are seen at once; a parameter whose
     storage moved rebuilds the views).
 
-    Kept by issue 49's measurements (2 Ray workers x 8 CartPole envs, sampling only, mirror on
-    and off (``model.numpy_inference=false``) alternating, median of 3, one Ray session, a 2-core
-    machine under load): env steps/s 18,361 vs 9,202 for PPO's MLP (2.0x), 9,861 vs 3,723 for
-    DQN's (2.6x), 6,793 vs 338 for PPO's LSTM.
+    Kept by issue 49's measurements (2 Ray workers x 8 CartPole envs, sampling only as
+    bench/ppo_cartpole.py part (c), mirror on and off (``model.numpy_inference=false``)
+    alternating, one Ray session, a 2-core machine under load), env steps/s on / off:
+
+        network      round 2 (median of 3)     round 3, main (3; DQN: 5)    round 3, this executor (3)
+        PPO MLP      18,361 / 9,202 (2.0x)     4,891 / 2,036 (2.4x)         6,100 / 2,032 (3.0x)
+        DQN MLP       9,861 / 3,723 (2.6x)    36,942 / 15,233 (2.4x)       11,753 / 6,523 (1.8x)
+        PPO LSTM      6,793 / 338 (20x)        2,034 / <811 (>2.5x)         4,505 / 407 (11x)
+
+    (round 3 at a load of 20-46: the ratios, not the rates, compare; an LSTM torch run of 5 s
+    that finished no 2,048-step round counts as under the next one's rate).
     """
 
     def __init__(self, layout: Sequence[Tuple[Any, ...]], weights: Optional[Mapping[str, np.ndarray]] = None,
