@@ -163,32 +163,17 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
     def compute_actions_encoded(self, obs, mask=None, explore=True, state=None):
         if mask is not None:
             self.check_mask(mask)
-        if state is not None or self.is_recurrent:
-            return self._compute_actions_recurrent(obs, mask, explore, state)
-        npm = self.numpy_model()
-        if npm is not None:  # the same network in numpy (cheaper per call on a few rows)
-            return self._act_numpy(npm, obs, mask, explore)
-        return self._compute_actions_torch(obs, mask, explore)
-
-    @torch.inference_mode()
-    def _compute_actions_recurrent(self, obs, mask, explore, state):
-        """One step of the recurrent network from ``state`` (float32[B, S]); extras as
-        :meth:`compute_actions_encoded` says (``state_in``, ``state_out``)."""
-        if state is None or not self.is_recurrent:
+        if (state is not None) != self.is_recurrent:
             raise ValueError("a recurrent policy acts with state= (float32[B, S], from initial_state(B)); "
                              "a feed-forward one without it")
-        state = np.ascontiguousarray(state, np.float32)
-        if (npm := self.numpy_model()) is not None:  # the same network in numpy (an LSTM step costs tens of torch calls)
+        state = None if state is None else np.ascontiguousarray(state, np.float32)
+        npm = self.numpy_model()
+        if npm is not None:  # the same network in numpy (cheaper per call on a few rows)
             return self._act_numpy(npm, obs, mask, explore, state)
-        inputs, value, s_out = step(self.model, torch.from_numpy(obs), torch.from_numpy(state))
-        a, logp = self.dist.sample_logp(inputs, None if mask is None else torch.from_numpy(mask), explore,
-                                        self.generator)
-        extras = self._extras(logp.numpy(), value.numpy(), inputs.numpy())
-        extras.update({sb.STATE_IN: state, sb.STATE_OUT: s_out.numpy()})
-        return a.numpy(), extras
+        return self._compute_actions_torch(obs, mask, explore, state)
 
     @torch.inference_mode()
-    def _compute_actions_torch(self, obs, mask=None, explore=True):
+    def _compute_actions_torch(self, obs, mask=None, explore=True, state=None):
         x = torch.from_numpy(obs)
         if getattr(self.model, "sde_log_std", None) is not None:  # gSDE: a = mean + z(s) @ W, W held between draws
             sde_in, sde_v, z = self.model.forward_latent(x)
@@ -196,10 +181,15 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
             if explore:
                 a = a + torch.bmm(z.unsqueeze(1), self.sde_noise(len(x))).squeeze(1)
             return a.numpy(), self._extras(self.dist.logp(sde_in, a).numpy(), sde_v.numpy(), sde_in.numpy())
-        inputs, value = self.model(x) if self.store_values else (self.model_policy(x), None)
-        m = None if mask is None else torch.from_numpy(mask)
-        a, logp = self.dist.sample_logp(inputs, m, explore, self.generator)
-        return a.numpy(), self._extras(logp.numpy(), None if value is None else value.numpy(), inputs.numpy())
+        if state is not None:  # one step of the recurrent network from state float32[B, S]
+            inputs, value, s_out = step(self.model, x, torch.from_numpy(state))
+        else:
+            inputs, value = self.model(x) if self.store_values else (self.model_policy(x), None)
+        a, logp = self.dist.sample_logp(inputs, None if mask is None else torch.from_numpy(mask), explore, self.generator)
+        extras = self._extras(logp.numpy(), None if value is None else value.numpy(), inputs.numpy())
+        if state is not None:
+            extras.update({sb.STATE_IN: state, sb.STATE_OUT: s_out.numpy()})
+        return a.numpy(), extras
 
     def sde_noise(self, n: int) -> torch.Tensor:
         """gSDE's exploration matrices W float32[n, h, k], one per row (sub-env), entries
