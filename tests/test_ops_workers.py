@@ -259,7 +259,8 @@ def test_numpy_inference_matches_torch(algo, space, over):
         pol.model.obs_rms.update(torch.from_numpy(rng.normal(2.0, 3.0, size=(50, 6)).astype(np.float32)))
     with torch.no_grad():
         t_inputs, t_value = pol.model(torch.from_numpy(x))
-    n_inputs, n_value = npm.forward(x)
+    out = npm.forward(x)
+    n_inputs, n_value = out["pi"], out["vf"][:, 0]
     np.testing.assert_allclose(n_inputs, t_inputs.numpy(), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(n_value, t_value.numpy(), rtol=1e-5, atol=1e-6)
     # sampled actions: logp equals the torch distribution's log-prob of the same actions
@@ -274,7 +275,7 @@ def test_numpy_inference_matches_torch(algo, space, over):
     pol.set_weights(w)
     with torch.no_grad():
         t_inputs2, _ = pol.model(torch.from_numpy(x))
-    np.testing.assert_allclose(npm.forward(x)[0], t_inputs2.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(npm.forward(x)["pi"], t_inputs2.numpy(), rtol=1e-5, atol=1e-6)
     assert not np.allclose(t_inputs2.numpy(), t_inputs.numpy())
     assert type(pol.model) is ActorCritic
 

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
                                     env_name, find_mismatch, make_env, task_env)
     from flowkit.core.models import (ActorCritic, FramesCNN, ImpalaCNN, RunningMeanStd, SmallCNN, TwinMLP, build_mlp,
                                       build_trunk, init_weights, sde_std)
-    from flowkit.core._numpy_model import (Acting, NumpyActorCritic, NumpyActorCriticPolicy, linear_layers, linear_names,
+    from flowkit.core._numpy_model import (Acting, NumpyActorCriticPolicy, NumpyNet, NumpyPolicy, input_steps, layer_steps,
                                            mlp_forward, sample_logp_numpy)
     from flowkit.core.recurrent import RecurrentActorCritic, RecurrentStep, RecurrentTrunk, forward_sequences
     from flowkit.core.returns import bootstrap_rows, compute_gae, next_values, vtrace
@@ -34,8 +34,8 @@ __all__ = [  # batches (column names: flowkit.core.batch.OBS, ...), dataflow, po
     "batch", "DEFAULT_POLICY_ID", "MultiAgentBatch", "SampleBatch", "trajectory_ends", "Flow", "FlowContext",
     "NOT_READY", "ParallelFlow", "Sourced", "Algorithm", "AlgorithmRef", "Policy", "RandomPolicy", "loss_stats", "ActorCriticPolicy", "adapt_kl_coeff", "clipped_surrogate", "standardized", "to_tensor", "MASK_KEY",
     "ObsEncoder", "SpaceError", "add_batch_axis", "batch_len", "ActionDist", "ACTIVATIONS", "ActorCritic",
-    "RunningMeanStd", "FramesCNN", "ImpalaCNN", "SmallCNN", "TwinMLP", "build_mlp", "build_trunk", "init_weights", "sde_std", "NumpyActorCritic", "NumpyActorCriticPolicy", "mlp_forward",
-    "sample_logp_numpy", "Acting", "linear_layers", "linear_names", "bootstrap_rows", "compute_gae", "next_values", "vtrace", "EnvContext", "EnvError", "Episode", "GymEnvRunner", "run_episodes", "stack_rows",
+    "RunningMeanStd", "FramesCNN", "ImpalaCNN", "SmallCNN", "TwinMLP", "build_mlp", "build_trunk", "init_weights", "sde_std", "NumpyNet", "NumpyPolicy", "NumpyActorCriticPolicy", "mlp_forward",
+    "sample_logp_numpy", "Acting", "input_steps", "layer_steps", "bootstrap_rows", "compute_gae", "next_values", "vtrace", "EnvContext", "EnvError", "Episode", "GymEnvRunner", "run_episodes", "stack_rows",
     "RecurrentActorCritic", "RecurrentStates", "RecurrentStep", "RecurrentTrunk", "forward_sequences",
     "PolicySpec", "TargetNetwork", "RolloutWorker", "SpaceCheck", "WorkerSet", "derive_seed", "describe_value", "env_name",
     "find_mismatch", "make_env", "TaskSettableEnv", "task_env"]
@@ -46,7 +46,7 @@ _MODULES = {  # the module behind each name, imported on first use (torch only w
     "_envs": "EnvContext EnvError SpaceCheck TaskSettableEnv derive_seed describe_value env_name find_mismatch make_env "
              "task_env",
     "models": "ActorCritic FramesCNN ImpalaCNN RunningMeanStd SmallCNN TwinMLP build_mlp build_trunk init_weights sde_std",
-    "_numpy_model": "Acting NumpyActorCritic NumpyActorCriticPolicy linear_layers linear_names mlp_forward sample_logp_numpy",
+    "_numpy_model": "Acting NumpyActorCriticPolicy NumpyNet NumpyPolicy input_steps layer_steps mlp_forward sample_logp_numpy",
     "returns": "bootstrap_rows compute_gae next_values vtrace", "activations": "ACTIVATIONS",
     "_runner": "Episode GymEnvRunner RecurrentStates run_episodes stack_rows",
     "recurrent": "RecurrentActorCritic RecurrentStep RecurrentTrunk forward_sequences",

@@ -13,12 +13,9 @@ from torch import nn
 from flowkit.core import batch as sb
 from flowkit.core._numpy_model import (
     ActorCriticActing,
-    NumpyActorCritic,
     NumpyActorCriticPolicy,
-    NumpyRecurrentActorCritic,
+    NumpyNet,
     numpy_layout,
-    numpy_recurrent_layout,
-    sample_logp_numpy,
 )
 from flowkit.core.models import ActorCritic, sde_std
 from flowkit.core.policy import Policy, to_tensor
@@ -88,8 +85,7 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
         super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
         torch.manual_seed(seed)
         self.model = self.make_model().to(self.device)
-        self._np_model: Optional[NumpyActorCritic] = None
-        self._np_rnn: Optional[NumpyRecurrentActorCritic] = None
+        self._np_model: Optional[NumpyNet] = None
         self._np_checked = False
         self._ret_acc: Dict[Tuple[int, int], float] = {}  # running discounted return per live (episode, agent)
         self._sde_w: Optional[torch.Tensor] = None  # gSDE exploration matrices and the steps since drawn
@@ -133,18 +129,14 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
         """V(x) of the model: its ``value`` method, else ``forward(x)[1]``."""
         return self.model.value(x) if hasattr(self.model, "value") else self.model(x)[1]
 
-    def numpy_model(self) -> Optional[NumpyActorCritic]:
-        """The :class:`NumpyActorCritic` mirror of ``self.model`` used for acting on CPU, or
-        None (not an MLP actor-critic, ``model.numpy_inference=false``, or not on CPU); a
-        recurrent MLP actor-critic's mirror is :attr:`_np_rnn` (:class:`NumpyRecurrentActorCritic`)."""
+    def numpy_model(self) -> Optional[NumpyNet]:
+        """The :class:`NumpyNet` mirror of ``self.model`` used for acting on CPU (an MLP
+        actor-critic, recurrent or not), or None (another network, ``model.numpy_inference=false``,
+        or not on CPU)."""
         if not self._np_checked:
             self._np_checked = True
-            mc = self.model_config
-            if self.device.type == "cpu" and mc.numpy_inference:
-                if isinstance(self.model, ActorCritic):
-                    self._np_model = NumpyActorCritic.build(self.model, self.dist, str(mc.activation))
-                elif (lay := numpy_recurrent_layout(self.model, self.dist, str(mc.activation))) is not None:
-                    self._np_rnn = NumpyRecurrentActorCritic(lay, self.model)
+            if self.device.type == "cpu" and self.model_config.numpy_inference:
+                self._np_model = NumpyNet.build(self.model, self.dist)
         return self._np_model
 
     def action_model(self) -> nn.Module:
@@ -159,10 +151,10 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
         cls = type(self)
         mc = self.model_config
         if any(getattr(cls, m) is not getattr(ActorCriticPolicy, m) for m in _WORKER_SIDE) or (
-                not mc.numpy_inference
+                not mc.numpy_inference or self.is_recurrent
                 or getattr(self.model, "ret_rms", None) is not None):
             return None
-        lay = numpy_layout(self.model, self.dist, str(mc.activation))
+        lay = numpy_layout(self.model, self.dist)
         return None if lay is None else functools.partial(
             NumpyActorCriticPolicy, layout=lay, store_values=self.store_values, worker_gae=self.worker_gae,
             weights=self.get_weights())
@@ -171,37 +163,17 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
     def compute_actions_encoded(self, obs, mask=None, explore=True, state=None):
         if mask is not None:
             self.check_mask(mask)
-        if state is not None or self.is_recurrent:
-            return self._compute_actions_recurrent(obs, mask, explore, state)
-        npm = self.numpy_model()
-        if npm is not None:  # the same network in numpy (cheaper per call on a few rows)
-            return self._act_numpy(npm, obs, mask, explore)
-        return self._compute_actions_torch(obs, mask, explore)
-
-    @torch.inference_mode()
-    def _compute_actions_recurrent(self, obs, mask, explore, state):
-        """One step of the recurrent network from ``state`` (float32[B, S]); extras as
-        :meth:`compute_actions_encoded` says (``state_in``, ``state_out``)."""
-        if state is None or not self.is_recurrent:
+        if (state is not None) != self.is_recurrent:
             raise ValueError("a recurrent policy acts with state= (float32[B, S], from initial_state(B)); "
                              "a feed-forward one without it")
-        state = np.ascontiguousarray(state, np.float32)
-        self.numpy_model()
-        if self._np_rnn is not None:  # the same network in numpy (an LSTM step costs tens of torch calls)
-            inputs_np, value_np, s_np = self._np_rnn.forward(obs, state)
-            a_np, logp_np = sample_logp_numpy(self.dist, inputs_np, mask, explore, self.np_random)
-            extras = self._extras(logp_np, value_np, inputs_np)
-            extras.update({sb.STATE_IN: state, sb.STATE_OUT: s_np})
-            return a_np, extras
-        inputs, value, s_out = step(self.model, torch.from_numpy(obs), torch.from_numpy(state))
-        a, logp = self.dist.sample_logp(inputs, None if mask is None else torch.from_numpy(mask), explore,
-                                        self.generator)
-        extras = self._extras(logp.numpy(), value.numpy(), inputs.numpy())
-        extras.update({sb.STATE_IN: state, sb.STATE_OUT: s_out.numpy()})
-        return a.numpy(), extras
+        state = None if state is None else np.ascontiguousarray(state, np.float32)
+        npm = self.numpy_model()
+        if npm is not None:  # the same network in numpy (cheaper per call on a few rows)
+            return self._act_numpy(npm, obs, mask, explore, state)
+        return self._compute_actions_torch(obs, mask, explore, state)
 
     @torch.inference_mode()
-    def _compute_actions_torch(self, obs, mask=None, explore=True):
+    def _compute_actions_torch(self, obs, mask=None, explore=True, state=None):
         x = torch.from_numpy(obs)
         if getattr(self.model, "sde_log_std", None) is not None:  # gSDE: a = mean + z(s) @ W, W held between draws
             sde_in, sde_v, z = self.model.forward_latent(x)
@@ -209,10 +181,15 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
             if explore:
                 a = a + torch.bmm(z.unsqueeze(1), self.sde_noise(len(x))).squeeze(1)
             return a.numpy(), self._extras(self.dist.logp(sde_in, a).numpy(), sde_v.numpy(), sde_in.numpy())
-        inputs, value = self.model(x) if self.store_values else (self.model_policy(x), None)
-        m = None if mask is None else torch.from_numpy(mask)
-        a, logp = self.dist.sample_logp(inputs, m, explore, self.generator)
-        return a.numpy(), self._extras(logp.numpy(), None if value is None else value.numpy(), inputs.numpy())
+        if state is not None:  # one step of the recurrent network from state float32[B, S]
+            inputs, value, s_out = step(self.model, x, torch.from_numpy(state))
+        else:
+            inputs, value = self.model(x) if self.store_values else (self.model_policy(x), None)
+        a, logp = self.dist.sample_logp(inputs, None if mask is None else torch.from_numpy(mask), explore, self.generator)
+        extras = self._extras(logp.numpy(), None if value is None else value.numpy(), inputs.numpy())
+        if state is not None:
+            extras.update({sb.STATE_IN: state, sb.STATE_OUT: s_out.numpy()})
+        return a.numpy(), extras
 
     def sde_noise(self, n: int) -> torch.Tensor:
         """gSDE's exploration matrices W float32[n, h, k], one per row (sub-env), entries

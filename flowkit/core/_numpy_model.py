@@ -1,4 +1,5 @@
-"""The numpy mirror of :class:`ActorCritic` and of categorical/Gaussian sampling, for acting
+"""The numpy mirror of a network (:class:`NumpyNet`, run from its layer description) and of
+categorical/Gaussian sampling, for acting
 on CPU rollout workers (a few rows per call, where torch's per-op dispatch dominates), and
 the acting side of every policy that needs no torch: :class:`Acting` (Policy's base),
 :class:`ActorCriticActing` (ActorCriticPolicy's) and :class:`NumpyActorCriticPolicy`, the
@@ -6,8 +7,9 @@ copy a Ray rollout worker builds instead of an actor-critic policy whose acting 
 mirror (the worker process then never imports torch). This module imports no torch."""
 from __future__ import annotations
 
+import functools
 import math
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -17,62 +19,98 @@ from flowkit.core.distributions import ActionDist
 from flowkit.core.encoders import ObsEncoder, add_batch_axis, batch_len
 from flowkit.core.returns import bootstrap_rows, compute_gae, next_values
 
-if TYPE_CHECKING:
-    from flowkit.core.models import ActorCritic
 
-
-
-def numpy_layout(model: "ActorCritic", dist: ActionDist, activation: str) -> Optional[Dict[str, Any]]:
-    """The structure of an MLP :class:`ActorCritic` in the names of its ``state_dict`` (plain
-    data, picklable), or None when :class:`NumpyActorCritic` cannot mirror it (CNNs, a shared
-    trunk, other activations or action spaces, a subclassed model)."""
-    from flowkit.core.activations import torch_function
-    from flowkit.core.models import ActorCritic, TwinMLP
-    if (type(model) is not ActorCritic or dist.kind not in ("cat", "gauss", "gauss_unbounded")
-            or not has_numpy(activation) or model.sde_log_std is not None):
-        return None
-    lay: Dict[str, Any] = {"activation": activation, "log_std": model.log_std is not None,
-                           "clip": None if model.obs_rms is None else float(model.obs_rms.clip), "twin": None}
-    if model.twin is not None:
-        if type(model.twin) is not TwinMLP or model.twin.act is not torch_function(activation):
-            return None
-        lay["twin"] = list(model.twin.hidden)
-        return lay
-    if model.shared:
-        return None
-    for head in ("pi", "vf"):
-        lay[head] = linear_names(model, getattr(model, head))
-        if not lay[head]:
-            return None
-    return lay
-
-
-def linear_names(model: Any, part: Any) -> Optional[List[str]]:
-    """The ``state_dict`` prefixes in ``model`` of the ``nn.Linear`` layers of ``part``, a
-    (nested) ``nn.Sequential`` of Linear and Tanh/ReLU layers (in order), or None for any
-    other module (the layers' activation is the config's ``model.activation``)."""
+# ---- the mirror: one layer description, one executor -------------------------------------------
+# A layer description is a list of steps ``(dst, src, op, *args)`` over named values ("obs" the
+# observation, "x" it after normalisation): ``norm`` (a RunningMeanStd's key, clip), ``dense``
+# (weight key, bias key, selection: None / an index / [start, stop] rows, transposed: the key
+# holds nn.Linear's [out, in]), ``act`` (an activation name), ``lstm`` / ``gru`` (the layer's
+# key, its first column in the recurrent state, hidden units), ``log_std`` (a key, appended).
+def layer_steps(model: Any, part: Any, dst: str, src: str) -> Optional[List[Tuple[Any, ...]]]:
+    """The steps of ``part`` (a nested ``nn.Sequential`` of ``nn.Linear`` and activation modules
+    with a numpy function), read into ``dst`` from ``src``, in the ``state_dict`` names of
+    ``model``; None for any other module."""
     from torch import nn
+
+    from flowkit.core.activations import ACTIVATIONS
     names = {id(m): n for n, m in model.named_modules()}
-    out: List[str] = []
+    acts = {a.module: k for k, a in ACTIVATIONS.items() if a.numpy is not None}
+    out: List[Tuple[Any, ...]] = []
     for m in part.modules():
         if type(m) is nn.Linear:
-            out.append(names[id(m)])
-        elif type(m) not in (nn.Sequential, nn.Tanh, nn.ReLU):
+            out.append((dst, src if not out else dst, "dense", f"{names[id(m)]}.weight", f"{names[id(m)]}.bias", None, True))
+        elif type(m).__name__ in acts and out:
+            out.append((dst, dst, "act", acts[type(m).__name__]))
+        elif type(m) is not nn.Sequential:
             return None
     return out
 
 
-def linear_layers(weights: Mapping[str, np.ndarray], names: List[str]) -> List[Tuple[np.ndarray, np.ndarray]]:
-    """``(W.T, b)`` per layer of :func:`linear_names` (views of ``weights``): ``x @ W.T + b``."""
-    return [(weights[f"{n}.weight"].T, weights[f"{n}.bias"]) for n in names]
+def input_steps(model: Any) -> List[Tuple[Any, ...]]:
+    """The observation normalisation of ``model`` (its ``obs_rms``), or nothing."""
+    rms = getattr(model, "obs_rms", None)
+    return [] if rms is None else [("x", "obs", "norm", "obs_rms", float(rms.clip))]
+
+
+def _twin_steps(twin: Any) -> Optional[List[Tuple[Any, ...]]]:
+    act, hidden, steps = twin.act.__name__, twin.hidden, []
+    if not has_numpy(act):
+        return None
+    for half, (dst, w, b) in enumerate((("pi", "wa", "ba"), ("vf", "wb", "bb"))):
+        if hidden:
+            steps += [(dst, "x", "dense", "twin.w0", "twin.b0", [half * hidden[0], (half + 1) * hidden[0]], True),
+                      (dst, dst, "act", act)]
+        for i in range(len(hidden) - 1):  # (2, d_in, d_out): already transposed
+            steps += [(dst, dst, "dense", f"twin.ws.{i}", f"twin.bs.{i}", half, False), (dst, dst, "act", act)]
+        steps.append((dst, dst if hidden else "x", "dense", f"twin.{w}", f"twin.{b}", None, True))
+    return steps
+
+
+def _recurrent_steps(model: Any) -> Optional[List[Tuple[Any, ...]]]:
+    steps: List[Tuple[Any, ...]] = []
+    at = 0
+    for name in ("pi_trunk", "vf_trunk"):
+        if (trunk := getattr(model, name)) is None:
+            continue
+        mlp = layer_steps(model, trunk.mlp, name, name)
+        if layer_steps(model, trunk.encoder, "", "") != [] or mlp is None or trunk.rnn.num_layers != 1 or not trunk.rnn.bias:
+            return None  # a CNN encoder, a stacked or bias-free recurrent layer
+        steps += [(name, "x", "lstm" if trunk.is_lstm else "gru", f"{name}.rnn", at, trunk.hidden_size), *mlp]
+        at += trunk.state_size
+    vf = "pi_trunk" if model.vf_trunk is None else "vf_trunk"
+    return steps + [("pi", "pi_trunk", "dense", "pi_head.weight", "pi_head.bias", None, True),
+                    ("vf", vf, "dense", "vf_head.weight", "vf_head.bias", None, True)]
+
+
+def numpy_layout(model: Any, dist: ActionDist) -> Optional[List[Tuple[Any, ...]]]:
+    """The layer description (plain data, picklable) of an :class:`ActorCritic` (separate MLPs
+    or a :class:`TwinMLP`) or a :class:`~flowkit.core.RecurrentActorCritic` without a CNN, with
+    outputs ``pi`` (dist_inputs) and ``vf`` (float32[B, 1]); None when :class:`NumpyNet` cannot
+    mirror it (CNNs, a shared trunk, gSDE, other activations or action spaces, a subclassed model)."""
+    from flowkit.core.models import ActorCritic, TwinMLP
+    from flowkit.core.recurrent import RecurrentActorCritic
+    if dist.kind not in ("cat", "gauss", "gauss_unbounded") or type(model) not in (ActorCritic, RecurrentActorCritic):
+        return None
+    if type(model) is RecurrentActorCritic:
+        body = _recurrent_steps(model)
+    elif model.sde_log_std is not None or model.shared:
+        return None
+    elif model.twin is not None:
+        body = _twin_steps(model.twin) if type(model.twin) is TwinMLP else None
+    else:
+        pi, vf = layer_steps(model, model.pi, "pi", "x"), layer_steps(model, model.vf, "vf", "x")
+        body = None if not pi or not vf else pi + vf
+    if body is None:
+        return None
+    return input_steps(model) + body + ([("pi", "pi", "log_std", "log_std")] if model.log_std is not None else [])
 
 
 def mlp_forward(x: np.ndarray, layers: Sequence[Tuple[np.ndarray, Optional[np.ndarray]]],
                 act: Any) -> np.ndarray:
-    """The one numpy MLP executor (actor-critic mirrors, ES and ARS): ``x`` float32[B, in]
-    through ``layers`` (``(W.T float32[in, out], b float32[out] or None)`` each, ``x @ W.T +
-    b``), ``act`` (a numpy function of :mod:`flowkit.core.activations`) between layers, none
-    after the last: float32[B, out]."""
+    """ES's and ARS's numpy MLP (a batch of perturbed weights, no layer description): ``x``
+    float32[B, in] through ``layers`` (``(W.T float32[in, out], b float32[out] or None)`` each),
+    ``act`` (a numpy function of :mod:`flowkit.core.activations`) between layers, none after the
+    last: float32[B, out]."""
     for i, (w, b) in enumerate(layers):
         x = x @ w if b is None else x @ w + b
         if i < len(layers) - 1:
@@ -80,8 +118,51 @@ def mlp_forward(x: np.ndarray, layers: Sequence[Tuple[np.ndarray, Optional[np.nd
     return x
 
 
-class NumpyActorCritic:
-    """Acting-time mirror of an :class:`ActorCritic` in numpy, for rollout workers on CPU.
+def _sigmoid(x: np.ndarray) -> np.ndarray:
+    return 0.5 * (np.tanh(0.5 * x) + 1.0)  # no overflow warnings
+
+
+def _compile(w: Mapping[str, np.ndarray], op: str, args: Sequence[Any]) -> Any:
+    """The function of one step on the arrays ``w``: ``x -> y``, a cell ``(x, state) -> (h, s)``."""
+    if op == "dense":
+        wk, bk, sel, transposed = args
+        m, b = w[wk], w[bk]
+        if sel is not None:
+            m, b = (m[sel], b[sel]) if isinstance(sel, int) else (m[sel[0]:sel[1]], b[sel[0]:sel[1]])
+        mt = m.T if transposed else m
+        return lambda x: x @ mt + b
+    if op == "act":
+        return numpy_function(args[0])
+    if op == "norm":
+        mean, var, clip = w[f"{args[0]}.mean"], w[f"{args[0]}.var"], args[1]  # (views: updates in place are seen)
+        return lambda x: np.clip((x - mean) / np.sqrt(var + np.float32(1e-8)), -clip, clip).astype(np.float32, copy=False)
+    if op == "log_std":
+        log_std = w[args[0]]
+        return lambda x: np.concatenate([x, np.broadcast_to(log_std, x.shape)], -1)
+    k = args[0]  # lstm / gru
+    return functools.partial(_cell, op == "lstm", w[f"{k}.weight_ih_l0"].T, w[f"{k}.weight_hh_l0"].T,
+                             w[f"{k}.bias_ih_l0"], w[f"{k}.bias_hh_l0"], *args[1:])
+
+
+def _cell(lstm: bool, wi, wh, bi, bh, at: int, h: int, x: np.ndarray, state: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """PyTorch's LSTM (gates i, f, g, o; state h then c) or GRU (r, z, n) cell, one step."""
+    if lstm:
+        hp, cp = state[:, at:at + h], state[:, at + h:at + 2 * h]
+        g = x @ wi + bi + hp @ wh + bh
+        c = _sigmoid(g[:, h:2 * h]) * cp + _sigmoid(g[:, :h]) * np.tanh(g[:, 2 * h:3 * h])
+        hn = _sigmoid(g[:, 3 * h:]) * np.tanh(c)
+        return hn, np.concatenate([hn, c], 1)
+    s = state[:, at:at + h]
+    gi, gh = x @ wi + bi, s @ wh + bh
+    r, z = _sigmoid(gi[:, :h] + gh[:, :h]), _sigmoid(gi[:, h:2 * h] + gh[:, h:2 * h])
+    n = np.tanh(gi[:, 2 * h:] + r * gh[:, 2 * h:])
+    hn = (1.0 - z) * n + z * s
+    return hn, hn
+
+
+class NumpyNet:
+    """Acting-time mirror of a network in numpy, run from its layer description (see
+    :func:`numpy_layout`, :func:`layer_steps`), for rollout workers on CPU.
 
     A worker evaluates the network on a few rows per env step (one per sub-env), where each
     torch call costs several microseconds of dispatch; numpy's calls cost about one. This
@@ -90,169 +171,61 @@ class NumpyActorCritic:
     ``load_state_dict`` and in-place optimizer steps are seen at once; a parameter whose
     storage moved rebuilds the views).
 
-    Kept by issue 49's measurement (2 Ray workers x 8 CartPole envs, sampling only, mirror on
-    and off (``model.numpy_inference=false``) alternating, median of 3, one Ray session, a 2-core
-    machine under a load of 15-22): env steps/s 18,361 vs 9,202 for PPO's MLP (2.0x), 9,861 vs
-    3,723 for DQN's (2.6x, :class:`~flowkit_dqn.acting.NumpyDQNPolicy`), 6,793 vs 338 for PPO's
-    LSTM (:class:`NumpyRecurrentActorCritic`).
+    Kept by issue 49's measurements (2 Ray workers x 8 CartPole envs, sampling only as
+    bench/ppo_cartpole.py part (c), mirror on and off (``model.numpy_inference=false``)
+    alternating, one Ray session, a 2-core machine under load), env steps/s on / off:
 
-    Supported: MLP models (``TwinMLP``, or separate policy/value ``nn.Sequential`` of
-    ``nn.Linear`` and Tanh/ReLU), optional running observation normalisation, Discrete
-    (with action masks) and Box (Gaussian) actions. :meth:`build` returns None for anything
-    else (gSDE, reward normalisation, CNNs, a shared trunk, other activations or action spaces,
-    a subclassed model) and the policy keeps its torch path.
+        network      round 2 (median of 3)     round 3, main (3; DQN: 5)    round 3, this executor (3)
+        PPO MLP      18,361 / 9,202 (2.0x)     4,891 / 2,036 (2.4x)         6,100 / 2,032 (3.0x)
+        DQN MLP       9,861 / 3,723 (2.6x)    36,942 / 15,233 (2.4x)       11,753 / 6,523 (1.8x)
+        PPO LSTM      6,793 / 338 (20x)        2,034 / <811 (>2.5x)         4,505 / 407 (11x)
+
+    (round 3 at a load of 20-46: the ratios, not the rates, compare; an LSTM torch run of 5 s
+    that finished no 2,048-step round counts as under the next one's rate).
     """
-    twin: Optional[Tuple[Any, ...]]  # TwinMLP: w0, b0, ws, bs, wa, ba, wb, bb, hidden
-    pi: List[Tuple[np.ndarray, np.ndarray]]
-    vf: List[Tuple[np.ndarray, np.ndarray]]
 
-    def __init__(self, layout: Dict[str, Any], weights: Optional[Mapping[str, np.ndarray]] = None,
-                 model: Optional["ActorCritic"] = None):
-        self.layout, self.model, self.act = layout, model, numpy_function(layout["activation"])
+    def __init__(self, layout: Sequence[Tuple[Any, ...]], weights: Optional[Mapping[str, np.ndarray]] = None,
+                 model: Any = None):
+        self.layout, self.model = list(layout), model
         self._watch: List[Any] = []
         self._ptrs: Tuple[int, ...] = ()
         self._bind(weights)
 
     @classmethod
-    def build(cls, model: "ActorCritic", dist: ActionDist, activation: str) -> Optional["NumpyActorCritic"]:
-        lay = numpy_layout(model, dist, activation)
+    def build(cls, model: Any, dist: ActionDist) -> Optional["NumpyNet"]:
+        """The mirror of an actor-critic ``model`` on CPU (views of its parameters), or None."""
+        lay = numpy_layout(model, dist)
         if lay is None or any(p.device.type != "cpu" for p in model.parameters()):
             return None
         return cls(lay, model=model)
 
     def _bind(self, w: Optional[Mapping[str, np.ndarray]] = None) -> None:
         if w is None:  # views of the model's tensors
-            m = self.model
-            assert m is not None
-            w = {k: t.numpy() for k, t in m.state_dict().items()}
-            self._watch = [*m.parameters(), *m.buffers()]
+            w = {k: t.numpy() for k, t in self.model.state_dict().items()}
+            self._watch = [*self.model.parameters(), *self.model.buffers()]
             self._ptrs = tuple(t.data_ptr() for t in self._watch)
-        lay = self.layout
-        self.rms = None if lay["clip"] is None else (w["obs_rms.mean"], w["obs_rms.var"], lay["clip"])
-        self.log_std = w["log_std"] if lay["log_std"] else None
-        hidden = lay["twin"]
-        if hidden is not None:
-            n = max(len(hidden) - 1, 0)
-            self.twin = (w["twin.w0"].T if hidden else None, w["twin.b0"] if hidden else None,
-                         [w[f"twin.ws.{i}"] for i in range(n)], [w[f"twin.bs.{i}"] for i in range(n)],
-                         w["twin.wa"].T, w["twin.ba"], w["twin.wb"].T, w["twin.bb"], hidden)
-        else:
-            self.twin = None
-            self.pi, self.vf = linear_layers(w, lay["pi"]), linear_layers(w, lay["vf"])
+        self.steps = [(dst, src, op in ("lstm", "gru"), _compile(w, op, args)) for dst, src, op, *args in self.layout]
 
-    def forward(self, obs: np.ndarray, value: bool = True) -> Tuple[np.ndarray, Optional[np.ndarray]]:
-        """obs float32[B, d] -> (dist_inputs float32[B, k], value float32[B] or None)."""
+    def forward(self, obs: np.ndarray, state: Optional[np.ndarray] = None, skip: Sequence[str] = ()) -> Dict[str, np.ndarray]:
+        """obs float32[B, d] (and the recurrent ``state`` float32[B, S]) -> ``{name: float32[B, k]}``
+        of every value the description writes (``skip``: values not computed), plus
+        ``state_out`` float32[B, S] for a recurrent network."""
         if self._watch and tuple([t.data_ptr() for t in self._watch]) != self._ptrs:
             self._bind()
         x = obs if obs.dtype == np.float32 and obs.ndim == 2 else np.asarray(obs, np.float32).reshape(len(obs), -1)
-        if self.rms is not None:
-            mean, var, clip = self.rms
-            x = np.clip((x - mean) / np.sqrt(var + np.float32(1e-8)), -clip, clip).astype(np.float32, copy=False)
-        if self.twin is not None:
-            w0, b0, ws, bs, wa, ba, wb, bb, hidden = self.twin
-            if hidden:
-                h = self.act(x @ w0 + b0).reshape(x.shape[0], 2, hidden[0]).transpose(1, 0, 2)
-                for w, b in zip(ws, bs):
-                    h = self.act(np.matmul(h, w) + b)
-                ha, hb = h[0], h[1]
+        out, states = {"obs": x, "x": x}, []
+        for dst, src, cell, f in self.steps:
+            if dst in skip:
+                continue
+            if cell:
+                assert state is not None, "a recurrent mirror needs state="
+                out[dst], s = f(out[src], state)
+                states.append(s)
             else:
-                ha = hb = x
-            inputs = ha @ wa + ba
-            val = (hb @ wb + bb)[:, 0] if value else None
-        else:
-            inputs = mlp_forward(x, self.pi, self.act)
-            val = mlp_forward(x, self.vf, self.act)[:, 0] if value else None
-        if self.log_std is not None:
-            inputs = np.concatenate([inputs, np.broadcast_to(self.log_std, inputs.shape)], -1)
-        return inputs, val
-
-
-# ---- recurrent ----------------------------------------------------------------------------------
-def numpy_recurrent_layout(model: Any, dist: ActionDist, activation: str) -> Optional[Dict[str, Any]]:
-    """The structure of a :class:`~flowkit.core.RecurrentActorCritic` without a CNN, in the
-    names of its ``state_dict``, or None when :class:`NumpyRecurrentActorCritic` cannot mirror
-    it (a CNN, other activations or action spaces, a subclassed model)."""
-    from flowkit.core.recurrent import RecurrentActorCritic
-    if (type(model) is not RecurrentActorCritic or dist.kind not in ("cat", "gauss", "gauss_unbounded")
-            or not has_numpy(activation)):
-        return None
-    trunks = []
-    for name in ("pi_trunk", "vf_trunk"):
-        trunk = getattr(model, name)
-        if trunk is None:
-            continue
-        enc, mlp = linear_names(model, trunk.encoder), linear_names(model, trunk.mlp)
-        if enc != [] or mlp is None or trunk.rnn.num_layers != 1 or trunk.rnn.bias is False:  # enc: a CNN
-            return None
-        trunks.append({"mlp": mlp, "rnn": f"{name}.rnn", "size": int(trunk.state_size)})
-    return {"activation": activation, "lstm": bool(model.pi_trunk.is_lstm), "hidden": int(model.pi_trunk.hidden_size),
-            "trunks": trunks, "log_std": model.log_std is not None,
-            "clip": None if model.obs_rms is None else float(model.obs_rms.clip)}
-
-
-def _sigmoid(x: np.ndarray) -> np.ndarray:
-    return 0.5 * (np.tanh(0.5 * x) + 1.0)  # no overflow warnings
-
-
-class NumpyRecurrentActorCritic:
-    """Acting-time mirror of a :class:`~flowkit.core.RecurrentActorCritic` (no CNN; one LSTM or
-    GRU layer each, then its MLP) in numpy: one step for ``B`` rows, as :class:`NumpyActorCritic` does
-    for feed-forward MLPs (views of the model's parameters, rebound when their storage moves).
-    The cells are PyTorch's (gates i, f, g, o for the LSTM; r, z, n for the GRU)."""
-
-    def __init__(self, layout: Dict[str, Any], model: Any):
-        self.layout, self.model, self.act = layout, model, numpy_function(layout["activation"])
-        self._bind()
-
-    def _bind(self) -> None:
-        m, lay = self.model, self.layout
-        w = {k: t.numpy() for k, t in m.state_dict().items()}
-        self._watch = [*m.parameters(), *m.buffers()]
-        self._ptrs = tuple(t.data_ptr() for t in self._watch)
-        self.rms = None if lay["clip"] is None else (w["obs_rms.mean"], w["obs_rms.var"], lay["clip"])
-        self.log_std = w["log_std"] if lay["log_std"] else None
-        self.trunks = [(linear_layers(w, t["mlp"]), w[f"{t['rnn']}.weight_ih_l0"].T, w[f"{t['rnn']}.weight_hh_l0"].T,
-                        w[f"{t['rnn']}.bias_ih_l0"], w[f"{t['rnn']}.bias_hh_l0"], t["size"]) for t in lay["trunks"]]
-        self.heads = [(w["pi_head.weight"].T, w["pi_head.bias"]), (w["vf_head.weight"].T, w["vf_head.bias"])]
-
-    def _cell(self, x: np.ndarray, s: np.ndarray, wi, wh, bi, bh) -> Tuple[np.ndarray, np.ndarray]:
-        h = self.layout["hidden"]
-        if self.layout["lstm"]:
-            hp, cp = s[:, :h], s[:, h:]
-            g = x @ wi + bi + hp @ wh + bh
-            c = _sigmoid(g[:, h:2 * h]) * cp + _sigmoid(g[:, :h]) * np.tanh(g[:, 2 * h:3 * h])
-            hn = _sigmoid(g[:, 3 * h:]) * np.tanh(c)
-            return hn, np.concatenate([hn, c], 1)
-        gi, gh = x @ wi + bi, s @ wh + bh
-        r, z = _sigmoid(gi[:, :h] + gh[:, :h]), _sigmoid(gi[:, h:2 * h] + gh[:, h:2 * h])
-        n = np.tanh(gi[:, 2 * h:] + r * gh[:, 2 * h:])
-        hn = (1.0 - z) * n + z * s
-        return hn, hn
-
-    def forward(self, obs: np.ndarray, state: np.ndarray) -> Tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """obs float32[B, d], state float32[B, S] -> (dist_inputs float32[B, k], value float32[B],
-        state_out float32[B, S])."""
-        if tuple(t.data_ptr() for t in self._watch) != self._ptrs:
-            self._bind()
-        x = np.asarray(obs, np.float32).reshape(len(obs), -1)
-        if self.rms is not None:
-            mean, var, clip = self.rms
-            x = np.clip((x - mean) / np.sqrt(var + np.float32(1e-8)), -clip, clip).astype(np.float32, copy=False)
-        feats, states, at = [], [], 0
-        for mlp, wi, wh, bi, bh, size in self.trunks:
-            f, s = self._cell(x, state[:, at:at + size], wi, wh, bi, bh)
-            for w, b in mlp:
-                f = self.act(f @ w + b)
-            feats.append(f)
-            states.append(s)
-            at += size
-        (wp, bp), (wv, bv) = self.heads
-        inputs = feats[0] @ wp + bp
-        value = (feats[-1] @ wv + bv)[:, 0]
-        if self.log_std is not None:
-            inputs = np.concatenate([inputs, np.broadcast_to(self.log_std, inputs.shape)], -1)
-        out = states[0] if len(states) == 1 else np.concatenate(states, 1)
-        return inputs.astype(np.float32, copy=False), value.astype(np.float32, copy=False), out.astype(np.float32, copy=False)
+                out[dst] = f(out[src])
+        if states:
+            out["state_out"] = states[0] if len(states) == 1 else np.concatenate(states, 1)
+        return out
 
 
 def sample_logp_numpy(dist: "ActionDist", inputs: np.ndarray, mask: Optional[np.ndarray], explore: bool,
@@ -389,10 +362,14 @@ class ActorCriticActing(Acting):
         terminating); a recurrent policy evaluates it from the state after that row's step."""
         return self.compute_values(np.asarray(batch[sb.NEXT_OBS])[rows])
 
-    def _act_numpy(self, npm: NumpyActorCritic, obs, mask, explore):
-        inputs, value = npm.forward(obs, value=self.store_values)
+    def _act_numpy(self, net: NumpyNet, obs, mask, explore, state=None):
+        out = net.forward(obs, state, () if self.store_values else ("vf",))
+        inputs, value = out["pi"], out["vf"][:, 0] if self.store_values else None
         a, logp = sample_logp_numpy(self.dist, inputs, mask, explore, self.np_random)
-        return a, self._extras(logp, value, inputs)
+        extras = self._extras(logp, value, inputs)
+        if state is not None:
+            extras.update({sb.STATE_IN: state, sb.STATE_OUT: out["state_out"]})
+        return a, extras
 
     def _extras(self, logp, value, inputs) -> Dict[str, np.ndarray]:
         if not self.store_values:
@@ -419,36 +396,39 @@ class ActorCriticActing(Acting):
         return out
 
 
-class NumpyActorCriticPolicy(ActorCriticActing):
-    """The acting copy of an :class:`~flowkit.core.ActorCriticPolicy` that Ray rollout
-    workers build instead of the torch one (see ``ActorCriticPolicy.worker_policy_class``):
-    the same acting as that policy's numpy mirror (same RNG stream: ``np.random.default_rng
-    (seed)``), GAE's V(``next_obs``) in numpy too, weights ``{state_dict name: float32
-    array}``. The worker process imports no torch.
+class NumpyPolicy(Acting):
+    """The acting copy of a policy that a Ray rollout worker builds instead of the torch one
+    (see ``Policy.worker_policy_class``): the network a :class:`NumpyNet` on weights
+    ``{state_dict name: float32 array}``, the same RNG stream (``np.random.default_rng(seed)``);
+    the worker process imports no torch.
 
-    Args: as :class:`~flowkit.core.Policy`, plus ``layout`` (:func:`numpy_layout`),
-    ``store_values``, ``worker_gae`` and the first ``weights``.
-    """
+    Args: as :class:`~flowkit.core.Policy`, plus ``layout`` (the network's layer description),
+    the first ``weights``, and attributes to set (``attrs``)."""
     inference_only = True
     optimizer = None
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu", seed=0,
-                 inference_only=True, *, layout: Dict[str, Any], store_values: bool, worker_gae: bool,
-                 weights: Mapping[str, np.ndarray]):
+                 inference_only=True, *, layout: List[Tuple[Any, ...]], weights: Mapping[str, np.ndarray], **attrs: Any):
         self.observation_space, self.action_space = observation_space, action_space
         self.config, self.model_config, self.device = config, model_config, "cpu"
         self.encoder, self.dist = ObsEncoder(observation_space), ActionDist(action_space)
         self.np_random = np.random.default_rng(seed)
-        self.layout, self.store_values, self.worker_gae = layout, store_values, worker_gae
-        self.num_updates = 0
+        self.layout, self.num_updates = layout, 0
+        self.__dict__.update(attrs)
         self.set_weights(weights)
 
     def set_weights(self, weights: Mapping[str, np.ndarray]) -> None:
         self._weights = {k: np.asarray(v) for k, v in weights.items()}
-        self.net = NumpyActorCritic(self.layout, self._weights)
+        self.net = NumpyNet(self.layout, self._weights)
 
     def get_weights(self) -> Dict[str, np.ndarray]:
         return {k: v.copy() for k, v in self._weights.items()}
+
+
+class NumpyActorCriticPolicy(ActorCriticActing, NumpyPolicy):
+    """The :class:`NumpyPolicy` of an :class:`~flowkit.core.ActorCriticPolicy` (see its
+    ``worker_policy_class``): its acting, and GAE's V(``next_obs``), in numpy; ``attrs``:
+    ``store_values`` and ``worker_gae``."""
 
     def compute_actions_encoded(self, obs, mask=None, explore=True):
         if mask is not None:
@@ -456,6 +436,4 @@ class NumpyActorCriticPolicy(ActorCriticActing):
         return self._act_numpy(self.net, obs, mask, explore)
 
     def compute_values(self, obs: np.ndarray) -> np.ndarray:
-        value = self.net.forward(np.ascontiguousarray(obs, np.float32))[1]
-        assert value is not None
-        return value
+        return self.net.forward(np.ascontiguousarray(obs, np.float32), skip=("pi",))["vf"][:, 0]

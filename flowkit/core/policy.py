@@ -395,7 +395,11 @@ class FlatAdam:
     first ``torch.optim.Adam(...)`` of a process took 15.4 s median (``fused=True`` 12.9 s),
     ``FlatAdam(...)`` 0.00015 s: kept, as every learning process pays that once. The steps
     (``bench/learner.py --optimizers``, same run, median of 5): minibatch 64, 138 steps/s
-    against 124 for ``Adam(fused=True)``; 256, 150 against 86 (noisy at that load).
+    against 124 for ``Adam(fused=True)``; 256, 150 against 86 (noisy at that load). Round 3
+    (today's main, load 20-46): the first ``torch.optim.Adam(...)`` 6.5-7.7 s (``fused=True``
+    6.1-8.5 s; 3 fresh processes each, alternating), ``FlatAdam(...)`` 0.0002-0.0005 s; steps/s
+    at minibatch 64 (median of 3): FlatAdam 265, single-tensor 184, Adam 158, Adam foreach 119,
+    Adam fused 128: kept.
 
     The fused kernel (2026-12-06, ``python bench/learner.py --optimizers [--net nature
     --minibatch 32]``, the same machine quiet, one torch thread, median of 5, two runs each):

@@ -8,11 +8,8 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from flowkit.core import Acting, linear_layers
+from flowkit.core import Acting, NumpyPolicy
 from flowkit.core import batch as sb
-from flowkit.core.activations import numpy_function
-from flowkit.core.distributions import ActionDist
-from flowkit.core.encoders import ObsEncoder
 
 
 # ---- exploration schedules ----------------------------------------------------------------
@@ -117,52 +114,22 @@ class DQNActing(Acting):
         return out
 
 
-class NumpyDQNPolicy(DQNActing):
-    """The acting copy of an MLP :class:`~flowkit_dqn.dqn.DQNPolicy` on a Ray rollout worker:
-    the QNetwork (trunk, then a Q head or dueling V + A - mean(A)) in numpy on
-    ``{state_dict name: float32 array}`` weights; ``layout``: the Linear layers' names per part
-    (``trunk``, ``q_head`` or ``value_head`` and ``advantage_head``) and ``activation``. Weights
-    with ``obs_rms.mean`` and ``obs_rms.var`` (``model.normalize_obs``) normalise the observation
-    first, ``clip((obs - mean) / sqrt(var + 1e-8), -10, 10)``, as the torch policy."""
-    inference_only = True
-    optimizer = None
+class NumpyDQNPolicy(DQNActing, NumpyPolicy):
+    """The :class:`~flowkit.core.NumpyPolicy` of an MLP :class:`~flowkit_dqn.dqn.DQNPolicy` on a
+    Ray rollout worker: ``layout`` the QNetwork's layer description, ending in ``q_head``, or in
+    ``value_head`` and ``advantage_head`` combined as V + A - mean(A)."""
 
-    def __init__(self, observation_space, action_space, config, model_config=None, device="cpu", seed=0,
-                 inference_only=True, *, layout: Dict[str, Any], weights: Mapping[str, np.ndarray]):
-        self.observation_space, self.action_space = observation_space, action_space
-        self.config, self.model_config, self.device = config, model_config, "cpu"
-        self.encoder, self.dist = ObsEncoder(observation_space), ActionDist(action_space)
-        self.np_random = np.random.default_rng(seed)
-        self.num_actions = self.dist.num_outputs
-        self.epsilon = float(config.initial_epsilon)
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.num_actions, self.epsilon = self.dist.num_outputs, float(self.config.initial_epsilon)
         self.td_error: Optional[np.ndarray] = None
-        self.num_updates = 0
-        self.layout, self.act = layout, numpy_function(layout["activation"])
-        self.set_weights(weights)
-
-    def set_weights(self, weights: Mapping[str, np.ndarray]) -> None:
-        self._weights = {k: np.asarray(v) for k, v in weights.items()}
-        self.parts: Dict[str, List[Tuple[np.ndarray, np.ndarray]]] = {
-            k: linear_layers(self._weights, v) for k, v in self.layout.items() if k != "activation"}
-        w = self._weights
-        self.rms = (w["obs_rms.mean"].astype(np.float32), np.sqrt(w["obs_rms.var"].astype(np.float32) + np.float32(1e-8))
-                    ) if "obs_rms.mean" in w else None
-
-    def get_weights(self) -> Dict[str, np.ndarray]:
-        return {k: v.copy() for k, v in self._weights.items()}
 
     def q_values(self, obs: np.ndarray) -> np.ndarray:
-        x = np.asarray(obs, np.float32).reshape(len(obs), -1)
-        if self.rms is not None:  # RunningMeanStd's clip of 10
-            x = np.clip((x - self.rms[0]) / self.rms[1], -10.0, 10.0)
-        for w, b in self.parts["trunk"]:
-            x = self.act(x @ w + b)
-        if "q_head" in self.parts:
-            (w, b), = self.parts["q_head"]
-            return x @ w + b
-        (wv, bv), (wa, ba) = self.parts["value_head"][0], self.parts["advantage_head"][0]
-        a = x @ wa + ba
-        return x @ wv + bv + a - a.mean(-1, keepdims=True)
+        out = self.net.forward(obs)
+        if "q_head" in out:
+            return out["q_head"]
+        a = out["advantage_head"]
+        return out["value_head"] + a - a.mean(-1, keepdims=True)
 
 
 class SetEpsilon:

@@ -50,13 +50,13 @@ from flowkit.core import (
     build_mlp,
     build_trunk,
     derive_seed,
-    linear_names,
+    input_steps,
+    layer_steps,
     loss_stats,
     ops,
     replay,
 )
 from flowkit.core import batch as sb
-from flowkit.core.activations import has_numpy
 from flowkit.core.context import RunContext
 from flowkit.core.flow import get_result
 from flowkit.core.learner import Learner
@@ -236,13 +236,15 @@ class DQNPolicy(DQNActing, Policy):
         acted on with DQNPolicy's own methods (a subclass overriding them keeps torch)."""
         cls, mc = type(self), self.model_config
         if (any(getattr(cls, m) is not getattr(DQNPolicy, m) for m in _WORKER_SIDE) or type(self.model) is not QNetwork
-                or not mc.numpy_inference or not has_numpy(str(mc.activation))):
+                or not mc.numpy_inference):
             return None
         m = self.model
-        heads = ("value_head", "advantage_head") if m.dueling else ("q_head",)
-        lay = {"activation": str(mc.activation), **{k: linear_names(m, getattr(m, k)) for k in ("trunk", *heads)}}
-        if any(v is None or (k != "trunk" and not v) for k, v in lay.items() if k != "activation"):
+        trunk = layer_steps(m, m.trunk, "h", "x")
+        heads = [layer_steps(m, getattr(m, k), k, "h" if trunk else "x")
+                 for k in (("value_head", "advantage_head") if m.dueling else ("q_head",))]
+        if trunk is None or not all(heads):
             return None
+        lay = input_steps(m) + trunk + [step for head in heads for step in head]  # type: ignore[union-attr]
         return functools.partial(NumpyDQNPolicy, layout=lay, weights=self.get_weights())
 
     # -- learning (driver) --
