@@ -6,14 +6,17 @@ observations and actions) and the same network (separate ``--hidden`` MLPs for t
 the value, default 256x256, tanh), ``--epochs`` passes of ``--minibatch``-row minibatches, one
 torch thread each (``learner.num_threads=1``). The group is a
 :class:`flowkit.core.learner.LearnerGroup` of 2 Ray actors (1 CPU each) over a local Ray
-session; each update sends the batch and the driver policy's state and brings back rank 0's
-state, so the figure includes that traffic. The sides alternate, ``--repeats`` times each, each
+session. The learners keep the policy and optimizer state between updates: an update sends the
+batch (one object in Ray's store) and the minibatch RNG state, and brings back stats; with
+``--with-weights`` each side also takes the weights for the rollout workers after every update
+(``Learner.get_weights``, as PPO's ``SyncWeights`` does each iteration: rank 0's weights
+travel back), so that figure includes that traffic. The sides alternate, ``--repeats`` times each, each
 measurement ``--updates`` updates after one warm-up update; the table shows the median rows/s
 and the ratio (target: >= 1.6x). The load of the machine (``os.getloadavg``) is printed with
 it: other processes on the cores lower the group's side first.
 
 Run: python bench/learner_group.py [--rows 4096] [--hidden 256 256] [--epochs 2] [--minibatch 1024]
-                                   [--repeats 3] [--updates 3] [--device cpu|cuda]
+                                   [--repeats 3] [--updates 3] [--device cpu|cuda] [--with-weights]
 """
 from __future__ import annotations
 
@@ -63,12 +66,15 @@ def make_learner(args, num_learners: int):
     return lr
 
 
-def measure(lr, batch, updates: int) -> float:
-    """Rows trained per second over ``updates`` updates (after one warm-up update)."""
+def measure(lr, batch, updates: int, with_weights: bool) -> float:
+    """Rows trained per second over ``updates`` updates (after one warm-up update), each followed
+    by ``lr.get_weights()`` if ``with_weights``."""
     lr.update(batch)
     t0 = time.perf_counter()
     for _ in range(updates):
         lr.update(batch)
+        if with_weights:
+            lr.get_weights()
     return updates * batch.env_steps / (time.perf_counter() - t0)
 
 
@@ -82,23 +88,25 @@ def main() -> None:
     ap.add_argument("--updates", type=int, default=3)
     ap.add_argument("--num-learners", type=int, default=2)
     ap.add_argument("--device", default="cpu")
+    ap.add_argument("--with-weights", action="store_true", help="get_weights() after every update")
     args = ap.parse_args()
     import ray
     torch.set_num_threads(1)
-    ray.init(num_cpus=args.num_learners, include_dashboard=False, logging_level="error", log_to_driver=False)
+    ray.init(address="local", num_cpus=args.num_learners, include_dashboard=False, logging_level="error", log_to_driver=False)
     batch = fixed_batch(args.rows)
     one, group = make_learner(args, 0), make_learner(args, args.num_learners)
     sides = {"1 learner": [], f"{args.num_learners} learners": []}
     try:
         for _ in range(args.repeats):
-            sides["1 learner"].append(measure(one, batch, args.updates))
-            sides[f"{args.num_learners} learners"].append(measure(group, batch, args.updates))
+            sides["1 learner"].append(measure(one, batch, args.updates, args.with_weights))
+            sides[f"{args.num_learners} learners"].append(measure(group, batch, args.updates, args.with_weights))
     finally:
         group.stop()
         ray.shutdown()
     load = os.getloadavg()
     print(f"PPO learner, {args.rows}-row batch, {'x'.join(map(str, args.hidden))} MLP, {args.epochs} epochs x "
-          f"{args.minibatch}-row minibatches, 1 torch thread per learner, {args.device}; "
+          f"{args.minibatch}-row minibatches, 1 torch thread per learner, {args.device}"
+          f"{', get_weights() after each update' if args.with_weights else ''}; "
           f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} on {os.cpu_count()} CPUs")
     print(f"{'side':<14}{'rows/s (median)':>16}  runs")
     med = {k: statistics.median(v) for k, v in sides.items()}

@@ -93,6 +93,61 @@ def test_two_learners_update_as_one_learner_on_the_same_batch(ray_session, name)
     assert group.actors == [] and group._pg is None and _live_learners() == 0
 
 
+def test_the_learners_keep_the_state_and_the_driver_reads_it_only_when_asked(ray_session):
+    """Three PPO updates with no read in between move no policy state to the driver (no pull);
+    get_weights() takes rank 0's weights (still no pull) and equals one learner's; reading a
+    driver copy pulls rank 0's state once, and a second read pulls nothing."""
+    one, group, batches = _pair("ppo")
+    try:
+        for b in batches + batches[:1]:
+            one.update(b), group.update(b)
+        assert group.num_pulls == 0 and group.behind
+        version, w = group.get_weights()
+        assert version == one.num_updates == 36 and group.num_pulls == 0
+        for k, v in one.policies["default"].get_weights().items():
+            np.testing.assert_allclose(w["default"][k], v, atol=1e-5)
+        st = group.policies["default"].get_state()
+        assert group.num_pulls == 1 and not group.behind and st["num_updates"] == 36
+        group.policies["default"]
+        assert group.num_pulls == 1
+    finally:
+        group.stop()
+
+
+def test_what_the_driver_changes_between_updates_reaches_the_learners(ray_session):
+    """DQN: between updates the driver (as the plan's operators do) updates the target network,
+    halves the learning rate and sets epsilon on its copy; the group's next updates equal one
+    learner's that was changed alike (weights, target weights, Adam state), and the state saved
+    (a checkpoint) carries the changes. A restore (policy set_state + learner set_state) reaches
+    the learners whole."""
+    one, group, batches = _pair("dqn")
+    try:
+        for lr in (one, group):
+            lr.update(batches[0])
+            pol = lr.policies["default"]
+            pol.target.update()
+            pol.optimizer.param_groups[0]["lr"] *= 0.5
+            pol.epsilon = 0.25
+        for b in batches[1:]:
+            one.update(b), group.update(b)
+        s1, s2 = one.policies["default"].get_state(), group.policies["default"].get_state()
+        assert s2["epsilon"] == 0.25 and s2["optimizer"]["param_groups"][0]["lr"] == s1["optimizer"]["param_groups"][0]["lr"]
+        for key in ("weights", "target_weights"):
+            for k, w in s1[key].items():
+                np.testing.assert_allclose(s2[key][k], w, atol=1e-5, err_msg=key)
+        saved, counters = group.policies["default"].get_state(), group.get_state()
+        for lr in (one, group):  # an update past the checkpoint, then a restore of it
+            lr.update(batches[0])
+            lr.policies["default"].set_state(saved)
+            lr.set_state(counters)
+            lr.update(batches[1])
+        for k, w in one.policies["default"].get_weights().items():
+            np.testing.assert_allclose(group.policies["default"].get_weights()[k], w, atol=1e-5)
+        assert group.policies["default"].num_updates == one.policies["default"].num_updates == 4
+    finally:
+        group.stop()
+
+
 def test_a_group_trains_in_the_learner_thread(ray_session):
     """Thread mode (IMPALA's and APPO's learner thread): a batch put in the group's in-queue
     comes out trained, as one learner's update."""

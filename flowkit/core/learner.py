@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import copy
 import math
 import queue
 import threading
@@ -132,8 +133,9 @@ class Learner:
                  reducer: Optional[Callable[[torch.Tensor, int], torch.Tensor]] = None,
                  shard: Optional[Tuple[int, int]] = None):
         self.name, self.policies = name, dict(policies)
+        self._local: Dict[str, "Policy"] = self.policies  # the same objects, read without a sync (LearnerGroup)
         self.shard = shard
-        self.trainable = ({p for p, pol in self.policies.items() if pol.optimizer is not None}
+        self.trainable = ({p for p, pol in self._local.items() if pol.optimizer is not None}
                           if trainable is None else set(trainable))
         self.rng = rng if rng is not None else np.random.default_rng(0)
         self.reducer = reducer
@@ -182,7 +184,7 @@ class Learner:
         steps = agent_steps = 0
         with self.lock:
             for pid, x in items:
-                if pid not in self.trainable or (out := fn(pid, self.policies[pid], x)) is None:
+                if pid not in self.trainable or (out := fn(pid, self._local[pid], x)) is None:
                     continue
                 st, n, rows = out
                 steps, agent_steps = steps + n, agent_steps + rows
@@ -338,7 +340,7 @@ class Learner:
             cache = self._weights_cache
             if cache is None or cache[0] != self.num_updates:
                 cache = self._weights_cache = (self.num_updates, {p: pol.get_weights()
-                                                                  for p, pol in self.policies.items()})
+                                                                  for p, pol in self._local.items()})
             return cache
 
     # ---- state (checkpoints) ---------------------------------------------------------------
@@ -427,10 +429,23 @@ class Learner:
 
 
 # ---- a group of learner processes -----------------------------------------------------------------
+def _same(a: Any, b: Any) -> bool:
+    """Whether two policy states (nested dicts and lists of tensors, arrays and scalars) are equal."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(map(_same, a, b))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and a.shape == b.shape and a.dtype == b.dtype and torch.equal(a, b)
+    if isinstance(a, np.ndarray):
+        return isinstance(b, np.ndarray) and a.shape == b.shape and np.array_equal(a, b)
+    return not isinstance(b, (torch.Tensor, np.ndarray)) and bool(a == b)
+
+
 class _GroupMember:
     """One learner process of a :class:`LearnerGroup` (a Ray actor): torch copies of the group's
-    policies and a :class:`Learner` over them that trains on its ``shard`` of each minibatch and
-    all-reduces the gradient before each optimizer step."""
+    policies, kept between updates, and a :class:`Learner` over them that trains on its ``shard``
+    of each minibatch and all-reduces the gradient before each optimizer step."""
 
     def __init__(self, name: str, specs: Dict[str, Any], model_configs: Dict[str, Any], trainable: List[str],
                  device: str, rank: int, world: int, num_threads: int):
@@ -439,6 +454,7 @@ class _GroupMember:
                     for p, s in specs.items()}
         self.rank = int(rank)
         self.learner = Learner(name, policies, trainable, shard=(int(rank), int(world)))
+        self.saved: Optional[Dict[str, Any]] = None  # the policies' states when the last update began
 
     def node_id(self) -> str:
         import ray
@@ -463,45 +479,90 @@ class _GroupMember:
     @staticmethod
     def allreduce_mean(g: torch.Tensor, rows: int) -> torch.Tensor:
         """``sum_r rows_r g_r / sum_r rows_r`` over the group: the gradient of the mean loss over
-        the whole minibatch (one all-reduce of the gradient and the row count together)."""
+        the whole minibatch (one all-reduce of the flat gradient and the row count together)."""
         import torch.distributed as dist
         buf = torch.cat([g * float(rows), g.new_tensor([float(rows)])])
         dist.all_reduce(buf)
         return buf[:-1] / buf[-1]
 
-    def update(self, b: sb.MultiAgentBatch, states: Dict[str, Any], rng_state: Dict[str, Any],
+    def update(self, b: sb.MultiAgentBatch, changes: Optional[Dict[str, Dict[str, Any]]], rng_state: Dict[str, Any],
                loop: Dict[str, Any]) -> Dict[str, Any]:
-        """Train on this rank's share of ``b`` from the driver's policy ``states`` and minibatch
-        RNG state; rank 0 also returns its policies' states and RNG state afterwards."""
+        """Train on this rank's share of ``b`` from the minibatch RNG state ``rng_state``, after
+        applying ``changes`` (``{policy_id: {key: value}}``, parts of :meth:`Policy.get_state`
+        the driver changed); rank 0 also returns the RNG state afterwards."""
         lr = self.learner
-        for pid, st in states.items():
-            lr.policies[pid].set_state(st)
+        for pid, part in (changes or {}).items():
+            pol = lr.policies[pid]
+            pol.set_state({**pol.get_state(), **part})
+        self.saved = copy.deepcopy({p: pol.get_state() for p, pol in lr.policies.items()})
         lr.rng.bit_generator.state = rng_state
         lr.configure(**loop)
         out = lr.update(b)
         res: Dict[str, Any] = {"stats": out["stats"], "num_updates": out["num_updates"],
                                "td_error": {p: getattr(lr.policies[p], "td_error", None) for p in out["stats"]}}
         if self.rank == 0:
-            res.update(states={p: lr.policies[p].get_state() for p in states}, rng=lr.rng.bit_generator.state)
+            res["rng"] = lr.rng.bit_generator.state
         return res
+
+    def read(self, what: str) -> Optional[Dict[str, Any]]:
+        """``{policy_id: ...}``: ``states`` (:meth:`Policy.get_state`), ``weights``
+        (:meth:`Policy.get_weights`), or ``saved`` (the states when the last update began; None
+        before any)."""
+        pols = self.learner.policies
+        if what == "saved":
+            return self.saved
+        return {p: pol.get_state() if what == "states" else pol.get_weights() for p, pol in pols.items()}
+
+
+class _SyncedPolicies(dict[str, "Policy"]):
+    """A :class:`LearnerGroup`'s driver copies of its policies: reading one (``[pid]``, ``get``,
+    ``items``, ``values``) first brings them up to the learners' state (``pull``); the ids
+    (``in``, iteration, ``len``) need no learner."""
+
+    def __init__(self, policies: Dict[str, "Policy"], pull: Callable[[], None]):
+        super().__init__(policies)
+        self._pull = pull
+
+    def __getitem__(self, pid: str) -> "Policy":
+        self._pull()
+        return super().__getitem__(pid)
+
+    def get(self, pid: str, default: Any = None) -> Any:
+        self._pull()
+        return super().get(pid, default)
+
+    def items(self) -> Any:
+        self._pull()
+        return super().items()
+
+    def values(self) -> Any:
+        self._pull()
+        return super().values()
 
 
 class LearnerGroup(Learner):
     """A :class:`Learner` whose updates run on ``num_learners`` learner processes (Ray actors in
     one placement group) behind the same interface: plans do not change.
 
-    Each update sends the train batch (one object in Ray's store), the driver policies' full
-    state (:meth:`Policy.get_state`: weights, optimizer, target network, scalar state) and the
-    minibatch RNG state to every learner. Learner ``r`` of ``N`` runs the same epochs x
-    minibatches loop as one learner would, on rows ``[n r / N, n (r + 1) / N)`` of each
-    ``n``-row minibatch, and all-reduces the gradient before every optimizer step
-    (torch.distributed: gloo on CPU, NCCL on CUDA) as the row-weighted mean, the gradient of
-    the mean loss over the minibatch: the group's update is one learner's, up to float
-    summation order (RLlib 2.x's LearnerGroup shards the train batch instead, each learner
-    making its own minibatches). Rank 0's policy states and RNG state then become the driver's:
-    the driver always holds the whole state, so checkpoints, weights for the workers, target
-    updates and schedules work as with one learner, and a lost learner costs nothing learned:
-    the group is rebuilt (new actors, new process group) and the update retried once.
+    The learners keep the policies' whole state (weights, optimizer, target network, scalar
+    state, RNGs) between updates. An update sends the train batch (one object in Ray's store)
+    and the minibatch RNG state to every learner, and the parts of a driver policy's state that
+    the driver changed since the learners last had it (a restored checkpoint, a schedule, a
+    target-network update, epsilon: found by comparing its :meth:`Policy.get_state` with the
+    one it had when last in step; all of it to a new group). Learner ``r`` of ``N`` runs the same
+    epochs x minibatches loop as one learner would, on rows ``[n r / N, n (r + 1) / N)`` of each
+    ``n``-row minibatch, and all-reduces the flat gradient before every optimizer step
+    (torch.distributed: gloo on CPU, NCCL on CUDA, one all-reduce per step) as the row-weighted
+    mean, the gradient of the mean loss over the minibatch: the learners stay equal and the
+    group's update is one learner's, up to float summation order (RLlib 2.x's LearnerGroup
+    shards the train batch instead, each learner making its own minibatches). Only stats,
+    ``td_error`` and the RNG state come back.
+
+    The driver's copies (:attr:`policies`) are brought to rank 0's state when read (checkpoints,
+    target updates, schedules, evaluation), once per update at most; :meth:`get_weights` (the
+    weights for the rollout workers) takes rank 0's weights alone, once per version. A lost
+    learner costs nothing learned: the group takes the state of a surviving learner from before
+    the failed update, is rebuilt (new actors, new process group) and retries the update once.
 
     Stats are the mean of the learners' stats (each over its rows); ``td_error`` (prioritized
     replay) is the learners' pieces in rank order. Recurrent policies are refused.
@@ -515,12 +576,13 @@ class LearnerGroup(Learner):
             STRICT_PACK, STRICT_SPREAD).
         device: ``cpu`` or ``cuda`` (each learner then reserves one GPU).
         num_threads: torch threads of each learner process.
-        timeout_s: bound of placing the group, its rendezvous and each update's collectives.
+        timeout_s: bound of placing the group, its rendezvous, each update's collectives and
+            each read of a learner's state.
 
     Raises:
         ValueError: a trainable policy is recurrent.
-        RuntimeError: the group cannot be placed within ``timeout_s``, or it lost a learner
-            twice in one update (naming the group and the rank).
+        RuntimeError: the group cannot be placed within ``timeout_s``, it lost a learner twice in
+            one update, or it lost every learner (naming the group).
     """
 
     def __init__(self, name: str, policies: Dict[str, "Policy"], trainable: Optional[Iterable[str]],
@@ -528,15 +590,19 @@ class LearnerGroup(Learner):
                  num_learners: int, num_cpus: float = 1.0, strategy: str = "PACK", device: str = "cpu",
                  num_threads: int = 1, timeout_s: float = 300.0):
         super().__init__(name, policies, trainable, rng)
-        if rec := [p for p in self.trainable if getattr(self.policies[p], "is_recurrent", False)]:
+        if rec := [p for p in self.trainable if getattr(self._local[p], "is_recurrent", False)]:
             raise ValueError(f"learner.num_learners={num_learners}: policy {rec[0]!r} is recurrent; a learner "
                              "group trains feed-forward policies only")
+        self.policies = _SyncedPolicies(self._local, self._pull)
         self.specs, self.model_configs = specs, model_configs
         self.num_learners, self.num_cpus, self.strategy = int(num_learners), float(num_cpus), str(strategy)
         self.device, self.num_threads, self.timeout_s = str(device), int(num_threads), float(timeout_s)
         self.actors: List[Any] = []
         self.generation = 0           # process groups formed so far
         self.num_rebuilds = 0         # groups rebuilt after a lost learner
+        self.num_pulls = 0            # driver copies brought up to the learners' state
+        self.behind = False           # the learners updated past the driver's copies
+        self._known: Dict[str, Dict[str, Any]] = {}  # each driver copy's state when last in step with the learners
         self._pg: Any = None
         self._store: Any = None
 
@@ -547,17 +613,14 @@ class LearnerGroup(Learner):
         """As :meth:`Learner.update`, on the group's processes (see the class docstring)."""
         t0 = time.perf_counter()
         with self.lock:
-            pids = [p for p in b.policy_batches if p in self.trainable and len(b.policy_batches[p])]
-            res = self._remote_update(b, {p: self.policies[p].get_state() for p in pids})
-            for p, st in res[0]["states"].items():
-                self.policies[p].set_state(st)
+            res = self._remote_update(b)
             self.rng.bit_generator.state = res[0]["rng"]
-            self._weights_cache = None
+            self.behind = True
             per_pid = {}
             for p in res[0]["stats"]:
                 tds = [r["td_error"].get(p) for r in res]
                 if all(td is not None for td in tds):
-                    pol: Any = self.policies[p]  # a policy with priorities (UpdatePriorities' contract)
+                    pol: Any = self._local[p]  # a policy with priorities (UpdatePriorities' contract)
                     pol.td_error = np.concatenate(tds)
                 stats = {k: float(np.mean([r["stats"][p][k] for r in res])) for k in res[0]["stats"][p]}
                 stats["train_batch_size"] = len(b.policy_batches[p])
@@ -572,8 +635,73 @@ class LearnerGroup(Learner):
         raise NotImplementedError(f"learner group {self.name}: workers' gradients (A3C) are applied by one "
                                   "learner; set learner.num_learners=0")
 
+    # ---- the driver's copies -------------------------------------------------------------------
+    def get_weights(self) -> Tuple[int, Dict[str, Any]]:
+        """As :meth:`Learner.get_weights`; while the driver's copies are behind, rank 0's weights
+        (fetched once per version)."""
+        with self.lock:
+            if not self.behind:
+                return super().get_weights()
+            cache = self._weights_cache
+            if cache is None or cache[0] != self.num_updates:
+                cache = self._weights_cache = (self.num_updates, self._ask("weights"))
+            return cache
+
+    def _pull(self) -> None:
+        """Bring the driver's copies to the learners' state if they are behind."""
+        with self.lock:
+            if self.behind:
+                self._set_local(self._ask("states"))
+                self.num_pulls += 1
+
+    def _set_local(self, states: Dict[str, Any]) -> None:
+        for p, st in states.items():
+            self._local[p].set_state(st)
+        self._known = {p: copy.deepcopy(self._local[p].get_state()) for p in states}
+        self.behind = False
+
+    def _changes(self) -> Dict[str, Dict[str, Any]]:
+        """``{policy_id: {key: value}}``: the parts of each driver copy's state that changed since
+        it was last in step with the learners (all of it for a new group)."""
+        out = {}
+        for p, pol in self._local.items():
+            now, known = pol.get_state(), self._known.get(p)
+            part = now if known is None else {k: v for k, v in now.items() if k not in known or not _same(v, known[k])}
+            if part:
+                out[p] = part
+                self._known[p] = copy.deepcopy(now)
+        return out
+
+    def _ask(self, what: str) -> Dict[str, Any]:
+        """:meth:`_GroupMember.read` of the first learner that answers (all hold the same state)."""
+        if (got := self._first([a.read.remote(what) for a in self.actors])) is None:
+            raise RuntimeError(f"learner group {self.name}: no learner answered within {self.timeout_s:g} s; "
+                               "the updates since the last checkpoint are lost (resume from it)")
+        return got
+
+    def _first(self, refs: List[Any]) -> Any:
+        """The first non-None result of ``refs`` (failed ones skipped), or None after
+        ``timeout_s`` or when all failed."""
+        import ray
+        pending, deadline = list(refs), time.monotonic() + self.timeout_s
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
+            if not done:
+                return None
+            with contextlib.suppress(ray.exceptions.RayError):
+                if (got := ray.get(done[0])) is not None:
+                    return got
+        return None
+
+    def set_state(self, state: Dict[str, Any]) -> None:
+        """As :meth:`Learner.set_state`; the driver's copies (restored before it, as policies
+        are) go to the learners whole at the next update."""
+        with self.lock:
+            super().set_state(state)
+            self.behind, self._known = False, {}
+
     # ---- the processes ---------------------------------------------------------------------
-    def _remote_update(self, b: sb.MultiAgentBatch, states: Dict[str, Any]) -> List[Dict[str, Any]]:
+    def _remote_update(self, b: sb.MultiAgentBatch) -> List[Dict[str, Any]]:
         """Every learner's result of one update, in rank order; the group rebuilt and the update
         retried once if a learner was lost."""
         import ray
@@ -582,23 +710,52 @@ class LearnerGroup(Learner):
         for attempt in (0, 1):
             if not self.actors:
                 self._start()
-            refs = [ray.put(b), ray.put(states)]
-            rng = self.rng.bit_generator.state
+            changes = self._changes()
+            args = [ray.put(b), ray.put(changes) if changes else None, self.rng.bit_generator.state, loop]
+            refs = [a.update.remote(*args) for a in self.actors]
             try:
-                return self._gather([a.update.remote(refs[0], refs[1], rng, loop) for a in self.actors])
+                return self._gather(refs)
             except ray.exceptions.RayTaskError as e:  # raised in a learner: its own exception
-                self._teardown()
-                raise e.cause from None
+                if not self._lost(refs):
+                    self._recover()
+                    raise e.cause from None
+                err: Exception = e
             except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError, TimeoutError) as e:
-                self._teardown()
-                what = f"learner group {self.name}: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
-                if attempt:
-                    raise RuntimeError(f"{what}; lost again after the group was rebuilt: giving up (the "
-                                       "driver holds every learned state: resume from the checkpoint)") from None
-                self.num_rebuilds += 1
-                import warnings
-                warnings.warn(f"{what}; rebuilding the group and retrying the update", RuntimeWarning, stacklevel=2)
+                err = e
+            self._recover()
+            what = f"learner group {self.name}: {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''}"
+            if attempt:
+                raise RuntimeError(f"{what}; lost again after the group was rebuilt: giving up (the driver "
+                                   "holds the state before this update: resume from the checkpoint)") from None
+            self.num_rebuilds += 1
+            import warnings
+            warnings.warn(f"{what}; rebuilding the group and retrying the update", RuntimeWarning, stacklevel=2)
         raise AssertionError("unreachable")
+
+    def _lost(self, refs: List[Any]) -> bool:
+        """Whether a learner of this update died (waiting up to 2 s for the others to end)."""
+        import ray
+        done, _ = ray.wait(refs, num_returns=len(refs), timeout=2.0)
+        for r in done:
+            try:
+                ray.get(r)
+            except (ray.exceptions.RayActorError, ray.exceptions.ObjectLostError):
+                return True
+            except ray.exceptions.RayError:
+                pass
+        return False
+
+    def _recover(self) -> None:
+        """After a failed update: the driver's copies take the state a surviving learner had when
+        the update began, and the group is torn down (the next update starts a new one)."""
+        saved = self._first([a.read.remote("saved") for a in self.actors])
+        self._teardown()
+        if saved is not None:
+            self._set_local(saved)
+        elif self.behind:
+            raise RuntimeError(f"learner group {self.name}: every learner was lost; the updates since the last "
+                               "checkpoint are lost (resume from it)")
+        self._known = {}
 
     def _gather(self, refs: List[Any]) -> List[Dict[str, Any]]:
         """``ray.get`` of every learner's update, failing at the first learner that fails (the
@@ -644,6 +801,7 @@ class LearnerGroup(Learner):
         self._gather([a.join.remote(host, int(self._store.port), self.generation, "nccl" if cuda else "gloo",
                                     self.timeout_s) for a in self.actors])
         self.generation += 1
+        self._known = {}  # the new learners get the driver's copies whole
 
     def node_ids(self) -> List[str]:
         """The Ray node id of each learner process, in rank order (starts the group)."""
@@ -666,7 +824,10 @@ class LearnerGroup(Learner):
         self._pg, self._store = None, None
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop the thread (if any), then the learner processes and their placement group."""
+        """Stop the thread (if any), bring the driver's copies to the learners' state, then stop
+        the learner processes and their placement group."""
         super().stop(timeout_s)
+        with contextlib.suppress(Exception):
+            self._pull()
         if self.actors or self._pg is not None:
             self._teardown()
