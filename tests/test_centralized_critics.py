@@ -231,6 +231,7 @@ SPREAD = ["env.factory=mpe2.simple_spread_v3:parallel_env", "env.kwargs.continuo
           "env.kwargs.max_cycles=25", "env.kwargs.N=3"]
 
 
+@pytest.mark.slow  # (quick pass under 15 min: ~15-30 s each; the conformance kit stays quick)
 @pytest.mark.parametrize("algo", ["masac", "matd3"])
 def test_short_run_on_simple_spread_per_agent_policies_resumes_and_exports(algo, run_dir, tmp_path):
     base = [*SPREAD, f"algo={algo}", "runtime.num_workers=1", "runtime.num_envs_per_worker=2",

@@ -182,6 +182,7 @@ class _AtEnd:
         self.workers = ctx.workers.foreach_worker("apply", functools.partial(_worker_view, list(league.filled)))
 
 
+@pytest.mark.slow  # (quick pass under 15 min: Ray workers, ~40 s)
 @pytest.mark.ray
 def test_league_reaches_ray_workers(ray_session, run_dir):
     """On the Ray backend the workers get each snapshot's weights and the new matchmaking."""

@@ -63,7 +63,7 @@ def _pair(name):
     return one, group, [_batch(cols, rows, seed=i) for i in range(updates)]
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n == "ppo" else pytest.mark.slow) for n in sorted(CASES)])
 def test_two_learners_update_as_one_learner_on_the_same_batch(ray_session, name):
     """PPO (3 epochs x 4 shuffled minibatches), DQN and SAC (one step each; SAC's per-row noise
     through Policy.randn): after each of 2-3 updates the group's weights, Adam state, update
@@ -148,6 +148,7 @@ def test_what_the_driver_changes_between_updates_reaches_the_learners(ray_sessio
         group.stop()
 
 
+@pytest.mark.slow  # (quick pass under 15 min: Ray learner processes, 20-40 s)
 def test_a_group_trains_in_the_learner_thread(ray_session):
     """Thread mode (IMPALA's and APPO's learner thread): a batch put in the group's in-queue
     comes out trained, as one learner's update."""
@@ -167,6 +168,7 @@ def test_a_group_trains_in_the_learner_thread(ray_session):
         group.stop()
 
 
+@pytest.mark.slow  # (quick pass under 15 min: Ray learner processes, 20-40 s)
 def test_a_lost_learner_is_rebuilt_and_the_update_retried(ray_session):
     """A learner process killed between updates: the next update rebuilds the group (generation
     2) and still equals one learner's, since the driver held every state."""
@@ -185,6 +187,7 @@ def test_a_lost_learner_is_rebuilt_and_the_update_retried(ray_session):
         group.stop()
 
 
+@pytest.mark.slow  # (quick pass under 15 min: Ray learner processes, 20-40 s)
 def test_an_error_in_a_learner_is_raised_with_its_own_type_and_the_group_stops(ray_session):
     """A minibatch too small to share: the learners' ValueError reaches the driver as itself,
     the group is torn down (no learner left waiting in a collective), the driver's weights are

@@ -165,6 +165,7 @@ def test_vmas_ppo_trains_two_iterations(run_dir):
     assert m["episodes_total"] <= 8 and m["learner/shared/num_sgd_steps"] > 0
 
 
+@pytest.mark.slow  # (quick pass under 15 min: Ray workers, ~30 s)
 def test_vmas_mappo_on_ray_workers(ray_session, run_dir):
     """Two Ray rollout workers (numpy acting copies of the policies), each one VMAS env of 3 sub-envs."""
     res = flowkit.train(["runtime.backend=ray", f"run.dir={run_dir}", "run.reporters=[csv]", "algo=mappo", VMAS,
