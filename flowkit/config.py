@@ -158,6 +158,38 @@ def make_schema_class(sections: Dict[str, type]) -> type:
     return dataclasses.make_dataclass("FlowkitConfig", extra, bases=(Config,))
 
 
+class Sections(Dict[str, type]):
+    """``{name: dataclass}`` of the sections a config may hold beside the core ones (what
+    ``PluginManager.config_sections`` returns). Each of ``algorithms`` is read only by the
+    algorithm of its name: a config holds it only where it is needed (:func:`held_sections`)."""
+
+    def __init__(self, sections: Any = (), algorithms: Iterable[str] = ()):
+        super().__init__(sections)
+        self.algorithms = frozenset(algorithms)
+
+
+_INTERPOLATED = re.compile(r"\$\{\s*(\w+)\.")
+
+
+def held_sections(layers: Sequence[Dict[str, Any]], sections: Dict[str, type]) -> Dict[str, type]:
+    """The sections of ``sections`` that a config built from ``layers`` (its sources as nested
+    dicts, in order) holds: every plugin section, and an algorithm's section (``sections.algorithms``)
+    where the run uses the algorithm (``algo``, ``multiagent.policies.<id>.algo``), a source sets
+    it or an interpolation names it. What every section costs is the config's build (OmegaConf
+    makes a node per key: 430 keys for the 25 sections installed on 2026-12-07), so a run builds
+    only its own; a section left out reads as its defaults (:func:`section_object`)."""
+    algos = getattr(sections, "algorithms", frozenset())
+    used = [layer["algo"] for layer in layers if "algo" in layer][-1:] or [Config.algo]
+    for layer in layers:
+        ma = layer.get("multiagent")
+        pols = ma.get("policies") if isinstance(ma, dict) else None
+        used += [p.get("algo") for p in pols.values() if isinstance(p, dict)] if isinstance(pols, dict) else []
+    if any(a is not None and (not isinstance(a, str) or "${" in a) for a in used):  # known once resolved
+        return dict(sections)
+    named = set(used) | {k for layer in layers for k in layer} | set(_INTERPOLATED.findall(str(layers)))
+    return {k: v for k, v in sections.items() if k not in algos or k in named}
+
+
 def used_sections(cfg: Any, algos: Any, pm: Any, keep_packages: Any = ()) -> Dict[str, Any]:
     """``cfg`` as a plain dict with the core sections, the sections of the algorithms named in
     ``algos`` (those that train or act for a policy), and the plugin sections that differ from
@@ -487,16 +519,17 @@ def _as_source(user: Any) -> Tuple[Dict[str, Any], List[str]]:
     raise ConfigError(f"config must be a dict, a DictConfig or a list of overrides, got {type(user).__name__}")
 
 
-def _layers(user: Any, config_file: Union[str, Sequence[str], None]) -> List[Dict[str, Any]]:
-    """Each config file (in order), then ``user``."""
+def _layers(user: Any, config_file: Union[str, Sequence[str], None]) -> Tuple[List[Dict[str, Any]], List[str]]:
+    """(each config file (in order), then ``user``; the overrides of ``user``)."""
+    source, items = _as_source(user)
     files = [config_file] if isinstance(config_file, str) else list(config_file or [])
-    return [_load_yaml(f) for f in files] + [_as_source(user)[0]]
+    return [_load_yaml(f) for f in files] + [source], items
 
 
 def plugin_modules_from(user: Any, config_file: Union[str, Sequence[str], None] = None) -> List[str]:
     """The ``plugins`` list of a config source (needed before the schema can be built)."""
     mods: List[str] = []
-    for src in _layers(user, config_file):
+    for src in _layers(user, config_file)[0]:
         given = src.get("plugins")
         if given is not None and (not isinstance(given, (list, tuple)) or not all(isinstance(m, str) for m in given)):
             raise ConfigError(f"`plugins` must be a list of module paths, e.g. plugins=[my_pkg.plugin], got {given!r}")
@@ -519,11 +552,12 @@ def build_config(user: Any = None, config_file: Union[str, Sequence[str], None] 
             resolve, ``env=`` and ``env.id=`` given together, or a config file that is
             missing, unreadable or not YAML.
     """
-    schema_cls = make_schema_class(sections or {})
-    _decimal_for_int(_as_source(user)[1], schema_keys(schema_cls))
+    layers, items = _layers(user, config_file)
+    schema_cls = make_schema_class(held_sections(layers, sections or {}))
+    _decimal_for_int(items, schema_keys(schema_cls))
     merged = OmegaConf.structured(schema_cls)
-    for layer in _layers(user, config_file):
-        merged = merge_overrides(merged, layer, schema_cls)
+    for layer in layers:
+        merged = merge_overrides(merged, layer, schema_cls, known=sections or {})
     OmegaConf.set_struct(merged, True)
     try:
         OmegaConf.resolve(merged)  # validates each result against its field's type
@@ -533,10 +567,12 @@ def build_config(user: Any = None, config_file: Union[str, Sequence[str], None] 
     return merged
 
 
-def merge_overrides(base: DictConfig, overrides: Dict[str, Any], schema: type) -> DictConfig:
+def merge_overrides(base: DictConfig, overrides: Dict[str, Any], schema: type,
+                    known: Optional[Dict[str, type]] = None) -> DictConfig:
     """``base`` with the nested dict ``overrides`` merged in by OmegaConf, which checks every
     key and type against the dataclass ``schema``; an integral float (``1e4``) for an int
-    field becomes an int; a section given as null (``ppo:`` in YAML) is skipped.
+    field becomes an int; a section given as null (``ppo:`` in YAML) is skipped. ``known``:
+    the sections whose keys an unknown key's hint may name (default: those of ``schema``).
 
     Raises:
         ConfigError: an unknown key (with the closest valid one) or a value of the wrong type.
@@ -562,7 +598,8 @@ def merge_overrides(base: DictConfig, overrides: Dict[str, Any], schema: type) -
                     raise
                 OmegaConf.update(node, str(e.full_key), int(v), merge=False)
     except OmegaConfBaseException as e:
-        raise _config_error(e, keys, layer, base.get("algo") if isinstance(base, DictConfig) else None) from None
+        raise _config_error(e, keys if known is None else schema_keys(make_schema_class(known)), layer,
+                            base.get("algo") if isinstance(base, DictConfig) else None) from None
     except TypeError as e:  # OmegaConf: "Cannot merge incompatible container types"
         raise _container_error(layer, keys) or ConfigError(f"config: {e}") from None
 
@@ -633,11 +670,11 @@ def _short(v: Any) -> str:
 
 def section_object(cfg: DictConfig, name: str, cls: Optional[type]) -> Any:
     """Section ``name`` of ``cfg`` as an instance of its dataclass ``cls``: the one form of a
-    section that algorithms, policies and validation read (None where ``cls`` is None or
-    ``cfg`` has no such section)."""
-    if cls is None or name not in cfg:
+    section that algorithms, policies and validation read (None where ``cls`` is None; its
+    defaults where ``cfg`` holds no such section: :func:`held_sections`)."""
+    if cls is None:
         return None
-    return cls(**typing.cast(Dict[str, Any], OmegaConf.to_container(cfg[name], resolve=True)))
+    return cls(**(typing.cast(Dict[str, Any], OmegaConf.to_container(cfg[name], resolve=True)) if name in cfg else {}))
 
 
 def describe_keys(sections: Optional[Dict[str, type]] = None) -> List[Tuple[str, str, str, Any, str]]:
