@@ -517,7 +517,7 @@ def held_sections(layers: Sequence[Dict[str, Any]], sections: Dict[str, type]) -
     it or an interpolation names it. What every section costs is the config's build (OmegaConf
     makes a node per key: 430 keys for the 25 sections installed on 2026-12-07), so a run builds
     only its own; a section left out reads as its defaults (:func:`section_object`)."""
-    algos = getattr(sections, "algorithms", frozenset())
+    algos: Iterable[str] = getattr(sections, "algorithms", ())
     used = [layer["algo"] for layer in layers if "algo" in layer][-1:] or [Config.algo]
     for layer in layers:
         ma = layer.get("multiagent")
@@ -593,9 +593,7 @@ def check_unused_sections(cfg: Any, algos: Any, sections: Dict[str, type]) -> Li
     """
     used, out = run_algorithms(cfg), []
     mine = sections.get(str(cfg.algo))
-    for name in algos:
-        if name in used or name not in sections or name not in cfg:
-            continue
+    for name in [str(k) for k in cfg if k in algos and k in sections and k not in used]:  # (`in cfg`: 0.1 ms)
         given: Dict[str, Any] = OmegaConf.to_container(cfg[name], resolve=True)  # type: ignore[assignment]
         diff = changed_keys(given, sections[name])
         if not diff:

@@ -158,8 +158,9 @@ class PluginManager(pluggy.PluginManager):
         twice is an error naming both plugins."""
         return self._named("reporter", self.hook.flowkit_add_reporters)
 
-    def config_sections(self) -> Sections:
-        """Algorithm sections (keyed by algorithm name, :attr:`Sections.algorithms`) plus plugin sections."""
+    def config_sections(self) -> Dict[str, type]:
+        """Algorithm sections (keyed by algorithm name, named in its ``algorithms``: a
+        :class:`flowkit.config.Sections`) plus plugin sections."""
         if "section" in self._registry:
             return self._registry["section"]
         algos = self.algorithms(load=False)
