@@ -160,7 +160,7 @@ def bench_sharded(path: str, a, batches: int) -> dict:
     import ray
     from flowkit_offline.reader import ShardedReader
 
-    from flowkit._config_schema import ModelConfig
+    from flowkit.config import ModelConfig
     from flowkit.core.workers import PolicySpec
     ds = open_dataset(path)
     pol = make_policy(a.algo, ds)

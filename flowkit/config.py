@@ -12,54 +12,407 @@ several keys (:func:`validate_section`). Every problem is a :class:`ConfigError`
 one line naming the key, what was expected and what was given, and for an unknown key the
 closest valid one.
 
-The schema's declarations (:func:`F`, :class:`Allowed`, the core section dataclasses,
-:func:`schema_keys`) are in :mod:`flowkit._config_schema` and re-exported here; this module
-builds, merges and checks a config and writes its help text.
+Here are how a field is declared (:func:`F`, :class:`Allowed`), the core section dataclasses
+(gathered in :class:`Config`), the flat view of a schema's keys (:func:`schema_keys`), the checks
+of what an algorithm declares against a policy's space and ``model.*`` (:func:`model_error`),
+and how a config is built, merged and checked, and its help text written.
 """
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
+import math
 import os
 import re
 import typing
+from dataclasses import dataclass, field
 from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, InterpolationResolutionError, OmegaConfBaseException, ValidationError
 
-# The schema (field declarations, core sections, the flat view of keys) lives in
-# flowkit._config_schema; every name of it is importable from here, as before.
-from flowkit._config_schema import (  # noqa: F401
-    ACTIVATIONS,
-    INT64_MAX,
-    INT64_MIN,
-    MAX_BATCH_ROWS,
-    MAX_EPISODES,
-    Allowed,
-    CheckpointConfig,
-    Config,
-    EnvConfig,
-    EvaluationConfig,
-    F,
-    LearnerConfig,
-    LRConfig,
-    ModelConfig,
-    RandomConfig,
-    RunConfig,
-    RuntimeConfig,
-    StopConfig,
-    _field,
-    _leaf_type,
-    _type_name,
-    _unwrap_optional,
-    action_space_error,
-    model_error,
-    normalize_obs_on,
-    schema_allowed,
-    schema_keys,
-)
+INT64_MIN, INT64_MAX = -2 ** 63, 2 ** 63 - 1
+# Hard limits of the size keys (far above any real run on one machine; a value past them is a
+# typo or a unit mix-up that would otherwise hang or exhaust memory before any message):
+MAX_BATCH_ROWS = 2 ** 24  # env steps in one sample batch, one sampling round or one train batch
+MAX_EPISODES = 100_000  # episodes of one evaluation
+
+
+@dataclass(frozen=True)
+class Allowed:
+    """The values a field allows: bounds (``gt``/``ge``/``lt``/``le``), ``choices``, a
+    ``pattern`` (regular expression a string must match in full), and for floats whether
+    they must be ``finite``. Ints always fit in 64 bits. For a list or a mapping, every
+    item must be allowed."""
+    gt: Optional[float] = None
+    ge: Optional[float] = None
+    lt: Optional[float] = None
+    le: Optional[float] = None
+    choices: Optional[Tuple[Any, ...]] = None
+    pattern: Optional[str] = None
+    finite: bool = True
+
+    def describe(self, is_float: bool = False, say_finite: bool = True) -> str:
+        """``> 0``, ``in [0, 1]``, ``'a' or 'b'``, ``finite and >= 0`` (``say_finite``: name
+        the finiteness of a float); "" when anything goes."""
+        if self.choices is not None:
+            c = [repr(x) for x in self.choices]
+            return c[0] if len(c) == 1 else f"{', '.join(c[:-1])} or {c[-1]}"
+        lo = (">", self.gt) if self.gt is not None else (">=", self.ge) if self.ge is not None else None
+        hi = ("<", self.lt) if self.lt is not None else ("<=", self.le) if self.le is not None else None
+        if lo and hi:
+            text = f"in {'(' if lo[0] == '>' else '['}{_num(lo[1])}, {_num(hi[1])}{')' if hi[0] == '<' else ']'}"
+        else:
+            one = lo or hi
+            text = f"{one[0]} {_num(one[1])}" if one else ""
+        if self.pattern is not None:
+            return f"matching {self.pattern}"
+        if is_float and self.finite and say_finite and not (lo and hi):
+            text = f"finite and {text}" if text else "finite"
+        return text
+
+    def ok(self, v: Any, is_float: bool) -> bool:
+        """Whether ``v`` is allowed (``is_float``: the field is a float field)."""
+        if self.choices is not None and v not in self.choices:
+            return False
+        if self.pattern is not None and not (isinstance(v, str) and re.fullmatch(self.pattern, v)):
+            return False
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            if isinstance(v, float) and math.isnan(v):
+                return not self.finite and self.gt is self.ge is self.lt is self.le is None
+            if ((is_float and self.finite and not math.isfinite(v))
+                    or (not is_float and not INT64_MIN <= v <= INT64_MAX)):
+                return False
+            return ((self.gt is None or v > self.gt) and (self.ge is None or v >= self.ge)
+                    and (self.lt is None or v < self.lt) and (self.le is None or v <= self.le))
+        return True
+
+
+def _num(x: float) -> str:
+    return str(x) if isinstance(x, int) else f"{x:g}"
+
+
+def F(default: Any = None, help: str = "", factory: Any = None, *,  # noqa: A002
+      gt: Optional[float] = None, ge: Optional[float] = None, lt: Optional[float] = None,
+      le: Optional[float] = None, choices: Optional[Sequence[Any]] = None, pattern: Optional[str] = None,
+      finite: bool = True) -> Any:
+    """A dataclass field with a help text and the values it allows (both shown by
+    ``flowkit train --help``), e.g. ``F(3e-4, "Adam learning rate", gt=0)``,
+    ``F("auto", "...", choices=("auto", "sync"))``.
+
+    A float must be finite unless ``finite=False``; an int must fit in 64 bits; the bounds
+    and choices of a list or mapping field apply to each item. :func:`check_values` enforces
+    all of it once the config is built, before anything starts.
+    """
+    allowed = Allowed(gt, ge, lt, le, tuple(choices) if choices is not None else None, pattern, finite)
+    meta = {"help": help, "allowed": allowed}
+    if factory is not None:
+        return field(default_factory=factory, metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+def _leaf_type(tp: Any) -> Any:
+    """The item type a field's allowed values apply to (``List[int]`` -> int)."""
+    base, _ = _unwrap_optional(tp)
+    if typing.get_origin(base) in (list, List):
+        return (typing.get_args(base) or (Any,))[0]
+    if typing.get_origin(base) in (dict, Dict):
+        return (typing.get_args(base) or (Any, Any))[-1]
+    return base
+
+
+ACTIVATIONS = ("tanh", "relu", "elu", "gelu", "silu")  # names of the table in flowkit.core.activations
+
+
+@dataclass
+class EnvConfig:
+    id: Optional[str] = F(None, "Gymnasium env id (also `env=ID`), e.g. CartPole-v1 or pkg:Id-v0")
+    factory: Optional[str] = F(None, "`module:callable` returning an env; gets `context=EnvContext` if it accepts it")
+    kwargs: Dict[str, Any] = F(help="keyword arguments for gym.make / the factory", factory=dict)
+    autoreset_mode: str = F("next_step", "vector-env autoreset: next_step (Gymnasium default) or same_step",
+                             choices=("next_step", "same_step"))
+    max_episode_steps: Optional[int] = F(None, "wrap each env in a TimeLimit of this many steps", ge=1)
+    vectorization: str = F("auto", "auto: the env's own vectorized implementation when it registers one "
+                           "(e.g. CartPole) and no preset is set, the preset's own on rollout workers where it "
+                           "has one (atari: ale-py's), else sync; sync: always a SyncVectorEnv of single envs",
+                           choices=("auto", "sync"))
+    check_spaces_steps: int = F(2, "env steps per worker whose outputs are checked against the spaces (0: none)", ge=0)
+    preset: Optional[str] = F(None, "wrappers for a family of envs, a preset registered by a plugin (flowkit plugins "
+                              "lists them): atari (plugins/atari: DeepMind preprocessing, 30 no-ops, frame skip 4 with "
+                              "max-pooling, 84x84 grayscale uint8, 4 stacked frames, FIRE on reset; for training also "
+                              "life loss as terminal and rewards clipped to their sign; returns reported unclipped "
+                              "per game); minigrid (plugins/minigrid: the 7x7 view); docs/envs.md")
+
+
+@dataclass
+class RuntimeConfig:
+    backend: str = F("ray", "ray (actors) or local (in-process, same code path)", choices=("ray", "local"))
+    num_workers: int = F(2, "rollout workers (0 counts as 1)", ge=0, le=1024)
+    num_envs_per_worker: int = F(8, "sub-envs in each worker's vector env", ge=1, le=4096)
+    rollout_fragment_length: int = F(64, "env steps per sub-env in each sample batch", ge=1, le=MAX_BATCH_ROWS)
+    num_cpus_per_worker: float = F(1.0, "CPUs each rollout worker reserves (Ray)", ge=0)
+    worker_scheduling: str = F("DEFAULT", "Ray scheduling strategy of the rollout workers: DEFAULT, or SPREAD over "
+                                          "the cluster's nodes", choices=("DEFAULT", "SPREAD"))
+    address: Optional[str] = F(None, "Ray cluster address (`auto` for an existing cluster); None starts a local one")
+    async_requests_per_worker: int = F(2, "async rollout mode (IMPALA): sample requests in flight per "
+                                          "worker, so a worker starts its next fragment while the driver "
+                                          "takes the last one (RLlib: max_requests_in_flight_per_env_runner)", ge=1, le=64)
+    prefetch: Optional[bool] = F(None, "keep one sample request in flight while learning; None: on iff every algorithm is off-policy")
+    restart_failed_workers: bool = F(True, "rebuild a rollout worker whose env or process failed")
+    max_worker_restarts: int = F(3, "consecutive failures of one worker slot before the run stops", ge=0)
+    sample_timeout_s: float = F(300.0, "seconds a rollout worker may take to answer a sample request "
+                                       "(start-up excluded); then it counts as failed and is rebuilt", gt=0)
+    start_timeout_s: float = F(600.0, "seconds to wait at start-up for Ray to place and start every rollout worker "
+                                      "(an attached cluster may be busy); a worker rebuilt later waits without a bound", gt=0)
+    torch_threads: int = F(1, "torch threads per rollout worker", ge=1)
+    double_buffered: Optional[bool] = F(None, "double-buffered sampling (Sample Factory's): a worker's sub-envs in two "
+                                              "halves, one stepping in its own thread while the policy acts for the "
+                                              "other, for envs that step off the GIL (ale-py's vector env under "
+                                              "env.preset=atari, 2+ sub-envs); it keeps a second core busy. null: on "
+                                              "where each worker reserves one, runtime.num_cpus_per_worker >= 2")
+
+
+class ModelConfig:
+    hidden_sizes: List[int] = F(help="hidden layer sizes of the MLP", factory=lambda: [64, 64], ge=1)
+    activation: str = F("tanh", "activation of the hidden layers", choices=ACTIVATIONS)
+    shared_value_network: bool = F(False, "share the trunk between policy and value heads")
+    cnn: str = F("nature", "the network in front of model.hidden_sizes for image observations (flat ones have "
+                           "none): nature (Mnih et al. 2015: 3 convolutions, 3,136 features of 84x84; with "
+                           "hidden_sizes=[512]) or impala (Espeholt et al. 2018's deep residual network: 3 stacks "
+                           "of conv, max-pool and 2 residual blocks, 16/32/32 channels, 3,872 features of 84x84; "
+                           "with hidden_sizes=[256]); uint8 frames are scaled to [0, 1] inside either",
+                 choices=("nature", "impala"))
+    init: str = F("auto", "weight init of the networks: auto (each algorithm's own: orthogonal for the "
+                          "actor-critics, SAC and TD3, PyTorch's for DQN's Q-network), orthogonal (gain sqrt(2) "
+                          "hidden, each head's own gain, zero biases; SB3's ortho_init=True) or default (PyTorch's: "
+                          "U(+-1/sqrt(fan_in)); SB3's ortho_init=False, and SB3's SAC, TD3 and DQN)",
+                  choices=("auto", "orthogonal", "default"))
+    numpy_inference: bool = F(True, "act with a numpy copy of the network on CPU (MLP actor-critics: "
+                                    "same math, less per-call overhead); false: torch")
+    normalize_obs: bool = F(False, "running mean/std observation normalisation of flat observations (the Zoo's "
+                                   "`normalize: true` for MuJoCo), the statistics kept with the network: updated on "
+                                   "the learner from the train batches, sent to the workers with the weights, saved "
+                                   "in checkpoints, applied by evaluate and export. ppo.normalize_observations, "
+                                   "es.normalize_observations and ars.normalize_observations are the same switch: "
+                                   "either key turns it on, neither alone turns it off (ars's is on by default). "
+                                   "Algorithms that cannot keep the statistics (a3c, ddppo, r2d2, random) refuse true")
+    recurrent: Optional[str] = F(None, "a recurrent layer on the encoded observation (after the CNN for images), "
+                                       "then the MLP hidden_sizes: lstm or gru (null: feed-forward); the workers keep "
+                                       "one state per sub-env, the learner trains on whole sequences (actor-critics)",
+                                 choices=("lstm", "gru"))
+    recurrent_size: int = F(64, "units of the recurrent layer (model.recurrent)", ge=1, le=65536)
+    max_seq_len: int = F(32, "rows per training sequence of a recurrent policy: trajectory pieces are cut into "
+                             "sequences of at most this many steps (backpropagation through time spans one)",
+                         ge=1, le=100000)
+
+
+# `model.class` is a Python keyword: declared by hand, outside __init__, and the class built
+# without the generated __repr__/__eq__ (which would spell `self.class`)
+ModelConfig.__annotations__["class"] = Optional[str]
+setattr(ModelConfig, "class", dataclasses.field(default=None, init=False, metadata={
+    "help": "a custom network, `module:Class`, built as Class(encoder, num_outputs, model_config) in place of "
+            "the policy's own (contract: flowkit.core.policy.Policy.build_model)",
+    "allowed": Allowed(pattern=r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")}))
+ModelConfig = dataclass(repr=False, eq=False)(ModelConfig)  # type: ignore[misc]  # the keyword field above
+
+
+@dataclass
+class LearnerConfig:
+    device: str = F("cpu", "learner device: cpu, cuda or cuda:N", pattern=r"cpu|cuda(:[0-9]+)?")
+    num_threads: int = F(1, "torch threads of the learner (driver), and of each learner process of a group", ge=1)
+    num_learners: int = F(0, "learner processes (Ray actors) that share every train batch and all-reduce gradients "
+                             "(a learner group; ppo, impala, appo, dqn, sac); 0: the learner in the driver", ge=0)
+    num_cpus_per_learner: float = F(1.0, "CPUs each learner process of a group reserves", ge=0)
+    placement_strategy: str = F("PACK", "Ray placement-group strategy of a learner group's processes",
+                                choices=("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"))
+    reuse_freed_memory: bool = F(True, "glibc malloc in the driver and the rollout workers: blocks up to 64 MiB from "
+                                       "the heap, up to 1 GiB of freed memory kept there for reuse (mallopt "
+                                       "M_MMAP_THRESHOLD and M_TRIM_THRESHOLD), so each minibatch's tensors and each "
+                                       "fragment's frames do not fault in fresh pages (PPO Pong's 1,024-row batch: "
+                                       "2.1 s -> 1.8 s; Atari sampling 16% faster); no effect without glibc")
+
+
+@dataclass
+class StopConfig:
+    env_steps: Optional[int] = F(None, "stop after this many sampled env steps", ge=1)
+    iterations: Optional[int] = F(None, "stop after this many iterations", ge=1)
+    episode_return_mean: Optional[float] = F(None, "stop when episode_return_mean reaches this")
+    evaluation_return_mean: Optional[float] = F(None, "stop when a greedy evaluation's mean return reaches this "
+                                                      "(needs evaluation.interval >= 1)")
+    time_s: Optional[float] = F(None, "stop after this many seconds of training (checked at each iteration's "
+                                      "end; an iteration still running at 1.1 x time_s is abandoned)", gt=0)
+
+
+@dataclass
+class EvaluationConfig:
+    interval: int = F(0, "greedy evaluation every N iterations (0: never, except with final=True)", ge=0)
+    episodes: int = F(10, "episodes per evaluation", ge=1, le=MAX_EPISODES)
+    final: Optional[bool] = F(None, "evaluate once at the end of the run (null: only a run without rollout workers, "
+                                    "which plays no episodes of its own: an offline run from input.dataset, so that "
+                                    "its summary has a return)")
+    explore: bool = F(False, "sample actions instead of acting greedily")
+    timeout_s: Optional[float] = F(None, "seconds one evaluation (periodic or final) may take; then it is abandoned "
+                                         "with a warning and the run goes on (None: runtime.sample_timeout_s)", gt=0)
+
+
+@dataclass
+class CheckpointConfig:
+    every_iters: int = F(0, "write a checkpoint every N iterations (0: never)", ge=0)
+    at_end: bool = F(True, "write a checkpoint when the run ends")
+    keep: int = F(3, "checkpoints to keep (newest; 0: all)", ge=0)
+    include_replay: bool = F(True, "store replay buffers in checkpoints")
+
+
+@dataclass
+class RunConfig:
+    dir: Optional[str] = F(None, "run folder; default runs/<algo>-<env>-<timestamp>")
+    min_iter_time_s: float = F(0.0, "merge train steps (in the replay warm-up, before learning_starts: sampled "
+                                    "rounds) into one reported iteration until this much time passed", ge=0)
+    min_iter_env_steps: int = F(0, "merge train steps (in the replay warm-up, before learning_starts: sampled "
+                                   "rounds) into one reported iteration until this many env steps", ge=0)
+    reporters: List[str] = F(help="reporters of the run, called in this order (built-in: progress, csv, plot, "
+                                  "checkpoint, evaluation, tensorboard, timing; plugins add more)",
+                             factory=lambda: ["progress", "csv", "plot", "checkpoint", "evaluation"])
+    output: Optional[str] = F(None, "write the experience the rollout workers sample as a Minari dataset in this "
+                                    "folder (single-agent Gymnasium envs; whole episodes, the env's own observations "
+                                    "and actions; docs/offline.md); an existing dataset there is refused unless "
+                                    "run.output_append=true; a resumed run appends")
+    output_append: bool = F(False, "run.output: add the episodes to the dataset already there (same spaces)")
+
+
+@dataclass
+class LRConfig:
+    """The learning-rate keys an algorithm section starts from (subclass it; redeclare ``lr``
+    for another default): ``lr_schedule=linear`` takes ``lr`` to 0 at ``schedule_env_steps``,
+    also the horizon of the section's other ``*_schedule`` keys (:func:`flowkit.config.schedule_keys`)."""
+    lr: float = F(1e-3, "learning rate", gt=0)
+    lr_schedule: str = F("constant", "constant, or linear (to 0 at schedule_env_steps)", choices=("constant", "linear"))
+    schedule_env_steps: Optional[int] = F(None, "horizon of the linear schedules, env steps sampled "
+                                                "(default stop.env_steps)", gt=0)
+
+
+@dataclass
+class RandomConfig:
+    """random: uniform over the legal actions, learns nothing (baselines, opponents)."""
+    report_every_env_steps: int = F(1000, "env steps per reported iteration", ge=1)
+
+
+@dataclass
+class Config:
+    algo: str = F("ppo", "algorithm name (see `flowkit plugins`)")
+    seed: int = F(0, "one seed for torch, numpy, env resets and exploration (32 bits: every derived seed "
+                     "uses only these)", ge=0, le=2 ** 32 - 1)
+    env: EnvConfig = F(help="environment", factory=EnvConfig)
+    runtime: RuntimeConfig = F(help="rollout workers and backend", factory=RuntimeConfig)
+    model: ModelConfig = F(help="networks", factory=ModelConfig)
+    learner: LearnerConfig = F(help="learner", factory=LearnerConfig)
+    stop: StopConfig = F(help="stop conditions (first reached wins)", factory=StopConfig)
+    evaluation: EvaluationConfig = F(help="greedy evaluation", factory=EvaluationConfig)
+    checkpoint: CheckpointConfig = F(help="checkpoints", factory=CheckpointConfig)
+    run: RunConfig = F(help="output", factory=RunConfig)
+    plugins: List[str] = F(help="extra plugin modules to load (importable paths)", factory=list)
+    resume: Optional[str] = F(None, "run folder or checkpoint to continue from")
+
+
+def _unwrap_optional(tp):
+    if typing.get_origin(tp) is Union:
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+    return tp, False
+
+
+@functools.lru_cache(maxsize=64)
+def _leaves(cls: Any, prefix: str = "") -> Tuple[Tuple[str, Any, Any], ...]:
+    """``(dotted key, dataclass field, type)`` of every leaf of a dataclass schema (kept per
+    schema: a config build reads its schema's leaves three times, each read resolving the type
+    hints of every section)."""
+    hints = typing.get_type_hints(cls)
+    out: List[Tuple[str, Any, Any]] = []
+    for f in dataclasses.fields(cls):
+        if isinstance(base := _unwrap_optional(hints[f.name])[0], type) and dataclasses.is_dataclass(base):
+            out.extend(_leaves(base, f"{prefix}{f.name}."))
+        else:
+            out.append((prefix + f.name, f, hints[f.name]))
+    return tuple(out)
+
+
+def schema_keys(cls: Any, prefix: str = "") -> Dict[str, Tuple[Any, str, Any]]:
+    """Flat ``{dotted key: (type, help, default)}`` of a dataclass schema; ``Dict`` fields are
+    open (any sub-key)."""
+    return {key: (tp, f.metadata.get("help", ""), f.default if f.default is not dataclasses.MISSING else (
+        f.default_factory() if f.default_factory is not dataclasses.MISSING else None))
+        for key, f, tp in _leaves(cls, prefix)}
+
+
+def schema_allowed(cls: Any, prefix: str = "") -> Dict[str, Allowed]:
+    """Flat ``{dotted key: Allowed}`` of a dataclass schema (the keys of :func:`schema_keys`
+    whose field declares anything)."""
+    return {key: f.metadata["allowed"] for key, f, _ in _leaves(cls, prefix) if "allowed" in f.metadata}
+
+
+def _type_name(tp) -> str:
+    base, opt = _unwrap_optional(tp)
+    args = typing.get_args(base)  # List[int], Dict[str, PolicyConfig]
+    name = (f"{getattr(base, '__name__', base)}[{', '.join(_type_name(a) for a in args)}]" if args
+            else getattr(base, "__name__", None) or str(base).replace("typing.", ""))
+    return f"{name} or null" if opt else name
+
+
+# ---- what an algorithm declares, checked against the config (Algorithm.check_*, check_run) -----
+# ``algo`` below is an algorithm's declaration: a flowkit.AlgorithmRef (before torch loads) or an
+# Algorithm class (at set-up), which carry the same attributes.
+
+def action_space_error(algo: Any, policy_id: str, action_space: Any) -> Optional[str]:
+    """Why ``algo`` (its ``action_spaces``: Gymnasium space class names; empty: any) cannot act in
+    ``action_space``; None if it can."""
+    kinds, got = algo.action_spaces, type(action_space).__name__
+    if not kinds or got in kinds:
+        return None
+    other = "dqn or ppo" if got == "Discrete" and "Discrete" not in kinds else "ppo"
+    return (f"policy {policy_id!r}: {algo.name.upper()} needs a {' or '.join(kinds)} action space, got "
+            f"{action_space} (use an algorithm for {got} actions, e.g. {other})")
+
+
+def model_error(algo: Any, policy_id: str, model_config: Any, section: Any = None,
+                recurrent_algos: Sequence[str] = ()) -> Optional[str]:
+    """Why ``algo`` cannot train policy ``policy_id``'s network as ``model_config`` (a ``model.*``
+    section) describes; None if it can:
+
+    - ``model.recurrent`` set where ``algo.recurrent`` is false (naming ``recurrent_algos``, the
+      installed algorithms that train recurrent networks);
+    - ``model.normalize_obs=true`` where ``algo.normalize_obs`` is False (giving
+      ``algo.normalize_obs_refusal``), or where it names a key of ``section`` (the algorithm's
+      section; None: its defaults) that is the same switch (:func:`normalize_obs_on`) and that
+      key, true by default, is given false (the user's off would be overridden).
+    """
+    if (kind := model_config.recurrent) and not algo.recurrent:
+        which = f" (installed algorithms that do: {', '.join(sorted(recurrent_algos))})" if recurrent_algos else ""
+        return (f"policy {policy_id!r}: model.recurrent={kind} but {algo.name.upper()} trains feed-forward networks "
+                f"only{which}; set model.recurrent=null or change the algorithm")
+    support = algo.normalize_obs
+    if not model_config.normalize_obs or (support and not isinstance(support, str)):
+        return None
+    if not support:
+        return (f"policy {policy_id!r}: model.normalize_obs=true is not supported by {algo.name}: "
+                f"{algo.normalize_obs_refusal or 'its policies keep no running observation statistics'}, "
+                "or remove model.normalize_obs")
+    if section is not None and getattr(section, support) is False and getattr(algo.config_class, support) is True:
+        return (f"policy {policy_id!r}: model.normalize_obs=true contradicts {algo.name}.{support}=false: the two keys "
+                f"are one switch (either turns observation normalisation on); remove one of them")
+    return None
+
+
+def normalize_obs_on(model_config: Any, section: Any = None, own_key: str = "") -> bool:
+    """Whether a policy normalises its observations: ``model.normalize_obs`` of
+    ``model_config`` is true, or its algorithm has a key ``own_key`` in its section
+    ``section`` that is the same switch (``ppo.normalize_observations``,
+    ``es.normalize_observations``, ``ars.normalize_observations``) and that key is true.
+    Either key turns normalisation on; neither alone turns it off. What the policies read;
+    :func:`model_error` (at set-up and before Ray starts) refuses what they cannot honour."""
+    return bool(model_config.normalize_obs) or bool(own_key and getattr(section, own_key, False))
 
 
 class ConfigError(ValueError):
@@ -69,10 +422,9 @@ class ConfigError(ValueError):
 def schedule_keys(section: Any) -> Tuple[str, ...]:
     """The schedules a config section declares: its keys named ``*_schedule`` (each
     ``constant`` or ``linear``; a linear one takes its value from the section's base key to 0
-    over ``schedule_env_steps`` env steps sampled, default ``stop.env_steps``). ``section``: a
-    DictConfig or a dataclass (class or instance)."""
-    names = [f.name for f in dataclasses.fields(section)] if dataclasses.is_dataclass(section) else list(section)
-    return tuple(str(k) for k in names if str(k).endswith("_schedule"))
+    over ``schedule_env_steps`` env steps sampled, default ``stop.env_steps``: an
+    :class:`LRConfig`). ``section``: a dataclass (class or instance)."""
+    return tuple(f.name for f in dataclasses.fields(section) if f.name.endswith("_schedule"))
 
 
 def check_schedules(section: Any, name: str, run_config: Any) -> None:
@@ -84,17 +436,16 @@ def check_schedules(section: Any, name: str, run_config: Any) -> None:
         ConfigError: ``<name>.<key>=linear needs a horizon: ...``.
     """
     for key in schedule_keys(section):
-        if _field(section, key) == "linear" and _field(section, "schedule_env_steps") is None \
-                and run_config.stop.env_steps is None:
+        if getattr(section, key) == "linear" and section.schedule_env_steps is run_config.stop.env_steps is None:
             raise ConfigError(f"{name}.{key}=linear needs a horizon: set {name}.schedule_env_steps or stop.env_steps")
 
 
 def schedule_horizon(section: Any, run_config: Any) -> Optional[int]:
     """Env steps sampled at which the section's linear schedules reach 0, or None when none
     of its :func:`schedule_keys` is ``linear``."""
-    if section is None or "linear" not in [_field(section, k) for k in schedule_keys(section)]:
+    if section is None or "linear" not in [getattr(section, k) for k in schedule_keys(section)]:
         return None
-    return int(_field(section, "schedule_env_steps") or run_config.stop.env_steps)
+    return int(section.schedule_env_steps or run_config.stop.env_steps)
 
 
 def round_env_steps(run_config: Any) -> int:
@@ -105,48 +456,36 @@ def round_env_steps(run_config: Any) -> int:
 
 
 def check_values(cfg: Any, schema_cls: Any, prefix: str = "") -> None:
-    """Check every value of ``cfg`` (a DictConfig or dict shaped like the dataclass
-    ``schema_cls``) against what its field allows (see :func:`F`); nested sections and
-    ``Dict[str, <dataclass>]`` fields are walked.
+    """Check every value of ``cfg`` (a DictConfig shaped like the dataclass ``schema_cls``)
+    against what its field allows (see :func:`F`); ``Dict[str, <dataclass>]`` fields are walked.
 
     Raises:
         ConfigError: one line naming the full key, the value and what is allowed, e.g.
             ``ppo.lr=inf must be finite and > 0``.
     """
-    hints = typing.get_type_hints(schema_cls)
-    for f in dataclasses.fields(schema_cls):
-        if f.name not in cfg or cfg[f.name] is None:
-            continue
-        key, tp, val = prefix + f.name, hints[f.name], cfg[f.name]
-        base: Any = _unwrap_optional(tp)[0]
-        if dataclasses.is_dataclass(base):
-            check_values(val, base, key + ".")
-            continue
-        leaf: Any = _leaf_type(tp)
-        if typing.get_origin(base) in (dict, Dict) and dataclasses.is_dataclass(leaf):
+    for key, f, tp in _leaves(schema_cls):
+        val, base, leaf = OmegaConf.select(cfg, key), _unwrap_optional(tp)[0], _leaf_type(tp)
+        origin, key = typing.get_origin(base), prefix + key
+        if val is None or leaf not in (int, float, str) and not dataclasses.is_dataclass(leaf):
+            continue  # e.g. Dict[str, Any]: open, checked by its reader
+        if dataclasses.is_dataclass(leaf):  # Dict[str, <dataclass>]
             for k in val:
                 check_values(val[k], leaf, f"{key}.{k}.")
             continue
+        items = ([(f"{key}[{i}]", v) for i, v in enumerate(val)] if origin in (list, List) else
+                 [(f"{key}.{k}", val[k]) for k in val] if origin in (dict, Dict) else [(key, val)])
         allowed = f.metadata.get("allowed") or Allowed()
-        if leaf not in (int, float, str):  # e.g. Dict[str, Any]: open, checked by its reader
-            continue
-        if typing.get_origin(base) in (list, List):
-            items = [(f"{key}[{i}]", v) for i, v in enumerate(val)]
-        elif typing.get_origin(base) in (dict, Dict):
-            items = [(f"{key}.{k}", val[k]) for k in val]
-        else:
-            items = [(key, val)]
         for k, v in items:
             if isinstance(v, (list, dict, ListConfig, DictConfig)):  # e.g. a nested list in YAML
-                raise ConfigError(f"`{k}` must be {_KINDS[leaf]}, got {_short(OmegaConf.to_object(v) if isinstance(v, (ListConfig, DictConfig)) else v)}")
+                got = OmegaConf.to_object(v) if OmegaConf.is_config(v) else v
+                raise ConfigError(f"`{k}` must be {_KINDS[leaf]}, got {_short(got)}")
             if not allowed.ok(v, leaf is float):
                 what = allowed.describe(leaf is float)
                 if leaf is int and ((v > INT64_MAX and allowed.le is None and allowed.lt is None)
                                     or (v < INT64_MIN and allowed.ge is None and allowed.gt is None)):
-                    what = f"{what} and " if what else ""
-                    what += f"fit in 64 bits ([{INT64_MIN}, {INT64_MAX}])"
-                need = f"match {allowed.pattern}" if allowed.pattern is not None else f"be {what}"
-                raise ConfigError(f"{k}={v!r} must {need}")
+                    what = f"{what} and fit in 64 bits ([{INT64_MIN}, {INT64_MAX}])" if what else \
+                        f"fit in 64 bits ([{INT64_MIN}, {INT64_MAX}])"
+                raise ConfigError(f"{k}={v!r} must {f'match {allowed.pattern}' if allowed.pattern else f'be {what}'}")
 
 
 def make_schema_class(sections: Dict[str, type]) -> type:
@@ -156,6 +495,38 @@ def make_schema_class(sections: Dict[str, type]) -> type:
     for name in set(sections) & {f.name for f in dataclasses.fields(Config)}:
         raise ConfigError(f"plugin config section {name!r} clashes with a core section")
     return dataclasses.make_dataclass("FlowkitConfig", extra, bases=(Config,))
+
+
+class Sections(Dict[str, type]):
+    """``{name: dataclass}`` of the sections a config may hold beside the core ones (what
+    ``PluginManager.config_sections`` returns). Each of ``algorithms`` is read only by the
+    algorithm of its name: a config holds it only where it is needed (:func:`held_sections`)."""
+
+    def __init__(self, sections: Any = (), algorithms: Iterable[str] = ()):
+        super().__init__(sections)
+        self.algorithms = frozenset(algorithms)
+
+
+_INTERPOLATED = re.compile(r"\$\{\s*(\w+)\.")
+
+
+def held_sections(layers: Sequence[Dict[str, Any]], sections: Dict[str, type]) -> Dict[str, type]:
+    """The sections of ``sections`` that a config built from ``layers`` (its sources as nested
+    dicts, in order) holds: every plugin section, and an algorithm's section (``sections.algorithms``)
+    where the run uses the algorithm (``algo``, ``multiagent.policies.<id>.algo``), a source sets
+    it or an interpolation names it. What every section costs is the config's build (OmegaConf
+    makes a node per key: 430 keys for the 25 sections installed on 2026-12-07), so a run builds
+    only its own; a section left out reads as its defaults (:func:`section_object`)."""
+    algos: Iterable[str] = getattr(sections, "algorithms", ())
+    used = [layer["algo"] for layer in layers if "algo" in layer][-1:] or [Config.algo]
+    for layer in layers:
+        ma = layer.get("multiagent")
+        pols = ma.get("policies") if isinstance(ma, dict) else None
+        used += [p.get("algo") for p in pols.values() if isinstance(p, dict)] if isinstance(pols, dict) else []
+    if any(a is not None and (not isinstance(a, str) or "${" in a) for a in used):  # known once resolved
+        return dict(sections)
+    named = set(used) | {k for layer in layers for k in layer} | set(_INTERPOLATED.findall(str(layers)))
+    return {k: v for k, v in sections.items() if k not in algos or k in named}
 
 
 def used_sections(cfg: Any, algos: Any, pm: Any, keep_packages: Any = ()) -> Dict[str, Any]:
@@ -175,14 +546,9 @@ def used_sections(cfg: Any, algos: Any, pm: Any, keep_packages: Any = ()) -> Dic
 def changed_keys(given: Dict[str, Any], section: type) -> List[str]:
     """The keys of ``given`` (a config section as plain data, ``OmegaConf.to_container``) whose
     values differ from the defaults of ``section`` (its dataclass). A section equal to the
-    dataclass's own defaults is told without OmegaConf (``OmegaConf.structured`` takes tens of ms
-    a section, and every run checks each installed algorithm's section before Ray starts)."""
-    try:
-        if dataclasses.asdict(section()) == given:
-            return []
-    except TypeError:  # a field without a default: OmegaConf's MISSING
-        pass
-    default: Dict[str, Any] = OmegaConf.to_container(OmegaConf.structured(section), resolve=True)  # type: ignore[assignment]
+    dataclass's own defaults, as ``dataclasses.asdict`` gives them (the plain data OmegaConf gives:
+    every section's fields have defaults)."""
+    default = dataclasses.asdict(section())
     return [k for k in given if given[k] != default.get(k)]
 
 
@@ -227,9 +593,7 @@ def check_unused_sections(cfg: Any, algos: Any, sections: Dict[str, type]) -> Li
     """
     used, out = run_algorithms(cfg), []
     mine = sections.get(str(cfg.algo))
-    for name in algos:
-        if name in used or name not in sections or name not in cfg:
-            continue
+    for name in [str(k) for k in cfg if k in algos and k in sections and k not in used]:  # (`in cfg`: 0.1 ms)
         given: Dict[str, Any] = OmegaConf.to_container(cfg[name], resolve=True)  # type: ignore[assignment]
         diff = changed_keys(given, sections[name])
         if not diff:
@@ -246,63 +610,56 @@ def check_unused_sections(cfg: Any, algos: Any, sections: Dict[str, type]) -> Li
 def check_run(cfg: Any, pm: Any) -> None:
     """The checks of a run's config that need neither torch, Ray nor the env, made before those
     load (``flowkit train``, :func:`flowkit.train`) and again at set-up: ``algo`` installed,
-    no section of a variant of ``algo`` set in its place (:func:`check_unused_sections`), exactly one of ``env.id`` and ``env.factory``, ``run.reporters`` known (and each one's
-    ``validate_config``), ``model.recurrent`` and ``model.normalize_obs`` against what ``algo``
-    declares (:func:`model_error`), and the checks of ``algo``'s section
-    (:func:`validate_section`), whose warnings are given at set-up.
+    no section of a variant of ``algo`` set in its place (:func:`check_unused_sections`), exactly
+    one of ``env.id`` and ``env.factory``, one sampling round of at most :data:`MAX_BATCH_ROWS`
+    env steps (num_workers, 0 counting as 1, x num_envs_per_worker x rollout_fragment_length),
+    ``stop.evaluation_return_mean`` with periodic evaluation, ``run.reporters`` known and listed
+    once, ``model.recurrent`` and ``model.normalize_obs`` against what ``algo`` declares
+    (:func:`model_error`), ``learner.num_learners`` > 0 only on Ray, for feed-forward policies
+    of algorithms that declare ``learner_group``; then each reporter's ``validate_config``, and
+    the checks of ``algo``'s section and the plugins' sections (:func:`validate_section`), whose
+    warnings are given at set-up.
 
     Raises:
         ConfigError: the first problem found.
     """
-    algos = pm.algorithms(load=False)
+    algos, known, given = pm.algorithms(load=False), pm.reporters(), list(cfg.run.reporters)
     check_algo(cfg, algos)
     check_unused_sections(cfg, algos, pm.config_sections())
-    if bool(cfg.env.id) == bool(cfg.env.factory):
-        hint = ("; e.g. `flowkit train algo=ppo env=CartPole-v1` (its tuned config is used when there is one) "
-                "or a config file, `flowkit train -c FILE`") if not cfg.env.factory else ""
-        raise ConfigError("give exactly one of env.id (env=ID) and env.factory "
-                          f"(got env.id={cfg.env.id!r}, env.factory={cfg.env.factory!r}){hint}")
-    check_sizes(cfg)
-    if cfg.stop.evaluation_return_mean is not None and not cfg.evaluation.interval:
-        raise ConfigError(f"stop.evaluation_return_mean={cfg.stop.evaluation_return_mean} needs periodic evaluation: "
-                          "set evaluation.interval (e.g. evaluation.interval=5)")
-    known = pm.reporters()
-    twice = sorted({r for r in cfg.run.reporters if list(cfg.run.reporters).count(r) > 1})
-    if twice:
-        raise ConfigError(f"run.reporters: {', '.join(map(repr, twice))} listed more than once")
-    for name in cfg.run.reporters:
-        if name not in known:
-            raise ConfigError(f"run.reporters: unknown reporter {name!r} (known: {', '.join(sorted(known))})")
-        check = getattr(known[name], "validate_config", None)
-        if callable(check):
-            check(cfg)
-    a = algos[cfg.algo]
+    a, rt, rows, n = algos[cfg.algo], cfg.runtime, round_env_steps(cfg), int(cfg.learner.num_learners)
     section = section_object(cfg, a.name, a.config_class)
-    if why := model_error(a, "default", cfg.model, section, [n for n, r in algos.items() if r.recurrent]):
-        raise ConfigError(why)
+    unknown, twice = [r for r in given if r not in known] + [""], sorted({r for r in given if given.count(r) > 1})
+    no_group = [b for b in run_algorithms(cfg) if b in algos and not algos[b].learner_group] + [""]
+    group = ", ".join(sorted(k for k, r in algos.items() if r.learner_group))
+    example = ("; e.g. `flowkit train algo=ppo env=CartPole-v1` (its tuned config is used when there is one) "
+               "or a config file, `flowkit train -c FILE`") if not cfg.env.factory else ""
+    why = model_error(a, "default", cfg.model, section, [k for k, r in algos.items() if r.recurrent])
+    config_checks([
+        (bool(cfg.env.id) == bool(cfg.env.factory), "give exactly one of env.id (env=ID) and env.factory "
+         f"(got env.id={cfg.env.id!r}, env.factory={cfg.env.factory!r}){example}"),
+        (rows > MAX_BATCH_ROWS, f"one sampling round of runtime.num_workers={rt.num_workers} x num_envs_per_worker="
+         f"{rt.num_envs_per_worker} x rollout_fragment_length={rt.rollout_fragment_length} = {rows} env steps is "
+         f"over flowkit's limit of {MAX_BATCH_ROWS}; lower one of them"),
+        (cfg.stop.evaluation_return_mean is not None and not cfg.evaluation.interval, "stop.evaluation_return_mean="
+         f"{cfg.stop.evaluation_return_mean} needs periodic evaluation: set evaluation.interval (e.g. "
+         "evaluation.interval=5)"),
+        (twice, f"run.reporters: {', '.join(map(repr, twice))} listed more than once"),
+        (unknown[0], f"run.reporters: unknown reporter {unknown[0]!r} (known: {', '.join(sorted(known))})"),
+        (why, str(why)),
+        (n and rt.backend != "ray", f"learner.num_learners={n} runs learner processes on Ray: it needs "
+         f"runtime.backend=ray (got {rt.backend}); learner.num_learners=0 trains in this process"),
+        (n and no_group[0], f"learner.num_learners={n}: algo {no_group[0]} does not train through a learner group "
+         f"(those that do: {group}); set learner.num_learners=0"),
+        (n and cfg.model.recurrent, f"learner.num_learners={n}: a learner group trains feed-forward policies only "
+         f"(model.recurrent={cfg.model.recurrent})"),
+    ])
+    for name in given:
+        if callable(check := getattr(known[name], "validate_config", None)):
+            check(cfg)
     validate_section(a.name, cfg, section)
-    check_learner_group(cfg, algos)
     for name, cls in pm.config_sections().items():
         if name not in algos:  # the plugins' own sections (input.*, multiagent.*)
             validate_section(name, cfg, section_object(cfg, name, cls))
-
-
-def check_learner_group(cfg: Any, algos: Any) -> None:
-    """``learner.num_learners`` > 0 needs Ray (``runtime.backend=ray``), feed-forward policies and
-    algorithms that declare ``learner_group`` (:class:`flowkit.AlgorithmRef`)."""
-    n = int(cfg.learner.num_learners)
-    if n == 0:
-        return
-    if cfg.runtime.backend != "ray":
-        raise ConfigError(f"learner.num_learners={n} runs learner processes on Ray: it needs runtime.backend=ray "
-                          f"(got {cfg.runtime.backend}); learner.num_learners=0 trains in this process")
-    if bad := [a for a in run_algorithms(cfg) if a in algos and not getattr(algos[a], "learner_group", False)]:
-        ok = sorted(k for k, r in algos.items() if getattr(r, "learner_group", False))
-        raise ConfigError(f"learner.num_learners={n}: algo {bad[0]} does not train through a learner group "
-                          f"(those that do: {', '.join(ok)}); set learner.num_learners=0")
-    if cfg.model.recurrent:
-        raise ConfigError(f"learner.num_learners={n}: a learner group trains feed-forward policies only "
-                          f"(model.recurrent={cfg.model.recurrent})")
 
 
 def validate_section(name: str, run_config: Any, section: Any) -> List[str]:
@@ -347,21 +704,6 @@ def config_checks(errors: Iterable[Tuple[Any, str]], warnings: Iterable[Tuple[An
     return [message for bad, message in warnings if bad]
 
 
-def check_sizes(cfg: Any) -> None:
-    """The sizes that multiply: one sampling round holds num_workers (0 counts as 1) x
-    num_envs_per_worker x rollout_fragment_length env steps, at most :data:`MAX_BATCH_ROWS`
-    (each key's own bound is declared in its field).
-
-    Raises:
-        ConfigError: naming the product and its factors.
-    """
-    rt, rows = cfg.runtime, round_env_steps(cfg)
-    if rows > MAX_BATCH_ROWS:
-        raise ConfigError(f"one sampling round of runtime.num_workers={rt.num_workers} x num_envs_per_worker="
-                          f"{rt.num_envs_per_worker} x rollout_fragment_length={rt.rollout_fragment_length} = "
-                          f"{rows} env steps is over flowkit's limit of {MAX_BATCH_ROWS}; lower one of them")
-
-
 _KINDS = {int: "an int", float: "a float", bool: "true or false", str: "a string"}
 
 
@@ -378,8 +720,7 @@ def _config_error(e: Exception, keys: Dict[str, Tuple[Any, str, Any]], layer: An
             node = node.get(part) if isinstance(node, dict) else None
         while isinstance(node, dict) and node and isinstance(first := next(iter(node)), str):
             key, node = f"{key}.{first}", node[first]
-        close = difflib.get_close_matches(key, list(keys), n=1, cutoff=0.6)
-        hint = f"; did you mean `{close[0]}`?" if close else ""
+        hint = did_you_mean(key, keys)
         if "." not in key:  # a section's key given bare (`lr=1e-3`): name the sections that have it
             algo = (layer.get("algo") if isinstance(layer, dict) else None) or algo
             owners = sorted((k for k in keys if k.endswith(f".{key}") and k.count(".") == 1),
@@ -487,16 +828,17 @@ def _as_source(user: Any) -> Tuple[Dict[str, Any], List[str]]:
     raise ConfigError(f"config must be a dict, a DictConfig or a list of overrides, got {type(user).__name__}")
 
 
-def _layers(user: Any, config_file: Union[str, Sequence[str], None]) -> List[Dict[str, Any]]:
-    """Each config file (in order), then ``user``."""
+def _layers(user: Any, config_file: Union[str, Sequence[str], None]) -> Tuple[List[Dict[str, Any]], List[str]]:
+    """(each config file (in order), then ``user``; the overrides of ``user``)."""
+    source, items = _as_source(user)
     files = [config_file] if isinstance(config_file, str) else list(config_file or [])
-    return [_load_yaml(f) for f in files] + [_as_source(user)[0]]
+    return [_load_yaml(f) for f in files] + [source], items
 
 
 def plugin_modules_from(user: Any, config_file: Union[str, Sequence[str], None] = None) -> List[str]:
     """The ``plugins`` list of a config source (needed before the schema can be built)."""
     mods: List[str] = []
-    for src in _layers(user, config_file):
+    for src in _layers(user, config_file)[0]:
         given = src.get("plugins")
         if given is not None and (not isinstance(given, (list, tuple)) or not all(isinstance(m, str) for m in given)):
             raise ConfigError(f"`plugins` must be a list of module paths, e.g. plugins=[my_pkg.plugin], got {given!r}")
@@ -519,11 +861,12 @@ def build_config(user: Any = None, config_file: Union[str, Sequence[str], None] 
             resolve, ``env=`` and ``env.id=`` given together, or a config file that is
             missing, unreadable or not YAML.
     """
-    schema_cls = make_schema_class(sections or {})
-    _decimal_for_int(_as_source(user)[1], schema_keys(schema_cls))
+    layers, items = _layers(user, config_file)
+    schema_cls = make_schema_class(held_sections(layers, sections or {}))
+    _decimal_for_int(items, schema_keys(schema_cls))
     merged = OmegaConf.structured(schema_cls)
-    for layer in _layers(user, config_file):
-        merged = merge_overrides(merged, layer, schema_cls)
+    for layer in layers:
+        merged = merge_overrides(merged, layer, schema_cls, known=sections or {})
     OmegaConf.set_struct(merged, True)
     try:
         OmegaConf.resolve(merged)  # validates each result against its field's type
@@ -533,17 +876,19 @@ def build_config(user: Any = None, config_file: Union[str, Sequence[str], None] 
     return merged
 
 
-def merge_overrides(base: DictConfig, overrides: Dict[str, Any], schema: type) -> DictConfig:
+def merge_overrides(base: DictConfig, overrides: Dict[str, Any], schema: type,
+                    known: Optional[Dict[str, type]] = None) -> DictConfig:
     """``base`` with the nested dict ``overrides`` merged in by OmegaConf, which checks every
     key and type against the dataclass ``schema``; an integral float (``1e4``) for an int
-    field becomes an int; a section given as null (``ppo:`` in YAML) is skipped.
+    field becomes an int; a section given as null (``ppo:`` in YAML) is skipped. ``known``:
+    the sections whose keys an unknown key's hint may name (default: those of ``schema``).
 
     Raises:
         ConfigError: an unknown key (with the closest valid one) or a value of the wrong type.
     """
     keys = schema_keys(schema)
     layer = dict(overrides)
-    if (err := _text_for_number(layer, keys)) is not None:
+    if err := _text_for_number(layer, keys):
         raise err
     for name in [k for k in layer if any(s.startswith(f"{k}.") for s in keys)]:  # whole sections
         if layer[name] is None:
@@ -562,7 +907,8 @@ def merge_overrides(base: DictConfig, overrides: Dict[str, Any], schema: type) -
                     raise
                 OmegaConf.update(node, str(e.full_key), int(v), merge=False)
     except OmegaConfBaseException as e:
-        raise _config_error(e, keys, layer, base.get("algo") if isinstance(base, DictConfig) else None) from None
+        raise _config_error(e, keys if known is None else schema_keys(make_schema_class(known)), layer,
+                            base.get("algo") if isinstance(base, DictConfig) else None) from None
     except TypeError as e:  # OmegaConf: "Cannot merge incompatible container types"
         raise _container_error(layer, keys) or ConfigError(f"config: {e}") from None
 
@@ -570,10 +916,8 @@ def merge_overrides(base: DictConfig, overrides: Dict[str, Any], schema: type) -
 def _container_error(layer: Any, keys: Dict[str, Tuple[Any, str, Any]], prefix: str = "") -> Optional[ConfigError]:
     """The first key of ``layer`` (a nested dict) given a list where the schema has a mapping
     (or a section), or a mapping where it has a list; None if there is none."""
-    items = layer.items() if isinstance(layer, dict) else ()
-    for k, v in items:
-        key = f"{prefix}{k}"
-        tp = keys.get(key)
+    for k, v in (layer.items() if isinstance(layer, dict) else ()):
+        key, tp = f"{prefix}{k}", keys.get(f"{prefix}{k}")
         origin = typing.get_origin(_unwrap_optional(tp[0])[0]) if tp else None
         section = tp is None and any(s.startswith(f"{key}.") for s in keys)
         want = ("a mapping" if origin in (dict, Dict) or (section and isinstance(v, list))
@@ -581,8 +925,7 @@ def _container_error(layer: Any, keys: Dict[str, Tuple[Any, str, Any]], prefix: 
         if want and (isinstance(v, list) or want == "a list"):
             return ConfigError(f"`{key}` must be {want}, got {_short(v)}")
         if isinstance(v, dict) and (section or origin in (dict, Dict)):
-            sub = {f"{key}.{s[len(key) + 1:]}": t for s, t in keys.items() if s.startswith(f"{key}.")}
-            if (err := _container_error(v, {**keys, **sub}, f"{key}.")) is not None:
+            if err := _container_error(v, keys, f"{key}."):
                 return err
     return None
 
@@ -593,16 +936,11 @@ def _text_for_number(layer: Any, keys: Dict[str, Tuple[Any, str, Any]], prefix: 
     are text by nature. None if there is none."""
     for k, v in (layer.items() if isinstance(layer, dict) else ()):
         key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            if (err := _text_for_number(v, keys, f"{key}.")) is not None:
-                return err
-            continue
+        if isinstance(v, dict) and (err := _text_for_number(v, keys, f"{key}.")):
+            return err
         leaf = _leaf_type(keys[key][0]) if key in keys else None
-        if leaf not in (int, float, bool):
-            continue
-        items = [(f"{key}[{i}]", x) for i, x in enumerate(v)] if isinstance(v, list) else [(key, v)]
-        for name, x in items:
-            if isinstance(x, str) and "${" not in x:
+        for name, x in [(f"{key}[{i}]", x) for i, x in enumerate(v)] if isinstance(v, list) else [(key, v)]:
+            if leaf in (int, float, bool) and isinstance(x, str) and "${" not in x:
                 return ConfigError(f"`{name}` must be {_KINDS[leaf]}, got the text {x!r} (write it without quotes)")
     return None
 
@@ -633,11 +971,11 @@ def _short(v: Any) -> str:
 
 def section_object(cfg: DictConfig, name: str, cls: Optional[type]) -> Any:
     """Section ``name`` of ``cfg`` as an instance of its dataclass ``cls``: the one form of a
-    section that algorithms, policies and validation read (None where ``cls`` is None or
-    ``cfg`` has no such section)."""
-    if cls is None or name not in cfg:
+    section that algorithms, policies and validation read (None where ``cls`` is None; its
+    defaults where ``cfg`` holds no such section: :func:`held_sections`)."""
+    if cls is None:
         return None
-    return cls(**typing.cast(Dict[str, Any], OmegaConf.to_container(cfg[name], resolve=True)))
+    return cls(**(typing.cast(Dict[str, Any], OmegaConf.to_container(cfg[name], resolve=True)) if name in cfg else {}))
 
 
 def describe_keys(sections: Optional[Dict[str, type]] = None) -> List[Tuple[str, str, str, Any, str]]:

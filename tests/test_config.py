@@ -417,11 +417,12 @@ def test_every_installed_algorithm_is_declared_once_and_its_class_takes_the_decl
     with pytest.raises(ImportError, match="flowkit_ppo.ppo:PPO is named 'ppo', not 'ppo2'"):
         flowkit.AlgorithmRef("ppo2", PPOConfig, "flowkit_ppo.ppo:PPO").load()
     # PPO's own key and model.normalize_obs: one switch, either turns it on
-    on = OmegaConf.create({"normalize_observations": True})
-    assert normalize_obs_on({"normalize_obs": False}, on, "normalize_observations")
-    assert normalize_obs_on({"normalize_obs": True}, {"normalize_observations": False}, "normalize_observations")
-    assert not normalize_obs_on({"normalize_obs": False}, {"normalize_observations": False}, "normalize_observations")
-    assert not normalize_obs_on({"normalize_obs": False}, on, "")
+    on, off = PPOConfig(normalize_observations=True), PPOConfig()  # (the section as policies hold it)
+    model_on, model_off = OmegaConf.create({"normalize_obs": True}), OmegaConf.create({"normalize_obs": False})
+    assert normalize_obs_on(model_off, on, "normalize_observations")
+    assert normalize_obs_on(model_on, off, "normalize_observations")
+    assert not normalize_obs_on(model_off, off, "normalize_observations")
+    assert not normalize_obs_on(model_off, on, "")
 
 
 @pytest.mark.parametrize("args,yaml_text,message", [
@@ -465,3 +466,25 @@ def test_a_config_file_that_is_a_fifo_is_refused_not_waited_on(tmp_path, capsys)
     assert main(["train", "-c", str(tmp_path / "c.yaml"), "--print-config"]) == 2
     assert capsys.readouterr().err.strip() == (f"flowkit: config error: config file '{tmp_path / 'c.yaml'}' is not a "
                                                "regular file (a pipe, a device or a socket); give a YAML file")
+
+
+def test_a_config_holds_the_sections_its_run_uses_or_sets_and_an_absent_one_reads_as_its_defaults():
+    """Issue 48 item 15 (start-up): OmegaConf builds a node per key, so a config holds the core
+    sections, every plugin section, and only the algorithm sections its run uses (``algo``,
+    ``multiagent.policies.<id>.algo``), a source sets or an interpolation names."""
+    from flowkit.config import held_sections, section_object
+    secs = _PM.config_sections()
+    assert {"dqn", "ppo", "sac"} <= secs.algorithms and not {"multiagent", "input"} & secs.algorithms
+    cfg = load_config(["env=CartPole-v1"])[1]
+    algo_sections = sorted(k for k in cfg if k in secs.algorithms)
+    assert algo_sections == ["ppo"] and "multiagent" in cfg and "input" in cfg
+    cfg = load_config(["env=CartPole-v1", "algo=dqn", "sac.lr=0.5", "ppo.gamma=${a2c.gamma}"])[1]
+    assert sorted(k for k in cfg if k in secs.algorithms) == ["a2c", "dqn", "ppo", "sac"] and cfg.ppo.gamma == 0.99
+    layers = [{"algo": "dqn"}, {"multiagent": {"policies": {"a": {"algo": "impala"}, "b": None}}}]
+    assert sorted(k for k in held_sections(layers, secs) if k in secs.algorithms) == ["dqn", "impala"]
+    assert set(held_sections([{"algo": "${oc.env:ALGO}"}], secs)) == set(secs)  # known once resolved: all
+    # a section left out reads as its defaults (a policy whose algorithm comes from its checkpoint)
+    assert section_object(cfg, "td3", secs["td3"]) == secs["td3"]() and "td3" not in cfg
+    # and the key list of an error still names every installed section
+    with pytest.raises(ConfigError, match=r"^unknown config key `td4\.lr`; did you mean `td3\.lr`\?$"):
+        load_config(["env=CartPole-v1", "td4.lr=1"])

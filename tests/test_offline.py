@@ -171,7 +171,7 @@ def _sharded(path, seed=3, k=2, backend="local", all_columns=True):
 
     spec = PolicySpec(AllColumns if all_columns else MARWILPolicy, BoundaryEnv.observation_space,
                       BoundaryEnv.action_space, BCConfig(), "bc")
-    from flowkit._config_schema import ModelConfig
+    from flowkit.config import ModelConfig
     cfg = OmegaConf.create({"seed": seed, "env": {"id": "x", "factory": None}, "model": OmegaConf.structured(ModelConfig),
                             "runtime": {"backend": backend, "torch_threads": 1}})
     ctx = SimpleNamespace(policy_specs={"default": spec}, counters=collections.Counter(), mark=lambda _: None,

@@ -9,6 +9,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
 import pluggy
 
+from flowkit.config import Sections
 from flowkit.core.algorithm import AlgorithmRef
 from flowkit.core.presets import register_presets
 from flowkit.hooks import specs
@@ -158,11 +159,12 @@ class PluginManager(pluggy.PluginManager):
         return self._named("reporter", self.hook.flowkit_add_reporters)
 
     def config_sections(self) -> Dict[str, type]:
-        """Algorithm sections (keyed by algorithm name) plus plugin sections."""
+        """Algorithm sections (keyed by algorithm name, named in its ``algorithms``: a
+        :class:`flowkit.config.Sections`) plus plugin sections."""
         if "section" in self._registry:
             return self._registry["section"]
-        secs: Dict[str, type] = {name: cls.config_class for name, cls in self.algorithms(load=False).items()
-                                 if cls.config_class is not None}
+        algos = self.algorithms(load=False)
+        secs = Sections({name: cls.config_class for name, cls in algos.items() if cls.config_class is not None}, algos)
         for d in self.hook.flowkit_add_config_sections():
             for k, v in (d or {}).items():
                 if k in secs and secs[k] is not v:
