@@ -261,7 +261,11 @@ class R2D2Policy(DQNPolicy):
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):
         super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
-        self.cutter = SequenceCutter(config.seq_len, sequence_stride(config), config.burn_in)
+        self.cutter = self.make_cutter()
+
+    def make_cutter(self) -> SequenceCutter:
+        """The workers' :class:`SequenceCutter`: ``seq_len`` steps every ``seq_stride``, ``burn_in``."""
+        return SequenceCutter(self.config.seq_len, sequence_stride(self.config), self.config.burn_in)
 
     def make_model(self) -> nn.Module:
         """A :class:`RecurrentQNetwork`, or the recurrent network of ``model.class``.
