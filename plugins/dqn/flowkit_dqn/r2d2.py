@@ -255,8 +255,8 @@ class R2D2Policy(DQNPolicy):
     targets). After each ``loss``, ``td_error`` holds each sequence's priority float32[B]
     (:func:`sequence_priorities`), which prioritized replay stores as it is (plus eps)."""
 
-    train_columns = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.SEQ_MASK, sb.STATE_IN, sb.PRIO_WEIGHTS,
-                     sb.ACTION_MASK, sb.T)
+    train_columns: Tuple[str, ...] = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.SEQ_MASK, sb.STATE_IN,
+                                      sb.PRIO_WEIGHTS, sb.ACTION_MASK, sb.T)
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):

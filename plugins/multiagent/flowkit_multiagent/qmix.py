@@ -89,6 +89,10 @@ class QMixer(nn.Module):
 
     ``forward(q float32[..., n], s float32[..., state_dim]) -> Q_tot float32[...]``.
 
+    Init: PyTorch's default, except ``hyper_b1`` and the last layer of ``V`` at zero, so that
+    ``Q_tot(0, s) = 0`` at the start for every state (a raw global state, LBF's coordinates 0-7,
+    made offsets of 8-17 by the default init where returns are at most 1).
+
     Args:
         n: agents. state_dim: size of ``s``. embed: ``m``, the mixing layer's width.
         hypernet_layers: 1 (a linear map of ``s``) or 2 (``hypernet_embed`` units, ReLU).
@@ -105,6 +109,8 @@ class QMixer(nn.Module):
         self.hyper_w1, self.hyper_w2 = hyper(self.n * self.embed), hyper(self.embed)
         self.hyper_b1 = nn.Linear(state_dim, self.embed)
         self.hyper_b2 = nn.Sequential(nn.Linear(state_dim, self.embed), nn.ReLU(), nn.Linear(self.embed, 1))  # V(s)
+        for lin in (self.hyper_b1, self.hyper_b2[2]):  # no state-made offset at the start: Q_tot(0, s) = 0
+            nn.init.zeros_(lin.weight), nn.init.zeros_(lin.bias)
 
     def forward(self, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         if s.shape[-1] != self.state_dim:
@@ -209,7 +215,7 @@ def team_sequences(batch: sb.SampleBatch, team: Dict[str, Any], team_reward: str
     r = per_agent(sb.REWARDS)
     out = {c: per_agent(c) for c in (sb.OBS, sb.ACTIONS, sb.STATE_IN, sb.ACTION_MASK) if c in cols}
     out.update({sb.REWARDS: (r.sum(-1) if team_reward == "sum" else r.mean(-1)).astype(np.float32),
-                sb.TERMINATEDS: per_agent(sb.TERMINATEDS).any(-1), sb.SEQ_MASK: mask[..., 0],
+                sb.TERMINATEDS: np.asarray(per_agent(sb.TERMINATEDS).any(-1)), sb.SEQ_MASK: mask[..., 0],
                 sb.EPS_ID: first[sb.EPS_ID] - first[sb.AGENT_INDEX], sb.T: first[sb.T].copy()})
     if CRITIC_OBS in batch:
         out[CRITIC_OBS] = np.asarray(first[CRITIC_OBS])
@@ -247,8 +253,8 @@ class VDNPolicy(R2D2Policy):
             several policies, or ``model.class`` names a feed-forward network.
     """
 
-    train_columns = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.SEQ_MASK, sb.STATE_IN, sb.ACTION_MASK,
-                     CRITIC_OBS)
+    train_columns: Tuple[str, ...] = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.SEQ_MASK, sb.STATE_IN,
+                                      sb.ACTION_MASK, CRITIC_OBS)
     ALGO = "vdn"
 
     def make_cutter(self) -> SequenceCutter:
