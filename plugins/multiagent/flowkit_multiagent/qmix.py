@@ -109,8 +109,8 @@ class QMixer(nn.Module):
         self.hyper_w1, self.hyper_w2 = hyper(self.n * self.embed), hyper(self.embed)
         self.hyper_b1 = nn.Linear(state_dim, self.embed)
         self.hyper_b2 = nn.Sequential(nn.Linear(state_dim, self.embed), nn.ReLU(), nn.Linear(self.embed, 1))  # V(s)
-        for lin in (self.hyper_b1, self.hyper_b2[2]):  # no state-made offset at the start: Q_tot(0, s) = 0
-            nn.init.zeros_(lin.weight), nn.init.zeros_(lin.bias)
+        for p in (*self.hyper_b1.parameters(), *self.hyper_b2[2].parameters()):  # Q_tot(0, s) = 0 at the start
+            nn.init.zeros_(p)
 
     def forward(self, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         if s.shape[-1] != self.state_dim:
