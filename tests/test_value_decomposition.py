@@ -12,7 +12,7 @@ import pytest
 import torch
 from flowkit_multiagent.centralized import CRITIC_OBS, NEXT_CRITIC_OBS
 from flowkit_multiagent.config import QMIXConfig, VDNConfig
-from flowkit_multiagent.qmix import QMIX, VDN, QMixer, QMIXPolicy, VDNMixer, VDNPolicy, join_team
+from flowkit_multiagent.qmix import QMIX, VDN, QMixer, QMIXPolicy, VDNMixer, VDNPolicy, team_sequences
 from gymnasium import spaces
 from torch import nn
 
@@ -25,6 +25,7 @@ from flowkit.testing.envs import TinyEnv
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 OBS, ACT3 = spaces.Box(0.0, 1.0, (2,), np.float32), spaces.Discrete(3)
 COOP = TinyEnv("vd_envs:coop", 7.0)
+TEAM = {"agents": ["a0", "a1"], "policies": ["team", "team"], "agent_indexes": [0, 1], "n_agents": 2}  # assign_teams'
 
 
 # ---- the mixers ------------------------------------------------------------------------------------
@@ -47,6 +48,19 @@ def test_qmix_mixer_is_monotonic_in_every_agents_q(layers):
     assert not torch.allclose(mixer(q, s), mixer(q, s + 1.0))
 
 
+def test_qmix_mixer_starts_without_an_offset_made_from_the_state():
+    """At the start Q_tot(q = 0, s) = 0 for every state, however large its entries (LBF's global state:
+    raw coordinates and levels, 0 to 7). PyTorch's default init of the b_1 and V(s) hypernetworks gave
+    Q_tot(0, s) of 8 to 17 there, where returns are at most 1: QMIX then spent its LBF runs carrying
+    that offset (Q_tot 15 -> 30 over 31,000 env steps with returns 0.0, docs/value_decomposition.md)."""
+    torch.manual_seed(0)
+    mixer = QMixer(n=2, state_dim=24, embed=32, hypernet_layers=2, hypernet_embed=64)
+    s = torch.randint(0, 8, (50, 24)).float()
+    assert mixer(torch.zeros(50, 2), s).abs().max().item() == 0.0
+    q = torch.full((50, 2), 0.5)
+    assert (mixer(q, s) > 0).all()                                   # the agents' Q-values still pass through
+
+
 def test_qmix_mixer_by_hand():
     """Hypernetworks that output weights 1 and biases 0: Q_tot = sum_j elu(sum_a q_a) = m * (q_1 + q_2) for q >= 0."""
     mixer = QMixer(n=2, state_dim=3, embed=2, hypernet_layers=1)
@@ -64,7 +78,7 @@ def policy(algo="vdn", num_actions=2, seq_len=6, gamma=0.5, **kw):
     cfg_cls, pol_cls = (VDNConfig, VDNPolicy) if algo == "vdn" else (QMIXConfig, QMIXPolicy)
     if algo == "qmix":  # the global state: both agents' observations (critic_input=concat_obs)
         kw = {"critic_input": "concat_obs", "critic_input_dim": 4, **kw}
-    cfg = cfg_cls(team_size=2, seq_len=seq_len, gamma=gamma, **kw)
+    cfg = cfg_cls(**{"team": TEAM, "seq_len": seq_len, "gamma": gamma, **kw})
     return pol_cls(OBS, spaces.Discrete(num_actions), cfg, {"recurrent": "gru", "recurrent_size": 4,
                                                              "hidden_sizes": [4]}, seed=0)
 
@@ -92,7 +106,7 @@ def agent_piece(agent_index, length=4, terminated=False, episode=3, rng=None):
 def team_batch(pol, terminated=False, rng=None):
     """The team's sequences: each agent's piece cut on the worker, then joined on the driver."""
     pieces = [pol.postprocess_trajectory(agent_piece(i, terminated=terminated, rng=rng)) for i in (1, 0)]
-    return join_team(sb.concat_samples(pieces), 2, pol.config.team_reward, "test")
+    return team_sequences(sb.concat_samples(pieces), TEAM, pol.config.team_reward, "test")
 
 
 class ConstQ(nn.Module):
@@ -146,6 +160,23 @@ def test_c13_truncated_sequence_end_bootstraps_from_the_final_observation(algo, 
     assert y[0, :4].tolist() == ([2.0, 2.0, 2.0, 1.0] if terminated else [2.0, 2.0, 2.0, 2.0])
 
 
+@pytest.mark.parametrize("terminated", [False, True])
+def test_c13_the_target_mixer_sees_the_next_global_state_of_the_same_step(terminated):
+    """A target mixer Q_tot^- = V(s) = relu(s[0]) (zero mixing weights): ``y_t = r_t + gamma s_{t+1}[0]``,
+    s_{t+1} the global state after step t (critic_obs of step t + 1; after the last real step its
+    next_critic_obs, 4 / 4: the truncated end bootstraps from it, a terminated one does not)."""
+    pol = policy("qmix", team_reward="mean", mixing_embed_dim=2, hypernet_layers=1)
+    mixer = pol.target.module.mixer
+    with torch.no_grad():
+        for p in mixer.parameters():
+            p.zero_()
+        mixer.hyper_b2[0].weight[0, 0] = 1.0                         # V(s) = relu(s[0]): s[0] = t / 4
+        mixer.hyper_b2[2].weight[0, 0] = 1.0
+    q_tot, y, real = pol.team_values(pol.prepare_batch(team_batch(pol, terminated)))
+    assert real.tolist() == [[1, 1, 1, 1, 0, 0]]
+    assert y[0, :4].tolist() == pytest.approx([1.125, 1.25, 1.375, 1.0 if terminated else 1.5])
+
+
 @pytest.mark.parametrize("algo", ["vdn", "qmix"])
 def test_c13_padding_adds_nothing_to_the_loss_or_the_gradient(algo):
     pol = policy(algo)
@@ -178,8 +209,8 @@ def test_c14_double_q_selects_with_the_next_steps_online_network(double_q, want)
     pol = policy("vdn", num_actions=3, seq_len=2, team_reward="mean", double_q=double_q)
     pol.model.agent = ConstQ([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])     # online Q(o_t, .), Q(o_t+1, .)
     pol.target.module.agent = ConstQ([[5.0, 5.0, 5.0], [3.0, 9.0, 6.0]])  # target Q(o_t+1, .) = [3, 9, 6]
-    b = join_team(sb.concat_samples([pol.postprocess_trajectory(agent_piece(i, length=1)) for i in (0, 1)]), 2,
-                  "mean", "test")
+    b = team_sequences(sb.concat_samples([pol.postprocess_trajectory(agent_piece(i, length=1)) for i in (0, 1)]),
+                       TEAM, "mean", "test")
     _, y, real = pol.team_values(pol.prepare_batch(b))
     assert real.tolist() == [[1.0, 0.0]]
     # double Q: a* = 2 (online at t+1), 6 per agent: 1 + 0.5 * 12 = 7 (not 4: the argmax at t; not 10: the target's max)
@@ -189,12 +220,19 @@ def test_c14_double_q_selects_with_the_next_steps_online_network(double_q, want)
 def test_a_team_whose_agents_do_not_act_together_is_refused():
     pol = policy()
     pieces = [pol.postprocess_trajectory(agent_piece(0)), pol.postprocess_trajectory(agent_piece(1, length=3))]
-    with pytest.raises(ValueError, match=r"^vdn policy 'team': episode 6, sequence from step 0: agents \[0, 1\] of a "
-                                         r"team of 2 act there, with sequences of \[4, 3\] steps; value decomposition "
-                                         "needs every agent of the team to act at every step"):
-        join_team(sb.concat_samples(pieces), 2, "sum", "vdn policy 'team'")
-    with pytest.raises(ValueError, match=r"agents \[0\] of a team of 2 act there"):
-        join_team(pieces[0], 2, "sum", "vdn policy 'team'")
+    with pytest.raises(ValueError, match=r"^vdn policy 'team': episode 3, sequence from step 0: agents \['a0', 'a1'\] "
+                                         r"with sequences of \[4, 3\] steps; value decomposition needs every agent of "
+                                         "the team to act at every step of an episode"):
+        team_sequences(sb.concat_samples(pieces), TEAM, "sum", "vdn policy 'team'")
+    with pytest.raises(ValueError, match=r"^vdn policy 'team': the team sequence of episode 3, step 0: rows of agents "
+                                         r"\['a0'\] of the team \['a0', 'a1'\]; value decomposition needs every agent"):
+        team_sequences(pieces[0], TEAM, "sum", "vdn policy 'team'")
+
+
+def test_a_team_over_several_policies_is_refused():
+    with pytest.raises(ConfigError, match=r"^qmix: the team \['a0', 'a1'\] plays policies \['blue', 'red'\]; value "
+                                          "decomposition mixes one policy's agents"):
+        policy("qmix", team={**TEAM, "policies": ["red", "blue"]})
 
 
 # ---- runs -------------------------------------------------------------------------------------------

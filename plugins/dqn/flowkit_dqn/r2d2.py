@@ -255,13 +255,17 @@ class R2D2Policy(DQNPolicy):
     targets). After each ``loss``, ``td_error`` holds each sequence's priority float32[B]
     (:func:`sequence_priorities`), which prioritized replay stores as it is (plus eps)."""
 
-    train_columns = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.SEQ_MASK, sb.STATE_IN, sb.PRIO_WEIGHTS,
-                     sb.ACTION_MASK, sb.T)
+    train_columns: Tuple[str, ...] = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.SEQ_MASK, sb.STATE_IN,
+                                      sb.PRIO_WEIGHTS, sb.ACTION_MASK, sb.T)
 
     def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
                  seed=0, inference_only=False):
         super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
-        self.cutter = SequenceCutter(config.seq_len, sequence_stride(config), config.burn_in)
+        self.cutter = self.make_cutter()
+
+    def make_cutter(self) -> SequenceCutter:
+        """The workers' :class:`SequenceCutter`: ``seq_len`` steps every ``seq_stride``, ``burn_in``."""
+        return SequenceCutter(self.config.seq_len, sequence_stride(self.config), self.config.burn_in)
 
     def make_model(self) -> nn.Module:
         """A :class:`RecurrentQNetwork`, or the recurrent network of ``model.class``.

@@ -226,13 +226,13 @@ _T_BITS = 20                 # step keys: episode * 2**20 + t
 
 
 def join_team(policy_batches: Mapping[str, Any], team: Sequence[str], agent_indexes: Sequence[int], n_agents: int,
-              columns: Mapping[str, Any]) -> Dict[str, Any]:
+              columns: Mapping[str, Any], incomplete: str = "drop") -> Dict[str, Any]:
     """Each policy's rows with the values of every team member at the row's env step.
 
     The rows of one env step of one sub-env are those of one episode (``eps_id // n_agents``:
     a multi-agent ``eps_id`` is ``episode_id * n_agents + agent_index``) with the same ``t``.
-    A step where some member has no row (an agent that is done while others go on) is dropped.
-    Inputs are not modified.
+    A step where some member has no row (an agent that is done while others go on) is dropped
+    (``incomplete="drop"``) or refused (``"raise"``). Inputs are not modified.
 
     Args:
         policy_batches: ``{policy id: SampleBatch}`` of the team's policies (rows with ``eps_id``,
@@ -246,6 +246,8 @@ def join_team(policy_batches: Mapping[str, Any], team: Sequence[str], agent_inde
     Raises:
         ConfigError: a row of an agent outside the team, or a source row whose width is not
             the member's.
+        ValueError: ``incomplete="raise"`` and a step without a row of every member: ``episode
+            E, step T: rows of agents [...] of the team [...]`` (the first such step).
     """
     from flowkit.core import batch as sb
     lut = np.full(int(n_agents), -1, np.int64)
@@ -271,6 +273,11 @@ def join_team(policy_batches: Mapping[str, Any], team: Sequence[str], agent_inde
                                   f"{widths[m[bad[0]]]} for agent {team[m[bad[0]]]!r}")
             tables[c][rows[pid][:, None], offsets[c][m][:, None] + np.arange(v.shape[1])] = v
     complete = np.bincount(inv, minlength=len(uniq)) == len(team)
+    if incomplete == "raise" and not complete.all():
+        u = int(np.flatnonzero(~complete)[0])
+        here = sorted(team[int(j)] for pid in parts for j in members[pid][rows[pid] == u])
+        raise ValueError(f"episode {int(uniq[u]) >> _T_BITS}, step {int(uniq[u]) & ((1 << _T_BITS) - 1)}: rows of "
+                         f"agents {here} of the team {list(team)}")
     out = dict(policy_batches)
     for pid, b in parts.items():
         keep = np.flatnonzero(complete[rows[pid]])

@@ -130,7 +130,8 @@ class VDNConfig(LRConfig):
                      gt=0, le=100_000)
     team_reward: str = F("sum", "the team reward: the sum (EPyMARL's) or the mean of the agents' rewards",
                          choices=("sum", "mean"))
-    team_size: Optional[int] = F(None, "agents in the team (set from the agents mapped to the policy)", gt=0)
+    team: Optional[Dict[str, Any]] = F(None, "set up by the multiagent plugin, not by hand: the team whose Q-values "
+                                             "the mixer joins (the agents mapped to the policy, their indexes)")
     train_batch_size: int = F(32, "replayed team sequences per gradient step", gt=0, le=MAX_BATCH_ROWS)
     buffer_size: int = F(5_000, "replay capacity in team sequences (per policy)", gt=0)
     learning_starts: int = F(1_000, "env steps sampled before the first gradient step", ge=0)

@@ -41,7 +41,8 @@ of them real; ``s_t`` the global state):
 Sequences: each agent's trajectory is cut on the worker by R2D2's
 :class:`~flowkit_dqn.r2d2.SequenceCutter` (sequences of ``seq_len`` steps, no burn-in, no overlap:
 a whole episode when ``seq_len`` is the episode limit, zero-padded); the driver joins the team's
-sequences of one episode and step (:func:`join_team`) into one replay row::
+sequences of one episode and step (:func:`team_sequences`, by the multiagent plugin's team join
+:func:`flowkit_multiagent.centralized.join_team`) into one replay row::
 
     obs [L + 1, n, *shape], actions [L, n], rewards [L] (team), terminateds [L], seq_mask [L],
     state_in [n, S], action_mask [L + 1, n, A] (with masks), critic_obs [L + 1, D] (QMIX: s_t)
@@ -59,16 +60,16 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 import torch
-from flowkit_dqn.dqn import DQNPolicy, UpdateExploration, bootstrap_q
-from flowkit_dqn.r2d2 import RecurrentQNetwork, SequenceCutter
+from flowkit_dqn.dqn import UpdateExploration, bootstrap_q
+from flowkit_dqn.r2d2 import R2D2Policy, RecurrentQNetwork, SequenceCutter
 from torch import nn
 
 import flowkit
 from flowkit import ConfigError
 from flowkit.core import RecurrentStep, derive_seed, loss_stats, ops, replay
 from flowkit.core import batch as sb
-from flowkit.core.recurrent import is_recurrent, step
-from flowkit_multiagent.centralized import CRITIC_OBS, NEXT_CRITIC_OBS
+from flowkit.core.recurrent import is_recurrent
+from flowkit_multiagent.centralized import CRITIC_OBS, NEXT_CRITIC_OBS, TEAM_MEMBER, join_team
 from flowkit_multiagent.config import QMIX_REF, VDN_REF
 
 
@@ -88,6 +89,10 @@ class QMixer(nn.Module):
 
     ``forward(q float32[..., n], s float32[..., state_dim]) -> Q_tot float32[...]``.
 
+    Init: PyTorch's default, except ``hyper_b1`` and the last layer of ``V`` at zero, so that
+    ``Q_tot(0, s) = 0`` at the start for every state (a raw global state, LBF's coordinates 0-7,
+    made offsets of 8-17 by the default init where returns are at most 1).
+
     Args:
         n: agents. state_dim: size of ``s``. embed: ``m``, the mixing layer's width.
         hypernet_layers: 1 (a linear map of ``s``) or 2 (``hypernet_embed`` units, ReLU).
@@ -104,6 +109,8 @@ class QMixer(nn.Module):
         self.hyper_w1, self.hyper_w2 = hyper(self.n * self.embed), hyper(self.embed)
         self.hyper_b1 = nn.Linear(state_dim, self.embed)
         self.hyper_b2 = nn.Sequential(nn.Linear(state_dim, self.embed), nn.ReLU(), nn.Linear(self.embed, 1))  # V(s)
+        for p in (*self.hyper_b1.parameters(), *self.hyper_b2[2].parameters()):  # Q_tot(0, s) = 0 at the start
+            nn.init.zeros_(p)
 
     def forward(self, q: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
         if s.shape[-1] != self.state_dim:
@@ -158,60 +165,66 @@ def team_targets(rewards: torch.Tensor, terminateds: torch.Tensor, q_next_target
 
 
 # ---- team sequences (driver side) -------------------------------------------------------------
-def join_team(batch: sb.SampleBatch, team_size: int, team_reward: str = "sum", who: str = "") -> sb.SampleBatch:
+TEAM_COLUMNS = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.SEQ_MASK, sb.STATE_IN, sb.ACTION_MASK)
+
+
+def team_sequences(batch: sb.SampleBatch, team: Dict[str, Any], team_reward: str = "sum",
+                   who: str = "") -> sb.SampleBatch:
     """Per-agent sequences (rows of :class:`~flowkit_dqn.r2d2.SequenceCutter` with
-    ``agent_index``) -> one row per team sequence (the agents of one episode and first step, in
-    agent-index order), laid out as the module docstring says: per-agent columns get an agent
-    axis after the time axis, rewards are summed (or averaged) over the team, a step is
-    terminated when an agent's is, the global state ``critic_obs`` (the same for every agent)
-    is the first agent's; ``eps_id`` is the episode's (``eps_id - agent_index``).
+    ``agent_index``) -> one row per team sequence, laid out as the module docstring says.
+
+    The agents' sequences of one episode and first step are joined by the multiagent plugin's
+    team join (:func:`flowkit_multiagent.centralized.join_team`, members in ``team["agents"]``
+    order); per-agent columns get an agent axis after the time axis (their dtypes kept), rewards
+    are summed (or averaged) over the team, a step is terminated when an agent's is, the global
+    state ``critic_obs`` (the same for every agent) is the first agent's; ``eps_id`` is the
+    episode's (``eps_id - agent_index``).
+
+    Args:
+        team: the policy's team (``<algo>.team``: ``agents``, ``agent_indexes``, ``n_agents``).
 
     Raises:
-        ValueError: a sequence without all ``team_size`` agents, or agents whose sequences end
-            at different steps (naming ``who``, the episode and the step): value decomposition
-            needs every agent of the team to act at every step of an episode.
+        ValueError: a sequence without all the team's agents, or agents whose sequences end at
+            different steps (naming ``who``, the episode and the step): value decomposition needs
+            every agent of the team to act at every step of an episode.
     """
     if len(batch) == 0:
         return sb.SampleBatch()
-    agent, t = np.asarray(batch[sb.AGENT_INDEX]), np.asarray(batch[sb.T])
-    ep = np.asarray(batch[sb.EPS_ID]) - agent
-    order = np.lexsort((agent, t, ep))
-    ep, t, agent, n = ep[order], t[order], agent[order], int(team_size)
-    starts = np.flatnonzero(np.r_[True, (ep[1:] != ep[:-1]) | (t[1:] != t[:-1])])
-    counts = np.diff(np.r_[starts, len(ep)])
-    seq_mask = np.asarray(batch[sb.SEQ_MASK])[order]
-    bad = np.flatnonzero(counts != n)
-    if len(bad) == 0 and len(ep) and not (seq_mask.reshape(-1, n, seq_mask.shape[1]) == seq_mask[::n, None]).all():
-        bad = np.flatnonzero((seq_mask.reshape(-1, n, seq_mask.shape[1]) != seq_mask[::n, None]).any((1, 2)))[:1]
-    if len(bad):
-        i = starts[bad[0]]
-        raise ValueError(f"{who}: episode {int(ep[i])}, sequence from step {int(t[i])}: agents "
-                         f"{agent[i:i + counts[bad[0]]].tolist()} of a team of {n} act there, with sequences of "
-                         f"{seq_mask[i:i + counts[bad[0]]].sum(1).tolist()} steps; value decomposition needs every "
-                         "agent of the team to act at every step of an episode (a PettingZoo Parallel env whose "
-                         "agents neither join late nor leave early)")
-    k = len(ep) // n
+    agents, n = list(team["agents"]), len(team["agents"])
+    cols = [c for c in TEAM_COLUMNS if c in batch]
+    shapes = {c: np.asarray(batch[c]).shape[1:] for c in cols}
+    need = " needs every agent of the team to act at every step of an episode (a PettingZoo Parallel env whose " \
+           "agents neither join late nor leave early)"
+    try:
+        joined = join_team({"team": batch}, agents, team["agent_indexes"], team["n_agents"],
+                           {f"team/{c}": (c, [int(np.prod(shapes[c]))] * n) for c in cols}, incomplete="raise")["team"]
+    except ValueError as e:
+        raise ValueError(f"{who}: the team sequence of {e}; value decomposition{need}") from None
+    first = joined.take(np.flatnonzero(joined[TEAM_MEMBER] == 0))
+    k = len(first)
 
-    def team(col: str) -> np.ndarray:  # [k * n, L(+1), ...] -> [k, L(+1), n, ...]
-        v = np.asarray(batch[col])[order]
-        v = v.reshape(k, n, *v.shape[1:])
-        return np.moveaxis(v, 1, 2) if v.ndim > 2 else v
-    r = team(sb.REWARDS)
-    out = {sb.OBS: team(sb.OBS), sb.ACTIONS: team(sb.ACTIONS),
-           sb.REWARDS: (r.sum(-1) if team_reward == "sum" else r.mean(-1)).astype(np.float32),
-           sb.TERMINATEDS: team(sb.TERMINATEDS).any(-1), sb.SEQ_MASK: seq_mask[::n],
-           sb.STATE_IN: np.asarray(batch[sb.STATE_IN])[order].reshape(k, n, -1),
-           sb.EPS_ID: ep[::n].copy(), sb.T: t[::n].copy()}
-    if sb.ACTION_MASK in batch:
-        out[sb.ACTION_MASK] = team(sb.ACTION_MASK)
+    def per_agent(c: str) -> np.ndarray:  # [k, n * prod(shape)] -> [k, L(+1), n, ...] in the column's dtype
+        v = first[f"team/{c}"].reshape(k, n, *shapes[c]).astype(np.asarray(batch[c]).dtype)
+        return np.moveaxis(v, 1, 2) if v.ndim > 2 and c != sb.STATE_IN else v
+    mask = per_agent(sb.SEQ_MASK)                                                        # [k, L, n]
+    if (bad := np.flatnonzero((mask != mask[..., :1]).any((1, 2)))).size:
+        i = int(bad[0])
+        raise ValueError(f"{who}: episode {int(first[sb.EPS_ID][i] // team['n_agents'])}, sequence from step "
+                         f"{int(first[sb.T][i])}: agents {agents} with sequences of {mask[i].sum(0).tolist()} steps; "
+                         f"value decomposition{need}")
+    r = per_agent(sb.REWARDS)
+    out = {c: per_agent(c) for c in (sb.OBS, sb.ACTIONS, sb.STATE_IN, sb.ACTION_MASK) if c in cols}
+    out.update({sb.REWARDS: (r.sum(-1) if team_reward == "sum" else r.mean(-1)).astype(np.float32),
+                sb.TERMINATEDS: np.asarray(per_agent(sb.TERMINATEDS).any(-1)), sb.SEQ_MASK: mask[..., 0],
+                sb.EPS_ID: first[sb.EPS_ID] - first[sb.AGENT_INDEX], sb.T: first[sb.T].copy()})
     if CRITIC_OBS in batch:
-        out[CRITIC_OBS] = np.asarray(batch[CRITIC_OBS])[order][::n]
+        out[CRITIC_OBS] = np.asarray(first[CRITIC_OBS])
     return sb.SampleBatch(out)
 
 
 class JoinTeamSequences:
     """Operator: each team policy's per-agent sequences of a MultiAgentBatch joined into team
-    sequences (:func:`join_team`; a new batch, the input is not changed)."""
+    sequences (:func:`team_sequences`; a new batch, the input is not changed)."""
 
     def __init__(self, algo: str, policies: Dict[str, "VDNPolicy"]):
         self.algo, self.policies = algo, policies
@@ -222,62 +235,57 @@ class JoinTeamSequences:
         for pid, pol in self.policies.items():
             if pid in pbs:
                 cfg = pol.config
-                pbs[pid] = join_team(pbs[pid], cfg.team_size, cfg.team_reward, f"{self.algo} policy {pid!r}")
+                pbs[pid] = team_sequences(pbs[pid], cfg.team, cfg.team_reward, f"{self.algo} policy {pid!r}")
         return sb.MultiAgentBatch(pbs, b.env_steps, b.agent_steps, b.episodes, b.worker_index, b.meta)
 
 
 # ---- the policy -------------------------------------------------------------------------------
-class VDNPolicy(DQNPolicy):
+class VDNPolicy(R2D2Policy):
     """A team's policy: the shared recurrent agent network and the mixer (:class:`TeamQ`), their
-    target copies (learner only), epsilon-greedy acting per agent with a recurrent state per agent
-    (``compute_actions_encoded(..., state=)``), the workers' sequence cutting and the value
-    decomposition loss over team sequences. :meth:`make_mixer` is the one difference between VDN
-    and QMIX (:class:`QMIXPolicy`).
+    target copies (learner only), R2D2's epsilon-greedy acting with a recurrent state per agent
+    (``compute_actions_encoded(..., state=)``: :class:`TeamQ` acts as its agent network), the
+    workers' sequence cutting and the value decomposition loss over team sequences.
+    :meth:`make_mixer` is the one difference between VDN and QMIX (:class:`QMIXPolicy`).
 
     Raises:
-        ConfigError: the policy has no team (``team_size`` is set by the multiagent plugin from the
-            agents mapped to the policy: a single-agent env has none), or ``model.class`` names a
-            feed-forward network.
+        ConfigError: the policy has no team (``team`` is set by the multiagent plugin from the
+            agents mapped to the policy: a single-agent env has none), a team whose agents play
+            several policies, or ``model.class`` names a feed-forward network.
     """
 
-    train_columns = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.SEQ_MASK, sb.STATE_IN, sb.ACTION_MASK,
-                     CRITIC_OBS)
+    train_columns: Tuple[str, ...] = (sb.OBS, sb.ACTIONS, sb.REWARDS, sb.TERMINATEDS, sb.SEQ_MASK, sb.STATE_IN,
+                                      sb.ACTION_MASK, CRITIC_OBS)
     ALGO = "vdn"
 
-    def __init__(self, observation_space, action_space, config, model_config=None, device="cpu",
-                 seed=0, inference_only=False):
-        super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
-        carry = [(CRITIC_OBS, NEXT_CRITIC_OBS)] if getattr(config, "critic_input", None) else []
-        self.cutter = SequenceCutter(config.seq_len, config.seq_len, 0, carry=carry)
+    def make_cutter(self) -> SequenceCutter:
+        """Whole sequences of ``seq_len`` steps, no burn-in, no overlap; QMIX's global state carried."""
+        carry = [(CRITIC_OBS, NEXT_CRITIC_OBS)] if getattr(self.config, "critic_input", None) else []
+        return SequenceCutter(self.config.seq_len, self.config.seq_len, 0, carry=carry)
 
     def make_mixer(self) -> nn.Module:
         """The mixer: VDN's sum."""
         return VDNMixer()
 
+    @property
+    def team_size(self) -> int:
+        """``n``, the agents of the team."""
+        return len(self.config.team["agents"])
+
     def make_model(self) -> nn.Module:
-        if not self.config.team_size:
+        team = self.config.team
+        if not team:
             raise ConfigError(f"{self.ALGO} trains a team: the agents of a PettingZoo game mapped to one policy "
-                              f"({self.ALGO}.team_size is set from them); this env has no agents to make a team of")
+                              f"({self.ALGO}.team is set from them); this env has no agents to make a team of")
+        if len(set(team["policies"])) > 1:
+            raise ConfigError(f"{self.ALGO}: the team {list(team['agents'])} plays policies {sorted(set(team['policies']))}; "
+                              "value decomposition mixes one policy's agents: map a team to one policy (another team: "
+                              f"its own policy with its own config overrides, multiagent.policies.<id>.config)")
         agent = self.build_model(RecurrentQNetwork(self.encoder, self.num_actions, self.model_config,
                                                    self.config.dueling))
         if not is_recurrent(agent):
             raise ConfigError(f"{self.ALGO} trains a recurrent agent network: model.class="
                               f"{self.model_config.get('class')!r} has no initial_state(n) method (see Policy.build_model)")
         return TeamQ(agent, self.make_mixer())
-
-    # -- acting (worker) --
-    def q_values(self, obs: np.ndarray) -> np.ndarray:
-        raise ValueError("a recurrent agent network needs a state: use compute_actions_encoded(obs, mask, explore, "
-                         "state=...) (start from initial_state(B))")
-
-    @torch.inference_mode()
-    def compute_actions_encoded(self, obs, mask=None, explore=True, state=None):
-        if state is None:
-            raise ValueError("a recurrent policy acts with state= (float32[B, S], from initial_state(B))")
-        state = np.ascontiguousarray(state, np.float32)
-        q, s_out = step(self.model.agent, torch.from_numpy(obs).to(self.device), torch.from_numpy(state).to(self.device))
-        actions = self.epsilon_greedy(q.cpu().numpy(), mask, explore)
-        return actions, {sb.STATE_IN: state, sb.STATE_OUT: s_out.cpu().numpy()}
 
     def postprocess_trajectory(self, batch: sb.SampleBatch) -> sb.SampleBatch:
         """The sequences of one agent's trajectory piece ``batch`` completes (:class:`SequenceCutter`),
@@ -292,10 +300,6 @@ class VDNPolicy(DQNPolicy):
         """The agent network alone, one step: ``(obs float32[B, *shape], state float32[B, S]) -> (q
         float32[B, A], state_out)``: an agent acts from its own observation (decentralised execution)."""
         return RecurrentStep(self.model.agent)
-
-    def sequence_columns(self, batch: sb.SampleBatch) -> Dict[str, torch.Tensor]:
-        """Nothing: each replayed row is a whole team sequence, its ``state_in`` a train column."""
-        return {}
 
     # -- learning (driver) --
     def team_q(self, module: Any, obs: torch.Tensor, state_in: torch.Tensor) -> torch.Tensor:
@@ -345,7 +349,7 @@ class QMIXPolicy(VDNPolicy):
         if not cfg.critic_input_dim:
             raise ConfigError("qmix.critic_input_dim: the global state's width is not set (the multiagent plugin "
                               "fills it in from the env at set-up)")
-        return QMixer(cfg.team_size, cfg.critic_input_dim, cfg.mixing_embed_dim, cfg.hypernet_layers, cfg.hypernet_embed)
+        return QMixer(self.team_size, cfg.critic_input_dim, cfg.mixing_embed_dim, cfg.hypernet_layers, cfg.hypernet_embed)
 
 
 # ---- the algorithms ------------------------------------------------------------------------------

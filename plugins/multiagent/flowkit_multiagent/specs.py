@@ -362,7 +362,7 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, Type[Algorith
 def assign_teams(config: Any, specs: Dict[str, MAPolicySpec], mapping: AgentMapping,
                  possible_agents: Sequence[str]) -> None:
     """Give each trained policy of an algorithm whose section has a ``team`` key (``masac``,
-    ``matd3``: a critic over every team agent's action) its team
+    ``matd3``: a critic over every team agent's action; ``vdn``, ``qmix``: a mixer of their Q-values) its team
     (:func:`~flowkit_multiagent.centralized.team_of`) as plain data in its spec's config and section:
     ``{"agents", "policies" (each agent's), "agent_indexes", "n_agents" (len of possible_agents),
     "obs_dims", "act_dims" (flattened sizes of each agent's policy's spaces)}``."""
@@ -400,8 +400,6 @@ def _policy_spec(config: Any, pid: str, agents: Tuple[str, ...], o: gym.Space, a
     cls = algorithms[algo]
     overrides = pc.config
     cfg_obj, data = policy_section(config, pid, cls, overrides)
-    if cfg_obj is not None and "team_size" in data:  # a team algorithm (vdn, qmix): the agents mapped to the policy
-        cfg_obj, data = dataclasses.replace(cfg_obj, team_size=len(agents)), {**data, "team_size": len(agents)}
     if "critic_input" in data:
         env, mapping = env_mapping
         ci = resolve_critic_input(config, pid, algo, cfg_obj, env, mapping, mapping.possible_agents)
