@@ -14,6 +14,6 @@ out=${FLOWKIT_BENCH_VENV:-.venv-bench}
 site=$("$base/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
 [[ -x $out/bin/python ]] || "$base/bin/python" -m venv "$out"
 own=$("$out/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-echo "import sys; sys.path.append('$site')" > "$own/zz_flowkit_venv.pth"
+echo "import site; site.addsitedir('$site')" > "$own/zz_flowkit_venv.pth"
 "$out/bin/python" -m pip install -q -r bench/requirements.txt -c constraints.txt 2>&1 | grep -v "^WARNING: Location" || true
 "$out/bin/python" -c "import flowkit, torch, stable_baselines3, sb3_contrib; print('bench environment ready:', '$out', '(flowkit from $base)')"
