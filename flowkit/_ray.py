@@ -76,20 +76,15 @@ def start(cfg: Any, prestart: bool = False) -> None:
 def _runtime_env(cfg: Any) -> Dict[str, Any]:
     """Ship flowkit and the plugins in use to a cluster's workers (py_modules)."""
     import importlib
+    import importlib.metadata as md
 
     mods = [os.path.dirname(os.path.abspath(__file__))]  # flowkit's package folder
-    for name in _plugin_packages(cfg):
+    tops = [ep.value.split(":")[0].split(".")[0] for ep in md.entry_points(group="flowkit")]
+    for name in tops + [p.split(".")[0] for p in cfg.plugins]:
         with contextlib.suppress(Exception):
             f = str(importlib.import_module(name).__file__)
             mods.append(os.path.dirname(f) if f.endswith("__init__.py") else f)
     return {"py_modules": sorted(set(mods))}
-
-
-def _plugin_packages(cfg: Any) -> List[str]:
-    """The top-level packages of the ``flowkit`` entry points and of ``cfg``'s ``plugins``."""
-    import importlib.metadata as md
-    eps = [ep.value.split(":")[0] for ep in md.entry_points(group="flowkit")]
-    return [str(p).split(".")[0] for p in eps + list(cfg.get("plugins") or [])]
 
 
 class _FirstOnWorkers(list):
@@ -108,11 +103,14 @@ def _import_roots(cfg: Any, cwd: str) -> List[str]:
     ``.py`` file) without being the one in use: the parent folder of a clone holds a
     ``flowkit`` folder that is a namespace package (no ``__init__.py``), which a worker with
     ``cwd`` first on its import path would import. Reads no module that is not yet imported."""
+    import importlib.metadata as md
     import importlib.util
 
     import flowkit
+    names = ["flowkit"] + [ep.value.split(":")[0].split(".")[0] for ep in md.entry_points(group="flowkit")]
+    names += [str(p).split(".")[0] for p in cfg.get("plugins") or []]
     roots: List[str] = []
-    for name in dict.fromkeys(["flowkit", *_plugin_packages(cfg)]):
+    for name in dict.fromkeys(names):
         here = [os.path.join(cwd, name + ext) for ext in ("", ".py") if os.path.lexists(os.path.join(cwd, name + ext))]
         if not here:
             continue
@@ -213,8 +211,8 @@ def _connect(kw: Dict[str, Any]) -> None:
 
 
 def _local_patches() -> List[Tuple[Any, str, Any]]:
-    """``(object, attribute, replacement)`` for a new local node: no dashboard / job API server;
-    the raylet registers without waiting for its agents (a minimal
+    """``(object, attribute, replacement)`` for a new local node: no dashboard / job API server
+    and no autoscaler monitor; the raylet registers without waiting for its agents (a minimal
     Ray: their ports are given, -1 where the minimal dashboard agent serves nothing, as it would
     write itself); its processes in a session of their own (a signal to the driver's process
     group, as Slurm and systemd send one, is the driver's to act on: the GCS and the raylet
@@ -231,11 +229,7 @@ def _local_patches() -> List[Tuple[Any, str, Any]]:
     (the patched side faster in 8 of 9 pairs); ``ray.init`` itself 0.1-0.2 s against 3-6 s.
     Issue 49 measured them again (the same runs, seeds 0-2, alternating, a load of 27-37): the
     command to first sample 25.0 s patched against 36.8 s (1.47x), to ``ray.init``'s end 23.2 s
-    against 30.9 s: kept. Then each alone (``ray.init`` in a fresh process, each variant in turn,
-    median of 3-5, a load of 16-26): without the API server patch 9.6 s against 7.3 s, without
-    the given ports 9.2 s against 5.1 s, without the agents' late low-priority start 8.2 s
-    against 5.1 s: kept; without the autoscaler monitor patch 6.5 s against 7.3 s (its process
-    only added ~1 s to the shutdown): removed.
+    against 30.9 s: kept.
     They rely on private Ray code, hence the pin in pyproject.toml (``ray<2.61``) and
     tests/test_ray_internals.py, which fails when that code changes."""
     import ray
@@ -270,7 +264,8 @@ def _local_patches() -> List[Tuple[Any, str, Any]]:
             super().__init__(*args, start_new_session=True, **kw)
 
     return [(node.Node, "start_api_server", lambda self, **kw: setattr(self, "_webui_url", None)),
-            (services, "start_ray_process", process), (services, "ConsolePopen", OwnSession)] + (
+            (node.Node, "start_monitor", lambda self: None), (services, "start_ray_process", process),
+            (services, "ConsolePopen", OwnSession)] + (
         [(node.Node, "start_ray_processes", ports)] if given else [])
 
 

@@ -89,10 +89,9 @@ def test_an_address_where_a_web_server_answers_fails_at_once_with_one_line(tmp_p
     assert took < 15, took  # (Python, flowkit and Ray's imports; no retries)
 
 
-def test_a_local_session_listens_on_loopback_without_dashboard(tmp_path):
+def test_a_local_session_listens_on_loopback_without_dashboard_or_monitor(tmp_path):
     """Issue 12: flowkit's own local Ray binds to 127.0.0.1 only and starts no dashboard/API
-    server (seconds of start-up a run never uses; issue 49: the autoscaler monitor, ~1 s of
-    shutdown, is started again); its raylet
+    server or autoscaler monitor (seconds of start-up and shutdown a run never uses); its raylet
     does not wait for its agents, which start 10 s later (the first ones of a session, when they
     would take CPU from the run's start-up) and run, as the log monitor does, at nice 19; they end
     with the session, started or not."""
@@ -132,7 +131,7 @@ def test_a_local_session_listens_on_loopback_without_dashboard(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     out = json.loads(p.stdout.strip().splitlines()[-1])
     assert out["ip"] == "127.0.0.1" and out["gcs"].startswith("127.0.0.1:"), out
-    assert "dashboard" not in out["procs"] and "raylet" in out["procs"], out
+    assert "dashboard" not in out["procs"] and "monitor" not in out["procs"] and "raylet" in out["procs"], out
     assert out["nice"] == ["19", "19", 19] and "--dashboard_agent_listen_port=-1" in out["raylet"], out
     assert "token" not in p.stderr.lower(), p.stderr[-2000:]  # no token warning on a local run
     later = [a.split("=", 1)[1].split()[1:5] for a in out["raylet"] if re.match("--(dashboard|runtime_env)_agent_command=", a)]

@@ -1,5 +1,5 @@
 """flowkit/_ray.py's start-up patches (``_local_patches``) replace or wrap private Ray code:
-``Node.start_ray_processes``/``start_api_server``, ``services.ConsolePopen`` and
+``Node.start_ray_processes``/``start_api_server``/``start_monitor`` and
 ``services.start_ray_process``, and rewrite the raylet's agent command flags. These tests fail
 loudly, naming what moved, when an installed Ray no longer has what the patches rely on; Ray is
 pinned below the next minor version in pyproject.toml (raise the pin only after these pass)."""
@@ -33,7 +33,7 @@ def test_the_private_ray_startup_code_the_patches_replace_is_as_patched():
 
     from flowkit import _ray
     assert _params(node.Node.start_ray_processes) == ["self"], "Node.start_ray_processes(self) changed"
-    assert "start_new_session" in _params(services.ConsolePopen), "services.ConsolePopen(start_new_session=) changed"
+    assert _params(node.Node.start_monitor) == ["self"], "Node.start_monitor(self) changed"
     api = inspect.signature(node.Node.start_api_server).parameters
     assert all(p.kind is p.KEYWORD_ONLY for n, p in api.items() if n != "self"), "Node.start_api_server: not keyword-only"
     assert _params(services.start_ray_process)[:2] == ["command", "process_type"], \
@@ -51,4 +51,4 @@ def test_the_private_ray_startup_code_the_patches_replace_is_as_patched():
     for obj, attr, repl in _ray._local_patches():
         assert callable(obj.__dict__.get(attr)), f"{obj.__name__}.{attr} is gone"
         assert callable(repl)
-    assert {a for _, a, _ in _ray._local_patches()} >= {"start_api_server", "start_ray_process", "ConsolePopen"}
+    assert {a for _, a, _ in _ray._local_patches()} >= {"start_api_server", "start_monitor", "start_ray_process"}
