@@ -245,7 +245,7 @@ def test_a_run_with_two_learners_resumes_exactly(ray_session, tmp_path):
             "learner.num_learners=2", "learner.num_cpus_per_learner=0.5", "ppo.num_epochs=2", "ppo.minibatch_size=32",
             "run.min_iter_env_steps=0", "evaluation.interval=0", "evaluation.final=false",
             "run.reporters=[csv,checkpoint]", "checkpoint.every_iters=1"]
-    assert _live_learners(0) == 0
+    assert _live_learners() == 0  # (an earlier test's killed learners release their CPUs within seconds)
     half = flowkit.train([*base, f"run.dir={tmp_path / 'a'}", "stop.iterations=2"], verbose=False)
     import shutil
     shutil.copytree(tmp_path / "a", tmp_path / "b")
