@@ -28,16 +28,13 @@ from typing import Any, Dict, List, Optional
 
 import numpy as np
 
+from flowkit import datasets
 from flowkit.config import ConfigError
 from flowkit.core import batch as sb
-from flowkit.datasets import DatasetWriter, check_contents, check_spaces, data_dir, open_dataset
+from flowkit.datasets import DatasetWriter, check_contents, check_folder, check_spaces, has_dataset, open_dataset
 
 KEY = "run.output"
 _OBS, _NEXT = sb.RAW_PREFIX + "obs", sb.RAW_PREFIX + "next_obs"
-
-
-def _has_dataset(path: str) -> bool:
-    return os.path.isfile(os.path.join(path, "data", "metadata.json"))
 
 
 def check_output(cfg: Any, resuming: bool = False) -> None:
@@ -49,27 +46,10 @@ def check_output(cfg: Any, resuming: bool = False) -> None:
         ConfigError: one line naming ``run.output``.
     """
     path = cfg.run.get("output")
-    if not path:
-        return
-    path = str(path)
-    if os.path.exists(path):
-        if not os.path.isdir(path):
-            raise ConfigError(f"{KEY}={path!r}: a file is there, not a dataset folder")
-        if _has_dataset(path):
-            if not resuming and not cfg.run.get("output_append"):
-                raise ConfigError(f"{KEY}={path!r}: a dataset is already there (run.output_append=true adds to it)")
-        elif os.listdir(path):
-            raise ConfigError(f"{KEY}={path!r}: the folder holds files but no dataset (give a new or empty folder)")
-        if not os.access(path, os.W_OK | os.X_OK):
-            raise ConfigError(f"{KEY}={path!r}: the folder is not writable")
-        return
-    parent = os.path.dirname(os.path.abspath(path))
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
-    if not os.path.isdir(parent):
-        raise ConfigError(f"{KEY}={path!r}: cannot create it ({parent!r} is a file)")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise ConfigError(f"{KEY}={path!r}: cannot create it ({parent!r} is not writable)")
+    if path:
+        check_folder(str(path), KEY)
+        if has_dataset(str(path)) and not resuming and not cfg.run.get("output_append"):
+            raise ConfigError(f"{KEY}={str(path)!r}: a dataset is already there (run.output_append=true adds to it)")
 
 
 def make_output(cfg: Any, env: Any, specs: Dict[str, Any]) -> Optional["OutputWriter"]:
@@ -87,7 +67,7 @@ def make_output(cfg: Any, env: Any, specs: Dict[str, Any]) -> Optional["OutputWr
         raise ConfigError(f"{KEY}={path!r}: run.output supports single-agent envs (this run has policies "
                           f"{', '.join(specs)})")
     spec = next(iter(specs.values()))
-    if cfg.run.get("output_append") and _has_dataset(str(path)):
+    if cfg.run.get("output_append") and has_dataset(str(path)):
         name = str(cfg.env.id or cfg.env.factory)
         ds = open_dataset(str(path), KEY)
         check_spaces(ds, spec.observation_space, spec.action_space, str(path), name, KEY)
@@ -107,7 +87,7 @@ def cut_back(path: str, episodes: int) -> None:
     """
     import h5py
     from minari.dataset.minari_storage import MinariStorage
-    d = data_dir(path, KEY)
+    d = os.path.join(path, "data")
     if episodes == 0:  # an empty Minari dataset cannot be opened to append to: none at all
         import shutil
         shutil.rmtree(d)
@@ -123,16 +103,6 @@ def cut_back(path: str, episodes: int) -> None:
     if total > episodes:
         MinariStorage.read(os.path.abspath(d)).update_metadata({"total_episodes": int(episodes),
                                                                 "total_steps": int(steps)})
-
-
-def _tree(space: Any, cols: Dict[str, np.ndarray], prefix: str) -> Any:
-    """The observation tree of ``space`` from its leaf columns (see ``raw_leaves``)."""
-    import gymnasium as gym
-    if isinstance(space, gym.spaces.Dict):
-        return {k: _tree(s, cols, f"{prefix}/{k}") for k, s in space.spaces.items()}
-    if isinstance(space, gym.spaces.Tuple):
-        return tuple(_tree(s, cols, f"{prefix}/{i}") for i, s in enumerate(space.spaces))
-    return cols[prefix]
 
 
 class OutputWriter:
@@ -205,7 +175,7 @@ class OutputWriter:
             if ends[hi - 1]:
                 i = final_of[hi - 1]
                 cols = {k: np.concatenate([*ep["obs"][k], raw[_NEXT + k[len(_OBS):]][i:i + 1]]) for k in obs_keys}
-                self._open().add(None, _tree(self.observation_space, cols, _OBS),
+                self._open().add(None, datasets.untree(datasets.leaf_spaces(self.observation_space, _OBS, {}), cols),
                                         np.concatenate(ep["actions"]), np.concatenate(ep["rewards"]),
                                         np.concatenate(ep["term"]), np.concatenate(ep["trunc"]))
                 del self.pending[e]
@@ -226,7 +196,7 @@ class OutputWriter:
         self.flush()
         if self.writer is not None:
             return [int(self.writer.storage.total_episodes), int(self.writer.storage.total_steps)]
-        if _has_dataset(self.path):
+        if has_dataset(self.path):
             with open(os.path.join(self.path, "data", "metadata.json")) as f:
                 m = json.load(f)
             return [int(m.get("total_episodes", 0)), int(m.get("total_steps", 0))]
@@ -243,7 +213,7 @@ class OutputWriter:
         then on. Raises ValueError when it holds fewer (replaced, or emptied)."""
         n = int(state["episodes"])
         self.resumed = True
-        if _has_dataset(self.path):
+        if has_dataset(self.path):
             cut_back(self.path, n)
         elif n > 0:
             raise ValueError(f"{KEY}={self.path!r}: no dataset there, the checkpoint recorded {n} episodes in it")

@@ -255,16 +255,13 @@ def spec_from_dict(d: Dict[str, Any], algorithms: Mapping[str, type], path: str 
     return PolicySpec(cls.policy_class, spaces[0], spaces[1], conf, name, model)
 
 
-def used_config(cfg: DictConfig, specs: Dict[str, PolicySpec], pm: Any) -> Dict[str, Any]:
-    """``cfg`` as a plain dict with the core sections, the sections of the algorithms that
-    train or act for a policy, and plugin sections that differ from their defaults or whose
-    plugin made the policy specs (``multiagent``); other algorithms' sections are left out."""
-    return used_sections(cfg, {s.algo for s in specs.values()}, pm, {type(s).__module__.split(".")[0] for s in specs.values()})
-
-
 def config_yaml(cfg: DictConfig, specs: Dict[str, PolicySpec], pm: Any) -> str:
-    """The text of a run's or checkpoint's ``config.yaml`` (see :func:`used_config`)."""
-    return OmegaConf.to_yaml(OmegaConf.create(used_config(cfg, specs, pm)))
+    """The text of a run's or checkpoint's ``config.yaml``: ``cfg`` with the core sections, the
+    sections of the algorithms that train or act for a policy, and plugin sections that differ
+    from their defaults or whose plugin made the policy specs (``multiagent``); other
+    algorithms' sections are left out."""
+    algos, plugins = {s.algo for s in specs.values()}, {type(s).__module__.split(".")[0] for s in specs.values()}
+    return OmegaConf.to_yaml(OmegaConf.create(used_sections(cfg, algos, pm, plugins)))
 
 
 def _takes_kw(fn, name: str) -> bool:
@@ -374,12 +371,6 @@ def remove_stale_temp(run_dir: str) -> List[str]:
     return gone
 
 
-def read_iteration(ck_dir: str) -> int:
-    """The iteration a checkpoint folder was written at (CheckpointError naming the file if
-    it cannot be read safely)."""
-    return int(load_state(os.path.join(ck_dir, STATE_FILE))["iteration"])
-
-
 def find_checkpoint(path: str) -> str:
     """A checkpoint folder from a run folder (its newest readable one by iteration; an
     unreadable one is skipped with a warning naming it), a checkpoint folder or a state.pt.
@@ -400,7 +391,7 @@ def find_checkpoint(path: str) -> str:
         errors: List[CheckpointError] = []
         for d in cands:  # "final" and iter_* both count; the newest by iteration inside wins
             try:
-                keys[d] = (read_iteration(os.path.join(ck_root, d)), d == "final")
+                keys[d] = (int(load_state(os.path.join(ck_root, d, STATE_FILE))["iteration"]), d == "final")
             except CheckpointError as e:
                 errors.append(e)
         if keys:
@@ -593,6 +584,6 @@ def load_trained(path: str, expected_cls: Optional[type] = None, trust_config: b
 
 __all__ = ["CheckpointError", "FORMAT", "RunFolderError", "STATE_FILE", "UntrustedConfigError", "check_algorithms",
            "check_config_callables", "check_spec_callables", "digest", "read_run_config", "config_yaml", "find_checkpoint",
-           "from_plain", "load_state", "load_trained", "missing_algorithm", "read_iteration", "remove_stale_temp", "restore",
+           "from_plain", "load_state", "load_trained", "missing_algorithm", "remove_stale_temp", "restore",
            "resume_config", "save_checkpoint", "save_state", "space_from_dict", "space_to_dict", "spec_from_dict",
-           "spec_to_dict", "to_plain", "used_config"]
+           "spec_to_dict", "to_plain"]

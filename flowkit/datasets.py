@@ -78,6 +78,24 @@ def data_dir(path: str, key: str = "input.dataset") -> str:
     raise ConfigError(f"{key}={path!r}: no such dataset (no such folder, nor a local Minari dataset id under {root})")
 
 
+def has_dataset(path: str) -> bool:
+    """Whether the folder ``path`` holds a dataset (``path/data/metadata.json``)."""
+    return os.path.isfile(os.path.join(path, "data", "metadata.json"))
+
+
+def check_folder(path: str, key: str) -> None:
+    """Before any work: ``path`` can be a dataset's folder (new, empty, or holding a dataset).
+
+    Raises:
+        ConfigError: a file, under a file, in a folder that cannot be written, or a folder of
+            other files (one line naming ``key``).
+    """
+    from flowkit._outputs import check_output_folder
+    check_output_folder(path, f"{key}=")
+    if os.path.isdir(path) and os.listdir(path) and not has_dataset(path):
+        raise ConfigError(f"{key}={path!r}: the folder holds files but no dataset (give a new or empty folder)")
+
+
 MAX_METADATA_BYTES = 16 * 2**20  # a dataset's metadata.json: its spaces serialized, counts, names
 _METADATA_TYPES = {"observation_space": str, "action_space": str, "env_spec": str, "dataset_id": str,
                    "total_episodes": int, "total_steps": int, "minari_version": str, "data_format": str}
@@ -201,34 +219,21 @@ def step_spaces(observation_space: Any, action_space: Any) -> Tuple[Dict[str, An
     return trees, spaces
 
 
-def _layout(space: Any) -> Optional[Tuple[Tuple[int, ...], str]]:
-    """``(shape of one row, the dtype kinds it may have)`` of a leaf stored as a numeric column;
-    None for the spaces that are not (Text, Graph, ...: checked row by row)."""
+def _layout(space: Any) -> Optional[Tuple[Tuple[int, ...], str, Optional[Tuple[np.ndarray, np.ndarray]]]]:
+    """``(shape of one row, the dtype kinds it may have, (lowest, highest) value of each element
+    of a row, flattened, or None: rewards)`` of a leaf stored as a numeric column; None for the
+    spaces that are not (Text, Graph, ...: checked row by row)."""
     from gymnasium import spaces as S
     if space is _REWARD:
-        return (), "biuf"
-    if space is _FLAG:
-        return (), "biu"
-    if isinstance(space, S.MultiBinary):
-        return tuple(space.shape), "biu"
-    if isinstance(space, (S.Box, S.MultiDiscrete)):
-        return tuple(space.shape), "biuf" if isinstance(space, S.Box) else "iu"
-    if isinstance(space, S.Discrete):
-        return (), "iu"
-    return None
-
-
-def _bounds(space: Any) -> Optional[Tuple[np.ndarray, np.ndarray]]:
-    """The lowest and highest value of each element of a row (flattened), or None (rewards)."""
-    from gymnasium import spaces as S
+        return (), "biuf", None
     if space is _FLAG or isinstance(space, S.MultiBinary):
-        return np.zeros(1), np.ones(1)
+        return tuple(getattr(space, "shape", ())), "biu", (np.zeros(1), np.ones(1))
     if isinstance(space, S.Box):
-        return space.low.reshape(-1), space.high.reshape(-1)
-    if isinstance(space, S.Discrete):
-        return np.asarray([space.start]), np.asarray([space.start + space.n - 1])
+        return tuple(space.shape), "biuf", (space.low.reshape(-1), space.high.reshape(-1))
     if isinstance(space, S.MultiDiscrete):
-        return space.start.reshape(-1), (space.start + space.nvec - 1).reshape(-1)
+        return tuple(space.shape), "iu", (space.start.reshape(-1), (space.start + space.nvec - 1).reshape(-1))
+    if isinstance(space, S.Discrete):
+        return (), "iu", (np.asarray([space.start]), np.asarray([space.start + space.n - 1]))
     return None
 
 
@@ -333,7 +338,7 @@ def _first_bad(a: np.ndarray, space: Any) -> Optional[Tuple[int, str]]:
             r = int(np.argmin(fin.all(1)))
             j = int(np.argmin(fin[r]))
             return r, f"{'' if a.ndim == 1 else f'[{j}]'} = {flat[r, j]} is not finite"
-    b = _bounds(space)
+    b = _layout(space)[2]  # type: ignore[index]
     if b is None:
         return None
     lo, hi = b
@@ -516,12 +521,13 @@ class ColumnsUnsupported(ValueError):
     no columnar copy; read it through Minari."""
 
 
-def _untree(tree: Any, cols: Dict[str, np.ndarray]) -> Any:
+def untree(tree: Any, cols: Dict[str, np.ndarray]) -> Any:
+    """The observations or actions of ``cols`` (by column name) as the tree of :func:`leaf_spaces`."""
     if isinstance(tree, str):
         return cols[tree]
     if "dict" in tree:
-        return {k: _untree(v, cols) for k, v in tree["dict"]}
-    return tuple(_untree(v, cols) for v in tree["tuple"])
+        return {k: untree(v, cols) for k, v in tree["dict"]}
+    return tuple(untree(v, cols) for v in tree["tuple"])
 
 
 def _signature(data: str) -> List[Any]:
@@ -701,9 +707,9 @@ class ColumnStore:
             if hasattr(mm, "madvise") and hasattr(mmap, "MADV_DONTNEED"):
                 mm.madvise(mmap.MADV_DONTNEED)
         trees = self.index["trees"]
-        return {"observations": _untree(trees["observations"], got),
-                "next_observations": _untree(trees["observations"], nxt),
-                "actions": _untree(trees["actions"], got), **{k: got[k] for k in STEP_KEYS},
+        return {"observations": untree(trees["observations"], got),
+                "next_observations": untree(trees["observations"], nxt),
+                "actions": untree(trees["actions"], got), **{k: got[k] for k in STEP_KEYS},
                 "episode_ids": np.repeat(self.ids[e], lens), "t": t, "lengths": lens}
 
 
@@ -890,7 +896,7 @@ def record_episodes(policy: Any, env_cfg: Dict[str, Any], out: str, *, episodes:
     probe.close()
     meta = {"flowkit_record": json.dumps({"explore": explore, "epsilon": epsilon, "seed": seed,
                                           "episodes": episodes, "steps": steps, **(metadata or {})})}
-    if append and os.path.isfile(os.path.join(out, "data", "metadata.json")):  # add to a sound dataset only
+    if append and has_dataset(out):  # add to a sound dataset only
         check_contents(out, open_dataset(out, "out"), "out", columns=False)
     writer = DatasetWriter(out, obs_space, act_space, append, env_spec, meta)
     acting = _Explore(policy, act_space, explore, epsilon, seed)
@@ -901,11 +907,8 @@ def record_episodes(policy: Any, env_cfg: Dict[str, Any], out: str, *, episodes:
     def on_step(i: int, obs: Any, action: Any, next_obs: Any, r: float, term: bool, trunc: bool, info: Any) -> None:
         nonlocal total
         ep = live.setdefault(i, {"obs": [obs], "actions": [], "rewards": [], "term": [], "trunc": []})
-        ep["obs"].append(next_obs)
-        ep["actions"].append(action)
-        ep["rewards"].append(float(r))
-        ep["term"].append(bool(term))
-        ep["trunc"].append(bool(trunc))
+        for k, v in zip(ep, (next_obs, action, float(r), bool(term), bool(trunc))):
+            ep[k].append(v)
         total += 1
         if term or trunc:
             e = live.pop(i)
@@ -955,15 +958,12 @@ def record(path: str, episodes: Optional[int] = None, steps: Optional[int] = Non
     """
     from omegaconf import OmegaConf
 
-    from flowkit._outputs import check_output_folder
     from flowkit.checkpoint import CheckpointError, find_checkpoint, load_trained
     from flowkit.core import derive_seed
     if episodes is not None and steps is not None:
         raise ConfigError(f"give episodes or steps, not both (episodes={episodes}, steps={steps})")
     if out is not None:
-        check_output_folder(out, "out=")
-        if os.path.isdir(out) and os.listdir(out) and not os.path.isfile(os.path.join(out, "data", "metadata.json")):
-            raise ConfigError(f"out={out!r}: the folder holds files but no dataset (give a new or empty folder)")
+        check_folder(out, "out")
     try:
         ck = find_checkpoint(path)
     except FileNotFoundError as e:

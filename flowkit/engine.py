@@ -72,15 +72,7 @@ from flowkit._dataset_output import make_output
 from flowkit._guard import GUARD, Interrupted, check_probe_env, lock_run_dir
 from flowkit._outputs import write_text
 from flowkit._prepare import Prepared, check_config, prepare
-from flowkit.checkpoint import (  # noqa: F401
-    config_yaml,
-    find_checkpoint,
-    load_trained,
-    remove_stale_temp,
-    restore,
-    resume_config,
-    save_checkpoint,
-)
+from flowkit.checkpoint import config_yaml, find_checkpoint, remove_stale_temp, restore, save_checkpoint  # noqa: F401
 from flowkit.config import ConfigError, build_config, plugin_modules_from, section_object, validate_section
 from flowkit.core import EnvContext, SpaceError, derive_seed, env_name, make_env
 from flowkit.core.context import RunContext, make_context
@@ -90,7 +82,7 @@ from flowkit.core.ops import StandardMetricsReporting
 from flowkit.core.workers import kill_prestarted, reuse_freed_memory
 from flowkit.hooks import PluginError, get_plugin_manager
 from flowkit.hooks.manager import worker_plugin_manager
-from flowkit.reporters import kept_rows, policy_metrics, read_metrics  # noqa: F401  (read_metrics: public here too)
+from flowkit.reporters import policy_metrics, read_metrics  # noqa: F401  (read_metrics: public here too)
 
 
 # ---- set-up ----------------------------------------------------------------------------------
@@ -201,13 +193,8 @@ def describe_plan(user: Any = None, config_file: Union[str, Sequence[str], None]
     return {"text": plan.to_text(), "mermaid": plan.to_mermaid()}
 
 
-
-
 # ---- train -------------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _ray_session(cfg: DictConfig, ctx: RunContext):
+def _wait_for_ray(cfg: DictConfig, ctx: RunContext) -> None:
     """Wait for the Ray session started in the background (kept for later runs; ended by
     ``flowkit._ray.stop()`` or at exit); take the signals back from Ray."""
     if cfg.runtime.backend == "ray":
@@ -216,21 +203,17 @@ def _ray_session(cfg: DictConfig, ctx: RunContext):
         if GUARD.active:  # Ray sets its own SIGTERM handler, which would abort the process
             GUARD.install()
     ctx.mark("ray")
-    yield
+
+
+_STOPS = (("env_steps", "env_steps_sampled"), ("iterations", "iteration"), ("episode_return_mean",) * 2,
+          ("evaluation_return_mean",) * 2, ("time_s", "time_total_s"))  # stop.<key>, the row's column it reads
 
 
 def _stop_reason(cfg: DictConfig, r: Dict[str, Any]) -> Optional[str]:
-    s = cfg.stop
-    if s.env_steps is not None and r["env_steps_sampled"] >= s.env_steps:
-        return f"stop.env_steps={s.env_steps} reached"
-    if s.iterations is not None and r["iteration"] >= s.iterations:
-        return f"stop.iterations={s.iterations} reached"
-    if s.episode_return_mean is not None and r.get("episode_return_mean", -math.inf) >= s.episode_return_mean:
-        return f"stop.episode_return_mean={s.episode_return_mean} reached"
-    if s.evaluation_return_mean is not None and r.get("evaluation_return_mean", -math.inf) >= s.evaluation_return_mean:
-        return f"stop.evaluation_return_mean={s.evaluation_return_mean} reached"
-    if s.time_s is not None and r.get("time_total_s", 0.0) >= s.time_s:
-        return f"stop.time_s={s.time_s} reached"
+    for key, column in _STOPS:
+        limit = cfg.stop[key]
+        if limit is not None and r.get(column, -math.inf) >= limit:
+            return f"stop.{key}={limit} reached"
     return None
 
 
@@ -324,8 +307,8 @@ def _train(config: Any, config_file: Union[str, Sequence[str], None], plugins: S
             release = lock_run_dir(run_dir, take_over_lock)  # creates run_dir
             remove_stale_temp(run_dir)  # a killed writer's temporary checkpoint files
             try:
-                with _ray_session(cfg, ctx):
-                    return _run(ctx, cfg, pm, run_dir, resume_from, run_rows, t_entry)
+                _wait_for_ray(cfg, ctx)
+                return _run(ctx, cfg, pm, run_dir, resume_from, run_rows, t_entry)
             finally:
                 release()
         except KeyboardInterrupt as e:  # a signal during start-up: nothing to save

@@ -47,9 +47,10 @@ class EvaluateArgs:
                                          "then one line and exit 1 (default: the run's runtime.sample_timeout_s)", gt=0)
 
 
-def _stats(xs: List[float]) -> Dict[str, float]:
+def _stats(xs: List[float], prefix: str) -> Dict[str, float]:
     a = np.asarray(xs, np.float64)
-    return {"mean": float(a.mean()), "std": float(a.std()), "min": float(a.min()), "max": float(a.max())}
+    return {f"{prefix}{k}": float(f(a)) for k, f in (("mean", np.mean), ("std", np.std), ("min", np.min),
+                                                       ("max", np.max))}
 
 
 class _Video:
@@ -310,12 +311,11 @@ def _report(algo: Any, ck: str, eps: List[Dict[str, Any]], single: bool, seed: i
                               "explore": bool(explore)}
     if opponents:
         report["opponents"] = opponents
-    report.update({f"episode_return_{k}": v for k, v in _stats(rets).items()})
-    report.update({f"episode_len_{k}": v for k, v in _stats(lens).items()})
+    report.update(**_stats(rets, "episode_return_"), **_stats(lens, "episode_len_"))
     if not single:
         by_policy, reported = returns_by_policy(eps), _means(eps, "eval_metrics")  # eval_metrics: "<policy>/<name>"
-        report["policies"] = {pid: {**{f"episode_return_{k}": v for k, v in _stats([r for r, _ in mine]).items()},
-                                    **{f"episode_len_{k}": v for k, v in _stats([n for _, n in mine]).items()},
+        report["policies"] = {pid: {**_stats([r for r, _ in mine], "episode_return_"),
+                                    **_stats([n for _, n in mine], "episode_len_"),
                                     **{k.rpartition("/")[2]: v for k, v in reported.items() if k.rpartition("/")[0] == pid}}
                               for pid in algo.policies if (mine := by_policy.get(pid)) and pid not in opponents}
     tables = {name: st["table"] for name, st in (algo.checkpoint_state.get("stateful") or {}).items()

@@ -58,22 +58,21 @@ def numeric(row: Row) -> Dict[str, float]:
             if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)}
 
 
-def require(module: str, reporter: str, extra: str) -> None:
-    """Raise a one-line ConfigError when ``module`` is not installed."""
-    if importlib.util.find_spec(module) is None:
-        from flowkit.config import ConfigError
-        raise ConfigError(f"run.reporters: `{reporter}` needs the {module} package "
-                          f"(pip install 'flowkit[{extra}]'), or take `{reporter}` out of run.reporters")
-
-
-class TensorBoardReporter(Reporter):
-    """TensorBoard scalars in ``run_dir/tb`` (x axis: env_steps_sampled), the config as
-    hparams at the end of the run (with the last row's metrics) and as text at the start."""
-    name = "tensorboard"
+class _Tracker(Reporter):
+    """A tracker's reporter: its package and flowkit's extra that installs it are its ``name``."""
 
     @classmethod
     def validate_config(cls, config: "DictConfig") -> None:
-        require("tensorboard", cls.name, "tensorboard")
+        if importlib.util.find_spec(cls.name) is None:
+            from flowkit.config import ConfigError
+            raise ConfigError(f"run.reporters: `{cls.name}` needs the {cls.name} package "
+                              f"(pip install 'flowkit[{cls.name}]'), or take `{cls.name}` out of run.reporters")
+
+
+class TensorBoardReporter(_Tracker):
+    """TensorBoard scalars in ``run_dir/tb`` (x axis: env_steps_sampled), the config as
+    hparams at the end of the run (with the last row's metrics) and as text at the start."""
+    name = "tensorboard"
 
     def flowkit_on_run_start(self, ctx: "RunContext", run_dir: str) -> None:
         from torch.utils.tensorboard import SummaryWriter
@@ -100,13 +99,9 @@ class TensorBoardReporter(Reporter):
         self.tb.close()
 
 
-class MLflowReporter(Reporter):
+class MLflowReporter(_Tracker):
     """One MLflow run per flowkit run: params the config, metrics every row (step: env steps)."""
     name = "mlflow"
-
-    @classmethod
-    def validate_config(cls, config: "DictConfig") -> None:
-        require("mlflow", cls.name, "mlflow")
 
     def flowkit_on_run_start(self, ctx: "RunContext", run_dir: str) -> None:
         from mlflow.entities import Param
@@ -139,13 +134,9 @@ class MLflowReporter(Reporter):
             self.client.set_terminated(self.run_id, "FINISHED" if error is None else "FAILED")
 
 
-class WandbReporter(Reporter):
+class WandbReporter(_Tracker):
     """One Weights & Biases run (offline by default) in ``run_dir/wandb``."""
     name = "wandb"
-
-    @classmethod
-    def validate_config(cls, config: "DictConfig") -> None:
-        require("wandb", cls.name, "wandb")
 
     def flowkit_on_run_start(self, ctx: "RunContext", run_dir: str) -> None:
         import wandb

@@ -46,14 +46,9 @@ def find_runs(paths: Sequence[str]) -> List[str]:
     return list(dict.fromkeys(runs))
 
 
-def _flat(d: Any, prefix: str = "") -> Dict[str, Any]:
-    if isinstance(d, dict) and d:
-        return {k: v for key, sub in d.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
-    return {prefix[:-1]: repr(d) if isinstance(d, (list, dict)) else d}
-
-
 def run_config(run_dir: str) -> Dict[str, Any]:
-    """A run's ``config.yaml`` as ``{dotted key: value}`` ({} when it has none).
+    """A run's ``config.yaml`` as ``{dotted key: value}`` ({} when it has none; see
+    :func:`flowkit.loggers.hyperparameters`).
 
     Raises:
         RunFolderError: the file is not plain YAML holding a mapping (a damaged run: exit 1).
@@ -61,6 +56,7 @@ def run_config(run_dir: str) -> Dict[str, Any]:
     import yaml
 
     from flowkit._trust import RunFolderError
+    from flowkit.loggers import hyperparameters
     path = os.path.join(run_dir, "config.yaml")
     if not os.path.exists(path):
         return {}
@@ -71,7 +67,7 @@ def run_config(run_dir: str) -> Dict[str, Any]:
         raise RunFolderError(f"{path}: not a run's config (plain YAML): {' '.join(str(e).split())[:200]}") from None
     if data is not None and not isinstance(data, dict):
         raise RunFolderError(f"{path}: holds a {type(data).__name__}, not a mapping of config keys")
-    return _flat(data or {})
+    return hyperparameters(data or {})
 
 
 def group_runs(run_dirs: Sequence[str]) -> List[Tuple[str, List[str]]]:
@@ -150,9 +146,8 @@ def plot_runs(paths: Sequence[str], x: str = "env_steps", metric: str = "episode
         alias = {"episode_reward_mean": "episode_return_mean", "timesteps_total": "env_steps_sampled"}  # RLlib's
         hint = f"; did you mean `{alias[metric]}`?" if alias.get(metric) in columns else did_you_mean(metric, columns)
         raise ValueError(f"no run has both the column {metric!r} and {xcol!r} in its metrics.csv{hint}")
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    from flowkit.reporters import _pyplot
+    plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7, 4))
     for label, pts in result.items():
         xs = [p["x"] for p in pts]

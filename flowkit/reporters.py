@@ -179,17 +179,15 @@ class ProgressReporter(Reporter):
         per = policy_metrics(result)
         if per:  # multi-agent: each policy's return (the sum over players is 0 in a zero-sum game)
             post = {"return": ",".join(f"{p}:{m['return']:.2f}" for p, m in per.items() if "return" in m)}
-            post["steps/s"] = f"{result['env_steps_per_s']:.0f}"
-            if "evaluation_return_mean" in result:
-                post["eval"] = ",".join(f"{p}:{m['eval']:.2f}" for p, m in per.items() if "eval" in m)
-            if any("win" in m for m in per.values()):
-                post["win"] = ",".join(f"{p}:{m['win']:.3f}" for p, m in per.items() if "win" in m)
         else:
             ret = result.get("episode_return_mean", float("nan"))  # nan: no episode yet (or none played: offline)
             post = {"return": f"{ret:.1f}"} if ret == ret else {}
-            post["steps/s"] = f"{result['env_steps_per_s']:.0f}"
-            if "evaluation_return_mean" in result:
-                post["eval"] = f"{result['evaluation_return_mean']:.1f}"
+        post["steps/s"] = f"{result['env_steps_per_s']:.0f}"
+        if "evaluation_return_mean" in result:
+            post["eval"] = (",".join(f"{p}:{m['eval']:.2f}" for p, m in per.items() if "eval" in m) if per
+                            else f"{result['evaluation_return_mean']:.1f}")
+        if any("win" in m for m in per.values()):
+            post["win"] = ",".join(f"{p}:{m['win']:.3f}" for p, m in per.items() if "win" in m)
         self.bar.set_postfix(post, refresh=False)
         if self.bar.total is not None and result["env_steps_sampled"] > self.bar.total:
             self.bar.total = result["env_steps_sampled"]

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from flowkit.cli import OneLineArgumentParser, build_tuned, option_hint, shown_path
-from flowkit.config import ConfigError, build_config, plugin_modules_from
+from flowkit.config import ConfigError, _dotlist, build_config, plugin_modules_from
 from flowkit.core import env_name
 from flowkit.hooks import PluginError, get_plugin_manager
 
@@ -58,31 +58,6 @@ class Dim:
     args: List[Any]
 
 
-def _split(text: str) -> List[str]:
-    """``a,[1,2],{x: 1}`` split on the commas outside brackets and quotes."""
-    parts, depth, cur, quote = [], 0, "", ""
-    for ch in text:
-        if quote:
-            quote = "" if ch == quote else quote
-        elif ch in "\"'":
-            quote = ch
-        elif ch in "[{(":
-            depth += 1
-        elif ch in "]})":
-            depth -= 1
-        elif ch == "," and depth == 0:
-            parts.append(cur.strip())
-            cur = ""
-            continue
-        cur += ch
-    return parts + ([cur.strip()] if cur.strip() else [])
-
-
-def _value(text: str) -> Any:
-    from flowkit.config import _dotlist
-    return _dotlist([f"v={text}"])["v"]
-
-
 def parse_space(items: Sequence[str]) -> Tuple[List[str], Dict[str, Dim]]:
     """``(plain overrides, {key: Dim})`` of the command's ``key=...`` items.
 
@@ -98,7 +73,9 @@ def parse_space(items: Sequence[str]) -> Tuple[List[str], Dict[str, Dim]]:
         if not m:
             plain.append(item)
             continue
-        kind, args = m[1], [_value(a) for a in _split(m[2])]
+        kind, args = m[1], _dotlist([f"v=[{m[2]}]"])["v"]  # the values, each read as an override's value
+        if not isinstance(args, list):
+            raise ConfigError(f"{item!r}: its values are not a list (comma-separated YAML values)")
         if kind == "range":
             if not (1 <= len(args) <= 3 and all(isinstance(a, int) and not isinstance(a, bool) for a in args)):
                 raise ConfigError(f"{item!r}: range takes 1 to 3 ints, as Python's range")

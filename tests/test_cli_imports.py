@@ -101,7 +101,7 @@ def test_a_run_is_prepared_without_numpy_unless_it_records(tmp_path):
             f"'run.output={tmp_path / 'file'}'])\nexcept ConfigError as e:\n    print('ERR', e)")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "LOADED False False\n" in p.stdout, p.stderr[-2000:]
-    assert f"ERR run.output={str(tmp_path / 'file')!r}: a file is there, not a dataset folder" in p.stdout, p.stderr[-2000:]
+    assert f"ERR run.output= {str(tmp_path / 'file')!r} is a file, not a folder" in p.stdout, p.stderr[-2000:]
 
 
 def test_train_raises_a_config_error_before_ray_starts():

@@ -208,10 +208,11 @@ def _check_actions(fail: Any, base: List[str]) -> None:
 def _check_policy_actions(fail: Any, pid: str, pol: Any, obs_space: Any, act_space: Any, n: int = 5) -> None:
     """``pol``'s actions for ``n`` observations sampled from ``obs_space`` (seeded) against
     ``act_space`` and its distribution (``pol.dist``)."""
+    from flowkit.core import stack_rows
     from flowkit.core.encoders import batch_len
     obs_space.seed(0)
     rows = [obs_space.sample() for _ in range(n)]
-    obs = _stack_obs(rows)
+    obs = stack_rows(rows)
     who = f"policy {pid!r} ({type(pol).__name__})"
     dist = pol.dist
     state: Any = pol.initial_state(n) if callable(getattr(pol, "initial_state", None)) else None
@@ -263,16 +264,6 @@ def _check_policy_actions(fail: Any, pid: str, pol: Any, obs_space: Any, act_spa
             row = np.asarray(env_a[bad[0]])
             raise fail("actions", f"{m}: action {_short(row)} (dtype {row.dtype}, shape {list(row.shape)}) of row "
                                   f"{bad[0]} is not in {act_space}")
-
-
-def _stack_obs(rows: List[Any]) -> Any:
-    """Sampled observations (arrays, or dicts/tuples of them) stacked along a new first axis."""
-    first = rows[0]
-    if isinstance(first, dict):
-        return {k: _stack_obs([r[k] for r in rows]) for k in first}
-    if isinstance(first, tuple):
-        return tuple(_stack_obs([r[i] for r in rows]) for i in range(len(first)))
-    return np.stack([np.asarray(r) for r in rows])
 
 
 def _check_checkpoint(name: str, fail: Any, ov: List[str]) -> None:

@@ -278,25 +278,16 @@ class RecallEnv(_Tiny):
         return float(self.t >= self.k and int(action) == self.shown[self.t - self.k])
 
 
-class CartPoleNoVelocity(gym.ObservationWrapper):
-    """See :func:`cartpole_no_velocity`."""
-
-    def __init__(self, env: gym.Env):
-        super().__init__(env)
-        box = env.observation_space
-        assert isinstance(box, spaces.Box)
-        self.observation_space = spaces.Box(box.low[[0, 2]], box.high[[0, 2]], (2,), np.float32)
-
-    def observation(self, observation: Any) -> Any:
-        return np.asarray(observation, np.float32)[[0, 2]]
-
-
 def recall(n: int = 2, k: int = 1, length: int = 16) -> RecallEnv:
     return RecallEnv(n, k, length)
 
 
 def cartpole_no_velocity(**kwargs: Any) -> gym.Env:
-    return CartPoleNoVelocity(gym.make("CartPole-v1", **kwargs))
+    env = gym.make("CartPole-v1", **kwargs)
+    box = env.observation_space
+    assert isinstance(box, spaces.Box)
+    return gym.wrappers.TransformObservation(env, lambda o: np.asarray(o, np.float32)[[0, 2]],
+                                             spaces.Box(box.low[[0, 2]], box.high[[0, 2]], (2,), np.float32))
 
 
 if "CartPoleNoVel-v1" not in gym.registry:
