@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, Optional
 
 import numpy as np
 
@@ -191,22 +191,19 @@ class OutputWriter:
         if self.writer is not None:
             self.writer.flush()
 
-    def counts(self) -> List[int]:
-        """``[episodes, steps]`` in the dataset, after a :meth:`flush`."""
-        self.flush()
-        if self.writer is not None:
-            return [int(self.writer.storage.total_episodes), int(self.writer.storage.total_steps)]
-        if has_dataset(self.path):
-            with open(os.path.join(self.path, "data", "metadata.json")) as f:
-                m = json.load(f)
-            return [int(m.get("total_episodes", 0)), int(m.get("total_steps", 0))]
-        return [0, 0]
+    stop = flush
 
     # -- checkpoints --
     def get_state(self) -> Dict[str, Any]:
         """Every finished episode written, then ``{"episodes", "steps"}`` of the dataset."""
-        episodes, steps = self.counts()
-        return {"episodes": episodes, "steps": steps}
+        self.flush()
+        m: Dict[str, Any] = {}
+        if self.writer is not None:
+            m = {"total_episodes": self.writer.storage.total_episodes, "total_steps": self.writer.storage.total_steps}
+        elif has_dataset(self.path):
+            with open(os.path.join(self.path, "data", "metadata.json")) as f:
+                m = json.load(f)
+        return {"episodes": int(m.get("total_episodes", 0)), "steps": int(m.get("total_steps", 0))}
 
     def set_state(self, state: Dict[str, Any]) -> None:
         """A resumed run: the dataset cut back to the checkpoint's episodes, appended to from
@@ -217,6 +214,3 @@ class OutputWriter:
             cut_back(self.path, n)
         elif n > 0:
             raise ValueError(f"{KEY}={self.path!r}: no dataset there, the checkpoint recorded {n} episodes in it")
-
-    def stop(self) -> None:
-        self.flush()

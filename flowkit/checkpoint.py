@@ -558,9 +558,8 @@ def load_trained(path: str, expected_cls: Optional[type] = None, trust_config: b
     exp: Any = expected_cls
     algos: Any = Algorithms({**pm.algorithms(load=False), **({exp.name: exp} if exp is not None else {})})
     sections = pm.config_sections()
-    if exp is not None:
-        if getattr(exp, "config_class", None) is not None:
-            sections.setdefault(exp.name, exp.config_class)
+    if getattr(exp, "config_class", None) is not None:
+        sections.setdefault(exp.name, exp.config_class)
     check_algorithms(st, algos, state_path, () if exp is not None else (str(cfg_yaml.algo),))
     try:
         cfg = build_config(OmegaConf.to_container(cfg_yaml, resolve=True), None, sections)

@@ -192,12 +192,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     from flowkit._outputs import OutputError
     try:
         res = plot_runs(a.runs, a.x, a.metric, a.out)
-    except (ValueError, FileNotFoundError) as e:  # a run's damaged file (RunFolderError): 1; what was given: 2
-        print(f"flowkit plot: error: {e}", file=sys.stderr)
-        return int(getattr(e, "exit_status", 2))
-    except OutputError as e:  # a full disk, a folder gone read-only
-        print(f"flowkit plot: error: {e}", file=sys.stderr)
-        return 1
+    except (ValueError, FileNotFoundError, OutputError) as e:  # a run's damaged file (RunFolderError), a full
+        print(f"flowkit plot: error: {e}", file=sys.stderr)  # disk, a folder gone read-only: 1; what was given: 2
+        return 1 if isinstance(e, OutputError) else int(getattr(e, "exit_status", 2))
     for label, pts in res.items():
         n = max(p["runs"] for p in pts)
         last = [p for p in pts if p["runs"] == n][-1]  # the last point every run of the group reaches

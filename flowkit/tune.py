@@ -449,10 +449,9 @@ def _report(grid: Any, space: Dict[str, Dim], a: argparse.Namespace, sweep_dir: 
         values = {k: (r.config or {}).get(k) for k in space}
         tid = m.get("trial_id") or (re.findall(r"_([0-9a-f]{5}_\d{5})_", os.path.basename(r.path or "")) or [""])[0]
         run = trial_dirname(values, _index(tid))
-        row: Dict[str, Any] = {"run": run, **values,
-                               a.metric: m.get(a.metric, float("nan")), "env_steps_sampled": m.get("env_steps_sampled"),
-                               "iterations": m.get("iteration"), "status": _status(sweep_dir, run, r.error)}
-        rows.append(row)
+        rows.append({"run": run, **values, a.metric: m.get(a.metric, float("nan")),
+                     "env_steps_sampled": m.get("env_steps_sampled"), "iterations": m.get("iteration"),
+                     "status": _status(sweep_dir, run, r.error)})
     sign = -1.0 if a.mode == "max" else 1.0
     rows.sort(key=lambda r: (not isinstance(r[a.metric], (int, float)) or math.isnan(r[a.metric]),
                              sign * r[a.metric] if isinstance(r[a.metric], (int, float)) else 0.0))
