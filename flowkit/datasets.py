@@ -408,15 +408,9 @@ def write_checksums(h5: str, episodes: Sequence[int]) -> None:
     with h5py.File(h5, "a") as f:
         for i in episodes:
             g = f[f"episode_{i}"]
-            g.attrs[SHA_ATTR] = json.dumps({name: _digest(g[name][()]) for name in _dataset_names(g)})
-
-
-def _dataset_names(group: Any) -> List[str]:
-    """The paths of the HDF5 datasets under ``group`` (a Dict's or Tuple's leaves in subgroups)."""
-    import h5py
-    names: List[str] = []
-    group.visititems(lambda name, d: names.append(name) if isinstance(d, h5py.Dataset) else None)
-    return names
+            names: List[str] = []
+            g.visit(names.append)  # every path under the group: its datasets, and a Dict's or Tuple's subgroups
+            g.attrs[SHA_ATTR] = json.dumps({n: _digest(g[n][()]) for n in names if isinstance(g[n], h5py.Dataset)})
 
 
 def verify_checksums(group: Any, ep: Optional[Dict[str, Any]] = None) -> None:

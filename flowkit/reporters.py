@@ -43,13 +43,12 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Optional, Type
 
 from flowkit.core.flow import NOT_READY
 from flowkit.hooks.manager import Reporter, hookimpl
+from flowkit.hooks.specs import Row
 
 if TYPE_CHECKING:
 
     from flowkit.core.context import RunContext
     from flowkit.core.metrics import Result
-
-Row = Dict[str, Any]
 
 
 @hookimpl(trylast=True)
