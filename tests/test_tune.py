@@ -30,6 +30,9 @@ def test_grammar():
     assert space["model.hidden_sizes"].args == [[64, 64], [32]]
     assert trial_dirname({"ppo.lr": 3e-4, "model.hidden_sizes": [64, 64]}, 7) == \
         "00007-ppo.lr=0.0003,model.hidden_sizes=_64,_64_"
+    assert parse_space(["x=choice('a,b', c d)"])[1]["x"].args == ["a,b", "c d"]  # the values read as YAML
+    with pytest.raises(flowkit.ConfigError, match=r"^'x=choice\(a,\[b\)': its values are not a list"):
+        parse_space(["x=choice(a,[b)"])
     for bad in ["seed=range(1.5)", "x=uniform(1)", "x=loguniform(0,1)", "x=choice()"]:
         with pytest.raises(flowkit.ConfigError, match="x=|seed="):
             parse_space([bad])

@@ -411,13 +411,8 @@ class _ActAsWorkers:
 
 def _check_learn(fail: Any, env: TinyEnv, solved: Optional[float], ov: List[str]) -> Dict[str, float]:
     import flowkit
-    from flowkit import hooks
     probe = _ActAsWorkers()
-    hooks.register(probe)
-    try:
-        res = flowkit.train(ov, verbose=False)
-    finally:
-        hooks.unregister(probe)
+    res = flowkit.train(ov, plugins=[probe], verbose=False)
     learner = res.metrics.get("evaluation_return_mean")
     got = float(np.mean([e["return"] for e in probe.episodes])) if probe.episodes else None
     if probe.no_workers and learner is not None:
