@@ -454,11 +454,9 @@ def lock_run_dir(run_dir: str, take_over: bool = False) -> Callable[[], None]:
             where = "" if owner in ("", host) else f" on host {owner!r}"
             raise refuse(fd, f"is in use by a live run (pid {pid if pid is not None else '?'}{where}); choose "
                              "another run.dir or stop that run") from None
-        try:  # released (removed) between our open and our flock: take the new file instead
-            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+        with contextlib.suppress(FileNotFoundError):  # released (removed) between our open and our flock: the
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:  # new file is taken instead
                 break
-        except FileNotFoundError:
-            pass
         os.close(fd)
     pid, owner = _holder(fd)
     if pid is not None and pid != me:
