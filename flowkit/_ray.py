@@ -313,21 +313,17 @@ def wait() -> None:
             process died) or was not up within ``LOCAL_START_TIMEOUT_S`` (120 s; lower
             ``runtime.start_timeout_s`` lowers it): Ray's own start waits without a bound.
     """
-    t = _S["thread"]
-    if t is None:
+    if _S["thread"] is None:
         return
-    t0 = time.monotonic()
-    end = t0 + 2 * CONNECT_TIMEOUT_S
+    t0, addr = time.monotonic(), _S["key"][0]
     while not _S["ready"].wait(0.1):
-        if not _S["key"][0] and time.monotonic() > t0 + _S["limit"]:
-            limit = _S["limit"]
+        if not addr and time.monotonic() > t0 + _S["limit"]:
             _S["cancel"].set()  # (the thread, stuck in ray.init, is left; Ray's processes die with this one)
             _S.update(thread=None, error=None, key=None, prestarted=None)
-            raise RayStartError(f"Ray did not start a local cluster within {limit:g} s (is memory, /dev/shm or /tmp "
-                                "short? see Ray's logs under /tmp/ray); runtime.backend=local runs without Ray")
-        if _S["key"][0] and time.monotonic() > end:  # an address that answers but is no Ray head
+            raise RayStartError(f"Ray did not start a local cluster within {_S['limit']:g} s (is memory, /dev/shm or "
+                                "/tmp short? see Ray's logs under /tmp/ray); runtime.backend=local runs without Ray")
+        if addr and time.monotonic() > t0 + 2 * CONNECT_TIMEOUT_S:  # an address that answers but is no Ray head
             from flowkit.config import ConfigError
-            addr = _S["key"][0]
             stop()
             raise ConfigError(f"runtime.address={addr!r}: Ray did not connect within {2 * CONNECT_TIMEOUT_S:g} s "
                               "(is a Ray head listening there?)")
