@@ -78,12 +78,8 @@ class Guard:
         and start the watchdog. A no-op outside the main thread."""
         if threading.current_thread() is not threading.main_thread():
             return
-        for name in SIGNALS + ("SIGALRM",):
-            if name in INHERITED_IGNORED:
-                continue
-            sig = getattr(signal, name)
-            cur = signal.getsignal(sig)
-            if cur != self._handle:
+        for sig in [getattr(signal, n) for n in SIGNALS + ("SIGALRM",) if n not in INHERITED_IGNORED]:
+            if (cur := signal.getsignal(sig)) != self._handle:
                 self._prev.setdefault(sig, cur)
                 signal.signal(sig, self._handle)
         if self._thread is None:
@@ -160,14 +156,18 @@ class Guard:
             self._deadlines[name] = (time.monotonic() + seconds, make)
 
     @contextlib.contextmanager
-    def sample_deadline(self, seconds: Optional[float], what: str) -> Iterator[None]:
-        """A local sample call: interrupted with :class:`SampleTimeout` after ``seconds``."""
-        self.set_deadline("sample", seconds, lambda: SampleTimeout(
-            f"{what} did not answer a sample request within runtime.sample_timeout_s={seconds} s"))
+    def _deadline(self, name: str, seconds: Optional[float], make: Callable[[], BaseException]) -> Iterator[None]:
+        """``make()`` raised in the main thread after ``seconds`` unless the block ends first."""
+        self.set_deadline(name, seconds, make)
         try:
             yield
         finally:
-            self._deadlines.pop("sample", None)
+            self._deadlines.pop(name, None)
+
+    def sample_deadline(self, seconds: Optional[float], what: str) -> Any:
+        """A local sample call: interrupted with :class:`SampleTimeout` after ``seconds``."""
+        return self._deadline("sample", seconds, lambda: SampleTimeout(
+            f"{what} did not answer a sample request within runtime.sample_timeout_s={seconds} s"))
 
     @contextlib.contextmanager
     def interruptible(self, seconds: Optional[float], make: Callable[[], BaseException]) -> Iterator[None]:
@@ -179,11 +179,10 @@ class Guard:
             exc, self.pending = self.pending, None
             raise exc
         shield, self._shield = self._shield, 0
-        self.set_deadline("evaluate", seconds, make)
         try:
-            yield
+            with self._deadline("evaluate", seconds, make):
+                yield
         finally:
-            self._deadlines.pop("evaluate", None)
             self._shield = shield
 
     def _watch(self) -> None:
@@ -218,29 +217,27 @@ def check_cpus(cfg: Any) -> None:
     with torch) would swamp the machine: refuse them too, before any is spawned. Workers whose
     envs wait rather than compute (a remote simulator, bench/scaling.py's sleeping env) may
     share a CPU many to one."""
-    from flowkit.config import ConfigError
-    rt = cfg.runtime
     from flowkit import _ray
+    from flowkit.config import config_checks
+    rt = cfg.runtime
     if rt.backend != "ray" or rt.address or _ray.external():
         return  # the local backend, an attached cluster, or the caller's own Ray session
     have = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     n, per = max(1, int(rt.num_workers)), float(rt.num_cpus_per_worker)
-    if n * per > have + 1e-9:
-        raise ConfigError(f"runtime.num_workers={rt.num_workers} x runtime.num_cpus_per_worker={per:g} needs "
-                          f"{n * per:g} CPUs, this machine has {have}: lower runtime.num_workers or share CPUs "
-                          f"(runtime.num_cpus_per_worker={have / n:g})")
-    nl, lper = int(cfg.learner.num_learners), float(cfg.learner.num_cpus_per_learner)
-    if nl and n * per + nl * lper > have + 1e-9:
-        raise ConfigError(f"learner.num_learners={nl} x learner.num_cpus_per_learner={lper:g} and "
-                          f"runtime.num_workers={rt.num_workers} x runtime.num_cpus_per_worker={per:g} need "
-                          f"{n * per + nl * lper:g} CPUs, this machine has {have}: lower them or share CPUs "
-                          f"(learner.num_cpus_per_learner={max(have - n * per, 0) / nl:g})")
-    room = available_memory_mb()
-    if n * WORKER_MEMORY_MB > room:
-        raise ConfigError(f"runtime.num_workers={rt.num_workers}: {n} rollout worker processes need about "
-                          f"{n * WORKER_MEMORY_MB / 1024:.1f} GB ({WORKER_MEMORY_MB} MB each), this machine has "
-                          f"{room / 1024:.1f} GB available: lower runtime.num_workers; more sub-envs per worker "
-                          "(runtime.num_envs_per_worker) sample more at once")
+    nl, lper, room = int(cfg.learner.num_learners), float(cfg.learner.num_cpus_per_learner), available_memory_mb()
+    config_checks([
+        (n * per > have + 1e-9, f"runtime.num_workers={rt.num_workers} x runtime.num_cpus_per_worker={per:g} needs "
+         f"{n * per:g} CPUs, this machine has {have}: lower runtime.num_workers or share CPUs "
+         f"(runtime.num_cpus_per_worker={have / n:g})"),
+        (nl and n * per + nl * lper > have + 1e-9, f"learner.num_learners={nl} x learner.num_cpus_per_learner={lper:g} "
+         f"and runtime.num_workers={rt.num_workers} x runtime.num_cpus_per_worker={per:g} need "
+         f"{n * per + nl * lper:g} CPUs, this machine has {have}: lower them or share CPUs "
+         f"(learner.num_cpus_per_learner={max(have - n * per, 0) / max(nl, 1):g})"),
+        (n * WORKER_MEMORY_MB > room, f"runtime.num_workers={rt.num_workers}: {n} rollout worker processes need about "
+         f"{n * WORKER_MEMORY_MB / 1024:.1f} GB ({WORKER_MEMORY_MB} MB each), this machine has "
+         f"{room / 1024:.1f} GB available: lower runtime.num_workers; more sub-envs per worker "
+         "(runtime.num_envs_per_worker) sample more at once"),
+    ])
 
 
 def check_env_kwargs(cfg: Any) -> None:
@@ -254,26 +251,20 @@ def check_env_kwargs(cfg: Any) -> None:
     Raises:
         ConfigError: naming the key and the value.
     """
-    from flowkit.config import ConfigError
+    from omegaconf import DictConfig, OmegaConf
 
-    def walk(v: Any, key: str) -> None:
-        if isinstance(v, dict):
-            for k, x in v.items():
-                walk(x, f"{key}.{k}")
-        elif isinstance(v, (list, tuple)):
-            for i, x in enumerate(v):
-                walk(x, f"{key}[{i}]")
-        elif isinstance(v, (int, float, str)) and not isinstance(v, bool):
+    from flowkit.config import ConfigError
+    from flowkit.core.names import leaves
+    kwargs = cfg.env.kwargs
+    for key, v in leaves(OmegaConf.to_container(kwargs) if isinstance(kwargs, DictConfig) else dict(kwargs or {}),
+                         "env.kwargs."):
+        if isinstance(v, (int, float, str)) and not isinstance(v, bool):
             try:  # (YAML's spellings too: `.nan`, `-.inf` in a list stay text)
                 bad = not math.isfinite(float(v.replace(".", "", 1) if isinstance(v, str) and "." in v[:2] else v))
             except (ValueError, OverflowError):
                 bad = False  # text that is not a number
             if bad:
                 raise ConfigError(f"{key}={v!r} is not a finite number")
-
-    from omegaconf import DictConfig, OmegaConf
-    kwargs = cfg.env.get("kwargs")
-    walk(OmegaConf.to_container(kwargs) if isinstance(kwargs, DictConfig) else dict(kwargs or {}), "env.kwargs")
     if kwargs and kwargs.get("render_mode") == "human":
         display = bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
         raise ConfigError("env.kwargs.render_mode='human': training renders nothing (each rollout worker's sub-envs "
@@ -302,7 +293,7 @@ def check_probe_env(env: Any, cfg: Any) -> None:
     if not isinstance(env, gym.Env):
         return
     what = f"{'env.factory' if cfg.env.factory else 'env.id'}={env_name(cfg.env)!r}"
-    kw = f" (env.kwargs: {dict(cfg.env.kwargs)})" if cfg.env.get("kwargs") else ""
+    kw = f" (env.kwargs: {dict(cfg.env.kwargs)})" if cfg.env.kwargs else ""
     dt = getattr(env.unwrapped, "dt", None)
     if isinstance(dt, (int, float)) and not (math.isfinite(dt) and dt > 0):
         raise ConfigError(f"{what}: the env's time step dt={dt:g} s is not > 0{kw}")
@@ -335,7 +326,7 @@ def check_env_id(cfg: Any, pm: Any = None) -> None:
 
     from flowkit.config import ConfigError, action_space_error
     from flowkit.core.presets import env_preset, preset_hint
-    if cfg.env.get("preset"):
+    if cfg.env.preset:
         env_preset(cfg.env.preset).check(OmegaConf.to_container(cfg.env, resolve=True))  # type: ignore[arg-type]
     eid = cfg.env.id
     if not eid or cfg.env.factory:
@@ -355,7 +346,7 @@ def check_env_id(cfg: Any, pm: Any = None) -> None:
         _mujoco_warnings_once(str(eid))  # MuJoCo's deprecation notes as one Python warning, as the env probe
         env = gym.make(str(eid), **dict(cfg.env.kwargs or {}))
     except Exception as e:
-        if cfg.env.get("preset"):
+        if cfg.env.preset:
             return  # the preset builds it its own way: the env probe at set-up gives this its message
         raise ConfigError(f"env.id={eid!r}: cannot build the env: {type(e).__name__}: {e}") from None
     try:
@@ -382,31 +373,31 @@ def check_new_run_dir(run_dir: Optional[str]) -> None:
             would overwrite the project's config), or one of :data:`PROJECT_MARKERS` (a project's
             root).
     """
-    from flowkit.config import ConfigError
+    from flowkit.config import config_checks
     if not run_dir:
         return
     ckpts = os.path.join(run_dir, "checkpoints")
     found = [f for f in ("metrics.csv", "result.json") if os.path.exists(os.path.join(run_dir, f))]
     if os.path.isdir(ckpts) and any(not n.startswith(".") for n in os.listdir(ckpts)):
         found.append("checkpoints/")
-    if found:
-        raise ConfigError(f"run.dir={run_dir!r} holds an earlier run ({', '.join(found)}): resume={run_dir} "
-                          "continues it; another run.dir (or removing this one) starts a new run")
-    if os.path.isfile(os.path.join(run_dir, "config.yaml")):  # (run.dir=. in a project: its own config)
-        raise ConfigError(f"run.dir={run_dir!r} holds a config.yaml that is not a run's (no metrics.csv or checkpoints): "
-                          "the run would overwrite it; give the run a folder of its own (or remove that file)")
     project = [n for n in PROJECT_MARKERS if os.path.exists(os.path.join(run_dir, n))]
-    if project:  # run.dir=. in a project root: the run's files would land among the project's
-        raise ConfigError(f"run.dir={run_dir!r} is a project folder (it holds {', '.join(project)}): the run's "
-                          "config.yaml, metrics.csv and checkpoints would land among its files; give the run a "
-                          "folder of its own (e.g. run.dir=runs/NAME)")
-    if os.path.isdir(run_dir):  # a sweep's folder: a run in it would hide the trials from `flowkit plot`
-        runs_below = [n for n in sorted(os.listdir(run_dir)) if os.path.isfile(os.path.join(run_dir, n, "metrics.csv"))]
-        if runs_below or os.path.exists(os.path.join(run_dir, "tune_results.csv")):
-            what = f"run folders ({', '.join(runs_below[:3])}{', ...' if len(runs_below) > 3 else ''})" \
-                if runs_below else "tune_results.csv"
-            raise ConfigError(f"run.dir={run_dir!r} holds {what}: it is a sweep's or a parent folder, and a run in "
-                              "it would hide them from `flowkit plot`; give the run a folder of its own")
+    # a sweep's folder: a run in it would hide the trials from `flowkit plot`
+    below = [n for n in sorted(os.listdir(run_dir)) if os.path.isfile(os.path.join(run_dir, n, "metrics.csv"))] \
+        if os.path.isdir(run_dir) else []
+    sweep = (f"run folders ({', '.join(below[:3])}{', ...' if len(below) > 3 else ''})" if below else
+             "tune_results.csv" if os.path.exists(os.path.join(run_dir, "tune_results.csv")) else "")
+    config_checks([
+        (found, f"run.dir={run_dir!r} holds an earlier run ({', '.join(found)}): resume={run_dir} continues it; "
+         "another run.dir (or removing this one) starts a new run"),
+        (os.path.isfile(os.path.join(run_dir, "config.yaml")), f"run.dir={run_dir!r} holds a config.yaml that is not "
+         "a run's (no metrics.csv or checkpoints): the run would overwrite it; give the run a folder of its own (or "
+         "remove that file)"),  # (run.dir=. in a project: its own config)
+        (project, f"run.dir={run_dir!r} is a project folder (it holds {', '.join(project)}): the run's config.yaml, "
+         "metrics.csv and checkpoints would land among its files; give the run a folder of its own (e.g. "
+         "run.dir=runs/NAME)"),
+        (sweep, f"run.dir={run_dir!r} holds {sweep}: it is a sweep's or a parent folder, and a run in it would hide "
+         "them from `flowkit plot`; give the run a folder of its own"),
+    ])
 
 
 def _holder(fd: int) -> Tuple[Optional[int], str]:
@@ -463,11 +454,9 @@ def lock_run_dir(run_dir: str, take_over: bool = False) -> Callable[[], None]:
             where = "" if owner in ("", host) else f" on host {owner!r}"
             raise refuse(fd, f"is in use by a live run (pid {pid if pid is not None else '?'}{where}); choose "
                              "another run.dir or stop that run") from None
-        try:  # released (removed) between our open and our flock: take the new file instead
-            if os.stat(path).st_ino == os.fstat(fd).st_ino:
+        with contextlib.suppress(FileNotFoundError):  # released (removed) between our open and our flock: the
+            if os.stat(path).st_ino == os.fstat(fd).st_ino:  # new file is taken instead
                 break
-        except FileNotFoundError:
-            pass
         os.close(fd)
     pid, owner = _holder(fd)
     if pid is not None and pid != me:

@@ -61,26 +61,29 @@ def start(cfg: Any, prestart: bool = False) -> None:
     os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
     kw: Dict[str, Any] = {"include_dashboard": False, "log_to_driver": True, "configure_logging": True,
                           "logging_level": "warning", "address": addr or "local",
-                          "job_config": _job_config(cfg)}
-    if addr:
-        kw["runtime_env"] = runtime_env
+                          "job_config": _job_config(cfg), "runtime_env": runtime_env}  # (None: Ray's default)
     import ray  # noqa: F401  (here, not in the thread: the GIL would share it with torch's import)
     _S["cancel"].clear()
     _S["ready"].clear()
-    _S.update(key=key, error=None, limit=min(LOCAL_START_TIMEOUT_S, float(cfg.runtime.get("start_timeout_s", 600.0))),
+    _S.update(key=key, error=None, limit=min(LOCAL_START_TIMEOUT_S, float(cfg.runtime.start_timeout_s)),
               thread=threading.Thread(target=_init, args=(kw, cfg if prestart and not addr else None),
                                       name="flowkit-ray-init", daemon=True))
     _S["thread"].start()
 
 
+def _plugin_tops(cfg: Any) -> List[str]:
+    """``flowkit`` and the top-level modules of the plugins in use (entry points, ``plugins``)."""
+    import importlib.metadata as md
+    tops = [ep.value.split(":")[0].split(".")[0] for ep in md.entry_points(group="flowkit")]
+    return list(dict.fromkeys(["flowkit", *tops, *(str(p).split(".")[0] for p in cfg.plugins)]))
+
+
 def _runtime_env(cfg: Any) -> Dict[str, Any]:
     """Ship flowkit and the plugins in use to a cluster's workers (py_modules)."""
     import importlib
-    import importlib.metadata as md
 
-    mods = [os.path.dirname(os.path.abspath(__file__))]  # flowkit's package folder
-    tops = [ep.value.split(":")[0].split(".")[0] for ep in md.entry_points(group="flowkit")]
-    for name in tops + [p.split(".")[0] for p in cfg.plugins]:
+    mods = []
+    for name in _plugin_tops(cfg):
         with contextlib.suppress(Exception):
             f = str(importlib.import_module(name).__file__)
             mods.append(os.path.dirname(f) if f.endswith("__init__.py") else f)
@@ -103,33 +106,22 @@ def _import_roots(cfg: Any, cwd: str) -> List[str]:
     ``.py`` file) without being the one in use: the parent folder of a clone holds a
     ``flowkit`` folder that is a namespace package (no ``__init__.py``), which a worker with
     ``cwd`` first on its import path would import. Reads no module that is not yet imported."""
-    import importlib.metadata as md
     import importlib.util
 
-    import flowkit
-    names = ["flowkit"] + [ep.value.split(":")[0].split(".")[0] for ep in md.entry_points(group="flowkit")]
-    names += [str(p).split(".")[0] for p in cfg.get("plugins") or []]
     roots: List[str] = []
-    for name in dict.fromkeys(names):
+    for name in _plugin_tops(cfg):
         here = [os.path.join(cwd, name + ext) for ext in ("", ".py") if os.path.lexists(os.path.join(cwd, name + ext))]
-        if not here:
+        spec = None
+        with contextlib.suppress(Exception):  # (a module already imported, flowkit: its own spec)
+            spec = importlib.util.find_spec(name) if here else None
+        if spec is None or not spec.has_location or not spec.origin:
             continue
-        if name == "flowkit":
-            used = os.path.dirname(os.path.abspath(flowkit.__file__ or ""))
-        else:
-            spec = None
-            with contextlib.suppress(Exception):
-                spec = importlib.util.find_spec(name)
-            if spec is None or not spec.has_location or not spec.origin:
-                continue
-            # a package: its folder; a module: its file
-            used = os.path.dirname(spec.origin) if spec.submodule_search_locations is not None else spec.origin
+        # a package: its folder; a module: its file
+        used = os.path.dirname(spec.origin) if spec.submodule_search_locations is not None else spec.origin
         if any(os.path.realpath(h) == os.path.realpath(used) for h in here):
             continue  # the current folder's is the one in use (a checkout's root)
-        root = os.path.dirname(used)
-        if root not in roots:
-            roots.append(root)
-    return roots
+        roots.append(os.path.dirname(used))
+    return list(dict.fromkeys(roots))
 
 
 def _job_config(cfg: Any) -> Any:
@@ -321,21 +313,17 @@ def wait() -> None:
             process died) or was not up within ``LOCAL_START_TIMEOUT_S`` (120 s; lower
             ``runtime.start_timeout_s`` lowers it): Ray's own start waits without a bound.
     """
-    t = _S["thread"]
-    if t is None:
+    if _S["thread"] is None:
         return
-    t0 = time.monotonic()
-    end = t0 + 2 * CONNECT_TIMEOUT_S
+    t0, addr = time.monotonic(), _S["key"][0]
     while not _S["ready"].wait(0.1):
-        if not _S["key"][0] and time.monotonic() > t0 + _S["limit"]:
-            limit = _S["limit"]
+        if not addr and time.monotonic() > t0 + _S["limit"]:
             _S["cancel"].set()  # (the thread, stuck in ray.init, is left; Ray's processes die with this one)
             _S.update(thread=None, error=None, key=None, prestarted=None)
-            raise RayStartError(f"Ray did not start a local cluster within {limit:g} s (is memory, /dev/shm or /tmp "
-                                "short? see Ray's logs under /tmp/ray); runtime.backend=local runs without Ray")
-        if _S["key"][0] and time.monotonic() > end:  # an address that answers but is no Ray head
+            raise RayStartError(f"Ray did not start a local cluster within {_S['limit']:g} s (is memory, /dev/shm or "
+                                "/tmp short? see Ray's logs under /tmp/ray); runtime.backend=local runs without Ray")
+        if addr and time.monotonic() > t0 + 2 * CONNECT_TIMEOUT_S:  # an address that answers but is no Ray head
             from flowkit.config import ConfigError
-            addr = _S["key"][0]
             stop()
             raise ConfigError(f"runtime.address={addr!r}: Ray did not connect within {2 * CONNECT_TIMEOUT_S:g} s "
                               "(is a Ray head listening there?)")

@@ -248,7 +248,7 @@ def _run_failures() -> Tuple[type, ...]:
 def _config_command(args: argparse.Namespace, overrides: List[str]) -> int:
     """train, plan, plugins (and ``--print-config``, ``--dry-run``)."""
     from flowkit._guard import GUARD
-    from flowkit.config import check_algo, check_run, plugin_modules_from
+    from flowkit.config import check_run, plugin_modules_from
     from flowkit.hooks import get_plugin_manager
     if args.command == "plugins":
         return _plugins(plugin_modules_from(overrides, args.config_file))
@@ -258,8 +258,6 @@ def _config_command(args: argparse.Namespace, overrides: List[str]) -> int:
         if tuned:
             print(f"{'# ' if args.print_config else ''}tuned config: {shown_path(tuned)} (no -c given; "
                   "--no-tuned for the defaults)", flush=True)
-        if not cfg.resume:  # a resumed run's algo comes from its checkpoint
-            check_algo(cfg, pm.algorithms(load=False))
         if args.print_config or args.command == "plan" or args.dry_run:
             if not cfg.resume:
                 check_run(cfg, pm)  # config errors found without torch, the env or Ray come before they load

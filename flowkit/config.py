@@ -483,8 +483,7 @@ def check_values(cfg: Any, schema_cls: Any, prefix: str = "") -> None:
                 what = allowed.describe(leaf is float)
                 if leaf is int and ((v > INT64_MAX and allowed.le is None and allowed.lt is None)
                                     or (v < INT64_MIN and allowed.ge is None and allowed.gt is None)):
-                    what = f"{what} and fit in 64 bits ([{INT64_MIN}, {INT64_MAX}])" if what else \
-                        f"fit in 64 bits ([{INT64_MIN}, {INT64_MAX}])"
+                    what = " and ".join(filter(None, (what, f"fit in 64 bits ([{INT64_MIN}, {INT64_MAX}])")))
                 raise ConfigError(f"{k}={v!r} must {f'match {allowed.pattern}' if allowed.pattern else f'be {what}'}")
 
 
@@ -570,13 +569,6 @@ def did_you_mean(word: Any, options: Iterable[str], prefix: str = "") -> str:
     return f"; did you mean `{prefix}{lower[close[0]]}`?" if close else ""
 
 
-def check_algo(cfg: Any, algos: Any) -> None:
-    """``algo`` is one of ``algos`` (names), else a ConfigError naming the closest."""
-    if cfg.algo not in algos:
-        raise ConfigError(f"algo={cfg.algo!r} is not an installed algorithm ({', '.join(sorted(algos))})"
-                          f"{did_you_mean(cfg.algo, algos)}")
-
-
 def check_unused_sections(cfg: Any, algos: Any, sections: Dict[str, type]) -> List[str]:
     """Sections set (differing from their defaults) for algorithms that no policy of the run
     uses (:func:`run_algorithms`). A section is read only by the algorithm of its name; a
@@ -609,22 +601,25 @@ def check_unused_sections(cfg: Any, algos: Any, sections: Dict[str, type]) -> Li
 
 def check_run(cfg: Any, pm: Any) -> None:
     """The checks of a run's config that need neither torch, Ray nor the env, made before those
-    load (``flowkit train``, :func:`flowkit.train`) and again at set-up: ``algo`` installed,
-    no section of a variant of ``algo`` set in its place (:func:`check_unused_sections`), exactly
-    one of ``env.id`` and ``env.factory``, one sampling round of at most :data:`MAX_BATCH_ROWS`
-    env steps (num_workers, 0 counting as 1, x num_envs_per_worker x rollout_fragment_length),
-    ``stop.evaluation_return_mean`` with periodic evaluation, ``run.reporters`` known and listed
-    once, ``model.recurrent`` and ``model.normalize_obs`` against what ``algo`` declares
-    (:func:`model_error`), ``learner.num_learners`` > 0 only on Ray, for feed-forward policies
-    of algorithms that declare ``learner_group``; then each reporter's ``validate_config``, and
-    the checks of ``algo``'s section and the plugins' sections (:func:`validate_section`), whose
-    warnings are given at set-up.
+    load (``flowkit train``, :func:`flowkit.train`) and again at set-up: ``algo`` installed (the
+    error names the closest), no section of a variant of ``algo`` set in its place
+    (:func:`check_unused_sections`), exactly one of ``env.id`` and ``env.factory``, one sampling
+    round of at most :data:`MAX_BATCH_ROWS` env steps (num_workers, 0 counting as 1, x
+    num_envs_per_worker x rollout_fragment_length), ``stop.evaluation_return_mean`` with
+    periodic evaluation, ``run.reporters`` known and listed once, ``model.recurrent`` and
+    ``model.normalize_obs`` against what ``algo`` declares (:func:`model_error`),
+    ``learner.num_learners`` > 0 only on Ray, for feed-forward policies of algorithms that
+    declare ``learner_group``; then each reporter's ``validate_config``, and the checks of
+    ``algo``'s section and the plugins' sections (:func:`validate_section`), whose warnings are
+    given at set-up.
 
     Raises:
         ConfigError: the first problem found.
     """
     algos, known, given = pm.algorithms(load=False), pm.reporters(), list(cfg.run.reporters)
-    check_algo(cfg, algos)
+    if cfg.algo not in algos:  # (the closest named)
+        raise ConfigError(f"algo={cfg.algo!r} is not an installed algorithm ({', '.join(sorted(algos))})"
+                          f"{did_you_mean(cfg.algo, algos)}")
     check_unused_sections(cfg, algos, pm.config_sections())
     a, rt, rows, n = algos[cfg.algo], cfg.runtime, round_env_steps(cfg), int(cfg.learner.num_learners)
     section = section_object(cfg, a.name, a.config_class)
@@ -986,10 +981,9 @@ def describe_keys(sections: Optional[Dict[str, type]] = None) -> List[Tuple[str,
     key follow it as ``<key>.<id>.<field>`` rows. What ``flowkit train --help`` and the docs'
     config reference show."""
     def rows(cls: Any, prefix: str) -> Iterator[Tuple[str, str, str, Any, str]]:
-        allowed_values = schema_allowed(cls, prefix)
+        allowed = schema_allowed(cls, prefix)
         for key, (tp, hlp, default) in schema_keys(cls, prefix).items():
-            allowed = allowed_values.get(key)
-            rng = allowed.describe(_leaf_type(tp) is float, say_finite=False) if allowed else ""
+            rng = allowed[key].describe(_leaf_type(tp) is float, say_finite=False) if key in allowed else ""
             if rng and typing.get_origin(_unwrap_optional(tp)[0]) in (list, List, dict, Dict):
                 rng = f"each {rng}"
             yield key, _type_name(tp), rng, default, hlp
