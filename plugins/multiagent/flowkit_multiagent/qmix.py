@@ -249,11 +249,6 @@ class VDNPolicy(R2D2Policy):
         """The mixer: VDN's sum."""
         return VDNMixer()
 
-    @property
-    def team_size(self) -> int:
-        """``n``, the agents of the team."""
-        return len(self.config.team["agents"])
-
     def make_model(self) -> nn.Module:
         team = self.config.team
         if not team:
@@ -328,11 +323,11 @@ class QMIXPolicy(VDNPolicy):
     ALGO = "qmix"
 
     def make_mixer(self) -> nn.Module:
+        """QMIX's mixer over the team's ``n`` agents and the global state (``critic_input_dim``,
+        resolved with the team at set-up)."""
         cfg = self.config
-        if not cfg.critic_input_dim:
-            raise ConfigError("qmix.critic_input_dim: the global state's width is not set (the multiagent plugin "
-                              "fills it in from the env at set-up)")
-        return QMixer(self.team_size, cfg.critic_input_dim, cfg.mixing_embed_dim, cfg.hypernet_layers, cfg.hypernet_embed)
+        return QMixer(len(cfg.team["agents"]), cfg.critic_input_dim, cfg.mixing_embed_dim, cfg.hypernet_layers,
+                      cfg.hypernet_embed)
 
 
 # ---- the algorithms ------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector.utils import concatenate, create_empty_array
 
-from flowkit.core import EnvError, Episode, describe_value, env_name, find_mismatch
+from flowkit.core import EnvError, Episode, RecurrentStates, describe_value, env_name, find_mismatch
 from flowkit.core import batch as sb
 from flowkit_multiagent.centralized import (
     CRITIC_OBS,
@@ -232,26 +232,22 @@ class _MultiAgentRunner(RunnerBase):
         for i, (tr, _, _) in enumerate(requests):
             by_pid.setdefault(tr.policy_id, []).append(i)
         for pid, idx in by_pid.items():
-            pol = self._acting[pid]
+            pol, trs = self._acting[pid], [requests[i][0] for i in idx]
             obs = np.stack([requests[i][1] for i in idx])
             masks = [requests[i][2] for i in idx]  # all None or all arrays: one policy, one space
             mask = None if masks[0] is None else np.stack([m for m in masks if m is not None])
-            init = pol.initial_state(len(idx)) if hasattr(pol, "initial_state") else None
-            if init is None:
+            states = RecurrentStates.of(pol, len(idx))
+            if states is None:
                 actions, extras = pol.compute_actions_encoded(obs, mask, self._explore)
             else:  # a recurrent policy: each agent's own state, from the initial one at its episode's start
-                for k, i in enumerate(idx):
-                    if requests[i][0].state is not None:
-                        init[k] = requests[i][0].state
-                actions, extras = pol.compute_actions_encoded(obs, mask, self._explore, state=init)
-                extras = dict(extras)
-                for k, s in zip(idx, extras.pop(sb.STATE_OUT), strict=True):
-                    requests[k][0].state = s
+                states.state = np.stack([s if tr.state is None else tr.state for tr, s in zip(trs, states.state)])
+                actions, extras = states.act(obs, mask, self._explore)
+                for tr, s in zip(trs, states.state):
+                    tr.state = s
             env_actions = pol.dist.to_env(actions)
             if pol.dist.kind == "cat":
                 env_actions = env_actions.tolist()
-            for k, i in enumerate(idx):
-                tr = requests[i][0]
+            for k, (i, tr) in enumerate(zip(idx, trs)):
                 ex = {key: v[k] for key, v in extras.items()}
                 if tr.critic is not None:
                     ex[CRITIC_OBS] = tr.critic

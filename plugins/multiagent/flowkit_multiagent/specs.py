@@ -371,8 +371,7 @@ def _policy_spec(config: Any, pid: str, agents: Tuple[str, ...], o: gym.Space, a
     section overrides, model and checkpoint weights (:class:`PolicyConfig`) checked; a
     centralized critic's input (a section with ``critic_input``) resolved on the env of
     ``env_mapping`` (:func:`~flowkit_multiagent.centralized.resolve_critic_input`)."""
-    ma = config.multiagent
-    pc = (ma.policies or {}).get(pid) or PolicyConfig()
+    pc = (config.multiagent.policies or {}).get(pid) or PolicyConfig()
     algo, ck_path, init_state, ck_spec = pc.algo, pc.checkpoint, None, None
     if ck_path:
         key = f"multiagent.policies.{pid}.checkpoint"
@@ -384,13 +383,12 @@ def _policy_spec(config: Any, pid: str, agents: Tuple[str, ...], o: gym.Space, a
         raise ConfigError(f"multiagent.policies.{pid}.algo={algo!r} is not an installed algorithm "
                           f"({', '.join(sorted(algorithms))}){did_you_mean(algo, algorithms)}")
     cls = algorithms[algo]
-    overrides = pc.config
-    cfg_obj = policy_section(config, pid, cls, overrides)
+    cfg_obj = policy_section(config, pid, cls, pc.config)
     if hasattr(cfg_obj, "critic_input"):
         env, mapping = env_mapping
         ci = resolve_critic_input(config, pid, algo, cfg_obj, env, mapping, mapping.possible_agents)
         cfg_obj = dataclasses.replace(cfg_obj, critic_input=ci.kind, critic_input_dim=ci.dim)
-    if overrides:
+    if pc.config:
         for w in validate_section(algo, config, cfg_obj):
             warnings.warn(f"policy {pid!r}: {w}", stacklevel=3)
     policy_class = ck_spec.policy_class if ck_spec is not None and ck_spec.algo == algo else cls.policy_class
