@@ -46,7 +46,7 @@ from flowkit_multiagent.centralized import (
     critic_inputs,
     policy_members,
 )
-from flowkit_multiagent.specs import build_mapping, eval_policies
+from flowkit_multiagent.specs import build_mapping, eval_opponents
 
 
 def stack_raw(space: gym.Space, xs: Sequence[Any]) -> Any:
@@ -129,6 +129,14 @@ class RunnerBase:
         self.critics = critic_inputs(self.config, self.policies, envs[0], self.mapping, self.possible_agents)
         self._opponents: Dict[str, Any] = {}
         self._eval = False
+
+    def _eval_policies(self) -> Dict[str, Any]:
+        """The policies evaluation acts with: those of ``multiagent.eval_opponents`` replaced by
+        fixed ones (:func:`~flowkit_multiagent.specs.eval_opponents`, built once)."""
+        if not self._opponents:
+            self._opponents = eval_opponents(self.config, self.policies, self.worker.pm.algorithms(),
+                                             self.worker.index + 7919)
+        return {**self.policies, **self._opponents}
 
     def _batch(self, batches: Dict[str, sb.SampleBatch], finished: List[Dict[str, Any]],
                agent_steps: int) -> sb.MultiAgentBatch:
@@ -337,7 +345,7 @@ class _MultiAgentRunner(RunnerBase):
         policies named in ``multiagent.eval_opponents`` replaced by fixed ones and, with
         ``multiagent.eval_alternate_seats``, the seats rotated every episode. Summaries of turn-based
         games carry ``eval_metrics`` (``<policy>/win_rate``, ``draw_rate``, ``loss_rate``)."""
-        self._acting = eval_policies(self.worker, self._opponents)
+        self._acting = self._eval_policies()
         self._eval, self._explore = True, explore
         try:
             slots = self._new_slots()

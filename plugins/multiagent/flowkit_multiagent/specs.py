@@ -14,7 +14,7 @@ import os
 import random
 import sys
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type
 
 import gymnasium as gym
 from omegaconf import DictConfig, OmegaConf
@@ -341,7 +341,7 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, Type[Algorith
         specs[pid] = dataclasses.replace(specs[main], agents=tuple(members[pid]), trainable=False, group="",
                                          init_state=None)
     specs = {pid: specs[pid] for pid in pids}
-    _check_opponents(config, specs, algorithms)
+    eval_opponents(config, specs, algorithms)  # (checked: built and dropped)
     assign_teams(config, specs, mapping, agents)
     return specs
 
@@ -429,35 +429,31 @@ def _check_league(config: Any) -> None:
                           f"multiagent.mapping.player_1={lg.opponent}; it must not be the main policy)")
 
 
-def _check_opponents(config: Any, specs: Dict[str, MAPolicySpec], algorithms: Dict[str, Type[Algorithm]]) -> None:
-    for pid, what in (config.multiagent.eval_opponents or {}).items():
-        key = f"multiagent.eval_opponents.{pid}"
-        if pid not in specs:
-            raise ConfigError(f"{key}: no policy {pid!r} in this run (policies: {', '.join(specs)})"
-                              f"{did_you_mean(pid, specs, 'multiagent.eval_opponents.')}")
-        if str(what) == RANDOM:
-            continue
-        ck_spec, _ = load_checkpoint_policy(str(what), pid, None, key, algorithms, config)
-        check_same_spaces(f"{key}={what!r}", ck_spec, specs[pid].observation_space, specs[pid].action_space)
+def eval_opponents(config: Any, policies: Mapping[str, Any], algorithms: Dict[str, Type[Algorithm]],
+                   seed: int = 0) -> Dict[str, Any]:
+    """The fixed policies that replace those named in ``multiagent.eval_opponents`` in
+    evaluation: ``random``, or a checkpoint's policy whose algorithm is in ``algorithms``, each
+    with the spaces of the run's policy it replaces (``policies``: the run's specs or policies).
+    Built at set-up to check them, and once by each rollout worker.
 
-
-def eval_policies(worker: Any, opponents: Dict[str, Any]) -> Dict[str, Any]:
-    """``worker``'s policies with those named in ``multiagent.eval_opponents`` replaced by the
-    fixed ones of evaluation (``random``, or a checkpoint's policy: its algorithm one of the
-    worker's), built once into the cache ``opponents``."""
+    Raises:
+        ConfigError: no such policy in this run, a checkpoint that cannot be read, or spaces that
+            differ (naming the key).
+    """
     from flowkit.core import RandomPolicy
-    config = worker.config
+    out: Dict[str, Any] = {}
     for pid, what in (config.multiagent.eval_opponents or {}).items():
-        if pid in opponents:
-            continue
-        spec, seed = worker.policies[pid], worker.index + 7919
+        key, spec = f"multiagent.eval_opponents.{pid}", policies.get(pid)
+        if spec is None:
+            raise ConfigError(f"{key}: no policy {pid!r} in this run (policies: {', '.join(policies)})"
+                              f"{did_you_mean(pid, policies, 'multiagent.eval_opponents.')}")
         if str(what) == RANDOM:
-            opponents[pid] = RandomPolicy(spec.observation_space, spec.action_space, None, config.model, "cpu", seed,
-                                          inference_only=True)
+            out[pid] = RandomPolicy(spec.observation_space, spec.action_space, None, config.model, "cpu", seed,
+                                    inference_only=True)
             continue
-        ck_spec, state = load_checkpoint_policy(str(what), pid, None, f"multiagent.eval_opponents.{pid}",
-                                                worker.pm.algorithms(), config)
-        opponents[pid] = ck_spec.policy_class(ck_spec.observation_space, ck_spec.action_space, ck_spec.config,
-                                              ck_spec.model_config(config), "cpu", seed, inference_only=True)
-        opponents[pid].set_weights(state["weights"])
-    return {**worker.policies, **opponents}
+        ck, state = load_checkpoint_policy(str(what), pid, None, key, algorithms, config)
+        check_same_spaces(f"{key}={what!r}", ck, spec.observation_space, spec.action_space)
+        out[pid] = ck.policy_class(ck.observation_space, ck.action_space, ck.config, ck.model_config(config), "cpu",
+                                   seed, inference_only=True)
+        out[pid].set_weights(state["weights"])
+    return out

@@ -46,7 +46,6 @@ from flowkit.core import EnvError, Episode, RecurrentStates, find_mismatch
 from flowkit.core import batch as sb
 from flowkit_multiagent.centralized import CRITIC_OBS, NEXT_CRITIC_OBS, add_agent_id
 from flowkit_multiagent.runners import RunnerBase
-from flowkit_multiagent.specs import eval_policies
 
 DEFAULT_MAX_STEPS = 100
 
@@ -406,7 +405,7 @@ class VmasRunner(RunnerBase):
         afresh afterwards."""
         self._live, self._eval = False, True
         try:
-            self._start(eval_policies(self.worker, self._opponents), self.seed)
+            self._start(self._eval_policies(), self.seed)
             quota = np.array([len(range(j, num_episodes, self.n)) for j in range(self.n)])
             finished: List[Dict[str, Any]] = []
             while len(finished) < num_episodes:
