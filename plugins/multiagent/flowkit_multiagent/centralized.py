@@ -47,7 +47,6 @@ from flowkit.core import ObsEncoder, add_batch_axis
 CRITIC_OBS = "critic_obs"            # float32[B, D], the centralized value input at the row's action
 NEXT_CRITIC_OBS = "next_critic_obs"  # float32[B, D], the same at the agent's next observation
 AGENT_ID = "agent_id"                # the key of the agent id in an observation with obs_agent_id
-CRITIC_INPUTS = ("auto", "state", "concat_obs")
 RANDOM = "random"
 
 
@@ -176,13 +175,6 @@ class CriticInput:
         return out
 
 
-def critic_key(config: Any, pid: str, algo: str) -> str:
-    """The config key a policy's ``critic_input`` comes from (its override, else the section's)."""
-    pc = (config.multiagent.policies or {}).get(pid)
-    over = pc.config if pc is not None else None
-    return f"multiagent.policies.{pid}.config.critic_input" if over and "critic_input" in over else f"{algo}.critic_input"
-
-
 def resolve_critic_input(config: Any, pid: str, algo: str, section: Any, env: Any, mapping: Any,
                          possible_agents: Sequence[str]) -> CriticInput:
     """Policy ``pid``'s :class:`CriticInput` from its section's ``critic_input`` and
@@ -192,7 +184,10 @@ def resolve_critic_input(config: Any, pid: str, algo: str, section: Any, env: An
         ConfigError: ``critic_input=state`` for an env without a ``state_space`` (naming the key
             and the env), or a ``critic_input_dim`` given that differs from the env's.
     """
-    kind, key = str(section.critic_input), critic_key(config, pid, algo)
+    pc = (config.multiagent.policies or {}).get(pid)  # the key critic_input comes from: the override, else the section
+    over = pc.config if pc is not None else None
+    key = f"multiagent.policies.{pid}.config.critic_input" if over and "critic_input" in over else f"{algo}.critic_input"
+    kind = str(section.critic_input)
     st = env_state_space(env)
     if kind == "auto":
         kind = "state" if st is not None else "concat_obs"

@@ -244,13 +244,10 @@ class VmasRunner(RunnerBase):
         self._seed_next: Optional[int] = self.seed  # the first training reset reseeds VMAS's RNG
 
     # ---- the episodes of the N sub-envs -----------------------------------------------------
-    def _groups(self, acting: Dict[str, Any]) -> List[_Group]:
-        order = list(dict.fromkeys(self.pid_of))
-        return [_Group(p, acting[p], [i for i, q in enumerate(self.pid_of) if q == p], self.n) for p in order]
-
     def _start(self, acting: Dict[str, Any], seed: Optional[int]) -> None:
         """Reset every sub-env (with ``seed``: VMAS's RNG reseeded) and start their episodes."""
-        self.groups = self._groups(acting)
+        self.groups = [_Group(p, acting[p], [i for i, q in enumerate(self.pid_of) if q == p], self.n)
+                       for p in dict.fromkeys(self.pid_of)]
         self._observe(self.env.reset(seed=seed), "reset()")
         self.episodes = [Episode(next(self.worker.episode_ids), j, self.worker.index) for j in range(self.n)]
         self.eps = np.array([e.episode_id for e in self.episodes], np.int64)
