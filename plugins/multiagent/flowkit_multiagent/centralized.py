@@ -77,7 +77,7 @@ def add_agent_id(env_space: gym.Space, obs: Any, agent_index: Any) -> Dict[str, 
 def agent_id_policies(config: Any, members: Mapping[str, Sequence[str]]) -> Set[str]:
     """Policy ids whose observations get the agent id: with ``multiagent.obs_agent_id``, those
     that more than one agent plays (``members``: policy id -> its agents)."""
-    if not bool(config.multiagent.get("obs_agent_id", False)):
+    if not config.multiagent.obs_agent_id:
         return set()
     return {pid for pid, ags in members.items() if len(ags) > 1}
 

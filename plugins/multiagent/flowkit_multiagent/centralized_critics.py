@@ -73,7 +73,6 @@ class Team:
         self.obs_dims = list(team["obs_dims"]) if team else [obs_dim]
         self.act_dims = list(team["act_dims"]) if team else [act_dim]
         self.policy_ids: List[str] = list(team["policies"]) if team else []
-        self.n = len(self.obs_dims)
         self.obs_offsets = np.cumsum([0, *self.obs_dims]).tolist()
         self.act_offsets = np.cumsum([0, *self.act_dims]).tolist()
         self.critic_in = int(critic_obs_dim) + self.act_offsets[-1]

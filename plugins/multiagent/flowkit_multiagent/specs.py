@@ -197,7 +197,7 @@ def policy_ids_of(config: Any, possible_agents: Sequence[str] = ()) -> List[str]
     ma = config.multiagent
     targets = (p for v in league_mapping(config).values() for p in (v if isinstance(v, (dict, DictConfig)) else [v]))
     pids = list(dict.fromkeys(map(str, [*(ma.policies or {}), *targets])))
-    if not bool(ma.get("share_parameters", True)):
+    if not ma.share_parameters:
         if pids:
             raise ConfigError("multiagent.share_parameters=false gives each agent a policy of its own; it does not "
                               "combine with multiagent.policies / multiagent.mapping (they decide which agents share "
