@@ -47,7 +47,6 @@ from flowkit.core import ObsEncoder, add_batch_axis
 CRITIC_OBS = "critic_obs"            # float32[B, D], the centralized value input at the row's action
 NEXT_CRITIC_OBS = "next_critic_obs"  # float32[B, D], the same at the agent's next observation
 AGENT_ID = "agent_id"                # the key of the agent id in an observation with obs_agent_id
-CRITIC_INPUTS = ("auto", "state", "concat_obs")
 RANDOM = "random"
 
 
@@ -67,8 +66,9 @@ def with_agent_id(space: gym.Space, n_agents: int) -> gym.spaces.Dict:
     return gym.spaces.Dict({"obs": space, AGENT_ID: gym.spaces.Discrete(n_agents)})
 
 
-def add_agent_id(env_space: gym.Space, obs: Any, agent_index: int) -> Dict[str, Any]:
-    """One raw observation of ``env_space`` in the form of :func:`with_agent_id`'s space."""
+def add_agent_id(env_space: gym.Space, obs: Any, agent_index: Any) -> Dict[str, Any]:
+    """One raw observation of ``env_space`` in the form of :func:`with_agent_id`'s space (or a
+    batch of them: ``agent_index`` int64[N])."""
     if isinstance(env_space, gym.spaces.Dict):
         return {**obs, AGENT_ID: np.int64(agent_index)}
     return {"obs": obs, AGENT_ID: np.int64(agent_index)}
@@ -77,7 +77,7 @@ def add_agent_id(env_space: gym.Space, obs: Any, agent_index: int) -> Dict[str, 
 def agent_id_policies(config: Any, members: Mapping[str, Sequence[str]]) -> Set[str]:
     """Policy ids whose observations get the agent id: with ``multiagent.obs_agent_id``, those
     that more than one agent plays (``members``: policy id -> its agents)."""
-    if not bool(config.multiagent.get("obs_agent_id", False)):
+    if not config.multiagent.obs_agent_id:
         return set()
     return {pid for pid, ags in members.items() if len(ags) > 1}
 
@@ -93,12 +93,13 @@ def policy_members(mapping: Any, possible_agents: Sequence[str]) -> Dict[str, Li
 
 
 # ---- teams ----------------------------------------------------------------------------------------
-def training_group(config: Any, pid: str) -> str:
+def training_group(config: Any, pid: str, algo: Optional[str] = None) -> str:
     """Policy ``pid``'s training group from the config alone, as :class:`~flowkit_multiagent.specs.MAPolicySpec`
     names it: ``""`` when not trained (``trainable: false``, ``algo: random``), the algorithm's
-    name, or ``<algo>[<pid>]`` for a policy with its own ``config`` overrides."""
+    name, or ``<algo>[<pid>]`` for a policy with its own ``config`` overrides (``algo``: its
+    algorithm where set-up knows it, else ``multiagent.policies.<pid>.algo`` or ``algo``)."""
     pc = (config.multiagent.policies or {}).get(pid)
-    algo = str((pc.algo if pc is not None else None) or config.algo)
+    algo = str(algo or (pc.algo if pc is not None else None) or config.algo)
     if (pc is not None and not bool(pc.trainable)) or algo == RANDOM:
         return ""
     return f"{algo}[{pid}]" if pc is not None and pc.config else algo
@@ -149,34 +150,29 @@ class CriticInput:
             self.base_dim = sum(int(np.prod(e.shape)) for e in self.encoders.values())
         self.dim = self.base_dim + (self.n if self.agent_id else 0)
 
-    def base(self, state: Callable[[], Any], observe: Callable[[str], Any]) -> np.ndarray:
-        """float32[base_dim] at one moment of one sub-env: ``state()`` flattened, or every team
-        agent's ``observe(agent)`` (None: not in the game, zeros) encoded and concatenated."""
+    def base(self, state: Any, observe: Callable[[str], Any], n: int = 0) -> np.ndarray:
+        """float32[base_dim] at one moment of one sub-env: ``state()`` flattened (``state``: the
+        env's method; None for ``concat_obs``), or every team agent's ``observe(agent)`` (None: not
+        in the game, zeros) encoded and concatenated; with ``n`` > 0, float32[n, base_dim] of ``n``
+        sub-envs at once (``observe`` gives ``n`` rows)."""
         if self.kind == "state":
             return np.asarray(state(), np.float32).reshape(-1)
-        parts = []
+        k, parts = max(n, 1), []
         for a, enc in self.encoders.items():
             o = observe(a)
-            if o is None:
-                parts.append(np.zeros(int(np.prod(enc.shape)), np.float32))
-            else:
-                parts.append(np.asarray(enc(add_batch_axis(o), 1)[0], np.float32).reshape(-1))
-        return np.concatenate(parts) if parts else np.zeros(0, np.float32)
+            x = np.zeros(enc.shape, np.float32) if o is None else enc(o if n else add_batch_axis(o), k)[0]
+            parts.append(np.asarray(x, np.float32).reshape(k, -1))
+        out = np.concatenate(parts, 1) if parts else np.zeros((k, 0), np.float32)
+        return out if n else out[0]
 
     def row(self, base: np.ndarray, agent_index: int) -> np.ndarray:
-        """float32[dim]: ``base`` then, with ``agent_id``, the one-hot of ``agent_index``."""
+        """float32[..., dim]: ``base`` float32[..., base_dim] then, with ``agent_id``, the one-hot
+        of ``agent_index``."""
         if not self.agent_id:
             return base
-        out = np.zeros(self.dim, np.float32)
-        out[:self.base_dim], out[self.base_dim + agent_index] = base, 1.0
+        out = np.zeros((*base.shape[:-1], self.dim), np.float32)
+        out[..., :self.base_dim], out[..., self.base_dim + agent_index] = base, 1.0
         return out
-
-
-def critic_key(config: Any, pid: str, algo: str) -> str:
-    """The config key a policy's ``critic_input`` comes from (its override, else the section's)."""
-    pc = (config.multiagent.policies or {}).get(pid)
-    over = pc.config if pc is not None else None
-    return f"multiagent.policies.{pid}.config.critic_input" if over and "critic_input" in over else f"{algo}.critic_input"
 
 
 def resolve_critic_input(config: Any, pid: str, algo: str, section: Any, env: Any, mapping: Any,
@@ -188,7 +184,10 @@ def resolve_critic_input(config: Any, pid: str, algo: str, section: Any, env: An
         ConfigError: ``critic_input=state`` for an env without a ``state_space`` (naming the key
             and the env), or a ``critic_input_dim`` given that differs from the env's.
     """
-    kind, key = str(section.critic_input), critic_key(config, pid, algo)
+    pc = (config.multiagent.policies or {}).get(pid)  # the key critic_input comes from: the override, else the section
+    over = pc.config if pc is not None else None
+    key = f"multiagent.policies.{pid}.config.critic_input" if over and "critic_input" in over else f"{algo}.critic_input"
+    kind = str(section.critic_input)
     st = env_state_space(env)
     if kind == "auto":
         kind = "state" if st is not None else "concat_obs"
@@ -198,7 +197,7 @@ def resolve_critic_input(config: Any, pid: str, algo: str, section: Any, env: An
     team = team_of(config, mapping, possible_agents, pid)
     ci = CriticInput(kind, team, possible_agents, {a: env.observation_space(a) for a in possible_agents}, st,
                      bool(section.critic_agent_id))
-    given = getattr(section, "critic_input_dim", None)
+    given = section.critic_input_dim
     if given is not None and int(given) != ci.dim:
         raise ConfigError(f"{key.rsplit('.', 1)[0]}.critic_input_dim={given}: the {kind} input of policy {pid!r} "
                           f"(team {', '.join(team)}) is {ci.dim} wide here; leave it unset (set-up fills it in)")
@@ -209,18 +208,19 @@ def critic_inputs(config: Any, policies: Mapping[str, Any], env: Any, mapping: A
                   possible_agents: Sequence[str]) -> Dict[str, CriticInput]:
     """``{policy id: CriticInput}`` of the policies whose section declares a centralized value
     input (resolved at set-up: ``critic_input`` concrete, ``critic_input_dim`` set); on a worker."""
-    out: Dict[str, CriticInput] = {}
-    for pid, pol in policies.items():
-        sec = getattr(pol, "config", None)
-        if sec is not None and getattr(sec, "critic_input", None) in ("state", "concat_obs"):
-            st = env_state_space(env)
-            out[pid] = CriticInput(str(sec.critic_input), team_of(config, mapping, possible_agents, pid),
-                                   possible_agents, {a: env.observation_space(a) for a in possible_agents}, st,
-                                   bool(sec.critic_agent_id))
-    return out
+    return {pid: resolve_critic_input(config, pid, "", pol.config, env, mapping, possible_agents)
+            for pid, pol in policies.items() if getattr(getattr(pol, "config", None), "critic_input", None)}
 
 
 # ---- joining a team's rows of one env step (driver side, before replay) ------------------------------
+def with_policy_batches(batch: Any, fn: Callable[[Dict[str, Any]], Dict[str, Any]]) -> Any:
+    """A new MultiAgentBatch: ``batch``'s with its policy batches ``fn(batch.policy_batches)``
+    (the team joins' operators, before the replay buffer)."""
+    from flowkit.core import batch as sb
+    return sb.MultiAgentBatch(fn(batch.policy_batches), batch.env_steps, batch.agent_steps, batch.episodes,
+                              batch.worker_index, batch.meta)
+
+
 TEAM_MEMBER = "team_member"  # int64[B], the index of the row's agent in its team
 _T_BITS = 20                 # step keys: episode * 2**20 + t
 

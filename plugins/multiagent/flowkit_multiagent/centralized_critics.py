@@ -49,12 +49,12 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 from flowkit_sac.sac import SAC, OffPolicyActorCritic, SACModel, SACPolicy, sac_targets, squashed_gaussian, twin_critic
-from flowkit_sac.td3 import TD3, TD3Model, TD3Policy, smoothed_target_action, td3_targets
+from flowkit_sac.td3 import TD3, OffPolicyAlgorithm, TD3Model, TD3Policy, smoothed_target_action, td3_targets
 
 from flowkit import ConfigError
 from flowkit.core import batch as sb
 from flowkit.core import loss_stats
-from flowkit_multiagent.centralized import CRITIC_OBS, NEXT_CRITIC_OBS, TEAM_MEMBER, join_team
+from flowkit_multiagent.centralized import CRITIC_OBS, NEXT_CRITIC_OBS, TEAM_MEMBER, join_team, with_policy_batches
 from flowkit_multiagent.config import MASAC_REF, MATD3_REF
 
 TEAM_NEXT_OBS = "team_next_obs"  # float32[B, sum d_j], every member's encoded next observation, team order
@@ -73,7 +73,6 @@ class Team:
         self.obs_dims = list(team["obs_dims"]) if team else [obs_dim]
         self.act_dims = list(team["act_dims"]) if team else [act_dim]
         self.policy_ids: List[str] = list(team["policies"]) if team else []
-        self.n = len(self.obs_dims)
         self.obs_offsets = np.cumsum([0, *self.obs_dims]).tolist()
         self.act_offsets = np.cumsum([0, *self.act_dims]).tolist()
         self.critic_in = int(critic_obs_dim) + self.act_offsets[-1]
@@ -120,21 +119,6 @@ def team_rows(policy_batches: Dict[str, sb.SampleBatch], team: Optional[Dict[str
                 for pid, b in policy_batches.items()}
     return join_team(policy_batches, team["agents"], team["agent_indexes"], team["n_agents"],
                      {TEAM_ACTIONS: (sb.ACTIONS, team["act_dims"]), TEAM_NEXT_OBS: (sb.NEXT_OBS, team["obs_dims"])})
-
-
-class JoinTeam:
-    """Operator: a MultiAgentBatch of one training group -> the same with the team columns
-    (:func:`team_rows`), before the replay buffer."""
-
-    def __init__(self, team: Optional[Dict[str, Any]]):
-        self.team = team
-
-    def __call__(self, batch: sb.MultiAgentBatch) -> sb.MultiAgentBatch:
-        return sb.MultiAgentBatch(team_rows(batch.policy_batches, self.team), batch.env_steps, batch.agent_steps,
-                                  batch.episodes, batch.worker_index, batch.meta)
-
-    def __repr__(self) -> str:
-        return f"JoinTeam({', '.join(self.team['agents']) if self.team else 'own agent'})"
 
 
 # ---- MASAC ------------------------------------------------------------------------------------
@@ -223,35 +207,33 @@ class MATD3Policy(TD3Policy):
         return critic_loss + actor_loss, loss_stats(critic_loss=critic_loss, mean_q=q.mean(), actor_loss=actor_loss)
 
 
-# ---- the algorithms: SAC's and TD3's replay plan after JoinTeam -----------------------------------
-def _team_flow(algo: Any, experiences: Any, ctx: Any, learner: Any, mix: Any, base: Any) -> Any:
-    """Bind each policy's team to the learner's policies, then ``base``'s replay plan over the
-    joined rows: ``rollouts -> JoinTeam -> StoreToReplayBuffer ...``."""
-    pols = learner.policies
-    team = next(iter(pols.values())).config.team if pols else None
-    for pol in pols.values():
-        missing = [p for p in pol.team.policy_ids if p not in pols]
-        if missing:
-            raise ConfigError(f"{algo.name}: the team's policies {missing} are not trained in group "
-                              f"{learner.name!r} (give them the same algorithm and no per-policy overrides)")
-        pol.team.bind([pols[p] for p in pol.team.policy_ids] or [pol])
-    join = JoinTeam(team)
-    return base.training_flow(algo, experiences.for_each(join, repr(join)), ctx, learner, mix)
+# ---- the algorithms: SAC's and TD3's replay plan after the team join ------------------------------
+class TeamCritic(OffPolicyAlgorithm):
+    """The plan of MASAC and MATD3: bind each policy's team to the learner's policies, then the
+    base algorithm's replay plan over the joined rows (:func:`team_rows`):
+    ``rollouts -> JoinTeam -> StoreToReplayBuffer ...``."""
+
+    def training_flow(self, experiences, ctx, learner, mix=None):
+        pols = learner.policies
+        team = next(iter(pols.values())).config.team if pols else None
+        for pol in pols.values():
+            missing = [p for p in pol.team.policy_ids if p not in pols]
+            if missing:
+                raise ConfigError(f"{self.name}: the team's policies {missing} are not trained in group "
+                                  f"{learner.name!r} (give them the same algorithm and no per-policy overrides)")
+            pol.team.bind([pols[p] for p in pol.team.policy_ids] or [pol])
+        joined = experiences.for_each(lambda b: with_policy_batches(b, lambda pbs: team_rows(pbs, team)),
+                                      f"JoinTeam({', '.join(team['agents']) if team else 'own agent'})")
+        return super().training_flow(joined, ctx, learner, mix)
 
 
-class MASAC(SAC, ref=MASAC_REF):
+class MASAC(TeamCritic, SAC, ref=MASAC_REF):
     """MASAC: SAC's replay plan over the team-joined rows (``flowkit plan algo=masac``)."""
 
     policy_class = MASACPolicy
 
-    def training_flow(self, experiences, ctx, learner, mix=None):
-        return _team_flow(self, experiences, ctx, learner, mix, SAC)
 
-
-class MATD3(TD3, ref=MATD3_REF):
+class MATD3(TeamCritic, TD3, ref=MATD3_REF):
     """MATD3: TD3's replay plan over the team-joined rows (``flowkit plan algo=matd3``)."""
 
     policy_class = MATD3Policy
-
-    def training_flow(self, experiences, ctx, learner, mix=None):
-        return _team_flow(self, experiences, ctx, learner, mix, TD3)

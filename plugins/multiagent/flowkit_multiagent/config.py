@@ -22,6 +22,7 @@ from flowkit_sac import SACConfig, TD3Config
 
 import flowkit
 from flowkit.config import MAX_BATCH_ROWS, F, LRConfig, config_checks
+from flowkit_multiagent.league import PFSP_WEIGHTINGS
 
 
 @dataclass
@@ -49,7 +50,7 @@ class LeagueConfig:
                        ge=1, le=256)
     snapshot_interval: int = F(5, "iterations between two snapshots", ge=1)
     pfsp: str = F("hard", "matchmaking weight f(p) of an opponent beaten with probability p: hard (1-p)^2, "
-                          "variance p(1-p), linear 1-p, uniform", choices=("hard", "variance", "linear", "uniform"))
+                          "variance p(1-p), linear 1-p, uniform", choices=PFSP_WEIGHTINGS)
     self_play: float = F(0.35, "probability that the main policy plays itself in an episode", ge=0, le=1)
     elo_k: float = F(16.0, "Elo K-factor (rating points per unit of surprise)", gt=0)
     elo_initial: float = F(1000.0, "Elo rating of every member at the start")
@@ -94,29 +95,33 @@ class CriticInputKeys:
 
 
 @dataclass
+class TeamKeys:
+    """A section whose policies learn from their team: :func:`flowkit_multiagent.specs.assign_teams` fills ``team``."""
+    team: Optional[Dict[str, Any]] = F(None, "set up by the multiagent plugin, not by hand: the team whose actions "
+                                             "the critic sees or whose Q-values the mixer joins (agents, their "
+                                             "policies and indexes, observation and action sizes)")
+
+
+@dataclass
 class MAPPOConfig(CriticInputKeys, PPOConfig):
     """mappo: Multi-Agent PPO (Yu et al. 2022): PPO whose critic sees a centralized value input, actors their own observation."""
 
 
 @dataclass
-class MASACConfig(CriticInputKeys, SACConfig):
+class MASACConfig(TeamKeys, CriticInputKeys, SACConfig):
     """masac: multi-agent SAC, per-agent squashed Gaussian actors on their own observation and a
     centralized twin critic Q(centralized value input, every team agent's action) (Box actions)."""
-    team: Optional[Dict[str, Any]] = F(None, "set up by the multiagent plugin, not by hand: the team whose actions "
-                                             "the critic sees (agents, their policies, observation and action sizes)")
 
 
 @dataclass
-class MATD3Config(CriticInputKeys, TD3Config):
+class MATD3Config(TeamKeys, CriticInputKeys, TD3Config):
     """matd3: MADDPG with TD3's twin critics, delayed actor updates and target smoothing (MATD3):
     per-agent deterministic actors on their own observation and a centralized twin critic (Box
     actions)."""
-    team: Optional[Dict[str, Any]] = F(None, "set up by the multiagent plugin, not by hand: the team whose actions "
-                                             "the critic sees (agents, their policies, observation and action sizes)")
 
 
 @dataclass
-class VDNConfig(LRConfig):
+class VDNConfig(TeamKeys, LRConfig):
     """vdn: Value-Decomposition Networks (Sunehag et al. 2018): a team's recurrent agent Q-networks, their sum trained on the team reward."""
     ROWS = "team sequences"  # what a replay row is (in messages)
     lr: float = F(5e-4, "Adam learning rate", gt=0)
@@ -130,8 +135,6 @@ class VDNConfig(LRConfig):
                      gt=0, le=100_000)
     team_reward: str = F("sum", "the team reward: the sum (EPyMARL's) or the mean of the agents' rewards",
                          choices=("sum", "mean"))
-    team: Optional[Dict[str, Any]] = F(None, "set up by the multiagent plugin, not by hand: the team whose Q-values "
-                                             "the mixer joins (the agents mapped to the policy, their indexes)")
     train_batch_size: int = F(32, "replayed team sequences per gradient step", gt=0, le=MAX_BATCH_ROWS)
     buffer_size: int = F(5_000, "replay capacity in team sequences (per policy)", gt=0)
     learning_starts: int = F(1_000, "env steps sampled before the first gradient step", ge=0)

@@ -19,6 +19,7 @@ the warehouse never terminates (its episodes end at ``max_steps``, 500, or after
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
 import importlib
 from typing import Any, Dict, List, Optional, Tuple
@@ -44,10 +45,8 @@ def parallel_env(env_id: str, context: Any = None, **kwargs: Any) -> "TupleAgent
         raise ValueError(f"env.kwargs.env_id={env_id!r}: give a registered id without `module:` "
                          f"({', '.join(PACKAGES)} are imported here to register theirs)")
     for pkg in PACKAGES:
-        try:
+        with contextlib.suppress(ImportError):
             importlib.import_module(pkg)
-        except ImportError:
-            pass
     if str(env_id) not in gym.registry:
         close = difflib.get_close_matches(str(env_id), list(gym.registry), n=1)
         raise ValueError(f"env.kwargs.env_id={env_id!r} is not a registered Gymnasium id"

@@ -46,22 +46,18 @@ import functools
 import itertools
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-PFSP_WEIGHTINGS = ("hard", "variance", "linear", "uniform")
+PFSP = {"hard": lambda p: (1.0 - p) ** 2, "variance": lambda p: p * (1.0 - p), "linear": lambda p: 1.0 - p,
+        "uniform": lambda p: 1.0}  # f(p) by multiagent.league.pfsp
+PFSP_WEIGHTINGS = tuple(PFSP)
 STATEFUL_NAME = "multiagent/league"
 
 
 def pfsp_weight(p: float, weighting: str) -> float:
     """The PFSP weighting ``f(p)`` of an opponent the main policy beats with probability
     ``p`` in [0, 1] (see the module docstring). Raises ValueError for an unknown ``weighting``."""
-    if weighting == "hard":
-        return (1.0 - p) ** 2
-    if weighting == "variance":
-        return p * (1.0 - p)
-    if weighting == "linear":
-        return 1.0 - p
-    if weighting == "uniform":
-        return 1.0
-    raise ValueError(f"pfsp weighting must be one of {', '.join(PFSP_WEIGHTINGS)}, got {weighting!r}")
+    if weighting not in PFSP:
+        raise ValueError(f"pfsp weighting must be one of {', '.join(PFSP_WEIGHTINGS)}, got {weighting!r}")
+    return float(PFSP[weighting](p))
 
 
 def elo_update(r_a: float, r_b: float, score: float, k: float) -> Tuple[float, float]:
@@ -105,14 +101,11 @@ class League:
 
     def __init__(self, main: str, fixed: Sequence[str], slots: Sequence[str], rules: Sequence[str] = (),
                  weighting: str = "hard", self_play: float = 0.0, elo_k: float = 16.0, elo_initial: float = 1000.0):
-        pfsp_weight(0.5, weighting)  # (an unknown weighting raises here)
         self.main, self.fixed, self.slots, self.rules = str(main), list(fixed), list(slots), list(rules)
         self.weighting, self.self_play, self.elo_k = weighting, float(self_play), float(elo_k)
         self.members = [*self.fixed, *self.slots, self.main]
         self.ratings = {m: float(elo_initial) for m in self.members}
-        self.wins = {m: 0.0 for m in self.members}
-        self.draws = {m: 0.0 for m in self.members}
-        self.games = {m: 0.0 for m in self.members}
+        self.wins, self.draws, self.games = ({m: 0.0 for m in self.members} for _ in range(3))
         self.filled: Dict[str, int] = {}  # slot -> iteration of its snapshot
         self.next_slot = 0
 

@@ -85,7 +85,7 @@ class MAPPOPolicy(PPOPolicy):
 
     def make_model(self) -> Any:
         from flowkit.config import normalize_obs_on
-        dim = getattr(self.config, "critic_input_dim", None)
+        dim = self.config.critic_input_dim
         if dim is None:
             raise ConfigError("algo=mappo needs a multi-agent PettingZoo env (env.factory=...): its critic's input "
                               "(mappo.critic_input) comes from the env's agents, and mappo.critic_input_dim is unset")

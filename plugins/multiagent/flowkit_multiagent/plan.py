@@ -101,11 +101,9 @@ def _weights(config: Any, groups: Dict[str, List[str]], specs: Dict[str, MAPolic
     rr = {str(k): float(v) for k, v in (config.multiagent.round_robin_weights or {}).items()}
     trained = [p for ps in groups.values() for p in ps]
     known = set(groups) | {specs[p].algo for p in trained} | set(trained)
-    for k, v in rr.items():
+    for k in rr:
         if k not in known:
             raise ConfigError(f"multiagent.round_robin_weights.{k}: no trained algorithm or policy {k!r} "
                               f"(known: {', '.join(sorted(known))}){did_you_mean(k, sorted(known))}")
-        if v <= 0:
-            raise ConfigError(f"multiagent.round_robin_weights.{k}={v} must be > 0")
     return [rr[g] if g in rr else next((rr[p] for p in pids if p in rr), rr.get(specs[pids[0]].algo, 1.0))
             for g, pids in groups.items()]

@@ -69,7 +69,7 @@ from flowkit import ConfigError
 from flowkit.core import RecurrentStep, derive_seed, loss_stats, ops, replay
 from flowkit.core import batch as sb
 from flowkit.core.recurrent import is_recurrent
-from flowkit_multiagent.centralized import CRITIC_OBS, NEXT_CRITIC_OBS, TEAM_MEMBER, join_team
+from flowkit_multiagent.centralized import CRITIC_OBS, NEXT_CRITIC_OBS, TEAM_MEMBER, join_team, with_policy_batches
 from flowkit_multiagent.config import QMIX_REF, VDN_REF
 
 
@@ -222,23 +222,6 @@ def team_sequences(batch: sb.SampleBatch, team: Dict[str, Any], team_reward: str
     return sb.SampleBatch(out)
 
 
-class JoinTeamSequences:
-    """Operator: each team policy's per-agent sequences of a MultiAgentBatch joined into team
-    sequences (:func:`team_sequences`; a new batch, the input is not changed)."""
-
-    def __init__(self, algo: str, policies: Dict[str, "VDNPolicy"]):
-        self.algo, self.policies = algo, policies
-        self.name = f"JoinTeamSequences({list(policies)})"
-
-    def __call__(self, b: sb.MultiAgentBatch) -> sb.MultiAgentBatch:
-        pbs = dict(b.policy_batches)
-        for pid, pol in self.policies.items():
-            if pid in pbs:
-                cfg = pol.config
-                pbs[pid] = team_sequences(pbs[pid], cfg.team, cfg.team_reward, f"{self.algo} policy {pid!r}")
-        return sb.MultiAgentBatch(pbs, b.env_steps, b.agent_steps, b.episodes, b.worker_index, b.meta)
-
-
 # ---- the policy -------------------------------------------------------------------------------
 class VDNPolicy(R2D2Policy):
     """A team's policy: the shared recurrent agent network and the mixer (:class:`TeamQ`), their
@@ -266,11 +249,6 @@ class VDNPolicy(R2D2Policy):
         """The mixer: VDN's sum."""
         return VDNMixer()
 
-    @property
-    def team_size(self) -> int:
-        """``n``, the agents of the team."""
-        return len(self.config.team["agents"])
-
     def make_model(self) -> nn.Module:
         team = self.config.team
         if not team:
@@ -289,7 +267,7 @@ class VDNPolicy(R2D2Policy):
 
     def postprocess_trajectory(self, batch: sb.SampleBatch) -> sb.SampleBatch:
         """The sequences of one agent's trajectory piece ``batch`` completes (:class:`SequenceCutter`),
-        with its ``agent_index``; the driver joins the team's (:class:`JoinTeamSequences`)."""
+        with its ``agent_index``; the driver joins the team's (:func:`team_sequences`)."""
         if sb.AGENT_INDEX not in batch:
             raise ValueError(f"{self.ALGO} trains the agents of a PettingZoo game: the batch has no `agent_index`")
         out = self.cutter.add(batch)
@@ -345,11 +323,11 @@ class QMIXPolicy(VDNPolicy):
     ALGO = "qmix"
 
     def make_mixer(self) -> nn.Module:
+        """QMIX's mixer over the team's ``n`` agents and the global state (``critic_input_dim``,
+        resolved with the team at set-up)."""
         cfg = self.config
-        if not cfg.critic_input_dim:
-            raise ConfigError("qmix.critic_input_dim: the global state's width is not set (the multiagent plugin "
-                              "fills it in from the env at set-up)")
-        return QMixer(self.team_size, cfg.critic_input_dim, cfg.mixing_embed_dim, cfg.hypernet_layers, cfg.hypernet_embed)
+        return QMixer(len(cfg.team["agents"]), cfg.critic_input_dim, cfg.mixing_embed_dim, cfg.hypernet_layers,
+                      cfg.hypernet_embed)
 
 
 # ---- the algorithms ------------------------------------------------------------------------------
@@ -371,7 +349,12 @@ class VDN(flowkit.Algorithm, ref=VDN_REF):
             cfg.buffer_size, False, seed=derive_seed(int(self.run_config.seed), "replay", self.name)))
         weights = [1, 1] if ti is None else replay.store_train_weights(ti, ctx.workers.round_env_steps,
                                                                        self.train_batch_env_steps)
-        teams = experiences.for_each(JoinTeamSequences(self.name, learner.policies))
+        pols = learner.policies
+
+        def join(pbs: Dict[str, sb.SampleBatch]) -> Dict[str, sb.SampleBatch]:  # a new dict, the input unchanged
+            return {pid: team_sequences(b, pols[pid].config.team, pols[pid].config.team_reward,
+                                        f"{self.name} policy {pid!r}") if pid in pols else b for pid, b in pbs.items()}
+        teams = experiences.for_each(lambda b: with_policy_batches(b, join), f"JoinTeamSequences({list(pols)})")
         return ops.ReplayPlan(ctx, learner, teams, buffer, cfg.train_batch_size, cfg.learning_starts,
                               cfg.target_network_update_freq, weights, store_ops=[UpdateExploration(ctx, learner, cfg)],
                               train_ops=[ops.SyncWeights(ctx, learner, every=cfg.weight_sync_freq * self.train_batch_env_steps)])

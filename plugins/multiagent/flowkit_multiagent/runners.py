@@ -36,7 +36,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector.utils import concatenate, create_empty_array
 
-from flowkit.core import EnvError, Episode, describe_value, env_name, find_mismatch
+from flowkit.core import EnvError, Episode, RecurrentStates, describe_value, env_name, find_mismatch
 from flowkit.core import batch as sb
 from flowkit_multiagent.centralized import (
     CRITIC_OBS,
@@ -46,7 +46,7 @@ from flowkit_multiagent.centralized import (
     critic_inputs,
     policy_members,
 )
-from flowkit_multiagent.specs import build_mapping, build_opponent
+from flowkit_multiagent.specs import build_mapping, eval_opponents
 
 
 def stack_raw(space: gym.Space, xs: Sequence[Any]) -> Any:
@@ -113,27 +113,47 @@ class _Slot:
         self.checks_left = max(0, self.checks_left - 1)
 
 
-class _MultiAgentRunner:
+class RunnerBase:
+    """What every runner of this plugin (these and :class:`~flowkit_multiagent.vmas.VmasRunner`)
+    sets up from the worker and its sub-envs ``envs``: the agent -> policy mapping, the agent ids
+    and centralized value inputs of CTDE (:mod:`flowkit_multiagent.centralized`), the cache of
+    evaluation opponents; and the batch they return."""
+
+    def __init__(self, worker: Any, envs: List[Any]):
+        self.worker, self.config, self.n, self.policies = worker, worker.config, len(envs), worker.policies
+        self.name, self.T = env_name(self.config.env), int(self.config.runtime.rollout_fragment_length)
+        self.possible_agents = list(envs[0].possible_agents)
+        self.obs_spaces = {a: envs[0].observation_space(a) for a in self.possible_agents}
+        self.mapping = build_mapping(self.config, self.possible_agents)
+        self.with_id = agent_id_policies(self.config, policy_members(self.mapping, self.possible_agents))
+        self.critics = critic_inputs(self.config, self.policies, envs[0], self.mapping, self.possible_agents)
+        self._opponents: Dict[str, Any] = {}
+        self._eval = False
+
+    def _eval_policies(self) -> Dict[str, Any]:
+        """The policies evaluation acts with: those of ``multiagent.eval_opponents`` replaced by
+        fixed ones (:func:`~flowkit_multiagent.specs.eval_opponents`, built once)."""
+        if not self._opponents:
+            self._opponents = eval_opponents(self.config, self.policies, self.worker.pm.algorithms(),
+                                             self.worker.index + 7919)
+        return {**self.policies, **self._opponents}
+
+    def _batch(self, batches: Dict[str, sb.SampleBatch], finished: List[Dict[str, Any]],
+               agent_steps: int) -> sb.MultiAgentBatch:
+        return sb.MultiAgentBatch(batches, env_steps=self.n * self.T, agent_steps=agent_steps, episodes=finished,
+                                  worker_index=self.worker.index, meta={"weights_version": self.worker.weights_version})
+
+
+class _MultiAgentRunner(RunnerBase):
     """Shared machinery of the PettingZoo runners (see module docstring)."""
 
-    _eval = False
     turn_based = False
 
     def __init__(self, worker: Any, envs: List[Any]):
-        self.worker, self.config, self.envs, self.n = worker, worker.config, envs, len(envs)
-        self.name = env_name(self.config.env)
-        self.T = int(self.config.runtime.rollout_fragment_length)
-        self.policies = worker.policies
-        self.possible_agents = list(envs[0].possible_agents)
-        self.agent_index = {a: i for i, a in enumerate(self.possible_agents)}
-        self.mapping = build_mapping(self.config, self.possible_agents)
-        # CTDE (flowkit_multiagent.centralized): policies that see the agent id, and centralized value inputs
-        self.with_id = agent_id_policies(self.config, policy_members(self.mapping, self.possible_agents))
-        self.env_obs_spaces = {a: envs[0].observation_space(a) for a in self.possible_agents}
-        self.critics = critic_inputs(self.config, self.policies, envs[0], self.mapping, self.possible_agents)
+        super().__init__(worker, envs)
+        self.envs, self.agent_index = envs, {a: i for i, a in enumerate(self.possible_agents)}
         self.alternate = bool(self.config.multiagent.alternate_seats)
         self.check_steps = int(self.config.env.check_spaces_steps)
-        self._opponents: Dict[str, Any] = {}
         self._state: Optional[List[_Slot]] = None
         self._acting = self.policies       # policy id -> Policy used to act (evaluation swaps some)
         self._explore = True
@@ -196,7 +216,7 @@ class _MultiAgentRunner:
         for a policy with ``multiagent.obs_agent_id``."""
         pol = self.policies[pid]
         if pid in self.with_id:
-            raws = [add_agent_id(self.env_obs_spaces[a], o, self.agent_index[a]) for a, o in zip(agents, raws, strict=True)]
+            raws = [add_agent_id(self.obs_spaces[a], o, self.agent_index[a]) for a, o in zip(agents, raws, strict=True)]
         return pol.encoder(stack_raw(pol.observation_space, raws), len(raws))
 
     def _critic_rows(self, slot: _Slot, trajs: Sequence[_Traj], observe: Any) -> None:
@@ -220,26 +240,22 @@ class _MultiAgentRunner:
         for i, (tr, _, _) in enumerate(requests):
             by_pid.setdefault(tr.policy_id, []).append(i)
         for pid, idx in by_pid.items():
-            pol = self._acting[pid]
+            pol, trs = self._acting[pid], [requests[i][0] for i in idx]
             obs = np.stack([requests[i][1] for i in idx])
             masks = [requests[i][2] for i in idx]  # all None or all arrays: one policy, one space
             mask = None if masks[0] is None else np.stack([m for m in masks if m is not None])
-            init = pol.initial_state(len(idx)) if hasattr(pol, "initial_state") else None
-            if init is None:
+            states = RecurrentStates.of(pol, len(idx))
+            if states is None:
                 actions, extras = pol.compute_actions_encoded(obs, mask, self._explore)
             else:  # a recurrent policy: each agent's own state, from the initial one at its episode's start
-                for k, i in enumerate(idx):
-                    if requests[i][0].state is not None:
-                        init[k] = requests[i][0].state
-                actions, extras = pol.compute_actions_encoded(obs, mask, self._explore, state=init)
-                extras = dict(extras)
-                for k, s in zip(idx, extras.pop(sb.STATE_OUT), strict=True):
-                    requests[k][0].state = s
+                states.state = np.stack([s if tr.state is None else tr.state for tr, s in zip(trs, states.state)])
+                actions, extras = states.act(obs, mask, self._explore)
+                for tr, s in zip(trs, states.state):
+                    tr.state = s
             env_actions = pol.dist.to_env(actions)
             if pol.dist.kind == "cat":
                 env_actions = env_actions.tolist()
-            for k, i in enumerate(idx):
-                tr = requests[i][0]
+            for k, (i, tr) in enumerate(zip(idx, trs)):
                 ex = {key: v[k] for key, v in extras.items()}
                 if tr.critic is not None:
                     ex[CRITIC_OBS] = tr.critic
@@ -309,9 +325,7 @@ class _MultiAgentRunner:
             if hook:
                 pm.hook.flowkit_on_trajectory(policy_id=tr.policy_id, batch=piece, episode=tr.episode)
             pieces.setdefault(tr.policy_id, []).append(self.policies[tr.policy_id].postprocess_trajectory(piece))
-        batches = {pid: sb.concat_samples(ps) for pid, ps in pieces.items()}
-        return sb.MultiAgentBatch(batches, env_steps=self.n * self.T, agent_steps=agent_steps, episodes=finished,
-                                  worker_index=self.worker.index, meta={"weights_version": self.worker.weights_version})
+        return self._batch({pid: sb.concat_samples(ps) for pid, ps in pieces.items()}, finished, agent_steps)
 
     # ---- the public API ------------------------------------------------------------------------
     def sample(self, explore: bool = True) -> sb.MultiAgentBatch:
@@ -331,11 +345,7 @@ class _MultiAgentRunner:
         policies named in ``multiagent.eval_opponents`` replaced by fixed ones and, with
         ``multiagent.eval_alternate_seats``, the seats rotated every episode. Summaries of turn-based
         games carry ``eval_metrics`` (``<policy>/win_rate``, ``draw_rate``, ``loss_rate``)."""
-        for pid in self.config.multiagent.eval_opponents or {}:
-            if pid not in self._opponents:
-                self._opponents[pid] = build_opponent(self.config, pid, self.worker.policies[pid],
-                                                      self.worker.index + 7919, self.worker.pm.algorithms())
-        self._acting = {**self.policies, **self._opponents}
+        self._acting = self._eval_policies()
         self._eval, self._explore = True, explore
         try:
             slots = self._new_slots()

@@ -14,25 +14,26 @@ import os
 import random
 import sys
 import warnings
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Type
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Type
 
 import gymnasium as gym
 from omegaconf import DictConfig, OmegaConf
 
-from flowkit.config import ConfigError, check_values, did_you_mean, merge_overrides, validate_section
+from flowkit.config import ConfigError, check_values, did_you_mean, merge_overrides, section_object, validate_section
 from flowkit.core import Algorithm, PolicySpec
 from flowkit_multiagent.centralized import (
+    RANDOM,
     agent_id_policies,
     policy_members,
     resolve_critic_input,
     team_of,
+    training_group,
     with_agent_id,
 )
 from flowkit_multiagent.config import PolicyConfig
 from flowkit_multiagent.league import League, league_mapping, slot_ids
 
 SHARED_POLICY_ID = "shared"
-RANDOM = "random"
 
 
 def is_pettingzoo(env: Any) -> bool:
@@ -59,10 +60,9 @@ def policy_model(config: Any, pid: str, overrides: Any) -> Any:
     """
     if not overrides:
         return None
-    from flowkit.config import ModelConfig, check_values
-    data = OmegaConf.to_container(overrides, resolve=True) if OmegaConf.is_config(overrides) else overrides
+    from flowkit.config import ModelConfig
     try:
-        model = OmegaConf.merge(config.model, data)
+        model = OmegaConf.merge(config.model, _plain(overrides))
     except Exception as e:
         raise ConfigError(f"multiagent.policies.{pid}.model: {str(e).splitlines()[0]}") from None
     check_values(model, ModelConfig, f"multiagent.policies.{pid}.model.")
@@ -78,13 +78,11 @@ class MAPolicySpec(PolicySpec):
         trainable: False for frozen policies (``trainable: false``, ``algo: random``).
         group: the training group: the algorithm name, or ``<algo>[<policy id>]`` for a
             policy with its own config overrides ("" when not trained).
-        section: the algorithm section this policy's group runs with (a plain dict).
         init_state: policy state loaded from ``checkpoint`` (weights set before sampling).
     """
     agents: Tuple[str, ...] = ()
     trainable: bool = True
     group: str = ""
-    section: Dict[str, Any] = dataclasses.field(default_factory=dict)
     init_state: Optional[Dict[str, Any]] = None
 
 
@@ -127,11 +125,7 @@ class AgentMapping:
                     raise ConfigError(f"{key}={target if not isinstance(target, dict) else w!r}: no policy "
                                       f"{pid!r} (policies: {', '.join(self.policy_ids)})"
                                       f"{did_you_mean(pid, self.policy_ids)}")
-                try:
-                    ok = float(w) > 0
-                except (TypeError, ValueError):
-                    ok = False
-                if not ok:
+                if not (isinstance(w, (int, float)) and w > 0):
                     raise ConfigError(f"multiagent.mapping.{pat}.{pid}={w!r}: a weight must be a positive number")
             total = sum(float(w) for w in opts.values())
             cum = itertools.accumulate(float(w) / total for w in opts.values())
@@ -203,7 +197,7 @@ def policy_ids_of(config: Any, possible_agents: Sequence[str] = ()) -> List[str]
     ma = config.multiagent
     targets = (p for v in league_mapping(config).values() for p in (v if isinstance(v, (dict, DictConfig)) else [v]))
     pids = list(dict.fromkeys(map(str, [*(ma.policies or {}), *targets])))
-    if not bool(ma.get("share_parameters", True)):
+    if not ma.share_parameters:
         if pids:
             raise ConfigError("multiagent.share_parameters=false gives each agent a policy of its own; it does not "
                               "combine with multiagent.policies / multiagent.mapping (they decide which agents share "
@@ -212,40 +206,34 @@ def policy_ids_of(config: Any, possible_agents: Sequence[str] = ()) -> List[str]
     return pids or [SHARED_POLICY_ID]
 
 
-def _differing_settings(ck_spec: Any, algo: str, section: Dict[str, Any], model: Any) -> str:
+def _differing_settings(ck_spec: Any, algo: str, section: Any, model: Any) -> str:
     """The settings of a checkpoint's policy that differ from this run's (``qrdqn.num_quantiles=51
     in the checkpoint, 32 here``): the algorithm section (same algorithm only) and ``model.*``."""
     def plain(x: Any) -> Dict[str, Any]:
-        if x is None:
-            return {}
-        if dataclasses.is_dataclass(x) and not isinstance(x, type):
-            return dataclasses.asdict(x)
-        return dict(OmegaConf.to_container(x, resolve=True) or {}) if isinstance(x, DictConfig) else dict(x)  # type: ignore[arg-type]
+        return dataclasses.asdict(x) if dataclasses.is_dataclass(x) and not isinstance(x, type) else dict(_plain(x) or {})
     pairs = [("model", plain(ck_spec.model), plain(model))] if ck_spec.model is not None else []
     if ck_spec.algo == algo:
-        pairs.insert(0, (algo, plain(ck_spec.config), dict(section)))
+        pairs.insert(0, (algo, plain(ck_spec.config), plain(section)))
     diffs = [f"{name}.{k}={there[k]!r} in the checkpoint, {here[k]!r} here" for name, there, here in pairs
              for k in there if k in here and there[k] != here[k]]
     return "; ".join(diffs[:4]) + (f"; +{len(diffs) - 4} more" if len(diffs) > 4 else "")
 
 
 # ---- per-policy algorithm sections --------------------------------------------------------------
-def policy_section(config: Any, pid: str, algo_cls: Type[Algorithm], overrides: Any) -> Tuple[Any, Dict[str, Any]]:
+def policy_section(config: Any, pid: str, algo_cls: Type[Algorithm], overrides: Any) -> Any:
     """The algorithm section of policy ``pid``: ``<algo>.*`` with
     ``multiagent.policies.<pid>.config.*`` applied.
 
     Returns:
-        ``(config dataclass instance, the section as a plain dict)``.
+        the config dataclass instance (None: the algorithm has no config class).
     Raises:
         ConfigError: an unknown, mistyped or out-of-range override, named in full
             (``multiagent.policies.<pid>.config.<key>``), with the closest valid key.
     """
     cls = algo_cls.config_class
     if cls is None:
-        return None, {}
-    base = OmegaConf.structured(cls)
-    if algo_cls.name in config:
-        base = OmegaConf.merge(base, config[algo_cls.name])
+        return None
+    base = OmegaConf.structured(section_object(config, algo_cls.name, cls))
     ov: Dict[str, Any] = dict(_plain(overrides) or {})
     if ov:
         prefix = f"multiagent.policies.{pid}.config."
@@ -257,8 +245,7 @@ def policy_section(config: Any, pid: str, algo_cls: Type[Algorithm], overrides: 
             key = getattr(e, "full_key", "?")
             raise ConfigError(f"`{prefix}{key}`: {str(e).splitlines()[0]}") from None
         check_values(base, cls, prefix)  # the ranges its fields declare (the base section is checked)
-    data = _plain(base)
-    return cls(**data), data
+    return cls(**_plain(base))
 
 
 # ---- checkpoints ------------------------------------------------------------------------------
@@ -354,7 +341,7 @@ def make_policy_specs(config: Any, env: Any, algorithms: Dict[str, Type[Algorith
         specs[pid] = dataclasses.replace(specs[main], agents=tuple(members[pid]), trainable=False, group="",
                                          init_state=None)
     specs = {pid: specs[pid] for pid in pids}
-    _check_opponents(config, specs, algorithms)
+    eval_opponents(config, specs, algorithms)  # (checked: built and dropped)
     assign_teams(config, specs, mapping, agents)
     return specs
 
@@ -363,7 +350,7 @@ def assign_teams(config: Any, specs: Dict[str, MAPolicySpec], mapping: AgentMapp
                  possible_agents: Sequence[str]) -> None:
     """Give each trained policy of an algorithm whose section has a ``team`` key (``masac``,
     ``matd3``: a critic over every team agent's action; ``vdn``, ``qmix``: a mixer of their Q-values) its team
-    (:func:`~flowkit_multiagent.centralized.team_of`) as plain data in its spec's config and section:
+    (:func:`~flowkit_multiagent.centralized.team_of`) as plain data in its spec's config:
     ``{"agents", "policies" (each agent's), "agent_indexes", "n_agents" (len of possible_agents),
     "obs_dims", "act_dims" (flattened sizes of each agent's policy's spaces)}``."""
     for pid, s in specs.items():
@@ -376,7 +363,6 @@ def assign_teams(config: Any, specs: Dict[str, MAPolicySpec], mapping: AgentMapp
                 "obs_dims": [int(gym.spaces.flatdim(specs[p].observation_space)) for p in pols],
                 "act_dims": [int(gym.spaces.flatdim(specs[p].action_space)) for p in pols]}
         s.config = dataclasses.replace(s.config, team=team)
-        s.section["team"] = team
 
 
 def _policy_spec(config: Any, pid: str, agents: Tuple[str, ...], o: gym.Space, act: gym.Space,
@@ -385,8 +371,7 @@ def _policy_spec(config: Any, pid: str, agents: Tuple[str, ...], o: gym.Space, a
     section overrides, model and checkpoint weights (:class:`PolicyConfig`) checked; a
     centralized critic's input (a section with ``critic_input``) resolved on the env of
     ``env_mapping`` (:func:`~flowkit_multiagent.centralized.resolve_critic_input`)."""
-    ma = config.multiagent
-    pc = (ma.policies or {}).get(pid) or PolicyConfig()
+    pc = (config.multiagent.policies or {}).get(pid) or PolicyConfig()
     algo, ck_path, init_state, ck_spec = pc.algo, pc.checkpoint, None, None
     if ck_path:
         key = f"multiagent.policies.{pid}.checkpoint"
@@ -398,14 +383,12 @@ def _policy_spec(config: Any, pid: str, agents: Tuple[str, ...], o: gym.Space, a
         raise ConfigError(f"multiagent.policies.{pid}.algo={algo!r} is not an installed algorithm "
                           f"({', '.join(sorted(algorithms))}){did_you_mean(algo, algorithms)}")
     cls = algorithms[algo]
-    overrides = pc.config
-    cfg_obj, data = policy_section(config, pid, cls, overrides)
-    if "critic_input" in data:
+    cfg_obj = policy_section(config, pid, cls, pc.config)
+    if hasattr(cfg_obj, "critic_input"):
         env, mapping = env_mapping
         ci = resolve_critic_input(config, pid, algo, cfg_obj, env, mapping, mapping.possible_agents)
-        data = {**data, "critic_input": ci.kind, "critic_input_dim": ci.dim}
         cfg_obj = dataclasses.replace(cfg_obj, critic_input=ci.kind, critic_input_dim=ci.dim)
-    if overrides:
+    if pc.config:
         for w in validate_section(algo, config, cfg_obj):
             warnings.warn(f"policy {pid!r}: {w}", stacklevel=3)
     policy_class = ck_spec.policy_class if ck_spec is not None and ck_spec.algo == algo else cls.policy_class
@@ -417,14 +400,13 @@ def _policy_spec(config: Any, pid: str, agents: Tuple[str, ...], o: gym.Space, a
             policy_class(o, act, cfg_obj, model if model is not None else config.model, "cpu", 0,
                          inference_only=True).set_weights(init_state["weights"])
         except Exception as e:
-            diff = _differing_settings(ck_spec, algo, data, model if model is not None else config.model)
+            diff = _differing_settings(ck_spec, algo, cfg_obj, model if model is not None else config.model)
             raise ConfigError(f"multiagent.policies.{pid}.checkpoint={ck_path!r}: its weights do not fit this "
                               f"run's network ({diff or 'the settings that shape it must match the run that wrote it'}"
                               f"): {type(e).__name__}: {str(e).splitlines()[0]}") from None
-    trained = bool(pc.trainable) and algo != RANDOM
-    group = "" if not trained else (algo if not overrides else f"{algo}[{pid}]")
+    group = training_group(config, pid, algo)
     return MAPolicySpec(policy_class, o, act, cfg_obj, algo, model, agents=agents,
-                        trainable=trained, group=group, section=data, init_state=init_state)
+                        trainable=bool(group), group=group, init_state=init_state)
 
 
 def _check_league(config: Any) -> None:
@@ -447,29 +429,31 @@ def _check_league(config: Any) -> None:
                           f"multiagent.mapping.player_1={lg.opponent}; it must not be the main policy)")
 
 
-def _check_opponents(config: Any, specs: Dict[str, MAPolicySpec], algorithms: Dict[str, Type[Algorithm]]) -> None:
-    for pid, what in (config.multiagent.eval_opponents or {}).items():
-        key = f"multiagent.eval_opponents.{pid}"
-        if pid not in specs:
-            raise ConfigError(f"{key}: no policy {pid!r} in this run (policies: {', '.join(specs)})"
-                              f"{did_you_mean(pid, specs, 'multiagent.eval_opponents.')}")
-        if str(what) == RANDOM:
-            continue
-        ck_spec, _ = load_checkpoint_policy(str(what), pid, None, key, algorithms, config)
-        check_same_spaces(f"{key}={what!r}", ck_spec, specs[pid].observation_space, specs[pid].action_space)
+def eval_opponents(config: Any, policies: Mapping[str, Any], algorithms: Dict[str, Type[Algorithm]],
+                   seed: int = 0) -> Dict[str, Any]:
+    """The fixed policies that replace those named in ``multiagent.eval_opponents`` in
+    evaluation: ``random``, or a checkpoint's policy whose algorithm is in ``algorithms``, each
+    with the spaces of the run's policy it replaces (``policies``: the run's specs or policies).
+    Built at set-up to check them, and once by each rollout worker.
 
-
-def build_opponent(config: Any, pid: str, spec: PolicySpec, seed: int,
-                   algorithms: Optional[Dict[str, Type[Algorithm]]] = None) -> Any:
-    """The fixed policy that replaces ``pid`` in evaluation (``random`` or a checkpoint whose
-    algorithm is in ``algorithms``, default: every importable one)."""
+    Raises:
+        ConfigError: no such policy in this run, a checkpoint that cannot be read, or spaces that
+            differ (naming the key).
+    """
     from flowkit.core import RandomPolicy
-    what = str(config.multiagent.eval_opponents[pid])
-    if what == RANDOM:
-        return RandomPolicy(spec.observation_space, spec.action_space, None, config.model, "cpu", seed,
-                            inference_only=True)
-    ck_spec, state = load_checkpoint_policy(what, pid, None, f"multiagent.eval_opponents.{pid}", algorithms, config)
-    pol = ck_spec.policy_class(ck_spec.observation_space, ck_spec.action_space, ck_spec.config, ck_spec.model_config(config),
-                               "cpu", seed, inference_only=True)
-    pol.set_weights(state["weights"])
-    return pol
+    out: Dict[str, Any] = {}
+    for pid, what in (config.multiagent.eval_opponents or {}).items():
+        key, spec = f"multiagent.eval_opponents.{pid}", policies.get(pid)
+        if spec is None:
+            raise ConfigError(f"{key}: no policy {pid!r} in this run (policies: {', '.join(policies)})"
+                              f"{did_you_mean(pid, policies, 'multiagent.eval_opponents.')}")
+        if str(what) == RANDOM:
+            out[pid] = RandomPolicy(spec.observation_space, spec.action_space, None, config.model, "cpu", seed,
+                                    inference_only=True)
+            continue
+        ck, state = load_checkpoint_policy(str(what), pid, None, key, algorithms, config)
+        check_same_spaces(f"{key}={what!r}", ck, spec.observation_space, spec.action_space)
+        out[pid] = ck.policy_class(ck.observation_space, ck.action_space, ck.config, ck.model_config(config), "cpu",
+                                   seed, inference_only=True)
+        out[pid].set_weights(state["weights"])
+    return out

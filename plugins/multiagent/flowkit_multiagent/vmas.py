@@ -42,17 +42,10 @@ import numpy as np
 from pettingzoo.utils.env import ParallelEnv
 
 from flowkit.config import ConfigError
-from flowkit.core import EnvError, Episode, RecurrentStates, env_name, find_mismatch
+from flowkit.core import EnvError, Episode, RecurrentStates, find_mismatch
 from flowkit.core import batch as sb
-from flowkit_multiagent.centralized import (
-    AGENT_ID,
-    CRITIC_OBS,
-    NEXT_CRITIC_OBS,
-    agent_id_policies,
-    critic_inputs,
-    policy_members,
-)
-from flowkit_multiagent.specs import build_mapping, build_opponent
+from flowkit_multiagent.centralized import CRITIC_OBS, NEXT_CRITIC_OBS, add_agent_id
+from flowkit_multiagent.runners import RunnerBase
 
 DEFAULT_MAX_STEPS = 100
 
@@ -230,7 +223,7 @@ class _Group:
         self.states = RecurrentStates.of(policy, len(agents) * n)
 
 
-class VmasRunner:
+class VmasRunner(RunnerBase):
     """Steps one VMAS env of ``N = runtime.num_envs_per_worker`` sub-envs; per env step one
     batched call per policy (``len(agents) x N`` rows) and one ``env.step`` of VMAS. Returns a
     :class:`~flowkit.core.batch.MultiAgentBatch` keyed by policy id whose rows are ordered
@@ -238,50 +231,38 @@ class VmasRunner:
     module docstring for counting and episode ends)."""
 
     def __init__(self, worker: Any, envs: List[VmasEnv]):
-        self.worker, self.config = worker, worker.config
-        self.name, self.n = env_name(self.config.env), len(envs)
-        self.T = int(self.config.runtime.rollout_fragment_length)
+        super().__init__(worker, envs)
         game = envs[0]
-        self.agents = game.possible_agents
-        self.obs_spaces = {a: game.observation_space(a) for a in self.agents}
-        self.act_spaces = {a: game.action_space(a) for a in self.agents}
+        self.act_spaces = {a: game.action_space(a) for a in self.possible_agents}
         for e in envs:
             e.close()
         self.seed = int(worker.sub_env_contexts[0].seed)
         self.env = game.make(self.n, self.seed)
-        mapping = build_mapping(self.config, self.agents)
-        self.pid_of = [mapping.base(a) for a in self.agents]
-        self.with_id = agent_id_policies(self.config, policy_members(mapping, self.agents))
-        self.critics = critic_inputs(self.config, worker.policies, game, mapping, self.agents)
+        self.pid_of = [self.mapping.base(a) for a in self.possible_agents]
         self.check_left = int(self.config.env.check_spaces_steps)
-        self._opponents: Dict[str, Any] = {}
-        self._eval = False
         self._live = False  # the training episodes are running (an evaluation resets the sub-envs)
         self._seed_next: Optional[int] = self.seed  # the first training reset reseeds VMAS's RNG
 
     # ---- the episodes of the N sub-envs -----------------------------------------------------
-    def _groups(self, acting: Dict[str, Any]) -> List[_Group]:
-        order = list(dict.fromkeys(self.pid_of))
-        return [_Group(p, acting[p], [i for i, q in enumerate(self.pid_of) if q == p], self.n) for p in order]
-
     def _start(self, acting: Dict[str, Any], seed: Optional[int]) -> None:
         """Reset every sub-env (with ``seed``: VMAS's RNG reseeded) and start their episodes."""
-        self.groups = self._groups(acting)
+        self.groups = [_Group(p, acting[p], [i for i, q in enumerate(self.pid_of) if q == p], self.n)
+                       for p in dict.fromkeys(self.pid_of)]
         self._observe(self.env.reset(seed=seed), "reset()")
         self.episodes = [Episode(next(self.worker.episode_ids), j, self.worker.index) for j in range(self.n)]
         self.eps = np.array([e.episode_id for e in self.episodes], np.int64)
         self.t = np.zeros(self.n, np.int64)
-        self.ret = np.zeros((self.n, len(self.agents)), np.float64)
+        self.ret = np.zeros((self.n, len(self.possible_agents)), np.float64)
 
     def _observe(self, obs: Dict[str, Any], what: str) -> None:
         """Encode every agent's observations (``obs``: agent -> float32 tensor [N, d], or a dict
         of them) into ``self.enc`` (agent index -> float32[N, ...]), checking them in the first
         steps; and the team observations of the centralized value inputs (``self.bases``: policy
         id -> float32[N, base_dim])."""
-        raw = [_numpy(obs[a]) for a in self.agents]
+        raw = [_numpy(obs[a]) for a in self.possible_agents]
         if self.check_left > 0:
             self.check_left -= 1
-            for a, x in zip(self.agents, raw, strict=True):
+            for a, x in zip(self.possible_agents, raw, strict=True):
                 m = self._mismatch(a, x)
                 if m:
                     raise EnvError(f"env {self.name!r} (worker {self.worker.index}) returned a bad observation from "
@@ -290,12 +271,10 @@ class VmasRunner:
         for g in self.groups:
             for i in g.agents:
                 x = raw[i]
-                if g.pid in self.with_id:  # (centralized.add_agent_id, for N rows)
-                    ids = np.full(self.n, i, np.int64)
-                    x = {**x, AGENT_ID: ids} if isinstance(x, dict) else {"obs": x, AGENT_ID: ids}
+                if g.pid in self.with_id:  # N rows of agent i
+                    x = add_agent_id(self.obs_spaces[self.possible_agents[i]], x, np.full(self.n, i, np.int64))
                 self.enc[i] = g.policy.encoder(x, self.n)[0]
-        self.bases = {pid: np.concatenate([ci.encoders[a](raw[self.agents.index(a)], self.n)[0].reshape(self.n, -1)
-                                           for a in ci.team], axis=1)
+        self.bases = {pid: ci.base(None, lambda a: raw[self.possible_agents.index(a)], self.n)
                       for pid, ci in self.critics.items() if not self._eval}
 
     def _mismatch(self, agent: str, x: Any) -> Optional[Tuple[str, str, str]]:
@@ -309,13 +288,7 @@ class VmasRunner:
     def _critic_rows(self, g: _Group) -> np.ndarray:
         """float32[k N, dim]: the centralized value input of group ``g``'s rows (agent-major):
         the team's observations of each sub-env, then (``critic_agent_id``) the agent's one-hot id."""
-        ci, base = self.critics[g.pid], self.bases[g.pid]
-        if not ci.agent_id:
-            return np.tile(base, (len(g.agents), 1))
-        out = np.zeros((len(g.agents), self.n, ci.dim), np.float32)
-        out[:, :, :ci.base_dim] = base
-        out[np.arange(len(g.agents)), :, ci.base_dim + np.asarray(g.agents)] = 1.0
-        return out.reshape(-1, ci.dim)
+        return np.concatenate([self.critics[g.pid].row(self.bases[g.pid], i) for i in g.agents])
 
     def _act(self, g: _Group, explore: bool) -> Tuple[np.ndarray, np.ndarray, Dict[str, np.ndarray], Dict[str, Any]]:
         """One policy call for group ``g``'s rows; returns (obs, actions, extras, env actions by agent)."""
@@ -325,8 +298,8 @@ class VmasRunner:
         else:
             actions, extras = g.states.act(obs, None, explore)
         env_actions = g.policy.dist.to_env(actions)
-        out = {self.agents[i]: to_torch(self.act_spaces[self.agents[i]], env_actions[k * self.n:(k + 1) * self.n])
-               for k, i in enumerate(g.agents)}
+        names = [self.possible_agents[i] for i in g.agents]
+        out = {a: to_torch(self.act_spaces[a], env_actions[k * self.n:(k + 1) * self.n]) for k, a in enumerate(names)}
         return obs, actions, dict(extras), out
 
     def _step(self, explore: bool, record: Optional[List[List[Dict[str, np.ndarray]]]]
@@ -338,11 +311,11 @@ class VmasRunner:
         critic = {g.pid: self._critic_rows(g) for g in self.groups if g.pid in self.bases}
         actions = {a: x for _, _, _, out in acted for a, x in out.items()}
         obs, rew, term, trunc, _ = self.env.step(actions)
-        r = np.stack([rew[a].numpy() for a in self.agents], axis=1).astype(np.float32)
+        r = np.stack([rew[a].numpy() for a in self.possible_agents], axis=1).astype(np.float32)
         te, tu = term.numpy().astype(bool), trunc.numpy().astype(bool) & ~term.numpy().astype(bool)
-        if self.check_left > 0 and r.shape != (self.n, len(self.agents)):
+        if self.check_left > 0 and r.shape != (self.n, len(self.possible_agents)):
             raise EnvError(f"env {self.name!r} (worker {self.worker.index}) returned rewards of shapes "
-                           f"{[tuple(rew[a].shape) for a in self.agents]}, expected ({self.n},) per agent")
+                           f"{[tuple(rew[a].shape) for a in self.possible_agents]}, expected ({self.n},) per agent")
         self._observe(obs, "step()")
         if record is not None:
             for g, (o, a, ex, _), rows in zip(self.groups, acted, record, strict=True):
@@ -350,7 +323,7 @@ class VmasRunner:
                 rows.append({sb.OBS: o, sb.ACTIONS: a, **ex, sb.REWARDS: r[:, g.agents].T.reshape(-1),
                              sb.TERMINATEDS: np.tile(te, k), sb.TRUNCATEDS: np.tile(tu, k),
                              sb.NEXT_OBS: np.concatenate([self.enc[i] for i in g.agents]),
-                             sb.EPS_ID: np.concatenate([self.eps * len(self.agents) + i for i in g.agents]),
+                             sb.EPS_ID: np.concatenate([self.eps * len(self.possible_agents) + i for i in g.agents]),
                              sb.T: np.tile(self.t, k),
                              sb.AGENT_INDEX: np.repeat(np.asarray(g.agents, np.int64), self.n)})
                 if g.pid in critic:
@@ -369,7 +342,7 @@ class VmasRunner:
         for j in idx:
             ep = self.episodes[j]
             ep.length, ep.total_reward = int(self.t[j]), float(self.ret[j].sum())
-            ep.agent_rewards = {(a, self.pid_of[i]): float(self.ret[j, i]) for i, a in enumerate(self.agents)}
+            ep.agent_rewards = {(a, self.pid_of[i]): float(self.ret[j, i]) for i, a in enumerate(self.possible_agents)}
             ep.terminated, ep.truncated = bool(te[j]), not bool(te[j])
             if hook:
                 self.worker.pm.hook.flowkit_on_episode_end(episode=ep, worker=self.worker)
@@ -405,9 +378,7 @@ class VmasRunner:
         for j, ep in enumerate(self.episodes):  # running episodes, as trajectory hooks see them
             ep.length, ep.total_reward = int(self.t[j]), float(self.ret[j].sum())
         batches = {g.pid: self._postprocess(g, rows, live) for g, rows in zip(self.groups, record, strict=True)}
-        return sb.MultiAgentBatch(batches, env_steps=self.n * self.T, agent_steps=self.n * self.T * len(self.agents),
-                                  episodes=finished, worker_index=self.worker.index,
-                                  meta={"weights_version": self.worker.weights_version})
+        return self._batch(batches, finished, self.n * self.T * len(self.possible_agents))
 
     def _postprocess(self, g: _Group, rows: List[Dict[str, np.ndarray]], live: Dict[int, Episode]) -> sb.SampleBatch:
         """Group ``g``'s steps as one batch, rows (agent, sub-env, time), post-processed by its
@@ -419,7 +390,7 @@ class VmasRunner:
             return g.policy.postprocess_trajectory(batch)
         pieces = batch.split_by_episode()
         for piece in pieces:
-            ep = live.get(int(piece[sb.EPS_ID][0]) // len(self.agents))
+            ep = live.get(int(piece[sb.EPS_ID][0]) // len(self.possible_agents))
             pm.hook.flowkit_on_trajectory(policy_id=g.pid, batch=piece, episode=ep)
         return sb.concat_samples([g.policy.postprocess_trajectory(p) for p in pieces])
 
@@ -429,13 +400,9 @@ class VmasRunner:
         sub-envs (sub-env ``j`` counts its episodes ``j, j + N, ...``), with the policies of
         ``multiagent.eval_opponents`` replaced by fixed ones. The training episodes start
         afresh afterwards."""
-        for pid in self.config.multiagent.eval_opponents or {}:
-            if pid not in self._opponents:
-                self._opponents[pid] = build_opponent(self.config, pid, self.worker.policies[pid],
-                                                      self.worker.index + 7919, self.worker.pm.algorithms())
         self._live, self._eval = False, True
         try:
-            self._start({**self.worker.policies, **self._opponents}, self.seed)
+            self._start(self._eval_policies(), self.seed)
             quota = np.array([len(range(j, num_episodes, self.n)) for j in range(self.n)])
             finished: List[Dict[str, Any]] = []
             while len(finished) < num_episodes:
