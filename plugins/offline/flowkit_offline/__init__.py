@@ -23,7 +23,7 @@ from flowkit_dqn import DQN_REF
 from flowkit_sac import SAC_REF, SACLossConfig
 
 import flowkit
-from flowkit.config import MAX_BATCH_ROWS, ConfigError, F, config_checks
+from flowkit.config import MAX_BATCH_ROWS, F, config_checks
 
 
 @dataclass
@@ -48,9 +48,10 @@ class InputConfig:
     def validate(self, run_config: Any, name: str) -> List[str]:
         """``input.mix`` and ``input.num_readers`` need ``input.dataset``; with ``input.dataset``:
         the dataset opens, its spaces are the env's and every episode fits them
-        (:func:`flowkit.datasets.check_dataset`), whichever algorithm reads it (an offline one,
-        or one that mixes it into replay: ``input.mix``); torch-free, before Ray and the run
-        folder (one-line config errors, exit 2)."""
+        (:func:`flowkit.datasets.check_dataset`), and it holds an episode for each reader (each
+        reads whole episodes), whichever algorithm reads it (an offline one, or one that mixes
+        it into replay: ``input.mix``); torch-free, before Ray and the run folder (one-line
+        config errors, exit 2)."""
         warns = config_checks([
             (not self.dataset and self.mix is not None, f"input.mix={self.mix} needs input.dataset=PATH (the dataset "
                                                         "mixed into the replayed batches)"),
@@ -59,25 +60,22 @@ class InputConfig:
         ])
         if self.dataset:
             from flowkit.datasets import check_dataset
-            check_dataset(run_config)
+            n = int(check_dataset(run_config).total_episodes)
+            config_checks([(self.num_readers > n, f"input.num_readers={self.num_readers}: the dataset "
+                                                  f"{self.dataset!r} holds {n} episodes, fewer than the readers (each "
+                                                  f"reads whole episodes; at most {n})")])
         return warns
 
 
 class FromDataset:
     """The check of the algorithms that learn from a dataset (a base of their config classes):
-    the run needs ``input.dataset``, with an episode for each reader (its contents are checked
-    by :meth:`InputConfig.validate`; made before torch and Ray load: one-line config errors,
-    exit 2)."""
+    the run needs ``input.dataset`` (its contents are checked by :meth:`InputConfig.validate`;
+    made before torch and Ray load: one-line config errors, exit 2)."""
 
     def validate(self, run_config: Any, name: str) -> List[str]:
         from omegaconf import OmegaConf
-        if not OmegaConf.select(run_config, "input.dataset"):
-            raise ConfigError(f"algo={name} learns from a dataset: set input.dataset=PATH (write one with "
-                              "`flowkit record RUN_DIR`)")
-        from flowkit.datasets import open_dataset  # (its contents: InputConfig.validate)
-        path = str(OmegaConf.select(run_config, "input.dataset"))
-        check_num_readers(open_dataset(path), int(OmegaConf.select(run_config, "input.num_readers") or 0), path)
-        return []
+        return config_checks([(not OmegaConf.select(run_config, "input.dataset"), f"algo={name} learns from a "
+                               "dataset: set input.dataset=PATH (write one with `flowkit record RUN_DIR`)")])
 
 
 @dataclass
@@ -143,18 +141,6 @@ class CQLSACConfig(SACLossConfig, FromDataset):
                          "the beta-NLL of atanh(a_t)) instead of maximising Q (the authors' policy_eval_start)", ge=0)
     bc_lr: Optional[float] = F(None, "Adam learning rate of the actor during the bc_steps warm start (null: "
                                      "actor_lr); after it, actor_lr", gt=0)
-
-
-def check_num_readers(ds: Any, num_readers: int, path: str) -> None:
-    """``input.num_readers`` against the dataset's episodes (each reader reads whole episodes).
-
-    Raises:
-        ConfigError: more readers than episodes.
-    """
-    if num_readers > int(ds.total_episodes):
-        raise ConfigError(f"input.num_readers={num_readers}: the dataset {path!r} holds {ds.total_episodes} "
-                          f"episodes, fewer than the readers (each reads whole episodes; at most "
-                          f"{ds.total_episodes})")
 
 
 BC_REF = flowkit.AlgorithmRef("bc", BCConfig, "flowkit_offline.marwil:BC", normalize_obs=True)

@@ -100,7 +100,7 @@ class CQLDQNPolicy(DQNPolicy):
 class CQLDQN(flowkit.Algorithm, ref=CQL_DQN_REF):
     """CQL on DQN: DatasetReader (``input.dataset``) -> TrainOneStep -> UpdateTargetNetwork."""
 
-    policy_class, rollout_mode, off_policy = CQLDQNPolicy, "bulk_sync", True
+    policy_class, off_policy = CQLDQNPolicy, True
 
     def training_flow(self, experiences, ctx, learner):
         return (experiences.for_each(TrainOneStep(ctx, learner))
@@ -129,17 +129,14 @@ class CQLSACPolicy(SACPolicy):
     the CQL(H) term with the importance-sampled log-sum-exp (module docstring); with
     ``lagrangian``, the learned weight ``model.lagrange.log_alpha_prime``."""
 
-    def finish_init(self, target_modules: Sequence[str], sizes: Any = None) -> None:
+    def finish_init(self, target_modules: Sequence[str], segments: Sequence[Sequence[str]] = ()) -> None:
         cfg = self.config
         # after SAC's critic, actor and temperature: the Lagrange multiplier (kept, frozen, without lagrangian)
         self.model.lagrange = nn.ParameterDict({"log_alpha_prime": nn.Parameter(
             torch.tensor(math.log(max(float(cfg.cql_alpha), 1e-8))), requires_grad=bool(cfg.lagrangian))})
-        if self.inference_only:
-            return super().finish_init(target_modules)
-        n = [sum(p.numel() for p in getattr(self.model, m).parameters() if p.requires_grad)
-             for m in ("critic", "actor", "temperature", "lagrange")]
-        super().finish_init(target_modules, sizes=[n[0], n[1]] + ([n[2] + n[3]] if n[2] + n[3] else []))
-        assert self.optimizer is not None
+        super().finish_init(target_modules, segments=[["critic"], ["actor"], ["temperature", "lagrange"]])
+        if self.optimizer is None:  # (inference only)
+            return
         if cfg.actor_lr is not None:  # the actor's segment of the one Adam
             self.optimizer.param_groups[1]["lr"] = float(cfg.actor_lr)
         self.actor_adam_restarted = False  # (bc_steps: at the switch to SAC's actor loss)
