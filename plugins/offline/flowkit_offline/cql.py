@@ -64,7 +64,7 @@ tanh of the actor's mean (``cql_sac``) in evaluation.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Sequence, Tuple
 
 import torch
 from flowkit_dqn.dqn import DQNPolicy
@@ -216,21 +216,17 @@ class CQLSACPolicy(SACPolicy):
         q_sampled = self.q_values(obs.repeat_interleave(m, 0), a.reshape(b * m, -1)).view(2, b, m)
         # Q at the data again (not t["q"]): the same gradients summed in the same order as SAC's loss plus this term
         gap = cql_gap(self.q_values(obs, batch[sb.ACTIONS].float()), q_sampled, log_mu, float(cfg.cql_temperature))
-        lagrange_loss: Optional[torch.Tensor] = None
         if cfg.lagrangian:
             alpha_prime = self.log_alpha_prime.exp().clamp(max=1e6)
             cql_loss = (alpha_prime.detach() * (gap - cfg.target_action_gap)).sum()
-            lagrange_loss = -(alpha_prime * (gap.detach() - cfg.target_action_gap)).mean()
-            loss = loss + cql_loss + lagrange_loss
+            lagrange = {"lagrange_loss": -(alpha_prime * (gap.detach() - cfg.target_action_gap)).mean()}
         else:
-            cql_loss = float(cfg.cql_alpha) * gap.sum()
-            loss = loss + cql_loss
-        st = loss_stats(critic_loss=t["critic_loss"], actor_loss=t["actor_loss"], alpha_loss=t["alpha_loss"],
-                        alpha=t["alpha"], mean_q=t["q"].mean(), entropy=t["entropy"], cql_loss=cql_loss,
-                        cql_gap=gap.mean(), cql_q_sampled=q_sampled.mean(), cql_alpha=self.alpha_prime)
-        if lagrange_loss is not None:
-            st["lagrange_loss"] = float(lagrange_loss.detach())
-        return loss, st
+            cql_loss, lagrange = float(cfg.cql_alpha) * gap.sum(), {}
+        loss = loss + cql_loss + sum(lagrange.values())
+        return loss, loss_stats(critic_loss=t["critic_loss"], actor_loss=t["actor_loss"], alpha_loss=t["alpha_loss"],
+                                alpha=t["alpha"], mean_q=t["q"].mean(), entropy=t["entropy"], cql_loss=cql_loss,
+                                cql_gap=gap.mean(), cql_q_sampled=q_sampled.mean(), cql_alpha=self.alpha_prime,
+                                **lagrange)
 
 
 class CQLSAC(SAC, ref=CQL_SAC_REF):
