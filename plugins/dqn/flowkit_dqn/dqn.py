@@ -61,7 +61,7 @@ from flowkit.core.context import RunContext
 from flowkit.core.flow import get_result
 from flowkit.core.learner import Learner
 from flowkit_dqn import DQN_REF
-from flowkit_dqn.acting import DQNActing, NumpyDQNPolicy, SetEpsilon, apex_epsilon, compute_n_step, epsilon_at  # noqa: F401
+from flowkit_dqn.acting import DQNActing, NumpyDQNPolicy, apex_epsilon, compute_n_step, epsilon_at  # noqa: F401
 
 
 # ---- targets ----------------------------------------------------------------------------------
@@ -286,19 +286,22 @@ class UpdateExploration:
                                             f"{cfg.epsilon_timesteps} env steps") + ")"
 
     def __call__(self, item: Any) -> Any:
+        cfg = self.cfg
         if self.apex:  # items are (worker, batch): the worker's fixed epsilon, sent once
-            fn = SetEpsilon(self.policy_ids, apex=(self.cfg.apex_epsilon_base, self.cfg.apex_epsilon_alpha))
             actors = [item.actor]
         else:
-            fn = SetEpsilon(self.policy_ids, epsilon_at(self.cfg, self.ctx.counters["env_steps_sampled"]))
-            fn(self.learner)
+            e = epsilon_at(cfg, self.ctx.counters["env_steps_sampled"])
+            for pid in self.policy_ids:
+                self.learner.policies[pid].set_exploration_state({"epsilon": e})
             actors = self.ctx.workers.actors
         for a in actors:
-            if self.sent.get(id(a)) != fn.epsilon:
-                fut = a.submit("apply", fn)
+            eps = apex_epsilon(a.index, self.ctx.workers.num_workers, cfg.apex_epsilon_base,
+                               cfg.apex_epsilon_alpha) if self.apex else e
+            if self.sent.get(id(a)) != eps:
+                fut = a.submit("set_exploration_state", {pid: {"epsilon": eps} for pid in self.policy_ids})
                 if not a.is_remote:
                     get_result(fut)
-                self.sent[id(a)] = fn.epsilon
+                self.sent[id(a)] = eps
         return item
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from flowkit_dqn import DQN_REF
+from flowkit_dqn import DQN_REF, DQNLossConfig
 from flowkit_sac import SAC_REF, SACLossConfig
 
 import flowkit
@@ -102,20 +102,12 @@ class MARWILConfig(BCConfig):
 
 
 @dataclass
-class CQLDQNConfig(FromDataset):
+class CQLDQNConfig(DQNLossConfig, FromDataset):
     """cql_dqn: Conservative Q-Learning (Kumar et al. 2020), CQL(H) on DQN's Q-network, Discrete actions."""
     cql_alpha: float = F(1.0, "weight of the conservative term mean(logsumexp_a Q(s, a) - Q(s, a_data)) (a greedy "
                               "expert's data: 10, the authors' DQN value; docs/offline.md)", ge=0)
-    lr: float = F(5e-4, "Adam learning rate", gt=0)
-    adam_eps: float = F(1e-8, "Adam epsilon", gt=0)
-    gamma: float = F(0.99, "discount factor", ge=0, le=1)
     n_step: int = F(1, "n-step returns inside each dataset episode (1: one-step TD)", gt=0)
-    double_q: bool = F(True, "double-Q target: argmax by the online network, value by the target network")
-    dueling: bool = F(True, "dueling heads: Q = V + A - mean(A)")
     train_batch_size: int = F(256, "dataset rows per gradient step", ge=1)
-    target_network_update_freq: int = F(500, "gradient steps between target-network updates", gt=0)
-    max_grad_norm: Optional[float] = F(10.0, "clip the gradient norm (null: off)", gt=0)
-    huber_delta: float = F(1.0, "Huber loss threshold of the TD term", gt=0)
     initial_epsilon: float = F(0.0, "epsilon of epsilon-greedy acting when sampling (evaluation.explore=true)",
                                ge=0, le=1)
 
