@@ -175,15 +175,12 @@ class DatasetReader:
             j = min(j, len(order))  # episodes k..j-1 fill the buffer (the last one may overflow it)
             rows = self.read(order[k:j].tolist())
             rows = rows if rest is None else sb.concat_samples([rest, rows])
-            last = j == len(order)
-            k = j
-            rows = rows.take(rng.permutation(len(rows)))
-            full = len(rows) // self.batch_size * self.batch_size
+            rows, k = rows.take(rng.permutation(len(rows))), j
+            # whole batches; after the epoch's last fill, the rows left too
+            full = len(rows) // self.batch_size * self.batch_size if k < len(order) else len(rows)
             for i in range(0, full, self.batch_size):
                 yield rows.slice(i, i + self.batch_size)
             rest = rows.slice(full, len(rows)) if len(rows) > full else None
-            if last and rest is not None:
-                yield rest
 
     def _lengths(self) -> np.ndarray:
         """int64[E], the steps of each episode in id order (from the columnar copy or Minari's metadata)."""
