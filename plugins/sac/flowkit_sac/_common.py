@@ -67,12 +67,11 @@ class OffPolicyActorCritic(Policy):
                               f"got {action_space} and {observation_space}")
         torch.manual_seed(seed)
         self.obs_dim, self.act_dim = int(self.encoder.shape[0]), int(self.dist.dim)
-        self.normalize_obs = bool(self.model_config.normalize_obs)
 
     def finish_init(self, target_modules: Sequence[str], segments: Sequence[Sequence[str]] = ()) -> None:
         from flowkit.core.models import init_weights
         init_weights(self.model, self.model_config)  # model.init, before the targets copy the weights
-        if self.normalize_obs:  # buffers only: outside the flat parameters, inside state_dict (checkpoints)
+        if self.model_config.normalize_obs:  # buffers only: outside the flat parameters, inside state_dict (checkpoints)
             self.model.obs_rms = RunningMeanStd((self.obs_dim,))
         self.model.to(self.device)
         if self.inference_only:  # the actor alone is synced: one flat array
