@@ -66,7 +66,7 @@ class A2C(flowkit.Algorithm, ref=A2C_REF):
     """A2C: bulk-sync rollouts -> [ConcatBatches] -> TrainOneStep (one gradient step) ->
     SyncWeights(to all workers)."""
 
-    policy_class, rollout_mode = A2CPolicy, "bulk_sync"
+    policy_class = A2CPolicy
 
     def training_flow(self, experiences, ctx, learner):
         flow = experiences

@@ -16,9 +16,8 @@ from flowkit.config import MAX_BATCH_ROWS, F, LRConfig, config_checks
 
 
 @dataclass
-class DQNConfig(LRConfig):
-    """dqn: Deep Q-Networks (double-Q, dueling, n-step, prioritized replay, Ape-X shards)."""
-    ROWS = "transitions"  # what a replay row is (in messages)
+class DQNLossConfig:
+    """DQN's Q-network, TD loss and optimizer keys (shared by ``dqn.*`` and the offline ``cql_dqn.*``)."""
     lr: float = F(5e-4, "Adam learning rate", gt=0)
     adam_eps: float = F(1e-8, "Adam epsilon", gt=0)
     gamma: float = F(0.99, "discount factor", ge=0, le=1)
@@ -26,16 +25,22 @@ class DQNConfig(LRConfig):
     double_q: bool = F(True, "double-Q target: argmax by the online network, value by the target network")
     dueling: bool = F(True, "dueling heads: Q = V + A - mean(A)")
     train_batch_size: int = F(32, "replayed transitions per gradient step", gt=0, le=MAX_BATCH_ROWS)
+    target_network_update_freq: int = F(500, "gradient steps between target-network updates", gt=0)
+    max_grad_norm: Optional[float] = F(10.0, "clip the gradient norm (null: off)", gt=0)
+    huber_delta: float = F(1.0, "Huber loss threshold", gt=0)
+    initial_epsilon: float = F(1.0, "epsilon-greedy: epsilon at the start", ge=0, le=1)
+
+
+@dataclass
+class DQNConfig(DQNLossConfig, LRConfig):
+    """dqn: Deep Q-Networks (double-Q, dueling, n-step, prioritized replay, Ape-X shards)."""
+    ROWS = "transitions"  # what a replay row is (in messages)
     buffer_size: int = F(50_000, "replay capacity in transitions (per policy; split over shards in Ape-X)", gt=0)
     learning_starts: int = F(1_000, "env steps sampled before the first gradient step", ge=0)
     training_intensity: Optional[float] = F(8.0, "transitions trained per transition sampled (8: one gradient "
                                                  "step of 32 per 4 env steps, SB3's and RLlib's default ratio; null: "
                                                  "one gradient step per sampling round)", gt=0)
-    target_network_update_freq: int = F(500, "gradient steps between target-network updates", gt=0)
     weight_sync_freq: int = F(16, "gradient steps between weight broadcasts to the workers (0: after every step)", ge=0)
-    max_grad_norm: Optional[float] = F(10.0, "clip the gradient norm (null: off)", gt=0)
-    huber_delta: float = F(1.0, "Huber loss threshold", gt=0)
-    initial_epsilon: float = F(1.0, "epsilon-greedy: epsilon at the start", ge=0, le=1)
     final_epsilon: float = F(0.02, "epsilon-greedy: epsilon after epsilon_timesteps", ge=0, le=1)
     epsilon_timesteps: int = F(10_000, "env steps sampled over which epsilon decays linearly "
                                     "(0: final_epsilon from the start)", ge=0)

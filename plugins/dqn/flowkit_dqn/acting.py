@@ -4,7 +4,7 @@ acting (:class:`DQNActing`, the base of :class:`~flowkit_dqn.dqn.DQNPolicy`) and
 (the worker process then never imports torch). See :mod:`flowkit_dqn.dqn` for the math."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -55,7 +55,8 @@ def compute_n_step(rewards: np.ndarray, ends: np.ndarray, gamma: float,
 class DQNActing(Acting):
     """Epsilon-greedy acting over :meth:`q_values` (legal actions only) and the n-step
     postprocessing: what a DQN policy does on a rollout worker. ``epsilon`` is set from
-    outside (:class:`SetEpsilon`; a new worker's first through :meth:`set_exploration_state`)."""
+    outside (DQN's ``UpdateExploration`` and a new worker's first, through
+    :meth:`set_exploration_state`)."""
     epsilon: float
     config: Any
     np_random: np.random.Generator
@@ -130,19 +131,3 @@ class NumpyDQNPolicy(DQNActing, NumpyPolicy):
             return out["q_head"]
         a = out["advantage_head"]
         return out["value_head"] + a - a.mean(-1, keepdims=True)
-
-
-class SetEpsilon:
-    """Set the epsilon of the DQN policies of a worker (picklable, sent with
-    ``RolloutWorker.apply``) or of a Learner to ``epsilon``, or to Ape-X's per-worker value
-    when ``apex`` holds ``(base, alpha)``. Returns the epsilon set."""
-
-    def __init__(self, policy_ids: List[str], epsilon: float = 0.0, apex: Optional[Tuple[float, float]] = None):
-        self.policy_ids, self.epsilon, self.apex = list(policy_ids), float(epsilon), apex
-
-    def __call__(self, worker: Any) -> float:
-        eps = self.epsilon if self.apex is None else apex_epsilon(worker.index, worker.num_workers, *self.apex)
-        for pid in self.policy_ids:
-            if pid in worker.policies:
-                worker.policies[pid].epsilon = eps
-        return eps

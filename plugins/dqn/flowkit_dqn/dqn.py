@@ -33,7 +33,7 @@ TrainOneStep -> UpdatePriorities (to the serving shard) -> UpdateTargetNetwork.
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import numpy as np
 import torch
@@ -61,7 +61,7 @@ from flowkit.core.context import RunContext
 from flowkit.core.flow import get_result
 from flowkit.core.learner import Learner
 from flowkit_dqn import DQN_REF
-from flowkit_dqn.acting import DQNActing, NumpyDQNPolicy, SetEpsilon, apex_epsilon, compute_n_step, epsilon_at  # noqa: F401
+from flowkit_dqn.acting import DQNActing, NumpyDQNPolicy, apex_epsilon, compute_n_step, epsilon_at  # noqa: F401
 
 
 # ---- targets ----------------------------------------------------------------------------------
@@ -150,19 +150,6 @@ class QNetwork(QHeads):
         return self.q_from_features(self.trunk(obs))
 
 
-class NormalizedQ(nn.Module):
-    """Encoded observation float32[B, d] -> Q-values float32[B, A] of ``q_net`` at
-    ``obs_rms(obs)``: what a DQN policy with ``model.normalize_obs`` acts with (``flowkit
-    export`` wraps it). Shares the policy's modules."""
-
-    def __init__(self, q_net: nn.Module, obs_rms: nn.Module):
-        super().__init__()
-        self.q_net, self.obs_rms = q_net, obs_rms
-
-    def forward(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.q_net(self.obs_rms(obs))
-
-
 # ---- the policy ---------------------------------------------------------------------------------
 _WORKER_SIDE = ("compute_actions_encoded", "compute_actions", "q_values", "epsilon_greedy", "postprocess_trajectory",
                 "set_weights")
@@ -227,9 +214,10 @@ class DQNPolicy(DQNActing, Policy):
 
     def action_model(self) -> nn.Module:
         """The Q-network, behind the observation normalisation when ``model.normalize_obs``
-        (:class:`NormalizedQ`): encoded observations float32[B, *shape] -> Q float32[B, A]."""
+        (``Sequential(obs_rms, model)``, sharing the policy's modules): encoded observations
+        float32[B, *shape] -> Q float32[B, A]."""
         rms = getattr(self.model, "obs_rms", None)
-        return self.model if rms is None else NormalizedQ(self.model, rms)
+        return self.model if rms is None else nn.Sequential(rms, self.model)
 
     def worker_policy_class(self) -> Optional[Callable[..., Any]]:
         """A :class:`~flowkit_dqn.acting.NumpyDQNPolicy` (torch-free) for an MLP QNetwork
@@ -298,19 +286,22 @@ class UpdateExploration:
                                             f"{cfg.epsilon_timesteps} env steps") + ")"
 
     def __call__(self, item: Any) -> Any:
+        cfg = self.cfg
         if self.apex:  # items are (worker, batch): the worker's fixed epsilon, sent once
-            fn = SetEpsilon(self.policy_ids, apex=(self.cfg.apex_epsilon_base, self.cfg.apex_epsilon_alpha))
             actors = [item.actor]
         else:
-            fn = SetEpsilon(self.policy_ids, epsilon_at(self.cfg, self.ctx.counters["env_steps_sampled"]))
-            fn(self.learner)
+            e = epsilon_at(cfg, self.ctx.counters["env_steps_sampled"])
+            for pid in self.policy_ids:
+                self.learner.policies[pid].set_exploration_state({"epsilon": e})
             actors = self.ctx.workers.actors
         for a in actors:
-            if self.sent.get(id(a)) != fn.epsilon:
-                fut = a.submit("apply", fn)
+            eps = apex_epsilon(a.index, self.ctx.workers.num_workers, cfg.apex_epsilon_base,
+                               cfg.apex_epsilon_alpha) if self.apex else e
+            if self.sent.get(id(a)) != eps:
+                fut = a.submit("set_exploration_state", {pid: {"epsilon": eps} for pid in self.policy_ids})
                 if not a.is_remote:
                     get_result(fut)
-                self.sent[id(a)] = fn.epsilon
+                self.sent[id(a)] = eps
         return item
 
 
@@ -320,13 +311,7 @@ class DQN(flowkit.Algorithm, ref=DQN_REF):
     ``training_intensity``; Ape-X with ``num_replay_shards > 0``."""
 
     policy_class = DQNPolicy
-    rollout_mode = "bulk_sync"
     off_policy = True
-
-    @property
-    def prioritized(self) -> bool:
-        p = self.config.prioritized_replay
-        return bool(self.config.num_replay_shards > 0 if p is None else p)
 
     def get_rollout_mode(self) -> str:
         return "async" if self.config.num_replay_shards > 0 else self.rollout_mode
@@ -346,26 +331,23 @@ class DQN(flowkit.Algorithm, ref=DQN_REF):
         transitions (R2D2: sequences of ``seq_len`` steps each)."""
         return int(self.config.train_batch_size)
 
-    def round_robin_weights(self, round_env_steps: int) -> List[float]:
-        """``[1, k]``: k train steps (:attr:`train_batch_env_steps` each) per sampled item
-        of ``round_env_steps``, so trained/sampled = ``training_intensity``."""
-        ti = self.config.training_intensity
-        return [1, 1] if ti is None else replay.store_train_weights(ti, round_env_steps, self.train_batch_env_steps)
-
     def training_flow(self, experiences, ctx, learner, mix=None):
         cfg, rt = self.config, self.run_config.runtime
         apex = cfg.num_replay_shards > 0
+        prioritized = bool(apex if cfg.prioritized_replay is None else cfg.prioritized_replay)
         prio = dict(alpha=cfg.prioritized_replay_alpha, beta=cfg.prioritized_replay_beta,
                     eps=cfg.prioritized_replay_eps, seed=derive_seed(int(self.run_config.seed), "replay", self.name))
         buffer = ctx.add_stateful(f"{learner.name}/replay_shards", replay.ReplayShards(
             rt.backend, cfg.num_replay_shards, cfg.buffer_size, cfg.train_batch_size, cfg.learning_starts,
-            self.prioritized, **prio)) if apex else ctx.add_stateful(
-            f"{learner.name}/replay_buffer", replay.MultiAgentReplayBuffer(cfg.buffer_size, self.prioritized, **prio))
+            prioritized, **prio)) if apex else ctx.add_stateful(
+            f"{learner.name}/replay_buffer", replay.MultiAgentReplayBuffer(cfg.buffer_size, prioritized, **prio))
         sync_every = cfg.weight_sync_freq * self.train_batch_env_steps
         sync = ops.SyncWeights(ctx, learner, to="source", every=sync_every, with_next_sample=True) if apex else \
             ops.SyncWeights(ctx, learner, every=sync_every)
-        round_steps = ctx.workers.round_env_steps // (ctx.workers.num_workers if apex else 1)
+        # [1, k]: k train steps of train_batch_env_steps per sampled item, so trained/sampled = training_intensity
+        round_steps, ti = ctx.workers.round_env_steps // (ctx.workers.num_workers if apex else 1), cfg.training_intensity
+        weights = [1, 1] if ti is None else replay.store_train_weights(ti, round_steps, self.train_batch_env_steps)
         return ops.ReplayPlan(ctx, learner, experiences, buffer, cfg.train_batch_size, cfg.learning_starts,
-                              cfg.target_network_update_freq, self.round_robin_weights(round_steps),
+                              cfg.target_network_update_freq, weights,
                               store_ops=[UpdateExploration(ctx, learner, cfg, apex=apex), *([sync] if apex else [])],
                               train_ops=[] if apex else [sync], num_async=cfg.replay_num_async, mix=mix)

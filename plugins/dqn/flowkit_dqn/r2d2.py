@@ -191,35 +191,25 @@ class SequenceCutter:
 
     def _stack(self, seqs: List[Tuple[sb.SampleBatch, int, int]], like: sb.SampleBatch) -> sb.SampleBatch:
         k, L = len(seqs), self.L
-
-        def zeros(col: str, steps: Optional[int]) -> np.ndarray:
-            v = np.asarray(like[col])
-            return np.zeros((k, *(() if steps is None else (steps,)), *v.shape[1:]), v.dtype)
-        out = {sb.OBS: zeros(sb.OBS, L + 1), sb.ACTIONS: zeros(sb.ACTIONS, L),
-               sb.REWARDS: np.zeros((k, L), np.float32), sb.TERMINATEDS: np.zeros((k, L), bool),
-               sb.SEQ_MASK: np.zeros((k, L), bool), sb.STATE_IN: zeros(sb.STATE_IN, None).astype(np.float32),
-               sb.EPS_ID: np.zeros(k, np.int64), sb.T: np.zeros(k, np.int64)}
         masks = sb.ACTION_MASK in like and sb.NEXT_ACTION_MASK in like
-        if masks:
-            out[sb.ACTION_MASK] = zeros(sb.ACTION_MASK, L + 1)
-        for col, _ in self.carry:
-            out[col] = zeros(col, L + 1)
+        # observation-like columns [k, L + 1, ...] (at l: the last real row's next one); step columns [k, L, ...]
+        pairs = [(sb.OBS, sb.NEXT_OBS), *([(sb.ACTION_MASK, sb.NEXT_ACTION_MASK)] if masks else []), *self.carry]
+        steps = {sb.ACTIONS: None, sb.REWARDS: np.float32, sb.TERMINATEDS: bool}
+
+        def zeros(col: str, length: Optional[int], dtype: Any = None) -> np.ndarray:
+            v = np.asarray(like[col])
+            return np.zeros((k, *(() if length is None else (length,)), *v.shape[1:]), dtype or v.dtype)
+        out = {**{c: zeros(c, L + 1) for c, _ in pairs}, **{c: zeros(c, L, dt) for c, dt in steps.items()},
+               sb.SEQ_MASK: np.zeros((k, L), bool), sb.STATE_IN: zeros(sb.STATE_IN, None, np.float32),
+               sb.EPS_ID: np.zeros(k, np.int64), sb.T: np.zeros(k, np.int64)}
         for i, (p, s, e) in enumerate(seqs):
             ln = e - s
-            out[sb.OBS][i, :ln] = p[sb.OBS][s:e]
-            out[sb.OBS][i, ln] = p[sb.NEXT_OBS][e - 1]
-            out[sb.ACTIONS][i, :ln] = p[sb.ACTIONS][s:e]
-            out[sb.REWARDS][i, :ln] = p[sb.REWARDS][s:e]
-            out[sb.TERMINATEDS][i, :ln] = p[sb.TERMINATEDS][s:e]
-            out[sb.SEQ_MASK][i, :ln] = True
-            out[sb.STATE_IN][i] = p[sb.STATE_IN][s]
-            out[sb.EPS_ID][i], out[sb.T][i] = p[sb.EPS_ID][s], p[sb.T][s]
-            if masks:
-                out[sb.ACTION_MASK][i, :ln] = p[sb.ACTION_MASK][s:e]
-                out[sb.ACTION_MASK][i, ln] = p[sb.NEXT_ACTION_MASK][e - 1]
-            for col, nxt in self.carry:
+            for col, nxt in pairs:
+                out[col][i, :ln], out[col][i, ln] = p[col][s:e], p[nxt][e - 1]
+            for col in steps:
                 out[col][i, :ln] = p[col][s:e]
-                out[col][i, ln] = p[nxt][e - 1]
+            out[sb.SEQ_MASK][i, :ln] = True
+            out[sb.STATE_IN][i], out[sb.EPS_ID][i], out[sb.T][i] = p[sb.STATE_IN][s], p[sb.EPS_ID][s], p[sb.T][s]
         return sb.SampleBatch(out)
 
 

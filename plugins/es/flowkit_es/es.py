@@ -178,16 +178,19 @@ class ESPolicy(flowkit.Policy):
             m.obs_mean.copy_(torch.tensor(np.asarray(obs_mean), dtype=m.obs_mean.dtype))
             m.obs_var.copy_(torch.as_tensor(np.square(obs_std.astype(np.float64)) - 1e-8, dtype=m.obs_var.dtype))
 
-    def merge_obs_stats(self, n: int, s: np.ndarray, ss: np.ndarray) -> None:
-        """Merge a batch of ``n`` encoded observations (sum ``s``, sum of squares ``ss``) into
-        the normalisation statistics."""
-        m = self.model
+    def merge_obs_stats(self, results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+        """Merge the encoded observations the workers counted in a round (``obs_count``, their
+        sum ``obs_sum`` and sum of squares ``obs_sumsq`` per result) into the normalisation
+        statistics, used from the next round on (the plan's MergeObservationStats). Returns
+        ``results``."""
+        m, (n, s, ss) = self.model, (sum(r[k] for r in results) for k in ("obs_count", "obs_sum", "obs_sumsq"))
         c, mean, var = merge_moments(float(m.obs_count), m.obs_mean.double().cpu().numpy(),
                                      m.obs_var.double().cpu().numpy(), n, s, ss)
         with torch.no_grad():
             m.obs_count.fill_(c)
             m.obs_mean.copy_(torch.as_tensor(mean))
             m.obs_var.copy_(torch.as_tensor(var))
+        return results
 
     def loss(self, batch):
         raise RuntimeError(f"{type(self).__name__} has no loss: ES and ARS estimate their update from returns")
@@ -207,21 +210,6 @@ class ARSPolicy(ESPolicy):
 
 
 # ---- the operators ---------------------------------------------------------------------------
-class MergeObservationStats:
-    """Merge the workers' observation statistics of the round into the policy's
-    normalisation (used from the next round on). Passes the results on."""
-
-    name = "MergeObservationStats"
-
-    def __init__(self, policy: ESPolicy):
-        self.policy = policy
-
-    def __call__(self, results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-        self.policy.merge_obs_stats(sum(r["obs_count"] for r in results), sum(r["obs_sum"] for r in results),
-                                    sum(r["obs_sumsq"] for r in results))
-        return results
-
-
 class _Update:
     """Base of :class:`ESUpdate` and :class:`ARSUpdate`: gathers the round, applies
     :meth:`step`, counts the update (and the perturbed episodes in ``episodes_total``: core's
@@ -299,7 +287,6 @@ class _PerturbationAlgorithm(flowkit.Algorithm):
     requests, bulk-synchronous) -> [MergeObservationStats] -> the update. It consumes no
     rollouts: no worker samples fragments."""
 
-    off_policy = False
     consumes_rollouts = False
     update_class: type = _Update
     per_worker_key = ""
@@ -341,7 +328,7 @@ class _PerturbationAlgorithm(flowkit.Algorithm):
                             f"ParallelEvaluations({k} antithetic pairs + {c.eval_episodes} unperturbed "
                             f"episodes per worker, noise table {c.noise_size})")
         if pol.normalize:  # model.normalize_obs or <name>.normalize_observations
-            flow = flow.for_each(MergeObservationStats(pol))
+            flow = flow.for_each(pol.merge_obs_stats, "MergeObservationStats")
         return flow.for_each(self.update_class(ctx, learner, pid, self.noise_table(), c))
 
 

@@ -82,11 +82,6 @@ def noise_array(handle: Any) -> np.ndarray:
 
 
 # ---- the networks in numpy -------------------------------------------------------------------
-def num_params(layout: Layout) -> int:
-    """Entries of the flat parameter vector of ``layout``."""
-    return sum(o * i + (o if bias else 0) for o, i, bias in layout)
-
-
 def unflatten(theta: np.ndarray, layout: Layout) -> List[Tuple[np.ndarray, Optional[np.ndarray]]]:
     """Views of flat parameters ``theta`` (float32[P], ``torch.nn.Linear`` order: each layer's
     weight [out, in] row-major, then its bias): ``(weight.T float32[in, out], bias or None)``

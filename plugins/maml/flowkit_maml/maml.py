@@ -213,7 +213,7 @@ def meta_batch(results: List[Dict[str, Any]], pid: str, inner_steps: int) -> sb.
     """A meta step's worker results (:class:`AdaptToTasks`, in worker order) -> one
     MultiAgentBatch of every row, with the columns ``task_index`` (the task's position in the
     meta step) and ``adaptation_step``; the mean episode return of each adaptation step goes
-    into ``meta["adaptation"]`` (see :class:`AdaptationMetrics`)."""
+    into ``meta["adaptation"]`` (reported by the plan's AdaptationMetrics)."""
     last = int(inner_steps)
     rows: List[sb.SampleBatch] = []
     returns: List[List[float]] = [[] for _ in range(last + 1)]
@@ -232,22 +232,6 @@ def meta_batch(results: List[Dict[str, Any]], pid: str, inner_steps: int) -> sb.
                               sum(r["agent_steps"] for r in results), [], -1, {"adaptation": adaptation})
 
 
-class AdaptationMetrics:
-    """Adds the meta step's returns by adaptation step (``return_mean_step_<k>``,
-    ``adaptation_delta`` = last - first, ``num_tasks``) to the policy's learner stats, and
-    counts the meta step. Passes the train result on."""
-
-    name = "AdaptationMetrics(returns before and after adaptation)"
-
-    def __init__(self, ctx: Any, pid: str):
-        self.ctx, self.pid = ctx, pid
-
-    def __call__(self, out: Dict[str, Any]) -> Dict[str, Any]:
-        self.ctx.metrics.learner_stats.setdefault(self.pid, {}).update(out["batch"].meta["adaptation"])
-        self.ctx.counters["meta_updates"] += 1
-        return out
-
-
 # ---- the algorithm -----------------------------------------------------------------------------
 class MAML(flowkit.Algorithm, ref=MAML_REF):
     """MAML: tasks to the workers (core's ``WorkerRounds`` of :class:`AdaptToTasks`) ->
@@ -256,9 +240,7 @@ class MAML(flowkit.Algorithm, ref=MAML_REF):
     rollouts."""
 
     policy_class = MAMLPolicy
-    rollout_mode = "bulk_sync"
     consumes_rollouts = False
-    off_policy = False
 
     def __init__(self, run_config: Any, config: Any = None):
         super().__init__(run_config, config)
@@ -291,6 +273,13 @@ class MAML(flowkit.Algorithm, ref=MAML_REF):
         pid, c = self.only_policy(ctx, learner), self.config
         n = max(1, int(self.run_config.runtime.num_workers))
         order = "first-order" if c.first_order else "second-order"
+
+        def adaptation_metrics(out: Dict[str, Any]) -> Dict[str, Any]:
+            """The meta step's returns by adaptation step (``return_mean_step_<k>``, ``adaptation_delta``
+            = last - first, ``num_tasks``) into the policy's learner stats; counts the meta step."""
+            ctx.metrics.learner_stats.setdefault(pid, {}).update(out["batch"].meta["adaptation"])
+            ctx.counters["meta_updates"] += 1
+            return out
         rounds = WorkerRounds(ctx, lambda world: self.adaptation_requests(int(ctx.counters["meta_updates"]), world),
                               f"ParallelAdaptation({n} workers x {c.tasks_per_worker} tasks: sample, {c.inner_steps} "
                               f"inner step(s) of lr {c.inner_lr:g}, sample)")
@@ -299,7 +288,7 @@ class MAML(flowkit.Algorithm, ref=MAML_REF):
                                 "reported)")
                 .for_each(TrainOneStep(ctx, learner, num_epochs=c.outer_steps), f"MetaUpdate({order}, "
                           f"{c.outer_steps} Adam steps on the clipped surrogate after adaptation)")
-                .for_each(AdaptationMetrics(ctx, pid))
+                .for_each(adaptation_metrics, "AdaptationMetrics(returns before and after adaptation)")
                 .for_each(SyncWeights(ctx, learner)))
 
 

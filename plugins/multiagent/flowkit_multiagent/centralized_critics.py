@@ -179,9 +179,7 @@ class MATD3Policy(TD3Policy):
         self.team = Team(config.team, config.critic_input_dim or self.obs_dim, self.obs_dim, self.act_dim)
         self.model = TD3Model(self.obs_dim, self.act_dim, self.model_config)
         self.model.critic = twin_critic(self.team.critic_in, 0, self.model_config)  # stays first
-        n_critic = sum(p.numel() for p in self.model.critic.parameters())
-        n_actor = sum(p.numel() for p in self.model.actor.parameters())
-        self.finish_init(["critic", "actor"], sizes=[n_critic, n_actor])
+        self.finish_init(["critic", "actor"], segments=[["critic"], ["actor"]])
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg, m, team = self.config, self.model, self.team

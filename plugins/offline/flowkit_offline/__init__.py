@@ -19,11 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
-from flowkit_dqn import DQN_REF
+from flowkit_dqn import DQN_REF, DQNLossConfig
 from flowkit_sac import SAC_REF, SACLossConfig
 
 import flowkit
-from flowkit.config import MAX_BATCH_ROWS, ConfigError, F, config_checks
+from flowkit.config import MAX_BATCH_ROWS, F, config_checks
 
 
 @dataclass
@@ -48,9 +48,10 @@ class InputConfig:
     def validate(self, run_config: Any, name: str) -> List[str]:
         """``input.mix`` and ``input.num_readers`` need ``input.dataset``; with ``input.dataset``:
         the dataset opens, its spaces are the env's and every episode fits them
-        (:func:`flowkit.datasets.check_dataset`), whichever algorithm reads it (an offline one,
-        or one that mixes it into replay: ``input.mix``); torch-free, before Ray and the run
-        folder (one-line config errors, exit 2)."""
+        (:func:`flowkit.datasets.check_dataset`), and it holds an episode for each reader (each
+        reads whole episodes), whichever algorithm reads it (an offline one, or one that mixes
+        it into replay: ``input.mix``); torch-free, before Ray and the run folder (one-line
+        config errors, exit 2)."""
         warns = config_checks([
             (not self.dataset and self.mix is not None, f"input.mix={self.mix} needs input.dataset=PATH (the dataset "
                                                         "mixed into the replayed batches)"),
@@ -59,25 +60,22 @@ class InputConfig:
         ])
         if self.dataset:
             from flowkit.datasets import check_dataset
-            check_dataset(run_config)
+            n = int(check_dataset(run_config).total_episodes)
+            config_checks([(self.num_readers > n, f"input.num_readers={self.num_readers}: the dataset "
+                                                  f"{self.dataset!r} holds {n} episodes, fewer than the readers (each "
+                                                  f"reads whole episodes; at most {n})")])
         return warns
 
 
 class FromDataset:
     """The check of the algorithms that learn from a dataset (a base of their config classes):
-    the run needs ``input.dataset``, with an episode for each reader (its contents are checked
-    by :meth:`InputConfig.validate`; made before torch and Ray load: one-line config errors,
-    exit 2)."""
+    the run needs ``input.dataset`` (its contents are checked by :meth:`InputConfig.validate`;
+    made before torch and Ray load: one-line config errors, exit 2)."""
 
     def validate(self, run_config: Any, name: str) -> List[str]:
         from omegaconf import OmegaConf
-        if not OmegaConf.select(run_config, "input.dataset"):
-            raise ConfigError(f"algo={name} learns from a dataset: set input.dataset=PATH (write one with "
-                              "`flowkit record RUN_DIR`)")
-        from flowkit.datasets import open_dataset  # (its contents: InputConfig.validate)
-        path = str(OmegaConf.select(run_config, "input.dataset"))
-        check_num_readers(open_dataset(path), int(OmegaConf.select(run_config, "input.num_readers") or 0), path)
-        return []
+        return config_checks([(not OmegaConf.select(run_config, "input.dataset"), f"algo={name} learns from a "
+                               "dataset: set input.dataset=PATH (write one with `flowkit record RUN_DIR`)")])
 
 
 @dataclass
@@ -104,20 +102,12 @@ class MARWILConfig(BCConfig):
 
 
 @dataclass
-class CQLDQNConfig(FromDataset):
+class CQLDQNConfig(DQNLossConfig, FromDataset):
     """cql_dqn: Conservative Q-Learning (Kumar et al. 2020), CQL(H) on DQN's Q-network, Discrete actions."""
     cql_alpha: float = F(1.0, "weight of the conservative term mean(logsumexp_a Q(s, a) - Q(s, a_data)) (a greedy "
                               "expert's data: 10, the authors' DQN value; docs/offline.md)", ge=0)
-    lr: float = F(5e-4, "Adam learning rate", gt=0)
-    adam_eps: float = F(1e-8, "Adam epsilon", gt=0)
-    gamma: float = F(0.99, "discount factor", ge=0, le=1)
     n_step: int = F(1, "n-step returns inside each dataset episode (1: one-step TD)", gt=0)
-    double_q: bool = F(True, "double-Q target: argmax by the online network, value by the target network")
-    dueling: bool = F(True, "dueling heads: Q = V + A - mean(A)")
     train_batch_size: int = F(256, "dataset rows per gradient step", ge=1)
-    target_network_update_freq: int = F(500, "gradient steps between target-network updates", gt=0)
-    max_grad_norm: Optional[float] = F(10.0, "clip the gradient norm (null: off)", gt=0)
-    huber_delta: float = F(1.0, "Huber loss threshold of the TD term", gt=0)
     initial_epsilon: float = F(0.0, "epsilon of epsilon-greedy acting when sampling (evaluation.explore=true)",
                                ge=0, le=1)
 
@@ -143,18 +133,6 @@ class CQLSACConfig(SACLossConfig, FromDataset):
                          "the beta-NLL of atanh(a_t)) instead of maximising Q (the authors' policy_eval_start)", ge=0)
     bc_lr: Optional[float] = F(None, "Adam learning rate of the actor during the bc_steps warm start (null: "
                                      "actor_lr); after it, actor_lr", gt=0)
-
-
-def check_num_readers(ds: Any, num_readers: int, path: str) -> None:
-    """``input.num_readers`` against the dataset's episodes (each reader reads whole episodes).
-
-    Raises:
-        ConfigError: more readers than episodes.
-    """
-    if num_readers > int(ds.total_episodes):
-        raise ConfigError(f"input.num_readers={num_readers}: the dataset {path!r} holds {ds.total_episodes} "
-                          f"episodes, fewer than the readers (each reads whole episodes; at most "
-                          f"{ds.total_episodes})")
 
 
 BC_REF = flowkit.AlgorithmRef("bc", BCConfig, "flowkit_offline.marwil:BC", normalize_obs=True)

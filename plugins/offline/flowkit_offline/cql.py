@@ -64,7 +64,7 @@ tanh of the actor's mean (``cql_sac``) in evaluation.
 from __future__ import annotations
 
 import math
-from typing import Any, Dict, Optional, Sequence, Tuple
+from typing import Any, Dict, Sequence, Tuple
 
 import torch
 from flowkit_dqn.dqn import DQNPolicy
@@ -100,7 +100,7 @@ class CQLDQNPolicy(DQNPolicy):
 class CQLDQN(flowkit.Algorithm, ref=CQL_DQN_REF):
     """CQL on DQN: DatasetReader (``input.dataset``) -> TrainOneStep -> UpdateTargetNetwork."""
 
-    policy_class, rollout_mode, off_policy = CQLDQNPolicy, "bulk_sync", True
+    policy_class, off_policy = CQLDQNPolicy, True
 
     def training_flow(self, experiences, ctx, learner):
         return (experiences.for_each(TrainOneStep(ctx, learner))
@@ -129,17 +129,14 @@ class CQLSACPolicy(SACPolicy):
     the CQL(H) term with the importance-sampled log-sum-exp (module docstring); with
     ``lagrangian``, the learned weight ``model.lagrange.log_alpha_prime``."""
 
-    def finish_init(self, target_modules: Sequence[str], sizes: Any = None) -> None:
+    def finish_init(self, target_modules: Sequence[str], segments: Sequence[Sequence[str]] = ()) -> None:
         cfg = self.config
         # after SAC's critic, actor and temperature: the Lagrange multiplier (kept, frozen, without lagrangian)
         self.model.lagrange = nn.ParameterDict({"log_alpha_prime": nn.Parameter(
             torch.tensor(math.log(max(float(cfg.cql_alpha), 1e-8))), requires_grad=bool(cfg.lagrangian))})
-        if self.inference_only:
-            return super().finish_init(target_modules)
-        n = [sum(p.numel() for p in getattr(self.model, m).parameters() if p.requires_grad)
-             for m in ("critic", "actor", "temperature", "lagrange")]
-        super().finish_init(target_modules, sizes=[n[0], n[1]] + ([n[2] + n[3]] if n[2] + n[3] else []))
-        assert self.optimizer is not None
+        super().finish_init(target_modules, segments=[["critic"], ["actor"], ["temperature", "lagrange"]])
+        if self.optimizer is None:  # (inference only)
+            return
         if cfg.actor_lr is not None:  # the actor's segment of the one Adam
             self.optimizer.param_groups[1]["lr"] = float(cfg.actor_lr)
         self.actor_adam_restarted = False  # (bc_steps: at the switch to SAC's actor loss)
@@ -219,21 +216,17 @@ class CQLSACPolicy(SACPolicy):
         q_sampled = self.q_values(obs.repeat_interleave(m, 0), a.reshape(b * m, -1)).view(2, b, m)
         # Q at the data again (not t["q"]): the same gradients summed in the same order as SAC's loss plus this term
         gap = cql_gap(self.q_values(obs, batch[sb.ACTIONS].float()), q_sampled, log_mu, float(cfg.cql_temperature))
-        lagrange_loss: Optional[torch.Tensor] = None
         if cfg.lagrangian:
             alpha_prime = self.log_alpha_prime.exp().clamp(max=1e6)
             cql_loss = (alpha_prime.detach() * (gap - cfg.target_action_gap)).sum()
-            lagrange_loss = -(alpha_prime * (gap.detach() - cfg.target_action_gap)).mean()
-            loss = loss + cql_loss + lagrange_loss
+            lagrange = {"lagrange_loss": -(alpha_prime * (gap.detach() - cfg.target_action_gap)).mean()}
         else:
-            cql_loss = float(cfg.cql_alpha) * gap.sum()
-            loss = loss + cql_loss
-        st = loss_stats(critic_loss=t["critic_loss"], actor_loss=t["actor_loss"], alpha_loss=t["alpha_loss"],
-                        alpha=t["alpha"], mean_q=t["q"].mean(), entropy=t["entropy"], cql_loss=cql_loss,
-                        cql_gap=gap.mean(), cql_q_sampled=q_sampled.mean(), cql_alpha=self.alpha_prime)
-        if lagrange_loss is not None:
-            st["lagrange_loss"] = float(lagrange_loss.detach())
-        return loss, st
+            cql_loss, lagrange = float(cfg.cql_alpha) * gap.sum(), {}
+        loss = loss + cql_loss + sum(lagrange.values())
+        return loss, loss_stats(critic_loss=t["critic_loss"], actor_loss=t["actor_loss"], alpha_loss=t["alpha_loss"],
+                                alpha=t["alpha"], mean_q=t["q"].mean(), entropy=t["entropy"], cql_loss=cql_loss,
+                                cql_gap=gap.mean(), cql_q_sampled=q_sampled.mean(), cql_alpha=self.alpha_prime,
+                                **lagrange)
 
 
 class CQLSAC(SAC, ref=CQL_SAC_REF):

@@ -104,7 +104,7 @@ class MARWIL(flowkit.Algorithm, ref=MARWIL_REF):
     """MARWIL: DatasetReader (``input.dataset``) -> TrainOneStep (one gradient step per batch of
     ``train_batch_size`` rows)."""
 
-    policy_class, rollout_mode, off_policy = MARWILPolicy, "bulk_sync", True
+    policy_class, off_policy = MARWILPolicy, True
 
     def training_flow(self, experiences, ctx, learner):
         return experiences.for_each(TrainOneStep(ctx, learner))

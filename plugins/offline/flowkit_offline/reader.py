@@ -50,7 +50,7 @@ from flowkit.core import derive_seed
 from flowkit.core.flow import Flow, LocalActor, RayActor, get_result
 from flowkit.core.workers import PolicySpec
 from flowkit.datasets import ColumnStore, ColumnsUnsupported, check_spaces, data_dir, open_dataset, steps_of
-from flowkit_offline import OFFLINE_ALGOS, check_num_readers
+from flowkit_offline import OFFLINE_ALGOS
 
 
 def sampled_actions(dist: Any, actions: np.ndarray) -> np.ndarray:
@@ -175,15 +175,12 @@ class DatasetReader:
             j = min(j, len(order))  # episodes k..j-1 fill the buffer (the last one may overflow it)
             rows = self.read(order[k:j].tolist())
             rows = rows if rest is None else sb.concat_samples([rest, rows])
-            last = j == len(order)
-            k = j
-            rows = rows.take(rng.permutation(len(rows)))
-            full = len(rows) // self.batch_size * self.batch_size
+            rows, k = rows.take(rng.permutation(len(rows))), j
+            # whole batches; after the epoch's last fill, the rows left too
+            full = len(rows) // self.batch_size * self.batch_size if k < len(order) else len(rows)
             for i in range(0, full, self.batch_size):
                 yield rows.slice(i, i + self.batch_size)
             rest = rows.slice(full, len(rows)) if len(rows) > full else None
-            if last and rest is not None:
-                yield rest
 
     def _lengths(self) -> np.ndarray:
         """int64[E], the steps of each episode in id order (from the columnar copy or Minari's metadata)."""
@@ -268,11 +265,7 @@ class ReaderShard:
         state once it is handed out."""
         if self._it is None:
             self._it = self.reader.stream()
-        out = []
-        for _ in range(n):
-            b = next(self._it)
-            out.append((b, self.reader.epoch, self.reader.batches))
-        return out
+        return [(next(self._it), self.reader.epoch, self.reader.batches) for _ in range(n)]
 
     def set_state(self, state: Dict[str, Any]) -> None:
         self.reader.set_state(state)
@@ -295,7 +288,8 @@ class ShardedReader:
     a restored shard reads its epoch again and skips that many batches, as :class:`DatasetReader`.
 
     Raises:
-        ConfigError: more readers than the dataset has episodes (and see :class:`DatasetReader`).
+        ConfigError: see :class:`DatasetReader` (more readers than the dataset has episodes:
+            :meth:`flowkit_offline.InputConfig.validate`, before the run).
     """
 
     def __init__(self, ctx: Any, path: str, policy_id: str, batch_size: int, shuffle_buffer_size: int,
@@ -303,7 +297,6 @@ class ShardedReader:
         self.ctx, self.path, self.policy_id, self.count_sampled = ctx, path, policy_id, count_sampled
         self.num_readers, self.in_flight = int(num_readers), max(1, int(in_flight))
         self.batches_per_call = max(1, int(batches_per_call))
-        check_num_readers(open_dataset(path), self.num_readers, path)
         self.batch_size, self.buffer_size = int(batch_size), max(1, int(shuffle_buffer_size) // self.num_readers)
         self.states = [{"epoch": 0, "batches": 0} for _ in range(self.num_readers)]
         self.next_shard = 0
@@ -318,18 +311,15 @@ class ShardedReader:
             ColumnStore.open(self.path)
         except (ColumnsUnsupported, OSError):
             pass  # each shard reads through Minari (and warns)
-        cfg = self.ctx.config
-        remote = str(cfg.runtime.backend) != "local"
+        cfg, k = self.ctx.config, self.num_readers
         args = (OmegaConf.to_container(cfg, resolve=True), self.ctx.policy_specs[self.policy_id], self.policy_id,
                 self.path, self.batch_size, self.buffer_size)
-        actors: List[Any] = []
-        for i in range(self.num_readers):
-            if remote:
-                import ray
-                cls = ray.remote(num_cpus=0, max_restarts=0)(ReaderShard)
-                actors.append(RayActor(cls.remote(*args, i, self.num_readers), i))
-            else:
-                actors.append(LocalActor(ReaderShard(*args, i, self.num_readers), i))
+        if str(cfg.runtime.backend) != "local":
+            import ray
+            cls = ray.remote(num_cpus=0, max_restarts=0)(ReaderShard)
+            actors: List[Any] = [RayActor(cls.remote(*args, i, k), i) for i in range(k)]
+        else:
+            actors = [LocalActor(ReaderShard(*args, i, k), i) for i in range(k)]
         self._actors = actors
         for a in actors:
             get_result(a.submit("ping"))
@@ -390,14 +380,9 @@ def make_reader(ctx: Any, policy_id: str, batch_size: int, count_sampled: bool =
     """The reader of ``input.dataset``: a :class:`DatasetReader` on the driver
     (``input.num_readers=0``) or a :class:`ShardedReader` of ``input.num_readers`` shards,
     registered for checkpoints as ``offline/reader``."""
-    inp = OmegaConf.select(ctx.config, "input")
-    k = int(inp.get("num_readers", 0) or 0)
-    if k > 0:
-        reader: Any = ShardedReader(ctx, str(inp.dataset), policy_id, batch_size, int(inp.shuffle_buffer_size), k,
-                                    count_sampled=count_sampled)
-    else:
-        reader = DatasetReader(ctx, str(inp.dataset), policy_id, batch_size, int(inp.shuffle_buffer_size),
-                               count_sampled=count_sampled)
+    inp, k = ctx.config.input, int(ctx.config.input.num_readers)
+    args = (ctx, str(inp.dataset), policy_id, batch_size, int(inp.shuffle_buffer_size))
+    reader = ShardedReader(*args, k, count_sampled=count_sampled) if k else DatasetReader(*args, count_sampled)
     return ctx.add_stateful("offline/reader", reader)
 
 
@@ -446,6 +431,7 @@ def build_mixed_plan(ctx: Any, mix: float) -> Flow:
             take the mix (its ``training_flow`` has no ``mix`` argument: on-policy algorithms,
             IMPALA).
     """
+    import functools
     import inspect
 
     from flowkit.core.ops import algorithm_plan
@@ -456,14 +442,10 @@ def build_mixed_plan(ctx: Any, mix: float) -> Flow:
     if init is not None and init(1) is not None:
         raise ConfigError(f"input.mix={mix}: algo={name} replays sequences of a recurrent network; a dataset's "
                           "rows mix into the batches of a feed-forward one (dqn, sac, td3)")
-    inp = OmegaConf.select(cfg, "input")
-
-    def reader(rows: int) -> Any:
-        return make_reader(ctx, pid, rows, count_sampled=False)
-    algo = ctx.algorithms[name]
+    algo, inp = ctx.algorithms[name], cfg.input
     if "mix" not in inspect.signature(algo.training_flow).parameters:
         raise ConfigError(f"input.mix={mix}: algo={name} has no replay buffer to mix the dataset into "
                           "(on-policy; input.mix is for off-policy algorithms that replay: dqn, sac, td3)")
-    k = int(inp.get("num_readers", 0) or 0)
+    k, reader = int(inp.num_readers), functools.partial(make_reader, ctx, pid, count_sampled=False)
     return algorithm_plan(ctx, algo, mix=ReplayMix(reader, mix, f"ShardedReader({inp.dataset}: {k} x DatasetReader)"
                                                    if k else f"DatasetReader({inp.dataset})"))

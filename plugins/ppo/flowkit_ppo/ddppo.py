@@ -127,22 +127,27 @@ class ProcessGroup:
                 dist.destroy_process_group()
 
 
-class _WorkerLearner:
-    """What a worker keeps between rounds: its learner copy of the policy (``device``), the
-    core :class:`Learner` over it and its group membership."""
+def dist_backend(c: Any) -> str:
+    """``ddppo.dist_backend``, ``auto`` resolved: nccl if the workers learn on cuda, else gloo."""
+    return str(c.dist_backend) if c.dist_backend != "auto" else "nccl" if str(c.worker_device).startswith("cuda") else "gloo"
 
-    def __init__(self, worker: Any, req: "TrainRound"):
+
+class _WorkerLearner:
+    """What a worker keeps between rounds: its learner copy of the policy (on
+    ``ddppo.worker_device``), the core :class:`Learner` over it and its group membership."""
+
+    def __init__(self, worker: Any):
         self.pid, acting = next(iter(worker.policies.items()))
         if not isinstance(acting, DDPPOPolicy):
             raise ConfigError(f"ddppo: rollout worker {worker.index} holds a {type(acting).__name__}, not a DDPPOPolicy")
-        dev = req.device
+        dev = str(acting.config.worker_device)
         if dev.startswith("cuda") and not torch.cuda.is_available():
             raise ConfigError(f"ddppo.worker_device={dev!r} but rollout worker {worker.index} sees no CUDA device "
                               "(Ray gives its actors GPUs only when asked, which flowkit's WorkerSet does not yet do)")
         seed = derive_seed(int(worker.config.seed), "ddppo", worker.index, worker.restart_count)
         self.policy: DDPPOPolicy = type(acting)(acting.observation_space, acting.action_space, acting.config,
                                                 acting.model_config, dev, seed)
-        self.acting = acting
+        self.acting, self.config = acting, acting.config
         self.learner = Learner("ddppo", {self.pid: self.policy}, rng=np.random.default_rng(seed))
         self.group: Optional[ProcessGroup] = None
 
@@ -154,11 +159,11 @@ class _WorkerLearner:
         if self.group is not None and self.group.generation == req.generation:
             return
         self.leave()
-        backend = req.dist_backend if req.dist_backend != "auto" else (
-            "nccl" if req.device.startswith("cuda") else "gloo")
-        if backend == "nccl" and req.device.startswith("cuda"):
-            torch.cuda.set_device(torch.device(req.device))
-        self.group = ProcessGroup(*req.rendezvous, rank, req.world_size, req.generation, backend, req.timeout_s)
+        c = self.config
+        if dist_backend(c) == "nccl" and str(c.worker_device).startswith("cuda"):
+            torch.cuda.set_device(torch.device(str(c.worker_device)))
+        self.group = ProcessGroup(*req.rendezvous, rank, req.world_size, req.generation, dist_backend(c),
+                                  float(c.collective_timeout_s))
         self.learner.reducer = self.group.allreduce_mean
         self.policy.group = self.group
 
@@ -172,10 +177,12 @@ class _WorkerLearner:
 class TrainRound:
     """One worker's round (``RolloutWorker.apply(request)``): join the group of
     ``generation`` (at ``rendezvous``, the driver's TCPStore; None: a world of 1), take
-    ``state`` (the group's policy state, when given: the round after the group formed), sample
-    up to ``fragments_per_round`` fragments (after ``min_fragments``, stop once ``sync_frac``
-    of the workers finished theirs), learn on them with gradients all-reduced, and hand the
-    new weights to the worker's acting policy.
+    ``state`` (the group's policy state, when given: the round after the group formed), set
+    the schedules to ``progress`` (when given), sample up to ``ddppo.fragments_per_round``
+    fragments (after :func:`~flowkit_ppo.min_fragments`, stop once ``sync_frac`` of the workers
+    finished theirs), learn on them with gradients all-reduced (PPO's epochs of
+    :func:`~flowkit_ppo.num_minibatches` minibatches), and hand the new weights to the worker's
+    acting policy. The ``ddppo.*`` keys come from the worker policy's own config section.
 
     Returns (plain data): ``env_steps``, ``agent_steps``, ``episodes``, ``rows``, ``fragments``,
     ``preempted`` (bool), ``stats`` (the learner's mean stats), ``num_sgd_steps``,
@@ -189,22 +196,13 @@ class TrainRound:
     round_index: int
     state: Optional[Dict[str, Any]]
     progress: Optional[float]
-    fragments_per_round: int
-    min_fragments: int
-    sync_frac: float
-    num_epochs: int
-    num_minibatches: int
-    standardize_batch: bool
-    dist_backend: str
-    device: str
-    timeout_s: float
 
     name = "TrainRound"
 
     def __call__(self, worker: Any) -> Dict[str, Any]:
         wl = getattr(worker, "_ddppo", None)
         if wl is None:
-            wl = worker._ddppo = _WorkerLearner(worker, self)
+            wl = worker._ddppo = _WorkerLearner(worker)
         rank = int(worker.index)
         out: Dict[str, Any] = {"worker_index": rank}
         try:
@@ -213,19 +211,18 @@ class TrainRound:
             wl.leave()
             return {**out, "aborted": f"rendezvous of generation {self.generation}: {type(e).__name__}: {e}",
                     "env_steps": 0, "agent_steps": 0, "episodes": []}
-        pol, group = wl.policy, wl.group
+        pol, group, c = wl.policy, wl.group, wl.config
         if self.state is not None:
             pol.set_state(self.state)
-        wl.learner.configure(self.num_epochs, num_minibatches=self.num_minibatches)
+        wl.learner.configure(int(c.num_epochs), num_minibatches=num_minibatches(c, worker.config))
         if self.progress is not None:
             pol.set_progress(self.progress)
         t0 = time.perf_counter()
-        frags, need = [], math.ceil(self.sync_frac * self.world_size - 1e-9)
+        frags, need, most = [], math.ceil(float(c.sync_frac) * self.world_size - 1e-9), int(c.fragments_per_round)
         preempted = False
-        for k in range(self.fragments_per_round):
+        for k in range(most):
             frags.append(worker.sample())
-            if (group is not None and self.min_fragments <= k + 1 < self.fragments_per_round
-                    and group.finished(self.round_index) >= need):
+            if group is not None and min_fragments(c) <= k + 1 < most and group.finished(self.round_index) >= need:
                 preempted = True
                 break
         if group is not None:
@@ -234,7 +231,7 @@ class TrainRound:
         b = sb.MultiAgentBatch(b.policy_batches, b.env_steps, b.agent_steps, b.episodes, b.worker_index, {})  # lag 0
         out.update(env_steps=b.env_steps, agent_steps=b.agent_steps, episodes=b.episodes, fragments=len(frags),
                    preempted=preempted, sample_s=time.perf_counter() - t0)
-        if self.standardize_batch:
+        if c.normalize_advantages == "batch":
             b = StandardizeFields([sb.ADVANTAGES])(b)
         t1, a0 = time.perf_counter(), group.allreduce_s if group is not None else 0.0
         try:
@@ -317,14 +314,8 @@ class GroupRounds:
         full_round = world * int(c.fragments_per_round) * int(rt.num_envs_per_worker) * int(rt.rollout_fragment_length)
         progress = ((ctx.counters["env_steps_sampled"] + full_round) / horizon  # as PPO's: with this round's steps
                     if "linear" in (c.lr_schedule, c.clip_schedule) and horizon else None)
-        req = TrainRound(rendezvous=self.rendezvous.start(ctx.workers.backend) if world > 1 else None,
-                         world_size=world, generation=self.generation, round_index=self.round_index, state=state,
-                         progress=progress, fragments_per_round=int(c.fragments_per_round),
-                         min_fragments=min_fragments(c), sync_frac=float(c.sync_frac), num_epochs=int(c.num_epochs),
-                         num_minibatches=num_minibatches(c, self.algo.run_config),
-                         standardize_batch=c.normalize_advantages == "batch", dist_backend=str(c.dist_backend),
-                         device=str(c.worker_device), timeout_s=float(c.collective_timeout_s))
-        return [req] * world
+        return [TrainRound(self.rendezvous.start(ctx.workers.backend) if world > 1 else None, world,
+                           self.generation, self.round_index, state, progress)] * world
 
     def account(self, results: List[Dict[str, Any]]) -> Dict[str, Any]:
         ctx, c, max_aborted = self.ctx, self.ctx.counters, int(self.algo.config.max_aborted_rounds)
@@ -374,9 +365,6 @@ class DDPPO(flowkit.Algorithm, ref=DDPPO_REF):
     source is core's ``WorkerRounds``."""
 
     policy_class = DDPPOPolicy
-    rollout_mode = "bulk_sync"
-    off_policy = False
-
     consumes_rollouts = False
 
     def training_flow(self, experiences, ctx, learner):
@@ -385,9 +373,7 @@ class DDPPO(flowkit.Algorithm, ref=DDPPO_REF):
         group = GroupRounds(ctx, self, learner, pid, rendezvous)
         k, n = num_minibatches(c, self.run_config), max(1, int(self.run_config.runtime.num_workers))
         cut = f"preempted at {c.sync_frac:g} of the workers" if n > 1 else "no preemption"
-        backend = c.dist_backend if c.dist_backend != "auto" else (
-            "nccl" if str(c.worker_device).startswith("cuda") else "gloo")
-        reduce = f"gradients all-reduced ({backend})" if n > 1 else "world of 1, no all-reduce"
+        reduce = f"gradients all-reduced ({dist_backend(c)})" if n > 1 else "world of 1, no all-reduce"
         return WorkerRounds(ctx, group.requests,
                             f"ParallelTrainRounds({n} workers: sample <= {c.fragments_per_round} fragments, {cut}; "
                             f"PPO loss, num_epochs={c.num_epochs}, num_minibatches={k}, {reduce})"

@@ -105,8 +105,6 @@ class PPO(flowkit.Algorithm, ref=PPO_REF):
     SyncWeights(to all workers)."""
 
     policy_class = PPOPolicy
-    rollout_mode = "bulk_sync"
-    off_policy = False
 
     def training_flow(self, experiences, ctx, learner):
         cfg = self.config

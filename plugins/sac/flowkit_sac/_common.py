@@ -50,7 +50,8 @@ class OffPolicyActorCritic(Policy):
     """Base of :class:`~flowkit_sac.sac.SACPolicy` and :class:`~flowkit_sac.td3.TD3Policy`.
 
     A subclass builds ``self.model`` (``critic`` first, then ``actor``) and calls
-    :meth:`finish_init` with the names of the modules that have targets; it implements
+    :meth:`finish_init` with the names of the modules that have targets (and those of each
+    segment of the optimizer, for one Adam per segment); it implements
     :meth:`act` and ``loss``. Actions are in [-1, 1] (``float32[B, dim(A)]``), scaled to the
     Box bounds on the way to the env.
     """
@@ -66,21 +67,20 @@ class OffPolicyActorCritic(Policy):
                               f"got {action_space} and {observation_space}")
         torch.manual_seed(seed)
         self.obs_dim, self.act_dim = int(self.encoder.shape[0]), int(self.dist.dim)
-        self.normalize_obs = bool(self.model_config.normalize_obs)
 
-    def finish_init(self, target_modules: Sequence[str], sizes: Any = None) -> None:
+    def finish_init(self, target_modules: Sequence[str], segments: Sequence[Sequence[str]] = ()) -> None:
         from flowkit.core.models import init_weights
         init_weights(self.model, self.model_config)  # model.init, before the targets copy the weights
-        if self.normalize_obs:  # buffers only: outside the flat parameters, inside state_dict (checkpoints)
+        if self.model_config.normalize_obs:  # buffers only: outside the flat parameters, inside state_dict (checkpoints)
             self.model.obs_rms = RunningMeanStd((self.obs_dim,))
         self.model.to(self.device)
         if self.inference_only:  # the actor alone is synced: one flat array
             _, self.actor_flat = flat_parameters(self.model.actor, self.device, trainable_only=False)
             return
-        n_critic = sum(p.numel() for p in self.model.critic.parameters())
-        n_actor = sum(p.numel() for p in self.model.actor.parameters())
-        self.optimizer = self.make_optimizer(self.config.lr, sizes=sizes)
-        self.actor_flat = self._flat[n_critic:n_critic + n_actor]
+        n = {k: sum(p.numel() for p in m.parameters() if p.requires_grad) for k, m in self.model.named_children()}
+        sizes = [size for size in (sum(n[k] for k in seg) for seg in segments) if size]  # (one Adam: none)
+        self.optimizer = self.make_optimizer(self.config.lr, sizes=sizes or None)
+        self.actor_flat = self._flat[n["critic"]:n["critic"] + n["actor"]]
         online = nn.ModuleDict({n: getattr(self.model, n) for n in target_modules})  # first in the flat buffer
         self.target = TargetNetwork(online, self.config.tau, self._flat[:sum(p.numel() for p in online.parameters())])
 
@@ -162,7 +162,6 @@ class OffPolicyAlgorithm(flowkit.Algorithm):
                      weights=[1, training_intensity * round_env_steps / train_batch_size])
     """
 
-    rollout_mode = "bulk_sync"
     off_policy = True
 
     @classmethod
@@ -172,8 +171,10 @@ class OffPolicyAlgorithm(flowkit.Algorithm):
             raise ConfigError(f"policy {policy_id!r}: {cls.name.upper()} needs a Box action space with finite "
                               f"bounds, got {action_space} (for unbounded actions use e.g. ppo)")
 
+    target_update_key = ""  # the section's key: gradient steps between two Polyak updates of the targets
+
     def target_update_freq(self) -> int:
-        raise NotImplementedError
+        return int(getattr(self.config, self.target_update_key))
 
     def training_flow(self, experiences, ctx, learner, mix=None):
         cfg = self.config

@@ -199,7 +199,4 @@ class SAC(OffPolicyAlgorithm, ref=SAC_REF):
     """SAC: replay plan of :class:`OffPolicyAlgorithm`, Polyak targets every
     ``target_update_freq`` gradient steps."""
 
-    policy_class = SACPolicy
-
-    def target_update_freq(self) -> int:
-        return int(self.config.target_update_freq)
+    policy_class, target_update_key = SACPolicy, "target_update_freq"

@@ -68,9 +68,7 @@ class TD3Policy(OffPolicyActorCritic):
                  seed=0, inference_only=False):
         super().__init__(observation_space, action_space, config, model_config, device, seed, inference_only)
         self.model = TD3Model(self.obs_dim, self.act_dim, self.model_config)
-        n_critic = sum(p.numel() for p in self.model.critic.parameters())
-        n_actor = sum(p.numel() for p in self.model.actor.parameters())
-        self.finish_init(["critic", "actor"], sizes=[n_critic, n_actor])
+        self.finish_init(["critic", "actor"], segments=[["critic"], ["actor"]])
 
     def noise(self, like: torch.Tensor, std: float) -> torch.Tensor:
         return (std * torch.randn(like.shape[0], self.act_dim, generator=self.generator)).to(self.device)
@@ -104,7 +102,4 @@ class TD3(OffPolicyAlgorithm, ref=TD3_REF):
     """TD3: replay plan of :class:`OffPolicyAlgorithm`; targets move with each delayed actor
     update (every ``policy_delay`` gradient steps)."""
 
-    policy_class = TD3Policy
-
-    def target_update_freq(self) -> int:
-        return int(self.config.policy_delay)
+    policy_class, target_update_key = TD3Policy, "policy_delay"
