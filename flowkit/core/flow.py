@@ -21,6 +21,7 @@ naming the operator (and the worker for actor-side errors) is attached (PEP 678)
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import math
 import re
@@ -77,16 +78,16 @@ class TimerStat:
         return self.total_s / self.count if self.count else 0.0
 
 
+@dataclasses.dataclass(eq=False, kw_only=True)
 class FlowContext:
     """Shared state of one plan: ``counters`` (env_steps_sampled, env_steps_trained,
     agent_steps_sampled, ...), ``timers`` and the ``current_actor`` of the last item an async
     gather produced."""
 
-    def __init__(self):
-        self.counters: Dict[str, int] = collections.Counter()
-        self.timers: Dict[str, TimerStat] = collections.defaultdict(TimerStat)
-        self.current_actor: Any = None
-        self.info: Dict[str, Any] = {}
+    counters: Dict[str, int] = dataclasses.field(default_factory=collections.Counter)
+    timers: Dict[str, TimerStat] = dataclasses.field(default_factory=lambda: collections.defaultdict(TimerStat))
+    current_actor: Any = None
+    info: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def mark(self, phase: str) -> None:
         """A run's phase reached (the engine's RunContext records its time)."""

@@ -72,9 +72,7 @@ def ParallelRollouts(ctx: "RunContext", mode: str = "bulk_sync", num_async: Opti
         flow = pf.gather_sync(per_round=True, prefetch=prefetch).for_each(
             account_round, f"ParallelRollouts(bulk_sync{', prefetch' if prefetch else ''})")
     elif mode == "async":
-        num_async = int(ctx.config.runtime.get("async_requests_per_worker", 2)) if num_async is None else num_async
-        if num_async < 1:
-            raise ValueError(f"runtime.async_requests_per_worker must be >= 1, got {num_async}")
+        num_async = int(ctx.config.runtime.async_requests_per_worker) if num_async is None else num_async
         flow = pf.gather_async(num_async=num_async).for_each(
             lambda b: account(ctx.current_actor, b), f"ParallelRollouts(async, num_async={num_async})")
     elif grads:
@@ -94,8 +92,6 @@ class ConcatBatches:
     then emit their concatenation (a combine/flat-map operator)."""
 
     def __init__(self, min_batch_size: int):
-        if min_batch_size < 1:
-            raise ValueError(f"ConcatBatches: min_batch_size must be >= 1, got {min_batch_size}")
         self.min_batch_size = int(min_batch_size)
         self.name = f"ConcatBatches({self.min_batch_size})"
         self.buf: List[sb.MultiAgentBatch] = []
@@ -310,8 +306,6 @@ class UpdateTargetNetwork:
     (train results, or ``(source, result)``)."""
 
     def __init__(self, ctx: "RunContext", learner: Learner, freq: int):
-        if int(freq) < 1:
-            raise ValueError(f"UpdateTargetNetwork: freq must be >= 1, got {freq}")
         self.ctx, self.learner, self.freq = ctx, learner, int(freq)
         self.name = f"UpdateTargetNetwork(every {self.freq} gradient steps)"
 
@@ -372,9 +366,8 @@ class UpdateSchedules:
 
     def __call__(self, item: Any) -> Any:
         frac = self.ctx.counters["env_steps_sampled"] / self.horizon
-        for pid, pol in self.learner.policies.items():
-            if pid in self.learner.trainable:
-                pol.set_progress(frac)
+        for pid in self.learner.trainable:
+            self.learner.policies[pid].set_progress(frac)
         return item
 
 
