@@ -74,18 +74,6 @@ class FrameStorage:
     def __len__(self) -> int:
         return len(self.rest)
 
-    @property
-    def size(self) -> int:
-        return self.rest.size
-
-    @property
-    def num_added(self) -> int:
-        return self.rest.num_added
-
-    @property
-    def next_idx(self) -> int:
-        return self.rest.next_idx
-
     def nbytes(self) -> int:
         """Bytes of the arrays (frames, ids and the other columns) once the frame ring is full."""
         return int(self.frames.nbytes + self.hashes.nbytes + self.refs.nbytes + self.minref.nbytes

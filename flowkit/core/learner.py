@@ -503,10 +503,9 @@ class _GroupMember:
         """``{policy_id: ...}``: ``states`` (:meth:`Policy.get_state`), ``weights``
         (:meth:`Policy.get_weights`), or ``saved`` (the states when the last update began; None
         before any)."""
-        pols = self.learner.policies
         if what == "saved":
             return self.saved
-        return {p: pol.get_state() if what == "states" else pol.get_weights() for p, pol in pols.items()}
+        return {p: pol.get_state() if what == "states" else pol.get_weights() for p, pol in self.learner.policies.items()}
 
 
 class _SyncedPolicies(dict[str, "Policy"]):

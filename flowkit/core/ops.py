@@ -64,9 +64,7 @@ def ParallelRollouts(ctx: "RunContext", mode: str = "bulk_sync", num_async: Opti
         return b
 
     def account_round(items: List[Tuple[Any, sb.MultiAgentBatch]]) -> Any:
-        if not items:
-            return NOT_READY
-        return sb.MultiAgentBatch.concat([account(a, b) for a, b in items])
+        return sb.MultiAgentBatch.concat([account(a, b) for a, b in items]) if items else NOT_READY
 
     if mode == "bulk_sync":
         flow = pf.gather_sync(per_round=True, prefetch=prefetch).for_each(
@@ -600,7 +598,7 @@ class PerfMonitor:
     With several learners (multi-agent groups) the learner figures are ``perf/<group>/learner_*``.
     """
 
-    def __init__(self, ctx: "RunContext", learner: Optional[Learner] = None, period_s: float = 1.0):
+    def __init__(self, ctx: "RunContext", learner: Learner, period_s: float = 1.0):
         self.ctx, self.learner, self.period_s = ctx, learner, float(period_s)
         self._t: Optional[float] = None
         self._cpu: Dict[int, Optional[float]] = {}
@@ -621,33 +619,24 @@ class PerfMonitor:
 
     def update(self, force: bool = False) -> None:
         """Call once per train step; refreshes the figures every ``period_s`` seconds."""
-        now = time.perf_counter()
-        lr = self.learner
-        if lr is not None:
-            self._qsizes.append(lr.inqueue.qsize())
+        now, lr = time.perf_counter(), self.learner
+        self._qsizes.append(lr.inqueue.qsize())
         if self._t is None:
-            self._t, self._cpu = now, self._sample()
-            if lr is not None:
-                self._busy, self._trained = lr.busy_s, lr.env_steps_trained
+            self._t, self._cpu, self._busy, self._trained = now, self._sample(), lr.busy_s, lr.env_steps_trained
             return
         dt = now - self._t
         if dt < self.period_s and not force:
             return
-        cpu = self._sample()
-        m = self.ctx.metrics.extra
-        me = os.getpid()
+        cpu, m, me = self._sample(), self.ctx.metrics.extra, os.getpid()
         used = {p: (c - c0) / dt for p, c in cpu.items() if c is not None and (c0 := self._cpu.get(p)) is not None}
         if me in used:
             m["perf/cpu_util_driver"] = used.pop(me)
         if used:
             m["perf/cpu_util_workers"] = float(np.mean(list(used.values())))
-        if lr is not None:
-            busy, trained = lr.busy_s, lr.env_steps_trained
-            k = "perf/learner" if len(getattr(self.ctx, "learners", ())) <= 1 else f"perf/{lr.name}/learner"
-            if busy > self._busy:
-                m[f"{k}_throughput_env_steps_per_s"] = (trained - self._trained) / (busy - self._busy)
-            m[f"{k}_busy_frac"] = (busy - self._busy) / dt
-            m[f"{k}_queue_size"] = float(np.mean(self._qsizes)) if self._qsizes else 0.0
-            self._qsizes = []
-            self._busy, self._trained = busy, trained
-        self._t, self._cpu = now, cpu
+        busy, trained = lr.busy_s, lr.env_steps_trained
+        k = "perf/learner" if len(getattr(self.ctx, "learners", ())) <= 1 else f"perf/{lr.name}/learner"
+        if busy > self._busy:
+            m[f"{k}_throughput_env_steps_per_s"] = (trained - self._trained) / (busy - self._busy)
+        m[f"{k}_busy_frac"] = (busy - self._busy) / dt
+        m[f"{k}_queue_size"] = float(np.mean(self._qsizes))  # (this call's size at least)
+        self._t, self._cpu, self._busy, self._trained, self._qsizes = now, cpu, busy, trained, []
