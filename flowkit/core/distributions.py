@@ -51,8 +51,7 @@ class ActionDist:
             bounded = np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))
             self.kind = "gauss" if bounded else "gauss_unbounded"
             self.dim = self.num_outputs = int(np.prod(space.shape))  # the mean; log_std is a separate parameter
-            self.low = np.asarray(space.low, np.float32).reshape(-1)
-            self.high = np.asarray(space.high, np.float32).reshape(-1)
+            self.low, self.high = (np.asarray(b, np.float32).reshape(-1) for b in (space.low, space.high))
             self.is_int = np.issubdtype(space.dtype, np.integer)
             self.shape = space.shape
         else:

@@ -133,8 +133,7 @@ class Learner:
                  num_minibatches: Optional[int] = None,
                  reducer: Optional[Callable[[torch.Tensor, int], torch.Tensor]] = None,
                  shard: Optional[Tuple[int, int]] = None):
-        self.name, self.policies = name, dict(policies)
-        self._local: Dict[str, "Policy"] = self.policies  # the same objects, read without a sync (LearnerGroup)
+        self.name, self._local = name, dict(policies)  # (LearnerGroup: its driver copies, read without a pull)
         self.shard = shard
         self.trainable = ({p for p, pol in self._local.items() if pol.optimizer is not None}
                           if trainable is None else set(trainable))
@@ -161,6 +160,11 @@ class Learner:
                              f"{num_minibatches} (contiguous={contiguous})")
         self.num_epochs, self.minibatch_size, self.contiguous = int(num_epochs), minibatch_size, bool(contiguous)
         self.num_minibatches = None if num_minibatches is None else int(num_minibatches)
+
+    @property
+    def policies(self) -> Dict[str, "Policy"]:
+        """``{policy_id: Policy}``: the group's driver-side policies (see the class docstring)."""
+        return self._local
 
     def describe(self) -> str:
         """The update loop in words (shown in plans): ``num_epochs=10, minibatch_size=64``."""
@@ -508,32 +512,6 @@ class _GroupMember:
         return {p: pol.get_state() if what == "states" else pol.get_weights() for p, pol in self.learner.policies.items()}
 
 
-class _SyncedPolicies(dict[str, "Policy"]):
-    """A :class:`LearnerGroup`'s driver copies of its policies: reading one (``[pid]``, ``get``,
-    ``items``, ``values``) first brings them up to the learners' state (``pull``); the ids
-    (``in``, iteration, ``len``) need no learner."""
-
-    def __init__(self, policies: Dict[str, "Policy"], pull: Callable[[], None]):
-        super().__init__(policies)
-        self._pull = pull
-
-    def __getitem__(self, pid: str) -> "Policy":
-        self._pull()
-        return super().__getitem__(pid)
-
-    def get(self, pid: str, default: Any = None) -> Any:
-        self._pull()
-        return super().get(pid, default)
-
-    def items(self) -> Any:
-        self._pull()
-        return super().items()
-
-    def values(self) -> Any:
-        self._pull()
-        return super().values()
-
-
 class LearnerGroup(Learner):
     """A :class:`Learner` whose updates run on ``num_learners`` learner processes (Ray actors in
     one placement group) behind the same interface: plans do not change.
@@ -587,7 +565,6 @@ class LearnerGroup(Learner):
         if rec := [p for p in self.trainable if getattr(self._local[p], "is_recurrent", False)]:
             raise ValueError(f"learner.num_learners={num_learners}: policy {rec[0]!r} is recurrent; a learner "
                              "group trains feed-forward policies only")
-        self.policies = _SyncedPolicies(self._local, self._pull)
         self.specs, self.model_configs = specs, model_configs
         self.num_learners, self.num_cpus, self.strategy = int(num_learners), float(num_cpus), str(strategy)
         self.device, self.num_threads, self.timeout_s = str(device), int(num_threads), float(timeout_s)
@@ -599,6 +576,12 @@ class LearnerGroup(Learner):
         self._known: Dict[str, Dict[str, Any]] = {}  # each driver copy's state when last in step with the learners
         self._pg: Any = None
         self._store: Any = None
+
+    @property
+    def policies(self) -> Dict[str, "Policy"]:
+        """The driver's copies, first brought to the learners' state when they are behind (:meth:`_pull`)."""
+        self._pull()
+        return self._local
 
     def describe(self) -> str:
         return f"{super().describe()}, {self.num_learners} learner processes"
@@ -776,7 +759,7 @@ class LearnerGroup(Learner):
         self._store = dist.TCPStore(host, 0, None, True, datetime.timedelta(seconds=self.timeout_s),
                                     wait_for_workers=False)
         cls = ray.remote(max_restarts=0)(_GroupMember)
-        specs = {p: self.specs[p] for p in self.policies}
+        specs = {p: self.specs[p] for p in self._local}
         self.actors = [cls.options(num_cpus=self.num_cpus, num_gpus=1 if cuda else 0,
                                    scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, i),
                                    name=None).remote(self.name, specs, self.model_configs, sorted(self.trainable),
