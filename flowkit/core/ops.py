@@ -69,13 +69,11 @@ def ParallelRollouts(ctx: "RunContext", mode: str = "bulk_sync", num_async: Opti
     if mode == "bulk_sync":
         flow = pf.gather_sync(per_round=True, prefetch=prefetch).for_each(
             account_round, f"ParallelRollouts(bulk_sync{', prefetch' if prefetch else ''})")
-    elif mode == "async":
-        num_async = int(ctx.config.runtime.async_requests_per_worker) if num_async is None else num_async
-        flow = pf.gather_async(num_async=num_async).for_each(
-            lambda b: account(ctx.current_actor, b), f"ParallelRollouts(async, num_async={num_async})")
-    elif grads:
-        flow = pf.gather_async(num_async=1, resubmit_after_use=True).for_each(
-            lambda b: account(ctx.current_actor, b), "ParallelRollouts(async_gradients)")
+    elif mode in ("async", "async_gradients"):  # A3C's: one gradient request in flight per worker
+        num_async = 1 if grads else int(ctx.config.runtime.async_requests_per_worker) if num_async is None else num_async
+        label = mode if grads else f"async, num_async={num_async}"
+        flow = pf.gather_async(num_async=num_async, resubmit_after_use=grads).for_each(
+            lambda b: account(ctx.current_actor, b), f"ParallelRollouts({label})")
     else:
         raise ValueError(f"ParallelRollouts: mode must be bulk_sync, async or async_gradients, got {mode!r}")
     if ctx.output is not None:
