@@ -444,16 +444,6 @@ def get_result(fut: Any, timeout_s: Optional[float] = None) -> Any:
         raise cause from None
 
 
-def wait_any(futs: List[Any], timeout_s: float) -> List[Any]:
-    """Futures among ``futs`` that are done, waiting up to ``timeout_s`` for at least one."""
-    local = [f for f in futs if isinstance(f, LocalFuture)]
-    if local or not futs:
-        return local
-    import ray
-    ready, _ = ray.wait(list(futs), num_returns=1, timeout=timeout_s)
-    return ready
-
-
 class ParallelFlow:
     """One shard per actor. ``actors_fn()`` gives the current actors (it may change between
     rounds when workers are restarted); each shard item is ``actor.<method>()`` followed by
@@ -562,7 +552,10 @@ class ParallelFlow:
             while True:
                 refill()
                 stuck()
-                ready = wait_any(list(inflight.keys()), wait_s)
+                ready = [f for f in inflight if isinstance(f, LocalFuture)]  # (local calls are done)
+                if not ready and inflight:  # remote ones: wait up to wait_s for one
+                    import ray
+                    ready = ray.wait(list(inflight), num_returns=1, timeout=wait_s)[0]
                 if not ready:
                     yield NOT_READY
                     continue
