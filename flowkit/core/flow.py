@@ -552,7 +552,7 @@ class ParallelFlow:
             while True:
                 refill()
                 stuck()
-                ready = [f for f in inflight if isinstance(f, LocalFuture)]  # (local calls are done)
+                ready: List[Any] = [f for f in inflight if isinstance(f, LocalFuture)]  # (local calls are done)
                 if not ready and inflight:  # remote ones: wait up to wait_s for one
                     import ray
                     ready = ray.wait(list(inflight), num_returns=1, timeout=wait_s)[0]
