@@ -96,29 +96,27 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
     def make_model(self) -> Any:
         """The network (override for a custom model; the numpy mirror then steps aside): an
         :class:`ActorCritic`, or with ``model.recurrent`` a :class:`~flowkit.core.RecurrentActorCritic`."""
-        from flowkit.config import normalize_obs_on
+        from flowkit.config import ConfigError, normalize_obs_on
+        mc, cfg = self.model_config, self.config
+
+        def on(key: str) -> bool:
+            return bool(getattr(cfg, key, False))
         # model.normalize_obs or the section's normalize_observations (PPO's): one switch, either turns it on
-        norm = normalize_obs_on(self.model_config, self.config, "normalize_observations")
-        norm_key = "model.normalize_obs" if self.model_config.normalize_obs else "normalize_observations"
-        if self.model_config.recurrent:
-            if getattr(self.config, "use_sde", False):
-                from flowkit.config import ConfigError
-                raise ConfigError("use_sde=true does not combine with model.recurrent (gSDE's features are per "
-                                  "observation); turn one of them off")
-            return self.build_model(RecurrentActorCritic(
-                self.encoder, self.dist, self.model_config, norm, self.config.log_std_init,
-                normalize_rewards=bool(getattr(self.config, "normalize_rewards", False))))
-        model = self.build_model(ActorCritic(
-            self.encoder, self.dist, self.model_config, norm, self.config.log_std_init, twin=self.twin,
-            normalize_rewards=bool(getattr(self.config, "normalize_rewards", False)),
-            use_sde=bool(getattr(self.config, "use_sde", False)), sde_expln=bool(getattr(self.config, "use_expln", False)),
-            sde_learn_features=bool(getattr(self.config, "learn_features", False))))
-        for key, attr, on in ((norm_key, "obs_rms", norm), ("normalize_rewards", "ret_rms", None),
-                              ("use_sde", "sde_log_std", None)):
-            if (on if on is not None else getattr(self.config, key, False)) and getattr(model, attr, None) is None:
-                from flowkit.config import ConfigError
-                raise ConfigError(f"{key}=true needs the model's `{attr}`: "
-                                  f"model.class={self.model_config.get('class')!r} has none")
+        norm = normalize_obs_on(mc, cfg, "normalize_observations")
+        if mc.recurrent and on("use_sde"):
+            raise ConfigError("use_sde=true does not combine with model.recurrent (gSDE's features are per "
+                              "observation); turn one of them off")
+        model = self.build_model(
+            RecurrentActorCritic(self.encoder, self.dist, mc, norm, cfg.log_std_init,
+                                 normalize_rewards=on("normalize_rewards")) if mc.recurrent else
+            ActorCritic(self.encoder, self.dist, mc, norm, cfg.log_std_init, twin=self.twin,
+                        normalize_rewards=on("normalize_rewards"), use_sde=on("use_sde"), sde_expln=on("use_expln"),
+                        sde_learn_features=on("learn_features")))
+        norm_key = "model.normalize_obs" if mc.normalize_obs else "normalize_observations"
+        for key, attr, want in ((norm_key, "obs_rms", norm), ("normalize_rewards", "ret_rms", on("normalize_rewards")),
+                                ("use_sde", "sde_log_std", on("use_sde"))):
+            if want and getattr(model, attr, None) is None:
+                raise ConfigError(f"{key}=true needs the model's `{attr}`: model.class={mc.get('class')!r} has none")
         return model
 
     def model_policy(self, x: torch.Tensor) -> torch.Tensor:

@@ -74,18 +74,6 @@ class FrameStorage:
     def __len__(self) -> int:
         return len(self.rest)
 
-    @property
-    def size(self) -> int:
-        return self.rest.size
-
-    @property
-    def num_added(self) -> int:
-        return self.rest.num_added
-
-    @property
-    def next_idx(self) -> int:
-        return self.rest.next_idx
-
     def nbytes(self) -> int:
         """Bytes of the arrays (frames, ids and the other columns) once the frame ring is full."""
         return int(self.frames.nbytes + self.hashes.nbytes + self.refs.nbytes + self.minref.nbytes
@@ -204,21 +192,14 @@ class FrameStorage:
         flat = np.concatenate([obs, nxt], 1).reshape(n * 2 * k, h * w)  # row i: obs frames, then next_obs frames
         ids = self._store(flat, need_from).reshape(n, 2, k)
         rest = sb.SampleBatch({c: np.asarray(v)[start:] for c, v in batch.items() if c not in (sb.OBS, sb.NEXT_OBS)})
-        got = self.rest.add(rest) if len(rest.keys()) else self._advance(n)
+        got = self.rest.add(rest, n)
         self.refs[got] = ids
         self.minref[got] = ids.reshape(n, -1).min(1)
         return got
 
-    def _advance(self, n: int) -> np.ndarray:
-        idx = (self.rest.next_idx + np.arange(n)) % self.capacity
-        self.rest.next_idx = int((self.rest.next_idx + n) % self.capacity)
-        self.rest.size = min(self.rest.size + n, self.capacity)
-        self.rest.num_added += n
-        return idx
-
     def get(self, idx: np.ndarray) -> sb.SampleBatch:
         """Rows ``idx`` with obs and next_obs rebuilt: uint8[len(idx), K, H, W] each."""
-        out = self.rest.get(idx) if self.rest.cols else sb.SampleBatch({})
+        out = self.rest.get(idx)
         stacks = self.frames[self.refs[idx] % self.frame_capacity]  # [B, 2, K, H, W]
         out[sb.OBS], out[sb.NEXT_OBS] = stacks[:, 0], stacks[:, 1]
         return out

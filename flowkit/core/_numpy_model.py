@@ -310,17 +310,12 @@ class Acting:
         if recurrent != (state is not None):
             raise ValueError(f"a recurrent policy needs state= (start from policy.initial_state({n}))" if recurrent
                              else "state= is for recurrent policies; this one is feed-forward")
-        if state is None:
-            actions, _ = self.compute_actions_encoded(enc, mask, explore)
-        else:
-            st = np.asarray(state, np.float32).reshape(n, -1)
-            act: Any = self.compute_actions_encoded  # a recurrent policy's takes state=
-            actions, extras = act(enc, mask, explore, state=st)
-            state_out = extras[sb.STATE_OUT]
-        env_actions = self.dist.to_env(actions)
-        if state is None:
-            return env_actions if batched else env_actions[0]
-        return (env_actions, state_out) if batched else (env_actions[0], state_out[0])
+        act: Any = self.compute_actions_encoded  # a recurrent policy's takes state=
+        kw = {} if state is None else {"state": np.asarray(state, np.float32).reshape(n, -1)}
+        actions, extras = act(enc, mask, explore, **kw)
+        outs = (self.dist.to_env(actions), *([] if state is None else [extras[sb.STATE_OUT]]))
+        outs = outs if batched else tuple(o[0] for o in outs)
+        return outs[0] if state is None else outs
 
     def exploration_state(self) -> Dict[str, Any]:
         """What the acting explores with that the weights do not carry and that changes during

@@ -105,10 +105,6 @@ class SampleBatch(dict):
             return int(v.shape[0])
         return 0
 
-    @property
-    def count(self) -> int:
-        return len(self)
-
     def copy(self) -> "SampleBatch":
         """A deep copy whose arrays are writable."""
         return SampleBatch({k: np.array(v, copy=True) for k, v in self.items()})
@@ -174,10 +170,6 @@ class MultiAgentBatch:
         self.meta = dict(meta or {})
 
     def __len__(self) -> int:
-        return self.env_steps
-
-    @property
-    def count(self) -> int:
         return self.env_steps
 
     def __getitem__(self, policy_id: str) -> SampleBatch:

@@ -5,7 +5,6 @@ Built by :func:`make_context` (the engine's set-up); plans add their learners
 """
 from __future__ import annotations
 
-import collections
 import contextlib
 import time
 from dataclasses import dataclass, field, replace
@@ -17,7 +16,7 @@ from omegaconf import DictConfig
 
 from flowkit.config import ConfigError
 from flowkit.core.encoders import SpaceError
-from flowkit.core.flow import FlowContext, TimerStat
+from flowkit.core.flow import FlowContext
 from flowkit.core.learner import Learner, LearnerGroup
 from flowkit.core.metrics import Metrics, _means, returns_by_policy
 from flowkit.core.policy import Policy
@@ -74,10 +73,6 @@ class RunContext(FlowContext):
     prefetch: bool = False
     learners: Dict[str, Learner] = field(default_factory=dict)
     stateful: Dict[str, Any] = field(default_factory=dict)
-    counters: Dict[str, int] = field(default_factory=collections.Counter)
-    timers: Dict[str, TimerStat] = field(default_factory=lambda: collections.defaultdict(TimerStat))
-    current_actor: Any = None
-    info: Dict[str, Any] = field(default_factory=dict)
     metrics: Metrics = field(default_factory=Metrics)
     iteration: int = 0
     time_total_s: float = 0.0

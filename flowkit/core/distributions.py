@@ -51,8 +51,7 @@ class ActionDist:
             bounded = np.all(np.isfinite(space.low)) and np.all(np.isfinite(space.high))
             self.kind = "gauss" if bounded else "gauss_unbounded"
             self.dim = self.num_outputs = int(np.prod(space.shape))  # the mean; log_std is a separate parameter
-            self.low = np.asarray(space.low, np.float32).reshape(-1)
-            self.high = np.asarray(space.high, np.float32).reshape(-1)
+            self.low, self.high = (np.asarray(b, np.float32).reshape(-1) for b in (space.low, space.high))
             self.is_int = np.issubdtype(space.dtype, np.integer)
             self.shape = space.shape
         else:
@@ -79,13 +78,10 @@ class ActionDist:
             return torch.stack([(_gumbel(lg, generator) if explore else lg).argmax(-1)
                                 for lg in self._parts(inputs)], -1)
         if self.kind == "bern":
-            if not explore:
-                return (inputs > 0).to(torch.int64)
-            return (torch.rand(inputs.shape, generator=generator) < torch.sigmoid(inputs)).to(torch.int64)
+            return (torch.rand(inputs.shape, generator=generator) < torch.sigmoid(inputs) if explore
+                    else inputs > 0).to(torch.int64)
         mean, log_std = inputs[..., :self.dim], inputs[..., self.dim:]
-        if not explore:
-            return mean
-        return mean + torch.exp(log_std) * torch.randn(mean.shape, generator=generator)
+        return mean + torch.exp(log_std) * torch.randn(mean.shape, generator=generator) if explore else mean
 
     def sample_logp(self, inputs, mask=None, explore=True, generator=None) -> Tuple[torch.Tensor, torch.Tensor]:
         """``(actions, logp)``; one log-softmax for categoricals (Gumbel-max sampling)."""

@@ -88,11 +88,8 @@ class ObsEncoder:
                 self.is_image, self._transpose, self.shape = True, True, (c, h, w)
             elif space.shape[0] <= 4 < min(space.shape[1:]):
                 self.is_image, self.shape = True, tuple(space.shape)
-        self.dtype: np.dtype = np.dtype(np.float32)
-        if self.is_image:
-            if space.dtype == np.uint8:
-                self.dtype = np.dtype(np.uint8)
-        else:
+        self.dtype: np.dtype = np.dtype(np.uint8 if self.is_image and space.dtype == np.uint8 else np.float32)
+        if not self.is_image:
             self.shape = (self._flat_size(space),)
         self.fast_box = isinstance(space, gym.spaces.Box) and not self.is_image
 
@@ -155,13 +152,11 @@ class ObsEncoder:
 
     def is_batched(self, obs: Any) -> bool:
         """Whether ``obs`` already has a leading batch axis (for user-facing calls)."""
-        s = self.space
-        if isinstance(s, gym.spaces.Dict):
-            k = next(iter(s.spaces))
-            return np.ndim(obs[k]) > len(s.spaces[k].shape or ())
-        if isinstance(s, gym.spaces.Tuple):
-            return np.ndim(obs[0]) > len(s.spaces[0].shape or ())
-        return np.ndim(obs) > len(s.shape or ())
+        s, x = self.space, obs
+        if isinstance(s, (gym.spaces.Dict, gym.spaces.Tuple)):  # its first part
+            k: Any = next(iter(s.spaces)) if isinstance(s, gym.spaces.Dict) else 0
+            s, x = s.spaces[k], obs[k]
+        return np.ndim(x) > len(s.shape or ())
 
 
 

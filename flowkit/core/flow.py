@@ -21,6 +21,7 @@ naming the operator (and the worker for actor-side errors) is attached (PEP 678)
 from __future__ import annotations
 
 import collections
+import dataclasses
 import itertools
 import math
 import re
@@ -77,16 +78,16 @@ class TimerStat:
         return self.total_s / self.count if self.count else 0.0
 
 
+@dataclasses.dataclass(eq=False, kw_only=True)
 class FlowContext:
     """Shared state of one plan: ``counters`` (env_steps_sampled, env_steps_trained,
     agent_steps_sampled, ...), ``timers`` and the ``current_actor`` of the last item an async
     gather produced."""
 
-    def __init__(self):
-        self.counters: Dict[str, int] = collections.Counter()
-        self.timers: Dict[str, TimerStat] = collections.defaultdict(TimerStat)
-        self.current_actor: Any = None
-        self.info: Dict[str, Any] = {}
+    counters: Dict[str, int] = dataclasses.field(default_factory=collections.Counter)
+    timers: Dict[str, TimerStat] = dataclasses.field(default_factory=lambda: collections.defaultdict(TimerStat))
+    current_actor: Any = None
+    info: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def mark(self, phase: str) -> None:
         """A run's phase reached (the engine's RunContext records its time)."""
@@ -443,16 +444,6 @@ def get_result(fut: Any, timeout_s: Optional[float] = None) -> Any:
         raise cause from None
 
 
-def wait_any(futs: List[Any], timeout_s: float) -> List[Any]:
-    """Futures among ``futs`` that are done, waiting up to ``timeout_s`` for at least one."""
-    local = [f for f in futs if isinstance(f, LocalFuture)]
-    if local or not futs:
-        return local
-    import ray
-    ready, _ = ray.wait(list(futs), num_returns=1, timeout=timeout_s)
-    return ready
-
-
 class ParallelFlow:
     """One shard per actor. ``actors_fn()`` gives the current actors (it may change between
     rounds when workers are restarted); each shard item is ``actor.<method>()`` followed by
@@ -561,7 +552,10 @@ class ParallelFlow:
             while True:
                 refill()
                 stuck()
-                ready = wait_any(list(inflight.keys()), wait_s)
+                ready: List[Any] = [f for f in inflight if isinstance(f, LocalFuture)]  # (local calls are done)
+                if not ready and inflight:  # remote ones: wait up to wait_s for one
+                    import ray
+                    ready = ray.wait(list(inflight), num_returns=1, timeout=wait_s)[0]
                 if not ready:
                     yield NOT_READY
                     continue

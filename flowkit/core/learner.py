@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from flowkit.core import batch as sb
+from flowkit.core.flow import _annotate
 from flowkit.core.policy import Policy, flat_gradient
 
 
@@ -132,8 +133,7 @@ class Learner:
                  num_minibatches: Optional[int] = None,
                  reducer: Optional[Callable[[torch.Tensor, int], torch.Tensor]] = None,
                  shard: Optional[Tuple[int, int]] = None):
-        self.name, self.policies = name, dict(policies)
-        self._local: Dict[str, "Policy"] = self.policies  # the same objects, read without a sync (LearnerGroup)
+        self.name, self._local = name, dict(policies)  # (LearnerGroup: its driver copies, read without a pull)
         self.shard = shard
         self.trainable = ({p for p, pol in self._local.items() if pol.optimizer is not None}
                           if trainable is None else set(trainable))
@@ -155,20 +155,22 @@ class Learner:
     def configure(self, num_epochs: int = 1, minibatch_size: Optional[int] = None, contiguous: bool = False,
                   num_minibatches: Optional[int] = None) -> None:
         """Set the update loop (see the class docstring)."""
-        if int(num_epochs) < 1:
-            raise ValueError(f"Learner {self.name}: num_epochs must be >= 1, got {num_epochs}")
         if num_minibatches is not None and (int(num_minibatches) < 1 or contiguous):
             raise ValueError(f"Learner {self.name}: num_minibatches must be >= 1 and not contiguous, got "
                              f"{num_minibatches} (contiguous={contiguous})")
         self.num_epochs, self.minibatch_size, self.contiguous = int(num_epochs), minibatch_size, bool(contiguous)
         self.num_minibatches = None if num_minibatches is None else int(num_minibatches)
 
+    @property
+    def policies(self) -> Dict[str, "Policy"]:
+        """``{policy_id: Policy}``: the group's driver-side policies (see the class docstring)."""
+        return self._local
+
     def describe(self) -> str:
         """The update loop in words (shown in plans): ``num_epochs=10, minibatch_size=64``."""
-        mode = ", contiguous" if self.contiguous else ""
-        if self.num_minibatches is not None:
-            return f"num_epochs={self.num_epochs}, num_minibatches={self.num_minibatches}"
-        return f"num_epochs={self.num_epochs}, minibatch_size={self.minibatch_size}{mode}"
+        size = (f"num_minibatches={self.num_minibatches}" if self.num_minibatches is not None else
+                f"minibatch_size={self.minibatch_size}" + (", contiguous" if self.contiguous else ""))
+        return f"num_epochs={self.num_epochs}, {size}"
 
     # ---- the update ------------------------------------------------------------------------
     def update(self, b: sb.MultiAgentBatch) -> Dict[str, Any]:
@@ -206,9 +208,7 @@ class Learner:
         nmb = self.num_minibatches
         if nmb is not None and nmb > n:
             raise ValueError(f"Learner {self.name}: policy {pid!r} has {n} rows for {nmb} minibatches")
-        mbs = n if not self.minibatch_size else min(int(self.minibatch_size), n)
-        if nmb is not None:
-            mbs = -(-n // nmb)
+        mbs = -(-n // nmb) if nmb is not None else min(int(self.minibatch_size or n), n)
         seq_len = policy.max_seq_len if getattr(policy, "is_recurrent", False) else None  # whole sequences
         if self.contiguous:
             cuts = (range(0, n, mbs) if seq_len is None else
@@ -237,13 +237,10 @@ class Learner:
                     mb = self._piece(pid, policy, policy.prepare_minibatch(mb))
                 loss, st = policy.loss(mb)
                 self._check_stats(pid, policy, st, steps)  # the stats are floats already: no sync
-                if self.reducer is None:
-                    norm = self.step(policy, loss, max_norm)
-                else:
-                    g = self.reducer(flat_gradient(policy._params, loss), len(next(iter(mb.values()))))
-                    norm = self.apply_gradient(policy, g, max_norm)
-                if not math.isfinite(norm):
-                    raise self._non_finite(pid, policy, f"gradient (norm {norm})", steps)
+                g = flat_gradient(policy._params, loss)
+                if self.reducer is not None:
+                    g = self.reducer(g, len(next(iter(mb.values()))))
+                norm = self._apply(pid, policy, g, max_norm, steps)
                 for k, v in st.items():
                     sums[k] += v
                 if max_norm:
@@ -311,13 +308,17 @@ class Learner:
                                ) -> Tuple[Dict[str, float], int, int]:
         g, st, rows = item
         self._check_stats(pid, policy, st)
-        norm = self.apply_gradient(policy, torch.as_tensor(np.array(g), device=policy.device),
-                                   getattr(policy.config, "max_grad_norm", None))
-        if not math.isfinite(norm):
-            raise self._non_finite(pid, policy, f"gradient (norm {norm})")
+        norm = self._apply(pid, policy, torch.as_tensor(np.array(g), device=policy.device),
+                           getattr(policy.config, "max_grad_norm", None))
         self._check_weights(pid, policy, 1)
         policy.num_updates += 1
         return {**st, "grad_norm": norm, "train_batch_size": rows, "num_sgd_steps": 1}, 1, int(rows)
+
+    def _apply(self, pid: str, policy: "Policy", g: torch.Tensor, max_norm: Optional[float], steps: int = 0) -> float:
+        """:meth:`apply_gradient`, raising NonFiniteError on a non-finite gradient norm."""
+        if not math.isfinite(norm := self.apply_gradient(policy, g, max_norm)):
+            raise self._non_finite(pid, policy, f"gradient (norm {norm})", steps)
+        return norm
 
     @staticmethod
     def _non_finite(pid: str, policy: "Policy", what: str, steps: int = 0) -> NonFiniteError:
@@ -339,9 +340,11 @@ class Learner:
         with self.lock:
             cache = self._weights_cache
             if cache is None or cache[0] != self.num_updates:
-                cache = self._weights_cache = (self.num_updates, {p: pol.get_weights()
-                                                                  for p, pol in self._local.items()})
+                cache = self._weights_cache = (self.num_updates, self._read_weights())
             return cache
+
+    def _read_weights(self) -> Dict[str, Any]:
+        return {p: pol.get_weights() for p, pol in self._local.items()}
 
     # ---- state (checkpoints) ---------------------------------------------------------------
     def get_state(self) -> Dict[str, Any]:
@@ -366,8 +369,6 @@ class Learner:
         ``queue_size`` waiting). A no-op if the thread is running."""
         if self._thread is not None and self._thread.is_alive():
             return
-        if int(queue_size) < 1:
-            raise ValueError(f"Learner {self.name}: queue_size must be >= 1, got {queue_size}")
         self.inqueue = queue.Queue(maxsize=int(queue_size))
         self.error = None
         self._stop_event = threading.Event()
@@ -411,9 +412,7 @@ class Learner:
         """Raise the thread's exception (its own type, message and traceback) if it crashed;
         RuntimeError if it stopped otherwise while still in use."""
         if (e := self.error) is not None:
-            note = f"[flowkit] raised in the learner thread ({self.name}-learner)"
-            if note not in getattr(e, "__notes__", []):
-                e.add_note(note)
+            _annotate(e, f"the learner thread ({self.name}-learner)")
             raise e  # the same object: its traceback from the learner thread is kept
         t = self._thread
         if t is not None and not t.is_alive() and not self._stop_event.is_set():
@@ -508,36 +507,9 @@ class _GroupMember:
         """``{policy_id: ...}``: ``states`` (:meth:`Policy.get_state`), ``weights``
         (:meth:`Policy.get_weights`), or ``saved`` (the states when the last update began; None
         before any)."""
-        pols = self.learner.policies
         if what == "saved":
             return self.saved
-        return {p: pol.get_state() if what == "states" else pol.get_weights() for p, pol in pols.items()}
-
-
-class _SyncedPolicies(dict[str, "Policy"]):
-    """A :class:`LearnerGroup`'s driver copies of its policies: reading one (``[pid]``, ``get``,
-    ``items``, ``values``) first brings them up to the learners' state (``pull``); the ids
-    (``in``, iteration, ``len``) need no learner."""
-
-    def __init__(self, policies: Dict[str, "Policy"], pull: Callable[[], None]):
-        super().__init__(policies)
-        self._pull = pull
-
-    def __getitem__(self, pid: str) -> "Policy":
-        self._pull()
-        return super().__getitem__(pid)
-
-    def get(self, pid: str, default: Any = None) -> Any:
-        self._pull()
-        return super().get(pid, default)
-
-    def items(self) -> Any:
-        self._pull()
-        return super().items()
-
-    def values(self) -> Any:
-        self._pull()
-        return super().values()
+        return {p: pol.get_state() if what == "states" else pol.get_weights() for p, pol in self.learner.policies.items()}
 
 
 class LearnerGroup(Learner):
@@ -593,7 +565,6 @@ class LearnerGroup(Learner):
         if rec := [p for p in self.trainable if getattr(self._local[p], "is_recurrent", False)]:
             raise ValueError(f"learner.num_learners={num_learners}: policy {rec[0]!r} is recurrent; a learner "
                              "group trains feed-forward policies only")
-        self.policies = _SyncedPolicies(self._local, self._pull)
         self.specs, self.model_configs = specs, model_configs
         self.num_learners, self.num_cpus, self.strategy = int(num_learners), float(num_cpus), str(strategy)
         self.device, self.num_threads, self.timeout_s = str(device), int(num_threads), float(timeout_s)
@@ -605,6 +576,12 @@ class LearnerGroup(Learner):
         self._known: Dict[str, Dict[str, Any]] = {}  # each driver copy's state when last in step with the learners
         self._pg: Any = None
         self._store: Any = None
+
+    @property
+    def policies(self) -> Dict[str, "Policy"]:
+        """The driver's copies, first brought to the learners' state when they are behind (:meth:`_pull`)."""
+        self._pull()
+        return self._local
 
     def describe(self) -> str:
         return f"{super().describe()}, {self.num_learners} learner processes"
@@ -631,21 +608,11 @@ class LearnerGroup(Learner):
         out["learn_time_s"] = dt
         return out
 
-    def apply_gradients(self, b: sb.MultiAgentBatch) -> Dict[str, Any]:
-        raise NotImplementedError(f"learner group {self.name}: workers' gradients (A3C) are applied by one "
-                                  "learner; set learner.num_learners=0")
-
     # ---- the driver's copies -------------------------------------------------------------------
-    def get_weights(self) -> Tuple[int, Dict[str, Any]]:
-        """As :meth:`Learner.get_weights`; while the driver's copies are behind, rank 0's weights
-        (fetched once per version)."""
-        with self.lock:
-            if not self.behind:
-                return super().get_weights()
-            cache = self._weights_cache
-            if cache is None or cache[0] != self.num_updates:
-                cache = self._weights_cache = (self.num_updates, self._ask("weights"))
-            return cache
+    def _read_weights(self) -> Dict[str, Any]:
+        """While the driver's copies are behind, rank 0's weights (:meth:`Learner.get_weights`
+        fetches them once per version)."""
+        return self._ask("weights") if self.behind else super()._read_weights()
 
     def _pull(self) -> None:
         """Bring the driver's copies to the learners' state if they are behind."""
@@ -681,17 +648,24 @@ class LearnerGroup(Learner):
 
     def _first(self, refs: List[Any]) -> Any:
         """The first non-None result of ``refs`` (failed ones skipped), or None after
-        ``timeout_s`` or when all failed."""
+        ``timeout_s`` without an answer or when all failed."""
         import ray
-        pending, deadline = list(refs), time.monotonic() + self.timeout_s
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
-            if not done:
-                return None
-            with contextlib.suppress(ray.exceptions.RayError):
-                if (got := ray.get(done[0])) is not None:
-                    return got
+        with contextlib.suppress(TimeoutError):
+            for ref in self._as_finished(refs):
+                with contextlib.suppress(ray.exceptions.RayError):
+                    if (got := ray.get(ref)) is not None:
+                        return got
         return None
+
+    def _as_finished(self, refs: List[Any]) -> Iterator[Any]:
+        """``refs`` in the order they finish; TimeoutError after ``timeout_s`` without one."""
+        import ray
+        pending = list(refs)
+        while pending:
+            done, pending = ray.wait(pending, num_returns=1, timeout=self.timeout_s)
+            if not done:
+                raise TimeoutError(f"{len(pending)} of {len(refs)} learners did not answer within {self.timeout_s:g} s")
+            yield done[0]
 
     def set_state(self, state: Dict[str, Any]) -> None:
         """As :meth:`Learner.set_state`; the driver's copies (restored before it, as policies
@@ -761,14 +735,8 @@ class LearnerGroup(Learner):
         """``ray.get`` of every learner's update, failing at the first learner that fails (the
         others may wait in a collective for it) or after ``timeout_s`` without progress."""
         import ray
-        pending, deadline = list(refs), time.monotonic() + self.timeout_s
-        while pending:
-            done, pending = ray.wait(pending, num_returns=1, timeout=max(0.0, deadline - time.monotonic()))
-            if not done:
-                raise TimeoutError(f"{len(pending)} of {len(refs)} learners did not finish an update within "
-                                   f"{self.timeout_s:g} s")
-            ray.get(done)  # raises a failed learner's error now
-            deadline = time.monotonic() + self.timeout_s
+        for ref in self._as_finished(refs):
+            ray.get(ref)  # raises a failed learner's error now
         return ray.get(refs)
 
     def _start(self) -> None:
@@ -791,7 +759,7 @@ class LearnerGroup(Learner):
         self._store = dist.TCPStore(host, 0, None, True, datetime.timedelta(seconds=self.timeout_s),
                                     wait_for_workers=False)
         cls = ray.remote(max_restarts=0)(_GroupMember)
-        specs = {p: self.specs[p] for p in self.policies}
+        specs = {p: self.specs[p] for p in self._local}
         self.actors = [cls.options(num_cpus=self.num_cpus, num_gpus=1 if cuda else 0,
                                    scheduling_strategy=PlacementGroupSchedulingStrategy(self._pg, i),
                                    name=None).remote(self.name, specs, self.model_configs, sorted(self.trainable),

@@ -68,9 +68,6 @@ def _linear(d_in: int, d_out: int, gain: float) -> nn.Linear:
     return lin
 
 
-INITS = ("auto", "orthogonal", "default")
-
-
 def sde_std(log_std: torch.Tensor, use_expln: bool = False) -> torch.Tensor:
     """gSDE's std of each exploration-matrix entry from its learned log: ``exp(log_std)``, or
     with ``use_expln`` the paper's expln (Raffin et al. 2021, arXiv 2005.05719, appendix):
@@ -93,15 +90,10 @@ def init_weights(module: nn.Module, model_cfg: Any) -> nn.Module:
     or GRU's ~ U(-1/sqrt(hidden), 1/sqrt(hidden))) and every
     :class:`TwinMLP` the same way (:meth:`TwinMLP.reset_default`): SB3's ``ortho_init=False``,
     and what SB3's SAC and TD3 always use. Other parameters (log-stds) keep their values.
-    Draws from torch's global generator (seeded by the policy).
-
-    Raises:
-        ValueError: an unknown ``model.init``.
+    Draws from torch's global generator (seeded by the policy). ``model.init``'s values are
+    checked with the config (:class:`flowkit.config.ModelConfig`).
     """
-    how = str(model_cfg.init)
-    if how not in INITS:
-        raise ValueError(f"model.init={how!r} is not one of {', '.join(INITS)}")
-    if how == "default":
+    if str(model_cfg.init) == "default":
         for m in module.modules():
             if isinstance(m, TwinMLP):
                 m.reset_default()

@@ -64,22 +64,16 @@ def ParallelRollouts(ctx: "RunContext", mode: str = "bulk_sync", num_async: Opti
         return b
 
     def account_round(items: List[Tuple[Any, sb.MultiAgentBatch]]) -> Any:
-        if not items:
-            return NOT_READY
-        return sb.MultiAgentBatch.concat([account(a, b) for a, b in items])
+        return sb.MultiAgentBatch.concat([account(a, b) for a, b in items]) if items else NOT_READY
 
     if mode == "bulk_sync":
         flow = pf.gather_sync(per_round=True, prefetch=prefetch).for_each(
             account_round, f"ParallelRollouts(bulk_sync{', prefetch' if prefetch else ''})")
-    elif mode == "async":
-        num_async = int(ctx.config.runtime.get("async_requests_per_worker", 2)) if num_async is None else num_async
-        if num_async < 1:
-            raise ValueError(f"runtime.async_requests_per_worker must be >= 1, got {num_async}")
-        flow = pf.gather_async(num_async=num_async).for_each(
-            lambda b: account(ctx.current_actor, b), f"ParallelRollouts(async, num_async={num_async})")
-    elif grads:
-        flow = pf.gather_async(num_async=1, resubmit_after_use=True).for_each(
-            lambda b: account(ctx.current_actor, b), "ParallelRollouts(async_gradients)")
+    elif mode in ("async", "async_gradients"):  # A3C's: one gradient request in flight per worker
+        num_async = 1 if grads else int(ctx.config.runtime.async_requests_per_worker) if num_async is None else num_async
+        label = mode if grads else f"async, num_async={num_async}"
+        flow = pf.gather_async(num_async=num_async, resubmit_after_use=grads).for_each(
+            lambda b: account(ctx.current_actor, b), f"ParallelRollouts({label})")
     else:
         raise ValueError(f"ParallelRollouts: mode must be bulk_sync, async or async_gradients, got {mode!r}")
     if ctx.output is not None:
@@ -94,8 +88,6 @@ class ConcatBatches:
     then emit their concatenation (a combine/flat-map operator)."""
 
     def __init__(self, min_batch_size: int):
-        if min_batch_size < 1:
-            raise ValueError(f"ConcatBatches: min_batch_size must be >= 1, got {min_batch_size}")
         self.min_batch_size = int(min_batch_size)
         self.name = f"ConcatBatches({self.min_batch_size})"
         self.buf: List[sb.MultiAgentBatch] = []
@@ -310,8 +302,6 @@ class UpdateTargetNetwork:
     (train results, or ``(source, result)``)."""
 
     def __init__(self, ctx: "RunContext", learner: Learner, freq: int):
-        if int(freq) < 1:
-            raise ValueError(f"UpdateTargetNetwork: freq must be >= 1, got {freq}")
         self.ctx, self.learner, self.freq = ctx, learner, int(freq)
         self.name = f"UpdateTargetNetwork(every {self.freq} gradient steps)"
 
@@ -372,9 +362,8 @@ class UpdateSchedules:
 
     def __call__(self, item: Any) -> Any:
         frac = self.ctx.counters["env_steps_sampled"] / self.horizon
-        for pid, pol in self.learner.policies.items():
-            if pid in self.learner.trainable:
-                pol.set_progress(frac)
+        for pid in self.learner.trainable:
+            self.learner.policies[pid].set_progress(frac)
         return item
 
 
@@ -607,7 +596,7 @@ class PerfMonitor:
     With several learners (multi-agent groups) the learner figures are ``perf/<group>/learner_*``.
     """
 
-    def __init__(self, ctx: "RunContext", learner: Optional[Learner] = None, period_s: float = 1.0):
+    def __init__(self, ctx: "RunContext", learner: Learner, period_s: float = 1.0):
         self.ctx, self.learner, self.period_s = ctx, learner, float(period_s)
         self._t: Optional[float] = None
         self._cpu: Dict[int, Optional[float]] = {}
@@ -628,33 +617,24 @@ class PerfMonitor:
 
     def update(self, force: bool = False) -> None:
         """Call once per train step; refreshes the figures every ``period_s`` seconds."""
-        now = time.perf_counter()
-        lr = self.learner
-        if lr is not None:
-            self._qsizes.append(lr.inqueue.qsize())
+        now, lr = time.perf_counter(), self.learner
+        self._qsizes.append(lr.inqueue.qsize())
         if self._t is None:
-            self._t, self._cpu = now, self._sample()
-            if lr is not None:
-                self._busy, self._trained = lr.busy_s, lr.env_steps_trained
+            self._t, self._cpu, self._busy, self._trained = now, self._sample(), lr.busy_s, lr.env_steps_trained
             return
         dt = now - self._t
         if dt < self.period_s and not force:
             return
-        cpu = self._sample()
-        m = self.ctx.metrics.extra
-        me = os.getpid()
+        cpu, m, me = self._sample(), self.ctx.metrics.extra, os.getpid()
         used = {p: (c - c0) / dt for p, c in cpu.items() if c is not None and (c0 := self._cpu.get(p)) is not None}
         if me in used:
             m["perf/cpu_util_driver"] = used.pop(me)
         if used:
             m["perf/cpu_util_workers"] = float(np.mean(list(used.values())))
-        if lr is not None:
-            busy, trained = lr.busy_s, lr.env_steps_trained
-            k = "perf/learner" if len(getattr(self.ctx, "learners", ())) <= 1 else f"perf/{lr.name}/learner"
-            if busy > self._busy:
-                m[f"{k}_throughput_env_steps_per_s"] = (trained - self._trained) / (busy - self._busy)
-            m[f"{k}_busy_frac"] = (busy - self._busy) / dt
-            m[f"{k}_queue_size"] = float(np.mean(self._qsizes)) if self._qsizes else 0.0
-            self._qsizes = []
-            self._busy, self._trained = busy, trained
-        self._t, self._cpu = now, cpu
+        busy, trained = lr.busy_s, lr.env_steps_trained
+        k = "perf/learner" if len(getattr(self.ctx, "learners", ())) <= 1 else f"perf/{lr.name}/learner"
+        if busy > self._busy:
+            m[f"{k}_throughput_env_steps_per_s"] = (trained - self._trained) / (busy - self._busy)
+        m[f"{k}_busy_frac"] = (busy - self._busy) / dt
+        m[f"{k}_queue_size"] = float(np.mean(self._qsizes))  # (this call's size at least)
+        self._t, self._cpu, self._busy, self._trained, self._qsizes = now, cpu, busy, trained, []

@@ -48,12 +48,9 @@ class RecurrentTrunk(nn.Module):
 
     def __init__(self, encoder: ObsEncoder, model_cfg: Any):
         super().__init__()
-        kind = str(model_cfg.recurrent or "lstm")
-        if kind not in RECURRENT:
-            raise ValueError(f"model.recurrent={kind!r} is not one of {', '.join(RECURRENT)}")
         self.encoder, d = build_trunk(encoder, [], model_cfg.activation)  # the CNN for images, else nothing
         self.hidden_size = h = int(model_cfg.recurrent_size)
-        self.is_lstm = kind == "lstm"
+        self.is_lstm = str(model_cfg.recurrent or "lstm") == "lstm"
         self.rnn: nn.Module = (nn.LSTM if self.is_lstm else nn.GRU)(d, h, batch_first=True)
         for name, p in self.rnn.named_parameters():
             if name.startswith("weight"):

@@ -46,8 +46,6 @@ class Storage:
     """
 
     def __init__(self, capacity: int):
-        if int(capacity) < 1:
-            raise ValueError(f"replay capacity must be >= 1, got {capacity}")
         self.capacity = int(capacity)
         self.cols: Dict[str, np.ndarray] = {}  # empty until the first batch
         self.next_idx = self.size = self.num_added = 0
@@ -55,9 +53,11 @@ class Storage:
     def __len__(self) -> int:
         return self.size
 
-    def add(self, batch: sb.SampleBatch) -> np.ndarray:
-        """Copy the rows of ``batch`` in; returns their slot indexes int64[n]."""
-        n = len(batch)
+    def add(self, batch: sb.SampleBatch, rows: Optional[int] = None) -> np.ndarray:
+        """Copy the rows of ``batch`` in; returns their slot indexes int64[n]. ``rows``: their
+        number where ``batch`` has no columns (a :class:`~flowkit.core._frames.FrameStorage`'s
+        transitions of frames alone)."""
+        n = len(batch) if rows is None else int(rows)
         if n == 0:
             return np.zeros(0, np.int64)
         if not self.cols:
@@ -174,9 +174,6 @@ class PrioritizedSampler:
     prioritized = True
 
     def __init__(self, capacity: int, seed: int, alpha: float = 0.6, beta: float = 0.4, eps: float = 1e-6):
-        if alpha < 0 or beta < 0 or eps <= 0:
-            raise ValueError(f"prioritized replay: need alpha >= 0, beta >= 0, eps > 0; got "
-                             f"alpha={alpha}, beta={beta}, eps={eps}")
         self.alpha, self.beta, self.eps = float(alpha), float(beta), float(eps)
         self.rng = np.random.default_rng(seed)
         self.sum = _SegmentTree(capacity, np.add, 0.0)
@@ -384,8 +381,6 @@ class ReplayMix:
     """
 
     def __init__(self, make_source: Any, fraction: float, name: str):
-        if not 0.0 < float(fraction) < 1.0:
-            raise ValueError(f"ReplayMix: fraction must be in (0, 1), got {fraction}")
         self.make_source, self.fraction, self.name = make_source, float(fraction), name
         self.rows: Optional[int] = None
         self._it: Any = None
@@ -502,8 +497,6 @@ class ReplayShards:
 
     def __init__(self, backend: str, num_shards: int, capacity: int, batch_size: int, learning_starts: int,
                  prioritized: bool, alpha: float, beta: float, eps: float, seed: int):
-        if int(num_shards) < 1:
-            raise ValueError(f"ReplayShards: num_shards must be >= 1, got {num_shards}")
         self.backend, self.num_shards, self.prioritized = backend, int(num_shards), bool(prioritized)
         self.kw: Dict[str, Any] = dict(capacity=max(1, int(capacity) // self.num_shards), batch_size=int(batch_size),
                        learning_starts=int(learning_starts) // self.num_shards, prioritized=bool(prioritized),
