@@ -103,6 +103,32 @@ def one(mode: str, n: int, a: argparse.Namespace) -> dict:
             **steady(cpu.rows)}
 
 
+def worker_cpu(mode: str, a: argparse.Namespace) -> dict:
+    """CPU per vector step of one rollout worker in this process (``time.process_time``): the
+    worker a Ray actor would build (the remote policy specs: numpy acting), on the local backend,
+    ``sample()`` called ``--repeats`` times after 20 warm-up calls; the median call's CPU
+    divided by the fragment length, in us (with ``--step-ms 0``, the sleep's system call aside)."""
+    import dataclasses
+    import time
+
+    from flowkit.core.workers import RolloutWorker
+    from flowkit.engine import load_config, setup
+    pm, cfg = load_config([o for o in overrides(mode, 1, a, tempfile.gettempdir())
+                           if not o.startswith(("runtime.backend", "run."))] + ["runtime.backend=local"])
+    ctx = setup(cfg, pm)
+    specs = {pid: dataclasses.replace(s, policy_class=c) if (c := ctx.policies[pid].worker_policy_class()) else s
+             for pid, s in ctx.policy_specs.items()}  # as a Ray worker's (setup's remote specs)
+    w = RolloutWorker(cfg, 0, 1, specs, pm=pm)
+    w.set_weights(ctx.get_weights(None), 1)
+    cpu = []
+    for i in range(20 + a.repeats):
+        t0 = time.process_time()
+        w.sample()
+        cpu.append(time.process_time() - t0)
+    return {"mode": mode, "us_per_vector_step": 1e6 * statistics.median(cpu[20:]) / a.fragment,
+            "q1_q3": [1e6 * q / a.fragment for q in statistics.quantiles(cpu[20:], n=4)[::2]]}
+
+
 def sleep_env_creator(ctx):
     """RLlib's env creator: flowkit's Sleep-v0 (its module loaded from this checkout by path:
     RLlib's virtualenv does not install flowkit), a :class:`SleepVectorEnv` when RLlib asks for
@@ -250,7 +276,12 @@ def main(argv=None) -> int:
     ap.add_argument("--rllib-python", default=RLLIB_PYTHON, help="the python of RLlib's virtualenv")
     ap.add_argument("--one", nargs=2, metavar=("MODE", "N"), help=argparse.SUPPRESS)
     ap.add_argument("--rllib-one", nargs=2, metavar=("MODE", "N"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker-cpu", action="store_true", help="CPU per vector step of one in-process worker per mode")
     a = ap.parse_args(argv)
+    if a.worker_cpu:
+        for mode in a.modes:
+            print(json.dumps(worker_cpu(mode, a)), flush=True)
+        return 0
     if a.one:
         print(json.dumps(one(a.one[0], int(a.one[1]), a)), flush=True)
         return 0
