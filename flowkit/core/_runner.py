@@ -465,13 +465,14 @@ class GymEnvRunner:
 
     def _cut(self) -> sb.SampleBatch:
         """Rows of sub-env ``j``: its carried rows, then its real transitions of this call,
-        exactly T in all (one copy of each column into the batch); its later ones are carried."""
-        T = self.T
-        for b in self._bufs:
+        exactly T in all (one copy of each column into the batch, none where one lane's arrays hold
+        just that); its later ones are carried. The fragment arrays are let go here."""
+        T, bufs, self._bufs = self.T, self._bufs, []
+        for b in bufs:
             b[sb.TRUNCATEDS] &= ~b[sb.TERMINATEDS]  # (a row that terminates is not truncated)
         if self._steps == [T] and not self._skipped[0] and all(c is None for c in self.carry):
             # fast path: one lane, every step real, nothing carried: its arrays are the columns (no copy)
-            return sb.SampleBatch({k: v.reshape(self.n * T, *v.shape[2:]) for k, v in self._bufs[0].items()})
+            return sb.SampleBatch({k: v.reshape(self.n * T, *v.shape[2:]) for k, v in bufs[0].items()})
         plan = []  # per sub-env: (lane, its row there, rows carried in, step indexes taken, and kept)
         for g, sl in enumerate(self.lanes):
             valid = np.ones((sl.stop - sl.start, self._steps[g]), bool)
@@ -483,10 +484,10 @@ class GymEnvRunner:
                 plan.append((g, i, nc, idx[:max(T - nc, 0)], idx[max(T - nc, 0):]))
         cols: Dict[str, np.ndarray] = {}
         carry: List[Dict[str, np.ndarray]] = [{} for _ in plan]
-        for k, first in self._bufs[0].items():
+        for k, first in bufs[0].items():
             col = cols[k] = np.empty((self.n * T, *first.shape[2:]), first.dtype)
             for j, (g, i, nc, take, keep) in enumerate(plan):
-                lo, carried, buf = j * T, self.carry[j], self._bufs[g][k]
+                lo, carried, buf = j * T, self.carry[j], bufs[g][k]
                 if nc:
                     col[lo:lo + min(nc, T)] = carried[k][:T]  # type: ignore[index]
                 col[lo + nc:lo + T] = buf[i, take]
