@@ -42,6 +42,8 @@ core can take). Writes the table as JSON (``--json``) and a plot (``--plot``, PN
     python bench/scaling.py --modes sample --workers 1 2 4 --time-s 10   # a quick look
     python bench/scaling.py --obs image                           # Atari-sized uint8 frames
     python bench/scaling.py --modes ppo appo --rllib              # flowkit and RLlib, alternating
+    python bench/scaling.py --worker-cpu --step-ms 0 --repeats 100   # one worker's CPU per vector step
+    python bench/scaling.py --ray-call-cpu --repeats 100          # Ray's CPU per sample call in a worker
 """
 from __future__ import annotations
 
@@ -101,6 +103,72 @@ def one(mode: str, n: int, a: argparse.Namespace) -> dict:
         shutil.rmtree(run_dir, ignore_errors=True)
     return {"mode": mode, "workers": n, "optimum": n * a.envs / (a.step_ms / 1000), "iterations": len(cpu.rows),
             **steady(cpu.rows)}
+
+
+def worker_cpu(mode: str, a: argparse.Namespace) -> dict:
+    """CPU per vector step of one rollout worker in this process (``time.process_time``): the
+    worker a Ray actor would build (the remote policy specs: numpy acting), on the local backend,
+    ``sample()`` called ``--repeats`` times after 20 warm-up calls; the median call's CPU
+    divided by the fragment length, in us (with ``--step-ms 0``, the sleep's system call aside)."""
+    import dataclasses
+    import time
+
+    from flowkit.core.workers import RolloutWorker
+    from flowkit.engine import load_config, setup
+    pm, cfg = load_config([o for o in overrides(mode, 1, a, tempfile.gettempdir())
+                           if not o.startswith(("runtime.backend", "run."))] + ["runtime.backend=local"])
+    ctx = setup(cfg, pm)
+    specs = {pid: dataclasses.replace(s, policy_class=c) if (c := ctx.policies[pid].worker_policy_class()) else s
+             for pid, s in ctx.policy_specs.items()}  # as a Ray worker's (setup's remote specs)
+    w = RolloutWorker(cfg, 0, 1, specs, pm=pm)
+    w.set_weights(ctx.get_weights(None), 1)
+    cpu = []
+    for _ in range(20 + a.repeats):
+        t0 = time.process_time()
+        w.sample()
+        cpu.append(time.process_time() - t0)
+    return {"mode": mode, "us_per_vector_step": 1e6 * statistics.median(cpu[20:]) / a.fragment,
+            "q1_q3": [1e6 * q / a.fragment for q in statistics.quantiles(cpu[20:], n=4)[::2]]}
+
+
+def ray_call_cpu(a: argparse.Namespace) -> dict:
+    """Ray's own CPU per sample call in a worker, measured alone: one actor (0.1 CPU) answers
+    ``--repeats`` x 15 calls one after another that return nothing, then as many that return a
+    PPO fragment of the ``--envs`` x ``--fragment`` Sleep-v0 rows (sampled once, here); the
+    actor process's CPU (``/proc``) per call, in us."""
+    import ray
+
+    from flowkit.core.workers import RolloutWorker
+    from flowkit.engine import load_config, setup
+    pm, cfg = load_config([o for o in overrides("ppo", 1, a, tempfile.gettempdir())
+                           if not o.startswith(("runtime.backend", "run."))] + ["runtime.backend=local"])
+    frag = RolloutWorker(cfg, 0, 1, setup(cfg, pm).policy_specs, pm=pm).sample()
+
+    @ray.remote(num_cpus=0.1)
+    class Answer:
+        def pid(self):
+            return os.getpid()
+
+        def none(self):
+            return None
+
+        def fragment(self, b=frag):
+            return b
+
+    def cpu(pid: int) -> float:
+        f = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")
+    ray.init(address="local", num_cpus=os.cpu_count(), include_dashboard=False, log_to_driver=False)
+    actor, out, n = Answer.remote(), {}, 15 * a.repeats
+    pid = ray.get(actor.pid.remote())
+    for name in ("none", "fragment"):
+        ray.get([getattr(actor, name).remote() for _ in range(50)])
+        c0 = cpu(pid)
+        for _ in range(n):
+            ray.get(getattr(actor, name).remote())
+        out[f"{name}_us_per_call"] = 1e6 * (cpu(pid) - c0) / n
+    ray.shutdown()
+    return out
 
 
 def sleep_env_creator(ctx):
@@ -250,7 +318,16 @@ def main(argv=None) -> int:
     ap.add_argument("--rllib-python", default=RLLIB_PYTHON, help="the python of RLlib's virtualenv")
     ap.add_argument("--one", nargs=2, metavar=("MODE", "N"), help=argparse.SUPPRESS)
     ap.add_argument("--rllib-one", nargs=2, metavar=("MODE", "N"), help=argparse.SUPPRESS)
+    ap.add_argument("--worker-cpu", action="store_true", help="CPU per vector step of one in-process worker per mode")
+    ap.add_argument("--ray-call-cpu", action="store_true", help="Ray's CPU per sample call in a worker, alone")
     a = ap.parse_args(argv)
+    if a.ray_call_cpu:
+        print(json.dumps(ray_call_cpu(a)), flush=True)
+        return 0
+    if a.worker_cpu:
+        for mode in a.modes:
+            print(json.dumps(worker_cpu(mode, a)), flush=True)
+        return 0
     if a.one:
         print(json.dumps(one(a.one[0], int(a.one[1]), a)), flush=True)
         return 0

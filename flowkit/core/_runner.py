@@ -97,11 +97,8 @@ class RecurrentStates:
         extras = dict(extras)
         out = np.asarray(extras.pop(sb.STATE_OUT), np.float32)
         extras[sb.STATE_IN] = state
-        if rows is None:
-            self.state = out.copy()
-        else:
-            self.state = self.state.copy()
-            self.state[rows] = out
+        self.state = self.state.copy()  # (the old array is a recorded state_in)
+        self.state[slice(None) if rows is None else rows] = out
         return actions, extras
 
     def reset(self, rows: np.ndarray) -> None:
@@ -143,10 +140,6 @@ AUTORESET_MODES = {"next_step": gym.vector.AutoresetMode.NEXT_STEP,
                    "same_step": gym.vector.AutoresetMode.SAME_STEP}
 
 
-def _thunk(env: Any) -> Callable[[], Any]:
-    return lambda: env
-
-
 def _reports_games(env: Any) -> bool:
     """Whether ``env`` (a wrapped env, or a vector env) reports whole games (``flowkit_game_stats``:
     :mod:`flowkit.core.presets`)."""
@@ -155,6 +148,10 @@ def _reports_games(env: Any) -> bool:
         return bool(get("flowkit_game_stats") if get is not None else getattr(env, "flowkit_game_stats", False))
     except AttributeError:
         return False
+
+
+def _thunk(env: Any) -> Callable[[], Any]:
+    return lambda: env
 
 
 class GymEnvRunner:
@@ -199,15 +196,14 @@ class GymEnvRunner:
         self.n = len(envs)
         self.native = self._use_native(cfg)
         own = self._preset_vectors(cfg, worker, envs[0] if envs else None)
-        if own is not None:  # the preset's training side on its own vector env(s)
+        if own is not None or self.native:  # the sub-envs built are not stepped
             for e in envs:
                 e.close()
+        if own is not None:  # the preset's training side on its own vector env(s)
             # (space checks count per vector env: each half checks its first steps)
             self.vecs, self.native, self._check_left = own, True, int(cfg.env.check_spaces_steps) * len(own)
         elif self.native:
             # the env's own vectorized implementation: one numpy step for all sub-envs
-            for e in envs:
-                e.close()
             self.vecs = [gym.make_vec(cfg.env.id, num_envs=self.n, vectorization_mode="vector_entry_point",
                                       **dict(cfg.env.kwargs or {}))]
             self._check_left = int(cfg.env.check_spaces_steps)
@@ -318,13 +314,12 @@ class GymEnvRunner:
             if self.raw_obs is not None:
                 self.raw_obs.append(raw_leaves(raw, sb.RAW_PREFIX + "obs"))
         self._inflight = [None] * len(self.vecs)
-        self.reset_pending = np.zeros(self.n, bool)
+        self.pending: List[Optional[np.ndarray]] = [None] * len(self.vecs)  # per lane: rows whose next step resets
         self.states = RecurrentStates.of(self.policy, self.n)
         self.episodes = [self._new_episode(j) for j in range(self.n)]
-        self.t = np.zeros(self.n, np.int64)
+        self.t = np.zeros(self.n, np.int64)  # each sub-env's step in its episode (= its length so far)
         # per-sub-env running figures, kept as arrays (no Python loop per env step)
         self.eps_ids = np.array([e.episode_id for e in self.episodes], np.int64)
-        self.ep_len = np.zeros(self.n, np.int64)
         self.ep_ret = np.zeros(self.n, np.float64)
         self.carry: List[Optional[sb.SampleBatch]] = [None] * self.n
 
@@ -332,30 +327,33 @@ class GymEnvRunner:
         return Episode(next(self.worker.episode_ids), j, self.worker.index)
 
     def sample(self, explore: bool = True) -> sb.MultiAgentBatch:
-        n, T, L = self.n, self.T, len(self.vecs)
-        have = np.array([0 if c is None else len(c) for c in self.carry])
-        steps: List[List[Dict[str, Any]]] = [[] for _ in range(L)]   # per lane, per step: {column: (rows, ...)}
-        valid_l: List[List[np.ndarray]] = [[] for _ in range(L)]
+        # steps each sub-env needs for T real transitions (raised by each reset step it makes)
+        self._need = self.T - np.array([len(c or ()) for c in self.carry])
+        self._bufs: List[Dict[str, np.ndarray]] = [{} for _ in self.lanes]  # per lane: {column: [sub-env, step, ...]}
+        self._steps = [0] * len(self.lanes)
+        self._skipped: List[List[Tuple[int, np.ndarray]]] = [[] for _ in self.lanes]  # per lane: (step, rows not real)
         finished: List[Dict[str, Any]] = []
         live_eps: Dict[int, Episode] = {e.episode_id: e for e in self.episodes}
         ep_hook = bool(self.worker.pm.hook.flowkit_on_episode_end.get_hookimpls())
         # each lane acts, its vector env steps (with 2 lanes: in its own thread, while the other
         # lane's step is recorded and acted on), then its step is recorded; until every sub-env
         # has T real transitions
-        acted = [self._act(g, explore) if (have[sl] < T).any() else None for g, sl in enumerate(self.lanes)]
+        short = [int(self._need[sl].max()) for sl in self.lanes]
+        acted = [self._act(g, explore) if short[g] > 0 else None for g in range(len(self.lanes))]
         while any(a is not None for a in acted):
             for g, sl in enumerate(self.lanes):
                 if (a := acted[g]) is not None:
-                    self._record(g, a, steps[g], valid_l[g], have, finished, live_eps, ep_hook)
-                    acted[g] = self._act(g, explore) if (have[sl] < T).any() else None
+                    if self._record(g, a, finished, live_eps, ep_hook):
+                        short[g] = int(self._need[sl].max())
+                    acted[g] = self._act(g, explore) if self._steps[g] < short[g] else None
         for i, ep in enumerate(self.episodes):  # running episodes, as hooks see them
-            ep.length, ep.total_reward = int(self.ep_len[i]), float(self.ep_ret[i])
-        batch = self._cut(steps, valid_l)
+            ep.length, ep.total_reward = int(self.t[i]), float(self.ep_ret[i])
+        batch = self._cut()
         meta: Dict[str, Any] = {"weights_version": self.worker.weights_version}
         if self.raw_obs is not None:
             meta["raw"] = take_raw(batch)
         batch = self._postprocess(batch, live_eps)
-        return sb.MultiAgentBatch({self.policy_id: batch}, env_steps=n * T, agent_steps=n * T,
+        return sb.MultiAgentBatch({self.policy_id: batch}, env_steps=self.n * self.T, agent_steps=self.n * self.T,
                                   episodes=finished, worker_index=self.worker.index, meta=meta)
 
     def _act(self, g: int, explore: bool) -> Tuple[Any, Dict[str, Any], Any]:
@@ -375,12 +373,12 @@ class GymEnvRunner:
             self._inflight[g] = self._call("step()", vec.step, env_actions)
         return actions, extras, env_actions
 
-    def _record(self, g: int, acted: Tuple[Any, Dict[str, Any], Any], steps: List[Dict[str, Any]],
-                valid_l: List[np.ndarray], have: np.ndarray, finished: List[Dict[str, Any]],
-                live_eps: Dict[int, Episode], ep_hook: bool) -> None:
-        """Take lane ``g``'s step outputs and record the step: its row of every column (in
-        ``steps``), which sub-envs made a real transition (``valid_l``), episode figures, and
-        the episodes that ended (``finished``, ``flowkit_on_episode_end``)."""
+    def _record(self, g: int, acted: Tuple[Any, Dict[str, Any], Any], finished: List[Dict[str, Any]],
+                live_eps: Dict[int, Episode], ep_hook: bool) -> bool:
+        """Take lane ``g``'s step outputs and record the step: its row of every column, written
+        in place into the lane's fragment arrays, episode figures, and the episodes that ended
+        (``finished``, ``flowkit_on_episode_end``). True where some sub-env made no real
+        transition (a reset step: it needs one step more)."""
         actions, extras, env_actions = acted
         vec, sl = self.vecs[g], self.lanes[g]
         m, pm = sl.stop - sl.start, self.worker.pm
@@ -388,7 +386,6 @@ class GymEnvRunner:
         raw_next, rew, term, trunc, infos = out if out is not None else self._call("step()", vec.recv)
         if self._check_left > 0:
             self._check_rows(raw_next, "step()", sl.start)
-        valid = ~self.reset_pending[sl]
         next_enc, next_mask = self.encoder(raw_next, m)
         rec_next, rec_next_mask, rec_raw_next = next_enc, next_mask, raw_next
         done = term | trunc
@@ -399,27 +396,27 @@ class GymEnvRunner:
             empty: Any = create_empty_array(space, m)  # Any: typed Optional, never None here
             rec_raw_next = concatenate(space, final, empty)
             rec_next, rec_next_mask = self.encoder(rec_raw_next, m)
-        step = {sb.OBS: self.obs_enc[g], sb.ACTIONS: actions, sb.REWARDS: np.asarray(rew, np.float32),
-                sb.TERMINATEDS: term, sb.TRUNCATEDS: trunc & ~term, sb.NEXT_OBS: rec_next,
-                sb.EPS_ID: self.eps_ids[sl].copy(), sb.T: self.t[sl].copy()}
+        step = {sb.OBS: self.obs_enc[g], sb.ACTIONS: actions, sb.REWARDS: rew, sb.TERMINATEDS: term,
+                sb.TRUNCATEDS: trunc, sb.NEXT_OBS: rec_next, sb.EPS_ID: self.eps_ids[sl], sb.T: self.t[sl], **extras}
         if self.mask[g] is not None:
             step.update({sb.ACTION_MASK: self.mask[g], sb.NEXT_ACTION_MASK: rec_next_mask})
-        step.update(extras)
         if self.raw_obs is not None:  # run.output: the env's own values of this step
             step.update(self._raw_columns(g, raw_next, rec_raw_next, env_actions, rew, term, trunc))
-        steps.append(step)
-        valid_l.append(valid)
+        self._write(g, step)
         # episode bookkeeping (real transitions only; the slices are views: updated in place)
-        self.ep_len[sl] += valid
-        self.ep_ret[sl] += np.where(valid, rew, 0.0)
-        self.t[sl] += valid
-        have[sl] += valid
-        ended = done & valid  # (same_step: every step is valid)
-        for i in np.flatnonzero(ended):
+        skipped = self.pending[g]  # the rows of a reset step (no transition), or None
+        if skipped is not None:
+            self._skipped[g].append((self._steps[g] - 1, skipped))
+            self._need[sl] += skipped
+            done, rew = done & ~skipped, np.where(skipped, 0.0, rew)
+        self.ep_ret[sl] += rew
+        self.t[sl] += 1 if skipped is None else ~skipped
+        ended = np.flatnonzero(done) if done.any() else ()  # (same_step: no step is skipped)
+        for i in ended:
             j = sl.start + int(i)
             ep = self.episodes[j]
-            ep.length, ep.total_reward = int(self.ep_len[j]), float(self.ep_ret[j])
-            self.ep_len[j], self.ep_ret[j], self.t[j] = 0, 0.0, 0
+            ep.length, ep.total_reward = int(self.t[j]), float(self.ep_ret[j])
+            self.ep_ret[j], self.t[j] = 0.0, 0
             ep.terminated, ep.truncated = bool(term[i]), bool(trunc[i] and not term[i])
             if ep_hook:
                 pm.hook.flowkit_on_episode_end(episode=ep, worker=self.worker)
@@ -434,10 +431,25 @@ class GymEnvRunner:
             self.episodes[j] = self._new_episode(j)
             self.eps_ids[j] = self.episodes[j].episode_id
             live_eps[self.episodes[j].episode_id] = self.episodes[j]
-        if self.states is not None:  # next acts start an episode: after an end, and after the reset step
-            self.states.reset(sl.start + np.flatnonzero(ended | ~valid))
-        self.reset_pending[sl] = ended if not self.same_step else False
+        if self.states is not None and (len(ended) or skipped is not None):  # next acts start an episode
+            self.states.reset(sl.start + np.flatnonzero(done if skipped is None else done | skipped))
+        self.pending[g] = done if len(ended) and not self.same_step else None
         self.obs_enc[g], self.mask[g] = next_enc, next_mask
+        return skipped is not None
+
+    def _write(self, g: int, step: Dict[str, Any]) -> None:
+        """Lane ``g``'s step ``step`` (``{column: rows of its sub-envs}``) into its fragment
+        arrays ``[sub-env, step, ...]``, made at its first step (T steps; doubled when full)."""
+        buf, s = self._bufs[g], self._steps[g]
+        if not buf:
+            for k, v in step.items():
+                v = np.asarray(v)
+                buf[k] = np.empty((len(v), self.T, *v.shape[1:]), np.float32 if k == sb.REWARDS else v.dtype)
+        elif s == next(iter(buf.values())).shape[1]:
+            buf.update({k: np.concatenate([v, np.empty_like(v)], 1) for k, v in buf.items()})
+        for k, v in step.items():
+            buf[k][:, s] = v
+        self._steps[g] = s + 1
 
     def _raw_columns(self, g: int, raw_next: Any, rec_raw_next: Any, env_actions: Any, rew: Any, term: Any,
                      trunc: Any) -> Dict[str, np.ndarray]:
@@ -451,46 +463,37 @@ class GymEnvRunner:
         self.raw_obs[g] = raw_leaves(raw_next, sb.RAW_PREFIX + "obs")  # type: ignore[index]
         return out
 
-    def _cut(self, steps: List[List[Dict[str, Any]]], valid_l: List[List[np.ndarray]]) -> sb.SampleBatch:
+    def _cut(self) -> sb.SampleBatch:
         """Rows of sub-env ``j``: its carried rows, then its real transitions of this call,
-        exactly T in all (one copy of each column into the batch); its later ones are carried."""
-        T = self.T
-        valid = [np.stack(v) for v in valid_l]  # per lane: bool[S, rows]
-        if (len(steps) == 1 and len(steps[0]) == T and valid[0].all()
-                and all(c is None for c in self.carry)):
-            # fast path: every step real, nothing carried -> (N, T) layout, as stacked
-            return sb.SampleBatch({k: np.stack([s[k] for s in steps[0]], axis=1).reshape(-1, *steps[0][0][k].shape[1:])
-                                   for k in steps[0][0]})
+        exactly T in all (one copy of each column into the batch, none where one lane's arrays hold
+        just that); its later ones are carried. The fragment arrays are let go here."""
+        T, bufs, self._bufs = self.T, self._bufs, []
+        for b in bufs:
+            b[sb.TRUNCATEDS] &= ~b[sb.TERMINATEDS]  # (a row that terminates is not truncated)
+        if self._steps == [T] and not self._skipped[0] and all(c is None for c in self.carry):
+            # fast path: one lane, every step real, nothing carried: its arrays are the columns (no copy)
+            return sb.SampleBatch({k: v.reshape(self.n * T, *v.shape[2:]) for k, v in bufs[0].items()})
         plan = []  # per sub-env: (lane, its row there, rows carried in, step indexes taken, and kept)
         for g, sl in enumerate(self.lanes):
+            valid = np.ones((sl.stop - sl.start, self._steps[g]), bool)
+            for s, rows in self._skipped[g]:
+                valid[rows, s] = False
             for i in range(sl.stop - sl.start):
-                c = self.carry[sl.start + i]
-                nc = 0 if c is None else len(c)
-                idx = np.flatnonzero(valid[g][:, i])
+                nc = len(self.carry[sl.start + i] or ())
+                idx = np.flatnonzero(valid[i])
                 plan.append((g, i, nc, idx[:max(T - nc, 0)], idx[max(T - nc, 0):]))
         cols: Dict[str, np.ndarray] = {}
         carry: List[Dict[str, np.ndarray]] = [{} for _ in plan]
-        for k, first in steps[0][0].items():
-            first = np.asarray(first)
-            col = np.empty((self.n * T, *first.shape[1:]), first.dtype)
-            # large rows (frames) are copied once, straight from each step; small ones stacked per lane first
-            big = first[:1].nbytes >= 4096
-            stacked: Any = None if big else [np.stack([s[k] for s in lane], axis=1) for lane in steps]
+        for k, first in bufs[0].items():
+            col = cols[k] = np.empty((self.n * T, *first.shape[2:]), first.dtype)
             for j, (g, i, nc, take, keep) in enumerate(plan):
-                lo = j * T
-                carried: Any = self.carry[j]
+                lo, carried, buf = j * T, self.carry[j], bufs[g][k]
                 if nc:
-                    col[lo:lo + min(nc, T)] = carried[k][:T]
-                if len(take):
-                    if big:
-                        np.stack([steps[g][s][k][i] for s in take], out=col[lo + nc:lo + T])
-                    else:
-                        col[lo + nc:lo + T] = stacked[g][i][take]
-                parts = ([carried[k][T:]] if nc > T else []) + (
-                    [np.stack([steps[g][s][k][i] for s in keep]) if big else stacked[g][i][keep]] if len(keep) else [])
+                    col[lo:lo + min(nc, T)] = carried[k][:T]  # type: ignore[index]
+                col[lo + nc:lo + T] = buf[i, take]
+                parts = ([carried[k][T:]] if nc > T else []) + ([buf[i, keep]] if len(keep) else [])  # type: ignore[index]
                 if parts:
                     carry[j][k] = parts[0] if len(parts) == 1 else np.concatenate(parts)
-            cols[k] = col
         self.carry = [sb.SampleBatch(c) if c else None for c in carry]
         return sb.SampleBatch(cols)
 
