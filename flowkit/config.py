@@ -147,8 +147,8 @@ class RuntimeConfig:
     num_envs_per_worker: int = F(8, "sub-envs in each worker's vector env", ge=1, le=4096)
     rollout_fragment_length: int = F(64, "env steps per sub-env in each sample batch", ge=1, le=MAX_BATCH_ROWS)
     num_cpus_per_worker: float = F(1.0, "CPUs each rollout worker reserves (Ray)", ge=0)
-    worker_scheduling: str = F("DEFAULT", "Ray scheduling strategy of the rollout workers: DEFAULT, or SPREAD over "
-                                          "the cluster's nodes", choices=("DEFAULT", "SPREAD"))
+    worker_scheduling: str = F("DEFAULT", "Ray scheduling of rollout workers (SPREAD: over nodes)",
+                               choices=("DEFAULT", "SPREAD"))
     address: Optional[str] = F(None, "Ray cluster address (`auto` for an existing cluster); None starts a local one")
     async_requests_per_worker: int = F(2, "async (IMPALA) sample requests in flight per worker", ge=1, le=64)
     prefetch: Optional[bool] = F(None, "a sample request in flight while learning (null: iff off-policy)")
@@ -165,15 +165,13 @@ class ModelConfig:
     hidden_sizes: List[int] = F(help="hidden layer sizes of the MLP", factory=lambda: [64, 64], ge=1)
     activation: str = F("tanh", "activation of the hidden layers", choices=ACTIVATIONS)
     shared_value_network: bool = F(False, "share the trunk between policy and value heads")
-    cnn: str = F("nature", "the network before model.hidden_sizes for image observations: nature or impala",
-                 choices=("nature", "impala"))
+    cnn: str = F("nature", "network before model.hidden_sizes for images", choices=("nature", "impala"))
     init: str = F("auto", "weight init: auto (the algorithm's own), orthogonal or default (PyTorch's)",
                   choices=("auto", "orthogonal", "default"))
     numpy_inference: bool = F(True, "act with a numpy copy of an MLP actor-critic (false: torch)")
     normalize_obs: bool = F(False, "running mean/std normalisation of flat observations (one switch with "
                                    "<algo>.normalize_observations)")
-    recurrent: Optional[str] = F(None, "a recurrent layer after the encoder: lstm or gru (null: feed-forward)",
-                                 choices=("lstm", "gru"))
+    recurrent: Optional[str] = F(None, "recurrent layer after the encoder (null: none)", choices=("lstm", "gru"))
     recurrent_size: int = F(64, "units of the recurrent layer (model.recurrent)", ge=1, le=65536)
     max_seq_len: int = F(32, "steps per training sequence of a recurrent policy", ge=1, le=100000)
 
