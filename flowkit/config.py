@@ -134,16 +134,10 @@ class EnvConfig:
     autoreset_mode: str = F("next_step", "vector-env autoreset: next_step (Gymnasium default) or same_step",
                              choices=("next_step", "same_step"))
     max_episode_steps: Optional[int] = F(None, "wrap each env in a TimeLimit of this many steps", ge=1)
-    vectorization: str = F("auto", "auto: the env's own vectorized implementation when it registers one "
-                           "(e.g. CartPole) and no preset is set, the preset's own on rollout workers where it "
-                           "has one (atari: ale-py's), else sync; sync: always a SyncVectorEnv of single envs",
-                           choices=("auto", "sync"))
+    vectorization: str = F("auto", "auto: the env's or its preset's own vector env where there is one, else sync; "
+                           "sync: a SyncVectorEnv of single envs", choices=("auto", "sync"))
     check_spaces_steps: int = F(2, "env steps per worker whose outputs are checked against the spaces (0: none)", ge=0)
-    preset: Optional[str] = F(None, "wrappers for a family of envs, a preset registered by a plugin (flowkit plugins "
-                              "lists them): atari (plugins/atari: DeepMind preprocessing, 30 no-ops, frame skip 4 with "
-                              "max-pooling, 84x84 grayscale uint8, 4 stacked frames, FIRE on reset; for training also "
-                              "life loss as terminal and rewards clipped to their sign; returns reported unclipped "
-                              "per game); minigrid (plugins/minigrid: the 7x7 view); docs/envs.md")
+    preset: Optional[str] = F(None, "wrappers of a plugin's family of envs: atari, minigrid, ... (docs/envs.md)")
 
 
 @dataclass
@@ -153,67 +147,40 @@ class RuntimeConfig:
     num_envs_per_worker: int = F(8, "sub-envs in each worker's vector env", ge=1, le=4096)
     rollout_fragment_length: int = F(64, "env steps per sub-env in each sample batch", ge=1, le=MAX_BATCH_ROWS)
     num_cpus_per_worker: float = F(1.0, "CPUs each rollout worker reserves (Ray)", ge=0)
-    worker_scheduling: str = F("DEFAULT", "Ray scheduling strategy of the rollout workers: DEFAULT, or SPREAD over "
-                                          "the cluster's nodes", choices=("DEFAULT", "SPREAD"))
+    worker_scheduling: str = F("DEFAULT", "Ray scheduling of rollout workers (SPREAD: over nodes)",
+                               choices=("DEFAULT", "SPREAD"))
     address: Optional[str] = F(None, "Ray cluster address (`auto` for an existing cluster); None starts a local one")
-    async_requests_per_worker: int = F(2, "async rollout mode (IMPALA): sample requests in flight per "
-                                          "worker, so a worker starts its next fragment while the driver "
-                                          "takes the last one (RLlib: max_requests_in_flight_per_env_runner)", ge=1, le=64)
-    prefetch: Optional[bool] = F(None, "keep one sample request in flight while learning; None: on iff every algorithm is off-policy")
+    async_requests_per_worker: int = F(2, "async (IMPALA) sample requests in flight per worker", ge=1, le=64)
+    prefetch: Optional[bool] = F(None, "a sample request in flight while learning (null: iff off-policy)")
     restart_failed_workers: bool = F(True, "rebuild a rollout worker whose env or process failed")
     max_worker_restarts: int = F(3, "consecutive failures of one worker slot before the run stops", ge=0)
-    sample_timeout_s: float = F(300.0, "seconds a rollout worker may take to answer a sample request "
-                                       "(start-up excluded); then it counts as failed and is rebuilt", gt=0)
-    start_timeout_s: float = F(600.0, "seconds to wait at start-up for Ray to place and start every rollout worker "
-                                      "(an attached cluster may be busy); a worker rebuilt later waits without a bound", gt=0)
+    sample_timeout_s: float = F(300.0, "seconds a worker may take per sample request, then rebuilt", gt=0)
+    start_timeout_s: float = F(600.0, "seconds to wait for Ray to start every rollout worker at start-up", gt=0)
     torch_threads: int = F(1, "torch threads per rollout worker", ge=1)
-    double_buffered: Optional[bool] = F(None, "double-buffered sampling (Sample Factory's): a worker's sub-envs in two "
-                                              "halves, one stepping in its own thread while the policy acts for the "
-                                              "other, for envs that step off the GIL (ale-py's vector env under "
-                                              "env.preset=atari, 2+ sub-envs); it keeps a second core busy. null: on "
-                                              "where each worker reserves one, runtime.num_cpus_per_worker >= 2")
+    double_buffered: Optional[bool] = F(None, "step half the sub-envs in a thread while acting for the other half; "
+                                              "null: on where runtime.num_cpus_per_worker >= 2")
 
 
 class ModelConfig:
     hidden_sizes: List[int] = F(help="hidden layer sizes of the MLP", factory=lambda: [64, 64], ge=1)
     activation: str = F("tanh", "activation of the hidden layers", choices=ACTIVATIONS)
     shared_value_network: bool = F(False, "share the trunk between policy and value heads")
-    cnn: str = F("nature", "the network in front of model.hidden_sizes for image observations (flat ones have "
-                           "none): nature (Mnih et al. 2015: 3 convolutions, 3,136 features of 84x84; with "
-                           "hidden_sizes=[512]) or impala (Espeholt et al. 2018's deep residual network: 3 stacks "
-                           "of conv, max-pool and 2 residual blocks, 16/32/32 channels, 3,872 features of 84x84; "
-                           "with hidden_sizes=[256]); uint8 frames are scaled to [0, 1] inside either",
-                 choices=("nature", "impala"))
-    init: str = F("auto", "weight init of the networks: auto (each algorithm's own: orthogonal for the "
-                          "actor-critics, SAC and TD3, PyTorch's for DQN's Q-network), orthogonal (gain sqrt(2) "
-                          "hidden, each head's own gain, zero biases; SB3's ortho_init=True) or default (PyTorch's: "
-                          "U(+-1/sqrt(fan_in)); SB3's ortho_init=False, and SB3's SAC, TD3 and DQN)",
+    cnn: str = F("nature", "network before model.hidden_sizes for images", choices=("nature", "impala"))
+    init: str = F("auto", "weight init: auto (the algorithm's own), orthogonal or default (PyTorch's)",
                   choices=("auto", "orthogonal", "default"))
-    numpy_inference: bool = F(True, "act with a numpy copy of the network on CPU (MLP actor-critics: "
-                                    "same math, less per-call overhead); false: torch")
-    normalize_obs: bool = F(False, "running mean/std observation normalisation of flat observations (the Zoo's "
-                                   "`normalize: true` for MuJoCo), the statistics kept with the network: updated on "
-                                   "the learner from the train batches, sent to the workers with the weights, saved "
-                                   "in checkpoints, applied by evaluate and export. ppo.normalize_observations, "
-                                   "es.normalize_observations and ars.normalize_observations are the same switch: "
-                                   "either key turns it on, neither alone turns it off (ars's is on by default). "
-                                   "Algorithms that cannot keep the statistics (a3c, ddppo, r2d2, random) refuse true")
-    recurrent: Optional[str] = F(None, "a recurrent layer on the encoded observation (after the CNN for images), "
-                                       "then the MLP hidden_sizes: lstm or gru (null: feed-forward); the workers keep "
-                                       "one state per sub-env, the learner trains on whole sequences (actor-critics)",
-                                 choices=("lstm", "gru"))
+    numpy_inference: bool = F(True, "act with a numpy copy of an MLP actor-critic (false: torch)")
+    normalize_obs: bool = F(False, "running mean/std normalisation of flat observations (one switch with "
+                                   "<algo>.normalize_observations)")
+    recurrent: Optional[str] = F(None, "recurrent layer after the encoder (null: none)", choices=("lstm", "gru"))
     recurrent_size: int = F(64, "units of the recurrent layer (model.recurrent)", ge=1, le=65536)
-    max_seq_len: int = F(32, "rows per training sequence of a recurrent policy: trajectory pieces are cut into "
-                             "sequences of at most this many steps (backpropagation through time spans one)",
-                         ge=1, le=100000)
+    max_seq_len: int = F(32, "steps per training sequence of a recurrent policy", ge=1, le=100000)
 
 
 # `model.class` is a Python keyword: declared by hand, outside __init__, and the class built
 # without the generated __repr__/__eq__ (which would spell `self.class`)
 ModelConfig.__annotations__["class"] = Optional[str]
 setattr(ModelConfig, "class", dataclasses.field(default=None, init=False, metadata={
-    "help": "a custom network, `module:Class`, built as Class(encoder, num_outputs, model_config) in place of "
-            "the policy's own (contract: flowkit.core.policy.Policy.build_model)",
+    "help": "a custom network, `module:Class`, in place of the policy's own",
     "allowed": Allowed(pattern=r"[A-Za-z_][\w.]*:[A-Za-z_]\w*")}))
 ModelConfig = dataclass(repr=False, eq=False)(ModelConfig)  # type: ignore[misc]  # the keyword field above
 
@@ -222,16 +189,11 @@ ModelConfig = dataclass(repr=False, eq=False)(ModelConfig)  # type: ignore[misc]
 class LearnerConfig:
     device: str = F("cpu", "learner device: cpu, cuda or cuda:N", pattern=r"cpu|cuda(:[0-9]+)?")
     num_threads: int = F(1, "torch threads of the learner (driver), and of each learner process of a group", ge=1)
-    num_learners: int = F(0, "learner processes (Ray actors) that share every train batch and all-reduce gradients "
-                             "(a learner group; ppo, impala, appo, dqn, sac); 0: the learner in the driver", ge=0)
+    num_learners: int = F(0, "learner processes of a learner group (Ray); 0: the learner in the driver", ge=0)
     num_cpus_per_learner: float = F(1.0, "CPUs each learner process of a group reserves", ge=0)
     placement_strategy: str = F("PACK", "Ray placement-group strategy of a learner group's processes",
                                 choices=("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"))
-    reuse_freed_memory: bool = F(True, "glibc malloc in the driver and the rollout workers: blocks up to 64 MiB from "
-                                       "the heap, up to 1 GiB of freed memory kept there for reuse (mallopt "
-                                       "M_MMAP_THRESHOLD and M_TRIM_THRESHOLD), so each minibatch's tensors and each "
-                                       "fragment's frames do not fault in fresh pages (PPO Pong's 1,024-row batch: "
-                                       "2.1 s -> 1.8 s; Atari sampling 16% faster); no effect without glibc")
+    reuse_freed_memory: bool = F(True, "keep freed memory in glibc's heap for reuse (driver and workers)")
 
 
 @dataclass
@@ -239,22 +201,17 @@ class StopConfig:
     env_steps: Optional[int] = F(None, "stop after this many sampled env steps", ge=1)
     iterations: Optional[int] = F(None, "stop after this many iterations", ge=1)
     episode_return_mean: Optional[float] = F(None, "stop when episode_return_mean reaches this")
-    evaluation_return_mean: Optional[float] = F(None, "stop when a greedy evaluation's mean return reaches this "
-                                                      "(needs evaluation.interval >= 1)")
-    time_s: Optional[float] = F(None, "stop after this many seconds of training (checked at each iteration's "
-                                      "end; an iteration still running at 1.1 x time_s is abandoned)", gt=0)
+    evaluation_return_mean: Optional[float] = F(None, "stop when an evaluation's mean return reaches this")
+    time_s: Optional[float] = F(None, "stop after this many seconds of training", gt=0)
 
 
 @dataclass
 class EvaluationConfig:
     interval: int = F(0, "greedy evaluation every N iterations (0: never, except with final=True)", ge=0)
     episodes: int = F(10, "episodes per evaluation", ge=1, le=MAX_EPISODES)
-    final: Optional[bool] = F(None, "evaluate once at the end of the run (null: only a run without rollout workers, "
-                                    "which plays no episodes of its own: an offline run from input.dataset, so that "
-                                    "its summary has a return)")
+    final: Optional[bool] = F(None, "evaluate once at the end of the run (null: only a run without rollout workers)")
     explore: bool = F(False, "sample actions instead of acting greedily")
-    timeout_s: Optional[float] = F(None, "seconds one evaluation (periodic or final) may take; then it is abandoned "
-                                         "with a warning and the run goes on (None: runtime.sample_timeout_s)", gt=0)
+    timeout_s: Optional[float] = F(None, "seconds one evaluation may take (null: runtime.sample_timeout_s)", gt=0)
 
 
 @dataclass
@@ -268,17 +225,11 @@ class CheckpointConfig:
 @dataclass
 class RunConfig:
     dir: Optional[str] = F(None, "run folder; default runs/<algo>-<env>-<timestamp>")
-    min_iter_time_s: float = F(0.0, "merge train steps (in the replay warm-up, before learning_starts: sampled "
-                                    "rounds) into one reported iteration until this much time passed", ge=0)
-    min_iter_env_steps: int = F(0, "merge train steps (in the replay warm-up, before learning_starts: sampled "
-                                   "rounds) into one reported iteration until this many env steps", ge=0)
-    reporters: List[str] = F(help="reporters of the run, called in this order (built-in: progress, csv, plot, "
-                                  "checkpoint, evaluation, tensorboard, timing; plugins add more)",
+    min_iter_time_s: float = F(0.0, "merge train steps into one reported iteration until this many seconds", ge=0)
+    min_iter_env_steps: int = F(0, "merge train steps into one reported iteration until this many env steps", ge=0)
+    reporters: List[str] = F(help="reporters of the run, in call order (`flowkit plugins` lists them)",
                              factory=lambda: ["progress", "csv", "plot", "checkpoint", "evaluation"])
-    output: Optional[str] = F(None, "write the experience the rollout workers sample as a Minari dataset in this "
-                                    "folder (single-agent Gymnasium envs; whole episodes, the env's own observations "
-                                    "and actions; docs/offline.md); an existing dataset there is refused unless "
-                                    "run.output_append=true; a resumed run appends")
+    output: Optional[str] = F(None, "folder to write the sampled experience to as a Minari dataset; docs/offline.md")
     output_append: bool = F(False, "run.output: add the episodes to the dataset already there (same spaces)")
 
 
@@ -302,8 +253,7 @@ class RandomConfig:
 @dataclass
 class Config:
     algo: str = F("ppo", "algorithm name (see `flowkit plugins`)")
-    seed: int = F(0, "one seed for torch, numpy, env resets and exploration (32 bits: every derived seed "
-                     "uses only these)", ge=0, le=2 ** 32 - 1)
+    seed: int = F(0, "one seed for torch, numpy, env resets and exploration", ge=0, le=2 ** 32 - 1)
     env: EnvConfig = F(help="environment", factory=EnvConfig)
     runtime: RuntimeConfig = F(help="rollout workers and backend", factory=RuntimeConfig)
     model: ModelConfig = F(help="networks", factory=ModelConfig)
@@ -882,15 +832,9 @@ def merge_overrides(base: DictConfig, overrides: Dict[str, Any], schema: type,
         ConfigError: an unknown key (with the closest valid one) or a value of the wrong type.
     """
     keys = schema_keys(schema)
-    layer = dict(overrides)
-    if err := _text_for_number(layer, keys):
+    layer = {k: v for k, v in overrides.items() if v is not None or not any(s.startswith(f"{k}.") for s in keys)}
+    if err := _layer_error(layer, keys):
         raise err
-    for name in [k for k in layer if any(s.startswith(f"{k}.") for s in keys)]:  # whole sections
-        if layer[name] is None:
-            del layer[name]
-        elif not isinstance(layer[name], dict):
-            raise ConfigError(f"`{name}` is a config section: give a mapping of its keys "
-                              f"(e.g. `{name}.<key>=value`), got {layer[name]!r}")
     try:
         node = OmegaConf.create(layer)
         while True:
@@ -904,36 +848,26 @@ def merge_overrides(base: DictConfig, overrides: Dict[str, Any], schema: type,
     except OmegaConfBaseException as e:
         raise _config_error(e, keys if known is None else schema_keys(make_schema_class(known)), layer,
                             base.get("algo") if isinstance(base, DictConfig) else None) from None
-    except TypeError as e:  # OmegaConf: "Cannot merge incompatible container types"
-        raise _container_error(layer, keys) or ConfigError(f"config: {e}") from None
+    except TypeError as e:  # OmegaConf: "Cannot merge incompatible container types" (_layer_error's cases)
+        raise ConfigError(f"config: {e}") from None
 
 
-def _container_error(layer: Any, keys: Dict[str, Tuple[Any, str, Any]], prefix: str = "") -> Optional[ConfigError]:
-    """The first key of ``layer`` (a nested dict) given a list where the schema has a mapping
-    (or a section), or a mapping where it has a list; None if there is none."""
+def _layer_error(layer: Any, keys: Dict[str, Tuple[Any, str, Any]], prefix: str = "") -> Optional[ConfigError]:
+    """The first key of ``layer`` (a nested dict) that OmegaConf would refuse with a TypeError
+    or take without a word: a section not given as a mapping, a list where the schema has a
+    mapping or a mapping where it has a list, an int, float or bool given as text (``"64"`` in
+    YAML quotes; interpolations, ``${...}``, are text by nature). None if there is none."""
     for k, v in (layer.items() if isinstance(layer, dict) else ()):
         key, tp = f"{prefix}{k}", keys.get(f"{prefix}{k}")
         origin = typing.get_origin(_unwrap_optional(tp[0])[0]) if tp else None
-        section = tp is None and any(s.startswith(f"{key}.") for s in keys)
-        want = ("a mapping" if origin in (dict, Dict) or (section and isinstance(v, list))
-                else "a list" if origin in (list, List) and isinstance(v, dict) else None)
-        if want and (isinstance(v, list) or want == "a list"):
-            return ConfigError(f"`{key}` must be {want}, got {_short(v)}")
-        if isinstance(v, dict) and (section or origin in (dict, Dict)):
-            if err := _container_error(v, keys, f"{key}."):
-                return err
-    return None
-
-
-def _text_for_number(layer: Any, keys: Dict[str, Tuple[Any, str, Any]], prefix: str = "") -> Optional[ConfigError]:
-    """The first int, float or bool key of ``layer`` (a nested dict) given as text (``"64"``
-    in YAML quotes), which OmegaConf would convert without a word; interpolations (``${...}``)
-    are text by nature. None if there is none."""
-    for k, v in (layer.items() if isinstance(layer, dict) else ()):
-        key = f"{prefix}{k}"
-        if isinstance(v, dict) and (err := _text_for_number(v, keys, f"{key}.")):
+        if tp is None and v is not None and not isinstance(v, dict) and any(s.startswith(f"{key}.") for s in keys):
+            return ConfigError(f"`{key}` is a config section: give a mapping of its keys "
+                               f"(e.g. `{key}.<key>=value`), got {v!r}")
+        if isinstance(v, list) and origin in (dict, Dict) or isinstance(v, dict) and origin in (list, List):
+            return ConfigError(f"`{key}` must be {'a list' if isinstance(v, dict) else 'a mapping'}, got {_short(v)}")
+        if isinstance(v, dict) and (err := _layer_error(v, keys, f"{key}.")):
             return err
-        leaf = _leaf_type(keys[key][0]) if key in keys else None
+        leaf = _leaf_type(tp[0]) if tp else None
         for name, x in [(f"{key}[{i}]", x) for i, x in enumerate(v)] if isinstance(v, list) else [(key, v)]:
             if leaf in (int, float, bool) and isinstance(x, str) and "${" not in x:
                 return ConfigError(f"`{name}` must be {_KINDS[leaf]}, got the text {x!r} (write it without quotes)")

@@ -276,6 +276,8 @@ def test_every_config_dry_run_accepts_runs_one_iteration(tmp_path_factory, algo,
     ("model.hidden_sizes=[[64]]", r"`model.hidden_sizes\[0\]` must be an int, got \[64\]"),
     ("env.kwargs=[1,2]", r"`env.kwargs` must be a mapping, got \[1, 2\]"),
     ("multiagent.policies=[a]", r"`multiagent.policies` must be a mapping, got \['a'\]"),
+    ("ppo=5", r"^`ppo` is a config section: give a mapping of its keys \(e.g. `ppo.<key>=value`\), got 5$"),
+    ("model.hidden_sizes.a=1", r"^`model.hidden_sizes` must be a list, got \{'a': 1\}$"),
     ("run.reporters=[csv,progress,csv]", r"run.reporters: 'csv' listed more than once"),
 ])
 def test_sizes_and_container_types_are_one_line_config_errors(override, message):
