@@ -347,7 +347,9 @@ class _ArgError(Exception):
 
 @dataclass
 class ExportArgs:
-    """The ``key=value`` arguments of ``flowkit export``."""
+    """``flowkit export``: write a policy as one module from raw observation to greedy action
+    (encoding, normalisation, masks, Box scaling and clipping inside). The fields are its
+    ``key=value`` arguments."""
     format: Optional[str] = F(None, "torchscript or onnx (required)", choices=("torchscript", "onnx"))  # noqa: A003
     out: Optional[str] = F(None, "output file (default: policy[-ID].pt|.onnx in the checkpoint's folder)")
     policy: Optional[str] = F(None, "policy id (needed when the run has several)")
@@ -362,7 +364,7 @@ def _checkpoint_path(paths: List[str]) -> str:
     return paths[0]
 
 
-def _keyed(cmd: str, doc: str, argv: List[str], args_cls: type, act: Callable[..., int],
+def _keyed(cmd: str, argv: List[str], args_cls: type, act: Callable[..., int],
            flags: Sequence[str] = ("--trust-config",), config_words: bool = False) -> int:
     """The one runner of the commands whose settings are ``key=value`` words, checked against
     the dataclass ``args_cls`` as config keys are (evaluate, export, record, plot, tune):
@@ -370,7 +372,7 @@ def _keyed(cmd: str, doc: str, argv: List[str], args_cls: type, act: Callable[..
     (``--trust-config`` -> ``trust_config=True``; ``-c FILE``, repeatable -> ``config=[FILE,
     ...]``). ``config_words`` (tune): a word whose key is not ``args_cls``'s is a config
     override passed on, else an unknown key with the closest one. Paths, flags and words come in
-    any order; ``--help`` lists the keys; an ``--option`` is one line with the ``key=value`` to
+    any order; ``--help`` prints ``args_cls``'s docstring and the keys; an ``--option`` is one line with the ``key=value`` to
     write instead."""
     def run() -> int:
         from omegaconf import OmegaConf
@@ -400,6 +402,7 @@ def _keyed(cmd: str, doc: str, argv: List[str], args_cls: type, act: Callable[..
         if got.pop("help", False):
             usage = re.findall(rf"^flowkit {cmd} .*(?:\n +.*)*", USAGE, re.M)[0]
             keys_text = "\n".join(f"  {k} (default {d!r}): {h}" for k, (_, h, d) in keys.items())
+            doc = " ".join((args_cls.__doc__ or "").split()).replace("``", "`")
             print(f"usage: {usage}\n\n{doc}\n\nkeys:\n{keys_text}")
             return 0
         own = [w for w in words if not config_words or w.partition("=")[0].strip().split(".")[0] in
@@ -425,8 +428,7 @@ def _evaluate(argv: List[str]) -> int:
             print(f"video: {v}")
         print(f"wrote {os.path.join(report['checkpoint'], 'evaluation.json')}")
         return 0
-    return _keyed("evaluate", "Score a saved policy (no training step; the run is not changed) and write "
-                  "evaluation.json in the checkpoint's folder.", argv, EvaluateArgs, act)
+    return _keyed("evaluate", argv, EvaluateArgs, act)
 
 
 def _top_missing_dir(path: str) -> Optional[str]:
@@ -489,8 +491,7 @@ def _export(argv: List[str]) -> int:
         print(f"same actions as compute_actions(obs, explore=False) on {sig['checked']} sampled observations"
               if sig["checked"] else "not checked against the policy (onnxruntime is not installed)")
         return 0
-    return _keyed("export", "Write a policy as one module from raw observation to greedy action (encoding, "
-                  "normalisation, masks, Box scaling and clipping inside).", argv, ExportArgs, act)
+    return _keyed("export", argv, ExportArgs, act)
 
 
 def _record(argv: List[str]) -> int:
@@ -506,24 +507,20 @@ def _record(argv: List[str]) -> int:
               f"dataset holds {res['episodes']} episodes, {res['steps']} steps\nwrote {res['path']} (train from "
               f"it: input.dataset={res['path']})")
         return 0
-    return _keyed("record", "Roll a saved policy out into a dataset (Minari format; pip install "
-                  "'flowkit[offline]'), for input.dataset=PATH.", argv, RecordArgs, act)
+    return _keyed("record", argv, RecordArgs, act)
 
 
 def _plot(argv: List[str]) -> int:
     """``flowkit plot``: see :mod:`flowkit.plot`."""
     from flowkit.plot import PlotArgs, main
-    return _keyed("plot", "Learning curves of several runs on one PNG, grouped by config: the seeds' mean, their "
-                  "range shaded; the series as CSV beside it.", argv, PlotArgs, main, flags=())
+    return _keyed("plot", argv, PlotArgs, main, flags=())
 
 
 def _tune(argv: List[str]) -> int:
     """``flowkit tune``: see :mod:`flowkit.tune`."""
-    from flowkit.tune import TuneArgs, main
-    return _keyed("tune", "Hyperparameter sweeps on Ray Tune; each trial is a flowkit run folder. Search space: "
-                  "key=choice(a,b) key=range(3) key=uniform(lo,hi) key=loguniform(lo,hi) key=randint(lo,hi); "
-                  "other key=value words are config overrides shared by every trial.", argv, TuneArgs, main,
-                  flags=("-c", "--no-tuned"), config_words=True)
+    import importlib
+    tune = importlib.import_module("flowkit.tune")  # (by name: flowkit.tune imports build_tuned from here)
+    return _keyed("tune", argv, tune.TuneArgs, tune.main, flags=("-c", "--no-tuned"), config_words=True)
 
 
 COMMANDS = {"evaluate": _evaluate, "export": _export, "record": _record, "plot": _plot, "tune": _tune}

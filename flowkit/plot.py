@@ -184,7 +184,9 @@ def plot_runs(paths: Sequence[str], x: str = "env_steps", metric: str = "episode
 
 @dataclass
 class PlotArgs:
-    """The ``key=value`` arguments of ``flowkit plot``."""
+    """``flowkit plot``: learning curves of several runs on one PNG, grouped by config: the seeds'
+    mean, their range shaded; the series as CSV beside it. The fields are its ``key=value``
+    arguments."""
     x: str = F("env_steps", "x axis", choices=tuple(X_COLUMNS))
     metric: str = F("episode_return_mean", "metrics.csv column")
     out: str = F("plot.png", "PNG to write; the CSV goes beside it")

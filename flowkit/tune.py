@@ -247,8 +247,10 @@ MAX_TRIALS = 10_000
 
 @dataclass
 class TuneArgs:
-    """The ``key=value`` arguments of ``flowkit tune`` (its other words are the config's, searched
-    or shared by every trial)."""
+    """``flowkit tune``: hyperparameter sweeps on Ray Tune; each trial is a flowkit run folder.
+    Search space: key=choice(a,b) key=range(3) key=uniform(lo,hi) key=loguniform(lo,hi)
+    key=randint(lo,hi); other key=value words are config overrides shared by every trial. The
+    fields are its own ``key=value`` arguments."""
     metric: str = F("episode_return_mean", "result column to rank and stop by (one of METRICS, or a column "
                                            "with a '/' such as policy/<id>/episode_return_mean)")
     mode: str = F("max", "rank by the metric's max or min", choices=("max", "min"))
