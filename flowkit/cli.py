@@ -1,5 +1,7 @@
-"""The ``flowkit`` command: train, plan, plugins; evaluate and export a trained policy; plot
-(flowkit/plot.py) and tune (flowkit/tune.py).
+"""The ``flowkit`` command: train, plan, plugins; evaluate, export and record a trained policy;
+plot (flowkit/plot.py) and tune (flowkit/tune.py). Every command's settings are ``key=value``
+words: train's, plan's and plugins' are the config's; the others' are checked against their
+arguments dataclass (:class:`ExportArgs`, ...) by one runner, :func:`_keyed`.
 
 Exit status: 0 success, 1 a failed run (a bad env, non-finite training or workers Ray could not
 place: one line, no traceback), 2 a config error (short message, no traceback),
@@ -38,7 +40,7 @@ import warnings  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
 from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple  # noqa: E402
 
-from flowkit.config import F  # noqa: E402
+from flowkit.config import ConfigError, F  # noqa: E402
 
 USAGE = """flowkit train [-c FILE ...] [--no-tuned] [--dry-run | --print-config] [--trust-config] [--take-over-lock] [key=value ...]
 flowkit plan [-c FILE ...] [--no-tuned] [key=value ...]
@@ -127,7 +129,7 @@ def _config_key(key: str, overrides: Sequence[str], config_file: Any) -> str:
     cannot be built."""
     import difflib
 
-    from flowkit.config import ConfigError, build_config, make_schema_class, schema_keys
+    from flowkit.config import build_config, make_schema_class, schema_keys
     from flowkit.hooks import PluginError, get_plugin_manager
     try:
         sections = get_plugin_manager().config_sections()
@@ -168,7 +170,7 @@ def _usage(args: argparse.Namespace, overrides: List[str]) -> int:
     usage = f"usage:\n  {USAGE.replace(chr(10), chr(10) + '  ')}\n\n"
     if args.command not in ("train", "plan"):
         print(usage + "Every config key with its type, allowed values, default and doc: flowkit train --help\n"
-              "A command's own options: flowkit evaluate|export|record|plot|tune --help")
+              "A command's own key=value settings: flowkit evaluate|export|record|plot|tune --help")
     else:
         from flowkit.config import help_text, plugin_modules_from
         from flowkit.hooks import get_plugin_manager
@@ -185,8 +187,9 @@ def _usage(args: argparse.Namespace, overrides: List[str]) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """The ``flowkit`` command: ``COMMANDS`` take their own arguments; train, plan and plugins
-    take the config's (``-c FILE``, ``key=value``). Returns the exit status (module docstring)."""
+    """The ``flowkit`` command: ``COMMANDS`` take ``key=value`` settings of their own
+    (:func:`_keyed`); train, plan and plugins take the config's (``-c FILE``, ``key=value``).
+    Returns the exit status (module docstring)."""
     from flowkit._guard import GUARD  # signals raise Interrupted now (one inherited as ignored stays ignored)
     argv = list(sys.argv[1:] if argv is None else argv)
     with GUARD.running():
@@ -217,11 +220,10 @@ def _one_line(cmd: str, fn: Callable[[], int]) -> int:
     traceback, and its exit status: 2 a config, plugin or usage error (1 a damaged run folder),
     1 a failed run (a bad env, non-finite training, workers Ray could not place, an output that
     cannot be written, an evaluation past its deadline or an env that ended the process)."""
-    from flowkit.config import ConfigError
     from flowkit.hooks import PluginError
     try:
         return fn()
-    except (ConfigError, PluginError, MemoryError, _ArgError) as e:  # (MemoryError: a buffer or batch too large)
+    except (ConfigError, PluginError, MemoryError) as e:  # (MemoryError: a buffer or batch too large)
         status = getattr(e, "exit_status", 2)
         what = "error" if cmd or status == 1 else "plugin error" if isinstance(e, PluginError) else "config error"
         why = f"out of memory, lower the sizes in the config: {e}" if isinstance(e, MemoryError) else str(e)
@@ -341,10 +343,6 @@ def _plugins(modules: List[str]) -> int:
 
 
 # ---- commands with key=value settings: evaluate, export, record, plot, tune ----------------------
-class _ArgError(Exception):
-    pass
-
-
 @dataclass
 class ExportArgs:
     """``flowkit export``: write a policy as one module from raw observation to greedy action
@@ -358,9 +356,9 @@ class ExportArgs:
 def _checkpoint_path(paths: List[str]) -> str:
     """The one run folder (its newest checkpoint) or checkpoint folder of ``paths``."""
     if len(paths) != 1:
-        raise _ArgError(f"give one run folder or checkpoint folder{f', not {paths}' if paths else ''}")
+        raise ConfigError(f"give one run folder or checkpoint folder{f', not {paths}' if paths else ''}")
     if not os.path.exists(paths[0]):  # before torch is imported
-        raise _ArgError(f"no checkpoint at {paths[0]!r}: no such file or folder")
+        raise ConfigError(f"no checkpoint at {paths[0]!r}: no such file or folder")
     return paths[0]
 
 
@@ -397,7 +395,7 @@ def _keyed(cmd: str, argv: List[str], args_cls: type, act: Callable[..., int],
                 (words if "=" in w else paths).append(w)
         if bad:
             import difflib
-            raise _ArgError(option_hint(argv, bad, lambda k: (difflib.get_close_matches(
+            raise ConfigError(option_hint(argv, bad, lambda k: (difflib.get_close_matches(
                 k.replace("-", "_"), keys, n=1, cutoff=0.75) or [k])[0]))
         if got.pop("help", False):
             usage = re.findall(rf"^flowkit {cmd} .*(?:\n +.*)*", USAGE, re.M)[0]
@@ -414,7 +412,7 @@ def _keyed(cmd: str, argv: List[str], args_cls: type, act: Callable[..., int],
 
 
 def _needs_file(cmd: str, flag: str) -> NoReturn:
-    raise _ArgError(f"{flag} needs a FILE (flowkit {cmd} {flag} FILE)")
+    raise ConfigError(f"{flag} needs a FILE (flowkit {cmd} {flag} FILE)")
 
 
 def _evaluate(argv: List[str]) -> int:
@@ -454,7 +452,7 @@ def _export(argv: List[str]) -> int:
     def act(paths: List[str], o: Dict[str, Any], flags: Dict[str, bool], _: List[str]) -> int:
         fmt, out, policy = o["format"], o["out"], o["policy"]
         if fmt is None:
-            raise _ArgError("format= is required (format=torchscript or format=onnx)")
+            raise ConfigError("format= is required (format=torchscript or format=onnx)")
         path = _checkpoint_path(paths)
         if out:  # before any work: a folder, a path under a file, a read-only folder, a run's own file
             from flowkit._outputs import check_output
@@ -464,12 +462,12 @@ def _export(argv: List[str]) -> int:
         try:
             ck = find_checkpoint(path)
         except FileNotFoundError as e:  # a folder without checkpoints
-            raise _ArgError(str(e)) from None
+            raise ConfigError(str(e)) from None
         algo = load_trained(ck, trust_config=flags["trust_config"])
         if policy is None and len(algo.policies) > 1:
-            raise _ArgError(f"the run has several policies ({', '.join(algo.policies)}): name one with policy=ID")
+            raise ConfigError(f"the run has several policies ({', '.join(algo.policies)}): name one with policy=ID")
         if policy is not None and policy not in algo.policies:
-            raise _ArgError(f"policy={policy!r}: the checkpoint has {', '.join(algo.policies)}")
+            raise ConfigError(f"policy={policy!r}: the checkpoint has {', '.join(algo.policies)}")
         pid = policy or next(iter(algo.policies))
         out = os.path.abspath(out or os.path.join(ck, f"policy{'-' + pid if len(algo.policies) > 1 else ''}"
                                                       f"{'.pt' if fmt == 'torchscript' else '.onnx'}"))
@@ -485,7 +483,7 @@ def _export(argv: List[str]) -> int:
                 shutil.rmtree(new_dir, ignore_errors=True)
             why = (str(e) if isinstance(e, ValueError) else
                    f"cannot write it as {fmt}: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}")
-            raise _ArgError(f"policy {pid!r}: {why.replace(tmp, out)}") from None
+            raise ConfigError(f"policy {pid!r}: {why.replace(tmp, out)}") from None
         print(f"wrote {out} ({fmt}, policy {pid!r}): {signature_text(sig)}"
               + (f"; created the folder {new_dir}" if new_dir else ""))
         print(f"same actions as compute_actions(obs, explore=False) on {sig['checked']} sampled observations"
