@@ -877,8 +877,8 @@ def _evaluated(tmp: str) -> bool:
 SURFACES_ON_RUN: Dict[str, Callable[[int], tuple]] = {  # command on {tmp}/run: (argv, expect)
     "resume": lambda it: (["train", "resume=run", f"stop.iterations={it + 1}", "stop.env_steps=null"], _resumed(it)),
     "evaluate": lambda it: (["evaluate", "run", "episodes=2"], _evaluated),
-    "export": lambda it: (["export", "run", "--format", "torchscript", "--out", "policy.pt"], "policy.pt"),
-    "plot": lambda it: (["plot", "run", "--out", "curve.png"], "curve.png"),
+    "export": lambda it: (["export", "run", "format=torchscript", "out=policy.pt"], "policy.pt"),
+    "plot": lambda it: (["plot", "run", "out=curve.png"], "curve.png"),
 }
 
 
@@ -968,23 +968,23 @@ def surface_cases() -> List[Case]:
         cases.append(Case("surfaces", name, argv, setup, expect, **kw))
 
     run = _copy("ppo")
-    exp = ["export", "run", "--format", "torchscript", "--out"]
-    add("export --out an existing folder", exp + ["outdir"], _then(run, _mkdir("outdir")), "outdir/policy.pt")
-    add("export --out a path under a file", exp + ["afile/p.pt"], _then(run, _file("afile", "x")))
-    add("export --out into a read-only folder", exp + ["ro/p.pt"], _then(run, _mkdir("ro", 0o555)), "ro/p.pt")
-    add("export --out onto state.pt", exp + ["run/checkpoints/iter_000002/state.pt"], run,
+    exp = ["export", "run", "format=torchscript"]
+    add("export out= an existing folder", exp + ["out=outdir"], _then(run, _mkdir("outdir")), "outdir/policy.pt")
+    add("export out= a path under a file", exp + ["out=afile/p.pt"], _then(run, _file("afile", "x")))
+    add("export out= into a read-only folder", exp + ["out=ro/p.pt"], _then(run, _mkdir("ro", 0o555)), "ro/p.pt")
+    add("export out= onto state.pt", exp + ["out=run/checkpoints/iter_000002/state.pt"], run,
         lambda t: _unchanged("checkpoints/iter_000002/state.pt")(t), must_fail=True)
-    add("export --out onto metrics.csv", exp + ["run/metrics.csv"], run, _unchanged("metrics.csv"), must_fail=True)
-    add("export --out onto config.yaml", exp + ["run/config.yaml"], run, _unchanged("config.yaml"), must_fail=True)
+    add("export out= onto metrics.csv", exp + ["out=run/metrics.csv"], run, _unchanged("metrics.csv"), must_fail=True)
+    add("export out= onto config.yaml", exp + ["out=run/config.yaml"], run, _unchanged("config.yaml"), must_fail=True)
     # a special file (never /dev/full or /dev/null: run as root, a version that renames its output
     # into place replaces the device node)
-    add("export --out a FIFO", exp + ["fifo"], _then(run, lambda t, c: os.mkfifo(os.path.join(t, "fifo"))),
+    add("export out= a FIFO", exp + ["out=fifo"], _then(run, lambda t, c: os.mkfifo(os.path.join(t, "fifo"))),
         must_fail=True)
-    add("export --out /proc/nope/p.pt", exp + ["/proc/nope/p.pt"], run)
-    add("export --format nope", ["export", "run", "--format", "nope"], run)
-    add("export without --format", ["export", "run"], run)
-    add("export --format onnx", ["export", "run", "--format", "onnx", "--out", "p.onnx"], run, "p.onnx")
-    add("export --policy nope", exp + ["p.pt", "--policy", "nope"], run)
+    add("export out= /proc/nope/p.pt", exp + ["out=/proc/nope/p.pt"], run)
+    add("export format=nope", ["export", "run", "format=nope"], run)
+    add("export without format=", ["export", "run"], run)
+    add("export format=onnx", ["export", "run", "format=onnx", "out=p.onnx"], run, "p.onnx")
+    add("export policy=nope", exp + ["out=p.pt", "policy=nope"], run)
     add("export of a missing folder", exp + ["p.pt"])
     add("export of an empty folder", exp + ["p.pt"], _mkdir("run"))
     add("evaluate with evaluation.json a folder", ["evaluate", "run", "episodes=2"],
@@ -1006,31 +1006,31 @@ def surface_cases() -> List[Case]:
     add("evaluate env that calls os._exit(3)", ev, stuck, env={"FUZZ_STUCK": "exit"}, must_fail=True)
     add("evaluate env that raises", ev, stuck, env={"FUZZ_STUCK": "raise"}, must_fail=True)
     add("evaluate without --trust-config", ["evaluate", "run", "episodes=2"], stuck, must_fail=True)
-    add("plot --out a folder", ["plot", "run", "--out", "outdir"], _then(run, _mkdir("outdir")))
-    add("plot --out under a file", ["plot", "run", "--out", "afile/c.png"], _then(run, _file("afile", "x")))
-    add("plot --out onto metrics.csv", ["plot", "run", "--out", "run/metrics.csv"], run, _unchanged("metrics.csv"),
+    add("plot out= a folder", ["plot", "run", "out=outdir"], _then(run, _mkdir("outdir")))
+    add("plot out= under a file", ["plot", "run", "out=afile/c.png"], _then(run, _file("afile", "x")))
+    add("plot out= onto metrics.csv", ["plot", "run", "out=run/metrics.csv"], run, _unchanged("metrics.csv"),
         must_fail=True)
-    add("plot --out run/metrics.png (its csv: the run's metrics.csv)", ["plot", "run", "--out", "run/metrics.png"], run,
+    add("plot out= run/metrics.png (its csv: the run's metrics.csv)", ["plot", "run", "out=run/metrics.png"], run,
         _unchanged("metrics.csv"), must_fail=True)
-    add("plot --out a FIFO", ["plot", "run", "--out", "fifo"], _then(run, lambda t, c: os.mkfifo(os.path.join(t, "fifo"))),
+    add("plot out= a FIFO", ["plot", "run", "out=fifo"], _then(run, lambda t, c: os.mkfifo(os.path.join(t, "fifo"))),
         must_fail=True)
-    add("plot --metric nope", ["plot", "run", "--metric", "nope", "--out", "c.png"], run)
-    add("plot --x nope", ["plot", "run", "--x", "nope"], run)
-    add("plot of a missing folder", ["plot", "nope", "--out", "c.png"])
-    add("plot of an empty folder", ["plot", "empty", "--out", "c.png"], _mkdir("empty"))
-    add("plot of a file", ["plot", "afile", "--out", "c.png"], _file("afile", "x"))
+    add("plot metric=nope", ["plot", "run", "metric=nope", "out=c.png"], run)
+    add("plot x=nope", ["plot", "run", "x=nope"], run)
+    add("plot of a missing folder", ["plot", "nope", "out=c.png"])
+    add("plot of an empty folder", ["plot", "empty", "out=c.png"], _mkdir("empty"))
+    add("plot of a file", ["plot", "afile", "out=c.png"], _file("afile", "x"))
     # tune flags
     tune = ["tune", *TEXT_OPTS, "env=CartPole-v1", "runtime.backend=local", "runtime.num_workers=1",
             "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=32", "stop.env_steps=64",
             "run.dir=sweep"]
-    for flags, space in [(["--num-samples", "-1"], "ppo.lr=uniform(1e-4,1e-3)"),
-                         (["--num-samples", "0"], "ppo.lr=uniform(1e-4,1e-3)"),
-                         (["--num-samples", "1e9"], "ppo.lr=uniform(1e-4,1e-3)"),
-                         (["--grace-period", "-5"], "ppo.lr=choice(1e-4,1e-3)"),
-                         (["--grace-period", "nan"], "ppo.lr=choice(1e-4,1e-3)"),
-                         (["--metric", "nope"], "ppo.lr=choice(1e-4,1e-3)"),
-                         (["--max-concurrent", "0"], "ppo.lr=choice(1e-4,1e-3)"),
-                         (["--mode", "best"], "ppo.lr=choice(1e-4,1e-3)"),
+    for flags, space in [(["num_samples=-1"], "ppo.lr=uniform(1e-4,1e-3)"),
+                         (["num_samples=0"], "ppo.lr=uniform(1e-4,1e-3)"),
+                         (["num_samples=1e9"], "ppo.lr=uniform(1e-4,1e-3)"),
+                         (["grace_period=-5"], "ppo.lr=choice(1e-4,1e-3)"),
+                         (["grace_period=nan"], "ppo.lr=choice(1e-4,1e-3)"),
+                         (["metric=nope"], "ppo.lr=choice(1e-4,1e-3)"),
+                         (["max_concurrent=0"], "ppo.lr=choice(1e-4,1e-3)"),
+                         (["mode=best"], "ppo.lr=choice(1e-4,1e-3)"),
                          ([], "seed=range(1e8)"),
                          ([], "seed=range(-5)"),
                          ([], "ppo.lr=choice()"),
@@ -1044,7 +1044,7 @@ def surface_cases() -> List[Case]:
     add("tune rerun into a sweep folder", tune + ["seed=range(2)"],
         _then(_mkdir("sweep"), _file("sweep/tune_results.csv", "run,seed\n")), mem_limit=False, must_fail=True)
     add("tune nothing searched", tune, mem_limit=False)
-    add("tune two seeds", tune + ["seed=range(2)", "--max-concurrent", "1"], expect="sweep/tune_results.csv",
+    add("tune two seeds", tune + ["seed=range(2)", "max_concurrent=1"], expect="sweep/tune_results.csv",
         mem_limit=False, timeout=400)
     # the command line itself
     add("--version", ["--version"])

@@ -1,5 +1,7 @@
-"""The ``flowkit`` command: train, plan, plugins; evaluate and export a trained policy; plot
-(flowkit/plot.py) and tune (flowkit/tune.py).
+"""The ``flowkit`` command: train, plan, plugins; evaluate, export and record a trained policy;
+plot (flowkit/plot.py) and tune (flowkit/tune.py). Every command's settings are ``key=value``
+words: train's, plan's and plugins' are the config's; the others' are checked against their
+arguments dataclass (:class:`ExportArgs`, ...) by one runner, :func:`_keyed`.
 
 Exit status: 0 success, 1 a failed run (a bad env, non-finite training or workers Ray could not
 place: one line, no traceback), 2 a config error (short message, no traceback),
@@ -35,17 +37,20 @@ import math  # noqa: E402
 import re  # noqa: E402
 import shutil  # noqa: E402
 import warnings  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
 from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple  # noqa: E402
+
+from flowkit.config import ConfigError, F  # noqa: E402
 
 USAGE = """flowkit train [-c FILE ...] [--no-tuned] [--dry-run | --print-config] [--trust-config] [--take-over-lock] [key=value ...]
 flowkit plan [-c FILE ...] [--no-tuned] [key=value ...]
 flowkit plugins [plugins=[module,...]]
 flowkit evaluate RUN_DIR|CHECKPOINT [--trust-config] [episodes=N] [seed=S] [explore=false] [render=mp4|gif] [key=value ...]
-flowkit export RUN_DIR|CHECKPOINT --format torchscript|onnx [--out PATH] [--policy ID] [--trust-config]
+flowkit export RUN_DIR|CHECKPOINT format=torchscript|onnx [out=PATH] [policy=ID] [--trust-config]
 flowkit record RUN_DIR|CHECKPOINT [episodes=N | steps=N] [explore=greedy|sample|epsilon|random] [out=PATH] [key=value ...] [--trust-config]
-flowkit plot RUN_DIR... [--x env_steps|time] [--metric M] [--out FILE]
-flowkit tune [-c FILE ...] [--no-tuned] [--metric M] [--mode max|min] [--search grid|random|optuna]
-             [--num-samples N] [--scheduler asha|none] [--grace-period T] [--max-concurrent K]
+flowkit plot RUN_DIR... [x=env_steps|time] [metric=M] [out=FILE]
+flowkit tune [-c FILE ...] [--no-tuned] [metric=M] [mode=max|min] [search=grid|random|optuna]
+             [num_samples=N] [scheduler=asha|none] [grace_period=T] [max_concurrent=K]
              [key=value ...] [key=choice(a,b) key=range(3) ...]
 flowkit --version"""
 
@@ -124,7 +129,7 @@ def _config_key(key: str, overrides: Sequence[str], config_file: Any) -> str:
     cannot be built."""
     import difflib
 
-    from flowkit.config import ConfigError, build_config, make_schema_class, schema_keys
+    from flowkit.config import build_config, make_schema_class, schema_keys
     from flowkit.hooks import PluginError, get_plugin_manager
     try:
         sections = get_plugin_manager().config_sections()
@@ -165,7 +170,7 @@ def _usage(args: argparse.Namespace, overrides: List[str]) -> int:
     usage = f"usage:\n  {USAGE.replace(chr(10), chr(10) + '  ')}\n\n"
     if args.command not in ("train", "plan"):
         print(usage + "Every config key with its type, allowed values, default and doc: flowkit train --help\n"
-              "A command's own options: flowkit evaluate|export|record|plot|tune --help")
+              "A command's own key=value settings: flowkit evaluate|export|record|plot|tune --help")
     else:
         from flowkit.config import help_text, plugin_modules_from
         from flowkit.hooks import get_plugin_manager
@@ -182,8 +187,9 @@ def _usage(args: argparse.Namespace, overrides: List[str]) -> int:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """The ``flowkit`` command: ``COMMANDS`` take their own arguments; train, plan and plugins
-    take the config's (``-c FILE``, ``key=value``). Returns the exit status (module docstring)."""
+    """The ``flowkit`` command: ``COMMANDS`` take ``key=value`` settings of their own
+    (:func:`_keyed`); train, plan and plugins take the config's (``-c FILE``, ``key=value``).
+    Returns the exit status (module docstring)."""
     from flowkit._guard import GUARD  # signals raise Interrupted now (one inherited as ignored stays ignored)
     argv = list(sys.argv[1:] if argv is None else argv)
     with GUARD.running():
@@ -214,11 +220,10 @@ def _one_line(cmd: str, fn: Callable[[], int]) -> int:
     traceback, and its exit status: 2 a config, plugin or usage error (1 a damaged run folder),
     1 a failed run (a bad env, non-finite training, workers Ray could not place, an output that
     cannot be written, an evaluation past its deadline or an env that ended the process)."""
-    from flowkit.config import ConfigError
     from flowkit.hooks import PluginError
     try:
         return fn()
-    except (ConfigError, PluginError, MemoryError, _ArgError) as e:  # (MemoryError: a buffer or batch too large)
+    except (ConfigError, PluginError, MemoryError) as e:  # (MemoryError: a buffer or batch too large)
         status = getattr(e, "exit_status", 2)
         what = "error" if cmd or status == 1 else "plugin error" if isinstance(e, PluginError) else "config error"
         why = f"out of memory, lower the sizes in the config: {e}" if isinstance(e, MemoryError) else str(e)
@@ -337,71 +342,91 @@ def _plugins(modules: List[str]) -> int:
     return 0
 
 
-# ---- after training: evaluate, export -----------------------------------------------------------
-class _ArgError(Exception):
-    pass
+# ---- commands with key=value settings: evaluate, export, record, plot, tune ----------------------
+@dataclass
+class ExportArgs:
+    """``flowkit export``: write a policy as one module from raw observation to greedy action
+    (encoding, normalisation, masks, Box scaling and clipping inside). The fields are its
+    ``key=value`` arguments."""
+    format: Optional[str] = F(None, "torchscript or onnx (required)", choices=("torchscript", "onnx"))  # noqa: A003
+    out: Optional[str] = F(None, "output file (default: policy[-ID].pt|.onnx in the checkpoint's folder)")
+    policy: Optional[str] = F(None, "policy id (needed when the run has several)")
 
 
-class _Args(argparse.ArgumentParser):
-    def error(self, message: str) -> Any:  # one line, exit 2 (argparse prints usage and exits)
-        raise _ArgError(message)
+def _checkpoint_path(paths: List[str]) -> str:
+    """The one run folder (its newest checkpoint) or checkpoint folder of ``paths``."""
+    if len(paths) != 1:
+        raise ConfigError(f"give one run folder or checkpoint folder{f', not {paths}' if paths else ''}")
+    if not os.path.exists(paths[0]):  # before torch is imported
+        raise ConfigError(f"no checkpoint at {paths[0]!r}: no such file or folder")
+    return paths[0]
 
 
-def _after_parser(cmd: str, doc: str) -> _Args:
-    p = _Args(prog=f"flowkit {cmd}", description=doc, add_help=False)
-    p.add_argument("path", nargs="?")  # a run folder (its newest checkpoint) or a checkpoint folder
-    p.add_argument("--trust-config", action="store_true")
-    p.add_argument("-h", "--help", action="store_true")
-    return p
-
-
-def _checkpoint_path(path: Optional[str]) -> str:
-    if not path:
-        raise _ArgError("give a run folder or a checkpoint folder")
-    if not os.path.exists(path):  # before torch is imported
-        raise _ArgError(f"no checkpoint at {path!r}: no such file or folder")
-    return path
-
-
-def _keyed(cmd: str, doc: str, usage_line: int, args_cls: type, argv: List[str],
-           act: Callable[[str, Dict[str, Any], bool], int]) -> int:
-    """A command on a trained run whose settings are ``key=value`` words, checked against the
-    dataclass ``args_cls`` as config keys are (evaluate, record): ``act(path, settings,
-    trust_config)``. The path, the flags and the words come in any order; an option the command
-    does not take is one line with the ``key=value`` to write instead."""
-    p = _after_parser(cmd, doc)
-    p.add_argument("args", nargs="*")
-
+def _keyed(cmd: str, argv: List[str], args_cls: type, act: Callable[..., int],
+           flags: Sequence[str] = ("--trust-config",), config_words: bool = False) -> int:
+    """The one runner of the commands whose settings are ``key=value`` words, checked against
+    the dataclass ``args_cls`` as config keys are (evaluate, export, record, plot, tune):
+    ``act(paths, settings, given flags, other words)``. ``flags``: the command's flags
+    (``--trust-config`` -> ``trust_config=True``; ``-c FILE``, repeatable -> ``config=[FILE,
+    ...]``). ``config_words`` (tune): a word whose key is not ``args_cls``'s is a config
+    override passed on, else an unknown key with the closest one. Paths, flags and words come in
+    any order; ``--help`` prints ``args_cls``'s docstring and the keys; an ``--option`` is one line with the ``key=value`` to
+    write instead."""
     def run() -> int:
         from omegaconf import OmegaConf
 
         from flowkit.config import _dotlist, check_values, merge_overrides, schema_keys
-        a, unknown = p.parse_known_intermixed_args(argv)
-        if unknown:
-            raise _ArgError(option_hint(argv, unknown) or f"unrecognised arguments {unknown}")
-        if a.help:
-            keys = "\n".join(f"  {k} (default {d!r}): {h}" for k, (_, h, d) in schema_keys(args_cls).items())
-            print(f"usage: {USAGE.splitlines()[usage_line]}\n\n{doc}\n\nkeys:\n{keys}")
+        keys = schema_keys(args_cls)
+        got: Dict[str, Any] = {f.lstrip("-").replace("-", "_"): False for f in flags if f != "-c"}
+        paths: List[str] = []
+        words: List[str] = []
+        bad: List[str] = []
+        it = iter(argv)
+        for w in it:
+            if w in ("-h", "--help"):
+                got["help"] = True
+            elif "-c" in flags and w in ("-c", "--config"):
+                got.setdefault("config", []).append(next(it, None) or _needs_file(cmd, w))
+            elif w in flags:
+                got[w.lstrip("-").replace("-", "_")] = True
+            elif re.match(r"-+[^\d.\W]", w):  # (not a negative number)
+                bad.append(w)
+            else:
+                (words if "=" in w else paths).append(w)
+        if bad:
+            import difflib
+            raise ConfigError(option_hint(argv, bad, lambda k: (difflib.get_close_matches(
+                k.replace("-", "_"), keys, n=1, cutoff=0.75) or [k])[0]))
+        if got.pop("help", False):
+            usage = re.findall(rf"^flowkit {cmd} .*(?:\n +.*)*", USAGE, re.M)[0]
+            keys_text = "\n".join(f"  {k} (default {d!r}): {h}" for k, (_, h, d) in keys.items())
+            doc = " ".join((args_cls.__doc__ or "").split()).replace("``", "`")
+            print(f"usage: {usage}\n\n{doc}\n\nkeys:\n{keys_text}")
             return 0
-        cfg = merge_overrides(OmegaConf.structured(args_cls), _dotlist(a.args), args_cls)
+        own = [w for w in words if not config_words or w.partition("=")[0].strip().split(".")[0] in
+               {k.split(".")[0] for k in keys}]
+        cfg = merge_overrides(OmegaConf.structured(args_cls), _dotlist(own), args_cls)
         check_values(cfg, args_cls)
-        return act(_checkpoint_path(a.path), OmegaConf.to_container(cfg), a.trust_config)  # type: ignore[arg-type]
+        return act(paths, OmegaConf.to_container(cfg), got, [w for w in words if w not in own])
     return _one_line(cmd, run)
+
+
+def _needs_file(cmd: str, flag: str) -> NoReturn:
+    raise ConfigError(f"{flag} needs a FILE (flowkit {cmd} {flag} FILE)")
 
 
 def _evaluate(argv: List[str]) -> int:
     """``flowkit evaluate``: see :mod:`flowkit.evaluation`."""
     from flowkit.evaluation import EvaluateArgs, evaluate, format_table
 
-    def act(path: str, opts: Dict[str, Any], trust_config: bool) -> int:
-        report = evaluate(path, **opts, trust_config=trust_config)
+    def act(paths: List[str], opts: Dict[str, Any], flags: Dict[str, bool], _: List[str]) -> int:
+        report = evaluate(_checkpoint_path(paths), **opts, trust_config=flags["trust_config"])
         print(format_table(report))
         for v in report.get("videos", []):
             print(f"video: {v}")
         print(f"wrote {os.path.join(report['checkpoint'], 'evaluation.json')}")
         return 0
-    return _keyed("evaluate", "Score a saved policy (no training step; the run is not changed) and write "
-                  "evaluation.json in the checkpoint's folder.", 3, EvaluateArgs, argv, act)
+    return _keyed("evaluate", argv, EvaluateArgs, act)
 
 
 def _top_missing_dir(path: str) -> Optional[str]:
@@ -424,43 +449,32 @@ def signature_text(sig: Dict[str, Any]) -> str:
 
 def _export(argv: List[str]) -> int:
     """``flowkit export``: see :mod:`flowkit.export`."""
-    p = _after_parser("export", "Write a policy as one module from raw observation to greedy action "
-                                "(encoding, normalisation, masks, Box scaling and clipping inside).")
-    p.add_argument("--format", dest="fmt", help="torchscript or onnx")
-    p.add_argument("--out", help="output file (default: policy[-ID].pt|.onnx in the checkpoint's folder)")
-    p.add_argument("--policy", help="policy id (needed when the run has several)")
-
-    def run() -> int:
-        a = p.parse_args(argv)
-        if a.help:
-            print(f"usage: {USAGE.splitlines()[4]}\n\n{p.description}")
-            return 0
-        if a.fmt not in ("torchscript", "onnx"):
-            raise _ArgError(f"--format {a.fmt!r}: use torchscript or onnx" if a.fmt else "--format is required "
-                            "(torchscript or onnx)")
-        path = _checkpoint_path(a.path)
-        if a.out:  # before any work: a folder, a path under a file, a read-only folder, a run's own file
+    def act(paths: List[str], o: Dict[str, Any], flags: Dict[str, bool], _: List[str]) -> int:
+        fmt, out, policy = o["format"], o["out"], o["policy"]
+        if fmt is None:
+            raise ConfigError("format= is required (format=torchscript or format=onnx)")
+        path = _checkpoint_path(paths)
+        if out:  # before any work: a folder, a path under a file, a read-only folder, a run's own file
             from flowkit._outputs import check_output
-            check_output(a.out, "--out")
+            check_output(out, "out=")
         from flowkit.checkpoint import find_checkpoint, load_trained
         from flowkit.export import export_policy
         try:
             ck = find_checkpoint(path)
         except FileNotFoundError as e:  # a folder without checkpoints
-            raise _ArgError(str(e)) from None
-        algo = load_trained(ck, trust_config=a.trust_config)
-        if a.policy is None and len(algo.policies) > 1:
-            raise _ArgError(f"the run has several policies ({', '.join(algo.policies)}): name one with --policy")
-        if a.policy is not None and a.policy not in algo.policies:
-            raise _ArgError(f"--policy {a.policy!r}: the checkpoint has {', '.join(algo.policies)}")
-        pid = a.policy or next(iter(algo.policies))
-        out = a.out or os.path.join(ck, f"policy{'-' + pid if len(algo.policies) > 1 else ''}"
-                                        f"{'.pt' if a.fmt == 'torchscript' else '.onnx'}")
-        out = os.path.abspath(out)
+            raise ConfigError(str(e)) from None
+        algo = load_trained(ck, trust_config=flags["trust_config"])
+        if policy is None and len(algo.policies) > 1:
+            raise ConfigError(f"the run has several policies ({', '.join(algo.policies)}): name one with policy=ID")
+        if policy is not None and policy not in algo.policies:
+            raise ConfigError(f"policy={policy!r}: the checkpoint has {', '.join(algo.policies)}")
+        pid = policy or next(iter(algo.policies))
+        out = os.path.abspath(out or os.path.join(ck, f"policy{'-' + pid if len(algo.policies) > 1 else ''}"
+                                                      f"{'.pt' if fmt == 'torchscript' else '.onnx'}"))
         new_dir = _top_missing_dir(os.path.dirname(out))
         tmp = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.tmp-{os.getpid()}")
         try:  # into a temporary file, renamed once written and checked: a failure leaves nothing behind
-            sig = export_policy(algo.policies[pid], a.fmt, tmp)  # creates the missing folders
+            sig = export_policy(algo.policies[pid], fmt, tmp)  # creates the missing folders
             os.replace(tmp, out)
         except Exception as e:  # any failure (a module the exporter cannot take, a full disk): one line
             with contextlib.suppress(OSError):
@@ -468,22 +482,22 @@ def _export(argv: List[str]) -> int:
             if new_dir:
                 shutil.rmtree(new_dir, ignore_errors=True)
             why = (str(e) if isinstance(e, ValueError) else
-                   f"cannot write it as {a.fmt}: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}")
-            raise _ArgError(f"policy {pid!r}: {why.replace(tmp, out)}") from None
-        print(f"wrote {out} ({a.fmt}, policy {pid!r}): {signature_text(sig)}"
+                   f"cannot write it as {fmt}: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}")
+            raise ConfigError(f"policy {pid!r}: {why.replace(tmp, out)}") from None
+        print(f"wrote {out} ({fmt}, policy {pid!r}): {signature_text(sig)}"
               + (f"; created the folder {new_dir}" if new_dir else ""))
         print(f"same actions as compute_actions(obs, explore=False) on {sig['checked']} sampled observations"
               if sig["checked"] else "not checked against the policy (onnxruntime is not installed)")
         return 0
-    return _one_line("export", run)
+    return _keyed("export", argv, ExportArgs, act)
 
 
 def _record(argv: List[str]) -> int:
     """``flowkit record``: see :mod:`flowkit.datasets`."""
     from flowkit.datasets import RecordArgs, record
 
-    def act(path: str, opts: Dict[str, Any], trust_config: bool) -> int:
-        res = record(path, **opts, trust_config=trust_config)
+    def act(paths: List[str], opts: Dict[str, Any], flags: Dict[str, bool], _: List[str]) -> int:
+        res = record(_checkpoint_path(paths), **opts, trust_config=flags["trust_config"])
         ret = res["return_mean"]
         said = (f"whole-episode return mean {ret:.6g}" if math.isfinite(ret) else
                 "no episode ended within these steps (the running ones are kept, cut there)")
@@ -491,19 +505,23 @@ def _record(argv: List[str]) -> int:
               f"dataset holds {res['episodes']} episodes, {res['steps']} steps\nwrote {res['path']} (train from "
               f"it: input.dataset={res['path']})")
         return 0
-    return _keyed("record", "Roll a saved policy out into a dataset (Minari format; pip install "
-                  "'flowkit[offline]'), for input.dataset=PATH.", 5, RecordArgs, argv, act)
+    return _keyed("record", argv, RecordArgs, act)
 
 
-def _module_main(module: str) -> Callable[[List[str]], int]:
-    def run(argv: List[str]) -> int:
-        import importlib
-        return int(importlib.import_module(module).main(argv))
-    return run
+def _plot(argv: List[str]) -> int:
+    """``flowkit plot``: see :mod:`flowkit.plot`."""
+    from flowkit.plot import PlotArgs, main
+    return _keyed("plot", argv, PlotArgs, main, flags=())
 
 
-COMMANDS = {"evaluate": _evaluate, "export": _export, "record": _record,  # commands with arguments of their own
-            "plot": _module_main("flowkit.plot"), "tune": _module_main("flowkit.tune")}
+def _tune(argv: List[str]) -> int:
+    """``flowkit tune``: see :mod:`flowkit.tune`."""
+    import importlib
+    tune = importlib.import_module("flowkit.tune")  # (by name: flowkit.tune imports build_tuned from here)
+    return _keyed("tune", argv, tune.TuneArgs, tune.main, flags=("-c", "--no-tuned"), config_words=True)
+
+
+COMMANDS = {"evaluate": _evaluate, "export": _export, "record": _record, "plot": _plot, "tune": _tune}
 
 
 def _show_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None,

@@ -810,7 +810,8 @@ class DatasetWriter:
 
 @dataclass
 class RecordArgs:
-    """The ``key=value`` arguments of ``flowkit record``."""
+    """``flowkit record``: roll a saved policy out into a dataset (Minari format; pip install
+    'flowkit[offline]'), for input.dataset=PATH. The fields are its ``key=value`` arguments."""
     episodes: Optional[int] = F(None, "record this many whole episodes (default 10 when steps is not given)", ge=1,
                                 le=MAX_EPISODES)
     steps: Optional[int] = F(None, "record exactly this many transitions (episodes still running at the end are "

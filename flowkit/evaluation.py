@@ -32,7 +32,8 @@ from flowkit.config import MAX_EPISODES, ConfigError, F
 
 @dataclass
 class EvaluateArgs:
-    """The ``key=value`` arguments of ``flowkit evaluate``."""
+    """``flowkit evaluate``: score a saved policy (no training step; the run is not changed) and
+    write evaluation.json in the checkpoint's folder. The fields are its ``key=value`` arguments."""
     episodes: int = F(10, "episodes to run", ge=1, le=MAX_EPISODES)
     seed: Optional[int] = F(None, "episode i resets with seed + i (default: the run's seed)", ge=0, le=2 ** 32 - 1)
     explore: bool = F(False, "sample actions (seeded by `seed`) instead of acting greedily")

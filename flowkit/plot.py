@@ -1,4 +1,4 @@
-"""``flowkit plot RUN_DIR... [--x env_steps|time] [--metric M] [--out FILE]``: learning curves of
+"""``flowkit plot RUN_DIR... [x=env_steps|time] [metric=M] [out=FILE]``: learning curves of
 several runs on one PNG, grouped by config.
 
 Runs whose resolved configs (``config.yaml``) differ only in ``seed`` (and in ``run.dir``,
@@ -22,8 +22,10 @@ from __future__ import annotations
 
 import csv
 import os
-import sys
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Dict, List, Sequence, Tuple
+
+from flowkit.config import F
 
 X_COLUMNS = {"env_steps": "env_steps_sampled", "time": "time_total_s"}
 IGNORED = ("seed", "run.dir", "run.reporters", "resume")
@@ -130,11 +132,11 @@ def plot_runs(paths: Sequence[str], x: str = "env_steps", metric: str = "episode
         OutputError: writing failed (a full disk); the previous files are left as they were.
     """
     if x not in X_COLUMNS:
-        raise ValueError(f"--x must be one of {', '.join(X_COLUMNS)}, got {x!r}")
+        raise ValueError(f"x= must be one of {', '.join(X_COLUMNS)}, got {x!r}")
     from flowkit._outputs import check_output, write_atomic
     csv_out = os.path.splitext(out)[0] + ".csv"
     for path in dict.fromkeys((out, csv_out)):  # before any work (ConfigError: a ValueError)
-        check_output(path, "--out")
+        check_output(path, "out=")
     xcol = X_COLUMNS[x]
     run_dirs = find_runs(paths)
     result = {label: group_series(rs, xcol, metric) for label, rs in group_runs(run_dirs)}
@@ -180,26 +182,35 @@ def plot_runs(paths: Sequence[str], x: str = "env_steps", metric: str = "episode
     return result
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    from flowkit.cli import OneLineArgumentParser
-    p = OneLineArgumentParser(prog="flowkit plot", description="Learning curves of several runs on one PNG, "
-                              "grouped by config: the seeds' mean, their range shaded; the series as CSV beside it.")
-    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run folders (or folders holding run folders)")
-    p.add_argument("--x", default="env_steps", choices=list(X_COLUMNS), help="x axis (default env_steps)")
-    p.add_argument("--metric", default="episode_return_mean", help="metrics.csv column (default episode_return_mean)")
-    p.add_argument("--out", default="plot.png", help="PNG to write (default plot.png); the CSV goes beside it")
-    a = p.parse_intermixed_args(argv)
-    from flowkit._outputs import OutputError
+@dataclass
+class PlotArgs:
+    """``flowkit plot``: learning curves of several runs on one PNG, grouped by config: the seeds'
+    mean, their range shaded; the series as CSV beside it. The fields are its ``key=value``
+    arguments."""
+    x: str = F("env_steps", "x axis", choices=tuple(X_COLUMNS))
+    metric: str = F("episode_return_mean", "metrics.csv column")
+    out: str = F("plot.png", "PNG to write; the CSV goes beside it")
+
+
+def main(runs: List[str], a: Dict[str, Any], flags: Dict[str, bool], _: List[str]) -> int:
+    """``flowkit plot``: ``runs`` (run folders or folders holding run folders) drawn as
+    ``a`` (:class:`PlotArgs`) says, a line per group on stdout. Raises the errors of
+    :func:`plot_runs` as the CLI's one-line errors (exit 1: a run's damaged file or an output
+    that cannot be written; 2: what was given)."""
+    from flowkit.config import ConfigError
+    if not runs:
+        raise ConfigError("give one or more run folders (RUN_DIR...)")
     try:
-        res = plot_runs(a.runs, a.x, a.metric, a.out)
-    except (ValueError, FileNotFoundError, OutputError) as e:  # a run's damaged file (RunFolderError), a full
-        print(f"flowkit plot: error: {e}", file=sys.stderr)  # disk, a folder gone read-only: 1; what was given: 2
-        return 1 if isinstance(e, OutputError) else int(getattr(e, "exit_status", 2))
+        res = plot_runs(runs, a["x"], a["metric"], a["out"])
+    except (ValueError, FileNotFoundError) as e:  # a ConfigError (a run's damaged file: exit 1) as it is
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(str(e)) from None
     for label, pts in res.items():
         n = max(p["runs"] for p in pts)
         last = [p for p in pts if p["runs"] == n][-1]  # the last point every run of the group reaches
         on = f"; {pts[-1]['runs']} of them go on to {pts[-1]['x']:.6g}" if pts[-1] is not last else ""
-        print(f"{label}: {n} run{'s' if n > 1 else ''}, {a.metric} {last['mean']:.4g} (min {last['min']:.4g}, "
-              f"max {last['max']:.4g}) at {X_COLUMNS[a.x]}={last['x']:.6g}{on}")
-    print(f"wrote {a.out} and {os.path.splitext(a.out)[0]}.csv")
+        print(f"{label}: {n} run{'s' if n > 1 else ''}, {a['metric']} {last['mean']:.4g} (min {last['min']:.4g}, "
+              f"max {last['max']:.4g}) at {X_COLUMNS[a['x']]}={last['x']:.6g}{on}")
+    print(f"wrote {a['out']} and {os.path.splitext(a['out'])[0]}.csv")
     return 0

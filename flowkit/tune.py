@@ -24,7 +24,6 @@ at once.
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import csv
 import json
@@ -37,12 +36,13 @@ import threading
 import time
 import typing
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from flowkit.cli import OneLineArgumentParser, build_tuned, option_hint, shown_path
-from flowkit.config import ConfigError, _dotlist, build_config, plugin_modules_from
+from flowkit.cli import build_tuned, shown_path
+from flowkit.config import ConfigError, F, _dotlist, build_config, plugin_modules_from
 from flowkit.core import env_name
-from flowkit.hooks import PluginError, get_plugin_manager
+from flowkit.hooks import get_plugin_manager
 
 STOPPED_EARLY = "stopped early by the Tune scheduler"
 SWEEP_STOPPED = "the sweep was stopped by"  # a trial's stop reason after a signal to the sweep: + " SIGTERM"
@@ -236,42 +236,6 @@ def results_table(rows: List[Dict[str, Any]], cols: List[str]) -> str:
     return "\n".join(lines)
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = OneLineArgumentParser(prog="flowkit tune", description="Hyperparameter sweeps on Ray Tune; each trial is "
-                              "a flowkit run folder. Search space: key=choice(a,b) key=range(3) "
-                              "key=uniform(lo,hi) key=loguniform(lo,hi) key=randint(lo,hi).")
-    p.add_argument("-c", "--config", dest="config_file", action="append", help="YAML config file(s), as for train")
-    p.add_argument("--no-tuned", action="store_true", help="without -c: the defaults, not configs/<algo>/<env>.yaml")
-    p.add_argument("--metric", default="episode_return_mean", help="metric to rank and stop by")
-    p.add_argument("--mode", default="max", choices=["max", "min"])
-    p.add_argument("--search", default="grid", choices=["grid", "random", "optuna"])
-    p.add_argument("--num-samples", type=int, default=None,
-                   help="grid: repeats of the grid (default 1); random/optuna: trials (default 10)")
-    p.add_argument("--scheduler", default=None, choices=["asha", "none"],
-                   help="early stopping (default asha; none when only the seed is searched)")
-    p.add_argument("--grace-period", type=float, default=None,
-                   help="ASHA: env steps (iterations without stop.env_steps) before a trial may be "
-                        "stopped (default a tenth of the budget)")
-    p.add_argument("--max-concurrent", type=int, default=None, help="trials at once (default: as CPUs allow)")
-    p.add_argument("overrides", nargs="*", help="key=value overrides and key=SPEC searched keys")
-    return p
-
-
-def main(argv: Optional[List[str]] = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    a, unknown = _parser().parse_known_intermixed_args(argv)
-    if (hint := option_hint(argv, unknown)) is not None:
-        print(f"flowkit tune: error: {hint}", file=sys.stderr)
-        return 2
-    if unknown:
-        _parser().error(f"unrecognized arguments: {' '.join(unknown)}")
-    try:
-        return _tune(a)
-    except (ConfigError, PluginError) as e:
-        print(f"flowkit tune: config error: {e}", file=sys.stderr)
-        return 2
-
-
 # the columns of a run's result rows (flowkit.core.context: make_result, evaluate) that Tune can
 # rank by; per-policy, learner, custom and perf columns have a `/` in their names
 METRICS = ("episode_return_mean", "episode_len_mean", "env_steps_sampled", "env_steps_trained",
@@ -281,28 +245,45 @@ METRICS = ("episode_return_mean", "episode_len_mean", "env_steps_sampled", "env_
 MAX_TRIALS = 10_000
 
 
-def check_args(a: argparse.Namespace) -> None:
-    """The flags' values, as config keys are checked.
+@dataclass
+class TuneArgs:
+    """``flowkit tune``: hyperparameter sweeps on Ray Tune; each trial is a flowkit run folder.
+    Search space: key=choice(a,b) key=range(3) key=uniform(lo,hi) key=loguniform(lo,hi)
+    key=randint(lo,hi); other key=value words are config overrides shared by every trial. The
+    fields are its own ``key=value`` arguments."""
+    metric: str = F("episode_return_mean", "result column to rank and stop by (one of METRICS, or a column "
+                                           "with a '/' such as policy/<id>/episode_return_mean)")
+    mode: str = F("max", "rank by the metric's max or min", choices=("max", "min"))
+    search: str = F("grid", "grid: every combination of the choices and ranges; random; optuna (pip install "
+                            "'flowkit[optuna]')", choices=("grid", "random", "optuna"))
+    num_samples: Optional[int] = F(None, "grid: repeats of the grid (default 1); random/optuna: trials (default 10)",
+                                   ge=1, le=MAX_TRIALS)
+    scheduler: Optional[str] = F(None, "early stopping (default asha; none when only the seed is searched)",
+                                 choices=("asha", "none"))
+    grace_period: Optional[float] = F(None, "ASHA: env steps (iterations without stop.env_steps) before a trial "
+                                            "may be stopped (default a tenth of the budget)", gt=0)
+    max_concurrent: Optional[int] = F(None, "trials at once (default: as CPUs allow)", ge=1, le=MAX_TRIALS)
+
+
+def main(paths: List[str], opts: Dict[str, Any], flags: Dict[str, Any], words: List[str]) -> int:
+    """``flowkit tune`` (:func:`flowkit.cli._keyed` parses its words): ``opts`` the
+    :class:`TuneArgs`, ``words`` the config's ``key=value`` words, searched or shared; ``flags``:
+    ``config`` (``-c FILE``, several) and ``no_tuned``. Returns the exit status (module docstring).
 
     Raises:
-        ConfigError: ``--num-samples``/``--max-concurrent`` below 1, ``--grace-period`` not
-            > 0, or a ``--metric`` that is not a result column.
+        ConfigError: a ``metric`` that is not a result column, a bad searched value or override.
     """
-    for flag, v in (("--num-samples", a.num_samples), ("--max-concurrent", a.max_concurrent)):
-        if v is not None and not 1 <= v <= MAX_TRIALS:
-            raise ConfigError(f"{flag}={v} must be in [1, {MAX_TRIALS}]")
-    if a.grace_period is not None and not (math.isfinite(a.grace_period) and a.grace_period > 0):
-        raise ConfigError(f"--grace-period={a.grace_period:g} must be finite and > 0")
-    if a.metric not in METRICS and "/" not in a.metric:
+    if opts["metric"] not in METRICS and "/" not in opts["metric"]:
         import difflib
-        close = difflib.get_close_matches(a.metric, METRICS, n=1)
-        raise ConfigError(f"--metric={a.metric!r} is not a result column ({', '.join(METRICS[:3])}, ..., or a "
+        close = difflib.get_close_matches(opts["metric"], METRICS, n=1)
+        raise ConfigError(f"metric={opts['metric']!r} is not a result column ({', '.join(METRICS[:3])}, ..., or a "
                           f"column with a '/' such as policy/<id>/episode_return_mean)"
                           + (f"; did you mean `{close[0]}`?" if close else ""))
+    return _tune(SimpleNamespace(**opts, config_file=flags.get("config"), no_tuned=flags["no_tuned"],
+                                 overrides=words + paths))
 
 
-def _tune(a: argparse.Namespace) -> int:
-    check_args(a)
+def _tune(a: SimpleNamespace) -> int:
     plain, space = parse_space(a.overrides)
     a.scheduler = a.scheduler or ("none" if set(space) == {"seed"} else "asha")  # seeds: a multirun, none stops
     if not space:
@@ -327,7 +308,7 @@ def _tune(a: argparse.Namespace) -> int:
     return status
 
 
-def _check_sweep(a: argparse.Namespace, plain: List[str], space: Dict[str, Dim]) -> Tuple[Any, List[str], Optional[str], str]:
+def _check_sweep(a: SimpleNamespace, plain: List[str], space: Dict[str, Dim]) -> Tuple[Any, List[str], Optional[str], str]:
     """``(config, config files, tuned config or None, sweep folder)``, every searched value and
     the first trial's plan checked (nothing started)."""
     files = [os.path.abspath(f) for f in a.config_file or []]  # trials may run elsewhere
@@ -342,7 +323,7 @@ def _check_sweep(a: argparse.Namespace, plain: List[str], space: Dict[str, Dim])
     if a.search == "optuna":
         import importlib.util
         if importlib.util.find_spec("optuna") is None:
-            raise ConfigError("--search optuna needs the optuna package (pip install 'flowkit[optuna]')")
+            raise ConfigError("search=optuna needs the optuna package (pip install 'flowkit[optuna]')")
     sweep_dir = os.path.abspath(cfg.run.dir or os.path.join(
         "runs", f"tune-{cfg.algo}-{env_name(cfg.env).replace(':', '_').replace('/', '_')}-"
                 f"{time.strftime('%Y%m%d-%H%M%S')}"))
@@ -352,7 +333,7 @@ def _check_sweep(a: argparse.Namespace, plain: List[str], space: Dict[str, Dim])
     return cfg, files, tuned, sweep_dir
 
 
-def _tuner(a: argparse.Namespace, cfg: Any, space: Dict[str, Dim], base: List[str], files: List[str],
+def _tuner(a: SimpleNamespace, cfg: Any, space: Dict[str, Dim], base: List[str], files: List[str],
            sweep_dir: str, what: str, samples: int) -> Any:
     """Ray started, the trials fitted to it (the sweep's first line printed), and Ray Tune's
     ``Tuner`` of the sweep."""
@@ -442,7 +423,7 @@ def _status(sweep_dir: str, run: str, error: Any) -> str:
     return "stopped early" if reason == STOPPED_EARLY else "done"
 
 
-def _report(grid: Any, space: Dict[str, Dim], a: argparse.Namespace, sweep_dir: str) -> int:
+def _report(grid: Any, space: Dict[str, Dim], a: SimpleNamespace, sweep_dir: str) -> int:
     rows: List[Dict[str, Any]] = []
     for r in grid:
         m = r.metrics or {}

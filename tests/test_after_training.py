@@ -96,7 +96,7 @@ def test_train_evaluate_watch_export_cartpole(run_dir, tmp_path, capsys):
     # export: both formats act as the policy does
     for fmt, ext in (("torchscript", "pt"), ("onnx", "onnx")):
         out_path = str(tmp_path / "new" / "dir" / f"cartpole.{ext}")
-        assert main(["export", run_dir, "--format", fmt, "--out", out_path]) == 0
+        assert main(["export", run_dir, f"format={fmt}", f"out={out_path}"]) == 0
         said = capsys.readouterr().out
         assert f"wrote {out_path} ({fmt}, policy 'default'): (obs: float32[B, 4]) -> action: int64[B]" in said
         assert (f"; created the folder {tmp_path / 'new'}\n" in said) == (fmt == "torchscript")  # once
@@ -158,7 +158,7 @@ def test_export_matches_compute_actions(name, run_dir, tmp_path, capsys, monkeyp
     policy = flowkit.Algorithm.from_checkpoint(run_dir, trust_config=True).get_policy()  # dqn_envs: the tests' own factory
     if name == "random":
         capsys.readouterr()
-        assert main(["export", run_dir, "--format", "onnx", "--out", str(tmp_path / "new" / "r.onnx")]) == 2
+        assert main(["export", run_dir, "format=onnx", f"out={tmp_path / 'new' / 'r.onnx'}"]) == 2
         err = capsys.readouterr().err.strip()
         assert err == "flowkit export: error: policy 'default': a RandomPolicy has no network to export"
         assert not os.path.exists(tmp_path / "new")
@@ -195,7 +195,7 @@ def _check_cli_export_failures(run_dir, tmp_path, capsys, monkeypatch):
     with monkeypatch.context() as m:
         m.setattr(torch.jit, "save", broken_save)
         for out in (tmp_path / "new" / "dir" / "p.pt", keep):
-            assert main(["export", run_dir, "--format", "torchscript", "--out", str(out)]) == 2
+            assert main(["export", run_dir, "format=torchscript", f"out={out}"]) == 2
             err = capsys.readouterr().err.strip()
             assert err == ("flowkit export: error: policy 'default': cannot write it as torchscript: OSError: "
                            "[Errno 28] No space left on device"), err
@@ -203,7 +203,7 @@ def _check_cli_export_failures(run_dir, tmp_path, capsys, monkeypatch):
         m.setattr(TD3Policy, "compute_actions_encoded",
                   lambda self, obs, mask=None, explore=True: (np.zeros((len(obs), 1), np.float32), {}))
         out = tmp_path / "odd.onnx"
-        assert main(["export", run_dir, "--format", "onnx", "--out", str(out)]) == 2
+        assert main(["export", run_dir, "format=onnx", f"out={out}"]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "differ from compute_actions" in err and f"{out} not kept" in err
     assert not os.path.exists(tmp_path / "new") and keep.read_bytes() == b"an earlier export"
@@ -220,9 +220,10 @@ def test_export_one_policy_of_a_multiagent_run_and_evaluate_its_games(run_dir, t
                                   "multiagent.eval_alternate_seats=true", *PPO_SMALL))
     algo = flowkit.Algorithm.from_checkpoint(run_dir)
     _check_export(algo.get_policy("learner"), tmp_path, "tictactoe")  # Dict obs with action_mask
-    assert main(["export", run_dir, "--format", "onnx"]) == 2
-    assert "--policy" in capsys.readouterr().err
-    assert main(["export", run_dir, "--format", "onnx", "--policy", "opponent"]) == 2  # the random one
+    assert main(["export", run_dir, "format=onnx"]) == 2
+    assert capsys.readouterr().err == ("flowkit export: error: the run has several policies (learner, opponent): "
+                                       "name one with policy=ID\n")
+    assert main(["export", run_dir, "format=onnx", "policy=opponent"]) == 2  # the random one
     assert "no network to export" in capsys.readouterr().err
 
     assert main(["evaluate", run_dir, "episodes=6", "seed=3"]) == 0
@@ -261,9 +262,14 @@ CHECK = ("import json, sys\nfrom flowkit.cli import main\nrc = main(sys.argv[1:]
     # issue 28 rerun: these ran for the whole timeout (1e9 episodes) or built 10^5 envs
     (["evaluate", ".", "episodes=1e9"], 2, "episodes=1000000000 must be in [1, 100000]"),
     (["evaluate", ".", "num_envs=1e5"], 2, "num_envs=100000 must be in [1, 4096]"),
-    (["export", "/no/such/run", "--format", "onnx"], 2, "no checkpoint at"),
-    (["export", ".", "--format", "tflite"], 2, "--format 'tflite': use torchscript or onnx"),
-    (["export", ".", "--formt", "onnx"], 2, "unrecognized arguments")])
+    (["export", "/no/such/run", "format=onnx"], 2, "no checkpoint at"),
+    (["export", ".", "format=tflite"], 2, "format='tflite' must be 'torchscript' or 'onnx'"),
+    (["export", "."], 2, "format= is required (format=torchscript or format=onnx)"),
+    (["export", ".", "--format", "onnx"], 2, "unrecognised option --format: settings are key=value words, not "
+                                             "--options; write format=onnx"),
+    (["export", ".", "--formt", "onnx"], 2, "write format=onnx"),
+    (["plot", ".", "--out", "p.png"], 2, "write out=p.png"),
+    (["tune", "--num-samples", "4", "seed=range(2)"], 2, "write num_samples=4")])
 def test_cli_errors_are_one_line_without_torch(args, rc, text):
     p = subprocess.run([sys.executable, "-c", CHECK, *args], capture_output=True, text=True, timeout=120)
     out = json.loads(p.stdout.rsplit("MODULES ", 1)[1])
@@ -278,7 +284,7 @@ def test_a_folder_without_checkpoint_is_one_line(tmp_path, capsys):
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "no checkpoint at" in err
     # issue 27 item 3: export gave a FileNotFoundError traceback, exit 1
-    assert main(["export", str(tmp_path), "--format", "onnx"]) == 2
+    assert main(["export", str(tmp_path), "format=onnx"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"flowkit export: error: no checkpoint at '{tmp_path}'") and len(err.splitlines()) == 1
     assert os.listdir(tmp_path) == []

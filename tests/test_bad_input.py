@@ -180,21 +180,35 @@ def test_a_space_no_algorithm_takes_is_a_config_error(tmp_path, capsys, algo, fa
                           "spaces: ") and says in err, err
 
 
-@pytest.mark.parametrize("args,says", [
-    (["nope"], "flowkit: error: argument command: invalid choice: 'nope'"),
-    (["plot", "run", "--x", "nope"], "flowkit plot: error: argument --x: invalid choice: 'nope'"),
-    (["plot"], "flowkit plot: error: the following arguments are required: RUN_DIR"),
-    (["tune", "--mode", "best", "seed=range(2)"], "flowkit tune: error: argument --mode: invalid choice: 'best'"),
-    (["tune", "--num-samples", "abc", "seed=range(2)"], "flowkit tune: error: argument --num-samples: invalid int"),
-])
-def test_a_usage_error_is_one_line(capsys, args, says):
+def test_a_usage_error_is_one_line(capsys):
     """Issue 28 rerun: argparse printed the whole usage (12 lines for `flowkit nope`) before its
     error; now one line, exit 2, with where the usage is."""
     from flowkit.cli import main
     with pytest.raises(SystemExit) as ei:
-        main(args)
+        main(["nope"])
     err = capsys.readouterr().err
-    assert ei.value.code == 2 and err.count("\n") == 1 and err.startswith(says) and "--help)" in err, err
+    assert ei.value.code == 2 and err.count("\n") == 1 and "--help)" in err, err
+    assert err.startswith("flowkit: error: argument command: invalid choice: 'nope'"), err
+
+
+@pytest.mark.parametrize("args,says", [
+    (["plot", "run", "x=nope"], "flowkit plot: error: x='nope' must be 'env_steps' or 'time'"),
+    (["plot"], "flowkit plot: error: give one or more run folders (RUN_DIR...)"),
+    (["tune", "mode=best", "seed=range(2)"], "flowkit tune: error: mode='best' must be 'max' or 'min'"),
+    (["tune", "num_samples=abc", "seed=range(2)"],
+     "flowkit tune: error: `num_samples` must be an int, got the text 'abc' (write it without quotes)"),
+    (["tune", "-c"], "flowkit tune: error: -c needs a FILE (flowkit tune -c FILE)"),
+    (["plot", "run", "metrc=x"], "flowkit plot: error: unknown config key `metrc`; did you mean `metric`?"),
+    (["export", "run", "--format", "onnx", "--out=p.onnx"], "flowkit export: error: unrecognised options --format "
+     "--out: settings are key=value words, not --options; write format=onnx out=p.onnx"),
+])
+def test_a_commands_bad_setting_is_one_line(capsys, args, says):
+    """Issue 49 item 6: every command's settings are key=value words through one runner; a bad
+    one (or an old --option) is one line naming the key, exit 2."""
+    from flowkit.cli import main
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(says), err
 
 
 def test_no_command_prints_the_usage_and_says_why_it_fails(capsys):

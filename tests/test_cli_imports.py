@@ -65,7 +65,7 @@ CHECK = ("import json, sys\nfrom flowkit.cli import main\nrc = main(sys.argv[1:]
                                            2, "env.id='Hopper-v5': cannot build the env: TypeError"),
                                           (["--help"], 0, "Every config key with its type, allowed values, default "
                                                           "and doc: flowkit train --help"),
-                                          (["tune", "seed=range(2)", "--episodes", "5", "--mode", "min"], 2,
+                                          (["tune", "seed=range(2)", "--episodes", "5", "mode=min"], 2,
                                            "unrecognised option --episodes: settings are key=value words, not "
                                            "--options; write episodes=5")])
 def test_cli_without_training_imports_neither_torch_nor_ray(args, rc, text):

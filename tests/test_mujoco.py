@@ -157,7 +157,7 @@ def test_an_exported_mujoco_policy_takes_float32_observations_as_the_readme_feed
     from flowkit.cli import main
     res = flowkit.train(local_overrides(run_dir, "algo=ppo", "env=Hopper-v5", *SMALL, "ppo.train_batch_size=50",
                                         "ppo.minibatch_size=50", "ppo.num_epochs=1", "stop.env_steps=50"))
-    assert main(["export", res.checkpoint, "--format", "onnx"]) == 0
+    assert main(["export", res.checkpoint, "format=onnx"]) == 0
     assert "(obs: float32[B, 11]) -> action: float32[B, 3]" in capsys.readouterr().out
     env = gym.make("Hopper-v5")
     obs, _ = env.reset(seed=0)

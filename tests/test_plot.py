@@ -9,7 +9,8 @@ import pytest
 from conftest import local_overrides
 
 import flowkit
-from flowkit.plot import main, plot_runs
+from flowkit.cli import main
+from flowkit.plot import plot_runs
 from flowkit.reporters import read_metrics
 
 SMALL = ["env=CartPole-v1", "runtime.num_workers=1", "runtime.num_envs_per_worker=2", "ppo.minibatch_size=32",
@@ -31,7 +32,7 @@ def runs(tmp_path_factory):
 def test_series_are_the_seeds_mean_and_range_of_metrics_csv(runs, tmp_path):
     root, dirs = runs
     png = str(tmp_path / "fig" / "curves.png")
-    assert main([str(root), "--out", png]) == 0
+    assert main(["plot", str(root), f"out={png}"]) == 0
     assert os.path.getsize(png) > 0
     with open(str(tmp_path / "fig" / "curves.csv")) as f:
         rows = list(csv.DictReader(f))
@@ -68,13 +69,13 @@ def test_time_axis_one_group_and_errors(runs, tmp_path, capsys):
     full = [{r["env_steps_sampled"]: r["episode_return_mean"] for r in read_metrics(
         os.path.join(dirs[(1e-3, s)], "metrics.csv")) if "episode_return_mean" in r} for s in (0, 1)]
     assert pts[-1]["mean"] == pytest.approx((full[0][pts[-1]["x"]] + full[1][pts[-1]["x"]]) / 2)
-    assert main([str(tmp_path / "nothing"), "--out", str(tmp_path / "x.png")]) == 2
+    assert main(["plot", str(tmp_path / "nothing"), f"out={tmp_path / 'x.png'}"]) == 2
     assert "no run folder" in capsys.readouterr().err
-    assert main([dirs[(1e-3, 0)], "--metric", "nope", "--out", str(tmp_path / "x.png")]) == 2
+    assert main(["plot", dirs[(1e-3, 0)], "metric=nope", f"out={tmp_path / 'x.png'}"]) == 2
     assert "no run has both the column 'nope' and 'env_steps_sampled' in its metrics.csv" in capsys.readouterr().err
-    assert main([dirs[(1e-3, 0)], "--metric", "episode_reward_mean", "--out", str(tmp_path / "x.png")]) == 2
+    assert main(["plot", dirs[(1e-3, 0)], "metric=episode_reward_mean", f"out={tmp_path / 'x.png'}"]) == 2
     assert "did you mean `episode_return_mean`?" in capsys.readouterr().err  # RLlib's name
-    assert main([dirs[(1e-3, 0)], "--metric", "episode_len_mean_", "--out", str(tmp_path / "x.png")]) == 2
+    assert main(["plot", dirs[(1e-3, 0)], "metric=episode_len_mean_", f"out={tmp_path / 'x.png'}"]) == 2
     assert "did you mean `episode_len_mean`?" in capsys.readouterr().err
 
 
@@ -108,7 +109,7 @@ def test_two_algorithms_labelled_by_shared_keys_and_counts_agree(tmp_path, capsy
     _forged_run(str(tmp_path / "p1"), {**ppo, "seed": 1}, [(100, 12.0), (200, 22.0)])
     _forged_run(str(tmp_path / "d0"), {**dqn, "seed": 0}, [(100, 5.0), (200, 6.0)])
     out = str(tmp_path / "cmp.png")
-    assert main([str(tmp_path / "p0"), str(tmp_path / "p1"), str(tmp_path / "d0"), "--out", out]) == 0
+    assert main(["plot", str(tmp_path / "p0"), str(tmp_path / "p1"), str(tmp_path / "d0"), f"out={out}"]) == 0
     text = capsys.readouterr().out
     assert "algo=ppo: 2 runs, episode_return_mean 21 (min 20, max 22) at env_steps_sampled=200; " \
            "1 of them go on to 300" in text
@@ -133,7 +134,7 @@ def test_a_damaged_run_file_is_exit_1_and_what_was_given_exit_2(tmp_path, capsys
     run = str(tmp_path / "run")
     _forged_run(run, {"algo": "ppo", "env.id": "CartPole-v1"}, [(64, 1.0), (128, 2.0)])
     damage(run)
-    assert main([run, "--out", str(tmp_path / "p.png")]) == 1
+    assert main(["plot", run, f"out={tmp_path / 'p.png'}"]) == 1
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and says in err, err
     assert not os.path.exists(tmp_path / "p.png")

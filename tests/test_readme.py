@@ -93,7 +93,8 @@ def test_readme_shell_block_runs(line, lang, code, tmp_path):
                                timeout=600, cwd=REPO)
             args = [last if "..." in a else a for a in args]
         elif args[1] == "plot":  # the previous command's runs; the figure in the temporary folder
-            args = [last if a.startswith("runs/") else str(tmp_path / a) if a.endswith(".png") else a for a in args]
+            args = [last if a.startswith("runs/") else f"out={tmp_path / a[4:]}" if a.startswith("out=") else a
+                    for a in args]
         p = subprocess.run([sys.executable, "-m", "flowkit.cli", *args[1:]], capture_output=True, text=True,
                            timeout=600, cwd=REPO)
         assert p.returncode == 0, f"README line {line}: {shlex.join(args)}\n{p.stderr[-3000:]}"

@@ -89,7 +89,7 @@ TAMPERS = {  # name: (tamper, exit of evaluate/export, exit of resume (0: resume
     "an empty state.pt": (_text("state.pt", ""), 1, 1, "state.pt' is corrupt or truncated (0 bytes"),
 }
 SURFACES = {"evaluate": lambda run, tmp: ["evaluate", run, "episodes=1"],
-            "export": lambda run, tmp: ["export", run, "--format", "torchscript", "--out", str(tmp / "p.pt")],
+            "export": lambda run, tmp: ["export", run, "format=torchscript", f"out={tmp / 'p.pt'}"],
             "resume": lambda run, tmp: ["train", f"resume={run}", "stop.iterations=2"]}
 
 
@@ -201,7 +201,7 @@ def test_flipped_bytes_in_the_weights_are_found_by_the_digest(tiny_run, tmp_path
     def flip(st):
         _weights(st)["twin.w0"]["__ndarray__"][0, 0] = 2.4e24  # the digest written with it is kept
     _state(run, flip, keep_digest=True)
-    for argv in (["evaluate", run, "episodes=1"], ["export", run, "--format", "onnx", "--out", str(tmp_path / "p.onnx")],
+    for argv in (["evaluate", run, "episodes=1"], ["export", run, "format=onnx", f"out={tmp_path / 'p.onnx'}"],
                  ["train", f"resume={run}", "stop.iterations=2"]):
         capsys.readouterr()
         assert main(argv) == 1, argv

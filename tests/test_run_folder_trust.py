@@ -133,9 +133,9 @@ def test_what_installed_plugins_provide_is_trusted():
 ATTACKS = {"os:system": {"env.factory": "os:system", "env.kwargs": {"command": "touch {marker}"}},
            "oc.env": {"env.kwargs": {"render_mode": "${oc.env:FK_SECRET}"}},
            "this:": {"env.factory": "this:"}}  # importing `this` prints the Zen of Python
-COMMANDS = {"evaluate": ["evaluate", "{run}", "episodes=1"], "export": ["export", "{run}", "--format", "torchscript"],
+COMMANDS = {"evaluate": ["evaluate", "{run}", "episodes=1"], "export": ["export", "{run}", "format=torchscript"],
             "resume": ["train", "resume={run}", "stop.iterations=2"], "record": ["record", "{run}", "episodes=1",
-                                                                                 "out={tmp}/ds"], "plot": ["plot", "{run}", "--out", "{tmp}/p.png"]}
+                                                                                 "out={tmp}/ds"], "plot": ["plot", "{run}", "out={tmp}/p.png"]}
 
 
 @pytest.mark.parametrize("attack", ATTACKS)
@@ -199,7 +199,7 @@ def _commands(run, tmp_path):
     from flowkit.cli import main
     out = str(tmp_path / "out")
     return {"evaluate": lambda: main(["evaluate", run, "episodes=1"]),
-            "export": lambda: main(["export", run, "--format", "torchscript", "--out", out + ".pt"]),
+            "export": lambda: main(["export", run, "format=torchscript", f"out={out}" + ".pt"]),
             "record": lambda: main(["record", run, "episodes=1", f"out={out}"]),
             "resume": lambda: main(["train", f"resume={run}", "stop.iterations=2"]),
             "from_checkpoint": lambda: flowkit.Algorithm.from_checkpoint(run)}
@@ -222,7 +222,7 @@ def test_c48_every_form_of_a_name_is_refused_before_any_import(untrusted_run, tm
         assert fn() == 2, name
         err = capsys.readouterr().err.strip()
         assert "\n" not in err and f"`{key}` names {shown!r}" in err and "it was not imported" in err, (name, err)
-    assert flowkit.cli.main(["plot", run, "--out", str(tmp_path / "p.png")]) == 0  # plot reads no callable
+    assert flowkit.cli.main(["plot", run, f"out={tmp_path / 'p.png'}"]) == 0  # plot reads no callable
 
 
 def test_c48_a_multiagent_opponent_naming_a_module_form_is_refused(untrusted_run, tmp_path, evil):

@@ -234,7 +234,7 @@ def _files(run_dir):
 
 
 @pytest.mark.parametrize("cmd,target,message", [
-    ("plot", "{run}/metrics.png", "--out '{run}/metrics.csv' would replace the run's own metrics.csv"),
+    ("plot", "{run}/metrics.png", "out= '{run}/metrics.csv' would replace the run's own metrics.csv"),
     ("plot", "{run}/learning_curve.png", "would replace the run's own learning_curve.png"),
     ("plot", "{tmp}", "is a folder: give a file name"),
     ("plot", "{tmp}/afile/p.png", "is a file, not a folder"),
@@ -245,13 +245,13 @@ def _files(run_dir):
     ("export", "{tmp}/newdir/", "is a folder: give a file name"),  # before: a file named newdir
     ("plot", "{tmp}/newdir/", "is a folder: give a file name"),
     ("export", "{tmp}/afile/p.pt", "is a file, not a folder"),
-    # issue 28 rerun: as root, `--out /dev/full` replaced the device by the output (renamed over it)
+    # issue 28 rerun: as root, `--out /dev/full` (now out=/dev/full) replaced the device by the output (renamed over it)
     ("export", "{tmp}/fifo", "is not a regular file (a device, a pipe, a socket or a broken link)"),
     ("plot", "{tmp}/fifo", "is not a regular file (a device, a pipe, a socket or a broken link)"),
 ])
 def test_output_paths_are_checked_before_work_and_never_replace_a_run_file(done_run, tmp_path, capsys, cmd, target,
                                                                           message):
-    """Before: IsADirectoryError / FileExistsError tracebacks, and `plot --out RUN/metrics.png`
+    """Before: IsADirectoryError / FileExistsError tracebacks, and `plot --out RUN/metrics.png` (now out=)
     replaced the run's metrics.csv with the plot's series."""
     from flowkit.cli import main
     (tmp_path / "afile").write_text("x")
@@ -260,7 +260,7 @@ def test_output_paths_are_checked_before_work_and_never_replace_a_run_file(done_
     fill = {"run": done_run, "tmp": str(tmp_path), "ck": ck}
     out = target.format(**fill)
     before = _files(done_run)
-    args = [done_run, "--out", out] + (["--format", "torchscript"] if cmd == "export" else [])
+    args = [done_run, f"out={out}"] + (["format=torchscript"] if cmd == "export" else [])
     assert main([cmd, *args]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message.format(**fill) in err[0], err
@@ -275,8 +275,8 @@ def test_a_read_only_output_folder_is_refused_before_work(done_run, tmp_path, ca
     ck = find_checkpoint(done_run)
     real = os.access
     monkeypatch.setattr(os, "access", lambda p, m, **kw: False if os.path.abspath(p) in (ro, ck) else real(p, m, **kw))
-    for argv in (["plot", done_run, "--out", f"{ro}/p.png"], ["export", done_run, "--format", "onnx", "--out",
-                                                                f"{ro}/p.onnx"], ["evaluate", done_run]):
+    for argv in (["plot", done_run, f"out={ro}/p.png"], ["export", done_run, "format=onnx", f"out={ro}/p.onnx"],
+                 ["evaluate", done_run]):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "is not writable" in err[0], err
@@ -289,14 +289,14 @@ def test_a_full_disk_leaves_the_previous_plot_and_no_partial_file(done_run, tmp_
     Before: a traceback and a 0-byte or truncated plot.png."""
     import resource
     out = tmp_path / "p.png"
-    ok = subprocess.run(FLOWKIT + ["plot", done_run, "--out", str(out)], capture_output=True, text=True, env=_env())
+    ok = subprocess.run(FLOWKIT + ["plot", done_run, f"out={out}"], capture_output=True, text=True, env=_env())
     assert ok.returncode == 0, ok.stderr
     before = out.read_bytes()
     assert len(before) > 4096
 
     def limit():
         resource.setrlimit(resource.RLIMIT_FSIZE, (2048, 2048))
-    proc = subprocess.run(FLOWKIT + ["plot", done_run, "--out", str(out), "--x", "time"], capture_output=True,
+    proc = subprocess.run(FLOWKIT + ["plot", done_run, f"out={out}", "x=time"], capture_output=True,
                           text=True, env=_env(), preexec_fn=limit)
     assert proc.returncode == 1, proc.stderr
     err = proc.stderr.strip().splitlines()

@@ -44,7 +44,7 @@ def test_usage_errors_are_one_line(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda m, *a: None if m == "optuna" else real(m, *a))
     for args, text in [(["seed=1"], "nothing to search"), (["ppo.lrr=choice(1,2)"], "did you mean `ppo.lr`"),
                        (["ppo.lr=choice(1e-3,-1)"], "ppo.lr=-1"),
-                       (["--search", "optuna", "seed=range(2)"], "needs the optuna package")]:
+                       (["search=optuna", "seed=range(2)"], "needs the optuna package")]:
         assert main(["tune", *SMALL, f"run.dir={tmp_path}/s", *args]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and text in err[0], err
@@ -56,13 +56,13 @@ def test_flag_values_and_huge_spaces_are_one_line_errors_before_ray(tmp_path, ca
     (range(1e8)) or overwrote an earlier sweep's table."""
     (tmp_path / "old").mkdir()
     (tmp_path / "old" / "tune_results.csv").write_text("run\n")
-    for args, text in [(["--num-samples", "-1", "seed=range(2)"], "--num-samples=-1 must be in [1, 10000]"),
-                       (["--max-concurrent", "0", "seed=range(2)"], "--max-concurrent=0 must be in [1, 10000]"),
-                       (["--grace-period", "-5", "seed=range(2)"], "--grace-period=-5 must be finite and > 0"),
-                       (["--metric", "nope", "seed=range(2)"], "--metric='nope' is not a result column"),
-                       (["--metric", "episode_retrun_mean", "seed=range(2)"], "did you mean `episode_return_mean`"),
+    for args, text in [(["num_samples=-1", "seed=range(2)"], "num_samples=-1 must be in [1, 10000]"),
+                       (["max_concurrent=0", "seed=range(2)"], "max_concurrent=0 must be in [1, 10000]"),
+                       (["grace_period=-5", "seed=range(2)"], "grace_period=-5.0 must be finite and > 0"),
+                       (["metric=nope", "seed=range(2)"], "metric='nope' is not a result column"),
+                       (["metric=episode_retrun_mean", "seed=range(2)"], "did you mean `episode_return_mean`"),
                        (["seed=range(100000000)"], "100000000 values, more than flowkit tune's 10000 trials"),
-                       (["seed=range(200)", "ppo.lr=choice(1e-3,3e-4)", "--num-samples", "30"],
+                       (["seed=range(200)", "ppo.lr=choice(1e-3,3e-4)", "num_samples=30"],
                         "400 grid points x 30 samples = 12000 trials"),
                        ([f"run.dir={tmp_path}/old", "seed=range(2)"], "holds an earlier sweep")]:
         run_dir = [] if any(x.startswith("run.dir=") for x in args) else [f"run.dir={tmp_path}/s"]
@@ -135,7 +135,7 @@ def test_seeds_only_sweep_then_plot(ray_session, tmp_path, capsys):
     with open(os.path.join(sweep, "tune_results.csv")) as f:
         assert [r["status"] for r in csv.DictReader(f)] == ["done"] * 3
     png = str(tmp_path / "seeds.png")
-    assert main(["plot", sweep, "--out", png]) == 0
+    assert main(["plot", sweep, f"out={png}"]) == 0
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
     with open(str(tmp_path / "seeds.csv")) as f:
