@@ -46,7 +46,7 @@ def _from_checkpoint(cls: type, path: str, trust_config: bool = False) -> Any:
 
     Raises:
         FileNotFoundError: no checkpoint at ``path``.
-        CheckpointError: unreadable, or an algorithm it needs is not registered.
+        RunFolderError: unreadable, or an algorithm it needs is not registered.
         ConfigError: its config names such a callable and ``trust_config`` is false.
     """
     from flowkit.checkpoint import load_trained

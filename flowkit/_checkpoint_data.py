@@ -5,7 +5,7 @@
 ``{"__ndarray__": tensor}``), :func:`from_plain` undoes it, :func:`digest` hashes plain data
 as stored, and :func:`space_to_dict` / :func:`space_from_dict` describe Gymnasium spaces as
 plain data (bounded in size before anything is allocated). Nothing here knows of run folders,
-policies or :class:`~flowkit.checkpoint.CheckpointError`: reading, writing, finding and
+policies or :class:`~flowkit.checkpoint.RunFolderError`: reading, writing, finding and
 restoring checkpoints is :mod:`flowkit.checkpoint`, which re-exports the public names here
 (import them from there). Imports nothing of flowkit.
 """

@@ -246,7 +246,7 @@ def check_env_kwargs(cfg: Any) -> None:
     ``render_mode=human`` opens a window per sub-env, or aborts the process in GLFW where there is
     no display): a number that is not finite (``nan``, ``inf``, also written as text), and
     ``render_mode='human'``. The env's own parameters are checked when it is built
-    (:func:`check_probe_env`).
+    (:func:`flowkit.core._envs.probe_env`).
 
     Raises:
         ConfigError: naming the key and the value.
@@ -272,49 +272,6 @@ def check_env_kwargs(cfg: Any) -> None:
                           "trained policy with `flowkit evaluate RUN render=mp4`")
 
 
-def check_probe_env(env: Any, cfg: Any) -> None:
-    """The env built on the driver before anything starts (the engine's probe), checked where
-    its maker does not: a Gymnasium env's time step ``unwrapped.dt`` (MuJoCo's
-    ``frame_skip`` x the model's step) must be finite and > 0 (``frame_skip=-1`` steps the
-    simulation backwards in time, without an error); and a registered env (``env.id``) is reset
-    and stepped once (a sampled action): an exception there, or a non-finite or out-of-space
-    observation, comes from its ``env.kwargs`` (``frame_skip=1.5``: MuJoCo's step raises), not
-    from a worker fault to retry. An
-    ``env.factory``'s reset is left to the workers (its faults are retried, C12).
-
-    Raises:
-        ConfigError: one line naming the env, what is wrong and ``env.kwargs``.
-    """
-    import gymnasium as gym
-    import numpy as np
-
-    from flowkit.config import ConfigError
-    from flowkit.core import describe_value, env_name, find_mismatch
-    if not isinstance(env, gym.Env):
-        return
-    what = f"{'env.factory' if cfg.env.factory else 'env.id'}={env_name(cfg.env)!r}"
-    kw = f" (env.kwargs: {dict(cfg.env.kwargs)})" if cfg.env.kwargs else ""
-    dt = getattr(env.unwrapped, "dt", None)
-    if isinstance(dt, (int, float)) and not (math.isfinite(dt) and dt > 0):
-        raise ConfigError(f"{what}: the env's time step dt={dt:g} s is not > 0{kw}")
-    if cfg.env.factory:
-        return
-    env.action_space.seed(0)
-    for call in ("reset()", "step()"):
-        try:
-            obs = env.reset(seed=0)[0] if call == "reset()" else env.step(env.action_space.sample())[0]
-        except Exception as e:
-            first = (str(e).strip().splitlines() or [""])[0]
-            raise ConfigError(f"{what}: its first {call} raised {type(e).__name__}: {first}{kw}") from None
-        a = np.asarray(obs) if not isinstance(obs, (dict, tuple)) else None
-        if a is not None and a.dtype.kind == "f" and not np.all(np.isfinite(a)):  # (unbounded Boxes too)
-            raise ConfigError(f"{what}: its first {call} returned an observation that is not finite: "
-                              f"{describe_value(a)}{kw}")
-        if (m := find_mismatch(env.observation_space, obs)) is not None:
-            raise ConfigError(f"{what}: its first {call} returned an observation `{m[0]}` outside its space: "
-                              f"expected {m[1]}, received {m[2]}{kw}")
-
-
 def check_env_id(cfg: Any, pm: Any = None) -> None:
     """An ``env.id`` Gymnasium does not know, found without building the env (before Ray
     starts): the env probe's one-line ConfigError. With ``pm``, a single-agent run of an
@@ -325,9 +282,11 @@ def check_env_id(cfg: Any, pm: Any = None) -> None:
     from omegaconf import OmegaConf
 
     from flowkit.config import ConfigError, action_space_error
-    from flowkit.core.presets import env_preset, preset_hint
+    from flowkit.core._envs import EnvContext, build_error, probe_env
+    from flowkit.core.presets import env_preset
+    env_cfg: Dict[str, Any] = OmegaConf.to_container(cfg.env, resolve=True)  # type: ignore[assignment]
     if cfg.env.preset:
-        env_preset(cfg.env.preset).check(OmegaConf.to_container(cfg.env, resolve=True))  # type: ignore[arg-type]
+        env_preset(cfg.env.preset).check(env_cfg)
     eid = cfg.env.id
     if not eid or cfg.env.factory:
         return  # a factory: the env probe checks it
@@ -336,19 +295,11 @@ def check_env_id(cfg: Any, pm: Any = None) -> None:
         try:
             gym.spec(str(eid))
         except Exception as e:
-            raise ConfigError(preset_hint(eid) or f"env.id={eid!r}: cannot build the env: {type(e).__name__}: {e}") \
-                from None
+            raise build_error(env_cfg, e) from None
     ref = pm.algorithms(load=False).get(cfg.algo) if pm is not None else None
     if ref is None or not ref.action_spaces or (cfg.get("multiagent") and cfg.multiagent.get("policies")):
         return
-    from flowkit.core._envs import _mujoco_warnings_once
-    try:
-        _mujoco_warnings_once(str(eid))  # MuJoCo's deprecation notes as one Python warning, as the env probe
-        env = gym.make(str(eid), **dict(cfg.env.kwargs or {}))
-    except Exception as e:
-        if cfg.env.preset:
-            return  # the preset builds it its own way: the env probe at set-up gives this its message
-        raise ConfigError(f"env.id={eid!r}: cannot build the env: {type(e).__name__}: {e}") from None
+    env = probe_env(env_cfg, EnvContext(-1, 0, 1, 0, int(cfg.seed)))
     try:
         why = action_space_error(ref, "default", env.action_space)
     finally:

@@ -73,8 +73,8 @@ def prepare(config: Any = None, config_file: Union[str, Sequence[str], None] = N
     ``config_file`` (the CLI's), not built again. Imports torch only to resume.
 
     Raises:
-        ConfigError: what is wrong, naming the key (a resumed run: also CheckpointError,
-            RunFolderError, UntrustedConfigError).
+        ConfigError: what is wrong, naming the key (a resumed run: also RunFolderError,
+            UntrustedConfigError).
     """
     if pm is None:
         pm = get_plugin_manager(plugin_modules_from(config, config_file), extra=plugins)

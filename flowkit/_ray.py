@@ -23,7 +23,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 CONNECT_TIMEOUT_S = 15.0
 LOCAL_START_TIMEOUT_S = 120.0  # the most a new local session may take to come up (runtime.start_timeout_s if lower)
@@ -73,21 +73,26 @@ def start(cfg: Any, prestart: bool = False) -> None:
 
 def _plugin_tops(cfg: Any) -> List[str]:
     """``flowkit`` and the top-level modules of the plugins in use (entry points, ``plugins``)."""
-    import importlib.metadata as md
-    tops = [ep.value.split(":")[0].split(".")[0] for ep in md.entry_points(group="flowkit")]
+    from flowkit.core.names import plugin_entry_points
+    tops = [ep.module.split(".")[0] for ep in plugin_entry_points()]
     return list(dict.fromkeys(["flowkit", *tops, *(str(p).split(".")[0] for p in cfg.plugins)]))
+
+
+def _location(name: str) -> Optional[str]:
+    """Where the top-level module ``name`` is imported from, without importing it: a package's
+    folder, a module's file (None: not found, or no location, as a namespace package)."""
+    import importlib.util
+    spec = None
+    with contextlib.suppress(Exception):  # (a module already imported, flowkit: its own spec)
+        spec = importlib.util.find_spec(name)
+    if spec is None or not spec.has_location or not spec.origin:
+        return None
+    return os.path.dirname(spec.origin) if spec.submodule_search_locations is not None else spec.origin
 
 
 def _runtime_env(cfg: Any) -> Dict[str, Any]:
     """Ship flowkit and the plugins in use to a cluster's workers (py_modules)."""
-    import importlib
-
-    mods = []
-    for name in _plugin_tops(cfg):
-        with contextlib.suppress(Exception):
-            f = str(importlib.import_module(name).__file__)
-            mods.append(os.path.dirname(f) if f.endswith("__init__.py") else f)
-    return {"py_modules": sorted(set(mods))}
+    return {"py_modules": sorted({p for p in map(_location, _plugin_tops(cfg)) if p})}
 
 
 class _FirstOnWorkers(list):
@@ -106,21 +111,13 @@ def _import_roots(cfg: Any, cwd: str) -> List[str]:
     ``.py`` file) without being the one in use: the parent folder of a clone holds a
     ``flowkit`` folder that is a namespace package (no ``__init__.py``), which a worker with
     ``cwd`` first on its import path would import. Reads no module that is not yet imported."""
-    import importlib.util
-
     roots: List[str] = []
     for name in _plugin_tops(cfg):
         here = [os.path.join(cwd, name + ext) for ext in ("", ".py") if os.path.lexists(os.path.join(cwd, name + ext))]
-        spec = None
-        with contextlib.suppress(Exception):  # (a module already imported, flowkit: its own spec)
-            spec = importlib.util.find_spec(name) if here else None
-        if spec is None or not spec.has_location or not spec.origin:
-            continue
-        # a package: its folder; a module: its file
-        used = os.path.dirname(spec.origin) if spec.submodule_search_locations is not None else spec.origin
-        if any(os.path.realpath(h) == os.path.realpath(used) for h in here):
-            continue  # the current folder's is the one in use (a checkout's root)
-        roots.append(os.path.dirname(used))
+        used = _location(name) if here else None
+        # (the current folder's is the one in use: a checkout's root)
+        if used and not any(os.path.realpath(h) == os.path.realpath(used) for h in here):
+            roots.append(os.path.dirname(used))
     return list(dict.fromkeys(roots))
 
 

@@ -25,17 +25,12 @@ before that check. Torch-free.
 from __future__ import annotations
 
 import importlib
-import importlib.metadata as md
 import os
 import re
 from typing import Any, Collection, Dict, List, Optional, Tuple
 
-import yaml
-from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
-from flowkit.config import ConfigError
-from flowkit.core.names import code_values, leaves, module_of, resolve
+from flowkit.config import ConfigError, read_yaml
+from flowkit.core.names import code_values, leaves, module_of, plugin_entry_points, resolve
 
 TESTING = "flowkit.testing"
 CONSENT = ("a run folder is data: its callables run only with your consent (--trust-config, "
@@ -44,9 +39,11 @@ _MAX_BYTES = 1 << 20  # a config.yaml is a few KB
 
 
 class RunFolderError(ConfigError):
-    """A run folder's file that cannot be used as it is (unreadable, not plain YAML, an
-    interpolation): one line naming the file and what is wrong. ``exit_status``: 1 for a
-    damaged file, 2 for one refused as untrusted (the CLI's exit status)."""
+    """A run folder's or checkpoint's file that cannot be used as it is (unreadable, not plain
+    YAML or plain data, an interpolation, not format 2, naming an algorithm that is not
+    registered): one line naming the file and what is wrong. Importable from
+    :mod:`flowkit.checkpoint` too. ``exit_status``: 1 for a damaged file (``damaged``), 2 for
+    one refused for what the user gave or did not consent to (the CLI's exit status)."""
 
     def __init__(self, msg: str, damaged: bool = True):
         super().__init__(msg)
@@ -60,7 +57,8 @@ class UntrustedConfigError(ConfigError):
 
 def read_run_config(path: str) -> Dict[str, Any]:
     """The ``config.yaml`` of a checkpoint or run folder (``path``: the file or its folder)
-    as plain data, read with OmegaConf's safe YAML loader; nothing in it is resolved or run.
+    as plain data, read with :func:`flowkit.config.read_yaml` (OmegaConf's safe YAML loader);
+    nothing in it is resolved or run.
 
     Raises:
         RunFolderError: no such file, unreadable, over 1 MiB, not UTF-8, not YAML (a
@@ -69,29 +67,7 @@ def read_run_config(path: str) -> Dict[str, Any]:
     """
     if os.path.isdir(path):
         path = os.path.join(path, "config.yaml")
-    try:
-        if os.path.getsize(path) > _MAX_BYTES:
-            raise RunFolderError(f"{path}: {os.path.getsize(path)} bytes, not a run's config (at most {_MAX_BYTES})")
-        with open(path, encoding="utf-8") as f:
-            loaded = OmegaConf.load(f)  # OmegaConf's YAML (a SafeLoader: no tags run; 1e-5 a float); not resolved
-        data: Any = OmegaConf.to_container(loaded, resolve=False) if isinstance(loaded, DictConfig) else None
-    except FileNotFoundError:
-        raise RunFolderError(f"{path}: missing (a checkpoint folder holds state.pt and config.yaml)") from None
-    except UnicodeDecodeError as e:
-        raise RunFolderError(f"{path}: not a UTF-8 text file (byte {e.start})") from None
-    except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-        what = " ".join(str(getattr(e, "problem", None) or e).split())
-        raise RunFolderError(f"{path}: not plain YAML{at}: {what}") from None
-    except OSError as e:
-        if e.strerror:
-            raise RunFolderError(f"{path}: cannot be read: {e.strerror}") from None
-        data = None  # OmegaConf's answer to a scalar at the top
-    except OmegaConfBaseException as e:
-        raise RunFolderError(f"{path}: not a config: {str(e).splitlines()[0]}") from None
-    if not isinstance(data, dict):
-        raise RunFolderError(f"{path}: holds a {type(data).__name__}, not a mapping of config keys")
+    data = read_yaml(path, RunFolderError, _MAX_BYTES)
     if not isinstance(data.get("algo"), str) or not data["algo"]:  # every run's config names its algorithm
         raise RunFolderError(f"{path}: `algo` is {'missing' if 'algo' not in data else repr(data['algo'])}, "
                              "not an algorithm name (a run's config.yaml names the algorithm it trained)")
@@ -115,9 +91,8 @@ def callables_named(data: Dict[str, Any]) -> List[Tuple[str, str]]:
 def _entry_modules() -> Tuple[List[str], List[str]]:
     """(modules of the ``flowkit`` entry points and flowkit.testing, the patterns they list)."""
     mods, patterns = [TESTING], []
-    for ep in md.entry_points(group="flowkit"):
-        mod = ep.value.partition(":")[0].strip()
-        mods.append(mod)
+    for ep in plugin_entry_points():
+        mods.append(mod := ep.module)
         try:  # (installed code, loaded by the plugin manager already)
             obj = importlib.import_module(mod)
         except Exception:  # a broken plugin vouches for nothing (the plugin manager names it)

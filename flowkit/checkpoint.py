@@ -5,7 +5,7 @@ A checkpoint is a folder ``<run>/checkpoints/<tag>/`` with two files:
 - ``state.pt``: ``torch.save`` of plain data only -- tensors, numbers, strings, bools, None
   and lists, tuples and dicts of those -- read back with ``torch.load(weights_only=True)``,
   so loading a checkpoint never runs anything stored in it (a pickled object is refused
-  with a :class:`CheckpointError` naming the file). numpy arrays are stored as a one-key
+  with a :class:`RunFolderError` naming the file). numpy arrays are stored as a one-key
   dict ``{"__ndarray__": tensor}`` and come back as numpy arrays (:func:`to_plain`,
   :func:`from_plain`); ``get_state``/``set_state`` of policies, algorithms, stateful
   objects and plugins exchange plain data (numpy arrays included) and never objects.
@@ -78,16 +78,6 @@ _HOW_TO_REGISTER = ("register it before loading: install its package (entry-poin
                     "name its module in `plugins=[module]`, or call flowkit.register(plugin) in this process")
 
 
-class CheckpointError(ConfigError):
-    """A checkpoint that cannot be used: not format 2, not plain data, or naming an algorithm
-    that is not registered. The message is one line and names the file. ``damaged``: the run
-    folder's file is broken (the CLI exits 1), not what the user gave (exit 2)."""
-
-    def __init__(self, msg: str, damaged: bool = False):
-        super().__init__(msg)
-        self.exit_status = 1 if damaged else 2
-
-
 def _why(e: BaseException) -> str:
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     found = (ln for ln in lines if "GLOBAL" in ln or ln.startswith("Unsupported"))
@@ -99,7 +89,7 @@ def load_state(path: str) -> Dict[str, Any]:
     file is executed. Numpy arrays come back as numpy arrays.
 
     Raises:
-        CheckpointError: no such file, a corrupt or truncated file, a file that is not plain
+        RunFolderError: no such file, a corrupt or truncated file, a file that is not plain
             data (an old checkpoint or a pickle payload: refused, never run), or not format 2;
             the message names the file.
     """
@@ -109,33 +99,33 @@ def load_state(path: str) -> Dict[str, Any]:
         with open(path, "rb") as f:
             head = f.read(4)
         if head == b"PK\x03\x04"[:len(head)] and not zipfile.is_zipfile(path):  # empty, or a zip cut short
-            raise CheckpointError(f"checkpoint file {path!r} is corrupt or truncated ({os.path.getsize(path)} bytes, "
-                                  "not a complete checkpoint archive; nothing in it was run)", damaged=True)
+            raise RunFolderError(f"checkpoint file {path!r} is corrupt or truncated ({os.path.getsize(path)} bytes, "
+                                 "not a complete checkpoint archive; nothing in it was run)")
     except OSError:
         pass  # torch.load below names it
     try:
         st = torch.load(path, weights_only=True, map_location="cpu")
     except FileNotFoundError:
-        raise CheckpointError(f"checkpoint file {path!r} does not exist") from None
+        raise RunFolderError(f"checkpoint file {path!r} does not exist", damaged=False) from None
     except RuntimeError as e:  # not a torch zip archive: cut short (a crash mid-copy), or another file
-        raise CheckpointError(f"checkpoint file {path!r} is corrupt or truncated (not a complete checkpoint "
-                              f"archive; nothing in it was run): {_why(e)}", damaged=True) from None
+        raise RunFolderError(f"checkpoint file {path!r} is corrupt or truncated (not a complete checkpoint "
+                             f"archive; nothing in it was run): {_why(e)}") from None
     except IsADirectoryError:
-        raise CheckpointError(f"checkpoint file {path!r} is a folder, not a file", damaged=True) from None
+        raise RunFolderError(f"checkpoint file {path!r} is a folder, not a file") from None
     except Exception as e:
-        raise CheckpointError(f"checkpoint file {path!r} was refused: it holds pickled objects, not plain data "
-                              f"(a checkpoint written before format {FORMAT}, or not a flowkit checkpoint); "
-                              f"nothing in it was run ({_why(e)})", damaged=True) from None
+        raise RunFolderError(f"checkpoint file {path!r} was refused: it holds pickled objects, not plain data "
+                             f"(a checkpoint written before format {FORMAT}, or not a flowkit checkpoint); "
+                             f"nothing in it was run ({_why(e)})") from None
     if not isinstance(st, dict) or st.get("format") != FORMAT:
         got = st.get("format") if isinstance(st, dict) else type(st).__name__
-        raise CheckpointError(f"checkpoint file {path!r} is in format {got!r}, not {FORMAT}: checkpoints written "
-                              "before flowkit stored plain data cannot be loaded; train again", damaged=True)
+        raise RunFolderError(f"checkpoint file {path!r} is in format {got!r}, not {FORMAT}: checkpoints written "
+                             "before flowkit stored plain data cannot be loaded; train again")
     if "policy_specs" in st or "policies" in st or "iteration" in st:  # a run's checkpoint: its layout checked
         check_layout(st, path)
     want = (st.get("digests") or {}).get("policies") if isinstance(st.get("digests"), dict) else None
     if want is not None and digest(st["policies"]) != want:  # (checkpoints written before digests: none)
-        raise CheckpointError(f"checkpoint file {path!r} is damaged: its policies do not match the digest written "
-                              "with them (flipped bytes?); use an earlier checkpoint", damaged=True)
+        raise RunFolderError(f"checkpoint file {path!r} is damaged: its policies do not match the digest written "
+                             "with them (flipped bytes?); use an earlier checkpoint")
     return from_plain(st)
 
 
@@ -145,10 +135,10 @@ def check_layout(st: Dict[str, Any], path: str) -> None:
     each spec naming its algorithm and spaces.
 
     Raises:
-        CheckpointError: the first key missing or of the wrong type (the file named; damaged).
+        RunFolderError: the first key missing or of the wrong type (the file named; damaged).
     """
-    def bad(what: str) -> CheckpointError:
-        return CheckpointError(f"checkpoint file {path!r} is damaged: {what}", damaged=True)
+    def bad(what: str) -> RunFolderError:
+        return RunFolderError(f"checkpoint file {path!r} is damaged: {what}")
     it = st.get("iteration")
     if type(it) is not int or it < 0:
         raise bad(f"`iteration` is {it!r}, not an int >= 0")
@@ -173,17 +163,17 @@ def check_policy_states(st: Dict[str, Any], path: str) -> None:
     diverged run or flipped bytes leave them, are never evaluated, exported or trained on).
 
     Raises:
-        CheckpointError: naming the file, the policy and the weight (damaged).
+        RunFolderError: naming the file, the policy and the weight (damaged).
     """
     for pid, pst in st["policies"].items():
         for name, w in (pst.get("weights") or {}).items() if isinstance(pst.get("weights"), dict) else ():
             a = np.asarray(w) if isinstance(w, np.ndarray) else None
             if a is None or a.dtype.kind not in "biuf":
-                raise CheckpointError(f"checkpoint file {path!r} is damaged: policy {pid!r} weight {name!r} is "
-                                      f"{type(w).__name__}, not a numeric array", damaged=True)
+                raise RunFolderError(f"checkpoint file {path!r} is damaged: policy {pid!r} weight {name!r} is "
+                                     f"{type(w).__name__}, not a numeric array")
             if a.dtype.kind == "f" and not np.isfinite(a).all():
-                raise CheckpointError(f"checkpoint file {path!r} is damaged: policy {pid!r} weight {name!r} holds "
-                                      f"{int((~np.isfinite(a)).sum())} non-finite values (NaN or inf)", damaged=True)
+                raise RunFolderError(f"checkpoint file {path!r} is damaged: policy {pid!r} weight {name!r} holds "
+                                     f"{int((~np.isfinite(a)).sum())} non-finite values (NaN or inf)")
 
 
 _SPEC_FIELDS = {f.name for f in dataclasses.fields(PolicySpec)}
@@ -207,11 +197,11 @@ def spec_to_dict(spec: PolicySpec, algo_cls: Optional[type] = None) -> Dict[str,
             "model": None if spec.model is None else OmegaConf.to_container(spec.model, resolve=True)}
 
 
-def missing_algorithm(name: str, path: str, module: Optional[str], registered: Any) -> CheckpointError:
+def missing_algorithm(name: str, path: str, module: Optional[str], registered: Any) -> RunFolderError:
     """The one-line error for a checkpoint naming an algorithm that is not registered."""
     where = f" (it was defined in module `{module}`)" if module else ""
-    return CheckpointError(f"checkpoint {path!r} needs algorithm {name!r}{where}, which is not registered "
-                           f"here (registered: {', '.join(sorted(registered))}); {_HOW_TO_REGISTER}")
+    return RunFolderError(f"checkpoint {path!r} needs algorithm {name!r}{where}, which is not registered "
+                          f"here (registered: {', '.join(sorted(registered))}); {_HOW_TO_REGISTER}", damaged=False)
 
 
 def check_algorithms(state: Dict[str, Any], algorithms: Mapping[str, type], path: str,
@@ -229,7 +219,7 @@ def spec_from_dict(d: Dict[str, Any], algorithms: Mapping[str, type], path: str 
     algorithm named ``d["algo"]`` (``extra`` fields are not restored).
 
     Raises:
-        CheckpointError: the algorithm is not registered, or its config no longer fits.
+        RunFolderError: the algorithm is not registered, or its config no longer fits.
     """
     name = d["algo"]
     cls: Any = algorithms.get(name)
@@ -241,8 +231,8 @@ def spec_from_dict(d: Dict[str, Any], algorithms: Mapping[str, type], path: str 
         try:
             conf = OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(cfg_cls), conf))
         except Exception as e:
-            raise CheckpointError(f"checkpoint {path!r}: the {name!r} config it stores does not fit the installed "
-                                  f"algorithm: {type(e).__name__}: {str(e).splitlines()[0]}") from None
+            raise RunFolderError(f"checkpoint {path!r}: the {name!r} config it stores does not fit the installed "
+                                 f"algorithm: {type(e).__name__}: {str(e).splitlines()[0]}", damaged=False) from None
     model = None
     try:
         if d.get("model") is not None:  # a multi-agent policy's own model.*
@@ -250,8 +240,8 @@ def spec_from_dict(d: Dict[str, Any], algorithms: Mapping[str, type], path: str 
             model = OmegaConf.merge(OmegaConf.structured(ModelConfig), d["model"])
         spaces = [space_from_dict(d[k]) for k in ("observation_space", "action_space")]
     except Exception as e:  # a space gymnasium refuses (negative n, bounds of the wrong shape), a bad model.*
-        raise CheckpointError(f"checkpoint {path!r} is damaged: the {name!r} policy spec it stores cannot be built: "
-                              f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}", damaged=True) from None
+        raise RunFolderError(f"checkpoint {path!r} is damaged: the {name!r} policy spec it stores cannot be built: "
+                             f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}") from None
     return PolicySpec(cls.policy_class, spaces[0], spaces[1], conf, name, model)
 
 
@@ -377,7 +367,7 @@ def find_checkpoint(path: str) -> str:
 
     Raises:
         FileNotFoundError: no checkpoint at ``path``.
-        CheckpointError: no checkpoint of a run folder can be read safely (the newest named).
+        RunFolderError: no checkpoint of a run folder can be read safely (the newest named).
     """
     if os.path.isfile(path) and path.endswith(STATE_FILE):
         return os.path.dirname(path)
@@ -388,11 +378,11 @@ def find_checkpoint(path: str) -> str:
         cands = sorted(d for d in os.listdir(ck_root)
                        if not d.startswith(".") and os.path.isfile(os.path.join(ck_root, d, STATE_FILE)))
         keys: Dict[str, Tuple[int, bool]] = {}
-        errors: List[CheckpointError] = []
+        errors: List[RunFolderError] = []
         for d in cands:  # "final" and iter_* both count; the newest by iteration inside wins
             try:
                 keys[d] = (int(load_state(os.path.join(ck_root, d, STATE_FILE))["iteration"]), d == "final")
-            except CheckpointError as e:
+            except RunFolderError as e:
                 errors.append(e)
         if keys:
             for err in errors:
@@ -408,26 +398,26 @@ def restore(ctx: Any, ck_dir: str) -> None:
     """Load a checkpoint into a freshly set-up context (before the workers start).
 
     Raises:
-        CheckpointError: unreadable, a policy trained by another algorithm in this run, or a
+        RunFolderError: unreadable, a policy trained by another algorithm in this run, or a
             saved state that does not fit (a changed env or model: the mismatch named).
     """
     st = load_state(path := os.path.join(ck_dir, STATE_FILE))
     check_policy_states(st, path)
     if missing := [pid for pid in ctx.policies if pid not in st["policies"]]:
-        raise CheckpointError(f"checkpoint file {path!r} is damaged: it holds no state for polic"
-                              f"{'ies' if len(missing) > 1 else 'y'} {', '.join(map(repr, missing))} of this run "
-                              "(resuming would start it from fresh weights)", damaged=True)
+        raise RunFolderError(f"checkpoint file {path!r} is damaged: it holds no state for polic"
+                             f"{'ies' if len(missing) > 1 else 'y'} {', '.join(map(repr, missing))} of this run "
+                             "(resuming would start it from fresh weights)")
     for pid, d in st["policy_specs"].items():
         if (mine := ctx.policy_specs.get(pid)) is not None and mine.algo != d["algo"]:
-            raise CheckpointError(f"checkpoint {path!r}: policy {pid!r} was trained by {d['algo']!r}, "
-                                  f"this run uses {mine.algo!r}")
+            raise RunFolderError(f"checkpoint {path!r}: policy {pid!r} was trained by {d['algo']!r}, "
+                                 f"this run uses {mine.algo!r}", damaged=False)
     for key, objs in (("policies", ctx.policies), ("algorithms", ctx.algorithms), ("stateful", ctx.stateful)):
         for n, s in st.get(key, {}).items():
             try:
                 objs[n].set_state(s) if n in objs else None
             except (RuntimeError, ValueError, KeyError) as e:  # e.g. load_state_dict's size mismatch
-                raise CheckpointError(f"checkpoint {path!r}: the saved state of {n!r} ({key}) does not fit this "
-                                      f"run (a changed env, model or algorithm setting?): {_why(e)}") from None
+                raise RunFolderError(f"checkpoint {path!r}: the saved state of {n!r} ({key}) does not fit this "
+                                     f"run (a changed env, model or algorithm setting?): {_why(e)}", damaged=False) from None
     ctx.pm.load_state_dict(st.get("plugins", {}))
     ctx.counters.update(st["counters"])
     ctx.iteration = int(st["iteration"])
@@ -455,7 +445,7 @@ def resume_config(user: Any, resume: str, pm: Any, trust_config: bool = False) -
     see :mod:`flowkit._trust`).
 
     Raises:
-        CheckpointError: no or an unreadable checkpoint, or an algorithm it needs is not
+        RunFolderError: no or an unreadable checkpoint, or an algorithm it needs is not
             registered.
         RunFolderError: its config.yaml is missing, not plain YAML or holds an interpolation.
         UntrustedConfigError: it names a callable the user did not consent to (nothing imported).
@@ -466,7 +456,7 @@ def resume_config(user: Any, resume: str, pm: Any, trust_config: bool = False) -
     try:
         ck = find_checkpoint(resume)
     except FileNotFoundError as e:
-        raise CheckpointError(f"resume: {e}") from None
+        raise RunFolderError(f"resume: {e}", damaged=False) from None
     st = load_state(os.path.join(ck, STATE_FILE))
     saved = read_run_config(ck)
     check_run_algorithm(ck, saved)
@@ -501,7 +491,7 @@ def check_run_algorithm(ck: str, saved: Dict[str, Any]) -> None:
     ``algo``: a checkpoint copied in from another run (a DQN one among PPO's) is refused.
 
     Raises:
-        CheckpointError: naming both config files and both algorithms (damaged).
+        RunFolderError: naming both config files and both algorithms (damaged).
     """
     run_dir = os.path.dirname(os.path.dirname(os.path.abspath(ck)))
     run_cfg = os.path.join(run_dir, "config.yaml")
@@ -509,8 +499,8 @@ def check_run_algorithm(ck: str, saved: Dict[str, Any]) -> None:
         return
     theirs = read_run_config(run_cfg).get("algo")
     if theirs is not None and saved.get("algo") is not None and theirs != saved["algo"]:
-        raise CheckpointError(f"checkpoint {ck!r} does not belong to its run folder: its config.yaml says "
-                              f"algo={saved['algo']!r}, the run's {run_cfg} says algo={theirs!r}", damaged=True)
+        raise RunFolderError(f"checkpoint {ck!r} does not belong to its run folder: its config.yaml says "
+                             f"algo={saved['algo']!r}, the run's {run_cfg} says algo={theirs!r}")
 
 
 def check_same_algorithm(st: Dict[str, Any], cfg: Any, path: str) -> None:
@@ -519,7 +509,7 @@ def check_same_algorithm(st: Dict[str, Any], cfg: Any, path: str) -> None:
     (a DQN state.pt in a PPO run folder) is refused, never loaded as it.
 
     Raises:
-        CheckpointError: naming the file, the policy and both algorithms (damaged).
+        RunFolderError: naming the file, the policy and both algorithms (damaged).
     """
     pols = OmegaConf.select(cfg, "multiagent.policies", default=None) or {}
     specs = st["policy_specs"]
@@ -529,8 +519,8 @@ def check_same_algorithm(st: Dict[str, Any], cfg: Any, path: str) -> None:
         if want is None and not pols and len(specs) == 1:
             want = str(cfg.algo)  # a single-agent run
         if want is not None and d["algo"] != want:
-            raise CheckpointError(f"checkpoint file {path!r} does not belong to this run: policy {pid!r} was trained "
-                                  f"by {d['algo']!r}, the run's config.yaml says {want!r}", damaged=True)
+            raise RunFolderError(f"checkpoint file {path!r} does not belong to this run: policy {pid!r} was trained "
+                                 f"by {d['algo']!r}, the run's config.yaml says {want!r}")
 
 
 def load_trained(path: str, expected_cls: Optional[type] = None, trust_config: bool = False) -> Any:
@@ -543,7 +533,7 @@ def load_trained(path: str, expected_cls: Optional[type] = None, trust_config: b
 
     Raises:
         FileNotFoundError: no checkpoint at ``path``.
-        CheckpointError: unreadable, or an algorithm it needs is not registered (one line).
+        RunFolderError: unreadable, or an algorithm it needs is not registered (one line).
         RunFolderError: its config.yaml is missing, not plain YAML or holds an interpolation.
         UntrustedConfigError: a callable named without consent (key and callable named).
     """
@@ -564,7 +554,7 @@ def load_trained(path: str, expected_cls: Optional[type] = None, trust_config: b
     try:
         cfg = build_config(OmegaConf.to_container(cfg_yaml, resolve=True), None, sections)
     except ConfigError as e:  # an unknown key or a wrong type in the folder's file, not in anything the user gave
-        raise CheckpointError(f"{os.path.join(ck, 'config.yaml')}: {e}", damaged=True) from None
+        raise RunFolderError(f"{os.path.join(ck, 'config.yaml')}: {e}") from None
     check_same_algorithm(st, cfg, state_path)
     check_policy_states(st, state_path)
     algo = (expected_cls or algos[cfg.algo])(cfg)
@@ -575,13 +565,13 @@ def load_trained(path: str, expected_cls: Optional[type] = None, trust_config: b
                                                          spec.model_config(cfg), "cpu", derive_seed(int(cfg.seed), "learner", pid))
             pol.set_state(st["policies"][pid])
         except (RuntimeError, ValueError, KeyError, TypeError) as e:  # e.g. load_state_dict's size mismatch
-            raise CheckpointError(f"checkpoint {state_path!r} is damaged: the saved state of policy {pid!r} does not "
-                                  f"fit the network its spec and config.yaml describe: {_why(e)}", damaged=True) from None
+            raise RunFolderError(f"checkpoint {state_path!r} is damaged: the saved state of policy {pid!r} does not "
+                                 f"fit the network its spec and config.yaml describe: {_why(e)}") from None
     algo.checkpoint_state = st
     return algo
 
 
-__all__ = ["CheckpointError", "FORMAT", "RunFolderError", "STATE_FILE", "UntrustedConfigError", "check_algorithms",
+__all__ = ["FORMAT", "RunFolderError", "STATE_FILE", "UntrustedConfigError", "check_algorithms",
            "check_config_callables", "check_spec_callables", "digest", "read_run_config", "config_yaml", "find_checkpoint",
            "from_plain", "load_state", "load_trained", "missing_algorithm", "remove_stale_temp", "restore",
            "resume_config", "save_checkpoint", "save_state", "space_from_dict", "space_to_dict", "spec_from_dict",

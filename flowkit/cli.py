@@ -68,9 +68,10 @@ def tuned_config_path(algo: str, env_id: Optional[str]) -> Optional[str]:
     """
     if not algo or not env_id or "/" in algo or ".." in env_id:
         return None
-    import importlib.metadata as md
     from importlib.resources import files
-    for top in ["flowkit", *dict.fromkeys(ep.value.split(":")[0].split(".")[0] for ep in md.entry_points(group="flowkit"))]:
+
+    from flowkit.core.names import plugin_entry_points
+    for top in ["flowkit", *dict.fromkeys(ep.module.split(".")[0] for ep in plugin_entry_points())]:
         try:
             path = files(top).joinpath("configs", algo, env_id.rpartition(":")[2] + ".yaml")
         except Exception:  # noqa: S112 - a plugin that does not import is reported when plugins load

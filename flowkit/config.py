@@ -720,38 +720,50 @@ def _dotlist(items: Sequence[Any]) -> Dict[str, Any]:
     return typing.cast(Dict[str, Any], OmegaConf.to_container(layer))
 
 
-def _load_yaml(path: str) -> Dict[str, Any]:
+def read_yaml(path: str, error: Any = ConfigError, max_bytes: Optional[int] = None) -> Dict[str, Any]:
+    """The YAML file ``path``, which holds a mapping, as plain data, read with OmegaConf's YAML
+    loader (a SafeLoader: no tag runs; 1e-5 a float; duplicate keys refused); nothing resolved.
+    The one reader of config files: ``-c`` files and a run folder's ``config.yaml``
+    (:func:`flowkit._trust.read_run_config`).
+
+    Raises:
+        ConfigError: (of the class ``error``) one line naming the file: not a regular file (a
+            pipe, a device), missing, a folder, over ``max_bytes``, unreadable, not UTF-8, not
+            valid YAML (a ``!!python`` tag included; the line, column and what), keys OmegaConf
+            cannot hold, or no mapping at the top.
+    """
+    p = f"config file {path!r}"
     try:
         if not os.path.isdir(path) and os.path.exists(path) and not os.path.isfile(path):  # open() would wait
-            raise ConfigError(f"config file {path!r} is not a regular file (a pipe, a device or a socket); give a "
-                              "YAML file")  # for a writer (a FIFO) or read forever (/dev/zero)
+            raise error(f"{p} is not a regular file (a pipe, a device or a socket); give a YAML file")  # (a FIFO)
+        if max_bytes is not None and os.path.getsize(path) > max_bytes:
+            raise error(f"{p} holds {os.path.getsize(path)} bytes, more than a config may (at most {max_bytes})")
         with open(path, encoding="utf-8") as f:
-            data = OmegaConf.load(f)  # its YAML reads 1e-5 as a float and refuses duplicate keys
+            data = OmegaConf.load(f)
     except FileNotFoundError:
-        raise ConfigError(f"config file {path!r} does not exist") from None
+        raise error(f"{p} does not exist") from None
     except IsADirectoryError:
-        raise ConfigError(f"config file {path!r} is a directory; give a YAML file") from None
+        raise error(f"{p} is a directory; give a YAML file") from None
     except UnicodeDecodeError as e:
-        raise ConfigError(f"config file {path!r} is not a UTF-8 text file (byte {e.start}: "
-                          f"{e.object[e.start:e.start + 1]!r}); give a YAML file") from None
+        raise error(f"{p} is not a UTF-8 text file (byte {e.start}: {e.object[e.start:e.start + 1]!r}); give a "
+                    "YAML file") from None
     except yaml.MarkedYAMLError as e:  # one line: where, what, and in what
         def at(mark: Any) -> str:
             return f"line {mark.line + 1}, column {mark.column + 1}" if mark is not None else "?"
         what = " ".join(str(e.problem or e.context or "syntax error").split())
         ctx = f" ({' '.join(e.context.split())} at {at(e.context_mark)})" if e.context and e.problem else ""
-        raise ConfigError(f"config file {path!r} is not valid YAML: {at(e.problem_mark)}: {what}{ctx}") from None
+        raise error(f"{p} is not valid YAML: {at(e.problem_mark)}: {what}{ctx}") from None
     except yaml.YAMLError as e:
-        raise ConfigError(f"config file {path!r} is not valid YAML: {' '.join(str(e).split())}") from None
+        raise error(f"{p} is not valid YAML: {' '.join(str(e).split())}") from None
     except OmegaConfBaseException as e:  # YAML OmegaConf cannot hold: a `null:` or `[1]:` key
-        raise ConfigError(f"config file {path!r} is not a config: {str(e).splitlines()[0]} "
-                          "(keys must be strings or ints)") from None
+        raise error(f"{p} is not a config: {str(e).splitlines()[0]} (keys must be strings or ints)") from None
     except OSError as e:
         if e.strerror:
-            raise ConfigError(f"config file {path!r} cannot be read: {e.strerror}") from None
+            raise error(f"{p} cannot be read: {e.strerror}") from None
         data = None  # OmegaConf's answer to a number at the top
     if not isinstance(data, DictConfig):
-        raise ConfigError(f"config file {path!r} must hold a mapping at the top")
-    return _env_shorthand(typing.cast(Dict[str, Any], OmegaConf.to_container(data)))
+        raise error(f"{p} must hold a mapping at the top")
+    return typing.cast(Dict[str, Any], OmegaConf.to_container(data, resolve=False))
 
 
 def _env_shorthand(data: Dict[str, Any]) -> Dict[str, Any]:
@@ -777,7 +789,7 @@ def _layers(user: Any, config_file: Union[str, Sequence[str], None]) -> Tuple[Li
     """(each config file (in order), then ``user``; the overrides of ``user``)."""
     source, items = _as_source(user)
     files = [config_file] if isinstance(config_file, str) else list(config_file or [])
-    return [_load_yaml(f) for f in files] + [source], items
+    return [_env_shorthand(read_yaml(f)) for f in files] + [source], items
 
 
 def plugin_modules_from(user: Any, config_file: Union[str, Sequence[str], None] = None) -> List[str]:

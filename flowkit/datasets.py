@@ -169,14 +169,12 @@ def check_dataset(run_config: Any, key: str = "input.dataset") -> Any:
     """
     from omegaconf import OmegaConf
 
-    from flowkit.core import EnvContext, env_name, make_env
+    from flowkit.core import EnvContext, env_name
+    from flowkit.core._envs import probe_env
     path = str(OmegaConf.select(run_config, key))
     ds = open_dataset(path, key)
     env_cfg: Dict[str, Any] = OmegaConf.to_container(run_config.env, resolve=True)  # type: ignore[assignment]
-    try:
-        env = make_env(env_cfg, EnvContext(-1, 0, 1, 0, int(run_config.seed)))
-    except Exception as e:
-        raise ConfigError(f"env {env_name(env_cfg)!r}: cannot build the env: {type(e).__name__}: {e}") from None
+    env = probe_env(env_cfg, EnvContext(-1, 0, 1, 0, int(run_config.seed)))
     try:
         check_spaces(ds, env.observation_space, env.action_space, path, env_name(env_cfg), key)
     finally:
@@ -882,10 +880,11 @@ def record_episodes(policy: Any, env_cfg: Dict[str, Any], out: str, *, episodes:
             made, or (``append``) the dataset there fails :func:`check_contents`.
     """
     from flowkit._guard import GUARD, Interrupted
-    from flowkit.core import EnvContext, make_env, run_episodes
+    from flowkit.core import EnvContext, run_episodes
+    from flowkit.core._envs import probe_env
     if episodes is None and steps is None:
         episodes = 10
-    probe = make_env(env_cfg, EnvContext(-1, 0, 1, 0, seed))
+    probe = probe_env(env_cfg, EnvContext(-1, 0, 1, 0, seed))
     obs_space, act_space = probe.observation_space, probe.action_space
     env_spec = getattr(probe, "spec", None) if env_cfg.get("id") else None
     probe.close()
@@ -946,14 +945,14 @@ def record(path: str, episodes: Optional[int] = None, steps: Optional[int] = Non
     there) rolled out into a dataset (:func:`record_episodes`). Single-agent Gymnasium envs.
 
     Raises:
-        CheckpointError: no or an unreadable checkpoint at ``path``.
+        RunFolderError: no or an unreadable checkpoint at ``path``.
         ConfigError: a multi-agent run, a bad argument, ``out`` already holds a dataset, or
             ``out`` cannot be a folder (a file, under a file, not writable, a folder of other
             files: before any work).
     """
     from omegaconf import OmegaConf
 
-    from flowkit.checkpoint import CheckpointError, find_checkpoint, load_trained
+    from flowkit.checkpoint import RunFolderError, find_checkpoint, load_trained
     from flowkit.core import derive_seed
     if episodes is not None and steps is not None:
         raise ConfigError(f"give episodes or steps, not both (episodes={episodes}, steps={steps})")
@@ -962,7 +961,7 @@ def record(path: str, episodes: Optional[int] = None, steps: Optional[int] = Non
     try:
         ck = find_checkpoint(path)
     except FileNotFoundError as e:
-        raise CheckpointError(str(e)) from None
+        raise RunFolderError(str(e), damaged=False) from None
     algo = load_trained(ck, trust_config=trust_config)
     cfg = algo.run_config
     if len(algo.policies) != 1:

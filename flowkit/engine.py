@@ -69,12 +69,13 @@ from omegaconf.errors import OmegaConfBaseException
 
 from flowkit import _ray
 from flowkit._dataset_output import make_output
-from flowkit._guard import GUARD, Interrupted, check_probe_env, lock_run_dir
+from flowkit._guard import GUARD, Interrupted, lock_run_dir
 from flowkit._outputs import write_text
 from flowkit._prepare import Prepared, check_config, prepare
 from flowkit.checkpoint import config_yaml, find_checkpoint, remove_stale_temp, restore, save_checkpoint  # noqa: F401
 from flowkit.config import ConfigError, build_config, plugin_modules_from, section_object, validate_section
-from flowkit.core import EnvContext, SpaceError, derive_seed, env_name, make_env
+from flowkit.core import EnvContext, SpaceError, derive_seed, env_name
+from flowkit.core._envs import probe_env
 from flowkit.core.context import RunContext, make_context
 from flowkit.core.learner import NonFiniteError
 from flowkit.core.metrics import Result
@@ -99,23 +100,9 @@ def load_config(user: Any = None, config_file: Union[str, Sequence[str], None] =
 
 
 def _probe_env(cfg: DictConfig) -> Any:
-    env_cfg = OmegaConf.to_container(cfg.env, resolve=True)
+    """The run's probe env, checked (:func:`flowkit.core._envs.probe_env`)."""
     ctx = EnvContext(-1, 0, max(1, int(cfg.runtime.num_workers)), 0, derive_seed(int(cfg.seed), "probe"))
-    try:
-        env = make_env(env_cfg, ctx)
-    except Exception as e:
-        from flowkit.core.presets import preset_hint
-        key = "env.factory" if cfg.env.factory else "env.id"
-        hint = None if cfg.env.factory or cfg.env.get("preset") else preset_hint(cfg.env.id)
-        raise ConfigError(hint or f"{key}={env_name(env_cfg)!r}: cannot build the env: {type(e).__name__}: {e}") \
-            from None
-    try:
-        check_probe_env(env, cfg)  # its time step; a registered env's first reset
-    except ConfigError:
-        with contextlib.suppress(Exception):
-            env.close()
-        raise
-    return env
+    return probe_env(OmegaConf.to_container(cfg.env, resolve=True), ctx, check=True)
 
 
 def setup(cfg: DictConfig, pm: Any, run_dir: Optional[str] = None, checked: bool = False) -> RunContext:

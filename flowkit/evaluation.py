@@ -221,7 +221,7 @@ def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore:
     (:class:`flowkit._guard.Interrupted`, a KeyboardInterrupt).
 
     Raises:
-        CheckpointError: no or an unreadable checkpoint at ``path`` (one line).
+        RunFolderError: no or an unreadable checkpoint at ``path`` (one line).
         ConfigError: ``render`` or ``opponents`` where they do not apply (a multi-agent env;
             a single-agent one), a policy id ``opponents`` names that the run lacks; a callable
             named without consent (nothing imported).
@@ -240,18 +240,18 @@ def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore:
 def _load(path: str, render: Optional[str], trust_config: bool) -> Tuple[str, Any]:
     """``(checkpoint folder, trained algorithm)`` of ``path``; the outputs are checked first."""
     from flowkit._outputs import check_output
-    from flowkit.checkpoint import STATE_FILE, CheckpointError, find_checkpoint, load_trained
+    from flowkit.checkpoint import STATE_FILE, RunFolderError, find_checkpoint, load_trained
     for attempt in range(3):  # beside a live run, its newest checkpoint may be pruned while it loads
         try:
             ck = find_checkpoint(path)
         except FileNotFoundError as e:
-            raise CheckpointError(str(e)) from None
+            raise RunFolderError(str(e), damaged=False) from None
         check_output(os.path.join(ck, "evaluation.json"), "evaluate: the checkpoint's", own=True)  # before any work
         if render:
             check_output(os.path.join(ck, "videos", f"episode_000.{render}"), "evaluate render=: the video", own=True)
         try:
             return ck, load_trained(ck, trust_config=trust_config)
-        except (CheckpointError, OSError):
+        except (RunFolderError, OSError):
             if attempt == 2 or os.path.realpath(ck) == os.path.realpath(path) or os.path.isfile(
                     os.path.join(ck, STATE_FILE)):
                 raise  # (not a checkpoint that a live run pruned: a damaged one)
@@ -266,7 +266,8 @@ def _run(algo: Any, ck: str, episodes: int, seed: int, explore: bool, render: Op
     from omegaconf import OmegaConf
 
     from flowkit._guard import GUARD, EvaluationTimeout
-    from flowkit.core import EnvContext, derive_seed, env_name, make_env
+    from flowkit.core import EnvContext, derive_seed, env_name
+    from flowkit.core._envs import probe_env
     cfg = algo.run_config
     # the run's learner threads (default 1): torch's default of one thread a core spins against
     # the env on a busy machine (a Nature CNN on one frame stack: 3 ms with 1 thread, 170 ms with 2
@@ -282,11 +283,7 @@ def _run(algo: Any, ck: str, episodes: int, seed: int, explore: bool, render: Op
     with GUARD.running(), GUARD.interruptible(limit, lambda: EvaluationTimeout(
             f"env {name!r}: the evaluation ({episodes} episodes) did not finish within {key}={limit:g} s: a stuck env, "
             "or an episode that never ends? (timeout_s=SECONDS sets the limit)")), _env_exits_reported(name):
-        try:
-            probe = make_env(env_cfg, EnvContext(-1, 0, 1, 0, seed))
-        except Exception as e:  # (as the run's set-up reports it): one line
-            raise ConfigError(f"env {name!r}: cannot build the env: {type(e).__name__}: "
-                              f"{(str(e).strip().splitlines() or [''])[0]}") from None
+        probe = probe_env(env_cfg, EnvContext(-1, 0, 1, 0, seed))
         single = isinstance(probe, gym.Env) and len(algo.policies) == 1
         probe.close()
         if single and opponents:

@@ -53,23 +53,15 @@ def run_config(run_dir: str) -> Dict[str, Any]:
     :func:`flowkit.loggers.hyperparameters`).
 
     Raises:
-        RunFolderError: the file is not plain YAML holding a mapping (a damaged run: exit 1).
+        RunFolderError: the file is not plain YAML holding a mapping (a damaged run: exit 1;
+            :func:`flowkit.config.read_yaml`).
     """
-    import yaml
-
     from flowkit._trust import RunFolderError
+    from flowkit.config import read_yaml
     from flowkit.loggers import hyperparameters
     path = os.path.join(run_dir, "config.yaml")
-    if not os.path.exists(path):
-        return {}
-    try:  # text only: nothing in it is resolved or called
-        with open(path, encoding="utf-8") as f:
-            data = yaml.safe_load(f)
-    except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:
-        raise RunFolderError(f"{path}: not a run's config (plain YAML): {' '.join(str(e).split())[:200]}") from None
-    if data is not None and not isinstance(data, dict):
-        raise RunFolderError(f"{path}: holds a {type(data).__name__}, not a mapping of config keys")
-    return hyperparameters(data or {})
+    # text only: nothing in it is resolved or called
+    return hyperparameters(read_yaml(path, RunFolderError)) if os.path.exists(path) else {}
 
 
 def group_runs(run_dirs: Sequence[str]) -> List[Tuple[str, List[str]]]:

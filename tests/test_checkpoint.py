@@ -14,7 +14,7 @@ import torch
 
 import flowkit
 from flowkit.testing import local_overrides
-from flowkit.checkpoint import (CheckpointError, find_checkpoint, from_plain, load_state, space_from_dict,
+from flowkit.checkpoint import (RunFolderError, find_checkpoint, from_plain, load_state, space_from_dict,
                                 space_to_dict, to_plain)
 from flowkit.core import batch as sb
 from flowkit.engine import load_config, setup
@@ -196,13 +196,13 @@ def test_an_old_checkpoint_is_refused_naming_the_file(ppo_run, tmp_path):
     st = torch.load(path, weights_only=True)
     st["format"] = 1
     torch.save(st, path)
-    with pytest.raises(CheckpointError, match=r"in format 1, not 2") as e:
+    with pytest.raises(RunFolderError, match=r"in format 1, not 2") as e:
         flowkit.Algorithm.from_checkpoint(run)
     assert path in str(e.value)
     from flowkit.core.workers import PolicySpec  # format 1 pickled spec objects
     st["policy_specs"] = {"default": PolicySpec(object, gym.spaces.Discrete(2), gym.spaces.Discrete(2), None, "ppo")}
     torch.save(st, path)
-    with pytest.raises(CheckpointError, match=r"refused: it holds pickled objects.*PolicySpec") as e:
+    with pytest.raises(RunFolderError, match=r"refused: it holds pickled objects.*PolicySpec") as e:
         flowkit.train(["resume=" + run, "stop.iterations=3", "run.reporters=[csv,plot,checkpoint,evaluation]"])
     assert path in str(e.value)
 
@@ -231,7 +231,7 @@ def test_an_algorithm_that_is_not_registered_fails_in_one_line(tmp_path):
     for fn in (lambda: flowkit.Algorithm.from_checkpoint(run, trust_config=True),
                lambda: flowkit.train(["resume=" + run, "stop.iterations=2", "run.reporters=[csv,plot,checkpoint,evaluation]"],
                                      trust_config=True)):
-        with pytest.raises(CheckpointError) as e:
+        with pytest.raises(RunFolderError) as e:
             fn()
         msg = str(e.value)
         assert "\n" not in msg and "'my_ppo'" in msg and "module `ckpt_algos`" in msg, msg
@@ -329,5 +329,5 @@ def test_a_truncated_checkpoint_is_named_corrupt(tmp_path):
     data = open(full, "rb").read()
     cut = str(tmp_path / "state.pt")
     open(cut, "wb").write(data[: len(data) // 2])
-    with pytest.raises(CheckpointError, match=r"state\.pt' is corrupt or truncated"):
+    with pytest.raises(RunFolderError, match=r"state\.pt' is corrupt or truncated"):
         load_state(cut)

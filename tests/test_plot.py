@@ -123,8 +123,8 @@ def test_two_algorithms_labelled_by_shared_keys_and_counts_agree(tmp_path, capsy
 
 
 @pytest.mark.parametrize("damage,says", [
-    (lambda run: open(os.path.join(run, "config.yaml"), "w").write("algo: [ppo\n"), "config.yaml: not a run's config"),
-    (lambda run: open(os.path.join(run, "config.yaml"), "w").write("- 1\n"), "config.yaml: holds a list, not a mapping"),
+    (lambda run: open(os.path.join(run, "config.yaml"), "w").write("algo: [ppo\n"), "config.yaml' is not valid YAML: line 2"),
+    (lambda run: open(os.path.join(run, "config.yaml"), "w").write("- 1\n"), "config.yaml' must hold a mapping at the top"),
     (lambda run: open(os.path.join(run, "metrics.csv"), "wb").write(b"\x00\xff\xfe\x89PNG" * 64),
      "metrics.csv: not a UTF-8 text file"),
 ])

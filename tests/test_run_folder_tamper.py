@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import flowkit
-from flowkit.checkpoint import CheckpointError, digest, find_checkpoint, load_state
+from flowkit.checkpoint import RunFolderError, digest, find_checkpoint, load_state
 from flowkit.cli import main
 from flowkit.testing import local_overrides
 
@@ -65,11 +65,11 @@ def _wrong_shape(st):
 
 TAMPERS = {  # name: (tamper, exit of evaluate/export, exit of resume (0: resume rebuilds it from the env), the line)
     "no config.yaml": (lambda run: os.remove(os.path.join(find_checkpoint(run), "config.yaml")), 1, 1,
-                       "config.yaml: missing"),
-    "invalid YAML": (_text("config.yaml", "algo: [ppo\n"), 1, 1, "config.yaml: not plain YAML at line 2"),
+                       "config.yaml' does not exist"),
+    "invalid YAML": (_text("config.yaml", "algo: [ppo\n"), 1, 1, "config.yaml' is not valid YAML: line 2, column 1"),
     "a !!python tag": (_text("config.yaml", "algo: !!python/object/apply:os.system ['echo pwned']\n"), 1, 1,
-                       "config.yaml: not plain YAML"),
-    "a list at the top": (_text("config.yaml", "- 1\n"), 1, 1, "config.yaml: holds a NoneType, not a mapping"),
+                       "config.yaml' is not valid YAML: line 1, column 7: could not determine a constructor"),
+    "a list at the top": (_text("config.yaml", "- 1\n"), 1, 1, "config.yaml' must hold a mapping at the top"),
     "an empty config.yaml": (_text("config.yaml", ""), 1, 1, "config.yaml: `algo` is missing, not an algorithm name"),
     "an unknown key": (lambda run: open(os.path.join(find_checkpoint(run), "config.yaml"), "a").write("nope: 1\n"),
                        1, 2, "unknown config key `nope`"),
@@ -139,7 +139,7 @@ def test_a_truncated_state_pt_is_named_truncated_wherever_it_is_cut(tiny_run, tm
     for n in [0, 1, 100, len(data) // 2, len(data) - 300, len(data) - 100, len(data) - 10, len(data) - 1]:
         with open(cut, "wb") as f:
             f.write(data[:n])
-        with pytest.raises(CheckpointError, match=r"state\.pt' is corrupt or truncated") as e:
+        with pytest.raises(RunFolderError, match=r"state\.pt' is corrupt or truncated") as e:
             load_state(cut)
         assert e.value.exit_status == 1, n
 

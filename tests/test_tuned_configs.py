@@ -114,7 +114,7 @@ def test_a_plugin_ships_its_tuned_configs_in_its_package(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     eps = md.EntryPoints([*md.entry_points(group="flowkit"),
                           md.EntryPoint(name="my_algo", value="my_algo_pkg", group="flowkit")])
-    monkeypatch.setattr(md, "entry_points", lambda **kw: eps)
+    monkeypatch.setattr("flowkit.core.names.plugin_entry_points", lambda: eps)
     assert tuned_config_path("my_algo", "CartPole-v1") == str(pkg / "configs" / "my_algo" / "CartPole-v1.yaml")
     assert tuned_config_path("my_algo", "Pendulum-v1") is None
     assert os.path.samefile(tuned_config_path("ppo", "CartPole-v1"), os.path.join(REPO, "configs", "ppo",

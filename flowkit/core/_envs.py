@@ -10,16 +10,19 @@ share a seed and a restarted worker does not replay its first episodes.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import inspect
+import math
 import zlib
 from typing import Any, Callable, List, Optional, Protocol, Tuple, runtime_checkable
 
 import gymnasium as gym
 import numpy as np
 
+from flowkit.config import ConfigError
 from flowkit.core.names import resolve
-from flowkit.core.presets import env_preset
+from flowkit.core.presets import env_preset, preset_hint
 
 
 class EnvError(RuntimeError):
@@ -159,6 +162,64 @@ def make_env(env_cfg: Any, context: EnvContext) -> Any:
         env = gym.make(env_cfg["id"], **kwargs)
     if env_cfg.get("max_episode_steps") and isinstance(env, gym.Env):
         env = gym.wrappers.TimeLimit(env, max_episode_steps=int(env_cfg["max_episode_steps"]))
+    return env
+
+
+def build_error(env_cfg: Any, e: BaseException) -> ConfigError:
+    """The one-line error of an env that cannot be built (``e``: what building it raised),
+    naming ``env.id`` or ``env.factory``; for an ``env.id`` without a preset that a preset
+    claims, the preset's hint."""
+    hint = None if env_cfg.get("factory") or env_cfg.get("preset") else preset_hint(env_cfg.get("id"))
+    what = f"{'env.factory' if env_cfg.get('factory') else 'env.id'}={env_name(env_cfg)!r}"
+    return ConfigError(hint or f"{what}: cannot build the env: {type(e).__name__}: "
+                       f"{(str(e).strip().splitlines() or [''])[0]}")
+
+
+def probe_env(env_cfg: Any, context: EnvContext, check: bool = False) -> Any:
+    """:func:`make_env` on the driver (a probe: the run's set-up, ``flowkit evaluate``, a
+    dataset's check and recording), its failure one line. ``check`` (the run's set-up): also
+    what the maker does not check, before anything starts: a Gymnasium env's time step
+    ``unwrapped.dt`` (MuJoCo's ``frame_skip`` x the model's step) must be finite and > 0
+    (``frame_skip=-1`` steps the simulation backwards in time, without an error); and a
+    registered env (``env.id``) is reset and stepped once (a sampled action): an exception
+    there, or a non-finite or out-of-space observation, comes from its ``env.kwargs``
+    (``frame_skip=1.5``: MuJoCo's step raises), not from a worker fault to retry. An
+    ``env.factory``'s reset is left to the workers (its faults are retried, C12).
+
+    Raises:
+        ConfigError: one line naming ``env.id`` or ``env.factory`` (for an ``env.id`` without a
+            preset that a preset claims: the preset's hint), what is wrong and ``env.kwargs``.
+    """
+    what = f"{'env.factory' if env_cfg.get('factory') else 'env.id'}={env_name(env_cfg)!r}"
+    try:
+        env = make_env(env_cfg, context)
+    except Exception as e:
+        raise build_error(env_cfg, e) from None
+    if not check or not isinstance(env, gym.Env):
+        return env
+    kw = f" (env.kwargs: {dict(env_cfg['kwargs'])})" if env_cfg.get("kwargs") else ""
+    try:
+        dt = getattr(env.unwrapped, "dt", None)
+        if isinstance(dt, (int, float)) and not (math.isfinite(dt) and dt > 0):
+            raise ConfigError(f"{what}: the env's time step dt={dt:g} s is not > 0{kw}")
+        env.action_space.seed(0)
+        for call in ([] if env_cfg.get("factory") else ["reset()", "step()"]):
+            try:
+                obs = env.reset(seed=0)[0] if call == "reset()" else env.step(env.action_space.sample())[0]
+            except Exception as e:
+                first = (str(e).strip().splitlines() or [""])[0]
+                raise ConfigError(f"{what}: its first {call} raised {type(e).__name__}: {first}{kw}") from None
+            a = np.asarray(obs) if not isinstance(obs, (dict, tuple)) else None
+            if a is not None and a.dtype.kind == "f" and not np.all(np.isfinite(a)):  # (unbounded Boxes too)
+                raise ConfigError(f"{what}: its first {call} returned an observation that is not finite: "
+                                  f"{describe_value(a)}{kw}")
+            if (m := find_mismatch(env.observation_space, obs)) is not None:
+                raise ConfigError(f"{what}: its first {call} returned an observation `{m[0]}` outside its space: "
+                                  f"expected {m[1]}, received {m[2]}{kw}")
+    except ConfigError:
+        with contextlib.suppress(Exception):
+            env.close()
+        raise
     return env
 
 

@@ -15,6 +15,7 @@ counted, so a value that could reach an import is one the rule has seen. Torch-f
 """
 from __future__ import annotations
 
+import functools
 import importlib
 import re
 from typing import Any, Iterator, Tuple
@@ -99,4 +100,14 @@ def resolve(value: Any, key: str) -> Any:
     return obj
 
 
-__all__ = ["CODE_KEYS", "LOOSE", "code_values", "is_code_key", "leaves", "module_of", "resolve", "split"]
+__all__ = ["CODE_KEYS", "LOOSE", "code_values", "is_code_key", "leaves", "module_of", "plugin_entry_points", "resolve",
+           "split"]
+
+
+@functools.lru_cache(maxsize=None)
+def plugin_entry_points() -> Tuple[Any, ...]:
+    """The installed ``flowkit`` entry points (``importlib.metadata.EntryPoint``; ``.module``
+    is the plugin's module), read once per process: importlib.metadata's scan of the installed
+    distributions costs start-up time."""
+    import importlib.metadata as md
+    return tuple(md.entry_points(group="flowkit"))

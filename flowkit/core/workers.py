@@ -277,9 +277,10 @@ def _import_failure(exc: BaseException, plugins: Sequence[str]) -> Optional[str]
     """The worker's own one-line message where ``exc`` (as the driver got it: Ray wraps a
     worker's error with its traceback) says the worker could not import flowkit or one of
     ``plugins`` (top-level module names), else None."""
-    import importlib.metadata as md
     import re
-    tops = [ep.value.split(":")[0] for ep in md.entry_points(group="flowkit")] + [str(p) for p in plugins]
+
+    from flowkit.core.names import plugin_entry_points
+    tops = [ep.module for ep in plugin_entry_points()] + [str(p) for p in plugins]
     names = "|".join(re.escape(p.split(".")[0]) for p in ["flowkit", *tops])
     m = re.search(rf"(?:ModuleNotFoundError|ImportError): (.*(?:'(?:{names})[.'].*|`import flowkit`.*))|"
                   rf"AttributeError: (module '(?:{names})(?:\.\w+)*' has no attribute .*)", str(exc))

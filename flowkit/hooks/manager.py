@@ -3,7 +3,6 @@ config, and objects registered in code; ``check_pending()`` so a misspelt hook f
 from __future__ import annotations
 
 import importlib
-import importlib.metadata as md
 import inspect
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence
 
@@ -11,6 +10,7 @@ import pluggy
 
 from flowkit.config import Sections
 from flowkit.core.algorithm import AlgorithmRef
+from flowkit.core.names import plugin_entry_points
 from flowkit.core.presets import register_presets
 from flowkit.hooks import specs
 
@@ -197,7 +197,7 @@ def get_plugin_manager(plugin_modules: Sequence[str] = (), include_registered: b
     """
     pm = PluginManager()
     pm.load_modules(("flowkit.builtin", "flowkit.reporters"), "flowkit's built-ins")
-    for ep in md.entry_points(group="flowkit"):
+    for ep in plugin_entry_points():
         if pm.get_plugin(ep.name) is not None or pm.is_blocked(ep.name):
             continue
         dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist else "unknown distribution"

@@ -267,7 +267,7 @@ def load_checkpoint_policy(path: str, pid: str, want: Optional[str] = None, key:
     """
     from flowkit.checkpoint import (
         STATE_FILE,
-        CheckpointError,
+        RunFolderError,
         check_spec_callables,
         find_checkpoint,
         load_state,
@@ -287,7 +287,7 @@ def load_checkpoint_policy(path: str, pid: str, want: Optional[str] = None, key:
                              allowed={v for _, v in code_values(mine if isinstance(mine, dict) else {})})
         algos = get_plugin_manager().algorithms() if algorithms is None else algorithms
         return spec_from_dict(st["policy_specs"][pick], algos, state_path), pols[pick]
-    except (FileNotFoundError, CheckpointError) as e:
+    except (FileNotFoundError, RunFolderError) as e:
         raise ConfigError(f"{key}={path!r}: {e}") from None
 
 
