@@ -27,12 +27,12 @@ if TYPE_CHECKING:
     from flowkit.core.algorithm import Algorithm, AlgorithmRef
     from flowkit.core.batch import DEFAULT_POLICY_ID, MultiAgentBatch, SampleBatch, trajectory_ends
     from flowkit.core.flow import NOT_READY, Flow, FlowContext, ParallelFlow, Sourced
-    from flowkit.core.policy import Policy, RandomPolicy, loss_stats, to_tensor
+    from flowkit.core.policy import ObsNormPolicy, Policy, RandomPolicy, loss_stats, to_tensor
     from flowkit.core.workers import PolicySpec, RolloutWorker, WorkerSet
 
 __all__ = [  # batches (column names: flowkit.core.batch.OBS, ...), dataflow, policies, envs and workers
     "batch", "DEFAULT_POLICY_ID", "MultiAgentBatch", "SampleBatch", "trajectory_ends", "Flow", "FlowContext",
-    "NOT_READY", "ParallelFlow", "Sourced", "Algorithm", "AlgorithmRef", "Policy", "RandomPolicy", "loss_stats", "ActorCriticPolicy", "adapt_kl_coeff", "clipped_surrogate", "standardized", "to_tensor", "MASK_KEY",
+    "NOT_READY", "ParallelFlow", "Sourced", "Algorithm", "AlgorithmRef", "ObsNormPolicy", "Policy", "RandomPolicy", "loss_stats", "ActorCriticPolicy", "adapt_kl_coeff", "clipped_surrogate", "standardized", "to_tensor", "MASK_KEY",
     "ObsEncoder", "SpaceError", "add_batch_axis", "batch_len", "ActionDist", "ACTIVATIONS", "ActorCritic",
     "RunningMeanStd", "FramesCNN", "ImpalaCNN", "SmallCNN", "TwinMLP", "build_mlp", "build_trunk", "init_weights", "sde_std", "NumpyNet", "NumpyPolicy", "NumpyActorCriticPolicy", "mlp_forward",
     "sample_logp_numpy", "Acting", "input_steps", "layer_steps", "bootstrap_rows", "compute_gae", "next_values", "vtrace", "EnvContext", "EnvError", "Episode", "GymEnvRunner", "run_episodes", "stack_rows",
@@ -52,7 +52,7 @@ _MODULES = {  # the module behind each name, imported on first use (torch only w
     "recurrent": "RecurrentActorCritic RecurrentStep RecurrentTrunk forward_sequences",
     "target_network": "TargetNetwork",
     "algorithm": "Algorithm AlgorithmRef", "batch": "DEFAULT_POLICY_ID MultiAgentBatch SampleBatch trajectory_ends",
-    "flow": "NOT_READY Flow FlowContext ParallelFlow Sourced", "policy": "Policy RandomPolicy loss_stats to_tensor",
+    "flow": "NOT_READY Flow FlowContext ParallelFlow Sourced", "policy": "ObsNormPolicy Policy RandomPolicy loss_stats to_tensor",
     "workers": "PolicySpec RolloutWorker WorkerSet"}
 _HOME = {n: m for m, names in _MODULES.items() for n in names.split()}
 

@@ -198,7 +198,7 @@ class ActorCriticPolicy(ActorCriticActing, Policy):
         freq = int(self.config.sde_sample_freq)
         if self._sde_w is None or self._sde_w.shape[0] != n or (freq > 0 and self._sde_steps % freq == 0):
             assert self.model.sde_log_std is not None
-            std = sde_std(self.model.sde_log_std.detach(), bool(getattr(self.config, "use_expln", False)))
+            std = sde_std(self.model.sde_log_std.detach(), bool(self.config.use_expln))
             self._sde_w = torch.randn((n, *std.shape), generator=self.generator) * std
             self._sde_steps = 0
         self._sde_steps += 1

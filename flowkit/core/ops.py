@@ -140,6 +140,22 @@ class StandardizeFields:
 
 
 # ---- learning --------------------------------------------------------------------------------
+def record_training(ctx: "RunContext", stats: Dict[str, Dict[str, float]], env_steps: int, agent_steps: int,
+                    num_updates: int) -> Dict[str, Any]:
+    """Count one train step's work into ``ctx`` (driver thread; :class:`TrainOneStep`, and the
+    accounting of plans on :func:`WorkerRounds` that train elsewhere): ``env_steps_trained``,
+    ``agent_steps_trained`` and ``num_updates`` counters, ``{policy_id: stats}`` into
+    ``ctx.metrics.learner_stats``, and the time of the first train step. Returns a train
+    operator's output, ``{"stats": stats, "num_updates": num_updates}``."""
+    c = ctx.counters
+    c["env_steps_trained"] += env_steps
+    c["agent_steps_trained"] += agent_steps
+    c["num_updates"] += num_updates
+    ctx.metrics.learner_stats.update(stats)
+    ctx.mark("first_train")
+    return {"stats": stats, "num_updates": num_updates}
+
+
 class TrainOneStep:
     """Train ``learner``'s policies on each batch: ``num_epochs`` passes over minibatches of
     ``minibatch_size`` rows (None: the whole batch), shuffled (seeded) or, with
@@ -163,13 +179,8 @@ class TrainOneStep:
 
     def record(self, out: Dict[str, Any]) -> Dict[str, Any]:
         """Count a learner result into the context (driver thread only)."""
-        c = self.ctx.counters
-        c["env_steps_trained"] += out["env_steps"]
-        c["agent_steps_trained"] += out["agent_steps"]
-        c["num_updates"] += out["num_updates"]
-        self.ctx.metrics.learner_stats.update(out["stats"])
+        record_training(self.ctx, out["stats"], out["env_steps"], out["agent_steps"], out["num_updates"])
         self.perf.update()
-        self.ctx.mark("first_train")
         return out
 
     def __call__(self, b: sb.MultiAgentBatch) -> Dict[str, Any]:

@@ -335,6 +335,52 @@ class Policy(Acting):
             self.target.set_state(state["target_weights"])
 
 
+class ObsNormPolicy(Policy):
+    """A :class:`Policy` whose network takes normalised observations (DQN, SAC, TD3; an
+    :class:`~flowkit.core.ActorCritic` normalises inside its own ``forward`` instead).
+
+    With ``model.normalize_obs`` (flat observations only), :meth:`add_obs_rms` gives
+    ``self.model`` an ``obs_rms``, a :class:`~flowkit.core.RunningMeanStd` over the encoded
+    observation (buffers ``obs_rms.mean`` and ``obs_rms.var`` float32[d], ``obs_rms.count``
+    float64[]: outside the optimizer's parameters, inside the weights and checkpoints);
+    :meth:`norm` applies it when acting; :meth:`prepare_batch` updates it from each train
+    batch's ``obs`` (replayed rows: the buffer's distribution), then hands the loss ``obs`` and
+    ``next_obs`` normalised: ``clip((obs - mean) / sqrt(var + 1e-8), -10, 10)``.
+    """
+
+    model: Any  # the subclass's network
+
+    def add_obs_rms(self, algo: str) -> None:
+        """Give ``self.model`` its ``obs_rms`` when ``model.normalize_obs`` is on (call after
+        building the model, before copying it to a target network).
+
+        Raises:
+            ConfigError: ``model.normalize_obs`` with image observations (naming ``algo``)."""
+        if not self.model_config.normalize_obs:
+            return
+        if self.encoder.is_image:
+            from flowkit.config import ConfigError
+            raise ConfigError(f"model.normalize_obs=true: {algo} normalises flat observations only, got image "
+                              f"observations {self.observation_space} (uint8 frames are scaled to [0, 1] inside the "
+                              "CNN); remove model.normalize_obs")
+        from flowkit.core.models import RunningMeanStd
+        self.model.obs_rms = RunningMeanStd(self.encoder.shape).to(self.device)
+
+    def norm(self, obs: torch.Tensor) -> torch.Tensor:
+        """``obs`` float32[B, *shape] normalised by the running statistics (``model.normalize_obs``;
+        else as it is)."""
+        rms = getattr(self.model, "obs_rms", None)
+        return obs if rms is None else rms(obs)
+
+    def prepare_batch(self, batch: sb.SampleBatch) -> Dict[str, torch.Tensor]:
+        out = super().prepare_batch(batch)
+        rms = getattr(self.model, "obs_rms", None)
+        if rms is not None:
+            rms.update(out[sb.OBS].float())
+            out[sb.OBS], out[sb.NEXT_OBS] = rms(out[sb.OBS].float()), rms(out[sb.NEXT_OBS].float())
+        return out
+
+
 def _probe(model: Any, probe: torch.Tensor) -> Any:
     """A network's outputs on the probe batch ``probe[2, *shape]``, as the feed-forward network
     returns them: a recurrent one runs on 2 sequences of 3 steps, its state dropped and the

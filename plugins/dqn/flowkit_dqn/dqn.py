@@ -40,12 +40,9 @@ import torch
 from torch import nn
 
 import flowkit
-from flowkit import ConfigError
-from flowkit.config import normalize_obs_on
 from flowkit.core import (
     ObsEncoder,
-    Policy,
-    RunningMeanStd,
+    ObsNormPolicy,
     TargetNetwork,
     build_mlp,
     build_trunk,
@@ -155,18 +152,16 @@ _WORKER_SIDE = ("compute_actions_encoded", "compute_actions", "q_values", "epsil
                 "set_weights")
 
 
-class DQNPolicy(DQNActing, Policy):
+class DQNPolicy(DQNActing, ObsNormPolicy):
     """Q-network, target network (learner only), epsilon-greedy acting and the TD loss.
 
     ``epsilon`` is set from outside (the UpdateExploration operator, on the learner and on
     every worker). After each ``loss``, ``td_error`` holds float32[B] for
     prioritized replay. Override :meth:`loss` to make a variant.
 
-    With ``model.normalize_obs`` (flat observations only) the model holds ``obs_rms``, a
-    :class:`~flowkit.core.RunningMeanStd` over the encoded observation (buffers ``obs_rms.mean``
-    and ``obs_rms.var`` float32[d], ``obs_rms.count`` float64[]: in the weights the workers get
-    and in checkpoints): :meth:`prepare_batch` updates it from each replayed train batch's
-    ``obs`` and hands the loss ``obs`` and ``next_obs`` normalised, and acting, evaluation and
+    With ``model.normalize_obs`` (flat observations only) the model holds ``obs_rms``
+    (:class:`~flowkit.core.ObsNormPolicy`: in the weights the workers get and in checkpoints;
+    the loss, and the target network, see normalised observations), and acting, evaluation and
     export (:meth:`action_model`) see ``clip((obs - mean) / sqrt(var + 1e-8), -10, 10)``. The
     Q-network's own ``forward`` takes normalised observations.
 
@@ -185,12 +180,7 @@ class DQNPolicy(DQNActing, Policy):
         torch.manual_seed(seed)
         self.num_actions = self.dist.num_outputs
         self.model = self.make_model().to(self.device)
-        if normalize_obs_on(self.model_config):  # buffers, not parameters: the optimizer never sees them
-            if self.encoder.is_image:
-                raise ConfigError(f"model.normalize_obs=true: DQN normalises flat observations only, got image "
-                                  f"observations {observation_space} (uint8 frames are scaled to [0, 1] inside the "
-                                  "CNN); remove model.normalize_obs")
-            self.model.obs_rms = RunningMeanStd(self.encoder.shape).to(self.device)
+        self.add_obs_rms("DQN")  # buffers, not parameters: the optimizer never sees them
         self.epsilon = float(config.initial_epsilon)
         self.td_error: Optional[np.ndarray] = None
         if not inference_only:
@@ -205,12 +195,6 @@ class DQNPolicy(DQNActing, Policy):
     def q_values(self, obs: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
             return self.model(self.norm(torch.from_numpy(obs))).numpy()
-
-    def norm(self, obs: torch.Tensor) -> torch.Tensor:
-        """``obs`` float32[B, d] normalised by the running statistics (``model.normalize_obs``;
-        else as it is)."""
-        rms = getattr(self.model, "obs_rms", None)
-        return obs if rms is None else rms(obs)
 
     def action_model(self) -> nn.Module:
         """The Q-network, behind the observation normalisation when ``model.normalize_obs``
@@ -236,17 +220,6 @@ class DQNPolicy(DQNActing, Policy):
         return functools.partial(NumpyDQNPolicy, layout=lay, weights=self.get_weights())
 
     # -- learning (driver) --
-    def prepare_batch(self, batch: sb.SampleBatch) -> Dict[str, torch.Tensor]:
-        """Tensors of the train columns; with ``model.normalize_obs`` the statistics first take in
-        the batch's ``obs`` (replayed rows: the buffer's distribution), then ``obs`` and
-        ``next_obs`` are normalised (the loss, and the target network, see normalised observations)."""
-        out = super().prepare_batch(batch)
-        rms = getattr(self.model, "obs_rms", None)
-        if rms is not None:
-            rms.update(out[sb.OBS].float())
-            out[sb.OBS], out[sb.NEXT_OBS] = rms(out[sb.OBS].float()), rms(out[sb.NEXT_OBS].float())
-        return out
-
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg = self.config
         assert self.target is not None, "loss runs on the learner's policy"

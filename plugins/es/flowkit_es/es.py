@@ -35,7 +35,7 @@ import flowkit
 from flowkit.config import ConfigError, normalize_obs_on
 from flowkit.core import build_mlp, derive_seed
 from flowkit.core.learner import NonFiniteError
-from flowkit.core.ops import WorkerRounds
+from flowkit.core.ops import WorkerRounds, record_training
 from flowkit.core.policy import FlatAdam, flat_parameters
 from flowkit_es import ARS_REF, ES_REF
 from flowkit_es.evaluate import EvaluatePerturbations, Layout, NoiseTable, forward, greedy
@@ -237,12 +237,7 @@ class _Update:
         stats.update(perturbed_return_mean=float(returns.mean()), perturbed_return_max=float(returns.max()),
                      num_pairs=int(len(idx)), theta_norm=float(pol._flat.norm()))
         ctx.counters["episodes_total"] += int(lengths.size)
-        ctx.counters["env_steps_trained"] += int(lengths.sum())
-        ctx.counters["agent_steps_trained"] += int(lengths.sum())
-        ctx.counters["num_updates"] += 1
-        ctx.metrics.learner_stats[self.pid] = stats
-        ctx.mark("first_train")
-        return {"stats": {self.pid: stats}, "num_updates": 1}
+        return record_training(ctx, {self.pid: stats}, int(lengths.sum()), int(lengths.sum()), 1)
 
 
 class ESUpdate(_Update):

@@ -48,7 +48,7 @@ run in the learner's thread and are saved with its state.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -95,12 +95,7 @@ class APPOPolicy(ActorCriticPolicy):
         tb = self.prepare_vtrace_batch(batch)
         if self.config.minibatch_mode != "shuffled":
             return tb
-        assert self.target is not None, "prepare_batch runs on the learner's policy"
-        with torch.no_grad():
-            target_inputs, target_values = self.model_forward(tb, self.target.module)
-            log_rhos = self.dist.logp(target_inputs, tb[sb.ACTIONS], tb.get(sb.ACTION_MASK)) - tb[sb.ACTION_LOGP]
-            tb["vtrace_vs"], tb["vtrace_adv"] = self.vtrace_targets(tb, log_rhos, target_values)
-        tb["target_inputs"] = target_inputs
+        tb["target_inputs"], _, tb["vtrace_vs"], tb["vtrace_adv"] = self.target_vtrace(tb)
         for k in ("boot_idx", "boot_obs", "nextnonterminal"):  # V-trace's alone, not one per row
             del tb[k]
         return tb
@@ -113,35 +108,42 @@ class APPOPolicy(ActorCriticPolicy):
         and only the columns with one value per row."""
         out = {k: v for k, v in batch.items() if k not in ("boot_idx", "boot_obs", "nextnonterminal")}
         if "target_inputs" not in batch:
-            assert self.target is not None, "prepare_minibatch runs on the learner's policy"
-            mask, actions = batch.get(sb.ACTION_MASK), batch[sb.ACTIONS]
-            values = self.model_forward(batch)[1]
-            out["target_inputs"] = self.model_forward(batch, self.target.module)[0]
-            log_rhos = self.dist.logp(out["target_inputs"], actions, mask) - batch[sb.ACTION_LOGP]
-            out["vtrace_vs"], out["vtrace_adv"] = self.vtrace_targets(batch, log_rhos, values)
+            out["target_inputs"], _, out["vtrace_vs"], out["vtrace_adv"] = self.target_vtrace(
+                batch, self.model_forward(batch)[1])
         if self.config.normalize_advantages == "minibatch":
             out["vtrace_adv"] = standardized(out["vtrace_adv"])
         return out
 
+    @torch.no_grad()
+    def target_vtrace(self, batch: Dict[str, torch.Tensor], values: Optional[torch.Tensor] = None
+                      ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """V-trace against the target network on a prepared (mini)batch: ``(target_inputs,
+        log_rhos, vs, pg_advantages)``, pi_target's distribution inputs float32[L, k],
+        ``log pi_target(a|x) - log mu(a|x)`` float32[L] and :meth:`vtrace_targets` float32[L]
+        with ``values`` V(x_s) float32[L] (None: pi_target's own values, ``minibatch_mode=shuffled``)."""
+        assert self.target is not None, "V-trace against the target network runs on the learner's policy"
+        tm: Any = self.target.module
+        if values is None:
+            target_inputs, values = self.model_forward(batch, tm)
+        else:  # the policy head alone where the value network is separate
+            target_inputs = (self.model_forward(batch, tm)[0] if self.is_recurrent
+                             else tm.policy(batch[sb.OBS]) if hasattr(tm, "policy") else tm(batch[sb.OBS])[0])
+        log_rhos = self.dist.logp(target_inputs, batch[sb.ACTIONS], batch.get(sb.ACTION_MASK)) - batch[sb.ACTION_LOGP]
+        return (target_inputs, log_rhos, *self.vtrace_targets(batch, log_rhos, values))
+
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         cfg = self.config
         assert self.target is not None, "loss runs on the learner's policy"
-        mask, obs, actions = batch.get(sb.ACTION_MASK), batch[sb.OBS], batch[sb.ACTIONS]
+        mask, actions = batch.get(sb.ACTION_MASK), batch[sb.ACTIONS]
         inputs, values = self.model_forward(batch)
         logp, entropy = self.dist.logp_entropy(inputs, actions, mask, entropy_grad=cfg.ent_coef != 0)
-        ready = "target_inputs" in batch  # minibatch_mode=shuffled: V-trace ran in prepare_batch
-        with torch.no_grad():
-            if ready:
-                target_inputs = batch["target_inputs"]
-            else:
-                tm: Any = self.target.module
-                target_inputs = (self.model_forward(batch, tm)[0] if self.is_recurrent
-                                 else tm.policy(obs) if hasattr(tm, "policy") else tm(obs)[0])
-            target_logp = self.dist.logp(target_inputs, actions, mask)
         behaviour_logp = batch[sb.ACTION_LOGP]
-        log_rhos = target_logp - behaviour_logp
-        vs, adv = ((batch["vtrace_vs"], batch["vtrace_adv"]) if ready
-                   else self.vtrace_targets(batch, log_rhos, values.detach()))
+        if "target_inputs" in batch:  # minibatch_mode=shuffled: V-trace ran in prepare_batch
+            target_inputs, vs, adv = batch["target_inputs"], batch["vtrace_vs"], batch["vtrace_adv"]
+            with torch.no_grad():
+                log_rhos = self.dist.logp(target_inputs, actions, mask) - behaviour_logp
+        else:
+            target_inputs, log_rhos, vs, adv = self.target_vtrace(batch, values.detach())
         is_ratio = torch.clamp(torch.exp(-log_rhos), 0.0, cfg.is_ratio_clip)
         ratio = is_ratio * torch.exp(logp - behaviour_logp)
         standardize = cfg.normalize_advantages == "minibatch" and self.shard_rows is None  # (a group's: prepare_minibatch)

@@ -40,7 +40,7 @@ from flowkit.config import ConfigError
 from flowkit.core import batch as sb
 from flowkit.core import derive_seed
 from flowkit.core.learner import Learner
-from flowkit.core.ops import StandardizeFields, WorkerRounds
+from flowkit.core.ops import StandardizeFields, WorkerRounds, record_training
 from flowkit_ppo import DDPPO_REF, min_fragments, num_minibatches
 from flowkit_ppo.ppo import PPOPolicy
 
@@ -342,9 +342,6 @@ class GroupRounds:
             self.policy.set_state(next(r["state"] for r in results if r["worker_index"] == 0))
             self.learner.num_updates += steps
             self.learner.env_steps_trained += trained
-        c["env_steps_trained"] += trained
-        c["agent_steps_trained"] += sum(rows)
-        c["num_updates"] += steps
         stats = {k: float(np.average([r["stats"].get(k, np.nan) for r in results], weights=rows))
                  for k in results[0]["stats"]}
         learn_s = max(r["learn_s"] for r in results)
@@ -352,10 +349,8 @@ class GroupRounds:
                      rows_min=min(rows), rows_max=max(rows), sample_time_s=max(r["sample_s"] for r in results),
                      learn_time_s=learn_s, allreduce_time_s=max(r["allreduce_s"] for r in results),
                      generation=self.generation, aborted_rounds=int(c["ddppo_aborted_rounds"]))
-        ctx.metrics.learner_stats[self.pid] = stats
         ctx.metrics.extra["perf/learner_throughput_env_steps_per_s"] = sum(rows) / max(learn_s, 1e-9)
-        ctx.mark("first_train")
-        return {"stats": {self.pid: stats}, "num_updates": steps}
+        return record_training(ctx, {self.pid: stats}, trained, sum(rows), steps)
 
 
 # ---- the algorithm -----------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from torch import nn
 
 import flowkit
 from flowkit import ConfigError
-from flowkit.core import Policy, RunningMeanStd, TargetNetwork, TwinMLP, derive_seed, ops, replay
+from flowkit.core import ObsNormPolicy, TargetNetwork, TwinMLP, derive_seed, ops, replay
 from flowkit.core import batch as sb
 from flowkit.core.target_network import flat_parameters
 
@@ -46,14 +46,15 @@ class GreedyActor(nn.Module):
         return torch.tanh(self.actor(obs)[:, :self.act_dim])
 
 
-class OffPolicyActorCritic(Policy):
+class OffPolicyActorCritic(ObsNormPolicy):
     """Base of :class:`~flowkit_sac.sac.SACPolicy` and :class:`~flowkit_sac.td3.TD3Policy`.
 
     A subclass builds ``self.model`` (``critic`` first, then ``actor``) and calls
     :meth:`finish_init` with the names of the modules that have targets (and those of each
     segment of the optimizer, for one Adam per segment); it implements
     :meth:`act` and ``loss``. Actions are in [-1, 1] (``float32[B, dim(A)]``), scaled to the
-    Box bounds on the way to the env.
+    Box bounds on the way to the env. With ``model.normalize_obs`` acting and the losses see
+    normalised observations (:class:`~flowkit.core.ObsNormPolicy`).
     """
 
     model: Any  # the subclass's model: ``critic`` first, then ``actor``
@@ -71,9 +72,8 @@ class OffPolicyActorCritic(Policy):
     def finish_init(self, target_modules: Sequence[str], segments: Sequence[Sequence[str]] = ()) -> None:
         from flowkit.core.models import init_weights
         init_weights(self.model, self.model_config)  # model.init, before the targets copy the weights
-        if self.model_config.normalize_obs:  # buffers only: outside the flat parameters, inside state_dict (checkpoints)
-            self.model.obs_rms = RunningMeanStd((self.obs_dim,))
         self.model.to(self.device)
+        self.add_obs_rms(type(self).__name__)  # buffers only: outside the flat parameters, inside state_dict
         if self.inference_only:  # the actor alone is synced: one flat array
             _, self.actor_flat = flat_parameters(self.model.actor, self.device, trainable_only=False)
             return
@@ -99,23 +99,6 @@ class OffPolicyActorCritic(Policy):
             return self.np_random.uniform(-1, 1, (obs.shape[0], self.act_dim)).astype(np.float32), {}
         with torch.inference_mode():
             return self.act(self.norm(torch.from_numpy(obs)), explore).numpy(), {}
-
-    def norm(self, obs: torch.Tensor) -> torch.Tensor:
-        """``obs`` normalised by the running statistics (``model.normalize_obs``; else as is)."""
-        rms = getattr(self.model, "obs_rms", None)
-        return obs if rms is None else rms(obs)
-
-    # -- learning (driver) --
-    def prepare_batch(self, batch):
-        """Tensors of the train columns; with ``model.normalize_obs`` the statistics first take
-        in the batch's ``obs`` (rows replayed uniformly: the buffer's distribution), then obs and
-        next_obs are normalised (the losses see normalised observations)."""
-        out = super().prepare_batch(batch)
-        rms = getattr(self.model, "obs_rms", None)
-        if rms is not None:
-            rms.update(out[sb.OBS].float())
-            out[sb.OBS], out[sb.NEXT_OBS] = rms(out[sb.OBS]), rms(out[sb.NEXT_OBS])
-        return out
 
     def q_values(self, obs: torch.Tensor, actions: torch.Tensor, detach_params: bool = False,
                  target: bool = False) -> torch.Tensor:
