@@ -202,9 +202,10 @@ def probe_env(env_cfg: Any, context: EnvContext, check: bool = False) -> Any:
         dt = getattr(env.unwrapped, "dt", None)
         if isinstance(dt, (int, float)) and not (math.isfinite(dt) and dt > 0):
             raise ConfigError(f"{what}: the env's time step dt={dt:g} s is not > 0{kw}")
-        env.action_space.seed(0)
-        for call in ([] if env_cfg.get("factory") else ["reset()", "step()"]):
+        for call in ([] if env_cfg.get("factory") else ["reset()", "step()"]):  # (a factory's spaces: checked later)
             try:
+                if call == "step()":
+                    env.action_space.seed(0)
                 obs = env.reset(seed=0)[0] if call == "reset()" else env.step(env.action_space.sample())[0]
             except Exception as e:
                 first = (str(e).strip().splitlines() or [""])[0]
