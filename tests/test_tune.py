@@ -150,3 +150,20 @@ def test_seeds_only_sweep_then_plot(ray_session, tmp_path, capsys):
         got = [float(r[f"episode_return_mean_{k}"]) for k in ("mean", "std", "min", "max")]
         assert got == pytest.approx([vals.mean(), vals.std(), vals.min(), vals.max()])
     assert any(float(r["episode_return_mean_max"]) > float(r["episode_return_mean_min"]) for r in rows)  # a spread
+
+
+@pytest.mark.slow
+def test_a_trial_on_the_ray_backend_starts_its_workers_in_its_placement_group(ray_session, tmp_path, capsys):
+    # the trial reserves every CPU of the session (1 learner + 2 workers x 0.5): its rollout
+    # workers fit only inside the trial's placement group; placed outside it (an explicit
+    # scheduling strategy), they waited for CPUs forever and the sweep hung (a newcomer's find)
+    sweep = str(tmp_path / "ray")
+    small = [a for a in SMALL if not a.startswith(("runtime.backend", "runtime.num_workers"))]
+    rc = main(["tune", *small, "runtime.backend=ray", "runtime.num_workers=2", "stop.iterations=2",
+               "runtime.start_timeout_s=60", f"run.dir={sweep}", "seed=range(1)"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    assert "1 learner + 2 rollout workers" in out.splitlines()[0]
+    with open(os.path.join(sweep, "tune_results.csv")) as f:
+        rows = list(csv.DictReader(f))
+    assert [r["status"] for r in rows] == ["done"] and int(rows[0]["iterations"]) == 2

@@ -327,7 +327,9 @@ def _actor_class(num_cpus: float, scheduling: str = "DEFAULT") -> Any:
     """The Ray actor class of a rollout worker: ``num_cpus`` reserved, placed by Ray's
     ``scheduling`` strategy (``DEFAULT``, or ``SPREAD``: over as many nodes as it can)."""
     import ray
-    strategy: Any = scheduling  # (a config string: "DEFAULT" or "SPREAD")
+    # DEFAULT given as None: an explicit strategy would place the workers outside the
+    # placement group of a Tune trial that starts them (Ray captures child actors only then)
+    strategy: Any = None if scheduling == "DEFAULT" else scheduling
     return ray.remote(num_cpus=num_cpus, max_restarts=0, scheduling_strategy=strategy)(_RayRolloutWorker)
 
 
