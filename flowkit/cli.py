@@ -102,15 +102,20 @@ def shown_path(path: str) -> str:
 
 
 def option_hint(argv: Sequence[str], unknown: Sequence[str],
-                key_for: Optional[Any] = None) -> Optional[str]:
+                key_for: Optional[Any] = None, real: Sequence[str] = ()) -> Optional[str]:
     """The error for options a command does not take among ``unknown`` (``--episodes 5``,
     ``--episodes=5``, ``-x``), with the ``key=value`` to write instead (``episodes=5``: a
     flag's value is the word after it unless that is an option or a key=value; ``key_for``
-    maps a bare key to the config key, ``lr`` to ``ppo.lr``); None when ``unknown`` holds no
-    option."""
+    maps a bare key to the config key, ``lr`` to ``ppo.lr``); an option close to one of the
+    command's ``real`` flags (``--no_tuned``) is pointed to that flag; None when ``unknown``
+    holds no option."""
     flags = [u for u in unknown if re.match(r"-+[^\d.\W]", u)]  # (not a negative number)
     if not flags:
         return None
+    import difflib
+    near = [difflib.get_close_matches(f.partition("=")[0].replace("_", "-"), real, n=1, cutoff=0.8) for f in flags]
+    if all(near):
+        return f"unrecognised option {' '.join(flags)}: did you mean {' '.join(m[0] for m in near)}?"
     hints = []
     for f in flags:
         key, eq, val = f.lstrip("-").partition("=")
@@ -210,7 +215,8 @@ def _dispatch(argv: List[str]) -> int:
     if args.help or args.command is None:
         return _usage(args, overrides)
     if bad:
-        hint = option_hint(argv, bad, key_for=lambda k: _config_key(k, overrides, args.config_file))
+        real = [o for a in _parser()._actions for o in a.option_strings if o.startswith("--")]
+        hint = option_hint(argv, bad, lambda k: _config_key(k, overrides, args.config_file), real)
         print(f"flowkit: error: {hint or f'unrecognised arguments {bad}'}", file=sys.stderr)
         return 2
     return _one_line("", lambda: _config_command(args, overrides))
@@ -397,7 +403,7 @@ def _keyed(cmd: str, argv: List[str], args_cls: type, act: Callable[..., int],
         if bad:
             import difflib
             raise ConfigError(option_hint(argv, bad, lambda k: (difflib.get_close_matches(
-                k.replace("-", "_"), keys, n=1, cutoff=0.75) or [k])[0]))
+                k.replace("-", "_"), keys, n=1, cutoff=0.75) or [k])[0], [*flags, "--help"]))
         if got.pop("help", False):
             usage = re.findall(rf"^flowkit {cmd} .*(?:\n +.*)*", USAGE, re.M)[0]
             keys_text = "\n".join(f"  {k} (default {d!r}): {h}" for k, (_, h, d) in keys.items())

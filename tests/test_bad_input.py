@@ -201,6 +201,11 @@ def test_a_usage_error_is_one_line(capsys):
     (["plot", "run", "metrc=x"], "flowkit plot: error: unknown config key `metrc`; did you mean `metric`?"),
     (["export", "run", "--format", "onnx", "--out=p.onnx"], "flowkit export: error: unrecognised options --format "
      "--out: settings are key=value words, not --options; write format=onnx out=p.onnx"),
+    # a misspelt real flag is pointed to that flag, not told to be a key=value (a newcomer's find)
+    (["train", "--no_tuned", "algo=ppo"], "flowkit: error: unrecognised option --no_tuned: did you mean --no-tuned?"),
+    (["train", "--dryrun"], "flowkit: error: unrecognised option --dryrun: did you mean --dry-run?"),
+    (["evaluate", "run", "--trust_config"],
+     "flowkit evaluate: error: unrecognised option --trust_config: did you mean --trust-config?"),
 ])
 def test_a_commands_bad_setting_is_one_line(capsys, args, says):
     """Issue 49 item 6: every command's settings are key=value words through one runner; a bad
