@@ -882,11 +882,14 @@ def _layer_error(layer: Any, keys: Dict[str, Tuple[Any, str, Any]], prefix: str 
         leaf = _leaf_type(tp[0]) if tp else None
         for name, x in [(f"{key}[{i}]", x) for i, x in enumerate(v)] if isinstance(v, list) else [(key, v)]:
             if leaf in (int, float, bool) and isinstance(x, str) and "${" not in x:
-                return ConfigError(f"`{name}` must be {_KINDS[leaf]}, got the text {x!r} (write it without quotes)")
+                quoted = x.lower() in ("true", "false") if leaf is bool else _NUMBER.fullmatch(x.strip())
+                return ConfigError(f"`{name}` must be {_KINDS[leaf]}, got the text {x!r}"
+                                   + (" (write it without quotes)" if quoted else ""))
     return None
 
 
 _DECIMAL = re.compile(r"[+-]?(\d+\.\d*|\.\d+)([eE][+-]?\d+)?")
+_NUMBER = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")  # a number, written as text
 
 
 def _decimal_for_int(items: Sequence[Any], keys: Dict[str, Tuple[Any, str, Any]]) -> None:
