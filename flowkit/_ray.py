@@ -171,18 +171,13 @@ def _connect(kw: Dict[str, Any]) -> None:
                 from ray._private.services import get_ray_address_from_environment
                 gcs = get_ray_address_from_environment("auto", None)
             _probe(gcs, f"runtime.address={addr!r}")
-        from ray._private import ray_constants
         patches = _local_patches() if addr == "local" else []
         saved = [(obj, k, obj.__dict__[k]) for obj, k, _ in patches]
-        cluster = ray_constants.ENABLE_RAY_CLUSTER
         try:  # only while this ray.init runs: a later session in this process is unaffected
-            # off: Ray takes the loopback address as a new local node's (all its servers bind to it)
-            ray_constants.ENABLE_RAY_CLUSTER = cluster and addr != "local"
             for obj, k, f in patches:
                 setattr(obj, k, f)
             ray.init(**kw)
         finally:
-            ray_constants.ENABLE_RAY_CLUSTER = cluster
             for obj, k, f in saved:
                 setattr(obj, k, f)
     except BaseException as e:
@@ -200,7 +195,8 @@ def _connect(kw: Dict[str, Any]) -> None:
 
 
 def _local_patches() -> List[Tuple[Any, str, Any]]:
-    """``(object, attribute, replacement)`` for a new local node: no dashboard / job API server
+    """``(object, attribute, replacement)`` for a new local node: on the loopback address (all its
+    servers bind to it), no dashboard / job API server
     and no autoscaler monitor; the raylet registers without waiting for its agents (a minimal
     Ray: their ports are given, -1 where the minimal dashboard agent serves nothing, as it would
     write itself); its processes in a session of their own (a signal to the driver's process
@@ -252,7 +248,9 @@ def _local_patches() -> List[Tuple[Any, str, Any]]:
         def __init__(self, *args: Any, **kw: Any) -> None:
             super().__init__(*args, start_new_session=True, **kw)
 
-    return [(node.Node, "start_api_server", lambda self, **kw: setattr(self, "_webui_url", None)),
+    # (ENABLE_RAY_CLUSTER off: Ray takes the loopback address as the new node's; all its servers bind to it)
+    return [(ray_constants, "ENABLE_RAY_CLUSTER", False),
+            (node.Node, "start_api_server", lambda self, **kw: setattr(self, "_webui_url", None)),
             (node.Node, "start_monitor", lambda self: None), (services, "start_ray_process", process),
             (services, "ConsolePopen", OwnSession)] + (
         [(node.Node, "start_ray_processes", ports)] if given else [])
