@@ -214,10 +214,10 @@ def _local_patches() -> List[Tuple[Any, str, Any]]:
     (the patched side faster in 8 of 9 pairs); ``ray.init`` itself 0.1-0.2 s against 3-6 s.
     Issue 49 measured them again (the same runs, seeds 0-2, alternating, a load of 27-37): the
     command to first sample 25.0 s patched against 36.8 s (1.47x), to ``ray.init``'s end 23.2 s
-    against 30.9 s: kept. Issue 49 item 4, 2026-12-07 (the same runs in fresh
-    processes, seeds 0-2, alternating, a load of 18-46): first sample 17.0 s patched against
-    39.5 s unpatched (2.3x, median of 3); the agents' ``AGENT_DELAY_S`` alone (the patches with
-    a delay of 0 against 10 s, median of 7): 19.7 s against 17.0 s (1.15x): kept.
+    against 30.9 s: kept. Issue 49 item 4, 2026-12-07 (``bench/kept_speedups.py``: the same
+    runs in fresh processes, seeds by repeat, alternating, a load of 18-46): first sample 17.0 s
+    patched against 39.5 s unpatched (2.3x, median of 3); the agents' ``AGENT_DELAY_S`` alone
+    (the patches with a delay of 0 against 10 s, median of 7): 19.7 s against 17.0 s (1.15x): kept.
     They rely on private Ray code, hence the pin in pyproject.toml (``ray<2.61``) and
     tests/test_ray_internals.py, which fails when that code changes."""
     import ray
