@@ -53,52 +53,6 @@ flowkit tune [-c FILE ...] [--no-tuned] [metric=M] [mode=max|min] [search=grid|r
 flowkit --version"""
 
 
-def tuned_config_path(algo: str, env_id: Optional[str]) -> Optional[str]:
-    """The tuned config ``configs/<algo>/<env-id>.yaml`` for ``algo`` on ``env_id``, or None.
-
-    Looked up as package data, ``flowkit/configs/`` (``importlib.resources``): in a checkout or
-    an editable install that folder is a link to the repository's ``configs/``; a wheel or a
-    non-editable ``pip install`` copies the files into the installed package
-    (``[tool.setuptools.package-data]``). Then in each installed plugin's package (the module
-    of its ``flowkit`` entry point): a plugin ships the tuned configs of its algorithms as its
-    own package data, ``<package>/configs/<algo>/<env-id>.yaml``. A Gymnasium ``pkg:Id-v0`` id
-    is looked up by ``Id-v0``.
-    """
-    if not algo or not env_id or "/" in algo or ".." in env_id:
-        return None
-    from importlib.resources import files
-
-    from flowkit.core.names import plugin_entry_points
-    for top in ["flowkit", *dict.fromkeys(ep.module.split(".")[0] for ep in plugin_entry_points())]:
-        try:
-            path = files(top).joinpath("configs", algo, env_id.rpartition(":")[2] + ".yaml")
-        except Exception:  # noqa: S112 - a plugin that does not import is reported when plugins load
-            continue
-        if path.is_file():
-            return str(path)
-    return None
-
-
-def build_tuned(overrides: List[str], files: Optional[List[str]], no_tuned: bool, pm: Any
-                ) -> Tuple[Any, Optional[List[str]], Optional[str]]:
-    """``(config, config files, tuned config or None)``: the config of ``files`` and
-    ``overrides``; without ``files`` (unless ``no_tuned``, or a resumed run), on the tuned config
-    of its algo and env (:func:`tuned_config_path`) when there is one. Raises ConfigError."""
-    from flowkit.config import build_config
-    cfg = build_config(overrides, files, pm.config_sections())  # errors before torch and Ray load
-    tuned = None if files or no_tuned or cfg.resume else tuned_config_path(cfg.algo, cfg.env.id)
-    if tuned:  # the tuned config for this algo and env, under the overrides
-        files = [tuned]
-        cfg = build_config(overrides, files, pm.config_sections())
-    return cfg, files, tuned
-
-
-def shown_path(path: str) -> str:
-    """``path`` relative to the working directory when it lies below it, else absolute."""
-    rel = os.path.relpath(os.path.realpath(path))
-    return os.path.realpath(path) if rel.startswith("..") else rel
-
-
 def option_hint(argv: Sequence[str], unknown: Sequence[str],
                 key_for: Optional[Any] = None, real: Sequence[str] = ()) -> Optional[str]:
     """The error for options a command does not take among ``unknown`` (``--episodes 5``,
@@ -235,6 +189,7 @@ def _config_command(cmd: str, paths: List[str], _: Any, got: Dict[str, Any], wor
     """train, plan and plugins (and ``--print-config``, ``--dry-run``): their words are the config's
     overrides (a word that is not ``key=value`` is refused by the config's reader)."""
     from flowkit._guard import GUARD
+    from flowkit._prepare import build_tuned, prepare, shown_path
     from flowkit.config import check_run, plugin_modules_from
     from flowkit.hooks import get_plugin_manager
     overrides, files = [*paths, *words], got.get("config")
@@ -250,7 +205,6 @@ def _config_command(cmd: str, paths: List[str], _: Any, got: Dict[str, Any], wor
             if not cfg.resume:
                 check_run(cfg, pm)  # config errors found without torch, the env or Ray come before they load
             return _show(got, cfg, pm, overrides, files)
-        from flowkit._prepare import prepare
         run = prepare(overrides, files, trust_config=got["trust_config"], pm=pm, built=cfg)  # once
         if not cfg.resume:  # (a resumed run's env and runtime come from its checkpoint)
             from flowkit import _ray
@@ -467,9 +421,8 @@ def _plot(argv: List[str]) -> int:
 
 def _tune(argv: List[str]) -> int:
     """``flowkit tune``: see :mod:`flowkit.tune`."""
-    import importlib
-    tune = importlib.import_module("flowkit.tune")  # (by name: flowkit.tune imports build_tuned from here)
-    return _keyed("tune", argv, tune.TuneArgs, tune.main, flags=("-c", "--no-tuned"), config_words=True)
+    from flowkit.tune import TuneArgs, main
+    return _keyed("tune", argv, TuneArgs, main, flags=("-c", "--no-tuned"), config_words=True)
 
 
 _CONFIG_FLAGS = ("-c", "--no-tuned", "--print-config", "--dry-run", "--mermaid", "--trust-config", "--take-over-lock")
