@@ -53,17 +53,12 @@ flowkit tune [-c FILE ...] [--no-tuned] [metric=M] [mode=max|min] [search=grid|r
 flowkit --version"""
 
 
-def option_hint(argv: Sequence[str], unknown: Sequence[str],
-                key_for: Optional[Any] = None, real: Sequence[str] = ()) -> Optional[str]:
-    """The error for options a command does not take among ``unknown`` (``--episodes 5``,
+def option_hint(argv: Sequence[str], flags: Sequence[str], key_for: Callable[[str], str], real: Sequence[str]) -> str:
+    """The error for options ``flags`` of ``argv`` that a command does not take (``--episodes 5``,
     ``--episodes=5``, ``-x``), with the ``key=value`` to write instead (``episodes=5``: a
     flag's value is the word after it unless that is an option or a key=value; ``key_for``
-    maps a bare key to the config key, ``lr`` to ``ppo.lr``); an option close to one of the
-    command's ``real`` flags (``--no_tuned``) is pointed to that flag; None when ``unknown``
-    holds no option."""
-    flags = [u for u in unknown if re.match(r"-+[^\d.\W]", u)]  # (not a negative number)
-    if not flags:
-        return None
+    maps a bare key to the key it means, ``lr`` to ``ppo.lr``); an option close to one of the
+    command's ``real`` flags (``--no_tuned``) is pointed to that flag."""
     import difflib
     near = [difflib.get_close_matches(f.partition("=")[0].replace("_", "-"), real, n=1, cutoff=0.8) for f in flags]
     if all(near):
@@ -75,31 +70,33 @@ def option_hint(argv: Sequence[str], unknown: Sequence[str],
             i = list(argv).index(f) + 1
             nxt = argv[i] if i < len(argv) else ""
             val = nxt if nxt and not nxt.startswith("-") and "=" not in nxt else "VALUE"
-        hints.append(f"{key_for(key) if key_for else key}={val}")
+        hints.append(f"{key_for(key)}={val}")
     return (f"unrecognised option{'s' * (len(flags) > 1)} {' '.join(f.partition('=')[0] for f in flags)}: "
             f"settings are key=value words, not --options; write {' '.join(hints)}")
 
 
-def _config_key(key: str, overrides: Sequence[str], config_file: Any) -> str:
-    """``key`` as the config key it most likely means: itself when the config has it, else the
+def _meant_key(key: str, keys: Sequence[str], algo: Optional[str] = None) -> str:
+    """``key`` (``-`` read as ``_``) as the key of ``keys`` it most likely means: itself, else the
     run's algorithm's key of that name (``lr`` -> ``ppo.lr``), else the one key ending in it
-    (``num_workers`` -> ``runtime.num_workers``), else a close key; ``key`` when the config
-    cannot be built."""
+    (``num_workers`` -> ``runtime.num_workers``), else a close key, else ``key``."""
     import difflib
+    key = key.replace("-", "_")
+    owners = [k for k in keys if k.endswith(f".{key}")]
+    best = [key] if key in keys else [f"{algo}.{key}"] if f"{algo}.{key}" in keys else owners[:1] if len(owners) == 1 else []
+    return (best or difflib.get_close_matches(key, keys, n=1, cutoff=0.75) or [key])[0]
 
+
+def _config_keys(overrides: Sequence[str], config_file: Any) -> Tuple[List[str], Optional[str]]:
+    """``(every config key, the run's algorithm)`` of a config's sources; ``([], None)`` when the
+    config cannot be built."""
     from flowkit.config import build_config, make_schema_class, schema_keys
     from flowkit.hooks import PluginError, get_plugin_manager
     try:
         sections = get_plugin_manager().config_sections()
         algo = build_config(list(overrides), config_file, sections).algo
     except (ConfigError, PluginError):
-        return key
-    flat = list(schema_keys(make_schema_class(sections)))
-    if key in flat:
-        return key
-    owners = [k for k in flat if k.endswith(f".{key}")]
-    best = [f"{algo}.{key}"] if f"{algo}.{key}" in flat else owners if len(owners) == 1 else []
-    return (best or difflib.get_close_matches(key, flat, n=1, cutoff=0.75) or [key])[0]
+        return [], None
+    return list(schema_keys(make_schema_class(sections))), algo
 
 
 class UsageError(ConfigError):
@@ -160,7 +157,8 @@ def _one_line(cmd: str, fn: Callable[[], int]) -> int:
         return fn()
     except (ConfigError, PluginError, MemoryError) as e:  # (MemoryError: a buffer or batch too large)
         status = getattr(e, "exit_status", 2)
-        what = "error" if cmd or status == 1 or isinstance(e, UsageError) else "plugin error" if isinstance(e, PluginError) else "config error"
+        what = ("error" if cmd or status == 1 or isinstance(e, UsageError) else
+                "plugin error" if isinstance(e, PluginError) else "config error")
         why = f"out of memory, lower the sizes in the config: {e}" if isinstance(e, MemoryError) else str(e)
     except Exception as e:
         if not isinstance(e, _run_failures()):
@@ -332,11 +330,9 @@ def _keyed(cmd: str, argv: List[str], args_cls: Optional[type], act: Callable[..
                 bad.append(w)
             else:
                 (words if "=" in w else paths).append(w)
-        if bad:
-            import difflib
-            raise UsageError(option_hint(argv, bad, lambda k: _config_key(k, words, got.get("config")) if not args_cls
-                                         else (difflib.get_close_matches(k.replace("-", "_"), keys, n=1, cutoff=0.75)
-                                               or [k])[0], [*flags, "--help"]))
+        if bad:  # (train, plan, plugins: the config's keys)
+            flat, algo = _config_keys(words, got.get("config")) if not args_cls else (list(keys), None)
+            raise UsageError(option_hint(argv, bad, lambda k: _meant_key(k, flat, algo), [*flags, "--help"]))
         if not args_cls:
             return _usage(cmd, words) if got.pop("help", False) else act(paths, {}, got, words)
         if got.pop("help", False):
