@@ -323,7 +323,8 @@ def _keyed(cmd: str, argv: List[str], args_cls: Optional[type], act: Callable[..
             if w in ("-h", "--help"):
                 got["help"] = True
             elif "-c" in flags and (w in ("-c", "--config") or w.startswith("--config=")):
-                got.setdefault("config", []).append(w.partition("=")[2] or next(it, None) or _needs_file(cmd, w))
+                f = w.partition("=")[2] or next(it, "")  # (an option after -c is no FILE)
+                got.setdefault("config", []).append(f if f and not f.startswith("-") else _needs_file(cmd, w))
             elif w in flags:
                 got[w.lstrip("-").replace("-", "_")] = True
             elif re.match(r"-+[^\d.\W]", w):  # (not a negative number)

@@ -229,6 +229,8 @@ def test_train_plan_and_plugins_read_their_words_as_every_command_does(tmp_path,
     assert "\n  lr: 0.01\n" in out and "\n  id: CartPole-v1\n" in out and "\nseed: 3\n" in out, out
     assert main(["plugins", "-c", str(tmp_path / "c.yaml")]) == 0
     assert "algorithm   ppo: " in capsys.readouterr().out
+    assert main(["train", "-c", "--no-tuned"]) == 2
+    assert capsys.readouterr().err == "flowkit: error: -c needs a FILE (flowkit train -c FILE)\n"
     with pytest.raises(SystemExit) as ei:
         main(["--no-tuned", "trian"])
     assert ei.value.code == 2 and capsys.readouterr().err == (
