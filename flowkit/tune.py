@@ -31,6 +31,7 @@ import logging
 import math
 import os
 import re
+import shlex
 import signal
 import sys
 import threading
@@ -312,7 +313,7 @@ def _tune(a: SimpleNamespace) -> int:
     if got:
         runs = sorted(d for d in os.listdir(sweep_dir) if re.match(r"\d{5}-", d)) or ["RUN"]
         print(f"flowkit tune: stopped: interrupted ({signal.Signals(got[0]).name}); each trial's run folder holds its "
-              f"final checkpoint: `flowkit train resume={os.path.join(shown_path(sweep_dir), runs[0])}` continues that "
+              f"final checkpoint: `flowkit train {shlex.quote('resume=' + os.path.join(shown_path(sweep_dir), runs[0]))}` continues that "
               "trial (a sweep is not resumed: a new one needs a new run.dir)", file=sys.stderr)
         return 128 + got[0]
     return status

@@ -4,6 +4,7 @@ import csv
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -448,7 +449,7 @@ def test_a_sigterm_to_a_sweeps_process_group_ends_every_trial_with_its_checkpoin
     trials = sorted(glob.glob(os.path.join(sweep, "0*")))
     assert err.splitlines()[-1] == (  # flowkit's way to go on, not Ray Tune's `Tuner.restore(...)` (issue 48)
         "flowkit tune: stopped: interrupted (SIGTERM); each trial's run folder holds its final checkpoint: "
-        f"`flowkit train resume={trials[0]}` continues that trial (a sweep is not resumed: a new one needs a new "
+        f"`flowkit train {shlex.quote('resume=' + trials[0])}` continues that trial (a sweep is not resumed: a new one needs a new "
         "run.dir)") and "Tuner.restore" not in err, err
     assert len(trials) == 2 and os.path.exists(os.path.join(sweep, "tune_results.csv"))
     for t in trials:
