@@ -7,9 +7,30 @@ Quick use::
     algo = flowkit.Algorithm.from_checkpoint(result.run_dir)
     action = algo.compute_actions(obs, explore=False)
 """
+import os as _os
+import signal as _signal
+import sys as _sys
 from typing import TYPE_CHECKING, Any
 
-from flowkit.core.algorithm import Algorithm as _Algorithm
+
+def _exit_on_signal(signum: int, frame: object) -> None:
+    """The handler while the ``flowkit`` command imports (nothing started yet): one line and 128
+    + the signal number, not a KeyboardInterrupt traceback or the default action (a silent -15)."""
+    _os.write(2, f"flowkit: stopped: interrupted ({_signal.Signals(signum).name}) while starting\n".encode())
+    _os._exit(128 + signum)
+
+
+# first thing when the program is the `flowkit` command (its script, `python -m flowkit` or `python -m
+# flowkit.cli`: each imports this package before flowkit.cli, numpy and torch), never for a library user;
+# signals inherited as ignored (nohup) stay so. (sys.argv[0] is "-m" while -m imports its module.)
+_argv = getattr(_sys, "orig_argv", [])
+if _os.path.basename(getattr(_sys.modules.get("__main__"), "__file__", None) or "") == "flowkit" or (
+        _sys.argv[:1] == ["-m"] and "-m" in _argv and _argv[_argv.index("-m") + 1:][:1] in (["flowkit"], ["flowkit.cli"])):
+    for _sig in (_signal.SIGINT, _signal.SIGTERM, _signal.SIGHUP):
+        if _signal.getsignal(_sig) != _signal.SIG_IGN:
+            _signal.signal(_sig, _exit_on_signal)
+
+from flowkit.core.algorithm import Algorithm as _Algorithm  # noqa: E402
 
 if TYPE_CHECKING:
     from flowkit.config import ConfigError  # noqa: I001 - wrapped by hand, as in flowkit/core/__init__.py

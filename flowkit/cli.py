@@ -14,17 +14,12 @@ import os
 import signal
 import sys
 
+from flowkit import _exit_on_signal
 
-def _exit_on_signal(signum: int, frame: object) -> None:
-    """The handler while the program imports this module (nothing started yet): one line and
-    128 + the signal number, not the default action (a silent -15)."""
-    os.write(2, f"flowkit: stopped: interrupted ({signal.Signals(signum).name}) while starting\n".encode())
-    os._exit(128 + signum)
-
-
-# first thing when this module is the program (`flowkit ...`, `python -m flowkit.cli`), never
-# when it is imported as a library; signals inherited as ignored (nohup) stay ignored
-if __name__ == "__main__" or os.path.basename(getattr(sys.modules.get("__main__"), "__file__", None) or "") == "flowkit":
+# first thing when this module is the program (`python -m flowkit.cli`; the `flowkit` command's were set
+# when it imported the package), never when it is imported as a library; signals inherited as ignored
+# (nohup) stay ignored
+if __name__ == "__main__":
     for _sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         if signal.getsignal(_sig) != signal.SIG_IGN:
             signal.signal(_sig, _exit_on_signal)
@@ -363,7 +358,8 @@ def _evaluate(argv: List[str]) -> int:
         print(format_table(report))
         for v in report.get("videos", []):
             print(f"video: {v}")
-        print(f"wrote {os.path.join(report['checkpoint'], 'evaluation.json')}")
+        print(f"evaluation.json not written: {report['not_written']}" if "not_written" in report else
+              f"wrote {os.path.join(report['checkpoint'], 'evaluation.json')}")
         return 0
     return _keyed("evaluate", argv, EvaluateArgs, act)
 

@@ -817,8 +817,9 @@ def build_config(user: Any = None, config_file: Union[str, Sequence[str], None] 
     Raises:
         ConfigError: unknown key (with the closest valid one), wrong type, a value outside
             what its field allows (:func:`check_values`), an interpolation that does not
-            resolve, ``env=`` and ``env.id=`` given together, or a config file that is
-            missing, unreadable or not YAML.
+            resolve, ``env=`` and ``env.id=`` given together, a config file that is
+            missing, unreadable or not YAML, or an unset ``$VAR`` in a path
+            (:data:`PATH_KEYS`: ``~`` and ``$VAR`` are expanded, :func:`user_path`).
     """
     layers, items = _layers(user, config_file)
     schema_cls = make_schema_class(held_sections(layers, sections or {}))
@@ -832,7 +833,22 @@ def build_config(user: Any = None, config_file: Union[str, Sequence[str], None] 
     except OmegaConfBaseException as e:
         raise _config_error(e, {}) from None
     check_values(merged, schema_cls)
+    for key in PATH_KEYS:  # as a shell user writes them: `run.dir=~/runs/x` is not a folder named `~`
+        if path := OmegaConf.select(merged, key):
+            OmegaConf.update(merged, key, user_path(key, path))
     return merged
+
+
+PATH_KEYS = ("run.dir", "run.output", "resume")
+
+
+def user_path(key: str, path: str) -> str:
+    """``path`` with ``~`` and ``$VAR`` / ``${VAR}`` expanded as a shell does. Raises ConfigError
+    naming ``key`` when a variable is not set (a shell would make it empty)."""
+    out = os.path.expandvars(os.path.expanduser(path))
+    if m := re.search(r"\$\{?(\w+)", out):
+        raise ConfigError(f"{key}={path!r}: the environment variable {m[1]} is not set")
+    return out
 
 
 def merge_overrides(base: DictConfig, overrides: Dict[str, Any], schema: type,

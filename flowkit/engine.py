@@ -246,7 +246,8 @@ def train(config: Any = None, config_file: Union[str, Sequence[str], None] = Non
         verbose: print what ``flowkit train`` prints: a first line when the config sets no
             stop condition, and at the end (also after Ctrl-C or SIGTERM) the
             :func:`summary` (run folder, stop reason, checkpoint). False: print nothing (the
-            ``progress`` reporter is left out too).
+            ``progress`` reporter is left out too); a config without a stop condition is then
+            a UserWarning.
         trust_config: with ``resume=``, allow the callables the run folder's config names
             that no installed flowkit plugin provides (``env.factory``, ``model.class``,
             ``plugins``); without it, each must be given again in ``config`` (a run folder is
@@ -279,8 +280,11 @@ def _train(config: Any, config_file: Union[str, Sequence[str], None], plugins: S
                 print(f"resuming from {resume_from} (iteration {p.resume_iteration})", flush=True)
             if not verbose:  # no progress bar either
                 cfg.run.reporters = [r for r in cfg.run.reporters if r != "progress"]
-            if verbose and all(cfg.stop[k] is None for k in cfg.stop):
-                print(NO_STOP, flush=True)
+            if all(cfg.stop[k] is None for k in cfg.stop):  # said also when quiet (SB3's learn needs a budget)
+                if verbose:
+                    print(NO_STOP, flush=True)
+                else:
+                    warnings.warn(NO_STOP.removeprefix("flowkit: "), stacklevel=3)
             _ray.start(cfg, prestart=True)  # (the CLI started it before importing torch)
             t_config = time.perf_counter()
             torch.manual_seed(derive_seed(int(cfg.seed), "torch"))

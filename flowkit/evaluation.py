@@ -203,7 +203,8 @@ def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore:
              trust_config: bool = False, timeout_s: Optional[float] = None,
              opponents: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     """Evaluate the checkpoint at ``path`` (a run folder: its newest checkpoint) and write
-    ``evaluation.json`` in the checkpoint's folder. Returns what it wrote: ``episode_return_*``
+    ``evaluation.json`` in the checkpoint's folder (a read-only one: nothing written, the report's
+    ``not_written`` says so). Returns what it wrote: ``episode_return_*``
     and ``episode_len_*`` (mean, std, min, max over episodes; multi-agent: the sum over
     agents), ``policies`` (per policy: ``episode_return_*`` over its agents' returns and the
     means of what the env runner reports for it, its episodes' ``eval_metrics``: the multiagent
@@ -233,7 +234,10 @@ def evaluate(path: str, episodes: int = 10, seed: Optional[int] = None, explore:
     seed, opponents = int(algo.run_config.seed) if seed is None else int(seed), dict(opponents or {})
     eps, single = _run(algo, ck, episodes, seed, explore, render, render_episodes, num_envs, timeout_s, opponents)
     report = _report(algo, ck, eps, single, seed, explore, opponents)
-    write_text(os.path.join(ck, "evaluation.json"), json.dumps(report, indent=2), mkdirs=True)  # (pruned meanwhile)
+    if os.access(ck, os.W_OK | os.X_OK) or not os.path.isdir(ck):  # (pruned meanwhile: made again)
+        write_text(os.path.join(ck, "evaluation.json"), json.dumps(report, indent=2), mkdirs=True)
+    else:  # a read-only run folder (shared, archived): the figures are printed, nothing written
+        report["not_written"] = f"the checkpoint's folder {ck} is read-only"
     return report
 
 
@@ -246,7 +250,8 @@ def _load(path: str, render: Optional[str], trust_config: bool) -> Tuple[str, An
             ck = find_checkpoint(path)
         except FileNotFoundError as e:
             raise RunFolderError(str(e), damaged=False) from None
-        check_output(os.path.join(ck, "evaluation.json"), "evaluate: the checkpoint's", own=True)  # before any work
+        if os.access(ck, os.W_OK | os.X_OK):  # before any work (a read-only one: evaluation.json not written)
+            check_output(os.path.join(ck, "evaluation.json"), "evaluate: the checkpoint's", own=True)
         if render:
             check_output(os.path.join(ck, "videos", f"episode_000.{render}"), "evaluate render=: the video", own=True)
         try:

@@ -292,7 +292,8 @@ def export_checkpoint(path: str, format: str, out: Optional[str] = None, policy:
 
     Raises:
         ConfigError: ``out`` cannot be written (a folder, under a file, read-only, a run's own
-            file: before any work), ``path`` holds no checkpoint, ``policy`` is not the run's (or
+            file: before any work; the default ``out`` in a read-only checkpoint folder: before
+            it loads), ``path`` holds no checkpoint, ``policy`` is not the run's (or
             not named where it has several), or the export failed (one line naming the policy).
     """
     if out:
@@ -303,6 +304,8 @@ def export_checkpoint(path: str, format: str, out: Optional[str] = None, policy:
         ck = find_checkpoint(path)
     except FileNotFoundError as e:  # a folder without checkpoints
         raise ConfigError(str(e)) from None
+    if not out and not os.access(ck, os.W_OK | os.X_OK):  # the default out=, before the policy loads
+        raise ConfigError(f"the checkpoint's folder {ck} is read-only: give out=FILE to write the policy elsewhere")
     algo = load_trained(ck, trust_config=trust_config)
     if policy is None and len(algo.policies) > 1:
         raise ConfigError(f"the run has several policies ({', '.join(algo.policies)}): name one with policy=ID")

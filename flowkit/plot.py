@@ -28,6 +28,7 @@ from typing import Any, Dict, List, Sequence, Tuple
 from flowkit.config import F
 
 X_COLUMNS = {"env_steps": "env_steps_sampled", "time": "time_total_s"}
+FORMATS = ("png", "pdf", "svg")  # out='s suffix; matplotlib writes each without extra packages
 IGNORED = ("seed", "run.dir", "run.reporters", "resume")
 MAX_LABEL_KEYS = 3
 _FIRST_KEYS = ("algo", "env.id", "env.factory")
@@ -113,22 +114,27 @@ def group_series(run_dirs: Sequence[str], x: str, metric: str) -> List[Dict[str,
 
 def plot_runs(paths: Sequence[str], x: str = "env_steps", metric: str = "episode_return_mean",
               out: str = "plot.png") -> Dict[str, List[Dict[str, float]]]:
-    """Plot the runs under ``paths`` (see the module's docstring) to ``out`` (PNG) and write
-    the series to ``out`` with ``.csv``. Returns ``{group label: points}``.
+    """Plot the runs under ``paths`` (see the module's docstring) to ``out`` (PNG, PDF or SVG, by
+    its suffix) and write the series to ``out`` with ``.csv``. Returns ``{group label: points}``.
 
     Raises:
         ValueError: an unknown ``x``, or no run has ``metric``.
         FileNotFoundError: a path without a run.
-        ConfigError: ``out`` (or the CSV beside it) cannot be written there or would replace a
-            run's own file (checked before any work; a ValueError).
+        ConfigError: ``out``'s suffix is not one of :data:`FORMATS`, or ``out`` (or the CSV beside
+            it) cannot be written there or would replace a run's own file (checked before any
+            work; a ValueError).
         OutputError: writing failed (a full disk); the previous files are left as they were.
     """
     if x not in X_COLUMNS:
         raise ValueError(f"x= must be one of {', '.join(X_COLUMNS)}, got {x!r}")
     from flowkit._outputs import check_output, write_atomic
-    csv_out = os.path.splitext(out)[0] + ".csv"
+    csv_out, fmt = os.path.splitext(out)[0] + ".csv", os.path.splitext(out)[1].lower().lstrip(".")
     for path in dict.fromkeys((out, csv_out)):  # before any work (ConfigError: a ValueError)
         check_output(path, "out=")
+    if fmt not in FORMATS:  # matplotlib would write PNG data under any other name
+        from flowkit.config import ConfigError
+        raise ConfigError(f"out={out!r}: the image format is taken from the suffix: .png, .pdf or .svg, got "
+                          f"{'.' + fmt if fmt else 'none'}")
     xcol = X_COLUMNS[x]
     run_dirs = find_runs(paths)
     result = {label: group_series(rs, xcol, metric) for label, rs in group_runs(run_dirs)}
@@ -160,7 +166,7 @@ def plot_runs(paths: Sequence[str], x: str = "env_steps", metric: str = "episode
     ax.legend(fontsize=8)
     fig.tight_layout()
     try:  # each file through a temporary one: a full disk leaves the previous files as they were
-        write_atomic(out, lambda tmp: fig.savefig(tmp, dpi=100, format="png"), mkdirs=True)
+        write_atomic(out, lambda tmp: fig.savefig(tmp, dpi=100, format=fmt), mkdirs=True)
     finally:
         plt.close(fig)
 
@@ -181,7 +187,7 @@ class PlotArgs:
     arguments."""
     x: str = F("env_steps", "x axis", choices=tuple(X_COLUMNS))
     metric: str = F("episode_return_mean", "metrics.csv column")
-    out: str = F("plot.png", "PNG to write; the CSV goes beside it")
+    out: str = F("plot.png", "image to write, its format by its suffix (.png, .pdf, .svg); the CSV goes beside it")
 
 
 def main(runs: List[str], a: Dict[str, Any], flags: Dict[str, bool], _: List[str]) -> int:

@@ -27,9 +27,11 @@ from __future__ import annotations
 import contextlib
 import csv
 import json
+import logging
 import math
 import os
 import re
+import shlex
 import signal
 import sys
 import threading
@@ -70,6 +72,10 @@ def parse_space(items: Sequence[str]) -> Tuple[List[str], Dict[str, Dim]]:
     for item in items:
         key, _, raw = item.partition("=")
         m = SPEC.match(raw.strip())
+        if not m and (opened := re.match(r"\s*(choice|range|uniform|loguniform|randint)\s*\(", raw)):
+            raise ConfigError(f"`{key.strip()}`: {raw.strip()!r} is not a complete search expression: expected "
+                              f"{opened[1]}(...) with its closing ')' last (choice(a,b,...), range(n), uniform(lo,hi), "
+                              "loguniform(lo,hi), randint(lo,hi))")
         if not m:
             plain.append(item)
             continue
@@ -151,7 +157,9 @@ class TuneReport:
             session = get_session()
             if session is not None:  # Tune's closing report of the function: nobody would read it
                 session.pause_reporting()
-            ctx.request_stop(trial_stop_reason(self.sweep_dir))
+            from flowkit.engine import _stop_reason
+            if _stop_reason(ctx.config, result) is None:  # (at its own stop condition: the run ends as done)
+                ctx.request_stop(trial_stop_reason(self.sweep_dir))
 
 
 class _FinishRun:
@@ -303,7 +311,10 @@ def _tune(a: SimpleNamespace) -> int:
         grid = tuner.fit()
     status = _report(grid, space, a, sweep_dir)
     if got:
-        print(f"flowkit tune: stopped: interrupted ({signal.Signals(got[0]).name})", file=sys.stderr)
+        runs = sorted(d for d in os.listdir(sweep_dir) if re.match(r"\d{5}-", d)) or ["RUN"]
+        print(f"flowkit tune: stopped: interrupted ({signal.Signals(got[0]).name}); each trial's run folder holds its "
+              f"final checkpoint: `flowkit train {shlex.quote('resume=' + os.path.join(shown_path(sweep_dir), runs[0]))}` continues that "
+              "trial (a sweep is not resumed: a new one needs a new run.dir)", file=sys.stderr)
         return 128 + got[0]
     return status
 
@@ -385,7 +396,8 @@ def _stopping_on_signals(sweep_dir: str) -> Iterator[List[int]]:
     the trials: each run ends with its final checkpoint, its reason ``the sweep was stopped by
     SIGTERM``: the signal's name is written first in ``sweep_dir``, :func:`trial_stop_reason`);
     a second one raises KeyboardInterrupt at once. Ray's own SIGINT handler is kept off (it
-    would make SIGINT differ from SIGTERM)."""
+    would make SIGINT differ from SIGTERM), and so is Ray Tune's advice to resume with
+    ``Tuner.restore(...)`` (:func:`_tune` says how to continue a trial with flowkit)."""
     got: List[int] = []
 
     def handle(signum: int, frame: Any) -> None:
@@ -400,11 +412,18 @@ def _stopping_on_signals(sweep_dir: str) -> Iterator[List[int]]:
     os.environ["TUNE_DISABLE_SIGINT_HANDLER"] = "1"
     sigs = [s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP) if signal.getsignal(s) != signal.SIG_IGN]
     prev = {s: signal.signal(s, handle) for s in sigs}
+    ray_log = logging.getLogger("ray.tune.tune")  # its advice after a stop, `Tuner.restore(...)`, is not flowkit's
+    ray_log.addFilter(_no_tuner_restore)
     try:
         yield got
     finally:
+        ray_log.removeFilter(_no_tuner_restore)
         for s, h in prev.items():
             signal.signal(s, h if h is not None else signal.SIG_DFL)
+
+
+def _no_tuner_restore(record: logging.LogRecord) -> bool:
+    return "Tuner.restore(" not in record.getMessage()
 
 
 def _status(sweep_dir: str, run: str, error: Any) -> str:

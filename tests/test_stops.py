@@ -4,6 +4,7 @@ import csv
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -275,11 +276,12 @@ def test_a_read_only_output_folder_is_refused_before_work(done_run, tmp_path, ca
     ck = find_checkpoint(done_run)
     real = os.access
     monkeypatch.setattr(os, "access", lambda p, m, **kw: False if os.path.abspath(p) in (ro, ck) else real(p, m, **kw))
-    for argv in (["plot", done_run, f"out={ro}/p.png"], ["export", done_run, "format=onnx", f"out={ro}/p.onnx"],
-                 ["evaluate", done_run]):
+    for argv in (["plot", done_run, f"out={ro}/p.png"], ["export", done_run, "format=onnx", f"out={ro}/p.onnx"]):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and "is not writable" in err[0], err
+    assert main(["evaluate", done_run, "episodes=1", "--trust-config"]) == 0  # figures printed, nothing written
+    assert capsys.readouterr().out.splitlines()[-1].endswith(f"{ck} is read-only")
     assert not os.listdir(ro) and not os.path.exists(os.path.join(ck, "evaluation.json"))
 
 
@@ -445,6 +447,10 @@ def test_a_sigterm_to_a_sweeps_process_group_ends_every_trial_with_its_checkpoin
     assert proc.returncode == 143, (out, err)
     assert "flowkit tune: stopped: interrupted (SIGTERM)" in err and "SIGTERM received" not in err, err
     trials = sorted(glob.glob(os.path.join(sweep, "0*")))
+    assert err.splitlines()[-1] == (  # flowkit's way to go on, not Ray Tune's `Tuner.restore(...)` (issue 48)
+        "flowkit tune: stopped: interrupted (SIGTERM); each trial's run folder holds its final checkpoint: "
+        f"`flowkit train {shlex.quote('resume=' + trials[0])}` continues that trial (a sweep is not resumed: a new one needs a new "
+        "run.dir)") and "Tuner.restore" not in err, err
     assert len(trials) == 2 and os.path.exists(os.path.join(sweep, "tune_results.csv"))
     for t in trials:
         assert os.path.exists(os.path.join(t, "result.json")) and load_state(find_checkpoint(t)), t

@@ -104,14 +104,16 @@ def test_trial_resources_fit_the_cluster():
 def test_six_trials_on_two_cpus_with_table(ray_session, tmp_path, capsys):
     sweep = str(tmp_path / "sweep")
     rc = main(["tune", *SMALL, "run.reporters=[csv,checkpoint]", "plugins=[slow_end]", "stop.iterations=4",
-               f"run.dir={sweep}", "ppo.lr=choice(1e-3,3e-4)", "seed=range(3)"])
+               f"run.dir={sweep}", "ppo.lr=choice(1e-3,3e-4)", "seed=range(3)", "grace_period=2"])  # ASHA's rungs: 2, 8
     out = capsys.readouterr().out
     assert rc == 0, out
     first = out.splitlines()[0]
     assert first.startswith("flowkit tune: 6 trials (grid search") and "1 CPU each" in first and "on 2 CPUs" in first
     with open(os.path.join(sweep, "tune_results.csv")) as f:
         rows = list(csv.DictReader(f))
-    assert len(rows) == 6 and {r["status"] for r in rows} == {"done", "stopped early"}  # ASHA stopped some
+    # ASHA stopped some at iteration 2; one it stops at its budget's row is done (issue 48)
+    assert len(rows) == 6 and {r["status"] for r in rows} == {"done", "stopped early"}
+    assert {r["iterations"] for r in rows if r["status"] == "stopped early"} == {"2"}
     vals = [float(r["episode_return_mean"]) for r in rows]
     assert vals == sorted(vals, reverse=True)  # best first
     assert {(float(r["ppo.lr"]), int(r["seed"])) for r in rows} == {(lr, s) for lr in (1e-3, 3e-4) for s in range(3)}

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import inspect
 import math
+import sys
 import zlib
 from typing import Any, Callable, List, Optional, Protocol, Tuple, runtime_checkable
 
@@ -170,6 +171,10 @@ def build_error(env_cfg: Any, e: BaseException) -> ConfigError:
     naming ``env.id`` or ``env.factory``; for an ``env.id`` without a preset that a preset
     claims, the preset's hint."""
     hint = None if env_cfg.get("factory") or env_cfg.get("preset") else preset_hint(env_cfg.get("id"))
+    mod, _, attr = str(env_cfg.get("id") or "").rpartition(":")  # gym.make imported `mod`: a function of it?
+    if not hint and mod and callable(getattr(sys.modules.get(mod), attr, None)):
+        hint = (f"env.id={env_cfg['id']!r} names a function, not a Gymnasium id (pkg:Name-v0): a function that builds "
+                f"the env (a PettingZoo parallel_env, a gymnasium.Env factory) is given as env.factory={env_cfg['id']}")
     what = f"{'env.factory' if env_cfg.get('factory') else 'env.id'}={env_name(env_cfg)!r}"
     return ConfigError(hint or f"{what}: cannot build the env: {type(e).__name__}: "
                        f"{(str(e).strip().splitlines() or [''])[0]}")

@@ -301,12 +301,15 @@ class Acting:
         the next observations of the same episodes.
 
         Raises:
-            ValueError: an observation whose action mask allows nothing; a recurrent policy
-                called without ``state`` (or a feed-forward one with it).
+            ValueError: an observation not of the observation space's shape (one, or a batch
+                ``[B, *shape]``; the message names both shapes and the space), or whose action
+                mask allows nothing; a recurrent policy called without ``state`` (or a
+                feed-forward one with it).
         """
         batched = self.encoder.is_batched(obs)
         if not batched:
             obs = add_batch_axis(obs)
+        self.encoder.check_shapes(obs, batched)
         n = batch_len(obs)
         enc, mask = self.encoder(obs, n)
         recurrent = self.initial_state(0) is not None

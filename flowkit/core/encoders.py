@@ -159,6 +159,21 @@ class ObsEncoder:
         return np.ndim(x) > len(s.shape or ())
 
 
+    def check_shapes(self, obs: Any, batched: bool, s: Optional[gym.Space] = None, path: str = "obs") -> None:
+        """Raises ValueError when a part of ``obs`` (raw, with a leading batch axis; ``batched``:
+        the caller gave it) is not shaped ``[B, *part.shape]``, naming the part, both shapes and
+        its space (user-facing calls: a wrong shape would fail in numpy or torch, unexplained)."""
+        s = self.space if s is None else s
+        if isinstance(s, (gym.spaces.Dict, gym.spaces.Tuple)):
+            items = s.spaces.items() if isinstance(s, gym.spaces.Dict) else enumerate(s.spaces)
+            for k, v in items:
+                self.check_shapes(obs[k], batched, v, f"{path}[{k!r}]")
+            return
+        want, got = tuple(s.shape or ()), tuple(np.shape(obs))
+        if got[1:] != want:
+            raise ValueError(f"{path} has shape {got if batched else got[1:]}; the observation space {s} takes "
+                             f"{want} (one observation) or ({', '.join(['B', *map(str, want)])}) (a batch)")
+
 
 def add_batch_axis(obs: Any) -> Any:
     """``obs`` (array, or dict / tuple of arrays) with a leading batch axis of 1."""
