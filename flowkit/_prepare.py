@@ -1,5 +1,6 @@
 """One preparation of a run, shared by ``flowkit train`` and :func:`flowkit.train`: the plugin
-manager, the config (a resumed run's from its checkpoint), the run folder and every check that
+manager, the config (on the command line, ``flowkit train`` and ``flowkit tune``, a tuned config's
+when no ``-c`` is given: :func:`build_tuned`) (a resumed run's from its checkpoint), the run folder and every check that
 needs neither the env nor torch, each done once. The CLI prepares before torch and Ray load (a
 config error is one line within a second) and hands the result to the engine, which does not
 build or check it again."""
@@ -9,7 +10,7 @@ import datetime
 import os
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -38,6 +39,51 @@ def default_run_dir(cfg: DictConfig) -> str:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S-%f")
     env = str(cfg.env.id or cfg.env.factory or "env").replace("/", "_").replace(":", "_")
     return os.path.join("runs", f"{cfg.algo}-{env}-{stamp}")
+
+
+def tuned_config_path(algo: str, env_id: Optional[str]) -> Optional[str]:
+    """The tuned config ``configs/<algo>/<env-id>.yaml`` for ``algo`` on ``env_id``, or None.
+
+    Looked up as package data, ``flowkit/configs/`` (``importlib.resources``): in a checkout or
+    an editable install that folder is a link to the repository's ``configs/``; a wheel or a
+    non-editable ``pip install`` copies the files into the installed package
+    (``[tool.setuptools.package-data]``). Then in each installed plugin's package (the module
+    of its ``flowkit`` entry point): a plugin ships the tuned configs of its algorithms as its
+    own package data, ``<package>/configs/<algo>/<env-id>.yaml``. A Gymnasium ``pkg:Id-v0`` id
+    is looked up by ``Id-v0``.
+    """
+    if not algo or not env_id or "/" in algo or ".." in env_id:
+        return None
+    from importlib.resources import files
+
+    from flowkit.core.names import plugin_entry_points
+    for top in ["flowkit", *dict.fromkeys(ep.module.split(".")[0] for ep in plugin_entry_points())]:
+        try:
+            path = files(top).joinpath("configs", algo, env_id.rpartition(":")[2] + ".yaml")
+        except Exception:  # noqa: S112 - a plugin that does not import is reported when plugins load
+            continue
+        if path.is_file():
+            return str(path)
+    return None
+
+
+def build_tuned(overrides: List[str], files: Optional[List[str]], no_tuned: bool, pm: Any
+                ) -> Tuple[Any, Optional[List[str]], Optional[str]]:
+    """``(config, config files, tuned config or None)``: the config of ``files`` and
+    ``overrides``; without ``files`` (unless ``no_tuned``, or a resumed run), on the tuned config
+    of its algo and env (:func:`tuned_config_path`) when there is one. Raises ConfigError."""
+    cfg = build_config(overrides, files, pm.config_sections())  # errors before torch and Ray load
+    tuned = None if files or no_tuned or cfg.resume else tuned_config_path(cfg.algo, cfg.env.id)
+    if tuned:  # the tuned config for this algo and env, under the overrides
+        files = [tuned]
+        cfg = build_config(overrides, files, pm.config_sections())
+    return cfg, files, tuned
+
+
+def shown_path(path: str) -> str:
+    """``path`` relative to the working directory when it lies below it, else absolute."""
+    rel = os.path.relpath(os.path.realpath(path))
+    return os.path.realpath(path) if rel.startswith("..") else rel
 
 
 def check_config(cfg: DictConfig, pm: Any) -> None:

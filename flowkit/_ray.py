@@ -196,18 +196,13 @@ def _connect(kw: Dict[str, Any]) -> None:
                 from ray._private.services import get_ray_address_from_environment
                 gcs = get_ray_address_from_environment("auto", None)
             _probe(gcs, f"runtime.address={addr!r}")
-        from ray._private import ray_constants
         patches = _local_patches() if addr == "local" else []
         saved = [(obj, k, obj.__dict__[k]) for obj, k, _ in patches]
-        cluster = ray_constants.ENABLE_RAY_CLUSTER
         try:  # only while this ray.init runs: a later session in this process is unaffected
-            # off: Ray takes the loopback address as a new local node's (all its servers bind to it)
-            ray_constants.ENABLE_RAY_CLUSTER = cluster and addr != "local"
             for obj, k, f in patches:
                 setattr(obj, k, f)
             ray.init(**kw)
         finally:
-            ray_constants.ENABLE_RAY_CLUSTER = cluster
             for obj, k, f in saved:
                 setattr(obj, k, f)
     except BaseException as e:
@@ -225,7 +220,8 @@ def _connect(kw: Dict[str, Any]) -> None:
 
 
 def _local_patches() -> List[Tuple[Any, str, Any]]:
-    """``(object, attribute, replacement)`` for a new local node: no dashboard / job API server
+    """``(object, attribute, replacement)`` for a new local node: on the loopback address (all its
+    servers bind to it), no dashboard / job API server
     and no autoscaler monitor; the raylet registers without waiting for its agents (a minimal
     Ray: their ports are given, -1 where the minimal dashboard agent serves nothing, as it would
     write itself); its processes in a session of their own (a signal to the driver's process
@@ -243,7 +239,10 @@ def _local_patches() -> List[Tuple[Any, str, Any]]:
     (the patched side faster in 8 of 9 pairs); ``ray.init`` itself 0.1-0.2 s against 3-6 s.
     Issue 49 measured them again (the same runs, seeds 0-2, alternating, a load of 27-37): the
     command to first sample 25.0 s patched against 36.8 s (1.47x), to ``ray.init``'s end 23.2 s
-    against 30.9 s: kept.
+    against 30.9 s: kept. Issue 49 item 4, 2026-12-07 (``bench/kept_speedups.py``: the same
+    runs in fresh processes, seeds by repeat, alternating, a load of 18-46): first sample 17.0 s
+    patched against 39.5 s unpatched (2.3x, median of 3); the agents' ``AGENT_DELAY_S`` alone
+    (the patches with a delay of 0 against 10 s, median of 7): 19.7 s against 17.0 s (1.15x): kept.
     They rely on private Ray code, hence the pin in pyproject.toml (``ray<2.61``) and
     tests/test_ray_internals.py, which fails when that code changes."""
     import ray
@@ -277,7 +276,9 @@ def _local_patches() -> List[Tuple[Any, str, Any]]:
         def __init__(self, *args: Any, **kw: Any) -> None:
             super().__init__(*args, start_new_session=True, **kw)
 
-    return [(node.Node, "start_api_server", lambda self, **kw: setattr(self, "_webui_url", None)),
+    # (ENABLE_RAY_CLUSTER off: Ray takes the loopback address as the new node's; all its servers bind to it)
+    return [(ray_constants, "ENABLE_RAY_CLUSTER", False),
+            (node.Node, "start_api_server", lambda self, **kw: setattr(self, "_webui_url", None)),
             (node.Node, "start_monitor", lambda self: None), (services, "start_ray_process", process),
             (services, "ConsolePopen", OwnSession)] + (
         [(node.Node, "start_ray_processes", ports)] if given else [])

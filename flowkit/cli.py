@@ -29,16 +29,14 @@ if __name__ == "__main__" or os.path.basename(getattr(sys.modules.get("__main__"
         if signal.getsignal(_sig) != signal.SIG_IGN:
             signal.signal(_sig, _exit_on_signal)
 
-import argparse  # noqa: E402
 import atexit  # noqa: E402
-import contextlib  # noqa: E402
+import functools  # noqa: E402
 import gc  # noqa: E402
 import math  # noqa: E402
 import re  # noqa: E402
-import shutil  # noqa: E402
 import warnings  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
-from typing import Any, Callable, Dict, List, NoReturn, Optional, Sequence, Tuple  # noqa: E402
+from typing import Any, Callable, Dict, List, Mapping, NoReturn, Optional, Sequence, Tuple  # noqa: E402
 
 from flowkit.config import ConfigError, F  # noqa: E402
 
@@ -55,63 +53,12 @@ flowkit tune [-c FILE ...] [--no-tuned] [metric=M] [mode=max|min] [search=grid|r
 flowkit --version"""
 
 
-def tuned_config_path(algo: str, env_id: Optional[str]) -> Optional[str]:
-    """The tuned config ``configs/<algo>/<env-id>.yaml`` for ``algo`` on ``env_id``, or None.
-
-    Looked up as package data, ``flowkit/configs/`` (``importlib.resources``): in a checkout or
-    an editable install that folder is a link to the repository's ``configs/``; a wheel or a
-    non-editable ``pip install`` copies the files into the installed package
-    (``[tool.setuptools.package-data]``). Then in each installed plugin's package (the module
-    of its ``flowkit`` entry point): a plugin ships the tuned configs of its algorithms as its
-    own package data, ``<package>/configs/<algo>/<env-id>.yaml``. A Gymnasium ``pkg:Id-v0`` id
-    is looked up by ``Id-v0``.
-    """
-    if not algo or not env_id or "/" in algo or ".." in env_id:
-        return None
-    from importlib.resources import files
-
-    from flowkit.core.names import plugin_entry_points
-    for top in ["flowkit", *dict.fromkeys(ep.module.split(".")[0] for ep in plugin_entry_points())]:
-        try:
-            path = files(top).joinpath("configs", algo, env_id.rpartition(":")[2] + ".yaml")
-        except Exception:  # noqa: S112 - a plugin that does not import is reported when plugins load
-            continue
-        if path.is_file():
-            return str(path)
-    return None
-
-
-def build_tuned(overrides: List[str], files: Optional[List[str]], no_tuned: bool, pm: Any
-                ) -> Tuple[Any, Optional[List[str]], Optional[str]]:
-    """``(config, config files, tuned config or None)``: the config of ``files`` and
-    ``overrides``; without ``files`` (unless ``no_tuned``, or a resumed run), on the tuned config
-    of its algo and env (:func:`tuned_config_path`) when there is one. Raises ConfigError."""
-    from flowkit.config import build_config
-    cfg = build_config(overrides, files, pm.config_sections())  # errors before torch and Ray load
-    tuned = None if files or no_tuned or cfg.resume else tuned_config_path(cfg.algo, cfg.env.id)
-    if tuned:  # the tuned config for this algo and env, under the overrides
-        files = [tuned]
-        cfg = build_config(overrides, files, pm.config_sections())
-    return cfg, files, tuned
-
-
-def shown_path(path: str) -> str:
-    """``path`` relative to the working directory when it lies below it, else absolute."""
-    rel = os.path.relpath(os.path.realpath(path))
-    return os.path.realpath(path) if rel.startswith("..") else rel
-
-
-def option_hint(argv: Sequence[str], unknown: Sequence[str],
-                key_for: Optional[Any] = None, real: Sequence[str] = ()) -> Optional[str]:
-    """The error for options a command does not take among ``unknown`` (``--episodes 5``,
+def option_hint(argv: Sequence[str], flags: Sequence[str], key_for: Callable[[str], str], real: Sequence[str]) -> str:
+    """The error for options ``flags`` of ``argv`` that a command does not take (``--episodes 5``,
     ``--episodes=5``, ``-x``), with the ``key=value`` to write instead (``episodes=5``: a
     flag's value is the word after it unless that is an option or a key=value; ``key_for``
-    maps a bare key to the config key, ``lr`` to ``ppo.lr``); an option close to one of the
-    command's ``real`` flags (``--no_tuned``) is pointed to that flag; None when ``unknown``
-    holds no option."""
-    flags = [u for u in unknown if re.match(r"-+[^\d.\W]", u)]  # (not a negative number)
-    if not flags:
-        return None
+    maps a bare key to the key it means, ``lr`` to ``ppo.lr``); an option close to one of the
+    command's ``real`` flags (``--no_tuned``) is pointed to that flag."""
     import difflib
     near = [difflib.get_close_matches(f.partition("=")[0].replace("_", "-"), real, n=1, cutoff=0.8) for f in flags]
     if all(near):
@@ -123,103 +70,81 @@ def option_hint(argv: Sequence[str], unknown: Sequence[str],
             i = list(argv).index(f) + 1
             nxt = argv[i] if i < len(argv) else ""
             val = nxt if nxt and not nxt.startswith("-") and "=" not in nxt else "VALUE"
-        hints.append(f"{key_for(key) if key_for else key}={val}")
+        hints.append(f"{key_for(key)}={val}")
     return (f"unrecognised option{'s' * (len(flags) > 1)} {' '.join(f.partition('=')[0] for f in flags)}: "
             f"settings are key=value words, not --options; write {' '.join(hints)}")
 
 
-def _config_key(key: str, overrides: Sequence[str], config_file: Any) -> str:
-    """``key`` as the config key it most likely means: itself when the config has it, else the
+def _meant_key(key: str, keys: Sequence[str], algo: Optional[str] = None) -> str:
+    """``key`` (``-`` read as ``_``) as the key of ``keys`` it most likely means: itself, else the
     run's algorithm's key of that name (``lr`` -> ``ppo.lr``), else the one key ending in it
-    (``num_workers`` -> ``runtime.num_workers``), else a close key; ``key`` when the config
-    cannot be built."""
+    (``num_workers`` -> ``runtime.num_workers``), else a close key, else ``key``."""
     import difflib
+    key = key.replace("-", "_")
+    owners = [k for k in keys if k.endswith(f".{key}")]
+    best = [key] if key in keys else [f"{algo}.{key}"] if f"{algo}.{key}" in keys else owners[:1] if len(owners) == 1 else []
+    return (best or difflib.get_close_matches(key, keys, n=1, cutoff=0.75) or [key])[0]
 
+
+def _config_keys(overrides: Sequence[str], config_file: Any) -> Tuple[List[str], Optional[str]]:
+    """``(every config key, the run's algorithm)`` of a config's sources; ``([], None)`` when the
+    config cannot be built."""
     from flowkit.config import build_config, make_schema_class, schema_keys
     from flowkit.hooks import PluginError, get_plugin_manager
     try:
         sections = get_plugin_manager().config_sections()
         algo = build_config(list(overrides), config_file, sections).algo
     except (ConfigError, PluginError):
-        return key
-    flat = list(schema_keys(make_schema_class(sections)))
-    if key in flat:
-        return key
-    owners = [k for k in flat if k.endswith(f".{key}")]
-    best = [f"{algo}.{key}"] if f"{algo}.{key}" in flat else owners if len(owners) == 1 else []
-    return (best or difflib.get_close_matches(key, flat, n=1, cutoff=0.75) or [key])[0]
+        return [], None
+    return list(schema_keys(make_schema_class(sections))), algo
 
 
-class OneLineArgumentParser(argparse.ArgumentParser):
-    """argparse, with a usage error as one line on stderr and exit 2 (argparse prints the whole
-    usage first: 12 lines for ``flowkit nope``); ``--help`` still shows the usage."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (usage: {self.prog} --help)\n")
+class UsageError(ConfigError):
+    """A command line a command does not take (an ``--option``, ``-c`` without its FILE, an unknown
+    command): one line, ``flowkit[ CMD]: error: ...``, exit 2."""
 
 
-def _parser() -> argparse.ArgumentParser:
-    """The arguments of train, plan and plugins (``--help`` prints :data:`USAGE`, not argparse's)."""
-    p = OneLineArgumentParser(prog="flowkit", usage=USAGE, add_help=False)
-    p.add_argument("command", nargs="?", choices=["train", "plan", "plugins", *COMMANDS])
-    p.add_argument("-c", "--config", dest="config_file", action="append")  # several: merged in order
-    for flag in ("--no-tuned", "--print-config", "--dry-run", "--mermaid", "--trust-config", "--take-over-lock",
-                 "-h/--help", "-V/--version"):
-        p.add_argument(*flag.split("/"), action="store_true")
-    p.add_argument("overrides", nargs="*")
-    return p
-
-
-def _usage(args: argparse.Namespace, overrides: List[str]) -> int:
-    """The usage: with every config key (``flowkit train --help``), else a pointer to it
-    (``flowkit --help``; ``flowkit`` alone, then exit 2 with why on stderr)."""
+def _usage(cmd: Optional[str], overrides: Sequence[str] = (), asked: bool = True) -> int:
+    """The usage: with every config key (``flowkit train|plan --help``), else a pointer to it
+    (``flowkit --help``; ``flowkit`` alone, ``asked`` false: then exit 2 with why on stderr)."""
     usage = f"usage:\n  {USAGE.replace(chr(10), chr(10) + '  ')}\n\n"
-    if args.command not in ("train", "plan"):
+    if cmd not in ("train", "plan"):
         print(usage + "Every config key with its type, allowed values, default and doc: flowkit train --help\n"
               "A command's own key=value settings: flowkit evaluate|export|record|plot|tune --help")
     else:
         from flowkit.config import help_text, plugin_modules_from
         from flowkit.hooks import get_plugin_manager
         try:
-            secs = get_plugin_manager(plugin_modules_from(overrides)).config_sections()
+            secs = get_plugin_manager(plugin_modules_from(list(overrides))).config_sections()
         except Exception:
             secs = {}
         print(usage + "Config keys (override with key=value; `env=ID` is short for env.id=ID; floats must be "
               "finite):" + help_text(secs))
-    if not args.help:  # the usage on stdout, what went wrong on stderr (as every other usage error)
+    if not asked:  # the usage on stdout, what went wrong on stderr (as every other usage error)
         print("flowkit: error: no command given (train, plan, plugins, evaluate, export, record, plot or tune; "
               "the usage is above)", file=sys.stderr)
-    return 0 if args.help else 2
+    return 0 if asked else 2
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """The ``flowkit`` command: ``COMMANDS`` take ``key=value`` settings of their own
-    (:func:`_keyed`); train, plan and plugins take the config's (``-c FILE``, ``key=value``).
-    Returns the exit status (module docstring)."""
+    """The ``flowkit`` command: the first word of ``argv`` (default ``sys.argv[1:]``) that names a
+    command runs it (:data:`COMMANDS`) with the other words, each command's settings ``key=value``
+    words read by one runner (:func:`_keyed`). Returns the exit status (module docstring)."""
     from flowkit._guard import GUARD  # signals raise Interrupted now (one inherited as ignored stays ignored)
     argv = list(sys.argv[1:] if argv is None else argv)
+    i = next((i for i, w in enumerate(argv) if w in COMMANDS), None)
     with GUARD.running():
-        return _dispatch(argv)
-
-
-def _dispatch(argv: List[str]) -> int:
-    if argv and argv[0] in COMMANDS:
-        return COMMANDS[argv[0]](argv[1:])
-    args, unknown = _parser().parse_known_args(argv)
-    if args.version:
-        from flowkit import __version__
-        print(f"flowkit {__version__}")
-        return 0
-    overrides = list(args.overrides) + [u for u in unknown if "=" in u and not u.startswith("-")]
-    bad = [u for u in unknown if "=" not in u or u.startswith("-")]
-    if args.help or args.command is None:
-        return _usage(args, overrides)
-    if bad:
-        real = [o for a in _parser()._actions for o in a.option_strings if o.startswith("--")]
-        hint = option_hint(argv, bad, lambda k: _config_key(k, overrides, args.config_file), real)
-        print(f"flowkit: error: {hint or f'unrecognised arguments {bad}'}", file=sys.stderr)
-        return 2
-    return _one_line("", lambda: _config_command(args, overrides))
+        if {"-V", "--version"} & set(argv):
+            from flowkit import __version__
+            print(f"flowkit {__version__}")
+            return 0
+        if i is not None:
+            return COMMANDS[argv[i]](argv[:i] + argv[i + 1:])
+        if word := next((w for w in argv if not w.startswith("-")), None):  # (in argparse's words, which users know)
+            print(f"flowkit: error: argument command: invalid choice: {word!r} (choose from "
+                  f"{', '.join(map(repr, COMMANDS))}) (usage: flowkit --help)", file=sys.stderr)
+            raise SystemExit(2)
+        return _usage(None, asked=bool({"-h", "--help"} & set(argv)))
 
 
 def _one_line(cmd: str, fn: Callable[[], int]) -> int:
@@ -232,7 +157,8 @@ def _one_line(cmd: str, fn: Callable[[], int]) -> int:
         return fn()
     except (ConfigError, PluginError, MemoryError) as e:  # (MemoryError: a buffer or batch too large)
         status = getattr(e, "exit_status", 2)
-        what = "error" if cmd or status == 1 else "plugin error" if isinstance(e, PluginError) else "config error"
+        what = ("error" if cmd or status == 1 or isinstance(e, UsageError) else
+                "plugin error" if isinstance(e, PluginError) else "config error")
         why = f"out of memory, lower the sizes in the config: {e}" if isinstance(e, MemoryError) else str(e)
     except Exception as e:
         if not isinstance(e, _run_failures()):
@@ -257,49 +183,51 @@ def _run_failures() -> Tuple[type, ...]:
             *([learner.NonFiniteError] if learner else []))
 
 
-def _config_command(args: argparse.Namespace, overrides: List[str]) -> int:
-    """train, plan, plugins (and ``--print-config``, ``--dry-run``)."""
+def _config_command(cmd: str, paths: List[str], _: Any, got: Dict[str, Any], words: List[str]) -> int:
+    """train, plan and plugins (and ``--print-config``, ``--dry-run``): their words are the config's
+    overrides (a word that is not ``key=value`` is refused by the config's reader)."""
     from flowkit._guard import GUARD
+    from flowkit._prepare import build_tuned, prepare, shown_path
     from flowkit.config import check_run, plugin_modules_from
     from flowkit.hooks import get_plugin_manager
-    if args.command == "plugins":
-        return _plugins(plugin_modules_from(overrides, args.config_file))
+    overrides, files = [*paths, *words], got.get("config")
+    if cmd == "plugins":
+        return _plugins(plugin_modules_from(overrides, files))
     with GUARD.held(second=_exit_on_signal):  # config building, Ray's start, the imports of Ray and torch
-        pm = get_plugin_manager(plugin_modules_from(overrides, args.config_file))
-        cfg, args.config_file, tuned = build_tuned(overrides, args.config_file, args.no_tuned, pm)
+        pm = get_plugin_manager(plugin_modules_from(overrides, files))
+        cfg, files, tuned = build_tuned(overrides, files, got["no_tuned"], pm)
         if tuned:
-            print(f"{'# ' if args.print_config else ''}tuned config: {shown_path(tuned)} (no -c given; "
+            print(f"{'# ' if got['print_config'] else ''}tuned config: {shown_path(tuned)} (no -c given; "
                   "--no-tuned for the defaults)", flush=True)
-        if args.print_config or args.command == "plan" or args.dry_run:
+        if got["print_config"] or cmd == "plan" or got["dry_run"]:
             if not cfg.resume:
                 check_run(cfg, pm)  # config errors found without torch, the env or Ray come before they load
-            return _show(args, cfg, pm, overrides)
-        from flowkit._prepare import prepare
-        run = prepare(overrides, args.config_file, trust_config=args.trust_config, pm=pm, built=cfg)  # once
+            return _show(got, cfg, pm, overrides, files)
+        run = prepare(overrides, files, trust_config=got["trust_config"], pm=pm, built=cfg)  # once
         if not cfg.resume:  # (a resumed run's env and runtime come from its checkpoint)
             from flowkit import _ray
             from flowkit._guard import check_env_id
             check_env_id(run.config, pm)
             _ray.start(run.config, prestart=True)  # Ray and the workers come up while torch and the learner load
         from flowkit.engine import train
-    res = train(run, take_over_lock=args.take_over_lock)  # prints the summary
+    res = train(run, take_over_lock=got["take_over_lock"])  # prints the summary
     return exit_status(res.stop_reason)
 
 
-def _show(args: argparse.Namespace, cfg: Any, pm: Any, overrides: List[str]) -> int:
+def _show(got: Dict[str, Any], cfg: Any, pm: Any, overrides: List[str], files: Optional[List[str]]) -> int:
     """``--print-config`` (resolved and validated, nothing started), ``plan`` and ``--dry-run``."""
-    if args.print_config:
+    if got["print_config"]:
         from omegaconf import OmegaConf
 
         from flowkit.config import run_algorithms, used_sections
         print(OmegaConf.to_yaml(OmegaConf.create(used_sections(cfg, run_algorithms(cfg), pm))), end="")
         return 0
     from flowkit.engine import describe_plan
-    d = describe_plan(overrides, args.config_file)
-    if args.mermaid:
+    d = describe_plan(overrides, files)
+    if got["mermaid"]:
         print(d["mermaid"])
         return 0
-    print(("config OK\n\n" if args.dry_run else "") + d["text"] + "\n\n```mermaid\n" + d["mermaid"] + "\n```")
+    print(("config OK\n\n" if got["dry_run"] else "") + d["text"] + "\n\n```mermaid\n" + d["mermaid"] + "\n```")
     return 0
 
 
@@ -322,20 +250,20 @@ def _plugins(modules: List[str]) -> int:
     Metadata only (AlgorithmRef, config dataclasses): imports no torch."""
     from flowkit.hooks import get_plugin_manager
     pm = get_plugin_manager(modules)
-    algos, reporters, presets = pm.algorithms(load=False), pm.reporters(), pm.env_presets()
+    algos = pm.algorithms(load=False)
+    kinds: List[Tuple[str, Mapping[str, Any], Callable[[Any], str]]] = [  # (an algorithm's doc may begin with its name)
+        ("algorithm", algos, lambda a: _first_line(a.config_class or a)),
+        ("reporter", pm.reporters(), _first_line), ("env preset", pm.env_presets(), lambda p: p.help)]
     for name, plugin in pm.list_name_plugin():
         impls = {hc.name: impl for hc in pm.get_hookcallers(plugin) or [] for impl in hc.get_hookimpls()
                  if impl.plugin is plugin}
         dist = pm.dists.get(name, "flowkit (built-in)" if name.startswith("flowkit.") else
                             "`plugins`" if name in modules else "registered in code")
         print(f"{name}  [{dist}]" + (f"  {_first_line(plugin)}" if name in pm.dists else ""))
-        for a in sorted(n for n, o in pm.owner.items() if o == name and n in algos):
-            doc = _first_line(algos[a].config_class or algos[a])
-            print(f"  algorithm   {doc if doc.startswith(a + ':') else f'{a}: {doc}'}")
-        for r in sorted(n for n, o in pm.owner.items() if o == name and n in reporters):
-            print(f"  reporter    {r}: {_first_line(reporters[r])}")
-        for p in sorted(n for n, o in pm.owner.items() if o == name and n in presets):
-            print(f"  env preset  {p}: {presets[p].help}")
+        for kind, table, text in kinds:
+            for n in sorted(k for k, o in pm.owner.items() if o == name and k in table):
+                doc = text(table[n])
+                print(f"  {kind:<11} {doc if doc.startswith(n + ':') else f'{n}: {doc}'}")
         if "flowkit_add_config_sections" in impls:
             secs: Dict[str, type] = impls["flowkit_add_config_sections"].function() or {}  # type: ignore[assignment]  # pluggy: object
             for key, sec in secs.items():
@@ -369,21 +297,23 @@ def _checkpoint_path(paths: List[str]) -> str:
     return paths[0]
 
 
-def _keyed(cmd: str, argv: List[str], args_cls: type, act: Callable[..., int],
+def _keyed(cmd: str, argv: List[str], args_cls: Optional[type], act: Callable[..., int],
            flags: Sequence[str] = ("--trust-config",), config_words: bool = False) -> int:
-    """The one runner of the commands whose settings are ``key=value`` words, checked against
-    the dataclass ``args_cls`` as config keys are (evaluate, export, record, plot, tune):
+    """The one runner of every command's words (:data:`COMMANDS`): settings are ``key=value``
+    words, checked against the dataclass ``args_cls`` as config keys are (evaluate, export,
+    record, plot, tune), or with ``args_cls`` None the config's overrides (train, plan, plugins:
+    an error reads ``flowkit: config error: ...``, ``--help`` lists every config key):
     ``act(paths, settings, given flags, other words)``. ``flags``: the command's flags
     (``--trust-config`` -> ``trust_config=True``; ``-c FILE``, repeatable -> ``config=[FILE,
     ...]``). ``config_words`` (tune): a word whose key is not ``args_cls``'s is a config
     override passed on, else an unknown key with the closest one. Paths, flags and words come in
-    any order; ``--help`` prints ``args_cls``'s docstring and the keys; an ``--option`` is one line with the ``key=value`` to
-    write instead."""
+    any order; ``--help`` prints ``args_cls``'s docstring and the keys; an ``--option`` is one line
+    with the ``key=value`` to write instead (a config key for train, plan and plugins)."""
     def run() -> int:
         from omegaconf import OmegaConf
 
         from flowkit.config import _dotlist, check_values, merge_overrides, schema_keys
-        keys = schema_keys(args_cls)
+        keys = schema_keys(args_cls) if args_cls else {}
         got: Dict[str, Any] = {f.lstrip("-").replace("-", "_"): False for f in flags if f != "-c"}
         paths: List[str] = []
         words: List[str] = []
@@ -392,18 +322,20 @@ def _keyed(cmd: str, argv: List[str], args_cls: type, act: Callable[..., int],
         for w in it:
             if w in ("-h", "--help"):
                 got["help"] = True
-            elif "-c" in flags and w in ("-c", "--config"):
-                got.setdefault("config", []).append(next(it, None) or _needs_file(cmd, w))
+            elif "-c" in flags and (w in ("-c", "--config") or w.startswith("--config=")):
+                f = w.partition("=")[2] or next(it, "")  # (an option after -c is no FILE)
+                got.setdefault("config", []).append(f if f and not f.startswith("-") else _needs_file(cmd, w))
             elif w in flags:
                 got[w.lstrip("-").replace("-", "_")] = True
             elif re.match(r"-+[^\d.\W]", w):  # (not a negative number)
                 bad.append(w)
             else:
                 (words if "=" in w else paths).append(w)
-        if bad:
-            import difflib
-            raise ConfigError(option_hint(argv, bad, lambda k: (difflib.get_close_matches(
-                k.replace("-", "_"), keys, n=1, cutoff=0.75) or [k])[0], [*flags, "--help"]))
+        if bad:  # (train, plan, plugins: the config's keys)
+            flat, algo = _config_keys(words, got.get("config")) if not args_cls else (list(keys), None)
+            raise UsageError(option_hint(argv, bad, lambda k: _meant_key(k, flat, algo), [*flags, "--help"]))
+        if not args_cls:
+            return _usage(cmd, words) if got.pop("help", False) else act(paths, {}, got, words)
         if got.pop("help", False):
             usage = re.findall(rf"^flowkit {cmd} .*(?:\n +.*)*", USAGE, re.M)[0]
             keys_text = "\n".join(f"  {k} (default {d!r}): {h}" for k, (_, h, d) in keys.items())
@@ -415,11 +347,11 @@ def _keyed(cmd: str, argv: List[str], args_cls: type, act: Callable[..., int],
         cfg = merge_overrides(OmegaConf.structured(args_cls), _dotlist(own), args_cls)
         check_values(cfg, args_cls)
         return act(paths, OmegaConf.to_container(cfg), got, [w for w in words if w not in own])
-    return _one_line(cmd, run)
+    return _one_line(cmd if args_cls else "", run)
 
 
 def _needs_file(cmd: str, flag: str) -> NoReturn:
-    raise ConfigError(f"{flag} needs a FILE (flowkit {cmd} {flag} FILE)")
+    raise UsageError(f"{flag} needs a FILE (flowkit {cmd} {flag} FILE)")
 
 
 def _evaluate(argv: List[str]) -> int:
@@ -436,14 +368,6 @@ def _evaluate(argv: List[str]) -> int:
     return _keyed("evaluate", argv, EvaluateArgs, act)
 
 
-def _top_missing_dir(path: str) -> Optional[str]:
-    """The top-most folder of ``path`` that does not exist, or None."""
-    top = None
-    while path and not os.path.isdir(path) and path != os.path.dirname(path):
-        top, path = path, os.path.dirname(path)
-    return top
-
-
 def signature_text(sig: Dict[str, Any]) -> str:
     """An exported module's signature as ``export`` prints it: ``(obs: uint8[B, 4, 84, 84]) ->
     action: int64[B]``; several outputs in parentheses (a recurrent policy's ``(action,
@@ -455,44 +379,15 @@ def signature_text(sig: Dict[str, Any]) -> str:
 
 
 def _export(argv: List[str]) -> int:
-    """``flowkit export``: see :mod:`flowkit.export`."""
+    """``flowkit export``: see :func:`flowkit.export.export_checkpoint`."""
     def act(paths: List[str], o: Dict[str, Any], flags: Dict[str, bool], _: List[str]) -> int:
-        fmt, out, policy = o["format"], o["out"], o["policy"]
-        if fmt is None:
+        if o["format"] is None:  # (before torch is imported)
             raise ConfigError("format= is required (format=torchscript or format=onnx)")
         path = _checkpoint_path(paths)
-        if out:  # before any work: a folder, a path under a file, a read-only folder, a run's own file
-            from flowkit._outputs import check_output
-            check_output(out, "out=")
-        from flowkit.checkpoint import find_checkpoint, load_trained
-        from flowkit.export import export_policy
-        try:
-            ck = find_checkpoint(path)
-        except FileNotFoundError as e:  # a folder without checkpoints
-            raise ConfigError(str(e)) from None
-        algo = load_trained(ck, trust_config=flags["trust_config"])
-        if policy is None and len(algo.policies) > 1:
-            raise ConfigError(f"the run has several policies ({', '.join(algo.policies)}): name one with policy=ID")
-        if policy is not None and policy not in algo.policies:
-            raise ConfigError(f"policy={policy!r}: the checkpoint has {', '.join(algo.policies)}")
-        pid = policy or next(iter(algo.policies))
-        out = os.path.abspath(out or os.path.join(ck, f"policy{'-' + pid if len(algo.policies) > 1 else ''}"
-                                                      f"{'.pt' if fmt == 'torchscript' else '.onnx'}"))
-        new_dir = _top_missing_dir(os.path.dirname(out))
-        tmp = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.tmp-{os.getpid()}")
-        try:  # into a temporary file, renamed once written and checked: a failure leaves nothing behind
-            sig = export_policy(algo.policies[pid], fmt, tmp)  # creates the missing folders
-            os.replace(tmp, out)
-        except Exception as e:  # any failure (a module the exporter cannot take, a full disk): one line
-            with contextlib.suppress(OSError):
-                os.remove(tmp)
-            if new_dir:
-                shutil.rmtree(new_dir, ignore_errors=True)
-            why = (str(e) if isinstance(e, ValueError) else
-                   f"cannot write it as {fmt}: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}")
-            raise ConfigError(f"policy {pid!r}: {why.replace(tmp, out)}") from None
-        print(f"wrote {out} ({fmt}, policy {pid!r}): {signature_text(sig)}"
-              + (f"; created the folder {new_dir}" if new_dir else ""))
+        from flowkit.export import export_checkpoint
+        sig = export_checkpoint(path, **o, trust_config=flags["trust_config"])
+        print(f"wrote {sig['out']} ({o['format']}, policy {sig['policy']!r}): {signature_text(sig)}"
+              + (f"; created the folder {sig['created']}" if sig["created"] else ""))
         print(f"same actions as compute_actions(obs, explore=False) on {sig['checked']} sampled observations"
               if sig["checked"] else "not checked against the policy (onnxruntime is not installed)")
         return 0
@@ -523,12 +418,15 @@ def _plot(argv: List[str]) -> int:
 
 def _tune(argv: List[str]) -> int:
     """``flowkit tune``: see :mod:`flowkit.tune`."""
-    import importlib
-    tune = importlib.import_module("flowkit.tune")  # (by name: flowkit.tune imports build_tuned from here)
-    return _keyed("tune", argv, tune.TuneArgs, tune.main, flags=("-c", "--no-tuned"), config_words=True)
+    from flowkit.tune import TuneArgs, main
+    return _keyed("tune", argv, TuneArgs, main, flags=("-c", "--no-tuned"), config_words=True)
 
 
-COMMANDS = {"evaluate": _evaluate, "export": _export, "record": _record, "plot": _plot, "tune": _tune}
+_CONFIG_FLAGS = ("-c", "--no-tuned", "--print-config", "--dry-run", "--mermaid", "--trust-config", "--take-over-lock")
+COMMANDS: Dict[str, Callable[[List[str]], int]] = {  # train, plan, plugins: the config's words and flags
+    **{c: functools.partial(_keyed, c, args_cls=None, act=functools.partial(_config_command, c), flags=_CONFIG_FLAGS)
+       for c in ("train", "plan", "plugins")},
+    "evaluate": _evaluate, "export": _export, "record": _record, "plot": _plot, "tune": _tune}
 
 
 def _show_warning(message: Any, category: type, filename: str, lineno: int, file: Any = None,

@@ -468,10 +468,7 @@ def held_sections(layers: Sequence[Dict[str, Any]], sections: Dict[str, type]) -
     only its own; a section left out reads as its defaults (:func:`section_object`)."""
     algos: Iterable[str] = getattr(sections, "algorithms", ())
     used = [layer["algo"] for layer in layers if "algo" in layer][-1:] or [Config.algo]
-    for layer in layers:
-        ma = layer.get("multiagent")
-        pols = ma.get("policies") if isinstance(ma, dict) else None
-        used += [p.get("algo") for p in pols.values() if isinstance(p, dict)] if isinstance(pols, dict) else []
+    used += [a for layer in layers for a in _policy_algos(layer)]
     if any(a is not None and (not isinstance(a, str) or "${" in a) for a in used):  # known once resolved
         return dict(sections)
     named = set(used) | {k for layer in layers for k in layer} | set(_INTERPOLATED.findall(str(layers)))
@@ -504,11 +501,16 @@ def changed_keys(given: Dict[str, Any], section: type) -> List[str]:
 def run_algorithms(cfg: Any) -> List[str]:
     """The algorithms a config's policies use, before any env is built: ``algo`` and each
     ``multiagent.policies.<id>.algo`` given."""
-    names = [str(cfg.algo)]
-    pols = OmegaConf.select(cfg, "multiagent.policies", default=None)
-    if isinstance(pols, DictConfig):
-        names += [str(p.algo) for p in pols.values() if isinstance(p, DictConfig) and p.get("algo")]
-    return list(dict.fromkeys(names))
+    return list(dict.fromkeys(str(a) for a in [cfg.algo, *_policy_algos(cfg)]))
+
+
+def _policy_algos(src: Any) -> List[Any]:
+    """Each ``multiagent.policies.<id>.algo`` given in ``src``: a config, or one of its sources as
+    a dict (where a value may still be an interpolation or of a wrong type)."""
+    ma = src.get("multiagent")
+    pols = ma.get("policies") if isinstance(ma, (dict, DictConfig)) else None
+    pols = pols if isinstance(pols, (dict, DictConfig)) else {}
+    return [p.get("algo") for p in pols.values() if isinstance(p, (dict, DictConfig)) and p.get("algo") is not None]
 
 
 def did_you_mean(word: Any, options: Iterable[str], prefix: str = "") -> str:

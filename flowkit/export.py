@@ -30,17 +30,20 @@ the next observation of the same episode. The written file is checked against th
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
+import shutil
 import warnings
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import gymnasium as gym
 import numpy as np
 import torch
 from torch import nn
 
+from flowkit.config import ConfigError
 from flowkit.core.encoders import MASK_KEY
 
 FORMATS = ("torchscript", "onnx")
@@ -277,6 +280,53 @@ def export_policy(policy: Any, fmt: str, path: str, check: int = 256) -> Dict[st
             onnx.save(model, path)
     sig["checked"] = _check(policy, fmt, path, check) if check else 0
     return sig
+
+
+def export_checkpoint(path: str, format: str, out: Optional[str] = None, policy: Optional[str] = None,  # noqa: A002
+                      trust_config: bool = False) -> Dict[str, Any]:
+    """``flowkit export``: policy ``policy`` (None: the run's only one) of the checkpoint at ``path``
+    (a run folder: its newest) written by :func:`export_policy` in ``format`` to ``out`` (default
+    ``policy[-ID].pt|.onnx`` in the checkpoint's folder; missing folders are made), through a
+    temporary file renamed once written and checked: a failure leaves nothing behind. Returns the
+    signature with ``out`` (absolute), ``policy`` and ``created``: the top folder made, or None.
+
+    Raises:
+        ConfigError: ``out`` cannot be written (a folder, under a file, read-only, a run's own
+            file: before any work), ``path`` holds no checkpoint, ``policy`` is not the run's (or
+            not named where it has several), or the export failed (one line naming the policy).
+    """
+    if out:
+        from flowkit._outputs import check_output
+        check_output(out, "out=")
+    from flowkit.checkpoint import find_checkpoint, load_trained
+    try:
+        ck = find_checkpoint(path)
+    except FileNotFoundError as e:  # a folder without checkpoints
+        raise ConfigError(str(e)) from None
+    algo = load_trained(ck, trust_config=trust_config)
+    if policy is None and len(algo.policies) > 1:
+        raise ConfigError(f"the run has several policies ({', '.join(algo.policies)}): name one with policy=ID")
+    if policy is not None and policy not in algo.policies:
+        raise ConfigError(f"policy={policy!r}: the checkpoint has {', '.join(algo.policies)}")
+    pid = policy or next(iter(algo.policies))
+    out = os.path.abspath(out or os.path.join(ck, f"policy{'-' + pid if len(algo.policies) > 1 else ''}"
+                                                  f"{'.pt' if format == 'torchscript' else '.onnx'}"))
+    top, parent = None, os.path.dirname(out)
+    while parent and not os.path.isdir(parent) and parent != os.path.dirname(parent):  # the top folder to make
+        top, parent = parent, os.path.dirname(parent)
+    tmp = os.path.join(os.path.dirname(out), f".{os.path.basename(out)}.tmp-{os.getpid()}")
+    try:
+        sig = export_policy(algo.policies[pid], format, tmp)  # makes the missing folders
+        os.replace(tmp, out)
+    except Exception as e:  # any failure (a module the exporter cannot take, a full disk): one line
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        if top:
+            shutil.rmtree(top, ignore_errors=True)
+        why = (str(e) if isinstance(e, ValueError) else
+               f"cannot write it as {format}: {type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}")
+        raise ConfigError(f"policy {pid!r}: {why.replace(tmp, out)}") from None
+    return {**sig, "out": out, "policy": pid, "created": top}
 
 
 def _differ(got: np.ndarray, want: np.ndarray, n: int) -> int:

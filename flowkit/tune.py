@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
-from flowkit.cli import build_tuned, shown_path
+from flowkit._prepare import build_tuned, shown_path
 from flowkit.config import ConfigError, F, _dotlist, build_config, plugin_modules_from
 from flowkit.core import env_name
 from flowkit.hooks import get_plugin_manager

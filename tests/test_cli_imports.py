@@ -216,3 +216,23 @@ def test_a_single_agent_run_loads_no_pettingzoo(tmp_path):
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert "LOADED []\n" in p.stdout, p.stdout[-2000:] + p.stderr[-2000:]
     assert "RUNNER ParallelEnvRunner\n" in p.stdout, p.stderr[-2000:]
+
+
+def test_train_plan_and_plugins_read_their_words_as_every_command_does(tmp_path, capsys):
+    """Issue 49 item 6: train, plan and plugins take their words through the one runner of every
+    command (no argparse): flags given before the command, ``--config=FILE`` and ``-c FILE`` work as
+    they did; a word that is no command is one line naming it."""
+    from flowkit.cli import main
+    (tmp_path / "c.yaml").write_text("env: CartPole-v1\nppo:\n  lr: 0.01\n")
+    assert main(["--print-config", "train", f"--config={tmp_path / 'c.yaml'}", "--no-tuned", "seed=3"]) == 0
+    out = capsys.readouterr().out
+    assert "\n  lr: 0.01\n" in out and "\n  id: CartPole-v1\n" in out and "\nseed: 3\n" in out, out
+    assert main(["plugins", "-c", str(tmp_path / "c.yaml")]) == 0
+    assert "algorithm   ppo: " in capsys.readouterr().out
+    assert main(["train", "-c", "--no-tuned"]) == 2
+    assert capsys.readouterr().err == "flowkit: error: -c needs a FILE (flowkit train -c FILE)\n"
+    with pytest.raises(SystemExit) as ei:
+        main(["--no-tuned", "trian"])
+    assert ei.value.code == 2 and capsys.readouterr().err == (
+        "flowkit: error: argument command: invalid choice: 'trian' (choose from 'train', 'plan', 'plugins', "
+        "'evaluate', 'export', 'record', 'plot', 'tune') (usage: flowkit --help)\n")

@@ -47,8 +47,8 @@ def test_the_private_ray_startup_code_the_patches_replace_is_as_patched():
     for flag in ("--dashboard_agent_command=", "--runtime_env_agent_command="):
         assert flag in raylet, f"the raylet is no longer given {flag}"
     assert hasattr(ray._raylet, "persist_port") and callable(utils.get_dashboard_dependency_error)
-    # every patch targets an attribute that exists, and is a function as the original is
+    # every patch targets an attribute that exists, and is a function where the original is one
     for obj, attr, repl in _ray._local_patches():
-        assert callable(obj.__dict__.get(attr)), f"{obj.__name__}.{attr} is gone"
-        assert callable(repl)
+        assert attr in obj.__dict__, f"{obj.__name__}.{attr} is gone"
+        assert callable(repl) == callable(obj.__dict__[attr]), f"{obj.__name__}.{attr}: not replaced in kind"
     assert {a for _, a, _ in _ray._local_patches()} >= {"start_api_server", "start_monitor", "start_ray_process"}

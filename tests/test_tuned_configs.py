@@ -9,7 +9,7 @@ import sys
 import pytest
 import yaml
 
-from flowkit.cli import tuned_config_path
+from flowkit._prepare import tuned_config_path
 from flowkit.engine import load_config
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -94,7 +94,7 @@ def test_a_wheel_install_finds_the_tuned_configs(tmp_path):
     (wheel,) = glob.glob(str(tmp_path / "w" / "flowkit-*.whl"))
     subprocess.run([*pip, "install", "--no-deps", "-q", "--target", str(tmp_path / "site"), wheel],
                    check=True, timeout=300, capture_output=True)
-    code = ("import flowkit, sys; from flowkit.cli import tuned_config_path as t; "
+    code = ("import flowkit, sys; from flowkit._prepare import tuned_config_path as t; "
             "print(flowkit.__file__); print(t('dqn', 'CartPole-v1'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=tmp_path,
                          env={**os.environ, "PYTHONPATH": str(tmp_path / "site")}).stdout.split()

@@ -181,7 +181,10 @@ class NumpyNet:
         PPO LSTM      6,793 / 338 (20x)        2,034 / <811 (>2.5x)         4,505 / 407 (11x)
 
     (round 3 at a load of 20-46: the ratios, not the rates, compare; an LSTM torch run of 5 s
-    that finished no 2,048-step round counts as under the next one's rate).
+    that finished no 2,048-step round counts as under the next one's rate). Measured again for
+    issue 49 item 4 on 2026-12-07 (``bench/kept_speedups.py``: the same part (c), 8 s, each side
+    a fresh process, alternating, median of 3, a load of 18-46): PPO MLP 29,576 / 9,684 env
+    steps/s (3.1x): kept.
     """
 
     def __init__(self, layout: Sequence[Tuple[Any, ...]], weights: Optional[Mapping[str, np.ndarray]] = None,

@@ -445,7 +445,12 @@ class FlatAdam:
     (today's main, load 20-46): the first ``torch.optim.Adam(...)`` 6.5-7.7 s (``fused=True``
     6.1-8.5 s; 3 fresh processes each, alternating), ``FlatAdam(...)`` 0.0002-0.0005 s; steps/s
     at minibatch 64 (median of 3): FlatAdam 265, single-tensor 184, Adam 158, Adam foreach 119,
-    Adam fused 128: kept.
+    Adam fused 128: kept. Issue 49 item 4, 2026-12-07 (``bench/kept_speedups.py``, 3 fresh
+    processes each, alternating, a load of 18-46): the first ``torch.optim.Adam(...)`` after
+    ``import torch`` and flowkit's policy module 5.1 s median (3.7-6.0), ``FlatAdam(...)``
+    0.00016 s; steps/s at minibatch 64 (``bench/learner.py --optimizers``, median of 3, load
+    about 35): FlatAdam 156, single-tensor 178, Adam 136, Adam foreach 120, Adam fused 159 (the
+    steps equal within the noise; the construction decides): kept.
 
     The fused kernel (2026-12-06, ``python bench/learner.py --optimizers [--net nature
     --minibatch 32]``, the same machine quiet, one torch thread, median of 5, two runs each):
