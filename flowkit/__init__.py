@@ -89,3 +89,9 @@ def __getattr__(name: str) -> Any:
         if e.name != f"flowkit.{name}":
             raise
         raise AttributeError(f"module 'flowkit' has no attribute {name!r}") from None
+
+
+_RAY_WORKER = _sys.modules.get("ray._private.worker")
+if _RAY_WORKER is not None and getattr(_RAY_WORKER.global_worker, "mode", None) == _RAY_WORKER.WORKER_MODE:
+    from flowkit._ray import lean_serializers  # a Ray worker loading flowkit (a rollout worker), before
+    lean_serializers()  # its first deserialization: no pydantic, starlette and pyarrow imports (see there)
