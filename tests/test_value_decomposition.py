@@ -160,6 +160,26 @@ def test_c13_truncated_sequence_end_bootstraps_from_the_final_observation(algo, 
     assert y[0, :4].tolist() == ([2.0, 2.0, 2.0, 1.0] if terminated else [2.0, 2.0, 2.0, 2.0])
 
 
+@pytest.mark.parametrize("standardise", [False, True])
+def test_standardised_team_rewards_use_the_running_statistics_of_the_real_steps(standardise):
+    """EPyMARL's standardise_rewards: with target Q-values of 0, ``y_t = (r_t - mean) / std`` over the
+    real steps' team rewards [0, 0, 0, 2] (mean 0.5, variance 0.75); the padding's 5s count nowhere."""
+    pol = policy("vdn", standardise_rewards=standardise)
+    pol.target.module.agent = ConstQ([[0.0, 0.0]] * 5)
+    b = team_batch(pol)
+    b[sb.REWARDS] = np.float32([[0, 0, 0, 2, 5, 5]])
+    for _ in range(2):                                                # the same batch again: the same statistics
+        _, y, _ = pol.team_values(pol.prepare_batch(b))
+        want = [-0.5 / 0.75 ** 0.5] * 3 + [1.5 / 0.75 ** 0.5] if standardise else [0, 0, 0, 2]
+        np.testing.assert_allclose(y[0, :4].numpy(), want, atol=1e-3)
+    if standardise:
+        assert float(pol.model.reward_rms.mean) == pytest.approx(0.5, abs=1e-4)
+        assert float(pol.model.reward_rms.var) == pytest.approx(0.75, abs=1e-4)
+        assert "reward_rms.mean" in pol.model.state_dict()           # checkpointed with the networks
+    else:
+        assert pol.model.reward_rms is None
+
+
 @pytest.mark.parametrize("terminated", [False, True])
 def test_c13_the_target_mixer_sees_the_next_global_state_of_the_same_step(terminated):
     """A target mixer Q_tot^- = V(s) = relu(s[0]) (zero mixing weights): ``y_t = r_t + gamma s_{t+1}[0]``,
@@ -252,10 +272,11 @@ def test_single_agent_env_is_refused(tmp_path):
                                       "stop.env_steps=64"))
 
 
-@pytest.mark.parametrize("algo", [VDN, QMIX])
-def test_conformance_kit_and_export(algo, ray_session, tmp_path):
-    out = check_algorithm(algo, small(algo.name), env=COOP, checks=("config", "plan", "actions", "checkpoint", "backends"),
-                          tmp_dir=str(tmp_path))
+@pytest.mark.parametrize("algo, extra", [(VDN, []), (QMIX, ["qmix.standardise_rewards=true"])])
+def test_conformance_kit_and_export(algo, extra, ray_session, tmp_path):
+    """QMIX with standardised rewards: their running statistics resume exactly with the networks."""
+    out = check_algorithm(algo, small(algo.name) + extra, env=COOP, checks=("config", "plan", "actions", "checkpoint",
+                                                                           "backends"), tmp_dir=str(tmp_path))
     assert "JoinTeamSequences(['team'])" in out["plan"]
 
 

@@ -135,6 +135,8 @@ class VDNConfig(TeamKeys, LRConfig):
                      gt=0, le=100_000)
     team_reward: str = F("sum", "the team reward: the sum (EPyMARL's) or the mean of the agents' rewards",
                          choices=("sum", "mean"))
+    standardise_rewards: bool = F(False, "learn from (r - mean) / std of the team rewards, running statistics over "
+                                         "the replayed real steps (EPyMARL's standardise_rewards)")
     train_batch_size: int = F(32, "replayed team sequences per gradient step", gt=0, le=MAX_BATCH_ROWS)
     buffer_size: int = F(5_000, "replay capacity in team sequences (per policy)", gt=0)
     learning_starts: int = F(1_000, "env steps sampled before the first gradient step", ge=0)

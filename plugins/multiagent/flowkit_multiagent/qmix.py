@@ -23,7 +23,12 @@ of them real; ``s_t`` the global state):
         ``s_t``: the global state, the multiagent plugin's centralized value input
         (:mod:`flowkit_multiagent.centralized`, ``qmix.critic_input``: the env's ``state()``, or the
         team's encoded observations concatenated), without agent id.
-    Team reward: ``r_t = sum_a r^a_t`` (``team_reward=sum``, EPyMARL's) or the mean.
+    Team reward: ``r_t = sum_a r^a_t`` (``team_reward=sum``, EPyMARL's) or the mean; with
+    ``standardise_rewards`` (EPyMARL's ``standardise_rewards``) the learner uses
+    ``(r_t - mu) / sigma``, ``mu`` and ``sigma^2`` the running mean and variance of the team
+    rewards of every replayed real step so far (updated with each train batch before its
+    targets; a sparse reward of probability ``p`` becomes about ``1 / sqrt(p)``, the steps
+    without one about ``-sqrt(p)``).
     Target of each real step ``t`` (double Q, van Hasselt et al. 2016: the action is chosen by the
     online network at the next step ``t+1``, valued by the target network there; legal actions
     only; ``double_q=false``: the target network's own argmax):
@@ -66,7 +71,7 @@ from torch import nn
 
 import flowkit
 from flowkit import ConfigError
-from flowkit.core import RecurrentStep, derive_seed, loss_stats, ops, replay
+from flowkit.core import RecurrentStep, RunningMeanStd, derive_seed, loss_stats, ops, replay
 from flowkit.core import batch as sb
 from flowkit.core.recurrent import is_recurrent
 from flowkit_multiagent.centralized import CRITIC_OBS, NEXT_CRITIC_OBS, TEAM_MEMBER, join_team, with_policy_batches
@@ -126,15 +131,25 @@ class QMixer(nn.Module):
 
 class TeamQ(nn.Module):
     """The team's networks: ``agent`` (the recurrent agent network, shared by the team; what
-    acting, the workers and export use) and ``mixer`` (learner side). ``forward`` and
+    acting, the workers and export use) and ``mixer`` (learner side), and ``reward_rms``, the
+    team reward's running statistics (``standardise_rewards``; None without). ``forward`` and
     ``initial_state`` are the agent network's (the recurrent-model contract of
     :mod:`flowkit.core.recurrent`)."""
 
     agent: Any  # the recurrent-model contract (initial_state, forward)
 
-    def __init__(self, agent: nn.Module, mixer: nn.Module):
+    def __init__(self, agent: nn.Module, mixer: nn.Module, standardise_rewards: bool = False):
         super().__init__()
         self.agent, self.mixer = agent, mixer
+        self.reward_rms = RunningMeanStd((), clip=float("inf")) if standardise_rewards else None
+
+    def team_rewards(self, rewards: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+        """The rewards the targets use: ``rewards`` float32[B, L] as they are, or standardised
+        after adding the real steps (``real`` float32[B, L], 1 at a real step) to ``reward_rms``."""
+        if self.reward_rms is None:
+            return rewards
+        self.reward_rms.update(rewards[real > 0].double())
+        return self.reward_rms(rewards.double()).to(rewards.dtype)
 
     def initial_state(self, n: int) -> torch.Tensor:
         return self.agent.initial_state(n)
@@ -263,7 +278,7 @@ class VDNPolicy(R2D2Policy):
         if not is_recurrent(agent):
             raise ConfigError(f"{self.ALGO} trains a recurrent agent network: model.class="
                               f"{self.model_config.get('class')!r} has no initial_state(n) method (see Policy.build_model)")
-        return TeamQ(agent, self.make_mixer())
+        return TeamQ(agent, self.make_mixer(), bool(self.config.standardise_rewards))
 
     def postprocess_trajectory(self, batch: sb.SampleBatch) -> sb.SampleBatch:
         """The sequences of one agent's trajectory piece ``batch`` completes (:class:`SequenceCutter`),
@@ -300,13 +315,15 @@ class VDNPolicy(R2D2Policy):
         q = self.team_q(self.model, obs, state_in)                                 # [B, L + 1, n, A]
         q_taken = q[:, :L].gather(-1, actions.unsqueeze(-1)).squeeze(-1)           # [B, L, n]
         q_tot = self.model.mixer(q_taken, s[:, :L])                                # [B, L]
+        real = batch[sb.SEQ_MASK].to(q_tot.dtype)
         with torch.no_grad():
             q_target = self.team_q(target, obs, state_in)              # [B, L + 1, n, A]
             select = q.detach() if cfg.double_q else q_target                      # a* at t + 1: online (double Q)
             mask = batch.get(sb.ACTION_MASK)
-            y = team_targets(batch[sb.REWARDS].float(), batch[sb.TERMINATEDS], q_target[:, 1:], select[:, 1:],
+            r = self.model.team_rewards(batch[sb.REWARDS].float(), real)           # standardised or as they are
+            y = team_targets(r, batch[sb.TERMINATEDS], q_target[:, 1:], select[:, 1:],
                              target.mixer, s[:, 1:], cfg.gamma, None if mask is None else mask[:, 1:])
-        return q_tot, y, batch[sb.SEQ_MASK].to(q_tot.dtype)
+        return q_tot, y, real
 
     def loss(self, batch: Dict[str, torch.Tensor]) -> Tuple[torch.Tensor, Dict[str, float]]:
         q_tot, y, real = self.team_values(batch)
