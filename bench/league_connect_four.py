@@ -13,6 +13,11 @@ Target: the league wins >= 95% against random and >= 65% against PPO-vs-random (
 one half in the win rate shown; the wins alone are shown too). flowkit's own environment, no peer.
 
     nice -n 19 .venv/bin/python bench/league_connect_four.py [--env-steps N] [--seed S] [--games G]
+        [--set KEY=VALUE ...] [--out DIR]
+
+``--set`` overrides apply to both runs (a config variant: PPO settings are the same on both
+sides; league keys matter only to the league). A run folder that holds a ``result.json``
+already is not trained again (``--out`` of an earlier run: only the games are played again).
 """
 from __future__ import annotations
 
@@ -90,18 +95,20 @@ def main():
     ap.add_argument("--env-steps", type=int, default=1_000_000)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--games", type=int, default=200)
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="config overrides for both runs")
     ap.add_argument("--out", default=os.path.join(ROOT, "runs", "bench_league_connect_four"))
     args = ap.parse_args()
     import torch
     torch.set_num_threads(1)
-    league_dir, t_league = run("league", args.env_steps, args.seed, [], args.out)
-    ppo_dir, t_ppo = run("ppo_vs_random", args.env_steps, args.seed, ["multiagent.league.main=null"], args.out)
+    league_dir, t_league = run("league", args.env_steps, args.seed, args.set, args.out)
+    ppo_dir, t_ppo = run("ppo_vs_random", args.env_steps, args.seed, [*args.set, "multiagent.league.main=null"],
+                         args.out)
     main_pol, ppo_pol = load_policy(league_dir, "learner"), load_policy(ppo_dir, "learner")
     rows = [("league vs random (greedy)", play(main_pol, None, args.games, 10_000 + args.seed, False), 0.95),
             ("league vs ppo-vs-random (sampled)", play(main_pol, ppo_pol, args.games, 20_000 + args.seed, True), 0.65),
             ("ppo-vs-random vs random (greedy)", play(ppo_pol, None, args.games, 10_000 + args.seed, False), None)]
-    print(f"connect_four_v3, {args.env_steps} env steps each, seed {args.seed}; train time league {t_league:.0f} s, "
-          f"ppo-vs-random {t_ppo:.0f} s; {args.games} games per line, seats alternated")
+    print(f"connect_four_v3, {args.env_steps} env steps each, seed {args.seed}, overrides {args.set}; "
+          f"train time league {t_league:.0f} s, ppo-vs-random {t_ppo:.0f} s; {args.games} games per line, seats alternated")
     print(f"{'match':<36}{'wins':>6}{'draws':>7}{'losses':>8}{'win rate':>10}{'target':>8}")
     report = {}
     for name, (w, d, lo), target in rows:
@@ -110,7 +117,8 @@ def main():
         print(f"{name:<36}{w:>6}{d:>7}{lo:>8}{rate:>10.3f}  {ok}")
         report[name] = {"wins": w, "draws": d, "losses": lo, "target": target}
     with open(os.path.join(args.out, "report.json"), "w") as f:
-        json.dump({"env_steps": args.env_steps, "seed": args.seed, "games": args.games, "results": report}, f, indent=2)
+        json.dump({"env_steps": args.env_steps, "seed": args.seed, "games": args.games, "overrides": args.set,
+                   "train_s": {"league": t_league, "ppo_vs_random": t_ppo}, "results": report}, f, indent=2)
 
 
 if __name__ == "__main__":

@@ -96,6 +96,27 @@ def test_elo_updates_hand_computed():
     assert lg.add_snapshot(3) == "m@1" and lg.ratings["m@1"] == lg.ratings["m"] and lg.games["m@1"] == 0.0
 
 
+def test_win_rate_decays_per_game_and_games_are_counted():
+    """AlphaStar's payoff decay: before each game against a member its games, wins and draws are
+    multiplied by the decay (here 0.5); the games column counts plainly."""
+    lg = League("m", ["rand"], ["m@1"], [], "hard", decay=0.5)
+    lg.record({"m": {"player_1": 1.0}, "rand": {"player_2": -1.0}})    # games 1, wins 1
+    lg.record({"m": {"player_1": -1.0}, "rand": {"player_2": 1.0}})    # games 0.5 + 1, wins 0.5
+    lg.record({"m": {"player_2": 0.0}, "rand": {"player_1": 0.0}})     # games 0.75 + 1, wins 0.25, draws 1
+    assert (lg.games["rand"], lg.wins["rand"], lg.draws["rand"], lg.played["rand"]) == (1.75, 0.25, 1.0, 3.0)
+    assert lg.win_rate("rand") == pytest.approx(0.75 / 1.75, abs=1e-12)  # plain counts: (1 + 0.5) / 3 = 0.5
+    cols = lg.columns()
+    assert cols["league/rand/games"] == 3.0 and cols["league/rand/win_rate"] == pytest.approx(0.428571, abs=1e-6)
+    assert "league/m/games" not in cols
+    assert lg.table()["rows"][0][:3] == ["rand", lg.ratings["rand"], 3.0]
+    lg.add_snapshot(2)
+    assert cols.keys() <= lg.columns().keys() and lg.columns()["league/m@1/games"] == 0.0
+    state = lg.get_state()
+    other = League("m", ["rand"], ["m@1"], [], "hard", decay=0.5)
+    other.set_state(state)
+    assert other.get_state() == state
+
+
 def test_league_config_errors_are_named():
     def ctx(*extra):
         pm, cfg = load_config(["runtime.backend=local", *TTT, *extra])
@@ -119,6 +140,7 @@ def test_league_policies_and_plan():
         assert "League" in build_plan(ctx).to_text()
         # the workers start with the league's first matchmaking: no snapshot yet, so the
         # opponent (65%) or the learner itself (35%)
+        assert ctx.stateful[STATEFUL_NAME].decay == 0.99  # multiagent.league.win_rate_decay's default
         rule = ctx.workers.local_worker().runner.mapping.rules["player_2"]
         assert rule == [("opponent", 0.65), ("learner", 1.0), ("learner@1", 1.0), ("learner@2", 1.0)]
     finally:
@@ -133,6 +155,10 @@ def test_snapshots_every_k_iterations_metrics_and_exact_resume(run_dir):
         rows = list(csv.DictReader(f))
     assert [float(r["league/size"]) for r in rows] == [2.0, 3.0, 3.0, 4.0, 4.0]  # opponent + learner + snapshots
     assert rows[-1]["league/learner/elo"] and "league/learner@2/win_rate" in rows[-1]
+    # the games per member add up to the games the league recorded (self-play is none)
+    st = load_state(os.path.join(res.run_dir, "checkpoints", "iter_000005", STATE_FILE))["stateful"][STATEFUL_NAME]
+    assert {m: float(rows[-1][f"league/{m}/games"]) for m in ("opponent", "learner@1", "learner@2")} == \
+        {m: st["played"][m] for m in ("opponent", "learner@1", "learner@2")}
     assert abs(sum(float(rows[-1][f"league/{m}/prob"]) for m in ("opponent", "learner", "learner@1", "learner@2"))
                - 1.0) < 1e-9
     ck4 = os.path.join(res.run_dir, "checkpoints", "iter_000004")

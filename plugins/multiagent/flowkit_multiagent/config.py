@@ -52,6 +52,8 @@ class LeagueConfig:
     pfsp: str = F("hard", "matchmaking weight f(p) of an opponent beaten with probability p: hard (1-p)^2, "
                           "variance p(1-p), linear 1-p, uniform", choices=PFSP_WEIGHTINGS)
     self_play: float = F(0.35, "probability that the main policy plays itself in an episode", ge=0, le=1)
+    win_rate_decay: float = F(0.99, "factor on the games, wins and draws counted against a member before each "
+                                    "new game against it (AlphaStar's payoff decay; 1: plain counts)", gt=0, le=1)
     elo_k: float = F(16.0, "Elo K-factor (rating points per unit of surprise)", gt=0)
     elo_initial: float = F(1000.0, "Elo rating of every member at the start")
 

@@ -20,6 +20,11 @@ policy's win rate against ``m`` (draws count one half; 0.5 before any game) and 
 - ``linear``: ``1 - p``,
 - ``uniform``: ``1`` (fictitious self-play).
 
+The win rate is AlphaStar's decayed one (its pseudocode's payoff table): before each game of
+the main policy against ``m``, the games, wins and draws counted against ``m`` are multiplied by
+``win_rate_decay`` (``d``; 1: plain counts), so that a game ``n`` games ago counts ``d**n``: the
+main policy keeps changing, and its old results against a member say little about today's.
+
 Where every ``f(p_m)`` is 0 (it beats them all) the choice is uniform. Without other members
 (no snapshot yet, no fixed member) the main policy plays itself. The draw is made on the rollout
 workers, once per episode, from the run's seed and the episode id (the mapping's weighted
@@ -38,7 +43,8 @@ empty row of the win-rate table. Games of the main policy against itself change 
 Everything (members, ratings, win-rate table, the next slot) is checkpointed with the run as
 plain values (:meth:`League.get_state`) and shown per iteration as ``metrics.csv`` columns
 ``league/<member>/elo``, ``league/<member>/win_rate`` (the main policy's against it),
-``league/<member>/prob`` (its matchmaking probability) and ``league/size``.
+``league/<member>/prob`` (its matchmaking probability), ``league/<member>/games`` (the games the
+main policy played against it, not decayed; since a snapshot's creation) and ``league/size``.
 """
 from __future__ import annotations
 
@@ -94,18 +100,21 @@ class League:
         fixed: ids of the fixed members (the ``opponent`` policy).
         slots: the snapshot slots' policy ids.
         rules: the mapping rules whose choice the league sets (agent-id patterns).
-        weighting, self_play, elo_k, elo_initial: as ``multiagent.league.*`` names them.
+        weighting, self_play, elo_k, elo_initial, decay: as ``multiagent.league.*`` names them
+            (``decay``: ``win_rate_decay``).
     """
 
     name = "League"
 
     def __init__(self, main: str, fixed: Sequence[str], slots: Sequence[str], rules: Sequence[str] = (),
-                 weighting: str = "hard", self_play: float = 0.0, elo_k: float = 16.0, elo_initial: float = 1000.0):
+                 weighting: str = "hard", self_play: float = 0.0, elo_k: float = 16.0, elo_initial: float = 1000.0,
+                 decay: float = 1.0):
         self.main, self.fixed, self.slots, self.rules = str(main), list(fixed), list(slots), list(rules)
-        self.weighting, self.self_play, self.elo_k = weighting, float(self_play), float(elo_k)
+        self.weighting, self.self_play, self.elo_k, self.decay = weighting, float(self_play), float(elo_k), float(decay)
         self.members = [*self.fixed, *self.slots, self.main]
         self.ratings = {m: float(elo_initial) for m in self.members}
-        self.wins, self.draws, self.games = ({m: 0.0 for m in self.members} for _ in range(3))
+        # decayed counts (the win rate) and the plain count of games against each member
+        self.wins, self.draws, self.games, self.played = ({m: 0.0 for m in self.members} for _ in range(4))
         self.filled: Dict[str, int] = {}  # slot -> iteration of its snapshot
         self.next_slot = 0
 
@@ -113,11 +122,13 @@ class League:
     def from_config(cls, config: Any) -> "League":
         lg = config.multiagent.league
         rules = [p for p, t in (config.multiagent.mapping or {}).items() if str(t) == str(lg.opponent)]
-        return cls(lg.main, [lg.opponent], slot_ids(config), rules, lg.pfsp, lg.self_play, lg.elo_k, lg.elo_initial)
+        return cls(lg.main, [lg.opponent], slot_ids(config), rules, lg.pfsp, lg.self_play, lg.elo_k, lg.elo_initial,
+                   lg.win_rate_decay)
 
     # ---- matchmaking ----------------------------------------------------------------------
     def win_rate(self, member: str) -> float:
-        """The main policy's win rate against ``member`` (draws one half; 0.5 before any game)."""
+        """The main policy's decayed win rate against ``member`` (draws one half; 0.5 before any
+        game)."""
         g = self.games[member]
         return (self.wins[member] + 0.5 * self.draws[member]) / g if g else 0.5
 
@@ -175,7 +186,10 @@ class League:
         b = others[0]
         mine, theirs = max(policy_returns[self.main].values()), max(policy_returns[b].values())
         score = 1.0 if mine > theirs else 0.5 if mine == theirs else 0.0
+        for stats in (self.games, self.wins, self.draws):
+            stats[b] *= self.decay
         self.games[b] += 1.0
+        self.played[b] += 1.0
         self.wins[b] += score == 1.0
         self.draws[b] += score == 0.5
         self.ratings[self.main], self.ratings[b] = elo_update(self.ratings[self.main], self.ratings[b], score, self.elo_k)
@@ -189,7 +203,7 @@ class League:
         self.next_slot += 1
         self.filled[slot] = int(iteration)
         self.ratings[slot] = self.ratings[self.main]
-        self.wins[slot] = self.draws[slot] = self.games[slot] = 0.0
+        self.wins[slot] = self.draws[slot] = self.games[slot] = self.played[slot] = 0.0
         return slot
 
     def columns(self) -> Dict[str, float]:
@@ -200,27 +214,28 @@ class League:
             out[f"league/{m}/elo"] = self.ratings[m]
             if m != self.main:
                 out[f"league/{m}/win_rate"] = self.win_rate(m)
+                out[f"league/{m}/games"] = self.played[m]
             out[f"league/{m}/prob"] = probs[m]
         return out
 
     def table(self) -> Dict[str, Any]:
         """The members as a table (plain lists): member, Elo, games against the main policy,
-        the main policy's win rate against them, matchmaking probability, the iteration of the
+        the main policy's (decayed) win rate against them, matchmaking probability, the iteration of the
         snapshot (-1: not a snapshot)."""
         probs = self.probabilities()
-        rows = [[m, self.ratings[m], self.games[m] if m != self.main else "", self.win_rate(m) if m != self.main else "",
+        rows = [[m, self.ratings[m], self.played[m] if m != self.main else "", self.win_rate(m) if m != self.main else "",
                  probs[m], self.filled.get(m, -1)] for m in self.members if m not in self.slots or m in self.filled]
         return {"columns": ["member", "elo", "games", "win_rate", "prob", "snapshot"], "rows": rows}
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def get_state(self) -> Dict[str, Any]:
         return {"ratings": dict(self.ratings), "wins": dict(self.wins), "draws": dict(self.draws),
-                "games": dict(self.games), "filled": dict(self.filled), "next_slot": self.next_slot,
+                "games": dict(self.games), "played": dict(self.played), "filled": dict(self.filled), "next_slot": self.next_slot,
                 "table": self.table()}
 
     def set_state(self, state: Dict[str, Any]) -> None:
-        for key in ("ratings", "wins", "draws", "games"):
-            getattr(self, key).update({str(k): float(v) for k, v in state[key].items()})
+        for key in ("ratings", "wins", "draws", "games", "played"):  # (a checkpoint before `played`: the games)
+            getattr(self, key).update({str(k): float(v) for k, v in state.get(key, state["games"]).items()})
         self.filled = {str(k): int(v) for k, v in state["filled"].items()}
         self.next_slot = int(state["next_slot"])
 
