@@ -209,9 +209,9 @@ class Returns(_Callback):  # type: ignore[misc,valid-type]
 
     def on_batch_collected(self, batch):
         vals = []
+        done = batch.get(("next", "done"))  # the global done, as BenchMARL's logger reads it
         for group in self.experiment.group_map:
-            done = batch.get(("next", group, "done"))
-            vals += batch.get(("next", group, "episode_reward"))[done].flatten().tolist()
+            vals += batch.get(("next", group, "episode_reward")).mean(-2)[done].flatten().tolist()
         if vals:
             Returns.train = vals
 
