@@ -310,7 +310,9 @@ def _report(algo: Any, ck: str, eps: List[Dict[str, Any]], single: bool, seed: i
     cfg = algo.run_config
     rets, lens = [e["return"] for e in eps], [e["length"] for e in eps]
     report: Dict[str, Any] = {"checkpoint": ck, "iteration": int(algo.checkpoint_state["iteration"]),
-                              "algo": str(cfg.algo), "env": env_name(cfg.env), "episodes": len(eps), "seed": seed,
+                              "algo": "+".join(dict.fromkeys(str(d["algo"]) for d in  # ppo+dqn: mixed, as the progress bar
+                                                             algo.checkpoint_state.get("policy_specs", {}).values())) or str(cfg.algo),
+                              "env": env_name(cfg.env), "episodes": len(eps), "seed": seed,
                               "explore": bool(explore)}
     if opponents:
         report["opponents"] = opponents

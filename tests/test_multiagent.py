@@ -522,9 +522,11 @@ def test_a_mixed_run_reports_one_row_per_round_of_the_plan_and_labels_its_bar_wi
                                         "multiagent.policies.tank_pol.algo=ppo", "dqn.learning_starts=10",
                                         "runtime.num_workers=1",
                                         "runtime.num_envs_per_worker=2", "runtime.rollout_fragment_length=5",
-                                        "stop.env_steps=60", "run.reporters=[progress,csv]"))
+                                        "stop.env_steps=60", "run.reporters=[progress,csv,checkpoint]"))
     assert [r["env_steps_sampled"] for r in res.history] == [10, 20, 30, 40, 50, 60]
     assert "dqn+ppo ma_envs:ScoutTankEnv:" in capsys.readouterr().err
+    from flowkit.evaluation import evaluate  # and `flowkit evaluate` names both (it said `ppo`: a newcomer's find)
+    assert evaluate(res.run_dir, episodes=2, trust_config=True)["algo"] == "dqn+ppo"
 
 
 def test_mappo_team_against_dqn_team_runs_and_resumes_exactly(run_dir):
