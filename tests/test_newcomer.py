@@ -167,6 +167,9 @@ def test_a_stopped_sweep_gives_no_tuner_restore_advice(tmp_path):
     handler = logging.Handler()
     handler.emit = seen.append
     log = logging.getLogger("ray.tune.tune")
+    was = log.level, log.disabled  # (Ray, or a logging config of an earlier test, may have raised or disabled it)
+    log.setLevel(logging.WARNING)
+    log.disabled = False
     log.addHandler(handler)
     msg = ("Experiment has been interrupted, but the most recent state was saved.\n"
            'Resume experiment with: Tuner.restore(path="/x/tune", trainable=...)')
@@ -179,6 +182,8 @@ def test_a_stopped_sweep_gives_no_tuner_restore_advice(tmp_path):
         assert [r.getMessage() for r in seen] == ["another warning", msg]
     finally:
         log.removeHandler(handler)
+        log.setLevel(was[0])
+        log.disabled = was[1]
 
 
 @pytest.mark.parametrize("launcher", ["script", "-m flowkit", "-m flowkit.cli"])
