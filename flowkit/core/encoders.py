@@ -158,7 +158,6 @@ class ObsEncoder:
             s, x = s.spaces[k], obs[k]
         return np.ndim(x) > len(s.shape or ())
 
-
     def check_shapes(self, obs: Any, batched: bool, s: Optional[gym.Space] = None, path: str = "obs") -> None:
         """Raises ValueError when a part of ``obs`` (raw, with a leading batch axis; ``batched``:
         the caller gave it) is not shaped ``[B, *part.shape]``, naming the part, both shapes and
